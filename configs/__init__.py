@@ -1,0 +1,1 @@
+"""The YAML configs, installed as the package data `hybridflow.configs`."""

@@ -1,0 +1,21 @@
+"""Errors raised on the driver for failures inside workers."""
+
+
+class WorkerError(RuntimeError):
+    """A registered worker method raised; names the group, method and rank and carries the traceback."""
+
+    def __init__(self, group: str, method: str, rank: int, detail: str):
+        self.group, self.method, self.rank = group, method, rank
+        super().__init__(f"worker group {group!r}, method {method!r}, rank {rank} failed:\n{detail}")
+
+
+class WorkerDiedError(WorkerError):
+    """The worker process died (killed, os._exit, out of memory) while a call was pending."""
+
+    def __init__(self, group: str, method: str, rank: int, detail: str):
+        RuntimeError.__init__(
+            self,
+            f"worker group {group!r}, rank {rank} died while running {method!r} "
+            f"(process killed, exited or out of memory):\n{detail}",
+        )
+        self.group, self.method, self.rank = group, method, rank

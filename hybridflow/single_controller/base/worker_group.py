@@ -1,0 +1,214 @@
+"""WorkerGroup: the driver-side handle of a set of workers.
+
+At construction it scans the worker class for ``@register`` methods and binds a method of the same
+name that dispatches the arguments, executes on all ranks (or rank zero) and collects the answers.
+Backends (Ray, in-process) implement only ``_execute`` and ``_resolve``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from hybridflow.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor, unpad_dataproto
+from hybridflow.single_controller.base.decorator import Execute, get_dispatch_fns, registered_methods
+
+
+class ClassWithInitArgs:
+    """A worker class and the arguments to build it with, instantiated later in the worker process."""
+
+    def __init__(self, cls, *args, **kwargs):
+        self.cls = cls
+        self.args = args
+        self.kwargs = kwargs
+
+    @property
+    def user_cls(self):
+        """The plain Python class (unwrapping ``ray.remote``)."""
+        return getattr(self.cls, "__ray_actor_class__", self.cls)
+
+    def __call__(self):
+        return self.user_cls(*self.args, **self.kwargs)
+
+
+class ResourcePool:
+    """Processes per node; the backend decides how they are placed."""
+
+    def __init__(self, process_on_nodes=None, max_colocate_count: int = 1, n_gpus_per_node: int = 8):
+        self._store = list(process_on_nodes or [])
+        self.max_colocate_count = max_colocate_count
+        self.n_gpus_per_node = n_gpus_per_node
+
+    @property
+    def world_size(self) -> int:
+        return sum(self._store)
+
+    @property
+    def store(self) -> list[int]:
+        return list(self._store)
+
+    def local_world_size_list(self) -> list[int]:
+        return [n for n in self._store for _ in range(n)]
+
+    def local_rank_list(self) -> list[int]:
+        return [i for n in self._store for i in range(n)]
+
+
+def _pad_proto_args(args, kwargs, divisor: int):
+    """Pad every DataProto argument to a multiple of ``divisor``; return the pad size (same for all)."""
+    lengths = {len(v) for v in list(args) + list(kwargs.values()) if isinstance(v, DataProto)}
+    if len(lengths) > 1:
+        raise ValueError(f"all DataProto arguments must have the same length to be split across ranks, got {sorted(lengths)}")
+    if not lengths or next(iter(lengths)) % divisor == 0:
+        return args, kwargs, 0
+    pad = 0
+
+    def pad_one(v):
+        nonlocal pad
+        if isinstance(v, DataProto):
+            v, pad = pad_dataproto_to_divisor(v, divisor)
+        return v
+
+    return tuple(pad_one(a) for a in args), {k: pad_one(v) for k, v in kwargs.items()}, pad
+
+
+def _unpad(result, pad: int):
+    if pad and isinstance(result, DataProto):
+        return unpad_dataproto(result, pad_size=pad)
+    return result
+
+
+class WorkerGroup:
+    """Backend-independent part: method binding, dispatch, collect, padding."""
+
+    def __init__(self, name: str, world_size: int):
+        self.name = name
+        self._world_size = world_size
+        self._dispatch_info_cache: dict[str, tuple[list[int], list[bool]]] = {}
+        self._bound_names: list[str] = []
+        self._user_cls = None
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    # --- backend interface -----------------------------------------------------------------------
+    def _execute(self, method: str, ranks: list[int], per_rank_args: list[tuple], per_rank_kwargs: list[dict]) -> list:
+        """Start ``method`` on ``ranks``; return one handle per rank (a future or a value)."""
+        raise NotImplementedError
+
+    def _resolve(self, method: str, ranks: list[int], handles: list) -> list:
+        """Wait for the handles; raise WorkerError/WorkerDiedError naming the failing rank."""
+        raise NotImplementedError
+
+    def _make_future(self, method: str, ranks: list[int], handles: list, collect: Callable) -> DataProtoFuture:
+        return DataProtoFuture(collect_fn=collect, futures=handles)
+
+    # --- generic execution -----------------------------------------------------------------------
+    def _split_per_rank(self, ranks, args, kwargs):
+        """Lists of length world_size are scattered; everything else is broadcast (veRL semantics)."""
+        n = self.world_size
+
+        def is_scatter(v):
+            return isinstance(v, list) and len(v) == n
+
+        scatter = all(is_scatter(a) for a in args) and all(is_scatter(v) for v in kwargs.values()) and (args or kwargs)
+        per_args, per_kwargs = [], []
+        for r in ranks:
+            if scatter:
+                per_args.append(tuple(a[r] for a in args))
+                per_kwargs.append({k: v[r] for k, v in kwargs.items()})
+            else:
+                per_args.append(tuple(args))
+                per_kwargs.append(dict(kwargs))
+        return per_args, per_kwargs
+
+    def execute_all_async(self, method_name: str, *args, **kwargs) -> list:
+        ranks = list(range(self.world_size))
+        per_args, per_kwargs = self._split_per_rank(ranks, args, kwargs)
+        return self._execute(method_name, ranks, per_args, per_kwargs)
+
+    def execute_all_sync(self, method_name: str, *args, **kwargs) -> list:
+        handles = self.execute_all_async(method_name, *args, **kwargs)
+        return self._resolve(method_name, list(range(self.world_size)), handles)
+
+    execute_all = execute_all_async
+
+    def execute_rank_zero_async(self, method_name: str, *args, **kwargs):
+        per_args, per_kwargs = self._split_per_rank([0], args, kwargs)
+        return self._execute(method_name, [0], per_args, per_kwargs)[0]
+
+    def execute_rank_zero_sync(self, method_name: str, *args, **kwargs):
+        handle = self.execute_rank_zero_async(method_name, *args, **kwargs)
+        return self._resolve(method_name, [0], [handle])[0]
+
+    execute_rank_zero = execute_rank_zero_async
+
+    # --- mesh-aware dispatch support ----------------------------------------------------------------
+    def _query_dispatch_info(self, mesh_name: str) -> tuple[list[int], list[bool]]:
+        if mesh_name not in self._dispatch_info_cache:
+            infos = self.execute_all_sync("_query_dispatch_info", mesh_name)
+            self._dispatch_info_cache[mesh_name] = ([i[0] for i in infos], [i[1] for i in infos])
+        return self._dispatch_info_cache[mesh_name]
+
+    def _dp_size_for(self, dispatch_fn) -> int:
+        size_fn = getattr(dispatch_fn, "hybridflow_dp_size", None)
+        return size_fn(self) if size_fn else self.world_size
+
+    # --- binding ----------------------------------------------------------------------------------
+    def _bind_worker_methods(self, user_cls, prefix: str = "") -> list[str]:
+        """Bind every @register method of ``user_cls`` (remote name ``prefix + name``) by its plain name."""
+        bound = []
+        for name, info in registered_methods(user_cls).items():
+            if prefix and not name.startswith(prefix):
+                continue
+            plain = name[len(prefix):]
+            if hasattr(type(self), plain):
+                continue  # never shadow the WorkerGroup's own API (execute_all_sync, world_size, ...)
+            setattr(self, plain, self._make_method(name, info))
+            bound.append(plain)
+        return bound
+
+    def _make_method(self, remote_name: str, info: dict[str, Any]) -> Callable:
+        dispatch_fn, collect_fn, splits_proto = get_dispatch_fns(info["dispatch_mode"])
+        execute_mode, blocking = info["execute_mode"], info["blocking"]
+        group = self
+
+        def method(*args, **kwargs):
+            pad = 0
+            if splits_proto:
+                args, kwargs, pad = _pad_proto_args(args, kwargs, group._dp_size_for(dispatch_fn))
+            args, kwargs = dispatch_fn(group, *args, **kwargs)
+            ranks = list(range(group.world_size)) if execute_mode is Execute.ALL else [0]
+            per_args = [tuple(a[r] for a in args) for r in ranks]
+            per_kwargs = [{k: v[r] for k, v in kwargs.items()} for r in ranks]
+            handles = group._execute(remote_name, ranks, per_args, per_kwargs)
+
+            def collect(outputs):
+                if execute_mode is Execute.RANK_ZERO:
+                    return outputs[0]  # only rank zero ran: its answer is the answer
+                return _unpad(collect_fn(group, outputs), pad)
+
+            if blocking:
+                return collect(group._resolve(remote_name, ranks, handles))
+            return group._make_future(remote_name, ranks, handles, collect)
+
+        method.__name__ = remote_name
+        method.__qualname__ = f"{type(self).__name__}.{remote_name}"
+        return method
+
+    # --- colocated roles ---------------------------------------------------------------------------
+    def spawn(self, prefix_set) -> dict[str, "WorkerGroup"]:
+        """One view per role of a colocated worker class, with the role's plain method names.
+
+        The views share this group's worker processes; ``view.execute_all_sync`` etc. still take the
+        fused (``<role>_<method>``) names.
+        """
+        views = {}
+        for role in prefix_set:
+            view = object.__new__(type(self))
+            view.__dict__.update({k: v for k, v in self.__dict__.items() if k not in self._bound_names})
+            view.name = f"{self.name}:{role}"
+            view._dispatch_info_cache = {}
+            view._bound_names = view._bind_worker_methods(self._user_cls, prefix=f"{role}_")
+            views[role] = view
+        return views

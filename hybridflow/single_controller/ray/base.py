@@ -1,0 +1,234 @@
+"""Ray backend: resource pools over placement groups, workers as (named) Ray actors."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base.colocated import build_colocated_class
+from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
+from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
+
+PLACEMENT_TIMEOUT_S = float(os.environ.get("HYBRIDFLOW_PLACEMENT_TIMEOUT_S", 60))
+
+
+class RayResourcePool(ResourcePool):
+    """``process_on_nodes=[n0, n1, ...]``: one placement group per node with one bundle per process."""
+
+    def __init__(self, process_on_nodes=None, use_gpu: bool = True, name_prefix: str | None = None,
+                 max_colocate_count: int = 1, detached: bool = False, accelerator_type: str | None = None):
+        super().__init__(process_on_nodes, max_colocate_count)
+        self.use_gpu = use_gpu
+        self.name_prefix = name_prefix or f"hf_pool_{uuid.uuid4().hex[:6]}"
+        self.detached = detached
+        self.accelerator_type = accelerator_type
+        self.pgs = None
+
+    def bundle(self) -> dict:
+        b = {"CPU": 1}
+        if self.use_gpu:
+            b["GPU"] = 1
+        return b
+
+    def _check_capacity(self):
+        need = {k: v * self.world_size for k, v in self.bundle().items()}
+        have = ray.cluster_resources()
+        short = {k: (v, have.get(k, 0)) for k, v in need.items() if have.get(k, 0) < v}
+        if short:
+            detail = ", ".join(f"{k}: asked {a:g}, cluster has {h:g}" for k, (a, h) in short.items())
+            raise RuntimeError(
+                f"resource pool {self.name_prefix!r} asks for {self.world_size} worker(s) "
+                f"(process_on_nodes={self.store}, one {self.bundle()} bundle each) but the Ray cluster is too small ({detail}). "
+                "Lower trainer.nnodes / trainer.n_gpus_per_node or start Ray with more resources."
+            )
+
+    def get_placement_groups(self):
+        if self.pgs is not None:
+            return self.pgs
+        self._check_capacity()
+        lifetime = "detached" if self.detached else None
+        pgs = [
+            placement_group([self.bundle()] * n, strategy="STRICT_PACK", name=f"{self.name_prefix}_{i}", lifetime=lifetime)
+            for i, n in enumerate(self.store)
+        ]
+        try:
+            ray.get([pg.ready() for pg in pgs], timeout=PLACEMENT_TIMEOUT_S)
+        except GetTimeoutError:
+            for pg in pgs:
+                remove_placement_group(pg)
+            raise RuntimeError(
+                f"resource pool {self.name_prefix!r} could not place {self.store} processes with {self.bundle()} each "
+                f"within {PLACEMENT_TIMEOUT_S:.0f}s: the cluster has {ray.cluster_resources()} in total and "
+                f"{ray.available_resources()} free (another job may hold them; each node must fit its share)."
+            ) from None
+        self.pgs = pgs
+        return pgs
+
+    def release(self):
+        for pg in self.pgs or []:
+            remove_placement_group(pg)
+        self.pgs = None
+
+
+class RayClassWithInitArgs(ClassWithInitArgs):
+    """``RayClassWithInitArgs(cls=ray.remote(MyWorker), *args, **kwargs)``."""
+
+    def __init__(self, cls, *args, **kwargs):
+        super().__init__(cls, *args, **kwargs)
+        self._options: dict = {}
+        self._additional_resource: dict = {}
+
+    def update_options(self, options: dict):
+        self._options.update(options)
+
+    def set_additional_resource(self, resources: dict):
+        self._additional_resource = resources
+
+    def remote_cls(self):
+        return self.cls if hasattr(self.cls, "__ray_actor_class__") else ray.remote(self.cls)
+
+    def create_actor(self, pg, bundle_index: int, env_vars: dict, name: str, num_cpus: float, num_gpus: float, detached: bool):
+        options = {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle_index),
+            "runtime_env": {"env_vars": env_vars},
+            "name": name,
+            "num_cpus": num_cpus,
+            "num_gpus": num_gpus,
+        }
+        if self._additional_resource:
+            options["resources"] = dict(self._additional_resource)
+        if detached:
+            options["lifetime"] = "detached"
+        options.update(self._options)
+        return self.remote_cls().options(**options).remote(*self.args, **self.kwargs)
+
+
+class RayWorkerGroup(WorkerGroup):
+    """Driver-side handle over Ray actors, one per bundle of the resource pool."""
+
+    def __init__(self, resource_pool: RayResourcePool | None = None, ray_cls_with_init: RayClassWithInitArgs | None = None,
+                 name_prefix: str | None = None, detached: bool = False, worker_names: list[str] | None = None, **kwargs):
+        name_prefix = name_prefix or f"hf_wg_{uuid.uuid4().hex[:6]}"
+        if not isinstance(ray_cls_with_init, ClassWithInitArgs):
+            raise TypeError("ray_cls_with_init must be a RayClassWithInitArgs")
+        if not isinstance(ray_cls_with_init, RayClassWithInitArgs):
+            ray_cls_with_init = _as_ray_cls(ray_cls_with_init)
+        if worker_names is not None:  # attach to existing detached actors
+            super().__init__(name_prefix, len(worker_names))
+            self._workers = [ray.get_actor(n) for n in worker_names]
+            self._worker_names = list(worker_names)
+        else:
+            super().__init__(name_prefix, resource_pool.world_size)
+            self._create_workers(resource_pool, ray_cls_with_init, detached)
+        self.resource_pool = resource_pool
+        self._user_cls = ray_cls_with_init.user_cls
+        self._bound_names = self._bind_worker_methods(self._user_cls)
+
+    def _create_workers(self, pool: RayResourcePool, cls: RayClassWithInitArgs, detached: bool):
+        pgs = pool.get_placement_groups()
+        frac = 1.0 / pool.max_colocate_count
+        self._workers, self._worker_names = [], []
+        master = None
+        rank = 0
+        for node, (pg, n_local) in enumerate(zip(pgs, pool.store)):
+            for local_rank in range(n_local):
+                env = {
+                    "RANK": str(rank), "WORLD_SIZE": str(pool.world_size),
+                    "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(n_local),
+                    "WG_PREFIX": self.name, "RAY_LOCAL_WORLD_SIZE": str(n_local),
+                }
+                if master is not None:
+                    env["MASTER_ADDR"], env["MASTER_PORT"] = master
+                name = f"{self.name}_{rank}"
+                actor = cls.create_actor(pg, local_rank, env, name, frac, frac if pool.use_gpu else 0, detached)
+                if rank == 0:
+                    # Rank 0 picks the rendezvous address; hand it to every other rank.
+                    master = self._get([actor.get_master_addr_port.remote()], "__init__", [0])[0]
+                self._workers.append(actor)
+                self._worker_names.append(name)
+                rank += 1
+
+    @property
+    def workers(self):
+        return self._workers
+
+    @property
+    def worker_names(self):
+        return self._worker_names
+
+    @classmethod
+    def from_detached(cls, name_prefix: str, worker_names: list[str], ray_cls_with_init: RayClassWithInitArgs):
+        return cls(ray_cls_with_init=ray_cls_with_init, name_prefix=name_prefix, worker_names=worker_names)
+
+    # --- execution -----------------------------------------------------------------------------------
+    def _execute(self, method, ranks, per_rank_args, per_rank_kwargs):
+        shared: dict[int, ray.ObjectRef] = {}
+
+        def once(v):
+            # A DataProto sent to several ranks (mesh dispatch, broadcast) is put in the object store once.
+            if isinstance(v, DataProto) and len(ranks) > 1:
+                if id(v) not in shared:
+                    shared[id(v)] = ray.put(v)
+                return shared[id(v)]
+            return v
+
+        return [
+            getattr(self._workers[r], method).remote(*[once(a) for a in args], **{k: once(v) for k, v in kwargs.items()})
+            for r, args, kwargs in zip(ranks, per_rank_args, per_rank_kwargs)
+        ]
+
+    def _resolve(self, method, ranks, handles):
+        return self._get(handles, method, ranks)
+
+    def _get(self, handles, method, ranks):
+        """Wait for all ranks, failing as soon as any rank fails (its peers may be stuck in a collective)."""
+        index = {ref: i for i, ref in enumerate(handles)}
+        results: list = [None] * len(handles)
+        pending = list(handles)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+            if not ready:
+                continue
+            try:
+                values = ray.get(ready)
+            except (RayActorError, RayTaskError):
+                values = [self._get_one(ref, method, ranks[index[ref]]) for ref in ready]
+            for ref, value in zip(ready, values):
+                results[index[ref]] = value
+        return results
+
+    def _get_one(self, ref, method, rank):
+        try:
+            return ray.get(ref)
+        except RayActorError as e:
+            raise WorkerDiedError(self.name, method, rank, str(e)) from None
+        except RayTaskError as e:
+            raise WorkerError(self.name, method, rank, str(e)) from None
+
+    def shutdown(self):
+        for w in getattr(self, "_workers", []):
+            try:
+                ray.kill(w)
+            except Exception:
+                pass
+        self._workers = []
+
+
+def _as_ray_cls(c: ClassWithInitArgs) -> RayClassWithInitArgs:
+    return RayClassWithInitArgs(c.cls, *c.args, **c.kwargs)
+
+
+def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs]) -> RayClassWithInitArgs:
+    """Fuse several roles into one actor class (one process per device); see ``WorkerGroup.spawn``."""
+    fused = build_colocated_class(class_dict)
+    out = RayClassWithInitArgs(ray.remote(fused.cls))
+    for spec in class_dict.values():
+        if isinstance(spec, RayClassWithInitArgs):
+            out.update_options(spec._options)
+    return out

@@ -1,0 +1,145 @@
+"""The training engine: one model, wrapped for data-parallel training over torch.distributed.
+
+Strategies: ``fsdp``/``fsdp2`` shard parameters with FSDP2 (``fully_shard``) per decoder layer and at
+the root; ``ddp`` replicates with DistributedDataParallel; with one rank the module is used as is
+(sharding over one rank is the identity and only costs time). Works with gloo on CPU and nccl on CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridflow.workers.engine.optim import build_lr_scheduler, build_optimizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    strategy: str = "fsdp"
+    device: str = "cpu"
+    param_dtype: torch.dtype | None = None  # mixed precision: compute dtype of sharded params
+    reduce_dtype: torch.dtype | None = None
+    reshard_after_forward: bool = True
+    param_offload: bool = False
+    gradient_checkpointing: bool = False
+
+    @classmethod
+    def from_config(cls, strategy: str, device: str, fsdp_config, gradient_checkpointing: bool = False) -> "EngineSpec":
+        fsdp_config = fsdp_config or {}
+        mp = fsdp_config.get("mixed_precision") or {}
+        param_dtype = _dtype(mp.get("param_dtype")) if device == "cuda" else None
+        reduce_dtype = _dtype(mp.get("reduce_dtype")) if device == "cuda" else None
+        return cls(
+            strategy=strategy,
+            device=device,
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
+            reshard_after_forward=bool(fsdp_config.get("reshard_after_forward", True)),
+            # offload only means something with an accelerator; config checks explain this on CPU
+            param_offload=bool(fsdp_config.get("param_offload", False)) and device == "cuda",
+            gradient_checkpointing=gradient_checkpointing,
+        )
+
+
+def _dtype(name):
+    if name in (None, "", "none"):
+        return None
+    return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+            "fp32": torch.float32, "float32": torch.float32}[str(name)]
+
+
+def _layer_classes(module: nn.Module) -> set[type]:
+    names = set(getattr(module, "_no_split_modules", None) or [])
+    return {type(m) for m in module.modules() if type(m).__name__ in names}
+
+
+class TrainEngine:
+    """A model prepared for training on this rank, plus its optimizer and LR schedule."""
+
+    def __init__(self, module: nn.Module, spec: EngineSpec, trainable: bool = True):
+        self.spec = spec
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        if spec.gradient_checkpointing and trainable and hasattr(module, "gradient_checkpointing_enable"):
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        module.to(spec.device)
+        self.module = self._wrap(module)
+        self.optimizer = None
+        self.lr_scheduler = None
+        if not trainable:
+            for p in self.module.parameters():
+                p.requires_grad_(False)
+
+    # ------------------------------------------------------------------------------------------
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        strategy = self.spec.strategy
+        if self.world_size == 1 or strategy in ("none", "single"):
+            return module
+        if strategy in ("fsdp", "fsdp2"):
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+            mesh = init_device_mesh(self.spec.device, (self.world_size,))
+            kwargs = {
+                "mesh": mesh,
+                "reshard_after_forward": self.spec.reshard_after_forward,
+                "mp_policy": MixedPrecisionPolicy(param_dtype=self.spec.param_dtype, reduce_dtype=self.spec.reduce_dtype),
+                "offload_policy": CPUOffloadPolicy() if self.spec.param_offload else OffloadPolicy(),
+            }
+            layer_types = _layer_classes(module)
+            for sub in module.modules():
+                if type(sub) in layer_types:
+                    fully_shard(sub, **kwargs)
+            fully_shard(module, **kwargs)
+            return module
+        if strategy == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            return DDP(module)
+        raise ValueError(f"unknown training strategy {strategy!r}; use fsdp, fsdp2, ddp or none")
+
+    @property
+    def unwrapped(self) -> nn.Module:
+        return getattr(self.module, "module", self.module) if self.spec.strategy == "ddp" else self.module
+
+    def setup_optimizer(self, optim_cfg, total_steps: int):
+        self.optimizer = build_optimizer(
+            self.module.parameters(),
+            lr=float(optim_cfg.get("lr", 1e-6)),
+            betas=optim_cfg.get("betas", (0.9, 0.999)) or (0.9, 0.999),
+            weight_decay=float(optim_cfg.get("weight_decay", 0.01)),
+        )
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_cfg, total_steps)
+        return self.optimizer, self.lr_scheduler
+
+    # --- weights out of the training layout -----------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) weights on every rank, on CPU: what the rollout engine loads."""
+        if self.world_size > 1 and self.spec.strategy in ("fsdp", "fsdp2"):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+        return {k: v.detach() for k, v in self.unwrapped.state_dict().items()}
+
+    def sharded_state(self) -> dict:
+        """This rank's model + optimizer + scheduler state, for checkpoints (resharding-free resume)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        if self.optimizer is None:
+            return {"model": self.full_state_dict()}
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
+        return {"model": model_sd, "optimizer": optim_sd, "lr_scheduler": self.lr_scheduler.state_dict()}
+
+    def load_sharded_state(self, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        if self.optimizer is None:
+            self.unwrapped.load_state_dict(state["model"])
+            return
+        set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        self.lr_scheduler.load_state_dict(state["lr_scheduler"])

@@ -1,0 +1,51 @@
+"""hybridflow package definition.
+
+Base requirements are ranges that a GPU user's stack (e.g. the torch/transformers that vLLM pins)
+also satisfies. The reproducible CPU stack is pinned in requirements-cpu.txt; install with
+``pip install -c requirements-cpu.txt ".[dev]"``.
+"""
+
+from setuptools import find_packages, setup
+
+install_requires = [
+    "torch>=2.4",
+    "ray>=2.10",
+    "tensordict>=0.5",
+    "hydra-core>=1.3",
+    "omegaconf>=2.3",
+    "transformers>=4.45",
+    "tokenizers>=0.19",
+    "safetensors>=0.4",
+    "pyarrow>=15",
+    "pandas>=2.0",
+    "numpy>=1.26",
+    "psutil>=5.9",
+    "tqdm>=4.60",
+]
+
+extras_require = {
+    "vllm": ["vllm"],
+    "gpu": ["flash-attn"],
+    "lora": ["peft>=0.10"],
+    "loggers": ["tensorboard", "wandb"],
+    "plot": ["matplotlib"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "peft>=0.10"],
+}
+
+setup(
+    name="hybridflow",
+    version="0.1.0",
+    description="Reinforcement fine-tuning of language models (PPO, GRPO, ...) in the HybridFlow style",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    # configs/ lives at the top of the repository and is installed as the package data
+    # `hybridflow.configs`, so it is found after a plain (non-editable) install too.
+    packages=find_packages(include=["hybridflow", "hybridflow.*"]) + ["hybridflow.configs"],
+    package_dir={"hybridflow.configs": "configs"},
+    package_data={"hybridflow.configs": ["*.yaml", "**/*.yaml"]},
+    include_package_data=True,
+    install_requires=install_requires,
+    extras_require=extras_require,
+    entry_points={"console_scripts": ["hybridflow-ppo=hybridflow.main_ppo:main"]},
+)

@@ -1,0 +1,52 @@
+"""Failure behaviour: errors name the group, method and rank; a dead worker fails the call fast."""
+
+import os
+import signal
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import workers_for_tests as W  # noqa: E402
+
+from hybridflow.single_controller.base import WorkerDiedError, WorkerError  # noqa: E402
+from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(W)
+
+
+@pytest.fixture
+def group(ray_session):
+    pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)
+    wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(W.EchoWorker)), name_prefix=f"fail_{time.time_ns()}")
+    yield wg
+    wg.shutdown()
+    pool.release()
+
+
+def test_exception_names_group_method_rank_and_carries_traceback(group):
+    with pytest.raises(WorkerError) as info:
+        group.fail_on(1)
+    msg = str(info.value)
+    assert group.name in msg and "'fail_on'" in msg and "rank 1" in msg
+    assert "boom from rank 1" in msg and "workers_for_tests.py" in msg  # the worker's traceback
+    assert info.value.rank == 1 and info.value.method == "fail_on"
+    assert group.set_value(1) == [0, 1]  # the group is still usable afterwards
+
+
+@pytest.mark.parametrize("how", ["os_exit", "kill9"])
+def test_dead_worker_fails_pending_call_within_seconds(group, how):
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError) as info:
+        if how == "os_exit":
+            group.exit_on(1)  # rank 1 exits; rank 0 sleeps 30 s
+        else:
+            pids = group.pid()
+            fut = group.execute_all_async("sleep", 30)
+            time.sleep(1.0)
+            os.kill(pids[1], signal.SIGKILL)
+            group._resolve("sleep", [0, 1], fut)
+    elapsed = time.monotonic() - start
+    assert elapsed < 15, f"took {elapsed:.1f}s to notice the dead worker"
+    assert info.value.rank == 1 and "died" in str(info.value)

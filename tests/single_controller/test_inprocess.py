@@ -1,0 +1,66 @@
+"""The in-process backend runs the same registered methods through the same dispatch/collect code."""
+
+import numpy as np
+import pytest
+import torch
+
+import workers_for_tests as W
+
+from hybridflow.protocol import DataProto, DataProtoFuture
+from hybridflow.single_controller.base import ClassWithInitArgs, WorkerError
+from hybridflow.single_controller.inprocess import InProcessWorkerGroup, create_colocated_worker_cls
+
+
+def make_batch(n):
+    return DataProto.from_dict(
+        tensors={"x": torch.arange(n, dtype=torch.float32)},
+        non_tensors={"tag": np.array([f"s{i}" for i in range(n)], dtype=object)},
+    )
+
+
+@pytest.fixture(scope="module")
+def group():
+    return InProcessWorkerGroup(ClassWithInitArgs(W.EchoWorker, scale=2.0))
+
+
+def test_same_methods_same_results(group):
+    assert group.world_size == 1
+    assert group.set_value(3) == [0]
+    assert group.whoami() == (0, 1)
+    assert group.only_rank_zero() == "ran on 0"
+    out = group.double(make_batch(5))
+    assert torch.equal(out.batch["y"], torch.arange(5, dtype=torch.float32) * 4)
+    assert group.custom(3) == 3
+    assert group.count(make_batch(4)) == [{"rank": 0, "n": 4}]
+
+
+def test_worker_lives_in_the_driver_process(group):
+    import os
+
+    assert group.pid() == [os.getpid()]
+    assert group.workers[0].value == 3 or group.set_value(3) == [0]  # the object is right here to inspect
+
+
+def test_futures_chain(group):
+    fut = group.double_async(make_batch(4))
+    assert isinstance(fut, DataProtoFuture)
+    out = group.double_async(fut).get()
+    assert torch.equal(out.batch["x"], torch.arange(4, dtype=torch.float32) * 4)
+
+
+def test_gloo_all_reduce_world_one(group):
+    assert group.all_reduce(5) == [5.0]
+
+
+def test_error_names_method_and_rank(group):
+    with pytest.raises(WorkerError, match=r"'fail_on', rank 0") as info:
+        group.fail_on(0)
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_colocated_in_process():
+    fused = InProcessWorkerGroup(create_colocated_worker_cls({"actor": ClassWithInitArgs(W.EchoWorker), "critic": W.CriticLikeWorker}))
+    views = fused.spawn(prefix_set=["actor", "critic"])
+    assert views["actor"].pid() == views["critic"].pid()
+    out = views["critic"].values(make_batch(3))
+    assert torch.equal(out.batch["v"], torch.arange(3, dtype=torch.float32) + 100)
