@@ -1,0 +1,215 @@
+"""RL prompt dataset over parquet files (veRL's ``RLHFDataset`` layout and ``data.*`` keys).
+
+Each row holds ``prompt`` (chat messages), ``data_source``, ``ability``, ``reward_model`` and
+``extra_info``. An item is the chat-templated prompt tokenized and LEFT-padded to
+``max_prompt_length`` (the rollout appends responses on the right), plus every other column as is.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import Dataset
+
+TRUNCATIONS = ("error", "left", "right", "middle")
+
+
+# --- pure helpers (shared with the SFT dataset)
+
+
+def truncate_ids(ids: Sequence[int], max_length: int, truncation: str) -> list[int]:
+    """Cut ``ids`` to ``max_length``: keep the end (left), the start (right), or both halves (middle)."""
+    ids = list(ids)
+    if len(ids) <= max_length:
+        return ids
+    if truncation == "left":
+        return ids[len(ids) - max_length :]
+    if truncation == "right":
+        return ids[:max_length]
+    if truncation == "middle":
+        head = max_length // 2
+        tail = max_length - head
+        return ids[:head] + (ids[len(ids) - tail :] if tail else [])
+    raise ValueError(f"truncation must be one of {TRUNCATIONS} to shorten a sequence, got {truncation!r}")
+
+
+def pad_ids(ids: Sequence[int], max_length: int, pad_token_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad to ``max_length`` -> (input_ids, attention_mask), both ``(max_length,)`` int64."""
+    n_pad = max_length - len(ids)
+    if n_pad < 0:
+        raise ValueError(f"sequence of {len(ids)} tokens does not fit max_length={max_length}")
+    pad, body = [pad_token_id] * n_pad, list(ids)
+    input_ids = torch.tensor(pad + body if left else body + pad, dtype=torch.long)
+    mask = torch.tensor([0] * n_pad + [1] * len(body) if left else [1] * len(body) + [0] * n_pad, dtype=torch.long)
+    return input_ids, mask
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions count real tokens only: cumsum(mask) - 1, with left padding clipped to 0."""
+    return torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0)
+
+
+def tokenizer_name(tokenizer) -> str:
+    return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+
+
+def require_chat_template(tokenizer) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"tokenizer {tokenizer_name(tokenizer)!r} has no chat template; prompts are chat messages, so "
+            "use an instruct/chat tokenizer or set tokenizer.chat_template"
+        )
+
+
+def read_parquet_rows(data_files: str | Sequence[str], required_column: str | None = None) -> list[dict]:
+    """Rows of one or many parquet files as dicts; columns missing from some files become None."""
+    files = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files)
+    if not files:
+        raise ValueError("no data files given")
+    per_file, columns = [], []
+    for path in files:
+        path = os.path.expanduser(str(path))
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"data file not found: {path}")
+        table = pq.read_table(path)
+        if required_column is not None and required_column not in table.column_names:
+            raise KeyError(
+                f"parquet file {path} has no column {required_column!r} (prompt_key); "
+                f"its columns are: {table.column_names}"
+            )
+        if table.num_rows == 0:
+            raise ValueError(f"parquet file {path} has no rows")
+        per_file.append(table.to_pylist())
+        columns += [c for c in table.column_names if c not in columns]
+    return [{c: row.get(c) for c in columns} for rows in per_file for row in rows]
+
+
+def collate_fn(data_list: list[dict]) -> dict:
+    """Stack tensors; everything else becomes a numpy object array (one entry per sample)."""
+    tensors: dict[str, list] = {}
+    others: dict[str, list] = {}
+    for item in data_list:
+        for key, val in item.items():
+            (tensors if isinstance(val, torch.Tensor) else others).setdefault(key, []).append(val)
+    out: dict[str, Any] = {k: torch.stack(v) for k, v in tensors.items()}
+    for key, vals in others.items():
+        arr = np.empty(len(vals), dtype=object)  # element-wise, so lists stay lists (no 2-D arrays)
+        for i, v in enumerate(vals):
+            arr[i] = v
+        out[key] = arr
+    return out
+
+
+# --- config
+
+
+@dataclass(frozen=True)
+class RLDatasetConfig:
+    """The ``data.*`` keys the dataset reads; other keys of the section are ignored."""
+
+    prompt_key: str = "prompt"
+    max_prompt_length: int = 1024
+    filter_overlong_prompts: bool = True
+    truncation: str = "error"
+    return_raw_chat: bool = False
+    return_full_prompt: bool = False
+    apply_chat_template_kwargs: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: Mapping | None) -> "RLDatasetConfig":
+        config = config if config is not None else {}
+        kwargs = {name: config[name] for name in cls.__dataclass_fields__ if name in config and config[name] is not None}
+        if "apply_chat_template_kwargs" in kwargs:
+            kwargs["apply_chat_template_kwargs"] = dict(kwargs["apply_chat_template_kwargs"])
+        cfg = cls(**kwargs)
+        if cfg.truncation not in TRUNCATIONS:
+            raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {cfg.truncation!r}")
+        if int(cfg.max_prompt_length) <= 0:
+            raise ValueError(f"data.max_prompt_length must be positive, got {cfg.max_prompt_length}")
+        return cfg
+
+
+# --- dataset
+
+
+class RLHFDataset(Dataset):
+    """Prompts for RL. ``config`` is the ``data`` section (mapping or DictConfig)."""
+
+    def __init__(self, data_files, tokenizer, config: Mapping | None = None, processor=None):
+        self.config = RLDatasetConfig.from_config(config)
+        self.tokenizer = tokenizer
+        self.processor = processor  # accepted for veRL compatibility; multimodal inputs are not supported
+        self.prompt_key = self.config.prompt_key
+        self.max_prompt_length = int(self.config.max_prompt_length)
+        self.truncation = self.config.truncation
+        self.data_files = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files)
+        require_chat_template(tokenizer)
+        self.rows = read_parquet_rows(self.data_files, required_column=self.prompt_key)
+        if self.config.filter_overlong_prompts:
+            self._filter_overlong()
+
+    def _messages(self, row: dict) -> list[dict]:
+        prompt = row[self.prompt_key]
+        if isinstance(prompt, str):  # plain text prompt: one user turn
+            return [{"role": "user", "content": prompt}]
+        return list(prompt)
+
+    def _render(self, messages: list[dict]) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **self.config.apply_chat_template_kwargs
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _filter_overlong(self) -> None:
+        lengths = [len(self._encode(self._render(self._messages(r)))) for r in self.rows]
+        keep = [r for r, n in zip(self.rows, lengths) if n <= self.max_prompt_length]
+        dropped = len(self.rows) - len(keep)
+        if not keep:
+            raise ValueError(
+                f"all {len(self.rows)} prompts in {self.data_files} are longer than "
+                f"max_prompt_length={self.max_prompt_length} (longest: {max(lengths)} tokens); "
+                "raise data.max_prompt_length"
+            )
+        if dropped:
+            print(
+                f"RLHFDataset: filtered out {dropped} of {len(self.rows)} prompts longer than "
+                f"max_prompt_length={self.max_prompt_length} (longest: {max(lengths)} tokens)"
+            )
+        self.rows = keep
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, idx: int) -> dict:
+        row = dict(self.rows[idx])
+        messages = self._messages(row)
+        row.pop(self.prompt_key)
+        text = self._render(messages)
+        ids = self._encode(text)
+        if len(ids) > self.max_prompt_length:
+            if self.truncation == "error":
+                raise ValueError(
+                    f"prompt at row {idx} has {len(ids)} tokens > max_prompt_length={self.max_prompt_length}; "
+                    "set data.truncation to left/right/middle or data.filter_overlong_prompts=True"
+                )
+            ids = truncate_ids(ids, self.max_prompt_length, self.truncation)
+        input_ids, attention_mask = pad_ids(ids, self.max_prompt_length, self.tokenizer.pad_token_id, left=True)
+        row["input_ids"] = input_ids  # (P,)
+        row["attention_mask"] = attention_mask  # (P,)
+        row["position_ids"] = position_ids_from_mask(attention_mask)  # (P,)
+        row["raw_prompt_ids"] = ids
+        if self.config.return_raw_chat:
+            row["raw_prompt"] = messages
+        if self.config.return_full_prompt:
+            row["full_prompts"] = text
+        extra = row.get("extra_info")
+        index = extra.get("index") if isinstance(extra, dict) else None
+        row["index"] = idx if index is None else index
+        return row

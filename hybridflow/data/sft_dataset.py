@@ -1,0 +1,112 @@
+"""Supervised fine-tuning dataset over parquet (veRL's ``SFTDataset`` keys).
+
+The prompt is rendered with the chat template (one user turn, generation prompt added), the response
+is followed by eos, and the pair is RIGHT-padded to ``max_length``.
+
+``loss_mask[t] == 1`` exactly where token ``t`` is a response token (eos included): it marks the
+*targets*. With next-token logits ``logits[:, :-1]`` predicting ``input_ids[:, 1:]``, weight the loss
+with ``loss_mask[:, 1:]``. (veRL's SFTDataset stores the mask shifted one to the left instead.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from hybridflow.data.rl_dataset import pad_ids, position_ids_from_mask, read_parquet_rows, require_chat_template
+
+SFT_TRUNCATIONS = ("error", "left", "right")
+
+
+@dataclass(frozen=True)
+class SFTDatasetConfig:
+    prompt_key: str = "prompt"
+    response_key: str = "response"
+    prompt_dict_keys: tuple = ()
+    response_dict_keys: tuple = ()
+    max_length: int = 1024
+    truncation: str = "error"
+    use_chat_template: bool = True
+
+    @classmethod
+    def from_config(cls, config: Mapping | None) -> "SFTDatasetConfig":
+        config = config if config is not None else {}
+        kwargs = {name: config[name] for name in cls.__dataclass_fields__ if name in config and config[name] is not None}
+        for key in ("prompt_dict_keys", "response_dict_keys"):
+            if key in kwargs:
+                val = kwargs[key]
+                kwargs[key] = (val,) if isinstance(val, str) else tuple(val)
+        cfg = cls(**kwargs)
+        if cfg.truncation not in SFT_TRUNCATIONS:
+            raise ValueError(f"data.truncation must be one of {SFT_TRUNCATIONS} for SFT, got {cfg.truncation!r}")
+        if int(cfg.max_length) <= 0:
+            raise ValueError(f"data.max_length must be positive, got {cfg.max_length}")
+        return cfg
+
+
+def lookup(row: dict, key: str, dict_keys: Sequence[str], what: str, idx: int) -> Any:
+    """``row[key][k1][k2]...``; a missing step names the row and the path walked so far."""
+    val, path = row[key], key
+    for k in dict_keys:
+        if not isinstance(val, Mapping) or k not in val:
+            raise KeyError(f"{what} of row {idx}: {path} has no key {k!r}")
+        val, path = val[k], f"{path}.{k}"
+    return val
+
+
+class SFTDataset(Dataset):
+    """(prompt, response) pairs for SFT. ``config`` is the ``data`` section (mapping or DictConfig)."""
+
+    def __init__(self, parquet_files, tokenizer, config: Mapping | None = None):
+        self.config = SFTDatasetConfig.from_config(config)
+        self.tokenizer = tokenizer
+        self.max_length = int(self.config.max_length)
+        self.truncation = self.config.truncation
+        if self.config.use_chat_template:
+            require_chat_template(tokenizer)
+        rows = read_parquet_rows(parquet_files, required_column=self.config.prompt_key)
+        if self.config.response_key not in rows[0]:
+            raise KeyError(
+                f"SFT data {parquet_files} has no column {self.config.response_key!r} (response_key); "
+                f"its columns are: {list(rows[0])}"
+            )
+        self.prompts = [lookup(r, self.config.prompt_key, self.config.prompt_dict_keys, "prompt", i)
+                        for i, r in enumerate(rows)]
+        self.responses = [lookup(r, self.config.response_key, self.config.response_dict_keys, "response", i)
+                          for i, r in enumerate(rows)]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def _prompt_text(self, prompt) -> str:
+        if not self.config.use_chat_template:
+            return str(prompt)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def __getitem__(self, idx: int) -> dict:
+        encode = lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        prompt_ids = encode(self._prompt_text(self.prompts[idx]))
+        response_ids = encode(str(self.responses[idx]) + self.tokenizer.eos_token)
+        ids = prompt_ids + response_ids
+        is_response = [0] * len(prompt_ids) + [1] * len(response_ids)
+        if len(ids) > self.max_length:
+            if self.truncation == "error":
+                raise ValueError(
+                    f"SFT row {idx} has {len(ids)} tokens (prompt {len(prompt_ids)} + response "
+                    f"{len(response_ids)}) > max_length={self.max_length}; set data.truncation to left or right"
+                )
+            cut = slice(len(ids) - self.max_length, None) if self.truncation == "left" else slice(0, self.max_length)
+            ids, is_response = ids[cut], is_response[cut]
+        input_ids, attention_mask = pad_ids(ids, self.max_length, self.tokenizer.pad_token_id, left=False)
+        loss_mask = torch.zeros(self.max_length, dtype=torch.long)
+        loss_mask[: len(is_response)] = torch.tensor(is_response, dtype=torch.long)
+        return {
+            "input_ids": input_ids,  # (L,)
+            "attention_mask": attention_mask,  # (L,)
+            "position_ids": position_ids_from_mask(attention_mask),  # (L,)
+            "loss_mask": loss_mask,  # (L,) 1 on response tokens
+        }

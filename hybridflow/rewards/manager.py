@@ -1,0 +1,214 @@
+"""Reward managers: decode each response, score it with a rule function, and place the score on the
+response's last valid token (veRL's ``token_level_scores`` layout).
+
+Layout read from the DataProto (see the contracts): batch['prompts'] (B, P) left-padded,
+batch['responses'] (B, R) right-padded, batch['attention_mask'] (B, P+R) whose response part is 1 up
+to and including the first EOS. non_tensor_batch: ``reward_fn_key`` (data_source),
+reward_model ({"ground_truth": ...}), optionally extra_info.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections import defaultdict
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from hybridflow.utils.registry import Registry
+from hybridflow.utils.reward_score import default_compute_score
+
+REWARD_MANAGERS: Registry[type] = Registry("reward manager")
+
+
+def register_reward_manager(name: str, *, override: bool = False):
+    """Class decorator: make a reward manager available to ``load_reward_manager(name, ...)``."""
+    return REWARD_MANAGERS.register(name, override=override)
+
+
+def get_reward_manager_cls(name: str) -> type:
+    return REWARD_MANAGERS.get(name)
+
+
+class RewardComputationError(RuntimeError):
+    """A scorer raised; the message names the sample and its data_source."""
+
+
+def _as_score(index: int, data_source: Any, value: Any) -> float:
+    """A finite float, or ValueError naming the sample and the offending value."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, np.generic) and value.shape == ():
+        value = value.item()
+    if not isinstance(value, numbers.Real):
+        raise ValueError(
+            f"sample {index} (data_source={data_source!r}): score {value!r} of type "
+            f"{type(value).__name__} is not a number"
+        )
+    if not math.isfinite(float(value)):
+        raise ValueError(f"sample {index} (data_source={data_source!r}): score {value!r} is not finite")
+    return float(value)
+
+
+def _column(data, key: str, what: str) -> np.ndarray:
+    if key not in data.non_tensor_batch:
+        known = ", ".join(sorted(data.non_tensor_batch)) or "(none)"
+        raise KeyError(f"reward manager needs non_tensor_batch[{key!r}] ({what}); present: {known}")
+    return data.non_tensor_batch[key]
+
+
+class _RuleRewardManager:
+    """Shared decoding, score placement, validation and printing; subclasses produce raw scores."""
+
+    def __init__(self, tokenizer, num_examine: int, compute_score: Callable | None = None,
+                 reward_fn_key: str = "data_source", **reward_kwargs):
+        self.tokenizer = tokenizer
+        self.num_examine = num_examine
+        self.compute_score = compute_score or default_compute_score
+        self.reward_fn_key = reward_fn_key
+        self.reward_kwargs = reward_kwargs
+
+    def _score(self, data_sources, solution_strs, ground_truths, extra_infos) -> list:
+        raise NotImplementedError
+
+    def __call__(self, data, return_dict: bool = False):
+        if "rm_scores" in data.batch.keys():  # a reward model already scored this batch
+            scores = data.batch["rm_scores"]
+            return {"reward_tensor": scores, "reward_extra_info": {}} if return_dict else scores
+
+        prompts, responses = data.batch["prompts"], data.batch["responses"]  # (B, P), (B, R)
+        prompt_len = prompts.shape[-1]
+        mask = data.batch["attention_mask"]  # (B, P+R)
+        prompt_lens = mask[:, :prompt_len].sum(-1).tolist()
+        response_lens = mask[:, prompt_len:].sum(-1).tolist()
+        response_rows = responses.tolist()
+
+        data_sources = _column(data, self.reward_fn_key, "the scorer key")
+        reward_models = _column(data, "reward_model", "holds ground_truth")
+        extra_col = data.non_tensor_batch.get("extra_info")
+        batch_size = len(data)
+        solution_strs = [
+            self.tokenizer.decode(response_rows[i][: response_lens[i]], skip_special_tokens=True)
+            for i in range(batch_size)
+        ]
+        ground_truths = [reward_models[i]["ground_truth"] for i in range(batch_size)]
+        extra_infos = [None if extra_col is None else extra_col[i] for i in range(batch_size)]
+
+        raw = self._score(list(data_sources), solution_strs, ground_truths, extra_infos)
+        if len(raw) != batch_size:
+            raise ValueError(f"compute_score returned {len(raw)} scores for a batch of {batch_size}")
+
+        scores, extra_rows = [], []
+        for i, result in enumerate(raw):
+            if isinstance(result, dict):
+                if "score" not in result:
+                    raise ValueError(
+                        f"sample {i} (data_source={data_sources[i]!r}): dict result has no 'score': {result!r}"
+                    )
+                extra_rows.append(result)
+                result = result["score"]
+            else:
+                extra_rows.append({})
+            scores.append(_as_score(i, data_sources[i], result))
+
+        # The score sits on the last valid response token; an empty response keeps it at position 0
+        # so that sequence-level sums (GRPO) still see it.
+        reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)  # (B, R)
+        last = torch.tensor([max(n - 1, 0) for n in response_lens], dtype=torch.long)
+        reward_tensor[torch.arange(batch_size), last] = torch.tensor(scores, dtype=torch.float32)
+        reward_tensor = reward_tensor.to(responses.device)
+
+        self._examine(prompts, prompt_lens, solution_strs, ground_truths, data_sources, raw)
+        if not return_dict:
+            return reward_tensor
+        keys = list(dict.fromkeys(k for row in extra_rows for k in row))
+        extra = {k: [row.get(k) for row in extra_rows] for k in keys}
+        return {"reward_tensor": reward_tensor, "reward_extra_info": extra}
+
+    def _examine(self, prompts, prompt_lens, solution_strs, ground_truths, data_sources, raw) -> None:
+        """Print up to ``num_examine`` samples per data_source (veRL's console check)."""
+        printed: dict = defaultdict(int)
+        prompt_len = prompts.shape[-1]
+        for i, source in enumerate(data_sources):
+            if printed[source] >= self.num_examine:
+                continue
+            printed[source] += 1
+            ids = prompts[i, prompt_len - prompt_lens[i]:].tolist()
+            print("[prompt]", self.tokenizer.decode(ids, skip_special_tokens=True))
+            print("[response]", solution_strs[i])
+            print("[ground_truth]", ground_truths[i])
+            for key, value in (raw[i].items() if isinstance(raw[i], dict) else [("score", raw[i])]):
+                print(f"[{key}]", value)
+
+
+@register_reward_manager("naive")
+class NaiveRewardManager(_RuleRewardManager):
+    """One ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=)`` call per row."""
+
+    def _score(self, data_sources, solution_strs, ground_truths, extra_infos) -> list:
+        out = []
+        for i, (source, text, truth, extra) in enumerate(zip(data_sources, solution_strs, ground_truths, extra_infos)):
+            try:
+                out.append(self.compute_score(
+                    data_source=source, solution_str=text, ground_truth=truth, extra_info=extra, **self.reward_kwargs
+                ))
+            except Exception as err:
+                raise RewardComputationError(
+                    f"compute_score failed on sample {i} (data_source={source!r}): {type(err).__name__}: {err}"
+                ) from err
+        return out
+
+
+def _default_batch_score(data_sources, solution_strs, ground_truths, extra_infos, **kwargs) -> list:
+    return [
+        default_compute_score(s, t, g, e, **kwargs)
+        for s, t, g, e in zip(data_sources, solution_strs, ground_truths, extra_infos)
+    ]
+
+
+@register_reward_manager("batch")
+class BatchRewardManager(_RuleRewardManager):
+    """One ``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)`` call per
+    batch, for scorers that batch (an LLM judge, a remote sandbox); returns one result per row."""
+
+    def __init__(self, tokenizer, num_examine: int, compute_score: Callable | None = None,
+                 reward_fn_key: str = "data_source", **reward_kwargs):
+        super().__init__(tokenizer, num_examine, compute_score or _default_batch_score, reward_fn_key, **reward_kwargs)
+
+    def _score(self, data_sources, solution_strs, ground_truths, extra_infos) -> list:
+        try:
+            return list(self.compute_score(
+                data_sources=data_sources, solution_strs=solution_strs, ground_truths=ground_truths,
+                extra_infos=extra_infos, **self.reward_kwargs,
+            ))
+        except Exception as err:
+            sources = sorted(set(map(str, data_sources)))
+            raise RewardComputationError(
+                f"batch compute_score failed on {len(data_sources)} samples (data_sources={sources}): "
+                f"{type(err).__name__}: {err}"
+            ) from err
+
+
+def load_reward_manager(reward_manager_name: str, tokenizer, num_examine: int,
+                        compute_score: Callable | None = None, **kwargs):
+    """Build the registered manager ``reward_manager_name`` (config: reward_model.reward_manager)."""
+    cls = get_reward_manager_cls(reward_manager_name)
+    return cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=compute_score, **kwargs)
+
+
+def reward_metrics(rewards: torch.Tensor | Sequence[float], data_sources: Sequence[Any]) -> dict[str, float]:
+    """Mean sequence score per data_source: {"reward/<data_source>/mean": float}.
+
+    ``rewards`` is a token-level (B, R) tensor (summed over tokens) or one score per row.
+    """
+    if isinstance(rewards, torch.Tensor):
+        rewards = rewards.sum(-1) if rewards.dim() == 2 else rewards
+        values = np.asarray(rewards.detach().float().cpu().tolist(), dtype=np.float64)
+    else:
+        values = np.asarray(rewards, dtype=np.float64)
+    sources = np.asarray([str(s) for s in data_sources], dtype=object)
+    if values.shape != sources.shape:
+        raise ValueError(f"{values.shape[0]} rewards but {sources.shape[0]} data_sources")
+    return {f"reward/{s}/mean": float(values[sources == s].mean()) for s in sorted(set(sources))}

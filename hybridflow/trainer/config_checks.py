@@ -1,0 +1,344 @@
+"""Up-front checks of a PPO config, run once at start-up.
+
+A batch size that does not split over the ranks, or a micro-batch size left unset, otherwise fails an
+hour later inside a worker with an assertion far from the key that caused it. Here it fails in the
+first second, with the keys and the numbers in the message. Options that only mean something on a
+GPU are accepted on CPU and explained in the returned notes; only a GPU-only engine (vLLM) is an error.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from hybridflow.utils.config import ConfigError, default_config
+
+__all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTIMATORS", "GPU_ONLY_ROLLOUTS"]
+
+# Advantage estimators that compare the n responses of one prompt with each other.
+GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk")
+# Rollout engines that run on CUDA only.
+GPU_ONLY_ROLLOUTS = ("vllm", "sglang")
+
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+# Settings the hf rollout does not read (they configure vLLM's engine).
+_VLLM_ONLY_KEYS = (
+    "gpu_memory_utilization", "enforce_eager", "free_cache_engine", "load_format", "max_num_batched_tokens",
+    "max_num_seqs", "max_model_len", "enable_chunked_prefill", "disable_log_stats", "layered_summon",
+)
+
+
+def resolve_device(value: str = "auto", cuda_available: bool | None = None) -> str:
+    """``trainer.device`` -> "cpu" or "cuda". ``auto`` picks cuda when torch sees a GPU."""
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    choice = str(value).lower()
+    if choice == "auto":
+        return "cuda" if cuda_available else "cpu"
+    if choice == "cpu":
+        return "cpu"
+    if choice in ("cuda", "gpu"):
+        if not cuda_available:
+            raise ConfigError(
+                f"trainer.device={value} but torch sees no CUDA device (torch.cuda.is_available() is False); "
+                "use trainer.device=cpu or trainer.device=auto"
+            )
+        return "cuda"
+    raise ConfigError(f"trainer.device={value!r} is not one of auto, cpu, cuda")
+
+
+def resolve_dtype(value: str, device: str) -> str:
+    """A dtype name from the config -> a torch dtype name; ``auto`` is bfloat16 on cuda, float32 on cpu."""
+    name = str(value).lower()
+    if name == "auto":
+        return "bfloat16" if device == "cuda" else "float32"
+    return _DTYPE_ALIASES.get(name, name)
+
+
+class _Report:
+    """Collects errors and notes so that one run reports every problem at once."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        self.errors: list[str] = []
+        self.notes: list[str] = []
+
+    def get(self, path: str) -> Any:
+        return OmegaConf.select(self.cfg, path, default=None)
+
+    def positive_int(self, path: str, allow_none: bool = False) -> int | None:
+        value = self.get(path)
+        if value is None and allow_none:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            self.errors.append(f"{path} must be a positive integer, got {value!r}")
+            return None
+        return value
+
+
+def validate_ppo_config(cfg: DictConfig | Mapping, n_devices: int | None = None) -> list[str]:
+    """Check a composed ppo_trainer config before anything starts.
+
+    ``n_devices``: CUDA devices visible on this node (default: ``torch.cuda.device_count()`` when the
+    device is cuda). Returns notes (deprecations, settings ignored on this device, doubtful
+    combinations); raises ConfigError listing every real error.
+    """
+    cfg = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
+    r = _Report(cfg)
+    device = resolve_device(r.get("trainer.device") or "auto")
+    world = _check_world(r, device, n_devices)
+    n = r.positive_int("actor_rollout_ref.rollout.n")
+    train_bs = r.positive_int("data.train_batch_size")
+    if world and n and train_bs:
+        _check_batches(r, world, n, train_bs)
+    _check_algorithm(r, n)
+    _check_rollout(r, device, world)
+    if device == "cpu":
+        _explain_gpu_only(r)
+    _check_misc(r)
+    if r.errors:
+        raise ConfigError("invalid PPO config:\n  " + "\n  ".join(r.errors))
+    return r.notes
+
+
+def _check_world(r: _Report, device: str, n_devices: int | None) -> int | None:
+    nnodes, per_node = r.positive_int("trainer.nnodes"), r.positive_int("trainer.n_gpus_per_node")
+    if not (nnodes and per_node):
+        return None
+    world = nnodes * per_node
+    backend = r.get("trainer.backend") or "ray"
+    if backend not in ("ray", "inprocess"):
+        r.errors.append(f"trainer.backend={backend!r} is not one of ray, inprocess")
+    elif backend == "inprocess" and world != 1:
+        r.errors.append(
+            f"trainer.backend=inprocess runs one worker in the driver, but trainer.nnodes ({nnodes}) * "
+            f"trainer.n_gpus_per_node ({per_node}) = {world}; set both to 1 or use trainer.backend=ray"
+        )
+    if device == "cuda":
+        visible = torch.cuda.device_count() if n_devices is None else n_devices
+        if per_node > visible:
+            r.errors.append(f"trainer.n_gpus_per_node={per_node} but only {visible} CUDA device(s) are visible")
+    elif per_node > (os.cpu_count() or 1):
+        r.notes.append(
+            f"trainer.n_gpus_per_node={per_node} worker processes per node on cpu, more than the "
+            f"{os.cpu_count()} CPU cores: they will share cores"
+        )
+    return world
+
+
+def _dp(r: _Report, section: str, world: int) -> int | None:
+    sp = r.get(f"{section}.ulysses_sequence_parallel_size") or 1
+    if world % sp:
+        r.errors.append(f"world size {world} is not divisible by {section}.ulysses_sequence_parallel_size ({sp})")
+        return None
+    return world // sp
+
+
+def _micro_per_gpu(r: _Report, section: str, name: str, dp: int) -> int | None:
+    """Per-rank micro-batch size from the pair ``name`` (deprecated, global) / ``name_per_gpu``."""
+    total, per_gpu = r.get(f"{section}.{name}"), r.get(f"{section}.{name}_per_gpu")
+    if total is None and per_gpu is None:
+        r.errors.append(f"set {section}.{name}_per_gpu (samples per forward pass on one device); it is null")
+        return None
+    if total is not None and per_gpu is not None:
+        r.errors.append(
+            f"{section}.{name} ({total}) and {section}.{name}_per_gpu ({per_gpu}) are both set; "
+            f"set only {name}_per_gpu ({name} is deprecated)"
+        )
+        return None
+    if per_gpu is not None:
+        return r.positive_int(f"{section}.{name}_per_gpu")
+    if r.positive_int(f"{section}.{name}") is None:
+        return None
+    r.notes.append(f"{section}.{name} is deprecated: set {section}.{name}_per_gpu = {name} / data-parallel size")
+    if total % dp:
+        r.errors.append(f"{section}.{name} ({total}) is not divisible by the data-parallel size ({dp})")
+        return None
+    return total // dp
+
+
+def _check_update_batches(r: _Report, section: str, world: int, n: int, train_bs: int) -> None:
+    """Mini-batches (per optimizer step) and micro-batches (per forward) of an actor/critic update."""
+    dp, mini = _dp(r, section, world), r.positive_int(f"{section}.ppo_mini_batch_size")
+    if not (dp and mini):
+        return
+    if train_bs < mini:
+        r.errors.append(f"data.train_batch_size ({train_bs}) must be >= {section}.ppo_mini_batch_size ({mini})")
+    elif train_bs % mini:
+        r.notes.append(
+            f"data.train_batch_size ({train_bs}) is not a multiple of {section}.ppo_mini_batch_size ({mini}): "
+            f"the last mini-batch of every step has {train_bs % mini} prompts"
+        )
+    if (mini * n) % dp:
+        r.errors.append(
+            f"{section}.ppo_mini_batch_size ({mini}) * rollout.n ({n}) = {mini * n} samples per optimizer step "
+            f"do not split evenly over {dp} data-parallel ranks"
+        )
+        return
+    per_rank = mini * n // dp
+    if r.get(f"{section}.use_dynamic_bsz"):
+        _check_token_budget(r, section, "ppo_max_token_len_per_gpu")
+        return
+    micro = _micro_per_gpu(r, section, "ppo_micro_batch_size", dp)
+    if micro and per_rank % micro:
+        r.errors.append(
+            f"{section}.ppo_mini_batch_size ({mini}) * rollout.n ({n}) / {dp} data-parallel ranks = {per_rank} "
+            f"samples per rank is not divisible by {section}.ppo_micro_batch_size_per_gpu ({micro})"
+        )
+
+
+def _check_token_budget(r: _Report, section: str, key: str) -> None:
+    """With dynamic batch size one sequence must still fit in the per-device token budget."""
+    budget = r.positive_int(f"{section}.{key}")
+    sp = r.get(f"{section}.ulysses_sequence_parallel_size") or 1
+    longest = (r.get("data.max_prompt_length") or 0) + (r.get("data.max_response_length") or 0)
+    if budget and budget * sp < longest:
+        r.errors.append(
+            f"{section}.{key} ({budget}) * ulysses_sequence_parallel_size ({sp}) is smaller than one sequence: "
+            f"data.max_prompt_length + data.max_response_length = {longest}"
+        )
+
+
+def _check_batches(r: _Report, world: int, n: int, train_bs: int) -> None:
+    if (train_bs * n) % world:
+        r.errors.append(
+            f"data.train_batch_size ({train_bs}) * actor_rollout_ref.rollout.n ({n}) = {train_bs * n} samples "
+            f"do not split evenly over the world size trainer.nnodes * trainer.n_gpus_per_node = {world}"
+        )
+    _check_update_batches(r, "actor_rollout_ref.actor", world, n, train_bs)
+
+    # Log-probs of the generated tokens (old policy) and of the reference policy.
+    log_prob_sections = ["actor_rollout_ref.rollout"]
+    if r.get("actor_rollout_ref.actor.use_kl_loss") or r.get("algorithm.use_kl_in_reward"):
+        log_prob_sections.append("actor_rollout_ref.ref")
+    for section in log_prob_sections:
+        dp = _dp(r, "actor_rollout_ref.actor", world)
+        if not dp:
+            continue
+        if r.get(f"{section}.log_prob_use_dynamic_bsz"):
+            _check_token_budget(r, section, "log_prob_max_token_len_per_gpu")
+        else:
+            _micro_per_gpu(r, section, "log_prob_micro_batch_size", dp)
+
+    if r.get("algorithm.adv_estimator") == "gae":  # the critic exists only for GAE
+        critic_n = r.get("critic.rollout_n")
+        if critic_n is not None and critic_n != n:
+            r.errors.append(
+                f"critic.rollout_n ({critic_n}) differs from actor_rollout_ref.rollout.n ({n}); leave it unset"
+            )
+        _check_update_batches(r, "critic", world, n, train_bs)
+        if r.get("critic.use_dynamic_bsz"):
+            _check_token_budget(r, "critic", "forward_max_token_len_per_gpu")
+
+    if r.get("reward_model.enable"):
+        dp = _dp(r, "reward_model", world)
+        if dp and r.get("reward_model.use_dynamic_bsz"):
+            _check_token_budget(r, "reward_model", "forward_max_token_len_per_gpu")
+        elif dp:
+            _micro_per_gpu(r, "reward_model", "micro_batch_size", dp)
+
+
+def _check_algorithm(r: _Report, n: int | None) -> None:
+    estimator = r.get("algorithm.adv_estimator")
+    if estimator in GROUP_ESTIMATORS and n is not None and n <= 1:
+        r.errors.append(
+            f"algorithm.adv_estimator={estimator} compares the responses sampled for the same prompt, so "
+            f"actor_rollout_ref.rollout.n must be > 1 (got {n}); e.g. actor_rollout_ref.rollout.n=5"
+        )
+    if r.get("actor_rollout_ref.actor.use_kl_loss") and r.get("algorithm.use_kl_in_reward"):
+        r.notes.append(
+            "warning: actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are both on: the KL to "
+            "the reference policy is penalised twice (in the reward and as a loss term)"
+        )
+    kl_type = r.get("algorithm.kl_ctrl.type")
+    if kl_type not in (None, "fixed", "adaptive"):
+        r.errors.append(f"algorithm.kl_ctrl.type={kl_type!r} is not one of fixed, adaptive")
+    if kl_type == "adaptive" and not (r.get("algorithm.kl_ctrl.horizon") or 0) > 0:
+        r.errors.append("algorithm.kl_ctrl.type=adaptive needs algorithm.kl_ctrl.horizon > 0")
+    for section in ("actor_rollout_ref.actor", "critic"):
+        sp = r.get(f"{section}.ulysses_sequence_parallel_size") or 1
+        model = "actor_rollout_ref.model" if section.startswith("actor") else "critic.model"
+        if sp > 1 and not r.get(f"{model}.use_remove_padding"):
+            r.errors.append(f"{section}.ulysses_sequence_parallel_size={sp} needs {model}.use_remove_padding=True")
+
+
+def _check_rollout(r: _Report, device: str, world: int | None) -> None:
+    rollout = "actor_rollout_ref.rollout"
+    name, tp = r.get(f"{rollout}.name"), r.get(f"{rollout}.tensor_model_parallel_size") or 1
+    per_node = r.get("trainer.n_gpus_per_node") or 1
+    if name in GPU_ONLY_ROLLOUTS and device == "cpu":
+        r.errors.append(
+            f"{rollout}.name={name} needs CUDA ({name} runs its kernels on the GPU only), but the device is cpu; "
+            f"use {rollout}.name=hf on cpu"
+        )
+    elif name in GPU_ONLY_ROLLOUTS and world:
+        if world % tp or tp > per_node:
+            r.errors.append(
+                f"{rollout}.tensor_model_parallel_size ({tp}) must divide the world size ({world}) and fit in one "
+                f"node (trainer.n_gpus_per_node={per_node})"
+            )
+    if name == "hf":
+        if tp > 1:
+            r.notes.append(f"{rollout}.tensor_model_parallel_size={tp} is ignored: the hf rollout does not shard")
+        defaults = default_config("ppo_trainer")["actor_rollout_ref"]["rollout"]
+        for key in _VLLM_ONLY_KEYS:
+            value = r.get(f"{rollout}.{key}")
+            if key in defaults and value != defaults[key]:
+                r.notes.append(f"{rollout}.{key}={value} only configures vLLM; the hf rollout ignores it")
+    if name == "hf" and r.get(f"{rollout}.do_sample") and (r.get(f"{rollout}.temperature") or 0) <= 0:
+        r.errors.append(f"{rollout}.do_sample=True needs {rollout}.temperature > 0; for greedy use do_sample=False")
+    if r.get(f"{rollout}.val_kwargs.do_sample") and (r.get(f"{rollout}.val_kwargs.temperature") or 0) <= 0:
+        r.errors.append(
+            f"{rollout}.val_kwargs.do_sample=True needs {rollout}.val_kwargs.temperature > 0 "
+            f"(got {r.get(f'{rollout}.val_kwargs.temperature')})"
+        )
+    mode = r.get(f"{rollout}.mode")
+    if mode not in (None, "sync", "async"):
+        r.errors.append(f"{rollout}.mode={mode!r} is not one of sync, async")
+
+
+def _explain_gpu_only(r: _Report) -> None:
+    """Settings that only act on a GPU: accepted on cpu, with a note saying what happens."""
+    for model in ("actor_rollout_ref.model", "critic.model"):
+        if r.get(f"{model}.use_liger"):
+            r.notes.append(f"{model}.use_liger=True: Liger kernels are Triton/CUDA kernels; not used on cpu")
+        if r.get(f"{model}.enable_activation_offload"):
+            r.notes.append(f"{model}.enable_activation_offload=True: activations already live in host memory on cpu")
+    fsdp_sections = ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config",
+                     "critic.model.fsdp_config", "reward_model.model.fsdp_config")
+    for section in fsdp_sections:
+        for key in ("param_offload", "optimizer_offload", "offload_policy"):
+            if r.get(f"{section}.{key}"):
+                r.notes.append(f"{section}.{key}=True has no effect on cpu: parameters and optimizer state "
+                               "are already in host memory")
+        param_dtype = r.get(f"{section}.mixed_precision.param_dtype")
+        if param_dtype is not None and resolve_dtype(param_dtype, "cpu") in ("bfloat16", "float16"):
+            r.notes.append(f"{section}.mixed_precision.param_dtype={param_dtype} on cpu: runs, but most CPUs compute "
+                           "bf16/fp16 slower than fp32 (param_dtype=auto picks fp32 on cpu)")
+    dtype = r.get("actor_rollout_ref.rollout.dtype")
+    if dtype is not None and resolve_dtype(dtype, "cpu") in ("bfloat16", "float16"):
+        r.notes.append(f"actor_rollout_ref.rollout.dtype={dtype} on cpu: generation runs, but usually slower than "
+                       "float32 (dtype=auto picks float32 on cpu)")
+
+
+def _check_misc(r: _Report) -> None:
+    mode = r.get("trainer.resume_mode")
+    if mode not in (None, "auto", "disable", "resume_path"):
+        r.errors.append(f"trainer.resume_mode={mode!r} is not one of auto, disable, resume_path")
+    if mode == "resume_path" and not r.get("trainer.resume_from_path"):
+        r.errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path")
+    truncation = r.get("data.truncation")
+    if truncation not in (None, "error", "left", "right", "middle"):
+        r.errors.append(f"data.truncation={truncation!r} is not one of error, left, right, middle")
+    if r.get("data.val_batch_size") is not None:
+        r.notes.append("data.val_batch_size is deprecated: validation runs the whole validation set as one batch")
+    if r.get("trainer.total_training_steps") is None:
+        r.positive_int("trainer.total_epochs")
+    else:
+        r.positive_int("trainer.total_training_steps")
+    r.positive_int("actor_rollout_ref.actor.ppo_epochs")
+    if (r.get("trainer.critic_warmup") or 0) < 0:
+        r.errors.append(f"trainer.critic_warmup must be >= 0, got {r.get('trainer.critic_warmup')}")

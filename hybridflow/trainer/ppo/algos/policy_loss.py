@@ -1,0 +1,204 @@
+"""Policy-gradient losses.
+
+Registered losses share veRL's signature
+``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)``
+where ``config`` is the actor section (object or mapping: ``clip_ratio``, ``clip_ratio_low``,
+``clip_ratio_high``, ``clip_ratio_c``, optional ``loss_scale_factor``), plus the keyword-only
+``global_token_count`` / ``global_seq_count`` that are handed to ``agg_loss`` (see loss_agg.py).
+All return ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``: the loss with its graph and three
+detached 0-d tensors (no host sync).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from hybridflow.trainer.ppo.algos._config import cfg_get
+from hybridflow.trainer.ppo.algos.loss_agg import agg_loss
+from hybridflow.utils.registry import Registry
+from hybridflow.utils.torch_functional import masked_mean
+
+__all__ = [
+    "POLICY_LOSS_REGISTRY",
+    "register_policy_loss",
+    "get_policy_loss_fn",
+    "compute_policy_loss",
+    "compute_policy_loss_vanilla",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_gpg",
+]
+
+PolicyLossFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss")
+
+
+def register_policy_loss(name: str):
+    """Decorator registering a policy loss under ``name`` (``actor.policy_loss.loss_mode``)."""
+    return POLICY_LOSS_REGISTRY.register(name)
+
+
+def get_policy_loss_fn(name: str) -> PolicyLossFn:
+    return POLICY_LOSS_REGISTRY.get(name)
+
+
+def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    # Clamped so that exp() stays finite for wildly off-policy tokens.
+    return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+
+
+def _clipped_ppo(
+    old_log_prob, log_prob, advantages, response_mask, clip_low, clip_high, clip_ratio_c, loss_agg_mode,
+    weights=None, **agg_kwargs,
+):
+    if clip_low is None or clip_high is None:
+        raise ValueError("clipped PPO needs a clip range (cliprange / clip_ratio)")
+    if not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c (dual-clip bound) must be > 1.0, got {clip_ratio_c}")
+
+    log_ratio = _log_ratio(log_prob, old_log_prob)  # (B, T)
+    ratio = torch.exp(log_ratio)
+    ppo_kl = masked_mean(-log_ratio, response_mask)
+
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)  # pessimistic of the two
+    pg_clipfrac = masked_mean(torch.gt(loss_clipped, loss_unclipped).float(), response_mask)
+
+    # Dual clip (https://arxiv.org/abs/1912.09729): for A < 0 the loss is capped at -A * c, so a huge
+    # ratio on a bad action cannot dominate the update.
+    loss_cap = -advantages * clip_ratio_c
+    negative = advantages < 0
+    pg_losses = torch.where(negative, torch.minimum(loss_ppo, loss_cap), loss_ppo)
+    pg_clipfrac_lower = masked_mean((torch.gt(loss_ppo, loss_cap) & negative).float(), response_mask)
+
+    if weights is not None:
+        pg_losses = pg_losses * weights
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
+    return pg_loss, pg_clipfrac.detach(), ppo_kl.detach(), pg_clipfrac_lower.detach()
+
+
+def compute_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange: Optional[float] = None,
+    cliprange_low: Optional[float] = None,
+    cliprange_high: Optional[float] = None,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+    *,
+    global_token_count=None,
+    global_seq_count=None,
+    loss_scale_factor=None,
+):
+    """Clipped PPO (https://arxiv.org/abs/1707.06347) with clip-higher and dual clip.
+
+    ratio = exp(log_prob - old_log_prob); per token
+    loss = max(-A * ratio, -A * clip(ratio, 1 - cliprange_low, 1 + cliprange_high)), and for A < 0
+    additionally min(loss, -A * clip_ratio_c). ``cliprange_low``/``cliprange_high`` default to
+    ``cliprange``. Returns (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower).
+    """
+    low = cliprange if cliprange_low is None else cliprange_low
+    high = cliprange if cliprange_high is None else cliprange_high
+    return _clipped_ppo(
+        old_log_prob, log_prob, advantages, response_mask, low, high, clip_ratio_c, loss_agg_mode,
+        global_token_count=global_token_count, global_seq_count=global_seq_count,
+        loss_scale_factor=loss_scale_factor,
+    )
+
+
+def _clip_range(config: Any) -> tuple[float, float]:
+    clip_ratio = cfg_get(config, "clip_ratio", 0.2)
+    return cfg_get(config, "clip_ratio_low", clip_ratio), cfg_get(config, "clip_ratio_high", clip_ratio)
+
+
+@register_policy_loss("vanilla")
+def compute_policy_loss_vanilla(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Optional[Any] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    *,
+    global_token_count=None,
+    global_seq_count=None,
+):
+    """``compute_policy_loss`` with its clip ranges read from the actor config (clip_ratio 0.2 and
+    clip_ratio_c 3.0 when absent); ``rollout_is_weights`` (B, T) rescale the per-token losses."""
+    low, high = _clip_range(config)
+    return _clipped_ppo(
+        old_log_prob, log_prob, advantages, response_mask, low, high, cfg_get(config, "clip_ratio_c", 3.0),
+        loss_agg_mode, weights=rollout_is_weights, global_token_count=global_token_count,
+        global_seq_count=global_seq_count, loss_scale_factor=cfg_get(config, "loss_scale_factor"),
+    )
+
+
+@register_policy_loss("gspo")
+def compute_policy_loss_gspo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    config: Optional[Any] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    *,
+    global_token_count=None,
+    global_seq_count=None,
+):
+    """GSPO (https://arxiv.org/abs/2507.18071): one importance ratio per sequence, the geometric
+    mean of its token ratios, s_i = exp(mean_t log(pi/pi_old)), clipped like PPO.
+
+    Per token the value is s_i while the gradient flows through that token's own log-prob
+    (s_i,t = sg[s_i] * pi_t / sg[pi_t]), as in the paper. Meant for ``seq-mean-token-mean``.
+    """
+    low, high = _clip_range(config)
+    log_ratio = log_prob - old_log_prob  # (B, T)
+    lengths = response_mask.sum(dim=-1).clamp(min=1)  # (B,)
+    seq_log_ratio = (log_ratio * response_mask).sum(dim=-1) / lengths  # (B,)
+    token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)  # (B, T)
+    ratio = torch.exp(torch.clamp(token_log_ratio, max=10.0))
+
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
+    pg_losses = torch.maximum(loss_unclipped, loss_clipped)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, global_token_count=global_token_count,
+        global_seq_count=global_seq_count, loss_scale_factor=cfg_get(config, "loss_scale_factor"),
+    )
+    pg_clipfrac = masked_mean(torch.gt(loss_clipped, loss_unclipped).float(), response_mask)
+    ppo_kl = masked_mean(-log_ratio, response_mask)
+    return pg_loss, pg_clipfrac.detach(), ppo_kl.detach(), torch.zeros_like(pg_clipfrac)
+
+
+@register_policy_loss("gpg")
+def compute_policy_loss_gpg(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Optional[Any] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    *,
+    global_token_count=None,
+    global_seq_count=None,
+):
+    """GPG (https://arxiv.org/abs/2504.02546): plain policy gradient, -log_prob * A, no ratio."""
+    pg_losses = -log_prob * advantages
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, global_token_count=global_token_count,
+        global_seq_count=global_seq_count, loss_scale_factor=cfg_get(config, "loss_scale_factor"),
+    )
+    ppo_kl = masked_mean(old_log_prob - log_prob, response_mask).detach()
+    zero = torch.zeros_like(ppo_kl)
+    return pg_loss, zero, ppo_kl, zero

@@ -1,0 +1,27 @@
+"""veRL-compatible entry point to the RL math: ``from hybridflow.trainer.ppo import core_algos``.
+
+The implementations live in ``hybridflow.trainer.ppo.algos`` (advantage, policy_loss, loss_agg,
+kl, value_loss); this module only re-exports them, plus the masked tensor helpers, so code written
+against ``verl.trainer.ppo.core_algos`` keeps working after switching the import.
+"""
+
+from hybridflow.trainer.ppo.algos import *  # noqa: F401,F403
+from hybridflow.trainer.ppo.algos import __all__ as _algos_all
+from hybridflow.utils.torch_functional import (  # noqa: F401
+    entropy_from_logits,
+    logprobs_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+
+__all__ = [
+    *_algos_all,
+    "entropy_from_logits",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+]

@@ -1,0 +1,100 @@
+"""Small tensor helpers shared by the RL math and the workers (veRL's ``verl.utils.torch_functional``).
+
+Masks are 0/1 (bool, int or float) tensors broadcastable to the values; masked-out positions may
+hold anything (even ``-inf``/NaN) without leaking into the result. None of these helpers syncs with
+the host, so they are safe inside a training step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "masked_sum",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "clip_by_value",
+    "entropy_from_logits",
+    "logprobs_from_logits",
+]
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+    """Sum of ``values`` where ``mask`` is set (over all elements, or along ``axis``)."""
+    masked = torch.where(mask.bool(), values, torch.zeros_like(values))
+    return masked.sum() if axis is None else masked.sum(dim=axis)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` where ``mask`` is set; an empty mask gives 0 (veRL adds 1e-8 to the count)."""
+    count = mask.sum() if axis is None else mask.sum(dim=axis)
+    return masked_sum(values, mask, axis) / (count + 1e-8)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of the masked values (Bessel-corrected when ``unbiased``, like ``torch.var``).
+
+    With fewer than two valid elements the unbiased correction is skipped instead of raising, so the
+    function never needs a host sync; the variance of one element is 0 either way.
+    """
+    mean = masked_mean(values, mask)
+    variance = masked_mean((values - mean) ** 2, mask)
+    if unbiased:
+        n = mask.sum().to(variance.dtype)
+        variance = variance * torch.where(n > 1, n / (n - 1).clamp(min=1), torch.ones_like(n))
+    return variance
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """Normalise to zero mean and unit (unbiased) variance over the masked elements.
+
+    With ``shift_mean=False`` the original mean is added back (only the scale changes).
+    Positions outside the mask are transformed too but carry no meaning.
+    """
+    mean = masked_mean(values, mask)
+    var = masked_var(values, mask, unbiased=True)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor, tensor_max: torch.Tensor) -> torch.Tensor:
+    """Element-wise clamp between two tensors (``torch.clamp`` with tensor bounds)."""
+    return torch.max(torch.min(x, tensor_max), tensor_min)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the categorical distribution over the last dim: logsumexp(z) - sum(softmax(z) * z)."""
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+# Rows of (rows, vocab) processed at once when the logits are half precision: each chunk is upcast
+# to float32, so memory stays bounded by the chunk instead of a float32 copy of all the logits.
+_LOW_PRECISION_CHUNK_ROWS = 256
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log p(label) for every position: ``logits (..., V)``, ``labels (...)`` -> ``(...)``.
+
+    Computed as ``logit[label] - logsumexp(logits)``, which never materialises the full
+    log-softmax (one (..., V) tensor fewer than ``log_softmax(...).gather``). Half-precision logits
+    are handled in float32 row chunks for accuracy; the result keeps float32 in that case.
+    """
+    if logits.dtype in (torch.float32, torch.float64):
+        picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        return picked - torch.logsumexp(logits, dim=-1)
+
+    vocab = logits.shape[-1]
+    flat_logits = logits.reshape(-1, vocab)  # (N, V)
+    flat_labels = labels.reshape(-1)  # (N,)
+    out = []
+    for rows, rows_labels in zip(
+        flat_logits.split(_LOW_PRECISION_CHUNK_ROWS), flat_labels.split(_LOW_PRECISION_CHUNK_ROWS)
+    ):
+        rows = rows.float()
+        picked = rows.gather(-1, rows_labels.unsqueeze(-1)).squeeze(-1)
+        out.append(picked - torch.logsumexp(rows, dim=-1))
+    return torch.cat(out).reshape(labels.shape)

@@ -1,0 +1,80 @@
+"""Sampling parameters of a rollout, read once from the config section and resolved per call.
+
+The rollout section of the config (veRL keys: ``temperature``, ``top_k``, ``top_p``, ``do_sample``,
+``response_length``, ``ignore_eos``, ``val_kwargs``) is parsed into two frozen ``SamplingParams`` at
+engine construction: one for training rollouts and one for validation. Each call to
+``generate_sequences`` then picks one of them (``meta_info["validate"]``) and applies whatever
+overrides the caller put in ``meta_info``. Engines only ever see the resolved values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+# meta_info keys a caller may use to override the configured values for one call
+OVERRIDABLE = ("do_sample", "temperature", "top_k", "top_p", "response_length", "ignore_eos")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to sample and how much. ``top_k <= 0`` and ``top_p >= 1`` disable those filters;
+    ``do_sample=False`` or ``temperature <= 0`` means greedy decoding."""
+
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    response_length: int = 512
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature <= 0
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> "SamplingParams":
+        """A copy with the known keys of ``overrides`` applied (``None`` values are ignored)."""
+        known = {f.name for f in fields(self)}
+        picked = {k: overrides[k] for k in known if k in overrides and overrides[k] is not None}
+        return _coerce(replace(self, **picked))
+
+
+def _coerce(p: SamplingParams) -> SamplingParams:
+    # yaml/CLI values arrive as strings or floats now and then ("1", 0.0); normalise once here
+    return SamplingParams(
+        do_sample=bool(p.do_sample),
+        temperature=float(p.temperature),
+        top_k=int(p.top_k) if p.top_k is not None else -1,
+        top_p=float(p.top_p) if p.top_p is not None else 1.0,
+        response_length=int(p.response_length),
+        ignore_eos=bool(p.ignore_eos),
+    )
+
+
+def sampling_params_from_config(config: Mapping[str, Any]) -> tuple[SamplingParams, SamplingParams]:
+    """(train, validation) parameters from a rollout config section (dict or DictConfig).
+
+    Validation starts from the training values and applies ``val_kwargs`` on top, so that keys
+    missing there (``response_length``) keep their training value.
+    """
+    train = SamplingParams().with_overrides(config)
+    val_kwargs = config.get("val_kwargs", None) or {}
+    return train, train.with_overrides(val_kwargs)
+
+
+def resolve_sampling(
+    train: SamplingParams, val: SamplingParams, meta_info: Mapping[str, Any]
+) -> SamplingParams:
+    """Parameters for one ``generate_sequences`` call: validation or training, then meta_info overrides."""
+    base = val if meta_info.get("validate", False) else train
+    return base.with_overrides({k: meta_info[k] for k in OVERRIDABLE if k in meta_info})
+
+
+def as_id_list(token_ids: int | list[int] | tuple[int, ...] | None) -> list[int]:
+    """EOS may be one id or several (e.g. Qwen's <|endoftext|> and <|im_end|>)."""
+    if token_ids is None:
+        return []
+    if isinstance(token_ids, int):
+        return [token_ids]
+    return [int(t) for t in token_ids]

@@ -1,0 +1,225 @@
+"""validate_ppo_config: batch arithmetic fails up front with the numbers; GPU-only options on cpu are
+explained in notes; only a GPU-only engine on cpu is an error."""
+
+import functools
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from hybridflow.trainer.config_checks import resolve_device, resolve_dtype, validate_ppo_config
+from hybridflow.utils.config import ConfigError, config_dir, load_config
+
+# veRL's quickstart command line (PPO with GAE, one device).
+QUICKSTART = [
+    "data.train_batch_size=256",
+    "data.max_prompt_length=512",
+    "data.max_response_length=256",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    "critic.optim.lr=1e-5",
+    "critic.ppo_micro_batch_size_per_gpu=4",
+    "algorithm.kl_ctrl.kl_coef=0.001",
+    "trainer.logger=['console']",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "trainer.total_epochs=15",
+    "trainer.device=cpu",
+]
+
+
+@functools.lru_cache(maxsize=1)
+def _raw_yaml():
+    return OmegaConf.load(config_dir() / "ppo_trainer.yaml")
+
+
+def build(overrides):
+    """What load_config returns, without Hydra's compose per case (this file checks validation, and
+    Hydra costs ~0.3 s a call on a loaded 2-core machine); test_fast_builder_matches_load_config
+    guards the shortcut."""
+    cfg = OmegaConf.merge(_raw_yaml(), OmegaConf.from_dotlist(QUICKSTART + list(overrides)))
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def check(*overrides, n_devices=None):
+    return validate_ppo_config(build(overrides), n_devices=n_devices)
+
+
+def error_of(*overrides, n_devices=None) -> str:
+    with pytest.raises(ConfigError) as e:
+        check(*overrides, n_devices=n_devices)
+    return str(e.value)
+
+
+def test_fast_builder_matches_load_config():
+    extra = ["actor_rollout_ref.rollout.n=3", "actor_rollout_ref.actor.ppo_micro_batch_size=null", "data.seed=null"]
+    expected = OmegaConf.to_container(load_config("ppo_trainer", QUICKSTART + extra))
+    assert OmegaConf.to_container(build(extra)) == expected
+
+
+def test_quickstart_passes_and_explains_the_vllm_only_key():
+    notes = check()
+    # gpu_memory_utilization was set on the command line but the hf rollout has no KV-cache pool
+    assert any("gpu_memory_utilization=0.4" in n and "hf rollout ignores it" in n for n in notes)
+
+
+def test_default_gpu_settings_produce_no_notes():
+    notes = check("actor_rollout_ref.rollout.gpu_memory_utilization=0.5")  # back to the default
+    assert notes == []
+
+
+def test_train_batch_must_split_over_the_world():
+    # 256 prompts * n=1 over 1 node * 3 processes: 256 % 3 = 1
+    msg = error_of("trainer.n_gpus_per_node=3")
+    assert "data.train_batch_size (256)" in msg and "= 256 samples" in msg and "= 3" in msg
+
+
+def test_good_multi_rank_combo_passes():
+    # 256*3 = 768 samples over 2 ranks; mini 64*3/2 = 96 per rank; 96 % 8 == 0 (actor), 96 % 4 == 0 (critic)
+    check("trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.n=3",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8")
+
+
+def test_mini_batch_per_rank_must_divide_by_micro_batch():
+    # 64 * 3 / 2 ranks = 96 samples per rank; 96 % 5 = 1
+    msg = error_of("trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.n=3",
+                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5")
+    assert "= 96 samples per rank" in msg and "ppo_micro_batch_size_per_gpu (5)" in msg
+
+
+def test_mini_batch_must_split_over_data_parallel_ranks():
+    # 6 * 1 = 6 samples per optimizer step over 4 ranks; train 256*1 % 4 == 0 so only the mini batch fails
+    msg = error_of("trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.ppo_mini_batch_size=6")
+    assert "ppo_mini_batch_size (6) * rollout.n (1) = 6 samples" in msg and "4 data-parallel ranks" in msg
+
+
+def test_train_batch_at_least_mini_batch():
+    msg = error_of("actor_rollout_ref.actor.ppo_mini_batch_size=512")
+    assert "data.train_batch_size (256) must be >= actor_rollout_ref.actor.ppo_mini_batch_size (512)" in msg
+
+
+def test_micro_batch_sizes_are_mutually_exclusive():
+    msg = error_of("actor_rollout_ref.actor.ppo_micro_batch_size=8")
+    assert "ppo_micro_batch_size (8)" in msg and "ppo_micro_batch_size_per_gpu (4)" in msg and "deprecated" in msg
+
+
+def test_deprecated_global_micro_batch_is_divided_by_dp():
+    # global micro 8 over 2 ranks = 4 per rank; 64*1/2 = 32 per rank; 32 % 4 == 0
+    notes = check("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+                  "actor_rollout_ref.actor.ppo_micro_batch_size=8")
+    assert any("actor_rollout_ref.actor.ppo_micro_batch_size is deprecated" in n for n in notes)
+    # global micro 6 over 2 ranks = 3 per rank; 32 % 3 = 2
+    msg = error_of("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+                   "actor_rollout_ref.actor.ppo_micro_batch_size=6")
+    assert "= 32 samples per rank is not divisible by actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (3)" in msg
+
+
+def test_unset_micro_batch_sizes_are_named():
+    msg = error_of("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null",
+                   "critic.ppo_micro_batch_size_per_gpu=null")
+    assert "set actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu" in msg
+    assert "set critic.ppo_micro_batch_size_per_gpu" in msg
+
+
+def test_reference_micro_batch_needed_only_with_a_reference_policy():
+    check("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null")  # no KL: no reference model
+    msg = error_of("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null",
+                   "actor_rollout_ref.actor.use_kl_loss=True")
+    assert "set actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu" in msg
+
+
+def test_dynamic_batch_size_replaces_micro_batches_by_a_token_budget():
+    check("actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null",
+          "critic.ppo_micro_batch_size_per_gpu=null")
+    # one sequence is 512 + 256 = 768 tokens; a budget of 700 cannot hold it
+    msg = error_of("actor_rollout_ref.actor.use_dynamic_bsz=True",
+                   "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=700")
+    assert "ppo_max_token_len_per_gpu (700)" in msg and "= 768" in msg
+
+
+def test_group_estimators_need_several_samples():
+    msg = error_of("algorithm.adv_estimator=grpo")
+    assert "actor_rollout_ref.rollout.n must be > 1 (got 1)" in msg
+    assert "rloo" in error_of("algorithm.adv_estimator=rloo")
+    # with n > 1 and no critic, critic micro batch sizes are not needed
+    check("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=5", "critic.ppo_micro_batch_size_per_gpu=null")
+
+
+def test_kl_twice_is_a_warning():
+    notes = check("actor_rollout_ref.actor.use_kl_loss=True", "algorithm.use_kl_in_reward=True")
+    assert any(n.startswith("warning:") and "use_kl_in_reward" in n for n in notes)
+
+
+def test_vllm_on_cpu_is_an_error_that_says_why():
+    msg = error_of("actor_rollout_ref.rollout.name=vllm")
+    assert "needs CUDA" in msg and "rollout.name=hf" in msg
+
+
+def test_gpu_only_settings_on_cpu_are_explained():
+    notes = "\n".join(check(
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "critic.model.fsdp_config.optimizer_offload=True",
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+        "actor_rollout_ref.rollout.dtype=bfloat16",
+        "actor_rollout_ref.model.use_liger=True",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.enforce_eager=False",
+        "actor_rollout_ref.rollout.free_cache_engine=False",
+    ))
+    for key in ("actor.fsdp_config.param_offload", "critic.model.fsdp_config.optimizer_offload",
+                "mixed_precision.param_dtype=bf16", "rollout.dtype=bfloat16", "use_liger",
+                "tensor_model_parallel_size=2", "enforce_eager=False", "free_cache_engine=False"):
+        assert key in notes
+
+
+def test_cuda_checks(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check("trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm", n_devices=1)
+    msg = error_of("trainer.device=cuda", "trainer.n_gpus_per_node=2", n_devices=1)
+    assert "n_gpus_per_node=2 but only 1 CUDA device" in msg
+    msg = error_of("trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm",
+                   "actor_rollout_ref.rollout.tensor_model_parallel_size=2", n_devices=1)
+    assert "tensor_model_parallel_size (2)" in msg
+
+
+def test_inprocess_backend_is_world_size_one():
+    check("trainer.backend=inprocess")
+    assert "trainer.backend=inprocess" in error_of("trainer.backend=inprocess", "trainer.n_gpus_per_node=2")
+
+
+def test_other_value_checks():
+    assert "resume_from_path" in error_of("trainer.resume_mode=resume_path")
+    assert "data.truncation='cut'" in error_of("data.truncation=cut")
+    assert "val_kwargs.temperature > 0" in error_of("actor_rollout_ref.rollout.val_kwargs.do_sample=True")
+    assert "use_remove_padding" in error_of("actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+                                            "critic.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2")
+
+
+def test_accepts_a_plain_dict():
+    cfg = OmegaConf.to_container(load_config("ppo_trainer", QUICKSTART))
+    assert validate_ppo_config(cfg) == validate_ppo_config(build([]))
+
+
+def test_resolve_device():
+    assert resolve_device("auto", cuda_available=True) == "cuda"
+    assert resolve_device("auto", cuda_available=False) == "cpu"
+    assert resolve_device("cpu", cuda_available=True) == "cpu"
+    assert resolve_device("cuda", cuda_available=True) == "cuda"
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        resolve_device("cuda", cuda_available=False)
+    with pytest.raises(ConfigError, match="auto, cpu, cuda"):
+        resolve_device("tpu", cuda_available=False)
+
+
+def test_resolve_dtype():
+    assert resolve_dtype("auto", "cpu") == "float32"
+    assert resolve_dtype("auto", "cuda") == "bfloat16"
+    assert resolve_dtype("bf16", "cpu") == "bfloat16"
+    assert resolve_dtype("fp32", "cuda") == "float32"

@@ -1,0 +1,71 @@
+"""Masked statistics and log-prob / entropy helpers against direct computations."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hybridflow.utils import torch_functional as F
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    mask = (torch.rand(4, 6, generator=g) > 0.4).double()
+    mask[0, 0] = 1
+    return values, mask
+
+
+def test_masked_stats_match_numpy_on_selected_elements():
+    values, mask = _data()
+    sel = values[mask.bool()].numpy()
+    assert F.masked_sum(values, mask).item() == pytest_approx(sel.sum())
+    assert F.masked_mean(values, mask).item() == pytest_approx(sel.mean())
+    assert F.masked_var(values, mask).item() == pytest_approx(sel.var(ddof=1))
+    assert F.masked_var(values, mask, unbiased=False).item() == pytest_approx(sel.var())
+    white = F.masked_whiten(values, mask)[mask.bool()].numpy()
+    np.testing.assert_allclose(white, (sel - sel.mean()) / np.sqrt(sel.var(ddof=1) + 1e-8))
+    kept = F.masked_whiten(values, mask, shift_mean=False)[mask.bool()].numpy()
+    np.testing.assert_allclose(kept, (sel - sel.mean()) / np.sqrt(sel.var(ddof=1) + 1e-8) + sel.mean())
+    # per-row mean along an axis
+    row = F.masked_mean(values, mask, axis=-1)
+    for i in range(4):
+        m = mask[i].bool()
+        expected = values[i][m].mean().item() if m.any() else 0.0
+        assert row[i].item() == pytest_approx(expected)
+
+
+def test_masked_positions_may_hold_inf():
+    values, mask = _data()
+    poisoned = values.masked_fill(~mask.bool(), float("-inf"))
+    torch.testing.assert_close(F.masked_mean(poisoned, mask), F.masked_mean(values, mask))
+    assert F.masked_mean(values, torch.zeros_like(mask)).item() == 0.0
+
+
+def test_logprobs_from_logits_matches_log_softmax():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 5, 11, generator=g) * 4
+    labels = torch.randint(0, 11, (3, 5), generator=g)
+    ref = torch.log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(F.logprobs_from_logits(logits, labels), ref)
+    # bf16 logits: chunked float32 path, compared with the float32 answer on the same (rounded) logits
+    lo = logits.to(torch.bfloat16)
+    ref_lo = torch.log_softmax(lo.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    out = F.logprobs_from_logits(lo, labels)
+    assert out.shape == labels.shape and out.dtype == torch.float32
+    torch.testing.assert_close(out, ref_lo)
+
+
+def test_entropy_from_logits():
+    logits = torch.zeros(2, 8)  # uniform -> ln 8
+    torch.testing.assert_close(F.entropy_from_logits(logits), torch.full((2,), math.log(8.0)))
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, 9, generator=g) * 3
+    ref = torch.distributions.Categorical(logits=logits).entropy()
+    torch.testing.assert_close(F.entropy_from_logits(logits), ref)
+
+
+def pytest_approx(x):
+    # masked_mean divides by (count + 1e-8), as veRL does: agreement to ~1e-8 relative
+    return pytest.approx(float(x), rel=1e-7, abs=1e-12)
