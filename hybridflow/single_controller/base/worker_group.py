@@ -72,7 +72,7 @@ def _pad_proto_args(args, kwargs, divisor: int):
 
 
 def _unpad(result, pad: int):
-    if pad and isinstance(result, DataProto):
+    if pad and isinstance(result, DataProto) and len(result) > 0:
         return unpad_dataproto(result, pad_size=pad)
     return result
 

@@ -134,7 +134,9 @@ class RayWorkerGroup(WorkerGroup):
         pgs = pool.get_placement_groups()
         frac = 1.0 / pool.max_colocate_count
         self._workers, self._worker_names = [], []
-        master = None
+        # The rendezvous address is picked on rank 0's node before any worker starts, so workers can
+        # join torch.distributed inside __init__ without waiting on each other.
+        master = _pick_rendezvous(pgs[0])
         rank = 0
         for node, (pg, n_local) in enumerate(zip(pgs, pool.store)):
             for local_rank in range(n_local):
@@ -142,15 +144,10 @@ class RayWorkerGroup(WorkerGroup):
                     "RANK": str(rank), "WORLD_SIZE": str(pool.world_size),
                     "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(n_local),
                     "WG_PREFIX": self.name, "RAY_LOCAL_WORLD_SIZE": str(n_local),
+                    "MASTER_ADDR": master[0], "MASTER_PORT": master[1],
                 }
-                if master is not None:
-                    env["MASTER_ADDR"], env["MASTER_PORT"] = master
                 name = f"{self.name}_{rank}"
-                actor = cls.create_actor(pg, local_rank, env, name, frac, frac if pool.use_gpu else 0, detached)
-                if rank == 0:
-                    # Rank 0 picks the rendezvous address; hand it to every other rank.
-                    master = self._get([actor.get_master_addr_port.remote()], "__init__", [0])[0]
-                self._workers.append(actor)
+                self._workers.append(cls.create_actor(pg, local_rank, env, name, frac, frac if pool.use_gpu else 0, detached))
                 self._worker_names.append(name)
                 rank += 1
 
@@ -168,11 +165,18 @@ class RayWorkerGroup(WorkerGroup):
 
     # --- execution -----------------------------------------------------------------------------------
     def _execute(self, method, ranks, per_rank_args, per_rank_kwargs):
+        # A DataProto sent to several ranks (mesh dispatch, broadcast) is put in the object store once.
+        # One sent to a single rank (a DP chunk) goes as a plain argument: an explicit ray.put costs
+        # ~0.5 ms even for a tiny chunk, and Ray stores large arguments by itself anyway.
+        seen: dict[int, int] = {}
+        for args, kwargs in zip(per_rank_args, per_rank_kwargs):
+            for v in (*args, *kwargs.values()):
+                if isinstance(v, DataProto):
+                    seen[id(v)] = seen.get(id(v), 0) + 1
         shared: dict[int, ray.ObjectRef] = {}
 
         def once(v):
-            # A DataProto sent to several ranks (mesh dispatch, broadcast) is put in the object store once.
-            if isinstance(v, DataProto) and len(ranks) > 1:
+            if isinstance(v, DataProto) and seen[id(v)] > 1:
                 if id(v) not in shared:
                     shared[id(v)] = ray.put(v)
                 return shared[id(v)]
@@ -218,6 +222,19 @@ class RayWorkerGroup(WorkerGroup):
             except Exception:
                 pass
         self._workers = []
+
+
+@ray.remote(num_cpus=0)
+def _node_address_and_free_port() -> tuple[str, str]:
+    from hybridflow.single_controller.base.worker import find_free_port
+
+    ip = ray.util.get_node_ip_address()
+    return ip, str(find_free_port(ip))
+
+
+def _pick_rendezvous(pg) -> tuple[str, str]:
+    strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
+    return ray.get(_node_address_and_free_port.options(scheduling_strategy=strategy).remote())
 
 
 def _as_ray_cls(c: ClassWithInitArgs) -> RayClassWithInitArgs:

@@ -104,8 +104,8 @@ class HFRollout(BaseRollout):
         kwargs: dict[str, Any] = dict(
             max_new_tokens=params.response_length,
             pad_token_id=pad_id,
-            # ignore_eos: no stop token at all (an empty list would leave eos unset, and unset
-            # options are filled from the model's generation_config)
+            # ignore_eos: an empty list stops on nothing (None would be filled from the model's
+            # generation_config, i.e. stop on its eos)
             eos_token_id=[] if params.ignore_eos else eos_ids,
             num_beams=1,
             num_return_sequences=1,

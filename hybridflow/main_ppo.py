@@ -1,0 +1,85 @@
+"""``python -m hybridflow.main_ppo key=val ...``: veRL's command line, hybridflow's trainer.
+
+The config is validated before anything expensive starts (an unknown key fails before Ray does).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from omegaconf import OmegaConf
+
+from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
+from hybridflow.data.sampler import create_rl_dataloader
+from hybridflow.rewards import get_custom_reward_fn, load_reward_manager
+from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
+from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
+from hybridflow.utils.config import parse_cli
+from hybridflow.workers.model_loading import load_tokenizer, local_model_path
+
+
+def with_runtime_values(config, total_training_steps: int):
+    """A new read-only config with the values only known at start-up (the LR schedule length)."""
+    tree = OmegaConf.to_container(config, resolve=True)
+    tree["actor_rollout_ref"]["actor"]["optim"]["total_training_steps"] = total_training_steps
+    tree["critic"]["optim"]["total_training_steps"] = total_training_steps
+    out = OmegaConf.create(tree)
+    OmegaConf.set_readonly(out, True)
+    return out
+
+
+def build_reward_fns(config, tokenizer):
+    crf = config.custom_reward_function
+    kwargs = crf.reward_kwargs
+    kwargs = OmegaConf.to_container(kwargs) if OmegaConf.is_config(kwargs) else dict(kwargs or {})
+    compute_score = get_custom_reward_fn(crf.path, crf.name, kwargs)
+    name = config.reward_model.reward_manager
+    reward_fn = load_reward_manager(name, tokenizer, num_examine=0, compute_score=compute_score,
+                                    reward_fn_key=config.data.reward_fn_key)
+    val_reward_fn = load_reward_manager(name, tokenizer, num_examine=1, compute_score=compute_score,
+                                        reward_fn_key=config.data.reward_fn_key)
+    return reward_fn, val_reward_fn
+
+
+def run_ppo(config) -> dict:
+    """Build data, rewards and workers from a validated config and train; returns the last metrics."""
+    for note in validate_ppo_config(config):
+        print(f"[config] {note}")
+    device = resolve_device(config.trainer.get("device", "auto"))
+    model_path = local_model_path(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
+    tokenizer = load_tokenizer(config.data.tokenizer or model_path, bool(config.actor_rollout_ref.model.trust_remote_code))
+
+    # data and rewards first: bad input fails before any worker starts
+    train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
+    val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data)
+    dataloader = create_rl_dataloader(train_dataset, batch_size=int(config.data.train_batch_size),
+                                      seed=int(config.data.seed), shuffle=bool(config.data.shuffle))
+    if len(dataloader) == 0:
+        raise ValueError(f"data.train_batch_size={config.data.train_batch_size} is larger than the training set "
+                         f"({len(train_dataset)} prompts in {config.data.train_files}): no full batch")
+    reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
+
+    t = config.trainer
+    total = int(t.total_training_steps) if t.total_training_steps else len(dataloader) * int(t.total_epochs)
+    config = with_runtime_values(config, total)
+
+    if t.get("backend", "ray") == "ray":
+        from hybridflow.single_controller.ray.init import init_ray
+
+        init_ray(config.ray_init, runtime_env={"env_vars": {"HYBRIDFLOW_DEVICE": device}})
+    else:
+        import os
+
+        os.environ["HYBRIDFLOW_DEVICE"] = device
+    trainer = RayPPOTrainer(config, tokenizer, dataloader, val_dataset, reward_fn, val_reward_fn, collate_fn=collate_fn)
+    trainer.init_workers()
+    return trainer.fit()
+
+
+def main(argv=None) -> None:
+    config = parse_cli("ppo_trainer", sys.argv[1:] if argv is None else argv)
+    run_ppo(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Supervised fine-tuning from the command line, with veRL's fsdp_sft_trainer keys
+(configs/sft_trainer.yaml):
+
+    python -m hybridflow.main_sft model.partial_pretrain=DIR data.train_files=... data.val_files=... \
+        data.prompt_key=question data.response_key=answer optim.lr=1e-3 trainer.total_training_steps=100
+
+Several processes (one per GPU, or CPU processes over gloo), each taking 1/N of every global batch:
+
+    torchrun --standalone --nproc_per_node=2 -m hybridflow.main_sft ...
+
+Writes Hugging Face directories to ``trainer.default_local_dir/global_step_N`` and prints the last one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from hybridflow.trainer.config_checks import resolve_device
+from hybridflow.trainer.sft_trainer import FSDPSFTTrainer
+from hybridflow.utils.config import parse_cli
+
+
+def init_distributed(device: str) -> None:
+    """Join torchrun's process group (RANK/WORLD_SIZE/MASTER_* in the environment); a plain
+    ``python -m`` run (no WORLD_SIZE) stays single-process without torch.distributed."""
+    if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
+
+
+def run_sft(config) -> str:
+    """Train from a composed ``sft_trainer`` config; returns the final Hugging Face directory."""
+    device = resolve_device(OmegaConf.select(config, "trainer.device", default="auto"))
+    started_here = not dist.is_initialized()
+    init_distributed(device)
+    try:
+        return FSDPSFTTrainer(config).fit()
+    finally:
+        if started_here and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    return run_sft(parse_cli("sft_trainer", sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""`init_ray`: how every hybridflow entry point starts or joins Ray.
+
+A cluster address (``ray_init.address`` or the ``RAY_ADDRESS`` environment variable) joins that
+cluster. Without one, a new LOCAL Ray is started with safe defaults: every Ray process binds the
+loopback interface only (``_node_ip_address="127.0.0.1"``; Ray then makes its gRPC and HTTP
+servers listen on 127.0.0.1), and the dashboard with its job-submission API is off unless
+``ray_init.include_dashboard: true`` asks for it (and then it too listens on 127.0.0.1 only).
+``address="local"`` makes sure a ``ray start`` cluster someone else runs on this machine is not
+joined by accident.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Mapping
+
+__all__ = ["init_ray", "LOOPBACK", "DEFAULT_WORKER_ENV"]
+
+LOOPBACK = "127.0.0.1"
+
+# Set in every worker unless the caller's runtime_env says otherwise. NCCL_* / CUDA_* are left alone:
+# they belong to the user and the cluster.
+DEFAULT_WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false"}
+
+
+def _section(cfg: Any) -> Mapping:
+    """The ``ray_init`` section as a plain mapping (accepts the section, a whole config, or None)."""
+    if cfg is None:
+        return {}
+    if not isinstance(cfg, Mapping):  # an OmegaConf DictConfig is a MutableMapping; anything else:
+        cfg = dict(cfg)
+    if "ray_init" in cfg and isinstance(cfg["ray_init"], Mapping):
+        cfg = cfg["ray_init"]
+    return cfg
+
+
+def _runtime_env(runtime_env: Mapping | None) -> dict:
+    """The caller's runtime_env (not mutated) with DEFAULT_WORKER_ENV added under env_vars."""
+    env = dict(runtime_env or {})
+    env["env_vars"] = {**DEFAULT_WORKER_ENV, **dict(env.get("env_vars") or {})}
+    return env
+
+
+def init_ray(ray_init_cfg: Any = None, num_cpus: int | None = None, runtime_env: Mapping | None = None) -> bool:
+    """Start or join Ray; return True if this call initialised it, False if Ray was already up.
+
+    ``ray_init_cfg`` is the ``ray_init`` config section (``address``, ``num_cpus``,
+    ``include_dashboard``); the ``num_cpus`` argument wins over ``ray_init.num_cpus``.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    cfg = _section(ray_init_cfg)
+    env = _runtime_env(runtime_env)
+    address = cfg.get("address") or os.environ.get("RAY_ADDRESS")
+    if address:
+        # Joining a cluster: its resources, bind addresses and dashboard are the cluster's business.
+        ray.init(address=address, runtime_env=env)
+        return True
+
+    num_cpus = num_cpus if num_cpus is not None else cfg.get("num_cpus")
+    include_dashboard = bool(cfg.get("include_dashboard") or False)
+    with _loopback_node_ip():
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            runtime_env=env,
+            _node_ip_address=LOOPBACK,
+            include_dashboard=include_dashboard,
+            dashboard_host=LOOPBACK,
+        )
+    return True
+
+
+@contextlib.contextmanager
+def _loopback_node_ip():
+    """Keep Ray from replacing ``_node_ip_address="127.0.0.1"`` with the machine's routable IP.
+
+    Ray (2.4x+) resolves a loopback node address to the host's outward IP unless
+    ``ray_constants.ENABLE_RAY_CLUSTER`` is off (the switch behind RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER,
+    read once at import). It only decides which IP the node's processes are told to bind, so it is
+    turned off for the duration of ``ray.init`` in this process and restored afterwards.
+    """
+    from ray._private import ray_constants
+
+    saved = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved

@@ -1,0 +1,100 @@
+"""Step metrics with veRL's names, computed as tensors and read back with one host sync."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow.protocol import DataProto
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, torch.Tensor]:
+    values = values.float()
+    if values.numel() == 0:
+        values = torch.zeros(1)
+    return {f"{prefix}/mean": values.mean(), f"{prefix}/max": values.max(), f"{prefix}/min": values.min()}
+
+
+def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, torch.Tensor]:
+    """Scores, rewards, advantages, returns, values and lengths of one training batch (tensors)."""
+    b = batch.batch
+    response_length = b["responses"].shape[-1]
+    response_mask = b["response_mask"].bool()
+    prompt_mask = b["attention_mask"][:, :-response_length].bool()
+    resp_len = response_mask.sum(-1).float()
+    prompt_len = prompt_mask.sum(-1).float()
+
+    metrics: dict[str, torch.Tensor] = {}
+    metrics.update(_stats("critic/score", b["token_level_scores"].sum(-1)))
+    metrics.update(_stats("critic/rewards", b["token_level_rewards"].sum(-1)))
+    metrics.update(_stats("critic/advantages", b["advantages"][response_mask]))
+    metrics.update(_stats("critic/returns", b["returns"][response_mask]))
+    if use_critic:
+        metrics.update(_stats("critic/values", b["values"][response_mask]))
+        ret, val = b["returns"][response_mask], b["values"][response_mask]
+        metrics["critic/vf_explained_var"] = 1.0 - (ret - val).var() / (ret.var() + 1e-5)
+    metrics.update(_stats("response_length", resp_len))
+    metrics["response_length/clip_ratio"] = (resp_len == response_length).float().mean()
+    metrics.update(_stats("prompt_length", prompt_len))
+    metrics["prompt_length/clip_ratio"] = (prompt_len == prompt_mask.shape[-1]).float().mean()
+    return metrics
+
+
+def compute_timing_metrics(batch: DataProto, timing_raw: dict[str, float]) -> dict[str, float]:
+    """timing_s/<phase> and timing_per_token_ms/<phase>."""
+    b = batch.batch
+    response_length = b["responses"].shape[-1]
+    n_prompt = float(b["attention_mask"][:, :-response_length].sum())
+    n_resp = float(b["response_mask"].sum())
+    tokens = {"gen": n_resp, "ref": n_prompt + n_resp, "values": n_prompt + n_resp, "update_critic": n_prompt + n_resp,
+              "update_actor": n_prompt + n_resp, "old_log_prob": n_prompt + n_resp}
+    out = {f"timing_s/{k}": v for k, v in timing_raw.items()}
+    out.update({f"timing_per_token_ms/{k}": timing_raw[k] * 1000 / max(tokens[k], 1) for k in tokens if k in timing_raw})
+    return out
+
+
+def compute_throughput_metrics(batch: DataProto, step_seconds: float, n_devices: int) -> dict[str, float]:
+    total_tokens = float(batch.batch["attention_mask"].sum())
+    return {
+        "perf/total_num_tokens": total_tokens,
+        "perf/time_per_step": step_seconds,
+        "perf/throughput": total_tokens / max(step_seconds, 1e-9) / max(n_devices, 1),
+    }
+
+
+def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """Lists (one entry per rank / mini-batch) → their mean; tensors and numbers → float.
+
+    All tensors are stacked and read back in a single host sync.
+    """
+    out: dict[str, float] = {}
+    tensor_keys, tensor_vals = [], []
+    for key, value in metrics.items():
+        if isinstance(value, (list, tuple)):
+            vals = [float(v) for v in value]
+            out[key] = float(np.mean(vals)) if vals else float("nan")
+        elif isinstance(value, torch.Tensor):
+            tensor_keys.append(key)
+            tensor_vals.append(value.detach().float().reshape(()))
+        else:
+            out[key] = float(value)
+    if tensor_vals:
+        out.update(zip(tensor_keys, torch.stack(tensor_vals).tolist()))
+    return out
+
+
+def validation_metrics(data_sources, scores, n: int) -> dict[str, float]:
+    """val-core/<data_source>/reward/mean@n (and best@n when n > 1), per data source."""
+    by_source = defaultdict(list)
+    for ds, s in zip(data_sources, scores):
+        by_source[str(ds)].append(float(s))
+    out = {}
+    for ds, vals in by_source.items():
+        arr = np.asarray(vals)
+        out[f"val-core/{ds}/reward/mean@{n}"] = float(arr.mean())
+        if n > 1 and len(arr) % n == 0:
+            out[f"val-aux/{ds}/reward/best@{n}/mean"] = float(arr.reshape(-1, n).max(-1).mean())
+    return out

@@ -1,0 +1,310 @@
+"""The PPO/GRPO driver: one process writes the RL loop; every heavy step is a WorkerGroup call.
+
+Per step: generate → reward → old log-prob → ref log-prob → values → (KL in reward) → advantages
+(on the driver) → update critic → update actor → metrics; validation every ``test_freq``, checkpoint
+every ``save_freq``. ``fit`` is the loop; ``train_step`` reads as the named phases.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from hybridflow.protocol import DataProto
+from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer.ppo import core_algos
+from hybridflow.trainer.ppo.metric_utils import (
+    compute_data_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    reduce_metrics,
+    validation_metrics,
+)
+from hybridflow.trainer.ppo.worker_setup import build_worker_groups
+from hybridflow.utils.tracking import Tracking
+from hybridflow.workers.utils.micro_batches import balance_partitions
+
+
+@contextmanager
+def timer(name: str, timing: dict):
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+def response_mask_of(batch: DataProto) -> torch.Tensor:
+    response_length = batch.batch["responses"].shape[-1]
+    return batch.batch["attention_mask"][:, -response_length:]
+
+
+class RayPPOTrainer:
+    """``RayPPOTrainer(config, tokenizer, train_dataloader, val_dataset, reward_fn, val_reward_fn)``.
+
+    ``config`` is the validated, read-only ppo_trainer tree. The dataloader is resumable
+    (``state_dict``/``load_state_dict``) so a resumed run sees exactly the prompts it would have seen.
+    """
+
+    def __init__(self, config, tokenizer, train_dataloader, val_dataset, reward_fn, val_reward_fn, collate_fn=None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.train_dataloader = train_dataloader
+        self.val_dataset = val_dataset
+        self.collate_fn = collate_fn
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn
+        algo = config.algorithm
+        self.use_critic = algo.adv_estimator == core_algos.AdvantageEstimator.GAE.value
+        actor = config.actor_rollout_ref.actor
+        self.use_reference_policy = bool(algo.use_kl_in_reward or actor.use_kl_loss)
+        self.use_rm = bool(config.reward_model.enable)
+        self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
+        self.adv_fn = core_algos.get_adv_estimator_fn(algo.adv_estimator)
+        self.n_devices = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+        self.total_training_steps = self._total_steps()
+        self.global_steps = 0
+
+    def _total_steps(self) -> int:
+        t = self.config.trainer
+        return int(t.total_training_steps) if t.total_training_steps else len(self.train_dataloader) * int(t.total_epochs)
+
+    # --------------------------------------------------------------------------------- workers
+    def init_workers(self):
+        groups = build_worker_groups(self.config, use_critic=self.use_critic, use_ref=self.use_reference_policy,
+                                     use_rm=self.use_rm)
+        self.actor_rollout_wg = groups["actor_rollout"]
+        self.critic_wg = groups.get("critic")
+        self.rm_wg = groups.get("rm")
+        self._all_groups = groups
+        if self.critic_wg is not None:
+            self.critic_wg.init_model()
+        if self.rm_wg is not None:
+            self.rm_wg.init_model()
+        self.actor_rollout_wg.init_model()
+
+    # --------------------------------------------------------------------------------- phases
+    def _generate(self, batch: DataProto, timing: dict) -> DataProto:
+        rollout = self.config.actor_rollout_ref.rollout
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        batch = batch.repeat(repeat_times=int(rollout.n), interleave=True)
+        gen_batch = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"], deepcopy=False)
+        gen_batch.meta_info = {"do_sample": bool(rollout.do_sample), "global_steps": self.global_steps}
+        with timer("gen", timing):
+            gen_out = self.actor_rollout_wg.generate_sequences(gen_batch)
+        worker_metrics = gen_out.meta_info.pop("metrics", {})
+        timing["update_weights"] = float(np.max(worker_metrics.get("timing_s/update_weights", [0.0])))
+        batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))  # drop prompt tensors
+        batch = batch.union(gen_out)
+        batch.batch["response_mask"] = response_mask_of(batch)
+        return batch
+
+    def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
+        """Reorder rows so every data-parallel rank gets a similar number of tokens."""
+        seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+        k = self.actor_rollout_wg.world_size
+        if k <= 1 or len(seqlens) % k:
+            return
+        parts = balance_partitions(seqlens, k, equal_size=True)
+        batch.reorder(torch.tensor([i for part in parts for i in part]))
+        loads = [sum(seqlens[i] for i in part) for part in parts]
+        metrics.update({"global_seqlen/min": min(loads), "global_seqlen/max": max(loads),
+                        "global_seqlen/minmax_diff": max(loads) - min(loads),
+                        "global_seqlen/balanced_min": min(loads), "global_seqlen/mean": float(np.mean(loads))})
+
+    def _compute_reward(self, batch: DataProto, metrics: dict) -> None:
+        if self.use_rm:
+            batch.batch["rm_scores"] = self.rm_wg.compute_rm_score(batch).batch["rm_scores"]
+        result = self.reward_fn(batch, return_dict=True)
+        batch.batch["token_level_scores"] = result["reward_tensor"]
+
+    def _compute_old_log_prob(self, batch: DataProto, metrics: dict) -> None:
+        out = self.actor_rollout_wg.compute_log_prob(batch)
+        out.meta_info.pop("metrics", None)
+        entropy = out.batch["entropys"]
+        metrics["actor/entropy"] = core_algos.agg_loss(entropy, batch.batch["response_mask"],
+                                                       self.config.actor_rollout_ref.actor.loss_agg_mode)
+        batch.batch["old_log_probs"] = out.batch["old_log_probs"]
+
+    def _compute_ref_log_prob(self, batch: DataProto) -> None:
+        batch.batch["ref_log_prob"] = self.actor_rollout_wg.compute_ref_log_prob(batch).batch["ref_log_prob"]
+
+    def _compute_values(self, batch: DataProto) -> None:
+        batch.batch["values"] = self.critic_wg.compute_values(batch).batch["values"]
+
+    def _apply_reward_kl(self, batch: DataProto, metrics: dict) -> None:
+        b = batch.batch
+        if self.kl_ctrl_in_reward is None:
+            b["token_level_rewards"] = b["token_level_scores"]
+            return
+        rewards, kl_metrics = core_algos.apply_kl_penalty_to_rewards(
+            b["token_level_scores"], b["old_log_probs"], b["ref_log_prob"], b["response_mask"],
+            self.kl_ctrl_in_reward, self.config.algorithm.kl_penalty)
+        b["token_level_rewards"] = rewards
+        metrics.update(kl_metrics)
+
+    def _compute_advantage(self, batch: DataProto) -> None:
+        """On the driver: pure tensor functions from the advantage-estimator registry."""
+        b = batch.batch
+        algo = self.config.algorithm
+        advantages, returns = self.adv_fn(
+            token_level_rewards=b["token_level_rewards"], response_mask=b["response_mask"],
+            values=b["values"] if "values" in b.keys() else None, index=batch.non_tensor_batch["uid"],
+            reward_baselines=b["reward_baselines"] if "reward_baselines" in b.keys() else None,
+            gamma=algo.gamma, lam=algo.lam, config=algo)
+        b["advantages"], b["returns"] = advantages, returns
+
+    def _update_critic(self, batch: DataProto, metrics: dict) -> None:
+        out = self.critic_wg.update_critic(batch)
+        metrics.update(out.meta_info["metrics"])
+
+    def _update_actor(self, batch: DataProto, metrics: dict) -> None:
+        batch.meta_info["temperature"] = float(self.config.actor_rollout_ref.rollout.temperature)
+        out = self.actor_rollout_wg.update_actor(batch)
+        metrics.update(out.meta_info["metrics"])
+
+    # --------------------------------------------------------------------------------- one step
+    def train_step(self, batch: DataProto) -> dict[str, float]:
+        metrics: dict = {}
+        timing: dict = {}
+        with timer("step", timing):
+            batch = self._generate(batch, timing)                                  # rollout
+            if self.config.trainer.balance_batch:
+                self._balance_batch(batch, metrics)
+            batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+            with timer("reward", timing):
+                self._compute_reward(batch, metrics)                               # rule / RM scores
+            with timer("old_log_prob", timing):
+                self._compute_old_log_prob(batch, metrics)                         # π_old
+            if self.use_reference_policy:
+                with timer("ref", timing):
+                    self._compute_ref_log_prob(batch)                              # π_ref
+            if self.use_critic:
+                with timer("values", timing):
+                    self._compute_values(batch)                                    # V(s)
+            with timer("adv", timing):
+                self._apply_reward_kl(batch, metrics)                              # r - β·KL
+                self._compute_advantage(batch)                                     # A, R on the driver
+            if self.use_critic:
+                with timer("update_critic", timing):
+                    self._update_critic(batch, metrics)
+            if self.global_steps > int(self.config.trainer.critic_warmup):
+                with timer("update_actor", timing):
+                    self._update_actor(batch, metrics)
+        metrics.update(compute_data_metrics(batch, self.use_critic))
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(compute_throughput_metrics(batch, timing["step"], self.n_devices))
+        return reduce_metrics(metrics)
+
+    # --------------------------------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
+        n = int(val_kwargs.n)
+        batch = DataProto.from_single_dict(self.collate_fn([self.val_dataset[i] for i in range(len(self.val_dataset))]))
+        batch = batch.repeat(repeat_times=n, interleave=True)
+        gen_batch = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
+        gen_batch.meta_info = {"validate": True, "do_sample": bool(val_kwargs.do_sample)}
+        out = self.actor_rollout_wg.generate_sequences(gen_batch)
+        out.meta_info.pop("metrics", None)
+        batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch)).union(out)
+        scores = self.val_reward_fn(batch, return_dict=False).sum(-1).tolist()
+        self._log_val_generations(batch, scores)
+        reward_key = self.config.data.reward_fn_key
+        return validation_metrics(batch.non_tensor_batch[reward_key], scores, n)
+
+    def _log_val_generations(self, batch: DataProto, scores) -> None:
+        k = int(self.config.trainer.log_val_generations or 0)
+        if k <= 0:
+            return
+        responses = self.tokenizer.batch_decode(batch.batch["responses"][:k], skip_special_tokens=True)
+        for text, score in zip(responses, scores[:k]):
+            print(f"[val sample] score={score:.3f} response={text!r}")
+
+    # --------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> str:
+        root = self.config.trainer.default_local_dir
+        tmp = ckpt.begin_save(root, self.global_steps)
+        self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"), self.global_steps)
+        if self.use_critic:
+            self.critic_wg.save_checkpoint(os.path.join(tmp, "critic"), self.global_steps)
+        torch.save({"dataloader": self.train_dataloader.state_dict(), "global_steps": self.global_steps,
+                    "kl_ctrl": getattr(self.kl_ctrl_in_reward, "value", None)}, os.path.join(tmp, "data.pt"))
+        final = ckpt.commit_save(root, self.global_steps, tmp)
+        ckpt.prune_checkpoints(root, self.config.trainer.max_actor_ckpt_to_keep)
+        return final
+
+    def load_checkpoint(self) -> int:
+        t = self.config.trainer
+        ckpt.cleanup_partial_saves(t.default_local_dir)
+        path = ckpt.resolve_resume(t.resume_mode, t.default_local_dir, t.resume_from_path)
+        if path is None:
+            return 0
+        self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
+        if self.use_critic:
+            self.critic_wg.load_checkpoint(os.path.join(path, "critic"))
+        state = torch.load(os.path.join(path, "data.pt"), weights_only=False)
+        self.train_dataloader.load_state_dict(state["dataloader"])
+        if self.kl_ctrl_in_reward is not None and state.get("kl_ctrl") is not None:
+            self.kl_ctrl_in_reward.value = state["kl_ctrl"]
+        print(f"resumed from {path} (global step {state['global_steps']})")
+        return int(state["global_steps"])
+
+    # --------------------------------------------------------------------------------- the loop
+    def fit(self) -> dict[str, float]:
+        t = self.config.trainer
+        logger = Tracking(t.project_name, t.experiment_name, list(t.logger),
+                          OmegaConf.to_container(self.config, resolve=True), log_dir=t.default_local_dir)
+        self.global_steps = self.load_checkpoint()
+        last: dict[str, float] = {}
+        if self.val_reward_fn is not None and t.val_before_train and self.global_steps == 0:
+            last = self.validate()
+            logger.log(last, step=0)
+        progress = _progress(self.total_training_steps, self.global_steps)
+        while self.global_steps < self.total_training_steps:
+            for batch_dict in self.train_dataloader:
+                self.global_steps += 1
+                metrics = self.train_step(DataProto.from_single_dict(batch_dict))
+                is_last = self.global_steps >= self.total_training_steps
+                if self.val_reward_fn is not None and t.test_freq > 0 and (is_last or self.global_steps % t.test_freq == 0):
+                    with timer("testing", timings := {}):
+                        metrics.update(self.validate())
+                    metrics["timing_s/testing"] = timings["testing"]
+                if t.save_freq > 0 and (is_last or self.global_steps % t.save_freq == 0):
+                    with timer("save_checkpoint", timings := {}):
+                        self.save_checkpoint()
+                    metrics["timing_s/save_checkpoint"] = timings["save_checkpoint"]
+                metrics["training/global_step"] = self.global_steps
+                metrics["training/epoch"] = self.train_dataloader.state_dict().get("epoch", 0)
+                logger.log(metrics, step=self.global_steps)
+                progress.update(metrics)
+                last = metrics
+                if is_last:
+                    break
+        progress.close()
+        logger.finish()
+        return last
+
+
+class _progress:
+    """A progress bar over training steps showing the latest score (tqdm when available)."""
+
+    def __init__(self, total: int, initial: int):
+        try:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc="training", dynamic_ncols=True)
+        except ImportError:  # pragma: no cover
+            self.bar = None
+
+    def update(self, metrics: dict):
+        if self.bar is not None:
+            self.bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
+            self.bar.update(1)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()

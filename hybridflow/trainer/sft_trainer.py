@@ -1,0 +1,446 @@
+"""Supervised fine-tuning (veRL's ``fsdp_sft_trainer``): parquet (prompt, response) pairs, loss on the
+response tokens only, one process per device under torchrun, Hugging Face model directories out.
+
+Normalisation. A global batch of ``data.train_batch_size`` rows is split into W equal rank slices and
+each slice into micro-batches. Every micro-batch sums its token NLLs and divides by the number of
+response tokens of the WHOLE global batch (all-reduced), so the micro-batch losses of all ranks sum to
+the global token-mean loss. DDP/FSDP average gradients over ranks, so each rank back-propagates
+``W *`` its share: the update is the full-batch update whatever the micro-batch size or W.
+
+The global batch is the same set of rows whatever W (rank r takes the r-th contiguous slice of it),
+so a torchrun run with 2 processes sees exactly the batches of a single-process run.
+
+Checkpoints: rank 0 writes ``<default_local_dir>/global_step_N/`` (config, safetensors, tokenizer,
+generation config) and then ``latest_checkpointed_iteration.txt`` holding N; the RL trainer starts from
+that directory with ``actor_rollout_ref.model.path=.../global_step_N``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from hybridflow.data.rl_dataset import collate_fn
+from hybridflow.data.sampler import epoch_order
+from hybridflow.data.sft_dataset import SFTDataset
+from hybridflow.trainer.config_checks import resolve_device, resolve_dtype
+from hybridflow.utils.config import ConfigError
+from hybridflow.utils.torch_functional import logprobs_from_logits
+from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
+from hybridflow.workers.engine.optim import build_optimizer, lr_multiplier
+from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
+from hybridflow.workers.utils.micro_batches import clip_grad_and_step, grad_sync
+
+__all__ = [
+    "FSDPSFTTrainer",
+    "SFTSettings",
+    "sft_nll_sum",
+    "sft_lr_multiplier",
+    "rank_slice",
+    "create_sft_dataset",
+    "latest_hf_dir",
+]
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+METRICS_FILE = "metrics.jsonl"
+LR_SCHEDULERS = ("cosine", "wsd", "constant")
+STRATEGIES = ("fsdp", "fsdp2", "ddp", "none")
+LOGGERS = ("console", "file")
+
+
+# --------------------------------------------------------------------------- pure pieces
+
+
+def sft_nll_sum(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Summed next-token NLL over the response targets (0-d).
+
+    ``logits (B, T, V)`` at position t predict ``input_ids[:, t+1]``; ``loss_mask (B, T)`` is 1 on
+    response tokens (the targets), so it is shifted with the labels.
+    """
+    logp = logprobs_from_logits(logits[:, :-1], input_ids[:, 1:])  # (B, T-1)
+    return -(logp * loss_mask[:, 1:].to(logp.dtype)).sum()
+
+
+def sft_lr_multiplier(step: int, warmup_steps: int, total_steps: int, style: str = "cosine") -> float:
+    """Linear warmup, then ``cosine`` decay to 0 at ``total_steps``, ``constant``, or ``wsd``
+    (warmup-stable-decay: constant for 90% of the post-warmup steps, cosine to 0 over the last 10%)."""
+    if style in ("cosine", "constant"):
+        return lr_multiplier(step, warmup_steps, total_steps, style)
+    if style != "wsd":
+        raise ValueError(f"optim.lr_scheduler must be one of {LR_SCHEDULERS}, got {style!r}")
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    stable_end = warmup_steps + int(0.9 * (total_steps - warmup_steps))
+    if step < stable_end:
+        return 1.0
+    progress = min(1.0, (step - stable_end) / max(1, total_steps - stable_end))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def rank_slice(n_rows: int, rank: int, world_size: int) -> slice:
+    """Rows of a global batch of ``n_rows`` that ``rank`` trains on (contiguous, equal sizes)."""
+    if n_rows % world_size:
+        raise ValueError(f"a global batch of {n_rows} rows does not split over {world_size} ranks")
+    per_rank = n_rows // world_size
+    return slice(rank * per_rank, (rank + 1) * per_rank)
+
+
+def latest_hf_dir(default_local_dir: str) -> str | None:
+    """The newest ``global_step_N`` directory recorded in ``latest_checkpointed_iteration.txt``."""
+    path = os.path.join(os.path.expanduser(default_local_dir), LATEST_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return os.path.join(os.path.dirname(path), f"global_step_{int(f.read().strip())}")
+
+
+def _load_class(path: str, name: str):
+    """Class ``name`` from the Python file ``path`` (``data.custom_cls``)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    spec = importlib.util.spec_from_file_location(f"hybridflow_custom_sft_{abs(hash(path))}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"data.custom_cls.path={path!r} cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, name):
+        raise AttributeError(f"data.custom_cls.name={name!r} is not defined in {path}")
+    return getattr(module, name)
+
+
+def create_sft_dataset(files, data_config: Mapping, tokenizer):
+    """``data.custom_cls`` if configured (called as ``cls(files, tokenizer, data_config)``), else SFTDataset.
+
+    Items must follow SFTDataset's convention: ``loss_mask`` is 1 on the response tokens themselves
+    (the targets), not shifted one to the left as veRL's SFTDataset stores it."""
+    custom = data_config.get("custom_cls") or {}
+    cls = _load_class(custom["path"], custom["name"]) if custom.get("path") else SFTDataset
+    return cls(files, tokenizer, data_config)
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    """The keys the trainer reads, checked once at start-up (every problem reported together)."""
+
+    train_batch_size: int
+    micro_batch_size_per_gpu: int
+    total_epochs: int
+    total_training_steps: int | None
+    lr: float
+    betas: tuple
+    weight_decay: float
+    warmup_steps_ratio: float
+    clip_grad: float | None
+    lr_scheduler: str
+    strategy: str
+    model_dtype: str
+    gradient_checkpointing: bool
+    save_freq: int
+    test_freq: int
+    max_ckpt_to_keep: int | None
+    default_local_dir: str
+    loggers: tuple
+    seed: int
+    device: str
+
+    @classmethod
+    def from_config(cls, cfg, world_size: int) -> tuple["SFTSettings", list[str]]:
+        """(settings, notes); raises ConfigError listing every error."""
+        get = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
+        errors, notes = [], []
+        device = resolve_device(get("trainer.device", "auto"))
+        micro = get("data.micro_batch_size_per_gpu") or get("data.micro_batch_size")
+        if get("data.micro_batch_size") is not None:
+            notes.append("data.micro_batch_size is deprecated; use data.micro_batch_size_per_gpu")
+        tbs = get("data.train_batch_size")
+        for key, val in (("data.train_batch_size", tbs), ("data.micro_batch_size_per_gpu", micro)):
+            if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
+                errors.append(f"{key} must be a positive integer, got {val!r}")
+        if isinstance(tbs, int) and tbs > 0 and tbs % world_size:
+            errors.append(f"data.train_batch_size={tbs} does not split over {world_size} processes")
+        if get("optim.lr_scheduler") not in LR_SCHEDULERS:
+            errors.append(f"optim.lr_scheduler must be one of {LR_SCHEDULERS}, got {get('optim.lr_scheduler')!r}")
+        if get("model.strategy") not in STRATEGIES:
+            errors.append(f"model.strategy must be one of {STRATEGIES}, got {get('model.strategy')!r}")
+        loggers = tuple(get("trainer.logger") or ())
+        if set(loggers) - set(LOGGERS):
+            errors.append(f"trainer.logger: the SFT trainer supports {LOGGERS}, got {list(loggers)}")
+        unsupported = {
+            "model.lora_rank": (get("model.lora_rank") or 0) > 0,
+            "ulysses_sequence_parallel_size": (get("ulysses_sequence_parallel_size") or 1) != 1,
+            "data.multiturn.enable": bool(get("data.multiturn.enable")),
+            "trainer.resume_path": bool(get("trainer.resume_path")),
+        }
+        for key, is_set in unsupported.items():
+            if is_set:
+                errors.append(f"{key} is not supported by hybridflow's SFT trainer yet"
+                              + ("; to continue from saved weights set model.partial_pretrain=<.../global_step_N>"
+                                 if key == "trainer.resume_path" else ""))
+        if get("use_remove_padding"):
+            notes.append("use_remove_padding is ignored: each micro-batch is cut to its longest row instead")
+        if get("model.use_liger") or get("data.balance_dp_token") or get("data.use_shm"):
+            notes.append("model.use_liger / data.balance_dp_token / data.use_shm are ignored by the SFT trainer")
+        if get("trainer.default_hdfs_dir"):
+            notes.append("trainer.default_hdfs_dir is ignored: checkpoints stay in trainer.default_local_dir")
+        expected = (get("trainer.nnodes") or 1) * (get("trainer.n_gpus_per_node") or 1)
+        if expected != world_size:
+            notes.append(f"trainer.nnodes * trainer.n_gpus_per_node = {expected}, but {world_size} process(es) "
+                         f"run: the process count comes from torchrun (--nproc_per_node)")
+        if errors:
+            raise ConfigError("invalid SFT config:\n  " + "\n  ".join(errors))
+        clip = get("optim.clip_grad")
+        return cls(
+            train_batch_size=tbs,
+            micro_batch_size_per_gpu=micro,
+            total_epochs=int(get("trainer.total_epochs", 1)),
+            total_training_steps=get("trainer.total_training_steps"),
+            lr=float(get("optim.lr")),
+            betas=tuple(get("optim.betas", (0.9, 0.95))),
+            weight_decay=float(get("optim.weight_decay", 0.0)),
+            warmup_steps_ratio=float(get("optim.warmup_steps_ratio", 0.0) or 0.0),
+            clip_grad=float(clip) if clip else None,
+            lr_scheduler=get("optim.lr_scheduler"),
+            strategy=get("model.strategy"),
+            model_dtype=resolve_dtype(get("model.fsdp_config.model_dtype", "fp32") or "fp32", device),
+            gradient_checkpointing=bool(get("model.enable_gradient_checkpointing")),
+            save_freq=int(get("trainer.save_freq", -1) or -1),
+            test_freq=int(get("trainer.test_freq", -1) or -1),
+            max_ckpt_to_keep=get("trainer.max_ckpt_to_keep"),
+            default_local_dir=os.path.expanduser(str(get("trainer.default_local_dir"))),
+            loggers=loggers,
+            seed=int(get("trainer.seed", 1)),
+            device=device,
+        ), notes
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def _tied_duplicates(module: torch.nn.Module) -> set[str]:
+    """Names under which an already-seen parameter appears again (tied embeddings): a gathered full
+    state dict holds separate copies of them, which would be saved as untied tensors."""
+    seen, duplicates = set(), set()
+    for name, param in module.named_parameters(remove_duplicate=False):
+        (duplicates.add(name) if id(param) in seen else seen.add(id(param)))
+    return duplicates
+
+
+class FSDPSFTTrainer:
+    """SFT over one model on this rank (FSDP2, DDP or a plain module), with veRL's constructor order.
+
+    ``tokenizer``/``train_dataset``/``val_dataset`` are built from the config when not given;
+    ``device_mesh``/``ulysses_device_mesh`` are accepted for veRL compatibility and unused (the world
+    group is the data-parallel group).
+    """
+
+    def __init__(self, config, device_mesh=None, ulysses_device_mesh=None, tokenizer=None,
+                 train_dataset=None, val_dataset=None):
+        self.config = config
+        self.rank, self.world_size = _world()
+        self.settings, notes = SFTSettings.from_config(config, self.world_size)
+        s = self.settings
+        for note in notes:
+            self._print(f"note: {note}")
+        model_cfg = config["model"]
+        import_external_lib(model_cfg.get("external_lib"))
+        path = local_model_path(model_cfg["partial_pretrain"], "model.partial_pretrain")
+        trust = bool(model_cfg.get("trust_remote_code", False))
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path, trust)
+        if config["data"].get("chat_template"):
+            self.tokenizer.chat_template = config["data"]["chat_template"]
+        data = config["data"]
+        data_cfg = OmegaConf.to_container(data, resolve=True) if isinstance(data, DictConfig) else dict(data)
+        if train_dataset is None:
+            train_dataset = create_sft_dataset(data_cfg["train_files"], data_cfg, self.tokenizer)
+        if val_dataset is None and data_cfg.get("val_files"):
+            val_dataset = create_sft_dataset(data_cfg["val_files"], data_cfg, self.tokenizer)
+        self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        if len(self.train_dataset) < s.train_batch_size:
+            raise ConfigError(f"data.train_batch_size={s.train_batch_size} is larger than the "
+                              f"{len(self.train_dataset)} training rows")
+        self.steps_per_epoch = len(self.train_dataset) // s.train_batch_size
+        self.total_steps = int(s.total_training_steps or s.total_epochs * self.steps_per_epoch)
+
+        torch.manual_seed(s.seed)
+        dtype = getattr(torch, s.model_dtype)
+        module = load_model(path, "causal_lm", dtype=dtype, trust_remote_code=trust)
+        spec = EngineSpec(strategy=s.strategy, device=s.device, gradient_checkpointing=s.gradient_checkpointing)
+        self.engine = TrainEngine(module, spec)
+        self.module = self.engine.module
+        self.optimizer = build_optimizer(self.module.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
+        warmup = int(s.warmup_steps_ratio * self.total_steps)
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: sft_lr_multiplier(step, warmup, self.total_steps, s.lr_scheduler))
+        self.device = torch.device(s.device, torch.cuda.current_device()) if s.device == "cuda" else torch.device("cpu")
+        self.global_step = 0
+        self._log_file = None
+        self._print(f"SFT: {sum(p.numel() for p in module.parameters()):,} params, {len(self.train_dataset)} train rows, "
+                    f"{self.total_steps} steps of {s.train_batch_size} rows on {self.world_size} {s.device} process(es)")
+
+    # --- data ---------------------------------------------------------------------------------------
+    def train_batches(self, epoch: int) -> Iterator[dict]:
+        """This rank's slice of every global batch of ``epoch`` (order from (seed, epoch) only)."""
+        s = self.settings
+        order = epoch_order(len(self.train_dataset), s.seed, epoch)
+        mine = rank_slice(s.train_batch_size, self.rank, self.world_size)
+        for b in range(self.steps_per_epoch):
+            rows = order[b * s.train_batch_size:(b + 1) * s.train_batch_size][mine]
+            yield collate_fn([self.train_dataset[i] for i in rows])
+
+    def _val_batches(self) -> Iterator[dict]:
+        # every rank gets len // W rows (the remainder is dropped) so all run the same forwards
+        per_rank = len(self.val_dataset) // self.world_size
+        rows = range(self.rank * per_rank, (self.rank + 1) * per_rank)
+        mbs = self.settings.micro_batch_size_per_gpu
+        for i in range(0, per_rank, mbs):
+            yield collate_fn([self.val_dataset[j] for j in rows[i:i + mbs]])
+
+    def _micro_batches(self, batch: dict) -> list[dict]:
+        """Micro-batches of ``micro_batch_size_per_gpu`` rows, each cut after its last attended column
+        (right padding: the longest row; left padding: nothing is cut)."""
+        mbs, n = self.settings.micro_batch_size_per_gpu, batch["input_ids"].shape[0]
+        out = []
+        for i in range(0, n, mbs):
+            attended = batch["attention_mask"][i:i + mbs].any(dim=0).nonzero()  # host tensor: no device sync
+            length = int(attended[-1]) + 1 if len(attended) else 1
+            out.append({k: batch[k][i:i + mbs, :length].to(self.device)
+                        for k in ("input_ids", "attention_mask", "position_ids", "loss_mask")})
+        return out
+
+    # --- steps --------------------------------------------------------------------------------------
+    def _nll_sum(self, mb: dict) -> torch.Tensor:
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            logits = self.module(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                                 position_ids=mb["position_ids"], use_cache=False).logits  # (b, T, V)
+        return sft_nll_sum(logits.float() if logits.dtype != torch.float32 else logits, mb["input_ids"], mb["loss_mask"])
+
+    def training_step(self, batch: dict) -> dict[str, float]:
+        """One optimizer step on this rank's rows of a global batch; returns global metrics."""
+        self.module.train()
+        start = time.perf_counter()
+        micro_batches = self._micro_batches(batch)
+        # response targets of the whole global batch (all ranks)
+        tokens = _all_reduce_sum(batch["loss_mask"][:, 1:].sum().to(self.device, torch.float32)).clamp(min=1.0)
+        loss_sum = torch.zeros((), device=self.device)
+        for i, mb in enumerate(micro_batches):
+            with grad_sync(self.module, sync=i == len(micro_batches) - 1):
+                nll = self._nll_sum(mb)
+                (nll * (self.world_size / tokens)).backward()  # x W: DDP/FSDP average over ranks
+            loss_sum += nll.detach()
+        grad_norm, skipped = clip_grad_and_step(self.module, self.optimizer, self.settings.clip_grad)
+        lr = self.lr_scheduler.get_last_lr()[0]
+        self.lr_scheduler.step()
+        loss, grad_norm, skipped, n_tokens = torch.stack(
+            [_all_reduce_sum(loss_sum) / tokens, grad_norm.to(self.device), skipped.to(self.device), tokens]).tolist()
+        return {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm, "train/skipped_step": skipped,
+                "train/loss_tokens": n_tokens, "timing_s/step": time.perf_counter() - start}
+
+    @torch.no_grad()
+    def validation_loss(self) -> float:
+        """Token-mean response NLL over the validation set (all ranks)."""
+        self.module.eval()
+        totals = torch.zeros(2, device=self.device)  # (nll sum, tokens)
+        for batch in self._val_batches():
+            for mb in self._micro_batches(batch):
+                totals += torch.stack([self._nll_sum(mb), mb["loss_mask"][:, 1:].sum().float()])
+        nll, tokens = _all_reduce_sum(totals).tolist()
+        return nll / max(tokens, 1.0)
+
+    # --- checkpoints --------------------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> str:
+        """Write ``global_step_<step>`` as a Hugging Face directory (all ranks call; rank 0 writes)."""
+        out = os.path.join(self.settings.default_local_dir, f"global_step_{step}")
+        state = self.engine.full_state_dict()  # a collective under FSDP
+        if self.rank == 0:
+            os.makedirs(out, exist_ok=True)
+            tied = _tied_duplicates(self.engine.unwrapped)
+            state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items() if k not in tied}
+            self.engine.unwrapped.save_pretrained(out, state_dict=state, safe_serialization=True)
+            self.tokenizer.save_pretrained(out)
+            with open(os.path.join(self.settings.default_local_dir, LATEST_FILE), "w") as f:
+                f.write(str(step))  # written last: the directory is complete
+            self._drop_old_checkpoints()
+            self._print(f"saved Hugging Face model to {out}")
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+        return out
+
+    def _drop_old_checkpoints(self) -> None:
+        keep = self.settings.max_ckpt_to_keep
+        if not keep or keep <= 0:
+            return
+        root = self.settings.default_local_dir
+        steps = sorted(int(d.split("_")[-1]) for d in os.listdir(root)
+                       if d.startswith("global_step_") and d.split("_")[-1].isdigit())
+        for old in steps[:-keep]:
+            shutil.rmtree(os.path.join(root, f"global_step_{old}"), ignore_errors=True)
+
+    # --- logging ------------------------------------------------------------------------------------
+    def _print(self, text: str) -> None:
+        if self.rank == 0:
+            print(text, flush=True)
+
+    def log(self, metrics: dict, step: int) -> None:
+        if self.rank != 0:
+            return
+        if "console" in self.settings.loggers:
+            print(f"step {step}/{self.total_steps} | " + " | ".join(
+                f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()), flush=True)
+        if "file" in self.settings.loggers:
+            if self._log_file is None:
+                os.makedirs(self.settings.default_local_dir, exist_ok=True)
+                self._log_file = open(os.path.join(self.settings.default_local_dir, METRICS_FILE), "a")
+            self._log_file.write(json.dumps({"step": step, **metrics}) + "\n")
+            self._log_file.flush()
+
+    # --- the loop -----------------------------------------------------------------------------------
+    def fit(self) -> str:
+        """Train for ``total_steps``; validate every test_freq and at the end; save every save_freq and
+        at the end. Returns the final Hugging Face directory."""
+        s, last_saved, final_dir = self.settings, None, None
+        epoch = 0
+        while self.global_step < self.total_steps:
+            for batch in self.train_batches(epoch):
+                self.global_step += 1
+                step = self.global_step
+                metrics = self.training_step(batch)
+                metrics["train/epoch"] = epoch
+                is_last = step == self.total_steps
+                if self.val_dataset is not None and (is_last or (s.test_freq > 0 and step % s.test_freq == 0)):
+                    metrics["val/loss"] = self.validation_loss()
+                self.log(metrics, step)
+                if is_last or (s.save_freq > 0 and step % s.save_freq == 0):
+                    final_dir, last_saved = self.save_checkpoint(step), step
+                if is_last:
+                    break
+            epoch += 1
+        if last_saved != self.global_step:  # total_steps == 0
+            final_dir = self.save_checkpoint(self.global_step)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        return final_dir

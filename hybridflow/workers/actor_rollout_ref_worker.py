@@ -1,0 +1,206 @@
+"""ActorRolloutRefWorker: the policy in one process per device, in any of its roles.
+
+Roles: actor (trains), rollout (generates), ref (frozen reference log-probs), and their fusions
+actor_rollout / actor_rollout_ref. In the hybrid engine the same process trains the policy and
+generates with it: after an update the trainer's weights are pushed into the rollout engine (a named,
+timed step, ``timing_s/update_weights``) before the next generation.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base import Dispatch, Worker, register
+from hybridflow.single_controller.base.worker import default_device_backend
+from hybridflow.workers.actor import DataParallelPPOActor
+from hybridflow.workers.engine import EngineSpec, TrainEngine
+from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
+from hybridflow.workers.rollout import HFRollout, get_rollout_class
+
+ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+
+
+def _plain(section) -> dict:
+    return OmegaConf.to_container(section, resolve=True) if OmegaConf.is_config(section) else dict(section)
+
+
+def per_rank_batch_sizes(actor: dict, rollout_n: int, dp_size: int) -> dict:
+    """veRL's normalisation: mini-batch sizes are given in prompts for the whole job; the update
+    runs on (prompts × n / dp) samples per rank. Returns a new section (the config stays untouched)."""
+    out = dict(actor)
+    global_samples = int(actor["ppo_mini_batch_size"]) * rollout_n
+    if global_samples % dp_size:
+        raise ValueError(f"actor.ppo_mini_batch_size × rollout.n = {global_samples} does not divide by dp size {dp_size}")
+    out["ppo_mini_batch_size"] = global_samples // dp_size
+    if out.get("ppo_micro_batch_size") and not out.get("ppo_micro_batch_size_per_gpu"):
+        out["ppo_micro_batch_size_per_gpu"] = max(1, int(out["ppo_micro_batch_size"]) // dp_size)
+    return out
+
+
+def log_prob_micro_batch_size(section: dict, dp_size: int) -> int | None:
+    per_gpu = section.get("log_prob_micro_batch_size_per_gpu")
+    if per_gpu:
+        return int(per_gpu)
+    total = section.get("log_prob_micro_batch_size")
+    return max(1, int(total) // dp_size) if total else None
+
+
+class ActorRolloutRefWorker(Worker):
+    """``config`` is the ``actor_rollout_ref`` section; ``role`` one of ROLES."""
+
+    def __init__(self, config, role: str):
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        self.config = _plain(config)
+        self.role = role
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self.init_process_group()
+        self.device, _ = default_device_backend()
+        self.dp_size = dist.get_world_size() if dist.is_initialized() else 1
+        rollout_n = int(self.config["rollout"].get("n", 1))
+        self.actor_cfg = per_rank_batch_sizes(self.config["actor"], rollout_n, self.dp_size) if self._is_actor else None
+        self._rollout_stale = False
+
+    # ----------------------------------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        model_cfg = self.config["model"]
+        import_external_lib(model_cfg.get("external_lib"))
+        path = local_model_path(model_cfg["path"], "actor_rollout_ref.model.path")
+        trust = bool(model_cfg.get("trust_remote_code", False))
+        self.tokenizer = load_tokenizer(path, trust)
+        override = model_cfg.get("override_config") or {}
+        torch.manual_seed(0)
+
+        if self._is_actor:
+            actor = self.config["actor"]
+            module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
+            self.hf_config = module.config
+            spec = EngineSpec.from_config(actor.get("strategy", "fsdp"), self.device, actor.get("fsdp_config"),
+                                          bool(model_cfg.get("enable_gradient_checkpointing", False)))
+            self.actor_engine = TrainEngine(module, spec)
+            optim = actor.get("optim", {})
+            total = int(optim.get("total_training_steps") or 1)
+            self.actor_engine.setup_optimizer(optim, total)
+            self.actor = DataParallelPPOActor(self.actor_cfg, self.actor_engine.module,
+                                              self.actor_engine.optimizer, self.actor_engine.lr_scheduler)
+        if self._is_ref:
+            ref_module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
+            ref_spec = EngineSpec.from_config(self.config["ref"].get("strategy", "fsdp"), self.device, self.config["ref"].get("fsdp_config"))
+            self.ref_engine = TrainEngine(ref_module, ref_spec, trainable=False)
+            self.ref_policy = DataParallelPPOActor(self.config["actor"], self.ref_engine.module)
+        if self._is_rollout:
+            self.rollout = self._build_rollout(path, trust)
+
+    def _build_rollout(self, path: str, trust: bool):
+        rollout_cfg = self.config["rollout"]
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        name = rollout_cfg.get("name", "hf")
+        if name == "hf":
+            # a separate inference copy: generation never all-gathers sharded weights token by token
+            module = load_model(path, "causal_lm", override_config=self.config["model"].get("override_config") or {},
+                                trust_remote_code=trust).to(self.device)
+            return HFRollout(module.eval(), rollout_cfg, pad, eos)
+        return get_rollout_class(name)(path, rollout_cfg, pad, eos, trust_remote_code=trust)
+
+    # ----------------------------------------------------------------------------------------------
+    def _sync_rollout_weights(self) -> float:
+        """Push the trained weights into the rollout engine (training layout → inference engine)."""
+        if not (self._is_actor and self._is_rollout and self._rollout_stale):
+            return 0.0
+        start = time.perf_counter()
+        self.rollout.load_weights(self.actor_engine.full_state_dict())
+        self._rollout_stale = False
+        return time.perf_counter() - start
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        sync_s = self._sync_rollout_weights()
+        meta = {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id}
+        meta.update(prompts.meta_info)
+        prompts.meta_info = meta
+        start = time.perf_counter()
+        output = self.rollout.generate_sequences(prompts)
+        output.meta_info["metrics"] = {
+            "timing_s/update_weights": [sync_s],
+            "timing_s/generate_sequences": [time.perf_counter() - start],
+        }
+        return output
+
+    def _log_prob_meta(self, data: DataProto, section: dict) -> dict:
+        return {
+            "micro_batch_size": log_prob_micro_batch_size(section, self.dp_size) or len(data),
+            "use_dynamic_bsz": bool(section.get("log_prob_use_dynamic_bsz", False)),
+            "max_token_len": int(section.get("log_prob_max_token_len_per_gpu") or 16384),
+            "temperature": float(self.config["rollout"].get("temperature", 1.0)),
+        }
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        if not self._is_actor:
+            raise RuntimeError(f"compute_log_prob needs the actor; this worker's role is {self.role!r}")
+        start = time.perf_counter()
+        meta = self._log_prob_meta(data, self.config["rollout"])
+        meta.update({k: v for k, v in data.meta_info.items() if k == "temperature"})
+        data.meta_info.update(meta)
+        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
+        return DataProto.from_dict(
+            tensors={"old_log_probs": log_probs, "entropys": entropys},
+            meta_info={"metrics": {"timing_s/worker_old_log_prob": [time.perf_counter() - start]}},
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        if not self._is_ref:
+            raise RuntimeError(f"compute_ref_log_prob needs the ref role; this worker's role is {self.role!r}")
+        start = time.perf_counter()
+        data.meta_info.update(self._log_prob_meta(data, self.config["ref"]))
+        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        return DataProto.from_dict(
+            tensors={"ref_log_prob": log_probs},
+            meta_info={"metrics": {"timing_s/worker_ref": [time.perf_counter() - start]}},
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        if not self._is_actor:
+            raise RuntimeError(f"update_actor needs the actor; this worker's role is {self.role!r}")
+        start = time.perf_counter()
+        data.meta_info.setdefault("temperature", float(self.config["rollout"].get("temperature", 1.0)))
+        metrics = self.actor.update_policy(data)
+        lr = self.actor_engine.lr_scheduler.get_last_lr()[0]
+        self.actor_engine.lr_scheduler.step()
+        self._rollout_stale = True
+        metrics["actor/lr"] = [lr]
+        metrics["timing_s/worker_update_actor"] = [time.perf_counter() - start]
+        return DataProto(meta_info={"metrics": metrics})
+
+    # ----------------------------------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep=None, extra_state=None):
+        from hybridflow.workers.checkpoint import save_engine_checkpoint
+
+        save_engine_checkpoint(self.actor_engine, local_path, hf_config=self.hf_config, tokenizer=self.tokenizer,
+                               extra_state=extra_state)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, del_local_after_load: bool = False):
+        from hybridflow.workers.checkpoint import load_engine_checkpoint
+
+        extra = load_engine_checkpoint(self.actor_engine, local_path)
+        self._rollout_stale = True
+        return extra
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def parameter_checksum(self) -> float:
+        """Sum of |params| of the full actor weights (tests and sanity checks: did training move them?)."""
+        sd = self.actor_engine.full_state_dict()
+        return float(sum(v.double().abs().sum() for v in sd.values()))

@@ -1,0 +1,90 @@
+"""CriticWorker: the value model (a token-classification head with one label: a value per position)."""
+
+from __future__ import annotations
+
+import time
+
+import torch.distributed as dist
+
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base import Dispatch, Worker, register
+from hybridflow.single_controller.base.worker import default_device_backend
+from hybridflow.workers.actor_rollout_ref_worker import _plain
+from hybridflow.workers.critic import DataParallelPPOCritic
+from hybridflow.workers.engine import EngineSpec, TrainEngine
+from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
+
+
+def critic_per_rank_sizes(critic: dict, dp_size: int) -> dict:
+    """Mini-batch sizes in samples per rank (rollout_n is in the critic section, as in veRL)."""
+    out = dict(critic)
+    samples = int(critic["ppo_mini_batch_size"]) * int(critic.get("rollout_n", 1))
+    if samples % dp_size:
+        raise ValueError(f"critic.ppo_mini_batch_size × rollout.n = {samples} does not divide by dp size {dp_size}")
+    out["ppo_mini_batch_size"] = samples // dp_size
+    for per_gpu, total in (("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size"),
+                           ("forward_micro_batch_size_per_gpu", "forward_micro_batch_size")):
+        if not out.get(per_gpu) and out.get(total):
+            out[per_gpu] = max(1, int(out[total]) // dp_size)
+    if not out.get("forward_micro_batch_size_per_gpu"):
+        out["forward_micro_batch_size_per_gpu"] = out.get("ppo_micro_batch_size_per_gpu")
+    return out
+
+
+class CriticWorker(Worker):
+    """``config`` is the ``critic`` section."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = _plain(config)
+        self.init_process_group()
+        self.device, _ = default_device_backend()
+        self.dp_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.critic_cfg = critic_per_rank_sizes(self.config, self.dp_size)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        model_cfg = self.config["model"]
+        import_external_lib(model_cfg.get("external_lib"))
+        path = local_model_path(model_cfg["path"], "critic.model.path")
+        trust = bool(model_cfg.get("trust_remote_code", False))
+        self.tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or path, trust)
+        # no dropout on the value head (HF defaults to 0.1): values and updates must be deterministic
+        override = {"classifier_dropout": 0.0, **(model_cfg.get("override_config") or {})}
+        module = load_model(path, "token_classification", override_config=override,
+                            trust_remote_code=trust, num_labels=1)
+        self.hf_config = module.config
+        spec = EngineSpec.from_config(self.config.get("strategy", "fsdp"), self.device, model_cfg.get("fsdp_config"),
+                                      bool(model_cfg.get("enable_gradient_checkpointing", False)))
+        self.engine = TrainEngine(module, spec)
+        optim = self.config.get("optim", {})
+        self.engine.setup_optimizer(optim, int(optim.get("total_training_steps") or 1))
+        self.critic = DataParallelPPOCritic(self.critic_cfg, self.engine.module, self.engine.optimizer, self.engine.lr_scheduler)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        start = time.perf_counter()
+        values = self.critic.compute_values(data)
+        return DataProto.from_dict(tensors={"values": values},
+                                   meta_info={"metrics": {"timing_s/worker_values": [time.perf_counter() - start]}})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        start = time.perf_counter()
+        metrics = self.critic.update_critic(data)
+        metrics["critic/lr"] = [self.engine.lr_scheduler.get_last_lr()[0]]
+        self.engine.lr_scheduler.step()
+        metrics["timing_s/worker_update_critic"] = [time.perf_counter() - start]
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep=None, extra_state=None):
+        from hybridflow.workers.checkpoint import save_engine_checkpoint
+
+        save_engine_checkpoint(self.engine, local_path, hf_config=self.hf_config, tokenizer=self.tokenizer, extra_state=extra_state)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, del_local_after_load: bool = False):
+        from hybridflow.workers.checkpoint import load_engine_checkpoint
+
+        return load_engine_checkpoint(self.engine, local_path)

@@ -1,0 +1,56 @@
+"""Loading Hugging Face models and tokenizers for the workers (local paths only, never the hub)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+
+def local_model_path(path: str, key: str = "model.path") -> str:
+    """Expand ``~`` and check the directory exists, naming the config key: no attempt to reach a hub."""
+    expanded = os.path.expanduser(str(path))
+    if not os.path.isdir(expanded) or not os.path.exists(os.path.join(expanded, "config.json")):
+        raise FileNotFoundError(
+            f"{key}={path!r}: no Hugging Face model directory there (expected a folder with config.json). "
+            "hybridflow loads models from local paths only; download the model first."
+        )
+    return expanded
+
+
+def import_external_lib(name: str | None) -> None:
+    if name:
+        importlib.import_module(name)
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str = "left"):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, padding_side=padding_side)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+_AUTO_CLASSES = {
+    "causal_lm": "AutoModelForCausalLM",
+    "token_classification": "AutoModelForTokenClassification",
+    "sequence_classification": "AutoModelForSequenceClassification",
+}
+
+
+def load_model(path: str, kind: str = "causal_lm", dtype: torch.dtype = torch.float32, override_config=None,
+               trust_remote_code: bool = False, num_labels: int | None = None):
+    """A model from a local directory. ``kind`` picks the head: causal_lm (actor, ref, rollout),
+    token_classification with one label (critic: a value per position), sequence_classification (RM)."""
+    import transformers
+
+    auto = getattr(transformers, _AUTO_CLASSES[kind])
+    kwargs = dict(override_config or {})
+    if num_labels is not None:
+        kwargs["num_labels"] = num_labels
+    model = auto.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs)
+    if getattr(model.config, "pad_token_id", None) is None and kind != "causal_lm":
+        model.config.pad_token_id = getattr(model.config, "eos_token_id", 0)
+    return model
