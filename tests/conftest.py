@@ -14,6 +14,9 @@ import sys
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# one compute thread per process: tests run Ray workers beside the driver on 2 cores, and
+# oversubscribed BLAS threads made tiny-model steps 15-30x slower here
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:  # tests run from a checkout without installing the package
