@@ -182,13 +182,21 @@ def timed_driver_fn(obj, attr: str, sink: dict, key: str):
         setattr(obj, attr, original)
 
 
+def set_threads(n: int) -> None:
+    """torch intra-op threads of this process (0 keeps torch's default)."""
+    import torch
+
+    if n > 0:
+        torch.set_num_threads(n)
+
+
 def median(values) -> float:
     return float(np.median(np.asarray(values, dtype=float))) if len(values) else float("nan")
 
 
 def print_table(title: str, header: list[str], rows: list[list], widths: list[int] | None = None) -> None:
     """A plain fixed-width table (first column left-aligned)."""
-    widths = widths or [max(len(str(x)) for x in col) + 2 for col in zip(header, *rows)]
+    widths = widths or [max(len(_fmt(x)) for x in col) + 2 for col in zip(header, *rows)]
     print(f"\n{title}")
     line = "".join(f"{h:<{w}}" if i == 0 else f"{h:>{w}}" for i, (h, w) in enumerate(zip(header, widths)))
     print(line)

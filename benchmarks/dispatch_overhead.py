@@ -98,7 +98,7 @@ def make_calls(wg, bare, data: DataProto) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer calls (a smoke run in ~15 s)")
+    parser.add_argument("--quick", action="store_true", help="fewer calls and no 100 MB row (a smoke run)")
     parser.add_argument("--profile", metavar="MB", type=float, default=None,
                         help="cProfile the driver side of hybridflow calls of this size instead of the table")
     parser.add_argument("--torch-threads", type=int, default=1,

@@ -14,7 +14,7 @@ from hybridflow.data.sampler import create_rl_dataloader
 from hybridflow.rewards import get_custom_reward_fn, load_reward_manager
 from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
-from hybridflow.utils.config import parse_cli
+from hybridflow.utils.config import ConfigError, parse_cli
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
 
 
@@ -41,6 +41,18 @@ def build_reward_fns(config, tokenizer):
     return reward_fn, val_reward_fn
 
 
+def check_prompts_fit(dataset: RLHFDataset, key: str) -> None:
+    """With data.truncation=error an overlong prompt would stop training mid-epoch, after the workers
+    started; find it now (one tokenization pass; filtered datasets are already known to fit)."""
+    if dataset.truncation != "error" or dataset.config.filter_overlong_prompts:
+        return
+    for i in range(len(dataset)):
+        try:
+            dataset[i]
+        except ValueError as e:
+            raise ValueError(f"{key}={dataset.data_files}: {e}") from None
+
+
 def run_ppo(config) -> dict:
     """Build data, rewards and workers from a validated config and train; returns the last metrics."""
     for note in validate_ppo_config(config):
@@ -52,12 +64,14 @@ def run_ppo(config) -> dict:
     # data and rewards first: bad input fails before any worker starts
     train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
     val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data)
-    dataloader = create_rl_dataloader(train_dataset, batch_size=int(config.data.train_batch_size),
-                                      seed=int(config.data.seed), shuffle=bool(config.data.shuffle))
-    if len(dataloader) == 0:
+    if len(train_dataset) < int(config.data.train_batch_size):
         raise ValueError(f"data.train_batch_size={config.data.train_batch_size} is larger than the training set "
                          f"({len(train_dataset)} prompts in {config.data.train_files}): no full batch")
+    dataloader = create_rl_dataloader(train_dataset, batch_size=int(config.data.train_batch_size),
+                                      seed=int(config.data.seed), shuffle=bool(config.data.shuffle))
     reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
+    check_prompts_fit(train_dataset, "data.train_files")  # last: the one check that tokenizes every prompt
+    check_prompts_fit(val_dataset, "data.val_files")
 
     t = config.trainer
     total = int(t.total_training_steps) if t.total_training_steps else len(dataloader) * int(t.total_epochs)
@@ -73,11 +87,19 @@ def run_ppo(config) -> dict:
         os.environ["HYBRIDFLOW_DEVICE"] = device
     trainer = RayPPOTrainer(config, tokenizer, dataloader, val_dataset, reward_fn, val_reward_fn, collate_fn=collate_fn)
     trainer.init_workers()
-    return trainer.fit()
+    try:
+        return trainer.fit()
+    finally:
+        trainer.shutdown_workers()  # a finished run gives its devices back to the Ray session
 
 
 def main(argv=None) -> None:
     config = parse_cli("ppo_trainer", sys.argv[1:] if argv is None else argv)
+    try:
+        validate_ppo_config(config)  # inconsistent values: a message with the numbers, not a traceback
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     run_ppo(config)
 
 

@@ -95,8 +95,25 @@ def _copy_side_files(src: str, dst: str) -> None:
     """Tokenizer, generation config, chat template...: everything but config.json and weights."""
     for name in os.listdir(src):
         path = os.path.join(src, name)
-        if os.path.isfile(path) and name != "config.json" and not name.endswith(_WEIGHT_SUFFIXES):
+        # adapter_config.json would make loaders treat the merged model as a bare adapter
+        if os.path.isfile(path) and name not in ("config.json", "adapter_config.json") and not name.endswith(_WEIGHT_SUFFIXES):
             shutil.copy2(path, os.path.join(dst, name))
+
+
+def _fold_lora(state: dict[str, torch.Tensor], search_dirs: Sequence[str]) -> dict[str, torch.Tensor]:
+    """W + alpha/r * B @ A with the rank/alpha of the adapter_config.json the worker saved."""
+    import json
+
+    from hybridflow.workers.engine.lora import ADAPTER_CONFIG, lora_scaling, merge_lora_weights
+
+    for directory in search_dirs:
+        path = os.path.join(directory, ADAPTER_CONFIG)
+        if os.path.isfile(path):
+            with open(path) as f:
+                adapter = json.load(f)
+            scaling = lora_scaling(float(adapter["lora_alpha"]), int(adapter["r"]), bool(adapter.get("use_rslora")))
+            return merge_lora_weights(state, scaling)
+    raise FileNotFoundError(f"the checkpoint holds LoRA adapters but no {ADAPTER_CONFIG} in {list(search_dirs)}")
 
 
 def merge_checkpoint(local_dir: str, target_dir: str, backend: str = "fsdp", hf_model_path: str | None = None,
@@ -114,6 +131,8 @@ def merge_checkpoint(local_dir: str, target_dir: str, backend: str = "fsdp", hf_
                                 "pass --hf_model_path with the base model's directory")
     if dtype is not None and dtype not in _DTYPES:
         raise ValueError(f"unknown --dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
+    if any(".lora_A." in key for key in state):  # a LoRA actor: fold the adapters into the base weights
+        state = _fold_lora(state, [os.path.join(local_dir, HF_DIR), hf_dir])
     config = AutoConfig.from_pretrained(hf_dir)
     write_hf_model(state, config, target_dir, dtype=_DTYPES.get(dtype))
     _copy_side_files(hf_dir, target_dir)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hybridflow.data.rl_dataset import collate_fn as default_collate_fn
@@ -85,8 +86,11 @@ class StatefulDataLoader:
             self.epoch, self.batches_in_epoch = self.epoch + 1, 0
         # full batches always precede the last (partial or dropped) one, so batches * batch_size is exact
         self.sampler.set_epoch(self.epoch, self.batches_in_epoch * self.batch_size)
+        # an own generator: DataLoader draws a base seed per iterator, which must not advance the
+        # global torch RNG (in-process workers sample with it; a resume would shift their stream)
         loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=self.sampler,
-                            collate_fn=self.collate_fn, drop_last=self.drop_last, num_workers=self.num_workers)
+                            collate_fn=self.collate_fn, drop_last=self.drop_last, num_workers=self.num_workers,
+                            generator=torch.Generator().manual_seed(self.sampler.seed))
         for batch in loader:
             # count the batch before handing it out: a checkpoint taken while the caller holds the
             # epoch's last batch must resume at the next epoch

@@ -8,6 +8,8 @@ timed step, ``timing_s/update_weights``) before the next generation.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 
 import torch
@@ -19,6 +21,7 @@ from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.engine import EngineSpec, TrainEngine
+from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
 from hybridflow.workers.rollout import HFRollout, get_rollout_class
 
@@ -67,6 +70,13 @@ class ActorRolloutRefWorker(Worker):
         self.dp_size = dist.get_world_size() if dist.is_initialized() else 1
         rollout_n = int(self.config["rollout"].get("n", 1))
         self.actor_cfg = per_rank_batch_sizes(self.config["actor"], rollout_n, self.dp_size) if self._is_actor else None
+        # model-level switches the per-rank computations need (veRL copies them into the actor section too)
+        self._remove_padding = bool(self.config["model"].get("use_remove_padding", False))
+        if self.actor_cfg is not None:
+            self.actor_cfg["use_remove_padding"] = self._remove_padding
+        self.lora = LoraSpec.from_model_config(self.config["model"])
+        # LoRA: the reference policy is the actor's base model (adapters off), not a second copy
+        self._ref_in_actor = self._is_ref and self._is_actor and self.lora is not None
         self._rollout_stale = False
 
     # ----------------------------------------------------------------------------------------------
@@ -85,18 +95,21 @@ class ActorRolloutRefWorker(Worker):
             module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
             self.hf_config = module.config
             spec = EngineSpec.from_config(actor.get("strategy", "fsdp"), self.device, actor.get("fsdp_config"),
-                                          bool(model_cfg.get("enable_gradient_checkpointing", False)))
+                                          bool(model_cfg.get("enable_gradient_checkpointing", False)), lora=self.lora)
             self.actor_engine = TrainEngine(module, spec)
             optim = actor.get("optim", {})
             total = int(optim.get("total_training_steps") or 1)
             self.actor_engine.setup_optimizer(optim, total)
             self.actor = DataParallelPPOActor(self.actor_cfg, self.actor_engine.module,
                                               self.actor_engine.optimizer, self.actor_engine.lr_scheduler)
-        if self._is_ref:
+        ref_section = {**self.config["actor"], "use_remove_padding": self._remove_padding}
+        if self._ref_in_actor:
+            self.ref_policy = DataParallelPPOActor(ref_section, self.actor_engine.module)  # run with adapters off
+        elif self._is_ref:
             ref_module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
             ref_spec = EngineSpec.from_config(self.config["ref"].get("strategy", "fsdp"), self.device, self.config["ref"].get("fsdp_config"))
             self.ref_engine = TrainEngine(ref_module, ref_spec, trainable=False)
-            self.ref_policy = DataParallelPPOActor(self.config["actor"], self.ref_engine.module)
+            self.ref_policy = DataParallelPPOActor(ref_section, self.ref_engine.module)
         if self._is_rollout:
             self.rollout = self._build_rollout(path, trust)
 
@@ -163,7 +176,8 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"compute_ref_log_prob needs the ref role; this worker's role is {self.role!r}")
         start = time.perf_counter()
         data.meta_info.update(self._log_prob_meta(data, self.config["ref"]))
-        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        with adapters_disabled(self.actor_engine.module) if self._ref_in_actor else contextlib.nullcontext():
+            log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(
             tensors={"ref_log_prob": log_probs},
             meta_info={"metrics": {"timing_s/worker_ref": [time.perf_counter() - start]}},
@@ -190,6 +204,8 @@ class ActorRolloutRefWorker(Worker):
 
         save_engine_checkpoint(self.actor_engine, local_path, hf_config=self.hf_config, tokenizer=self.tokenizer,
                                extra_state=extra_state)
+        if self.lora is not None and self.rank == 0:  # the merger folds the adapters in with it
+            self.actor_engine.save_adapter_config(os.path.join(local_path, "huggingface"))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, del_local_after_load: bool = False):

@@ -45,6 +45,9 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         model_cfg = self.config["model"]
+        if int(model_cfg.get("lora_rank", 0) or 0) > 0:  # refuse rather than silently train the full critic
+            raise NotImplementedError("critic.model.lora_rank > 0: LoRA is supported for the actor only; "
+                                      "set critic.model.lora_rank=0")
         import_external_lib(model_cfg.get("external_lib"))
         path = local_model_path(model_cfg["path"], "critic.model.path")
         trust = bool(model_cfg.get("trust_remote_code", False))
@@ -88,3 +91,9 @@ class CriticWorker(Worker):
         from hybridflow.workers.checkpoint import load_engine_checkpoint
 
         return load_engine_checkpoint(self.engine, local_path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def parameter_checksum(self) -> float:
+        """Sum of |params| of the full critic weights (tests and sanity checks: did training move them?)."""
+        sd = self.engine.full_state_dict()
+        return float(sum(v.double().abs().sum() for v in sd.values()))

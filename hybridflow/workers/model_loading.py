@@ -47,10 +47,14 @@ def load_model(path: str, kind: str = "causal_lm", dtype: torch.dtype = torch.fl
     import transformers
 
     auto = getattr(transformers, _AUTO_CLASSES[kind])
-    kwargs = dict(override_config or {})
+    # overrides go onto the config object: passed as from_pretrained kwargs, a key the config class
+    # does not define (e.g. classifier_dropout on Qwen2) would reach the model's __init__ and fail
+    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    for key, value in dict(override_config or {}).items():
+        setattr(config, key, value)
     if num_labels is not None:
-        kwargs["num_labels"] = num_labels
-    model = auto.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs)
+        config.num_labels = num_labels
+    model = auto.from_pretrained(path, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
     if getattr(model.config, "pad_token_id", None) is None and kind != "causal_lm":
         model.config.pad_token_id = getattr(model.config, "eos_token_id", 0)
     return model

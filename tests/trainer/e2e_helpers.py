@@ -34,9 +34,14 @@ def write_toy_reward(tmp_path) -> str:
 
 def base_overrides(model_dir: str, data_dir: str, tmp_path, *, estimator: str = "grpo", n: int = 2,
                    batch: int = 4, steps: int = 2, response_length: int = 8, world: int = 1,
-                   backend: str = "ray") -> list[str]:
-    """A small run: `batch` prompts × `n` samples, `steps` steps, jsonl metrics under tmp_path/ckpt."""
+                   backend: str = "ray", mini_batch: int | None = None) -> list[str]:
+    """A small run: `batch` prompts × `n` samples, `steps` steps, jsonl metrics under tmp_path/ckpt.
+
+    ``mini_batch`` (prompts, default batch // 2) gives two optimizer steps per update, so the second
+    mini-batch sees a moved policy (ppo_kl, clipfrac can be non-zero)."""
     out = str(tmp_path)
+    mini_batch = mini_batch or max(1, batch // 2)
+    per_rank = batch * n // world
     return [
         f"algorithm.adv_estimator={estimator}",
         f"data.train_files={data_dir}/train.parquet",
@@ -46,15 +51,17 @@ def base_overrides(model_dir: str, data_dir: str, tmp_path, *, estimator: str = 
         f"data.max_response_length={response_length}",
         "data.dataloader_num_workers=0",
         f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
         "actor_rollout_ref.actor.optim.lr=1e-3",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={batch * n}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mini_batch * n // world}",
         f"actor_rollout_ref.rollout.n={n}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * n}",
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={batch * n}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={per_rank}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={per_rank}",
         f"critic.model.path={model_dir}",
+        "critic.model.enable_gradient_checkpointing=False",
         "critic.optim.lr=1e-3",
-        f"critic.ppo_micro_batch_size_per_gpu={batch * n}",
+        f"critic.ppo_micro_batch_size_per_gpu={mini_batch * n // world}",
         f"custom_reward_function.path={write_toy_reward(tmp_path)}",
         f"trainer.total_training_steps={steps}",
         f"trainer.test_freq={steps}",

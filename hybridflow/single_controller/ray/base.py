@@ -202,10 +202,30 @@ class RayWorkerGroup(WorkerGroup):
             try:
                 values = ray.get(ready)
             except (RayActorError, RayTaskError):
-                values = [self._get_one(ref, method, ranks[index[ref]]) for ref in ready]
+                try:
+                    values = [self._get_one(ref, method, ranks[index[ref]]) for ref in ready]
+                except WorkerError as err:
+                    raise self._dead_peer_or(err, pending, index, method, ranks) from None
             for ref, value in zip(ready, values):
                 results[index[ref]] = value
         return results
+
+    def _dead_peer_or(self, err, pending, index, method, ranks, wait_s: float = 2.0):
+        """When a rank dies, its peers fail too (a broken collective) and may answer first: name
+        the dead rank, the cause, rather than a survivor's symptom."""
+        if isinstance(err, WorkerDiedError) or not pending:
+            return err
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=wait_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError as e:
+                died = WorkerDiedError(self.name, method, ranks[index[ref]], str(e))
+                died.add_note(f"rank {err.rank} failed as a consequence: {str(err).splitlines()[-1][:500]}")
+                return died
+            except Exception:
+                pass
+        return err
 
     def _get_one(self, ref, method, rank):
         try:

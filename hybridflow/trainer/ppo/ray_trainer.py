@@ -7,9 +7,9 @@ every ``save_freq``. ``fit`` is the loop; ``train_step`` reads as the named phas
 
 from __future__ import annotations
 
-import os
+import math
+import shutil
 import time
-import uuid
 from contextlib import contextmanager
 
 import numpy as np
@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import core_algos
+from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
 from hybridflow.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -28,7 +29,7 @@ from hybridflow.trainer.ppo.metric_utils import (
 )
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups
 from hybridflow.utils.tracking import Tracking
-from hybridflow.workers.utils.micro_batches import balance_partitions
+from hybridflow.workers.checkpoint import get_rng_state, set_rng_state
 
 
 @contextmanager
@@ -87,10 +88,21 @@ class RayPPOTrainer:
             self.rm_wg.init_model()
         self.actor_rollout_wg.init_model()
 
+    def shutdown_workers(self) -> None:
+        """Kill the worker processes and free their placement groups: a later run in the same Ray
+        session (a notebook, a test session, a sweep) gets the CPUs/GPUs back."""
+        groups = getattr(self, "_all_groups", {}) or {}
+        for group in {id(g): g for g in groups.values() if g is not None}.values():
+            pool = getattr(group, "resource_pool", None)
+            for release in (getattr(group, "shutdown", None), getattr(pool, "release", None)):
+                if release is not None:
+                    release()
+        self._all_groups = {}
+
     # --------------------------------------------------------------------------------- phases
     def _generate(self, batch: DataProto, timing: dict) -> DataProto:
         rollout = self.config.actor_rollout_ref.rollout
-        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}_{i}" for i in range(len(batch))], dtype=object)  # deterministic: reproducible on resume
         batch = batch.repeat(repeat_times=int(rollout.n), interleave=True)
         gen_batch = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"], deepcopy=False)
         gen_batch.meta_info = {"do_sample": bool(rollout.do_sample), "global_steps": self.global_steps}
@@ -107,14 +119,11 @@ class RayPPOTrainer:
         """Reorder rows so every data-parallel rank gets a similar number of tokens."""
         seqlens = batch.batch["attention_mask"].sum(-1).tolist()
         k = self.actor_rollout_wg.world_size
-        if k <= 1 or len(seqlens) % k:
+        order = balanced_order(seqlens, k)
+        if order is None:
             return
-        parts = balance_partitions(seqlens, k, equal_size=True)
-        batch.reorder(torch.tensor([i for part in parts for i in part]))
-        loads = [sum(seqlens[i] for i in part) for part in parts]
-        metrics.update({"global_seqlen/min": min(loads), "global_seqlen/max": max(loads),
-                        "global_seqlen/minmax_diff": max(loads) - min(loads),
-                        "global_seqlen/balanced_min": min(loads), "global_seqlen/mean": float(np.mean(loads))})
+        metrics.update(seqlen_balance_metrics(seqlens, k, order))
+        batch.reorder(torch.tensor(order))
 
     def _compute_reward(self, batch: DataProto, metrics: dict) -> None:
         if self.use_rm:
@@ -225,28 +234,62 @@ class RayPPOTrainer:
             print(f"[val sample] score={score:.3f} response={text!r}")
 
     # --------------------------------------------------------------------------------- checkpoints
+    def _ckpt_to_keep(self) -> int | None:
+        """Step dirs hold every role, so the longer of the roles' retentions wins (None/<=0: keep all)."""
+        t = self.config.trainer
+        limits = [t.max_actor_ckpt_to_keep] + ([t.max_critic_ckpt_to_keep] if self.use_critic else [])
+        if any(n is None or int(n) <= 0 for n in limits):
+            return None
+        return max(int(n) for n in limits)
+
+    def _check_finite_weights(self) -> None:
+        """Never write a checkpoint that would resume into NaN: a skipped step cannot poison weights,
+        but anything else that does (a custom loss, a bad load) is caught here, before the save."""
+        sums = self.actor_rollout_wg.parameter_checksum()
+        if not all(math.isfinite(s) for s in sums):
+            raise FloatingPointError(
+                f"refusing to save the checkpoint of step {self.global_steps}: the actor's weights contain NaN/inf "
+                f"(|w| sums per rank: {sums}). The last complete checkpoint under "
+                f"{self.config.trainer.default_local_dir!r} is kept.")
+
     def save_checkpoint(self) -> str:
+        """Workers write into a tmp dir; it becomes ``global_step_N`` (and ``latest``) only when whole."""
         root = self.config.trainer.default_local_dir
+        self._check_finite_weights()
         tmp = ckpt.begin_save(root, self.global_steps)
-        self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"), self.global_steps)
-        if self.use_critic:
-            self.critic_wg.save_checkpoint(os.path.join(tmp, "critic"), self.global_steps)
-        torch.save({"dataloader": self.train_dataloader.state_dict(), "global_steps": self.global_steps,
-                    "kl_ctrl": getattr(self.kl_ctrl_in_reward, "value", None)}, os.path.join(tmp, "data.pt"))
-        final = ckpt.commit_save(root, self.global_steps, tmp)
-        ckpt.prune_checkpoints(root, self.config.trainer.max_actor_ckpt_to_keep)
+        self._saving_tmp = tmp
+        try:
+            self.actor_rollout_wg.save_checkpoint(ckpt.role_dir(tmp, "actor"), self.global_steps)
+            if self.use_critic:
+                self.critic_wg.save_checkpoint(ckpt.role_dir(tmp, "critic"), self.global_steps)
+            ckpt.save_dataloader_state(tmp, {
+                "dataloader": self.train_dataloader.state_dict(), "global_steps": self.global_steps,
+                "kl_ctrl": getattr(self.kl_ctrl_in_reward, "value", None), "driver_rng": get_rng_state()})
+            final = ckpt.commit_save(root, self.global_steps, tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            self._saving_tmp = None
+        ckpt.prune_checkpoints(root, self._ckpt_to_keep())
         return final
 
     def load_checkpoint(self) -> int:
+        """Restore weights, optimizer, LR schedule, RNG (workers and driver) and the data position;
+        returns the step to continue from (0 when starting fresh)."""
         t = self.config.trainer
         ckpt.cleanup_partial_saves(t.default_local_dir)
         path = ckpt.resolve_resume(t.resume_mode, t.default_local_dir, t.resume_from_path)
         if path is None:
             return 0
-        self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
+        state = ckpt.load_dataloader_state(path)
+        if state is None:
+            raise FileNotFoundError(f"checkpoint {path!r} has no {ckpt.DATA_FILE} (driver state): cannot resume")
+        if state.get("driver_rng") is not None:
+            set_rng_state(state["driver_rng"])  # first: in-process workers share it and restore their own below
+        self.actor_rollout_wg.load_checkpoint(ckpt.role_dir(path, "actor"))
         if self.use_critic:
-            self.critic_wg.load_checkpoint(os.path.join(path, "critic"))
-        state = torch.load(os.path.join(path, "data.pt"), weights_only=False)
+            self.critic_wg.load_checkpoint(ckpt.role_dir(path, "critic"))
         self.train_dataloader.load_state_dict(state["dataloader"])
         if self.kl_ctrl_in_reward is not None and state.get("kl_ctrl") is not None:
             self.kl_ctrl_in_reward.value = state["kl_ctrl"]
@@ -255,9 +298,22 @@ class RayPPOTrainer:
 
     # --------------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, float]:
+        """Train to ``total_training_steps``. On any failure (a worker error or death, Ctrl-C) the
+        save in progress is removed, the workers are shut down and the error re-raised with the step
+        and the checkpoint a ``resume_mode=auto`` rerun would continue from."""
         t = self.config.trainer
         logger = Tracking(t.project_name, t.experiment_name, list(t.logger),
                           OmegaConf.to_container(self.config, resolve=True), log_dir=t.default_local_dir)
+        try:
+            return self._fit(logger)
+        except BaseException as e:
+            self._abort(e)
+            raise
+        finally:
+            logger.finish()
+
+    def _fit(self, logger) -> dict[str, float]:
+        t = self.config.trainer
         self.global_steps = self.load_checkpoint()
         last: dict[str, float] = {}
         if self.val_reward_fn is not None and t.val_before_train and self.global_steps == 0:
@@ -285,8 +341,25 @@ class RayPPOTrainer:
                 if is_last:
                     break
         progress.close()
-        logger.finish()
         return last
+
+    def _abort(self, error: BaseException) -> None:
+        tmp = getattr(self, "_saving_tmp", None)
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        groups = getattr(self, "_all_groups", {}) or {}
+        for group in {id(g): g for g in groups.values() if g is not None}.values():
+            pool = getattr(group, "resource_pool", None)
+            for release in (getattr(group, "shutdown", None), getattr(pool, "release", None)):
+                try:
+                    if release is not None:
+                        release()  # kill the workers, then free their placement groups for a rerun
+                except Exception:  # best effort: the original error is what matters
+                    pass
+        resume = ckpt.find_latest_checkpoint(self.config.trainer.default_local_dir)
+        error.add_note(f"hybridflow: training stopped at global step {self.global_steps}; workers shut down; "
+                       + (f"a rerun with trainer.resume_mode=auto continues from {resume}" if resume
+                          else "no complete checkpoint to resume from"))
 
 
 class _progress:

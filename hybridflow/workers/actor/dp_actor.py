@@ -63,6 +63,7 @@ class ActorSettings:
     kl_loss_coef: float
     kl_loss_type: str
     loss_mode: str
+    use_remove_padding: bool = False  # the worker copies actor_rollout_ref.model.use_remove_padding here
 
     @classmethod
     def from_config(cls, config: Any) -> "ActorSettings":
@@ -85,6 +86,7 @@ class ActorSettings:
             kl_loss_coef=float(_get(config, "kl_loss_coef", 0.001)),
             kl_loss_type=str(_get(config, "kl_loss_type", "low_var_kl")),
             loss_mode=str(_get(_get(config, "policy_loss"), "loss_mode", "vanilla")),
+            use_remove_padding=bool(_get(config, "use_remove_padding", False)),
         )
         if not settings.use_dynamic_bsz and settings.ppo_micro_batch_size_per_gpu is None:
             raise ValueError("set actor.ppo_micro_batch_size_per_gpu, or use_dynamic_bsz=True with ppo_max_token_len_per_gpu")
@@ -132,6 +134,7 @@ class DataParallelPPOActor:
             response_length=batch["responses"].shape[-1],
             temperature=temperature,
             calculate_entropy=calculate_entropy,
+            use_remove_padding=self.settings.use_remove_padding,
         )
 
     def compute_log_prob(self, data, calculate_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -143,7 +146,9 @@ class DataParallelPPOActor:
         temperature = _meta(data, "temperature")
         data = data.select(batch_keys=["responses", "input_ids", "attention_mask", "position_ids"])
         if data.meta_info.get("use_dynamic_bsz", False):
-            micro_batches, indices = split_by_token_budget(data, _meta(data, "max_token_len"))
+            # same micro-batch count on every rank: FSDP all-gathers inside each forward must pair up
+            micro_batches, indices = split_by_token_budget(data, _meta(data, "max_token_len"),
+                                                           dp_group=sync_group(self.dp_group))
         else:
             micro_batches, indices = split_fixed(data, _meta(data, "micro_batch_size")), None
 

@@ -60,6 +60,7 @@ class CriticSettings:
     grad_clip: Optional[float]
     cliprange_value: float
     loss_agg_mode: str
+    use_remove_padding: bool = False  # critic.model.use_remove_padding (or a top-level copy)
 
     @classmethod
     def from_config(cls, config: Any) -> "CriticSettings":
@@ -81,6 +82,8 @@ class CriticSettings:
             grad_clip=_get(config, "grad_clip", 1.0, keep_none=True),  # null or 0: no clipping
             cliprange_value=float(_get(config, "cliprange_value", 0.5)),
             loss_agg_mode=str(_get(config, "loss_agg_mode", "token-mean")),
+            use_remove_padding=bool(_get(config, "use_remove_padding",
+                                         _get(_get(config, "model"), "use_remove_padding", False))),
         )
         if not settings.use_dynamic_bsz and settings.ppo_micro_batch_size_per_gpu is None:
             raise ValueError("set critic.ppo_micro_batch_size_per_gpu, or use_dynamic_bsz=True with ppo_max_token_len_per_gpu")
@@ -109,6 +112,7 @@ class DataParallelPPOCritic:
             batch["attention_mask"],
             batch["position_ids"],
             response_length=batch["responses"].shape[-1],
+            use_remove_padding=self.settings.use_remove_padding,
         )  # (B, R, 1)
         return values.squeeze(-1).float()  # (B, R)
 
@@ -124,7 +128,8 @@ class DataParallelPPOCritic:
         data = data.select(batch_keys=keys)
         if data.meta_info.get("use_dynamic_bsz", s.use_dynamic_bsz):
             max_token_len = data.meta_info.get("max_token_len", s.forward_max_token_len_per_gpu)
-            micro_batches, indices = split_by_token_budget(data, max_token_len)
+            # same micro-batch count on every rank: FSDP all-gathers inside each forward must pair up
+            micro_batches, indices = split_by_token_budget(data, max_token_len, dp_group=sync_group(self.dp_group))
         else:
             micro_size = data.meta_info.get("micro_batch_size", s.forward_micro_batch_size_per_gpu)
             micro_batches, indices = split_fixed(data, micro_size), None

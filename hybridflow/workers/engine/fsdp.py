@@ -2,7 +2,20 @@
 
 Strategies: ``fsdp``/``fsdp2`` shard parameters with FSDP2 (``fully_shard``) per decoder layer and at
 the root; ``ddp`` replicates with DistributedDataParallel; with one rank the module is used as is
-(sharding over one rank is the identity and only costs time). Works with gloo on CPU and nccl on CUDA.
+(sharding over one rank is the identity and only costs time) unless a CUDA-only FSDP2 feature is
+asked for (mixed precision, CPU offload), which then runs on a one-rank mesh. Works with gloo on CPU
+and nccl on CUDA.
+
+Memory levers (veRL's keys):
+- ``enable_gradient_checkpointing``: recompute each decoder layer's activations in backward.
+- ``fsdp_config.param_offload`` / ``optimizer_offload`` / ``offload_policy`` (CUDA): FSDP2's
+  ``CPUOffloadPolicy``: parameters, gradients and optimizer state live in host memory, layers are
+  copied to the GPU for their forward/backward and the optimizer steps on the CPU. On CPU they are
+  accepted and do nothing (everything is already in host memory; config checks say so).
+- ``fsdp_config.mixed_precision`` (CUDA): FSDP2 ``MixedPrecisionPolicy``: sharded fp32 master
+  weights, compute in ``param_dtype`` ("auto": bf16 where supported), gradients reduced in
+  ``reduce_dtype`` (fp32). On CPU training stays fp32.
+- LoRA (``model.lora_rank > 0``, see ``lora.py``): only adapters train; the rollout gets merged weights.
 """
 
 from __future__ import annotations
@@ -14,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridflow.workers.engine.lora import LoraSpec, apply_lora, lora_scaling, merge_lora_weights, peft_model_of
 from hybridflow.workers.engine.optim import build_lr_scheduler, build_optimizer
 
 logger = logging.getLogger(__name__)
@@ -26,15 +40,20 @@ class EngineSpec:
     param_dtype: torch.dtype | None = None  # mixed precision: compute dtype of sharded params
     reduce_dtype: torch.dtype | None = None
     reshard_after_forward: bool = True
-    param_offload: bool = False
+    param_offload: bool = False  # FSDP2 CPUOffloadPolicy (params, grads and optimizer state on the host)
     gradient_checkpointing: bool = False
+    lora: LoraSpec | None = None
 
     @classmethod
-    def from_config(cls, strategy: str, device: str, fsdp_config, gradient_checkpointing: bool = False) -> "EngineSpec":
+    def from_config(cls, strategy: str, device: str, fsdp_config, gradient_checkpointing: bool = False,
+                    lora: LoraSpec | None = None) -> "EngineSpec":
         fsdp_config = fsdp_config or {}
         mp = fsdp_config.get("mixed_precision") or {}
         param_dtype = _dtype(mp.get("param_dtype")) if device == "cuda" else None
-        reduce_dtype = _dtype(mp.get("reduce_dtype")) if device == "cuda" else None
+        reduce_dtype = _dtype(mp.get("reduce_dtype", "fp32")) if device == "cuda" else None
+        if param_dtype is None and reduce_dtype == torch.float32:
+            reduce_dtype = None  # nothing to mix: plain fp32 training
+        offload = any(bool(fsdp_config.get(k, False)) for k in ("param_offload", "optimizer_offload", "offload_policy"))
         return cls(
             strategy=strategy,
             device=device,
@@ -42,16 +61,35 @@ class EngineSpec:
             reduce_dtype=reduce_dtype,
             reshard_after_forward=bool(fsdp_config.get("reshard_after_forward", True)),
             # offload only means something with an accelerator; config checks explain this on CPU
-            param_offload=bool(fsdp_config.get("param_offload", False)) and device == "cuda",
+            param_offload=offload and device == "cuda",
             gradient_checkpointing=gradient_checkpointing,
+            lora=lora,
         )
+
+    @property
+    def needs_fsdp(self) -> bool:
+        """CUDA features that only FSDP2 provides, so worth a one-rank mesh."""
+        return self.param_offload or self.param_dtype is not None
 
 
 def _dtype(name):
     if name in (None, "", "none"):
         return None
+    if name == "auto":  # only asked on CUDA
+        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else None
     return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
             "fp32": torch.float32, "float32": torch.float32}[str(name)]
+
+
+def _enable_activation_checkpointing(module: nn.Module) -> None:
+    """Recompute each decoder layer in backward (non-reentrant: works with frozen inputs, e.g. LoRA)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(module, "gradient_checkpointing_enable"):
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        logger.warning("enable_gradient_checkpointing=True but %s cannot checkpoint; ignored", type(module).__name__)
 
 
 def _layer_classes(module: nn.Module) -> set[type]:
@@ -65,9 +103,18 @@ class TrainEngine:
     def __init__(self, module: nn.Module, spec: EngineSpec, trainable: bool = True):
         self.spec = spec
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
-        if spec.gradient_checkpointing and trainable and hasattr(module, "gradient_checkpointing_enable"):
-            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        module.to(spec.device)
+        if spec.gradient_checkpointing and trainable:
+            _enable_activation_checkpointing(module)
+        self.lora = spec.lora if trainable else None
+        if self.lora is not None:
+            module = apply_lora(module, self.lora)  # base weights frozen; adapters trainable
+        self.sharded = spec.strategy in ("fsdp", "fsdp2") and (
+            self.world_size > 1 or (spec.needs_fsdp and dist.is_initialized()))
+        if spec.needs_fsdp and not self.sharded:
+            logger.warning("mixed precision / CPU offload need FSDP2 over torch.distributed (strategy=fsdp); "
+                           "training without them")
+        if not (self.sharded and spec.param_offload):  # with CPUOffloadPolicy FSDP2 keeps params on the host
+            module.to(spec.device)
         self.module = self._wrap(module)
         self.optimizer = None
         self.lr_scheduler = None
@@ -78,7 +125,7 @@ class TrainEngine:
     # ------------------------------------------------------------------------------------------
     def _wrap(self, module: nn.Module) -> nn.Module:
         strategy = self.spec.strategy
-        if self.world_size == 1 or strategy in ("none", "single"):
+        if strategy in ("none", "single") or (self.world_size == 1 and not self.sharded):
             return module
         if strategy in ("fsdp", "fsdp2"):
             from torch.distributed.device_mesh import init_device_mesh
@@ -119,12 +166,23 @@ class TrainEngine:
 
     # --- weights out of the training layout -----------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) weights on every rank, on CPU: what the rollout engine loads."""
-        if self.world_size > 1 and self.spec.strategy in ("fsdp", "fsdp2"):
+        """Full (unsharded) weights on every rank, under plain Hugging Face names: what the rollout
+        engine loads. With LoRA the adapters are folded in (the training model is not touched)."""
+        if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
-        return {k: v.detach() for k, v in self.unwrapped.state_dict().items()}
+            sd = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+        else:
+            sd = {k: v.detach() for k, v in self.unwrapped.state_dict().items()}
+        if self.lora is not None:
+            sd = merge_lora_weights(sd, lora_scaling(self.lora.alpha, self.lora.rank), self.lora.adapter_name)
+        return sd
+
+    def save_adapter_config(self, directory: str) -> None:
+        """Write peft's ``adapter_config.json`` (LoRA rank, alpha, targets) into ``directory``."""
+        peft_model = peft_model_of(self.module)
+        if peft_model is not None:
+            peft_model.peft_config[self.lora.adapter_name].save_pretrained(directory)
 
     def sharded_state(self) -> dict:
         """This rank's model + optimizer + scheduler state, for checkpoints (resharding-free resume)."""

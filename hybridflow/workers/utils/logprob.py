@@ -4,9 +4,10 @@ Layout (veRL's): ``input_ids`` (B, P+R) is a left-padded prompt followed by a ri
 of width R. The logits at position t predict token t+1, so the R response tokens are predicted by
 positions [-R-1:-1].
 
-Seam for a padding-free (packed) forward: ``forward_response_logits`` is the only place that calls
-the model. A ``use_remove_padding`` flag belongs there: unpad to (1, total_tokens), forward with
-the packed position_ids, and pad the logits back to (B, R, V) so everything downstream is unchanged.
+With ``use_remove_padding`` the forward runs over the packed valid tokens (1, T) instead
+(``remove_padding.py``) and the results are scattered back to the (B, R) layout, zero at response
+pads, so everything downstream is unchanged. The packed log-prob path also projects only the
+positions that predict a response token onto the vocabulary (``logits_to_keep``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Optional
 import torch
 
 from hybridflow.trainer.ppo.core_algos import entropy_from_logits, logprobs_from_logits
+from hybridflow.workers.utils.remove_padding import accepts_logits_to_keep, pack_rows, packed_forward, unpack
 
 __all__ = ["forward_response_logits", "forward_response_log_probs"]
 
@@ -26,11 +28,45 @@ def forward_response_logits(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     response_length: int,
+    use_remove_padding: bool = False,
 ) -> torch.Tensor:
-    """One forward over the padded batch; (B, R, V) outputs at the positions that predict the
-    response tokens (for a value head V = 1: the value of the state before each response token)."""
+    """One forward over the batch; (B, R, V) outputs at the positions that predict the response
+    tokens (for a value head V = 1: the value of the state before each response token). Packed:
+    zero where the response is padding."""
+    if use_remove_padding:
+        packed = pack_rows(input_ids, attention_mask, position_ids)
+        out = unpack(packed_forward(module, packed).logits[0], packed)  # (T, V) -> (B, S, V)
+        response_mask = attention_mask[:, -response_length:].unsqueeze(-1).to(out.dtype)  # (B, R, 1)
+        return out[:, -response_length - 1 : -1, :] * response_mask  # (B, R, V)
     output = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return output.logits[:, -response_length - 1 : -1, :]  # (B, R, V)
+
+
+def _packed_response_log_probs(module, input_ids, attention_mask, position_ids, response_length, temperature,
+                               calculate_entropy):
+    """Packed forward; only the positions whose next token is a valid response token are scored."""
+    batch_size, seqlen = attention_mask.shape
+    packed = pack_rows(input_ids, attention_mask, position_ids)
+    # flat position s predicts token s + 1; keep s when token s + 1 is a valid response token
+    predicts_response = torch.zeros_like(attention_mask)  # (B, S)
+    predicts_response[:, seqlen - response_length - 1 : seqlen - 1] = attention_mask[:, -response_length:]
+    keep = predicts_response.reshape(-1)[packed.indices].nonzero(as_tuple=False).squeeze(-1)  # (N,) packed positions
+    flat_positions = packed.indices[keep]  # (N,) in the (B * S) layout
+    targets = input_ids.reshape(-1)[flat_positions + 1]  # (N,) never crosses a row: s <= S - 2
+
+    if accepts_logits_to_keep(module):
+        logits = packed_forward(module, packed, logits_to_keep=keep).logits[0]  # (N, V)
+    else:
+        logits = packed_forward(module, packed).logits[0, keep]  # (N, V)
+    logits = logits / temperature
+
+    def scatter(values):  # (N,) -> (B, R), zero at response pads
+        out = values.new_zeros(batch_size * seqlen).index_copy(0, flat_positions, values)
+        return out.reshape(batch_size, seqlen)[:, -response_length - 1 : -1]
+
+    log_probs = scatter(logprobs_from_logits(logits, targets))
+    entropy = scatter(entropy_from_logits(logits)) if calculate_entropy else None
+    return log_probs, entropy
 
 
 def forward_response_log_probs(
@@ -41,9 +77,13 @@ def forward_response_log_probs(
     response_length: int,
     temperature: float = 1.0,
     calculate_entropy: bool = False,
+    use_remove_padding: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(log_probs (B, R), entropy (B, R) or None) of the response tokens ``input_ids[:, -R:]``
     under the policy at ``temperature`` (logits divided by it, as the sampler did)."""
+    if use_remove_padding:
+        return _packed_response_log_probs(module, input_ids, attention_mask, position_ids, response_length,
+                                          temperature, calculate_entropy)
     logits = forward_response_logits(module, input_ids, attention_mask, position_ids, response_length)
     logits = logits / temperature  # (B, R, V)
     responses = input_ids[:, -response_length:]  # (B, R)

@@ -1,0 +1,128 @@
+"""``python -m hybridflow.main_generation key=val ...``: sample ``data.n_samples`` responses for every
+prompt of a parquet file and write them next to the input columns (configs/generation.yaml, veRL's keys).
+
+    python -m hybridflow.main_generation model.path=DIR data.path=test.parquet data.n_samples=4 \
+        data.output_path=gen.parquet rollout.temperature=1.0 rollout.response_length=256 \
+        trainer.n_gpus_per_node=2          # or trainer.backend=inprocess (no Ray)
+
+The policy runs in ActorRolloutRefWorker processes with role ``rollout`` behind a WorkerGroup, so
+generation uses exactly the engine (hf or vllm) and sampling settings of RL training. The output
+parquet holds every input column plus ``responses``: a list of n_samples strings per row, which
+``python -m hybridflow.main_eval`` scores.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from omegaconf import OmegaConf
+
+from hybridflow.data.rl_dataset import RLHFDataset, collate_fn, read_parquet_rows
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base import ClassWithInitArgs
+from hybridflow.trainer.config_checks import resolve_device
+from hybridflow.utils.config import parse_cli
+from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker
+from hybridflow.workers.model_loading import load_tokenizer, local_model_path
+
+
+def worker_config(config) -> dict:
+    """The ``actor_rollout_ref``-shaped section the worker reads (model + rollout; one response per row)."""
+    tree = OmegaConf.to_container(config, resolve=True)
+    rollout = dict(tree["rollout"])
+    rollout["n"] = 1  # the driver repeats prompts n_samples times; the engine answers each row once
+    return {"model": tree["model"], "rollout": rollout, "actor": tree.get("actor") or {}}
+
+
+def build_rollout_group(config):
+    """(worker group, shutdown callable) for the rollout role on the configured backend."""
+    t = config.trainer
+    world = int(t.nnodes) * int(t.n_gpus_per_node)
+    device = resolve_device(t.get("device", "auto"))
+    cls_args = dict(config=worker_config(config), role="rollout")
+    backend = t.get("backend", "ray")
+    if backend == "inprocess":
+        from hybridflow.single_controller.inprocess import InProcessWorkerGroup
+
+        if world != 1:
+            raise ValueError(f"trainer.backend=inprocess runs one worker; nnodes × n_gpus_per_node = {world}")
+        os.environ["HYBRIDFLOW_DEVICE"] = device
+        return InProcessWorkerGroup(ClassWithInitArgs(ActorRolloutRefWorker, **cls_args)), lambda: None
+    if backend != "ray":
+        raise ValueError(f"trainer.backend must be 'ray' or 'inprocess', got {backend!r}")
+    import ray
+
+    from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from hybridflow.single_controller.ray.init import init_ray
+
+    started = init_ray(config.ray_init, runtime_env={"env_vars": {"HYBRIDFLOW_DEVICE": device}})
+    pool = RayResourcePool(process_on_nodes=[int(t.n_gpus_per_node)] * int(t.nnodes), use_gpu=device == "cuda")
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(ray.remote(ActorRolloutRefWorker), **cls_args))
+
+    def shutdown():
+        group.shutdown()
+        if started:
+            ray.shutdown()
+
+    return group, shutdown
+
+
+def generate_responses(group, dataset: RLHFDataset, tokenizer, n_samples: int, batch_size: int) -> list[list[str]]:
+    """n_samples decoded responses per dataset row, in row order."""
+    out: list[list[str]] = []
+    for start in range(0, len(dataset), batch_size):
+        items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        batch = DataProto.from_single_dict(collate_fn(items))
+        gen = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
+        gen = gen.repeat(repeat_times=n_samples, interleave=True)  # rows i*n .. i*n+n-1 answer prompt i
+        gen.meta_info = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+        result = group.generate_sequences(gen)
+        texts = tokenizer.batch_decode(result.batch["responses"], skip_special_tokens=True)
+        out += [texts[i * n_samples:(i + 1) * n_samples] for i in range(len(items))]
+        print(f"generated {len(out)}/{len(dataset)} prompts × {n_samples}", flush=True)
+    return out
+
+
+def run_generation(config) -> str:
+    """Generate for every row of data.path; write data.output_path; return its path."""
+    d = config.data
+    n_samples, batch_size = int(d.n_samples), int(d.batch_size)
+    if n_samples < 1 or batch_size < 1:
+        raise ValueError(f"data.n_samples and data.batch_size must be >= 1, got {n_samples}, {batch_size}")
+    if config.rollout.get("do_sample", True) is False and n_samples > 1:
+        print(f"[config] rollout.do_sample=False with data.n_samples={n_samples}: the responses will be identical")
+    model_path = local_model_path(config.model.path, "model.path")
+    tokenizer = load_tokenizer(model_path, bool(config.model.trust_remote_code))
+    rows = read_parquet_rows(os.path.expanduser(d.path), required_column=d.prompt_key)
+    dataset = RLHFDataset(os.path.expanduser(d.path), tokenizer,
+                          {"prompt_key": d.prompt_key, "max_prompt_length": int(config.rollout.prompt_length),
+                           "filter_overlong_prompts": False, "truncation": "left"})  # one output row per input row
+
+    group, shutdown = build_rollout_group(config)
+    try:
+        group.init_model()
+        responses = generate_responses(group, dataset, tokenizer, n_samples, batch_size)
+    finally:
+        shutdown()
+
+    for row, resp in zip(rows, responses):
+        row["responses"] = resp
+    output = os.path.expanduser(d.output_path)
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), output)
+    lengths = [len(r) for resp in responses for r in resp]
+    print(f"wrote {len(rows)} rows × {n_samples} responses (mean {np.mean(lengths):.1f} characters) to {output}")
+    return output
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    return run_generation(parse_cli("generation", sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""LoRA adapters (peft) for the training engine: ``model.lora_rank`` / ``lora_alpha`` / ``target_modules``.
+
+Only the adapters train (the optimizer sees only ``requires_grad`` parameters). Three uses of the
+same weights, with no second copy of the base model:
+
+- policy: the peft model as is (base + adapters);
+- reference policy: the same module under ``adapters_disabled`` (the base model's log-probs);
+- rollout engine: ``merge_lora_weights`` folds W + scale * B @ A into a plain Hugging Face state dict
+  (built from a state dict, so the training model is never modified).
+
+Checkpoints keep peft's parameter names; ``adapter_config.json`` is written next to the config so
+that the model merger can fold the adapters in too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["LoraSpec", "apply_lora", "adapters_disabled", "merge_lora_weights", "lora_scaling", "peft_model_of",
+           "ADAPTER_CONFIG"]
+
+ADAPTER_CONFIG = "adapter_config.json"
+_PEFT_PREFIX = "base_model.model."
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    rank: int
+    alpha: float = 16.0
+    target_modules: Any = "all-linear"  # "all-linear" or a list of module names
+    adapter_name: str = "default"
+
+    @classmethod
+    def from_model_config(cls, model_cfg) -> "LoraSpec | None":
+        """None unless ``lora_rank > 0``."""
+        rank = int((model_cfg or {}).get("lora_rank", 0) or 0)
+        if rank <= 0:
+            return None
+        target = model_cfg.get("target_modules", "all-linear") or "all-linear"
+        if not isinstance(target, str):
+            target = [str(t) for t in target]
+        return cls(rank=rank, alpha=float(model_cfg.get("lora_alpha", 16) or 16), target_modules=target)
+
+
+def apply_lora(module: nn.Module, spec: LoraSpec) -> nn.Module:
+    """Wrap a Hugging Face causal LM with fresh LoRA adapters (B = 0: the wrapped model starts equal
+    to the base model); every base parameter is frozen."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as err:  # pragma: no cover - peft is a declared dependency of the lora extra
+        raise ImportError("model.lora_rank > 0 needs peft: pip install 'hybridflow[lora]'") from err
+
+    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=spec.target_modules, bias="none",
+                        task_type="CAUSAL_LM")
+    return get_peft_model(module, config, adapter_name=spec.adapter_name)
+
+
+def peft_model_of(module: nn.Module):
+    """The PeftModel under a DDP wrapper (FSDP2 wraps in place), or None when there is none."""
+    if isinstance(module, nn.parallel.DistributedDataParallel):
+        module = module.module
+    return module if hasattr(module, "disable_adapter") and hasattr(module, "peft_config") else None
+
+
+@contextlib.contextmanager
+def adapters_disabled(module: nn.Module):
+    """Run ``module`` as its base model (the reference policy of a LoRA actor)."""
+    peft_model = peft_model_of(module)
+    if peft_model is None:
+        raise ValueError("adapters_disabled needs a peft (LoRA) model")
+    with peft_model.disable_adapter():
+        yield
+
+
+def lora_scaling(alpha: float, rank: int, use_rslora: bool = False) -> float:
+    """peft's scale of B @ A: alpha / r (alpha / sqrt(r) with rank-stabilised LoRA)."""
+    return alpha / math.sqrt(rank) if use_rslora else alpha / rank
+
+
+def merge_lora_weights(state_dict: dict[str, torch.Tensor], scaling: float, adapter_name: str = "default",
+                       ) -> dict[str, torch.Tensor]:
+    """peft-named full weights -> plain Hugging Face names with each adapter folded into its base layer.
+
+    ``...q_proj.base_layer.weight`` + ``scaling * lora_B @ lora_A`` -> ``...q_proj.weight``. Pure: the
+    inputs are not modified. Only linear LoRA layers (lora_A/lora_B) are supported.
+    """
+    a_suffix, b_suffix = f"lora_A.{adapter_name}.weight", f"lora_B.{adapter_name}.weight"
+    out: dict[str, torch.Tensor] = {}
+    deltas: dict[str, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        if "lora_embedding_" in key or "lora_magnitude_vector" in key:
+            raise ValueError(f"cannot merge {key!r}: only linear LoRA layers are supported")
+        if key.endswith(a_suffix):
+            prefix = key[: -len(a_suffix)]
+            lora_b = state_dict[prefix + b_suffix]
+            deltas[prefix + "base_layer.weight"] = (lora_b.float() @ value.float()) * scaling  # (out, in)
+        elif ".lora_" in key:
+            continue  # lora_B (used above), dropout-free extras
+        else:
+            out[key] = value
+    merged = {}
+    for key, value in out.items():
+        if key in deltas:
+            value = (value.float() + deltas.pop(key)).to(value.dtype)
+        merged[_hf_name(key)] = value
+    if deltas:
+        raise ValueError(f"LoRA adapters without a base weight: {sorted(deltas)[:3]}")
+    return merged
+
+
+def _hf_name(key: str) -> str:
+    if key.startswith(_PEFT_PREFIX):
+        key = key[len(_PEFT_PREFIX):]
+    return key.replace(".base_layer.", ".")
+
+
+def trainable_names(module: nn.Module) -> Sequence[str]:
+    return [n for n, p in module.named_parameters() if p.requires_grad]

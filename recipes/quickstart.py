@@ -1,0 +1,339 @@
+"""Quickstart: does RL improve a model with hybridflow? One command, a CPU, ~15 minutes.
+
+    python recipes/quickstart.py [--algo grpo|ppo] [--seed 0] [--workdir quickstart_out] [--quick]
+
+(``recipes/quickstart.sh`` sets up the environment and calls this.) Phases, each timed:
+
+1. data   the built-in tiny Qwen2 (~0.6M parameters, character tokenizer) and the GSM8K-format
+          2-digit arithmetic task (``hybridflow.data.tiny_task``), seeded. The test split is cut in
+          two: 100 "dev" prompts pick the SFT checkpoint, 200 held-out prompts measure before/after.
+2. sft    ``python -m hybridflow.main_sft`` warms the random model up. SFT accuracy stays near 0 for a
+          few hundred steps and then jumps within ~50 steps, so the checkpoint is chosen by greedy dev
+          accuracy (the first one in the 20–45% band), not by step count: RL needs room to improve.
+3. eval   greedy accuracy of that checkpoint on the 200 held-out prompts (gsm8k scorer, "#### N").
+4. rl     ``python -m hybridflow.main_ppo`` (GRPO: 16 prompts × 8 samples, lr 1e-4, no KL,
+          temperature 1; or PPO: gae + a critic), validating every few steps, metrics to jsonl.
+5. eval   the final checkpoint exported with ``hybridflow.model_merger`` and evaluated like 3.
+
+Writes ``<workdir>/quickstart_result.json`` (accuracy_before, accuracy_after, steps, wall_seconds,
+phase_seconds, ...) and ``<workdir>/quickstart_curves.png`` (training reward and validation accuracy
+per step; matplotlib when installed, else a small built-in PNG writer: see quickstart_plot.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+# sizes of the full recipe and of --quick (a smoke test: no accuracy target)
+FULL = dict(train_size=2048, dev_size=100, test_size=200, sft_max_steps=1200, sft_save_freq=25, rl_steps=150,
+            test_freq=10, batch=16, n=8, response_length=24)
+QUICK = dict(train_size=64, dev_size=8, test_size=8, sft_max_steps=4, sft_save_freq=2, rl_steps=2,
+             test_freq=1, batch=4, n=2, response_length=8)
+BAND = (0.20, 0.45)  # SFT accuracy that leaves room to improve
+
+
+def log(msg: str) -> None:
+    print(f"[quickstart {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def child_env(threads: int, **extra) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def run_module(module: str, args: list[str], env: dict, logfile: str) -> None:
+    """Run ``python -m module args`` to completion; its output goes to ``logfile`` (tail shown on failure)."""
+    with open(logfile, "w") as out:
+        code = subprocess.call([sys.executable, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    if code != 0:
+        with open(logfile) as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"python -m {module} failed with exit code {code}; last output ({logfile}):\n{tail}")
+
+
+# --------------------------------------------------------------------------------------------- data
+
+
+def make_data(work: str, seed: int, sizes: dict) -> dict:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hybridflow.data.tiny_task import write_tiny_task
+    from hybridflow.utils.tiny_model import save_tiny_model
+
+    data_dir = os.path.join(work, "data")
+    paths = write_tiny_task(data_dir, seed=seed, train_size=sizes["train_size"],
+                            test_size=sizes["dev_size"] + sizes["test_size"])
+    rows = pq.read_table(paths["test"])
+    paths["dev"] = os.path.join(data_dir, "dev.parquet")
+    paths["heldout"] = os.path.join(data_dir, "heldout.parquet")
+    pq.write_table(rows.slice(0, sizes["dev_size"]), paths["dev"])
+    pq.write_table(rows.slice(sizes["dev_size"]), paths["heldout"])
+    paths["model"] = save_tiny_model(os.path.join(work, "tiny_model"), seed=seed)
+    return paths
+
+
+# --------------------------------------------------------------------------------------------- SFT
+
+
+def _saved_steps(sft_dir: str) -> list[int]:
+    """Steps whose HF directory is complete (latest_checkpointed_iteration.txt is written after it)."""
+    latest = os.path.join(sft_dir, "latest_checkpointed_iteration.txt")
+    if not os.path.isfile(latest):
+        return []
+    with open(latest) as f:
+        text = f.read().strip()
+    last = int(text) if text.isdigit() else -1
+    steps = [int(p.rsplit("_", 1)[-1]) for p in glob.glob(os.path.join(sft_dir, "global_step_*"))]
+    return sorted(s for s in steps if s <= last)
+
+
+def choose_checkpoint(history: dict[int, float], band=BAND) -> int:
+    """The first step in the band; else the step closest to the band's middle."""
+    for step in sorted(history):
+        if band[0] <= history[step] <= band[1]:
+            return step
+    middle = sum(band) / 2
+    return min(sorted(history), key=lambda s: abs(history[s] - middle))
+
+
+def sft_warmup(work: str, paths: dict, sizes: dict, args) -> tuple[str, dict[int, float]]:
+    """Run main_sft in the background, evaluate its checkpoints as they appear, stop in the band."""
+    from hybridflow.trainer.eval_utils import greedy_accuracy
+
+    sft_dir = os.path.join(work, "sft")
+    cmd = [sys.executable, "-m", "hybridflow.main_sft",
+           f"model.partial_pretrain={paths['model']}", f"data.train_files={paths['sft_train']}",
+           f"data.val_files={paths['sft_test']}", "data.prompt_key=question", "data.response_key=answer",
+           "data.prompt_dict_keys=[]", "data.response_dict_keys=[]", "data.max_length=128",
+           f"data.train_batch_size={min(64, sizes['train_size'])}", f"data.micro_batch_size_per_gpu={min(64, sizes['train_size'])}",
+           f"optim.lr={args.sft_lr}", "optim.lr_scheduler=constant", "optim.warmup_steps_ratio=0.02",
+           f"trainer.total_training_steps={sizes['sft_max_steps']}", f"trainer.save_freq={sizes['sft_save_freq']}",
+           "trainer.test_freq=-1", "trainer.logger=[file]", f"trainer.default_local_dir={sft_dir}",
+           f"trainer.seed={args.seed}", "model.strategy=none", "trainer.device=cpu"]
+    logfile = os.path.join(work, "sft.log")
+    out = open(logfile, "w")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(args.threads), cwd=REPO)
+    history: dict[int, float] = {}
+
+    def evaluate(step: int) -> float:
+        acc = greedy_accuracy(os.path.join(sft_dir, f"global_step_{step}"), paths["dev"],
+                              response_length=sizes["response_length"], max_prompt_length=128)
+        history[step] = acc
+        log(f"SFT step {step}: dev accuracy {acc:.1%}")
+        return acc
+
+    try:
+        while True:
+            finished = proc.poll() is not None
+            pending = [s for s in _saved_steps(sft_dir) if s not in history]
+            if pending:
+                acc = evaluate(pending[-1])  # the newest: skipped ones are revisited on overshoot
+                if acc >= BAND[0] or args.quick:
+                    break
+            elif finished:
+                break
+            else:
+                time.sleep(1.0)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
+        out.close()
+    if proc.returncode not in (0, None, -15) and not history:
+        with open(logfile) as f:
+            raise RuntimeError(f"SFT failed ({logfile}):\n{f.read()[-3000:]}")
+    if history and max(history.values()) > BAND[1]:  # jumped over the band: look at skipped checkpoints
+        top = max(history, key=history.get)
+        below = max([s for s in history if s < top], default=0)
+        for step in [s for s in _saved_steps(sft_dir) if below < s < top and s not in history]:
+            if BAND[0] <= evaluate(step) <= BAND[1]:
+                break
+    if not history:
+        raise RuntimeError(f"SFT wrote no checkpoint (see {logfile})")
+    step = choose_checkpoint(history)
+    log(f"chose SFT checkpoint global_step_{step} (dev accuracy {history[step]:.1%})")
+    return os.path.join(sft_dir, f"global_step_{step}"), history
+
+
+# --------------------------------------------------------------------------------------------- RL
+
+
+def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args) -> list[str]:
+    """veRL-style overrides for main_ppo (the calibration's sizes: 16 prompts × 8 samples, lr 1e-4, no KL)."""
+    steps = args.rl_steps or sizes["rl_steps"]
+    common = [
+        f"data.train_files={paths['train']}", f"data.val_files={paths['heldout']}",
+        f"data.train_batch_size={sizes['batch']}", "data.max_prompt_length=112",
+        f"data.max_response_length={sizes['response_length']}", f"data.seed={args.seed}",
+        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        f"actor_rollout_ref.actor.optim.lr={args.lr}", f"actor_rollout_ref.actor.ppo_mini_batch_size={sizes['batch']}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
+        "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.strategy=fsdp",
+        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.temperature=1.0",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
+        "algorithm.use_kl_in_reward=False",
+        f"trainer.total_training_steps={steps}", f"trainer.test_freq={sizes['test_freq']}",
+        f"trainer.save_freq={steps}", "trainer.val_before_train=True", "trainer.logger=['console','file']",
+        "trainer.log_val_generations=2", f"trainer.default_local_dir={run_dir}", "trainer.resume_mode=disable",
+        f"trainer.backend={args.backend}", "trainer.n_gpus_per_node=1", "trainer.device=cpu",
+        "trainer.project_name=quickstart", f"trainer.experiment_name={algo}_seed{args.seed}",
+    ]
+    if algo == "grpo":
+        return ["algorithm.adv_estimator=grpo", f"actor_rollout_ref.rollout.n={sizes['n']}", *common]
+    # PPO: one sample per prompt would give 16 samples per step; keep the sample budget of GRPO by
+    # taking batch × n prompts with n=1, and learn a value function from the SFT model's weights
+    return [
+        "algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=0.95", "actor_rollout_ref.rollout.n=1",
+        f"critic.model.path={model}", "critic.model.enable_gradient_checkpointing=False",
+        f"critic.optim.lr={args.critic_lr}", f"critic.ppo_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
+        f"trainer.critic_warmup={args.critic_warmup}",
+        *[a for a in common if not a.startswith(("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"))],
+        f"data.train_batch_size={sizes['batch'] * sizes['n']}", f"actor_rollout_ref.actor.ppo_mini_batch_size={sizes['batch'] * sizes['n']}",
+    ]
+
+
+def read_metrics(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def curves(rows: list[dict]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """(training reward per step, validation accuracy per step) from the trainer's jsonl metrics."""
+    reward = [(r["step"], float(r["critic/score/mean"])) for r in rows if "critic/score/mean" in r]
+    val = []
+    for r in rows:
+        keys = [k for k in r if k.startswith("val-core/") and "/reward/mean@" in k]
+        if keys:
+            val.append((r["step"], float(r[keys[0]])))
+    return reward, val
+
+
+def export_final(run_dir: str, work: str, args) -> str:
+    from hybridflow.trainer.checkpoint import complete_steps
+
+    steps = complete_steps(run_dir)
+    if not steps:
+        raise RuntimeError(f"the RL run saved no checkpoint in {run_dir}")
+    target = os.path.join(work, f"{args.algo}_final_hf")
+    run_module("hybridflow.model_merger", ["merge", "--backend", "fsdp", "--local_dir",
+                                           os.path.join(run_dir, f"global_step_{max(steps)}", "actor"), "--target_dir", target],
+               child_env(args.threads), os.path.join(work, "merge.log"))
+    return target
+
+
+# --------------------------------------------------------------------------------------------- main
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
+    p.add_argument("--seed", type=int, default=0, help="seeds the model init, the data, SFT and the RL data order")
+    p.add_argument("--data_seed", type=int, default=None, help="seed of the task data (default: --seed); keep it "
+                   "equal to the SFT run's when reusing a checkpoint with --sft_model, so held-out stays held out")
+    p.add_argument("--workdir", default="quickstart_out")
+    p.add_argument("--quick", action="store_true", help="tiny sizes and 2 RL steps: checks the plumbing only")
+    p.add_argument("--rl_steps", type=int, default=None, help="RL steps (default 150; 2 with --quick)")
+    p.add_argument("--lr", type=float, default=1e-4, help="actor learning rate")
+    p.add_argument("--critic_lr", type=float, default=5e-4)
+    p.add_argument("--critic_warmup", type=int, default=2)
+    p.add_argument("--sft_lr", type=float, default=1e-3)
+    p.add_argument("--backend", choices=("ray", "inprocess"), default="ray")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process (1 is fastest on a busy 2-core box)")
+    p.add_argument("--sft_model", default=None, help="skip SFT: start RL from this Hugging Face directory")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    sizes = QUICK if args.quick else FULL
+    work = os.path.abspath(args.workdir)
+    os.makedirs(work, exist_ok=True)
+    os.environ.update({k: v for k, v in child_env(args.threads).items() if k != "PYTHONPATH"})
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from hybridflow.trainer.eval_utils import greedy_accuracy
+    from quickstart_plot import write_curves_png
+
+    start, phases = time.perf_counter(), {}
+
+    def phase(name, t0):
+        phases[name] = round(time.perf_counter() - t0, 1)
+        log(f"{name}: {phases[name]:.0f} s")
+
+    t0 = time.perf_counter()
+    paths = make_data(work, args.seed if args.data_seed is None else args.data_seed, sizes)
+    phase("data", t0)
+
+    t0 = time.perf_counter()
+    history = {}
+    if args.sft_model:
+        sft_model = os.path.abspath(args.sft_model)
+    else:
+        sft_model, history = sft_warmup(work, paths, sizes, args)
+    phase("sft", t0)
+
+    t0 = time.perf_counter()
+    before = greedy_accuracy(sft_model, paths["heldout"], response_length=sizes["response_length"], max_prompt_length=128)
+    phase("eval_before", t0)
+    log(f"held-out greedy accuracy before {args.algo.upper()}: {before:.1%}")
+
+    t0 = time.perf_counter()
+    run_dir = os.path.join(work, f"{args.algo}_run")
+    metrics_path = os.path.join(work, f"{args.algo}_metrics.jsonl")
+    for stale in (metrics_path,):
+        if os.path.exists(stale):
+            os.remove(stale)
+    run_module("hybridflow.main_ppo", rl_args(args.algo, sft_model, paths, sizes, run_dir, args),
+               child_env(args.threads, HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path), os.path.join(work, f"{args.algo}.log"))
+    phase("rl", t0)
+
+    t0 = time.perf_counter()
+    final_model = export_final(run_dir, work, args)
+    after, samples = greedy_accuracy(final_model, paths["heldout"], response_length=sizes["response_length"],
+                                     max_prompt_length=128, return_samples=3)
+    phase("eval_after", t0)
+
+    rows = read_metrics(metrics_path)
+    reward, val = curves(rows)
+    png = os.path.join(work, "quickstart_curves.png")
+    png_backend = write_curves_png(png, reward, val, title=f"{args.algo.upper()} on the tiny arithmetic task")
+    result = {
+        "algo": args.algo, "seed": args.seed, "data_seed": args.seed if args.data_seed is None else args.data_seed,
+        "quick": args.quick, "backend": args.backend, "rl_overrides": rl_args(args.algo, sft_model, paths, sizes, run_dir, args),
+        "accuracy_before": before, "accuracy_after": after, "improvement": after - before,
+        "steps": max((r["step"] for r in rows), default=0),
+        "wall_seconds": round(time.perf_counter() - start, 1), "phase_seconds": phases,
+        "setup_seconds": (float(os.environ["QUICKSTART_SETUP_SECONDS"]) if os.environ.get("QUICKSTART_SETUP_SECONDS") else None),  # venv/install, by quickstart.sh
+        "sft_checkpoint": sft_model, "sft_dev_accuracy": {str(k): v for k, v in sorted(history.items())},
+        "heldout_prompts": sizes["test_size"], "train_reward": reward, "val_accuracy": val,
+        "final_model": final_model, "metrics_jsonl": metrics_path, "png": png, "png_backend": png_backend,
+        "samples_after": samples,
+    }
+    with open(os.path.join(work, "quickstart_result.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    log(f"accuracy before {before:.1%} -> after {after:.1%} ({(after - before) * 100:+.1f} points) "
+        f"in {result['steps']} {args.algo.upper()} steps; total {result['wall_seconds']:.0f} s; "
+        f"wrote {os.path.join(work, 'quickstart_result.json')} and {png}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

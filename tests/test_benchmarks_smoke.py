@@ -1,0 +1,60 @@
+"""Smoke runs of the benchmarks with ``--quick`` (tiny workloads): each script runs to the end and
+prints its table and its verdict against the goal. Timings are never asserted.
+
+Each script runs in a subprocess (the in-process backend initialises torch.distributed in its process).
+Slow: ~30 s per script for the in-process rows, plus ~40 s per Ray start on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow
+
+
+def _run(script: str, *args: str, timeout: float = 300) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "benchmarks", script), "--quick", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _verdicts(out: str) -> list[str]:
+    return re.findall(r"-> (meets|MISSES) the goal", out)
+
+
+def test_step_breakdown_inprocess():
+    out = _run("step_breakdown.py", "--backends", "inprocess")
+    # every GRPO phase is in the table, and the overhead line has a percentage
+    for phase in ("gen", "reward", "old_log_prob", "adv", "update_actor", "step"):
+        assert re.search(rf"^{phase}\s+\d", out, re.M), phase
+    assert re.search(r"inprocess \(1 worker\): overhead -?\d+\.\d+% of the step", out)
+    assert len(_verdicts(out)) == 1
+
+
+def test_rollout_throughput_inprocess():
+    out = _run("rollout_throughput.py", "--backends", "inprocess")
+    # 8 prompts x 8 tokens with ignore_eos: every row generated exactly 64 tokens
+    for row in ("direct (1 thread)", "inprocess (1 thread)"):
+        assert re.search(rf"^{re.escape(row)}\s+64\s", out, re.M), out
+    assert len(_verdicts(out)) == 1
+
+
+def test_bare_grpo_step_inprocess():
+    out = _run("bare_grpo_step.py", "--backends", "inprocess")
+    assert re.search(r"^bare loop \(1 process\).*\s1\.000$", out, re.M), out  # the baseline's ratio to itself
+    assert re.search(r"^hybridflow inprocess\s", out, re.M)
+    assert len(_verdicts(out)) == 1
+
+
+def test_step_breakdown_ray_one_worker():
+    out = _run("step_breakdown.py", "--backends", "ray1", timeout=600)
+    assert re.search(r"ray \(1 worker\): overhead -?\d+\.\d+% of the step", out)

@@ -1,0 +1,165 @@
+"""trainer.logger backends: jsonl file, lazy tensorboard/wandb (wandb offline without a key),
+log_val_generations and the progress bar."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from hybridflow.utils.tracking import Tracking
+
+
+def test_file_logger_writes_one_json_line_per_step(tmp_path, monkeypatch):
+    path = tmp_path / "sub" / "metrics.jsonl"
+    monkeypatch.setenv("HYBRIDFLOW_FILE_LOGGER_PATH", str(path))
+    tracker = Tracking("proj", "exp", ["file"], log_dir=str(tmp_path / "unused"))
+    for step in (1, 2, 3):
+        tracker.log({"critic/score/mean": step / 10, "val/acc": float("nan") if step == 2 else 0.5}, step=step)
+    tracker.finish()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3
+    rows = [json.loads(line) for line in lines]  # strict JSON: NaN is written as a string, not a bare NaN
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["critic/score/mean"] for r in rows] == [0.1, 0.2, 0.3]
+    assert rows[1]["val/acc"] == "nan" and rows[2]["val/acc"] == 0.5
+    assert not (tmp_path / "unused").exists()  # the env path wins over log_dir
+
+
+def test_file_logger_default_path_is_log_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("HYBRIDFLOW_FILE_LOGGER_PATH", raising=False)
+    tracker = Tracking("proj", "exp", "file", log_dir=str(tmp_path))
+    tracker.log({"a": 1.0}, step=7)
+    tracker.finish()
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 7, "a": 1.0}
+
+
+def test_console_logger_prints_sorted_metrics(capsys):
+    Tracking("p", "e", ["console"]).log({"b": 0.123456, "a": 2}, step=4)
+    assert capsys.readouterr().out.strip() == "step:4 - a:2 - b:0.1235"
+
+
+def test_unknown_backend_names_the_supported_ones():
+    with pytest.raises(ValueError, match="tensorboard"):
+        Tracking("p", "e", ["console", "mlflowz"])
+
+
+def test_importing_tracking_imports_no_optional_backend():
+    # a fresh interpreter: neither wandb nor tensorboard may be imported by the module or by console/file
+    code = ("import sys, os, tempfile; import hybridflow.utils.tracking as t; "
+            "d = tempfile.mkdtemp(); t.Tracking('p', 'e', ['console', 'file'], log_dir=d).log({'x': 1.0}, 1); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'tensorboard', 'tensorboardX') "
+            "or m.startswith('torch.utils.tensorboard')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+class _FakeRun:
+    def __init__(self, **kwargs):
+        self.init_kwargs, self.logged, self.finished = kwargs, [], False
+
+    def log(self, data, step=None):
+        self.logged.append((dict(data), step))
+
+    def finish(self):
+        self.finished = True
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    module = types.ModuleType("wandb")
+    module.runs = []
+
+    def init(**kwargs):
+        run = _FakeRun(**kwargs)
+        module.runs.append(run)
+        return run
+
+    module.init = init
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    return module
+
+
+def test_wandb_is_offline_without_api_key(fake_wandb, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    tracker = Tracking("proj", "exp", ["wandb"], config={"lr": 1e-4})
+    tracker.log({"critic/score/mean": 0.5}, step=3)
+    tracker.finish()
+    (run,) = fake_wandb.runs
+    assert run.init_kwargs == {"project": "proj", "name": "exp", "config": {"lr": 1e-4}, "mode": "offline"}
+    assert run.logged == [({"critic/score/mean": 0.5}, 3)] and run.finished
+
+
+def test_wandb_goes_online_with_api_key(fake_wandb, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    Tracking("proj", "exp", ["wandb"])
+    assert fake_wandb.runs[0].init_kwargs["mode"] == "online"
+
+
+def test_tensorboard_writes_every_scalar(monkeypatch, tmp_path):
+    written = []
+
+    class SummaryWriter:
+        def __init__(self, log_dir):
+            self.log_dir, self.closed = log_dir, False
+            written.append(("init", log_dir))
+
+        def add_scalar(self, key, value, step):
+            written.append((key, value, step))
+
+        def close(self):
+            written.append(("close",))
+
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = SummaryWriter
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    tracker = Tracking("p", "e", ["tensorboard", "console"])
+    tracker.log({"a": 1.0, "b": 2.0}, step=5)
+    tracker.finish()
+    assert written == [("init", str(tmp_path / "tb")), ("a", 1.0, 5), ("b", 2.0, 5), ("close",)]
+
+
+# ------------------------------------------------------------------------------ trainer-side output
+
+
+def _trainer_with(log_val_generations: int, tokenizer):
+    from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    trainer = object.__new__(RayPPOTrainer)  # only the config and tokenizer are needed here
+    trainer.config = OmegaConf.create({"trainer": {"log_val_generations": log_val_generations}})
+    trainer.tokenizer = tokenizer
+    return trainer
+
+
+def test_log_val_generations_prints_k_samples(tiny_tokenizer, capsys):
+    from hybridflow.protocol import DataProto
+
+    texts = ["12+3=15\n#### 15", "#### 7", "#### 9"]
+    ids = [tiny_tokenizer(t, add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id] for t in texts]
+    width = max(map(len, ids))
+    responses = torch.tensor([row + [tiny_tokenizer.pad_token_id] * (width - len(row)) for row in ids])
+    batch = DataProto.from_dict(tensors={"responses": responses},
+                                non_tensors={"data_source": np.array(["openai/gsm8k"] * 3, dtype=object)})
+    _trainer_with(2, tiny_tokenizer)._log_val_generations(batch, [1.0, 0.0, 1.0])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[val sample]")]
+    assert lines == [f"[val sample] score=1.000 response={texts[0]!r}", f"[val sample] score=0.000 response={texts[1]!r}"]
+    _trainer_with(0, tiny_tokenizer)._log_val_generations(batch, [1.0, 0.0, 1.0])
+    assert "[val sample]" not in capsys.readouterr().out
+
+
+def test_progress_bar_shows_latest_score(capsys):
+    from hybridflow.trainer.ppo.ray_trainer import _progress
+
+    bar = _progress(total=3, initial=1)
+    bar.update({"critic/score/mean": 0.625})
+    bar.close()
+    err = capsys.readouterr().err
+    assert "2/3" in err and "score=0.625" in err

@@ -1,0 +1,107 @@
+"""Memory levers: gradient checkpointing (on, recomputes, same gradients), offload and mixed precision
+(parsed into the engine spec; CUDA-only parts explained on CPU; run on a GPU when there is one)."""
+
+import copy
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "actor"))
+from ppo_batch import padded_rows, tiny_causal_lm  # noqa: E402
+
+from hybridflow.workers.engine import EngineSpec, TrainEngine  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _loss(model, rows):
+    out = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"], position_ids=rows["position_ids"])
+    return (out.logits.log_softmax(-1)[..., 1] * rows["attention_mask"]).sum()
+
+
+def test_gradient_checkpointing_is_on_recomputes_and_gives_the_same_gradients():
+    base = tiny_causal_lm()
+    rows = padded_rows(4, seed=1)
+    grads, layer_calls = {}, {}
+    for ckpt in (False, True):
+        engine = TrainEngine(copy.deepcopy(base), EngineSpec(strategy="none", device="cpu", gradient_checkpointing=ckpt))
+        model = engine.module.train()
+        assert model.is_activation_checkpointing is ckpt
+        calls = []
+        model.model.layers[0].mlp.register_forward_pre_hook(lambda *a: calls.append(1))
+        _loss(model, rows).backward()
+        grads[ckpt] = {n: p.grad for n, p in model.named_parameters()}
+        layer_calls[ckpt] = len(calls)
+    # with checkpointing the layer's forward (and its MLP's) runs again inside backward
+    assert layer_calls == {False: 1, True: 2}
+    for name, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_frozen_engine_does_not_checkpoint():
+    engine = TrainEngine(tiny_causal_lm(), EngineSpec(strategy="none", device="cpu", gradient_checkpointing=True),
+                         trainable=False)
+    assert not engine.module.is_activation_checkpointing
+    assert not any(p.requires_grad for p in engine.module.parameters())
+
+
+def test_offload_and_mixed_precision_are_cuda_only_in_the_spec():
+    fsdp_config = {"param_offload": True, "optimizer_offload": True,
+                   "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"}}
+    cpu = EngineSpec.from_config("fsdp", "cpu", fsdp_config)
+    assert (cpu.param_offload, cpu.param_dtype, cpu.reduce_dtype, cpu.needs_fsdp) == (False, None, None, False)
+    cuda = EngineSpec.from_config("fsdp", "cuda", fsdp_config)
+    assert cuda.param_offload and cuda.param_dtype == torch.bfloat16 and cuda.reduce_dtype == torch.float32
+    assert cuda.needs_fsdp  # one GPU still gets FSDP2 (one-rank mesh) for these
+    only_optim = EngineSpec.from_config("fsdp", "cuda", {"optimizer_offload": True})
+    assert only_optim.param_offload  # FSDP2's CPUOffloadPolicy moves params, grads and optimizer state together
+    plain = EngineSpec.from_config("fsdp", "cuda", {"mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32"}})
+    assert plain.param_dtype == torch.float32
+
+
+def test_offload_on_cpu_is_accepted_and_explained():
+    from hybridflow.trainer.config_checks import validate_ppo_config
+    from hybridflow.utils.config import load_config
+
+    cfg = load_config("ppo_trainer", ["trainer.device=cpu", "actor_rollout_ref.model.path=/nonexistent",
+                                      "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+                                      "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+                                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                                      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+                                      "critic.ppo_micro_batch_size_per_gpu=2"])
+    notes = validate_ppo_config(cfg, n_devices=0)
+    offload_notes = [n for n in notes if "offload" in n and "no effect on cpu" in n]
+    assert any("param_offload" in n for n in offload_notes) and any("optimizer_offload" in n for n in offload_notes)
+
+
+@pytest.mark.gpu
+def test_fsdp2_one_rank_mixed_precision_and_offload_on_cuda(tmp_path):
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        spec = EngineSpec.from_config("fsdp", "cuda", {"param_offload": True,
+                                                       "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"}})
+        engine = TrainEngine(tiny_causal_lm(), spec)
+        assert engine.sharded
+        engine.setup_optimizer({"lr": 1e-3}, total_steps=1)
+        p = next(engine.module.parameters())
+        assert p.device.type == "cpu" and p.dtype == torch.float32  # fp32 master weights kept on the host
+        rows = {k: v.cuda() for k, v in padded_rows(4).items()}
+        loss = _loss(engine.module, rows)
+        loss.backward()
+        engine.optimizer.step()
+        assert torch.isfinite(loss)
+        assert set(engine.full_state_dict()) == set(tiny_causal_lm().state_dict())
+    finally:
+        dist.destroy_process_group()

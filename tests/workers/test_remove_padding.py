@@ -1,0 +1,139 @@
+"""Padding-free (packed) forward passes give the padded path's numbers, with no compute on pads."""
+
+import copy
+import os
+import sys
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForTokenClassification
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "actor"))
+from ppo_batch import PROMPT, RESPONSE, actor_config, flat_params, padded_rows, ppo_batch, tiny_causal_lm  # noqa: E402
+
+from hybridflow.workers.actor import DataParallelPPOActor  # noqa: E402
+from hybridflow.workers.utils.logprob import forward_response_log_probs, forward_response_logits  # noqa: E402
+from hybridflow.workers.utils.remove_padding import check_packed_attention, pack_rows, unpack  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ragged on purpose: full prompt + full response, 1-token prompt, 1-token response, ...
+PROMPT_LENS = [6, 1, 3, 6, 2, 4]
+RESPONSE_LENS = [5, 5, 1, 2, 3, 4]
+
+
+def _rows():
+    return padded_rows(len(PROMPT_LENS), seed=3, prompt_lens=PROMPT_LENS, response_lens=RESPONSE_LENS)
+
+
+def test_pack_and_unpack_hand_example():
+    # row 0: [pad a b | c pad], row 1: [d e f | g h]  -> packed a b c d e f g h
+    attention_mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    input_ids = torch.tensor([[0, 11, 12, 13, 0], [14, 15, 16, 17, 18]])
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    packed = pack_rows(input_ids, attention_mask, position_ids)
+    assert packed.input_ids.tolist() == [[11, 12, 13, 14, 15, 16, 17, 18]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4]]
+    assert packed.indices.tolist() == [1, 2, 3, 5, 6, 7, 8, 9]  # b * 5 + s
+    assert packed.cu_seqlens.tolist() == [0, 3, 8] and packed.max_seqlen == 5
+    back = unpack(packed.input_ids[0], packed)
+    assert torch.equal(back, input_ids)  # pads come back as 0
+
+
+def test_position_ids_that_do_not_restart_are_rejected():
+    attention_mask = torch.ones(2, 3, dtype=torch.long)
+    input_ids = torch.ones(2, 3, dtype=torch.long)
+    position_ids = torch.tensor([[0, 1, 2], [3, 4, 5]])  # row 1 continues row 0: indistinguishable when packed
+    with pytest.raises(ValueError, match="position_ids must count"):
+        pack_rows(input_ids, attention_mask, position_ids)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_log_probs_entropy_and_gradients_match_padded(attn):
+    base = tiny_causal_lm()
+    base.config._attn_implementation = attn
+    rows = _rows()
+    mask = rows["response_mask"].bool()
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(0))
+    results = {}
+    for packed in (False, True):
+        model = copy.deepcopy(base)
+        log_probs, entropy = forward_response_log_probs(
+            model, rows["input_ids"], rows["attention_mask"], rows["position_ids"], RESPONSE,
+            temperature=0.7, calculate_entropy=True, use_remove_padding=packed,
+        )
+        # a loss that touches every valid response token (log prob and entropy)
+        ((log_probs + 0.1 * entropy) * weights * mask).sum().backward()
+        results[packed] = (log_probs.detach(), entropy.detach(), {n: p.grad for n, p in model.named_parameters()})
+
+    (lp0, ent0, g0), (lp1, ent1, g1) = results[False], results[True]
+    torch.testing.assert_close(lp1[mask], lp0[mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent1[mask], ent0[mask], atol=1e-5, rtol=0)
+    assert (lp1[~mask] == 0).all() and (ent1[~mask] == 0).all()  # pads are scattered back as zeros
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_critic_values_and_gradients_match_padded():
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64, num_labels=1, pad_token_id=0,
+                         classifier_dropout=0.0)  # as CriticWorker: deterministic values
+    base = Qwen2ForTokenClassification(config)
+    rows = _rows()
+    mask = rows["response_mask"].bool()
+    out = {}
+    for packed in (False, True):
+        model = copy.deepcopy(base)
+        values = forward_response_logits(model, rows["input_ids"], rows["attention_mask"], rows["position_ids"],
+                                         RESPONSE, use_remove_padding=packed).squeeze(-1)  # (B, R)
+        (values * mask).pow(2).sum().backward()
+        out[packed] = (values.detach(), {n: p.grad for n, p in model.named_parameters()})
+    torch.testing.assert_close(out[True][0][mask], out[False][0][mask], atol=1e-5, rtol=0)
+    assert (out[True][0][~mask] == 0).all()
+    for name, grad in out[False][1].items():
+        torch.testing.assert_close(out[True][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_actor_update_with_remove_padding_equals_padded_update():
+    base = tiny_causal_lm()
+    data = ppo_batch(base, batch_size=8)
+    models = {}
+    for packed in (False, True):
+        model = copy.deepcopy(base)
+        config = actor_config(ppo_micro_batch_size_per_gpu=3, entropy_coeff=0.01, use_kl_loss=True,
+                              use_remove_padding=packed)
+        DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=0.5)).update_policy(data)
+        models[packed] = model
+    assert (flat_params(models[False]) - flat_params(base)).abs().max() > 1e-3  # the step moved the weights
+    assert (flat_params(models[True]) - flat_params(models[False])).abs().max() < 1e-5
+
+
+class _DropsPositionIds(torch.nn.Module):
+    """A model that ignores position ids: packing by position ids cannot work, attention leaks."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
+
+    def forward(self, input_ids, position_ids=None, attention_mask=None, **kwargs):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+
+def test_a_model_that_attends_across_packed_sequences_is_refused():
+    check_packed_attention(tiny_causal_lm())  # a plain HF model passes
+    with pytest.raises(RuntimeError, match="attends across packed sequences"):
+        check_packed_attention(_DropsPositionIds(tiny_causal_lm()))
+    rows = _rows()
+    with pytest.raises(RuntimeError, match="attends across packed sequences"):
+        forward_response_log_probs(_DropsPositionIds(tiny_causal_lm()), rows["input_ids"], rows["attention_mask"],
+                                   rows["position_ids"], RESPONSE, use_remove_padding=True)
+    assert PROMPT + RESPONSE == rows["input_ids"].shape[1]
