@@ -66,24 +66,30 @@ def build_model(hidden: int, layers: int, vocab: int, max_len: int, device: str)
     return Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
 
 
-def time_update(base, data, config: dict, repeats: int, device: str) -> tuple[float, float | None]:
-    """Median seconds of one update_policy call (after a warm-up) and the peak CUDA memory in GiB."""
-    model = copy.deepcopy(base)
-    actor = DataParallelPPOActor(config, model, torch.optim.AdamW(model.parameters(), lr=1e-6))
-    actor.update_policy(data)  # warm-up (and the one-time packed-attention check)
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    times = []
+def time_updates(base, data, configs: dict, repeats: int, device: str) -> dict[str, tuple[float, float | None]]:
+    """Median seconds of one update_policy call per configuration and its peak CUDA memory (GiB).
+
+    The configurations take turns (A B C A B C ...) so that load drifting on a shared machine hits
+    them alike; each is warmed up once first (and runs its one-time packed-attention check)."""
+    actors = {}
+    for name, config in configs.items():
+        model = copy.deepcopy(base)
+        actors[name] = DataParallelPPOActor(config, model, torch.optim.AdamW(model.parameters(), lr=1e-6))
+        actors[name].update_policy(data)
+    times = {name: [] for name in configs}
+    peaks = {name: 0.0 for name in configs}
     for _ in range(repeats):
-        start = time.perf_counter()
-        actor.update_policy(data)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
-    del actor, model
-    return sorted(times)[len(times) // 2], peak
+        for name, actor in actors.items():
+            if device == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            start = time.perf_counter()
+            actor.update_policy(data)
+            if device == "cuda":
+                torch.cuda.synchronize()
+                peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated() / 2**30)
+            times[name].append(time.perf_counter() - start)
+    return {name: (sorted(t)[len(t) // 2], peaks[name] if device == "cuda" else None) for name, t in times.items()}
 
 
 def time_weight_transition(base, repeats: int) -> tuple[float, float]:
@@ -143,8 +149,7 @@ def main(argv=None) -> dict:
     print(f"dynamic bsz token budget: {budget} (the heaviest fixed micro-batch of {args.micro} rows)")
     print(f"{'configuration':<28} {'s/update':>9} {'tokens/s':>10} {'peak GiB':>9} {'vs padded':>9}")
     results = {}
-    for name, config in configs.items():
-        seconds, peak = time_update(base, data, config, args.repeats, args.device)
+    for name, (seconds, peak) in time_updates(base, data, configs, args.repeats, args.device).items():
         results[name] = tokens / seconds
         ratio = results[name] / results["padded"]
         peak_s = f"{peak:.2f}" if peak is not None else "n/a"

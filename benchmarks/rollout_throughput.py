@@ -6,9 +6,11 @@ directly in one process, on the same prompts with the same sampling settings.
 Workload: 64 prompts of the tiny arithmetic task (chat template, left-padded) × 32 new tokens, tiny
 Qwen2, temperature 1.0, no top-k/top-p, ``ignore_eos`` (every row produces exactly 32 tokens, so every
 row counts the same work). tokens/s = generated tokens / wall time seen by the driver (dispatch,
-transfer and collect included for the WorkerGroup rows).
+transfer and collect included for the WorkerGroup rows); "worker s" is the time the slowest worker
+reports for its own ``generate`` (wall - worker s = the WorkerGroup's cost).
 
-Baselines, measured in the same run and interleaved call by call with the WorkerGroup calls:
+Baselines, measured in the same run (the 1-thread one interleaved call by call with the WorkerGroup
+calls, in a rotating order; the multi-thread one after them):
   * direct (1 thread): ``model.generate`` on all 64 prompts, torch.set_num_threads(1);
   * direct (N threads): the same with torch's default thread count.
 Fair pairs use the same total threads: Ray workers run with OMP_NUM_THREADS=1, so ray (1 worker) and
@@ -139,18 +141,36 @@ def main(argv=None):
             calls = {"direct (1 thread)": direct_generate_fn(model_dir, prompts, tokenizer, tokens, 1),
                      f"direct ({default_threads} threads)": direct_generate_fn(model_dir, prompts, tokenizer, tokens,
                                                                                default_threads)}
+            worker_s = {name: [] for name in groups}
+
+            def wg_call(name, wg):
+                out = wg.generate_sequences(prompts)
+                times = out.meta_info.get("metrics", {}).get("timing_s/generate_sequences", [float("nan")])
+                worker_s[name].append(max(times))  # the slowest rank's own generate time
+                return int(out.batch["attention_mask"][:, -tokens:].sum())
+
             for name, wg in groups.items():
-                calls[name] = (lambda wg=wg: int(wg.generate_sequences(prompts).batch["attention_mask"][:, -tokens:].sum()))
+                calls[name] = lambda name=name, wg=wg: wg_call(name, wg)
             seconds = {k: [] for k in calls}
             produced = {}
             for _ in range(1):  # warm-up
                 for name, fn in calls.items():
                     fn()
-            for _ in range(repeats):
-                for name, fn in calls.items():
+            worker_s = {name: [] for name in groups}
+            # the 1-thread rows interleaved, in a rotating order (no row always follows the same one);
+            # the multi-thread baseline afterwards, on its own: its OpenMP threads keep spinning for a
+            # while after each call and would slow whichever row came next
+            multi = f"direct ({default_threads} threads)"
+            order = [k for k in calls if k != multi]
+            for r in range(repeats):
+                for name in order[r % len(order):] + order[:r % len(order)]:
                     start = time.perf_counter()
-                    produced[name] = fn()
+                    produced[name] = calls[name]()
                     seconds[name].append(time.perf_counter() - start)
+            for _ in range(repeats):
+                start = time.perf_counter()
+                produced[multi] = calls[multi]()
+                seconds[multi].append(time.perf_counter() - start)
         finally:
             for wg in groups.values():
                 if hasattr(wg, "shutdown"):
@@ -169,13 +189,14 @@ def main(argv=None):
     for name in calls:
         baseline = pair.get(name)
         ratio = tps[name] / tps[baseline] if baseline else float("nan")
-        rows.append([labels.get(name, name), produced[name], C.median(seconds[name]), tps[name],
+        rows.append([labels.get(name, name), produced[name], C.median(seconds[name]),
+                     C.median(worker_s[name]) if name in worker_s else "-", tps[name],
                      baseline or "-", ratio if baseline else "-",
                      tps[name] / tps[base1], tps[name] / tps[baseN]])
     print(f"\n{prompts_n} prompts x {tokens} new tokens (ignore_eos), temperature 1.0, no top-k/top-p; "
           f"median of {repeats} interleaved calls; {C.machine_line()}")
     C.print_table("Rollout throughput (tokens/s; the driver's wall time, dispatch and collect included)",
-                  ["row", "tokens", "seconds", "tokens/s", "fair baseline", "ratio", "vs 1 thread",
+                  ["row", "tokens", "seconds", "worker s", "tokens/s", "fair baseline", "ratio", "vs 1 thread",
                    f"vs {default_threads} threads"], rows)
     for name in groups:
         ratio = tps[name] / tps[pair[name]]

@@ -26,6 +26,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -115,6 +116,7 @@ def sft_warmup(work: str, paths: dict, sizes: dict, args) -> tuple[str, dict[int
     from hybridflow.trainer.eval_utils import greedy_accuracy
 
     sft_dir = os.path.join(work, "sft")
+    shutil.rmtree(sft_dir, ignore_errors=True)  # checkpoints of an earlier run must not be picked
     cmd = [sys.executable, "-m", "hybridflow.main_sft",
            f"model.partial_pretrain={paths['model']}", f"data.train_files={paths['sft_train']}",
            f"data.val_files={paths['sft_test']}", "data.prompt_key=question", "data.response_key=answer",
@@ -198,7 +200,7 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
     # PPO: one sample per prompt would give 16 samples per step; keep the sample budget of GRPO by
     # taking batch × n prompts with n=1, and learn a value function from the SFT model's weights
     return [
-        "algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=0.95", "actor_rollout_ref.rollout.n=1",
+        "algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=1.0", "actor_rollout_ref.rollout.n=1",
         f"critic.model.path={model}", "critic.model.enable_gradient_checkpointing=False",
         f"critic.optim.lr={args.critic_lr}", f"critic.ppo_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
         f"trainer.critic_warmup={args.critic_warmup}",
@@ -298,9 +300,9 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     run_dir = os.path.join(work, f"{args.algo}_run")
     metrics_path = os.path.join(work, f"{args.algo}_metrics.jsonl")
-    for stale in (metrics_path,):
-        if os.path.exists(stale):
-            os.remove(stale)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a previous run's checkpoints would be resumed or exported
+    if os.path.exists(metrics_path):
+        os.remove(metrics_path)
     run_module("hybridflow.main_ppo", rl_args(args.algo, sft_model, paths, sizes, run_dir, args),
                child_env(args.threads, HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path), os.path.join(work, f"{args.algo}.log"))
     phase("rl", t0)

@@ -95,7 +95,8 @@ class ActorRolloutRefWorker(Worker):
             module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
             self.hf_config = module.config
             spec = EngineSpec.from_config(actor.get("strategy", "fsdp"), self.device, actor.get("fsdp_config"),
-                                          bool(model_cfg.get("enable_gradient_checkpointing", False)), lora=self.lora)
+                                          bool(model_cfg.get("enable_gradient_checkpointing", False)), lora=self.lora,
+                                          activation_offload=bool(model_cfg.get("enable_activation_offload", False)))
             self.actor_engine = TrainEngine(module, spec)
             optim = actor.get("optim", {})
             total = int(optim.get("total_training_steps") or 1)

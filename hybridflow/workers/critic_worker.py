@@ -58,7 +58,8 @@ class CriticWorker(Worker):
                             trust_remote_code=trust, num_labels=1)
         self.hf_config = module.config
         spec = EngineSpec.from_config(self.config.get("strategy", "fsdp"), self.device, model_cfg.get("fsdp_config"),
-                                      bool(model_cfg.get("enable_gradient_checkpointing", False)))
+                                      bool(model_cfg.get("enable_gradient_checkpointing", False)),
+                                      activation_offload=bool(model_cfg.get("enable_activation_offload", False)))
         self.engine = TrainEngine(module, spec)
         optim = self.config.get("optim", {})
         self.engine.setup_optimizer(optim, int(optim.get("total_training_steps") or 1))

@@ -40,13 +40,15 @@ def test_dead_worker_fails_pending_call_within_seconds(group, how):
     start = time.monotonic()
     with pytest.raises(WorkerDiedError) as info:
         if how == "os_exit":
-            group.exit_on(1)  # rank 1 exits; rank 0 sleeps 30 s
+            group.exit_on(1)  # rank 1 exits; rank 0 sleeps 90 s
         else:
             pids = group.pid()
-            fut = group.execute_all_async("sleep", 30)
+            fut = group.execute_all_async("sleep", 90)
             time.sleep(1.0)
             os.kill(pids[1], signal.SIGKILL)
             group._resolve("sleep", [0, 1], fut)
     elapsed = time.monotonic() - start
-    assert elapsed < 15, f"took {elapsed:.1f}s to notice the dead worker"
+    # Ray notices a dead process in a few seconds on an idle machine (~7 s measured at load 4);
+    # the bound only has to separate that from waiting for the 90 s survivor
+    assert elapsed < 45, f"took {elapsed:.1f}s to notice the dead worker"
     assert info.value.rank == 1 and "died" in str(info.value)

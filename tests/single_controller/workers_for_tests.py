@@ -89,7 +89,7 @@ class EchoWorker(Worker):
             os._exit(1)
         import time
 
-        time.sleep(30)
+        time.sleep(90)  # the survivor: a call that waited for it would take 90 s
         return self.rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -271,3 +271,73 @@ def test_inprocess_reward_model_scores_are_the_rewards(tiny_model_dir, tiny_data
         assert torch.equal(rm_scores.nonzero()[:, 1], last[rm_scores.abs().sum(-1) > 0])
         assert m["critic/score/mean"] == pytest.approx(expected.mean().item(), rel=1e-4, abs=1e-5)
         assert m["critic/score/max"] == pytest.approx(expected.max().item(), rel=1e-4, abs=1e-5)
+
+
+def test_inprocess_gae_dynamic_bsz_and_sampled_validation(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    """use_dynamic_bsz packs micro-batches by a token budget (actor, log-prob and critic passes), and
+    validation before training samples val_kwargs.n=2 responses per prompt (mean@2, best@2)."""
+    from hybridflow.workers.actor import dp_actor
+
+    budget = 260  # a prompt is ~90-100 tokens + 8 response tokens: 2 rows per micro-batch at most
+    tokens = []
+    fwd = dp_actor.DataParallelPPOActor._forward_micro_batch
+
+    def wrapped(self, micro, *a, **kw):
+        tokens.append(int(micro.batch["attention_mask"].sum()))
+        return fwd(self, micro, *a, **kw)
+
+    monkeypatch.setattr(dp_actor.DataParallelPPOActor, "_forward_micro_batch", wrapped)
+    capture = _Capture(monkeypatch)
+    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="gae", n=2, batch=4, steps=1,
+                               world=1, backend="inprocess")
+    overrides += ["actor_rollout_ref.actor.use_dynamic_bsz=True",
+                  f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}",
+                  f"critic.ppo_max_token_len_per_gpu={budget}",
+                  "trainer.val_before_train=True", "trainer.test_freq=-1",
+                  "actor_rollout_ref.rollout.val_kwargs.n=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+                  "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"]
+    run_ppo(load_config("ppo_trainer", overrides))
+
+    val, step1 = read_metrics(tmp_path)
+    assert val["step"] == 0 and step1["step"] == 1
+    assert "val-core/openai/gsm8k/reward/mean@2" in val and "val-aux/openai/gsm8k/reward/best@2/mean" in val
+    assert val["val-aux/openai/gsm8k/reward/best@2/mean"] >= val["val-core/openai/gsm8k/reward/mean@2"]
+    assert_finite(step1)
+    assert "critic/vf_loss" in step1 and not missing(step1, REQUIRED_STEP_METRICS)
+    assert tokens and max(tokens) <= budget, tokens
+    assert len(tokens) >= 2 * 8 // 2  # old log-prob + update passes over 8 rows, ≤ 2 rows each
+    assert capture.actor_sums[1] != capture.actor_sums[0] and capture.critic_sums[1] != capture.critic_sums[0]
+
+
+@pytest.mark.slow
+def test_reward_model_two_workers(tiny_model_dir, tiny_data_dir, ray_session, tmp_path, monkeypatch):
+    """The RM path under Ray (2 ranks, the RM colocated with the actor): the driver's token-level
+    scores are the RM's outputs on the generated sequences."""
+    from transformers import AutoModelForSequenceClassification
+
+    from hybridflow.trainer.ppo import ray_trainer
+
+    rm_dir = _save_tiny_reward_model(tiny_model_dir, os.path.join(str(tmp_path), "rm"))
+    seen = []
+    original = ray_trainer.RayPPOTrainer._compute_reward
+
+    def wrapped(trainer, batch, metrics):
+        original(trainer, batch, metrics)
+        b = batch.batch
+        seen.append({k: b[k].clone() for k in ("input_ids", "attention_mask", "position_ids", "token_level_scores")})
+
+    monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_compute_reward", wrapped)
+    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=1,
+                               world=2)
+    overrides += ["reward_model.enable=True", f"reward_model.model.path={rm_dir}", "trainer.test_freq=-1",
+                  "reward_model.micro_batch_size_per_gpu=3"]
+    run_ppo(load_config("ppo_trainer", overrides))
+
+    (m,) = read_metrics(tmp_path)
+    (b,) = seen
+    rm = AutoModelForSequenceClassification.from_pretrained(rm_dir).eval()
+    with torch.no_grad():
+        expected = rm(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                      position_ids=b["position_ids"]).logits[:, 0]
+    torch.testing.assert_close(b["token_level_scores"].sum(-1), expected, rtol=1e-4, atol=1e-5)
+    assert m["critic/score/mean"] == pytest.approx(expected.mean().item(), rel=1e-4, abs=1e-5)

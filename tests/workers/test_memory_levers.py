@@ -63,6 +63,8 @@ def test_offload_and_mixed_precision_are_cuda_only_in_the_spec():
     assert cuda.needs_fsdp  # one GPU still gets FSDP2 (one-rank mesh) for these
     only_optim = EngineSpec.from_config("fsdp", "cuda", {"optimizer_offload": True})
     assert only_optim.param_offload  # FSDP2's CPUOffloadPolicy moves params, grads and optimizer state together
+    assert not EngineSpec.from_config("fsdp", "cpu", {}, activation_offload=True).activation_offload  # host already
+    assert EngineSpec.from_config("fsdp", "cuda", {}, activation_offload=True).activation_offload
     plain = EngineSpec.from_config("fsdp", "cuda", {"mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32"}})
     assert plain.param_dtype == torch.float32
 
@@ -91,7 +93,8 @@ def test_fsdp2_one_rank_mixed_precision_and_offload_on_cuda(tmp_path):
         dist.init_process_group("nccl", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:
         spec = EngineSpec.from_config("fsdp", "cuda", {"param_offload": True,
-                                                       "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"}})
+                                                       "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"}},
+                                      gradient_checkpointing=True, activation_offload=True)
         engine = TrainEngine(tiny_causal_lm(), spec)
         assert engine.sharded
         engine.setup_optimizer({"lr": 1e-3}, total_steps=1)

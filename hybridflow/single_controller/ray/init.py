@@ -70,6 +70,10 @@ def init_ray(ray_init_cfg: Any = None, num_cpus: int | None = None, runtime_env:
             _node_ip_address=LOOPBACK,
             include_dashboard=include_dashboard,
             dashboard_host=LOOPBACK,
+            # Ray starts workers at nice 15; hybridflow's workers ARE the job's compute (the driver
+            # mostly waits), and at nice 15 they lose the CPU to every other process on a shared
+            # machine (measured: rollout 0.73x a same-thread direct generate; benchmarks/README.md)
+            _system_config={"worker_niceness": 0},
         )
     return True
 

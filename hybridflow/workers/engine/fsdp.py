@@ -7,7 +7,8 @@ asked for (mixed precision, CPU offload), which then runs on a one-rank mesh. Wo
 and nccl on CUDA.
 
 Memory levers (veRL's keys):
-- ``enable_gradient_checkpointing``: recompute each decoder layer's activations in backward.
+- ``enable_gradient_checkpointing``: recompute each decoder layer's activations in backward;
+  ``enable_activation_offload`` (CUDA) also keeps the checkpointed layer inputs in host memory.
 - ``fsdp_config.param_offload`` / ``optimizer_offload`` / ``offload_policy`` (CUDA): FSDP2's
   ``CPUOffloadPolicy``: parameters, gradients and optimizer state live in host memory, layers are
   copied to the GPU for their forward/backward and the optimizer steps on the CPU. On CPU they are
@@ -42,11 +43,12 @@ class EngineSpec:
     reshard_after_forward: bool = True
     param_offload: bool = False  # FSDP2 CPUOffloadPolicy (params, grads and optimizer state on the host)
     gradient_checkpointing: bool = False
+    activation_offload: bool = False  # checkpointed activations kept in pinned host memory (CUDA)
     lora: LoraSpec | None = None
 
     @classmethod
     def from_config(cls, strategy: str, device: str, fsdp_config, gradient_checkpointing: bool = False,
-                    lora: LoraSpec | None = None) -> "EngineSpec":
+                    lora: LoraSpec | None = None, activation_offload: bool = False) -> "EngineSpec":
         fsdp_config = fsdp_config or {}
         mp = fsdp_config.get("mixed_precision") or {}
         param_dtype = _dtype(mp.get("param_dtype")) if device == "cuda" else None
@@ -63,6 +65,7 @@ class EngineSpec:
             # offload only means something with an accelerator; config checks explain this on CPU
             param_offload=offload and device == "cuda",
             gradient_checkpointing=gradient_checkpointing,
+            activation_offload=activation_offload and device == "cuda",
             lora=lora,
         )
 
@@ -81,11 +84,12 @@ def _dtype(name):
             "fp32": torch.float32, "float32": torch.float32}[str(name)]
 
 
-def _enable_activation_checkpointing(module: nn.Module) -> None:
-    """Recompute each decoder layer in backward (non-reentrant: works with frozen inputs, e.g. LoRA)."""
+def _enable_activation_checkpointing(module: nn.Module, offload: bool = False) -> None:
+    """Recompute each decoder layer in backward (non-reentrant: works with frozen inputs, e.g. LoRA).
+    ``offload``: the layer inputs kept for the recompute go to pinned host memory (transformers 5)."""
     kwargs = {"use_reentrant": False}
     if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.x name
-        module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, offload=offload)
     elif hasattr(module, "gradient_checkpointing_enable"):
         module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
@@ -103,8 +107,8 @@ class TrainEngine:
     def __init__(self, module: nn.Module, spec: EngineSpec, trainable: bool = True):
         self.spec = spec
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
-        if spec.gradient_checkpointing and trainable:
-            _enable_activation_checkpointing(module)
+        if (spec.gradient_checkpointing or spec.activation_offload) and trainable:
+            _enable_activation_checkpointing(module, offload=spec.activation_offload)
         self.lora = spec.lora if trainable else None
         if self.lora is not None:
             module = apply_lora(module, self.lora)  # base weights frozen; adapters trainable
