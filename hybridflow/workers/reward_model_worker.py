@@ -6,6 +6,8 @@ the last valid response token, where the reward manager picks it up.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from hybridflow.protocol import DataProto
@@ -47,6 +49,7 @@ class RewardModelWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:
+        start = time.perf_counter()
         keys = ["input_ids", "attention_mask", "position_ids", "responses"]
         scores = []
         with torch.no_grad():
@@ -57,4 +60,5 @@ class RewardModelWorker(Worker):
                 scores.append(out.logits[:, 0].float().cpu())  # HF pools at the last non-pad token
         scores = torch.cat(scores)
         rm = scores_on_last_response_token(scores, data.batch["attention_mask"], data.batch["responses"].shape[-1])
-        return DataProto.from_dict(tensors={"rm_scores": rm})
+        return DataProto.from_dict(tensors={"rm_scores": rm},
+                                   meta_info={"metrics": {"timing_s/worker_rm": [time.perf_counter() - start]}})

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from tests.conftest import REPO_ROOT
 from tests.trainer.e2e_helpers import base_overrides
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(args: list[str], timeout: float, cwd: str | None = None) -> subprocess.CompletedProcess:

@@ -121,12 +121,12 @@ def test_grpo_two_workers_three_steps(tiny_model_dir, tiny_data_dir, ray_session
 
 @pytest.mark.slow
 def test_gae_critic_warmup_adaptive_kl_two_workers(tiny_model_dir, tiny_data_dir, ray_session, tmp_path, monkeypatch):
-    """PPO with a critic: critic_warmup=1 (step 1 trains only the critic), KL in the reward with an
+    """PPO with a critic: critic_warmup=2 (veRL rule: step 1 trains only the critic), KL in the reward with an
     adaptive controller, 2 Ray workers, 2 steps."""
     capture = _Capture(monkeypatch)
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="gae", n=2, batch=4, steps=2,
                                world=2)
-    overrides += ["trainer.critic_warmup=1", "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive",
+    overrides += ["trainer.critic_warmup=2", "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive",
                   "algorithm.kl_ctrl.kl_coef=0.01", "algorithm.kl_ctrl.horizon=10", "algorithm.kl_ctrl.target_kl=0.1"]
     run_ppo(load_config("ppo_trainer", overrides))
 

@@ -201,7 +201,8 @@ class RayPPOTrainer:
             if self.use_critic:
                 with timer("update_critic", timing):
                     self._update_critic(batch, metrics)
-            if self.global_steps > int(self.config.trainer.critic_warmup):
+            # veRL's rule (steps count from 1): the actor trains once global_steps >= critic_warmup
+            if int(self.config.trainer.critic_warmup) <= self.global_steps:
                 with timer("update_actor", timing):
                     self._update_actor(batch, metrics)
         metrics.update(compute_data_metrics(batch, self.use_critic))
