@@ -20,6 +20,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.workers.actor import DataParallelPPOActor
+from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
@@ -201,8 +202,6 @@ class ActorRolloutRefWorker(Worker):
     # ----------------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep=None, extra_state=None):
-        from hybridflow.workers.checkpoint import save_engine_checkpoint
-
         save_engine_checkpoint(self.actor_engine, local_path, hf_config=self.hf_config, tokenizer=self.tokenizer,
                                extra_state=extra_state)
         if self.lora is not None and self.rank == 0:  # the merger folds the adapters in with it
@@ -210,8 +209,6 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, del_local_after_load: bool = False):
-        from hybridflow.workers.checkpoint import load_engine_checkpoint
-
         extra = load_engine_checkpoint(self.actor_engine, local_path)
         self._rollout_stale = True
         return extra

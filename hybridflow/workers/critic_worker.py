@@ -10,6 +10,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.workers.actor_rollout_ref_worker import _plain
+from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.critic import DataParallelPPOCritic
 from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
@@ -83,14 +84,10 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep=None, extra_state=None):
-        from hybridflow.workers.checkpoint import save_engine_checkpoint
-
         save_engine_checkpoint(self.engine, local_path, hf_config=self.hf_config, tokenizer=self.tokenizer, extra_state=extra_state)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, del_local_after_load: bool = False):
-        from hybridflow.workers.checkpoint import load_engine_checkpoint
-
         return load_engine_checkpoint(self.engine, local_path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -348,15 +348,10 @@ class RayPPOTrainer:
         tmp = getattr(self, "_saving_tmp", None)
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-        groups = getattr(self, "_all_groups", {}) or {}
-        for group in {id(g): g for g in groups.values() if g is not None}.values():
-            pool = getattr(group, "resource_pool", None)
-            for release in (getattr(group, "shutdown", None), getattr(pool, "release", None)):
-                try:
-                    if release is not None:
-                        release()  # kill the workers, then free their placement groups for a rerun
-                except Exception:  # best effort: the original error is what matters
-                    pass
+        try:
+            self.shutdown_workers()  # kill the workers, then free their placement groups for a rerun
+        except Exception:  # best effort: the original error is what matters
+            pass
         resume = ckpt.find_latest_checkpoint(self.config.trainer.default_local_dir)
         error.add_note(f"hybridflow: training stopped at global step {self.global_steps}; workers shut down; "
                        + (f"a rerun with trainer.resume_mode=auto continues from {resume}" if resume
