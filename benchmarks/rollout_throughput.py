@@ -126,7 +126,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     import torch
 
-    default_threads = torch.get_num_threads()
+    default_threads = os.cpu_count() or 1  # torch's default; _common pins OMP_NUM_THREADS=1 for the 1-thread rows
     prompts_n, tokens = (8, 8) if args.quick else (64, 32)
     repeats = args.repeats or (1 if args.quick else 5)
     names = args.backends.split(",")

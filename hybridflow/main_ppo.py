@@ -5,6 +5,7 @@ The config is validated before anything expensive starts (an unknown key fails b
 
 from __future__ import annotations
 
+import os
 import sys
 
 from omegaconf import OmegaConf
@@ -53,8 +54,8 @@ def check_prompts_fit(dataset: RLHFDataset, key: str) -> None:
             raise ValueError(f"{key}={dataset.data_files}: {e}") from None
 
 
-def run_ppo(config) -> dict:
-    """Build data, rewards and workers from a validated config and train; returns the last metrics."""
+def build_trainer(config) -> RayPPOTrainer:
+    """Data, rewards and the trainer from a validated config (workers not started yet)."""
     for note in validate_ppo_config(config):
         print(f"[config] {note}")
     device = resolve_device(config.trainer.get("device", "auto"))
@@ -82,10 +83,13 @@ def run_ppo(config) -> dict:
 
         init_ray(config.ray_init, runtime_env={"env_vars": {"HYBRIDFLOW_DEVICE": device}})
     else:
-        import os
-
         os.environ["HYBRIDFLOW_DEVICE"] = device
-    trainer = RayPPOTrainer(config, tokenizer, dataloader, val_dataset, reward_fn, val_reward_fn, collate_fn=collate_fn)
+    return RayPPOTrainer(config, tokenizer, dataloader, val_dataset, reward_fn, val_reward_fn, collate_fn=collate_fn)
+
+
+def run_ppo(config) -> dict:
+    """Build data, rewards and workers from a validated config and train; returns the last metrics."""
+    trainer = build_trainer(config)
     trainer.init_workers()
     try:
         return trainer.fit()
