@@ -7,7 +7,7 @@ the peak accelerator memory (CUDA only; CPU has no per-allocation peak counter w
 A second table times one weight transition (training engine -> rollout engine) next to a plain
 state_dict copy of the same model.
 
-    python benchmarks/padding_free.py [--rows 32] [--max_len 512] [--hidden 256] [--layers 4] [--repeats 3]
+    python benchmarks/train_throughput.py [--rows 32] [--max_len 512] [--hidden 256] [--layers 4] [--repeats 3]
 """
 
 from __future__ import annotations
