@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 
 from hybridflow.trainer.ppo import core_algos
+from hybridflow.utils.config_section import cfg_get as _get
 from hybridflow.workers.utils.logprob import forward_response_logits
 from hybridflow.workers.utils.micro_batches import (
     MetricBuffer,
@@ -30,18 +31,6 @@ from hybridflow.workers.utils.micro_batches import (
 )
 
 __all__ = ["DataParallelPPOCritic", "CriticSettings"]
-
-
-def _get(section: Any, key: str, default: Any = None, keep_none: bool = False) -> Any:
-    """Value of ``key`` in a mapping / DictConfig / object section; ``default`` when absent (or
-    None, unless ``keep_none``)."""
-    if section is None:
-        return default
-    missing = object()
-    value = section.get(key, missing) if hasattr(section, "get") else getattr(section, key, missing)
-    if value is missing or (value is None and not keep_none):
-        return default
-    return value
 
 
 @dataclass(frozen=True)
