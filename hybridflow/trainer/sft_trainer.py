@@ -18,7 +18,6 @@ that directory with ``actor_rollout_ref.model.path=.../global_step_N``.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
 import shutil
@@ -36,6 +35,8 @@ from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.trainer.config_checks import resolve_device, resolve_dtype
 from hybridflow.utils.config import ConfigError
 from hybridflow.utils.torch_functional import logprobs_from_logits
+from hybridflow.utils.tracking import SUPPORTED as SUPPORTED_LOGGERS
+from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
 from hybridflow.workers.engine.optim import build_optimizer, lr_multiplier
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
@@ -55,7 +56,7 @@ LATEST_FILE = "latest_checkpointed_iteration.txt"
 METRICS_FILE = "metrics.jsonl"
 LR_SCHEDULERS = ("cosine", "wsd", "constant")
 STRATEGIES = ("fsdp", "fsdp2", "ddp", "none")
-LOGGERS = ("console", "file")
+LOGGERS = SUPPORTED_LOGGERS  # the same backends as the RL trainer (hybridflow.utils.tracking)
 
 
 # --------------------------------------------------------------------------- pure pieces
@@ -405,17 +406,12 @@ class FSDPSFTTrainer:
             print(text, flush=True)
 
     def log(self, metrics: dict, step: int) -> None:
-        if self.rank != 0:
+        if self.rank != 0 or not self.settings.loggers:
             return
-        if "console" in self.settings.loggers:
-            print(f"step {step}/{self.total_steps} | " + " | ".join(
-                f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()), flush=True)
-        if "file" in self.settings.loggers:
-            if self._log_file is None:
-                os.makedirs(self.settings.default_local_dir, exist_ok=True)
-                self._log_file = open(os.path.join(self.settings.default_local_dir, METRICS_FILE), "a")
-            self._log_file.write(json.dumps({"step": step, **metrics}) + "\n")
-            self._log_file.flush()
+        if self._log_file is None:  # the tracker, made on first use (rank 0 only)
+            self._log_file = Tracking("hybridflow_sft", "sft", list(self.settings.loggers),
+                                      log_dir=self.settings.default_local_dir)
+        self._log_file.log(metrics, step)
 
     # --- the loop -----------------------------------------------------------------------------------
     def fit(self) -> str:
@@ -441,6 +437,6 @@ class FSDPSFTTrainer:
         if last_saved != self.global_step:  # total_steps == 0
             final_dir = self.save_checkpoint(self.global_step)
         if self._log_file is not None:
-            self._log_file.close()
+            self._log_file.finish()
             self._log_file = None
         return final_dir
