@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 
+import psutil
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -126,6 +127,10 @@ class RayWorkerGroup(WorkerGroup):
         else:
             super().__init__(name_prefix, resource_pool.world_size)
             self._create_workers(resource_pool, ray_cls_with_init, detached)
+            # (pid, node) of every rank, read once all ranks are built: lets a failure be pinned on a
+            # killed process at once, before Ray's own death notice arrives
+            self._worker_procs = self._get([w.__ray_call__.remote(_pid_and_node) for w in self._workers],
+                                           "__init__", list(range(self.world_size)))
         self.resource_pool = resource_pool
         self._user_cls = ray_cls_with_init.user_cls
         self._bound_names = self._bind_worker_methods(self._user_cls)
@@ -202,18 +207,28 @@ class RayWorkerGroup(WorkerGroup):
             try:
                 values = ray.get(ready)
             except (RayActorError, RayTaskError):
-                try:
-                    values = [self._get_one(ref, method, ranks[index[ref]]) for ref in ready]
-                except WorkerError as err:
-                    raise self._dead_peer_or(err, pending, index, method, ranks) from None
+                errors = []
+                for ref in ready:
+                    try:
+                        self._get_one(ref, method, ranks[index[ref]])
+                    except WorkerError as err:
+                        errors.append(err)
+                died = [e for e in errors if isinstance(e, WorkerDiedError)]
+                raise (died[0] if died else self._dead_peer_or(errors[0], pending, index, method, ranks)) from None
             for ref, value in zip(ready, values):
                 results[index[ref]] = value
         return results
 
-    def _dead_peer_or(self, err, pending, index, method, ranks, wait_s: float = 2.0):
+    def _dead_peer_or(self, err, pending, index, method, ranks, wait_s: float = 8.0):
         """When a rank dies, its peers fail too (a broken collective) and may answer first: name
         the dead rank, the cause, rather than a survivor's symptom."""
-        if isinstance(err, WorkerDiedError) or not pending:
+        procs = getattr(self, "_worker_procs", None) or []
+        for rank in ranks:
+            if rank != err.rank and rank < len(procs) and not _process_alive(*procs[rank]):
+                died = WorkerDiedError(self.name, method, rank, f"the process of rank {rank} is gone (killed or exited)")
+                died.add_note(f"rank {err.rank} failed as a consequence: {str(err).splitlines()[-1][:500]}")
+                return died
+        if not pending:
             return err
         ready, _ = ray.wait(pending, num_returns=len(pending), timeout=wait_s)
         for ref in ready:
@@ -242,6 +257,20 @@ class RayWorkerGroup(WorkerGroup):
             except Exception:
                 pass
         self._workers = []
+
+
+def _pid_and_node(actor_self) -> tuple[int, str]:
+    return os.getpid(), ray.get_runtime_context().get_node_id()
+
+
+def _process_alive(pid, node) -> bool:
+    """False only when ``pid`` ran on this node and is gone (or a zombie); unknown means alive."""
+    if pid is None or node != ray.get_runtime_context().get_node_id():
+        return True
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @ray.remote(num_cpus=0)
