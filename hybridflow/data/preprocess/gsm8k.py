@@ -8,12 +8,10 @@ or holds ``train.jsonl`` / ``test.jsonl``; rows have ``question`` and ``answer``
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
 from typing import Sequence
 
-from hybridflow.data.preprocess.local_io import convert_split, write_rows
+from hybridflow.data.preprocess.local_io import preprocess_main
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -46,19 +44,7 @@ def make_map_fn(split: str):
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, str]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--local_dir", "--local_dataset_path", dest="local_dir", required=True,
-                   help="local copy of openai/gsm8k (hub layout or train/test .jsonl)")
-    p.add_argument("--local_save_dir", default="~/data/gsm8k", help="where train.parquet / test.parquet go")
-    a = p.parse_args(argv)
-    out_dir = os.path.expanduser(a.local_save_dir)
-    written = {}
-    for split in ("train", "test"):
-        rows = convert_split(a.local_dir, split, make_map_fn(split), columns=("question", "answer"))
-        written[split] = os.path.join(out_dir, f"{split}.parquet")
-        write_rows(rows, written[split])
-        print(f"wrote {len(rows)} {split} rows to {written[split]}")
-    return written
+    return preprocess_main(argv, __doc__.splitlines()[0], "openai/gsm8k", "~/data/gsm8k", make_map_fn, ("question", "answer"))
 
 
 if __name__ == "__main__":

@@ -65,3 +65,23 @@ def convert_split(local_dir: str, split: str, process: Callable[[dict, int], dic
 def write_rows(rows: list[dict], path: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def preprocess_main(argv, description: str, dataset: str, default_save_dir: str,
+                    make_map_fn: Callable[[str], Callable[[dict, int], dict]], columns: Sequence[str]) -> dict[str, str]:
+    """The shared command line of the preprocessing scripts: a local copy in, train/test parquet out."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--local_dir", "--local_dataset_path", dest="local_dir", required=True,
+                   help=f"local copy of {dataset} (hub layout or train/test .jsonl)")
+    p.add_argument("--local_save_dir", default=default_save_dir, help="where train.parquet / test.parquet go")
+    a = p.parse_args(argv)
+    out_dir = os.path.expanduser(a.local_save_dir)
+    written = {}
+    for split in ("train", "test"):
+        rows = convert_split(a.local_dir, split, make_map_fn(split), columns=columns)
+        written[split] = os.path.join(out_dir, f"{split}.parquet")
+        write_rows(rows, written[split])
+        print(f"wrote {len(rows)} {split} rows to {written[split]}")
+    return written

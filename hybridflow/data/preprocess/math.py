@@ -9,11 +9,9 @@ or holds ``train.jsonl`` / ``test.jsonl``; rows have ``problem``, ``solution`` (
 
 from __future__ import annotations
 
-import argparse
-import os
 from typing import Sequence
 
-from hybridflow.data.preprocess.local_io import convert_split, write_rows
+from hybridflow.data.preprocess.local_io import preprocess_main
 from hybridflow.utils.reward_score.math import last_boxed_only_string, remove_boxed
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
@@ -53,19 +51,7 @@ def make_map_fn(split: str):
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, str]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--local_dir", "--local_dataset_path", dest="local_dir", required=True,
-                   help="local copy of the MATH data set (hub layout or train/test .jsonl)")
-    p.add_argument("--local_save_dir", default="~/data/math", help="where train.parquet / test.parquet go")
-    a = p.parse_args(argv)
-    out_dir = os.path.expanduser(a.local_save_dir)
-    written = {}
-    for split in ("train", "test"):
-        rows = convert_split(a.local_dir, split, make_map_fn(split), columns=("problem", "solution"))
-        written[split] = os.path.join(out_dir, f"{split}.parquet")
-        write_rows(rows, written[split])
-        print(f"wrote {len(rows)} {split} rows to {written[split]}")
-    return written
+    return preprocess_main(argv, __doc__.splitlines()[0], "the MATH data set", "~/data/math", make_map_fn, ("problem", "solution"))
 
 
 if __name__ == "__main__":
