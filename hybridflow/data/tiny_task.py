@@ -1,5 +1,11 @@
 """A built-in arithmetic task in GSM8K format, small enough that a ~0.6M-parameter model learns it on a
-CPU: one-step word problems over 2-digit addition/subtraction, answered as ``23+45=68\\n#### 68``.
+CPU: one-step word problems over 2-digit addition/subtraction. Two solution styles:
+
+* ``direct``: ``23+45=68\\n#### 68``.
+* ``steps`` (the default of the command line and the quickstart): column arithmetic written out,
+  ``3+5=8, 2+4=6, so 68\\n#### 68``. Each step is a one-digit fact; a tiny model learns it in about half
+  the SFT steps, and RL then improves held-out accuracy far more. On the direct style the tiny model's
+  errors are near-miss sums (74 for 75) and GRPO plateaued near 37% from a 19% start.
 
 Rows follow the RL parquet layout (``data_source="openai/gsm8k"`` so the gsm8k scorer grades them);
 SFT files hold the same rows plus plain ``question`` (the full user prompt) / ``answer`` columns.
@@ -34,7 +40,31 @@ SUB_TEMPLATES = (
 )
 
 
-def make_problem(rng: random.Random) -> tuple[str, str, int]:
+SOLUTION_STYLES = ("direct", "steps")
+
+
+def digit_steps(a: int, b: int, op: str) -> str:
+    """Column arithmetic written out, ones then tens: every step is a one-digit fact.
+
+    ``56+19`` -> ``6+9=15, 5+1+1=7, so 75``; ``56-19`` -> ``16-9=7, 5-1-1=3, so 37`` (a borrow shows as
+    the 1 written before the ones digit and the extra ``-1`` on the tens).
+    """
+    a1, a10, b1, b10 = a % 10, a // 10, b % 10, b // 10
+    if op == "+":
+        ones = a1 + b1
+        carry = ones // 10
+        tens = a10 + b10 + carry
+        tens_expr = f"{a10}+{b10}+1" if carry else f"{a10}+{b10}"
+        return f"{a1}+{b1}={ones}, {tens_expr}={tens}, so {a + b}"
+    borrow = a1 < b1
+    ones = a1 + 10 * borrow - b1
+    tens = a10 - b10 - borrow
+    ones_expr = f"1{a1}-{b1}" if borrow else f"{a1}-{b1}"
+    tens_expr = f"{a10}-{b10}-1" if borrow else f"{a10}-{b10}"
+    return f"{ones_expr}={ones}, {tens_expr}={tens}, so {a - b}"
+
+
+def make_problem(rng: random.Random, style: str = "direct") -> tuple[str, str, int]:
     """Draw one problem: (question, worked solution ending in ``#### N``, answer)."""
     a, b = rng.randint(10, 99), rng.randint(10, 99)
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
@@ -44,6 +74,8 @@ def make_problem(rng: random.Random) -> tuple[str, str, int]:
         a, b = max(a, b), min(a, b)  # keep answers non-negative
         template, expr, answer = rng.choice(SUB_TEMPLATES), f"{a}-{b}", a - b
     question = template.format(name=name, a=a, b=b, item=item)
+    if style == "steps":
+        return question, f"{digit_steps(a, b, expr[2])}\n#### {answer}", answer
     return question, f"{expr}={answer}\n#### {answer}", answer
 
 
@@ -59,7 +91,7 @@ def make_row(question: str, solution: str, answer: int, split: str, index: int) 
     }
 
 
-def generate_splits(seed: int, train_size: int, test_size: int) -> tuple[list[dict], list[dict]]:
+def generate_splits(seed: int, train_size: int, test_size: int, style: str = "direct") -> tuple[list[dict], list[dict]]:
     """Disjoint train/test rows; test is drawn first, so it depends only on (seed, test_size)."""
     rng = random.Random(seed)
     seen: set[str] = set()
@@ -71,7 +103,7 @@ def generate_splits(seed: int, train_size: int, test_size: int) -> tuple[list[di
             attempts += 1
             if attempts > 50 * size + 1000:
                 raise ValueError(f"could not draw {size} distinct {split} problems; the task space is too small")
-            question, solution, answer = make_problem(rng)
+            question, solution, answer = make_problem(rng, style)
             if question in seen:
                 continue
             seen.add(question)
@@ -92,10 +124,13 @@ def write_parquet(rows: list[dict], path: str) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def write_tiny_task(data_dir: str, seed: int = 0, train_size: int = 2048, test_size: int = 256) -> dict[str, str]:
+def write_tiny_task(data_dir: str, seed: int = 0, train_size: int = 2048, test_size: int = 256,
+                    style: str = "direct") -> dict[str, str]:
     """Write train/test (RL) and sft_train/sft_test parquet files; returns name -> path."""
+    if style not in SOLUTION_STYLES:
+        raise ValueError(f"unknown solution style {style!r}; known: {', '.join(SOLUTION_STYLES)}")
     os.makedirs(data_dir, exist_ok=True)
-    train, test = generate_splits(seed, train_size, test_size)
+    train, test = generate_splits(seed, train_size, test_size, style)
     files = {
         "train": (train, "train.parquet"),
         "test": (test, "test.parquet"),
@@ -117,8 +152,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--train_size", type=int, default=2048)
     p.add_argument("--test_size", type=int, default=256)
     p.add_argument("--arch", default="qwen2")
+    p.add_argument("--style", choices=SOLUTION_STYLES, default="steps",
+                   help="worked solutions: 'steps' (column arithmetic digit by digit, the quickstart's) or 'direct' (56+19=75)")
     a = p.parse_args(argv)
-    paths = write_tiny_task(a.data_dir, seed=a.seed, train_size=a.train_size, test_size=a.test_size)
+    paths = write_tiny_task(a.data_dir, seed=a.seed, train_size=a.train_size, test_size=a.test_size, style=a.style)
     print(f"wrote {a.train_size} train / {a.test_size} test rows: {', '.join(paths.values())}")
     if a.model_dir:
         from hybridflow.utils.tiny_model import save_tiny_model

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from hybridflow.protocol import DataProto
+from hybridflow.workers.utils.device import on_device
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.workers.actor import DataParallelPPOActor
@@ -166,9 +167,9 @@ class ActorRolloutRefWorker(Worker):
         meta = self._log_prob_meta(data, self.config["rollout"])
         meta.update({k: v for k, v in data.meta_info.items() if k == "temperature"})
         data.meta_info.update(meta)
-        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
+        log_probs, entropys = self.actor.compute_log_prob(on_device(data, self.device), calculate_entropy=True)
         return DataProto.from_dict(
-            tensors={"old_log_probs": log_probs, "entropys": entropys},
+            tensors={"old_log_probs": log_probs.cpu(), "entropys": entropys.cpu()},
             meta_info={"metrics": {"timing_s/worker_old_log_prob": [time.perf_counter() - start]}},
         )
 
@@ -179,9 +180,9 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         data.meta_info.update(self._log_prob_meta(data, self.config["ref"]))
         with adapters_disabled(self.actor_engine.module) if self._ref_in_actor else contextlib.nullcontext():
-            log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+            log_probs, _ = self.ref_policy.compute_log_prob(on_device(data, self.device), calculate_entropy=False)
         return DataProto.from_dict(
-            tensors={"ref_log_prob": log_probs},
+            tensors={"ref_log_prob": log_probs.cpu()},
             meta_info={"metrics": {"timing_s/worker_ref": [time.perf_counter() - start]}},
         )
 
@@ -191,7 +192,7 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError(f"update_actor needs the actor; this worker's role is {self.role!r}")
         start = time.perf_counter()
         data.meta_info.setdefault("temperature", float(self.config["rollout"].get("temperature", 1.0)))
-        metrics = self.actor.update_policy(data)
+        metrics = self.actor.update_policy(on_device(data, self.device))
         lr = self.actor_engine.lr_scheduler.get_last_lr()[0]
         self.actor_engine.lr_scheduler.step()
         self._rollout_stale = True

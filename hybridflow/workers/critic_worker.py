@@ -7,6 +7,7 @@ import time
 import torch.distributed as dist
 
 from hybridflow.protocol import DataProto
+from hybridflow.workers.utils.device import on_device
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.workers.actor_rollout_ref_worker import _plain
@@ -69,14 +70,14 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         start = time.perf_counter()
-        values = self.critic.compute_values(data)
-        return DataProto.from_dict(tensors={"values": values},
+        values = self.critic.compute_values(on_device(data, self.device))
+        return DataProto.from_dict(tensors={"values": values.cpu()},
                                    meta_info={"metrics": {"timing_s/worker_values": [time.perf_counter() - start]}})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         start = time.perf_counter()
-        metrics = self.critic.update_critic(data)
+        metrics = self.critic.update_critic(on_device(data, self.device))
         metrics["critic/lr"] = [self.engine.lr_scheduler.get_last_lr()[0]]
         self.engine.lr_scheduler.step()
         metrics["timing_s/worker_update_critic"] = [time.perf_counter() - start]

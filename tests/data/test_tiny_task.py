@@ -2,6 +2,7 @@ import os
 import re
 
 import pyarrow.parquet as pq
+import pytest
 
 from hybridflow.data.tiny_task import INSTRUCTION, generate_splits, main, write_tiny_task
 
@@ -76,3 +77,44 @@ def test_cli_writes_data_and_model(tmp_path, capsys):
     assert pq.read_table(os.path.join(data, "test.parquet")).num_rows == 3
     assert os.path.exists(os.path.join(model, "model.safetensors"))
     assert "6 train / 3 test" in capsys.readouterr().out
+
+
+def _check_steps(a: int, b: int, op: str, text: str) -> None:
+    """Independent reading of a 'steps' solution: every written equation holds, the digits are the
+    operands' columns, and the final number is the true result."""
+    ones, tens, final = re.fullmatch(r"(.+?), (.+?), so (\d+)", text).groups()
+    for eq in (ones, tens):
+        lhs, rhs = eq.split("=")
+        assert eval(lhs) == int(rhs), (a, op, b, text)  # noqa: S307 - digits and +/- only
+    assert int(final) == (a + b if op == "+" else a - b)
+    ones_lhs, tens_lhs = ones.split("=")[0], tens.split("=")[0]
+    assert ones_lhs.endswith(f"{op}{b % 10}") and ones_lhs[:-2] in (str(a % 10), f"1{a % 10}")
+    assert tens_lhs.startswith(f"{a // 10}{op}{b // 10}")
+    carried = ones_lhs[:-2] == f"1{a % 10}" if op == "-" else int(ones.split("=")[1]) >= 10
+    tens_terms = tens_lhs.split(op)
+    assert (tens_terms[2:] == ["1"]) == carried and len(tens_terms) in (2, 3)  # the carry/borrow moves to the tens
+
+
+def test_digit_steps_hold_for_every_operand_pair():
+    from hybridflow.data.tiny_task import digit_steps
+
+    for a in range(10, 100):
+        for b in range(10, 100):
+            _check_steps(a, b, "+", digit_steps(a, b, "+"))
+            if a >= b:
+                _check_steps(a, b, "-", digit_steps(a, b, "-"))
+    assert digit_steps(56, 19, "+") == "6+9=15, 5+1+1=7, so 75"
+    assert digit_steps(56, 19, "-") == "16-9=7, 5-1-1=3, so 37"
+
+
+def test_steps_style_rows_end_in_the_answer_and_keep_the_questions(tmp_path):
+    direct_train, direct_test = generate_splits(seed=4, train_size=50, test_size=20)
+    steps_train, steps_test = generate_splits(seed=4, train_size=50, test_size=20, style="steps")
+    for d, s in zip(direct_train + direct_test, steps_train + steps_test):
+        assert d["prompt"] == s["prompt"] and d["reward_model"] == s["reward_model"]  # same problems
+        m = re.fullmatch(r"(\d\d)([+-])(\d\d)=\d+\n#### \d+", d["extra_info"]["answer"])
+        body, final = s["extra_info"]["answer"].split("\n#### ")
+        assert final == s["reward_model"]["ground_truth"]
+        _check_steps(int(m[1]), int(m[3]), m[2], body)
+    with pytest.raises(ValueError, match="solution style 'cot'"):
+        write_tiny_task(str(tmp_path), style="cot")

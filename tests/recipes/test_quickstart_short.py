@@ -61,10 +61,12 @@ def test_builtin_curves_png_draws_both_curves(tmp_path):
 
 
 def test_choose_checkpoint_prefers_first_in_band():
-    assert quickstart.choose_checkpoint({25: 0.0, 50: 0.22, 75: 0.40}) == 50
+    band = (0.20, 0.45)
+    assert quickstart.choose_checkpoint({25: 0.0, 50: 0.22, 75: 0.40}, band) == 50
     # jumped over the band: the accuracy closest to the band's middle (0.325)
-    assert quickstart.choose_checkpoint({25: 0.05, 50: 0.55, 75: 0.9}) == 50
-    assert quickstart.choose_checkpoint({25: 0.0, 50: 0.1}) == 50
+    assert quickstart.choose_checkpoint({25: 0.05, 50: 0.55, 75: 0.9}, band) == 50
+    assert quickstart.choose_checkpoint({25: 0.0, 50: 0.1}, band) == 50
+    assert quickstart.choose_checkpoint({25: 0.0, 50: 0.22, 75: 0.40}, (0.30, 0.55)) == 75
 
 
 def test_curves_read_reward_and_validation_from_jsonl_rows():
@@ -87,6 +89,24 @@ def test_rl_args_follow_the_calibration_and_compose(tmp_path):
         samples = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
         assert samples == 16 * 8  # same sample budget per step for both algorithms
         assert cfg.algorithm.adv_estimator == ("grpo" if algo == "grpo" else "gae")
+        optim = cfg.actor_rollout_ref.actor.optim  # warm-up, then cosine decay to 0.1 x lr
+        assert (optim.lr_warmup_steps, optim.warmup_style, optim.min_lr_ratio) == (10, "cosine", 0.1)
+
+
+def test_rl_overrides_come_last_and_sizes_follow_batch_and_n(tmp_path):
+    from hybridflow.utils.config import load_config
+
+    paths = {"train": "t.parquet", "heldout": "h.parquet"}
+    args = quickstart.parse(["--batch", "32", "--n", "4", "--lr_schedule", "constant",
+                             "--rl_override", "algorithm.norm_adv_by_std_in_grpo=False",
+                             "--rl_override", "trainer.test_freq=5"])
+    sizes = dict(quickstart.FULL, batch=args.batch, n=args.n)
+    overrides = quickstart.rl_args("grpo", "/m", paths, sizes, str(tmp_path), args)
+    assert overrides[-2:] == ["algorithm.norm_adv_by_std_in_grpo=False", "trainer.test_freq=5"]
+    cfg = load_config("ppo_trainer", overrides)
+    assert cfg.trainer.test_freq == 5 and cfg.algorithm.norm_adv_by_std_in_grpo is False
+    assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n) == (32, 4)
+    assert cfg.actor_rollout_ref.actor.optim.warmup_style == "constant"
 
 
 @pytest.mark.slow
@@ -106,6 +126,23 @@ def test_quickstart_quick_writes_json_and_png(tmp_path):
     assert all(math.isfinite(v) for _, v in result["train_reward"] + result["val_accuracy"])
     _decode_png((work / "quickstart_curves.png").read_bytes())
     assert "accuracy before" in out.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_quickstart_quick_on_cuda(tmp_path, algo):
+    """The in-process path on a GPU: workers must move the driver's CPU batches to their device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    work = tmp_path / algo
+    out = subprocess.run([sys.executable, os.path.join(REPO, "recipes", "quickstart.py"), "--quick", "--algo", algo,
+                          "--device", "cuda", "--backend", "inprocess", "--workdir", str(work)],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO), timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads((work / "quickstart_result.json").read_text())
+    assert result["steps"] == 2 and math.isfinite(result["accuracy_after"])
 
 
 @pytest.mark.parametrize("script", ["gsm8k_grpo.sh", "gsm8k_ppo.sh"])
