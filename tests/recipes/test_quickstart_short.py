@@ -67,6 +67,7 @@ def test_choose_checkpoint_prefers_first_in_band():
     assert quickstart.choose_checkpoint({25: 0.05, 50: 0.55, 75: 0.9}, band) == 50
     assert quickstart.choose_checkpoint({25: 0.0, 50: 0.1}, band) == 50
     assert quickstart.choose_checkpoint({25: 0.0, 50: 0.22, 75: 0.40}, (0.30, 0.55)) == 75
+    assert quickstart.choose_checkpoint({25: 0.0, 50: 0.33, 75: 0.45}) == 75  # the default band starts at 40%
 
 
 def test_curves_read_reward_and_validation_from_jsonl_rows():
