@@ -56,10 +56,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # sizes of the full recipe and of --quick (a smoke test: no accuracy target)
 FULL = dict(train_size=2048, dev_size=100, test_size=200, sft_max_steps=1200, sft_save_freq=25, rl_steps=150,
-            test_freq=10, batch=16, n=8, response_length=24)
+            test_freq=10, batch=16, n=8, response_length=40)
 QUICK = dict(train_size=64, dev_size=8, test_size=8, sft_max_steps=4, sft_save_freq=2, rl_steps=2,
              test_freq=1, batch=4, n=2, response_length=8)
 BAND = (0.40, 0.65)  # SFT dev accuracy that leaves room to improve
+MAX_PROMPT_LENGTH = 112  # tokens: the longest tiny-task prompt is ~100 characters = tokens
+# the longest worked solution + EOS: ~30 tokens for 'steps', ~17 for 'direct'
+FULL_RESPONSE_LENGTH = {"steps": 40, "direct": 24}
+
+
+def recipe_sizes(args) -> dict:
+    """The sizes of this run: --quick or the full recipe, the response length of the task style,
+    and --batch/--n where given."""
+    sizes = dict(QUICK) if args.quick else dict(FULL, response_length=FULL_RESPONSE_LENGTH[args.task_style])
+    sizes.update({k: v for k, v in (("batch", args.batch), ("n", args.n)) if v})
+    return sizes
 
 
 def log(msg: str) -> None:
@@ -156,7 +167,7 @@ def sft_warmup(work: str, paths: dict, sizes: dict, args) -> tuple[str, dict[int
 
     def evaluate(step: int) -> float:
         acc = greedy_accuracy(os.path.join(sft_dir, f"global_step_{step}"), paths["dev"],
-                              response_length=sizes["response_length"], max_prompt_length=128)
+                              response_length=sizes["response_length"], max_prompt_length=MAX_PROMPT_LENGTH)
         history[step] = acc
         log(f"SFT step {step}: dev accuracy {acc:.1%}")
         return acc
@@ -203,7 +214,7 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
     steps = args.rl_steps or sizes["rl_steps"]
     common = [
         f"data.train_files={paths['train']}", f"data.val_files={paths['heldout']}",
-        f"data.train_batch_size={sizes['batch']}", "data.max_prompt_length=112",
+        f"data.train_batch_size={sizes['batch']}", f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
         f"data.max_response_length={sizes['response_length']}", f"data.seed={args.seed}",
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
         f"actor_rollout_ref.actor.optim.lr={args.lr}", f"actor_rollout_ref.actor.optim.lr_warmup_steps={args.warmup}",
@@ -304,10 +315,7 @@ def parse(argv=None):
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    sizes = dict(QUICK if args.quick else FULL)
-    if args.task_style == "steps" and not args.quick:
-        sizes["response_length"] = 40
-    sizes.update({k: v for k, v in (("batch", args.batch), ("n", args.n)) if v})
+    sizes = recipe_sizes(args)
     work = os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
     os.environ.update({k: v for k, v in child_env(args.threads).items() if k != "PYTHONPATH"})
@@ -336,7 +344,8 @@ def main(argv=None) -> dict:
     phase("sft", t0)
 
     t0 = time.perf_counter()
-    before = greedy_accuracy(sft_model, paths["heldout"], response_length=sizes["response_length"], max_prompt_length=128)
+    before = greedy_accuracy(sft_model, paths["heldout"], response_length=sizes["response_length"],
+                             max_prompt_length=MAX_PROMPT_LENGTH)
     phase("eval_before", t0)
     log(f"held-out greedy accuracy before {args.algo.upper()}: {before:.1%}")
 
@@ -353,7 +362,7 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     final_model = export_final(run_dir, work, args)
     after, samples = greedy_accuracy(final_model, paths["heldout"], response_length=sizes["response_length"],
-                                     max_prompt_length=128, return_samples=3)
+                                     max_prompt_length=MAX_PROMPT_LENGTH, return_samples=3)
     phase("eval_after", t0)
 
     rows = read_metrics(metrics_path)

@@ -17,7 +17,6 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from hybridflow.protocol import DataProto
-from hybridflow.workers.utils.device import on_device
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.workers.actor import DataParallelPPOActor
@@ -26,6 +25,7 @@ from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
 from hybridflow.workers.rollout import HFRollout, get_rollout_class
+from hybridflow.workers.utils.device import on_device
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 

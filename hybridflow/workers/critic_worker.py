@@ -7,7 +7,6 @@ import time
 import torch.distributed as dist
 
 from hybridflow.protocol import DataProto
-from hybridflow.workers.utils.device import on_device
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.workers.actor_rollout_ref_worker import _plain
@@ -15,6 +14,7 @@ from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_ch
 from hybridflow.workers.critic import DataParallelPPOCritic
 from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
+from hybridflow.workers.utils.device import on_device
 
 
 def critic_per_rank_sizes(critic: dict, dp_size: int) -> dict:

@@ -101,7 +101,10 @@ def test_rl_overrides_come_last_and_sizes_follow_batch_and_n(tmp_path):
     args = quickstart.parse(["--batch", "32", "--n", "4", "--lr_schedule", "constant",
                              "--rl_override", "algorithm.norm_adv_by_std_in_grpo=False",
                              "--rl_override", "trainer.test_freq=5"])
-    sizes = dict(quickstart.FULL, batch=args.batch, n=args.n)
+    sizes = quickstart.recipe_sizes(args)
+    assert (sizes["batch"], sizes["n"], sizes["response_length"]) == (32, 4, 40)
+    assert quickstart.recipe_sizes(quickstart.parse(["--task_style", "direct"]))["response_length"] == 24
+    assert quickstart.recipe_sizes(quickstart.parse(["--quick"])) == quickstart.QUICK
     overrides = quickstart.rl_args("grpo", "/m", paths, sizes, str(tmp_path), args)
     assert overrides[-2:] == ["algorithm.norm_adv_by_std_in_grpo=False", "trainer.test_freq=5"]
     cfg = load_config("ppo_trainer", overrides)
