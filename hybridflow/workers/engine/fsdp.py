@@ -86,14 +86,41 @@ def _dtype(name):
 
 def _enable_activation_checkpointing(module: nn.Module, offload: bool = False) -> None:
     """Recompute each decoder layer in backward (non-reentrant: works with frozen inputs, e.g. LoRA).
-    ``offload``: the layer inputs kept for the recompute go to pinned host memory (transformers 5)."""
+    ``offload``: the layer inputs kept for the recompute go to pinned host memory."""
     kwargs = {"use_reentrant": False}
-    if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.x name
+    if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5.20 name, offload built in
         module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, offload=offload)
     elif hasattr(module, "gradient_checkpointing_enable"):
         module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        if offload:
+            _save_activations_on_host(module)
     else:
         logger.warning("enable_gradient_checkpointing=True but %s cannot checkpoint; ignored", type(module).__name__)
+
+
+def _save_activations_on_host(module: nn.Module) -> None:
+    """Tensors saved for backward during ``module``'s forward go to pinned host memory (older
+    transformers have no offload switch of their own)."""
+    contexts: list = []
+
+    def enter(*_):
+        ctx = torch.autograd.graph.save_on_cpu(pin_memory=True)
+        ctx.__enter__()
+        contexts.append(ctx)
+
+    def leave(*_):
+        contexts.pop().__exit__(None, None, None)
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave)
+
+
+def is_activation_checkpointing(module: nn.Module) -> bool:
+    """Whether ``module`` recomputes its layers in backward (either transformers spelling)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(module, name):
+            return bool(getattr(module, name))
+    return False
 
 
 def _layer_classes(module: nn.Module) -> set[type]:

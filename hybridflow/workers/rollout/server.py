@@ -1,0 +1,136 @@
+"""The rollout engine as an asynchronous server: one trajectory's token ids in, token ids out.
+
+Every engine (``hf``, ``vllm``, a user's) implements ``AsyncRolloutServer``. A request is the full
+token context of one trajectory so far plus its sampling parameters; the answer is the new tokens,
+their log-probs (log softmax(logits / temperature) of the sampled token, the quantity the trainer
+recomputes) and why generation stopped. Many requests are in flight at once: the engine batches them
+(vLLM's continuous batching; the hf engine gathers what is pending into one ``generate`` call).
+
+The server lives on one asyncio event loop (``EngineLoop``, a thread of the worker process that hosts
+the engine); everything else (the agent loop, the worker's synchronous methods) reaches it through
+that loop. Weights arrive in buckets (``load_weights`` once per bucket, then ``finish_weight_update``)
+so that the trainer never has to hold its full state dict twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Coroutine, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from hybridflow.utils.registry import Registry
+from hybridflow.workers.rollout.sampling import SamplingParams
+
+T = TypeVar("T")
+
+# why a request ended: an EOS / stop token, the max_tokens limit, or an abort (weight update, shutdown)
+STOP, LENGTH, ABORT = "stop", "length", "abort"
+
+
+@dataclass
+class TokenOutput:
+    """The answer to one request. ``log_probs`` is None when the caller did not ask for them."""
+
+    token_ids: list[int]
+    log_probs: list[float] | None = None
+    stop_reason: str = STOP
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What every engine is built from, whatever its kind (the worker fills it in once).
+
+    ``module`` is a ready inference copy of the model for engines that run in the worker's own torch
+    (hf); engines with their own loader (vllm) read ``model_path``.
+    """
+
+    model_path: str
+    config: dict  # the rollout section of the config (veRL keys), plain dict
+    pad_token_id: int
+    eos_token_ids: tuple[int, ...]
+    device: str = "cpu"
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    module: Any = None
+
+
+class AsyncRolloutServer(ABC):
+    """Token-in-token-out generation with many requests in flight (see the module docstring)."""
+
+    @abstractmethod
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                       logprobs: bool = True) -> TokenOutput:
+        """Continue ``prompt_ids`` by at most ``params.response_length`` tokens; stop at an EOS id
+        unless ``params.ignore_eos``. The EOS that ends a response is part of ``token_ids``."""
+
+    @abstractmethod
+    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy one bucket of full (unsharded) tensors, named as in the Hugging Face model, into the
+        engine; returns how many were loaded. Called once per bucket during a weight update."""
+
+    async def finish_weight_update(self) -> None:
+        """All buckets are in: drop whatever was computed with the old weights (prefix caches)."""
+
+    async def abort_all(self) -> int:
+        """Stop every request in flight (they return with ``stop_reason == "abort"``); returns how many."""
+        return 0
+
+    async def sleep(self, level: int = 1) -> None:
+        """Free the engine's memory while the trainer runs (no-op where there is nothing to free)."""
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Reacquire what ``sleep`` freed (``tags``: e.g. ["weights"] then ["kv_cache"] where supported)."""
+
+    async def shutdown(self) -> None:
+        """Release the engine (processes, memory)."""
+
+
+ROLLOUT_SERVERS: Registry[type[AsyncRolloutServer]] = Registry("rollout engine")
+
+
+def register_rollout_server(name: str):
+    """Class decorator: make an engine selectable as ``actor_rollout_ref.rollout.name=<name>``.
+
+    The class is built as ``cls(spec: ServerSpec)`` inside the worker process, on the engine loop.
+    """
+    return ROLLOUT_SERVERS.register(name)
+
+
+class EngineLoop:
+    """An asyncio event loop on a daemon thread: the home of one rollout server.
+
+    ``run(coro)`` blocks the calling thread until the coroutine finished on the loop; ``submit`` returns
+    a concurrent Future; ``wrap(coro)`` returns an awaitable for another event loop (the agent loop's).
+    """
+
+    def __init__(self, name: str = "hybridflow-engine-loop"):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("EngineLoop.run called from the engine loop itself (would deadlock); await instead")
+        return self.submit(coro).result(timeout)
+
+    def wrap(self, coro: Coroutine[Any, Any, T]) -> "asyncio.Future[T]":
+        return asyncio.wrap_future(self.submit(coro))
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
