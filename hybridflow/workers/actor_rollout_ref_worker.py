@@ -16,6 +16,9 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from hybridflow.agent_loop.base import AgentLoopSettings
+from hybridflow.agent_loop.server_manager import LocalServerHandle
+from hybridflow.agent_loop.worker import AgentLoopWorker
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
@@ -24,8 +27,9 @@ from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_ch
 from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
-from hybridflow.workers.rollout import HFRollout, get_rollout_class
-from hybridflow.workers.utils.device import on_device
+from hybridflow.workers.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
+from hybridflow.workers.rollout.weights import buckets
+from hybridflow.workers.utils.device import on_device, resolve_dtype
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
@@ -114,41 +118,90 @@ class ActorRolloutRefWorker(Worker):
             self.ref_engine = TrainEngine(ref_module, ref_spec, trainable=False)
             self.ref_policy = DataParallelPPOActor(ref_section, self.ref_engine.module)
         if self._is_rollout:
-            self.rollout = self._build_rollout(path, trust)
+            self._build_rollout(path, trust)
+            # the first generation uses the trainer's weights, whatever the engine loaded (dummy formats,
+            # a checkpoint restored into the actor): pushed in prepare_rollout like after every update
+            self._rollout_stale = self._is_actor
 
     def _build_rollout(self, path: str, trust: bool):
+        """The rollout engine as an asynchronous server, living on this process's engine loop."""
         rollout_cfg = self.config["rollout"]
-        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         name = rollout_cfg.get("name", "hf")
+        dtype = resolve_dtype(rollout_cfg.get("dtype", "auto"), str(self.device))
+        module = None
         if name == "hf":
             # a separate inference copy: generation never all-gathers sharded weights token by token
             module = load_model(path, "causal_lm", override_config=self.config["model"].get("override_config") or {},
-                                trust_remote_code=trust).to(self.device)
-            return HFRollout(module.eval(), rollout_cfg, pad, eos)
-        return get_rollout_class(name)(path, rollout_cfg, pad, eos, trust_remote_code=trust)
+                                trust_remote_code=trust).to(device=self.device, dtype=getattr(torch, dtype)).eval()
+        eos = self.tokenizer.eos_token_id
+        spec = ServerSpec(model_path=path, config=rollout_cfg, pad_token_id=int(self.tokenizer.pad_token_id),
+                          eos_token_ids=tuple(eos if isinstance(eos, (list, tuple)) else [eos]),
+                          device=str(self.device), dtype=dtype, trust_remote_code=trust, module=module)
+        self.engine_loop = EngineLoop(f"rollout-engine-rank{self.rank}")
+        server_cls = ROLLOUT_SERVERS.get(name)
+
+        async def build():
+            return server_cls(spec)
+
+        self.server = self.engine_loop.run(build())
+        self.agent_settings = AgentLoopSettings.from_rollout_config(rollout_cfg)
+        self._bucket_bytes = int(float((rollout_cfg.get("checkpoint_engine") or {}).get("update_weights_bucket_megabytes")
+                                       or 512) * (1 << 20))
 
     # ----------------------------------------------------------------------------------------------
-    def _sync_rollout_weights(self) -> float:
-        """Push the trained weights into the rollout engine (training layout → inference engine)."""
+    def _sync_rollout_weights(self) -> dict:
+        """Stream the trained weights into the rollout engine bucket by bucket (training layout ->
+        inference engine). Every rank takes part: gathering a sharded parameter is a collective."""
         if not (self._is_actor and self._is_rollout and self._rollout_stale):
-            return 0.0
+            return {"timing_s/update_weights": 0.0}
         start = time.perf_counter()
-        self.rollout.load_weights(self.actor_engine.full_state_dict())
+        n_tensors = n_bytes = 0
+        for bucket in buckets(self.actor_engine.iter_full_params(), self._bucket_bytes):
+            n_tensors += self.engine_loop.run(self.server.load_weights(bucket))
+            n_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            del bucket
+        self.engine_loop.run(self.server.finish_weight_update())
         self._rollout_stale = False
-        return time.perf_counter() - start
+        return {"timing_s/update_weights": time.perf_counter() - start, "rollout/weight_sync_mb": n_bytes / (1 << 20),
+                "rollout/weight_sync_tensors": n_tensors}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def prepare_rollout(self) -> dict:
+        """Training -> generation: wake the engine and push the new weights (veRL's wake_up + update)."""
+        if not self._is_rollout:
+            return {}
+        self.engine_loop.run(self.server.wake_up())
+        return self._sync_rollout_weights()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def release_rollout(self) -> None:
+        """Generation -> training: let the engine free its memory (veRL's free_cache_engine)."""
+        if self._is_rollout:
+            self.engine_loop.run(self.server.sleep())
+
+    def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):
+        """One request to this process's engine (called per trajectory turn by agent loop workers)."""
+        return self.engine_loop.run(self.server.generate(prompt_ids, params, request_id, logprobs))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        sync_s = self._sync_rollout_weights()
-        meta = {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id}
-        meta.update(prompts.meta_info)
-        prompts.meta_info = meta
+        """A batch through the agent loop on this rank's own engine (veRL's worker-level API; the trainer
+        goes through AgentLoopManager, which spreads trajectories over every rank's engine)."""
+        if not self._is_rollout:
+            raise RuntimeError(f"generate_sequences needs the rollout; this worker's role is {self.role!r}")
+        prepared = self.prepare_rollout()
         start = time.perf_counter()
-        output = self.rollout.generate_sequences(prompts)
-        output.meta_info["metrics"] = {
-            "timing_s/update_weights": [sync_s],
-            "timing_s/generate_sequences": [time.perf_counter() - start],
-        }
+        worker = AgentLoopWorker(self.agent_settings, [LocalServerHandle(self)], self.tokenizer,
+                                 self.tokenizer.pad_token_id)
+        prompts.meta_info.setdefault("sample_offset", self.rank * len(prompts))
+        try:
+            output = self.engine_loop.run(worker.generate_sequences(prompts))
+        finally:
+            self.release_rollout()
+        metrics = output.meta_info.pop("metrics", {})
+        output.meta_info = dict(prompts.meta_info)
+        output.meta_info["metrics"] = {**metrics, "timing_s/update_weights": [prepared["timing_s/update_weights"]],
+                                       "timing_s/generate_sequences": [time.perf_counter() - start]}
         return output
 
     def _log_prob_meta(self, data: DataProto, section: dict) -> dict:

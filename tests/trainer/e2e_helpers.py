@@ -56,6 +56,7 @@ def base_overrides(model_dir: str, data_dir: str, tmp_path, *, estimator: str = 
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mini_batch * n // world}",
         f"actor_rollout_ref.rollout.n={n}",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={per_rank}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={per_rank}",
         f"critic.model.path={model_dir}",

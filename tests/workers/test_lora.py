@@ -158,7 +158,7 @@ def test_lora_grpo_run_trains_adapters_only_ref_is_base(tiny_model_dir, tiny_dat
     # the rollout engine gets the merged weights
     worker._rollout_stale = True
     worker._sync_rollout_weights()
-    rollout_sd = worker.rollout.module.state_dict()
+    rollout_sd = worker.server.module.state_dict()
     for key, value in merged_now.items():
         torch.testing.assert_close(rollout_sd[key], value, msg=key)
 

@@ -41,6 +41,11 @@ def build_colocated_class(class_dict: dict[str, ClassWithInitArgs]) -> ClassWith
         def get_role_names(self):
             return list(self._roles)
 
+        def call_role(self, role: str, method: str, *args, **kwargs):
+            """Call any method of one role directly (not through a WorkerGroup): e.g. a rollout server's
+            per-request endpoint, called by agent loop workers."""
+            return getattr(self._roles[role], method)(*args, **kwargs)
+
     for role, spec in specs.items():
         for method, info in registered_methods(spec.user_cls).items():
             setattr(ColocatedWorker, f"{role}{ROLE_SEPARATOR}{method}", _forwarder(role, method, info))

@@ -290,10 +290,14 @@ def _as_ray_cls(c: ClassWithInitArgs) -> RayClassWithInitArgs:
     return RayClassWithInitArgs(c.cls, *c.args, **c.kwargs)
 
 
-def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs]) -> RayClassWithInitArgs:
-    """Fuse several roles into one actor class (one process per device); see ``WorkerGroup.spawn``."""
+def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs], remote_options: dict | None = None,
+                                ) -> RayClassWithInitArgs:
+    """Fuse several roles into one actor class (one process per device); see ``WorkerGroup.spawn``.
+
+    ``remote_options`` go to ``ray.remote`` (e.g. ``concurrency_groups``, which only it accepts).
+    """
     fused = build_colocated_class(class_dict)
-    out = RayClassWithInitArgs(ray.remote(fused.cls))
+    out = RayClassWithInitArgs(ray.remote(**remote_options)(fused.cls) if remote_options else ray.remote(fused.cls))
     for spec in class_dict.values():
         if isinstance(spec, RayClassWithInitArgs):
             out.update_options(spec._options)

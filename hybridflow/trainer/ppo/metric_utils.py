@@ -65,6 +65,30 @@ def compute_throughput_metrics(batch: DataProto, step_seconds: float, n_devices:
     }
 
 
+def rollout_probs_diff_metrics(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                               response_mask: torch.Tensor) -> dict[str, torch.Tensor | float]:
+    """How far the rollout engine's token probabilities are from the trainer's recomputation
+    (veRL's ``training/rollout_probs_diff_*``): |exp(rollout) - exp(old)| over the model's tokens.
+
+    Large values mean the engine samples from a different policy than the one being trained (stale
+    weights, a dtype or kernel mismatch); importance-sampling corrections exist for the rest.
+    """
+    mask = response_mask.bool()
+    if not mask.any():
+        nan = float("nan")
+        return {"training/rollout_probs_diff_valid": 0.0, "training/rollout_probs_diff_max": nan,
+                "training/rollout_probs_diff_mean": nan, "training/rollout_probs_diff_std": nan,
+                "training/rollout_actor_probs_pearson_corr": nan}
+    rollout_p = torch.exp(rollout_log_probs.float())[mask]  # (T,) the model's tokens only
+    actor_p = torch.exp(old_log_probs.float())[mask]
+    diff = (rollout_p - actor_p).abs()
+    corr = torch.corrcoef(torch.stack([actor_p, rollout_p]))[0, 1] if diff.numel() > 1 else torch.tensor(float("nan"))
+    return {"training/rollout_probs_diff_valid": 1.0, "training/rollout_probs_diff_max": diff.max(),
+            "training/rollout_probs_diff_mean": diff.mean(),
+            "training/rollout_probs_diff_std": diff.std() if diff.numel() > 1 else torch.tensor(0.0),
+            "training/rollout_actor_probs_pearson_corr": corr}
+
+
 def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     """Lists (one entry per rank / mini-batch) → their mean; tensors and numbers → float.
 

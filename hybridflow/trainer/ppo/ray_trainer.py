@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from hybridflow.agent_loop.base import AgentLoopSettings
+from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import core_algos
@@ -25,6 +27,7 @@ from hybridflow.trainer.ppo.metric_utils import (
     compute_throughput_metrics,
     compute_timing_metrics,
     reduce_metrics,
+    rollout_probs_diff_metrics,
     validation_metrics,
 )
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups
@@ -37,11 +40,6 @@ def timer(name: str, timing: dict):
     start = time.perf_counter()
     yield
     timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
-
-
-def response_mask_of(batch: DataProto) -> torch.Tensor:
-    response_length = batch.batch["responses"].shape[-1]
-    return batch.batch["attention_mask"][:, -response_length:]
 
 
 class RayPPOTrainer:
@@ -87,10 +85,17 @@ class RayPPOTrainer:
         if self.rm_wg is not None:
             self.rm_wg.init_model()
         self.actor_rollout_wg.init_model()
+        rollout = OmegaConf.to_container(self.config.actor_rollout_ref.rollout, resolve=True)
+        self.async_rollout_manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(rollout),
+                                                      self.actor_rollout_wg, self.tokenizer, role="actor_rollout")
 
     def shutdown_workers(self) -> None:
         """Kill the worker processes and free their placement groups: a later run in the same Ray
         session (a notebook, a test session, a sweep) gets the CPUs/GPUs back."""
+        manager = getattr(self, "async_rollout_manager", None)
+        if manager is not None:
+            manager.shutdown()
+            self.async_rollout_manager = None
         groups = getattr(self, "_all_groups", {}) or {}
         for group in {id(g): g for g in groups.values() if g is not None}.values():
             pool = getattr(group, "resource_pool", None)
@@ -100,20 +105,26 @@ class RayPPOTrainer:
         self._all_groups = {}
 
     # --------------------------------------------------------------------------------- phases
-    def _generate(self, batch: DataProto, timing: dict) -> DataProto:
+    def _rollout(self, batch: DataProto, meta_info: dict) -> tuple[DataProto, dict]:
+        """Prompts (tensors + every non-tensor field the agent loops may read) through the agent loop
+        manager; returns the batch with the rollout's tensors added, and the rollout's metrics."""
+        gen_batch = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"],
+                                 non_tensor_batch_keys=list(batch.non_tensor_batch), deepcopy=False)
+        gen_batch.meta_info = meta_info
+        gen_out = self.async_rollout_manager.generate_sequences(gen_batch)
+        metrics = gen_out.meta_info.pop("metrics", {})
+        batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))  # drop prompt tensors
+        return batch.union(gen_out), metrics
+
+    def _generate(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:
         rollout = self.config.actor_rollout_ref.rollout
         batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}_{i}" for i in range(len(batch))], dtype=object)  # deterministic: reproducible on resume
         batch = batch.repeat(repeat_times=int(rollout.n), interleave=True)
-        gen_batch = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"], deepcopy=False)
-        gen_batch.meta_info = {"do_sample": bool(rollout.do_sample), "global_steps": self.global_steps}
         with timer("gen", timing):
-            gen_out = self.actor_rollout_wg.generate_sequences(gen_batch)
-        worker_metrics = gen_out.meta_info.pop("metrics", {})
-        timing["update_weights"] = float(np.max(worker_metrics.get("timing_s/update_weights", [0.0])))
-        batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))  # drop prompt tensors
-        batch = batch.union(gen_out)
-        batch.batch["response_mask"] = response_mask_of(batch)
-        return batch
+            batch, gen_metrics = self._rollout(batch, {"do_sample": bool(rollout.do_sample), "global_steps": self.global_steps})
+        timing["update_weights"] = float(np.max(gen_metrics.pop("timing_s/update_weights", [0.0])))
+        metrics.update({k: v for k, v in gen_metrics.items() if k.startswith(("agent/", "rollout/"))})
+        return batch  # response_mask is the rollout's (1 = the model's own tokens), never rebuilt here
 
     def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
         """Reorder rows so every data-parallel rank gets a similar number of tokens."""
@@ -138,6 +149,9 @@ class RayPPOTrainer:
         metrics["actor/entropy"] = core_algos.agg_loss(entropy, batch.batch["response_mask"],
                                                        self.config.actor_rollout_ref.actor.loss_agg_mode)
         batch.batch["old_log_probs"] = out.batch["old_log_probs"]
+        if "rollout_log_probs" in batch.batch.keys():  # the engine's own log-probs: is it sampling the trained policy?
+            metrics.update(rollout_probs_diff_metrics(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
+                                                      batch.batch["response_mask"]))
 
     def _compute_ref_log_prob(self, batch: DataProto) -> None:
         batch.batch["ref_log_prob"] = self.actor_rollout_wg.compute_ref_log_prob(batch).batch["ref_log_prob"]
@@ -181,7 +195,7 @@ class RayPPOTrainer:
         metrics: dict = {}
         timing: dict = {}
         with timer("step", timing):
-            batch = self._generate(batch, timing)                                  # rollout
+            batch = self._generate(batch, timing, metrics)                         # rollout
             if self.config.trainer.balance_batch:
                 self._balance_batch(batch, metrics)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
@@ -216,11 +230,8 @@ class RayPPOTrainer:
         n = int(val_kwargs.n)
         batch = DataProto.from_single_dict(self.collate_fn([self.val_dataset[i] for i in range(len(self.val_dataset))]))
         batch = batch.repeat(repeat_times=n, interleave=True)
-        gen_batch = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
-        gen_batch.meta_info = {"validate": True, "do_sample": bool(val_kwargs.do_sample)}
-        out = self.actor_rollout_wg.generate_sequences(gen_batch)
-        out.meta_info.pop("metrics", None)
-        batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch)).union(out)
+        batch, _ = self._rollout(batch, {"validate": True, "do_sample": bool(val_kwargs.do_sample),
+                                         "global_steps": self.global_steps})
         scores = self.val_reward_fn(batch, return_dict=False).sum(-1).tolist()
         self._log_val_generations(batch, scores)
         reward_key = self.config.data.reward_fn_key

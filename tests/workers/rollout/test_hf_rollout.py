@@ -1,4 +1,5 @@
-"""HFRollout on the tiny Qwen2 (vocab 100): layout, masks, sampling controls, weight loading."""
+"""HFRollout (the batch facade over the hf server + single_turn_agent) on the tiny Qwen2 (vocab 100):
+layout, masks, sampling controls, weight loading."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def greedy(rollout, prompts, **meta):
 def test_output_layout(rollout, prompts):
     out = rollout.generate_sequences(prompts)
     B, P = prompts.batch["input_ids"].shape
-    assert set(out.batch.keys()) == {"prompts", "responses", "input_ids", "attention_mask", "position_ids"}
+    assert set(out.batch.keys()) == {"prompts", "responses", "input_ids", "attention_mask", "position_ids",
+                                     "response_mask", "rollout_log_probs"}
     assert out.batch["responses"].shape == (B, R)
     for key in ("input_ids", "attention_mask", "position_ids"):
         assert out.batch[key].shape == (B, P + R)
@@ -49,6 +51,8 @@ def test_output_layout(rollout, prompts):
     assert torch.equal(out.batch["input_ids"][:, :P], prompts.batch["input_ids"])
     assert torch.equal(out.batch["input_ids"][:, P:], out.batch["responses"])
     assert torch.equal(out.batch["attention_mask"][:, :P], prompts.batch["attention_mask"])
+    # single turn: every response token is the model's own, so the loss mask is the response attention
+    assert torch.equal(out.batch["response_mask"], out.batch["attention_mask"][:, P:])
     # input's non-tensor data and meta_info are kept; generated_tokens = number of response tokens
     assert list(out.non_tensor_batch["data_source"]) == [f"src{i}" for i in range(B)]
     assert out.meta_info["step"] == 3
@@ -129,13 +133,11 @@ def test_model_generation_config_cannot_shape_sampling(model, tokenizer):
     # a chat checkpoint's generation_config.json often sets these; the rollout must ignore them
     prompts = make_prompts(tokenizer)
     reference = HFRollout(model, rollout_config(), PAD_ID, EOS_ID)
-    torch.manual_seed(0)
     expected = reference.generate_sequences(prompts).batch["responses"]
     expected_greedy = greedy(reference, prompts).batch["responses"]
     gc = model.generation_config
     gc.top_k, gc.top_p, gc.repetition_penalty, gc.min_p, gc.no_repeat_ngram_size = 1, 0.1, 3.0, 0.9, 2
     shaped = HFRollout(model, rollout_config(), PAD_ID, EOS_ID)
-    torch.manual_seed(0)
     assert torch.equal(shaped.generate_sequences(prompts).batch["responses"], expected)
     assert torch.equal(greedy(shaped, prompts).batch["responses"], expected_greedy)
 
@@ -145,22 +147,30 @@ def test_sampling_controls_via_meta_info(rollout, prompts):
     assert torch.equal(greedy(rollout, prompts).batch["responses"], g1)  # greedy is deterministic
     # temperature 0 means greedy even with do_sample=True
     assert torch.equal(rollout.generate_sequences(with_meta(prompts, temperature=0)).batch["responses"], g1)
-    # top_k=1 sampling keeps only the argmax: the same tokens as greedy, whatever the seed
-    torch.manual_seed(123)
+    # top_k=1 sampling keeps only the argmax: the same tokens as greedy, whatever the draws
     top1 = rollout.generate_sequences(with_meta(prompts, top_k=1, temperature=1.3)).batch["responses"]
     assert torch.equal(top1, g1)
-    # plain sampling: same seed -> same tokens; different seed -> different tokens
+    # sampling is a function of the request ids (step + row) and the engine seed, not of torch's RNG
     torch.manual_seed(1)
-    s1 = rollout.generate_sequences(prompts).batch["responses"]
-    torch.manual_seed(1)
-    assert torch.equal(rollout.generate_sequences(prompts).batch["responses"], s1)
+    s1 = rollout.generate_sequences(with_meta(prompts, global_steps=1)).batch["responses"]
     torch.manual_seed(2)
-    assert not torch.equal(rollout.generate_sequences(prompts).batch["responses"], s1)
+    assert torch.equal(rollout.generate_sequences(with_meta(prompts, global_steps=1)).batch["responses"], s1)
+    assert not torch.equal(rollout.generate_sequences(with_meta(prompts, global_steps=2)).batch["responses"], s1)
+    other_seed = HFRollout(rollout.module, rollout_config(response_length=R, seed=7), PAD_ID, EOS_ID)
+    assert not torch.equal(other_seed.generate_sequences(with_meta(prompts, global_steps=1)).batch["responses"], s1)
     assert not torch.equal(s1, g1)
 
 
+def test_a_request_samples_the_same_tokens_whatever_its_batch(rollout, tokenizer, prompts):
+    # row i of a batch is request "<step>:<i>": alone (as row 0 of a one-row batch with sample_offset i)
+    # it must draw exactly the same tokens, so runs do not depend on how requests were grouped
+    batched = rollout.generate_sequences(with_meta(prompts, global_steps=4)).batch["responses"]
+    for i, text in enumerate(TEXTS):
+        alone = rollout.generate_sequences(with_meta(make_prompts(tokenizer, [text]), global_steps=4, sample_offset=i))
+        assert torch.equal(alone.batch["responses"][0], batched[i]), text
+
+
 def test_top_k_restricts_every_sampled_token(model, rollout, prompts):
-    torch.manual_seed(0)
     out = rollout.generate_sequences(with_meta(prompts, top_k=3, temperature=2.0, response_length=6))
     P = prompts.batch["input_ids"].size(1)
     with torch.no_grad():
@@ -178,7 +188,6 @@ def test_top_k_restricts_every_sampled_token(model, rollout, prompts):
 def test_validate_uses_val_kwargs(model, prompts):
     rollout = HFRollout(model, rollout_config(temperature=1.5), PAD_ID, EOS_ID)  # sampling for training
     g = greedy(rollout, prompts).batch["responses"]
-    torch.manual_seed(5)
     val = rollout.generate_sequences(with_meta(prompts, validate=True)).batch["responses"]
     assert torch.equal(val, g)  # val_kwargs: temperature 0, do_sample False
 
@@ -191,11 +200,27 @@ def test_response_length_cap(rollout, prompts):
     assert out.meta_info["generated_tokens"] == 3 * len(TEXTS)
 
 
-def test_micro_batches_give_the_same_greedy_output(model, prompts):
-    one_call = greedy(HFRollout(model, rollout_config(), PAD_ID, EOS_ID), prompts)
-    chunked = greedy(HFRollout(model, rollout_config(micro_batch_size=4), PAD_ID, EOS_ID), prompts)
-    for key in one_call.batch.keys():
-        assert torch.equal(one_call.batch[key], chunked.batch[key]), key
+def test_smaller_engine_batches_give_the_same_output(model, prompts):
+    one_batch = HFRollout(model, rollout_config(), PAD_ID, EOS_ID)
+    small = HFRollout(model, rollout_config(max_num_seqs=2), PAD_ID, EOS_ID)  # 6 rows -> 3 engine batches
+    for meta in ({"do_sample": False}, {"global_steps": 3}):
+        a = one_batch.generate_sequences(with_meta(prompts, **meta))
+        b = small.generate_sequences(with_meta(prompts, **meta))
+        for key in a.batch.keys():
+            torch.testing.assert_close(a.batch[key], b.batch[key], msg=key)
+
+
+def test_rollout_log_probs_are_the_models_at_the_sampling_temperature(model, rollout, prompts):
+    # independent reference: teacher-forced log softmax(logits / T) of each sampled token
+    out = rollout.generate_sequences(with_meta(prompts, temperature=1.7))
+    P = prompts.batch["input_ids"].size(1)
+    with torch.no_grad():
+        logits = model(input_ids=out.batch["input_ids"], attention_mask=out.batch["attention_mask"],
+                       position_ids=out.batch["position_ids"]).logits[:, P - 1:-1]  # (B, R, V)
+    expected = torch.log_softmax(logits / 1.7, -1).gather(-1, out.batch["responses"].unsqueeze(-1)).squeeze(-1)
+    mask = out.batch["response_mask"].bool()
+    torch.testing.assert_close(out.batch["rollout_log_probs"][mask], expected[mask], atol=1e-5, rtol=0)
+    assert (out.batch["rollout_log_probs"][~mask] == 0).all()
 
 
 def test_from_pretrained_loads_the_same_model(tiny_model_dir, rollout, prompts):

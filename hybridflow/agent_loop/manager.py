@@ -1,0 +1,115 @@
+"""AgentLoopManager: the driver's rollout. Prompts in, finished trajectories out, over the servers.
+
+One call of ``generate_sequences``:
+1. the rollout workers get ready (``prepare_rollout``: push the trainer's new weights into the engines
+   in buckets, wake them) — the hybrid engine's training -> generation switch, timed;
+2. the batch is split over ``rollout.agent.num_workers`` agent loop workers, each running one asyncio
+   task per trajectory against all the servers (sticky, least-loaded routing);
+3. the slices are concatenated in order and the workers release the engines (``release_rollout``:
+   sleep, where the engine can).
+
+Agent loop workers are Ray actors with the Ray backend, and objects on an event loop thread of the
+driver with the in-process one; the rollout servers live in the rollout workers either way.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from hybridflow.agent_loop.base import AgentLoopSettings
+from hybridflow.agent_loop.server_manager import LocalServerHandle, RayServerHandle, ServerHandle
+from hybridflow.agent_loop.worker import AgentLoopWorker, split_indices
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller.inprocess import InProcessWorkerGroup
+from hybridflow.workers.rollout.server import EngineLoop
+
+
+def server_handles(worker_group, role: str | None) -> list[ServerHandle]:
+    """One handle per rank of ``worker_group`` (the rollout workers), whatever the backend.
+
+    ``role`` names the rollout worker inside a fused (colocated) worker class; None for a plain one.
+    """
+    if isinstance(worker_group, InProcessWorkerGroup):
+        hosts = [w._roles[role] if role is not None and hasattr(w, "_roles") else w for w in worker_group.workers]
+        return [LocalServerHandle(h) for h in hosts]
+    return [RayServerHandle(actor, role) for actor in worker_group.workers]
+
+
+def _fill_missing_columns(parts: list[DataProto]) -> None:
+    """Slices whose loops returned different extra fields get None for the fields they lack."""
+    keys = set().union(*(p.non_tensor_batch.keys() for p in parts))
+    for p in parts:
+        for key in keys - set(p.non_tensor_batch):
+            p.non_tensor_batch[key] = np.array([None] * len(p), dtype=object)
+
+
+class AgentLoopManager:
+    def __init__(self, settings: AgentLoopSettings, rollout_wg, tokenizer, role: str | None = "actor_rollout",
+                 hybrid_engine: bool = True, loop_kwargs: dict | None = None):
+        self.settings = settings
+        self.rollout_wg = rollout_wg
+        self.hybrid_engine = hybrid_engine
+        servers = server_handles(rollout_wg, role)
+        pad = tokenizer.pad_token_id
+        self._local = isinstance(servers[0], LocalServerHandle)
+        n = settings.num_workers
+        if self._local:
+            self._loop = EngineLoop("hybridflow-agent-loop")
+            self.workers = [AgentLoopWorker(settings, servers, tokenizer, pad, loop_kwargs) for _ in range(n)]
+        else:
+            import ray
+
+            remote = ray.remote(num_cpus=0)(AgentLoopWorker)
+            self.workers = [remote.remote(settings, servers, tokenizer, pad, loop_kwargs) for _ in range(n)]
+
+    # ------------------------------------------------------------------------------------------
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        metrics: dict[str, Any] = {}
+        if self.hybrid_engine:
+            prepared = self.rollout_wg.prepare_rollout()
+            metrics["timing_s/update_weights"] = max(p.get("timing_s/update_weights", 0.0) for p in prepared)
+        start = time.perf_counter()
+        try:
+            parts = self._run_workers(prompts)
+        finally:
+            if self.hybrid_engine:
+                self.rollout_wg.release_rollout()
+        metrics["timing_s/generate_sequences"] = time.perf_counter() - start
+        _fill_missing_columns(parts)
+        out = DataProto.concat(parts) if len(parts) > 1 else parts[0]
+        worker_metrics = out.meta_info.pop("metrics", {})
+        out.meta_info = dict(prompts.meta_info)
+        out.meta_info["metrics"] = {**worker_metrics, **{k: [v] for k, v in metrics.items()}}
+        return out
+
+    def _run_workers(self, prompts: DataProto) -> list[DataProto]:
+        slices = split_indices(len(prompts), len(self.workers))
+        chunks = []
+        for start, end in slices:
+            part = prompts[start:end]
+            part.meta_info = {**prompts.meta_info, "sample_offset": start}
+            chunks.append(part)
+        workers = self.workers[: len(chunks)]
+        if self._local:
+            import asyncio
+
+            async def gather():
+                return await asyncio.gather(*[w.generate_sequences(c) for w, c in zip(workers, chunks)])
+
+            return list(self._loop.run(gather()))
+        import ray
+
+        return ray.get([w.generate_sequences.remote(c) for w, c in zip(workers, chunks)])
+
+    def shutdown(self) -> None:
+        if self._local:
+            self._loop.close()
+        else:
+            import ray
+
+            for w in self.workers:
+                ray.kill(w)
+        self.workers = []

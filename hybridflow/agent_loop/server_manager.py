@@ -1,0 +1,100 @@
+"""How agent loops reach the rollout servers: handles (in-process or Ray) and a load balancer.
+
+A ``ServerHandle`` forwards one request to one engine and returns its ``TokenOutput``; the engine may
+live in this process (``LocalServerHandle``, reached through its ``EngineLoop``) or in a Ray actor
+(``RayServerHandle``: the worker process that hosts it, method calls in its "rollout" concurrency
+group so many requests are in flight while normal calls stay one at a time).
+
+``ServerManager.generate(request_id, prompt_ids, sampling_params)`` is what agent loops call. All turns
+of one trajectory (same ``request_id``) go to the same server (its prefix cache holds the
+conversation); a new trajectory goes to the server with the fewest requests in flight. Each call gets
+its own engine request id, ``<request_id>/<turn>``, so sampling differs from turn to turn and is
+reproducible from the ids alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from typing import Any
+
+from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.workers.rollout.server import TokenOutput
+
+ROLLOUT_CONCURRENCY_GROUP = "rollout"
+
+
+class ServerHandle(ABC):
+    @abstractmethod
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                       logprobs: bool = True) -> TokenOutput: ...
+
+
+class LocalServerHandle(ServerHandle):
+    """A server in this process: ``host`` has ``.server`` and ``.engine_loop`` (the rollout worker)."""
+
+    def __init__(self, host):
+        self.host = host
+
+    async def generate(self, prompt_ids, params, request_id, logprobs=True):
+        return await self.host.engine_loop.wrap(self.host.server.generate(prompt_ids, params, request_id, logprobs))
+
+    def __reduce__(self):
+        raise TypeError("a LocalServerHandle reaches an engine in this process; it cannot be sent elsewhere")
+
+
+class RayServerHandle(ServerHandle):
+    """A server hosted by a Ray actor. ``role`` is set when the actor is a fused (colocated) worker."""
+
+    def __init__(self, actor, role: str | None = None):
+        self.actor = actor
+        self.role = role
+
+    async def generate(self, prompt_ids, params, request_id, logprobs=True):
+        if self.role is None:
+            method = self.actor.server_generate.options(concurrency_group=ROLLOUT_CONCURRENCY_GROUP)
+            return await method.remote(prompt_ids, params, request_id, logprobs)
+        method = self.actor.call_role.options(concurrency_group=ROLLOUT_CONCURRENCY_GROUP)
+        return await method.remote(self.role, "server_generate", prompt_ids, params, request_id, logprobs)
+
+
+class ServerManager:
+    """Sticky, least-loaded routing of requests over several servers (see the module docstring)."""
+
+    def __init__(self, servers: list[ServerHandle], logprobs: bool = True, max_sticky: int = 100_000):
+        if not servers:
+            raise ValueError("ServerManager needs at least one rollout server")
+        self.servers = list(servers)
+        self.logprobs = logprobs  # ask the engines for the sampled tokens' log-probs
+        self.in_flight = [0] * len(servers)
+        self._sticky: OrderedDict[str, tuple[int, itertools.count]] = OrderedDict()
+        self._max_sticky = max_sticky
+
+    def _route(self, request_id: str) -> tuple[int, int]:
+        if request_id in self._sticky:
+            self._sticky.move_to_end(request_id)
+            server, turns = self._sticky[request_id]
+        else:
+            server = min(range(len(self.servers)), key=lambda i: self.in_flight[i])
+            turns = itertools.count()
+            self._sticky[request_id] = (server, turns)
+            if len(self._sticky) > self._max_sticky:
+                self._sticky.popitem(last=False)
+        return server, next(turns)
+
+    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams | dict[str, Any],
+                       ) -> TokenOutput:
+        if isinstance(sampling_params, dict):
+            sampling_params = SamplingParams().with_overrides(sampling_params)
+        server, turn = self._route(request_id)
+        self.in_flight[server] += 1
+        try:
+            return await self.servers[server].generate(list(prompt_ids), sampling_params, f"{request_id}/{turn}",
+                                                       self.logprobs)
+        finally:
+            self.in_flight[server] -= 1
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished trajectory's routing."""
+        self._sticky.pop(request_id, None)

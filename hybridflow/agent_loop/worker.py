@@ -1,0 +1,108 @@
+"""AgentLoopWorker: runs one asyncio task per trajectory of a batch against the rollout servers.
+
+It turns a DataProto of prompts into a DataProto of finished trajectories (layout in
+``postprocess.py``). Each sample picks its loop by ``agent_name`` (else the default), gets a
+deterministic request id (``<step>:<index of the sample in the step>``, so sampling is reproducible),
+and its non-tensor fields as keyword arguments. A loop that raises fails the batch with the sample's
+index and agent named.
+
+Where it runs: inside a Ray actor (``rollout.agent.num_workers`` of them, each taking a slice of the
+batch) or in the driver's process on an event loop thread (in-process backend).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from hybridflow.agent_loop.base import AGENT_LOOPS, AgentLoopOutput, AgentLoopSettings
+from hybridflow.agent_loop.postprocess import mean_metrics, non_tensor_fields, pad_outputs
+from hybridflow.agent_loop.server_manager import ServerHandle, ServerManager
+from hybridflow.protocol import DataProto
+from hybridflow.workers.rollout.sampling import SamplingParams, resolve_sampling, sampling_params_from_config
+
+# non-tensor fields that are not per-sample keyword arguments of a loop
+_NOT_FOR_LOOPS = ("raw_prompt_ids",)
+
+
+def prompt_token_ids(batch: DataProto) -> list[list[int]]:
+    """Unpadded prompt ids per row: ``raw_prompt_ids`` when the dataset kept them, else the
+    attention-masked part of the left-padded ``input_ids``."""
+    raw = batch.non_tensor_batch.get("raw_prompt_ids", None)
+    if raw is not None:
+        return [list(map(int, ids)) for ids in raw]
+    ids = batch.batch["input_ids"].tolist()
+    mask = batch.batch["attention_mask"].bool().tolist()
+    return [[t for t, keep in zip(row, row_mask) if keep] for row, row_mask in zip(ids, mask)]
+
+
+class AgentLoopWorker:
+    def __init__(self, settings: AgentLoopSettings, servers: Sequence[ServerHandle], tokenizer,
+                 pad_token_id: int, loop_kwargs: dict | None = None):
+        self.settings = settings
+        rollout = settings.extra.get("rollout", {})
+        self.server_manager = ServerManager(list(servers), logprobs=bool(rollout.get("calculate_log_probs", True)))
+        self.tokenizer = tokenizer
+        self.pad_token_id = int(pad_token_id)
+        self.train_params, self.val_params = sampling_params_from_config(settings.extra.get("rollout", {}))
+        self.loop_kwargs = loop_kwargs or {}  # agent name -> constructor kwargs (agent loop config file)
+
+    def sampling_params(self, meta_info: dict) -> SamplingParams:
+        return resolve_sampling(self.train_params, self.val_params, meta_info)
+
+    async def generate_sequences(self, batch: DataProto) -> DataProto:
+        """``batch``: prompts (input_ids, attention_mask, position_ids + non-tensor fields); meta_info
+        carries ``validate`` / sampling overrides, ``global_steps`` and ``sample_offset`` (this slice's
+        first index in the step's batch)."""
+        start = time.perf_counter()
+        meta = batch.meta_info
+        params = self.sampling_params(meta)
+        # this call's sizes: prompts keep the batch's padded width, responses get the (possibly
+        # overridden) response length
+        settings = dataclasses.replace(self.settings, response_length=params.response_length,
+                                       prompt_length=int(batch.batch["input_ids"].size(1)))
+        pad_id = int(meta["pad_token_id"]) if meta.get("pad_token_id") is not None else self.pad_token_id
+        step, offset = meta.get("global_steps", 0), int(meta.get("sample_offset", 0))
+        prefix = "val" if meta.get("validate", False) else "train"
+        prompt_ids = prompt_token_ids(batch)
+        names = batch.non_tensor_batch.get("agent_name", None)
+        columns = {k: v for k, v in batch.non_tensor_batch.items() if k not in _NOT_FOR_LOOPS}
+        tasks = []
+        for i in range(len(batch)):
+            name = str(names[i]) if names is not None and names[i] is not None else self.settings.default_agent_loop
+            sample = {k: v[i] for k, v in columns.items()}
+            sample.update(prompt_ids=prompt_ids[i], request_id=f"{prefix}{step}:{offset + i}")
+            tasks.append(self._run_one(settings, i + offset, name, params, sample))
+        outputs: list[AgentLoopOutput] = await asyncio.gather(*tasks)
+        tensors = pad_outputs(outputs, settings.prompt_length, settings.response_length, pad_id)
+        out = DataProto.from_dict(tensors=tensors, non_tensors=non_tensor_fields(outputs))
+        metrics = mean_metrics(outputs)
+        metrics["timing_s/agent_loop_worker"] = time.perf_counter() - start
+        out.meta_info["metrics"] = {k: [v] for k, v in metrics.items()}
+        return out
+
+    async def _run_one(self, settings: AgentLoopSettings, index: int, name: str, params: SamplingParams, sample: dict,
+                       ) -> AgentLoopOutput:
+        try:
+            loop_cls = AGENT_LOOPS.get(name)
+        except KeyError as e:
+            raise KeyError(f"sample {index}: agent_name {name!r}: {e.args[0]}") from None
+        loop = loop_cls(settings, self.server_manager, self.tokenizer, **self.loop_kwargs.get(name, {}))
+        try:
+            return await loop.run(params, **sample)
+        except Exception as e:
+            e.add_note(f"hybridflow: agent loop {name!r} failed on sample {index} (request {sample['request_id']!r})")
+            raise
+        finally:
+            self.server_manager.release(sample["request_id"])
+
+
+def split_indices(n: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous [start, end) slices of ``n`` rows over at most ``parts`` workers, sizes differing by <= 1."""
+    parts = max(1, min(parts, n)) if n else 1
+    bounds = np.linspace(0, n, parts + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]

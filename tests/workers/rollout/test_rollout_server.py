@@ -1,0 +1,257 @@
+"""The rollout server interface: sampling parameters, the engine registry, the engine loop, weight
+buckets, and the hf server's request handling (batching, stop ids, aborts, sampling filters)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hybridflow.workers.rollout import ROLLOUT_SERVERS, HFServer
+from hybridflow.workers.rollout.hf_server import request_seed, sample_rows
+from hybridflow.workers.rollout.sampling import SamplingParams, as_id_list, resolve_sampling, sampling_params_from_config
+from hybridflow.workers.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
+from hybridflow.workers.rollout.weights import StrictWeightLoader, buckets, strip_wrapper_prefixes
+
+EOS_ID, PAD_ID = 2, 0
+
+
+# ------------------------------------------------------------------------------------ sampling params
+def test_sampling_params_from_config_and_meta_overrides():
+    config = {
+        "temperature": 0.7, "top_k": 20, "top_p": 0.9, "do_sample": True, "response_length": 16,
+        "val_kwargs": {"temperature": 0, "top_k": -1, "top_p": 1.0, "do_sample": False, "n": 1},
+        "gpu_memory_utilization": 0.5,  # unrelated keys are ignored
+    }
+    train, val = sampling_params_from_config(config)
+    assert train == SamplingParams(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, response_length=16)
+    # validation keeps response_length from training, everything else from val_kwargs
+    assert val == SamplingParams(do_sample=False, temperature=0.0, top_k=-1, top_p=1.0, response_length=16)
+    assert not train.greedy and val.greedy
+    assert resolve_sampling(train, val, {}) == train
+    assert resolve_sampling(train, val, {"validate": True}) == val
+    # meta_info overrides win over both; None means "not overridden"
+    p = resolve_sampling(train, val, {"validate": True, "do_sample": True, "temperature": 1.0, "top_k": None})
+    assert (p.do_sample, p.temperature, p.top_k) == (True, 1.0, -1)
+    assert resolve_sampling(train, val, {"temperature": 0}).greedy
+    assert resolve_sampling(train, val, {"response_length": 3}).response_length == 3
+    # veRL's eos_token_id in meta_info sets the stop ids of the call
+    assert resolve_sampling(train, val, {"eos_token_id": 7}).stop_token_ids == (7,)
+    assert resolve_sampling(train, val, {"eos_token_id": [7, 8]}).stop_token_ids == (7, 8)
+    assert train.stop_token_ids is None
+
+
+def test_sampling_params_accept_dictconfig():
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"response_length": "${len}", "len": 12, "val_kwargs": {"do_sample": False}})
+    train, val = sampling_params_from_config(cfg)
+    assert train.response_length == 12 and val.greedy
+
+
+def test_as_id_list():
+    assert as_id_list(2) == [2]
+    assert as_id_list([2, 3]) == [2, 3]
+    assert as_id_list(None) == []
+
+
+def test_shipped_rollout_config_section_parses():
+    from omegaconf import OmegaConf
+
+    root = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "..", "..", "configs", "ppo_trainer.yaml"))
+    train, val = sampling_params_from_config(root.actor_rollout_ref.rollout)
+    assert train.response_length == root.data.max_response_length
+    assert train.do_sample and not train.ignore_eos
+    assert val.greedy and val.response_length == train.response_length
+
+
+# ------------------------------------------------------------------------------------ registry / loop
+def test_registry_lists_engines_and_refuses_duplicates():
+    assert "hf" in ROLLOUT_SERVERS.names()
+    assert ROLLOUT_SERVERS.get("hf") is HFServer
+    with pytest.raises(KeyError, match="hf"):  # an unknown name lists the known ones
+        ROLLOUT_SERVERS.get("sglang")
+    with pytest.raises(ValueError):
+        ROLLOUT_SERVERS.register("hf")(HFServer)
+
+
+def test_engine_loop_runs_coroutines_from_threads_and_refuses_reentry():
+    loop = EngineLoop("test-loop")
+    try:
+        assert loop.run(asyncio.sleep(0, result=5)) == 5
+
+        async def reenter():
+            return loop.run(asyncio.sleep(0))
+
+        with pytest.raises(RuntimeError, match="deadlock"):
+            loop.run(reenter())
+
+        async def other_loop():  # another event loop awaits work scheduled on the engine loop
+            return await loop.wrap(asyncio.sleep(0, result="ok"))
+
+        assert asyncio.run(other_loop()) == "ok"
+    finally:
+        loop.close()
+    assert not loop.loop.is_running()
+
+
+# ------------------------------------------------------------------------------------ weight buckets
+def test_buckets_group_by_bytes_lazily():
+    consumed = []
+
+    def stream():
+        for i, n in enumerate([10, 10, 30, 5, 100, 1]):  # float32: 4 bytes each
+            consumed.append(i)
+            yield f"t{i}", torch.zeros(n)
+
+    it = buckets(stream(), bucket_bytes=80)
+    first = next(it)
+    # 40 + 40 = 80 fits; the third (120 bytes) opens a new bucket; the stream is read one tensor ahead only
+    assert [n for n, _ in first] == ["t0", "t1"] and consumed == [0, 1, 2]
+    rest = [[n for n, _ in b] for b in it]
+    assert rest == [["t2"], ["t3"], ["t4"], ["t5"]]  # t4 (400 bytes) goes alone; t5 cannot join it
+    with pytest.raises(ValueError, match="positive"):
+        next(buckets(stream(), 0))
+
+
+def test_strict_loader_checks_names_shapes_and_completeness():
+    module = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    loader = StrictWeightLoader(module)
+    sd = {k: torch.full_like(v, 0.5) for k, v in module.state_dict().items()}
+    items = list(sd.items())
+    assert loader.load(items[:2]) == 2
+    with pytest.raises(KeyError, match="no tensor for 2 entries"):
+        loader.finish()  # layer 1 never arrived
+    assert loader.load([("module." + k, v) for k, v in items[:2]]) == 2  # wrapper prefixes are stripped
+    assert loader.load(items[2:]) == 2 and loader.finish() == 4
+    assert all((p == 0.5).all() for p in module.parameters())
+    with pytest.raises(ValueError, match="shape"):
+        loader.load([(items[0][0], torch.zeros(5))])
+    assert strip_wrapper_prefixes("_orig_mod.module.base_model.model.x.weight") == "x.weight"
+
+
+# ------------------------------------------------------------------------------------ sampling math
+def test_sample_rows_greedy_topk_topp_and_log_probs():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 0.0, 0.0, 5.0]])
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    tokens, logp = sample_rows(logits, [SamplingParams(do_sample=False)] * 2, gens)
+    assert tokens.tolist() == [0, 3]
+    torch.testing.assert_close(logp, torch.log_softmax(logits, -1)[[0, 1], [0, 3]])
+    # top_k=2 at a high temperature: only ids 0 and 1 can come out of row 0
+    hot = SamplingParams(temperature=50.0, top_k=2)
+    seen = {int(sample_rows(logits[:1], [hot], [torch.Generator().manual_seed(s)])[0]) for s in range(200)}
+    assert seen == {0, 1}
+    # top_p=0.5 keeps the smallest set whose mass reaches 0.5: with probs (0.64, 0.24, 0.09, 0.03) just id 0
+    p = SamplingParams(top_p=0.5)
+    assert {int(sample_rows(logits[:1], [p], [torch.Generator().manual_seed(s)])[0]) for s in range(50)} == {0}
+    # the log-prob is of the full tempered distribution (filters restrict the draw, not the density)
+    tokens, logp = sample_rows(logits[:1], [SamplingParams(temperature=2.0, top_k=1)], [torch.Generator()])
+    torch.testing.assert_close(logp, torch.log_softmax(logits[:1] / 2.0, -1)[:, 0])
+
+
+def test_gumbel_max_draws_follow_the_softmax():
+    # frequencies of 4000 draws match softmax(logits / T) within a few standard errors
+    logits = torch.tensor([[1.0, 0.0, -1.0]])
+    params = [SamplingParams(temperature=0.8)]
+    counts = torch.zeros(3)
+    for s in range(4000):
+        counts[int(sample_rows(logits, params, [torch.Generator().manual_seed(s)])[0])] += 1
+    expected = torch.softmax(logits[0] / 0.8, -1)
+    assert torch.allclose(counts / 4000, expected, atol=0.03)
+
+
+def test_request_seed_is_stable_and_distinct():
+    assert request_seed(42, "train1:0/0") == request_seed(42, "train1:0/0")
+    assert len({request_seed(42, f"train1:{i}/0") for i in range(1000)}) == 1000
+    assert request_seed(42, "a") != request_seed(43, "a")
+
+
+# ------------------------------------------------------------------------------------ the hf server
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    return tok, model
+
+
+@pytest.fixture
+def server(tiny):
+    _, model = tiny
+    loop = EngineLoop("hf-server-test")
+    spec = ServerSpec(model_path="", config={"max_num_seqs": 64}, pad_token_id=PAD_ID, eos_token_ids=(EOS_ID,),
+                      module=model)
+    srv = loop.run(_async(HFServer, spec))
+    yield loop, srv
+    loop.run(srv.shutdown())
+    loop.close()
+
+
+async def _async(fn, *args):
+    return fn(*args)
+
+
+def _gather(loop, srv, requests):
+    async def go():
+        return await asyncio.gather(*[srv.generate(p, params, rid) for p, params, rid in requests])
+
+    return loop.run(go())
+
+
+def test_greedy_requests_match_transformers_generate(server, tiny):
+    tok, model = tiny
+    loop, srv = server
+    prompts = [tok.encode(t) for t in ["hello there", "12+34=", "a", "what is 5*7?"]]
+    greedy = SamplingParams(do_sample=False, response_length=12)
+    outs = _gather(loop, srv, [(p, greedy, f"g{i}") for i, p in enumerate(prompts)])
+    for p, out in zip(prompts, outs):
+        ref = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=EOS_ID,
+                             pad_token_id=PAD_ID, top_k=None, top_p=None)[0, len(p):].tolist()
+        assert out.token_ids == ref
+        assert out.stop_reason == (STOP if ref[-1] == EOS_ID else LENGTH)
+
+
+def test_per_request_limits_and_stop_ids_in_one_batch(server, tiny):
+    tok, _ = tiny
+    loop, srv = server
+    p = tok.encode("hello")
+    free = _gather(loop, srv, [(p, SamplingParams(do_sample=False, response_length=6, ignore_eos=True), "f")])[0]
+    stop_at = free.token_ids[2]
+    outs = _gather(loop, srv, [
+        (p, SamplingParams(do_sample=False, response_length=6, ignore_eos=True), "a"),
+        (p, SamplingParams(do_sample=False, response_length=2, ignore_eos=True), "b"),
+        (p, SamplingParams(do_sample=False, response_length=6, stop_token_ids=(stop_at,)), "c"),
+    ])
+    first = free.token_ids.index(stop_at)
+    assert outs[0].token_ids == free.token_ids and outs[0].stop_reason == LENGTH
+    assert outs[1].token_ids == free.token_ids[:2] and outs[1].stop_reason == LENGTH
+    assert outs[2].token_ids == free.token_ids[: first + 1] and outs[2].stop_reason == STOP  # the stop token is kept
+    assert len(outs[0].log_probs) == 6
+
+
+def test_abort_returns_partial_tokens_and_the_server_keeps_working(server, tiny):
+    tok, _ = tiny
+    loop, srv = server
+    long = SamplingParams(do_sample=True, response_length=4000, ignore_eos=True)
+
+    async def go():
+        task = asyncio.ensure_future(srv.generate(tok.encode("abc"), long, "long"))
+        await asyncio.sleep(0.3)  # a few decode steps
+        await srv.abort_all()
+        return await task
+
+    out = loop.run(go())
+    assert out.stop_reason == ABORT and 0 < len(out.token_ids) < 4000
+    again = _gather(loop, srv, [(tok.encode("abc"), SamplingParams(do_sample=False, response_length=3), "x")])[0]
+    assert len(again.token_ids) == 3
+
+
+def test_an_engine_error_reaches_every_waiting_request(server):
+    loop, srv = server
+    with pytest.raises(ValueError, match="empty prompt"):
+        _gather(loop, srv, [([], SamplingParams(), "empty")])
+    bad = SamplingParams(do_sample=False, response_length=2)
+    with pytest.raises(IndexError):  # a token id outside the vocabulary fails inside the model
+        _gather(loop, srv, [([5, 100000], bad, "oob"), ([5, 6], bad, "ok")])
