@@ -69,8 +69,9 @@ class AgentLoopManager:
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         metrics: dict[str, Any] = {}
         if self.hybrid_engine:
-            prepared = self.rollout_wg.prepare_rollout()
-            metrics["timing_s/update_weights"] = max(p.get("timing_s/update_weights", 0.0) for p in prepared)
+            prepared = [p or {} for p in self.rollout_wg.prepare_rollout()]
+            for key in sorted({k for p in prepared for k in p}):  # the slowest rank is the step's cost
+                metrics[key] = max(p.get(key, 0.0) for p in prepared)
         start = time.perf_counter()
         try:
             parts = self._run_workers(prompts)

@@ -22,6 +22,8 @@ REQUIRED_STEP_METRICS = (
     "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm",
     "critic/score/mean", "critic/advantages/mean", "response_length/mean", "response_length/clip_ratio",
     "timing_s/gen", "timing_s/update_actor", "timing_s/step", "perf/throughput",
+    "timing_s/update_weights", "training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
+    "training/rollout_probs_diff_std", "agent/num_turns/mean",
 )
 
 

@@ -107,6 +107,9 @@ def test_grpo_two_workers_three_steps(tiny_model_dir, tiny_data_dir, ray_session
         assert m["global_seqlen/min"] <= m["global_seqlen/mean"] <= m["global_seqlen/max"]
         # balancing never makes the split worse than the contiguous one
         assert m["global_seqlen/balanced_max"] - m["global_seqlen/balanced_min"] <= m["global_seqlen/minmax_diff"]
+        # the engine samples from the trained policy: fresh weights are pushed before every generation
+        # (the actor moved in the previous step) and its log-probs match the trainer's recomputation
+        assert m["rollout/weight_sync_mb"] > 0 and m["training/rollout_probs_diff_mean"] < 1e-3, m
     # validation at the last step (test_freq=3), per data source
     assert any(k.startswith("val-core/openai/gsm8k/reward/mean@") for k in steps[-1]), sorted(steps[-1])
     assert not any(k.startswith("val-core/") for k in steps[0])
