@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import math
 import shutil
-import time
-from contextlib import contextmanager
+import types
 
 import numpy as np
 import torch
@@ -25,18 +24,14 @@ from hybridflow.trainer.ppo.metric_utils import (
     compute_throughput_metrics,
     compute_timing_metrics,
     reduce_metrics,
+    timer,
     validation_metrics,
 )
+from hybridflow.trainer.ppo.rollout_only import rollout_only_step
+from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups
 from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.checkpoint import get_rng_state, set_rng_state
-
-
-@contextmanager
-def timer(name: str, timing: dict):
-    start = time.perf_counter()
-    yield
-    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
 def response_mask_of(batch: DataProto) -> torch.Tensor:
@@ -69,6 +64,12 @@ class RayPPOTrainer:
         self.n_devices = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
         self.total_training_steps = self._total_steps()
         self.global_steps = 0
+        # rollout dumps (trainer.rollout_data_dir / validation_data_dir) and replay (skip.rollout): the
+        # generate phase is chosen here, once; trainer.rollout_only swaps the step for generate + score
+        self.rollout_recorder = RolloutRecorder.from_config(config, tokenizer)
+        self._generate = self.rollout_recorder.wrap_generate(self._generate, lambda: self.global_steps)
+        if config.trainer.rollout_only:
+            self.train_step = types.MethodType(rollout_only_step, self)
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -124,6 +125,7 @@ class RayPPOTrainer:
             return
         metrics.update(seqlen_balance_metrics(seqlens, k, order))
         batch.reorder(torch.tensor(order))
+        batch.meta_info["balance_order"] = order  # row r was generated at order[r] (rollout dumps undo it)
 
     def _compute_reward(self, batch: DataProto, metrics: dict) -> None:
         if self.use_rm:
@@ -208,6 +210,7 @@ class RayPPOTrainer:
         metrics.update(compute_data_metrics(batch, self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing["step"], self.n_devices))
+        metrics.update(self.rollout_recorder.after_step(batch, self.global_steps))  # trainer.rollout_data_dir
         return reduce_metrics(metrics)
 
     # --------------------------------------------------------------------------------- validation
@@ -223,6 +226,7 @@ class RayPPOTrainer:
         batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch)).union(out)
         scores = self.val_reward_fn(batch, return_dict=False).sum(-1).tolist()
         self._log_val_generations(batch, scores)
+        self.rollout_recorder.after_validation(batch, scores, self.global_steps)  # trainer.validation_data_dir
         reward_key = self.config.data.reward_fn_key
         return validation_metrics(batch.non_tensor_batch[reward_key], scores, n)
 
