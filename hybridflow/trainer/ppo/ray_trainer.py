@@ -30,6 +30,7 @@ from hybridflow.trainer.ppo.metric_utils import (
 from hybridflow.trainer.ppo.rollout_only import rollout_only_step
 from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups
+from hybridflow.utils.progress import Progress
 from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.checkpoint import get_rng_state, set_rng_state
 
@@ -324,7 +325,7 @@ class RayPPOTrainer:
         if self.val_reward_fn is not None and t.val_before_train and self.global_steps == 0:
             last = self.validate()
             logger.log(last, step=0)
-        progress = _progress(self.total_training_steps, self.global_steps)
+        progress = Progress(self.total_training_steps, self.global_steps, desc="training")
         while self.global_steps < self.total_training_steps:
             for batch_dict in self.train_dataloader:
                 self.global_steps += 1
@@ -341,7 +342,7 @@ class RayPPOTrainer:
                 metrics["training/global_step"] = self.global_steps
                 metrics["training/epoch"] = self.train_dataloader.state_dict().get("epoch", 0)
                 logger.log(metrics, step=self.global_steps)
-                progress.update(metrics)
+                progress.update(score=metrics.get("critic/score/mean", float("nan")))
                 last = metrics
                 if is_last:
                     break
@@ -360,24 +361,3 @@ class RayPPOTrainer:
         error.add_note(f"hybridflow: training stopped at global step {self.global_steps}; workers shut down; "
                        + (f"a rerun with trainer.resume_mode=auto continues from {resume}" if resume
                           else "no complete checkpoint to resume from"))
-
-
-class _progress:
-    """A progress bar over training steps showing the latest score (tqdm when available)."""
-
-    def __init__(self, total: int, initial: int):
-        try:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=initial, desc="training", dynamic_ncols=True)
-        except ImportError:  # pragma: no cover
-            self.bar = None
-
-    def update(self, metrics: dict):
-        if self.bar is not None:
-            self.bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
-            self.bar.update(1)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
