@@ -99,10 +99,16 @@ def test_rollout_only_scores_and_dumps_without_training(tiny_model_dir, tiny_dat
     updates = []
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_update_actor", lambda *a: updates.append("actor"))
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_compute_old_log_prob", lambda *a: updates.append("old_log_prob"))
-    dump_dir = tmp_path / "ro"
-    last = _run(tiny_model_dir, tiny_data_dir, tmp_path, "d", "trainer.rollout_only=True", f"trainer.rollout_data_dir={dump_dir}")
+    dump_dir, val_dir = tmp_path / "ro", tmp_path / "val"
+    last = _run(tiny_model_dir, tiny_data_dir, tmp_path, "d", "trainer.rollout_only=True", f"trainer.rollout_data_dir={dump_dir}",
+                f"trainer.validation_data_dir={val_dir}", "trainer.test_freq=2")
     assert updates == []
     assert sorted(recorder) == [1, 2] and "actor/pg_loss" not in last
     assert last["critic/score/mean"] == pytest.approx(recorder[2]["token_level_scores"].sum(-1).mean().item())
     rows = rollout_dump.read_rows(rollout_dump.step_file(str(dump_dir), 2))
     assert len(rows) == 8 and all("advantages" in r for r in rows)
+    # the validation after step 2: every test prompt once (greedy), its scores behind the logged mean
+    val_rows = rollout_dump.read_rows(rollout_dump.step_file(str(val_dir), 2))
+    (val_key,) = [k for k in last if k.startswith("val-core/")]
+    assert len(val_rows) == 32 and {r["step"] for r in val_rows} == {2}
+    assert sum(r["score"] for r in val_rows) / 32 == pytest.approx(last[val_key])
