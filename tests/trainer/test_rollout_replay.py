@@ -33,6 +33,7 @@ def recorder(monkeypatch):
         out = reward(trainer, batch, metrics)
         seen[trainer.global_steps] = {k: batch.batch[k].clone() for k in (*SEEN_BY_REWARD, "token_level_scores")}
         seen[trainer.global_steps]["index"] = list(batch.non_tensor_batch["index"])
+        seen[trainer.global_steps]["uid"] = list(batch.non_tensor_batch["uid"])
         return out
 
     def train_step(trainer, batch):
@@ -112,3 +113,40 @@ def test_rollout_only_scores_and_dumps_without_training(tiny_model_dir, tiny_dat
     (val_key,) = [k for k in last if k.startswith("val-core/")]
     assert len(val_rows) == 32 and {r["step"] for r in val_rows} == {2}
     assert sum(r["score"] for r in val_rows) / 32 == pytest.approx(last[val_key])
+
+
+@pytest.mark.slow
+def test_replay_is_exact_through_batch_balancing_on_two_ray_workers(tiny_model_dir, tiny_data_dir, tmp_path, recorder):
+    """Two ranks: trainer.balance_batch reorders each step's rows; the dump undoes that order, so the
+    replay is balanced into the same order and the update is the same (~1-2 min: two Ray runs).
+
+    Ray is started by the trainer (init_ray: a local instance even when another cluster runs on the
+    machine) and shut down here unless the session already had one."""
+    import ray
+
+    started_here = not ray.is_initialized()
+    try:
+        _two_ray_runs(tiny_model_dir, tiny_data_dir, tmp_path, recorder)
+    finally:
+        if started_here and ray.is_initialized():
+            ray.shutdown()
+
+
+def _two_ray_runs(tiny_model_dir, tiny_data_dir, tmp_path, recorder):
+    ray2 = ["trainer.backend=ray", "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=2"]
+    dump_dir = tmp_path / "rollouts"
+    _run(tiny_model_dir, tiny_data_dir, tmp_path, "a", *ray2, f"trainer.rollout_data_dir={dump_dir}", steps=1)
+    a = dict(recorder)
+    dumped = [r["non_tensor"]["uid"] for r in rollout_dump.read_rows(rollout_dump.step_file(str(dump_dir), 1))]
+    assert dumped == sorted(dumped) and a[1]["uid"] != dumped  # balancing moved rows; the dump is in generation order
+    recorder.clear()
+    _run(tiny_model_dir, tiny_data_dir, tmp_path, "b", *ray2, "data.seed=12345", "skip.rollout.enable=True",
+         f"skip.rollout.dump_dir={dump_dir}", "skip.rollout.steps=[1]", steps=1)
+    b = dict(recorder)
+    for key in SEEN_BY_REWARD:
+        assert torch.equal(b[1][key], a[1][key]), key
+    for key in COMPARED:
+        assert b[1]["metrics"][key] == a[1]["metrics"][key], key
