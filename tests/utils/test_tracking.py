@@ -51,10 +51,10 @@ def test_unknown_backend_names_the_supported_ones():
 
 
 def test_importing_tracking_imports_no_optional_backend():
-    # a fresh interpreter: no optional backend (nor matplotlib) may be imported by the module, the trainer,
-    # the plot entry point, or by console/file
+    # a fresh interpreter: no optional backend (nor matplotlib) may be imported by the module (which the
+    # trainers import), the progress display, the plot entry point, or by console/file
     code = ("import sys, os, tempfile; import hybridflow.utils.tracking as t; import hybridflow.plot; "
-            "import hybridflow.trainer.ppo.ray_trainer; "
+            "import hybridflow.utils.progress; "
             "d = tempfile.mkdtemp(); t.Tracking('p', 'e', ['console', 'file'], log_dir=d).log({'x': 1.0}, 1); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'tensorboard', 'tensorboardX', "
             "'mlflow', 'swanlab', 'matplotlib') "
