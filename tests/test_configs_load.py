@@ -73,6 +73,7 @@ trainer.n_gpus_per_node trainer.save_freq trainer.resume_mode trainer.resume_fro
 trainer.test_freq trainer.critic_warmup trainer.default_hdfs_dir trainer.del_local_ckpt_after_load
 trainer.default_local_dir trainer.max_actor_ckpt_to_keep trainer.max_critic_ckpt_to_keep
 trainer.ray_wait_register_center_timeout trainer.device trainer.backend
+skip.rollout.enable skip.rollout.dump_dir skip.rollout.steps skip.rollout.action
 ray_init.num_cpus ray_init.timeline_json_file
 """.split()
 
@@ -130,7 +131,7 @@ def test_ppo_top_level_sections_are_verls():
     cfg = load_config("ppo_trainer", [])
     assert set(cfg) == {
         "data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function", "algorithm", "trainer",
-        "ray_init",
+        "ray_init", "skip",
     }
 
 

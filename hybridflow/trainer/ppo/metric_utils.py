@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
 from hybridflow.protocol import DataProto
+
+
+@contextmanager
+def timer(name: str, timing: dict):
+    """Add the block's wall time to ``timing[name]`` (seconds): the phases' timing_s/<name>."""
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, torch.Tensor]:

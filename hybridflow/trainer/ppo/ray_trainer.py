@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import math
 import shutil
-import time
-from contextlib import contextmanager
+import types
 
 import numpy as np
 import torch
@@ -28,18 +27,17 @@ from hybridflow.trainer.ppo.metric_utils import (
     compute_timing_metrics,
     reduce_metrics,
     rollout_probs_diff_metrics,
+    timer,
     validation_metrics,
 )
+from hybridflow.trainer.ppo.rollout_only import rollout_only_step
+from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups
+from hybridflow.utils.progress import Progress
 from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.checkpoint import get_rng_state, set_rng_state
 
 
-@contextmanager
-def timer(name: str, timing: dict):
-    start = time.perf_counter()
-    yield
-    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
 class RayPPOTrainer:
@@ -67,6 +65,12 @@ class RayPPOTrainer:
         self.n_devices = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
         self.total_training_steps = self._total_steps()
         self.global_steps = 0
+        # rollout dumps (trainer.rollout_data_dir / validation_data_dir) and replay (skip.rollout): the
+        # generate phase is chosen here, once; trainer.rollout_only swaps the step for generate + score
+        self.rollout_recorder = RolloutRecorder.from_config(config, tokenizer)
+        self._generate = self.rollout_recorder.wrap_generate(self._generate, lambda: self.global_steps)
+        if config.trainer.rollout_only:
+            self.train_step = types.MethodType(rollout_only_step, self)
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -135,6 +139,7 @@ class RayPPOTrainer:
             return
         metrics.update(seqlen_balance_metrics(seqlens, k, order))
         batch.reorder(torch.tensor(order))
+        batch.meta_info["balance_order"] = order  # row r was generated at order[r] (rollout dumps undo it)
 
     def _compute_reward(self, batch: DataProto, metrics: dict) -> None:
         if self.use_rm:
@@ -222,6 +227,7 @@ class RayPPOTrainer:
         metrics.update(compute_data_metrics(batch, self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing["step"], self.n_devices))
+        metrics.update(self.rollout_recorder.after_step(batch, self.global_steps))  # trainer.rollout_data_dir
         return reduce_metrics(metrics)
 
     # --------------------------------------------------------------------------------- validation
@@ -234,6 +240,7 @@ class RayPPOTrainer:
                                          "global_steps": self.global_steps})
         scores = self.val_reward_fn(batch, return_dict=False).sum(-1).tolist()
         self._log_val_generations(batch, scores)
+        self.rollout_recorder.after_validation(batch, scores, self.global_steps)  # trainer.validation_data_dir
         reward_key = self.config.data.reward_fn_key
         return validation_metrics(batch.non_tensor_batch[reward_key], scores, n)
 
@@ -331,7 +338,7 @@ class RayPPOTrainer:
         if self.val_reward_fn is not None and t.val_before_train and self.global_steps == 0:
             last = self.validate()
             logger.log(last, step=0)
-        progress = _progress(self.total_training_steps, self.global_steps)
+        progress = Progress(self.total_training_steps, self.global_steps, desc="training")
         while self.global_steps < self.total_training_steps:
             for batch_dict in self.train_dataloader:
                 self.global_steps += 1
@@ -348,7 +355,7 @@ class RayPPOTrainer:
                 metrics["training/global_step"] = self.global_steps
                 metrics["training/epoch"] = self.train_dataloader.state_dict().get("epoch", 0)
                 logger.log(metrics, step=self.global_steps)
-                progress.update(metrics)
+                progress.update(score=metrics.get("critic/score/mean", float("nan")))
                 last = metrics
                 if is_last:
                     break
@@ -367,24 +374,3 @@ class RayPPOTrainer:
         error.add_note(f"hybridflow: training stopped at global step {self.global_steps}; workers shut down; "
                        + (f"a rerun with trainer.resume_mode=auto continues from {resume}" if resume
                           else "no complete checkpoint to resume from"))
-
-
-class _progress:
-    """A progress bar over training steps showing the latest score (tqdm when available)."""
-
-    def __init__(self, total: int, initial: int):
-        try:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=initial, desc="training", dynamic_ncols=True)
-        except ImportError:  # pragma: no cover
-            self.bar = None
-
-    def update(self, metrics: dict):
-        if self.bar is not None:
-            self.bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
-            self.bar.update(1)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
