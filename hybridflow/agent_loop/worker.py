@@ -42,10 +42,11 @@ def prompt_token_ids(batch: DataProto) -> list[list[int]]:
 
 class AgentLoopWorker:
     def __init__(self, settings: AgentLoopSettings, servers: Sequence[ServerHandle], tokenizer,
-                 pad_token_id: int, loop_kwargs: dict | None = None):
+                 pad_token_id: int, loop_kwargs: dict | None = None, resume_on_abort: bool = False):
         self.settings = settings
         rollout = settings.extra.get("rollout", {})
-        self.server_manager = ServerManager(list(servers), logprobs=bool(rollout.get("calculate_log_probs", True)))
+        self.server_manager = ServerManager(list(servers), logprobs=bool(rollout.get("calculate_log_probs", True)),
+                                            resume_on_abort=resume_on_abort)
         self.tokenizer = tokenizer
         self.pad_token_id = int(pad_token_id)
         self.train_params, self.val_params = sampling_params_from_config(settings.extra.get("rollout", {}))
@@ -93,12 +94,26 @@ class AgentLoopWorker:
             raise KeyError(f"sample {index}: agent_name {name!r}: {e.args[0]}") from None
         loop = loop_cls(settings, self.server_manager, self.tokenizer, **self.loop_kwargs.get(name, {}))
         try:
-            return await loop.run(params, **sample)
+            output = await loop.run(params, **sample)
         except Exception as e:
             e.add_note(f"hybridflow: agent loop {name!r} failed on sample {index} (request {sample['request_id']!r})")
-            raise
-        finally:
             self.server_manager.release(sample["request_id"])
+            raise
+        versions = self.server_manager.release(sample["request_id"])
+        if versions is not None:  # which policy produced the sample: oldest and newest weights of its tokens
+            output.extra_fields.setdefault("min_weight_version", versions[0])
+            output.extra_fields.setdefault("max_weight_version", versions[1])
+        return output
+
+    # ------------------------------------------------------------------------ asynchronous training
+    async def pause(self) -> None:
+        self.server_manager.pause()
+
+    async def resume(self) -> None:
+        self.server_manager.resume()
+
+    async def in_flight(self) -> int:
+        return self.server_manager.total_in_flight()
 
 
 def split_indices(n: int, parts: int) -> list[tuple[int, int]]:

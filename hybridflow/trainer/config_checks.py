@@ -96,6 +96,7 @@ def validate_ppo_config(cfg: DictConfig | Mapping, n_devices: int | None = None)
         _check_batches(r, world, n, train_bs)
     _check_algorithm(r, n)
     _check_rollout(r, device, world)
+    _check_async(r)
     if device == "cpu":
         _explain_gpu_only(r)
     _check_misc(r)
@@ -304,6 +305,34 @@ def _check_rollout(r: _Report, device: str, world: int | None) -> None:
     elif mode == "sync":
         r.notes.append(f"{rollout}.mode=sync: generation always runs through the asynchronous rollout server and "
                        "the agent loop (single_turn_agent for plain prompts), as with mode=async; veRL 0.9.1 removed sync")
+
+
+def _check_async(r: _Report) -> None:
+    """Asynchronous modes need a rollout pool of their own, and sane staleness knobs."""
+    mode = r.get("async_training.mode") or "sync"
+    rollout_nodes = r.get("actor_rollout_ref.rollout.nnodes") or 0
+    if mode not in ("sync", "one_step_off", "fully_async"):
+        r.errors.append(f"async_training.mode={mode!r} is not one of sync, one_step_off, fully_async")
+        return
+    if rollout_nodes and (r.get("actor_rollout_ref.rollout.n_gpus_per_node") or 0) <= 0:
+        r.errors.append("actor_rollout_ref.rollout.n_gpus_per_node must be > 0 when actor_rollout_ref.rollout.nnodes > 0")
+    if r.get("trainer.backend") == "inprocess" and rollout_nodes and \
+            rollout_nodes * (r.get("actor_rollout_ref.rollout.n_gpus_per_node") or 0) != 1:
+        r.errors.append("trainer.backend=inprocess runs one rollout worker: set actor_rollout_ref.rollout.nnodes=1 "
+                        "and n_gpus_per_node=1, or use trainer.backend=ray")
+    if mode == "sync":
+        return
+    if rollout_nodes <= 0:
+        r.errors.append(f"async_training.mode={mode} generates while the trainer trains, so the rollout needs a pool "
+                        "of its own: set actor_rollout_ref.rollout.nnodes (and n_gpus_per_node) > 0")
+    if (r.get("async_training.staleness_threshold") or 0) < 0:
+        r.errors.append(f"async_training.staleness_threshold must be >= 0, got {r.get('async_training.staleness_threshold')}")
+    if mode == "fully_async":
+        r.positive_int("async_training.trigger_parameter_sync_step")
+        r.positive_int("async_training.require_batches")
+        if not r.get("actor_rollout_ref.rollout.calculate_log_probs"):
+            r.notes.append("async_training: actor_rollout_ref.rollout.calculate_log_probs=False, so the staleness "
+                           "of samples cannot be corrected with rollout log-probs")
 
 
 def _explain_gpu_only(r: _Report) -> None:

@@ -32,7 +32,8 @@ from hybridflow.trainer.ppo.metric_utils import (
 )
 from hybridflow.trainer.ppo.rollout_only import rollout_only_step
 from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
-from hybridflow.trainer.ppo.worker_setup import build_worker_groups
+from hybridflow.trainer.ppo.rollout_source import make_rollout_source, weight_targets
+from hybridflow.trainer.ppo.worker_setup import build_worker_groups, rollout_role_name, separated_rollout
 from hybridflow.utils.progress import Progress
 from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.checkpoint import get_rng_state, set_rng_state
@@ -65,6 +66,8 @@ class RayPPOTrainer:
         self.n_devices = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
         self.total_training_steps = self._total_steps()
         self.global_steps = 0
+        self.actor_version = 0  # actor updates so far: the weight version the rollout should be at
+        self.hybrid_engine = not separated_rollout(config)  # colocated: the actor's process also generates
         # rollout dumps (trainer.rollout_data_dir / validation_data_dir) and replay (skip.rollout): the
         # generate phase is chosen here, once; trainer.rollout_only swaps the step for generate + score
         self.rollout_recorder = RolloutRecorder.from_config(config, tokenizer)
@@ -81,6 +84,7 @@ class RayPPOTrainer:
         groups = build_worker_groups(self.config, use_critic=self.use_critic, use_ref=self.use_reference_policy,
                                      use_rm=self.use_rm)
         self.actor_rollout_wg = groups["actor_rollout"]
+        self.rollout_wg = groups["rollout"]  # the same group as the actor's unless the rollout has its own pool
         self.critic_wg = groups.get("critic")
         self.rm_wg = groups.get("rm")
         self._all_groups = groups
@@ -89,13 +93,29 @@ class RayPPOTrainer:
         if self.rm_wg is not None:
             self.rm_wg.init_model()
         self.actor_rollout_wg.init_model()
+        if self.rollout_wg is not self.actor_rollout_wg:
+            self.rollout_wg.init_model()
         rollout = OmegaConf.to_container(self.config.actor_rollout_ref.rollout, resolve=True)
-        self.async_rollout_manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(rollout),
-                                                      self.actor_rollout_wg, self.tokenizer, role="actor_rollout")
+        async_cfg = self.config.async_training
+        self.async_rollout_manager = AgentLoopManager(
+            AgentLoopSettings.from_rollout_config(rollout), self.rollout_wg, self.tokenizer,
+            role=rollout_role_name(self.config), hybrid_engine=self.hybrid_engine,
+            resume_on_abort=async_cfg.mode == "fully_async" and bool(async_cfg.partial_rollout))
+        self.rollout_source = make_rollout_source(self)
+
+    def push_weights_to_rollout(self, version: int) -> dict:
+        """Send the actor's weights to the rollout pool (separate pools only), stamped ``version``."""
+        targets = weight_targets(self.rollout_wg, rollout_role_name(self.config))
+        per_rank = self.actor_rollout_wg.send_weights(targets, version)
+        return per_rank[0]  # rank 0 sent; the others only took part in the gathers
 
     def shutdown_workers(self) -> None:
         """Kill the worker processes and free their placement groups: a later run in the same Ray
         session (a notebook, a test session, a sweep) gets the CPUs/GPUs back."""
+        source = getattr(self, "rollout_source", None)
+        if source is not None:
+            source.close()
+            self.rollout_source = None
         manager = getattr(self, "async_rollout_manager", None)
         if manager is not None:
             manager.shutdown()
@@ -121,14 +141,8 @@ class RayPPOTrainer:
         return batch.union(gen_out), metrics
 
     def _generate(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:
-        rollout = self.config.actor_rollout_ref.rollout
-        batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}_{i}" for i in range(len(batch))], dtype=object)  # deterministic: reproducible on resume
-        batch = batch.repeat(repeat_times=int(rollout.n), interleave=True)
-        with timer("gen", timing):
-            batch, gen_metrics = self._rollout(batch, {"do_sample": bool(rollout.do_sample), "global_steps": self.global_steps})
-        timing["update_weights"] = float(np.max(gen_metrics.pop("timing_s/update_weights", [0.0])))
-        metrics.update({k: v for k, v in gen_metrics.items() if k.startswith(("agent/", "rollout/"))})
-        return batch  # response_mask is the rollout's (1 = the model's own tokens), never rebuilt here
+        """The generate phase: the rollout source's (sync, one-step-off or fully async; rollout_source.py)."""
+        return self.rollout_source.generate(batch, timing, metrics)
 
     def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
         """Reorder rows so every data-parallel rank gets a similar number of tokens."""
@@ -194,6 +208,8 @@ class RayPPOTrainer:
         batch.meta_info["temperature"] = float(self.config.actor_rollout_ref.rollout.temperature)
         out = self.actor_rollout_wg.update_actor(batch)
         metrics.update(out.meta_info["metrics"])
+        self.actor_version += 1
+        self.rollout_source.after_update(self.actor_version, metrics)  # new weights to a separate rollout pool
 
     # --------------------------------------------------------------------------------- one step
     def train_step(self, batch: DataProto) -> dict[str, float]:
@@ -282,7 +298,7 @@ class RayPPOTrainer:
             if self.use_critic:
                 self.critic_wg.save_checkpoint(ckpt.role_dir(tmp, "critic"), self.global_steps)
             ckpt.save_dataloader_state(tmp, {
-                "dataloader": self.train_dataloader.state_dict(), "global_steps": self.global_steps,
+                **self.rollout_source.data_state(), "global_steps": self.global_steps, "actor_version": self.actor_version,
                 "kl_ctrl": getattr(self.kl_ctrl_in_reward, "value", None), "driver_rng": get_rng_state()})
             final = ckpt.commit_save(root, self.global_steps, tmp)
         except BaseException:
@@ -309,7 +325,9 @@ class RayPPOTrainer:
         self.actor_rollout_wg.load_checkpoint(ckpt.role_dir(path, "actor"))
         if self.use_critic:
             self.critic_wg.load_checkpoint(ckpt.role_dir(path, "critic"))
-        self.train_dataloader.load_state_dict(state["dataloader"])
+        self.global_steps = int(state["global_steps"])
+        self.actor_version = int(state.get("actor_version", self.global_steps))
+        self.rollout_source.load_data_state(state)
         if self.kl_ctrl_in_reward is not None and state.get("kl_ctrl") is not None:
             self.kl_ctrl_in_reward.value = state["kl_ctrl"]
         print(f"resumed from {path} (global step {state['global_steps']})")
@@ -339,26 +357,24 @@ class RayPPOTrainer:
             last = self.validate()
             logger.log(last, step=0)
         progress = Progress(self.total_training_steps, self.global_steps, desc="training")
-        while self.global_steps < self.total_training_steps:
-            for batch_dict in self.train_dataloader:
-                self.global_steps += 1
-                metrics = self.train_step(DataProto.from_single_dict(batch_dict))
-                is_last = self.global_steps >= self.total_training_steps
-                if self.val_reward_fn is not None and t.test_freq > 0 and (is_last or self.global_steps % t.test_freq == 0):
-                    with timer("testing", timings := {}):
-                        metrics.update(self.validate())
-                    metrics["timing_s/testing"] = timings["testing"]
-                if t.save_freq > 0 and (is_last or self.global_steps % t.save_freq == 0):
-                    with timer("save_checkpoint", timings := {}):
-                        self.save_checkpoint()
-                    metrics["timing_s/save_checkpoint"] = timings["save_checkpoint"]
-                metrics["training/global_step"] = self.global_steps
-                metrics["training/epoch"] = self.train_dataloader.state_dict().get("epoch", 0)
-                logger.log(metrics, step=self.global_steps)
-                progress.update(score=metrics.get("critic/score/mean", float("nan")))
-                last = metrics
-                if is_last:
-                    break
+        for step_input in self.rollout_source.inputs():
+            if self.global_steps >= self.total_training_steps:
+                break
+            self.global_steps += 1
+            metrics = self.train_step(step_input)
+            is_last = self.global_steps >= self.total_training_steps
+            if self.val_reward_fn is not None and t.test_freq > 0 and (is_last or self.global_steps % t.test_freq == 0):
+                with timer("testing", timings := {}):
+                    metrics.update(self.validate())
+                metrics["timing_s/testing"] = timings["testing"]
+            if t.save_freq > 0 and (is_last or self.global_steps % t.save_freq == 0):
+                with timer("save_checkpoint", timings := {}):
+                    self.save_checkpoint()
+                metrics["timing_s/save_checkpoint"] = timings["save_checkpoint"]
+            metrics["training/global_step"] = self.global_steps
+            logger.log(metrics, step=self.global_steps)
+            progress.update(score=metrics.get("critic/score/mean", float("nan")))
+            last = metrics
         progress.close()
         return last
 
