@@ -11,6 +11,7 @@ the wrong type fails naming the key, the expected type and the value. The result
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import importlib.resources
@@ -24,14 +25,18 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
+
+from hybridflow.utils.config_keys import TABLES
+from hybridflow.utils.config_support import SupportError, apply_aliases, check_support, mirror_aliases
 
 __all__ = [
     "ConfigError",
     "config_dir",
     "available_configs",
     "default_config",
+    "raw_default_config",
     "check_overrides",
     "suggest_keys",
     "load_config",
@@ -59,18 +64,20 @@ _PACKAGE = "hybridflow.configs"
 
 
 def config_dir() -> Path:
-    """The directory holding the yaml files: the installed package data ``hybridflow.configs``
-    (setup.py ships ``configs/`` there), else ``configs/`` at the top of a source checkout."""
+    """The directory holding the yaml files: ``configs/`` at the top of the source checkout this
+    module was imported from (an editable install, a worktree or a checkout on PYTHONPATH reads its
+    own yaml), else the installed package data ``hybridflow.configs`` (setup.py ships ``configs/``
+    there for a plain install)."""
+    source_tree = Path(__file__).resolve().parents[2] / "configs"
+    if (source_tree / "ppo_trainer.yaml").is_file():
+        return source_tree
     try:
         candidate = importlib.resources.files(_PACKAGE).joinpath("ppo_trainer.yaml")
         if isinstance(candidate, Path) and candidate.is_file():
             return candidate.parent
     except (ModuleNotFoundError, TypeError, ValueError):
         pass
-    source_tree = Path(__file__).resolve().parents[2] / "configs"
-    if source_tree.is_dir():
-        return source_tree
-    raise ConfigError(f"cannot find hybridflow's yaml configs (neither package data {_PACKAGE} nor {source_tree})")
+    raise ConfigError(f"cannot find hybridflow's yaml configs (neither {source_tree} nor package data {_PACKAGE})")
 
 
 def available_configs(directory: str | os.PathLike | None = None) -> list[str]:
@@ -107,18 +114,29 @@ def _compose(folder: Path, name: str, overrides: list[str]) -> DictConfig:
 
 
 @functools.lru_cache(maxsize=16)
-def _cached_defaults(folder: str, name: str, mtime_ns: int) -> Any:
+def _cached_trees(folder: str, name: str, mtime_ns: int) -> tuple[Any, Any]:
+    """(resolved, unresolved) defaults of one yaml."""
     cfg = _compose(Path(folder), name, [])
     try:
-        return OmegaConf.to_container(cfg, resolve=True)
+        return OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_container(cfg, resolve=False)
     except OmegaConfBaseException as e:
         raise ConfigError(f"config {name!r} does not resolve: {e}") from e
+
+
+def _trees(folder: Path, name: str) -> tuple[Any, Any]:
+    return _cached_trees(str(folder), name, (folder / f"{name}.yaml").stat().st_mtime_ns)
 
 
 def default_config(name: str = "ppo_trainer", directory: str | os.PathLike | None = None) -> dict:
     """The yaml's defaults as a plain resolved dict (cached; treat as read-only)."""
     folder, name = _yaml_path(name, directory)
-    return _cached_defaults(str(folder), name, (folder / f"{name}.yaml").stat().st_mtime_ns)
+    return _trees(folder, name)[0]
+
+
+def raw_default_config(name: str = "ppo_trainer", directory: str | os.PathLike | None = None) -> dict:
+    """The yaml's defaults with interpolations left as written (cached; treat as read-only)."""
+    folder, name = _yaml_path(name, directory)
+    return _trees(folder, name)[1]
 
 
 # --------------------------------------------------------------------------- checking overrides
@@ -269,23 +287,92 @@ def load_config(
     name: str = "ppo_trainer",
     overrides: Sequence[str] = (),
     config_path: str | os.PathLike | None = None,
+    kind: str | None = None,
+    notes: list[str] | None = None,
 ) -> DictConfig:
     """Compose ``<config_path or config_dir()>/<name>.yaml`` with veRL-style overrides.
 
+    Then, for the configs that have a key table (``kind``, by default ``name``: ppo_trainer,
+    generation, evaluation, sft_trainer), legacy spellings are mapped onto their canonical keys and
+    every key's status is checked (``hybridflow.utils.config_support``): a key set to a value hybridflow
+    does not implement is refused by name. Notes about accepted-but-inactive settings are appended to
+    ``notes`` when given, else printed to stderr.
+
     Returns a resolved, read-only, struct DictConfig. Raises ConfigError for unknown keys, values of
-    the wrong type, or anything Hydra refuses.
+    the wrong type, unsupported values, conflicting spellings, or anything Hydra refuses.
     """
     folder, name = _yaml_path(name, config_path)
-    defaults = _cached_defaults(str(folder), name, (folder / f"{name}.yaml").stat().st_mtime_ns)
+    defaults, raw_defaults = _trees(folder, name)
     checked = check_overrides(overrides, defaults)
-    cfg = _compose(folder, name, checked)
+    cfg = _apply_overrides(raw_defaults, checked, name)
+    table = _key_table(kind or name)
+    found: list[str] = []
     try:
+        if table is not None:
+            # statuses are judged against hybridflow's own yaml, also for a config file of the user's
+            reference = raw_default_config(kind or name)
+            raw = OmegaConf.to_container(cfg, resolve=False)
+            try:
+                moved = apply_aliases(table, raw, reference, explicit=_written_keys(checked))
+            except SupportError as e:
+                raise ConfigError(f"conflicting config keys:\n  {e}") from None
+            _update(cfg, moved)
         OmegaConf.resolve(cfg)
+        if table is not None:
+            resolved = OmegaConf.to_container(cfg, resolve=False)
+            try:
+                found = check_support(table, raw, reference, resolved)
+            except SupportError as e:
+                raise ConfigError(f"config keys that hybridflow does not support:\n  {e}") from None
+            _update(cfg, mirror_aliases(table, resolved))
     except OmegaConfBaseException as e:
         raise ConfigError(f"config {name!r} does not resolve with overrides {list(overrides)}: {e}") from e
+    if notes is not None:
+        notes.extend(found)
+    else:
+        for line in found:
+            print(f"[config] {line}", file=sys.stderr)
     OmegaConf.set_struct(cfg, True)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _apply_overrides(raw_defaults: dict, overrides: Sequence[str], name: str) -> DictConfig:
+    """The defaults with checked overrides applied, as Hydra's compose applies them (struct: only
+    ``+``/``++`` add keys). The yaml is parsed once (``_trees``); this only copies and updates it."""
+    cfg = OmegaConf.create(copy.deepcopy(raw_defaults))
+    OmegaConf.set_struct(cfg, True)
+    try:
+        for o in OverridesParser.create().parse_overrides(list(overrides)):
+            key = o.key_or_group
+            if key == "hydra" or key.startswith("hydra."):
+                continue  # Hydra's own settings: nothing to compose here
+            if o.is_delete():
+                parent, _, leaf = key.rpartition(".")
+                node = OmegaConf.select(cfg, parent) if parent else cfg
+                with open_dict(cfg):
+                    del node[leaf]
+            else:
+                OmegaConf.update(cfg, key, o.value(), merge=True, force_add=o.is_add() or o.is_force_add())
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"cannot compose config {name!r} with overrides {list(overrides)}: {e}") from e
+    return cfg
+
+
+def _update(cfg: DictConfig, values: dict[str, Any]) -> None:
+    with open_dict(cfg):
+        for key, value in values.items():
+            OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+
+
+def _written_keys(overrides: Sequence[str]) -> list[str]:
+    """The keys the command line sets (``key=v``, ``+key=v``, ``++key=v``; not ``~key``)."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return [o.key_or_group for o in parsed if o.type != OverrideType.DEL]
+
+
+def _key_table(kind: str):
+    return TABLES.get(kind)
 
 
 _USAGE = """usage: python -m {prog} [--config-path DIR] [--config-name NAME] [--cfg job] [key=value ...]
@@ -298,8 +385,10 @@ lists as key=[a,b]. --cfg job prints the composed config and exits. Known config
 def parse_cli(name: str, argv: Sequence[str]) -> DictConfig:
     """Command-line front end of ``load_config``: also takes Hydra's ``--config-path``,
     ``--config-name`` (``-cp``/``-cn``), ``--cfg job`` and ``--help``. A ConfigError is printed
-    and exits with status 2 instead of a traceback."""
+    and exits with status 2 instead of a traceback. ``--cfg job`` prints the composed config after
+    every check (unknown keys, types, unsupported values) and exits: a dry run of the command line."""
     config_path, overrides, print_cfg = None, [], False
+    kind = name  # the entry point's config: its key statuses apply whatever file --config-name picks
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -324,7 +413,7 @@ def parse_cli(name: str, argv: Sequence[str]) -> DictConfig:
             raise SystemExit(2)
         overrides.append(arg)
     try:
-        cfg = load_config(name, overrides, config_path=config_path)
+        cfg = load_config(name, overrides, config_path=config_path, kind=kind)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -23,7 +23,7 @@ def role_classes(config, use_critic: bool, use_ref: bool, use_rm: bool) -> dict[
 
 def build_worker_groups(config, use_critic: bool, use_ref: bool, use_rm: bool) -> dict:
     roles = role_classes(config, use_critic, use_ref, use_rm)
-    backend = config.trainer.get("backend", "ray")
+    backend = config.trainer.backend
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
     if backend == "inprocess":
         from hybridflow.single_controller.inprocess import InProcessWorkerGroup, create_colocated_worker_cls
@@ -41,7 +41,7 @@ def build_worker_groups(config, use_critic: bool, use_ref: bool, use_rm: bool) -
     from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
     from hybridflow.trainer.config_checks import resolve_device
 
-    use_gpu = resolve_device(config.trainer.get("device", "auto")) == "cuda"
+    use_gpu = resolve_device(config.trainer.device) == "cuda"
     pool = RayResourcePool(process_on_nodes=[int(config.trainer.n_gpus_per_node)] * int(config.trainer.nnodes),
                            use_gpu=use_gpu, max_colocate_count=1)
     fused = create_colocated_worker_cls(
