@@ -60,7 +60,8 @@ def build_trainer(config) -> RayPPOTrainer:
         print(f"[config] {note}")
     device = resolve_device(config.trainer.device)
     model_path = local_model_path(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
-    tokenizer = load_tokenizer(config.data.tokenizer or model_path, bool(config.actor_rollout_ref.model.trust_remote_code))
+    trust = bool(config.data.trust_remote_code or config.actor_rollout_ref.model.trust_remote_code)
+    tokenizer = load_tokenizer(config.data.tokenizer or model_path, trust)
 
     # data and rewards first: bad input fails before any worker starts
     train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)

@@ -25,7 +25,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.utils.config_keys import TABLES
@@ -55,6 +55,11 @@ _UNION_TYPES: dict[str, tuple[str, ...]] = {
     "val_files": ("str", "list"),
     "target_modules": ("str", "list"),
     "reshard_after_forward": ("bool", "int"),
+    # real numbers that veRL's yaml writes as integers (entropy_coeff: 0, top_p: 1, temperature: 0)
+    "entropy_coeff": ("float",),
+    "top_p": ("float",),
+    "temperature": ("float",),
+    "over_sample_rate": ("float",),
 }
 
 _PACKAGE = "hybridflow.configs"
@@ -85,10 +90,25 @@ def available_configs(directory: str | os.PathLike | None = None) -> list[str]:
     return sorted(p.stem for p in Path(directory or config_dir()).glob("*.yaml"))
 
 
+# veRL configs hybridflow does not ship: the answer when a command line or a defaults list names one.
+VERL_ONLY_CONFIGS = {
+    "ppo_megatron_trainer": "Megatron is not a hybridflow training engine (FSDP2/DDP only); use ppo_trainer",
+    "ppo_torchtitan_trainer": "TorchTitan is not a hybridflow training engine (FSDP2/DDP only); use ppo_trainer",
+    "ppo_veomni_trainer": "VeOmni is not a hybridflow training engine (FSDP2/DDP only); use ppo_trainer",
+    "sft_trainer_engine": "hybridflow's SFT config is sft_trainer (it holds veRL 0.9.1's sft_trainer_engine keys)",
+}
+
+
+def _refuse_verl_only(name: str) -> None:
+    if name in VERL_ONLY_CONFIGS:
+        raise ConfigError(f"config {name!r} (veRL's) is not supported by hybridflow: {VERL_ONLY_CONFIGS[name]}")
+
+
 def _yaml_path(name: str, directory: str | os.PathLike | None) -> tuple[Path, str]:
     name = name[: -len(".yaml")] if name.endswith(".yaml") else name
     folder = Path(directory).expanduser().resolve() if directory is not None else config_dir()
     if not (folder / f"{name}.yaml").is_file():
+        _refuse_verl_only(name)
         known = ", ".join(available_configs(folder)) or "(none)"
         raise ConfigError(f"no config named {name!r} in {folder}; known: {known}")
     return folder, name
@@ -116,11 +136,39 @@ def _compose(folder: Path, name: str, overrides: list[str]) -> DictConfig:
 @functools.lru_cache(maxsize=16)
 def _cached_trees(folder: str, name: str, mtime_ns: int) -> tuple[Any, Any]:
     """(resolved, unresolved) defaults of one yaml."""
-    cfg = _compose(Path(folder), name, [])
+    cfg = _extending_config(Path(folder), name) or _compose(Path(folder), name, [])
     try:
         return OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_container(cfg, resolve=False)
     except OmegaConfBaseException as e:
         raise ConfigError(f"config {name!r} does not resolve: {e}") from e
+
+
+def _extending_config(folder: Path, name: str) -> DictConfig | None:
+    """A user's yaml that extends one of hybridflow's configs the veRL way (``defaults: [ppo_trainer,
+    _self_]``, with a ``hydra.searchpath`` to veRL's config directory): hybridflow's config with the
+    file's own keys merged on top, as Hydra would compose it. None for any other yaml."""
+    path = folder / f"{name}.yaml"
+    if folder == config_dir():
+        return None
+    try:
+        body = OmegaConf.load(path)
+    except (OmegaConfBaseException, OSError, ValueError) as e:
+        raise ConfigError(f"cannot read config {path}: {e}") from e
+    defaults = body.get("defaults") if isinstance(body, DictConfig) else None
+    entries = [str(d).removesuffix(".yaml") for d in defaults] if isinstance(defaults, (list, ListConfig)) else []
+    bases = [d for d in entries if d != "_self_"]
+    if len(bases) != 1 or entries[-1] != "_self_" or "@" in bases[0] or ":" in bases[0]:
+        return None
+    _refuse_verl_only(bases[0])
+    if not (config_dir() / f"{bases[0]}.yaml").is_file():
+        return None
+    own = OmegaConf.to_container(body, resolve=False)
+    own.pop("defaults", None)
+    own.pop("hydra", None)
+    try:
+        return OmegaConf.merge(OmegaConf.create(copy.deepcopy(raw_default_config(bases[0]))), own)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"cannot merge {path} onto hybridflow's {bases[0]}: {e}") from e
 
 
 def _trees(folder: Path, name: str) -> tuple[Any, Any]:
@@ -227,6 +275,16 @@ def _check_value(override: Override, key: str, default: Any) -> str | None:
     )
 
 
+def _under_free_form_dict(defaults: dict, key: str) -> bool:
+    """True when a section above ``key`` is an empty mapping in the yaml (override_config: {}, ...)."""
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        found, node = _lookup(defaults, ".".join(parts[:i]))
+        if found:
+            return node == {}
+    return False
+
+
 def check_overrides(overrides: Sequence[str], defaults: dict) -> list[str]:
     """Check command-line overrides against the defaults tree; return them ready for Hydra
     (a scalar for a list key becomes a one-element list, ``None`` becomes ``null``).
@@ -251,15 +309,18 @@ def check_overrides(overrides: Sequence[str], defaults: dict) -> list[str]:
             )
             continue
         found, default = _lookup(defaults, key)
-        if override.type == OverrideType.ADD:
-            if found:
-                errors.append(f"{override.input_line!r} adds a key that already exists (default: {default!r}); "
-                              f"write {key}=... to change it")
-            else:
-                out.append(override.input_line)
+        if override.type == OverrideType.ADD and not found:
+            out.append(override.input_line)
             continue
+        if override.type == OverrideType.ADD:
+            # veRL users add keys its tree lacks but hybridflow's has (fsdp_config.mixed_precision, ...):
+            # +key for an existing key sets it, after the usual checks
+            override = OverridesParser.create().parse_overrides([override.input_line[1:]])[0]
         if not found and override.type == OverrideType.FORCE_ADD:
             out.append(override.input_line)
+            continue
+        if not found and override.type == OverrideType.CHANGE and _under_free_form_dict(defaults, key):
+            out.append("+" + override.input_line)  # e.g. engine_kwargs.vllm.swap_space=4: vllm is a free-form {}
             continue
         if not found:
             close = suggest_keys(key, defaults)

@@ -153,9 +153,18 @@ def test_add_delete_and_force_add():
     assert load_config("evaluation", ["+new.key=1"], kind="no-table").new.key == 1
 
 
-def test_adding_an_existing_key_fails():
-    with pytest.raises(ConfigError, match="already exists"):
-        load_config("ppo_trainer", ["+trainer.nnodes=2"])
+def test_adding_an_existing_key_sets_it():
+    # hybridflow's tree holds keys veRL users must add with + (fsdp_config.mixed_precision, ...): + sets them
+    cfg = load_config("ppo_trainer", ["+trainer.nnodes=2",
+                                      "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"])
+    assert cfg.trainer.nnodes == 2 and cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "bf16"
+    with pytest.raises(ConfigError, match="expects int"):  # still type-checked
+        load_config("ppo_trainer", ["+trainer.nnodes=two"])
+
+
+def test_a_free_form_mapping_takes_new_keys_without_plus():
+    cfg = load_config("ppo_trainer", ["actor_rollout_ref.model.override_config.attention_dropout=0.0"])
+    assert cfg.actor_rollout_ref.model.override_config.attention_dropout == 0.0
 
 
 def test_list_override():

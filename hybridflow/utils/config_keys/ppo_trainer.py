@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hybridflow.utils.config_keys.common import (
-    NO_SP, PROFILER, VLM, checkpoint, everything_under, fsdp_engine, hf_model, optimizer, rollout, speed_only, targets,
+    MEGATRON, NO_SP, PROFILER, VLM, checkpoint, everything_under, fsdp_engine, hf_model, optimizer, rollout, speed_only, targets,
 )
 from hybridflow.utils.config_support import KeyTable, honoured, not_supported, note
 
@@ -24,9 +24,11 @@ DATA = [
                   reason="tools belong to the agent loop, which is not implemented yet"),
     not_supported("data.return_raw_input_ids", reason="a reward model with its own tokenizer is not supported"),
     not_supported("data.validation_shuffle", reason="the validation set is read in file order"),
-    not_supported("data.trust_remote_code", reason="the tokenizer is loaded with actor_rollout_ref.model.trust_remote_code"),
+    honoured("data.trust_remote_code", reason="the tokenizer trusts remote code when this key or "
+                                              "actor_rollout_ref.model.trust_remote_code is true"),
     not_supported("data.image_patch_size", "data.image_key", "data.video_key", "data.audio_key",
-                  "data.return_multi_modal_inputs", "data.mm_processor_kwargs.**", reason=VLM),
+                  "data.mm_processor_kwargs.**", reason=VLM),
+    note("data.return_multi_modal_inputs", reason="hybridflow reads text only and never returns multi-modal inputs"),
     not_supported("data.custom_cls.**", "data.sampler.**", "data.datagen.**",
                   reason="custom RL dataset, sampler and data-generator classes are not implemented"),
 ]
@@ -169,6 +171,8 @@ RAY = [
 
 OTHER = [
     honoured("model_engine", values=("dp",), reason="FSDP2/DDP is hybridflow's only training backend"),
+    # keys of veRL's Megatron tree, which users add with +
+    not_supported(f"{A}.megatron.**", "actor_rollout_ref.ref.megatron.**", f"{C}.megatron.**", reason=MEGATRON),
     everything_under("global_profiler", PROFILER),
     everything_under("distillation", "on-policy distillation is not implemented"),
     everything_under("transfer_queue", "the TransferQueue data plane is not implemented"),
