@@ -368,13 +368,14 @@ def load_config(
     cfg = _apply_overrides(raw_defaults, checked, name)
     table = _key_table(kind or name)
     found: list[str] = []
+    origins: dict[str, str] = {}
     try:
         if table is not None:
             # statuses are judged against hybridflow's own yaml, also for a config file of the user's
             reference = raw_default_config(kind or name)
             raw = OmegaConf.to_container(cfg, resolve=False)
             try:
-                moved = apply_aliases(table, raw, reference, explicit=_written_keys(checked))
+                moved = apply_aliases(table, raw, reference, explicit=_written_keys(checked), origins=origins)
             except SupportError as e:
                 raise ConfigError(f"conflicting config keys:\n  {e}") from None
             _update(cfg, moved)
@@ -382,7 +383,7 @@ def load_config(
         if table is not None:
             resolved = OmegaConf.to_container(cfg, resolve=False)
             try:
-                found = check_support(table, raw, reference, resolved)
+                found = check_support(table, raw, reference, resolved, origins)
             except SupportError as e:
                 raise ConfigError(f"config keys that hybridflow does not support:\n  {e}") from None
             _update(cfg, mirror_aliases(table, resolved))

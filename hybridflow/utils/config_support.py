@@ -181,13 +181,16 @@ def _show(value: Any) -> str:
 # --------------------------------------------------------------------------- aliases
 
 
-def apply_aliases(table: KeyTable, raw: dict, defaults: dict, explicit: Iterable[str] = ()) -> dict[str, Any]:
+def apply_aliases(table: KeyTable, raw: dict, defaults: dict, explicit: Iterable[str] = (),
+                  origins: dict[str, str] | None = None) -> dict[str, Any]:
     """Copy every set legacy key of ``raw`` (unresolved tree, changed in place) onto its canonical key.
 
     A key is set when its value differs from its default, or when it (or a section above it) was
     written on the command line (``explicit``: the override keys), so ``reward_model.enable=True
     reward.reward_model.enable=False`` is a conflict although False is the default. Returns
-    ``{canonical key: value}`` for the keys set this way; raises SupportError naming every conflict.
+    ``{canonical key: value}`` for the keys set this way (``origins`` receives ``{canonical key: the
+    legacy key it came from}``, so messages can name what the user wrote); raises SupportError naming
+    every conflict.
     """
     written = tuple(explicit)
 
@@ -206,6 +209,8 @@ def apply_aliases(table: KeyTable, raw: dict, defaults: dict, explicit: Iterable
             continue
         _set(raw, target, value)
         moved[target] = value
+        if origins is not None:
+            origins[target] = key
     if errors:
         raise SupportError("\n  ".join(errors))
     return moved
@@ -227,11 +232,13 @@ def mirror_aliases(table: KeyTable, resolved: dict) -> dict[str, Any]:
 # --------------------------------------------------------------------------- support
 
 
-def check_support(table: KeyTable, raw: dict, defaults: dict, resolved: dict) -> list[str]:
+def check_support(table: KeyTable, raw: dict, defaults: dict, resolved: dict,
+                  origins: dict[str, str] | None = None) -> list[str]:
     """Notes for the keys of ``raw`` that print one; raises SupportError listing every refused key.
 
     ``raw``: the composed tree after ``apply_aliases``, unresolved; ``defaults``: the yaml's tree,
-    unresolved; ``resolved``: ``raw`` with interpolations resolved (values are judged there).
+    unresolved; ``resolved``: ``raw`` with interpolations resolved (values are judged there);
+    ``origins``: from ``apply_aliases``.
     """
     errors, notes = [], []
     for key, value in leaf_items(raw):
@@ -249,6 +256,8 @@ def check_support(table: KeyTable, raw: dict, defaults: dict, resolved: dict) ->
         shown = _get(resolved, key)
         shown = value if shown is _MISSING else shown
         why = f": {rule.reason}" if rule.reason else ""
+        if origins and key in origins:  # name the spelling the user wrote too
+            why = f" (set as {origins[key]}){why}"
         if rule.status == HONOURED:
             if rule.values is not None and is_set and shown not in rule.values:
                 supported = ", ".join(_show(v) for v in rule.values)
