@@ -56,6 +56,7 @@ class KeyRule:
     status: str
     reason: str = ""
     values: tuple | None = None
+    shared: bool = False  # from a group shared by several trees: the key may be absent from some of them
 
     def __post_init__(self):
         if self.status not in (HONOURED, NOT_SUPPORTED, NOTE):

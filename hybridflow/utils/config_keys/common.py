@@ -3,7 +3,9 @@ FSDP engine, an optimizer, a profiler, a rollout engine) under different prefixe
 
 from __future__ import annotations
 
-from hybridflow.utils.config_support import honoured, not_supported, note
+import dataclasses
+
+from hybridflow.utils.config_support import KeyRule, honoured, not_supported, note
 
 # reasons used in several places
 PROFILER = "profiling is not implemented (the timing_s/* metrics time every phase)"
@@ -13,6 +15,11 @@ VLM = "vision-language (multi-modal) models and data are not supported"
 TARGET = "a veRL dataclass path; hybridflow validates the config into its own types"
 MEGATRON = "Megatron is not a hybridflow training engine (FSDP2/DDP only)"
 NO_SP = "Ulysses sequence parallelism is not implemented"
+
+
+def shared(rules: list[KeyRule]) -> list[KeyRule]:
+    """Rules of a sub-tree veRL repeats under several prefixes; not every copy has every key."""
+    return [dataclasses.replace(rule, shared=True) for rule in rules]
 
 
 def everything_under(prefix: str, reason: str):
@@ -52,12 +59,12 @@ def hf_model(p: str, *, tokenizer_path: bool = False, lora: bool = True):
     else:
         groups.append(honoured(f"{p}.lora_rank", values=(0,), reason="LoRA is implemented for the policy only"))
         groups.append(honoured(f"{p}.lora_alpha", f"{p}.target_modules", reason="used only when lora_rank > 0"))
-    return [rule for group in groups for rule in group]
+    return shared([rule for group in groups for rule in group])
 
 
 def fsdp_engine(p: str):
     """veRL's engine/fsdp.yaml (FSDPEngineConfig) at prefix ``p``, plus hybridflow's mixed_precision."""
-    return [rule for group in (
+    return shared([rule for group in (
         honoured(f"{p}.param_offload", f"{p}.optimizer_offload", f"{p}.offload_policy",
                  reason="CUDA only; on cpu parameters and optimizer state already live in host memory"),
         honoured(f"{p}.reshard_after_forward", f"{p}.mixed_precision.param_dtype", f"{p}.mixed_precision.reduce_dtype"),
@@ -81,12 +88,12 @@ def fsdp_engine(p: str):
              reason=speed_only("FSDP wrapping/prefetch, torch.compile, chunked entropy, padding buckets")),
         not_supported(f"{p}.qat.**", reason="quantization-aware training is not implemented"),
         not_supported(f"{p}.turbo_config.**", reason="veRL's FSDP-turbo engine is not implemented"),
-    ) for rule in group]
+    ) for rule in group])
 
 
 def optimizer(p: str):
     """veRL's optim/fsdp.yaml at prefix ``p``."""
-    return [rule for group in (
+    return shared([rule for group in (
         honoured(f"{p}.lr", f"{p}.lr_warmup_steps", f"{p}.lr_warmup_steps_ratio", f"{p}.total_training_steps",
                  f"{p}.weight_decay", f"{p}.betas", f"{p}.clip_grad", f"{p}.min_lr_ratio", f"{p}.num_cycles"),
         honoured(f"{p}.lr_scheduler_type", values=("constant", "cosine")),
@@ -94,14 +101,14 @@ def optimizer(p: str):
         honoured(f"{p}.optimizer_impl", values=("torch.optim",), reason="hybridflow trains with torch.optim.AdamW"),
         honoured(f"{p}.zero_indexed_step", values=(True,), reason="the schedule counts steps from 0"),
         not_supported(f"{p}.override_optimizer_config", reason="extra optimizer arguments are not implemented"),
-    ) for rule in group]
+    ) for rule in group])
 
 
 def checkpoint(p: str):
-    return [rule for group in (
+    return shared([rule for group in (
         honoured(f"{p}.save_contents", f"{p}.load_contents"),
         not_supported(f"{p}.async_save", f"{p}.strict", reason="asynchronous / non-strict checkpoints are not implemented"),
-    ) for rule in group]
+    ) for rule in group])
 
 
 VLLM_ENGINE = "read by the vllm rollout; the hf rollout ignores it (config checks print a note)"
@@ -113,7 +120,7 @@ def rollout(p: str, log_probs: bool = True):
     log_prob_keys = [f"{p}.log_prob_micro_batch_size", f"{p}.log_prob_micro_batch_size_per_gpu",
                      f"{p}.log_prob_use_dynamic_bsz", f"{p}.log_prob_max_token_len_per_gpu"]
     log_prob_rules = honoured(*log_prob_keys) if log_probs else note(*log_prob_keys, reason="no log-probs are computed here")
-    return log_prob_rules + [rule for group in (
+    return shared(log_prob_rules) + shared([rule for group in (
         honoured(f"{p}.name", values=("hf", "vllm"),
                  reason="hybridflow's rollout engines are hf (transformers) and vllm"),
         honoured(f"{p}.mode", values=("sync",), reason="the asynchronous rollout server is not implemented yet"),
@@ -148,4 +155,4 @@ def rollout(p: str, log_probs: bool = True):
         not_supported(f"{p}.quantization", f"{p}.quantization_config_file", f"{p}.qat", f"{p}.mtp",
                       reason="quantized / speculative rollout is not implemented"),
         not_supported(f"{p}.disaggregation.**", reason="prefill/decode disaggregation is not implemented"),
-    ) for rule in group]
+    ) for rule in group])
