@@ -51,7 +51,9 @@ setup(
     # `hybridflow.configs`, so it is found after a plain (non-editable) install too.
     packages=find_packages(include=["hybridflow", "hybridflow.*"]) + ["hybridflow.configs"],
     package_dir={"hybridflow.configs": "configs"},
-    package_data={"hybridflow.configs": ["*.yaml", "**/*.yaml"]},
+    package_data={"hybridflow.configs": ["*.yaml", "**/*.yaml"],
+                  # veRL's key lists, the reference of hybridflow.devtools.config_table
+                  "hybridflow.devtools": ["verl_keys/*/*.jsonl"]},
     include_package_data=True,
     install_requires=install_requires,
     extras_require=extras_require,

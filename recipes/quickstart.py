@@ -156,7 +156,9 @@ def sft_warmup(work: str, paths: dict, sizes: dict, args) -> tuple[str, dict[int
            f"optim.lr={args.sft_lr}", "optim.lr_scheduler=constant", "optim.warmup_steps_ratio=0.02",
            f"trainer.total_training_steps={sizes['sft_max_steps']}", f"trainer.save_freq={sizes['sft_save_freq']}",
            "trainer.test_freq=-1", "trainer.logger=[file]", f"trainer.default_local_dir={sft_dir}",
-           f"trainer.seed={args.seed}", "model.strategy=none", f"trainer.device={args.device}"]
+           f"trainer.seed={args.seed}", "model.strategy=none", f"trainer.device={args.device}",
+           # the values the SFT band was measured with (veRL 0.9.1's SFT defaults differ: betas 0.999, checkpointing on)
+           "optim.betas=[0.9,0.95]", "model.enable_gradient_checkpointing=False"]
     logfile = os.path.join(work, "sft.log")
     out = open(logfile, "w")
     import torch
@@ -218,6 +220,8 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
         f"data.train_batch_size={sizes['batch']}", f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
         f"data.max_response_length={sizes['response_length']}", f"data.seed={args.seed}",
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        # padded forward passes, as measured (veRL 0.9.1 turns use_remove_padding on by default)
+        "actor_rollout_ref.model.use_remove_padding=False", "critic.model.use_remove_padding=False",
         f"actor_rollout_ref.actor.optim.lr={args.lr}", f"actor_rollout_ref.actor.optim.lr_warmup_steps={args.warmup}",
         f"actor_rollout_ref.actor.optim.warmup_style={args.lr_schedule}", "actor_rollout_ref.actor.optim.min_lr_ratio=0.1",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={sizes['batch']}",

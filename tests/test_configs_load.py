@@ -129,9 +129,11 @@ def test_verl_key_names_are_present(name, keys):
 
 def test_ppo_top_level_sections_are_verls():
     cfg = load_config("ppo_trainer", [])
+    # veRL 0.9.1's sections, then the earlier spellings it still accepts (mapped onto reward / ray_kwargs)
     assert set(cfg) == {
-        "data", "actor_rollout_ref", "critic", "reward_model", "custom_reward_function", "algorithm", "trainer",
-        "ray_init", "skip",
+        "data", "actor_rollout_ref", "critic", "reward", "algorithm", "trainer", "ray_kwargs", "global_profiler",
+        "distillation", "transfer_queue", "skip", "model_engine", "async_training",
+        "reward_model", "custom_reward_function", "sandbox_fusion", "reward_manager", "ray_init",
     }
 
 
@@ -145,8 +147,15 @@ def test_cpu_friendly_defaults():
     assert cfg.critic.ppo_mini_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 256
 
 
-def test_config_dir_prefers_installed_package_data(tmp_path, monkeypatch):
-    # After a non-editable install the yaml files live in the package `hybridflow.configs`.
+def test_config_dir_is_the_source_checkout_of_the_imported_code():
+    # An editable install, a worktree or a checkout on PYTHONPATH must read the yaml next to the code
+    # that runs (package data of an editable install may point at another checkout).
+    assert config_mod.config_dir().resolve() == (Path(config_mod.__file__).resolve().parents[2] / "configs")
+
+
+def test_config_dir_uses_package_data_without_a_source_tree(tmp_path, monkeypatch):
+    # After a non-editable install there is no configs/ above the package: the yaml files live in the
+    # package `hybridflow.configs`.
     (tmp_path / "ppo_trainer.yaml").write_text("trainer:\n  nnodes: 3\n")
 
     class FakeFiles:
@@ -156,8 +165,8 @@ def test_config_dir_prefers_installed_package_data(tmp_path, monkeypatch):
     real_files = config_mod.importlib.resources.files
     fake = lambda pkg: FakeFiles() if pkg == "hybridflow.configs" else real_files(pkg)  # noqa: E731
     monkeypatch.setattr(config_mod.importlib.resources, "files", fake)
+    monkeypatch.setattr(config_mod, "__file__", str(tmp_path / "site-packages" / "hybridflow" / "utils" / "config.py"))
     assert config_mod.config_dir() == tmp_path
-    assert load_config("ppo_trainer", []).trainer.nnodes == 3
 
 
 def test_config_dir_falls_back_to_the_source_tree(monkeypatch):

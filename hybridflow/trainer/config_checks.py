@@ -4,6 +4,10 @@ A batch size that does not split over the ranks, or a micro-batch size left unse
 hour later inside a worker with an assertion far from the key that caused it. Here it fails in the
 first second, with the keys and the numbers in the message. Options that only mean something on a
 GPU are accepted on CPU and explained in the returned notes; only a GPU-only engine (vLLM) is an error.
+
+Whether a key is implemented at all (honoured / not supported / accepted with note) is not decided
+here but in hybridflow/utils/config_keys/, checked when the config is loaded; these checks are the
+semantic ones: values that contradict each other or the device.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp3
 # Settings the hf rollout does not read (they configure vLLM's engine).
 _VLLM_ONLY_KEYS = (
     "gpu_memory_utilization", "enforce_eager", "free_cache_engine", "load_format", "max_num_batched_tokens",
-    "max_num_seqs", "max_model_len", "enable_chunked_prefill", "disable_log_stats", "layered_summon",
+    "max_num_seqs", "max_model_len", "enable_chunked_prefill", "disable_log_stats", "calculate_log_probs", "seed",
 )
 
 
@@ -234,7 +238,7 @@ def _check_batches(r: _Report, world: int, n: int, train_bs: int) -> None:
         if r.get("critic.use_dynamic_bsz"):
             _check_token_budget(r, "critic", "forward_max_token_len_per_gpu")
 
-    if r.get("reward_model.enable"):
+    if r.get("reward.reward_model.enable"):
         dp = _dp(r, "reward_model", world)
         if dp and r.get("reward_model.use_dynamic_bsz"):
             _check_token_budget(r, "reward_model", "forward_max_token_len_per_gpu")
@@ -338,12 +342,9 @@ def _check_async(r: _Report) -> None:
 def _explain_gpu_only(r: _Report) -> None:
     """Settings that only act on a GPU: accepted on cpu, with a note saying what happens."""
     for model in ("actor_rollout_ref.model", "critic.model"):
-        if r.get(f"{model}.use_liger"):
-            r.notes.append(f"{model}.use_liger=True: Liger kernels are Triton/CUDA kernels; not used on cpu")
         if r.get(f"{model}.enable_activation_offload"):
             r.notes.append(f"{model}.enable_activation_offload=True: activations already live in host memory on cpu")
-    fsdp_sections = ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config",
-                     "critic.model.fsdp_config", "reward_model.model.fsdp_config")
+    fsdp_sections = ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp")
     for section in fsdp_sections:
         for key in ("param_offload", "optimizer_offload", "offload_policy"):
             if r.get(f"{section}.{key}"):
@@ -368,8 +369,6 @@ def _check_misc(r: _Report) -> None:
     truncation = r.get("data.truncation")
     if truncation not in (None, "error", "left", "right", "middle"):
         r.errors.append(f"data.truncation={truncation!r} is not one of error, left, right, middle")
-    if r.get("data.val_batch_size") is not None:
-        r.notes.append("data.val_batch_size is deprecated: validation runs the whole validation set as one batch")
     if r.get("trainer.total_training_steps") is None:
         r.positive_int("trainer.total_epochs")
     else:

@@ -49,10 +49,10 @@ def per_rank_batch_sizes(actor: dict, rollout_n: int, dp_size: int) -> dict:
 
 
 def log_prob_micro_batch_size(section: dict, dp_size: int) -> int | None:
-    per_gpu = section.get("log_prob_micro_batch_size_per_gpu")
+    per_gpu = section["log_prob_micro_batch_size_per_gpu"]
     if per_gpu:
         return int(per_gpu)
-    total = section.get("log_prob_micro_batch_size")
+    total = section["log_prob_micro_batch_size"]
     return max(1, int(total) // dp_size) if total else None
 
 
@@ -72,13 +72,15 @@ class ActorRolloutRefWorker(RolloutHost, Worker):
         self.init_process_group()
         self.device, _ = default_device_backend()
         self.dp_size = dist.get_world_size() if dist.is_initialized() else 1
-        rollout_n = int(self.config["rollout"].get("n", 1))
+        rollout_n = int(self.config["rollout"]["n"])
         self.actor_cfg = per_rank_batch_sizes(self.config["actor"], rollout_n, self.dp_size) if self._is_actor else None
+        trains = self._is_actor or self._is_ref  # a rollout-only worker (main_generation) gets model + rollout
         # model-level switches the per-rank computations need (veRL copies them into the actor section too)
-        self._remove_padding = bool(self.config["model"].get("use_remove_padding", False))
+        self._remove_padding = bool(self.config["model"]["use_remove_padding"]) if trains else False
         if self.actor_cfg is not None:
             self.actor_cfg["use_remove_padding"] = self._remove_padding
-        self.lora = LoraSpec.from_model_config(self.config["model"])
+            self.actor_cfg["grad_clip"] = self.actor_cfg["optim"]["clip_grad"]  # 0.9.1's place of grad_clip
+        self.lora = LoraSpec.from_model_config(self.config["model"]) if trains else None
         # LoRA: the reference policy is the actor's base model (adapters off), not a second copy
         self._ref_in_actor = self._is_ref and self._is_actor and self.lora is not None
         self._rollout_stale = False
@@ -88,23 +90,23 @@ class ActorRolloutRefWorker(RolloutHost, Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         model_cfg = self.config["model"]
-        import_external_lib(model_cfg.get("external_lib"))
+        import_external_lib(model_cfg["external_lib"])
         path = local_model_path(model_cfg["path"], "actor_rollout_ref.model.path")
-        trust = bool(model_cfg.get("trust_remote_code", False))
+        trust = bool(model_cfg["trust_remote_code"])
         self.tokenizer = load_tokenizer(path, trust)
-        override = model_cfg.get("override_config") or {}
+        override = model_cfg["override_config"]
         torch.manual_seed(0)
 
         if self._is_actor:
             actor = self.config["actor"]
             module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
             self.hf_config = module.config
-            spec = EngineSpec.from_config(actor.get("strategy", "fsdp"), self.device, actor.get("fsdp_config"),
-                                          bool(model_cfg.get("enable_gradient_checkpointing", False)), lora=self.lora,
-                                          activation_offload=bool(model_cfg.get("enable_activation_offload", False)))
+            spec = EngineSpec.from_config(actor["strategy"], self.device, actor["fsdp_config"],
+                                          bool(model_cfg["enable_gradient_checkpointing"]), lora=self.lora,
+                                          activation_offload=bool(model_cfg["enable_activation_offload"]))
             self.actor_engine = TrainEngine(module, spec)
-            optim = actor.get("optim", {})
-            total = int(optim.get("total_training_steps") or 1)
+            optim = actor["optim"]
+            total = max(1, int(optim["total_training_steps"]))  # -1 until main_ppo fills it in
             self.actor_engine.setup_optimizer(optim, total)
             self.actor = DataParallelPPOActor(self.actor_cfg, self.actor_engine.module,
                                               self.actor_engine.optimizer, self.actor_engine.lr_scheduler)
@@ -113,7 +115,7 @@ class ActorRolloutRefWorker(RolloutHost, Worker):
             self.ref_policy = DataParallelPPOActor(ref_section, self.actor_engine.module)  # run with adapters off
         elif self._is_ref:
             ref_module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
-            ref_spec = EngineSpec.from_config(self.config["ref"].get("strategy", "fsdp"), self.device, self.config["ref"].get("fsdp_config"))
+            ref_spec = EngineSpec.from_config(self.config["ref"]["strategy"], self.device, self.config["ref"]["fsdp_config"])
             self.ref_engine = TrainEngine(ref_module, ref_spec, trainable=False)
             self.ref_policy = DataParallelPPOActor(ref_section, self.ref_engine.module)
         if self._is_rollout:
@@ -125,9 +127,9 @@ class ActorRolloutRefWorker(RolloutHost, Worker):
     def _log_prob_meta(self, data: DataProto, section: dict) -> dict:
         return {
             "micro_batch_size": log_prob_micro_batch_size(section, self.dp_size) or len(data),
-            "use_dynamic_bsz": bool(section.get("log_prob_use_dynamic_bsz", False)),
-            "max_token_len": int(section.get("log_prob_max_token_len_per_gpu") or 16384),
-            "temperature": float(self.config["rollout"].get("temperature", 1.0)),
+            "use_dynamic_bsz": bool(section["log_prob_use_dynamic_bsz"]),
+            "max_token_len": int(section["log_prob_max_token_len_per_gpu"]),
+            "temperature": float(self.config["rollout"]["temperature"]),
         }
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -30,8 +30,6 @@ from hybridflow.workers.rollout.weight_transfer import WeightTarget, push_weight
 from hybridflow.workers.rollout.weights import buckets
 from hybridflow.workers.utils.device import resolve_dtype
 
-DEFAULT_BUCKET_MB = 512
-
 
 class RolloutHost:
     """Needs from the host class: ``config`` (actor_rollout_ref section, plain), ``tokenizer``, ``device``,
@@ -40,12 +38,12 @@ class RolloutHost:
     def _build_rollout(self, path: str, trust: bool) -> None:
         """The rollout engine as an asynchronous server, living on this process's engine loop."""
         rollout_cfg = self.config["rollout"]
-        name = rollout_cfg.get("name", "hf")
-        dtype = resolve_dtype(rollout_cfg.get("dtype", "auto"), str(self.device))
+        name = rollout_cfg["name"]
+        dtype = resolve_dtype(rollout_cfg["dtype"], str(self.device))
         module = None
         if name == "hf":
             # a separate inference copy: generation never all-gathers sharded weights token by token
-            module = load_model(path, "causal_lm", override_config=self.config["model"].get("override_config") or {},
+            module = load_model(path, "causal_lm", override_config=self.config["model"]["override_config"] or {},
                                 trust_remote_code=trust).to(device=self.device, dtype=getattr(torch, dtype)).eval()
         eos = self.tokenizer.eos_token_id
         spec = ServerSpec(model_path=path, config=rollout_cfg, pad_token_id=int(self.tokenizer.pad_token_id),
@@ -62,11 +60,11 @@ class RolloutHost:
 
     @property
     def _bucket_bytes(self) -> int:
-        engine = self.config["rollout"].get("checkpoint_engine") or {}
-        return int(float(engine.get("update_weights_bucket_megabytes") or DEFAULT_BUCKET_MB) * (1 << 20))
+        engine = self.config["rollout"]["checkpoint_engine"]
+        return int(float(engine["update_weights_bucket_megabytes"]) * (1 << 20))
 
     # ---------------------------------------------------------------------- hybrid engine (colocated)
-    def _sync_rollout_weights(self, version: int | None) -> dict:
+    def _sync_rollout_weights(self, version: int | None = None) -> dict:
         """Stream the colocated actor's weights into this process's engine, bucket by bucket. Every
         rank takes part: gathering a sharded parameter is a collective."""
         if not (self._is_actor and self._is_rollout and self._rollout_stale):

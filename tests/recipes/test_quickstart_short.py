@@ -118,17 +118,14 @@ def test_quickstart_quick_on_cuda(tmp_path, algo):
 
 @pytest.mark.parametrize("script", ["gsm8k_grpo.sh", "gsm8k_ppo.sh"])
 def test_gpu_recipes_use_only_known_config_keys(script):
-    import re
-
+    from hybridflow.devtools.shell_words import read_script
     from hybridflow.utils.config import load_config
 
-    text = open(os.path.join(REPO, "recipes", script)).read()
-    body = text.split("-m hybridflow.main_ppo", 1)[1]
-    overrides = []
-    for key, value in re.findall(r"^\s+([a-z_][\w.]*)=(\S+?)\s*\\?$", body, flags=re.M):
-        value = re.sub(r'"?\$\(basename [^)]*\)_?(\w*)"?', r"model_\1", value)  # shell substitutions -> plain text
-        value = re.sub(r'"\$\w+"', "/x" if key.endswith(("path", "files")) else "1", value).strip('"')
-        overrides.append(f"{key}={value}")
+    # the script's own variables expanded as bash would (ROLLOUT=${ROLLOUT:-vllm}, MODEL_PATH=...)
+    commands = [c.words for c in read_script(os.path.join(REPO, "recipes", script), cwd=REPO).commands()
+                if "hybridflow.main_ppo" in c.words]
+    assert len(commands) == 1
+    overrides = [w for w in commands[0][commands[0].index("hybridflow.main_ppo") + 1:] if "=" in w]
     assert len(overrides) > 20
     cfg = load_config("ppo_trainer", overrides)
     assert cfg.algorithm.adv_estimator == ("grpo" if "grpo" in script else "gae")

@@ -57,10 +57,13 @@ class RayPPOTrainer:
         self.reward_fn = reward_fn
         self.val_reward_fn = val_reward_fn
         algo = config.algorithm
-        self.use_critic = algo.adv_estimator == core_algos.AdvantageEstimator.GAE.value
+        # veRL's rule: critic.enable decides when set, else a critic exactly for GAE
+        enable_critic = config.critic.enable
+        self.use_critic = (algo.adv_estimator == core_algos.AdvantageEstimator.GAE.value if enable_critic is None
+                           else bool(enable_critic))
         actor = config.actor_rollout_ref.actor
         self.use_reference_policy = bool(algo.use_kl_in_reward or actor.use_kl_loss)
-        self.use_rm = bool(config.reward_model.enable)
+        self.use_rm = bool(config.reward.reward_model.enable)
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         self.adv_fn = core_algos.get_adv_estimator_fn(algo.adv_estimator)
         self.n_devices = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)

@@ -28,7 +28,7 @@ ROLLOUT_MAX_IN_FLIGHT = 1024
 
 
 def separated_rollout(config) -> bool:
-    return int(config.actor_rollout_ref.rollout.get("nnodes", 0) or 0) > 0
+    return int(config.actor_rollout_ref.rollout.nnodes or 0) > 0
 
 
 def pool_sizes(config) -> dict[str, list[int]]:
@@ -61,7 +61,7 @@ def role_classes(config, use_critic: bool, use_ref: bool, use_rm: bool) -> dict[
 def build_worker_groups(config, use_critic: bool, use_ref: bool, use_rm: bool) -> dict:
     pools = role_classes(config, use_critic, use_ref, use_rm)
     sizes = pool_sizes(config)
-    backend = config.trainer.get("backend", "ray")
+    backend = config.trainer.backend
     if backend == "inprocess":
         groups = _inprocess_groups(pools, sizes)
     elif backend == "ray":
@@ -114,7 +114,7 @@ def _ray_groups(config, pools: dict, sizes: dict) -> dict:
     from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
     from hybridflow.trainer.config_checks import resolve_device
 
-    use_gpu = resolve_device(config.trainer.get("device", "auto")) == "cuda"
+    use_gpu = resolve_device(config.trainer.device) == "cuda"
     _check_cluster_fits(sizes, use_gpu)
     groups: dict = {}
     for pool, roles in pools.items():

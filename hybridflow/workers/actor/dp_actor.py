@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 
 from hybridflow.trainer.ppo import core_algos
-from hybridflow.utils.config_section import cfg_get as _get
+from hybridflow.utils.config_section import require
 from hybridflow.workers.utils.logprob import forward_response_log_probs
 from hybridflow.workers.utils.micro_batches import (
     MetricBuffer,
@@ -35,7 +35,7 @@ __all__ = ["DataParallelPPOActor", "ActorSettings"]
 
 @dataclass(frozen=True)
 class ActorSettings:
-    """The actor keys this class reads, parsed once (veRL's defaults where a key is absent)."""
+    """The actor keys this class reads, parsed once."""
 
     ppo_mini_batch_size: int
     ppo_micro_batch_size_per_gpu: Optional[int]
@@ -52,30 +52,33 @@ class ActorSettings:
     kl_loss_coef: float
     kl_loss_type: str
     loss_mode: str
-    use_remove_padding: bool = False  # the worker copies actor_rollout_ref.model.use_remove_padding here
+    use_remove_padding: bool  # actor.use_remove_padding follows actor_rollout_ref.model.use_remove_padding
 
     @classmethod
     def from_config(cls, config: Any) -> "ActorSettings":
-        mini = _get(config, "ppo_mini_batch_size")
+        """From the ``actor_rollout_ref.actor`` section (per-rank sizes, ``use_remove_padding`` copied
+        in by the worker); every key is required: the defaults live in configs/ppo_trainer.yaml."""
+        get = lambda key: require(config, key, "actor_rollout_ref.actor")  # noqa: E731
+        mini = get("ppo_mini_batch_size")
         if mini is None or int(mini) < 1:
             raise ValueError(f"actor.ppo_mini_batch_size must be a positive per-rank sample count, got {mini!r}")
         settings = cls(
             ppo_mini_batch_size=int(mini),
-            ppo_micro_batch_size_per_gpu=_get(config, "ppo_micro_batch_size_per_gpu"),
-            use_dynamic_bsz=bool(_get(config, "use_dynamic_bsz", False)),
-            ppo_max_token_len_per_gpu=int(_get(config, "ppo_max_token_len_per_gpu", 16384)),
-            ppo_epochs=int(_get(config, "ppo_epochs", 1)),
-            shuffle=bool(_get(config, "shuffle", False)),
-            seed=int(_get(config, "data_loader_seed", 0)),
-            grad_clip=_get(config, "grad_clip", 1.0, keep_none=True),  # null or 0: no clipping
-            loss_agg_mode=str(_get(config, "loss_agg_mode", "token-mean")),
-            loss_scale_factor=_get(config, "loss_scale_factor"),
-            entropy_coeff=float(_get(config, "entropy_coeff", 0.0)),
-            use_kl_loss=bool(_get(config, "use_kl_loss", False)),
-            kl_loss_coef=float(_get(config, "kl_loss_coef", 0.001)),
-            kl_loss_type=str(_get(config, "kl_loss_type", "low_var_kl")),
-            loss_mode=str(_get(_get(config, "policy_loss"), "loss_mode", "vanilla")),
-            use_remove_padding=bool(_get(config, "use_remove_padding", False)),
+            ppo_micro_batch_size_per_gpu=get("ppo_micro_batch_size_per_gpu"),
+            use_dynamic_bsz=bool(get("use_dynamic_bsz")),
+            ppo_max_token_len_per_gpu=int(get("ppo_max_token_len_per_gpu")),
+            ppo_epochs=int(get("ppo_epochs")),
+            shuffle=bool(get("shuffle")),
+            seed=int(get("data_loader_seed")),
+            grad_clip=get("grad_clip"),  # null or 0: no clipping
+            loss_agg_mode=str(get("loss_agg_mode")),
+            loss_scale_factor=get("loss_scale_factor"),
+            entropy_coeff=float(get("entropy_coeff")),
+            use_kl_loss=bool(get("use_kl_loss")),
+            kl_loss_coef=float(get("kl_loss_coef")),
+            kl_loss_type=str(get("kl_loss_type")),
+            loss_mode=str(require(get("policy_loss"), "loss_mode", "actor_rollout_ref.actor.policy_loss")),
+            use_remove_padding=bool(get("use_remove_padding")),
         )
         if not settings.use_dynamic_bsz and settings.ppo_micro_batch_size_per_gpu is None:
             raise ValueError("set actor.ppo_micro_batch_size_per_gpu, or use_dynamic_bsz=True with ppo_max_token_len_per_gpu")
