@@ -59,18 +59,19 @@ _PACKAGE = "hybridflow.configs"
 
 
 def config_dir() -> Path:
-    """The directory holding the yaml files: the installed package data ``hybridflow.configs``
-    (setup.py ships ``configs/`` there), else ``configs/`` at the top of a source checkout."""
+    """The directory holding the yaml files: ``configs/`` beside the imported ``hybridflow`` package
+    when it runs from a source checkout (so a checkout reads its own yaml, whatever else is installed),
+    else the installed package data ``hybridflow.configs`` (setup.py ships ``configs/`` there)."""
+    source_tree = Path(__file__).resolve().parents[2] / "configs"
+    if (source_tree / "ppo_trainer.yaml").is_file():
+        return source_tree
     try:
         candidate = importlib.resources.files(_PACKAGE).joinpath("ppo_trainer.yaml")
         if isinstance(candidate, Path) and candidate.is_file():
             return candidate.parent
     except (ModuleNotFoundError, TypeError, ValueError):
         pass
-    source_tree = Path(__file__).resolve().parents[2] / "configs"
-    if source_tree.is_dir():
-        return source_tree
-    raise ConfigError(f"cannot find hybridflow's yaml configs (neither package data {_PACKAGE} nor {source_tree})")
+    raise ConfigError(f"cannot find hybridflow's yaml configs (neither {source_tree} nor package data {_PACKAGE})")
 
 
 def available_configs(directory: str | os.PathLike | None = None) -> list[str]:
