@@ -50,6 +50,7 @@ _UNION_TYPES: dict[str, tuple[str, ...]] = {
     "val_files": ("str", "list"),
     "target_modules": ("str", "list"),
     "reshard_after_forward": ("bool", "int"),
+    "rollout_is_threshold": ("float", "str"),  # 2.0, or IcePop's 'lower_upper'
 }
 
 _PACKAGE = "hybridflow.configs"

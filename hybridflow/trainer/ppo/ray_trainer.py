@@ -21,7 +21,9 @@ from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import core_algos
+from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings, compute_rollout_correction
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
+from hybridflow.trainer.ppo.dynamic_sampling import DynamicSampling, EpochCycler, FilterGroupsSettings
 from hybridflow.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -67,6 +69,19 @@ class RayPPOTrainer:
         self.n_devices = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
         self.total_training_steps = self._total_steps()
         self.global_steps = 0
+        # one stream of prompt batches, epoch after epoch: the loop and dynamic sampling's refills share it
+        self.prompt_batches = EpochCycler(train_dataloader)
+        # off-policy correction (algorithm.rollout_correction): bypass mode reuses the rollout's
+        # log-probs as π_old and lets the actor weight/mask per micro-batch
+        self.rollout_correction = RolloutCorrectionSettings.from_config(algo.get("rollout_correction"))
+        self._old_log_prob_phase = (self._rollout_log_probs_as_old if self.rollout_correction.bypass_mode
+                                    else self._compute_old_log_prob)
+        self._actor_update_meta = {"rollout_correction": self.rollout_correction} if self.rollout_correction.bypass_mode else {}
+        # dynamic sampling (algorithm.filter_groups): generate + score until the batch is full
+        filter_groups = FilterGroupsSettings.from_config(algo.get("filter_groups"))
+        self._sample_phase = (DynamicSampling(filter_groups, int(config.data.train_batch_size), self._generate_and_score,
+                                              lambda: DataProto.from_single_dict(next(self.prompt_batches)))
+                              if filter_groups.enable else self._generate_and_score)
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -116,15 +131,23 @@ class RayPPOTrainer:
         batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))  # drop prompt tensors
         return batch.union(gen_out), metrics
 
-    def _generate(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:
+    def _generate(self, batch: DataProto, timing: dict, metrics: dict, first_uid: int = 0) -> DataProto:
         rollout = self.config.actor_rollout_ref.rollout
-        batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}_{i}" for i in range(len(batch))], dtype=object)  # deterministic: reproducible on resume
+        batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}_{first_uid + i}" for i in range(len(batch))],
+                                                 dtype=object)  # deterministic: reproducible on resume
         batch = batch.repeat(repeat_times=int(rollout.n), interleave=True)
         with timer("gen", timing):
             batch, gen_metrics = self._rollout(batch, {"do_sample": bool(rollout.do_sample), "global_steps": self.global_steps})
-        timing["update_weights"] = float(np.max(gen_metrics.pop("timing_s/update_weights", [0.0])))
+        timing["update_weights"] = timing.get("update_weights", 0.0) + float(np.max(gen_metrics.pop("timing_s/update_weights", [0.0])))
         metrics.update({k: v for k, v in gen_metrics.items() if k.startswith(("agent/", "rollout/"))})
         return batch  # response_mask is the rollout's (1 = the model's own tokens), never rebuilt here
+
+    def _generate_and_score(self, batch: DataProto, timing: dict, metrics: dict, first_uid: int = 0) -> DataProto:
+        """Rollout, then rewards: the unit dynamic sampling repeats."""
+        batch = self._generate(batch, timing, metrics, first_uid)
+        with timer("reward", timing):
+            self._compute_reward(batch, metrics)
+        return batch
 
     def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
         """Reorder rows so every data-parallel rank gets a similar number of tokens."""
@@ -141,6 +164,11 @@ class RayPPOTrainer:
             batch.batch["rm_scores"] = self.rm_wg.compute_rm_score(batch).batch["rm_scores"]
         result = self.reward_fn(batch, return_dict=True)
         batch.batch["token_level_scores"] = result["reward_tensor"]
+        for key, values in (result.get("reward_extra_info") or {}).items():  # as veRL: per-sample extra fields
+            column = np.empty(len(values), dtype=object)  # one object per row, even for list values
+            for i, value in enumerate(values):
+                column[i] = value
+            batch.non_tensor_batch[key] = column
 
     def _compute_old_log_prob(self, batch: DataProto, metrics: dict) -> None:
         out = self.actor_rollout_wg.compute_log_prob(batch)
@@ -152,6 +180,26 @@ class RayPPOTrainer:
         if "rollout_log_probs" in batch.batch.keys():  # the engine's own log-probs: is it sampling the trained policy?
             metrics.update(rollout_probs_diff_metrics(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
                                                       batch.batch["response_mask"]))
+
+    def _rollout_log_probs_as_old(self, batch: DataProto, metrics: dict) -> None:
+        """Bypass mode: π_old is the rollout engine's policy, no recomputation."""
+        if "rollout_log_probs" not in batch.batch.keys():
+            raise ValueError("algorithm.rollout_correction.bypass_mode=True needs the rollout's log-probs: set "
+                             "actor_rollout_ref.rollout.calculate_log_probs=True")
+        batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+
+    def _apply_rollout_correction(self, batch: DataProto, metrics: dict) -> None:
+        """Decoupled mode, once per batch: truncated IS weights π_old/π_rollout for the policy loss and
+        rejection of tokens/sequences in the response mask (before advantages, as veRL); logged
+        whenever the rollout returned log-probs. Bypass mode does this in the actor instead."""
+        b = batch.batch
+        if self.rollout_correction.bypass_mode or "rollout_log_probs" not in b.keys():
+            return
+        weights, b["response_mask"], corr_metrics = compute_rollout_correction(
+            b["old_log_probs"], b["rollout_log_probs"], b["response_mask"], self.rollout_correction)
+        if weights is not None:
+            b["rollout_is_weights"] = weights
+        metrics.update(corr_metrics)
 
     def _compute_ref_log_prob(self, batch: DataProto) -> None:
         batch.batch["ref_log_prob"] = self.actor_rollout_wg.compute_ref_log_prob(batch).batch["ref_log_prob"]
@@ -187,6 +235,7 @@ class RayPPOTrainer:
 
     def _update_actor(self, batch: DataProto, metrics: dict) -> None:
         batch.meta_info["temperature"] = float(self.config.actor_rollout_ref.rollout.temperature)
+        batch.meta_info.update(self._actor_update_meta)
         out = self.actor_rollout_wg.update_actor(batch)
         metrics.update(out.meta_info["metrics"])
 
@@ -195,14 +244,12 @@ class RayPPOTrainer:
         metrics: dict = {}
         timing: dict = {}
         with timer("step", timing):
-            batch = self._generate(batch, timing, metrics)                         # rollout
-            if self.config.trainer.balance_batch:
+            batch = self._sample_phase(batch, timing, metrics)                     # rollout + rule / RM scores
+            if self.config.trainer.balance_batch:                                  # (filter_groups: until full)
                 self._balance_batch(batch, metrics)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            with timer("reward", timing):
-                self._compute_reward(batch, metrics)                               # rule / RM scores
             with timer("old_log_prob", timing):
-                self._compute_old_log_prob(batch, metrics)                         # π_old
+                self._old_log_prob_phase(batch, metrics)                           # π_old (bypass: π_rollout)
             if self.use_reference_policy:
                 with timer("ref", timing):
                     self._compute_ref_log_prob(batch)                              # π_ref
@@ -211,6 +258,7 @@ class RayPPOTrainer:
                     self._compute_values(batch)                                    # V(s)
             with timer("adv", timing):
                 self._apply_reward_kl(batch, metrics)                              # r - β·KL
+                self._apply_rollout_correction(batch, metrics)                     # IS weights, rejection
                 self._compute_advantage(batch)                                     # A, R on the driver
             if self.use_critic:
                 with timer("update_critic", timing):
@@ -333,7 +381,7 @@ class RayPPOTrainer:
             logger.log(last, step=0)
         progress = _progress(self.total_training_steps, self.global_steps)
         while self.global_steps < self.total_training_steps:
-            for batch_dict in self.train_dataloader:
+            for batch_dict in self.prompt_batches:  # endless; dynamic sampling draws its refills here too
                 self.global_steps += 1
                 metrics = self.train_step(DataProto.from_single_dict(batch_dict))
                 is_last = self.global_steps >= self.total_training_steps
