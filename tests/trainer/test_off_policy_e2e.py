@@ -154,15 +154,15 @@ import zlib
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     """Uniform for even answers (0.5 for every response); odd answers: a pseudo-random score of the
-    response text, so the two responses of a group differ unless they are identical."""
-    if int(ground_truth) % 2 == 0:
-        return 0.5
-    return (zlib.crc32((solution_str or "").encode()) % 997) / 997
+    response text, so the two responses of a group differ unless they are identical. The value is
+    also reported as the extra field 'acc', the metric the groups are filtered on."""
+    value = 0.5 if int(ground_truth) % 2 == 0 else (zlib.crc32((solution_str or "").encode()) % 997) / 997
+    return {"score": value, "acc": value}
 '''
 
 
 def test_filter_groups_trains_only_informative_groups(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
-    """filter_groups with the 'reward' metric: even-answer groups are always uniform and never trained;
+    """filter_groups on the reward's extra field 'acc': even-answer groups are always uniform and never trained;
     each step holds exactly train_batch_size groups; num_gen_batches counts the generations."""
     rec = Recorder(monkeypatch, gap=False)
     reward = os.path.join(str(tmp_path), "informative_reward.py")
@@ -170,7 +170,7 @@ def test_filter_groups_trains_only_informative_groups(tiny_model_dir, tiny_data_
         f.write(INFORMATIVE_REWARD)
     overrides = _overrides(tiny_model_dir, tiny_data_dir, tmp_path, steps=3) + [
         f"custom_reward_function.path={reward}", "algorithm.filter_groups.enable=True",
-        "algorithm.filter_groups.metric=reward", "algorithm.filter_groups.max_num_gen_batches=20"]
+        "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=20"]
     run_ppo(load_config("ppo_trainer", overrides))
 
     steps = read_metrics(tmp_path)
