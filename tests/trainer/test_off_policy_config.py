@@ -31,7 +31,7 @@ def test_defaults_pass_and_are_veRLs():
     ([f"{RC}.bypass_mode=True", "actor_rollout_ref.rollout.calculate_log_probs=False"], "calculate_log_probs=True"),
     ([f"{RC}.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=False"], "calculate_log_probs=True"),
     ([f"{RC}.bypass_mode=True", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"], "loss_mode=gspo"),
-    (["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"], f"set that instead"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"], "set that instead"),
     (["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=null"], "filter_groups.metric must"),
     (["algorithm.filter_groups.max_inflight_gen_batches=0"], "max_inflight_gen_batches must be >= 1"),
 ])
