@@ -18,6 +18,8 @@ from typing import Any, Mapping
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings
+from hybridflow.trainer.ppo.dynamic_sampling import FilterGroupsSettings
 from hybridflow.utils.config import ConfigError, default_config
 
 __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTIMATORS", "GPU_ONLY_ROLLOUTS"]
@@ -99,6 +101,7 @@ def validate_ppo_config(cfg: DictConfig | Mapping, n_devices: int | None = None)
     if world and n and train_bs:
         _check_batches(r, world, n, train_bs)
     _check_algorithm(r, n)
+    _check_off_policy(r, n)
     _check_rollout(r, device, world)
     _check_async(r)
     if device == "cpu":
@@ -268,6 +271,41 @@ def _check_algorithm(r: _Report, n: int | None) -> None:
         model = "actor_rollout_ref.model" if section.startswith("actor") else "critic.model"
         if sp > 1 and not r.get(f"{model}.use_remove_padding"):
             r.errors.append(f"{section}.ulysses_sequence_parallel_size={sp} needs {model}.use_remove_padding=True")
+
+
+def _check_off_policy(r: _Report, n: int | None) -> None:
+    """algorithm.rollout_correction and algorithm.filter_groups: parsed as the trainer will, plus
+    the combinations that would otherwise do nothing or something else than asked."""
+    section = "algorithm.rollout_correction"
+    loss_mode = r.get("actor_rollout_ref.actor.policy_loss.loss_mode")
+    if loss_mode == "bypass_mode":
+        r.errors.append(f"actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode is selected by {section}"
+                        f".bypass_mode=True (with {section}.loss_type ppo_clip or reinforce); set that instead")
+    try:
+        rc = RolloutCorrectionSettings.from_config(r.get(section), section)
+    except ValueError as e:
+        r.errors.append(str(e))
+        rc = None
+    if rc is not None:
+        logprobs = r.get("actor_rollout_ref.rollout.calculate_log_probs")
+        if (rc.bypass_mode or rc.rollout_is or rc.rejection) and logprobs is False:
+            r.errors.append(f"{section} (bypass_mode, rollout_is or rollout_rs) compares against the rollout's "
+                            "log-probs: set actor_rollout_ref.rollout.calculate_log_probs=True")
+        if rc.bypass_mode and loss_mode not in (None, "vanilla", "bypass_mode"):
+            r.errors.append(f"{section}.bypass_mode=True replaces the policy loss (clipped PPO or REINFORCE, per "
+                            f"{section}.loss_type); actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} "
+                            "would not be used")
+        if rc.bypass_mode and rc.loss_type == "ppo_clip" and rc.rollout_is:
+            r.notes.append(f"{section}.bypass_mode=True with loss_type=ppo_clip: the rollout_is weights are logged, "
+                           "not applied (the PPO ratio already is π_θ/π_rollout); loss_type=reinforce applies them")
+    try:
+        fg = FilterGroupsSettings.from_config(r.get("algorithm.filter_groups"))
+    except ValueError as e:
+        r.errors.append(str(e))
+        fg = None
+    if fg is not None and fg.enable and n == 1:
+        r.notes.append("algorithm.filter_groups.enable=True with actor_rollout_ref.rollout.n=1: a group of one "
+                       "response is always kept, so nothing is filtered")
 
 
 def _check_rollout(r: _Report, device: str, world: int | None) -> None:

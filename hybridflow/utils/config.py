@@ -60,6 +60,7 @@ _UNION_TYPES: dict[str, tuple[str, ...]] = {
     "top_p": ("float",),
     "temperature": ("float",),
     "over_sample_rate": ("float",),
+    "rollout_is_threshold": ("float", "str"),  # 2.0, or IcePop's 'lower_upper'
 }
 
 _PACKAGE = "hybridflow.configs"

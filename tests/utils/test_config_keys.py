@@ -132,11 +132,11 @@ def test_readme_links_the_table():
 
 
 def test_not_supported_is_accepted_at_its_default_and_refused_when_set():
-    load_config("ppo_trainer", ["algorithm.filter_groups.enable=False"])  # veRL's default, written out
+    load_config("ppo_trainer", ["algorithm.use_pf_ppo=False"])  # veRL's default, written out
     with pytest.raises(ConfigError) as e:
-        load_config("ppo_trainer", ["algorithm.filter_groups.enable=True", "trainer.val_only=True"])
+        load_config("ppo_trainer", ["actor_rollout_ref.rollout.trace.backend=mlflow", "trainer.val_only=True"])
     msg = str(e.value)
-    assert "algorithm.filter_groups.enable=True is not supported by hybridflow" in msg
+    assert "actor_rollout_ref.rollout.trace.backend='mlflow' is not supported by hybridflow" in msg
     assert "trainer.val_only=True is not supported by hybridflow" in msg  # every refusal at once
 
 

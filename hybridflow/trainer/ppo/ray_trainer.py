@@ -20,7 +20,9 @@ from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import core_algos
+from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings, compute_rollout_correction
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
+from hybridflow.trainer.ppo.dynamic_sampling import DynamicSampling, EpochCycler, FilterGroupsSettings
 from hybridflow.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -77,6 +79,25 @@ class RayPPOTrainer:
         self._generate = self.rollout_recorder.wrap_generate(self._generate, lambda: self.global_steps)
         if config.trainer.rollout_only:
             self.train_step = types.MethodType(rollout_only_step, self)
+        # one stream of prompt batches, epoch after epoch: the loop and dynamic sampling's refills share it
+        self.prompt_batches = EpochCycler(train_dataloader)
+        # off-policy correction (algorithm.rollout_correction): bypass mode reuses the rollout's
+        # log-probs as π_old and lets the actor weight/mask per micro-batch
+        self.rollout_correction = RolloutCorrectionSettings.from_config(algo.get("rollout_correction"))
+        self._old_log_prob_phase = (self._rollout_log_probs_as_old if self.rollout_correction.bypass_mode
+                                    else self._compute_old_log_prob)
+        self._actor_update_meta = {"rollout_correction": self.rollout_correction} if self.rollout_correction.bypass_mode else {}
+        # generate + score: asynchronous sources score (and filter) the groups they hand out; the
+        # synchronous one repeats generate + score until the batch is full (algorithm.filter_groups)
+        self.filter_groups = FilterGroupsSettings.from_config(algo.get("filter_groups"))
+        if config.async_training.mode != "sync":
+            self._sample_phase = lambda batch, timing, metrics: self.rollout_source.sample(batch, timing, metrics)
+        elif self.filter_groups.enable:
+            self._sample_phase = DynamicSampling(self.filter_groups, int(config.data.train_batch_size),
+                                                 self._generate_and_score,
+                                                 lambda: DataProto.from_single_dict(next(self.prompt_batches)))
+        else:
+            self._sample_phase = self._generate_and_score
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -143,9 +164,17 @@ class RayPPOTrainer:
         batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))  # drop prompt tensors
         return batch.union(gen_out), metrics
 
-    def _generate(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:
-        """The generate phase: the rollout source's (sync, one-step-off or fully async; rollout_source.py)."""
-        return self.rollout_source.generate(batch, timing, metrics)
+    def _generate(self, batch: DataProto, timing: dict, metrics: dict, first_uid: int = 0) -> DataProto:
+        """The generate phase: the rollout source's (sync, one-step-off or fully async; rollout_source.py).
+        ``first_uid``: the step's prompts generated before this batch (dynamic sampling's refills)."""
+        return self.rollout_source.generate(batch, timing, metrics, first_uid)
+
+    def _generate_and_score(self, batch: DataProto, timing: dict, metrics: dict, first_uid: int = 0) -> DataProto:
+        """Rollout, then rewards: the unit dynamic sampling repeats."""
+        batch = self._generate(batch, timing, metrics, first_uid)
+        with timer("reward", timing):
+            self._compute_reward(batch, metrics)
+        return batch
 
     def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
         """Reorder rows so every data-parallel rank gets a similar number of tokens."""
@@ -163,6 +192,11 @@ class RayPPOTrainer:
             batch.batch["rm_scores"] = self.rm_wg.compute_rm_score(batch).batch["rm_scores"]
         result = self.reward_fn(batch, return_dict=True)
         batch.batch["token_level_scores"] = result["reward_tensor"]
+        for key, values in (result.get("reward_extra_info") or {}).items():  # as veRL: per-sample extra fields
+            column = np.empty(len(values), dtype=object)  # one object per row, even for list values
+            for i, value in enumerate(values):
+                column[i] = value
+            batch.non_tensor_batch[key] = column
 
     def _compute_old_log_prob(self, batch: DataProto, metrics: dict) -> None:
         out = self.actor_rollout_wg.compute_log_prob(batch)
@@ -174,6 +208,26 @@ class RayPPOTrainer:
         if "rollout_log_probs" in batch.batch.keys():  # the engine's own log-probs: is it sampling the trained policy?
             metrics.update(rollout_probs_diff_metrics(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
                                                       batch.batch["response_mask"]))
+
+    def _rollout_log_probs_as_old(self, batch: DataProto, metrics: dict) -> None:
+        """Bypass mode: π_old is the rollout engine's policy, no recomputation."""
+        if "rollout_log_probs" not in batch.batch.keys():
+            raise ValueError("algorithm.rollout_correction.bypass_mode=True needs the rollout's log-probs: set "
+                             "actor_rollout_ref.rollout.calculate_log_probs=True")
+        batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+
+    def _apply_rollout_correction(self, batch: DataProto, metrics: dict) -> None:
+        """Decoupled mode, once per batch: truncated IS weights π_old/π_rollout for the policy loss and
+        rejection of tokens/sequences in the response mask (before advantages, as veRL); logged
+        whenever the rollout returned log-probs. Bypass mode does this in the actor instead."""
+        b = batch.batch
+        if self.rollout_correction.bypass_mode or "rollout_log_probs" not in b.keys():
+            return
+        weights, b["response_mask"], corr_metrics = compute_rollout_correction(
+            b["old_log_probs"], b["rollout_log_probs"], b["response_mask"], self.rollout_correction)
+        if weights is not None:
+            b["rollout_is_weights"] = weights
+        metrics.update(corr_metrics)
 
     def _compute_ref_log_prob(self, batch: DataProto) -> None:
         batch.batch["ref_log_prob"] = self.actor_rollout_wg.compute_ref_log_prob(batch).batch["ref_log_prob"]
@@ -209,6 +263,7 @@ class RayPPOTrainer:
 
     def _update_actor(self, batch: DataProto, metrics: dict) -> None:
         batch.meta_info["temperature"] = float(self.config.actor_rollout_ref.rollout.temperature)
+        batch.meta_info.update(self._actor_update_meta)
         out = self.actor_rollout_wg.update_actor(batch)
         metrics.update(out.meta_info["metrics"])
         self.actor_version += 1
@@ -219,14 +274,12 @@ class RayPPOTrainer:
         metrics: dict = {}
         timing: dict = {}
         with timer("step", timing):
-            batch = self._generate(batch, timing, metrics)                         # rollout
-            if self.config.trainer.balance_batch:
+            batch = self._sample_phase(batch, timing, metrics)                     # rollout + rule / RM scores
+            if self.config.trainer.balance_batch:                                  # (filter_groups: until full)
                 self._balance_batch(batch, metrics)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            with timer("reward", timing):
-                self._compute_reward(batch, metrics)                               # rule / RM scores
             with timer("old_log_prob", timing):
-                self._compute_old_log_prob(batch, metrics)                         # π_old
+                self._old_log_prob_phase(batch, metrics)                           # π_old (bypass: π_rollout)
             if self.use_reference_policy:
                 with timer("ref", timing):
                     self._compute_ref_log_prob(batch)                              # π_ref
@@ -235,6 +288,7 @@ class RayPPOTrainer:
                     self._compute_values(batch)                                    # V(s)
             with timer("adv", timing):
                 self._apply_reward_kl(batch, metrics)                              # r - β·KL
+                self._apply_rollout_correction(batch, metrics)                     # IS weights, rejection
                 self._compute_advantage(batch)                                     # A, R on the driver
             if self.use_critic:
                 with timer("update_critic", timing):

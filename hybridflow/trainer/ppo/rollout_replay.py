@@ -100,14 +100,14 @@ class RolloutRecorder:
             return generate
         steps = set(self.skip.steps)
 
-        def generate_or_replay(batch: DataProto, timing: dict, metrics: dict) -> DataProto:
+        def generate_or_replay(batch: DataProto, timing: dict, metrics: dict, *args) -> DataProto:
             step = current_step()
             path = find_replay_file(self.skip.dump_dir, step, self.skip.action) if step in steps else None
             if path is None:
                 if step in steps:
                     print(f"[skip.rollout] step {step}: no dump in {self.skip.dump_dir}; generating and writing it")
                     self._generated_for_cache.add(step)
-                return generate(batch, timing, metrics)
+                return generate(batch, timing, metrics, *args)
             start = time.perf_counter()
             replayed = self.load(path, expected_rows=len(batch) * self.samples_per_prompt, dataloader_batch=batch)
             timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start

@@ -27,15 +27,17 @@ from collections.abc import Iterator
 import numpy as np
 
 from hybridflow.protocol import DataProto
+from hybridflow.trainer.ppo.dynamic_sampling import GroupAccumulator
+from hybridflow.trainer.ppo.metric_utils import timer
 from hybridflow.trainer.ppo.rollouter import PromptGroup, Rollouter
 from hybridflow.workers.rollout.weight_transfer import LocalWeightTarget, RayWeightTarget, WeightTarget
 
 MODES = ("sync", "one_step_off", "fully_async")
 
 
-def add_uids(batch: DataProto, gen_index: int) -> None:
+def add_uids(batch: DataProto, gen_index: int, first: int = 0) -> None:
     """Group ids of a dataloader batch: deterministic, so a resumed run names groups as the first did."""
-    batch.non_tensor_batch["uid"] = np.array([f"{gen_index}_{i}" for i in range(len(batch))], dtype=object)
+    batch.non_tensor_batch["uid"] = np.array([f"{gen_index}_{first + i}" for i in range(len(batch))], dtype=object)
 
 
 def staleness_metrics(batch: DataProto, actor_version: int) -> dict[str, float]:
@@ -67,21 +69,24 @@ class SyncRolloutSource:
 
     def inputs(self) -> Iterator[DataProto]:
         t = self.trainer
-        while True:
-            for batch_dict in t.train_dataloader:
-                self.epoch = t.train_dataloader.state_dict().get("epoch", 0)
-                yield DataProto.from_single_dict(batch_dict)
+        for batch_dict in t.prompt_batches:  # endless; dynamic sampling draws its refills here too
+            self.epoch = t.train_dataloader.state_dict().get("epoch", 0)
+            yield DataProto.from_single_dict(batch_dict)
 
-    def generate(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:
+    def generate(self, batch: DataProto, timing: dict, metrics: dict, first_uid: int = 0) -> DataProto:
+        """``first_uid``: prompts of this step generated before (dynamic sampling's refills), so that
+        uids and request ids of a refill never repeat the step's earlier ones."""
         t = self.trainer
-        rollout = t.config.actor_rollout_ref.rollout
-        add_uids(batch, t.global_steps)
-        batch = batch.repeat(repeat_times=int(rollout.n), interleave=True)
+        n = int(t.config.actor_rollout_ref.rollout.n)
+        add_uids(batch, t.global_steps, first_uid)
+        batch = batch.repeat(repeat_times=n, interleave=True)
         start = time.perf_counter()
-        batch, gen_metrics = t._rollout(batch, {"do_sample": bool(rollout.do_sample), "global_steps": t.global_steps,
+        batch, gen_metrics = t._rollout(batch, {"do_sample": bool(t.config.actor_rollout_ref.rollout.do_sample),
+                                                "global_steps": t.global_steps, "sample_offset": first_uid * n,
                                                 "weight_version": t.actor_version})
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
-        timing["update_weights"] = float(np.max(gen_metrics.pop("timing_s/update_weights", [0.0])))
+        timing["update_weights"] = timing.get("update_weights", 0.0) + float(
+            np.max(gen_metrics.pop("timing_s/update_weights", [0.0])))
         metrics.update({k: v for k, v in gen_metrics.items() if k.startswith(("agent/", "rollout/"))})
         metrics["training/epoch"] = self.epoch
         metrics.update(staleness_metrics(batch, t.actor_version))
@@ -106,8 +111,8 @@ class SyncRolloutSource:
 class PromptStream:
     """The dataloader as a stream of prompt groups; remembers the groups of the current batch not yet given out."""
 
-    def __init__(self, dataloader, n: int, first_gen_index: int):
-        self.dataloader, self.n = dataloader, n
+    def __init__(self, batches: Iterator, dataloader, n: int, first_gen_index: int):
+        self.batches, self.dataloader, self.n = batches, dataloader, n  # batches: the trainer's endless stream
         self.gen_index = first_gen_index  # the next dataloader batch's index
         self._buffer: list[PromptGroup] = []
 
@@ -115,20 +120,14 @@ class PromptStream:
         return self
 
     def __next__(self) -> PromptGroup:
-        while not self._buffer:
-            self._fill()
-        return self._buffer.pop(0)
-
-    def _fill(self) -> None:
-        for batch_dict in self.dataloader:
-            batch = DataProto.from_single_dict(batch_dict)
+        if not self._buffer:
+            batch = DataProto.from_single_dict(next(self.batches))
             epoch = self.dataloader.state_dict().get("epoch", 0)
             add_uids(batch, self.gen_index)
             self._buffer = [PromptGroup(self.gen_index, i, epoch, batch[i:i + 1].repeat(self.n, interleave=True))
                             for i in range(len(batch))]
             self.gen_index += 1
-            return
-        # an epoch ended: the next loop over the dataloader starts the next one
+        return self._buffer.pop(0)
 
     def buffered(self) -> list[PromptGroup]:
         return list(self._buffer)
@@ -160,7 +159,8 @@ class AsyncRolloutSource:
     def _start(self) -> None:
         t = self.trainer
         rollout = t.config.actor_rollout_ref.rollout
-        self.stream = PromptStream(t.train_dataloader, int(rollout.n), first_gen_index=t.global_steps + 1 + self._gen_offset)
+        self.stream = PromptStream(t.prompt_batches, t.train_dataloader, int(rollout.n),
+                                   first_gen_index=t.global_steps + 1 + self._gen_offset)
         self.rollouter = Rollouter(t.async_rollout_manager, self.stream, self.prompts_per_step, self.staleness,
                                    self.trigger, self.partial, sampling_meta={"do_sample": bool(rollout.do_sample)})
         self.rollouter.version = t.actor_version
@@ -174,9 +174,12 @@ class AsyncRolloutSource:
         while True:
             yield DataProto(meta_info={"async_rollout": True})
 
-    def generate(self, ticket: DataProto, timing: dict, metrics: dict) -> DataProto:
+    def generate(self, ticket: DataProto, timing: dict, metrics: dict, first_uid: int = 0, count: int | None = None,
+                 ) -> DataProto:
+        """The next ``count`` (default: a step's) finished groups, in prompt order; waiting is the
+        trainer's idle time, logged as timing_s/gen."""
         start = time.perf_counter()
-        finished, wait_metrics = self.rollouter.take(self.prompts_per_step)
+        finished, wait_metrics = self.rollouter.take(count or self.prompts_per_step)
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
         batch = DataProto.concat([f.output for f in finished])
         metrics.update(wait_metrics)
@@ -184,6 +187,30 @@ class AsyncRolloutSource:
         self.epoch = finished[-1].group.epoch
         metrics["training/epoch"] = self.epoch
         return batch
+
+    def sample(self, ticket: DataProto, timing: dict, metrics: dict) -> DataProto:
+        """The step's scored batch: groups taken from the rollouter and scored; with
+        algorithm.filter_groups, groups whose metric is uniform are dropped and more are taken until
+        the step is full (at most max_num_gen_batches steps' worth)."""
+        t = self.trainer
+        settings = t.filter_groups
+        if not settings.enable:
+            return t._generate_and_score(ticket, timing, metrics)
+        acc = GroupAccumulator(self.prompts_per_step, settings.metric)
+        rounds = 0
+        while not acc.full:
+            if 0 < settings.max_num_gen_batches <= rounds:
+                raise RuntimeError(
+                    f"dynamic sampling: {rounds} rounds of groups taken (algorithm.filter_groups.max_num_gen_batches="
+                    f"{settings.max_num_gen_batches}) but only {acc.groups_kept} of {self.prompts_per_step} groups have "
+                    f"differing '{settings.metric}' values; raise max_num_gen_batches, or set it to 0 for no limit")
+            batch = self.generate(ticket, timing, metrics, count=acc.missing if rounds else self.prompts_per_step)
+            with timer("reward", timing):
+                t._compute_reward(batch, metrics)
+            acc.add(batch, prompt_batches=1)
+            rounds += 1
+        metrics.update(acc.metrics())
+        return acc.take()
 
     def after_update(self, actor_version: int, metrics: dict) -> None:
         if actor_version % self.trigger:

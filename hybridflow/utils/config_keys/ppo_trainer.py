@@ -18,8 +18,8 @@ DATA = [
     note("data.use_shm", "data.dataloader_num_workers", "data.filter_overlong_prompts_workers",
          reason=speed_only("shared-memory copies, loader/filter processes")),
     not_supported("data.train_max_samples", "data.val_max_samples", reason="limiting the number of rows is not implemented"),
-    not_supported("data.gen_batch_size", reason="a generation batch larger than the training batch goes with "
-                                                "algorithm.filter_groups, which is not implemented yet"),
+    not_supported("data.gen_batch_size", reason="a generation batch of its own size is not implemented; "
+                                                "algorithm.filter_groups refills in data.train_batch_size batches"),
     not_supported("data.tool_config_path", "data.function_tool_path",
                   reason="tools belong to the agent loop, which is not implemented yet"),
     not_supported("data.return_raw_input_ids", reason="a reward model with its own tokenizer is not supported"),
@@ -138,9 +138,12 @@ ALGORITHM = [
              "algorithm.kl_ctrl.horizon", "algorithm.kl_ctrl.target_kl"),
     honoured("algorithm.use_pf_ppo", values=(False,), reason="preference-feedback PPO is not implemented"),
     everything_under("algorithm.pf_ppo", "preference-feedback PPO is not implemented"),
-    everything_under("algorithm.filter_groups", "dynamic sampling (group filtering) is not implemented yet"),
-    everything_under("algorithm.rollout_correction", "rollout correction (importance sampling / rejection) is not "
-                                                     "implemented yet"),
+    honoured("algorithm.filter_groups.enable", "algorithm.filter_groups.metric",
+             "algorithm.filter_groups.max_num_gen_batches", "algorithm.filter_groups.max_inflight_gen_batches"),
+    honoured("algorithm.rollout_correction.rollout_is", "algorithm.rollout_correction.rollout_is_threshold",
+             "algorithm.rollout_correction.rollout_rs", "algorithm.rollout_correction.rollout_rs_threshold",
+             "algorithm.rollout_correction.bypass_mode", "algorithm.rollout_correction.loss_type",
+             "algorithm.rollout_correction.rollout_is_batch_normalize"),
 ]
 
 TRAINER = [

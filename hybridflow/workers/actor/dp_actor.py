@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 
 from hybridflow.trainer.ppo import core_algos
+from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings, compute_policy_loss_bypass_mode
 from hybridflow.utils.config_section import require
 from hybridflow.workers.utils.logprob import forward_response_log_probs
 from hybridflow.workers.utils.micro_batches import (
@@ -168,7 +169,21 @@ class DataParallelPPOActor:
             return split_by_token_budget(mini_batch, s.ppo_max_token_len_per_gpu, dp_group=sync_group(self.dp_group))[0]
         return split_fixed(mini_batch, s.ppo_micro_batch_size_per_gpu)
 
-    def _micro_batch_loss(self, micro, temperature: float, info, local_tokens: torch.Tensor, metrics: dict) -> torch.Tensor:
+    def _registered_pg_loss(self, batch, **kwargs):
+        """The configured ``policy_loss.loss_mode``, with the driver's importance weights (decoupled
+        rollout correction) when the batch carries them; no extra metrics."""
+        weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None
+        return (*self.policy_loss_fn(rollout_is_weights=weights, **kwargs), {})
+
+    def _pg_loss_fn(self, correction: Optional[RolloutCorrectionSettings]):
+        """Chosen once per update: bypass-mode rollout correction replaces the configured loss (its
+        weights and masks need the current log-probs, so they are made here, per micro-batch)."""
+        if correction is None or not correction.bypass_mode:
+            return self._registered_pg_loss
+        return lambda batch, **kwargs: compute_policy_loss_bypass_mode(settings=correction, **kwargs)
+
+    def _micro_batch_loss(self, micro, temperature: float, info, local_tokens: torch.Tensor, metrics: dict,
+                          pg_loss_fn=None) -> torch.Tensor:
         """This micro-batch's share of the mini-batch loss (times dp size), adding to ``metrics``."""
         s = self.settings
         batch = micro.batch
@@ -176,7 +191,8 @@ class DataParallelPPOActor:
         agg = dict(info.agg_kwargs(), loss_scale_factor=s.loss_scale_factor)
 
         log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy=s.entropy_coeff != 0)
-        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(
+        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower, extra = (pg_loss_fn or self._registered_pg_loss)(
+            batch,
             old_log_prob=batch["old_log_probs"],
             log_prob=log_prob,
             advantages=batch["advantages"],
@@ -193,6 +209,8 @@ class DataParallelPPOActor:
         accumulate(metrics, "actor/pg_clipfrac", pg_clipfrac * weight)
         accumulate(metrics, "actor/ppo_kl", ppo_kl * weight)
         accumulate(metrics, "actor/pg_clipfrac_lower", pg_clipfrac_lower * weight)
+        for key, value in extra.items():  # bypass mode's rollout_corr/*: token-weighted over micro-batches
+            accumulate(metrics, key, value * weight)
 
         if entropy is not None:
             entropy_loss = core_algos.agg_loss(entropy, response_mask, s.loss_agg_mode, **agg)
@@ -207,7 +225,7 @@ class DataParallelPPOActor:
 
         return policy_loss * info.dp_size  # FSDP/DDP average gradients over ranks; we want their sum
 
-    def _update_mini_batch(self, mini_batch, temperature: float, buffer: MetricBuffer) -> None:
+    def _update_mini_batch(self, mini_batch, temperature: float, buffer: MetricBuffer, pg_loss_fn=None) -> None:
         response_mask = response_mask_of(mini_batch.batch)
         info = global_batch_info(response_mask, self.dp_group)
         local_tokens = response_mask.sum().clamp(min=1)
@@ -217,7 +235,7 @@ class DataParallelPPOActor:
         self.actor_optimizer.zero_grad(set_to_none=True)
         for i, micro in enumerate(micro_batches):
             with grad_sync(self.actor_module, sync=i == len(micro_batches) - 1):
-                loss = self._micro_batch_loss(micro, temperature, info, local_tokens, metrics)
+                loss = self._micro_batch_loss(micro, temperature, info, local_tokens, metrics, pg_loss_fn)
                 loss.backward()
         grad_norm, skipped = clip_grad_and_step(self.actor_module, self.actor_optimizer, self.settings.grad_clip)
 
@@ -234,9 +252,12 @@ class DataParallelPPOActor:
             raise RuntimeError("update_policy needs an optimizer; this actor was built for inference only")
         s = self.settings
         temperature = _meta(data, "temperature")
+        # meta_info["rollout_correction"]: the driver's settings when bypass mode is on (else absent)
+        pg_loss_fn = self._pg_loss_fn(data.meta_info.get("rollout_correction"))
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "old_log_probs", "advantages"]
-        if "response_mask" in data.batch.keys():
-            keys.append("response_mask")
+        for optional in ("response_mask", "rollout_is_weights"):
+            if optional in data.batch.keys():
+                keys.append(optional)
         if s.use_kl_loss:
             keys.append("ref_log_prob")
         data = data.select(batch_keys=keys)
@@ -248,7 +269,7 @@ class DataParallelPPOActor:
             if s.shuffle:
                 epoch_data = take_rows(data, torch.randperm(len(data), generator=self._shuffle_generator))
             for mini_batch in epoch_data.split(s.ppo_mini_batch_size):
-                self._update_mini_batch(mini_batch, temperature, buffer)
+                self._update_mini_batch(mini_batch, temperature, buffer, pg_loss_fn)
         if self.lr_scheduler is not None:
             buffer.add("actor/lr", self.lr_scheduler.get_last_lr()[0])
         return buffer.to_floats()

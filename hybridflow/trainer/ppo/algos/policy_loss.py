@@ -28,6 +28,7 @@ __all__ = [
     "compute_policy_loss_vanilla",
     "compute_policy_loss_gspo",
     "compute_policy_loss_gpg",
+    "compute_policy_loss_reinforce",
 ]
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -200,5 +201,35 @@ def compute_policy_loss_gpg(
         global_seq_count=global_seq_count, loss_scale_factor=cfg_get(config, "loss_scale_factor"),
     )
     ppo_kl = masked_mean(old_log_prob - log_prob, response_mask).detach()
+    zero = torch.zeros_like(ppo_kl)
+    return pg_loss, zero, ppo_kl, zero
+
+
+def compute_policy_loss_reinforce(
+    rollout_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-sum",
+    config: Optional[Any] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    *,
+    global_token_count=None,
+    global_seq_count=None,
+):
+    """REINFORCE with optional importance weights: per token -w * A * log_prob, no ratio, no clip.
+
+    The rollout correction's bypass mode uses it (``loss_type=reinforce``, as in veRL, where it is not
+    a registered ``loss_mode`` either): ``w`` = truncated π_θ/π_rollout, detached, so the gradient is
+    the importance-weighted policy gradient. ``ppo_kl`` is mean(log π_rollout - log π_θ).
+    """
+    pg_losses = -advantages * log_prob
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, global_token_count=global_token_count,
+        global_seq_count=global_seq_count, loss_scale_factor=cfg_get(config, "loss_scale_factor"),
+    )
+    ppo_kl = masked_mean(rollout_log_prob - log_prob, response_mask).detach()
     zero = torch.zeros_like(ppo_kl)
     return pg_loss, zero, ppo_kl, zero
