@@ -19,12 +19,15 @@ vLLM spawns; this object lives on the worker's ``EngineLoop`` and talks to them:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import difflib
 import itertools
 import logging
 from collections.abc import Iterable
 
 import torch
 
+from hybridflow.utils.config import ConfigError
 from hybridflow.workers.rollout.sampling import SamplingParams
 from hybridflow.workers.rollout.server import (
     ABORT,
@@ -268,6 +271,13 @@ def _start_engine(vllm, settings: VLLMSettings, facts: ModelFacts):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    unknown = sorted(set(settings.engine_args) - known)
+    if unknown:
+        hints = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
+        raise ConfigError("; ".join(
+            f"rollout.engine_kwargs.vllm.{k} is not an engine argument of vLLM {vllm.__version__}"
+            + (f" (did you mean {hints[k][0]}?)" if hints[k] else "") for k in unknown))
     threads = torch.get_num_threads()
     try:
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**settings.engine_args))
@@ -282,6 +292,7 @@ def _start_engine(vllm, settings: VLLMSettings, facts: ModelFacts):
 
 def _explain_start_failure(vllm, settings: VLLMSettings, facts: ModelFacts, err: Exception) -> Exception:
     model = settings.engine_args["model"]
+    cause = " ".join(str(err).split())[:400]  # pydantic/transformers messages run over many lines
     try:
         from vllm import ModelRegistry
 
@@ -292,9 +303,9 @@ def _explain_start_failure(vllm, settings: VLLMSettings, facts: ModelFacts, err:
         return RuntimeError(
             f"vLLM {vllm.__version__} cannot load the model at {model}: its architectures "
             f"{list(facts.architectures) or '(none in config.json)'} are not among vLLM's supported ones and its "
-            f"Transformers fallback failed too ({type(err).__name__}: {err}); use rollout.name=hf for this model")
+            f"Transformers fallback failed too ({type(err).__name__}: {cause}); use rollout.name=hf for this model")
     return RuntimeError(
-        f"the vLLM engine did not start for {model} on {settings.device} ({type(err).__name__}: {err}). "
+        f"the vLLM engine did not start for {model} on {settings.device} ({type(err).__name__}: {cause}). "
         "The engine's own log lines above (EngineCore/Worker) name the root cause; common ones: the KV cache "
         "budget (rollout.engine_kwargs.vllm.kv_cache_memory_bytes on cpu, rollout.gpu_memory_utilization on "
         "cuda) is too small for rollout.max_model_len, or memory is short")

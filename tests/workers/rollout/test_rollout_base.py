@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.workers.rollout import ROLLOUT_ENGINES, BaseRollout, HFRollout, VLLMRollout, get_rollout_class
+from hybridflow.workers.rollout import ROLLOUT_ENGINES, BaseRollout, HFRollout, get_rollout_class
 from hybridflow.workers.rollout.base import pad_responses, register_rollout, response_mask_through_eos
 from hybridflow.workers.rollout.sampling import SamplingParams, as_id_list, resolve_sampling, sampling_params_from_config
 
@@ -81,9 +81,8 @@ def test_as_id_list():
 
 
 def test_registry_lists_engines():
-    assert {"hf", "vllm"} <= set(ROLLOUT_ENGINES.names())
+    assert "hf" in ROLLOUT_ENGINES.names()  # vllm is a server now (ROLLOUT_SERVERS, test_vllm_settings.py)
     assert get_rollout_class("hf") is HFRollout
-    assert get_rollout_class("vllm") is VLLMRollout
     with pytest.raises(KeyError, match="hf"):  # an unknown name lists the known ones
         get_rollout_class("sglang")
     with pytest.raises(ValueError):  # a duplicate name is an error

