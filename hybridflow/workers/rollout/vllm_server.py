@@ -82,8 +82,10 @@ class VLLMServer(AsyncRolloutServer):
         self._vllm = import_vllm(spec.device)
         self.engine = _start_engine(self._vllm, self.settings, facts)
         if self.settings.device == "cpu":
-            logger.info("vllm rollout on cpu: no sleep mode, sleep()/wake_up() do nothing; KV cache %.1f MiB",
-                        self.settings.kv_cache_bytes / 2**20)
+            log = logger.warning if spec.config.get("free_cache_engine", True) else logger.info
+            log("vllm rollout on cpu: vLLM has no sleep mode there, so free_cache_engine does nothing and "
+                "sleep()/wake_up() are no-ops; the KV cache is a fixed %.1f MiB "
+                "(rollout.engine_kwargs.vllm.kv_cache_memory_bytes)", self.settings.kv_cache_bytes / 2**20)
 
         # why generation is refused until a complete weight update succeeds (None: real weights loaded)
         self._not_real_reason = (

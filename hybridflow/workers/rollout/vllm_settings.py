@@ -14,8 +14,8 @@ Pure: no vLLM import, so every rule here is tested without the engine. What it d
 - KV cache: on CPU its size is an explicit byte budget, ``engine_kwargs.vllm.kv_cache_memory_bytes``
   (vLLM's own argument; on CPU ``gpu_memory_utilization`` would reserve that fraction of the
   machine's RAM). Unset on CPU it is enough for ``max_num_seqs`` full-length sequences, at most
-  ``DEFAULT_CPU_KV_CACHE_BYTES``. On CUDA it is unset by default (``gpu_memory_utilization`` sizes it).
-  A budget smaller than one ``max_model_len`` sequence is an error.
+  ``DEFAULT_CPU_KV_CACHE_BYTES`` unless one sequence needs more. On CUDA it is unset by default
+  (``gpu_memory_utilization`` sizes it). A budget smaller than one ``max_model_len`` sequence is an error.
 - ``tensor_model_parallel_size > 1`` needs that many visible GPUs; refused on CPU.
 - ``engine_kwargs.vllm`` is passed to vLLM as is (``None`` values dropped) and wins over the above.
 """
@@ -144,8 +144,8 @@ def vllm_settings(model_path: str, config: Mapping[str, Any], device: str, facts
     kv_dtype = dtype if extra.get("kv_cache_dtype", "auto") == "auto" else "fp8"
     per_token = facts.kv_bytes_per_token(kv_dtype)
     if kv_bytes is None and device == "cpu":
-        wanted = per_token * max_model_len * max_num_seqs if per_token else DEFAULT_CPU_KV_CACHE_BYTES
-        kv_bytes = min(wanted, DEFAULT_CPU_KV_CACHE_BYTES)
+        one = per_token * max_model_len if per_token else 0
+        kv_bytes = max(min(one * max_num_seqs or DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_CPU_KV_CACHE_BYTES), one)
     if kv_bytes is not None:
         kv_bytes = int(kv_bytes)
         needed = per_token * max_model_len if per_token else 0

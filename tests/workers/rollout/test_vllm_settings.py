@@ -95,6 +95,10 @@ def test_cpu_kv_cache_is_a_byte_budget():
     explicit = settings(engine_kwargs={"vllm": {"kv_cache_memory_bytes": 5 << 20}})
     assert explicit.kv_cache_bytes == explicit.engine_args["kv_cache_memory_bytes"] == 5 << 20
     assert settings("cuda").kv_cache_bytes is None  # gpu_memory_utilization sizes it on cuda
+    # a model whose one full sequence is above the cap gets that one sequence:
+    # 4000 layers: 2 x 4000 x 2 x 32 x 4 = 2048000 B/token, x 512 tokens = 1000 MiB
+    huge = ModelFacts(("Qwen2ForCausalLM",), 512, True, num_layers=4000, num_kv_heads=2, head_dim=32)
+    assert vllm_settings("/m", {}, "cpu", huge).kv_cache_bytes == 2048000 * 512 > DEFAULT_CPU_KV_CACHE_BYTES
 
 
 def test_kv_budget_too_small_for_max_model_len_names_the_keys():
