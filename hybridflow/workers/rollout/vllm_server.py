@@ -14,6 +14,8 @@ vLLM spawns; this object lives on the worker's ``EngineLoop`` and talks to them:
   requests that arrive during one wait until it is finished.
 - ``load_format: dummy*``: generation is refused until the first weight update has finished.
 - ``sleep``/``wake_up``: vLLM's sleep mode on CUDA (``free_cache_engine``); no-ops on CPU.
+- LoRA: merged weights arrive through ``load_weights`` like any others; with ``ServerSpec.lora_rank``
+  the engine can instead serve the base weights + an adapter (``load_lora_adapter``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,13 @@ import asyncio
 import dataclasses
 import difflib
 import itertools
+import json
 import logging
-from collections.abc import Iterable
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -78,7 +85,7 @@ class VLLMServer(AsyncRolloutServer):
         facts = ModelFacts.from_model_dir(spec.model_path)
         cuda_devices = torch.cuda.device_count() if spec.device.startswith("cuda") else 0
         self.settings: VLLMSettings = vllm_settings(spec.model_path, spec.config, spec.device, facts,
-                                                    spec.trust_remote_code, cuda_devices)
+                                                    spec.trust_remote_code, cuda_devices, spec.lora_rank)
         self._vllm = import_vllm(spec.device)
         self.engine = _start_engine(self._vllm, self.settings, facts)
         if self.settings.device == "cpu":
@@ -96,6 +103,8 @@ class VLLMServer(AsyncRolloutServer):
         self._in_flight: set[str] = set()  # engine request ids
         self._ids = itertools.count()
         self._tied = TiedEmbeddingNames(facts.tie_word_embeddings)
+        self._lora = None  # the LoRARequest of the loaded adapter; every request then uses it
+        self._lora_dir = None
         self._updating = self._update_started = False
         self._update_done = asyncio.Event()
         self._update_done.set()
@@ -118,7 +127,8 @@ class VLLMServer(AsyncRolloutServer):
         self._in_flight.add(engine_id)
         try:
             prompt = {"prompt_token_ids": [int(t) for t in prompt_ids]}
-            async for out in self.engine.generate(prompt=prompt, sampling_params=sampling, request_id=engine_id):
+            async for out in self.engine.generate(prompt=prompt, sampling_params=sampling, request_id=engine_id,
+                                                  lora_request=self._lora):
                 if not out.outputs:
                     continue
                 piece = out.outputs[0]  # DELTA: only the tokens new since the last yield
@@ -231,6 +241,37 @@ class VLLMServer(AsyncRolloutServer):
                 logger.exception("closing the failed weight update failed too")
         self._end_update()
 
+    async def load_lora_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                                peft_config: Mapping[str, Any]) -> None:
+        """Serve the policy as base weights + this LoRA adapter (needs ``ServerSpec.lora_rank > 0``).
+
+        ``named_tensors``: the adapter's tensors named as peft saves them (``get_peft_model_state_dict``);
+        ``peft_config``: the adapter's config as peft saves it (``r``, ``lora_alpha``, the resolved
+        ``target_modules``). vLLM loads adapters from a directory: it is written to memory-backed
+        /dev/shm where there is one, and replaced in place on every call.
+        """
+        self._check_open()
+        if not self.settings.engine_args.get("enable_lora"):
+            raise RuntimeError("load_lora_adapter: this engine was built without LoRA support "
+                               "(ServerSpec.lora_rank=0); push merged weights with load_weights instead")
+        if self._in_flight or self._updating:
+            raise RuntimeError("load_lora_adapter while requests are in flight or a weight update is open")
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        if self._lora_dir is None:
+            root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            self._lora_dir = tempfile.mkdtemp(prefix="hybridflow_lora_", dir=root)
+        tensors = {clean_name(k): full_tensor(v).detach().to("cpu").contiguous() for k, v in named_tensors}
+        config = {k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in dict(peft_config).items()}
+        save_file(tensors, os.path.join(self._lora_dir, "adapter_model.safetensors"))
+        with open(os.path.join(self._lora_dir, "adapter_config.json"), "w") as f:
+            json.dump(config, f)
+        lora = LoRARequest(lora_name="hybridflow_policy", lora_int_id=1, lora_path=self._lora_dir, load_inplace=True)
+        await self.engine.add_lora(lora)
+        await self.engine.reset_prefix_cache()
+        self._lora = lora
+
     # ------------------------------------------------------------------------------------ memory
 
     async def sleep(self, level: int = 1) -> None:
@@ -262,6 +303,8 @@ class VLLMServer(AsyncRolloutServer):
         engine, self.engine = self.engine, None
         engine.shutdown()  # stops the engine core and worker processes
         del engine  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
+        if self._lora_dir is not None:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
 
     def _check_open(self) -> None:
         if self._closed:

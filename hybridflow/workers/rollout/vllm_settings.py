@@ -17,6 +17,7 @@ Pure: no vLLM import, so every rule here is tested without the engine. What it d
   ``DEFAULT_CPU_KV_CACHE_BYTES`` unless one sequence needs more. On CUDA it is unset by default
   (``gpu_memory_utilization`` sizes it). A budget smaller than one ``max_model_len`` sequence is an error.
 - ``tensor_model_parallel_size > 1`` needs that many visible GPUs; refused on CPU.
+- ``lora_rank > 0`` (the spec's): LoRA adapters served on top of the base weights (one adapter).
 - ``engine_kwargs.vllm`` is passed to vLLM as is (``None`` values dropped) and wins over the above.
 """
 
@@ -35,6 +36,7 @@ DEFAULT_CPU_KV_CACHE_BYTES = 512 << 20
 # top-k/top-p filter (veRL's default too); without filters that is exactly what the trainer recomputes
 LOGPROBS_MODE = "processed_logprobs"
 WORKER_EXTENSION = "hybridflow.workers.rollout.vllm_weights.WeightSyncExtension"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
@@ -101,7 +103,7 @@ def resolve_dtype(value: str | None, device: str) -> str:
 
 
 def vllm_settings(model_path: str, config: Mapping[str, Any], device: str, facts: ModelFacts,
-                  trust_remote_code: bool = False, cuda_devices: int = 0) -> VLLMSettings:
+                  trust_remote_code: bool = False, cuda_devices: int = 0, lora_rank: int = 0) -> VLLMSettings:
     """Check the rollout section for this device and build vLLM's engine arguments.
 
     Raises ConfigError naming the key (``rollout.<key>``) for anything this device cannot do.
@@ -182,6 +184,9 @@ def vllm_settings(model_path: str, config: Mapping[str, Any], device: str, facts
     )
     if kv_bytes is not None:
         args["kv_cache_memory_bytes"] = kv_bytes
+    if lora_rank > 0:  # one adapter (the policy's), rank rounded up to one vLLM compiles kernels for
+        args.update(enable_lora=True, max_loras=1,
+                    max_lora_rank=next((r for r in LORA_RANKS if r >= lora_rank), lora_rank))
     args.update(extra)
     return VLLMSettings(device=device, dtype=args["dtype"], max_model_len=max_model_len,
                         sleep_mode=bool(args["enable_sleep_mode"]), dummy_weights=dummy,

@@ -139,5 +139,7 @@ class WeightSyncExtension:
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
             if hasattr(self.model_runner, reset):
                 getattr(self.model_runner, reset)()
-        expected = {name for name, _ in model.named_parameters()}
-        return sorted(expected - self._hybridflow_loaded)
+        # with LoRA enabled vLLM wraps layers (``x.base_layer.weight``) but loads by the checkpoint's names
+        expected = {name.replace(".base_layer.", ".") for name, _ in model.named_parameters()}
+        loaded = {name.replace(".base_layer.", ".") for name in self._hybridflow_loaded}
+        return sorted(expected - loaded)

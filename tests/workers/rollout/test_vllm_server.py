@@ -303,36 +303,67 @@ def test_an_unknown_engine_argument_is_named(tiny_model_dir, served):
         VLLMServer(spec)
 
 
-def test_dummy_weights_refuse_to_generate_until_the_trainer_pushes(tmp_path_factory, prompts, served):
-    """load_format=dummy (veRL's trainer-pushes-first mode), on an untied model (its own lm_head); the
-    same engine has a second EOS id, to see answers stop at an EOS."""
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory, prompts, served):
+    """A second engine: load_format=dummy (veRL's trainer-pushes-first mode) on an untied model (its own
+    lm_head), with a second EOS id (to see answers stop) and LoRA adapters enabled. What generate did
+    before the first push is kept in ``refused``; then the checkpoint's weights are pushed in buckets."""
     from transformers import AutoModelForCausalLM
-
-    from hybridflow.workers.rollout.vllm_server import RolloutNotReadyError
 
     model_dir = save_tiny_model(str(tmp_path_factory.mktemp("untied")), seed=3, tie_word_embeddings=False)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    index, stop_token, position = find_stop_case(hf, prompts)
-    eos = [EOS, stop_token]
+    stop = find_stop_case(hf, prompts)
+    eos = [EOS, stop[1]]
     spec = ServerSpec(model_path=model_dir, config=engine_config(load_format="dummy_dtensor"), pad_token_id=0,
-                      eos_token_ids=tuple(eos))
+                      eos_token_ids=tuple(eos), lora_rank=8)
     engine = Served(spec)
     try:
-        with pytest.raises(RolloutNotReadyError, match=r"no usable weights.*load_format='dummy_dtensor'"):
-            engine.generate_all(prompts[:1], GREEDY)
-        engine.push(state_dict_items(hf), bucket_size=5)
-        outs = engine.generate_all(prompts, GREEDY)
-        assert [o.token_ids for o in outs] == [hf_greedy(hf, p, eos, GREEDY.response_length) for p in prompts]
+        engine.generate_all(prompts[:1], GREEDY)
+        refused = None
+    except Exception as err:  # noqa: BLE001 - the test looks at it
+        refused = err
+    engine.push(state_dict_items(hf), bucket_size=5)
+    yield engine, hf, model_dir, eos, stop, refused
+    engine.close()
 
-        # the EOS ends the answer and belongs to it; ignore_eos runs to the length
-        out = outs[index]
-        assert out.token_ids[-1] == stop_token and len(out.token_ids) == position + 1 and out.stop_reason == STOP
-        assert len(out.log_probs) == len(out.token_ids)
-        full = engine.generate_all([prompts[index]], SamplingParams(do_sample=False, response_length=12,
-                                                                    ignore_eos=True))[0]
-        assert len(full.token_ids) == 12 and full.stop_reason == LENGTH
-        assert full.token_ids[:position + 1] == out.token_ids
-        no_log_probs = engine.generate_all([prompts[index]], GREEDY, logprobs=False)[0]
-        assert no_log_probs.log_probs is None and no_log_probs.token_ids == out.token_ids
-    finally:
-        engine.close()
+
+def test_dummy_weights_refuse_to_generate_until_the_trainer_pushes(untied, prompts):
+    from hybridflow.workers.rollout.vllm_server import RolloutNotReadyError
+
+    engine, hf, _, eos, (index, stop_token, position), refused = untied
+    assert isinstance(refused, RolloutNotReadyError)
+    assert "no usable weights" in str(refused) and "load_format='dummy_dtensor'" in str(refused)
+    outs = engine.generate_all(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, eos, GREEDY.response_length) for p in prompts]
+    assert max_log_prob_diff(engine.generate_all(prompts, SAMPLED), prompts, hf) < 1e-4
+
+    # the EOS ends the answer and belongs to it; ignore_eos runs to the length
+    out = outs[index]
+    assert out.token_ids[-1] == stop_token and len(out.token_ids) == position + 1 and out.stop_reason == STOP
+    assert len(out.log_probs) == len(out.token_ids)
+    full = engine.generate_all([prompts[index]], SamplingParams(do_sample=False, response_length=12,
+                                                                ignore_eos=True))[0]
+    assert len(full.token_ids) == 12 and full.stop_reason == LENGTH
+    assert full.token_ids[:position + 1] == out.token_ids
+    no_log_probs = engine.generate_all([prompts[index]], GREEDY, logprobs=False)[0]
+    assert no_log_probs.log_probs is None and no_log_probs.token_ids == out.token_ids
+
+
+def test_a_lora_adapter_answers_like_the_merged_model(untied, prompts):
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    engine, _, model_dir, eos, _, _ = untied
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                                LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # B = 0 at init would make the adapter a no-op
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(0.5 * torch.randn(param.shape, generator=g))
+    adapter = list(get_peft_model_state_dict(peft_model).items())
+    engine.run(engine.server.load_lora_adapter(adapter, peft_model.peft_config["default"].to_dict()))
+    merged = peft_model.merge_and_unload().eval()
+    outs = engine.generate_all(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == [hf_greedy(merged, p, eos, GREEDY.response_length) for p in prompts]
+    assert max_log_prob_diff(engine.generate_all(prompts, SAMPLED), prompts, merged) < 1e-4
