@@ -46,7 +46,7 @@ from hybridflow.workers.rollout.server import (
     register_rollout_server,
 )
 from hybridflow.workers.rollout.vllm_settings import ModelFacts, VLLMSettings, vllm_settings
-from hybridflow.workers.rollout.vllm_weights import TiedEmbeddingNames, clean_name, full_tensor, pack_bucket
+from hybridflow.workers.rollout.vllm_weights import PackedBucket, TiedEmbeddingNames, clean_name, full_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +201,8 @@ class VLLMServer(AsyncRolloutServer):
                 given += 1
                 bucket.extend(self._tied.expand(clean_name(name), full_tensor(tensor)))
             if bucket:
-                await self.engine.collective_rpc("hybridflow_load_bucket", args=(pack_bucket(bucket),))
+                with PackedBucket(bucket) as packed:
+                    await self.engine.collective_rpc("hybridflow_load_bucket", args=(packed.payload,))
         except BaseException as err:
             await self._abandon_update(err)
             raise

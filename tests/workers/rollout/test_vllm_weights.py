@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from hybridflow.workers.rollout.vllm_weights import (
+    SHARED_DIR,
     TIED_EMBEDDING,
     TIED_HEAD,
+    PackedBucket,
     TiedEmbeddingNames,
     clean_name,
     pack_bucket,
@@ -15,16 +19,20 @@ from hybridflow.workers.rollout.vllm_weights import (
 )
 
 
-def test_bucket_round_trips_through_msgpack_bit_for_bit():
-    msgspec = pytest.importorskip("msgspec", reason="vLLM's wire format library (installed with vllm)")
+def mixed_tensors():
     g = torch.Generator().manual_seed(0)
-    tensors = [
+    return [
         ("a.weight", torch.randn(3, 5, generator=g)),
         ("b.bias", torch.randn(7, generator=g).to(torch.bfloat16)),
         ("c.idx", torch.arange(6, dtype=torch.int64).reshape(2, 3)),
         ("d.t", torch.randn(4, 6, generator=g).t()),  # not contiguous
         ("e.scalar", torch.tensor(1.5, dtype=torch.float16)),
     ]
+
+
+def test_bucket_round_trips_through_msgpack_bit_for_bit():
+    msgspec = pytest.importorskip("msgspec", reason="vLLM's wire format library (installed with vllm)")
+    tensors = mixed_tensors()
     # the payload crosses vLLM's RPC as msgpack: plain values and one bytes buffer
     wire = msgspec.msgpack.decode(msgspec.msgpack.encode(pack_bucket(tensors)))
     for copy in (False, True):
@@ -32,6 +40,25 @@ def test_bucket_round_trips_through_msgpack_bit_for_bit():
         assert [n for n, _ in back] == [n for n, _ in tensors]
         for (_, want), (_, got) in zip(tensors, back):
             assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+
+
+@pytest.mark.skipif(SHARED_DIR is None, reason="no /dev/shm on this machine")
+def test_bucket_through_a_shared_memory_file_outlives_the_file():
+    msgspec = pytest.importorskip("msgspec", reason="vLLM's wire format library (installed with vllm)")
+    tensors = mixed_tensors()
+    with PackedBucket(tensors) as packed:
+        assert "data" not in packed.payload and os.path.isfile(packed.payload["path"])
+        wire = msgspec.msgpack.decode(msgspec.msgpack.encode(packed.payload))  # only the path and table travel
+        back = list(unpack_bucket(wire))
+    assert not os.path.exists(wire["path"])  # removed once the worker has it mapped
+    for (name, want), (got_name, got) in zip(tensors, back):
+        assert got_name == name and got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_without_room_for_a_file_the_bytes_travel_inline(tmp_path):
+    packed = PackedBucket(mixed_tensors(), shared_dir=str(tmp_path / "missing"))  # cannot create the file
+    assert "path" not in packed.payload and len(packed.payload["data"]) > 0
+    assert [n for n, _ in unpack_bucket(packed.payload)] == [n for n, _ in mixed_tensors()]
 
 
 def test_unpack_copy_owns_its_memory():
