@@ -15,6 +15,7 @@ request started, so each sample knows which policy produced it.
 
 from __future__ import annotations
 
+import atexit
 import time
 
 import torch
@@ -57,6 +58,20 @@ class RolloutHost:
 
         self.server = self.engine_loop.run(build())
         self.agent_settings = AgentLoopSettings.from_rollout_config(rollout_cfg)
+        # at exit, before the engine loop stops (atexit runs last-registered first): engines with processes
+        # of their own (vllm) shut them down instead of leaving it to garbage collection
+        atexit.register(self.shutdown_rollout)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown_rollout(self) -> None:
+        """Release the engine (its processes, its memory); idempotent."""
+        server, self.server = getattr(self, "server", None), None
+        if server is not None and self.engine_loop.loop.is_running():
+            try:
+                self.engine_loop.run(server.shutdown(), timeout=60)
+            finally:
+                self.engine_loop.close()
+            atexit.unregister(self.shutdown_rollout)
 
     @property
     def _bucket_bytes(self) -> int:

@@ -144,6 +144,13 @@ class RayPPOTrainer:
         if manager is not None:
             manager.shutdown()
             self.async_rollout_manager = None
+        rollout_wg = getattr(self, "rollout_wg", None)
+        if rollout_wg is not None:
+            try:  # engines with processes of their own (vllm) stop them cleanly
+                rollout_wg.shutdown_rollout()
+            except Exception:  # a dead worker: killing the group below is all that is left to do
+                pass
+            self.rollout_wg = None
         groups = getattr(self, "_all_groups", {}) or {}
         for group in {id(g): g for g in groups.values() if g is not None}.values():
             pool = getattr(group, "resource_pool", None)
