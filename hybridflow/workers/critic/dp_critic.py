@@ -50,6 +50,7 @@ class CriticSettings:
     cliprange_value: float
     loss_agg_mode: str
     use_remove_padding: bool = False  # critic.model.use_remove_padding (or a top-level copy)
+    loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor (veRL: critic.loss_scale_factor)
 
     @classmethod
     def from_config(cls, config: Any) -> "CriticSettings":
@@ -71,6 +72,7 @@ class CriticSettings:
             grad_clip=_get(config, "grad_clip", 1.0, keep_none=True),  # null or 0: no clipping
             cliprange_value=float(_get(config, "cliprange_value", 0.5)),
             loss_agg_mode=str(_get(config, "loss_agg_mode", "token-mean")),
+            loss_scale_factor=_get(config, "loss_scale_factor"),
             use_remove_padding=bool(_get(config, "use_remove_padding",
                                          _get(_get(config, "model"), "use_remove_padding", False))),
         )
@@ -153,11 +155,14 @@ class DataParallelPPOCritic:
                     response_mask=mask,
                     cliprange_value=s.cliprange_value,
                     loss_agg_mode=s.loss_agg_mode,
-                    **info.agg_kwargs(),
+                    # the micro-batch's share of the mini-batch loss, x dp size (FSDP/DDP average)
+                    dp_size=info.dp_size,
+                    batch_num_tokens=info.token_count,
+                    global_batch_size=info.seq_count,
+                    loss_scale_factor=s.loss_scale_factor,
                 )
-                # the micro-batch's share of the mini-batch loss; x dp size because FSDP/DDP average
-                (vf_loss * info.dp_size).backward()
-            accumulate(metrics, "critic/vf_loss", vf_loss.detach() * info.dp_size)
+                vf_loss.backward()
+            accumulate(metrics, "critic/vf_loss", vf_loss.detach())
             weight = mask.sum() / local_tokens  # token-weighted statistics over this rank's mini-batch
             accumulate(metrics, "critic/vf_clipfrac", vf_clipfrac * weight)
             accumulate(metrics, "critic/vpred_mean", core_algos.masked_mean(vpreds.detach(), mask) * weight)
