@@ -24,6 +24,7 @@ from hybridflow.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    flat_metric_values,
     reduce_metrics,
     validation_metrics,
 )
@@ -109,7 +110,7 @@ class RayPPOTrainer:
         with timer("gen", timing):
             gen_out = self.actor_rollout_wg.generate_sequences(gen_batch)
         worker_metrics = gen_out.meta_info.pop("metrics", {})
-        timing["update_weights"] = float(np.max(worker_metrics.get("timing_s/update_weights", [0.0])))
+        timing["update_weights"] = float(np.max(flat_metric_values(worker_metrics.get("timing_s/update_weights", [0.0]))))
         batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))  # drop prompt tensors
         batch = batch.union(gen_out)
         batch.batch["response_mask"] = response_mask_of(batch)
