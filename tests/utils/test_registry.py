@@ -95,8 +95,10 @@ def test_clear_and_restore_a_module_registry():
 
 
 def test_reward_manager_registry_under_verls_names():
+    from hybridflow.workers.reward_manager import registry as verl_path
+
     reg = reward_manager.REWARD_MANAGER_REGISTRY
-    assert reg is reward_manager.REWARD_MANAGERS and "naive" in reg
+    assert reg is reward_manager.REWARD_MANAGERS is verl_path.REWARD_MANAGER_REGISTRY and "naive" in reg
     assert reward_manager.get_reward_manager_cls("naive") is reg["naive"]
 
     @reward_manager.register("test_parity_manager")
