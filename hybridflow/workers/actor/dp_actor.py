@@ -189,8 +189,7 @@ class DataParallelPPOActor:
         response_mask = response_mask_of(batch)
         # veRL's global_batch_info: every agg_loss returns its share of the mini-batch loss times
         # dp_size (FSDP/DDP average gradients over ranks; we want their sum).
-        agg = {"dp_size": info.dp_size, "batch_num_tokens": info.token_count,
-               "global_batch_size": info.seq_count, "loss_scale_factor": s.loss_scale_factor}
+        agg = {**info.agg_kwargs(), "loss_scale_factor": s.loss_scale_factor}
 
         log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy=s.entropy_coeff != 0)
         pg_loss, pg_metrics = _policy_loss_output(self.policy_loss_fn(

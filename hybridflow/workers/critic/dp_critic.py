@@ -156,9 +156,7 @@ class DataParallelPPOCritic:
                     cliprange_value=s.cliprange_value,
                     loss_agg_mode=s.loss_agg_mode,
                     # the micro-batch's share of the mini-batch loss, x dp size (FSDP/DDP average)
-                    dp_size=info.dp_size,
-                    batch_num_tokens=info.token_count,
-                    global_batch_size=info.seq_count,
+                    **info.agg_kwargs(),
                     loss_scale_factor=s.loss_scale_factor,
                 )
                 vf_loss.backward()
