@@ -8,6 +8,21 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Execute, Worker, register
+from hybridflow.single_controller.base.decorator import register_dispatch_mode
+
+
+def _twice(worker_group, x):
+    return ([x * 2] * worker_group.world_size,), {}
+
+
+def _total(worker_group, outputs):
+    return sum(outputs)
+
+
+# A mode registered on the driver only (this module is shipped by value, never imported by Ray
+# workers): the member must still reach the workers, by name.
+if "PARITY_TWICE" not in Dispatch:
+    register_dispatch_mode("parity_twice", _twice, _total)
 
 
 class AsyncWorker(Worker):
@@ -35,10 +50,16 @@ class AsyncWorker(Worker):
         return "sync"
 
 
-class ParityWorker(Worker):
+class ParityWorker(AsyncWorker):
+    """Sync and (inherited) async methods in one class: on Ray an async actor runs both."""
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def rank_and(self, v):
         return self.rank, v
+
+    @register(dispatch_mode=Dispatch.PARITY_TWICE)
+    def twice(self, x):
+        return x
 
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def add(self, a, b):

@@ -12,8 +12,8 @@ import parity_workers as P  # noqa: E402
 from tensordict import NonTensorData, NonTensorStack, TensorDict  # noqa: E402
 
 from hybridflow.protocol import DataProto  # noqa: E402
-from hybridflow.single_controller.base import Dispatch, Worker, register  # noqa: E402
-from hybridflow.single_controller.base.decorator import DISPATCH_MODE_FN_REGISTRY, register_dispatch_mode  # noqa: E402
+from hybridflow.single_controller.base import Dispatch  # noqa: E402
+from hybridflow.single_controller.base.decorator import DISPATCH_MODE_FN_REGISTRY  # noqa: E402
 from hybridflow.single_controller.ray import (  # noqa: E402
     RayClassWithInitArgs,
     RayResourcePool,
@@ -80,43 +80,21 @@ def test_dp_compute_proto_with_tensordict(parity_group, n):
     assert out["rank"].tolist() == [0] * ((n + 1) // 2) + [1] * (n // 2)
 
 
-def test_async_methods_on_ray_actors(pool):
-    wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(P.AsyncWorker)))
-    try:
-        assert wg.bump(2) == [2, 2] and wg.bump(1) == [3, 3]
-        assert wg.loop_is_running() == [True, True]
-        assert wg.plain() == ["sync", "sync"]
-        out = wg.double(DataProto.from_dict(tensors={"x": torch.arange(5.0)}))
-        assert out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
-    finally:
-        wg.shutdown()
+def test_async_methods_on_ray_actors(parity_group):
+    wg = parity_group
+    before = wg.bump(0)
+    assert wg.bump(2) == [b + 2 for b in before]  # state kept between calls
+    assert wg.loop_is_running() == [True, True]
+    assert wg.plain() == ["sync", "sync"]  # sync methods of an async actor still work
+    out = wg.double(DataProto.from_dict(tensors={"x": torch.arange(5.0)}))
+    assert out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
 
 
-def _twice(worker_group, x):
-    return ([x * 2] * worker_group.world_size,), {}
-
-
-def _total(worker_group, outputs):
-    return sum(outputs)
-
-
-def test_a_mode_registered_on_the_driver_reaches_the_workers(pool):
-    # the Dispatch member travels by name; a worker process that never registered it gets it on unpickling
-    mode = register_dispatch_mode("test_ray_twice", _twice, _total)
-    try:
-        class Twice(Worker):
-            @register(dispatch_mode=Dispatch.TEST_RAY_TWICE)
-            def echo(self, x):
-                return x
-
-        wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(Twice)))
-        try:
-            assert wg.echo(3) == 12  # 3 -> 6 on each of 2 ranks, summed
-        finally:
-            wg.shutdown()
-    finally:
-        DISPATCH_MODE_FN_REGISTRY.pop(mode, None)
-        Dispatch.remove("TEST_RAY_TWICE")
+def test_a_mode_registered_on_the_driver_reaches_the_workers(parity_group):
+    # Dispatch.PARITY_TWICE exists only on the driver (parity_workers registers it); it travels by
+    # name and the worker processes get it on unpickling. 3 -> 6 on each of 2 ranks, summed.
+    assert "PARITY_TWICE" in Dispatch and Dispatch.PARITY_TWICE in DISPATCH_MODE_FN_REGISTRY
+    assert parity_group.twice(3) == 12
 
 
 def test_a_full_pool_fails_at_once_saying_so(ray_session):
@@ -136,16 +114,9 @@ def test_a_full_pool_fails_at_once_saying_so(ray_session):
     small.release()
 
 
-def test_two_groups_share_a_default_pool(pool, parity_group):
-    # veRL's default (10) lets a second group place its workers next to the first
-    other = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(P.ParityWorker)))
-    try:
-        assert other.rank_and("x") == [(0, "x"), (1, "x")]
-    finally:
-        other.shutdown()
-
-
-def test_fused_workers_on_ray(pool):
+def test_fused_workers_on_ray(pool, parity_group):
+    # also a second worker group on the default pool next to parity_group (veRL's max_colocate_count 10;
+    # with 1 it would wait forever for the share parity_group holds)
     cls = create_colocated_worker_cls_fused({"actor": RayClassWithInitArgs(ray.remote(P.ActorRole), lr=0.25),
                                              "critic": RayClassWithInitArgs(ray.remote(P.CriticRole))})
     wg = RayWorkerGroup(pool, cls)
