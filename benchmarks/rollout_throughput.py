@@ -163,7 +163,7 @@ def main(argv=None):
             def wg_call(name, wg):
                 out = wg.generate_sequences(prompts)
                 times = out.meta_info.get("metrics", {}).get("timing_s/generate_sequences", [float("nan")])
-                worker_s[name].append(max(times))  # the slowest rank's own generate time
+                worker_s[name].append(max(C.flat_metric_values(times)))  # the slowest rank's own generate time
                 return int(out.batch["attention_mask"][:, -tokens:].sum())
 
             for name, wg in groups.items():

@@ -89,8 +89,9 @@ class AgentLoopManager:
         _fill_missing_columns(parts)
         out = DataProto.concat(parts) if len(parts) > 1 else parts[0]
         worker_metrics = out.meta_info.pop("metrics", {})
-        out.meta_info = dict(prompts.meta_info)
-        out.meta_info["metrics"] = {**worker_metrics, **{k: [v] for k, v in metrics.items()}}
+        # the output carries only its metrics: the request-naming keys of the call (global_steps,
+        # sample_offset, ...) describe the request, and would conflict when batches are concatenated
+        out.meta_info = {"metrics": {**worker_metrics, **{k: [v] for k, v in metrics.items()}}}
         return out
 
     def _run_workers(self, prompts: DataProto) -> list[DataProto]:

@@ -115,6 +115,8 @@ def test_lora_grpo_run_trains_adapters_only_ref_is_base(tiny_model_dir, tiny_dat
 
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "init_workers", keep_trainer)
     monkeypatch.setattr(ActorRolloutRefWorker, "compute_ref_log_prob", keep_ref)
+    # keep the in-process engine after the run: the test pushes the final weights into it below
+    monkeypatch.setattr(ActorRolloutRefWorker, "shutdown_rollout", lambda worker: None)
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=2,
                                world=1, backend="inprocess")
     overrides += ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",

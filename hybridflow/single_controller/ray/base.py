@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
+import weakref
 
 import psutil
 import ray
@@ -12,7 +13,11 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.protocol import DataProto
-from hybridflow.single_controller.base.colocated import build_colocated_class
+from hybridflow.single_controller.base.colocated import (
+    build_colocated_class,
+    create_colocated_worker_raw_cls,  # noqa: F401  (veRL's import path)
+    fused_class_with_init_args,
+)
 from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
 from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
 
@@ -20,16 +25,37 @@ PLACEMENT_TIMEOUT_S = float(os.environ.get("HYBRIDFLOW_PLACEMENT_TIMEOUT_S", 60)
 
 
 class RayResourcePool(ResourcePool):
-    """``process_on_nodes=[n0, n1, ...]``: one placement group per node with one bundle per process."""
+    """``process_on_nodes=[n0, n1, ...]``: one placement group per node with one bundle per process.
+
+    Up to ``max_colocate_count`` worker groups (veRL's default: 10) may place their workers on the
+    pool; each worker takes ``1 / max_colocate_count`` of its bundle's CPU (and GPU). One more group
+    fails at once, saying so, instead of waiting forever for a share that cannot free up.
+    """
 
     def __init__(self, process_on_nodes=None, use_gpu: bool = True, name_prefix: str | None = None,
-                 max_colocate_count: int = 1, detached: bool = False, accelerator_type: str | None = None):
+                 max_colocate_count: int = 10, detached: bool = False, accelerator_type: str | None = None):
         super().__init__(process_on_nodes, max_colocate_count)
         self.use_gpu = use_gpu
         self.name_prefix = name_prefix or f"hf_pool_{uuid.uuid4().hex[:6]}"
         self.detached = detached
         self.accelerator_type = accelerator_type
         self.pgs = None
+        self._groups: weakref.WeakSet = weakref.WeakSet()  # the worker groups holding a share of the bundles
+
+    def reserve_share(self, group) -> None:
+        """Take one of the ``max_colocate_count`` shares for ``group``'s workers, or fail at once."""
+        if len(self._groups) >= self.max_colocate_count:
+            holders = ", ".join(sorted(repr(g.name) for g in self._groups))
+            raise RuntimeError(
+                f"resource pool {self.name_prefix!r} has no room for worker group {group.name!r}: it takes at most "
+                f"max_colocate_count={self.max_colocate_count} worker group(s) and holds {len(self._groups)} "
+                f"({holders}). Shut one down, use another pool, raise max_colocate_count, or fuse the roles into "
+                "one worker class (create_colocated_worker_cls)."
+            )
+        self._groups.add(group)
+
+    def release_share(self, group) -> None:
+        self._groups.discard(group)
 
     def bundle(self) -> dict:
         b = {"CPU": 1}
@@ -106,20 +132,51 @@ class RayClassWithInitArgs(ClassWithInitArgs):
             options["resources"] = dict(self._additional_resource)
         if detached:
             options["lifetime"] = "detached"
-        options.update(self._options)
+        user = dict(self._options)
+        user_env = dict(user.pop("runtime_env", None) or {})
+        options.update(user)
+        # a runtime_env given through update_options keeps its other fields and env vars; the
+        # group's own variables (rank, rendezvous, worker_env) win
+        options["runtime_env"] = {**user_env, "env_vars": {**(user_env.get("env_vars") or {}), **env_vars}}
         return self.remote_cls().options(**options).remote(*self.args, **self.kwargs)
 
 
+# The variables every worker gets from its group; worker_env may not override them (veRL refuses too).
+PROTECTED_WORKER_ENV = frozenset({
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WG_PREFIX", "WG_BACKEND", "RAY_LOCAL_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT",
+})
+
+
+def _check_worker_env(worker_env) -> dict[str, str]:
+    if not worker_env:
+        return {}
+    worker_env = dict(worker_env)
+    clash = sorted(PROTECTED_WORKER_ENV & set(worker_env))
+    if clash:
+        raise ValueError(
+            f"worker_env may not override the variables the worker group sets itself: {clash} "
+            "(rank, world size and rendezvous address come from the resource pool)"
+        )
+    return {str(k): str(v) for k, v in worker_env.items()}
+
+
 class RayWorkerGroup(WorkerGroup):
-    """Driver-side handle over Ray actors, one per bundle of the resource pool."""
+    """Driver-side handle over Ray actors, one per bundle of the resource pool.
+
+    ``worker_env={"NAME": "value"}`` adds environment variables to every worker (the group's own
+    RANK / WORLD_SIZE / MASTER_ADDR / ... cannot be overridden).
+    """
 
     def __init__(self, resource_pool: RayResourcePool | None = None, ray_cls_with_init: RayClassWithInitArgs | None = None,
-                 name_prefix: str | None = None, detached: bool = False, worker_names: list[str] | None = None, **kwargs):
+                 name_prefix: str | None = None, detached: bool = False, worker_names: list[str] | None = None,
+                 worker_env: dict | None = None, **kwargs):
         name_prefix = name_prefix or f"hf_wg_{uuid.uuid4().hex[:6]}"
         if not isinstance(ray_cls_with_init, ClassWithInitArgs):
             raise TypeError("ray_cls_with_init must be a RayClassWithInitArgs")
         if not isinstance(ray_cls_with_init, RayClassWithInitArgs):
             ray_cls_with_init = _as_ray_cls(ray_cls_with_init)
+        self._worker_env = _check_worker_env(worker_env)
         if worker_names is not None:  # attach to existing detached actors
             super().__init__(name_prefix, len(worker_names))
             self._workers = [ray.get_actor(n) for n in worker_names]
@@ -132,10 +189,20 @@ class RayWorkerGroup(WorkerGroup):
             self._worker_procs = self._get([w.__ray_call__.remote(_pid_and_node) for w in self._workers],
                                            "__init__", list(range(self.world_size)))
         self.resource_pool = resource_pool
+        self.ray_cls_with_init = ray_cls_with_init
+        self.fused_worker_used = bool(ray_cls_with_init.fused_worker_used)
         self._user_cls = ray_cls_with_init.user_cls
         self._bound_names = self._bind_worker_methods(self._user_cls)
 
     def _create_workers(self, pool: RayResourcePool, cls: RayClassWithInitArgs, detached: bool):
+        pool.reserve_share(self)
+        try:
+            self._place_workers(pool, cls, detached)
+        except BaseException:
+            pool.release_share(self)
+            raise
+
+    def _place_workers(self, pool: RayResourcePool, cls: RayClassWithInitArgs, detached: bool):
         pgs = pool.get_placement_groups()
         frac = 1.0 / pool.max_colocate_count
         self._workers, self._worker_names = [], []
@@ -146,9 +213,10 @@ class RayWorkerGroup(WorkerGroup):
         for node, (pg, n_local) in enumerate(zip(pgs, pool.store)):
             for local_rank in range(n_local):
                 env = {
+                    **self._worker_env,
                     "RANK": str(rank), "WORLD_SIZE": str(pool.world_size),
                     "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(n_local),
-                    "WG_PREFIX": self.name, "RAY_LOCAL_WORLD_SIZE": str(n_local),
+                    "WG_PREFIX": self.name, "WG_BACKEND": "ray", "RAY_LOCAL_WORLD_SIZE": str(n_local),
                     "MASTER_ADDR": master[0], "MASTER_PORT": master[1],
                 }
                 name = f"{self.name}_{rank}"
@@ -257,6 +325,9 @@ class RayWorkerGroup(WorkerGroup):
             except Exception:
                 pass
         self._workers = []
+        pool = getattr(self, "resource_pool", None)
+        if pool is not None and not self.sub_cls_name:
+            pool.release_share(self)
 
 
 def _pid_and_node(actor_self) -> tuple[int, str]:
@@ -298,6 +369,16 @@ def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs], remote
     """
     fused = build_colocated_class(class_dict)
     out = RayClassWithInitArgs(ray.remote(**remote_options)(fused.cls) if remote_options else ray.remote(fused.cls))
+    for spec in class_dict.values():
+        if isinstance(spec, RayClassWithInitArgs):
+            out.update_options(spec._options)
+    return out
+
+
+def create_colocated_worker_cls_fused(class_dict: dict[str, ClassWithInitArgs]) -> RayClassWithInitArgs:
+    """veRL's fused worker as a Ray actor class: groups built from it give role groups with
+    ``spawn(prefix_set)`` / ``fuse(prefix_set)`` (``wg.actor.method(...)``)."""
+    out = fused_class_with_init_args(class_dict, wrap=ray.remote, cls_with_init=RayClassWithInitArgs)
     for spec in class_dict.values():
         if isinstance(spec, RayClassWithInitArgs):
             out.update_options(spec._options)

@@ -28,7 +28,7 @@ import numpy as np
 
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo.dynamic_sampling import GroupAccumulator
-from hybridflow.trainer.ppo.metric_utils import timer
+from hybridflow.trainer.ppo.metric_utils import flat_metric_values, timer
 from hybridflow.trainer.ppo.rollouter import PromptGroup, Rollouter
 from hybridflow.workers.rollout.weight_transfer import LocalWeightTarget, RayWeightTarget, WeightTarget
 
@@ -86,7 +86,7 @@ class SyncRolloutSource:
                                                 "weight_version": t.actor_version})
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
         timing["update_weights"] = timing.get("update_weights", 0.0) + float(
-            np.max(gen_metrics.pop("timing_s/update_weights", [0.0])))
+            np.max(flat_metric_values(gen_metrics.pop("timing_s/update_weights", [0.0]))))
         metrics.update({k: v for k, v in gen_metrics.items() if k.startswith(("agent/", "rollout/"))})
         metrics["training/epoch"] = self.epoch
         metrics.update(staleness_metrics(batch, t.actor_version))

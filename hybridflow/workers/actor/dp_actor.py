@@ -86,6 +86,23 @@ class ActorSettings:
         return settings
 
 
+_PG_METRIC_NAMES = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
+
+
+def _policy_loss_output(out, loss_mode: str) -> tuple[torch.Tensor, dict]:
+    """(pg_loss, metrics) from a policy loss: veRL 0.9.1's ``(loss, metrics dict)`` or the older
+    ``(loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)`` 4-tuple."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
+        return out
+    if isinstance(out, tuple) and len(out) == 4:
+        return out[0], dict(zip(_PG_METRIC_NAMES, out[1:]))
+    raise TypeError(
+        f"policy loss {loss_mode!r} must return (pg_loss, metrics_dict) as in veRL 0.9.1 "
+        f"(or the older 4-tuple), got {type(out).__name__}"
+        + (f" of length {len(out)}" if isinstance(out, tuple) else "")
+    )
+
+
 def _meta(data, key: str):
     try:
         return data.meta_info[key]
@@ -171,9 +188,9 @@ class DataParallelPPOActor:
 
     def _registered_pg_loss(self, batch, **kwargs):
         """The configured ``policy_loss.loss_mode``, with the driver's importance weights (decoupled
-        rollout correction) when the batch carries them; no extra metrics."""
+        rollout correction) when the batch carries them."""
         weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None
-        return (*self.policy_loss_fn(rollout_is_weights=weights, **kwargs), {})
+        return self.policy_loss_fn(rollout_is_weights=weights, **kwargs)
 
     def _pg_loss_fn(self, correction: Optional[RolloutCorrectionSettings]):
         """Chosen once per update: bypass-mode rollout correction replaces the configured loss (its
@@ -188,42 +205,39 @@ class DataParallelPPOActor:
         s = self.settings
         batch = micro.batch
         response_mask = response_mask_of(batch)
-        agg = dict(info.agg_kwargs(), loss_scale_factor=s.loss_scale_factor)
+        # veRL's global_batch_info: every agg_loss returns its share of the mini-batch loss times
+        # dp_size (FSDP/DDP average gradients over ranks; we want their sum).
+        agg = {**info.agg_kwargs(), "loss_scale_factor": s.loss_scale_factor}
 
         log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy=s.entropy_coeff != 0)
-        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower, extra = (pg_loss_fn or self._registered_pg_loss)(
+        pg_loss, pg_metrics = _policy_loss_output((pg_loss_fn or self._registered_pg_loss)(
             batch,
             old_log_prob=batch["old_log_probs"],
             log_prob=log_prob,
             advantages=batch["advantages"],
             response_mask=response_mask,
             loss_agg_mode=s.loss_agg_mode,
-            config=self.config,
-            global_token_count=info.token_count,
-            global_seq_count=info.seq_count,
-        )
+            config=core_algos.ConfigWithBatchInfo(self.config, agg),
+        ), s.loss_mode)
         policy_loss = pg_loss
-        accumulate(metrics, "actor/pg_loss", pg_loss.detach() * info.dp_size)
+        accumulate(metrics, "actor/pg_loss", pg_loss.detach())
         # ratio-type statistics: token-weighted mean over this rank's mini-batch
         weight = response_mask.sum() / local_tokens
-        accumulate(metrics, "actor/pg_clipfrac", pg_clipfrac * weight)
-        accumulate(metrics, "actor/ppo_kl", ppo_kl * weight)
-        accumulate(metrics, "actor/pg_clipfrac_lower", pg_clipfrac_lower * weight)
-        for key, value in extra.items():  # bypass mode's rollout_corr/*: token-weighted over micro-batches
-            accumulate(metrics, key, value * weight)
+        for key, value in pg_metrics.items():
+            accumulate(metrics, key, torch.as_tensor(value, device=weight.device).detach() * weight)
 
         if entropy is not None:
             entropy_loss = core_algos.agg_loss(entropy, response_mask, s.loss_agg_mode, **agg)
             policy_loss = policy_loss - s.entropy_coeff * entropy_loss  # a bonus: higher entropy, lower loss
-            accumulate(metrics, "actor/entropy", entropy_loss.detach() * info.dp_size)
+            accumulate(metrics, "actor/entropy", entropy_loss.detach())
 
         if s.use_kl_loss:
             kld = core_algos.kl_penalty(log_prob, batch["ref_log_prob"], s.kl_loss_type)  # (B, R)
             kl_loss = core_algos.agg_loss(kld, response_mask, s.loss_agg_mode, **agg)
             policy_loss = policy_loss + s.kl_loss_coef * kl_loss
-            accumulate(metrics, "actor/kl_loss", kl_loss.detach() * info.dp_size)
+            accumulate(metrics, "actor/kl_loss", kl_loss.detach())
 
-        return policy_loss * info.dp_size  # FSDP/DDP average gradients over ranks; we want their sum
+        return policy_loss
 
     def _update_mini_batch(self, mini_batch, temperature: float, buffer: MetricBuffer, pg_loss_fn=None) -> None:
         response_mask = response_mask_of(mini_batch.batch)

@@ -154,12 +154,13 @@ class DataParallelPPOCritic:
                     values=batch["values"],
                     response_mask=mask,
                     cliprange_value=s.cliprange_value,
-                    loss_agg_mode=s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor,
+                    loss_agg_mode=s.loss_agg_mode,
+                    # the micro-batch's share of the mini-batch loss, x dp size (FSDP/DDP average)
                     **info.agg_kwargs(),
+                    loss_scale_factor=s.loss_scale_factor,
                 )
-                # the micro-batch's share of the mini-batch loss; x dp size because FSDP/DDP average
-                (vf_loss * info.dp_size).backward()
-            accumulate(metrics, "critic/vf_loss", vf_loss.detach() * info.dp_size)
+                vf_loss.backward()
+            accumulate(metrics, "critic/vf_loss", vf_loss.detach())
             weight = mask.sum() / local_tokens  # token-weighted statistics over this rank's mini-batch
             accumulate(metrics, "critic/vf_clipfrac", vf_clipfrac * weight)
             accumulate(metrics, "critic/vpred_mean", core_algos.masked_mean(vpreds.detach(), mask) * weight)

@@ -179,9 +179,10 @@ def test_bypass_reinforce_weights_the_policy_gradient():
     rollout = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
     log_prob = (rollout + torch.log(torch.tensor([[3.0, 1.5]], dtype=torch.float64))).requires_grad_()
     settings = RolloutCorrectionSettings(rollout_is="token", is_upper=2.0, bypass_mode=True, loss_type="reinforce")
-    loss, clipfrac, kl, _, m = compute_policy_loss_bypass_mode(
+    loss, m = compute_policy_loss_bypass_mode(
         rollout, log_prob, torch.tensor([[1.0, -2.0]], dtype=torch.float64), torch.ones(1, 2), "token-mean", {},
         settings)
+    kl = m["actor/ppo_kl"]
     loss.backward()
     # loss = -(2 * 1 * lp0 + 1.5 * (-2) * lp1) / 2 -> d/dlp = [-1, 1.5]
     torch.testing.assert_close(log_prob.grad, torch.tensor([[-1.0, 1.5]], dtype=torch.float64))
@@ -195,9 +196,10 @@ def test_bypass_ppo_clip_rejected_tokens_leave_only_the_numerator():
     rollout = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
     log_prob = rollout + torch.log(torch.tensor([[3.0, 1.5]], dtype=torch.float64))
     settings = RolloutCorrectionSettings(rejection=parse_rejection_options("token_k1", 2.0), bypass_mode=True)
-    loss, clipfrac, _, _, m = compute_policy_loss_bypass_mode(
+    loss, m = compute_policy_loss_bypass_mode(
         rollout, log_prob, torch.tensor([[5.0, -2.0]], dtype=torch.float64), torch.ones(1, 2), "token-mean",
         {"clip_ratio": 0.2}, settings, global_token_count=torch.tensor(2.0))
+    clipfrac = m["actor/pg_clipfrac"]
     assert float(loss) == pytest.approx(1.5)
     assert float(clipfrac) == 0.0
     assert float(m["rollout_corr/rollout_rs_masked_fraction"]) == 0.5

@@ -80,8 +80,13 @@ def test_registry_lists_engines_and_refuses_duplicates():
     assert ROLLOUT_SERVERS.get("hf") is HFServer
     with pytest.raises(KeyError, match="hf"):  # an unknown name lists the known ones
         ROLLOUT_SERVERS.get("sglang")
-    with pytest.raises(ValueError):
-        ROLLOUT_SERVERS.register("hf")(HFServer)
+    ROLLOUT_SERVERS.register("hf")(HFServer)  # the same class again is fine (veRL's registries)
+
+    class OtherServer(HFServer):
+        pass
+
+    with pytest.raises(ValueError):  # another class under a taken name is an error
+        ROLLOUT_SERVERS.register("hf")(OtherServer)
 
 
 def test_engine_loop_runs_coroutines_from_threads_and_refuses_reentry():

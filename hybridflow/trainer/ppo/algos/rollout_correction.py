@@ -336,14 +336,14 @@ def compute_policy_loss_bypass_mode(
     gradient. ``ppo_clip``: clipped PPO on π_θ/π_rollout under the rejection mask, weights not applied
     (the ratio already is the importance ratio); ``reinforce``: -w·A·log π_θ under the mask. Rejected
     tokens leave the numerator only: the token and sequence counts are the caller's (veRL's choice).
-    Returns (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower, rollout_corr metrics).
+    Returns (pg_loss, metrics): the loss's actor/* statistics and the rollout_corr/* metrics.
     """
     weights, mask, metrics = compute_rollout_correction(log_prob.detach(), old_log_prob, response_mask, settings)
     counts = dict(global_token_count=global_token_count, global_seq_count=global_seq_count)
     if settings.loss_type == "reinforce":
-        out = compute_policy_loss_reinforce(old_log_prob, log_prob, advantages, mask, loss_agg_mode, config,
-                                            weights, **counts)
+        pg_loss, loss_metrics = compute_policy_loss_reinforce(old_log_prob, log_prob, advantages, mask, loss_agg_mode,
+                                                              config, weights, **counts)
     else:
-        out = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask, loss_agg_mode, config,
-                                          None, **counts)
-    return (*out, metrics)
+        pg_loss, loss_metrics = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask, loss_agg_mode,
+                                                            config, None, **counts)
+    return pg_loss, {**loss_metrics, **metrics}
