@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 from hybridflow.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor, unpad_dataproto
 from hybridflow.single_controller.base.decorator import Execute, get_dispatch_fns, registered_methods
+from hybridflow.single_controller.base.progress import read_progress
+from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, default_watchdog
 
 
 class ClassWithInitArgs:
@@ -71,6 +73,16 @@ def _pad_proto_args(args, kwargs, divisor: int):
     return tuple(pad_one(a) for a in args), {k: pad_one(v) for k, v in kwargs.items()}, pad
 
 
+def rows_per_rank(per_rank_args, per_rank_kwargs) -> int:
+    """The most DataProto rows any rank was given (scales the call's deadline)."""
+    rows = 0
+    for args, kwargs in zip(per_rank_args, per_rank_kwargs):
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, DataProto):
+                rows = max(rows, len(v))
+    return rows
+
+
 def _unpad(result, pad: int):
     if pad and isinstance(result, DataProto) and len(result) > 0:
         return unpad_dataproto(result, pad_size=pad)
@@ -86,10 +98,32 @@ class WorkerGroup:
         self._dispatch_info_cache: dict[str, tuple[list[int], list[bool]]] = {}
         self._bound_names: list[str] = []
         self._user_cls = None
+        self._watchdog: Watchdog | None = None
+        self._progress_key = name  # the workers' WG_PREFIX: views of a fused group keep the fused name
 
     @property
     def world_size(self) -> int:
         return self._world_size
+
+    # --- watchdog (see single_controller/watchdog.py) -----------------------------------------------
+    @property
+    def watchdog(self) -> Watchdog:
+        """This group's deadlines; the process default unless ``set_watchdog`` gave one."""
+        return self._watchdog or default_watchdog()
+
+    def set_watchdog(self, watchdog: Watchdog | None) -> None:
+        self._watchdog = watchdog
+
+    def _deadline(self, rows_per_rank: int = 0) -> Deadline | None:
+        return self.watchdog.deadline(rows_per_rank, progress=self._progress_reading)
+
+    def _progress_reading(self):
+        """Changes whenever a worker called ``report_progress()``."""
+        return read_progress(self._progress_key, self.world_size, use_ray=False)
+
+    def _collect_stacks(self, ranks: list[int]) -> dict[int, dict]:
+        """rank -> {"pid", "state", "tool", "text", "location"}: the backend takes them from outside."""
+        raise NotImplementedError
 
     # --- backend interface -----------------------------------------------------------------------
     def _execute(self, method: str, ranks: list[int], per_rank_args: list[tuple], per_rank_kwargs: list[dict]) -> list:

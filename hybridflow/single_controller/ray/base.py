@@ -14,7 +14,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base.colocated import build_colocated_class
 from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
-from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
+from hybridflow.single_controller.base.progress import clear_progress, read_progress
+from hybridflow.single_controller.base.watchdog import build_hang_error
+from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, rows_per_rank
+from hybridflow.single_controller.ray import health
 
 PLACEMENT_TIMEOUT_S = float(os.environ.get("HYBRIDFLOW_PLACEMENT_TIMEOUT_S", 60))
 
@@ -124,13 +127,16 @@ class RayWorkerGroup(WorkerGroup):
             super().__init__(name_prefix, len(worker_names))
             self._workers = [ray.get_actor(n) for n in worker_names]
             self._worker_names = list(worker_names)
+            self._locations = self._get([w.__ray_call__.remote(health.locate) for w in self._workers],
+                                        "__init__", list(range(self.world_size)))
         else:
             super().__init__(name_prefix, resource_pool.world_size)
             self._create_workers(resource_pool, ray_cls_with_init, detached)
-            # (pid, node) of every rank, read once all ranks are built: lets a failure be pinned on a
-            # killed process at once, before Ray's own death notice arrives
-            self._worker_procs = self._get([w.__ray_call__.remote(_pid_and_node) for w in self._workers],
-                                           "__init__", list(range(self.world_size)))
+            # pid and node of every rank, read once all ranks are built: lets a failure be pinned on a
+            # killed process at once, before Ray's own death notice arrives, and the watchdog take
+            # stacks from outside the processes (this also installs the stack-dump handler)
+            self._locations = self._get([w.__ray_call__.remote(health.locate) for w in self._workers],
+                                        "__init__", list(range(self.world_size)))
         self.resource_pool = resource_pool
         self._user_cls = ray_cls_with_init.user_cls
         self._bound_names = self._bind_worker_methods(self._user_cls)
@@ -187,22 +193,26 @@ class RayWorkerGroup(WorkerGroup):
                 return shared[id(v)]
             return v
 
-        return [
+        return _Handles([
             getattr(self._workers[r], method).remote(*[once(a) for a in args], **{k: once(v) for k, v in kwargs.items()})
             for r, args, kwargs in zip(ranks, per_rank_args, per_rank_kwargs)
-        ]
+        ], rows_per_rank(per_rank_args, per_rank_kwargs))
 
     def _resolve(self, method, ranks, handles):
         return self._get(handles, method, ranks)
 
     def _get(self, handles, method, ranks):
-        """Wait for all ranks, failing as soon as any rank fails (its peers may be stuck in a collective)."""
+        """Wait for all ranks, failing as soon as any rank fails (its peers may be stuck in a collective),
+        and at the watchdog's deadline when no rank answers or reports progress in time."""
+        deadline = self._deadline(getattr(handles, "rows", 0))
         index = {ref: i for i, ref in enumerate(handles)}
         results: list = [None] * len(handles)
         pending = list(handles)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=self.watchdog.poll_s)
             if not ready:
+                if deadline is not None and deadline.expired():
+                    raise build_hang_error(method, deadline, self, sorted(ranks[index[r]] for r in pending)) from None
                 continue
             try:
                 values = ray.get(ready)
@@ -214,7 +224,8 @@ class RayWorkerGroup(WorkerGroup):
                     except WorkerError as err:
                         errors.append(err)
                 died = [e for e in errors if isinstance(e, WorkerDiedError)]
-                raise (died[0] if died else self._dead_peer_or(errors[0], pending, index, method, ranks)) from None
+                error = died[0] if died else self._dead_peer_or(errors[0], pending, index, method, ranks)
+                raise self._with_lost_nodes(error) from None
             for ref, value in zip(ready, values):
                 results[index[ref]] = value
         return results
@@ -222,9 +233,9 @@ class RayWorkerGroup(WorkerGroup):
     def _dead_peer_or(self, err, pending, index, method, ranks, wait_s: float = 8.0):
         """When a rank dies, its peers fail too (a broken collective) and may answer first: name
         the dead rank, the cause, rather than a survivor's symptom."""
-        procs = getattr(self, "_worker_procs", None) or []
+        procs = getattr(self, "_locations", None) or []
         for rank in ranks:
-            if rank != err.rank and rank < len(procs) and not _process_alive(*procs[rank]):
+            if rank != err.rank and rank < len(procs) and not _process_alive(procs[rank].pid, procs[rank].node_id):
                 died = WorkerDiedError(self.name, method, rank, f"the process of rank {rank} is gone (killed or exited)")
                 died.add_note(f"rank {err.rank} failed as a consequence: {str(err).splitlines()[-1][:500]}")
                 return died
@@ -250,17 +261,43 @@ class RayWorkerGroup(WorkerGroup):
         except RayTaskError as e:
             raise WorkerError(self.name, method, rank, str(e)) from None
 
+    def _with_lost_nodes(self, error: WorkerError, wait_s: float = 10.0) -> WorkerError:
+        """A dead worker on a node that is gone: say which node (id, address) and which ranks it held."""
+        if isinstance(error, WorkerDiedError):
+            lost = health.describe_lost_nodes(self._all_locations(), wait_s=wait_s)
+            if lost:
+                error.add_note(f"{lost} (worker group {self.name!r})")
+                error.lost_nodes = lost
+        return error
+
+    # --- watchdog support ----------------------------------------------------------------------------
+    def _all_locations(self) -> list:
+        known = list(getattr(self, "_locations", None) or [])
+        return [known[r] if r < len(known) else health.locate_from_gcs(w) for r, w in enumerate(self._workers)]
+
+    def _collect_stacks(self, ranks):
+        return health.collect_stacks(self._all_locations(), ranks)
+
+    def _progress_reading(self):
+        return read_progress(self._progress_key, self.world_size, use_ray=True)
+
     def shutdown(self):
         for w in getattr(self, "_workers", []):
             try:
                 ray.kill(w)
             except Exception:
                 pass
+        if getattr(self, "_workers", None):
+            clear_progress(self._progress_key, self.world_size, use_ray=True)
         self._workers = []
 
 
-def _pid_and_node(actor_self) -> tuple[int, str]:
-    return os.getpid(), ray.get_runtime_context().get_node_id()
+class _Handles(list):
+    """The per-rank ObjectRefs of one call, with the rows each rank got (scales the deadline)."""
+
+    def __init__(self, refs, rows: int = 0):
+        super().__init__(refs)
+        self.rows = rows
 
 
 def _process_alive(pid, node) -> bool:
