@@ -167,7 +167,8 @@ _LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib"
 
 
 def _is_library(path: str) -> bool:
-    return path.startswith(_LIBRARY_DIRS) or "site-packages" in path or path.startswith("<")
+    # py-spy prints library files relative to their sys.path entry: a relative path is a library's
+    return not os.path.isabs(path) or path.startswith(_LIBRARY_DIRS) or "site-packages" in path
 
 
 def busy_thread(threads: list[Thread], method: str | None) -> Thread | None:
@@ -198,15 +199,16 @@ def where(text: str, method: str | None = None) -> str:
     return f"{inner} <- {own}"
 
 
-def format_own_stacks(skip_current: bool = True) -> str:
-    """This process's threads in faulthandler's layout (for workers living in the driver's process)."""
+def format_own_stacks() -> str:
+    """This process's threads in faulthandler's layout (for workers living in the driver's process);
+    the watchdog's own monitor threads are left out."""
     import threading
     import traceback
 
     names = {t.ident: t.name for t in threading.enumerate()}
     parts = []
     for ident, frame in sys._current_frames().items():
-        if skip_current and ident == threading.get_ident():
+        if names.get(ident, "").startswith("watchdog:"):
             continue
         lines = [f"Thread 0x{ident:016x} [{names.get(ident, '?')}] (most recent call first):"]
         for fs in reversed(traceback.extract_stack(frame)):

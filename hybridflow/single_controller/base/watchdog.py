@@ -26,6 +26,7 @@ import concurrent.futures
 import contextlib
 import os
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -142,7 +143,7 @@ def _watchdog_of(group, watchdog: Watchdog | None) -> Watchdog:
 
 
 def _rank_line(rank, info: dict, pending: bool, method: str) -> str:
-    head = f"rank {rank} (pid {info.get('pid')}{', ' + info['location'] if info.get('location') else ''})"
+    head = f"{'rank ' if isinstance(rank, int) else ''}{rank} (pid {info.get('pid')}{', ' + info['location'] if info.get('location') else ''})"
     state = info.get("state")
     if state in ("gone", "zombie"):
         return f"{head}: process gone (killed or exited)"
@@ -168,7 +169,7 @@ def build_hang_error(what: str, deadline: Deadline, group=None, pending_ranks=No
     """Take the stacks, write the report, print the summary, shut the group down; return the error."""
     wd = _watchdog_of(group, watchdog)
     name = getattr(group, "name", "driver")
-    method = what.split(" ")[0]
+    method = what
     started = time.monotonic()
     if group is not None:
         ranks = list(range(group.world_size))
@@ -292,6 +293,17 @@ def _debugger_active(thread_ident: int) -> bool:
     return False
 
 
+def _interrupt_main() -> None:
+    """KeyboardInterrupt in the main thread, also when it sleeps in a system call (a real SIGINT sent
+    to that thread makes the call return; ``interrupt_main`` alone only sets a flag)."""
+    import _thread
+
+    if callable(signal.getsignal(signal.SIGINT)):
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    else:
+        _thread.interrupt_main()
+
+
 @contextlib.contextmanager
 def watch(what: str, deadline=None, group=None, watchdog: Watchdog | None = None, grace_s: float = 30.0):
     """Deadline around arbitrary blocking code; yields the ``Deadline`` (call ``.progress()`` on it).
@@ -300,8 +312,6 @@ def watch(what: str, deadline=None, group=None, watchdog: Watchdog | None = None
     is the main thread, is interrupted and gets ``WorkerHangError``. If it does not come back within
     ``grace_s`` (blocked where no interrupt reaches), the process exits with ``EXIT_CODE_HANG``.
     Time spent in a debugger (``breakpoint()``) inside the block does not count."""
-    import _thread
-
     d = _as_deadline(deadline, group, watchdog)
     if d is None:
         yield None
@@ -325,7 +335,7 @@ def watch(what: str, deadline=None, group=None, watchdog: Watchdog | None = None
                     return
                 state["error"] = error
                 if on_main:
-                    _thread.interrupt_main()
+                    _interrupt_main()
             if not done.wait(grace_s):
                 print(f"hybridflow watchdog: the driver did not come back within {grace_s:.0f}s of the report; "
                       f"exiting with code {EXIT_CODE_HANG}", file=sys.stderr, flush=True)
