@@ -8,6 +8,7 @@ every ``save_freq``. ``fit`` is the loop; ``train_step`` reads as the named phas
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import time
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base import Watchdog
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import core_algos
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
@@ -44,6 +46,12 @@ def response_mask_of(batch: DataProto) -> torch.Tensor:
     return batch.batch["attention_mask"][:, -response_length:]
 
 
+def watchdog_of(trainer_cfg) -> Watchdog:
+    """``trainer.watchdog_timeout`` seconds; hang reports go next to the run's logs and checkpoints."""
+    return Watchdog(timeout_s=trainer_cfg.watchdog_timeout,
+                    report_dir=os.path.join(str(trainer_cfg.default_local_dir), "watchdog"))
+
+
 class RayPPOTrainer:
     """``RayPPOTrainer(config, tokenizer, train_dataloader, val_dataset, reward_fn, val_reward_fn)``.
 
@@ -69,6 +77,7 @@ class RayPPOTrainer:
         self.n_devices = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
         self.total_training_steps = self._total_steps()
         self.global_steps = 0
+        self.watchdog = watchdog_of(config.trainer)
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -78,6 +87,8 @@ class RayPPOTrainer:
     def init_workers(self):
         groups = build_worker_groups(self.config, use_critic=self.use_critic, use_ref=self.use_reference_policy,
                                      use_rm=self.use_rm)
+        for group in groups.values():
+            group.set_watchdog(self.watchdog)  # every wait on these workers now has the run's deadline
         self.actor_rollout_wg = groups["actor_rollout"]
         self.critic_wg = groups.get("critic")
         self.rm_wg = groups.get("rm")
