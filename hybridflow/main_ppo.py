@@ -83,7 +83,7 @@ def build_trainer(config) -> RayPPOTrainer:
     if t.get("backend", "ray") == "ray":
         from hybridflow.single_controller.ray.init import init_ray
 
-        init_ray(config.ray_init, runtime_env={"env_vars": {"HYBRIDFLOW_DEVICE": device}})
+        init_ray(config, runtime_env={"env_vars": {"HYBRIDFLOW_DEVICE": device}})
     else:
         os.environ["HYBRIDFLOW_DEVICE"] = device
     return RayPPOTrainer(config, tokenizer, dataloader, val_dataset, reward_fn, val_reward_fn, collate_fn=collate_fn)

@@ -8,7 +8,7 @@ import uuid
 import psutil
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.protocol import DataProto
@@ -18,6 +18,7 @@ from hybridflow.single_controller.base.progress import clear_progress, read_prog
 from hybridflow.single_controller.base.watchdog import build_hang_error
 from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, rows_per_rank
 from hybridflow.single_controller.ray import health
+from hybridflow.single_controller.ray.placement import alive_nodes, place_one_group_per_node
 
 PLACEMENT_TIMEOUT_S = float(os.environ.get("HYBRIDFLOW_PLACEMENT_TIMEOUT_S", 60))
 
@@ -41,6 +42,12 @@ class RayResourcePool(ResourcePool):
         return b
 
     def _check_capacity(self):
+        nodes = len(alive_nodes())
+        if len(self.store) > nodes:
+            raise RuntimeError(
+                f"resource pool {self.name_prefix!r} spans {len(self.store)} nodes (process_on_nodes={self.store}, "
+                f"one node per entry) but the Ray cluster has {nodes} alive node(s). Lower trainer.nnodes or add "
+                "nodes to the cluster (ray start --address=<head> on each).")
         need = {k: v * self.world_size for k, v in self.bundle().items()}
         have = ray.cluster_resources()
         short = {k: (v, have.get(k, 0)) for k, v in need.items() if have.get(k, 0) < v}
@@ -57,19 +64,15 @@ class RayResourcePool(ResourcePool):
             return self.pgs
         self._check_capacity()
         lifetime = "detached" if self.detached else None
-        pgs = [
-            placement_group([self.bundle()] * n, strategy="STRICT_PACK", name=f"{self.name_prefix}_{i}", lifetime=lifetime)
-            for i, n in enumerate(self.store)
-        ]
         try:
-            ray.get([pg.ready() for pg in pgs], timeout=PLACEMENT_TIMEOUT_S)
+            pgs = place_one_group_per_node([[self.bundle()] * n for n in self.store], self.name_prefix, lifetime,
+                                           PLACEMENT_TIMEOUT_S)
         except GetTimeoutError:
-            for pg in pgs:
-                remove_placement_group(pg)
             raise RuntimeError(
                 f"resource pool {self.name_prefix!r} could not place {self.store} processes with {self.bundle()} each "
-                f"within {PLACEMENT_TIMEOUT_S:.0f}s: the cluster has {ray.cluster_resources()} in total and "
-                f"{ray.available_resources()} free (another job may hold them; each node must fit its share)."
+                f"(one node per entry) within {PLACEMENT_TIMEOUT_S:.0f}s: the cluster has {ray.cluster_resources()} in "
+                f"total and {ray.available_resources()} free on {len(alive_nodes())} node(s) (another job may hold "
+                "them; each node must fit its share)."
             ) from None
         self.pgs = pgs
         return pgs
@@ -261,9 +264,11 @@ class RayWorkerGroup(WorkerGroup):
         except RayTaskError as e:
             raise WorkerError(self.name, method, rank, str(e)) from None
 
-    def _with_lost_nodes(self, error: WorkerError, wait_s: float = 10.0) -> WorkerError:
+    def _with_lost_nodes(self, error: WorkerError) -> WorkerError:
         """A dead worker on a node that is gone: say which node (id, address) and which ranks it held."""
         if isinstance(error, WorkerDiedError):
+            # Ray says "its node has died" when it is so; the GCS may take a moment to mark the node dead
+            wait_s = 10.0 if "node has died" in str(error) else 0.0
             lost = health.describe_lost_nodes(self._all_locations(), wait_s=wait_s)
             if lost:
                 error.add_note(f"{lost} (worker group {self.name!r})")

@@ -11,6 +11,7 @@ was lost; it held ranks [...]".
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import dataclass
 
@@ -108,14 +109,24 @@ def describe_node(node_id: str, nodes: dict | None = None) -> str:
     return f"node {node_id} (address {addr}{':' + str(port) if port else ''}{extra})"
 
 
-def describe_lost_nodes(locations: list[WorkerLocation | None], wait_s: float = 0.0) -> str | None:
-    """'node ... was lost; it held ranks [..]' for every dead node that held a rank, else None.
+def _raylet_answers(node: dict, timeout_s: float = 2.0) -> bool:
+    """A TCP connect to the node's raylet: refused or silent means the node is gone, even before the
+    GCS's health checks (several seconds) mark it dead."""
+    try:
+        with socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])), timeout=timeout_s):
+            return True
+    except (OSError, KeyError, ValueError):
+        return False
 
-    Ray marks a node dead a few seconds after its raylet goes; ``wait_s`` waits that long for it."""
+
+def describe_lost_nodes(locations: list[WorkerLocation | None], wait_s: float = 0.0) -> str | None:
+    """'node ... was lost; it held ranks [..]' for every node that held a rank and is dead (for the
+    GCS, or its raylet does not answer), else None. ``wait_s``: how long to wait for the GCS."""
     deadline = time.monotonic() + wait_s
+    held = {loc.node_id for loc in locations if loc is not None}
     while True:
         nodes = _nodes()
-        dead = {loc.node_id for loc in locations if loc is not None and not nodes.get(loc.node_id, {}).get("Alive", True)}
+        dead = {n for n in held if n in nodes and not (nodes[n].get("Alive", True) and _raylet_answers(nodes[n]))}
         if dead or time.monotonic() >= deadline:
             break
         time.sleep(0.5)
@@ -123,6 +134,6 @@ def describe_lost_nodes(locations: list[WorkerLocation | None], wait_s: float = 
         return None
     parts = []
     for node in sorted(dead):
-        held = [r for r, loc in enumerate(locations) if loc is not None and loc.node_id == node]
-        parts.append(f"{describe_node(node, nodes)} was lost; it held ranks {held}")
+        ranks = [r for r, loc in enumerate(locations) if loc is not None and loc.node_id == node]
+        parts.append(f"{describe_node(node, nodes)} was lost; it held ranks {ranks}")
     return "; ".join(parts)
