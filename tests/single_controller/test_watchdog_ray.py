@@ -99,3 +99,13 @@ def test_progress_extends_the_deadline(group):
     with pytest.raises(WorkerHangError) as info:
         group.work(8, 0.5, False)
     assert sorted(info.value.stuck_ranks) == [0, 1]
+
+
+def test_future_of_a_non_blocking_call_waits_under_the_deadline(group):
+    group.set_watchdog(Watchdog(timeout_s=1.5, report_dir=group.watchdog.report_dir))
+    assert group.sleep_later(0.1).get() == [0, 1]
+    future = group.sleep_later(30)  # returns at once; the wait is in get()
+    start = time.monotonic()
+    with pytest.raises(WorkerHangError) as info:
+        future.get()
+    assert time.monotonic() - start < 20 and "stuck in sleep_later (" in str(info.value)

@@ -156,3 +156,10 @@ class HangWorker(EchoWorker):
             if report:
                 self.report_progress()
         return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def sleep_later(self, seconds):
+        import time
+
+        time.sleep(seconds)
+        return self.rank

@@ -73,6 +73,22 @@ def _pad_proto_args(args, kwargs, divisor: int):
     return tuple(pad_one(a) for a in args), {k: pad_one(v) for k, v in kwargs.items()}, pad
 
 
+class WatchedFuture(DataProtoFuture):
+    """The answer of a ``blocking=False`` call: ``get()`` on the driver waits through the group's
+    ``_resolve`` (watchdog deadline, errors naming the rank). Sent to a worker, or chunked for one,
+    it is a plain DataProtoFuture again."""
+
+    _wait: Callable | None = None
+
+    def _resolve(self) -> list:
+        if self._wait is not None:
+            self.futures, self._wait = self._wait(), None
+        return super()._resolve()
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_wait"}
+
+
 def rows_per_rank(per_rank_args, per_rank_kwargs) -> int:
     """The most DataProto rows any rank was given (scales the call's deadline)."""
     rows = 0
@@ -135,7 +151,9 @@ class WorkerGroup:
         raise NotImplementedError
 
     def _make_future(self, method: str, ranks: list[int], handles: list, collect: Callable) -> DataProtoFuture:
-        return DataProtoFuture(collect_fn=collect, futures=handles)
+        future = WatchedFuture(collect_fn=collect, futures=handles)
+        future._wait = lambda: self._resolve(method, ranks, handles)
+        return future
 
     # --- generic execution -----------------------------------------------------------------------
     def _split_per_rank(self, ranks, args, kwargs):
