@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 STACK_SIGNAL = signal.SIGUSR1
 STACK_DIR = os.path.join(tempfile.gettempdir(), "hybridflow_stacks")
+STACK_TOOL_ENV = "HYBRIDFLOW_STACK_TOOL"  # auto (py-spy when on PATH) | faulthandler
 _installed_file = None
 
 
@@ -70,10 +71,10 @@ def process_state(pid: int) -> str:
 
 def _py_spy(pid: int, timeout_s: float) -> str | None:
     exe = shutil.which("py-spy")
-    if exe is None or os.environ.get("HYBRIDFLOW_STACK_TOOL", "auto") == "faulthandler":
+    if exe is None or os.environ.get(STACK_TOOL_ENV, "auto") == "faulthandler":
         return None
     try:
-        out = subprocess.run([exe, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True,
+        out = subprocess.run([exe, "dump", "--pid", str(pid), "--nonblocking", "--full-filenames"], capture_output=True, text=True,
                              timeout=timeout_s)
     except (subprocess.TimeoutExpired, OSError):
         return None
