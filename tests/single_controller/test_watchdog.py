@@ -157,3 +157,56 @@ def test_inprocess_call_past_its_deadline(tmp_path):
     msg = str(info.value)
     assert "stuck in sleep (" in msg and "workers_for_tests.py" in msg and info.value.rank == 0
     assert os.path.exists(info.value.report_path)
+
+
+CHILD = """
+import importlib.util, os, sys, time
+# stacks.py by its path: the package would import torch, slow to start on a loaded machine
+spec = importlib.util.spec_from_file_location("stacks", os.environ["STACKS_PY"])
+stacks = sys.modules["stacks"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(stacks)
+install_stack_dump_handler = stacks.install_stack_dump_handler
+
+def waiting_in_a_known_place():
+    print("ready", flush=True)
+    time.sleep(60)
+
+assert install_stack_dump_handler()
+waiting_in_a_known_place()
+"""
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_dump_stacks_of_a_live_and_of_a_stopped_process(freeze, monkeypatch):
+    import signal
+    import subprocess
+    import sys
+
+    from hybridflow.single_controller.base import stacks
+    from hybridflow.single_controller.base.stacks import STACK_TOOL_ENV, dump_stacks, stack_file_of
+
+    monkeypatch.setenv(STACK_TOOL_ENV, "faulthandler")
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "STACKS_PY": stacks.__file__})
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        if freeze:
+            os.kill(child.pid, signal.SIGSTOP)
+            time.sleep(0.2)
+        info = dump_stacks(child.pid)
+        assert info["state"] == ("stopped" if freeze else "sleeping") and info["tool"] == "faulthandler"
+        assert where(info["text"]).startswith("waiting_in_a_known_place (<string>:")
+        assert child.poll() is None  # SIGUSR1 did not kill it: the handler answered
+    finally:
+        child.kill()
+        child.wait()
+    # a process without the handler is never signalled (SIGUSR1's default action would kill it)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.3)
+        assert not os.path.exists(stack_file_of(sleeper.pid))
+        info = dump_stacks(sleeper.pid, timeout_s=0.5)
+        assert info["tool"] is None and "no stack" in info["text"] and sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -19,6 +19,7 @@ that carries it there).
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import re
@@ -51,9 +52,21 @@ def install_stack_dump_handler() -> bool:
     if signal.getsignal(STACK_SIGNAL) not in (signal.SIG_DFL, None):
         return False
     os.makedirs(STACK_DIR, exist_ok=True)
+    _prune_dead()
     _installed_file = open(stack_file_of(os.getpid()), "w")  # kept open: the C handler writes to its fd
     faulthandler.register(STACK_SIGNAL, file=_installed_file, all_threads=True, chain=False)
     return True
+
+
+def _prune_dead() -> None:
+    """Remove the stack files of processes that are gone (workers are often SIGKILLed: no atexit)."""
+    import psutil
+
+    for name in os.listdir(STACK_DIR):
+        m = re.fullmatch(r"stacks_(\d+)\.txt", name)
+        if m and not psutil.pid_exists(int(m[1])):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(STACK_DIR, name))
 
 
 # ---------------------------------------------------------------- taking a dump
