@@ -210,3 +210,30 @@ def test_dump_stacks_of_a_live_and_of_a_stopped_process(freeze, monkeypatch):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+UNINTERRUPTIBLE = """
+import signal, time
+from hybridflow.single_controller.base import watch
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # nothing can interrupt the main thread's wait
+with watch("stuck forever", 0.5, grace_s=0.5):
+    time.sleep(60)
+print("not reached")
+"""
+
+
+def test_watch_exits_the_process_when_the_main_thread_never_comes_back(tmp_path):
+    import subprocess
+    import sys
+
+    from hybridflow.single_controller.base.watchdog import EXIT_CODE_HANG
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", UNINTERRUPTIBLE], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": root, "TMPDIR": str(tmp_path)})
+    assert out.returncode == EXIT_CODE_HANG, out.stderr[-2000:]
+    assert "'stuck forever' gave no answer" in out.stderr and f"exiting with code {EXIT_CODE_HANG}" in out.stderr
+    assert "not reached" not in out.stdout
+    assert os.listdir(tmp_path / "hybridflow_watchdog")  # the report was written before the exit
+    assert time.monotonic() - start < 60  # not the 60 s sleep

@@ -114,3 +114,23 @@ def test_future_of_a_non_blocking_call_waits_under_the_deadline(group):
     with pytest.raises(WorkerHangError) as info:
         future.get()
     assert time.monotonic() - start < 20 and "stuck in sleep_later (" in str(info.value)
+
+
+@pytest.mark.slow
+def test_worker_stuck_in_init(ray_session, tmp_path, monkeypatch):
+    """The group's construction waits under the process default watchdog; the stuck rank's pid is
+    found in Ray's actor table although its __init__ never returned. (Slow: the deadline must
+    outlast starting the processes, 5-20 s here, so that rank 1's handler is in place.)"""
+    from hybridflow.single_controller.base import watchdog
+
+    monkeypatch.setattr(watchdog, "_default", Watchdog(timeout_s=25.0, report_dir=str(tmp_path)))
+    pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)
+    try:
+        with pytest.raises(WorkerHangError) as info:
+            RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(W.SlowInitWorker)), name_prefix="slow_init")
+    finally:
+        pool.release()
+    err = info.value
+    assert err.method == "__init__" and 1 in err.stuck_ranks
+    line = next(line for line in str(err).splitlines() if line.startswith("rank 1"))
+    assert "stuck in __init__ (" in line and "workers_for_tests.py" in line, line

@@ -163,3 +163,14 @@ class HangWorker(EchoWorker):
 
         time.sleep(seconds)
         return self.rank
+
+
+class SlowInitWorker(Worker):
+    """Rank 1 never finishes starting (like a rank waiting for a peer in init_process_group)."""
+
+    def __init__(self):
+        super().__init__()
+        if self.rank == 1:
+            import time
+
+            time.sleep(120)

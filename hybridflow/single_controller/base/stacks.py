@@ -134,8 +134,8 @@ def dump_stacks(pid: int, timeout_s: float = 5.0) -> dict:
         if text:
             info.update(tool="faulthandler", text=text)
         else:
-            info["text"] = "(no stack: py-spy is not installed and no faulthandler answered within "
-            info["text"] += f"{timeout_s:.0f}s)"
+            info["text"] = ("(no stack: py-spy is not on PATH and the process has no faulthandler answering "
+                            "(not registered yet: still importing or starting?))")
     except Exception as e:  # a report with a hole beats no report
         info["text"] = f"(taking the stack failed: {type(e).__name__}: {e})"
     return info

@@ -150,6 +150,8 @@ def _rank_line(rank, info: dict, pending: bool, method: str) -> str:
     if info.get("error"):
         return f"{head}: {info['error']}"
     spot = where(info.get("text", ""), method)
+    if spot.startswith("unknown") and info.get("text", "").startswith("("):
+        spot = f"unknown {info['text']}"
     if state == "stopped":
         return f"{head}: FROZEN (process stopped, e.g. SIGSTOP) at {spot}"
     if not pending:
