@@ -143,7 +143,8 @@ def _watchdog_of(group, watchdog: Watchdog | None) -> Watchdog:
 
 
 def _rank_line(rank, info: dict, pending: bool, method: str) -> str:
-    head = f"{'rank ' if isinstance(rank, int) else ''}{rank} (pid {info.get('pid')}{', ' + info['location'] if info.get('location') else ''})"
+    where_from = f", {info['location']}" if info.get("location") else ""
+    head = f"{'rank ' if isinstance(rank, int) else ''}{rank} (pid {info.get('pid')}{where_from})"
     state = info.get("state")
     if state in ("gone", "zombie"):
         return f"{head}: process gone (killed or exited)"

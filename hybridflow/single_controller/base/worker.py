@@ -11,7 +11,7 @@ import socket
 from datetime import timedelta
 
 from hybridflow.single_controller.base.decorator import Dispatch, Execute, register
-from hybridflow.single_controller.base.progress import in_ray_worker, report_progress
+from hybridflow.single_controller.base.heartbeat import in_ray_worker, report_progress
 from hybridflow.single_controller.base.stacks import install_stack_dump_handler
 
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from hybridflow.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor, unpad_dataproto
 from hybridflow.single_controller.base.decorator import Execute, get_dispatch_fns, registered_methods
-from hybridflow.single_controller.base.progress import read_progress
+from hybridflow.single_controller.base.heartbeat import read_progress
 from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, default_watchdog
 
 

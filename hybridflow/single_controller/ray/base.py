@@ -14,7 +14,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base.colocated import build_colocated_class
 from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
-from hybridflow.single_controller.base.progress import clear_progress, read_progress
+from hybridflow.single_controller.base.heartbeat import clear_progress, read_progress
 from hybridflow.single_controller.base.watchdog import build_hang_error
 from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, rows_per_rank
 from hybridflow.single_controller.ray import health
