@@ -13,6 +13,8 @@ from omegaconf import OmegaConf
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
 from hybridflow.data.sampler import create_rl_dataloader
 from hybridflow.rewards import get_custom_reward_fn, load_reward_manager
+from hybridflow.single_controller.base import WorkerHangError
+from hybridflow.single_controller.base.watchdog import EXIT_CODE_HANG
 from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridflow.utils.config import ConfigError, parse_cli
@@ -108,7 +110,12 @@ def main(argv=None) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    run_ppo(config)
+    try:
+        run_ppo(config)
+    except WorkerHangError as e:  # the report is written and the workers are down: say so, exit non-zero
+        notes = "".join(f"\n{n}" for n in getattr(e, "__notes__", []))
+        print(f"error: {e}{notes}", file=sys.stderr)
+        raise SystemExit(EXIT_CODE_HANG) from None
 
 
 if __name__ == "__main__":

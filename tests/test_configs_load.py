@@ -72,7 +72,7 @@ trainer.logger trainer.log_val_generations trainer.rollout_data_dir trainer.vali
 trainer.n_gpus_per_node trainer.save_freq trainer.resume_mode trainer.resume_from_path trainer.val_before_train
 trainer.test_freq trainer.critic_warmup trainer.default_hdfs_dir trainer.del_local_ckpt_after_load
 trainer.default_local_dir trainer.max_actor_ckpt_to_keep trainer.max_critic_ckpt_to_keep
-trainer.ray_wait_register_center_timeout trainer.device trainer.backend
+trainer.ray_wait_register_center_timeout trainer.device trainer.backend trainer.watchdog_timeout
 skip.rollout.enable skip.rollout.dump_dir skip.rollout.steps skip.rollout.action
 ray_init.num_cpus ray_init.timeline_json_file
 """.split()

@@ -18,9 +18,11 @@ from concurrent.futures import Future
 
 from hybridflow.single_controller.base.colocated import build_colocated_class, fused_class_with_init_args
 from hybridflow.single_controller.base.colocated import create_colocated_worker_raw_cls  # noqa: F401
-from hybridflow.single_controller.base.errors import WorkerError
+from hybridflow.single_controller.base.errors import WorkerError, WorkerHangError
+from hybridflow.single_controller.base.stacks import format_own_stacks
+from hybridflow.single_controller.base.watchdog import watch
 from hybridflow.single_controller.base.worker import find_free_port
-from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, WorkerGroup
+from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, WorkerGroup, rows_per_rank
 
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
@@ -53,15 +55,21 @@ class InProcessWorkerGroup(WorkerGroup):
         self._bound_names = self._bind_worker_methods(self._user_cls)
 
     def _execute(self, method, ranks, per_rank_args, per_rank_kwargs):
+        """Runs the call here and now, under the watchdog (a monitor thread; time in breakpoint() is free)."""
         handles = []
+        deadline = self._deadline(rows_per_rank(per_rank_args, per_rank_kwargs))
         for rank, args, kwargs in zip(ranks, per_rank_args, per_rank_kwargs):
             fut: Future = Future()
             try:
-                result = getattr(self.workers[rank], method)(*args, **kwargs)
+                self._calling_thread = threading.get_ident()  # the thread the method runs in (stack reports)
+                with watch(method, deadline, group=self):
+                    result = getattr(self.workers[rank], method)(*args, **kwargs)
                 if inspect.iscoroutine(result):
                     handles.append(self._on_loop(result, method, rank))
                     continue
                 fut.set_result(result)
+            except WorkerHangError:
+                raise  # the watchdog's verdict, report written: not a failure of the method
             except Exception as exc:  # surfaced, with context, when the result is read
                 fut.set_exception(self._error(exc, method, rank))
             handles.append(fut)
@@ -90,6 +98,15 @@ class InProcessWorkerGroup(WorkerGroup):
 
     def _resolve(self, method, ranks, handles):
         return [h.result() for h in handles]
+
+    def _collect_stacks(self, ranks):
+        """The worker is this process: its threads' stacks (the watchdog's own thread left out)."""
+        text = format_own_stacks(first=getattr(self, "_calling_thread", None))
+        return {r: {"pid": os.getpid(), "state": "running", "tool": "traceback", "text": text,
+                    "location": "the driver's process"} for r in ranks}
+
+    def shutdown(self):
+        """Nothing to kill: the worker objects live in the driver and go with it."""
 
 
 def create_colocated_worker_cls(class_dict) -> ClassWithInitArgs:

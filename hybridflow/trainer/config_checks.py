@@ -412,5 +412,9 @@ def _check_misc(r: _Report) -> None:
     else:
         r.positive_int("trainer.total_training_steps")
     r.positive_int("actor_rollout_ref.actor.ppo_epochs")
+    timeout = r.get("trainer.watchdog_timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        r.errors.append(f"trainer.watchdog_timeout must be a positive number of seconds (or null to turn the "
+                        f"watchdog off), got {timeout!r}")
     if (r.get("trainer.critic_warmup") or 0) < 0:
         r.errors.append(f"trainer.critic_warmup must be >= 0, got {r.get('trainer.critic_warmup')}")

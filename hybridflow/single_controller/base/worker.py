@@ -11,6 +11,8 @@ import socket
 from datetime import timedelta
 
 from hybridflow.single_controller.base.decorator import Dispatch, Execute, register
+from hybridflow.single_controller.base.heartbeat import in_ray_worker, report_progress
+from hybridflow.single_controller.base.stacks import install_stack_dump_handler
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -34,6 +36,8 @@ class Worker:
     fused_worker_attr_name = "fused_worker_dict"
 
     def __init__(self, cuda_visible_devices=None):
+        if in_ray_worker():
+            install_stack_dump_handler()  # first: the watchdog can then see a hang inside __init__ too
         self._rank = int(os.environ.get("RANK", 0))
         self._world_size = int(os.environ.get("WORLD_SIZE", 1))
         self._local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -64,6 +68,11 @@ class Worker:
 
     def get_pid(self) -> int:
         return os.getpid()
+
+    def report_progress(self) -> None:
+        """Call from a long registered method (per request, per micro-batch): the driver's watchdog
+        then extends the call's deadline instead of declaring it stuck."""
+        report_progress(rank=self._rank)
 
     # --- torch.distributed -------------------------------------------------------------------------
     def init_process_group(self, backend: str | None = None, timeout_s: float = 600.0) -> None:

@@ -20,6 +20,8 @@ from hybridflow.single_controller.base.dispatch_fns import joins_batches
 # the separator of "<role>_fwmn_<method>" (veRL's names)
 FUSED_EXECUTE = "_fuw_execute"
 FUSED_SEPARATOR = "_fwmn_"
+from hybridflow.single_controller.base.heartbeat import read_progress
+from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, default_watchdog
 
 
 class ClassWithInitArgs:
@@ -102,6 +104,42 @@ def _with_rows(td: TensorDict, extra_rows) -> TensorDict:
     import torch
 
     return torch.cat([td, td[torch.as_tensor(extra_rows, dtype=torch.long)]], dim=0)
+class WatchedFuture(DataProtoFuture):
+    """The answer of a ``blocking=False`` call: ``get()`` on the driver waits through the group's
+    ``_resolve`` (watchdog deadline, errors naming the rank). Sent to a worker, or chunked for one,
+    it is a plain DataProtoFuture again."""
+
+    _wait: Callable | None = None
+
+    def _resolve(self) -> list:
+        if self._wait is not None:
+            self.futures, self._wait = self._wait(), None
+        return super()._resolve()
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_wait"}
+
+
+class PendingResults(list):
+    """The answer of a non-blocking ONE_TO_ALL / ALL_TO_ALL call: the per-rank handles (Ray ObjectRefs),
+    as veRL returns them, and ``get()``, which waits for them under the group's watchdog."""
+
+    def __init__(self, handles, wait: Callable):
+        super().__init__(handles)
+        self._wait = wait
+
+    def get(self):
+        return self._wait()
+
+
+def rows_per_rank(per_rank_args, per_rank_kwargs) -> int:
+    """The most DataProto rows any rank was given (scales the call's deadline)."""
+    rows = 0
+    for args, kwargs in zip(per_rank_args, per_rank_kwargs):
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, DataProto):
+                rows = max(rows, len(v))
+    return rows
 
 
 def _unpad(result, pad: int):
@@ -128,10 +166,32 @@ class WorkerGroup:
         self.sub_cls_name = ""  # the role this (spawned) group calls inside a fused worker
         self.method_names: list[str] = []  # the fused worker's own methods, called without routing
         self.wg_dict = None
+        self._watchdog: Watchdog | None = None
+        self._progress_key = name  # the workers' WG_PREFIX: views of a fused group keep the fused name
 
     @property
     def world_size(self) -> int:
         return self._world_size
+
+    # --- watchdog (see single_controller/watchdog.py) -----------------------------------------------
+    @property
+    def watchdog(self) -> Watchdog:
+        """This group's deadlines; the process default unless ``set_watchdog`` gave one."""
+        return self._watchdog or default_watchdog()
+
+    def set_watchdog(self, watchdog: Watchdog | None) -> None:
+        self._watchdog = watchdog
+
+    def _deadline(self, rows_per_rank: int = 0) -> Deadline | None:
+        return self.watchdog.deadline(rows_per_rank, progress=self._progress_reading)
+
+    def _progress_reading(self):
+        """Changes whenever a worker called ``report_progress()``."""
+        return read_progress(self._progress_key, self.world_size, use_ray=False)
+
+    def _collect_stacks(self, ranks: list[int]) -> dict[int, dict]:
+        """rank -> {"pid", "state", "tool", "text", "location"}: the backend takes them from outside."""
+        raise NotImplementedError
 
     # --- backend interface -----------------------------------------------------------------------
     def _execute(self, method: str, ranks: list[int], per_rank_args: list[tuple], per_rank_kwargs: list[dict]) -> list:
@@ -143,7 +203,9 @@ class WorkerGroup:
         raise NotImplementedError
 
     def _make_future(self, method: str, ranks: list[int], handles: list, collect: Callable) -> DataProtoFuture:
-        return DataProtoFuture(collect_fn=collect, futures=handles)
+        future = WatchedFuture(collect_fn=collect, futures=handles)
+        future._wait = lambda: self._resolve(method, ranks, handles)
+        return future
 
     # --- generic execution -----------------------------------------------------------------------
     def _call(self, method: str, ranks, per_args, per_kwargs) -> list:
@@ -250,7 +312,10 @@ class WorkerGroup:
                 return handles[0]  # veRL: the one ObjectRef
             if joins_batches(collect_fn):
                 return group._make_future(remote_name, ranks, handles, collect)
-            return collect_fn(group, handles)  # veRL: e.g. ONE_TO_ALL/ALL_TO_ALL -> the list of ObjectRefs
+            pending = collect_fn(group, handles)  # veRL: e.g. ONE_TO_ALL/ALL_TO_ALL -> the list of ObjectRefs
+            if isinstance(pending, list):  # ... which get() also waits for, under the watchdog
+                return PendingResults(pending, lambda: collect(group._resolve(remote_name, ranks, handles)))
+            return pending
 
         method.__name__ = remote_name
         method.__qualname__ = f"{type(self).__name__}.{remote_name}"

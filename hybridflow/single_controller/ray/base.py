@@ -9,7 +9,7 @@ import weakref
 import psutil
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.protocol import DataProto
@@ -19,7 +19,11 @@ from hybridflow.single_controller.base.colocated import (
     fused_class_with_init_args,
 )
 from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
-from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
+from hybridflow.single_controller.base.heartbeat import clear_progress, read_progress
+from hybridflow.single_controller.base.watchdog import build_hang_error
+from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, rows_per_rank
+from hybridflow.single_controller.ray import health
+from hybridflow.single_controller.ray.placement import alive_nodes, place_one_group_per_node
 
 PLACEMENT_TIMEOUT_S = float(os.environ.get("HYBRIDFLOW_PLACEMENT_TIMEOUT_S", 60))
 
@@ -64,6 +68,12 @@ class RayResourcePool(ResourcePool):
         return b
 
     def _check_capacity(self):
+        nodes = len(alive_nodes())
+        if len(self.store) > nodes:
+            raise RuntimeError(
+                f"resource pool {self.name_prefix!r} spans {len(self.store)} nodes (process_on_nodes={self.store}, "
+                f"one node per entry) but the Ray cluster has {nodes} alive node(s). Lower trainer.nnodes or add "
+                "nodes to the cluster (ray start --address=<head> on each).")
         need = {k: v * self.world_size for k, v in self.bundle().items()}
         have = ray.cluster_resources()
         short = {k: (v, have.get(k, 0)) for k, v in need.items() if have.get(k, 0) < v}
@@ -80,19 +90,15 @@ class RayResourcePool(ResourcePool):
             return self.pgs
         self._check_capacity()
         lifetime = "detached" if self.detached else None
-        pgs = [
-            placement_group([self.bundle()] * n, strategy="STRICT_PACK", name=f"{self.name_prefix}_{i}", lifetime=lifetime)
-            for i, n in enumerate(self.store)
-        ]
         try:
-            ray.get([pg.ready() for pg in pgs], timeout=PLACEMENT_TIMEOUT_S)
+            pgs = place_one_group_per_node([[self.bundle()] * n for n in self.store], self.name_prefix, lifetime,
+                                           PLACEMENT_TIMEOUT_S)
         except GetTimeoutError:
-            for pg in pgs:
-                remove_placement_group(pg)
             raise RuntimeError(
                 f"resource pool {self.name_prefix!r} could not place {self.store} processes with {self.bundle()} each "
-                f"within {PLACEMENT_TIMEOUT_S:.0f}s: the cluster has {ray.cluster_resources()} in total and "
-                f"{ray.available_resources()} free (another job may hold them; each node must fit its share)."
+                f"(one node per entry) within {PLACEMENT_TIMEOUT_S:.0f}s: the cluster has {ray.cluster_resources()} in "
+                f"total and {ray.available_resources()} free on {len(alive_nodes())} node(s) (another job may hold "
+                "them; each node must fit its share)."
             ) from None
         self.pgs = pgs
         return pgs
@@ -181,13 +187,16 @@ class RayWorkerGroup(WorkerGroup):
             super().__init__(name_prefix, len(worker_names))
             self._workers = [ray.get_actor(n) for n in worker_names]
             self._worker_names = list(worker_names)
+            self._locations = self._get([w.__ray_call__.remote(health.locate) for w in self._workers],
+                                        "__init__", list(range(self.world_size)))
         else:
             super().__init__(name_prefix, resource_pool.world_size)
             self._create_workers(resource_pool, ray_cls_with_init, detached)
-            # (pid, node) of every rank, read once all ranks are built: lets a failure be pinned on a
-            # killed process at once, before Ray's own death notice arrives
-            self._worker_procs = self._get([w.__ray_call__.remote(_pid_and_node) for w in self._workers],
-                                           "__init__", list(range(self.world_size)))
+            # pid and node of every rank, read once all ranks are built: lets a failure be pinned on a
+            # killed process at once, before Ray's own death notice arrives, and the watchdog take
+            # stacks from outside the processes (this also installs the stack-dump handler)
+            self._locations = self._get([w.__ray_call__.remote(health.locate) for w in self._workers],
+                                        "__init__", list(range(self.world_size)))
         self.resource_pool = resource_pool
         self.ray_cls_with_init = ray_cls_with_init
         self.fused_worker_used = bool(ray_cls_with_init.fused_worker_used)
@@ -255,22 +264,26 @@ class RayWorkerGroup(WorkerGroup):
                 return shared[id(v)]
             return v
 
-        return [
+        return _Handles([
             getattr(self._workers[r], method).remote(*[once(a) for a in args], **{k: once(v) for k, v in kwargs.items()})
             for r, args, kwargs in zip(ranks, per_rank_args, per_rank_kwargs)
-        ]
+        ], rows_per_rank(per_rank_args, per_rank_kwargs))
 
     def _resolve(self, method, ranks, handles):
         return self._get(handles, method, ranks)
 
     def _get(self, handles, method, ranks):
-        """Wait for all ranks, failing as soon as any rank fails (its peers may be stuck in a collective)."""
+        """Wait for all ranks, failing as soon as any rank fails (its peers may be stuck in a collective),
+        and at the watchdog's deadline when no rank answers or reports progress in time."""
+        deadline = self._deadline(getattr(handles, "rows", 0))
         index = {ref: i for i, ref in enumerate(handles)}
         results: list = [None] * len(handles)
         pending = list(handles)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=self.watchdog.poll_s)
             if not ready:
+                if deadline is not None and deadline.expired():
+                    raise build_hang_error(method, deadline, self, sorted(ranks[index[r]] for r in pending)) from None
                 continue
             try:
                 values = ray.get(ready)
@@ -282,7 +295,8 @@ class RayWorkerGroup(WorkerGroup):
                     except WorkerError as err:
                         errors.append(err)
                 died = [e for e in errors if isinstance(e, WorkerDiedError)]
-                raise (died[0] if died else self._dead_peer_or(errors[0], pending, index, method, ranks)) from None
+                error = died[0] if died else self._dead_peer_or(errors[0], pending, index, method, ranks)
+                raise self._with_lost_nodes(error) from None
             for ref, value in zip(ready, values):
                 results[index[ref]] = value
         return results
@@ -290,9 +304,9 @@ class RayWorkerGroup(WorkerGroup):
     def _dead_peer_or(self, err, pending, index, method, ranks, wait_s: float = 8.0):
         """When a rank dies, its peers fail too (a broken collective) and may answer first: name
         the dead rank, the cause, rather than a survivor's symptom."""
-        procs = getattr(self, "_worker_procs", None) or []
+        procs = getattr(self, "_locations", None) or []
         for rank in ranks:
-            if rank != err.rank and rank < len(procs) and not _process_alive(*procs[rank]):
+            if rank != err.rank and rank < len(procs) and not _process_alive(procs[rank].pid, procs[rank].node_id):
                 died = WorkerDiedError(self.name, method, rank, f"the process of rank {rank} is gone (killed or exited)")
                 died.add_note(f"rank {err.rank} failed as a consequence: {str(err).splitlines()[-1][:500]}")
                 return died
@@ -318,20 +332,48 @@ class RayWorkerGroup(WorkerGroup):
         except RayTaskError as e:
             raise WorkerError(self.name, method, rank, str(e)) from None
 
+    def _with_lost_nodes(self, error: WorkerError) -> WorkerError:
+        """A dead worker on a node that is gone: say which node (id, address) and which ranks it held."""
+        if isinstance(error, WorkerDiedError):
+            # Ray says "its node has died" when it is so; the GCS may take a moment to mark the node dead
+            wait_s = 10.0 if "node has died" in str(error) else 0.0
+            lost = health.describe_lost_nodes(self._all_locations(), wait_s=wait_s)
+            if lost:
+                error.add_note(f"{lost} (worker group {self.name!r})")
+                error.lost_nodes = lost
+        return error
+
+    # --- watchdog support ----------------------------------------------------------------------------
+    def _all_locations(self) -> list:
+        known = list(getattr(self, "_locations", None) or [])
+        return [known[r] if r < len(known) else health.locate_from_gcs(w) for r, w in enumerate(self._workers)]
+
+    def _collect_stacks(self, ranks):
+        return health.collect_stacks(self._all_locations(), ranks)
+
+    def _progress_reading(self):
+        return read_progress(self._progress_key, self.world_size, use_ray=True)
+
     def shutdown(self):
         for w in getattr(self, "_workers", []):
             try:
                 ray.kill(w)
             except Exception:
                 pass
+        if getattr(self, "_workers", None):
+            clear_progress(self._progress_key, self.world_size, use_ray=True)
         self._workers = []
         pool = getattr(self, "resource_pool", None)
         if pool is not None and not self.sub_cls_name:
             pool.release_share(self)
 
 
-def _pid_and_node(actor_self) -> tuple[int, str]:
-    return os.getpid(), ray.get_runtime_context().get_node_id()
+class _Handles(list):
+    """The per-rank ObjectRefs of one call, with the rows each rank got (scales the deadline)."""
+
+    def __init__(self, refs, rows: int = 0):
+        super().__init__(refs)
+        self.rows = rows
 
 
 def _process_alive(pid, node) -> bool:

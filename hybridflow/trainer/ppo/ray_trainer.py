@@ -8,6 +8,7 @@ every ``save_freq``. ``fit`` is the loop; ``train_step`` reads as the named phas
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import types
 
@@ -18,6 +19,7 @@ from omegaconf import OmegaConf
 from hybridflow.agent_loop.base import AgentLoopSettings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base import Watchdog
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import core_algos
 from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings, compute_rollout_correction
@@ -42,6 +44,12 @@ from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.checkpoint import get_rng_state, set_rng_state
 
 
+
+
+def watchdog_of(trainer_cfg) -> Watchdog:
+    """``trainer.watchdog_timeout`` seconds; hang reports go next to the run's logs and checkpoints."""
+    return Watchdog(timeout_s=trainer_cfg.watchdog_timeout,
+                    report_dir=os.path.join(str(trainer_cfg.default_local_dir), "watchdog"))
 
 
 class RayPPOTrainer:
@@ -99,6 +107,7 @@ class RayPPOTrainer:
                                                  lambda: DataProto.from_single_dict(next(self.prompt_batches)))
         else:
             self._sample_phase = self._generate_and_score
+        self.watchdog = watchdog_of(config.trainer)
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -108,6 +117,8 @@ class RayPPOTrainer:
     def init_workers(self):
         groups = build_worker_groups(self.config, use_critic=self.use_critic, use_ref=self.use_reference_policy,
                                      use_rm=self.use_rm)
+        for group in groups.values():
+            group.set_watchdog(self.watchdog)  # every wait on these workers now has the run's deadline
         self.actor_rollout_wg = groups["actor_rollout"]
         self.rollout_wg = groups["rollout"]  # the same group as the actor's unless the rollout has its own pool
         self.critic_wg = groups.get("critic")
