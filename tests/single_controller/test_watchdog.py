@@ -194,7 +194,8 @@ def test_dump_stacks_of_a_live_and_of_a_stopped_process(freeze, monkeypatch):
             os.kill(child.pid, signal.SIGSTOP)
             time.sleep(0.2)
         info = dump_stacks(child.pid)
-        assert info["state"] == ("stopped" if freeze else "sleeping") and info["tool"] == "faulthandler"
+        # a live process is sleeping in time.sleep, or momentarily running (the signal handler, a loaded machine)
+        assert info["state"] in (("stopped",) if freeze else ("sleeping", "running")) and info["tool"] == "faulthandler"
         assert where(info["text"]).startswith("waiting_in_a_known_place (<string>:")
         assert child.poll() is None  # SIGUSR1 did not kill it: the handler answered
     finally:

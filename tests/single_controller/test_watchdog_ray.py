@@ -71,13 +71,16 @@ def test_deadlocked_collective(group, tmp_path):
 
 
 @pytest.mark.parametrize("tool", ["faulthandler", "py-spy"])
-def test_frozen_worker(group, tool, monkeypatch):
+def test_frozen_worker(group, tool, monkeypatch, tmp_path):
     if tool == "py-spy" and shutil.which("py-spy") is None:
         pytest.skip("py-spy is not on PATH (optional: pip install py-spy)")
     monkeypatch.setenv("HYBRIDFLOW_STACK_TOOL", tool)
     pids = group.pid()
-    handles = group.execute_all_async("sleep", 2.0)
-    time.sleep(0.7)
+    handles = group.execute_all_async("sleep", 2.0, marker_dir=str(tmp_path))
+    deadline = time.monotonic() + 30
+    while not os.path.exists(tmp_path / "sleeping.1") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.05)  # from the marker's write into time.sleep
     os.kill(pids[1], signal.SIGSTOP)  # alive but frozen inside sleep()
     try:
         with pytest.raises(WorkerHangError) as info:

@@ -93,9 +93,12 @@ class EchoWorker(Worker):
         return self.rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def sleep(self, seconds):
+    def sleep(self, seconds, marker_dir=None):
+        import os
         import time
 
+        if marker_dir:  # tells the test the sleep has begun (a loaded machine may start it late)
+            open(os.path.join(marker_dir, f"sleeping.{self.rank}"), "w").close()
         time.sleep(seconds)
         return self.rank
 

@@ -186,7 +186,7 @@ class AsyncRolloutSource:
         watchdog = getattr(t.rollout_wg, "watchdog", None)
         deadline = watchdog.deadline(count, progress=lambda: self.rollouter.finished_total) if watchdog else None
         with watch(f"waiting for {count} finished rollout groups", deadline, group=t.rollout_wg):
-            finished, wait_metrics = self.rollouter.take(count)
+            finished, wait_metrics = self.rollouter.take(count, actor_version=t.actor_version)
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
         batch = DataProto.concat([f.output for f in finished])
         metrics.update(wait_metrics)

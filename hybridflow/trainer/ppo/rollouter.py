@@ -12,6 +12,12 @@ schedule), ``staleness_threshold=1`` lets the next step's groups be generated wh
 (one-step-off), larger values run further ahead. Every trajectory records the weight versions its
 tokens came from; the trainer logs the version lag.
 
+The budget alone bounds how far generation runs ahead, not how late a slow group is trained: newer
+groups could finish first and be taken while an old one is still running. So ``take`` hands out groups
+oldest weights first and waits for a group that would otherwise exceed the lag bound
+``max_lag = trigger - 1 + ceil(staleness × trigger)`` (``staleness_bound``): with the budget above there
+are never more such groups than one step takes, and every trained sample's lag stays within the bound.
+
 A weight sync (``sync_weights``): with partial rollouts the agent loop workers hold new requests, the
 engines abort the ones in flight (they return the tokens they have), the weights go over, and the held
 requests continue from their tokens with the new weights; without partial rollouts the rollouter stops
@@ -48,6 +54,13 @@ class FinishedGroup:
     finished_at: float = field(default_factory=time.perf_counter)
 
 
+def staleness_bound(staleness_threshold: float, trigger_parameter_sync_step: int) -> int:
+    """The largest version lag a trained sample can have: a group started right after a sync may be
+    trained up to ``(1 + s) × trigger`` steps later, one of which is the step that produced its weights."""
+    t = int(trigger_parameter_sync_step)
+    return t - 1 + int(math.ceil(float(staleness_threshold) * t - 1e-9))
+
+
 class Rollouter:
     def __init__(self, manager, groups: Iterator[PromptGroup], prompts_per_step: int, staleness_threshold: float,
                  trigger_parameter_sync_step: int, partial_rollout: bool, sampling_meta: dict | None = None):
@@ -59,11 +72,12 @@ class Rollouter:
         self._groups = groups
         self.prompts_per_step = prompts_per_step
         self.budget = int(math.floor((1 + staleness_threshold) * prompts_per_step * trigger_parameter_sync_step + 1e-9))
+        self.max_lag = staleness_bound(staleness_threshold, trigger_parameter_sync_step)
         self.partial_rollout = partial_rollout
         self.sampling_meta = dict(sampling_meta or {})
         self.version = 0
         self._started_in_period = 0
-        self._in_flight: dict[int, PromptGroup] = {}  # id(future) -> group
+        self._in_flight: dict[int, tuple[PromptGroup, int]] = {}  # id(future) -> (group, version at its start)
         self._ready: list[FinishedGroup] = []
         self._unconsumed_start: list[PromptGroup] = []  # groups to start before new ones (a resumed run's)
         self._error: BaseException | None = None
@@ -119,7 +133,7 @@ class Rollouter:
             self._idle_s += time.perf_counter() - self._idle_since
             self._idle_since = None
         version = self.version
-        self._in_flight[id(future)] = group
+        self._in_flight[id(future)] = (group, version)
         future.add_done_callback(lambda f: self._finished(f, group, version))
 
     def _finished(self, future: Future, group: PromptGroup, version: int) -> None:
@@ -140,11 +154,20 @@ class Rollouter:
             self._cond.notify_all()
 
     # ------------------------------------------------------------------------------ trainer side
-    def take(self, count: int, timeout_s: float | None = None) -> tuple[list[FinishedGroup], dict[str, float]]:
-        """Block until ``count`` groups are finished; return them in prompt order and the wait metrics."""
+    def _due_in_flight(self, actor_version: int | None) -> bool:
+        """A group still generating that must be trained at ``actor_version`` to stay within ``max_lag``."""
+        if actor_version is None:
+            return False
+        return any(version <= actor_version - self.max_lag for _, version in self._in_flight.values())
+
+    def take(self, count: int, timeout_s: float | None = None, actor_version: int | None = None,
+             ) -> tuple[list[FinishedGroup], dict[str, float]]:
+        """Block until ``count`` groups are finished (and, given the trainer's ``actor_version``, no group
+        that is due now is still generating); return the oldest-weight ones in prompt order and the wait metrics."""
         start = time.perf_counter()
         with self._cond:
-            ok = self._cond.wait_for(lambda: self._error is not None or len(self._ready) >= count or
+            ok = self._cond.wait_for(lambda: self._error is not None or
+                                     (len(self._ready) >= count and not self._due_in_flight(actor_version)) or
                                      (self._thread is not None and not self._thread.is_alive() and not self._in_flight),
                                      timeout=timeout_s)
             if self._error is not None:
@@ -152,7 +175,7 @@ class Rollouter:
             if not ok or len(self._ready) < count:
                 raise TimeoutError(f"the rollouter produced {len(self._ready)} of {count} groups "
                                    f"({len(self._in_flight)} in flight) within {timeout_s} s")
-            self._ready.sort(key=lambda g: g.finished_at)
+            self._ready.sort(key=lambda g: (g.started_at_version, g.finished_at))  # oldest weights first
             taken, self._ready = self._ready[:count], self._ready[count:]
             now = time.perf_counter()
             idle = self._idle_s + (now - self._idle_since if self._idle_since is not None else 0.0)
@@ -197,5 +220,5 @@ class Rollouter:
         """Groups pulled from the dataloader but not taken by the trainer (in flight, finished, or queued
         for a restart): a checkpoint saves them so that a resumed run generates them again."""
         with self._cond:
-            groups = [g.group for g in self._ready] + list(self._in_flight.values()) + list(self._unconsumed_start)
+            groups = [g.group for g in self._ready] + [g for g, _ in self._in_flight.values()] + list(self._unconsumed_start)
         return sorted(groups, key=lambda g: (g.gen_index, g.position))
