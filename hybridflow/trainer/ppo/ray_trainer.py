@@ -404,6 +404,8 @@ class RayPPOTrainer:
         self.global_steps = int(state["global_steps"])
         self.actor_version = int(state.get("actor_version", self.global_steps))
         self.rollout_source.load_data_state(state)
+        if not self.hybrid_engine:  # a separate rollout pool loaded the base model: give it the resumed weights
+            self.push_weights_to_rollout(self.actor_version)
         if self.kl_ctrl_in_reward is not None and state.get("kl_ctrl") is not None:
             self.kl_ctrl_in_reward.value = state["kl_ctrl"]
         print(f"resumed from {path} (global step {state['global_steps']})")
