@@ -79,3 +79,12 @@ def test_soak_quick_kills_a_worker_and_loses_no_sample():
     assert re.search(r"^restarts \(auto-resume\)\s+1$", out, re.M), out[-3000:]
     assert re.search(r"^steps committed \(goal: all\)\s+6/6$", out, re.M)
     assert "verdict: zero samples lost or repeated" in out
+
+
+def test_async_throughput_all_modes():
+    out = _run("async_throughput.py", timeout=600)
+    # a row per mode with its samples/s; one-step-off's samples lag exactly one version
+    for mode in ("sync", "one_step_off", "fully_async"):
+        assert re.search(rf"^{mode}\s+[\d.]+\s+[\d.]+", out, re.M), out
+    assert re.search(r"^one_step_off(\s+[\d.]+){5}\s+1\.000\s", out, re.M), out
+    assert len(_verdicts(out)) == 1

@@ -1,0 +1,161 @@
+"""Asynchronous training throughput: sync vs one-step-off vs fully async on the same pools, one run.
+
+    python benchmarks/async_throughput.py [--quick] [--steps N] [--modes sync,one_step_off,fully_async]
+
+Pools: the actor (with its reference) on one Ray worker, the rollout engine (hf server) on another
+(``actor_rollout_ref.rollout.nnodes=1``): the three modes differ only in the driver's schedule.
+Workload, length-skewed (``_skewed_workload.py``): 8 prompts × 4 samples per step; one prompt in eight
+asks for ``--long`` tokens (default 96), the rest for ``--short`` (default 8), EOS ignored, so every
+mode generates exactly the same tokens. A GRPO step on the dense toy reward (share of digit characters)
+trains the tiny Qwen2.
+
+Per mode: seconds per step (median after ``--warmup`` steps), samples/s, the trainer's idle fraction
+(time waiting for rollouts / step time), the rollout pool's idle fraction (time with nothing in flight;
+sync: the time outside generation), the version lag, and the mean score of the last steps. The ratio is
+samples/s against sync, measured in the same run. Goal: fully async >= 1.5x sync.
+Timings on a shared machine are noisy; the table prints the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common as C  # noqa: E402
+
+GOAL = 1.5
+SEPARATE = ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1"]
+MODES = {
+    "sync": SEPARATE,
+    "one_step_off": [*SEPARATE, "async_training.mode=one_step_off"],
+    "fully_async": [*SEPARATE, "async_training.mode=fully_async", "async_training.staleness_threshold=1",
+                    "async_training.trigger_parameter_sync_step=1", "async_training.require_batches=2",
+                    "async_training.partial_rollout=True"],
+}
+TOY_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    s = solution_str or ""
+    return sum(c.isdigit() for c in s) / max(len(s), 1)
+'''
+
+
+def write_skewed_data(data_dir: str, long_tokens: int, short_tokens: int, every: int) -> None:
+    """The tiny task's parquet files with agent_name and a per-sample response length added."""
+    import pyarrow.parquet as pq
+
+    for split in ("train", "test"):
+        path = os.path.join(data_dir, f"{split}.parquet")
+        rows = pq.read_table(path).to_pylist()
+        for i, row in enumerate(rows):
+            row["agent_name"] = "skewed_single_turn"
+            row["extra_info"] = {**row["extra_info"], "response_tokens": long_tokens if i % every == 0 else short_tokens}
+        import pyarrow as pa
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def overrides(data_dir, model_dir, out_dir, args, mode) -> list[str]:
+    prompts, n = args.prompts, args.n
+    reward = os.path.join(out_dir, "toy_reward.py")
+    with open(reward, "w") as f:
+        f.write(TOY_REWARD)
+    return [
+        "algorithm.adv_estimator=grpo",
+        f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+        f"data.train_batch_size={prompts}", "data.max_prompt_length=128", f"data.max_response_length={args.long}",
+        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "actor_rollout_ref.actor.optim.lr=1e-4", f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts // 2}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={prompts * n // 2}",
+        "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
+        f"actor_rollout_ref.rollout.n={n}", "actor_rollout_ref.rollout.temperature=1.0",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={prompts * n}",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        f"custom_reward_function.path={reward}",
+        f"trainer.total_training_steps={args.steps}", "trainer.test_freq=-1", "trainer.save_freq=-1",
+        "trainer.val_before_train=False", "trainer.logger=['file']", f"trainer.default_local_dir={out_dir}/ckpt",
+        "trainer.n_gpus_per_node=1", "trainer.backend=ray", "trainer.device=cpu",
+        *MODES[mode],
+    ]
+
+
+def summarize(rows: list[dict], mode: str, samples_per_step: int, warmup: int) -> dict:
+    timed = rows[warmup:] or rows
+    step_s = C.median([r["timing_s/step"] for r in timed])
+    trainer_idle = C.median([r.get("timing_s/gen", 0.0) / r["timing_s/step"] for r in timed])
+    if mode == "sync":  # the rollout pool works only while the step generates
+        rollout_idle = C.median([1 - r.get("timing_s/gen", 0.0) / r["timing_s/step"] for r in timed])
+    else:
+        rollout_idle = C.median([r.get("async/rollout_idle_fraction", float("nan")) for r in timed])
+    tail = rows[-3:]
+    return {"step_s": step_s, "samples_s": samples_per_step / step_s, "trainer_idle": trainer_idle,
+            "rollout_idle": rollout_idle, "lag_max": max(r.get("async/staleness/max", 0.0) for r in rows),
+            "score": sum(r["critic/score/mean"] for r in tail) / len(tail),
+            "response_len": C.median([r["response_length/mean"] for r in timed])}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="3 steps, 4 prompts: checks the plumbing only")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the medians")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--n", type=int, default=4)
+    p.add_argument("--long", type=int, default=96, help="tokens of the long responses")
+    p.add_argument("--short", type=int, default=8, help="tokens of the other responses")
+    p.add_argument("--every", type=int, default=8, help="one prompt in EVERY asks for the long response")
+    p.add_argument("--modes", default="sync,one_step_off,fully_async")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.warmup, args.prompts, args.long = 3, 1, 4, 16
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        p.error(f"unknown mode(s) {sorted(unknown)}; choose from {', '.join(MODES)}")
+
+    import _skewed_workload  # noqa: F401 - registers skewed_single_turn in this process
+
+    from hybridflow.main_ppo import run_ppo
+    from hybridflow.single_controller.ray.init import init_ray
+    from hybridflow.utils.config import load_config
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(here)
+    # Ray workers (the agent loop workers among them) import the workload's loop at start-up
+    init_ray(None, num_cpus=2, runtime_env={
+        "worker_process_setup_hook": "_skewed_workload.register",
+        "env_vars": {"HYBRIDFLOW_DEVICE": "cpu", "PYTHONPATH": os.pathsep.join([here, repo])}})
+    results = {}
+    with tempfile.TemporaryDirectory() as root:
+        data_dir, model_dir = C.make_assets(root, C.GRPOSetup(train_size=max(64, args.prompts * args.steps * 3)))
+        write_skewed_data(data_dir, args.long, args.short, args.every)
+        for mode in modes:
+            out = os.path.join(root, mode)
+            os.makedirs(out)
+            print(f"[async_throughput] {mode}: {args.steps} steps", flush=True)
+            run_ppo(load_config("ppo_trainer", overrides(data_dir, model_dir, out, args, mode)))
+            with open(os.path.join(out, "ckpt", "metrics.jsonl")) as f:
+                rows = [json.loads(line) for line in f]
+            results[mode] = summarize(rows, mode, args.prompts * args.n, args.warmup)
+
+    long_share = 1 / args.every
+    C.print_table(
+        f"GRPO on a length-skewed workload: {args.prompts} prompts x {args.n} samples per step, {long_share:.0%} of "
+        f"prompts ask for {args.long} tokens, the rest {args.short}; actor and rollout on separate Ray workers\n"
+        f"{C.machine_line()}",
+        ["mode", "s/step", "samples/s", "vs sync", "trainer idle", "rollout idle", "max lag", "score (last 3)"],
+        [[m, r["step_s"], r["samples_s"], r["samples_s"] / results["sync"]["samples_s"] if "sync" in results else float("nan"),
+          r["trainer_idle"], r["rollout_idle"], r["lag_max"], r["score"]] for m, r in results.items()])
+    if "sync" in results and "fully_async" in results:
+        ratio = results["fully_async"]["samples_s"] / results["sync"]["samples_s"]
+        verdict = "meets" if ratio >= GOAL else "MISSES"
+        print(f"\nfully async: {ratio:.2f}x sync samples/s (goal >= {GOAL}x) -> {verdict} the goal")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
