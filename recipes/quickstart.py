@@ -237,6 +237,7 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
         f"trainer.backend={args.backend}", "trainer.n_gpus_per_node=1", f"trainer.device={args.device}",
         "trainer.project_name=quickstart", f"trainer.experiment_name={algo}_seed{args.seed}",
     ]
+    common += async_args(args.mode, sizes["batch"] if algo == "grpo" else sizes["batch"] * sizes["n"])
     if algo == "grpo":
         return ["algorithm.adv_estimator=grpo", f"actor_rollout_ref.rollout.n={sizes['n']}", *common, *args.rl_override]
     # PPO: one sample per prompt would give 16 samples per step; keep the sample budget of GRPO by
@@ -250,6 +251,21 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
         f"data.train_batch_size={sizes['batch'] * sizes['n']}", f"actor_rollout_ref.actor.ppo_mini_batch_size={sizes['batch'] * sizes['n']}",
         *args.rl_override,
     ]
+
+
+def async_args(mode: str, prompts_per_step: int) -> list[str]:
+    """The schedule (``async_training.mode``): sync keeps the colocated hybrid engine; the asynchronous
+    modes put the rollout on a worker of its own (one more CPU) and train the same prompts per step."""
+    if mode == "sync":
+        return []
+    separate = ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                f"async_training.mode={mode}"]
+    if mode == "one_step_off":
+        return separate
+    # a step takes require_batches × ppo_mini_batch_size prompts: one mini-batch of the whole step
+    return [*separate, "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
+            "async_training.partial_rollout=True", "async_training.require_batches=1",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts_per_step}"]
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -300,6 +316,8 @@ def parse(argv=None):
     p.add_argument("--critic_warmup", type=int, default=2)
     p.add_argument("--sft_lr", type=float, default=1e-3)
     p.add_argument("--backend", choices=("ray", "inprocess"), default="ray")
+    p.add_argument("--mode", choices=("sync", "one_step_off", "fully_async"), default="sync",
+                   help="async_training.mode: the asynchronous modes generate on a separate rollout worker")
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
                    help="torch threads of the SFT and RL processes (default: 2 where there are 2 cores; on a 2-core "
                         "machine shared with other jobs 1 is faster)")
@@ -388,7 +406,7 @@ def main(argv=None) -> dict:
                 title=f"{args.algo.upper()} on the tiny arithmetic task")
     result = {
         "algo": args.algo, "seed": args.seed, "data_seed": args.seed if args.data_seed is None else args.data_seed,
-        "quick": args.quick, "backend": args.backend, "rl_overrides": rl_args(args.algo, sft_model, paths, sizes, run_dir, args),
+        "quick": args.quick, "backend": args.backend, "mode": args.mode, "rl_overrides": rl_args(args.algo, sft_model, paths, sizes, run_dir, args),
         "accuracy_before": before, "accuracy_after": after, "improvement": after - before,
         "steps": max((r["step"] for r in rows), default=0),
         "wall_seconds": round(time.perf_counter() - start, 1), "phase_seconds": phases,

@@ -81,8 +81,7 @@ def greedy_accuracy(model_dir: str, parquet_path: str, limit: int | None = None,
     """
     import torch
 
-    from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
-    from hybridflow.protocol import DataProto
+    from hybridflow.data.rl_dataset import RLHFDataset
     from hybridflow.workers.model_loading import load_model, load_tokenizer
     from hybridflow.workers.rollout import HFRollout
 
@@ -93,6 +92,18 @@ def greedy_accuracy(model_dir: str, parquet_path: str, limit: int | None = None,
     module = load_model(model_dir, "causal_lm").to(device).eval()
     rollout = HFRollout(module, {"do_sample": False, "temperature": 0.0, "response_length": response_length},
                         tokenizer.pad_token_id, tokenizer.eos_token_id)
+    try:
+        scores, samples = _score_greedy(rollout, dataset, tokenizer, limit, batch_size, compute_score, return_samples)
+    finally:
+        rollout.close()
+    accuracy = float(np.mean([s > 0 for s in scores])) if scores else float("nan")
+    return (accuracy, samples) if return_samples else accuracy
+
+
+def _score_greedy(rollout, dataset, tokenizer, limit, batch_size, compute_score, return_samples):
+    from hybridflow.data.rl_dataset import collate_fn
+    from hybridflow.protocol import DataProto
+
     rows = range(len(dataset) if limit is None else min(limit, len(dataset)))
     scores, samples = [], []
     for start in range(0, len(rows), batch_size):
@@ -109,5 +120,4 @@ def greedy_accuracy(model_dir: str, parquet_path: str, limit: int | None = None,
             scores.append(score)
             if len(samples) < return_samples:
                 samples.append((text, score))
-    accuracy = float(np.mean([s > 0 for s in scores])) if scores else float("nan")
-    return (accuracy, samples) if return_samples else accuracy
+    return scores, samples

@@ -79,7 +79,11 @@ class HFRollout:
         return count
 
     def close(self) -> None:
-        self.engine_loop.close()
+        """Stop the server's scheduler task, then its loop (no task is left pending at exit)."""
+        try:
+            self.engine_loop.run(self.server.shutdown())
+        finally:
+            self.engine_loop.close()
 
 
 async def _build(spec: ServerSpec) -> HFServer:
