@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings
+from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings
 from hybridflow.trainer.ppo.dynamic_sampling import FilterGroupsSettings
 from hybridflow.utils.config import ConfigError, default_config
 

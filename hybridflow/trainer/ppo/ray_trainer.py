@@ -22,7 +22,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Watchdog
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import core_algos
-from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings, compute_rollout_correction
+from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, compute_rollout_correction
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
 from hybridflow.trainer.ppo.dynamic_sampling import DynamicSampling, EpochCycler, FilterGroupsSettings
 from hybridflow.trainer.ppo.metric_utils import (

@@ -8,7 +8,7 @@ import pytest
 import torch
 from ppo_batch import PROMPT, actor_config, flat_params, ppo_batch, tiny_causal_lm
 
-from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings, parse_rejection_options
+from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, parse_rejection_options
 from hybridflow.workers.actor import DataParallelPPOActor
 
 LR = 0.5
