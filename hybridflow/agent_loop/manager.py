@@ -25,6 +25,7 @@ from hybridflow.agent_loop.base import AgentLoopSettings
 from hybridflow.agent_loop.server_manager import LocalServerHandle, RayServerHandle, ServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker, split_indices
 from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base.watchdog import wait_with_deadline
 from hybridflow.single_controller.inprocess import InProcessWorkerGroup
 from hybridflow.workers.rollout.server import EngineLoop
 
@@ -102,14 +103,22 @@ class AgentLoopManager:
             part.meta_info = {**prompts.meta_info, "sample_offset": start}
             chunks.append(part)
         workers = self.workers[: len(chunks)]
+        # every wait has the rollout group's watchdog deadline; finished trajectories count as progress,
+        # so a long generation that keeps finishing samples is never declared stuck
+        rows = max((len(c) for c in chunks), default=0)
+        watchdog = getattr(self.rollout_wg, "watchdog", None)
+        deadline = watchdog.deadline(rows, progress=self.completed_trajectories) if watchdog is not None else None
+        what = f"generate_sequences ({len(prompts)} trajectories over {len(chunks)} agent loop workers)"
         if self._local:
             async def gather():
                 return await asyncio.gather(*[w.generate_sequences(c) for w, c in zip(workers, chunks)])
 
-            return list(self._loop.run(gather()))
-        import ray
+            return list(wait_with_deadline([self._loop.submit(gather())], deadline, group=self.rollout_wg, what=what)[0])
+        return wait_with_deadline([w.generate_sequences.remote(c) for w, c in zip(workers, chunks)], deadline,
+                                  group=self.rollout_wg, what=what)
 
-        return ray.get([w.generate_sequences.remote(c) for w, c in zip(workers, chunks)])
+    def completed_trajectories(self) -> int:
+        return int(sum(self._call_workers("completed_trajectories")))
 
     # ------------------------------------------------------------------------------------------
     # streaming (asynchronous training): one request batch at a time, without the hybrid switches

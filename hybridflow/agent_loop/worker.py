@@ -51,6 +51,7 @@ class AgentLoopWorker:
         self.pad_token_id = int(pad_token_id)
         self.train_params, self.val_params = sampling_params_from_config(settings.extra.get("rollout", {}))
         self.loop_kwargs = loop_kwargs or {}  # agent name -> constructor kwargs (agent loop config file)
+        self.completed = 0  # trajectories finished so far (progress for watchdogs)
 
     def sampling_params(self, meta_info: dict) -> SamplingParams:
         return resolve_sampling(self.train_params, self.val_params, meta_info)
@@ -99,6 +100,7 @@ class AgentLoopWorker:
             e.add_note(f"hybridflow: agent loop {name!r} failed on sample {index} (request {sample['request_id']!r})")
             self.server_manager.release(sample["request_id"])
             raise
+        self.completed += 1  # progress the driver's watchdog can see
         versions = self.server_manager.release(sample["request_id"])
         if versions is not None:  # which policy produced the sample: oldest and newest weights of its tokens
             output.extra_fields.setdefault("min_weight_version", versions[0])
@@ -114,6 +116,9 @@ class AgentLoopWorker:
 
     async def in_flight(self) -> int:
         return self.server_manager.total_in_flight()
+
+    async def completed_trajectories(self) -> int:
+        return self.completed
 
 
 def split_indices(n: int, parts: int) -> list[tuple[int, int]]:

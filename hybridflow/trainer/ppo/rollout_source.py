@@ -27,6 +27,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base.watchdog import watch
 from hybridflow.trainer.ppo.dynamic_sampling import GroupAccumulator
 from hybridflow.trainer.ppo.metric_utils import flat_metric_values, timer
 from hybridflow.trainer.ppo.rollouter import PromptGroup, Rollouter
@@ -179,7 +180,13 @@ class AsyncRolloutSource:
         """The next ``count`` (default: a step's) finished groups, in prompt order; waiting is the
         trainer's idle time, logged as timing_s/gen."""
         start = time.perf_counter()
-        finished, wait_metrics = self.rollouter.take(count or self.prompts_per_step)
+        count = count or self.prompts_per_step
+        # the wait has the rollout group's watchdog deadline; every finished group is progress
+        t = self.trainer
+        watchdog = getattr(t.rollout_wg, "watchdog", None)
+        deadline = watchdog.deadline(count, progress=lambda: self.rollouter.finished_total) if watchdog else None
+        with watch(f"waiting for {count} finished rollout groups", deadline, group=t.rollout_wg):
+            finished, wait_metrics = self.rollouter.take(count)
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
         batch = DataProto.concat([f.output for f in finished])
         metrics.update(wait_metrics)

@@ -67,6 +67,7 @@ class Rollouter:
         self._ready: list[FinishedGroup] = []
         self._unconsumed_start: list[PromptGroup] = []  # groups to start before new ones (a resumed run's)
         self._error: BaseException | None = None
+        self.finished_total = 0  # groups finished since the start (progress for the watchdog)
         self._stopped = False
         self._holding = False  # a sync is under way: start nothing
         self._cond = threading.Condition()
@@ -135,6 +136,7 @@ class Rollouter:
             out.meta_info.pop("metrics", None)
             columns = group.prompts.select(batch_keys=[], non_tensor_batch_keys=list(group.prompts.non_tensor_batch))
             self._ready.append(FinishedGroup(group, columns.union(out), version))
+            self.finished_total += 1
             self._cond.notify_all()
 
     # ------------------------------------------------------------------------------ trainer side
