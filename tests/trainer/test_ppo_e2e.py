@@ -71,13 +71,7 @@ class _Capture:
             self.critic_sums.append(_checksum(self.trainer.critic_wg))
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """In-process runs train in this process: 1 thread is much faster on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _free_cpus(ray) -> float:

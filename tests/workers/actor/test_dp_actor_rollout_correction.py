@@ -14,12 +14,7 @@ from hybridflow.workers.actor import DataParallelPPOActor
 LR = 0.5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _log_probs(model, data):
