@@ -4,7 +4,6 @@ and after the actor changes, the next generation's log-probs are the actor's (in
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
