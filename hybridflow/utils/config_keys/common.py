@@ -77,8 +77,9 @@ def fsdp_engine(p: str):
         not_supported(f"{p}.fsdp_size", reason="hybrid sharding groups are not implemented; ranks shard over the "
                                                "whole world"),
         honoured(f"{p}.ulysses_sequence_parallel_size", values=(1,), reason=NO_SP),
-        not_supported(f"{p}.seed", f"{p}.full_determinism",
-                      reason="the engine's seed/determinism switches are not implemented"),
+        honoured(f"{p}.full_determinism", f"{p}.seed",
+                 reason="deterministic kernels, cuBLAS/flash-attn/NCCL switches and seeded generators in the "
+                        "worker process (seed: used only then); see README, Reproducibility"),
         not_supported(f"{p}.forward_only", f"{p}.strategy",
                       reason="set by veRL's worker; hybridflow's worker decides (strategy: the section's strategy key)"),
         note(f"{p}.wrap_policy.min_num_params", f"{p}.forward_prefetch", f"{p}.use_orig_params",
