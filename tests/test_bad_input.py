@@ -25,6 +25,8 @@ from hybridflow.trainer.ppo import ray_trainer
 from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import base_overrides
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
 
 @pytest.fixture
 def no_workers(monkeypatch):
@@ -158,7 +160,6 @@ def _reward_file(tmp_path, body: str) -> str:
 
 
 def test_reward_function_that_raises_names_the_sample(make_config, tmp_path):
-    torch.set_num_threads(1)
     path = _reward_file(tmp_path, "    raise ZeroDivisionError('my scorer broke')\n")
     with pytest.raises(RewardComputationError, match=r"sample 0 \(data_source='openai/gsm8k'\).*my scorer broke") as info:
         run_ppo(make_config(f"custom_reward_function.path={path}"))
@@ -167,7 +168,6 @@ def test_reward_function_that_raises_names_the_sample(make_config, tmp_path):
 
 @pytest.mark.parametrize("value, what", [("float('nan')", "not finite"), ("'0.5'", "not a number")])
 def test_reward_function_returning_a_non_number(make_config, tmp_path, value, what):
-    torch.set_num_threads(1)
     path = _reward_file(tmp_path, f"    return {value}\n")
     with pytest.raises(ValueError, match=rf"sample 0 \(data_source='openai/gsm8k'\).*{what}"):
         run_ppo(make_config(f"custom_reward_function.path={path}", "trainer.val_before_train=True"))
@@ -188,7 +188,6 @@ def _actor_worker(trainer):
 
 
 def test_non_finite_loss_skips_the_step_and_nan_weights_are_never_saved(make_config, tmp_path, monkeypatch):
-    torch.set_num_threads(1)
     seen = {}
     original_adv = ray_trainer.RayPPOTrainer._compute_advantage
     original_step = ray_trainer.RayPPOTrainer.train_step

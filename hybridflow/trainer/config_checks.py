@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings
+from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings
 from hybridflow.trainer.ppo.dynamic_sampling import FilterGroupsSettings
 from hybridflow.utils.config import ConfigError, default_config
 
@@ -33,8 +33,8 @@ _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp3
 # Settings the hf rollout does not read (they configure vLLM's engine).
 _VLLM_ONLY_KEYS = (
     "gpu_memory_utilization", "enforce_eager", "free_cache_engine", "load_format", "max_num_batched_tokens",
-    "max_num_seqs", "max_model_len", "enable_chunked_prefill", "disable_log_stats", "calculate_log_probs", "seed",
-)
+    "max_model_len", "enable_chunked_prefill", "disable_log_stats", "calculate_log_probs",
+)  # not seed (the hf rollout's sampling seeds derive from it) nor max_num_seqs (its largest batch)
 
 
 def resolve_device(value: str = "auto", cuda_available: bool | None = None) -> str:

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
+from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.engine import EngineSpec, TrainEngine
@@ -69,6 +70,9 @@ class ActorRolloutRefWorker(RolloutHost, Worker):
         self._is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
+        # before the process group and any CUDA handle: NCCL and cuBLAS read their switches at creation
+        apply_full_determinism([self.config[s]["fsdp_config"] for s, on in (("actor", self._is_actor),
+                                                                            ("ref", self._is_ref)) if on])
         self.init_process_group()
         self.device, _ = default_device_backend()
         self.dp_size = dist.get_world_size() if dist.is_initialized() else 1

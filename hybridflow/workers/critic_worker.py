@@ -9,6 +9,7 @@ import torch.distributed as dist
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
+from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.workers.actor_rollout_ref_worker import _plain
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.critic import DataParallelPPOCritic
@@ -42,6 +43,7 @@ class CriticWorker(Worker):
     def __init__(self, config):
         super().__init__()
         self.config = _plain(config)
+        apply_full_determinism([self.config["fsdp"]])  # before the process group and any CUDA handle
         self.init_process_group()
         self.device, _ = default_device_backend()
         self.dp_size = dist.get_world_size() if dist.is_initialized() else 1

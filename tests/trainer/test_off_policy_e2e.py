@@ -21,12 +21,7 @@ from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metric
 GAP_STD = 1.0  # std of the log-prob gap added to the rollout's log-probs
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 class Recorder:

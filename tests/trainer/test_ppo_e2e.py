@@ -71,13 +71,7 @@ class _Capture:
             self.critic_sums.append(_checksum(self.trainer.critic_wg))
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """In-process runs train in this process: 1 thread is much faster on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _free_cpus(ray) -> float:
@@ -161,10 +155,11 @@ def test_gae_critic_warmup_adaptive_kl_two_workers(tiny_model_dir, tiny_data_dir
 def _count_actor_calls(monkeypatch) -> list[tuple[str, int]]:
     """Records (phase, rows) for every forward micro-batch and every optimizer mini-batch of the actor."""
     from hybridflow.workers.actor import dp_actor
+    from hybridflow.workers.utils.update_loop import UpdateLoop
 
     calls: list[tuple[str, int]] = []
     cls = dp_actor.DataParallelPPOActor
-    fwd, logp, mini = cls._forward_micro_batch, cls.compute_log_prob, cls._update_mini_batch
+    fwd, logp, mini = cls._forward_micro_batch, cls.compute_log_prob, UpdateLoop.step
     phase = {"now": None}
 
     def wrapped_fwd(self, micro, *a, **kw):
@@ -179,6 +174,8 @@ def _count_actor_calls(monkeypatch) -> list[tuple[str, int]]:
             phase["now"] = None
 
     def wrapped_mini(self, mini_batch, *a, **kw):
+        if self.prefix != "actor":
+            return mini(self, mini_batch, *a, **kw)
         calls.append(("mini", len(mini_batch)))
         phase["now"] = "update"
         try:
@@ -188,7 +185,7 @@ def _count_actor_calls(monkeypatch) -> list[tuple[str, int]]:
 
     monkeypatch.setattr(cls, "_forward_micro_batch", wrapped_fwd)
     monkeypatch.setattr(cls, "compute_log_prob", wrapped_logp)
-    monkeypatch.setattr(cls, "_update_mini_batch", wrapped_mini)
+    monkeypatch.setattr(UpdateLoop, "step", wrapped_mini)
     return calls
 
 

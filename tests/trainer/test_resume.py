@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from hybridflow.main_ppo import run_ppo
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import ray_trainer
 from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import base_overrides
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 # metrics that depend on the sampled responses and on the weights: equal only if the generation RNG,
 # the weights, the optimizer and the data position were all restored
@@ -52,7 +53,6 @@ def _config(tiny_model_dir, tiny_data_dir, tmp_path, ckpt_dir, *extra):
 
 
 def test_resume_continues_exactly_like_the_uninterrupted_run(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch, capsys):
-    torch.set_num_threads(1)
     # 1) uninterrupted: 4 steps, checkpoints at 2 and 4; keep only the newest one
     full = StepRecorder(monkeypatch)
     run_ppo(_config(tiny_model_dir, tiny_data_dir, tmp_path, tmp_path / "full", "trainer.max_actor_ckpt_to_keep=1"))
@@ -86,7 +86,6 @@ def test_resume_continues_exactly_like_the_uninterrupted_run(tiny_model_dir, tin
 
 def test_resume_ignores_interrupted_saves_and_a_dangling_latest(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch, capsys):
     """A tmp save dir and a latest file naming a missing step are never taken (integration check)."""
-    torch.set_num_threads(1)
     root = tmp_path / "ckpt_dir"
     run_ppo(_config(tiny_model_dir, tiny_data_dir, tmp_path, root, "trainer.total_training_steps=2"))
     assert sorted(ckpt.complete_steps(str(root))) == [2]

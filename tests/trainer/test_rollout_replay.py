@@ -19,6 +19,8 @@ from hybridflow.trainer.ppo import ray_trainer, rollout_dump
 from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import base_overrides
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
 COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm", "response_length/mean")
 SEEN_BY_REWARD = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask")
 
@@ -50,7 +52,6 @@ def _run(tiny_model_dir, tiny_data_dir, tmp_path, name, *extra, steps=2):
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, steps=steps, backend="inprocess")
     overrides += [f"trainer.default_local_dir={tmp_path}/{name}", "trainer.test_freq=-1", "trainer.logger=['console']",
                   "trainer.resume_mode=disable", *extra]
-    torch.set_num_threads(1)
     return run_ppo(load_config("ppo_trainer", overrides))
 
 

@@ -13,7 +13,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 from hybridflow.data.rl_dataset import RLHFDataset
 from hybridflow.data.sampler import create_rl_dataloader
@@ -23,6 +22,8 @@ from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import ray_trainer
 from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import base_overrides
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 KILL_AFTER_S = 0.3  # into step 2; a 2-worker step on this machine takes well over a second
 
@@ -77,7 +78,6 @@ class Recorder:
 @pytest.mark.slow  # two Ray runs with 2 workers: ~1-2 minutes on 2 shared cores
 def test_killed_worker_stops_the_driver_and_resume_loses_no_prompt(tiny_model_dir, tiny_data_dir, tiny_tokenizer,
                                                                     ray_session, tmp_path, monkeypatch):
-    torch.set_num_threads(1)
     config = _config(tiny_model_dir, tiny_data_dir, tmp_path)
     root = config.trainer.default_local_dir
     expected = _expected_order(config, tiny_tokenizer, steps=2)

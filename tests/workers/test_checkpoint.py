@@ -76,12 +76,7 @@ def _assert_same_params(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def test_single_process_round_trip_resumes_bit_identically(tmp_path):

@@ -3,31 +3,22 @@ workers, the result does not depend on how the batch is cut, rows come back in t
 and balancing gives every data-parallel rank the same rows count and nearly the same tokens."""
 
 import copy
-import os
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForTokenClassification
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "actor"))
-from ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm  # noqa: E402
+from ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm, tiny_value_model
 
-from hybridflow.protocol import DataProto  # noqa: E402
-from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics  # noqa: E402
-from hybridflow.workers.actor import DataParallelPPOActor  # noqa: E402
-from hybridflow.workers.critic import DataParallelPPOCritic  # noqa: E402
-from hybridflow.workers.utils import micro_batches  # noqa: E402
+from hybridflow.protocol import DataProto
+from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
+from hybridflow.workers.actor import DataParallelPPOActor
+from hybridflow.workers.critic import DataParallelPPOCritic
+from hybridflow.workers.utils import micro_batches
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 # ------------------------------------------------------------------------------------------------
@@ -121,8 +112,8 @@ def _count_splits(monkeypatch):
         counts.append(len(out[0]))
         return out
 
-    for module in ("hybridflow.workers.actor.dp_actor", "hybridflow.workers.critic.dp_critic"):
-        monkeypatch.setattr(f"{module}.split_by_token_budget", spy)
+    # actor and critic cut through micro_batches.split_for_forward / split_for_update
+    monkeypatch.setattr(micro_batches, "split_by_token_budget", spy)
     return counts
 
 
@@ -159,10 +150,7 @@ def test_actor_update_and_log_probs_same_however_cut(remove_padding, monkeypatch
 
 
 def test_critic_values_same_however_cut_and_in_order():
-    torch.manual_seed(0)
-    model = Qwen2ForTokenClassification(Qwen2Config(
-        vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, num_labels=1, pad_token_id=0, classifier_dropout=0.0))
+    model = tiny_value_model(pad_token_id=0)
     data = ppo_batch(tiny_causal_lm(), batch_size=8)
     from yaml_sections import critic
 

@@ -4,27 +4,20 @@ copy), the rollout receives merged weights, and the merger writes a merged Huggi
 import copy
 import functools
 import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "actor"))
-from ppo_batch import padded_rows, tiny_causal_lm  # noqa: E402
+from ppo_batch import padded_rows, tiny_causal_lm
 
-from hybridflow.workers.engine import EngineSpec, TrainEngine  # noqa: E402
-from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled, lora_scaling, merge_lora_weights  # noqa: E402
-from yaml_sections import optim  # noqa: E402
+from hybridflow.workers.engine import EngineSpec, TrainEngine
+from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled, lora_scaling, merge_lora_weights
+from yaml_sections import optim
 
 pytest.importorskip("peft")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _lora_engine(base, rank=4, alpha=8.0, target="all-linear"):

@@ -2,26 +2,18 @@
 (parsed into the engine spec; CUDA-only parts explained on CPU; run on a GPU when there is one)."""
 
 import copy
-import os
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "actor"))
-from ppo_batch import padded_rows, tiny_causal_lm  # noqa: E402
+from ppo_batch import padded_rows, tiny_causal_lm
 
-from hybridflow.workers.engine import EngineSpec, TrainEngine  # noqa: E402
-from hybridflow.workers.engine.fsdp import is_activation_checkpointing  # noqa: E402
-from yaml_sections import fsdp_config, optim  # noqa: E402
+from hybridflow.workers.engine import EngineSpec, TrainEngine
+from hybridflow.workers.engine.fsdp import is_activation_checkpointing
+from yaml_sections import fsdp_config, optim
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _loss(model, rows):

@@ -1,27 +1,18 @@
 """Padding-free (packed) forward passes give the padded path's numbers, with no compute on pads."""
 
 import copy
-import os
-import sys
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForTokenClassification
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "actor"))
-from ppo_batch import PROMPT, RESPONSE, actor_config, flat_params, padded_rows, ppo_batch, tiny_causal_lm  # noqa: E402
+from ppo_batch import PROMPT, RESPONSE, actor_config, flat_params, padded_rows, ppo_batch, tiny_causal_lm, tiny_value_model
 
-from hybridflow.workers.actor import DataParallelPPOActor  # noqa: E402
-from hybridflow.workers.utils.logprob import forward_response_log_probs, forward_response_logits  # noqa: E402
-from hybridflow.workers.utils.remove_padding import check_packed_attention, pack_rows, unpack  # noqa: E402
+from hybridflow.workers.actor import DataParallelPPOActor
+from hybridflow.workers.utils.logprob import forward_response_log_probs, forward_response_logits
+from hybridflow.workers.utils.remove_padding import check_packed_attention, pack_rows, unpack
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 # ragged on purpose: full prompt + full response, 1-token prompt, 1-token response, ...
@@ -82,11 +73,7 @@ def test_log_probs_entropy_and_gradients_match_padded(attn):
 
 
 def test_critic_values_and_gradients_match_padded():
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=64, num_labels=1, pad_token_id=0,
-                         classifier_dropout=0.0)  # as CriticWorker: deterministic values
-    base = Qwen2ForTokenClassification(config)
+    base = tiny_value_model(pad_token_id=0)  # head dropout off, as CriticWorker: deterministic values
     rows = _rows()
     mask = rows["response_mask"].bool()
     out = {}

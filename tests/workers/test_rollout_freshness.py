@@ -4,7 +4,6 @@ and after the actor changes, the next generation's log-probs are the actor's (in
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -16,12 +15,6 @@ from hybridflow.trainer.ppo.worker_setup import build_worker_groups
 from hybridflow.utils.config import load_config
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _prompts(tokenizer, texts):
@@ -40,7 +33,7 @@ def _prompts(tokenizer, texts):
                                non_tensors={"raw_prompt_ids": raw})
 
 
-def test_first_generation_is_the_checkpoint_and_updates_reach_the_engine(tiny_model_dir, one_thread):
+def test_first_generation_is_the_checkpoint_and_updates_reach_the_engine(tiny_model_dir, one_torch_thread):
     config = load_config("ppo_trainer", [
         f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.backend=inprocess", "trainer.device=cpu",
         "actor_rollout_ref.rollout.response_length=10", "data.max_prompt_length=64",

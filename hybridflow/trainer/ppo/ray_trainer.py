@@ -18,11 +18,11 @@ from omegaconf import OmegaConf
 
 from hybridflow.agent_loop.base import AgentLoopSettings
 from hybridflow.agent_loop.manager import AgentLoopManager
+from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, compute_rollout_correction
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Watchdog
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import core_algos
-from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings, compute_rollout_correction
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
 from hybridflow.trainer.ppo.dynamic_sampling import DynamicSampling, EpochCycler, FilterGroupsSettings
 from hybridflow.trainer.ppo.metric_utils import (

@@ -77,8 +77,9 @@ def fsdp_engine(p: str):
         not_supported(f"{p}.fsdp_size", reason="hybrid sharding groups are not implemented; ranks shard over the "
                                                "whole world"),
         honoured(f"{p}.ulysses_sequence_parallel_size", values=(1,), reason=NO_SP),
-        not_supported(f"{p}.seed", f"{p}.full_determinism",
-                      reason="the engine's seed/determinism switches are not implemented"),
+        honoured(f"{p}.full_determinism", f"{p}.seed",
+                 reason="deterministic kernels, cuBLAS/flash-attn/NCCL switches and seeded generators in the "
+                        "worker process (seed: used only then); see README, Reproducibility"),
         not_supported(f"{p}.forward_only", f"{p}.strategy",
                       reason="set by veRL's worker; hybridflow's worker decides (strategy: the section's strategy key)"),
         note(f"{p}.wrap_policy.min_num_params", f"{p}.forward_prefetch", f"{p}.use_orig_params",
@@ -130,8 +131,10 @@ def rollout(p: str, log_probs: bool = True):
                  f"{p}.val_kwargs.top_p", f"{p}.val_kwargs.temperature", f"{p}.val_kwargs.n", f"{p}.val_kwargs.do_sample"),
         honoured(f"{p}.gpu_memory_utilization", f"{p}.enforce_eager", f"{p}.free_cache_engine", f"{p}.load_format",
                  f"{p}.tensor_model_parallel_size", f"{p}.max_num_batched_tokens", f"{p}.max_model_len",
-                 f"{p}.max_num_seqs", f"{p}.enable_chunked_prefill", f"{p}.disable_log_stats", f"{p}.seed",
+                 f"{p}.enable_chunked_prefill", f"{p}.disable_log_stats",
                  f"{p}.calculate_log_probs", f"{p}.engine_kwargs.vllm.**", reason=VLLM_ENGINE),
+        honoured(f"{p}.seed", f"{p}.max_num_seqs",
+                 reason="read by both rollouts (hf: the per-request sampling seed's base / the largest decode batch)"),
         note(f"{p}.cudagraph_capture_sizes", f"{p}.enable_prefix_caching", f"{p}.skip_tokenizer_init",
              f"{p}.layered_summon", f"{p}.multi_stage_wake_up",
              reason=speed_only("CUDA graphs, prefix caching, staged weight loading")),

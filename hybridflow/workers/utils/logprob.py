@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from hybridflow.trainer.ppo.core_algos import entropy_from_logits, logprobs_from_logits
+from hybridflow.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from hybridflow.workers.utils.remove_padding import accepts_logits_to_keep, pack_rows, packed_forward, unpack
 
 __all__ = ["forward_response_logits", "forward_response_log_probs"]

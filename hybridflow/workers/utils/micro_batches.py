@@ -30,6 +30,8 @@ from torch.nn.parallel import DistributedDataParallel
 __all__ = [
     "split_fixed",
     "split_by_token_budget",
+    "split_for_forward",
+    "split_for_update",
     "restore_order",
     "balance_partitions",
     "take_rows",
@@ -181,9 +183,33 @@ def split_by_token_budget(data, max_token_len: int, dp_group=None) -> tuple[list
     return [take_rows(data, p) for p in parts], parts
 
 
-def restore_order(tensors_in_micro_order: Sequence[torch.Tensor], indices: Sequence[Sequence[int]]) -> torch.Tensor:
-    """Concatenate per-micro-batch results and put the rows back in the original order."""
+def split_for_forward(data, use_dynamic_bsz: bool, max_token_len: Optional[int], micro_batch_size: Optional[int],
+                      dp_group=None) -> tuple[list, Optional[list[list[int]]]]:
+    """Micro-batches for a no-grad forward pass (log-probs, values): by token budget, with the same
+    count on every rank of the group (FSDP all-gathers inside each forward must pair up), or
+    ``micro_batch_size`` rows each. Returns (micro-batches, indices or None); pass both results'
+    pieces and the indices to ``restore_order``."""
+    if use_dynamic_bsz:
+        return split_by_token_budget(data, max_token_len, dp_group=sync_group(dp_group))
+    return split_fixed(data, micro_batch_size), None
+
+
+def split_for_update(mini_batch, settings, dp_group=None) -> list:
+    """The micro-batches of one optimizer step: ``settings.ppo_max_token_len_per_gpu`` tokens each
+    (same count on every rank: collectives inside forward/backward) when ``use_dynamic_bsz``, else
+    ``settings.ppo_micro_batch_size_per_gpu`` rows each."""
+    if settings.use_dynamic_bsz:
+        return split_by_token_budget(mini_batch, settings.ppo_max_token_len_per_gpu, dp_group=sync_group(dp_group))[0]
+    return split_fixed(mini_batch, settings.ppo_micro_batch_size_per_gpu)
+
+
+def restore_order(tensors_in_micro_order: Sequence[torch.Tensor],
+                  indices: Optional[Sequence[Sequence[int]]]) -> torch.Tensor:
+    """Concatenate per-micro-batch results and put the rows back in the original order (``indices``
+    None: the micro-batches were consecutive, concatenation is the order)."""
     stacked = torch.cat(list(tensors_in_micro_order), dim=0)
+    if indices is None:
+        return stacked
     flat = [i for part in indices for i in part]
     if len(flat) != stacked.shape[0]:
         raise ValueError(f"{stacked.shape[0]} rows of results for {len(flat)} indices")

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from hybridflow.trainer.ppo.algos.rollout_correction import (
+from hybridflow.algorithms.rollout_correction import (
     RolloutCorrectionSettings,
     compute_is_weights,
     compute_policy_loss_bypass_mode,

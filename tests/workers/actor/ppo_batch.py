@@ -1,7 +1,8 @@
-"""Tiny model + PPO batch builders shared by the actor tests (imported by file name)."""
+"""Tiny models + PPO batch builders shared by the worker tests (imported by name: tests/conftest.py
+puts this directory on sys.path)."""
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
 from hybridflow.protocol import DataProto
 
@@ -15,6 +16,19 @@ def tiny_causal_lm(seed: int = 0) -> Qwen2ForCausalLM:
         num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
     )
     return Qwen2ForCausalLM(config)
+
+
+def tiny_value_model(seed: int = 0, pad_token_id=None) -> Qwen2ForTokenClassification:
+    """The critic's shape of ``tiny_causal_lm``: one label per position, head dropout off (as the
+    critic worker sets it, so values are deterministic). ``pad_token_id`` also zeroes that row of
+    the embedding at init."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, num_labels=1, pad_token_id=pad_token_id,
+        classifier_dropout=0.0,
+    )
+    return Qwen2ForTokenClassification(config)
 
 
 def padded_rows(batch_size: int, seed: int = 0, prompt_lens=None, response_lens=None) -> dict:

@@ -10,13 +10,7 @@ from hybridflow.workers.actor import DataParallelPPOActor
 LR = 0.5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny matmuls: with 2 threads on a loaded 2-core machine OpenMP spin-waits cost 10x
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _reference_sgd_step(model, data, loss_agg_mode, entropy_coeff, kl_coef, clip=0.2, clip_c=3.0):

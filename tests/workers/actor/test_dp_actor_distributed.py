@@ -64,12 +64,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def test_two_ddp_ranks_equal_single_process_full_batch(tmp_path):

@@ -8,18 +8,13 @@ import pytest
 import torch
 from ppo_batch import PROMPT, actor_config, flat_params, ppo_batch, tiny_causal_lm
 
-from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings, parse_rejection_options
+from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, parse_rejection_options
 from hybridflow.workers.actor import DataParallelPPOActor
 
 LR = 0.5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _log_probs(model, data):

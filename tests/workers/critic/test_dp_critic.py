@@ -2,7 +2,7 @@ import copy
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForTokenClassification
+from ppo_batch import tiny_value_model
 
 from hybridflow.protocol import DataProto
 from hybridflow.workers.critic import DataParallelPPOCritic
@@ -12,22 +12,7 @@ PROMPT_LENS = [6, 3, 1, 4, 2, 5, 6, 1]
 RESPONSE_LENS = [5, 2, 4, 1, 3, 5, 1, 2]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _critic_model():
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, num_labels=1,
-        classifier_dropout=0.0,  # the head defaults to dropout 0.1; critic workers turn it off (as veRL does)
-    )
-    return Qwen2ForTokenClassification(config)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _data(seed=0):
@@ -60,7 +45,7 @@ def _config(**overrides):
 
 
 def test_values_are_the_value_before_each_response_token():
-    model = _critic_model().eval()
+    model = tiny_value_model().eval()
     data = _data()
     values = DataParallelPPOCritic(_config(), model).compute_values(data)
     assert values.shape == (8, R)
@@ -79,7 +64,7 @@ def test_values_are_the_value_before_each_response_token():
 
 
 def test_update_reduces_value_loss_and_is_micro_batch_invariant():
-    base = _critic_model()
+    base = tiny_value_model()
     data = _data()
     data.batch["values"] = DataParallelPPOCritic(_config(), base).compute_values(data)
 

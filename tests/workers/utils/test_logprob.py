@@ -1,29 +1,17 @@
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from ppo_batch import tiny_causal_lm
 
 from hybridflow.workers.utils.logprob import forward_response_log_probs
 
 VOCAB, P, R = 16, 6, 5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny matmuls: with 2 threads on a loaded 2-core machine OpenMP spin-waits cost 10x
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _model():
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64,
-        )
-    ).eval()
+    return tiny_causal_lm(seed=0).eval()
 
 
 def _rows():

@@ -1,14 +1,25 @@
-"""The RL math of hybridflow, one concept per module; ``hybridflow.trainer.ppo.core_algos`` re-exports it."""
+"""Former home of the RL math, kept so that imports written against it keep working.
 
-from hybridflow.trainer.ppo.algos.advantage import *  # noqa: F401,F403
-from hybridflow.trainer.ppo.algos.advantage import __all__ as _adv_all
-from hybridflow.trainer.ppo.algos.kl import *  # noqa: F401,F403
-from hybridflow.trainer.ppo.algos.kl import __all__ as _kl_all
-from hybridflow.trainer.ppo.algos.loss_agg import *  # noqa: F401,F403
-from hybridflow.trainer.ppo.algos.loss_agg import __all__ as _agg_all
-from hybridflow.trainer.ppo.algos.policy_loss import *  # noqa: F401,F403
-from hybridflow.trainer.ppo.algos.policy_loss import __all__ as _pl_all
-from hybridflow.trainer.ppo.algos.value_loss import *  # noqa: F401,F403
-from hybridflow.trainer.ppo.algos.value_loss import __all__ as _vl_all
+The modules live in ``hybridflow.algorithms`` (below the workers, which import them); each
+``hybridflow.trainer.ppo.algos.<name>`` is the very same module object as
+``hybridflow.algorithms.<name>``, so registries and classes are shared, not copied.
+"""
 
-__all__ = [*_adv_all, *_kl_all, *_agg_all, *_pl_all, *_vl_all]
+import sys
+
+from hybridflow import algorithms as _algorithms
+from hybridflow.algorithms import *  # noqa: F401,F403
+from hybridflow.algorithms import (
+    advantage,
+    kl,
+    loss_agg,
+    policy_loss,
+    rollout_correction,
+    rollout_correction_metrics,
+    value_loss,
+)
+
+__all__ = list(_algorithms.__all__)
+
+for _module in (advantage, kl, loss_agg, policy_loss, rollout_correction, rollout_correction_metrics, value_loss):
+    sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[-1]}"] = _module

@@ -26,8 +26,8 @@ from typing import Any, Optional
 
 import torch
 
-from hybridflow.trainer.ppo.algos.policy_loss import compute_policy_loss_reinforce, compute_policy_loss_vanilla
-from hybridflow.trainer.ppo.algos.rollout_correction_metrics import (
+from hybridflow.algorithms.policy_loss import compute_policy_loss_reinforce, compute_policy_loss_vanilla
+from hybridflow.algorithms.rollout_correction_metrics import (
     SAFETY_BOUND,
     is_weight_metrics,
     offpolicy_metrics,

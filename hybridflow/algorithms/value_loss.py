@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow.trainer.ppo.algos.loss_agg import agg_loss
+from hybridflow.algorithms.loss_agg import agg_loss
 from hybridflow.utils.torch_functional import clip_by_value, entropy_from_logits, masked_mean
 
 __all__ = ["compute_value_loss", "compute_entropy_loss"]
