@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from hybridflow.main_ppo import run_ppo
 from hybridflow.trainer.ppo import ray_trainer
@@ -16,6 +15,8 @@ from hybridflow.trainer.ppo.rollout_source import AsyncRolloutSource
 from hybridflow.trainer.ppo.rollouter import staleness_bound
 from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import base_overrides, read_metrics
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # in-process runs compute in this process
 
 SEPARATE_POOL = ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1"]
 # metrics that depend on the sampled tokens and on the weights they were sampled with
@@ -31,7 +32,6 @@ def fully_async(staleness, trigger=1, partial=True):
 
 
 def run(model, data, out, *extra, steps=3):
-    torch.set_num_threads(1)
     os.makedirs(out, exist_ok=True)
     overrides = base_overrides(model, data, out, steps=steps, backend="inprocess")
     overrides += ["trainer.logger=['file']", "trainer.test_freq=-1", *extra]
