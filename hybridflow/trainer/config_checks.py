@@ -375,6 +375,9 @@ def _check_async(r: _Report) -> None:
         if not r.get("actor_rollout_ref.rollout.calculate_log_probs"):
             r.notes.append("async_training: actor_rollout_ref.rollout.calculate_log_probs=False, so the staleness "
                            "of samples cannot be corrected with rollout log-probs")
+    if r.get("async_training.use_rollout_log_probs") and r.get("actor_rollout_ref.rollout.calculate_log_probs") is False:
+        r.errors.append("async_training.use_rollout_log_probs=True takes pi_old from the rollout's log-probs: set "
+                        "actor_rollout_ref.rollout.calculate_log_probs=True")
 
 
 def _explain_gpu_only(r: _Report) -> None:

@@ -110,3 +110,22 @@ def test_version_lag_per_mode(tiny_model_dir, tiny_data_dir, tmp_path, mode, ext
     else:
         assert max(seen) <= staleness_bound(0.5, 2) == 2, seen
     assert all(r["async/staleness/min"] >= 0 for r in rows)
+
+
+def test_use_rollout_log_probs_takes_pi_old_from_the_rollout(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    """veRL's fully async key: no recomputation of π_old by the actor; the batch trains on the rollout's log-probs."""
+    def must_not_recompute(trainer, batch, metrics):
+        raise AssertionError("old log-probs were recomputed")
+
+    seen = []
+    original = ray_trainer.RayPPOTrainer._rollout_log_probs_as_old
+
+    def as_old(trainer, batch, metrics):
+        original(trainer, batch, metrics)
+        seen.append(bool((batch.batch["old_log_probs"] == batch.batch["rollout_log_probs"]).all()))
+
+    monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_compute_old_log_prob", must_not_recompute)
+    monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_rollout_log_probs_as_old", as_old)
+    rows = run(tiny_model_dir, tiny_data_dir, tmp_path, *SEPARATE_POOL, "async_training.mode=one_step_off",
+               "async_training.use_rollout_log_probs=True", steps=2)
+    assert len(rows) == 2 and seen == [True, True]

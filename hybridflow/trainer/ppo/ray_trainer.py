@@ -93,8 +93,10 @@ class RayPPOTrainer:
         # off-policy correction (algorithm.rollout_correction): bypass mode reuses the rollout's
         # log-probs as π_old and lets the actor weight/mask per micro-batch
         self.rollout_correction = RolloutCorrectionSettings.from_config(algo.get("rollout_correction"))
-        self._old_log_prob_phase = (self._rollout_log_probs_as_old if self.rollout_correction.bypass_mode
-                                    else self._compute_old_log_prob)
+        # async_training.use_rollout_log_probs (asynchronous modes) does the same without the correction
+        rollout_as_old = self.rollout_correction.bypass_mode or (
+            config.async_training.mode != "sync" and bool(config.async_training.get("use_rollout_log_probs", False)))
+        self._old_log_prob_phase = self._rollout_log_probs_as_old if rollout_as_old else self._compute_old_log_prob
         self._actor_update_meta = {"rollout_correction": self.rollout_correction} if self.rollout_correction.bypass_mode else {}
         # generate + score: asynchronous sources score (and filter) the groups they hand out; the
         # synchronous one repeats generate + score until the batch is full (algorithm.filter_groups)
@@ -229,10 +231,10 @@ class RayPPOTrainer:
                                                       batch.batch["response_mask"]))
 
     def _rollout_log_probs_as_old(self, batch: DataProto, metrics: dict) -> None:
-        """Bypass mode: π_old is the rollout engine's policy, no recomputation."""
+        """Bypass mode / async_training.use_rollout_log_probs: π_old is the rollout engine's policy, no recomputation."""
         if "rollout_log_probs" not in batch.batch.keys():
-            raise ValueError("algorithm.rollout_correction.bypass_mode=True needs the rollout's log-probs: set "
-                             "actor_rollout_ref.rollout.calculate_log_probs=True")
+            raise ValueError("algorithm.rollout_correction.bypass_mode=True or async_training.use_rollout_log_probs=True "
+                             "needs the rollout's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=True")
         batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
 
     def _apply_rollout_correction(self, batch: DataProto, metrics: dict) -> None:

@@ -184,7 +184,8 @@ OTHER = [
     # hybridflow's asynchronous training (veRL's fully_async_policy keys + the mode)
     honoured("async_training.mode", values=("sync", "one_step_off", "fully_async")),
     honoured("async_training.staleness_threshold", "async_training.trigger_parameter_sync_step",
-             "async_training.require_batches", "async_training.partial_rollout"),
+             "async_training.require_batches", "async_training.partial_rollout",
+             "async_training.use_rollout_log_probs"),
     targets(),
 ]
 
