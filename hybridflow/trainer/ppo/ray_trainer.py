@@ -86,7 +86,9 @@ class RayPPOTrainer:
             self.rm_wg.init_model()
         self.actor_rollout_wg.init_model()
         rollout = OmegaConf.to_container(self.config.actor_rollout_ref.rollout, resolve=True)
-        self.async_rollout_manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(rollout),
+        template_kwargs = self.config.data.get("apply_chat_template_kwargs")
+        template_kwargs = OmegaConf.to_container(template_kwargs, resolve=True) if template_kwargs is not None else {}
+        self.async_rollout_manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(rollout, template_kwargs),
                                                       self.actor_rollout_wg, self.tokenizer, role="actor_rollout")
 
     def shutdown_workers(self) -> None:
