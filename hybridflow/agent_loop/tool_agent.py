@@ -118,12 +118,13 @@ class ToolAgentLoop(AgentLoopBase):
                 t.user_turns += 1
             elif interaction is not None:
                 done, reply, score, _ = await interaction.generate_response(t.request_id, t.messages, **t.interaction_kwargs)
-                t.user_turns += 1
                 t.count("interaction_turns")
                 if score is not None:
                     t.turn_scores.append(float(score))
+                # a reply that ends the conversation is not appended (nothing would answer it)
                 if done or not self._append(t, [{"role": "user", "content": reply}]):
                     return
+                t.user_turns += 1
             else:
                 return
 
