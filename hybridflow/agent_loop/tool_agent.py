@@ -17,7 +17,8 @@ truncation). The sample's ``raw_prompt`` (chat messages) is rendered with the to
 conversation (as an inference server would), while the trained tokens stay the incremental ones.
 
 Per sample: ``tools_kwargs`` (tool name -> {create_kwargs: ...}) and ``interaction_kwargs`` ({name: <the
-interaction>, ...}); a sample without ``interaction_kwargs`` has no simulated user. Scores: each tool
+interaction>, ...}); a sample without ``interaction_kwargs``, or any sample when no interaction is
+configured (``multi_turn.interaction_config_path``), has no simulated user. Scores: each tool
 call's step reward goes to ``extra_fields["tool_rewards"]``, each interaction turn's score to
 ``extra_fields["turn_scores"]``; the reward manager hands both to the reward function in
 ``extra_info`` (veRL's behaviour). Metrics per trajectory: assistant/user turns, tool calls, failures,
@@ -209,11 +210,8 @@ class ToolAgentLoop(AgentLoopBase):
 
     # ------------------------------------------------------------------------------------------ helpers
     async def _start_interaction(self, t: Trajectory):
-        if not t.interaction_kwargs:
-            return None
-        if not self.interaction_map:
-            raise ValueError("the sample has interaction_kwargs but no interaction is configured "
-                             "(actor_rollout_ref.rollout.multi_turn.interaction_config_path)")
+        if not t.interaction_kwargs or not self.interaction_map:
+            return None  # as veRL: without an interaction config, a row's interaction_kwargs are not used
         name = t.interaction_kwargs.get("name")
         if name is None:
             raise ValueError("interaction_kwargs has no 'name' (which interaction of the config file to use)")

@@ -332,7 +332,8 @@ def _check_multi_turn(r: _Report) -> None:
         return
     if mt.format not in TOOL_PARSERS:
         r.errors.append(f"{rollout}.multi_turn.format={mt.format!r} is not a registered tool-call format; "
-                        f"known: {', '.join(TOOL_PARSERS.names())}")
+                        f"known: {', '.join(TOOL_PARSERS.names())} (veRL's other parsers are not implemented; a parser "
+                        "registers with hybridflow.agent_loop.tool_parser.register_tool_parser)")
     loaders = (("multi_turn.tool_config_path", mt.tool_config_path, check_tool_config),
                ("multi_turn.interaction_config_path", mt.interaction_config_path,
                 lambda p: initialize_interactions_from_config(p, build=False)),
@@ -354,6 +355,10 @@ def _check_multi_turn(r: _Report) -> None:
     if mt.enable and not anything:
         r.notes.append(f"{rollout}.multi_turn.enable=True with no tool_config_path, interaction_config_path or agent "
                        "loop configured: samples whose agent_name is tool_agent run multi-turn without tools")
+    if (mt.tool_config_path or mt.interaction_config_path) and default == "single_turn_agent":
+        r.notes.append(f"tools / interactions are configured and {rollout}.agent.default_agent_loop=single_turn_agent: "
+                       "only samples whose agent_name is tool_agent use them (veRL's sglang_multiturn data sets have "
+                       f"no agent_name column: set {rollout}.agent.default_agent_loop=tool_agent for them)")
     if not mt.enable and (mt.tool_config_path or mt.interaction_config_path):
         r.notes.append(f"{rollout}.multi_turn.enable=False but tools / interactions are configured: they are used by "
                        "samples whose agent_name is tool_agent (as in veRL 0.9.1, the sample's agent_name decides)")

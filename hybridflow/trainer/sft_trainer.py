@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.data.rl_dataset import collate_fn
 from hybridflow.data.sampler import epoch_order
+from hybridflow.data.multiturn_sft_dataset import MultiTurnSFTDataset
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.trainer.config_checks import resolve_device, resolve_dtype
 from hybridflow.utils.config import ConfigError
@@ -119,12 +120,18 @@ def _load_class(path: str, name: str):
 
 
 def create_sft_dataset(files, data_config: Mapping, tokenizer):
-    """``data.custom_cls`` if configured (called as ``cls(files, tokenizer, data_config)``), else SFTDataset.
+    """``data.custom_cls`` if configured (called as ``cls(files, tokenizer, data_config)``), else
+    MultiTurnSFTDataset with ``data.multiturn.enable``, else SFTDataset.
 
     Items must follow SFTDataset's convention: ``loss_mask`` is 1 on the response tokens themselves
     (the targets), not shifted one to the left as veRL's SFTDataset stores it."""
     custom = data_config.get("custom_cls") or {}
-    cls = _load_class(custom["path"], custom["name"]) if custom.get("path") else SFTDataset
+    if custom.get("path"):
+        cls = _load_class(custom["path"], custom["name"])
+    elif (data_config.get("multiturn") or {}).get("enable"):
+        cls = MultiTurnSFTDataset  # chat messages (+ tools): loss on the assistant turns only
+    else:
+        cls = SFTDataset
     return cls(files, tokenizer, data_config)
 
 
@@ -181,7 +188,6 @@ class SFTSettings:
         unsupported = {
             "model.lora_rank": (get("model.lora_rank") or 0) > 0,
             "ulysses_sequence_parallel_size": (get("ulysses_sequence_parallel_size") or 1) != 1,
-            "data.multiturn.enable": bool(get("data.multiturn.enable")),
             "trainer.resume_path": bool(get("trainer.resume_path")),
         }
         for key, is_set in unsupported.items():

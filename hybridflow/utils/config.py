@@ -53,24 +53,27 @@ _UNION_TYPES: dict[str, tuple[str, ...]] = {
 }
 
 _PACKAGE = "hybridflow.configs"
+# veRL configs hybridflow does not ship, and why (a user yaml that builds on one fails saying so)
+_VERL_ONLY_CONFIGS = {"ppo_megatron_trainer": "Megatron is not a hybridflow training engine (FSDP2/DDP only)"}
 
 
 # --------------------------------------------------------------------------- locating the yaml files
 
 
 def config_dir() -> Path:
-    """The directory holding the yaml files: the installed package data ``hybridflow.configs``
-    (setup.py ships ``configs/`` there), else ``configs/`` at the top of a source checkout."""
+    """The directory holding the yaml files: ``configs/`` beside the imported ``hybridflow`` package
+    when it runs from a source checkout (so a checkout reads its own yaml, whatever else is installed),
+    else the installed package data ``hybridflow.configs`` (setup.py ships ``configs/`` there)."""
+    source_tree = Path(__file__).resolve().parents[2] / "configs"
+    if (source_tree / "ppo_trainer.yaml").is_file():
+        return source_tree
     try:
         candidate = importlib.resources.files(_PACKAGE).joinpath("ppo_trainer.yaml")
         if isinstance(candidate, Path) and candidate.is_file():
             return candidate.parent
     except (ModuleNotFoundError, TypeError, ValueError):
         pass
-    source_tree = Path(__file__).resolve().parents[2] / "configs"
-    if source_tree.is_dir():
-        return source_tree
-    raise ConfigError(f"cannot find hybridflow's yaml configs (neither package data {_PACKAGE} nor {source_tree})")
+    raise ConfigError(f"cannot find hybridflow's yaml configs (neither {source_tree} nor package data {_PACKAGE})")
 
 
 def available_configs(directory: str | os.PathLike | None = None) -> list[str]:
@@ -90,8 +93,25 @@ def _yaml_path(name: str, directory: str | os.PathLike | None) -> tuple[Path, st
 # --------------------------------------------------------------------------- composing
 
 
+def _searchpath_override(folder: Path, name: str) -> list[str]:
+    """A user's yaml in another folder (``--config-path``) that builds on ``ppo_trainer`` (veRL's examples:
+    ``defaults: [ppo_trainer, _self_]`` found through ``hydra.searchpath: [file://verl/trainer/config]``)
+    finds hybridflow's configs: they are added after the yaml's own search path entries."""
+    ours = config_dir().resolve()
+    if folder.resolve() == ours:
+        return []
+    raw = OmegaConf.load(folder / f"{name}.yaml")
+    listed = OmegaConf.select(raw, "hydra.searchpath", default=None) or []
+    # entries that point nowhere here (veRL's own config folder) are left out instead of warned about
+    entries = [str(p) for p in listed if not str(p).startswith("file://") or Path(str(p)[len("file://"):]).exists()]
+    entries.append(f"file://{ours}")
+    return ["hydra.searchpath=[" + ",".join(f"'{e}'" for e in entries) + "]"]
+
+
 def _compose(folder: Path, name: str, overrides: list[str]) -> DictConfig:
     """Hydra compose, leaving any GlobalHydra of the caller as it was."""
+    given = list(overrides)
+    overrides = given + _searchpath_override(folder, name)
     outer = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
     if outer is not None:
         GlobalHydra.instance().clear()
@@ -99,7 +119,9 @@ def _compose(folder: Path, name: str, overrides: list[str]) -> DictConfig:
         with initialize_config_dir(config_dir=str(folder), version_base=None):
             return compose(config_name=name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(f"cannot compose config {name!r} with overrides {overrides}: {e}") from e
+        missing = [n for n in _VERL_ONLY_CONFIGS if f"'{n}'" in str(e)]
+        why = f" ({_VERL_ONLY_CONFIGS[missing[0]]})" if missing else ""
+        raise ConfigError(f"cannot compose config {name!r} with overrides {given}{why}: {e}") from e
     finally:
         if outer is not None:
             GlobalHydra.instance().clear()

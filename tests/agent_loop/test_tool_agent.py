@@ -224,10 +224,18 @@ def test_interaction_hint_after_a_wrong_answer(tmp_path):
     assert worker.interactions["gsm8k"]._instances == {}  # finalized
 
 
-def test_interaction_errors_name_the_problem(tmp_path):
-    worker, _ = worker_for(tmp_path, ["#### 1"], tools=[])
-    with pytest.raises(ValueError, match="no interaction is configured"):
-        run(worker, [{"messages": QUESTION, "interaction_kwargs": {"name": "gsm8k"}}])
+def test_interaction_kwargs_without_an_interaction_config_are_ignored_and_bad_names_named(tmp_path):
+    # veRL's gsm8k_tool_agent_loop rows carry interaction_kwargs (no name) for a run without interactions
+    worker, server = worker_for(tmp_path, ["#### 1", "#### 2"], tools=[])
+    out = run(worker, [{"messages": QUESTION, "interaction_kwargs": {"query": "q", "ground_truth": "2"}}])
+    assert len(server.requests) == 1 and out.non_tensor_batch["num_turns"].tolist() == [2]
+    path = tmp_path / "interaction.yaml"
+    path.write_text("interaction:\n  - {name: gsm8k, class_name: hybridflow.interactions.gsm8k_interaction.Gsm8kInteraction}\n")
+    worker, _ = worker_for(tmp_path, ["#### 1"], tools=[], interaction_config_path=str(path))
+    with pytest.raises(ValueError, match="interaction 'other' is not configured; known: \\['gsm8k'\\]"):
+        run(worker, [{"messages": QUESTION, "interaction_kwargs": {"name": "other"}}])
+    with pytest.raises(ValueError, match="interaction_kwargs has no 'name'"):
+        run(worker, [{"messages": QUESTION, "interaction_kwargs": {"ground_truth": "1"}}])
 
 
 def test_use_inference_chat_template_sends_the_retemplated_conversation(tmp_path):
