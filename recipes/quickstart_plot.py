@@ -109,3 +109,62 @@ def write_curves_png(path: str, reward: list, val: list, title: str = "") -> str
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return "matplotlib"
+
+
+GREEN = (44, 160, 44)
+
+
+def _builtin_panels(path: str, panels: list) -> None:
+    """Panels stacked vertically, each with its own y range; series as (label, points, color)."""
+    w, panel_h, left, right, top, bottom = 640, 220, 50, 20, 16, 30
+    c = Canvas(w, panel_h * len(panels))
+    steps = [s for _, _, series in panels for _, pts, _ in series for s, _ in pts]
+    lo, hi = (min(steps), max(steps)) if steps else (0, 1)
+    hi = hi if hi > lo else lo + 1
+    sx = lambda s: round(left + (s - lo) / (hi - lo) * (w - left - right))  # noqa: E731
+    for k, (_, (y0, y1), series) in enumerate(panels):
+        base = k * panel_h
+        sy = lambda v: round(base + panel_h - bottom - (min(max(v, y0), y1) - y0) / (y1 - y0) * (panel_h - top - bottom))  # noqa: E731
+        for frac in (0.0, 0.5, 1.0):
+            v = y0 + frac * (y1 - y0)
+            c.line(left, sy(v), w - right, sy(v), GREY)
+            c.text(4, sy(v) - 5, f"{v:.1f}")
+        c.line(left, base + top, left, base + panel_h - bottom, BLACK)
+        for _, points, color in series:
+            for (s0, v0), (s1, v1) in zip(points, points[1:]):
+                c.line(sx(s0), sy(v0), sx(s1), sy(v1), color)
+            for s, v in points:
+                c.dot(sx(s), sy(v), color, 1)
+    c.text(left, len(panels) * panel_h - bottom + 8, str(lo))
+    c.text(w - right - 8 * len(str(hi)), len(panels) * panel_h - bottom + 8, str(hi))
+    with open(path, "wb") as f:
+        f.write(png_bytes(c.px))
+
+
+def write_panels_png(path: str, panels: list, title: str = "") -> str:
+    """Stacked panels sharing the step axis: ``panels`` = [(y label, (y min, y max), [(label, [(step, value)],
+    (r, g, b)), ...]), ...]. Returns the backend used ("matplotlib" or "builtin")."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _builtin_panels(path, panels)
+        return "builtin"
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.6 * len(panels)), sharex=True)
+    for ax, (ylabel, ylim, series) in zip(list(axes) if len(panels) > 1 else [axes], panels):
+        for label, points, color in series:
+            if points:
+                ax.plot(*zip(*points), "o-" if len(points) < 30 else "-", color=[c / 255 for c in color], label=label,
+                        markersize=3)
+        ax.set(ylabel=ylabel, ylim=ylim)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    axes_list = list(axes) if len(panels) > 1 else [axes]
+    axes_list[0].set_title(title)
+    axes_list[-1].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return "matplotlib"

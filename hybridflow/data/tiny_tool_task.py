@@ -1,5 +1,5 @@
 """A task the tiny model cannot do in its head but can do with a calculator: 3-digit × 2-digit
-multiplication (``What is 347*82?`` -> ``#### 28454``), for the tool-use learning proof.
+multiplication (``347*82=?`` -> ``#### 28454``), for the tool-use learning proof.
 
 Files written by ``write_tiny_tool_task``:
 
@@ -36,7 +36,7 @@ INTERACTION_NAME = "gsm8k"
 def make_problem(rng: random.Random) -> tuple[str, str, int]:
     """(question, expression, product)."""
     a, b = rng.randint(100, 999), rng.randint(10, 99)
-    return f"What is {a}*{b}?", f"{a}*{b}", a * b
+    return f"{a}*{b}=?", f"{a}*{b}", a * b
 
 
 def demonstration(question: str, expression: str, product: int, use_tool: bool) -> list[dict]:

@@ -117,10 +117,11 @@ def greedy_accuracy(model_dir: str, parquet_path: str, limit: int | None = None,
 
 def greedy_agent_eval(model_dir: str, parquet_path: str, rollout_config: dict, response_length: int,
                       max_prompt_length: int, batch_size: int = 64, compute_score: Callable | None = None,
-                      limit: int | None = None) -> tuple[float, list[dict]]:
+                      limit: int | None = None, sample: bool = False) -> tuple[float, list[dict]]:
     """(share of rows scored > 0, one record per row: ``response`` (decoded, special tokens kept),
-    ``score``, ``num_turns``, ``ground_truth``, ``extra`` (the loop's extra fields)). Greedy, in this
-    process, through the same dataset and agent loop code the trainer uses."""
+    ``score``, ``num_turns``, ``ground_truth``, ``extra`` (the loop's extra fields)). Greedy (or, with
+    ``sample``, one draw at temperature 1, reproducible from the row order), in this process, through
+    the same dataset and agent loop code the trainer uses."""
     import torch
 
     from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
@@ -133,8 +134,8 @@ def greedy_agent_eval(model_dir: str, parquet_path: str, rollout_config: dict, r
                                                     "filter_overlong_prompts": False, "truncation": "left"})
     device = "cuda" if torch.cuda.is_available() else "cpu"
     module = load_model(model_dir, "causal_lm").to(device).eval()
-    config = {**rollout_config, "do_sample": False, "temperature": 0.0, "response_length": response_length,
-              "prompt_length": max_prompt_length}
+    config = {**rollout_config, "do_sample": sample, "temperature": 1.0 if sample else 0.0,
+              "response_length": response_length, "prompt_length": max_prompt_length}
     rollout = HFRollout(module, config, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer=tokenizer)
     rows = range(len(dataset) if limit is None else min(limit, len(dataset)))
     records: list[dict] = []
@@ -142,8 +143,8 @@ def greedy_agent_eval(model_dir: str, parquet_path: str, rollout_config: dict, r
         for start in range(0, len(rows), batch_size):
             items = [dataset[i] for i in rows[start:start + batch_size]]
             batch = DataProto.from_single_dict(collate_fn(items))
-            batch.meta_info = {"do_sample": False, "eos_token_id": tokenizer.eos_token_id,
-                               "pad_token_id": tokenizer.pad_token_id, "validate": True}
+            batch.meta_info = {"do_sample": sample, "eos_token_id": tokenizer.eos_token_id,
+                               "pad_token_id": tokenizer.pad_token_id, "global_steps": start}
             gen = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"],
                                non_tensor_batch_keys=list(batch.non_tensor_batch))
             gen.meta_info = batch.meta_info

@@ -28,8 +28,9 @@ CHARACTERS = tuple(chr(c) for c in range(32, 127)) + ("\n",)
 # Qwen2-style ChatML without Qwen's default system message (every character is a token here).
 # Plain chats render exactly as ``<|im_start|>{role}\n{content}<|im_end|>\n`` per message. With
 # ``tools`` (OpenAI function schemas) and tool calls it follows Qwen2.5's hermes layout, shortened for a
-# character-level model: the schemas as JSON lines inside <tools></tools> in the system turn (after the
-# system message's own content, if any), an assistant's ``tool_calls`` as
+# character-level model (every character is a token, and the tools are in every prompt): each tool as
+# one ``name(param, ...)`` line inside <tools></tools> in the system turn (after the system message's own
+# content, if any) instead of its full JSON schema, an assistant's ``tool_calls`` as
 # ``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`` lines, and consecutive ``tool``
 # messages gathered into one user turn of ``<tool_response>\n...\n</tool_response>`` blocks.
 CHAT_TEMPLATE = (
@@ -37,7 +38,13 @@ CHAT_TEMPLATE = (
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
     "{{- '# Tools\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{%- for tool in tools %}"
+    "{%- set fn = tool['function'] if tool['function'] is defined else tool %}"
+    "{{- '\\n' + fn['name'] + '(' }}"
+    "{%- if fn['parameters'] is defined and fn['parameters']['properties'] is defined %}"
+    "{{- fn['parameters']['properties'] | list | join(', ') }}{%- endif %}"
+    "{{- ')' }}"
+    "{%- endfor %}"
     "{{- '\\n</tools><|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- for message in messages %}"

@@ -25,10 +25,8 @@ from tests.agent_loop.chat_helpers import (
 )
 
 QUESTION = [{"role": "user", "content": "What is 347*82?"}]
-# the template's tools block, written out: the system turn the prompt starts with
-TOOLS_BLOCK = ('<|im_start|>system\n# Tools\n<tools>\n{"type": "function", "function": {"name": "calc", "description": '
-               '"arithmetic", "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": '
-               '["expr"]}}}\n</tools><|im_end|>\n')
+# the template's tools block, written out: the system turn the prompt starts with (a tool as name(params))
+TOOLS_BLOCK = "<|im_start|>system\n# Tools\n<tools>\ncalc(expr)\n</tools><|im_end|>\n"
 
 
 def worker_for(tmp_path, replies, tools=None, **mt):
