@@ -232,12 +232,15 @@ class RayPPOTrainer:
         n = int(val_kwargs.n)
         batch = DataProto.from_single_dict(self.collate_fn([self.val_dataset[i] for i in range(len(self.val_dataset))]))
         batch = batch.repeat(repeat_times=n, interleave=True)
-        batch, _ = self._rollout(batch, {"validate": True, "do_sample": bool(val_kwargs.do_sample),
-                                         "global_steps": self.global_steps})
+        batch, rollout_metrics = self._rollout(batch, {"validate": True, "do_sample": bool(val_kwargs.do_sample),
+                                                       "global_steps": self.global_steps})
         scores = self.val_reward_fn(batch, return_dict=False).sum(-1).tolist()
         self._log_val_generations(batch, scores)
         reward_key = self.config.data.reward_fn_key
-        return validation_metrics(batch.non_tensor_batch[reward_key], scores, n)
+        out = validation_metrics(batch.non_tensor_batch[reward_key], scores, n)
+        # the agent loops' per-trajectory numbers on the validation set (turns, tool calls, failures)
+        out.update({f"val-aux/{k}": float(np.mean(v)) for k, v in rollout_metrics.items() if k.startswith("agent/")})
+        return out
 
     def _log_val_generations(self, batch: DataProto, scores) -> None:
         k = int(self.config.trainer.log_val_generations or 0)
