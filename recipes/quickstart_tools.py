@@ -55,8 +55,8 @@ QUICK = dict(sft_size=32, train_size=32, dev_size=8, test_size=8, sft_max_steps=
 # with 2 layers and ~180-token sequences it appeared between 150 and 200 steps of 64 (both measured).
 NUM_LAYERS = 2
 MAX_PROMPT_LENGTH = 96  # tools block (~35 tokens) + the question
-RESPONSE_LENGTH = 128  # call (~55) + tool turn (~45) + answer (~11)
-INTERACTION_RESPONSE_LENGTH = 256  # room for a hint and a second try
+RESPONSE_LENGTH = 160  # call (73 tokens) + tool turn (58) + answer (11); a longer product or try fits
+INTERACTION_RESPONSE_LENGTH = 320  # room for a hint (~95 tokens) and a second try
 COPY_TARGET = 0.3  # SFT: stop at the first checkpoint whose sampled tool calls end in the right answer this often
 
 
