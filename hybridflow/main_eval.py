@@ -8,7 +8,8 @@ Each row's ``data.response_key`` column holds its n responses; ``data.reward_mod
 ``{"ground_truth": ...}``; ``data.data_source_key`` picks the built-in scorer (gsm8k, math, ...) unless
 a custom function is given. A response counts as correct when its score is > 0 (rule scorers give 1
 for right, 0 for wrong); pass@k uses the unbiased estimator, for k = 1, 2, 4, ... and n.
-Scoring is cheap string work and runs in this process (``ray_init`` is accepted and unused).
+Scoring is cheap string work and runs in this process (``ray_kwargs`` is accepted and unused; setting
+it prints a note).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def run_eval(config) -> dict[str, float]:
     """Scores of every response of data.path; returns {"<data_source>/mean_score": .., "<data_source>/pass@k": ..}."""
     d = config.data
     crf = config.custom_reward_function
-    kwargs = crf.get("reward_kwargs") or {}
+    kwargs = crf.reward_kwargs
     kwargs = OmegaConf.to_container(kwargs) if OmegaConf.is_config(kwargs) else dict(kwargs)
     compute_score = get_custom_reward_fn(crf.path, crf.name, kwargs)
     rows = read_parquet_rows(os.path.expanduser(d.path), required_column=d.response_key)

@@ -36,16 +36,16 @@ def worker_config(config) -> dict:
     tree = OmegaConf.to_container(config, resolve=True)
     rollout = dict(tree["rollout"])
     rollout["n"] = 1  # the driver repeats prompts n_samples times; the engine answers each row once
-    return {"model": tree["model"], "rollout": rollout, "actor": tree.get("actor") or {}}
+    return {"model": tree["model"], "rollout": rollout, "actor": tree["actor"]}
 
 
 def build_rollout_group(config):
     """(worker group, shutdown callable) for the rollout role on the configured backend."""
     t = config.trainer
     world = int(t.nnodes) * int(t.n_gpus_per_node)
-    device = resolve_device(t.get("device", "auto"))
+    device = resolve_device(t.device)
     cls_args = dict(config=worker_config(config), role="rollout")
-    backend = t.get("backend", "ray")
+    backend = t.backend
     if backend == "inprocess":
         from hybridflow.single_controller.inprocess import InProcessWorkerGroup
 
@@ -60,7 +60,7 @@ def build_rollout_group(config):
     from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from hybridflow.single_controller.ray.init import init_ray
 
-    started = init_ray(config.ray_init, runtime_env={"env_vars": {"HYBRIDFLOW_DEVICE": device}})
+    started = init_ray(config.ray_kwargs.ray_init, runtime_env={"env_vars": {"HYBRIDFLOW_DEVICE": device}})
     pool = RayResourcePool(process_on_nodes=[int(t.n_gpus_per_node)] * int(t.nnodes), use_gpu=device == "cuda")
     group = RayWorkerGroup(pool, RayClassWithInitArgs(ray.remote(ActorRolloutRefWorker), **cls_args))
 
@@ -94,7 +94,7 @@ def run_generation(config) -> str:
     n_samples, batch_size = int(d.n_samples), int(d.batch_size)
     if n_samples < 1 or batch_size < 1:
         raise ValueError(f"data.n_samples and data.batch_size must be >= 1, got {n_samples}, {batch_size}")
-    if config.rollout.get("do_sample", True) is False and n_samples > 1:
+    if not config.rollout.do_sample and n_samples > 1:
         print(f"[config] rollout.do_sample=False with data.n_samples={n_samples}: the responses will be identical")
     model_path = local_model_path(config.model.path, "model.path")
     tokenizer = load_tokenizer(model_path, bool(config.model.trust_remote_code))

@@ -13,6 +13,8 @@ from omegaconf import OmegaConf
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
 from hybridflow.data.sampler import create_rl_dataloader
 from hybridflow.rewards import get_custom_reward_fn, load_reward_manager
+from hybridflow.single_controller.base import WorkerHangError
+from hybridflow.single_controller.base.watchdog import EXIT_CODE_HANG
 from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridflow.utils.config import ConfigError, parse_cli
@@ -30,11 +32,11 @@ def with_runtime_values(config, total_training_steps: int):
 
 
 def build_reward_fns(config, tokenizer):
-    crf = config.custom_reward_function
+    crf = config.reward.custom_reward_function
     kwargs = crf.reward_kwargs
     kwargs = OmegaConf.to_container(kwargs) if OmegaConf.is_config(kwargs) else dict(kwargs or {})
     compute_score = get_custom_reward_fn(crf.path, crf.name, kwargs)
-    name = config.reward_model.reward_manager
+    name = config.reward.reward_manager.name
     reward_fn = load_reward_manager(name, tokenizer, num_examine=0, compute_score=compute_score,
                                     reward_fn_key=config.data.reward_fn_key)
     val_reward_fn = load_reward_manager(name, tokenizer, num_examine=1, compute_score=compute_score,
@@ -58,9 +60,10 @@ def build_trainer(config) -> RayPPOTrainer:
     """Data, rewards and the trainer from a validated config (workers not started yet)."""
     for note in validate_ppo_config(config):
         print(f"[config] {note}")
-    device = resolve_device(config.trainer.get("device", "auto"))
+    device = resolve_device(config.trainer.device)
     model_path = local_model_path(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
-    tokenizer = load_tokenizer(config.data.tokenizer or model_path, bool(config.actor_rollout_ref.model.trust_remote_code))
+    trust = bool(config.data.trust_remote_code or config.actor_rollout_ref.model.trust_remote_code)
+    tokenizer = load_tokenizer(config.data.tokenizer or model_path, trust)
 
     # data and rewards first: bad input fails before any worker starts
     train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
@@ -68,6 +71,9 @@ def build_trainer(config) -> RayPPOTrainer:
     if len(train_dataset) < int(config.data.train_batch_size):
         raise ValueError(f"data.train_batch_size={config.data.train_batch_size} is larger than the training set "
                          f"({len(train_dataset)} prompts in {config.data.train_files}): no full batch")
+    if config.data.seed is None:
+        raise ConfigError("data.seed=null (veRL's unseeded sampler) is not supported: the sampler's seed is part of "
+                          "every checkpoint so that a run can resume; set data.seed to an integer")
     dataloader = create_rl_dataloader(train_dataset, batch_size=int(config.data.train_batch_size),
                                       seed=int(config.data.seed), shuffle=bool(config.data.shuffle))
     reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
@@ -78,10 +84,10 @@ def build_trainer(config) -> RayPPOTrainer:
     total = int(t.total_training_steps) if t.total_training_steps else len(dataloader) * int(t.total_epochs)
     config = with_runtime_values(config, total)
 
-    if t.get("backend", "ray") == "ray":
+    if t.backend == "ray":
         from hybridflow.single_controller.ray.init import init_ray
 
-        init_ray(config.ray_init, runtime_env={"env_vars": {"HYBRIDFLOW_DEVICE": device}})
+        init_ray(config.ray_kwargs.ray_init, runtime_env={"env_vars": {"HYBRIDFLOW_DEVICE": device}})
     else:
         os.environ["HYBRIDFLOW_DEVICE"] = device
     return RayPPOTrainer(config, tokenizer, dataloader, val_dataset, reward_fn, val_reward_fn, collate_fn=collate_fn)
@@ -104,7 +110,12 @@ def main(argv=None) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    run_ppo(config)
+    try:
+        run_ppo(config)
+    except WorkerHangError as e:  # the report is written and the workers are down: say so, exit non-zero
+        notes = "".join(f"\n{n}" for n in getattr(e, "__notes__", []))
+        print(f"error: {e}{notes}", file=sys.stderr)
+        raise SystemExit(EXIT_CODE_HANG) from None
 
 
 if __name__ == "__main__":

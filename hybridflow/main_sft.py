@@ -1,7 +1,7 @@
-"""Supervised fine-tuning from the command line, with veRL's fsdp_sft_trainer keys
-(configs/sft_trainer.yaml):
+"""Supervised fine-tuning from the command line, with veRL 0.9.1's SFT keys (configs/sft_trainer.yaml;
+the earlier fsdp_sft_trainer spellings such as model.partial_pretrain work too):
 
-    python -m hybridflow.main_sft model.partial_pretrain=DIR data.train_files=... data.val_files=... \
+    python -m hybridflow.main_sft model.path=DIR data.train_files=... data.val_files=... \
         data.prompt_key=question data.response_key=answer optim.lr=1e-3 trainer.total_training_steps=100
 
 Several processes (one per GPU, or CPU processes over gloo), each taking 1/N of every global batch:
@@ -19,7 +19,6 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.trainer.sft_trainer import FSDPSFTTrainer
@@ -38,7 +37,7 @@ def init_distributed(device: str) -> None:
 
 def run_sft(config) -> str:
     """Train from a composed ``sft_trainer`` config; returns the final Hugging Face directory."""
-    device = resolve_device(OmegaConf.select(config, "trainer.device", default="auto"))
+    device = resolve_device(config.trainer.device)
     started_here = not dist.is_initialized()
     init_distributed(device)
     try:

@@ -24,8 +24,15 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from hybridflow import protocol_layout as _layout
+from hybridflow.protocol_layout import DataProtoError, DataProtoTypeError
+
 __all__ = [
     "DataProto",
+    "DataProtoError",
+    "DataProtoTypeError",
+    "fold_batch_dim",
+    "unfold_batch_dim",
     "DataProtoItem",
     "DataProtoFuture",
     "DataProtoConfig",
@@ -92,14 +99,14 @@ def _equal(a: Any, b: Any) -> bool:
 def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> TensorDict:
     """Add tensor_dict2's keys to tensor_dict1 (in place); a shared key must hold equal tensors."""
     if tensor_dict1.batch_size != tensor_dict2.batch_size:
-        raise ValueError(
+        raise DataProtoError(
             f"union needs identical batch sizes, got {tuple(tensor_dict1.batch_size)} "
             f"and {tuple(tensor_dict2.batch_size)}"
         )
     for key, value in tensor_dict2.items():
         if key in tensor_dict1.keys():
             if not _equal(tensor_dict1[key], value):
-                raise ValueError(f"union: batch key '{key}' holds different values in the two DataProtos")
+                raise DataProtoError(f"union: batch key '{key}' holds different values in the two DataProtos")
         else:
             tensor_dict1[key] = value
     return tensor_dict1
@@ -109,7 +116,7 @@ def union_numpy_dict(tensor_dict1: dict, tensor_dict2: dict) -> dict:
     """Add tensor_dict2's arrays to tensor_dict1 (in place); a shared key must hold equal arrays."""
     for key, value in tensor_dict2.items():
         if key in tensor_dict1 and not _equal(tensor_dict1[key], value):
-            raise ValueError(f"union: non_tensor_batch key '{key}' holds different values in the two DataProtos")
+            raise DataProtoError(f"union: non_tensor_batch key '{key}' holds different values in the two DataProtos")
         tensor_dict1[key] = value
     return tensor_dict1
 
@@ -117,50 +124,44 @@ def union_numpy_dict(tensor_dict1: dict, tensor_dict2: dict) -> dict:
 def _union_meta_info(meta1: dict, meta2: dict) -> dict:
     for key, value in meta2.items():
         if key in meta1 and not _equal(meta1[key], value):
-            raise ValueError(f"union: meta_info key '{key}' holds different values in the two DataProtos")
+            raise DataProtoError(f"union: meta_info key '{key}' holds different values in the two DataProtos")
         meta1[key] = value
     return meta1
 
 
-_warned_meta_keys: set = set()
-
-
-def _merge_metrics(values: list) -> Any:
-    """Metrics from several parts (dp ranks): dicts -> dict of concatenated lists, else one flat list."""
-    if len(values) == 1:
-        return values[0]
-    if all(isinstance(v, dict) for v in values):
-        merged: dict = {}
-        for v in values:
-            for k, x in v.items():
-                merged.setdefault(k, []).extend(x if isinstance(x, list) else [x])
-        return merged
-    out: list = []
-    for v in values:
-        out.extend(v if isinstance(v, list) else [v])
-    return out
-
-
 def _merge_meta_info(metas: list[dict]) -> dict:
-    """concat's meta_info: union of keys, the first value where parts disagree, all metrics kept.
-
-    A metrics object shared by several parts (e.g. chunks of one DataProto) is counted once.
-    """
+    """concat's meta_info (veRL 0.9.1): non-metric keys must agree between the parts (a conflict is
+    refused, naming the key); ``metrics`` from every part are gathered into a dict of lists, one
+    entry per part (a part whose metrics are a list of dicts contributes each dict), the shape
+    metric reducers expect."""
     merged: dict = {}
-    metrics: list = []
+    per_part: list = []
     for meta in metas:
         for key, value in meta.items():
             if key == "metrics":
-                if value is not None and not any(value is m for m in metrics):
-                    metrics.append(value)
+                if value is not None:
+                    per_part.extend(value if isinstance(value, list) else [value])
             elif key not in merged:
                 merged[key] = value
-            elif not _equal(merged[key], value) and key not in _warned_meta_keys:
-                _warned_meta_keys.add(key)
-                logger.warning("DataProto.concat: meta_info[%r] differs between parts; keeping the first", key)
-    if metrics:
-        merged["metrics"] = _merge_metrics(metrics)
+            elif not _equal(merged[key], value):
+                raise DataProtoError(f"DataProto.concat: {_layout.describe_conflict(key, merged[key], value)}")
+    if per_part:
+        merged["metrics"] = _metrics_dict_of_lists(per_part)
     return merged
+
+
+def _metrics_dict_of_lists(parts: list) -> dict:
+    """[{k: v0, ...}, {k: v1, ...}] -> {k: [v0, v1]} (keys in first-seen order)."""
+    out: dict = {}
+    for i, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise DataProtoTypeError(
+                f"DataProto.concat: meta_info['metrics'] must be a dict (or a list of dicts); part {i} holds "
+                f"{type(part).__name__}"
+            )
+        for key, value in part.items():
+            out.setdefault(key, []).append(value)
+    return out
 
 
 def _cat_batches(batches: list[TensorDict]) -> TensorDict:
@@ -280,40 +281,43 @@ class DataProto:
         """Every tensor and non-tensor column must share the batch length; raises naming the key."""
         if self.batch is not None:
             if not isinstance(self.batch, TensorDict):
-                raise TypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
-            if len(self.batch.batch_size) < 1:
-                raise ValueError("DataProto.batch needs a batch dimension (batch_size is empty)")
-            if self.non_tensor_batch and len(self.batch.batch_size) != 1:
-                raise ValueError("a DataProto with non_tensor_batch supports only one batch dimension")
+                raise DataProtoTypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
+            if len(self.batch.batch_size) != 1:
+                raise DataProtoError(
+                    f"DataProto.batch needs exactly one batch dimension, got batch_size {list(self.batch.batch_size)} "
+                    "(fold extra dims into the tensors; see fold_batch_dim)"
+                )
         size, first = (len(self), None) if self.batch is not None else (None, None)
         for key, val in self.non_tensor_batch.items():
             if not isinstance(val, np.ndarray) or val.dtype != object:
                 kind = f"ndarray of {val.dtype}" if isinstance(val, np.ndarray) else type(val).__name__
-                raise TypeError(f"non_tensor_batch['{key}'] must be a numpy array with dtype=object, got {kind}")
+                raise DataProtoTypeError(f"non_tensor_batch['{key}'] must be a numpy array with dtype=object, got {kind}")
             if val.ndim == 0:
-                raise ValueError(f"non_tensor_batch['{key}'] is 0-d; it needs a batch dimension")
+                raise DataProtoError(f"non_tensor_batch['{key}'] is 0-d; it needs a batch dimension")
             if size is None:
                 size, first = val.shape[0], key
             elif val.shape[0] != size:
                 ref = "the batch" if self.batch is not None else f"'{first}'"
-                raise ValueError(f"non_tensor_batch['{key}'] has length {val.shape[0]} but {ref} has length {size}")
+                raise DataProtoError(f"non_tensor_batch['{key}'] has length {val.shape[0]} but {ref} has length {size}")
 
     @classmethod
     def from_dict(cls, tensors=None, non_tensors=None, meta_info=None, num_batch_dims=1, auto_padding=False):
         """Build from {name: tensor} (same leading `num_batch_dims` dims) and {name: sequence}."""
-        if num_batch_dims < 1:
-            raise ValueError(f"num_batch_dims must be >= 1, got {num_batch_dims}")
+        if num_batch_dims != 1:
+            raise DataProtoError(
+                f"num_batch_dims must be 1 (a DataProto has one batch dimension, as in veRL), got {num_batch_dims}"
+            )
         tensors, non_tensors = dict(tensors or {}), dict(non_tensors or {})
         meta_info = {} if meta_info is None else meta_info
         batch_size, pivot = None, None
         for key, tensor in tensors.items():
             shape = tuple(tensor.shape[:num_batch_dims])
             if len(shape) < num_batch_dims:
-                raise ValueError(f"tensor '{key}' has {tensor.dim()} dims, fewer than num_batch_dims={num_batch_dims}")
+                raise DataProtoError(f"tensor '{key}' has {tensor.dim()} dims, fewer than num_batch_dims={num_batch_dims}")
             if batch_size is None:
                 batch_size, pivot = shape, key
             elif shape != batch_size:
-                raise ValueError(f"tensors disagree on the batch dims: '{pivot}' has {batch_size}, '{key}' has {shape}")
+                raise DataProtoError(f"tensors disagree on the batch dims: '{pivot}' has {batch_size}, '{key}' has {shape}")
         batch = TensorDict(tensors, batch_size=batch_size) if tensors else None
         if auto_padding:
             meta_info[_auto_padding_key] = True
@@ -436,7 +440,7 @@ class DataProto:
         old_keys = [old_keys] if isinstance(old_keys, str) else list(old_keys or [])
         new_keys = [new_keys] if isinstance(new_keys, str) else list(new_keys or [])
         if len(old_keys) != len(new_keys):
-            raise ValueError(f"old_keys and new_keys differ in length: {len(old_keys)} and {len(new_keys)}")
+            raise DataProtoError(f"old_keys and new_keys differ in length: {len(old_keys)} and {len(new_keys)}")
         for old, new in zip(old_keys, new_keys):
             if old in self._batch_keys():
                 self.batch.rename_key_(old, new)
@@ -449,7 +453,7 @@ class DataProto:
     def union(self, other: DataProto) -> DataProto:
         """Merge other's keys into self (in place); raises ValueError naming a key with conflicting values."""
         if not (self._is_empty() or other._is_empty()) and len(self) != len(other):
-            raise ValueError(f"union needs equal lengths, got {len(self)} and {len(other)}")
+            raise DataProtoError(f"union needs equal lengths, got {len(self)} and {len(other)}")
         if other.batch is not None:
             self.batch = other.batch.clone(False) if self.batch is None else union_tensor_dict(self.batch, other.batch)
         self.non_tensor_batch = union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
@@ -465,34 +469,35 @@ class DataProto:
     def chunk(self, chunks: int) -> list[DataProto]:
         """Split into `chunks` equal parts (uneven by at most one row when auto padding is on)."""
         if chunks < 1:
-            raise ValueError(f"chunk needs chunks >= 1, got {chunks}")
+            raise DataProtoError(f"chunk needs chunks >= 1, got {chunks}")
         n = len(self)
         if n % chunks and not self.is_padding_enabled():
-            raise ValueError(f"chunk needs a length divisible by chunks: got length {n} and {chunks} chunks")
+            raise DataProtoError(f"chunk needs a length divisible by chunks: got length {n} and {chunks} chunks")
         bounds = np.cumsum([0] + [n // chunks + (i < n % chunks) for i in range(chunks)])
         return [self.slice(int(bounds[i]), int(bounds[i + 1])) for i in range(chunks)]
 
     def split(self, split_size: int) -> list[DataProto]:
         """Consecutive parts of `split_size` rows (the last may be shorter)."""
         if split_size < 1:
-            raise ValueError(f"split needs split_size >= 1, got {split_size}")
+            raise DataProtoError(f"split needs split_size >= 1, got {split_size}")
         return [self.slice(i, i + split_size) for i in range(0, len(self), split_size)]
 
     @staticmethod
     def concat(data: list[DataProto]) -> DataProto:
-        """Rows of all parts in order; meta_info merged (metrics from all parts kept)."""
+        """Rows of all parts in order. meta_info: non-metric keys must agree (a conflict raises
+        DataProtoError naming the key); ``metrics`` become a dict of lists, one entry per part."""
         if not data:
-            raise ValueError("DataProto.concat needs at least one DataProto")
+            raise DataProtoError("DataProto.concat needs at least one DataProto")
         has_batch = [d.batch is not None for d in data]
         if any(has_batch) and not all(has_batch):
-            raise ValueError("DataProto.concat: some parts have a tensor batch and some do not")
+            raise DataProtoError("DataProto.concat: some parts have a tensor batch and some do not")
         for d in data[1:]:
             for where, a, b in (
                 ("batch", data[0]._batch_keys(), d._batch_keys()),
                 ("non_tensor_batch", data[0].non_tensor_batch, d.non_tensor_batch),
             ):
                 if set(a) != set(b):
-                    raise ValueError(f"DataProto.concat: {where} keys differ between parts: {sorted(set(a) ^ set(b))}")
+                    raise DataProtoError(f"DataProto.concat: {where} keys differ between parts: {sorted(set(a) ^ set(b))}")
         batch = _cat_batches([d.batch for d in data]) if has_batch[0] else None
         non_tensor = {k: np.concatenate([d.non_tensor_batch[k] for d in data]) for k in data[0].non_tensor_batch}
         meta_info = _merge_meta_info([d.meta_info for d in data])
@@ -501,10 +506,17 @@ class DataProto:
     def repeat(self, repeat_times=2, interleave=True) -> DataProto:
         """Each row `repeat_times` times: interleaved (a a b b) or tiled (a b a b)."""
         if repeat_times < 0:
-            raise ValueError(f"repeat_times must be >= 0, got {repeat_times}")
+            raise DataProtoError(f"repeat_times must be >= 0, got {repeat_times}")
         n = len(self)
         idx = np.repeat(np.arange(n), repeat_times) if interleave else np.tile(np.arange(n), repeat_times)
         return self.select_idxs(idx)
+
+    def unfold_column_chunks(self, n_split: int, split_keys=None) -> DataProto:
+        """Columns in ``split_keys`` (batch or non_tensor_batch): [B, C, ...] -> [B * n_split,
+        C // n_split, ...], row i's pieces becoming rows i*n .. i*n+n-1; every other column has each row
+        repeated ``n_split`` times. For grouped rows that must stay together through a shuffle."""
+        batch, non_tensor = _layout.unfold_column_chunks(self.batch, self.non_tensor_batch, n_split, split_keys)
+        return self._new(batch, non_tensor)
 
     def sample_level_repeat(self, repeat_times) -> DataProto:
         """Row i repeated repeat_times[i] times, in order."""
@@ -512,7 +524,7 @@ class DataProto:
             repeat_times = repeat_times.tolist()
         counts = np.asarray(repeat_times, dtype=np.int64)
         if counts.shape != (len(self),):
-            raise ValueError(f"sample_level_repeat needs one count per row ({len(self)}), got shape {counts.shape}")
+            raise DataProtoError(f"sample_level_repeat needs one count per row ({len(self)}), got shape {counts.shape}")
         return self.select_idxs(np.repeat(np.arange(len(self)), counts))
 
     def reorder(self, indices) -> None:
@@ -533,7 +545,7 @@ class DataProto:
         from torch.utils.data import DataLoader
 
         if len(self) % mini_batch_size:
-            raise ValueError(f"make_iterator needs len {len(self)} divisible by mini_batch_size {mini_batch_size}")
+            raise DataProtoError(f"make_iterator needs len {len(self)} divisible by mini_batch_size {mini_batch_size}")
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         loader = DataLoader(range(len(self)), mini_batch_size, generator=generator, **(dataloader_kwargs or {}))
 
@@ -543,6 +555,20 @@ class DataProto:
                     yield self.select_idxs(idx)
 
         return batches()
+
+    # --- TensorDict form
+
+    def to_tensordict(self) -> TensorDict:
+        """One TensorDict (veRL's layout): tensors as they are, each non_tensor_batch column as a
+        NonTensorStack, each meta_info entry as NonTensorData. Names must be unique across the three."""
+        return _layout.to_tensordict(self.batch, self.non_tensor_batch, self.meta_info, len(self))
+
+    @classmethod
+    def from_tensordict(cls, tensor_dict: TensorDict = None, meta_info=None, num_batch_dims=1) -> DataProto:
+        """The inverse of ``to_tensordict``: tensors -> batch, NonTensorStack -> non_tensor_batch,
+        NonTensorData -> meta_info (merged over ``meta_info``)."""
+        batch, non_tensor, meta = _layout.from_tensordict(tensor_dict, meta_info, num_batch_dims)
+        return cls(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
     # --- devices, disk, pickling
 
@@ -613,13 +639,26 @@ def _describe(value) -> str:
 def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
     """Pad to a multiple of size_divisor by repeating rows from the start (cycling); returns (padded, pad_size)."""
     if size_divisor < 1:
-        raise ValueError(f"size_divisor must be >= 1, got {size_divisor}")
+        raise DataProtoError(f"size_divisor must be >= 1, got {size_divisor}")
     pad_size = -len(data) % size_divisor
     if pad_size == 0 or len(data) == 0:
         return data, 0
     padded = DataProto.concat([data, data.select_idxs(np.arange(pad_size) % len(data))])
     padded.meta_info = data.meta_info
     return padded, pad_size
+
+
+def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
+    """[B, ...] -> [new_batch_size, B // new_batch_size, ...] for every column (veRL's helper; the
+    input is left unchanged)."""
+    batch, non_tensor = _layout.fold_batch_dim(data.batch, data.non_tensor_batch, len(data), new_batch_size)
+    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
+
+
+def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
+    """Merge the first ``batch_dims`` dims of every column into the batch dim (undoes fold_batch_dim)."""
+    batch, non_tensor = _layout.unfold_batch_dim(data.batch, data.non_tensor_batch, batch_dims)
+    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
 
 
 def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:

@@ -24,7 +24,8 @@
 
 Writes ``<workdir>/quickstart_result.json`` (accuracy_before, accuracy_after, steps, wall_seconds,
 phase_seconds, ...) and ``<workdir>/quickstart_curves.png`` (training reward and validation accuracy
-per step; matplotlib when installed, else a small built-in PNG writer: see quickstart_plot.py).
+per step, drawn with matplotlib: redrawn after every validation while RL runs, so it can be watched,
+and once more at the end; ``python -m hybridflow.plot <workdir>/<algo>_metrics.jsonl`` redraws it).
 
 Measured (22 Nov 2026, the 2-core development machine otherwise idle, 2 threads, defaults; held-out
 greedy accuracy before -> after, whole-recipe wall time without the one-off venv setup):
@@ -155,7 +156,9 @@ def sft_warmup(work: str, paths: dict, sizes: dict, args) -> tuple[str, dict[int
            f"optim.lr={args.sft_lr}", "optim.lr_scheduler=constant", "optim.warmup_steps_ratio=0.02",
            f"trainer.total_training_steps={sizes['sft_max_steps']}", f"trainer.save_freq={sizes['sft_save_freq']}",
            "trainer.test_freq=-1", "trainer.logger=[file]", f"trainer.default_local_dir={sft_dir}",
-           f"trainer.seed={args.seed}", "model.strategy=none", f"trainer.device={args.device}"]
+           f"trainer.seed={args.seed}", "model.strategy=none", f"trainer.device={args.device}",
+           # the values the SFT band was measured with (veRL 0.9.1's SFT defaults differ: betas 0.999, checkpointing on)
+           "optim.betas=[0.9,0.95]", "model.enable_gradient_checkpointing=False"]
     logfile = os.path.join(work, "sft.log")
     out = open(logfile, "w")
     import torch
@@ -217,6 +220,8 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
         f"data.train_batch_size={sizes['batch']}", f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
         f"data.max_response_length={sizes['response_length']}", f"data.seed={args.seed}",
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        # padded forward passes, as measured (veRL 0.9.1 turns use_remove_padding on by default)
+        "actor_rollout_ref.model.use_remove_padding=False", "critic.model.use_remove_padding=False",
         f"actor_rollout_ref.actor.optim.lr={args.lr}", f"actor_rollout_ref.actor.optim.lr_warmup_steps={args.warmup}",
         f"actor_rollout_ref.actor.optim.warmup_style={args.lr_schedule}", "actor_rollout_ref.actor.optim.min_lr_ratio=0.1",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={sizes['batch']}",
@@ -227,7 +232,7 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
         "algorithm.use_kl_in_reward=False",
         f"trainer.total_training_steps={steps}", f"trainer.test_freq={sizes['test_freq']}",
-        f"trainer.save_freq={steps}", "trainer.val_before_train=True", "trainer.logger=['console','file']",
+        f"trainer.save_freq={steps}", "trainer.val_before_train=True", "trainer.logger=['console','file','plot']",
         "trainer.log_val_generations=2", f"trainer.default_local_dir={run_dir}", "trainer.resume_mode=disable",
         f"trainer.backend={args.backend}", "trainer.n_gpus_per_node=1", f"trainer.device={args.device}",
         "trainer.project_name=quickstart", f"trainer.experiment_name={algo}_seed{args.seed}",
@@ -313,8 +318,18 @@ def parse(argv=None):
     return p.parse_args(argv)
 
 
+def require_matplotlib() -> None:
+    """The figure is the recipe's last output: find out before the 10 minutes, not after."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit("the quickstart draws its curves with matplotlib, which is not installed: "
+                         "pip install matplotlib (it is in requirements-cpu.txt and the [plot] extra)") from None
+
+
 def main(argv=None) -> dict:
     args = parse(argv)
+    require_matplotlib()
     sizes = recipe_sizes(args)
     work = os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
@@ -323,7 +338,7 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(args.threads)
     from hybridflow.trainer.eval_utils import greedy_accuracy
-    from quickstart_plot import write_curves_png
+    from hybridflow.utils.plotting import draw_curves
 
     start, phases = time.perf_counter(), {}
 
@@ -355,8 +370,10 @@ def main(argv=None) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)  # a previous run's checkpoints would be resumed or exported
     if os.path.exists(metrics_path):
         os.remove(metrics_path)
+    png = os.path.join(work, "quickstart_curves.png")
     run_module("hybridflow.main_ppo", rl_args(args.algo, sft_model, paths, sizes, run_dir, args),
-               child_env(args.threads, HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path), os.path.join(work, f"{args.algo}.log"))
+               child_env(args.threads, HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path, HYBRIDFLOW_PLOT_PATH=png),
+               os.path.join(work, f"{args.algo}.log"))
     phase("rl", t0)
 
     t0 = time.perf_counter()
@@ -367,8 +384,8 @@ def main(argv=None) -> dict:
 
     rows = read_metrics(metrics_path)
     reward, val = curves(rows)
-    png = os.path.join(work, "quickstart_curves.png")
-    png_backend = write_curves_png(png, reward, val, title=f"{args.algo.upper()} on the tiny arithmetic task")
+    draw_curves(png, {"training reward (mean)": reward, "validation accuracy (greedy)": val},
+                title=f"{args.algo.upper()} on the tiny arithmetic task")
     result = {
         "algo": args.algo, "seed": args.seed, "data_seed": args.seed if args.data_seed is None else args.data_seed,
         "quick": args.quick, "backend": args.backend, "rl_overrides": rl_args(args.algo, sft_model, paths, sizes, run_dir, args),
@@ -378,7 +395,7 @@ def main(argv=None) -> dict:
         "setup_seconds": (float(os.environ["QUICKSTART_SETUP_SECONDS"]) if os.environ.get("QUICKSTART_SETUP_SECONDS") else None),  # venv/install, by quickstart.sh
         "sft_checkpoint": sft_model, "sft_dev_accuracy": {str(k): v for k, v in sorted(history.items())},
         "heldout_prompts": sizes["test_size"], "train_reward": reward, "val_accuracy": val,
-        "final_model": final_model, "metrics_jsonl": metrics_path, "png": png, "png_backend": png_backend,
+        "final_model": final_model, "metrics_jsonl": metrics_path, "png": png,
         "samples_after": samples,
     }
     with open(os.path.join(work, "quickstart_result.json"), "w") as f:

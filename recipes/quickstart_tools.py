@@ -224,15 +224,32 @@ def curves(rows: list[dict]) -> dict[str, list]:
 
 
 def write_png(path: str, c: dict, title: str) -> str:
-    from quickstart_plot import BLUE, GREEN, ORANGE, write_panels_png
+    """Two panels sharing the step axis: held-out accuracy and training reward; mean turns and tool
+    calls per trajectory. matplotlib (the [plot] extra)."""
+    import matplotlib
 
-    top = max([v for _, v in c["mean_turns"]] + [4.0])
-    return write_panels_png(path, [
-        ("score", (0, 1), [("held-out accuracy (greedy)", c["val_accuracy"], ORANGE),
-                           ("training reward (mean)", c["train_reward"], BLUE)]),
-        ("per trajectory", (0, top), [("mean turns", c["mean_turns"], GREEN),
-                                       ("tool calls", c["tool_calls"], BLUE)]),
-    ], title=title)
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    top = max([v for _, v in c["mean_turns"] + c["tool_calls"]] + [4.0])
+    panels = [("score", (-0.02, 1.02), [("held-out accuracy (greedy)", c["val_accuracy"], "tab:orange"),
+                                        ("training reward (mean)", c["train_reward"], "tab:blue")]),
+              ("per trajectory", (0, top * 1.05), [("mean turns", c["mean_turns"], "tab:green"),
+                                                   ("tool calls", c["tool_calls"], "tab:blue")])]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 5.2), sharex=True)
+    for ax, (ylabel, ylim, series) in zip(axes, panels):
+        for label, points, color in series:
+            if points:
+                ax.plot(*zip(*points), "o-" if len(points) < 30 else "-", color=color, label=label, markersize=3)
+        ax.set(ylabel=ylabel, ylim=ylim)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    axes[0].set_title(title)
+    axes[-1].set_xlabel("training step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -309,7 +326,7 @@ def main(argv=None) -> dict:
     c = curves(rows)
     png = os.path.join(work, "quickstart_tools_curves.png")
     title = "GRPO with a calculator tool" + (" and the gsm8k interaction" if args.interaction else "")
-    backend = write_png(png, c, title)
+    write_png(png, c, title)
     last = rows[-1] if rows else {}
     result = {
         "seed": args.seed, "quick": args.quick, "interaction": args.interaction,
@@ -317,7 +334,7 @@ def main(argv=None) -> dict:
         "steps": max((r["step"] for r in rows), default=0), "wall_seconds": round(time.perf_counter() - start, 1),
         "phase_seconds": phases, "sft_checkpoint": sft_model,
         "sft_dev": {str(k): {kk: v[kk] for kk in ("tool_share", "correct_given_tool", "accuracy_given_tool", "accuracy")} for k, v in history.items()},
-        "heldout_prompts": sizes["test_size"], "curves": c, "png": png, "png_backend": backend,
+        "heldout_prompts": sizes["test_size"], "curves": c, "png": png,
         "last_step_agent_metrics": {k: v for k, v in last.items() if k.startswith("agent/")},
         "rl_overrides": rl_args(sft_model, paths, sizes, run_dir, args), "final_model": final_model,
     }

@@ -10,7 +10,7 @@ PIP=(.venv/bin/python -m pip install -q)
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import torch, ray, transformers, tensordict, hydra, pyarrow, pytest, hypothesis" 2>/dev/null; then
+if ! .venv/bin/python -c "import torch, ray, transformers, tensordict, hydra, pyarrow, pytest, hypothesis, matplotlib" 2>/dev/null; then
   "${PIP[@]}" -r requirements-cpu.txt
 fi
 if [ "${HYBRIDFLOW_SKIP_VLLM:-0}" != "1" ] && ! .venv/bin/python -c "import vllm" 2>/dev/null; then

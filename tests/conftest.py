@@ -85,6 +85,7 @@ def ray_session():
         return
     pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
     ray.init(
+        address="local",  # our own instance, even if a `ray start` cluster runs on this machine
         num_cpus=4,
         include_dashboard=False,
         log_to_driver=True,

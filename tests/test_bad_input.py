@@ -177,7 +177,7 @@ def test_reward_function_returning_a_non_number(make_config, tmp_path, value, wh
 def test_more_workers_than_the_cluster_has(make_config, ray_session):
     # the session's Ray has 4 CPUs; 8 worker processes must be refused at once, not wait forever
     config = make_config(backend="ray", world=8, batch=8)
-    with pytest.raises(RuntimeError, match=r"asks for 8 worker\(s\).*CPU: asked 8, cluster has 4"):
+    with pytest.raises(RuntimeError, match=r"need 8 CPUs in total \(trainer: 8 \(8 per node\)\) but the Ray cluster has 4"):
         run_ppo(config)
 
 

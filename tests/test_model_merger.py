@@ -19,6 +19,7 @@ from hybridflow.trainer.checkpoint import begin_save, commit_save
 from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model, build_tiny_tokenizer
 from hybridflow.workers.checkpoint import save_engine_checkpoint
 from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
+from yaml_sections import optim
 
 IDS = torch.tensor([[5, 17, 40, 2, 9, 33, 61, 7]])
 
@@ -31,7 +32,7 @@ def _config(**kw):
 def _trained(model) -> TrainEngine:
     """One AdamW step, so the merged weights differ from any fresh init."""
     engine = TrainEngine(model, EngineSpec(strategy="fsdp", device="cpu"))
-    engine.setup_optimizer({"lr": 1e-2}, total_steps=1)
+    engine.setup_optimizer(optim(lr=1e-2), total_steps=1)
     out = engine.module(input_ids=IDS)
     out.logits.float().pow(2).mean().backward()
     engine.optimizer.step()

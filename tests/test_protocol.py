@@ -99,11 +99,13 @@ def test_from_dict_rejects_tensors_with_different_batch_sizes():
         DataProto.from_dict(tensors={"a": torch.zeros(3, 2), "b": torch.zeros(4, 2)})
 
 
-def test_from_dict_multiple_batch_dims():
-    dp = DataProto.from_dict(tensors={"a": torch.zeros(2, 3, 4)}, num_batch_dims=2)
-    assert tuple(dp.batch.batch_size) == (2, 3) and len(dp) == 2
-    with pytest.raises(ValueError, match="num_batch_dims"):
-        DataProto.from_dict(tensors={"a": torch.zeros(2)}, num_batch_dims=0)
+def test_from_dict_refuses_more_than_one_batch_dim():
+    # veRL 0.9.1 asserts one batch dim (check_consistency); ours says so and is also an AssertionError
+    for dims in (2, 0):
+        with pytest.raises(AssertionError, match="num_batch_dims"):
+            DataProto.from_dict(tensors={"a": torch.zeros(2, 3, 4)}, num_batch_dims=dims)
+    with pytest.raises(ValueError, match="exactly one batch dimension"):
+        DataProto(batch=TensorDict({"a": torch.zeros(2, 3)}, batch_size=[2, 3]))
 
 
 def test_from_single_dict_splits_tensors_from_the_rest():
@@ -301,20 +303,30 @@ def test_concat_orders_rows_and_merges_meta_info():
     ]
     out = DataProto.concat(parts)
     assert rows(out) == [0, 1, 0, 1, 2]
-    # scalars collected into a list, lists concatenated, one entry per part (dp rank)
-    assert out.meta_info == {"t": 1.0, "metrics": {"loss": [0.5, 0.25], "acc": [1, 2, 3]}}
+    # veRL 0.9.1: a dict of lists with one entry per part (dp rank), whatever each entry holds
+    assert out.meta_info == {"t": 1.0, "metrics": {"loss": [0.5, 0.25], "acc": [[1, 2], [3]]}}
+    # a single part still becomes a dict of one-entry lists
+    assert DataProto.concat(parts[:1]).meta_info["metrics"] == {"loss": [0.5], "acc": [[1, 2]]}
 
 
-def test_concat_metrics_lists_are_extended_and_shared_objects_counted_once():
+def test_concat_metrics_lists_of_dicts_are_flattened_one_entry_per_dict():
     a, b = make(1, meta={"metrics": [{"l": 1}]}), make(1, meta={"metrics": [{"l": 2}, {"l": 3}]})
-    assert DataProto.concat([a, b]).meta_info["metrics"] == [{"l": 1}, {"l": 2}, {"l": 3}]
+    assert DataProto.concat([a, b]).meta_info["metrics"] == {"l": [1, 2, 3]}
+    # as in veRL, every part counts, also chunks that share their parent's metrics object
     whole = make(4, meta={"metrics": {"loss": 1.0}})
-    # chunks share their parent's metrics object: re-joining them must not count it 4 times
-    assert DataProto.concat(whole.chunk(4)).meta_info == {"metrics": {"loss": 1.0}}
+    assert DataProto.concat(whole.chunk(4)).meta_info == {"metrics": {"loss": [1.0] * 4}}
+    # keys missing from some parts give shorter lists; a non-dict entry is refused
+    c, d = make(1, meta={"metrics": {"x": 1}}), make(1, meta={"metrics": {"x": 2, "y": 3}})
+    assert DataProto.concat([c, d]).meta_info["metrics"] == {"x": [1, 2], "y": [3]}
+    with pytest.raises(TypeError, match="part 1 holds float"):
+        DataProto.concat([c, make(1, meta={"metrics": 0.5})])
 
 
-def test_concat_keeps_first_value_of_a_disagreeing_meta_key():
-    out = DataProto.concat([make(1, meta={"t": 1, "only_b": None}), make(1, meta={"t": 2, "extra": 3})])
+def test_concat_refuses_a_disagreeing_meta_key():
+    # veRL asserts equal values for shared non-metric keys; code catching AssertionError still works
+    with pytest.raises(AssertionError, match=r"meta_info\['t'\] differs between parts \(1 vs 2\)"):
+        DataProto.concat([make(1, meta={"t": 1, "only_b": None}), make(1, meta={"t": 2, "extra": 3})])
+    out = DataProto.concat([make(1, meta={"t": 1, "only_b": None}), make(1, meta={"t": 1, "extra": 3})])
     assert out.meta_info == {"t": 1, "only_b": None, "extra": 3}
 
 

@@ -14,7 +14,9 @@ driver with the in-process one; the rollout servers live in the rollout workers 
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,7 @@ from hybridflow.agent_loop.base import AgentLoopSettings
 from hybridflow.agent_loop.server_manager import LocalServerHandle, RayServerHandle, ServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker, split_indices
 from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base.watchdog import wait_with_deadline
 from hybridflow.single_controller.inprocess import InProcessWorkerGroup
 from hybridflow.workers.rollout.server import EngineLoop
 
@@ -48,7 +51,10 @@ def _fill_missing_columns(parts: list[DataProto]) -> None:
 
 class AgentLoopManager:
     def __init__(self, settings: AgentLoopSettings, rollout_wg, tokenizer, role: str | None = "actor_rollout",
-                 hybrid_engine: bool = True, loop_kwargs: dict | None = None):
+                 hybrid_engine: bool = True, loop_kwargs: dict | None = None, resume_on_abort: bool = False):
+        """``hybrid_engine``: the rollout shares its processes with the actor (wake/push/sleep around each
+        generation); otherwise weights reach the engines from outside (a separate rollout pool).
+        ``resume_on_abort``: partial rollouts (aborted requests continue after a weight update)."""
         self.settings = settings
         self.rollout_wg = rollout_wg
         self.hybrid_engine = hybrid_engine
@@ -56,20 +62,22 @@ class AgentLoopManager:
         pad = tokenizer.pad_token_id
         self._local = isinstance(servers[0], LocalServerHandle)
         n = settings.num_workers
+        args = (settings, servers, tokenizer, pad, loop_kwargs, resume_on_abort)
         if self._local:
             self._loop = EngineLoop("hybridflow-agent-loop")
-            self.workers = [AgentLoopWorker(settings, servers, tokenizer, pad, loop_kwargs) for _ in range(n)]
+            self.workers = [AgentLoopWorker(*args) for _ in range(n)]
         else:
             import ray
 
             remote = ray.remote(num_cpus=0)(AgentLoopWorker)
-            self.workers = [remote.remote(settings, servers, tokenizer, pad, loop_kwargs) for _ in range(n)]
+            self.workers = [remote.remote(*args) for _ in range(n)]
+        self._next_worker = 0
 
     # ------------------------------------------------------------------------------------------
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         metrics: dict[str, Any] = {}
         if self.hybrid_engine:
-            prepared = [p or {} for p in self.rollout_wg.prepare_rollout()]
+            prepared = [p or {} for p in self.rollout_wg.prepare_rollout(prompts.meta_info.get("weight_version"))]
             for key in sorted({k for p in prepared for k in p}):  # the slowest rank is the step's cost
                 metrics[key] = max(p.get(key, 0.0) for p in prepared)
         start = time.perf_counter()
@@ -82,8 +90,9 @@ class AgentLoopManager:
         _fill_missing_columns(parts)
         out = DataProto.concat(parts) if len(parts) > 1 else parts[0]
         worker_metrics = out.meta_info.pop("metrics", {})
-        out.meta_info = dict(prompts.meta_info)
-        out.meta_info["metrics"] = {**worker_metrics, **{k: [v] for k, v in metrics.items()}}
+        # the output carries only its metrics: the request-naming keys of the call (global_steps,
+        # sample_offset, ...) describe the request, and would conflict when batches are concatenated
+        out.meta_info = {"metrics": {**worker_metrics, **{k: [v] for k, v in metrics.items()}}}
         return out
 
     def _run_workers(self, prompts: DataProto) -> list[DataProto]:
@@ -94,16 +103,58 @@ class AgentLoopManager:
             part.meta_info = {**prompts.meta_info, "sample_offset": start}
             chunks.append(part)
         workers = self.workers[: len(chunks)]
+        # every wait has the rollout group's watchdog deadline; finished trajectories count as progress,
+        # so a long generation that keeps finishing samples is never declared stuck
+        rows = max((len(c) for c in chunks), default=0)
+        watchdog = getattr(self.rollout_wg, "watchdog", None)
+        deadline = watchdog.deadline(rows, progress=self.completed_trajectories) if watchdog is not None else None
+        what = f"generate_sequences ({len(prompts)} trajectories over {len(chunks)} agent loop workers)"
         if self._local:
-            import asyncio
-
             async def gather():
                 return await asyncio.gather(*[w.generate_sequences(c) for w, c in zip(workers, chunks)])
+
+            return list(wait_with_deadline([self._loop.submit(gather())], deadline, group=self.rollout_wg, what=what)[0])
+        return wait_with_deadline([w.generate_sequences.remote(c) for w, c in zip(workers, chunks)], deadline,
+                                  group=self.rollout_wg, what=what)
+
+    def completed_trajectories(self) -> int:
+        return int(sum(self._call_workers("completed_trajectories")))
+
+    # ------------------------------------------------------------------------------------------
+    # streaming (asynchronous training): one request batch at a time, without the hybrid switches
+    def submit(self, prompts: DataProto) -> Future:
+        """Start ``prompts`` (e.g. one prompt's group) on the next agent loop worker; the Future gives
+        the finished DataProto. ``prompts.meta_info`` names the requests (global_steps, sample_offset)."""
+        worker = self.workers[self._next_worker % len(self.workers)]
+        self._next_worker += 1
+        if self._local:
+            return self._loop.submit(worker.generate_sequences(prompts))
+        return worker.generate_sequences.remote(prompts).future()
+
+    def _call_workers(self, method: str) -> list:
+        if self._local:
+            async def gather():
+                return await asyncio.gather(*[getattr(w, method)() for w in self.workers])
 
             return list(self._loop.run(gather()))
         import ray
 
-        return ray.get([w.generate_sequences.remote(c) for w, c in zip(workers, chunks)])
+        return ray.get([getattr(w, method).remote() for w in self.workers])
+
+    def pause(self) -> None:
+        """Hold every new request (and re-sent aborted ones) in the agent loop workers."""
+        self._call_workers("pause")
+
+    def resume(self) -> None:
+        self._call_workers("resume")
+
+    def in_flight(self) -> int:
+        """Requests being served right now, over all agent loop workers."""
+        return int(sum(self._call_workers("in_flight")))
+
+    def abort(self) -> None:
+        """Stop the requests in flight on every engine (they return what they have)."""
+        self.rollout_wg.abort_rollout()
 
     def shutdown(self) -> None:
         if self._local:

@@ -14,13 +14,14 @@ reproducible from the ids alone.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from typing import Any
 
 from hybridflow.workers.rollout.sampling import SamplingParams
-from hybridflow.workers.rollout.server import TokenOutput
+from hybridflow.workers.rollout.server import ABORT, TokenOutput
 
 ROLLOUT_CONCURRENCY_GROUP = "rollout"
 
@@ -38,7 +39,11 @@ class LocalServerHandle(ServerHandle):
         self.host = host
 
     async def generate(self, prompt_ids, params, request_id, logprobs=True):
-        return await self.host.engine_loop.wrap(self.host.server.generate(prompt_ids, params, request_id, logprobs))
+        version = getattr(self.host, "weight_version", None)  # as RolloutHost.server_generate stamps it
+        out = await self.host.engine_loop.wrap(self.host.server.generate(prompt_ids, params, request_id, logprobs))
+        if version is not None:
+            out.extra["weight_version"] = version
+        return out
 
     def __reduce__(self):
         raise TypeError("a LocalServerHandle reaches an engine in this process; it cannot be sent elsewhere")
@@ -60,16 +65,39 @@ class RayServerHandle(ServerHandle):
 
 
 class ServerManager:
-    """Sticky, least-loaded routing of requests over several servers (see the module docstring)."""
+    """Sticky, least-loaded routing of requests over several servers (see the module docstring).
 
-    def __init__(self, servers: list[ServerHandle], logprobs: bool = True, max_sticky: int = 100_000):
+    Asynchronous training adds two things: a gate (``pause``/``resume``) that holds new requests while
+    the weights change, and, with ``resume_on_abort`` (partial rollouts), requests that come back
+    aborted are sent again once the gate opens, continuing from the tokens they already have; each
+    token keeps the weight version that produced it.
+    """
+
+    def __init__(self, servers: list[ServerHandle], logprobs: bool = True, resume_on_abort: bool = False,
+                 max_sticky: int = 100_000):
         if not servers:
             raise ValueError("ServerManager needs at least one rollout server")
         self.servers = list(servers)
         self.logprobs = logprobs  # ask the engines for the sampled tokens' log-probs
+        self.resume_on_abort = resume_on_abort
         self.in_flight = [0] * len(servers)
         self._sticky: OrderedDict[str, tuple[int, itertools.count]] = OrderedDict()
         self._max_sticky = max_sticky
+        self._open: asyncio.Event | None = None  # created on the loop that uses it
+        self.versions: dict[str, tuple[int, int]] = {}  # request id -> (min, max) weight version of its tokens
+
+    def _gate(self) -> asyncio.Event:
+        if self._open is None:
+            self._open = asyncio.Event()
+            self._open.set()
+        return self._open
+
+    def pause(self) -> None:
+        """New requests (and re-sent aborted ones) wait until ``resume``."""
+        self._gate().clear()
+
+    def resume(self) -> None:
+        self._gate().set()
 
     def _route(self, request_id: str) -> tuple[int, int]:
         if request_id in self._sticky:
@@ -87,14 +115,44 @@ class ServerManager:
                        ) -> TokenOutput:
         if isinstance(sampling_params, dict):
             sampling_params = SamplingParams().with_overrides(sampling_params)
+        await self._gate().wait()
         server, turn = self._route(request_id)
-        self.in_flight[server] += 1
-        try:
-            return await self.servers[server].generate(list(prompt_ids), sampling_params, f"{request_id}/{turn}",
-                                                       self.logprobs)
-        finally:
-            self.in_flight[server] -= 1
+        tokens: list[int] = []
+        log_probs: list[float] | None = [] if self.logprobs else None
+        versions: list[int] = []
+        part = 0
+        while True:
+            params = sampling_params
+            if tokens:  # a resumed request continues from what it has, within the same budget
+                params = sampling_params.with_overrides(
+                    {"response_length": max(sampling_params.response_length - len(tokens), 0)})
+            engine_id = f"{request_id}/{turn}" + (f".{part}" if part else "")
+            self.in_flight[server] += 1
+            try:
+                out = await self.servers[server].generate(list(prompt_ids) + tokens, params, engine_id, self.logprobs)
+            finally:
+                self.in_flight[server] -= 1
+            tokens += out.token_ids
+            if log_probs is not None:
+                log_probs += out.log_probs or [0.0] * len(out.token_ids)
+            version = out.extra.get("weight_version")
+            if version is not None:
+                versions += [version] * len(out.token_ids)
+                low, high = self.versions.get(request_id, (version, version))
+                self.versions[request_id] = (min(low, version), max(high, version))
+            resumable = out.stop_reason == ABORT and self.resume_on_abort and params.response_length > len(out.token_ids)
+            if not resumable:
+                extra = dict(out.extra)
+                if versions:
+                    extra["weight_versions"] = versions
+                return TokenOutput(tokens, log_probs, out.stop_reason, extra)
+            part += 1
+            await self._gate().wait()  # the weights are changing: continue once they are in
 
-    def release(self, request_id: str) -> None:
-        """Forget a finished trajectory's routing."""
+    def total_in_flight(self) -> int:
+        return sum(self.in_flight)
+
+    def release(self, request_id: str) -> tuple[int, int] | None:
+        """Forget a finished trajectory's routing; returns the (min, max) weight version of its tokens."""
         self._sticky.pop(request_id, None)
+        return self.versions.pop(request_id, None)

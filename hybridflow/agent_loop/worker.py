@@ -48,10 +48,11 @@ def prompt_token_ids(batch: DataProto) -> list[list[int]]:
 
 class AgentLoopWorker:
     def __init__(self, settings: AgentLoopSettings, servers: Sequence[ServerHandle], tokenizer,
-                 pad_token_id: int, loop_kwargs: dict | None = None):
+                 pad_token_id: int, loop_kwargs: dict | None = None, resume_on_abort: bool = False):
         self.settings = settings
         rollout = settings.extra.get("rollout", {})
-        self.server_manager = ServerManager(list(servers), logprobs=bool(rollout.get("calculate_log_probs", True)))
+        self.server_manager = ServerManager(list(servers), logprobs=bool(rollout.get("calculate_log_probs", True)),
+                                            resume_on_abort=resume_on_abort)
         self.tokenizer = tokenizer
         self.pad_token_id = int(pad_token_id)
         self.train_params, self.val_params = sampling_params_from_config(settings.extra.get("rollout", {}))
@@ -64,6 +65,7 @@ class AgentLoopWorker:
         for name, kwargs in (loop_kwargs or {}).items():
             cls = self.loop_specs[name][0] if name in self.loop_specs else AGENT_LOOPS.get(name)
             self.loop_specs[name] = (cls, {**self.loop_specs.get(name, (None, {}))[1], **kwargs})
+        self.completed = 0  # trajectories finished so far (progress for watchdogs)
 
     def sampling_params(self, meta_info: dict) -> SamplingParams:
         return resolve_sampling(self.train_params, self.val_params, meta_info)
@@ -112,12 +114,30 @@ class AgentLoopWorker:
         try:
             loop = loop_cls(settings, self.server_manager, self.tokenizer, tools=self.tools,
                             interactions=self.interactions, **kwargs)
-            return await loop.run(params, **sample)
+            output = await loop.run(params, **sample)
         except Exception as e:
             e.add_note(f"hybridflow: agent loop {name!r} failed on sample {index} (request {sample['request_id']!r})")
-            raise
-        finally:
             self.server_manager.release(sample["request_id"])
+            raise
+        self.completed += 1  # progress the driver's watchdog can see
+        versions = self.server_manager.release(sample["request_id"])
+        if versions is not None:  # which policy produced the sample: oldest and newest weights of its tokens
+            output.extra_fields.setdefault("min_weight_version", versions[0])
+            output.extra_fields.setdefault("max_weight_version", versions[1])
+        return output
+
+    # ------------------------------------------------------------------------ asynchronous training
+    async def pause(self) -> None:
+        self.server_manager.pause()
+
+    async def resume(self) -> None:
+        self.server_manager.resume()
+
+    async def in_flight(self) -> int:
+        return self.server_manager.total_in_flight()
+
+    async def completed_trajectories(self) -> int:
+        return self.completed
 
 
 def split_indices(n: int, parts: int) -> list[tuple[int, int]]:

@@ -71,14 +71,15 @@ def conversation_ids(chat: ChatTokenizer, messages: list[dict], tools: list[dict
 
 
 class MultiTurnSFTDataset(Dataset):
-    """``config``: the SFT ``data`` section (``multiturn.messages_key``, ``multiturn.tools_key``,
-    ``max_length``, ``truncation``: error | left | right)."""
+    """``config``: the SFT ``data`` section (``messages_key``, ``tools_key`` (veRL's earlier spellings
+    ``multiturn.messages_key`` / ``multiturn.tools_key`` map onto them), ``max_length``,
+    ``truncation``: error | left | right, ``apply_chat_template_kwargs``)."""
 
     def __init__(self, parquet_files, tokenizer, config: Mapping | None = None):
         config = dict(config or {})
         multiturn = dict(config.get("multiturn") or {})
-        self.messages_key = multiturn.get("messages_key") or "messages"
-        self.tools_key = multiturn.get("tools_key") or "tools"
+        self.messages_key = config.get("messages_key") or multiturn.get("messages_key") or "messages"
+        self.tools_key = config.get("tools_key") or multiturn.get("tools_key") or "tools"
         self.max_length = int(config.get("max_length") or 1024)
         self.truncation = config.get("truncation") or "error"
         if self.truncation not in ("error", "left", "right"):

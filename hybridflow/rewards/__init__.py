@@ -5,6 +5,7 @@ The scorers themselves live in ``hybridflow.utils.reward_score`` (veRL's import 
 
 from hybridflow.rewards.custom import get_custom_reward_fn
 from hybridflow.rewards.manager import (
+    REWARD_MANAGER_REGISTRY,
     REWARD_MANAGERS,
     BatchRewardManager,
     NaiveRewardManager,
@@ -17,6 +18,7 @@ from hybridflow.rewards.manager import (
 from hybridflow.utils.reward_score import default_compute_score, register_scorer
 
 __all__ = [
+    "REWARD_MANAGER_REGISTRY",
     "REWARD_MANAGERS",
     "BatchRewardManager",
     "NaiveRewardManager",

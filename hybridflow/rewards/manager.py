@@ -27,15 +27,22 @@ from hybridflow.utils.registry import Registry
 from hybridflow.utils.reward_score import default_compute_score
 
 REWARD_MANAGERS: Registry[type] = Registry("reward manager")
+REWARD_MANAGER_REGISTRY = REWARD_MANAGERS  # veRL's name (verl.workers.reward_manager.registry)
 
 
 def register_reward_manager(name: str, *, override: bool = False):
-    """Class decorator: make a reward manager available to ``load_reward_manager(name, ...)``."""
+    """Class decorator: make a reward manager available to ``load_reward_manager(name, ...)``.
+    The same class again is fine; a different class under a taken name is an error."""
     return REWARD_MANAGERS.register(name, override=override)
 
 
+register = register_reward_manager  # veRL's spelling: ``@register("name")``
+
+
 def get_reward_manager_cls(name: str) -> type:
-    return REWARD_MANAGERS.get(name)
+    """The class registered under ``name``; unknown names raise (a ValueError, as in veRL, and a
+    KeyError) listing the known ones."""
+    return REWARD_MANAGERS[name]
 
 
 class RewardComputationError(RuntimeError):

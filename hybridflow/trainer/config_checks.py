@@ -4,6 +4,10 @@ A batch size that does not split over the ranks, or a micro-batch size left unse
 hour later inside a worker with an assertion far from the key that caused it. Here it fails in the
 first second, with the keys and the numbers in the message. Options that only mean something on a
 GPU are accepted on CPU and explained in the returned notes; only a GPU-only engine (vLLM) is an error.
+
+Whether a key is implemented at all (honoured / not supported / accepted with note) is not decided
+here but in hybridflow/utils/config_keys/, checked when the config is loaded; these checks are the
+semantic ones: values that contradict each other or the device.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from hybridflow.agent_loop.loop_config import load_agent_loop_config
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.tools.tool_registry import check_tool_config
+from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings
+from hybridflow.trainer.ppo.dynamic_sampling import FilterGroupsSettings
 from hybridflow.utils.config import ConfigError, default_config
 
 __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTIMATORS", "GPU_ONLY_ROLLOUTS"]
@@ -34,7 +40,7 @@ _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp3
 # Settings the hf rollout does not read (they configure vLLM's engine).
 _VLLM_ONLY_KEYS = (
     "gpu_memory_utilization", "enforce_eager", "free_cache_engine", "load_format", "max_num_batched_tokens",
-    "max_num_seqs", "max_model_len", "enable_chunked_prefill", "disable_log_stats", "layered_summon",
+    "max_num_seqs", "max_model_len", "enable_chunked_prefill", "disable_log_stats", "calculate_log_probs", "seed",
 )
 
 
@@ -102,8 +108,10 @@ def validate_ppo_config(cfg: DictConfig | Mapping, n_devices: int | None = None)
     if world and n and train_bs:
         _check_batches(r, world, n, train_bs)
     _check_algorithm(r, n)
+    _check_off_policy(r, n)
     _check_rollout(r, device, world)
     _check_multi_turn(r)
+    _check_async(r)
     if device == "cpu":
         _explain_gpu_only(r)
     _check_misc(r)
@@ -241,7 +249,7 @@ def _check_batches(r: _Report, world: int, n: int, train_bs: int) -> None:
         if r.get("critic.use_dynamic_bsz"):
             _check_token_budget(r, "critic", "forward_max_token_len_per_gpu")
 
-    if r.get("reward_model.enable"):
+    if r.get("reward.reward_model.enable"):
         dp = _dp(r, "reward_model", world)
         if dp and r.get("reward_model.use_dynamic_bsz"):
             _check_token_budget(r, "reward_model", "forward_max_token_len_per_gpu")
@@ -271,6 +279,41 @@ def _check_algorithm(r: _Report, n: int | None) -> None:
         model = "actor_rollout_ref.model" if section.startswith("actor") else "critic.model"
         if sp > 1 and not r.get(f"{model}.use_remove_padding"):
             r.errors.append(f"{section}.ulysses_sequence_parallel_size={sp} needs {model}.use_remove_padding=True")
+
+
+def _check_off_policy(r: _Report, n: int | None) -> None:
+    """algorithm.rollout_correction and algorithm.filter_groups: parsed as the trainer will, plus
+    the combinations that would otherwise do nothing or something else than asked."""
+    section = "algorithm.rollout_correction"
+    loss_mode = r.get("actor_rollout_ref.actor.policy_loss.loss_mode")
+    if loss_mode == "bypass_mode":
+        r.errors.append(f"actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode is selected by {section}"
+                        f".bypass_mode=True (with {section}.loss_type ppo_clip or reinforce); set that instead")
+    try:
+        rc = RolloutCorrectionSettings.from_config(r.get(section), section)
+    except ValueError as e:
+        r.errors.append(str(e))
+        rc = None
+    if rc is not None:
+        logprobs = r.get("actor_rollout_ref.rollout.calculate_log_probs")
+        if (rc.bypass_mode or rc.rollout_is or rc.rejection) and logprobs is False:
+            r.errors.append(f"{section} (bypass_mode, rollout_is or rollout_rs) compares against the rollout's "
+                            "log-probs: set actor_rollout_ref.rollout.calculate_log_probs=True")
+        if rc.bypass_mode and loss_mode not in (None, "vanilla", "bypass_mode"):
+            r.errors.append(f"{section}.bypass_mode=True replaces the policy loss (clipped PPO or REINFORCE, per "
+                            f"{section}.loss_type); actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} "
+                            "would not be used")
+        if rc.bypass_mode and rc.loss_type == "ppo_clip" and rc.rollout_is:
+            r.notes.append(f"{section}.bypass_mode=True with loss_type=ppo_clip: the rollout_is weights are logged, "
+                           "not applied (the PPO ratio already is π_θ/π_rollout); loss_type=reinforce applies them")
+    try:
+        fg = FilterGroupsSettings.from_config(r.get("algorithm.filter_groups"))
+    except ValueError as e:
+        r.errors.append(str(e))
+        fg = None
+    if fg is not None and fg.enable and n == 1:
+        r.notes.append("algorithm.filter_groups.enable=True with actor_rollout_ref.rollout.n=1: a group of one "
+                       "response is always kept, so nothing is filtered")
 
 
 def _check_rollout(r: _Report, device: str, world: int | None) -> None:
@@ -364,15 +407,40 @@ def _check_multi_turn(r: _Report) -> None:
                        "samples whose agent_name is tool_agent (as in veRL 0.9.1, the sample's agent_name decides)")
 
 
+def _check_async(r: _Report) -> None:
+    """Asynchronous modes need a rollout pool of their own, and sane staleness knobs."""
+    mode = r.get("async_training.mode") or "sync"
+    rollout_nodes = r.get("actor_rollout_ref.rollout.nnodes") or 0
+    if mode not in ("sync", "one_step_off", "fully_async"):
+        r.errors.append(f"async_training.mode={mode!r} is not one of sync, one_step_off, fully_async")
+        return
+    if rollout_nodes and (r.get("actor_rollout_ref.rollout.n_gpus_per_node") or 0) <= 0:
+        r.errors.append("actor_rollout_ref.rollout.n_gpus_per_node must be > 0 when actor_rollout_ref.rollout.nnodes > 0")
+    if r.get("trainer.backend") == "inprocess" and rollout_nodes and \
+            rollout_nodes * (r.get("actor_rollout_ref.rollout.n_gpus_per_node") or 0) != 1:
+        r.errors.append("trainer.backend=inprocess runs one rollout worker: set actor_rollout_ref.rollout.nnodes=1 "
+                        "and n_gpus_per_node=1, or use trainer.backend=ray")
+    if mode == "sync":
+        return
+    if rollout_nodes <= 0:
+        r.errors.append(f"async_training.mode={mode} generates while the trainer trains, so the rollout needs a pool "
+                        "of its own: set actor_rollout_ref.rollout.nnodes (and n_gpus_per_node) > 0")
+    if (r.get("async_training.staleness_threshold") or 0) < 0:
+        r.errors.append(f"async_training.staleness_threshold must be >= 0, got {r.get('async_training.staleness_threshold')}")
+    if mode == "fully_async":
+        r.positive_int("async_training.trigger_parameter_sync_step")
+        r.positive_int("async_training.require_batches")
+        if not r.get("actor_rollout_ref.rollout.calculate_log_probs"):
+            r.notes.append("async_training: actor_rollout_ref.rollout.calculate_log_probs=False, so the staleness "
+                           "of samples cannot be corrected with rollout log-probs")
+
+
 def _explain_gpu_only(r: _Report) -> None:
     """Settings that only act on a GPU: accepted on cpu, with a note saying what happens."""
     for model in ("actor_rollout_ref.model", "critic.model"):
-        if r.get(f"{model}.use_liger"):
-            r.notes.append(f"{model}.use_liger=True: Liger kernels are Triton/CUDA kernels; not used on cpu")
         if r.get(f"{model}.enable_activation_offload"):
             r.notes.append(f"{model}.enable_activation_offload=True: activations already live in host memory on cpu")
-    fsdp_sections = ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config",
-                     "critic.model.fsdp_config", "reward_model.model.fsdp_config")
+    fsdp_sections = ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp")
     for section in fsdp_sections:
         for key in ("param_offload", "optimizer_offload", "offload_policy"):
             if r.get(f"{section}.{key}"):
@@ -397,12 +465,14 @@ def _check_misc(r: _Report) -> None:
     truncation = r.get("data.truncation")
     if truncation not in (None, "error", "left", "right", "middle"):
         r.errors.append(f"data.truncation={truncation!r} is not one of error, left, right, middle")
-    if r.get("data.val_batch_size") is not None:
-        r.notes.append("data.val_batch_size is deprecated: validation runs the whole validation set as one batch")
     if r.get("trainer.total_training_steps") is None:
         r.positive_int("trainer.total_epochs")
     else:
         r.positive_int("trainer.total_training_steps")
     r.positive_int("actor_rollout_ref.actor.ppo_epochs")
+    timeout = r.get("trainer.watchdog_timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        r.errors.append(f"trainer.watchdog_timeout must be a positive number of seconds (or null to turn the "
+                        f"watchdog off), got {timeout!r}")
     if (r.get("trainer.critic_warmup") or 0) < 0:
         r.errors.append(f"trainer.critic_warmup must be >= 0, got {r.get('trainer.critic_warmup')}")

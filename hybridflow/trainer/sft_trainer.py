@@ -1,4 +1,5 @@
-"""Supervised fine-tuning (veRL's ``fsdp_sft_trainer``): parquet (prompt, response) pairs, loss on the
+"""Supervised fine-tuning (veRL's SFT trainer; config keys of 0.9.1's sft_trainer_engine, the earlier
+fsdp_sft_trainer spellings mapped onto them): parquet (prompt, response) pairs, loss on the
 response tokens only, one process per device under torchrun, Hugging Face model directories out.
 
 Normalisation. A global batch of ``data.train_batch_size`` rows is split into W equal rank slices and
@@ -25,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
+import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
@@ -39,7 +41,7 @@ from hybridflow.utils.torch_functional import logprobs_from_logits
 from hybridflow.utils.tracking import SUPPORTED as SUPPORTED_LOGGERS
 from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
-from hybridflow.workers.engine.optim import build_optimizer, lr_multiplier
+from hybridflow.workers.engine.optim import build_optimizer, lr_multiplier, resolve_warmup_steps
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
 from hybridflow.workers.utils.micro_batches import clip_grad_and_step, grad_sync
 
@@ -73,13 +75,14 @@ def sft_nll_sum(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.
     return -(logp * loss_mask[:, 1:].to(logp.dtype)).sum()
 
 
-def sft_lr_multiplier(step: int, warmup_steps: int, total_steps: int, style: str = "cosine") -> float:
-    """Linear warmup, then ``cosine`` decay to 0 at ``total_steps``, ``constant``, or ``wsd``
-    (warmup-stable-decay: constant for 90% of the post-warmup steps, cosine to 0 over the last 10%)."""
+def sft_lr_multiplier(step: int, warmup_steps: int, total_steps: int, style: str = "cosine",
+                      min_lr_ratio: float = 0.0, num_cycles: float = 0.5) -> float:
+    """Linear warmup, then ``cosine`` decay to ``min_lr_ratio`` at ``total_steps``, ``constant``, or
+    ``wsd`` (warmup-stable-decay: constant for 90% of the post-warmup steps, cosine to 0 over the last 10%)."""
     if style in ("cosine", "constant"):
-        return lr_multiplier(step, warmup_steps, total_steps, style)
+        return lr_multiplier(step, warmup_steps, total_steps, style, min_lr_ratio, num_cycles)
     if style != "wsd":
-        raise ValueError(f"optim.lr_scheduler must be one of {LR_SCHEDULERS}, got {style!r}")
+        raise ValueError(f"optim.lr_scheduler_type must be one of {LR_SCHEDULERS}, got {style!r}")
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
     stable_end = warmup_steps + int(0.9 * (total_steps - warmup_steps))
@@ -121,18 +124,29 @@ def _load_class(path: str, name: str):
 
 def create_sft_dataset(files, data_config: Mapping, tokenizer):
     """``data.custom_cls`` if configured (called as ``cls(files, tokenizer, data_config)``), else
-    MultiTurnSFTDataset with ``data.multiturn.enable``, else SFTDataset.
+    MultiTurnSFTDataset for conversations (``data.multiturn.enable``, or data with a ``data.messages_key``
+    column and no ``data.prompt_key`` column, as veRL 0.9.1 reads them), else SFTDataset.
 
     Items must follow SFTDataset's convention: ``loss_mask`` is 1 on the response tokens themselves
     (the targets), not shifted one to the left as veRL's SFTDataset stores it."""
     custom = data_config.get("custom_cls") or {}
     if custom.get("path"):
         cls = _load_class(custom["path"], custom["name"])
-    elif (data_config.get("multiturn") or {}).get("enable"):
+    elif (data_config.get("multiturn") or {}).get("enable") or _holds_conversations(files, data_config):
         cls = MultiTurnSFTDataset  # chat messages (+ tools): loss on the assistant turns only
     else:
         cls = SFTDataset
     return cls(files, tokenizer, data_config)
+
+
+def _holds_conversations(files, data_config: Mapping) -> bool:
+    """The first file has the messages column and not the single-turn prompt column."""
+    first = files if isinstance(files, str) else (list(files) or [None])[0]
+    if not first or not os.path.isfile(os.path.expanduser(str(first))):
+        return False  # the dataset names the missing file
+    columns = set(pq.read_schema(os.path.expanduser(str(first))).names)
+    messages = data_config.get("messages_key") or "messages"
+    return messages in columns and (data_config.get("prompt_key") or "prompt") not in columns
 
 
 # --------------------------------------------------------------------------- settings
@@ -140,7 +154,9 @@ def create_sft_dataset(files, data_config: Mapping, tokenizer):
 
 @dataclass(frozen=True)
 class SFTSettings:
-    """The keys the trainer reads, checked once at start-up (every problem reported together)."""
+    """The keys the trainer reads (veRL 0.9.1's sft_trainer_engine keys; configs/sft_trainer.yaml maps
+    the earlier fsdp_sft_trainer spellings onto them), checked once at start-up. Whether a key is
+    implemented at all was checked when the config was loaded (hybridflow/utils/config_keys)."""
 
     train_batch_size: int
     micro_batch_size_per_gpu: int
@@ -149,7 +165,10 @@ class SFTSettings:
     lr: float
     betas: tuple
     weight_decay: float
-    warmup_steps_ratio: float
+    lr_warmup_steps: int
+    lr_warmup_steps_ratio: float
+    min_lr_ratio: float
+    num_cycles: float
     clip_grad: float | None
     lr_scheduler: str
     strategy: str
@@ -166,68 +185,56 @@ class SFTSettings:
     @classmethod
     def from_config(cls, cfg, world_size: int) -> tuple["SFTSettings", list[str]]:
         """(settings, notes); raises ConfigError listing every error."""
-        get = lambda key, default=None: OmegaConf.select(cfg, key, default=default)  # noqa: E731
+        data, optim, trainer = cfg["data"], cfg["optim"], cfg["trainer"]
         errors, notes = [], []
-        device = resolve_device(get("trainer.device", "auto"))
-        micro = get("data.micro_batch_size_per_gpu") or get("data.micro_batch_size")
-        if get("data.micro_batch_size") is not None:
+        device = resolve_device(trainer["device"])
+        micro = data["micro_batch_size_per_gpu"] or data["micro_batch_size"]
+        if data["micro_batch_size"] is not None:
             notes.append("data.micro_batch_size is deprecated; use data.micro_batch_size_per_gpu")
-        tbs = get("data.train_batch_size")
+        tbs = data["train_batch_size"]
         for key, val in (("data.train_batch_size", tbs), ("data.micro_batch_size_per_gpu", micro)):
             if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
                 errors.append(f"{key} must be a positive integer, got {val!r}")
         if isinstance(tbs, int) and tbs > 0 and tbs % world_size:
             errors.append(f"data.train_batch_size={tbs} does not split over {world_size} processes")
-        if get("optim.lr_scheduler") not in LR_SCHEDULERS:
-            errors.append(f"optim.lr_scheduler must be one of {LR_SCHEDULERS}, got {get('optim.lr_scheduler')!r}")
-        if get("model.strategy") not in STRATEGIES:
-            errors.append(f"model.strategy must be one of {STRATEGIES}, got {get('model.strategy')!r}")
-        loggers = tuple(get("trainer.logger") or ())
+        if optim["lr_scheduler_type"] not in LR_SCHEDULERS:
+            errors.append(f"optim.lr_scheduler_type must be one of {LR_SCHEDULERS}, got {optim['lr_scheduler_type']!r}")
+        strategy = cfg["engine"]["strategy"]
+        if strategy not in STRATEGIES:
+            errors.append(f"engine.strategy must be one of {STRATEGIES}, got {strategy!r}")
+        loggers = tuple(trainer["logger"] or ())
         if set(loggers) - set(LOGGERS):
             errors.append(f"trainer.logger: the SFT trainer supports {LOGGERS}, got {list(loggers)}")
-        unsupported = {
-            "model.lora_rank": (get("model.lora_rank") or 0) > 0,
-            "ulysses_sequence_parallel_size": (get("ulysses_sequence_parallel_size") or 1) != 1,
-            "trainer.resume_path": bool(get("trainer.resume_path")),
-        }
-        for key, is_set in unsupported.items():
-            if is_set:
-                errors.append(f"{key} is not supported by hybridflow's SFT trainer yet"
-                              + ("; to continue from saved weights set model.partial_pretrain=<.../global_step_N>"
-                                 if key == "trainer.resume_path" else ""))
-        if get("use_remove_padding"):
-            notes.append("use_remove_padding is ignored: each micro-batch is cut to its longest row instead")
-        if get("model.use_liger") or get("data.balance_dp_token") or get("data.use_shm"):
-            notes.append("model.use_liger / data.balance_dp_token / data.use_shm are ignored by the SFT trainer")
-        if get("trainer.default_hdfs_dir"):
-            notes.append("trainer.default_hdfs_dir is ignored: checkpoints stay in trainer.default_local_dir")
-        expected = (get("trainer.nnodes") or 1) * (get("trainer.n_gpus_per_node") or 1)
+        expected = trainer["nnodes"] * trainer["n_gpus_per_node"]
         if expected != world_size:
             notes.append(f"trainer.nnodes * trainer.n_gpus_per_node = {expected}, but {world_size} process(es) "
                          f"run: the process count comes from torchrun (--nproc_per_node)")
         if errors:
             raise ConfigError("invalid SFT config:\n  " + "\n  ".join(errors))
-        clip = get("optim.clip_grad")
+        clip = optim["clip_grad"]
         return cls(
             train_batch_size=tbs,
             micro_batch_size_per_gpu=micro,
-            total_epochs=int(get("trainer.total_epochs", 1)),
-            total_training_steps=get("trainer.total_training_steps"),
-            lr=float(get("optim.lr")),
-            betas=tuple(get("optim.betas", (0.9, 0.95))),
-            weight_decay=float(get("optim.weight_decay", 0.0)),
-            warmup_steps_ratio=float(get("optim.warmup_steps_ratio", 0.0) or 0.0),
+            total_epochs=int(trainer["total_epochs"]),
+            total_training_steps=trainer["total_training_steps"],
+            lr=float(optim["lr"]),
+            betas=tuple(optim["betas"]),
+            weight_decay=float(optim["weight_decay"]),
+            lr_warmup_steps=int(optim["lr_warmup_steps"]),
+            lr_warmup_steps_ratio=float(optim["lr_warmup_steps_ratio"]),
+            min_lr_ratio=float(optim["min_lr_ratio"]),
+            num_cycles=float(optim["num_cycles"]),
             clip_grad=float(clip) if clip else None,
-            lr_scheduler=get("optim.lr_scheduler"),
-            strategy=get("model.strategy"),
-            model_dtype=resolve_dtype(get("model.fsdp_config.model_dtype", "fp32") or "fp32", device),
-            gradient_checkpointing=bool(get("model.enable_gradient_checkpointing")),
-            save_freq=int(get("trainer.save_freq", -1) or -1),
-            test_freq=int(get("trainer.test_freq", -1) or -1),
-            max_ckpt_to_keep=get("trainer.max_ckpt_to_keep"),
-            default_local_dir=os.path.expanduser(str(get("trainer.default_local_dir"))),
+            lr_scheduler=optim["lr_scheduler_type"],
+            strategy=strategy,
+            model_dtype=resolve_dtype(cfg["engine"]["model_dtype"], device),
+            gradient_checkpointing=bool(cfg["model"]["enable_gradient_checkpointing"]),
+            save_freq=int(trainer["save_freq"]),
+            test_freq=int(trainer["test_freq"]),
+            max_ckpt_to_keep=trainer["max_ckpt_to_keep"],
+            default_local_dir=os.path.expanduser(str(trainer["default_local_dir"])),
             loggers=loggers,
-            seed=int(get("trainer.seed", 1)),
+            seed=int(trainer["seed"]),
             device=device,
         ), notes
 
@@ -273,12 +280,12 @@ class FSDPSFTTrainer:
         for note in notes:
             self._print(f"note: {note}")
         model_cfg = config["model"]
-        import_external_lib(model_cfg.get("external_lib"))
-        path = local_model_path(model_cfg["partial_pretrain"], "model.partial_pretrain")
-        trust = bool(model_cfg.get("trust_remote_code", False))
+        import_external_lib(model_cfg["external_lib"])
+        path = local_model_path(model_cfg["path"], "model.path")
+        trust = bool(model_cfg["trust_remote_code"])
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path, trust)
-        if config["data"].get("chat_template"):
-            self.tokenizer.chat_template = config["data"]["chat_template"]
+        if model_cfg["custom_chat_template"]:
+            self.tokenizer.chat_template = model_cfg["custom_chat_template"]
         data = config["data"]
         data_cfg = OmegaConf.to_container(data, resolve=True) if isinstance(data, DictConfig) else dict(data)
         if train_dataset is None:
@@ -299,9 +306,10 @@ class FSDPSFTTrainer:
         self.engine = TrainEngine(module, spec)
         self.module = self.engine.module
         self.optimizer = build_optimizer(self.module.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
-        warmup = int(s.warmup_steps_ratio * self.total_steps)
+        warmup = resolve_warmup_steps(s.lr_warmup_steps, s.lr_warmup_steps_ratio, self.total_steps)
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: sft_lr_multiplier(step, warmup, self.total_steps, s.lr_scheduler))
+            self.optimizer, lambda step: sft_lr_multiplier(step, warmup, self.total_steps, s.lr_scheduler,
+                                                           s.min_lr_ratio, s.num_cycles))
         self.device = torch.device(s.device, torch.cuda.current_device()) if s.device == "cuda" else torch.device("cpu")
         self.global_step = 0
         self._log_file = None

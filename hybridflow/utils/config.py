@@ -11,6 +11,7 @@ the wrong type fails naming the key, the expected type and the value. The result
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import importlib.resources
@@ -24,14 +25,18 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
+
+from hybridflow.utils.config_keys import TABLES
+from hybridflow.utils.config_support import SupportError, apply_aliases, check_support, mirror_aliases
 
 __all__ = [
     "ConfigError",
     "config_dir",
     "available_configs",
     "default_config",
+    "raw_default_config",
     "check_overrides",
     "suggest_keys",
     "load_config",
@@ -50,20 +55,25 @@ _UNION_TYPES: dict[str, tuple[str, ...]] = {
     "val_files": ("str", "list"),
     "target_modules": ("str", "list"),
     "reshard_after_forward": ("bool", "int"),
+    # real numbers that veRL's yaml writes as integers (entropy_coeff: 0, top_p: 1, temperature: 0)
+    "entropy_coeff": ("float",),
+    "top_p": ("float",),
+    "temperature": ("float",),
+    "over_sample_rate": ("float",),
+    "rollout_is_threshold": ("float", "str"),  # 2.0, or IcePop's 'lower_upper'
 }
 
 _PACKAGE = "hybridflow.configs"
-# veRL configs hybridflow does not ship, and why (a user yaml that builds on one fails saying so)
-_VERL_ONLY_CONFIGS = {"ppo_megatron_trainer": "Megatron is not a hybridflow training engine (FSDP2/DDP only)"}
 
 
 # --------------------------------------------------------------------------- locating the yaml files
 
 
 def config_dir() -> Path:
-    """The directory holding the yaml files: ``configs/`` beside the imported ``hybridflow`` package
-    when it runs from a source checkout (so a checkout reads its own yaml, whatever else is installed),
-    else the installed package data ``hybridflow.configs`` (setup.py ships ``configs/`` there)."""
+    """The directory holding the yaml files: ``configs/`` at the top of the source checkout this
+    module was imported from (an editable install, a worktree or a checkout on PYTHONPATH reads its
+    own yaml), else the installed package data ``hybridflow.configs`` (setup.py ships ``configs/``
+    there for a plain install)."""
     source_tree = Path(__file__).resolve().parents[2] / "configs"
     if (source_tree / "ppo_trainer.yaml").is_file():
         return source_tree
@@ -81,10 +91,25 @@ def available_configs(directory: str | os.PathLike | None = None) -> list[str]:
     return sorted(p.stem for p in Path(directory or config_dir()).glob("*.yaml"))
 
 
+# veRL configs hybridflow does not ship: the answer when a command line or a defaults list names one.
+VERL_ONLY_CONFIGS = {
+    "ppo_megatron_trainer": "Megatron is not a hybridflow training engine (FSDP2/DDP only); use ppo_trainer",
+    "ppo_torchtitan_trainer": "TorchTitan is not a hybridflow training engine (FSDP2/DDP only); use ppo_trainer",
+    "ppo_veomni_trainer": "VeOmni is not a hybridflow training engine (FSDP2/DDP only); use ppo_trainer",
+    "sft_trainer_engine": "hybridflow's SFT config is sft_trainer (it holds veRL 0.9.1's sft_trainer_engine keys)",
+}
+
+
+def _refuse_verl_only(name: str) -> None:
+    if name in VERL_ONLY_CONFIGS:
+        raise ConfigError(f"config {name!r} (veRL's) is not supported by hybridflow: {VERL_ONLY_CONFIGS[name]}")
+
+
 def _yaml_path(name: str, directory: str | os.PathLike | None) -> tuple[Path, str]:
     name = name[: -len(".yaml")] if name.endswith(".yaml") else name
     folder = Path(directory).expanduser().resolve() if directory is not None else config_dir()
     if not (folder / f"{name}.yaml").is_file():
+        _refuse_verl_only(name)
         known = ", ".join(available_configs(folder)) or "(none)"
         raise ConfigError(f"no config named {name!r} in {folder}; known: {known}")
     return folder, name
@@ -93,25 +118,8 @@ def _yaml_path(name: str, directory: str | os.PathLike | None) -> tuple[Path, st
 # --------------------------------------------------------------------------- composing
 
 
-def _searchpath_override(folder: Path, name: str) -> list[str]:
-    """A user's yaml in another folder (``--config-path``) that builds on ``ppo_trainer`` (veRL's examples:
-    ``defaults: [ppo_trainer, _self_]`` found through ``hydra.searchpath: [file://verl/trainer/config]``)
-    finds hybridflow's configs: they are added after the yaml's own search path entries."""
-    ours = config_dir().resolve()
-    if folder.resolve() == ours:
-        return []
-    raw = OmegaConf.load(folder / f"{name}.yaml")
-    listed = OmegaConf.select(raw, "hydra.searchpath", default=None) or []
-    # entries that point nowhere here (veRL's own config folder) are left out instead of warned about
-    entries = [str(p) for p in listed if not str(p).startswith("file://") or Path(str(p)[len("file://"):]).exists()]
-    entries.append(f"file://{ours}")
-    return ["hydra.searchpath=[" + ",".join(f"'{e}'" for e in entries) + "]"]
-
-
 def _compose(folder: Path, name: str, overrides: list[str]) -> DictConfig:
     """Hydra compose, leaving any GlobalHydra of the caller as it was."""
-    given = list(overrides)
-    overrides = given + _searchpath_override(folder, name)
     outer = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
     if outer is not None:
         GlobalHydra.instance().clear()
@@ -119,9 +127,7 @@ def _compose(folder: Path, name: str, overrides: list[str]) -> DictConfig:
         with initialize_config_dir(config_dir=str(folder), version_base=None):
             return compose(config_name=name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
-        missing = [n for n in _VERL_ONLY_CONFIGS if f"'{n}'" in str(e)]
-        why = f" ({_VERL_ONLY_CONFIGS[missing[0]]})" if missing else ""
-        raise ConfigError(f"cannot compose config {name!r} with overrides {given}{why}: {e}") from e
+        raise ConfigError(f"cannot compose config {name!r} with overrides {overrides}: {e}") from e
     finally:
         if outer is not None:
             GlobalHydra.instance().clear()
@@ -129,18 +135,57 @@ def _compose(folder: Path, name: str, overrides: list[str]) -> DictConfig:
 
 
 @functools.lru_cache(maxsize=16)
-def _cached_defaults(folder: str, name: str, mtime_ns: int) -> Any:
-    cfg = _compose(Path(folder), name, [])
+def _cached_trees(folder: str, name: str, mtime_ns: int) -> tuple[Any, Any]:
+    """(resolved, unresolved) defaults of one yaml."""
+    cfg = _extending_config(Path(folder), name) or _compose(Path(folder), name, [])
     try:
-        return OmegaConf.to_container(cfg, resolve=True)
+        return OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_container(cfg, resolve=False)
     except OmegaConfBaseException as e:
         raise ConfigError(f"config {name!r} does not resolve: {e}") from e
+
+
+def _extending_config(folder: Path, name: str) -> DictConfig | None:
+    """A user's yaml that extends one of hybridflow's configs the veRL way (``defaults: [ppo_trainer,
+    _self_]``, with a ``hydra.searchpath`` to veRL's config directory): hybridflow's config with the
+    file's own keys merged on top, as Hydra would compose it. None for any other yaml."""
+    path = folder / f"{name}.yaml"
+    if folder == config_dir():
+        return None
+    try:
+        body = OmegaConf.load(path)
+    except (OmegaConfBaseException, OSError, ValueError) as e:
+        raise ConfigError(f"cannot read config {path}: {e}") from e
+    defaults = body.get("defaults") if isinstance(body, DictConfig) else None
+    entries = [str(d).removesuffix(".yaml") for d in defaults] if isinstance(defaults, (list, ListConfig)) else []
+    bases = [d for d in entries if d != "_self_"]
+    if len(bases) != 1 or entries[-1] != "_self_" or "@" in bases[0] or ":" in bases[0]:
+        return None
+    _refuse_verl_only(bases[0])
+    if not (config_dir() / f"{bases[0]}.yaml").is_file():
+        return None
+    own = OmegaConf.to_container(body, resolve=False)
+    own.pop("defaults", None)
+    own.pop("hydra", None)
+    try:
+        return OmegaConf.merge(OmegaConf.create(copy.deepcopy(raw_default_config(bases[0]))), own)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"cannot merge {path} onto hybridflow's {bases[0]}: {e}") from e
+
+
+def _trees(folder: Path, name: str) -> tuple[Any, Any]:
+    return _cached_trees(str(folder), name, (folder / f"{name}.yaml").stat().st_mtime_ns)
 
 
 def default_config(name: str = "ppo_trainer", directory: str | os.PathLike | None = None) -> dict:
     """The yaml's defaults as a plain resolved dict (cached; treat as read-only)."""
     folder, name = _yaml_path(name, directory)
-    return _cached_defaults(str(folder), name, (folder / f"{name}.yaml").stat().st_mtime_ns)
+    return _trees(folder, name)[0]
+
+
+def raw_default_config(name: str = "ppo_trainer", directory: str | os.PathLike | None = None) -> dict:
+    """The yaml's defaults with interpolations left as written (cached; treat as read-only)."""
+    folder, name = _yaml_path(name, directory)
+    return _trees(folder, name)[1]
 
 
 # --------------------------------------------------------------------------- checking overrides
@@ -231,6 +276,16 @@ def _check_value(override: Override, key: str, default: Any) -> str | None:
     )
 
 
+def _under_free_form_dict(defaults: dict, key: str) -> bool:
+    """True when a section above ``key`` is an empty mapping in the yaml (override_config: {}, ...)."""
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        found, node = _lookup(defaults, ".".join(parts[:i]))
+        if found:
+            return node == {}
+    return False
+
+
 def check_overrides(overrides: Sequence[str], defaults: dict) -> list[str]:
     """Check command-line overrides against the defaults tree; return them ready for Hydra
     (a scalar for a list key becomes a one-element list, ``None`` becomes ``null``).
@@ -255,15 +310,18 @@ def check_overrides(overrides: Sequence[str], defaults: dict) -> list[str]:
             )
             continue
         found, default = _lookup(defaults, key)
-        if override.type == OverrideType.ADD:
-            if found:
-                errors.append(f"{override.input_line!r} adds a key that already exists (default: {default!r}); "
-                              f"write {key}=... to change it")
-            else:
-                out.append(override.input_line)
+        if override.type == OverrideType.ADD and not found:
+            out.append(override.input_line)
             continue
+        if override.type == OverrideType.ADD:
+            # veRL users add keys its tree lacks but hybridflow's has (fsdp_config.mixed_precision, ...):
+            # +key for an existing key sets it, after the usual checks
+            override = OverridesParser.create().parse_overrides([override.input_line[1:]])[0]
         if not found and override.type == OverrideType.FORCE_ADD:
             out.append(override.input_line)
+            continue
+        if not found and override.type == OverrideType.CHANGE and _under_free_form_dict(defaults, key):
+            out.append("+" + override.input_line)  # e.g. engine_kwargs.vllm.swap_space=4: vllm is a free-form {}
             continue
         if not found:
             close = suggest_keys(key, defaults)
@@ -291,23 +349,93 @@ def load_config(
     name: str = "ppo_trainer",
     overrides: Sequence[str] = (),
     config_path: str | os.PathLike | None = None,
+    kind: str | None = None,
+    notes: list[str] | None = None,
 ) -> DictConfig:
     """Compose ``<config_path or config_dir()>/<name>.yaml`` with veRL-style overrides.
 
+    Then, for the configs that have a key table (``kind``, by default ``name``: ppo_trainer,
+    generation, evaluation, sft_trainer), legacy spellings are mapped onto their canonical keys and
+    every key's status is checked (``hybridflow.utils.config_support``): a key set to a value hybridflow
+    does not implement is refused by name. Notes about accepted-but-inactive settings are appended to
+    ``notes`` when given, else printed to stderr.
+
     Returns a resolved, read-only, struct DictConfig. Raises ConfigError for unknown keys, values of
-    the wrong type, or anything Hydra refuses.
+    the wrong type, unsupported values, conflicting spellings, or anything Hydra refuses.
     """
     folder, name = _yaml_path(name, config_path)
-    defaults = _cached_defaults(str(folder), name, (folder / f"{name}.yaml").stat().st_mtime_ns)
+    defaults, raw_defaults = _trees(folder, name)
     checked = check_overrides(overrides, defaults)
-    cfg = _compose(folder, name, checked)
+    cfg = _apply_overrides(raw_defaults, checked, name)
+    table = _key_table(kind or name)
+    found: list[str] = []
+    origins: dict[str, str] = {}
     try:
+        if table is not None:
+            # statuses are judged against hybridflow's own yaml, also for a config file of the user's
+            reference = raw_default_config(kind or name)
+            raw = OmegaConf.to_container(cfg, resolve=False)
+            try:
+                moved = apply_aliases(table, raw, reference, explicit=_written_keys(checked), origins=origins)
+            except SupportError as e:
+                raise ConfigError(f"conflicting config keys:\n  {e}") from None
+            _update(cfg, moved)
         OmegaConf.resolve(cfg)
+        if table is not None:
+            resolved = OmegaConf.to_container(cfg, resolve=False)
+            try:
+                found = check_support(table, raw, reference, resolved, origins)
+            except SupportError as e:
+                raise ConfigError(f"config keys that hybridflow does not support:\n  {e}") from None
+            _update(cfg, mirror_aliases(table, resolved))
     except OmegaConfBaseException as e:
         raise ConfigError(f"config {name!r} does not resolve with overrides {list(overrides)}: {e}") from e
+    if notes is not None:
+        notes.extend(found)
+    else:
+        for line in found:
+            print(f"[config] {line}", file=sys.stderr)
     OmegaConf.set_struct(cfg, True)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _apply_overrides(raw_defaults: dict, overrides: Sequence[str], name: str) -> DictConfig:
+    """The defaults with checked overrides applied, as Hydra's compose applies them (struct: only
+    ``+``/``++`` add keys). The yaml is parsed once (``_trees``); this only copies and updates it."""
+    cfg = OmegaConf.create(copy.deepcopy(raw_defaults))
+    OmegaConf.set_struct(cfg, True)
+    try:
+        for o in OverridesParser.create().parse_overrides(list(overrides)):
+            key = o.key_or_group
+            if key == "hydra" or key.startswith("hydra."):
+                continue  # Hydra's own settings: nothing to compose here
+            if o.is_delete():
+                parent, _, leaf = key.rpartition(".")
+                node = OmegaConf.select(cfg, parent) if parent else cfg
+                with open_dict(cfg):
+                    del node[leaf]
+            else:
+                OmegaConf.update(cfg, key, o.value(), merge=True, force_add=o.is_add() or o.is_force_add())
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"cannot compose config {name!r} with overrides {list(overrides)}: {e}") from e
+    return cfg
+
+
+def _update(cfg: DictConfig, values: dict[str, Any]) -> None:
+    with open_dict(cfg):
+        for key, value in values.items():
+            OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+
+
+def _written_keys(overrides: Sequence[str]) -> list[str]:
+    """The keys the command line sets (``key=v``, ``+key=v``, ``++key=v``; not ``~key``)."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return [o.key_or_group for o in parsed if o.type != OverrideType.DEL]
+
+
+def _key_table(kind: str):
+    return TABLES.get(kind)
 
 
 _USAGE = """usage: python -m {prog} [--config-path DIR] [--config-name NAME] [--cfg job] [key=value ...]
@@ -320,8 +448,10 @@ lists as key=[a,b]. --cfg job prints the composed config and exits. Known config
 def parse_cli(name: str, argv: Sequence[str]) -> DictConfig:
     """Command-line front end of ``load_config``: also takes Hydra's ``--config-path``,
     ``--config-name`` (``-cp``/``-cn``), ``--cfg job`` and ``--help``. A ConfigError is printed
-    and exits with status 2 instead of a traceback."""
+    and exits with status 2 instead of a traceback. ``--cfg job`` prints the composed config after
+    every check (unknown keys, types, unsupported values) and exits: a dry run of the command line."""
     config_path, overrides, print_cfg = None, [], False
+    kind = name  # the entry point's config: its key statuses apply whatever file --config-name picks
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -346,7 +476,7 @@ def parse_cli(name: str, argv: Sequence[str]) -> DictConfig:
             raise SystemExit(2)
         overrides.append(arg)
     try:
-        cfg = load_config(name, overrides, config_path=config_path)
+        cfg = load_config(name, overrides, config_path=config_path, kind=kind)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -1,5 +1,7 @@
 """Reading a value from a config section that may be an object (dataclass, namespace) or a mapping
-(dict, OmegaConf DictConfig): the one helper pure functions and workers use to look inside config."""
+(dict, OmegaConf DictConfig). ``require``: workers and settings classes read validated sections and a
+missing key is an error (the yaml holds the defaults). ``cfg_get``: for veRL-compatible functions
+whose callers may pass partial configs (core algorithms)."""
 
 from __future__ import annotations
 
@@ -19,4 +21,17 @@ def cfg_get(config: Any, key: str, default: Any = None, keep_none: bool = False)
         value = getattr(config, key, _MISSING)
     if value is _MISSING or (value is None and not keep_none):
         return default
+    return value
+
+
+def require(config: Any, key: str, section: str) -> Any:
+    """``config[key]`` (or ``config.key``) of a validated section; a missing key is a KeyError naming
+    ``section.key``. Library code reads values this way: the defaults live in the yaml only."""
+    if isinstance(config, Mapping):
+        value = config.get(key, _MISSING)
+    else:
+        value = getattr(config, key, _MISSING)
+    if value is _MISSING:
+        raise KeyError(f"{section}.{key} is missing: pass the whole validated {section} section "
+                       f"(hybridflow.utils.config.load_config / default_config)")
     return value

@@ -1,45 +1,118 @@
 """One small registry type for everything users extend (advantage estimators, policy losses,
-reward scorers, rollout engines, ...).
+reward scorers, reward managers, rollout engines, ...).
 
-An unknown name lists the known ones; registering a name twice is an error (pass ``override=True``
-to replace on purpose).
+A ``Registry`` is a mutable mapping from name to object, so code written against veRL's module-level
+dicts (``ADV_ESTIMATOR_REGISTRY``, ``POLICY_LOSS_REGISTRY``, ``REWARD_MANAGER_REGISTRY``) keeps
+working: ``len``, ``keys``, ``items``, ``[]``, ``in``, ``clear``, ``pop``, ``del``. What it adds:
+
+- registering the same object again under its name is a no-op (a module imported twice, a
+  decorator run again); a *different* object under a taken name is an error, unless
+  ``override=True`` asks to replace it on purpose;
+- an unknown name raises ``UnknownNameError`` (a ``KeyError`` and a ``ValueError``, so both veRL's
+  ``ValueError`` and dict-style ``KeyError`` handlers catch it) listing the known names.
+
+``registry.get(name)`` without a default raises that error too (our lookups fail loudly);
+``registry.get(name, default)`` behaves like ``dict.get``.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import MutableMapping
+from typing import Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
+_MISSING = object()
 
-class Registry(Generic[T]):
+
+class UnknownNameError(KeyError, ValueError):
+    """A name that is not registered; the message lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError would show the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class Registry(MutableMapping, Generic[T]):
     def __init__(self, kind: str):
         self.kind = kind
         self._entries: dict[str, T] = {}
 
+    # --- registration -----------------------------------------------------------------------------
     def register(self, name: str, obj: T | None = None, *, override: bool = False):
         """Register ``obj`` under ``name``; without ``obj`` returns a decorator."""
 
         def add(item: T) -> T:
-            if name in self._entries and not override:
-                raise ValueError(f"{self.kind} {name!r} is already registered; pass override=True to replace it")
+            current = self._entries.get(name, _MISSING)
+            if current is not _MISSING and not override and not _same(current, item):
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered ({_describe(current)}); a different object "
+                    f"({_describe(item)}) cannot take the name. Pick another name or pass override=True to replace it."
+                )
             self._entries[name] = item
             return item
 
         return add(obj) if obj is not None else add
 
-    def get(self, name: str) -> T:
+    def __setitem__(self, name: str, obj: T) -> None:
+        """``REGISTRY[name] = fn``: the same rules as ``register`` (same object again is fine)."""
+        self.register(name, obj)
+
+    def __delitem__(self, name: str) -> None:
+        try:
+            del self._entries[name]
+        except KeyError:
+            raise self._unknown(name) from None
+
+    # --- lookup -----------------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> T:
         try:
             return self._entries[name]
-        except KeyError:
-            known = ", ".join(sorted(self._entries)) or "(none)"
-            raise KeyError(f"unknown {self.kind} {name!r}; known: {known}") from None
+        except (KeyError, TypeError):
+            raise self._unknown(name) from None
+
+    def get(self, name: str, default=_MISSING):
+        """The object under ``name``; without ``default`` an unknown name raises (listing the known
+        ones), with one it is returned instead, as ``dict.get`` does."""
+        if default is _MISSING:
+            return self[name]
+        return self._entries.get(name, default)
+
+    def _unknown(self, name) -> UnknownNameError:
+        known = ", ".join(sorted(self._entries)) or "(none)"
+        return UnknownNameError(f"unknown {self.kind} {name!r}; known: {known}")
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        try:
+            return name in self._entries
+        except TypeError:  # unhashable
+            return False
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._entries))
+        return iter(self._entries)  # registration order, as the dict veRL exposes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
 
     def names(self) -> list[str]:
         return sorted(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {self.names()})"
+
+
+def _same(a, b) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # an `==` without a truth value (arrays, tensors)
+        return False
+
+
+def _describe(obj) -> str:
+    module = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", None) or type(obj).__name__
+    return f"{module}.{name}" if module else str(name)

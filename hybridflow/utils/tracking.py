@@ -1,26 +1,54 @@
-"""Experiment tracking: console, jsonl file, tensorboard, wandb — each backend imported only when asked for."""
+"""Experiment tracking: ``trainer.logger=[...]`` names the backends a run's metrics go to.
+
+    console       one line per step on stdout
+    file, jsonl   one JSON line per step (``$HYBRIDFLOW_FILE_LOGGER_PATH`` or ``<log_dir>/metrics.jsonl``);
+                  ``file`` is veRL's name, ``jsonl`` says what it writes
+    tensorboard   ``$TENSORBOARD_DIR`` or ``<log_dir>/tensorboard``                  extra: [tensorboard]
+    wandb         offline unless ``WANDB_API_KEY`` is set (no account needed)       extra: [wandb]
+    mlflow        ``$MLFLOW_TRACKING_URI`` or a file store ``<log_dir>/mlruns``     extra: [mlflow]
+    swanlab       offline unless ``SWANLAB_API_KEY`` is set (``$SWANLAB_MODE`` wins) extra: [swanlab]
+    plot          reward/accuracy curves redrawn after every validation
+                  (``$HYBRIDFLOW_PLOT_PATH`` or ``<log_dir>/curves.png``)           extra: [plot]
+
+Optional packages are imported only when their backend is asked for, and a missing one fails at
+start-up with the pip command that installs its extra. Users add backends with ``LOGGER_BACKENDS``.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
-from typing import Any
+import re
+from typing import Any, Callable
 
-SUPPORTED = ("console", "file", "tensorboard", "wandb")
+from hybridflow.utils.plotting import CurveRecorder
+from hybridflow.utils.registry import Registry
+
+# factory(project_name, experiment_name, config, log_dir) -> object with log(data, step) and finish()
+LOGGER_BACKENDS: Registry[Callable[..., Any]] = Registry("logger backend")
 
 
-class _Console:
-    def log(self, data: dict[str, float], step: int) -> None:
-        keys = sorted(data)
-        print(f"step:{step} - " + " - ".join(f"{k}:{_fmt(data[k])}" for k in keys), flush=True)
-
-    def finish(self):
-        pass
+def require(module: str, backend: str, extra: str):
+    """Import an optional backend's package, or fail naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"trainer.logger backend {backend!r} needs the {module.split('.')[0]!r} package, which is "
+                          f"not installed: pip install 'hybridflow[{extra}]'") from e
 
 
 def _fmt(v):
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+class _Console:
+    def log(self, data: dict[str, float], step: int) -> None:
+        print(f"step:{step} - " + " - ".join(f"{k}:{_fmt(data[k])}" for k in sorted(data)), flush=True)
+
+    def finish(self):
+        pass
 
 
 class _JsonlFile:
@@ -40,9 +68,7 @@ class _JsonlFile:
 
 class _TensorBoard:
     def __init__(self, log_dir: str):
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(log_dir)
+        self.writer = require("torch.utils.tensorboard", "tensorboard", "tensorboard").SummaryWriter(log_dir)
 
     def log(self, data, step):
         for k, v in data.items():
@@ -54,8 +80,7 @@ class _TensorBoard:
 
 class _Wandb:
     def __init__(self, project: str, name: str, config: dict):
-        import wandb
-
+        wandb = require("wandb", "wandb", "wandb")
         mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"  # never reach the network unasked
         self.run = wandb.init(project=project, name=name, config=config, mode=mode)
 
@@ -66,26 +91,105 @@ class _Wandb:
         self.run.finish()
 
 
+_MLFLOW_BAD_CHARS = re.compile(r"[^/\w.\- :]")
+
+
+def mlflow_key(key: str) -> str:
+    """MLflow allows letters, digits, ``_ - . / : `` and spaces in metric names: '@' becomes '_at_'
+    (veRL's spelling, so dashboards match), anything else '_', and runs of '/' one '/'."""
+    return _MLFLOW_BAD_CHARS.sub("_", re.sub(r"/+", "/", key.replace("@", "_at_")))
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(_flatten(v, f"{prefix}/{k}" if prefix else str(k)))
+        return out
+    return {prefix: tree}
+
+
+class _Mlflow:
+    def __init__(self, project: str, name: str, config: dict, log_dir: str):
+        self.mlflow = require("mlflow", "mlflow", "mlflow")
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or "file://" + os.path.abspath(os.path.join(log_dir, "mlruns"))
+        self.mlflow.set_tracking_uri(uri)
+        experiment = self.mlflow.set_experiment(project)
+        self.mlflow.start_run(experiment_id=experiment.experiment_id, run_name=name)
+        params = {mlflow_key(k): str(v)[:500] for k, v in _flatten(config or {}).items()}
+        if params:
+            self.mlflow.log_params(params)
+
+    def log(self, data, step):
+        self.mlflow.log_metrics({mlflow_key(k): float(v) for k, v in data.items()}, step=step)
+
+    def finish(self):
+        if self.mlflow.active_run() is not None:
+            self.mlflow.end_run()
+
+
+class _Swanlab:
+    def __init__(self, project: str, name: str, config: dict, log_dir: str):
+        self.swanlab = require("swanlab", "swanlab", "swanlab")
+        key = os.environ.get("SWANLAB_API_KEY")
+        if key:
+            self.swanlab.login(api_key=key)
+        mode = os.environ.get("SWANLAB_MODE") or ("cloud" if key else "offline")  # no account needed offline
+        self.swanlab.init(project=project, experiment_name=name, config={"FRAMEWORK": "hybridflow", **(config or {})},
+                          logdir=os.environ.get("SWANLAB_LOG_DIR") or os.path.join(log_dir, "swanlog"), mode=mode)
+
+    def log(self, data, step):
+        self.swanlab.log(data, step=step)
+
+    def finish(self):
+        self.swanlab.finish()
+
+
+def _plot(project, name, config, log_dir):
+    try:
+        path = os.environ.get("HYBRIDFLOW_PLOT_PATH") or os.path.join(log_dir, "curves.png")
+        return CurveRecorder(path, title=f"{project} / {name}")
+    except ImportError as e:
+        raise ImportError(f"trainer.logger backend 'plot' needs matplotlib, which is not installed: "
+                          "pip install 'hybridflow[plot]'") from e
+
+
+def _file(project, name, config, log_dir):
+    return _JsonlFile(os.environ.get("HYBRIDFLOW_FILE_LOGGER_PATH") or os.path.join(log_dir, "metrics.jsonl"))
+
+
+LOGGER_BACKENDS.register("console", lambda project, name, config, log_dir: _Console())
+LOGGER_BACKENDS.register("file", _file)
+LOGGER_BACKENDS.register("jsonl", _file)
+LOGGER_BACKENDS.register("tensorboard", lambda project, name, config, log_dir: _TensorBoard(
+    os.environ.get("TENSORBOARD_DIR") or os.path.join(log_dir, "tensorboard")))
+LOGGER_BACKENDS.register("wandb", lambda project, name, config, log_dir: _Wandb(project, name, config or {}))
+LOGGER_BACKENDS.register("mlflow", _Mlflow)
+LOGGER_BACKENDS.register("swanlab", _Swanlab)
+LOGGER_BACKENDS.register("plot", _plot)
+
+SUPPORTED = tuple(LOGGER_BACKENDS.names())
+
+
 class Tracking:
-    """``Tracking(project_name, experiment_name, default_backend=["console", "file"], config={})``."""
+    """``Tracking(project_name, experiment_name, default_backend=["console", "file"], config={}, log_dir=".")``."""
 
     def __init__(self, project_name: str, experiment_name: str, default_backend="console", config: dict | None = None,
                  log_dir: str = "."):
         backends = [default_backend] if isinstance(default_backend, str) else list(default_backend)
-        unknown = [b for b in backends if b not in SUPPORTED]
+        unknown = [b for b in backends if b not in LOGGER_BACKENDS]
         if unknown:
-            raise ValueError(f"trainer.logger: unknown backend(s) {unknown}; supported: {list(SUPPORTED)}")
+            raise ValueError(f"trainer.logger: unknown backend(s) {unknown}; supported: {LOGGER_BACKENDS.names()}")
         self.loggers = []
-        for b in backends:
-            if b == "console":
-                self.loggers.append(_Console())
-            elif b == "file":
-                path = os.environ.get("HYBRIDFLOW_FILE_LOGGER_PATH") or os.path.join(log_dir, "metrics.jsonl")
-                self.loggers.append(_JsonlFile(path))
-            elif b == "tensorboard":
-                self.loggers.append(_TensorBoard(os.environ.get("TENSORBOARD_DIR") or os.path.join(log_dir, "tensorboard")))
-            elif b == "wandb":
-                self.loggers.append(_Wandb(project_name, experiment_name, config or {}))
+        try:
+            for b in dict.fromkeys(backends):  # 'file' and 'jsonl' both asked for: still one file
+                factory = LOGGER_BACKENDS.get(b)
+                if factory is _file and any(isinstance(x, _JsonlFile) for x in self.loggers):
+                    continue
+                self.loggers.append(factory(project_name, experiment_name, config or {}, log_dir))
+        except BaseException:
+            self.finish()
+            raise
 
     def log(self, data: dict[str, Any], step: int) -> None:
         for logger in self.loggers:
@@ -94,3 +198,4 @@ class Tracking:
     def finish(self) -> None:
         for logger in self.loggers:
             logger.finish()
+        self.loggers = []

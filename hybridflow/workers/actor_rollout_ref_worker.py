@@ -16,9 +16,6 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from hybridflow.agent_loop.base import AgentLoopSettings
-from hybridflow.agent_loop.server_manager import LocalServerHandle
-from hybridflow.agent_loop.worker import AgentLoopWorker
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
@@ -27,11 +24,11 @@ from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_ch
 from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
-from hybridflow.workers.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
-from hybridflow.workers.rollout.weights import buckets
-from hybridflow.workers.utils.device import on_device, resolve_dtype
+from hybridflow.workers.rollout_host import RolloutHost
+from hybridflow.workers.utils.device import on_device
 
-ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+# actor_ref: the trainer pool's worker when the rollout has a pool of its own (asynchronous modes)
+ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 
 
 def _plain(section) -> dict:
@@ -52,15 +49,16 @@ def per_rank_batch_sizes(actor: dict, rollout_n: int, dp_size: int) -> dict:
 
 
 def log_prob_micro_batch_size(section: dict, dp_size: int) -> int | None:
-    per_gpu = section.get("log_prob_micro_batch_size_per_gpu")
+    per_gpu = section["log_prob_micro_batch_size_per_gpu"]
     if per_gpu:
         return int(per_gpu)
-    total = section.get("log_prob_micro_batch_size")
+    total = section["log_prob_micro_batch_size"]
     return max(1, int(total) // dp_size) if total else None
 
 
-class ActorRolloutRefWorker(Worker):
-    """``config`` is the ``actor_rollout_ref`` section; ``role`` one of ROLES."""
+class ActorRolloutRefWorker(RolloutHost, Worker):
+    """``config`` is the ``actor_rollout_ref`` section; ``role`` one of ROLES. The rollout side (the
+    engine as a server, weight pushes, generation endpoints) is ``RolloutHost``'s."""
 
     def __init__(self, config, role: str):
         super().__init__()
@@ -68,44 +66,47 @@ class ActorRolloutRefWorker(Worker):
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self.config = _plain(config)
         self.role = role
-        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
         self.init_process_group()
         self.device, _ = default_device_backend()
         self.dp_size = dist.get_world_size() if dist.is_initialized() else 1
-        rollout_n = int(self.config["rollout"].get("n", 1))
+        rollout_n = int(self.config["rollout"]["n"])
         self.actor_cfg = per_rank_batch_sizes(self.config["actor"], rollout_n, self.dp_size) if self._is_actor else None
+        trains = self._is_actor or self._is_ref  # a rollout-only worker (main_generation) gets model + rollout
         # model-level switches the per-rank computations need (veRL copies them into the actor section too)
-        self._remove_padding = bool(self.config["model"].get("use_remove_padding", False))
+        self._remove_padding = bool(self.config["model"]["use_remove_padding"]) if trains else False
         if self.actor_cfg is not None:
             self.actor_cfg["use_remove_padding"] = self._remove_padding
-        self.lora = LoraSpec.from_model_config(self.config["model"])
+            self.actor_cfg["grad_clip"] = self.actor_cfg["optim"]["clip_grad"]  # 0.9.1's place of grad_clip
+        self.lora = LoraSpec.from_model_config(self.config["model"]) if trains else None
         # LoRA: the reference policy is the actor's base model (adapters off), not a second copy
         self._ref_in_actor = self._is_ref and self._is_actor and self.lora is not None
         self._rollout_stale = False
+        self.weight_version = 0  # updates the rollout engine has received (stamped on what it generates)
 
     # ----------------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         model_cfg = self.config["model"]
-        import_external_lib(model_cfg.get("external_lib"))
+        import_external_lib(model_cfg["external_lib"])
         path = local_model_path(model_cfg["path"], "actor_rollout_ref.model.path")
-        trust = bool(model_cfg.get("trust_remote_code", False))
+        trust = bool(model_cfg["trust_remote_code"])
         self.tokenizer = load_tokenizer(path, trust)
-        override = model_cfg.get("override_config") or {}
+        override = model_cfg["override_config"]
         torch.manual_seed(0)
 
         if self._is_actor:
             actor = self.config["actor"]
             module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
             self.hf_config = module.config
-            spec = EngineSpec.from_config(actor.get("strategy", "fsdp"), self.device, actor.get("fsdp_config"),
-                                          bool(model_cfg.get("enable_gradient_checkpointing", False)), lora=self.lora,
-                                          activation_offload=bool(model_cfg.get("enable_activation_offload", False)))
+            spec = EngineSpec.from_config(actor["strategy"], self.device, actor["fsdp_config"],
+                                          bool(model_cfg["enable_gradient_checkpointing"]), lora=self.lora,
+                                          activation_offload=bool(model_cfg["enable_activation_offload"]))
             self.actor_engine = TrainEngine(module, spec)
-            optim = actor.get("optim", {})
-            total = int(optim.get("total_training_steps") or 1)
+            optim = actor["optim"]
+            total = max(1, int(optim["total_training_steps"]))  # -1 until main_ppo fills it in
             self.actor_engine.setup_optimizer(optim, total)
             self.actor = DataParallelPPOActor(self.actor_cfg, self.actor_engine.module,
                                               self.actor_engine.optimizer, self.actor_engine.lr_scheduler)
@@ -114,7 +115,7 @@ class ActorRolloutRefWorker(Worker):
             self.ref_policy = DataParallelPPOActor(ref_section, self.actor_engine.module)  # run with adapters off
         elif self._is_ref:
             ref_module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
-            ref_spec = EngineSpec.from_config(self.config["ref"].get("strategy", "fsdp"), self.device, self.config["ref"].get("fsdp_config"))
+            ref_spec = EngineSpec.from_config(self.config["ref"]["strategy"], self.device, self.config["ref"]["fsdp_config"])
             self.ref_engine = TrainEngine(ref_module, ref_spec, trainable=False)
             self.ref_policy = DataParallelPPOActor(ref_section, self.ref_engine.module)
         if self._is_rollout:
@@ -123,93 +124,12 @@ class ActorRolloutRefWorker(Worker):
             # a checkpoint restored into the actor): pushed in prepare_rollout like after every update
             self._rollout_stale = self._is_actor
 
-    def _build_rollout(self, path: str, trust: bool):
-        """The rollout engine as an asynchronous server, living on this process's engine loop."""
-        rollout_cfg = self.config["rollout"]
-        name = rollout_cfg.get("name", "hf")
-        dtype = resolve_dtype(rollout_cfg.get("dtype", "auto"), str(self.device))
-        module = None
-        if name == "hf":
-            # a separate inference copy: generation never all-gathers sharded weights token by token
-            module = load_model(path, "causal_lm", override_config=self.config["model"].get("override_config") or {},
-                                trust_remote_code=trust).to(device=self.device, dtype=getattr(torch, dtype)).eval()
-        eos = self.tokenizer.eos_token_id
-        spec = ServerSpec(model_path=path, config=rollout_cfg, pad_token_id=int(self.tokenizer.pad_token_id),
-                          eos_token_ids=tuple(eos if isinstance(eos, (list, tuple)) else [eos]),
-                          device=str(self.device), dtype=dtype, trust_remote_code=trust, module=module)
-        self.engine_loop = EngineLoop(f"rollout-engine-rank{self.rank}")
-        server_cls = ROLLOUT_SERVERS.get(name)
-
-        async def build():
-            return server_cls(spec)
-
-        self.server = self.engine_loop.run(build())
-        self.agent_settings = AgentLoopSettings.from_rollout_config(rollout_cfg)
-        self._bucket_bytes = int(float((rollout_cfg.get("checkpoint_engine") or {}).get("update_weights_bucket_megabytes")
-                                       or 512) * (1 << 20))
-
-    # ----------------------------------------------------------------------------------------------
-    def _sync_rollout_weights(self) -> dict:
-        """Stream the trained weights into the rollout engine bucket by bucket (training layout ->
-        inference engine). Every rank takes part: gathering a sharded parameter is a collective."""
-        if not (self._is_actor and self._is_rollout and self._rollout_stale):
-            return {"timing_s/update_weights": 0.0}
-        start = time.perf_counter()
-        n_tensors = n_bytes = 0
-        for bucket in buckets(self.actor_engine.iter_full_params(), self._bucket_bytes):
-            n_tensors += self.engine_loop.run(self.server.load_weights(bucket))
-            n_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
-            del bucket
-        self.engine_loop.run(self.server.finish_weight_update())
-        self._rollout_stale = False
-        return {"timing_s/update_weights": time.perf_counter() - start, "rollout/weight_sync_mb": n_bytes / (1 << 20),
-                "rollout/weight_sync_tensors": n_tensors}
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def prepare_rollout(self) -> dict:
-        """Training -> generation: wake the engine and push the new weights (veRL's wake_up + update)."""
-        if not self._is_rollout:
-            return {}
-        self.engine_loop.run(self.server.wake_up())
-        return self._sync_rollout_weights()
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def release_rollout(self) -> None:
-        """Generation -> training: let the engine free its memory (veRL's free_cache_engine)."""
-        if self._is_rollout:
-            self.engine_loop.run(self.server.sleep())
-
-    def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):
-        """One request to this process's engine (called per trajectory turn by agent loop workers)."""
-        return self.engine_loop.run(self.server.generate(prompt_ids, params, request_id, logprobs))
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """A batch through the agent loop on this rank's own engine (veRL's worker-level API; the trainer
-        goes through AgentLoopManager, which spreads trajectories over every rank's engine)."""
-        if not self._is_rollout:
-            raise RuntimeError(f"generate_sequences needs the rollout; this worker's role is {self.role!r}")
-        prepared = self.prepare_rollout()
-        start = time.perf_counter()
-        worker = AgentLoopWorker(self.agent_settings, [LocalServerHandle(self)], self.tokenizer,
-                                 self.tokenizer.pad_token_id)
-        prompts.meta_info.setdefault("sample_offset", self.rank * len(prompts))
-        try:
-            output = self.engine_loop.run(worker.generate_sequences(prompts))
-        finally:
-            self.release_rollout()
-        metrics = output.meta_info.pop("metrics", {})
-        output.meta_info = dict(prompts.meta_info)
-        output.meta_info["metrics"] = {**metrics, "timing_s/update_weights": [prepared["timing_s/update_weights"]],
-                                       "timing_s/generate_sequences": [time.perf_counter() - start]}
-        return output
-
     def _log_prob_meta(self, data: DataProto, section: dict) -> dict:
         return {
             "micro_batch_size": log_prob_micro_batch_size(section, self.dp_size) or len(data),
-            "use_dynamic_bsz": bool(section.get("log_prob_use_dynamic_bsz", False)),
-            "max_token_len": int(section.get("log_prob_max_token_len_per_gpu") or 16384),
-            "temperature": float(self.config["rollout"].get("temperature", 1.0)),
+            "use_dynamic_bsz": bool(section["log_prob_use_dynamic_bsz"]),
+            "max_token_len": int(section["log_prob_max_token_len_per_gpu"]),
+            "temperature": float(self.config["rollout"]["temperature"]),
         }
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -20,21 +20,24 @@ from hybridflow.workers.utils.device import on_device
 def critic_per_rank_sizes(critic: dict, dp_size: int) -> dict:
     """Mini-batch sizes in samples per rank (rollout_n is in the critic section, as in veRL)."""
     out = dict(critic)
-    samples = int(critic["ppo_mini_batch_size"]) * int(critic.get("rollout_n", 1))
+    samples = int(critic["ppo_mini_batch_size"]) * int(critic["rollout_n"])
     if samples % dp_size:
         raise ValueError(f"critic.ppo_mini_batch_size × rollout.n = {samples} does not divide by dp size {dp_size}")
     out["ppo_mini_batch_size"] = samples // dp_size
     for per_gpu, total in (("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size"),
                            ("forward_micro_batch_size_per_gpu", "forward_micro_batch_size")):
-        if not out.get(per_gpu) and out.get(total):
+        if not out[per_gpu] and out[total]:
             out[per_gpu] = max(1, int(out[total]) // dp_size)
-    if not out.get("forward_micro_batch_size_per_gpu"):
-        out["forward_micro_batch_size_per_gpu"] = out.get("ppo_micro_batch_size_per_gpu")
+    if not out["forward_micro_batch_size_per_gpu"]:
+        out["forward_micro_batch_size_per_gpu"] = out["ppo_micro_batch_size_per_gpu"]
+    # model-level switch and 0.9.1's place of grad_clip, copied where the per-rank computations read them
+    out["use_remove_padding"] = critic["model"]["use_remove_padding"]
+    out["grad_clip"] = critic["optim"]["clip_grad"]
     return out
 
 
 class CriticWorker(Worker):
-    """``config`` is the ``critic`` section."""
+    """``config`` is the validated ``critic`` section (FSDP settings in ``critic.fsdp``, veRL 0.9.1's place)."""
 
     def __init__(self, config):
         super().__init__()
@@ -47,24 +50,24 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         model_cfg = self.config["model"]
-        if int(model_cfg.get("lora_rank", 0) or 0) > 0:  # refuse rather than silently train the full critic
+        if int(model_cfg["lora_rank"]) > 0:  # refuse rather than silently train the full critic
             raise NotImplementedError("critic.model.lora_rank > 0: LoRA is supported for the actor only; "
                                       "set critic.model.lora_rank=0")
-        import_external_lib(model_cfg.get("external_lib"))
+        import_external_lib(model_cfg["external_lib"])
         path = local_model_path(model_cfg["path"], "critic.model.path")
-        trust = bool(model_cfg.get("trust_remote_code", False))
-        self.tokenizer = load_tokenizer(model_cfg.get("tokenizer_path") or path, trust)
+        trust = bool(model_cfg["trust_remote_code"])
+        self.tokenizer = load_tokenizer(model_cfg["tokenizer_path"] or path, trust)
         # no dropout on the value head (HF defaults to 0.1): values and updates must be deterministic
-        override = {"classifier_dropout": 0.0, **(model_cfg.get("override_config") or {})}
+        override = {"classifier_dropout": 0.0, **model_cfg["override_config"]}
         module = load_model(path, "token_classification", override_config=override,
                             trust_remote_code=trust, num_labels=1)
         self.hf_config = module.config
-        spec = EngineSpec.from_config(self.config.get("strategy", "fsdp"), self.device, model_cfg.get("fsdp_config"),
-                                      bool(model_cfg.get("enable_gradient_checkpointing", False)),
-                                      activation_offload=bool(model_cfg.get("enable_activation_offload", False)))
+        spec = EngineSpec.from_config(self.config["strategy"], self.device, self.config["fsdp"],
+                                      bool(model_cfg["enable_gradient_checkpointing"]),
+                                      activation_offload=bool(model_cfg["enable_activation_offload"]))
         self.engine = TrainEngine(module, spec)
-        optim = self.config.get("optim", {})
-        self.engine.setup_optimizer(optim, int(optim.get("total_training_steps") or 1))
+        optim = self.config["optim"]
+        self.engine.setup_optimizer(optim, max(1, int(optim["total_training_steps"])))  # -1 until main_ppo fills it
         self.critic = DataParallelPPOCritic(self.critic_cfg, self.engine.module, self.engine.optimizer, self.engine.lr_scheduler)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.distributed as dist
 
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
@@ -28,8 +29,9 @@ def scores_on_last_response_token(scores: torch.Tensor, attention_mask: torch.Te
 
 
 class RewardModelWorker(Worker):
-    """``config`` is the ``reward_model`` section. Inputs share the policy's tokenizer (veRL's
-    input_tokenizer switch for a different RM tokenizer is not supported yet: it raises)."""
+    """``config`` is the ``reward_model`` section (veRL's earlier one: its model.path reads the same as
+    reward.reward_model.model_path after loading). Inputs share the policy's tokenizer
+    (reward_model.model.input_tokenizer must be null; the config key table refuses anything else)."""
 
     def __init__(self, config):
         super().__init__()
@@ -40,12 +42,17 @@ class RewardModelWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         model_cfg = self.config["model"]
-        import_external_lib(model_cfg.get("external_lib"))
-        path = local_model_path(model_cfg["path"], "reward_model.model.path")
-        self.tokenizer = load_tokenizer(path, bool(model_cfg.get("trust_remote_code", False)))
+        import_external_lib(model_cfg["external_lib"])
+        path = local_model_path(model_cfg["path"], "reward.reward_model.model_path")
+        trust = bool(model_cfg["trust_remote_code"])
+        self.tokenizer = load_tokenizer(path, trust)
         self.module = load_model(path, "sequence_classification", num_labels=1,
-                                 trust_remote_code=bool(model_cfg.get("trust_remote_code", False))).to(self.device).eval()
-        self.micro_batch_size = int(self.config.get("micro_batch_size_per_gpu") or 8)
+                                 trust_remote_code=trust).to(self.device).eval()
+        # micro_batch_size_per_gpu, or the deprecated global micro_batch_size split over the ranks
+        # (config checks make sure one of them is set)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        per_gpu, total = self.config["micro_batch_size_per_gpu"], self.config["micro_batch_size"]
+        self.micro_batch_size = int(per_gpu) if per_gpu else max(1, int(total) // world)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:

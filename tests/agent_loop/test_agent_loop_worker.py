@@ -156,7 +156,8 @@ def test_manager_spreads_slices_with_offsets_in_process():
         def __init__(self, hosts):
             self.workers = hosts
 
-        def prepare_rollout(self):
+        def prepare_rollout(self, version=None):
+            self.version = version
             return [{"timing_s/update_weights": 0.5}]
 
         def release_rollout(self):
@@ -179,10 +180,11 @@ def test_manager_spreads_slices_with_offsets_in_process():
 
     manager = AgentLoopManager(settings(agent={"num_workers": 3}), group, Tok(), role=None)
     try:
-        out = manager.generate_sequences(prompt_batch([[1], [2], [3], [4], [5]], {"global_steps": 2}))
+        out = manager.generate_sequences(prompt_batch([[1], [2], [3], [4], [5]], {"global_steps": 2, "weight_version": 7}))
     finally:
         manager.shutdown()
         host.engine_loop.close()
     assert out.batch["responses"][:, 0].tolist() == [2, 3, 4, 5, 6]  # order kept across the 3 slices
     assert sorted(host.server.ids) == [f"train2:{i}/0" for i in range(5)]
     assert out.meta_info["metrics"]["timing_s/update_weights"] == [0.5] and group.released
+    assert group.version == 7  # the weights pushed before generating are stamped with the trainer's version

@@ -119,6 +119,27 @@ def test_address_from_env_joins_cluster(recorded, monkeypatch):
     assert recorded[0]["address"] == "10.0.0.6:6379"
 
 
+def test_address_under_ray_kwargs(recorded):
+    init_ray({"ray_kwargs": {"ray_init": {"address": "10.0.0.7:6379"}}})  # veRL 0.9's tree
+    assert recorded[0]["address"] == "10.0.0.7:6379"
+
+
+def test_loopback_cluster_is_joined_on_loopback(monkeypatch):
+    """A cluster on 127.0.0.1 (tests, a laptop) is joined with Ray's loopback-to-routable-IP swap
+    off, else the driver registers under the machine's IP and cannot reach the loopback GCS."""
+    from ray._private import ray_constants
+
+    seen = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.append((kw["address"], ray_constants.ENABLE_RAY_CLUSTER)))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    for address in ("127.0.0.1:6379", "localhost:6379", "10.0.0.5:6379"):
+        init_ray({"address": address})
+    assert seen == [("127.0.0.1:6379", False), ("localhost:6379", False), ("10.0.0.5:6379", before)]
+    assert ray_constants.ENABLE_RAY_CLUSTER == before
+
+
 def test_local_defaults_and_overrides(recorded):
     from omegaconf import OmegaConf
 

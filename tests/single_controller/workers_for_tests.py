@@ -126,3 +126,51 @@ class CriticLikeWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def values(self, data: DataProto) -> DataProto:
         return DataProto.from_dict(tensors={"v": data.batch["x"] + 100})
+
+
+class HangWorker(EchoWorker):
+    """Ways to get stuck, for the watchdog tests."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def join_process_group(self):
+        self.init_process_group()
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def all_reduce_only_on(self, rank):
+        """``rank`` enters an all_reduce that no other rank joins: a deadlocked collective."""
+        import torch.distributed as dist
+
+        if self.rank != rank:
+            return self.rank
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return t.item()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def work(self, steps, step_s, report):
+        import time
+
+        for _ in range(steps):
+            time.sleep(step_s)
+            if report:
+                self.report_progress()
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def sleep_later(self, seconds):
+        import time
+
+        time.sleep(seconds)
+        return self.rank
+
+
+class SlowInitWorker(Worker):
+    """Rank 1 never finishes starting (like a rank waiting for a peer in init_process_group)."""
+
+    def __init__(self):
+        super().__init__()
+        if self.rank == 1:
+            import time
+
+            time.sleep(120)

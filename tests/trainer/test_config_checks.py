@@ -9,6 +9,8 @@ from omegaconf import OmegaConf
 
 from hybridflow.trainer.config_checks import resolve_device, resolve_dtype, validate_ppo_config
 from hybridflow.utils.config import ConfigError, config_dir, load_config
+from hybridflow.utils.config_keys import TABLES
+from hybridflow.utils.config_support import mirror_aliases
 
 # veRL's quickstart command line (PPO with GAE, one device).
 QUICKSTART = [
@@ -44,6 +46,8 @@ def build(overrides):
     guards the shortcut."""
     cfg = OmegaConf.merge(_raw_yaml(), OmegaConf.from_dotlist(QUICKSTART + list(overrides)))
     OmegaConf.resolve(cfg)
+    for key, value in mirror_aliases(TABLES["ppo_trainer"], OmegaConf.to_container(cfg)).items():
+        OmegaConf.update(cfg, key, value)  # load_config gives legacy spellings their canonical values
     return cfg
 
 
@@ -176,17 +180,16 @@ def test_rollout_mode_sync_runs_the_same_pipeline_and_says_so():
 def test_gpu_only_settings_on_cpu_are_explained():
     notes = "\n".join(check(
         "actor_rollout_ref.actor.fsdp_config.param_offload=True",
-        "critic.model.fsdp_config.optimizer_offload=True",
+        "critic.fsdp.optimizer_offload=True",
         "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
         "actor_rollout_ref.rollout.dtype=bfloat16",
-        "actor_rollout_ref.model.use_liger=True",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-        "actor_rollout_ref.rollout.enforce_eager=False",
+        "actor_rollout_ref.rollout.enforce_eager=True",
         "actor_rollout_ref.rollout.free_cache_engine=False",
     ))
-    for key in ("actor.fsdp_config.param_offload", "critic.model.fsdp_config.optimizer_offload",
-                "mixed_precision.param_dtype=bf16", "rollout.dtype=bfloat16", "use_liger",
-                "tensor_model_parallel_size=2", "enforce_eager=False", "free_cache_engine=False"):
+    for key in ("actor.fsdp_config.param_offload", "critic.fsdp.optimizer_offload",
+                "mixed_precision.param_dtype=bf16", "rollout.dtype=bfloat16",
+                "tensor_model_parallel_size=2", "enforce_eager=True", "free_cache_engine=False"):
         assert key in notes
 
 
@@ -210,7 +213,8 @@ def test_other_value_checks():
     assert "data.truncation='cut'" in error_of("data.truncation=cut")
     assert "val_kwargs.temperature > 0" in error_of("actor_rollout_ref.rollout.val_kwargs.do_sample=True")
     assert "use_remove_padding" in error_of("actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
-                                            "critic.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2")
+                                            "critic.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2",
+                                            "critic.model.use_remove_padding=False")
 
 
 def test_accepts_a_plain_dict():

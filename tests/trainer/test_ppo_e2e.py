@@ -58,8 +58,11 @@ class _Capture:
 
     def _counting(self, role, update):
         def wrapped(trainer, batch, metrics):
+            from hybridflow.trainer.ppo.metric_utils import flat_metric_values
+
             update(trainer, batch, metrics)
-            self.optimizer_steps[role].append(len(metrics[f"{role}/grad_norm"]))
+            # one list per rank (DataProto.concat, veRL's shape), one value per optimizer step
+            self.optimizer_steps[role].append(len(flat_metric_values(metrics[f"{role}/grad_norm"])))
         return wrapped
 
     def record(self):

@@ -139,18 +139,32 @@ def test_type_leniency_that_veRL_users_rely_on():
 def test_add_delete_and_force_add():
     cfg = load_config(
         "ppo_trainer",
-        ["+new.key=1", "+actor_rollout_ref.model.override_config.attention_dropout=0.1", "~data.video_key",
-         "++trainer.total_epochs=2", "++trainer.brand_new=x"],
+        ["+actor_rollout_ref.model.override_config.attention_dropout=0.1", "~data.video_key",
+         "++trainer.total_epochs=2", "++actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4"],
     )
-    assert cfg.new.key == 1
     assert cfg.actor_rollout_ref.model.override_config.attention_dropout == pytest.approx(0.1)
     assert "video_key" not in cfg.data
-    assert cfg.trainer.total_epochs == 2 and cfg.trainer.brand_new == "x"
+    assert cfg.trainer.total_epochs == 2 and cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space == 4
+    # a key that nothing reads is not added silently: each one is named
+    with pytest.raises(ConfigError) as e:
+        load_config("ppo_trainer", ["+new.key=1", "++trainer.brand_new=x"])
+    assert "new.key is not a ppo_trainer key" in str(e.value) and "trainer.brand_new is not a ppo_trainer key" in str(e.value)
+    # a config of the user's own, without a key table, takes any key
+    assert load_config("evaluation", ["+new.key=1"], kind="no-table").new.key == 1
 
 
-def test_adding_an_existing_key_fails():
-    with pytest.raises(ConfigError, match="already exists"):
-        load_config("ppo_trainer", ["+trainer.nnodes=2"])
+def test_adding_an_existing_key_sets_it():
+    # hybridflow's tree holds keys veRL users must add with + (fsdp_config.mixed_precision, ...): + sets them
+    cfg = load_config("ppo_trainer", ["+trainer.nnodes=2",
+                                      "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"])
+    assert cfg.trainer.nnodes == 2 and cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "bf16"
+    with pytest.raises(ConfigError, match="expects int"):  # still type-checked
+        load_config("ppo_trainer", ["+trainer.nnodes=two"])
+
+
+def test_a_free_form_mapping_takes_new_keys_without_plus():
+    cfg = load_config("ppo_trainer", ["actor_rollout_ref.model.override_config.attention_dropout=0.0"])
+    assert cfg.actor_rollout_ref.model.override_config.attention_dropout == 0.0
 
 
 def test_list_override():
@@ -222,8 +236,13 @@ def test_callers_hydra_state_is_left_alone():
 def test_parse_cli_flags(capsys, tmp_path):
     cfg = parse_cli("ppo_trainer", ["trainer.nnodes=2"])
     assert cfg.trainer.nnodes == 2
-    (tmp_path / "other.yaml").write_text("x: 1\n")
-    assert parse_cli("ppo_trainer", ["--config-path", str(tmp_path), "--config-name=other", "x=3"]).x == 3
+    (tmp_path / "other.yaml").write_text("trainer:\n  nnodes: 1\n")
+    assert parse_cli("ppo_trainer", ["--config-path", str(tmp_path), "--config-name=other", "trainer.nnodes=3"]).trainer.nnodes == 3
+    # main_ppo's key statuses apply to the user's file too
+    (tmp_path / "other.yaml").write_text("trainer:\n  nnodes: 1\n  val_only: true\n")
+    with pytest.raises(SystemExit):
+        parse_cli("ppo_trainer", ["--config-path", str(tmp_path), "--config-name=other"])
+    assert "trainer.val_only=True is not supported" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         parse_cli("evaluation", ["--cfg", "job", "data.prompt_key=q"])
     assert e.value.code == 0 and "prompt_key: q" in capsys.readouterr().out

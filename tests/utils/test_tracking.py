@@ -51,10 +51,13 @@ def test_unknown_backend_names_the_supported_ones():
 
 
 def test_importing_tracking_imports_no_optional_backend():
-    # a fresh interpreter: neither wandb nor tensorboard may be imported by the module or by console/file
-    code = ("import sys, os, tempfile; import hybridflow.utils.tracking as t; "
+    # a fresh interpreter: no optional backend (nor matplotlib) may be imported by the module (which the
+    # trainers import), the progress display, the plot entry point, or by console/file
+    code = ("import sys, os, tempfile; import hybridflow.utils.tracking as t; import hybridflow.plot; "
+            "import hybridflow.utils.progress; "
             "d = tempfile.mkdtemp(); t.Tracking('p', 'e', ['console', 'file'], log_dir=d).log({'x': 1.0}, 1); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'tensorboard', 'tensorboardX') "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'tensorboard', 'tensorboardX', "
+            "'mlflow', 'swanlab', 'matplotlib') "
             "or m.startswith('torch.utils.tensorboard')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -155,11 +158,125 @@ def test_log_val_generations_prints_k_samples(tiny_tokenizer, capsys):
     assert "[val sample]" not in capsys.readouterr().out
 
 
-def test_progress_bar_shows_latest_score(capsys):
-    from hybridflow.trainer.ppo.ray_trainer import _progress
+def test_training_progress_shows_latest_score_as_plain_lines_off_a_terminal(capsys, monkeypatch):
+    from hybridflow.utils.progress import Progress
 
-    bar = _progress(total=3, initial=1)
-    bar.update({"critic/score/mean": 0.625})
+    monkeypatch.delenv("HYBRIDFLOW_PROGRESS", raising=False)
+    bar = Progress(total=3, initial=1)  # capsys's stderr is not a terminal
+    bar.update(score=0.625)
     bar.close()
     err = capsys.readouterr().err
-    assert "2/3" in err and "score=0.625" in err
+    assert "2/3" in err and "score=0.625" in err and "\r" not in err
+
+
+# ------------------------------------------------------------------------------ more backends
+
+
+def test_jsonl_is_the_file_backend_and_both_write_one_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("HYBRIDFLOW_FILE_LOGGER_PATH", raising=False)
+    tracker = Tracking("p", "e", ["file", "jsonl"], log_dir=str(tmp_path))
+    tracker.log({"a": 1.0}, step=1)
+    tracker.finish()
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == ['{"step": 1, "a": 1.0}']
+
+
+@pytest.mark.parametrize("backend,module,extra", [("wandb", "wandb", "wandb"), ("mlflow", "mlflow", "mlflow"),
+                                                  ("swanlab", "swanlab", "swanlab"),
+                                                  ("tensorboard", "torch.utils.tensorboard", "tensorboard"),
+                                                  ("plot", "matplotlib", "plot")])
+def test_missing_optional_package_names_its_extra(backend, module, extra, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
+    with pytest.raises(ImportError, match=rf"trainer.logger backend '{backend}'.*pip install 'hybridflow\[{extra}\]'"):
+        Tracking("p", "e", ["console", backend], log_dir=str(tmp_path))
+
+
+def test_every_backend_has_an_extra_in_setup_py():
+    import os
+    import re
+
+    setup_text = open(os.path.join(os.path.dirname(__file__), "..", "..", "setup.py")).read()
+    for extra in ("tensorboard", "wandb", "mlflow", "swanlab", "plot", "loggers"):
+        assert re.search(rf'"{extra}": \[', setup_text), extra
+
+
+class _FakeMlflow(types.ModuleType):
+    def __init__(self):
+        super().__init__("mlflow")
+        self.calls = []
+        self._active = None
+
+    def set_tracking_uri(self, uri):
+        self.calls.append(("uri", uri))
+
+    def set_experiment(self, name):
+        self.calls.append(("experiment", name))
+        return types.SimpleNamespace(experiment_id="7")
+
+    def start_run(self, experiment_id, run_name):
+        self._active = run_name
+        self.calls.append(("start", experiment_id, run_name))
+
+    def log_params(self, params):
+        self.calls.append(("params", params))
+
+    def log_metrics(self, metrics, step):
+        self.calls.append(("metrics", metrics, step))
+
+    def active_run(self):
+        return self._active
+
+    def end_run(self):
+        self._active = None
+        self.calls.append(("end",))
+
+
+def test_mlflow_uses_a_local_store_and_sanitises_metric_names(monkeypatch, tmp_path):
+    fake = _FakeMlflow()
+    monkeypatch.setitem(sys.modules, "mlflow", fake)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracker = Tracking("proj", "exp", ["mlflow"], config={"trainer": {"lr": 0.1}}, log_dir=str(tmp_path))
+    tracker.log({"val-core/openai/gsm8k/reward/mean@1": 0.5, "critic/score/mean": 0.25}, step=4)
+    tracker.finish()
+    assert fake.calls[0] == ("uri", "file://" + str(tmp_path / "mlruns"))  # no server, no network
+    assert fake.calls[1:4] == [("experiment", "proj"), ("start", "7", "exp"), ("params", {"trainer/lr": "0.1"})]
+    # '@' is not allowed in MLflow metric names: veRL's spelling '_at_'
+    assert fake.calls[4] == ("metrics", {"val-core/openai/gsm8k/reward/mean_at_1": 0.5, "critic/score/mean": 0.25}, 4)
+    assert fake.calls[5] == ("end",)
+
+
+def test_swanlab_is_offline_without_api_key(monkeypatch, tmp_path):
+    seen = {}
+    fake = types.ModuleType("swanlab")
+    fake.init = lambda **kw: seen.update(init=kw)
+    fake.log = lambda data, step: seen.setdefault("log", []).append((data, step))
+    fake.finish = lambda: seen.update(finished=True)
+    fake.login = lambda **kw: seen.update(login=kw)
+    monkeypatch.setitem(sys.modules, "swanlab", fake)
+    for var in ("SWANLAB_API_KEY", "SWANLAB_MODE", "SWANLAB_LOG_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    tracker = Tracking("proj", "exp", ["swanlab"], config={"x": 1}, log_dir=str(tmp_path))
+    tracker.log({"a": 1.0}, step=2)
+    tracker.finish()
+    assert seen["init"] == {"project": "proj", "experiment_name": "exp", "config": {"FRAMEWORK": "hybridflow", "x": 1},
+                            "logdir": str(tmp_path / "swanlog"), "mode": "offline"}
+    assert "login" not in seen and seen["log"] == [({"a": 1.0}, 2)] and seen["finished"]
+
+
+def test_plot_backend_redraws_after_each_validation(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    from hybridflow.utils import plotting
+
+    drawn = []
+    real = plotting.draw_curves
+    monkeypatch.setattr(plotting, "draw_curves", lambda path, curves, title="": drawn.append(curves) or real(path, curves, title))
+    monkeypatch.delenv("HYBRIDFLOW_PLOT_PATH", raising=False)
+    tracker = Tracking("proj", "exp", ["plot"], log_dir=str(tmp_path))
+    tracker.log({"val-core/toy/reward/mean@1": 0.2}, step=0)  # validation before training: drawn
+    tracker.log({"critic/score/mean": 0.1, "actor/pg_loss": 3.0}, step=1)  # no validation: not drawn yet
+    assert len(drawn) == 1
+    tracker.log({"critic/score/mean": 0.3, "val-core/toy/reward/mean@1": 0.4}, step=2)
+    assert drawn[-1] == {"validation toy (mean@1)": [(0, 0.2), (2, 0.4)], "training reward (mean)": [(1, 0.1), (2, 0.3)]}
+    tracker.log({"critic/score/mean": 0.5}, step=3)
+    tracker.finish()  # the last training point since the last validation
+    assert len(drawn) == 3 and drawn[-1]["training reward (mean)"][-1] == (3, 0.5)
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

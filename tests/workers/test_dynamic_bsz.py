@@ -164,12 +164,14 @@ def test_critic_values_same_however_cut_and_in_order():
         vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, num_labels=1, pad_token_id=0, classifier_dropout=0.0))
     data = ppo_batch(tiny_causal_lm(), batch_size=8)
-    base_cfg = {"ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 8}
+    from yaml_sections import critic
+
+    base_cfg = critic(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, forward_micro_batch_size_per_gpu=8)
     fixed = DataParallelPPOCritic(dict(base_cfg, forward_micro_batch_size_per_gpu=8), model).compute_values(data)
     one_by_one = torch.cat([DataParallelPPOCritic(base_cfg, model).compute_values(data[i:i + 1]) for i in range(8)])
     torch.testing.assert_close(fixed, one_by_one, atol=1e-5, rtol=0)
     for packed in (False, True):
-        cfg = dict(base_cfg, use_dynamic_bsz=True, forward_max_token_len_per_gpu=12, model={"use_remove_padding": packed})
+        cfg = dict(base_cfg, use_dynamic_bsz=True, forward_max_token_len_per_gpu=12, use_remove_padding=packed)
         critic = DataParallelPPOCritic(cfg, model)
         assert critic.settings.use_remove_padding is packed
         torch.testing.assert_close(critic.compute_values(data), fixed, atol=1e-5, rtol=0)

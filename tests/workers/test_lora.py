@@ -14,6 +14,7 @@ from ppo_batch import padded_rows, tiny_causal_lm  # noqa: E402
 
 from hybridflow.workers.engine import EngineSpec, TrainEngine  # noqa: E402
 from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled, lora_scaling, merge_lora_weights  # noqa: E402
+from yaml_sections import optim  # noqa: E402
 
 pytest.importorskip("peft")
 
@@ -48,7 +49,7 @@ def test_only_adapters_train_and_merged_weights_match_peft():
     trainable = [n for n, p in engine.module.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_" in n for n in trainable)
     assert all(any(t in n for t in ("q_proj", "v_proj")) for n in trainable)
-    engine.setup_optimizer({"lr": 1e-3}, total_steps=1)
+    engine.setup_optimizer(optim(lr=1e-3), total_steps=1)
     assert sum(len(g["params"]) for g in engine.optimizer.param_groups) == len(trainable)
 
     merged = engine.full_state_dict()
@@ -114,6 +115,8 @@ def test_lora_grpo_run_trains_adapters_only_ref_is_base(tiny_model_dir, tiny_dat
 
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "init_workers", keep_trainer)
     monkeypatch.setattr(ActorRolloutRefWorker, "compute_ref_log_prob", keep_ref)
+    # keep the in-process engine after the run: the test pushes the final weights into it below
+    monkeypatch.setattr(ActorRolloutRefWorker, "shutdown_rollout", lambda worker: None)
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=2,
                                world=1, backend="inprocess")
     overrides += ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",

@@ -13,6 +13,7 @@ from ppo_batch import padded_rows, tiny_causal_lm  # noqa: E402
 
 from hybridflow.workers.engine import EngineSpec, TrainEngine  # noqa: E402
 from hybridflow.workers.engine.fsdp import is_activation_checkpointing  # noqa: E402
+from yaml_sections import fsdp_config, optim  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -55,18 +56,18 @@ def test_frozen_engine_does_not_checkpoint():
 
 
 def test_offload_and_mixed_precision_are_cuda_only_in_the_spec():
-    fsdp_config = {"param_offload": True, "optimizer_offload": True,
-                   "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"}}
-    cpu = EngineSpec.from_config("fsdp", "cpu", fsdp_config)
+    config = fsdp_config(param_offload=True, optimizer_offload=True,
+                         mixed_precision={"param_dtype": "bf16", "reduce_dtype": "fp32"})
+    cpu = EngineSpec.from_config("fsdp", "cpu", config)
     assert (cpu.param_offload, cpu.param_dtype, cpu.reduce_dtype, cpu.needs_fsdp) == (False, None, None, False)
-    cuda = EngineSpec.from_config("fsdp", "cuda", fsdp_config)
+    cuda = EngineSpec.from_config("fsdp", "cuda", config)
     assert cuda.param_offload and cuda.param_dtype == torch.bfloat16 and cuda.reduce_dtype == torch.float32
     assert cuda.needs_fsdp  # one GPU still gets FSDP2 (one-rank mesh) for these
-    only_optim = EngineSpec.from_config("fsdp", "cuda", {"optimizer_offload": True})
+    only_optim = EngineSpec.from_config("fsdp", "cuda", fsdp_config(optimizer_offload=True))
     assert only_optim.param_offload  # FSDP2's CPUOffloadPolicy moves params, grads and optimizer state together
-    assert not EngineSpec.from_config("fsdp", "cpu", {}, activation_offload=True).activation_offload  # host already
-    assert EngineSpec.from_config("fsdp", "cuda", {}, activation_offload=True).activation_offload
-    plain = EngineSpec.from_config("fsdp", "cuda", {"mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32"}})
+    assert not EngineSpec.from_config("fsdp", "cpu", fsdp_config(), activation_offload=True).activation_offload  # host already
+    assert EngineSpec.from_config("fsdp", "cuda", fsdp_config(), activation_offload=True).activation_offload
+    plain = EngineSpec.from_config("fsdp", "cuda", fsdp_config(mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32"}))
     assert plain.param_dtype == torch.float32
 
 
@@ -93,12 +94,12 @@ def test_fsdp2_one_rank_mixed_precision_and_offload_on_cuda(tmp_path):
     if not dist.is_initialized():
         dist.init_process_group("nccl", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:
-        spec = EngineSpec.from_config("fsdp", "cuda", {"param_offload": True,
-                                                       "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"}},
+        spec = EngineSpec.from_config("fsdp", "cuda", fsdp_config(param_offload=True,
+                                                                  mixed_precision={"param_dtype": "bf16", "reduce_dtype": "fp32"}),
                                       gradient_checkpointing=True, activation_offload=True)
         engine = TrainEngine(tiny_causal_lm(), spec)
         assert engine.sharded
-        engine.setup_optimizer({"lr": 1e-3}, total_steps=1)
+        engine.setup_optimizer(optim(lr=1e-3), total_steps=1)
         p = next(engine.module.parameters())
         assert p.device.type == "cpu" and p.dtype == torch.float32  # fp32 master weights kept on the host
         rows = {k: v.cuda() for k, v in padded_rows(4).items()}

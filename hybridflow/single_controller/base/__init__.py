@@ -1,16 +1,25 @@
 from hybridflow.single_controller.base.decorator import Dispatch, Execute, register
-from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
+from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError, WorkerHangError
+from hybridflow.single_controller.base.heartbeat import report_progress
+from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, await_with_deadline, wait_with_deadline, watch
 from hybridflow.single_controller.base.worker import Worker
 from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
 
 __all__ = [
     "ClassWithInitArgs",
+    "Deadline",
     "Dispatch",
     "Execute",
     "ResourcePool",
+    "Watchdog",
     "Worker",
     "WorkerDiedError",
     "WorkerError",
+    "WorkerHangError",
     "WorkerGroup",
+    "await_with_deadline",
     "register",
+    "report_progress",
+    "wait_with_deadline",
+    "watch",
 ]

@@ -1,30 +1,102 @@
-"""`@register` and the dispatch modes.
+"""`@register`, the dispatch modes and their open registry (veRL 0.9.1's API).
 
-A dispatch mode is a pair of functions: ``dispatch_fn(worker_group, *args, **kwargs) -> (args, kwargs)``
-turns the driver's arguments into one list per argument with one entry per rank, and
-``collect_fn(worker_group, outputs) -> result`` turns the ranks' answers into one value. Both are
-shared by every backend (Ray, in-process); only execution differs.
+A dispatch mode is a pair of functions (see ``dispatch_fns``). ``Dispatch`` is an open enumeration:
+``register_dispatch_mode("MY_MODE", dispatch_fn, collect_fn)`` adds ``Dispatch.MY_MODE``;
+``update_dispatch_mode(Dispatch.X, ...)`` replaces a mode's functions for WorkerGroups built
+afterwards; ``DISPATCH_MODE_FN_REGISTRY`` maps every mode to ``{"dispatch_fn", "collect_fn"}``.
+A method may also name its pair directly: ``@register(dispatch_mode={"dispatch_fn": f, "collect_fn": g})``.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from enum import Enum
 from typing import Any, Callable
 
-from hybridflow.protocol import DataProto, DataProtoFuture
+from hybridflow.protocol import DataProtoFuture
+from hybridflow.single_controller.base import dispatch_fns as F
+from hybridflow.single_controller.base.dispatch_fns import (  # noqa: F401  (veRL's import path)
+    DispatchError,
+    collect_all_to_all,
+    collect_dp_compute,
+    collect_dp_compute_data_proto,
+    collect_rank_zero,
+    dispatch_all_to_all,
+    dispatch_dp_compute,
+    dispatch_dp_compute_data_proto,
+    dispatch_dp_compute_data_proto_with_func,
+    dispatch_one_to_all,
+    dispatch_rank_zero,
+    make_nd_compute_dataproto_dispatch_fn,
+)
 
 MAGIC_ATTR = "__hybridflow_register__"
 
 
-class Dispatch(Enum):
-    RANK_ZERO = "rank_zero"
-    ONE_TO_ALL = "one_to_all"
-    ALL_TO_ALL = "all_to_all"
-    DP_COMPUTE = "dp_compute"
-    DP_COMPUTE_PROTO = "dp_compute_proto"
-    DP_COMPUTE_PROTO_WITH_FUNC = "dp_compute_proto_with_func"
-    DP_COMPUTE_METRIC = "dp_compute_metric"
+def _lookup_member(cls_name: str, name: str):
+    """Unpickle a Dispatch member: the existing one, or the same name registered afresh (a mode a
+    user registered on the driver and a worker process never imported)."""
+    enum_cls = {"Dispatch": Dispatch}[cls_name]
+    return enum_cls.from_name(name) or enum_cls.register(name)
+
+
+class _DynamicEnumMeta(type):
+    def __iter__(cls):
+        return iter(list(cls._members.values()))
+
+    def __contains__(cls, item) -> bool:
+        return item in cls._members if isinstance(item, str) else item in cls._members.values()
+
+    def __getitem__(cls, name: str):
+        return cls._members[name]
+
+    def __len__(cls) -> int:
+        return len(cls._members)
+
+    def names(cls) -> list[str]:
+        return list(cls._members)
+
+
+class Dispatch(metaclass=_DynamicEnumMeta):
+    """The dispatch modes: an enumeration users can extend (``register_dispatch_mode``)."""
+
+    _members: dict[str, "Dispatch"] = {}
+
+    def __init__(self, name: str, value: int):
+        self.name, self.value = name, value
+
+    def __repr__(self) -> str:
+        return f"<Dispatch.{self.name}: {self.value}>"
+
+    def __reduce__(self):
+        return _lookup_member, ("Dispatch", self.name)
+
+    @classmethod
+    def register(cls, name: str) -> "Dispatch":
+        key = name.upper()
+        if key in cls._members:
+            raise DispatchError(f"dispatch mode {key} is already registered")
+        member = cls(key, len(cls._members))
+        cls._members[key] = member
+        setattr(cls, key, member)
+        return member
+
+    @classmethod
+    def remove(cls, name: str) -> "Dispatch":
+        key = name.upper()
+        member = cls._members.pop(key)
+        delattr(cls, key)
+        return member
+
+    @classmethod
+    def from_name(cls, name: str):
+        return cls._members.get(name.upper())
+
+
+for _name in ("RANK_ZERO", "ONE_TO_ALL", "ALL_TO_ALL", "DP_COMPUTE", "DP_COMPUTE_PROTO",
+              "DP_COMPUTE_PROTO_WITH_FUNC", "DP_COMPUTE_METRIC", "DIRECT_ROLLOUT_METHOD"):
+    Dispatch.register(_name)
 
 
 class Execute(Enum):
@@ -32,126 +104,68 @@ class Execute(Enum):
     RANK_ZERO = "rank_zero"
 
 
-# ---------------------------------------------------------------- dispatch / collect functions
-
-
-def _broadcast(worker_group, *args, **kwargs):
-    n = worker_group.world_size
-    return tuple([a] * n for a in args), {k: [v] * n for k, v in kwargs.items()}
-
-
-def dispatch_one_to_all(worker_group, *args, **kwargs):
-    return _broadcast(worker_group, *args, **kwargs)
-
-
-def dispatch_rank_zero(worker_group, *args, **kwargs):
-    return _broadcast(worker_group, *args, **kwargs)
-
-
-def collect_rank_zero(worker_group, outputs):
-    return outputs[0]
-
-
-def dispatch_all_to_all(worker_group, *args, **kwargs):
-    return args, kwargs
-
-
-def collect_all_to_all(worker_group, outputs):
-    return outputs
-
-
-def dispatch_dp_compute(worker_group, *args, **kwargs):
-    """Arguments are already lists with one entry per rank."""
-    n = worker_group.world_size
-    for name, value in list(enumerate(args)) + list(kwargs.items()):
-        if not isinstance(value, (list, tuple)) or len(value) != n:
-            raise ValueError(
-                f"DP_COMPUTE expects every argument to be a list of length world_size={n}; "
-                f"argument {name!r} is {type(value).__name__}"
-                + (f" of length {len(value)}" if isinstance(value, (list, tuple)) else "")
-            )
-    return args, kwargs
-
-
-def _chunk(value, n: int, name) -> list:
-    if isinstance(value, (DataProto, DataProtoFuture)):
-        return value.chunk(chunks=n)
-    raise TypeError(f"argument {name!r} must be a DataProto or DataProtoFuture to be split across ranks, got {type(value).__name__}")
-
-
-def dispatch_dp_compute_data_proto(worker_group, *args, **kwargs):
-    n = worker_group.world_size
-    return (
-        tuple(_chunk(a, n, i) for i, a in enumerate(args)),
-        {k: _chunk(v, n, k) for k, v in kwargs.items()},
-    )
-
-
-def dispatch_dp_compute_data_proto_with_func(worker_group, func, *args, **kwargs):
-    if not callable(func):
-        raise TypeError("DP_COMPUTE_PROTO_WITH_FUNC expects a function as the first argument")
-    args, kwargs = dispatch_dp_compute_data_proto(worker_group, *args, **kwargs)
-    return ([func] * worker_group.world_size, *args), kwargs
-
-
-def collect_dp_compute_data_proto(worker_group, outputs):
-    for rank, out in enumerate(outputs):
-        if not isinstance(out, (DataProto, DataProtoFuture)):
-            raise TypeError(f"rank {rank} returned {type(out).__name__}; DP_COMPUTE_PROTO methods must return a DataProto")
-    return DataProto.concat(list(outputs))
-
-
-def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> dict[str, Callable]:
-    """Mesh-aware DataProto dispatch for workers whose ranks form groups (tensor/sequence parallel).
-
-    Each worker declares, via ``Worker._register_dispatch_collect_info(mesh_name, dp_rank, is_collect)``,
-    which data-parallel shard it consumes and whether it is the rank of its group whose answer is
-    collected. The data is split into dp_size chunks; all ranks of a group receive the same chunk (one
-    object, shared) and only the collecting ranks' outputs are concatenated, in dp order.
-    """
-
-    def dispatch_fn(worker_group, *args, **kwargs):
-        dp_ranks, _ = worker_group._query_dispatch_info(mesh_name)
-        dp_size = max(dp_ranks) + 1
-        chunked_args = [_chunk(a, dp_size, i) for i, a in enumerate(args)]
-        chunked_kwargs = {k: _chunk(v, dp_size, k) for k, v in kwargs.items()}
-        per_rank_args = tuple([chunks[r] for r in dp_ranks] for chunks in chunked_args)
-        per_rank_kwargs = {k: [chunks[r] for r in dp_ranks] for k, chunks in chunked_kwargs.items()}
-        return per_rank_args, per_rank_kwargs
-
-    def collect_fn(worker_group, outputs):
-        dp_ranks, is_collect = worker_group._query_dispatch_info(mesh_name)
-        picked = sorted((dp, out) for dp, c, out in zip(dp_ranks, is_collect, outputs) if c)
-        return DataProto.concat([out for _, out in picked])
-
-    dispatch_fn.hybridflow_dp_size = lambda wg: max(wg._query_dispatch_info(mesh_name)[0]) + 1
-    return {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn}
-
-
-# mode -> (dispatch_fn, collect_fn, splits_data_proto)
-_PREDEFINED = {
-    Dispatch.RANK_ZERO: (dispatch_rank_zero, collect_rank_zero, False),
-    Dispatch.ONE_TO_ALL: (dispatch_one_to_all, collect_all_to_all, False),
-    Dispatch.ALL_TO_ALL: (dispatch_all_to_all, collect_all_to_all, False),
-    Dispatch.DP_COMPUTE: (dispatch_dp_compute, collect_all_to_all, False),
-    Dispatch.DP_COMPUTE_PROTO: (dispatch_dp_compute_data_proto, collect_dp_compute_data_proto, True),
-    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: (dispatch_dp_compute_data_proto_with_func, collect_dp_compute_data_proto, True),
-    Dispatch.DP_COMPUTE_METRIC: (dispatch_dp_compute_data_proto, collect_all_to_all, True),
+DISPATCH_MODE_FN_REGISTRY: dict[Dispatch, dict[str, Callable]] = {
+    Dispatch.RANK_ZERO: {"dispatch_fn": F.dispatch_rank_zero, "collect_fn": F.collect_rank_zero},
+    Dispatch.ONE_TO_ALL: {"dispatch_fn": F.dispatch_one_to_all, "collect_fn": F.collect_all_to_all},
+    Dispatch.ALL_TO_ALL: {"dispatch_fn": F.dispatch_all_to_all, "collect_fn": F.collect_all_to_all},
+    Dispatch.DP_COMPUTE: {"dispatch_fn": F.dispatch_dp_compute, "collect_fn": F.collect_dp_compute},
+    Dispatch.DP_COMPUTE_PROTO: {"dispatch_fn": F.dispatch_dp_compute_data_proto,
+                                "collect_fn": F.collect_dp_compute_data_proto},
+    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: {"dispatch_fn": F.dispatch_dp_compute_data_proto_with_func,
+                                          "collect_fn": F.collect_dp_compute_data_proto},
+    Dispatch.DP_COMPUTE_METRIC: {"dispatch_fn": F.dispatch_dp_compute_data_proto, "collect_fn": F.collect_dp_compute},
+    Dispatch.DIRECT_ROLLOUT_METHOD: {"dispatch_fn": F.dummy_direct_rollout_call,
+                                     "collect_fn": F.dummy_direct_rollout_call},
 }
 
 
-def get_dispatch_fns(dispatch_mode) -> tuple[Callable, Callable, bool]:
-    """Resolve a Dispatch member or a ``{"dispatch_fn", "collect_fn"}`` dict."""
+def _check_dispatch_mode(dispatch_mode) -> None:
     if isinstance(dispatch_mode, Dispatch):
-        return _PREDEFINED[dispatch_mode]
+        return
     if isinstance(dispatch_mode, dict):
-        missing = {"dispatch_fn", "collect_fn"} - set(dispatch_mode)
+        missing = sorted({"dispatch_fn", "collect_fn"} - set(dispatch_mode))
         if missing:
-            raise ValueError(f"a custom dispatch mode needs keys dispatch_fn and collect_fn; missing {sorted(missing)}")
-        dispatch_fn = dispatch_mode["dispatch_fn"]
-        splits = hasattr(dispatch_fn, "hybridflow_dp_size")
-        return dispatch_fn, dispatch_mode["collect_fn"], splits
-    raise TypeError(f"dispatch_mode must be a Dispatch or a dict with dispatch_fn/collect_fn, got {dispatch_mode!r}")
+            raise DispatchError(f"a custom dispatch mode needs keys dispatch_fn and collect_fn; missing {missing}")
+        return
+    raise DispatchError(f"dispatch_mode must be a Dispatch or a dict with dispatch_fn/collect_fn, got {dispatch_mode!r}")
+
+
+def get_predefined_dispatch_fn(dispatch_mode: Dispatch) -> dict[str, Callable]:
+    """``{"dispatch_fn", "collect_fn"}`` of a registered mode."""
+    try:
+        return DISPATCH_MODE_FN_REGISTRY[dispatch_mode]
+    except KeyError:
+        known = ", ".join(m.name for m in DISPATCH_MODE_FN_REGISTRY)
+        raise DispatchError(f"dispatch mode {dispatch_mode!r} has no functions registered; known: {known}") from None
+
+
+def register_dispatch_mode(dispatch_mode_name: str, dispatch_fn: Callable, collect_fn: Callable) -> Dispatch:
+    """Add ``Dispatch.<NAME>`` with its pair of functions; a taken name is an error."""
+    mode = Dispatch.register(dispatch_mode_name)
+    DISPATCH_MODE_FN_REGISTRY[mode] = {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn}
+    return mode
+
+
+def update_dispatch_mode(dispatch_mode: Dispatch, dispatch_fn: Callable, collect_fn: Callable) -> None:
+    """Replace the functions of an existing mode (WorkerGroups built afterwards use them)."""
+    _check_dispatch_mode(dispatch_mode)
+    if dispatch_mode not in DISPATCH_MODE_FN_REGISTRY:
+        raise DispatchError(f"dispatch mode {dispatch_mode!r} is not registered; use register_dispatch_mode")
+    DISPATCH_MODE_FN_REGISTRY[dispatch_mode] = {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn}
+
+
+def get_predefined_execute_fn(execute_mode: Execute) -> dict[str, str]:
+    return {Execute.ALL: {"execute_fn_name": "execute_all"},
+            Execute.RANK_ZERO: {"execute_fn_name": "execute_rank_zero"}}[execute_mode]
+
+
+def get_dispatch_fns(dispatch_mode) -> tuple[Callable, Callable, bool]:
+    """(dispatch_fn, collect_fn, splits batches) for a Dispatch member or a custom dict, read now
+    (so ``update_dispatch_mode`` reaches WorkerGroups built after it)."""
+    _check_dispatch_mode(dispatch_mode)
+    fns = get_predefined_dispatch_fn(dispatch_mode) if isinstance(dispatch_mode, Dispatch) else dispatch_mode
+    dispatch_fn = fns["dispatch_fn"]
+    return dispatch_fn, fns["collect_fn"], hasattr(dispatch_fn, "hybridflow_dp_size")
 
 
 def _materialize(value):
@@ -159,18 +173,35 @@ def _materialize(value):
 
 
 def register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.ALL, blocking=True, materialize_futures=True):
-    """Mark a worker method as callable from the driver through a WorkerGroup."""
-    get_dispatch_fns(dispatch_mode)  # fail at class definition, not at the first call
+    """Mark a worker method as callable from the driver through a WorkerGroup.
+
+    ``async def`` methods stay coroutine functions (Ray runs their actor as an async actor; the
+    in-process backend runs them on its event loop), so worker code can still ``await`` them.
+    """
+    _check_dispatch_mode(dispatch_mode)
     if not isinstance(execute_mode, Execute):
-        raise TypeError(f"execute_mode must be an Execute member, got {execute_mode!r}")
+        raise DispatchError(f"execute_mode must be an Execute member, got {execute_mode!r}")
 
     def decorator(func):
-        @functools.wraps(func)
-        def inner(*args, **kwargs):
+        def prepare(args, kwargs):
             if materialize_futures:
                 args = tuple(_materialize(a) for a in args)
                 kwargs = {k: _materialize(v) for k, v in kwargs.items()}
-            return func(*args, **kwargs)
+            return args, kwargs
+
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def inner(*args, **kwargs):
+                args, kwargs = prepare(args, kwargs)
+                return await func(*args, **kwargs)
+
+        else:
+
+            @functools.wraps(func)
+            def inner(*args, **kwargs):
+                args, kwargs = prepare(args, kwargs)
+                return func(*args, **kwargs)
 
         setattr(inner, MAGIC_ATTR, {"dispatch_mode": dispatch_mode, "execute_mode": execute_mode, "blocking": blocking})
         return inner

@@ -19,3 +19,16 @@ class WorkerDiedError(WorkerError):
             f"(process killed, exited or out of memory):\n{detail}",
         )
         self.group, self.method, self.rank = group, method, rank
+
+
+class WorkerHangError(WorkerError):
+    """A watchdog deadline passed: the call gave no answer and reported no progress in time.
+
+    ``rank`` is the first rank found stuck, ``stuck_ranks`` all of them, ``report_path`` the file with
+    every rank's Python stacks (None when it could not be written)."""
+
+    def __init__(self, group: str, method: str, rank: int, detail: str, stuck_ranks=(), report_path=None):
+        RuntimeError.__init__(self, detail)
+        self.group, self.method, self.rank = group, method, rank
+        self.stuck_ranks = list(stuck_ranks)
+        self.report_path = report_path

@@ -11,6 +11,8 @@ import socket
 from datetime import timedelta
 
 from hybridflow.single_controller.base.decorator import Dispatch, Execute, register
+from hybridflow.single_controller.base.heartbeat import in_ray_worker, report_progress
+from hybridflow.single_controller.base.stacks import install_stack_dump_handler
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -31,7 +33,11 @@ def default_device_backend() -> tuple[str, str]:
 class Worker:
     """Base worker. Subclasses add ``@register`` methods; the driver calls them through a WorkerGroup."""
 
+    fused_worker_attr_name = "fused_worker_dict"
+
     def __init__(self, cuda_visible_devices=None):
+        if in_ray_worker():
+            install_stack_dump_handler()  # first: the watchdog can then see a hang inside __init__ too
         self._rank = int(os.environ.get("RANK", 0))
         self._world_size = int(os.environ.get("WORLD_SIZE", 1))
         self._local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -39,7 +45,10 @@ class Worker:
             # Rank 0 picks the rendezvous address; the WorkerGroup reads it and hands it to the others.
             os.environ["MASTER_ADDR"] = os.environ.get("MASTER_ADDR", "127.0.0.1")
             os.environ["MASTER_PORT"] = str(find_free_port(os.environ["MASTER_ADDR"]))
-        self._dispatch_info: dict[str, tuple[int, bool]] = {}
+        self._dispatch_dp_rank: dict[str, int] = {}
+        self._collect_dp_rank: dict[str, bool] = {}
+        # the sibling roles of a fused worker (create_colocated_worker_raw_cls), by role name
+        self.fused_worker_dict: dict = {}
 
     # --- identity -------------------------------------------------------------------------------
     @property
@@ -59,6 +68,11 @@ class Worker:
 
     def get_pid(self) -> int:
         return os.getpid()
+
+    def report_progress(self) -> None:
+        """Call from a long registered method (per request, per micro-batch): the driver's watchdog
+        then extends the call's deadline instead of declaring it stuck."""
+        report_progress(rank=self._rank)
 
     # --- torch.distributed -------------------------------------------------------------------------
     def init_process_group(self, backend: str | None = None, timeout_s: float = 600.0) -> None:
@@ -80,22 +94,62 @@ class Worker:
             timeout=timedelta(seconds=timeout_s),
         )
 
+    def get_fused_worker_by_name(self, worker_name: str):
+        """A sibling role of this fused worker (None outside a fused worker)."""
+        return self.fused_worker_dict.get(worker_name)
+
     # --- mesh-aware dispatch -----------------------------------------------------------------------
     def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
         """Declare which data-parallel shard this rank consumes for ``mesh_name`` and whether its
-        output is the one collected for its tensor/sequence-parallel group."""
-        self._dispatch_info[mesh_name] = (int(dp_rank), bool(is_collect))
+        output is the one collected for its tensor/sequence-parallel group (once per mesh)."""
+        if mesh_name in self._dispatch_dp_rank or mesh_name in self._collect_dp_rank:
+            raise ValueError(f"rank {self._rank}: mesh {mesh_name!r} is already registered")
+        self._dispatch_dp_rank[mesh_name] = int(dp_rank)
+        self._collect_dp_rank[mesh_name] = bool(is_collect)
 
-    def _query_dispatch_info(self, mesh_name: str) -> tuple[int, bool]:
-        if mesh_name not in self._dispatch_info:
-            raise KeyError(f"rank {self._rank} did not register dispatch info for mesh {mesh_name!r}")
-        return self._dispatch_info[mesh_name]
-
-    # --- generic helpers callable from the driver --------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_dispatch_info(self, mesh_name: str) -> int:
+        """This rank's data-parallel shard for ``mesh_name``."""
+        if mesh_name not in self._dispatch_dp_rank:
+            raise KeyError(f"rank {self._rank} ({type(self).__name__}) did not register dispatch info for mesh {mesh_name!r}")
+        return self._dispatch_dp_rank[mesh_name]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_collect_info(self, mesh_name: str) -> bool:
+        return self.query_collect_info(mesh_name)
+
+    def query_collect_info(self, mesh_name: str) -> bool:
+        """Whether this rank's output is collected for ``mesh_name``."""
+        if mesh_name not in self._collect_dp_rank:
+            raise KeyError(f"rank {self._rank} ({type(self).__name__}) did not register collect info for mesh {mesh_name!r}")
+        return self._collect_dp_rank[mesh_name]
+
+    def get_dispatch_collect(self) -> dict[str, dict]:
+        """All registered meshes: ``{"dispatch_dp_rank": {mesh: dp_rank}, "collect_dp_rank": {mesh: bool}}``."""
+        return {"dispatch_dp_rank": dict(self._dispatch_dp_rank), "collect_dp_rank": dict(self._collect_dp_rank)}
+
+    def set_dispatch_collect(self, mesh_name: str, dispatch_dp_rank: dict, collect_dp_rank: dict) -> None:
+        """Register ``mesh_name`` from another worker's ``get_dispatch_collect()`` (e.g. a role inside
+        this worker), as veRL does: the (single) mesh of those dicts gives this mesh's values."""
+        if mesh_name in self._dispatch_dp_rank or mesh_name in self._collect_dp_rank:
+            raise ValueError(f"mesh {mesh_name!r} is already registered; have {sorted(self._dispatch_dp_rank)}")
+        if len(set(dispatch_dp_rank.values())) > 1 or len(set(collect_dp_rank.values())) > 1:
+            raise ValueError(
+                f"set_dispatch_collect({mesh_name!r}): the given meshes disagree "
+                f"(dispatch {dispatch_dp_rank}, collect {collect_dp_rank}); pass the info of one mesh"
+            )
+        for dp_rank in dispatch_dp_rank.values():
+            self._dispatch_dp_rank[mesh_name] = int(dp_rank)
+        for is_collect in collect_dp_rank.values():
+            self._collect_dp_rank[mesh_name] = bool(is_collect)
+
+    # --- generic helpers callable from the driver (veRL's dispatch modes and signatures) -----------
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
     def execute_with_func_generator(self, func, *args, **kwargs):
+        """``func(worker, *chunk_args)`` on every rank, each with its chunk of the batch arguments."""
         return func(self, *args, **kwargs)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
     def execute_func_rank_zero(self, func, *args, **kwargs):
-        return func(self, *args, **kwargs)
+        """``func(*args, **kwargs)`` on rank zero only, arguments as given."""
+        return func(*args, **kwargs)

@@ -9,8 +9,19 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+from tensordict import TensorDict
+
 from hybridflow.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor, unpad_dataproto
 from hybridflow.single_controller.base.decorator import Execute, get_dispatch_fns, registered_methods
+from hybridflow.single_controller.base.dispatch_fns import joins_batches
+
+# the method a fused worker (create_colocated_worker_raw_cls) routes its roles' calls through, and
+# the separator of "<role>_fwmn_<method>" (veRL's names)
+FUSED_EXECUTE = "_fuw_execute"
+FUSED_SEPARATOR = "_fwmn_"
+from hybridflow.single_controller.base.heartbeat import read_progress
+from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, default_watchdog
 
 
 class ClassWithInitArgs:
@@ -20,6 +31,9 @@ class ClassWithInitArgs:
         self.cls = cls
         self.args = args
         self.kwargs = kwargs
+        # True for the class create_colocated_worker_cls_fused builds: its groups route role calls
+        # through the fused worker (spawn/fuse)
+        self.fused_worker_used = False
 
     @property
     def user_cls(self):
@@ -33,10 +47,18 @@ class ClassWithInitArgs:
 class ResourcePool:
     """Processes per node; the backend decides how they are placed."""
 
-    def __init__(self, process_on_nodes=None, max_colocate_count: int = 1, n_gpus_per_node: int = 8):
+    def __init__(self, process_on_nodes=None, max_colocate_count: int = 10, n_gpus_per_node: int = 8):
         self._store = list(process_on_nodes or [])
-        self.max_colocate_count = max_colocate_count
+        if int(max_colocate_count) < 1:
+            raise ValueError(f"max_colocate_count must be >= 1, got {max_colocate_count}")
+        self.max_colocate_count = int(max_colocate_count)  # worker groups that may share each device (veRL: 10)
         self.n_gpus_per_node = n_gpus_per_node
+
+    def add_node(self, process_count: int) -> None:
+        self._store.append(process_count)
+
+    def __call__(self) -> list[int]:
+        return self._store
 
     @property
     def world_size(self) -> int:
@@ -53,43 +75,123 @@ class ResourcePool:
         return [i for n in self._store for i in range(n)]
 
 
+def _batch_len(v):
+    return len(v) if isinstance(v, (DataProto, TensorDict)) else None
+
+
 def _pad_proto_args(args, kwargs, divisor: int):
-    """Pad every DataProto argument to a multiple of ``divisor``; return the pad size (same for all)."""
-    lengths = {len(v) for v in list(args) + list(kwargs.values()) if isinstance(v, DataProto)}
+    """Pad every DataProto / TensorDict argument to a multiple of ``divisor`` (rows repeated from the
+    start); return the pad size (the same for all)."""
+    lengths = {_batch_len(v) for v in list(args) + list(kwargs.values())} - {None}
     if len(lengths) > 1:
-        raise ValueError(f"all DataProto arguments must have the same length to be split across ranks, got {sorted(lengths)}")
-    if not lengths or next(iter(lengths)) % divisor == 0:
+        raise ValueError(f"all batch arguments must have the same length to be split across ranks, got {sorted(lengths)}")
+    if not lengths or next(iter(lengths)) % divisor == 0 or next(iter(lengths)) == 0:
         return args, kwargs, 0
-    pad = 0
+    n = next(iter(lengths))
+    pad = -n % divisor
 
     def pad_one(v):
-        nonlocal pad
         if isinstance(v, DataProto):
-            v, pad = pad_dataproto_to_divisor(v, divisor)
+            return pad_dataproto_to_divisor(v, divisor)[0]
+        if isinstance(v, TensorDict):
+            return _with_rows(v, np.arange(pad) % n)
         return v
 
     return tuple(pad_one(a) for a in args), {k: pad_one(v) for k, v in kwargs.items()}, pad
 
 
+def _with_rows(td: TensorDict, extra_rows) -> TensorDict:
+    import torch
+
+    return torch.cat([td, td[torch.as_tensor(extra_rows, dtype=torch.long)]], dim=0)
+class WatchedFuture(DataProtoFuture):
+    """The answer of a ``blocking=False`` call: ``get()`` on the driver waits through the group's
+    ``_resolve`` (watchdog deadline, errors naming the rank). Sent to a worker, or chunked for one,
+    it is a plain DataProtoFuture again."""
+
+    _wait: Callable | None = None
+
+    def _resolve(self) -> list:
+        if self._wait is not None:
+            self.futures, self._wait = self._wait(), None
+        return super()._resolve()
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_wait"}
+
+
+class PendingResults(list):
+    """The answer of a non-blocking ONE_TO_ALL / ALL_TO_ALL call: the per-rank handles (Ray ObjectRefs),
+    as veRL returns them, and ``get()``, which waits for them under the group's watchdog."""
+
+    def __init__(self, handles, wait: Callable):
+        super().__init__(handles)
+        self._wait = wait
+
+    def get(self):
+        return self._wait()
+
+
+def rows_per_rank(per_rank_args, per_rank_kwargs) -> int:
+    """The most DataProto rows any rank was given (scales the call's deadline)."""
+    rows = 0
+    for args, kwargs in zip(per_rank_args, per_rank_kwargs):
+        for v in (*args, *kwargs.values()):
+            if isinstance(v, DataProto):
+                rows = max(rows, len(v))
+    return rows
+
+
 def _unpad(result, pad: int):
     if pad and isinstance(result, DataProto) and len(result) > 0:
         return unpad_dataproto(result, pad_size=pad)
+    if pad and isinstance(result, TensorDict) and len(result) > 0:
+        return result[: len(result) - pad]
     return result
 
 
 class WorkerGroup:
-    """Backend-independent part: method binding, dispatch, collect, padding."""
+    """Backend-independent part: method binding, dispatch, collect, padding, fused-worker routing."""
+
+    fused_worker_execute_fn_name = FUSED_EXECUTE
 
     def __init__(self, name: str, world_size: int):
         self.name = name
         self._world_size = world_size
-        self._dispatch_info_cache: dict[str, tuple[list[int], list[bool]]] = {}
+        self._dispatch_info: dict[str, list[int]] = {}  # mesh -> dp rank of every rank (veRL's names)
+        self._collect_info: dict[str, list[bool]] = {}  # mesh -> whether each rank's output is collected
         self._bound_names: list[str] = []
         self._user_cls = None
+        self.fused_worker_used = False  # built from create_colocated_worker_cls_fused
+        self.sub_cls_name = ""  # the role this (spawned) group calls inside a fused worker
+        self.method_names: list[str] = []  # the fused worker's own methods, called without routing
+        self.wg_dict = None
+        self._watchdog: Watchdog | None = None
+        self._progress_key = name  # the workers' WG_PREFIX: views of a fused group keep the fused name
 
     @property
     def world_size(self) -> int:
         return self._world_size
+
+    # --- watchdog (see single_controller/watchdog.py) -----------------------------------------------
+    @property
+    def watchdog(self) -> Watchdog:
+        """This group's deadlines; the process default unless ``set_watchdog`` gave one."""
+        return self._watchdog or default_watchdog()
+
+    def set_watchdog(self, watchdog: Watchdog | None) -> None:
+        self._watchdog = watchdog
+
+    def _deadline(self, rows_per_rank: int = 0) -> Deadline | None:
+        return self.watchdog.deadline(rows_per_rank, progress=self._progress_reading)
+
+    def _progress_reading(self):
+        """Changes whenever a worker called ``report_progress()``."""
+        return read_progress(self._progress_key, self.world_size, use_ray=False)
+
+    def _collect_stacks(self, ranks: list[int]) -> dict[int, dict]:
+        """rank -> {"pid", "state", "tool", "text", "location"}: the backend takes them from outside."""
+        raise NotImplementedError
 
     # --- backend interface -----------------------------------------------------------------------
     def _execute(self, method: str, ranks: list[int], per_rank_args: list[tuple], per_rank_kwargs: list[dict]) -> list:
@@ -101,9 +203,19 @@ class WorkerGroup:
         raise NotImplementedError
 
     def _make_future(self, method: str, ranks: list[int], handles: list, collect: Callable) -> DataProtoFuture:
-        return DataProtoFuture(collect_fn=collect, futures=handles)
+        future = WatchedFuture(collect_fn=collect, futures=handles)
+        future._wait = lambda: self._resolve(method, ranks, handles)
+        return future
 
     # --- generic execution -----------------------------------------------------------------------
+    def _call(self, method: str, ranks, per_args, per_kwargs) -> list:
+        """``_execute``, routing a role's method through the fused worker when this group is a role
+        view of one (``<role>_fwmn_<method>``, veRL's convention)."""
+        if self.fused_worker_used and self.sub_cls_name and method not in self.method_names:
+            routed = f"{self.sub_cls_name}{FUSED_SEPARATOR}{method}"
+            return self._execute(FUSED_EXECUTE, ranks, [(routed, *a) for a in per_args], per_kwargs)
+        return self._execute(method, ranks, per_args, per_kwargs)
+
     def _split_per_rank(self, ranks, args, kwargs):
         """Lists of length world_size are scattered; everything else is broadcast (veRL semantics)."""
         n = self.world_size
@@ -125,7 +237,7 @@ class WorkerGroup:
     def execute_all_async(self, method_name: str, *args, **kwargs) -> list:
         ranks = list(range(self.world_size))
         per_args, per_kwargs = self._split_per_rank(ranks, args, kwargs)
-        return self._execute(method_name, ranks, per_args, per_kwargs)
+        return self._call(method_name, ranks, per_args, per_kwargs)
 
     def execute_all_sync(self, method_name: str, *args, **kwargs) -> list:
         handles = self.execute_all_async(method_name, *args, **kwargs)
@@ -135,7 +247,7 @@ class WorkerGroup:
 
     def execute_rank_zero_async(self, method_name: str, *args, **kwargs):
         per_args, per_kwargs = self._split_per_rank([0], args, kwargs)
-        return self._execute(method_name, [0], per_args, per_kwargs)[0]
+        return self._call(method_name, [0], per_args, per_kwargs)[0]
 
     def execute_rank_zero_sync(self, method_name: str, *args, **kwargs):
         handle = self.execute_rank_zero_async(method_name, *args, **kwargs)
@@ -144,11 +256,14 @@ class WorkerGroup:
     execute_rank_zero = execute_rank_zero_async
 
     # --- mesh-aware dispatch support ----------------------------------------------------------------
-    def _query_dispatch_info(self, mesh_name: str) -> tuple[list[int], list[bool]]:
-        if mesh_name not in self._dispatch_info_cache:
-            infos = self.execute_all_sync("_query_dispatch_info", mesh_name)
-            self._dispatch_info_cache[mesh_name] = ([i[0] for i in infos], [i[1] for i in infos])
-        return self._dispatch_info_cache[mesh_name]
+    def _mesh_info(self, mesh_name: str) -> tuple[list[int], list[bool]]:
+        """(dp rank, collected?) of every rank for ``mesh_name``, asked once through the workers'
+        ``_query_dispatch_info`` / ``_query_collect_info`` and cached."""
+        if mesh_name not in self._dispatch_info:
+            self._dispatch_info[mesh_name] = list(self._query_dispatch_info(mesh_name))
+        if mesh_name not in self._collect_info:
+            self._collect_info[mesh_name] = list(self._query_collect_info(mesh_name))
+        return self._dispatch_info[mesh_name], self._collect_info[mesh_name]
 
     def _dp_size_for(self, dispatch_fn) -> int:
         size_fn = getattr(dispatch_fn, "hybridflow_dp_size", None)
@@ -178,10 +293,13 @@ class WorkerGroup:
             if splits_proto:
                 args, kwargs, pad = _pad_proto_args(args, kwargs, group._dp_size_for(dispatch_fn))
             args, kwargs = dispatch_fn(group, *args, **kwargs)
-            ranks = list(range(group.world_size)) if execute_mode is Execute.ALL else [0]
-            per_args = [tuple(a[r] for a in args) for r in ranks]
-            per_kwargs = [{k: v[r] for k, v in kwargs.items()} for r in ranks]
-            handles = group._execute(remote_name, ranks, per_args, per_kwargs)
+            if execute_mode is Execute.ALL:
+                ranks = list(range(group.world_size))
+                per_args, per_kwargs = group._split_per_rank(ranks, args, kwargs)
+            else:  # rank zero: its own share of per-rank lists, other arguments unsplit (veRL)
+                ranks = [0]
+                per_args, per_kwargs = group._split_per_rank(ranks, args, kwargs)
+            handles = group._call(remote_name, ranks, per_args, per_kwargs)
 
             def collect(outputs):
                 if execute_mode is Execute.RANK_ZERO:
@@ -190,25 +308,64 @@ class WorkerGroup:
 
             if blocking:
                 return collect(group._resolve(remote_name, ranks, handles))
-            return group._make_future(remote_name, ranks, handles, collect)
+            if execute_mode is Execute.RANK_ZERO:
+                return handles[0]  # veRL: the one ObjectRef
+            if joins_batches(collect_fn):
+                return group._make_future(remote_name, ranks, handles, collect)
+            pending = collect_fn(group, handles)  # veRL: e.g. ONE_TO_ALL/ALL_TO_ALL -> the list of ObjectRefs
+            if isinstance(pending, list):  # ... which get() also waits for, under the watchdog
+                return PendingResults(pending, lambda: collect(group._resolve(remote_name, ranks, handles)))
+            return pending
 
         method.__name__ = remote_name
         method.__qualname__ = f"{type(self).__name__}.{remote_name}"
         return method
 
     # --- colocated roles ---------------------------------------------------------------------------
+    def _view(self, name: str):
+        view = object.__new__(type(self))
+        view.__dict__.update({k: v for k, v in self.__dict__.items() if k not in self._bound_names})
+        view.name = name
+        view._dispatch_info, view._collect_info = {}, {}
+        view.wg_dict, view.method_names = None, []
+        return view
+
     def spawn(self, prefix_set) -> dict[str, "WorkerGroup"]:
         """One view per role of a colocated worker class, with the role's plain method names.
 
-        The views share this group's worker processes; ``view.execute_all_sync`` etc. still take the
-        fused (``<role>_<method>``) names.
+        The views share this group's worker processes. For a ``create_colocated_worker_cls`` class the
+        roles' methods are ``<role>_<method>`` on the worker (``view.execute_all_sync`` etc. take those
+        names); for a fused class (``create_colocated_worker_cls_fused``) calls are routed through the
+        fused worker (see ``spawn_fused``).
         """
+        if self.fused_worker_used:
+            return self.spawn_fused(prefix_set)
         views = {}
         for role in prefix_set:
-            view = object.__new__(type(self))
-            view.__dict__.update({k: v for k, v in self.__dict__.items() if k not in self._bound_names})
-            view.name = f"{self.name}:{role}"
-            view._dispatch_info_cache = {}
+            view = self._view(f"{self.name}:{role}")
             view._bound_names = view._bind_worker_methods(self._user_cls, prefix=f"{role}_")
             views[role] = view
         return views
+
+    def spawn_fused(self, prefix_set) -> dict[str, "WorkerGroup"]:
+        """One group per role of a fused worker, each with the role class's methods bound."""
+        raw = getattr(self._user_cls, "raw_cls_dict", None)
+        if raw is None:
+            raise TypeError(f"{self._user_cls.__name__} is not a fused worker class (create_colocated_worker_raw_cls)")
+        views = {}
+        for role in prefix_set:
+            if role not in raw:
+                raise KeyError(f"fused worker has no role {role!r}; roles: {sorted(raw)}")
+            view = self._view(f"{self.name}:{role}")
+            view.sub_cls_name = role
+            view._bound_names = view._bind_worker_methods(raw[role])
+            views[role] = view
+        return views
+
+    def fuse(self, prefix_set) -> None:
+        """Attach one group per role as an attribute (``wg.actor.update_actor(...)``), veRL's fuse()."""
+        if self.wg_dict is None:
+            self.wg_dict = self.spawn(prefix_set)
+        for role, role_group in self.wg_dict.items():
+            setattr(self, role, role_group)
+        self.method_names = list(self._bound_names)

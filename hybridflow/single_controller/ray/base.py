@@ -4,32 +4,62 @@ from __future__ import annotations
 
 import os
 import uuid
+import weakref
 
 import psutil
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.protocol import DataProto
-from hybridflow.single_controller.base.colocated import build_colocated_class
+from hybridflow.single_controller.base.colocated import (
+    build_colocated_class,
+    create_colocated_worker_raw_cls,  # noqa: F401  (veRL's import path)
+    fused_class_with_init_args,
+)
 from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
-from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
+from hybridflow.single_controller.base.heartbeat import clear_progress, read_progress
+from hybridflow.single_controller.base.watchdog import build_hang_error
+from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, rows_per_rank
+from hybridflow.single_controller.ray import health
+from hybridflow.single_controller.ray.placement import alive_nodes, place_one_group_per_node
 
 PLACEMENT_TIMEOUT_S = float(os.environ.get("HYBRIDFLOW_PLACEMENT_TIMEOUT_S", 60))
 
 
 class RayResourcePool(ResourcePool):
-    """``process_on_nodes=[n0, n1, ...]``: one placement group per node with one bundle per process."""
+    """``process_on_nodes=[n0, n1, ...]``: one placement group per node with one bundle per process.
+
+    Up to ``max_colocate_count`` worker groups (veRL's default: 10) may place their workers on the
+    pool; each worker takes ``1 / max_colocate_count`` of its bundle's CPU (and GPU). One more group
+    fails at once, saying so, instead of waiting forever for a share that cannot free up.
+    """
 
     def __init__(self, process_on_nodes=None, use_gpu: bool = True, name_prefix: str | None = None,
-                 max_colocate_count: int = 1, detached: bool = False, accelerator_type: str | None = None):
+                 max_colocate_count: int = 10, detached: bool = False, accelerator_type: str | None = None):
         super().__init__(process_on_nodes, max_colocate_count)
         self.use_gpu = use_gpu
         self.name_prefix = name_prefix or f"hf_pool_{uuid.uuid4().hex[:6]}"
         self.detached = detached
         self.accelerator_type = accelerator_type
         self.pgs = None
+        self._groups: weakref.WeakSet = weakref.WeakSet()  # the worker groups holding a share of the bundles
+
+    def reserve_share(self, group) -> None:
+        """Take one of the ``max_colocate_count`` shares for ``group``'s workers, or fail at once."""
+        if len(self._groups) >= self.max_colocate_count:
+            holders = ", ".join(sorted(repr(g.name) for g in self._groups))
+            raise RuntimeError(
+                f"resource pool {self.name_prefix!r} has no room for worker group {group.name!r}: it takes at most "
+                f"max_colocate_count={self.max_colocate_count} worker group(s) and holds {len(self._groups)} "
+                f"({holders}). Shut one down, use another pool, raise max_colocate_count, or fuse the roles into "
+                "one worker class (create_colocated_worker_cls)."
+            )
+        self._groups.add(group)
+
+    def release_share(self, group) -> None:
+        self._groups.discard(group)
 
     def bundle(self) -> dict:
         b = {"CPU": 1}
@@ -38,6 +68,12 @@ class RayResourcePool(ResourcePool):
         return b
 
     def _check_capacity(self):
+        nodes = len(alive_nodes())
+        if len(self.store) > nodes:
+            raise RuntimeError(
+                f"resource pool {self.name_prefix!r} spans {len(self.store)} nodes (process_on_nodes={self.store}, "
+                f"one node per entry) but the Ray cluster has {nodes} alive node(s). Lower trainer.nnodes or add "
+                "nodes to the cluster (ray start --address=<head> on each).")
         need = {k: v * self.world_size for k, v in self.bundle().items()}
         have = ray.cluster_resources()
         short = {k: (v, have.get(k, 0)) for k, v in need.items() if have.get(k, 0) < v}
@@ -54,19 +90,15 @@ class RayResourcePool(ResourcePool):
             return self.pgs
         self._check_capacity()
         lifetime = "detached" if self.detached else None
-        pgs = [
-            placement_group([self.bundle()] * n, strategy="STRICT_PACK", name=f"{self.name_prefix}_{i}", lifetime=lifetime)
-            for i, n in enumerate(self.store)
-        ]
         try:
-            ray.get([pg.ready() for pg in pgs], timeout=PLACEMENT_TIMEOUT_S)
+            pgs = place_one_group_per_node([[self.bundle()] * n for n in self.store], self.name_prefix, lifetime,
+                                           PLACEMENT_TIMEOUT_S)
         except GetTimeoutError:
-            for pg in pgs:
-                remove_placement_group(pg)
             raise RuntimeError(
                 f"resource pool {self.name_prefix!r} could not place {self.store} processes with {self.bundle()} each "
-                f"within {PLACEMENT_TIMEOUT_S:.0f}s: the cluster has {ray.cluster_resources()} in total and "
-                f"{ray.available_resources()} free (another job may hold them; each node must fit its share)."
+                f"(one node per entry) within {PLACEMENT_TIMEOUT_S:.0f}s: the cluster has {ray.cluster_resources()} in "
+                f"total and {ray.available_resources()} free on {len(alive_nodes())} node(s) (another job may hold "
+                "them; each node must fit its share)."
             ) from None
         self.pgs = pgs
         return pgs
@@ -106,36 +138,80 @@ class RayClassWithInitArgs(ClassWithInitArgs):
             options["resources"] = dict(self._additional_resource)
         if detached:
             options["lifetime"] = "detached"
-        options.update(self._options)
+        user = dict(self._options)
+        user_env = dict(user.pop("runtime_env", None) or {})
+        options.update(user)
+        # a runtime_env given through update_options keeps its other fields and env vars; the
+        # group's own variables (rank, rendezvous, worker_env) win
+        options["runtime_env"] = {**user_env, "env_vars": {**(user_env.get("env_vars") or {}), **env_vars}}
         return self.remote_cls().options(**options).remote(*self.args, **self.kwargs)
 
 
+# The variables every worker gets from its group; worker_env may not override them (veRL refuses too).
+PROTECTED_WORKER_ENV = frozenset({
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WG_PREFIX", "WG_BACKEND", "RAY_LOCAL_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT",
+})
+
+
+def _check_worker_env(worker_env) -> dict[str, str]:
+    if not worker_env:
+        return {}
+    worker_env = dict(worker_env)
+    clash = sorted(PROTECTED_WORKER_ENV & set(worker_env))
+    if clash:
+        raise ValueError(
+            f"worker_env may not override the variables the worker group sets itself: {clash} "
+            "(rank, world size and rendezvous address come from the resource pool)"
+        )
+    return {str(k): str(v) for k, v in worker_env.items()}
+
+
 class RayWorkerGroup(WorkerGroup):
-    """Driver-side handle over Ray actors, one per bundle of the resource pool."""
+    """Driver-side handle over Ray actors, one per bundle of the resource pool.
+
+    ``worker_env={"NAME": "value"}`` adds environment variables to every worker (the group's own
+    RANK / WORLD_SIZE / MASTER_ADDR / ... cannot be overridden).
+    """
 
     def __init__(self, resource_pool: RayResourcePool | None = None, ray_cls_with_init: RayClassWithInitArgs | None = None,
-                 name_prefix: str | None = None, detached: bool = False, worker_names: list[str] | None = None, **kwargs):
+                 name_prefix: str | None = None, detached: bool = False, worker_names: list[str] | None = None,
+                 worker_env: dict | None = None, **kwargs):
         name_prefix = name_prefix or f"hf_wg_{uuid.uuid4().hex[:6]}"
         if not isinstance(ray_cls_with_init, ClassWithInitArgs):
             raise TypeError("ray_cls_with_init must be a RayClassWithInitArgs")
         if not isinstance(ray_cls_with_init, RayClassWithInitArgs):
             ray_cls_with_init = _as_ray_cls(ray_cls_with_init)
+        self._worker_env = _check_worker_env(worker_env)
         if worker_names is not None:  # attach to existing detached actors
             super().__init__(name_prefix, len(worker_names))
             self._workers = [ray.get_actor(n) for n in worker_names]
             self._worker_names = list(worker_names)
+            self._locations = self._get([w.__ray_call__.remote(health.locate) for w in self._workers],
+                                        "__init__", list(range(self.world_size)))
         else:
             super().__init__(name_prefix, resource_pool.world_size)
             self._create_workers(resource_pool, ray_cls_with_init, detached)
-            # (pid, node) of every rank, read once all ranks are built: lets a failure be pinned on a
-            # killed process at once, before Ray's own death notice arrives
-            self._worker_procs = self._get([w.__ray_call__.remote(_pid_and_node) for w in self._workers],
-                                           "__init__", list(range(self.world_size)))
+            # pid and node of every rank, read once all ranks are built: lets a failure be pinned on a
+            # killed process at once, before Ray's own death notice arrives, and the watchdog take
+            # stacks from outside the processes (this also installs the stack-dump handler)
+            self._locations = self._get([w.__ray_call__.remote(health.locate) for w in self._workers],
+                                        "__init__", list(range(self.world_size)))
         self.resource_pool = resource_pool
+        self.ray_cls_with_init = ray_cls_with_init
+        self.fused_worker_used = bool(ray_cls_with_init.fused_worker_used)
         self._user_cls = ray_cls_with_init.user_cls
         self._bound_names = self._bind_worker_methods(self._user_cls)
 
     def _create_workers(self, pool: RayResourcePool, cls: RayClassWithInitArgs, detached: bool):
+        pool.reserve_share(self)
+        try:
+            self._place_workers(pool, cls, detached)
+        except BaseException:
+            pool.release_share(self)
+            raise
+
+    def _place_workers(self, pool: RayResourcePool, cls: RayClassWithInitArgs, detached: bool):
         pgs = pool.get_placement_groups()
         frac = 1.0 / pool.max_colocate_count
         self._workers, self._worker_names = [], []
@@ -146,9 +222,10 @@ class RayWorkerGroup(WorkerGroup):
         for node, (pg, n_local) in enumerate(zip(pgs, pool.store)):
             for local_rank in range(n_local):
                 env = {
+                    **self._worker_env,
                     "RANK": str(rank), "WORLD_SIZE": str(pool.world_size),
                     "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(n_local),
-                    "WG_PREFIX": self.name, "RAY_LOCAL_WORLD_SIZE": str(n_local),
+                    "WG_PREFIX": self.name, "WG_BACKEND": "ray", "RAY_LOCAL_WORLD_SIZE": str(n_local),
                     "MASTER_ADDR": master[0], "MASTER_PORT": master[1],
                 }
                 name = f"{self.name}_{rank}"
@@ -187,22 +264,26 @@ class RayWorkerGroup(WorkerGroup):
                 return shared[id(v)]
             return v
 
-        return [
+        return _Handles([
             getattr(self._workers[r], method).remote(*[once(a) for a in args], **{k: once(v) for k, v in kwargs.items()})
             for r, args, kwargs in zip(ranks, per_rank_args, per_rank_kwargs)
-        ]
+        ], rows_per_rank(per_rank_args, per_rank_kwargs))
 
     def _resolve(self, method, ranks, handles):
         return self._get(handles, method, ranks)
 
     def _get(self, handles, method, ranks):
-        """Wait for all ranks, failing as soon as any rank fails (its peers may be stuck in a collective)."""
+        """Wait for all ranks, failing as soon as any rank fails (its peers may be stuck in a collective),
+        and at the watchdog's deadline when no rank answers or reports progress in time."""
+        deadline = self._deadline(getattr(handles, "rows", 0))
         index = {ref: i for i, ref in enumerate(handles)}
         results: list = [None] * len(handles)
         pending = list(handles)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=self.watchdog.poll_s)
             if not ready:
+                if deadline is not None and deadline.expired():
+                    raise build_hang_error(method, deadline, self, sorted(ranks[index[r]] for r in pending)) from None
                 continue
             try:
                 values = ray.get(ready)
@@ -214,7 +295,8 @@ class RayWorkerGroup(WorkerGroup):
                     except WorkerError as err:
                         errors.append(err)
                 died = [e for e in errors if isinstance(e, WorkerDiedError)]
-                raise (died[0] if died else self._dead_peer_or(errors[0], pending, index, method, ranks)) from None
+                error = died[0] if died else self._dead_peer_or(errors[0], pending, index, method, ranks)
+                raise self._with_lost_nodes(error) from None
             for ref, value in zip(ready, values):
                 results[index[ref]] = value
         return results
@@ -222,9 +304,9 @@ class RayWorkerGroup(WorkerGroup):
     def _dead_peer_or(self, err, pending, index, method, ranks, wait_s: float = 8.0):
         """When a rank dies, its peers fail too (a broken collective) and may answer first: name
         the dead rank, the cause, rather than a survivor's symptom."""
-        procs = getattr(self, "_worker_procs", None) or []
+        procs = getattr(self, "_locations", None) or []
         for rank in ranks:
-            if rank != err.rank and rank < len(procs) and not _process_alive(*procs[rank]):
+            if rank != err.rank and rank < len(procs) and not _process_alive(procs[rank].pid, procs[rank].node_id):
                 died = WorkerDiedError(self.name, method, rank, f"the process of rank {rank} is gone (killed or exited)")
                 died.add_note(f"rank {err.rank} failed as a consequence: {str(err).splitlines()[-1][:500]}")
                 return died
@@ -250,17 +332,48 @@ class RayWorkerGroup(WorkerGroup):
         except RayTaskError as e:
             raise WorkerError(self.name, method, rank, str(e)) from None
 
+    def _with_lost_nodes(self, error: WorkerError) -> WorkerError:
+        """A dead worker on a node that is gone: say which node (id, address) and which ranks it held."""
+        if isinstance(error, WorkerDiedError):
+            # Ray says "its node has died" when it is so; the GCS may take a moment to mark the node dead
+            wait_s = 10.0 if "node has died" in str(error) else 0.0
+            lost = health.describe_lost_nodes(self._all_locations(), wait_s=wait_s)
+            if lost:
+                error.add_note(f"{lost} (worker group {self.name!r})")
+                error.lost_nodes = lost
+        return error
+
+    # --- watchdog support ----------------------------------------------------------------------------
+    def _all_locations(self) -> list:
+        known = list(getattr(self, "_locations", None) or [])
+        return [known[r] if r < len(known) else health.locate_from_gcs(w) for r, w in enumerate(self._workers)]
+
+    def _collect_stacks(self, ranks):
+        return health.collect_stacks(self._all_locations(), ranks)
+
+    def _progress_reading(self):
+        return read_progress(self._progress_key, self.world_size, use_ray=True)
+
     def shutdown(self):
         for w in getattr(self, "_workers", []):
             try:
                 ray.kill(w)
             except Exception:
                 pass
+        if getattr(self, "_workers", None):
+            clear_progress(self._progress_key, self.world_size, use_ray=True)
         self._workers = []
+        pool = getattr(self, "resource_pool", None)
+        if pool is not None and not self.sub_cls_name:
+            pool.release_share(self)
 
 
-def _pid_and_node(actor_self) -> tuple[int, str]:
-    return os.getpid(), ray.get_runtime_context().get_node_id()
+class _Handles(list):
+    """The per-rank ObjectRefs of one call, with the rows each rank got (scales the deadline)."""
+
+    def __init__(self, refs, rows: int = 0):
+        super().__init__(refs)
+        self.rows = rows
 
 
 def _process_alive(pid, node) -> bool:
@@ -298,6 +411,16 @@ def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs], remote
     """
     fused = build_colocated_class(class_dict)
     out = RayClassWithInitArgs(ray.remote(**remote_options)(fused.cls) if remote_options else ray.remote(fused.cls))
+    for spec in class_dict.values():
+        if isinstance(spec, RayClassWithInitArgs):
+            out.update_options(spec._options)
+    return out
+
+
+def create_colocated_worker_cls_fused(class_dict: dict[str, ClassWithInitArgs]) -> RayClassWithInitArgs:
+    """veRL's fused worker as a Ray actor class: groups built from it give role groups with
+    ``spawn(prefix_set)`` / ``fuse(prefix_set)`` (``wg.actor.method(...)``)."""
+    out = fused_class_with_init_args(class_dict, wrap=ray.remote, cls_with_init=RayClassWithInitArgs)
     for spec in class_dict.values():
         if isinstance(spec, RayClassWithInitArgs):
             out.update_options(spec._options)

@@ -12,6 +12,7 @@ joined by accident.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 from typing import Any, Mapping
 
@@ -25,11 +26,14 @@ DEFAULT_WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 
 
 def _section(cfg: Any) -> Mapping:
-    """The ``ray_init`` section as a plain mapping (accepts the section, a whole config, or None)."""
+    """The ``ray_init`` section as a plain mapping: accepts the section, a whole config with
+    ``ray_kwargs.ray_init`` (veRL 0.9's tree) or ``ray_init``, or None."""
     if cfg is None:
         return {}
     if not isinstance(cfg, Mapping):  # an OmegaConf DictConfig is a MutableMapping; anything else:
         cfg = dict(cfg)
+    if "ray_kwargs" in cfg and isinstance(cfg["ray_kwargs"], Mapping):
+        cfg = cfg["ray_kwargs"]
     if "ray_init" in cfg and isinstance(cfg["ray_init"], Mapping):
         cfg = cfg["ray_init"]
     return cfg
@@ -57,7 +61,9 @@ def init_ray(ray_init_cfg: Any = None, num_cpus: int | None = None, runtime_env:
     address = cfg.get("address") or os.environ.get("RAY_ADDRESS")
     if address:
         # Joining a cluster: its resources, bind addresses and dashboard are the cluster's business.
-        ray.init(address=address, runtime_env=env)
+        # A cluster on this machine's loopback (tests, a laptop) is joined on loopback too.
+        with _loopback_node_ip() if _is_loopback_address(address) else contextlib.nullcontext():
+            ray.init(address=address, runtime_env=env)
         return True
 
     num_cpus = num_cpus if num_cpus is not None else cfg.get("num_cpus")
@@ -76,6 +82,14 @@ def init_ray(ray_init_cfg: Any = None, num_cpus: int | None = None, runtime_env:
             _system_config={"worker_niceness": 0},
         )
     return True
+
+
+def _is_loopback_address(address: str) -> bool:
+    host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 @contextlib.contextmanager

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
 from hybridflow.protocol import DataProto
+
+
+@contextmanager
+def timer(name: str, timing: dict):
+    """Add the block's wall time to ``timing[name]`` (seconds): the phases' timing_s/<name>."""
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -89,8 +99,17 @@ def rollout_probs_diff_metrics(rollout_log_probs: torch.Tensor, old_log_probs: t
             "training/rollout_actor_probs_pearson_corr": corr}
 
 
+def flat_metric_values(value: Any) -> list:
+    """A metric's values as one flat list: worker groups return one list per rank, collected by
+    ``DataProto.concat`` into a list of lists (veRL's shape), e.g. ``[[l0, l1], [l0', l1']]``."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [v for item in value for v in flat_metric_values(item)]
+    return [value]
+
+
 def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """Lists (one entry per rank / mini-batch) → their mean; tensors and numbers → float.
+    """Lists (one entry per rank / mini-batch, nested per rank or not) → the mean of all their
+    values; tensors and numbers → float.
 
     All tensors are stacked and read back in a single host sync.
     """
@@ -98,7 +117,7 @@ def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     tensor_keys, tensor_vals = [], []
     for key, value in metrics.items():
         if isinstance(value, (list, tuple)):
-            vals = [float(v) for v in value]
+            vals = [float(v) for v in flat_metric_values(value)]
             out[key] = float(np.mean(vals)) if vals else float("nan")
         elif isinstance(value, torch.Tensor):
             tensor_keys.append(key)

@@ -8,9 +8,9 @@ every ``save_freq``. ``fit`` is the loop; ``train_step`` reads as the named phas
 from __future__ import annotations
 
 import math
+import os
 import shutil
-import time
-from contextlib import contextmanager
+import types
 
 import numpy as np
 import torch
@@ -19,27 +19,37 @@ from omegaconf import OmegaConf
 from hybridflow.agent_loop.base import AgentLoopSettings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base import Watchdog
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import core_algos
+from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings, compute_rollout_correction
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
+from hybridflow.trainer.ppo.dynamic_sampling import DynamicSampling, EpochCycler, FilterGroupsSettings
 from hybridflow.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    flat_metric_values,
     reduce_metrics,
     rollout_probs_diff_metrics,
+    timer,
     validation_metrics,
 )
-from hybridflow.trainer.ppo.worker_setup import build_worker_groups
+from hybridflow.trainer.ppo.rollout_only import rollout_only_step
+from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
+from hybridflow.trainer.ppo.rollout_source import make_rollout_source, weight_targets
+from hybridflow.trainer.ppo.worker_setup import build_worker_groups, rollout_role_name, separated_rollout
+from hybridflow.utils.progress import Progress
 from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.checkpoint import get_rng_state, set_rng_state
 
 
-@contextmanager
-def timer(name: str, timing: dict):
-    start = time.perf_counter()
-    yield
-    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+def watchdog_of(trainer_cfg) -> Watchdog:
+    """``trainer.watchdog_timeout`` seconds; hang reports go next to the run's logs and checkpoints."""
+    return Watchdog(timeout_s=trainer_cfg.watchdog_timeout,
+                    report_dir=os.path.join(str(trainer_cfg.default_local_dir), "watchdog"))
 
 
 class RayPPOTrainer:
@@ -58,15 +68,46 @@ class RayPPOTrainer:
         self.reward_fn = reward_fn
         self.val_reward_fn = val_reward_fn
         algo = config.algorithm
-        self.use_critic = algo.adv_estimator == core_algos.AdvantageEstimator.GAE.value
+        # veRL's rule: critic.enable decides when set, else a critic exactly for GAE
+        enable_critic = config.critic.enable
+        self.use_critic = (algo.adv_estimator == core_algos.AdvantageEstimator.GAE.value if enable_critic is None
+                           else bool(enable_critic))
         actor = config.actor_rollout_ref.actor
         self.use_reference_policy = bool(algo.use_kl_in_reward or actor.use_kl_loss)
-        self.use_rm = bool(config.reward_model.enable)
+        self.use_rm = bool(config.reward.reward_model.enable)
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         self.adv_fn = core_algos.get_adv_estimator_fn(algo.adv_estimator)
         self.n_devices = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
         self.total_training_steps = self._total_steps()
         self.global_steps = 0
+        self.actor_version = 0  # actor updates so far: the weight version the rollout should be at
+        self.hybrid_engine = not separated_rollout(config)  # colocated: the actor's process also generates
+        # rollout dumps (trainer.rollout_data_dir / validation_data_dir) and replay (skip.rollout): the
+        # generate phase is chosen here, once; trainer.rollout_only swaps the step for generate + score
+        self.rollout_recorder = RolloutRecorder.from_config(config, tokenizer)
+        self._generate = self.rollout_recorder.wrap_generate(self._generate, lambda: self.global_steps)
+        if config.trainer.rollout_only:
+            self.train_step = types.MethodType(rollout_only_step, self)
+        # one stream of prompt batches, epoch after epoch: the loop and dynamic sampling's refills share it
+        self.prompt_batches = EpochCycler(train_dataloader)
+        # off-policy correction (algorithm.rollout_correction): bypass mode reuses the rollout's
+        # log-probs as π_old and lets the actor weight/mask per micro-batch
+        self.rollout_correction = RolloutCorrectionSettings.from_config(algo.get("rollout_correction"))
+        self._old_log_prob_phase = (self._rollout_log_probs_as_old if self.rollout_correction.bypass_mode
+                                    else self._compute_old_log_prob)
+        self._actor_update_meta = {"rollout_correction": self.rollout_correction} if self.rollout_correction.bypass_mode else {}
+        # generate + score: asynchronous sources score (and filter) the groups they hand out; the
+        # synchronous one repeats generate + score until the batch is full (algorithm.filter_groups)
+        self.filter_groups = FilterGroupsSettings.from_config(algo.get("filter_groups"))
+        if config.async_training.mode != "sync":
+            self._sample_phase = lambda batch, timing, metrics: self.rollout_source.sample(batch, timing, metrics)
+        elif self.filter_groups.enable:
+            self._sample_phase = DynamicSampling(self.filter_groups, int(config.data.train_batch_size),
+                                                 self._generate_and_score,
+                                                 lambda: DataProto.from_single_dict(next(self.prompt_batches)))
+        else:
+            self._sample_phase = self._generate_and_score
+        self.watchdog = watchdog_of(config.trainer)
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -76,7 +117,10 @@ class RayPPOTrainer:
     def init_workers(self):
         groups = build_worker_groups(self.config, use_critic=self.use_critic, use_ref=self.use_reference_policy,
                                      use_rm=self.use_rm)
+        for group in groups.values():
+            group.set_watchdog(self.watchdog)  # every wait on these workers now has the run's deadline
         self.actor_rollout_wg = groups["actor_rollout"]
+        self.rollout_wg = groups["rollout"]  # the same group as the actor's unless the rollout has its own pool
         self.critic_wg = groups.get("critic")
         self.rm_wg = groups.get("rm")
         self._all_groups = groups
@@ -85,19 +129,42 @@ class RayPPOTrainer:
         if self.rm_wg is not None:
             self.rm_wg.init_model()
         self.actor_rollout_wg.init_model()
+        if self.rollout_wg is not self.actor_rollout_wg:
+            self.rollout_wg.init_model()
         rollout = OmegaConf.to_container(self.config.actor_rollout_ref.rollout, resolve=True)
         template_kwargs = self.config.data.get("apply_chat_template_kwargs")
         template_kwargs = OmegaConf.to_container(template_kwargs, resolve=True) if template_kwargs is not None else {}
-        self.async_rollout_manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(rollout, template_kwargs),
-                                                      self.actor_rollout_wg, self.tokenizer, role="actor_rollout")
+        async_cfg = self.config.async_training
+        self.async_rollout_manager = AgentLoopManager(
+            AgentLoopSettings.from_rollout_config(rollout, template_kwargs), self.rollout_wg, self.tokenizer,
+            role=rollout_role_name(self.config), hybrid_engine=self.hybrid_engine,
+            resume_on_abort=async_cfg.mode == "fully_async" and bool(async_cfg.partial_rollout))
+        self.rollout_source = make_rollout_source(self)
+
+    def push_weights_to_rollout(self, version: int) -> dict:
+        """Send the actor's weights to the rollout pool (separate pools only), stamped ``version``."""
+        targets = weight_targets(self.rollout_wg, rollout_role_name(self.config))
+        per_rank = self.actor_rollout_wg.send_weights(targets, version)
+        return per_rank[0]  # rank 0 sent; the others only took part in the gathers
 
     def shutdown_workers(self) -> None:
         """Kill the worker processes and free their placement groups: a later run in the same Ray
         session (a notebook, a test session, a sweep) gets the CPUs/GPUs back."""
+        source = getattr(self, "rollout_source", None)
+        if source is not None:
+            source.close()
+            self.rollout_source = None
         manager = getattr(self, "async_rollout_manager", None)
         if manager is not None:
             manager.shutdown()
             self.async_rollout_manager = None
+        rollout_wg = getattr(self, "rollout_wg", None)
+        if rollout_wg is not None:
+            try:  # engines with processes of their own (vllm) stop them cleanly
+                rollout_wg.shutdown_rollout()
+            except Exception:  # a dead worker: killing the group below is all that is left to do
+                pass
+            self.rollout_wg = None
         groups = getattr(self, "_all_groups", {}) or {}
         for group in {id(g): g for g in groups.values() if g is not None}.values():
             pool = getattr(group, "resource_pool", None)
@@ -118,15 +185,17 @@ class RayPPOTrainer:
         batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))  # drop prompt tensors
         return batch.union(gen_out), metrics
 
-    def _generate(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:
-        rollout = self.config.actor_rollout_ref.rollout
-        batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}_{i}" for i in range(len(batch))], dtype=object)  # deterministic: reproducible on resume
-        batch = batch.repeat(repeat_times=int(rollout.n), interleave=True)
-        with timer("gen", timing):
-            batch, gen_metrics = self._rollout(batch, {"do_sample": bool(rollout.do_sample), "global_steps": self.global_steps})
-        timing["update_weights"] = float(np.max(gen_metrics.pop("timing_s/update_weights", [0.0])))
-        metrics.update({k: v for k, v in gen_metrics.items() if k.startswith(("agent/", "rollout/"))})
-        return batch  # response_mask is the rollout's (1 = the model's own tokens), never rebuilt here
+    def _generate(self, batch: DataProto, timing: dict, metrics: dict, first_uid: int = 0) -> DataProto:
+        """The generate phase: the rollout source's (sync, one-step-off or fully async; rollout_source.py).
+        ``first_uid``: the step's prompts generated before this batch (dynamic sampling's refills)."""
+        return self.rollout_source.generate(batch, timing, metrics, first_uid)
+
+    def _generate_and_score(self, batch: DataProto, timing: dict, metrics: dict, first_uid: int = 0) -> DataProto:
+        """Rollout, then rewards: the unit dynamic sampling repeats."""
+        batch = self._generate(batch, timing, metrics, first_uid)
+        with timer("reward", timing):
+            self._compute_reward(batch, metrics)
+        return batch
 
     def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
         """Reorder rows so every data-parallel rank gets a similar number of tokens."""
@@ -137,12 +206,18 @@ class RayPPOTrainer:
             return
         metrics.update(seqlen_balance_metrics(seqlens, k, order))
         batch.reorder(torch.tensor(order))
+        batch.meta_info["balance_order"] = order  # row r was generated at order[r] (rollout dumps undo it)
 
     def _compute_reward(self, batch: DataProto, metrics: dict) -> None:
         if self.use_rm:
             batch.batch["rm_scores"] = self.rm_wg.compute_rm_score(batch).batch["rm_scores"]
         result = self.reward_fn(batch, return_dict=True)
         batch.batch["token_level_scores"] = result["reward_tensor"]
+        for key, values in (result.get("reward_extra_info") or {}).items():  # as veRL: per-sample extra fields
+            column = np.empty(len(values), dtype=object)  # one object per row, even for list values
+            for i, value in enumerate(values):
+                column[i] = value
+            batch.non_tensor_batch[key] = column
 
     def _compute_old_log_prob(self, batch: DataProto, metrics: dict) -> None:
         out = self.actor_rollout_wg.compute_log_prob(batch)
@@ -154,6 +229,26 @@ class RayPPOTrainer:
         if "rollout_log_probs" in batch.batch.keys():  # the engine's own log-probs: is it sampling the trained policy?
             metrics.update(rollout_probs_diff_metrics(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
                                                       batch.batch["response_mask"]))
+
+    def _rollout_log_probs_as_old(self, batch: DataProto, metrics: dict) -> None:
+        """Bypass mode: π_old is the rollout engine's policy, no recomputation."""
+        if "rollout_log_probs" not in batch.batch.keys():
+            raise ValueError("algorithm.rollout_correction.bypass_mode=True needs the rollout's log-probs: set "
+                             "actor_rollout_ref.rollout.calculate_log_probs=True")
+        batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+
+    def _apply_rollout_correction(self, batch: DataProto, metrics: dict) -> None:
+        """Decoupled mode, once per batch: truncated IS weights π_old/π_rollout for the policy loss and
+        rejection of tokens/sequences in the response mask (before advantages, as veRL); logged
+        whenever the rollout returned log-probs. Bypass mode does this in the actor instead."""
+        b = batch.batch
+        if self.rollout_correction.bypass_mode or "rollout_log_probs" not in b.keys():
+            return
+        weights, b["response_mask"], corr_metrics = compute_rollout_correction(
+            b["old_log_probs"], b["rollout_log_probs"], b["response_mask"], self.rollout_correction)
+        if weights is not None:
+            b["rollout_is_weights"] = weights
+        metrics.update(corr_metrics)
 
     def _compute_ref_log_prob(self, batch: DataProto) -> None:
         batch.batch["ref_log_prob"] = self.actor_rollout_wg.compute_ref_log_prob(batch).batch["ref_log_prob"]
@@ -189,22 +284,23 @@ class RayPPOTrainer:
 
     def _update_actor(self, batch: DataProto, metrics: dict) -> None:
         batch.meta_info["temperature"] = float(self.config.actor_rollout_ref.rollout.temperature)
+        batch.meta_info.update(self._actor_update_meta)
         out = self.actor_rollout_wg.update_actor(batch)
         metrics.update(out.meta_info["metrics"])
+        self.actor_version += 1
+        self.rollout_source.after_update(self.actor_version, metrics)  # new weights to a separate rollout pool
 
     # --------------------------------------------------------------------------------- one step
     def train_step(self, batch: DataProto) -> dict[str, float]:
         metrics: dict = {}
         timing: dict = {}
         with timer("step", timing):
-            batch = self._generate(batch, timing, metrics)                         # rollout
-            if self.config.trainer.balance_batch:
+            batch = self._sample_phase(batch, timing, metrics)                     # rollout + rule / RM scores
+            if self.config.trainer.balance_batch:                                  # (filter_groups: until full)
                 self._balance_batch(batch, metrics)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            with timer("reward", timing):
-                self._compute_reward(batch, metrics)                               # rule / RM scores
             with timer("old_log_prob", timing):
-                self._compute_old_log_prob(batch, metrics)                         # π_old
+                self._old_log_prob_phase(batch, metrics)                           # π_old (bypass: π_rollout)
             if self.use_reference_policy:
                 with timer("ref", timing):
                     self._compute_ref_log_prob(batch)                              # π_ref
@@ -213,6 +309,7 @@ class RayPPOTrainer:
                     self._compute_values(batch)                                    # V(s)
             with timer("adv", timing):
                 self._apply_reward_kl(batch, metrics)                              # r - β·KL
+                self._apply_rollout_correction(batch, metrics)                     # IS weights, rejection
                 self._compute_advantage(batch)                                     # A, R on the driver
             if self.use_critic:
                 with timer("update_critic", timing):
@@ -224,6 +321,7 @@ class RayPPOTrainer:
         metrics.update(compute_data_metrics(batch, self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing["step"], self.n_devices))
+        metrics.update(self.rollout_recorder.after_step(batch, self.global_steps))  # trainer.rollout_data_dir
         return reduce_metrics(metrics)
 
     # --------------------------------------------------------------------------------- validation
@@ -236,6 +334,7 @@ class RayPPOTrainer:
                                                        "global_steps": self.global_steps})
         scores = self.val_reward_fn(batch, return_dict=False).sum(-1).tolist()
         self._log_val_generations(batch, scores)
+        self.rollout_recorder.after_validation(batch, scores, self.global_steps)  # trainer.validation_data_dir
         reward_key = self.config.data.reward_fn_key
         out = validation_metrics(batch.non_tensor_batch[reward_key], scores, n)
         # the agent loops' per-trajectory numbers on the validation set (turns, tool calls, failures)
@@ -280,7 +379,7 @@ class RayPPOTrainer:
             if self.use_critic:
                 self.critic_wg.save_checkpoint(ckpt.role_dir(tmp, "critic"), self.global_steps)
             ckpt.save_dataloader_state(tmp, {
-                "dataloader": self.train_dataloader.state_dict(), "global_steps": self.global_steps,
+                **self.rollout_source.data_state(), "global_steps": self.global_steps, "actor_version": self.actor_version,
                 "kl_ctrl": getattr(self.kl_ctrl_in_reward, "value", None), "driver_rng": get_rng_state()})
             final = ckpt.commit_save(root, self.global_steps, tmp)
         except BaseException:
@@ -307,7 +406,9 @@ class RayPPOTrainer:
         self.actor_rollout_wg.load_checkpoint(ckpt.role_dir(path, "actor"))
         if self.use_critic:
             self.critic_wg.load_checkpoint(ckpt.role_dir(path, "critic"))
-        self.train_dataloader.load_state_dict(state["dataloader"])
+        self.global_steps = int(state["global_steps"])
+        self.actor_version = int(state.get("actor_version", self.global_steps))
+        self.rollout_source.load_data_state(state)
         if self.kl_ctrl_in_reward is not None and state.get("kl_ctrl") is not None:
             self.kl_ctrl_in_reward.value = state["kl_ctrl"]
         print(f"resumed from {path} (global step {state['global_steps']})")
@@ -336,27 +437,25 @@ class RayPPOTrainer:
         if self.val_reward_fn is not None and t.val_before_train and self.global_steps == 0:
             last = self.validate()
             logger.log(last, step=0)
-        progress = _progress(self.total_training_steps, self.global_steps)
-        while self.global_steps < self.total_training_steps:
-            for batch_dict in self.train_dataloader:
-                self.global_steps += 1
-                metrics = self.train_step(DataProto.from_single_dict(batch_dict))
-                is_last = self.global_steps >= self.total_training_steps
-                if self.val_reward_fn is not None and t.test_freq > 0 and (is_last or self.global_steps % t.test_freq == 0):
-                    with timer("testing", timings := {}):
-                        metrics.update(self.validate())
-                    metrics["timing_s/testing"] = timings["testing"]
-                if t.save_freq > 0 and (is_last or self.global_steps % t.save_freq == 0):
-                    with timer("save_checkpoint", timings := {}):
-                        self.save_checkpoint()
-                    metrics["timing_s/save_checkpoint"] = timings["save_checkpoint"]
-                metrics["training/global_step"] = self.global_steps
-                metrics["training/epoch"] = self.train_dataloader.state_dict().get("epoch", 0)
-                logger.log(metrics, step=self.global_steps)
-                progress.update(metrics)
-                last = metrics
-                if is_last:
-                    break
+        progress = Progress(self.total_training_steps, self.global_steps, desc="training")
+        for step_input in self.rollout_source.inputs():
+            if self.global_steps >= self.total_training_steps:
+                break
+            self.global_steps += 1
+            metrics = self.train_step(step_input)
+            is_last = self.global_steps >= self.total_training_steps
+            if self.val_reward_fn is not None and t.test_freq > 0 and (is_last or self.global_steps % t.test_freq == 0):
+                with timer("testing", timings := {}):
+                    metrics.update(self.validate())
+                metrics["timing_s/testing"] = timings["testing"]
+            if t.save_freq > 0 and (is_last or self.global_steps % t.save_freq == 0):
+                with timer("save_checkpoint", timings := {}):
+                    self.save_checkpoint()
+                metrics["timing_s/save_checkpoint"] = timings["save_checkpoint"]
+            metrics["training/global_step"] = self.global_steps
+            logger.log(metrics, step=self.global_steps)
+            progress.update(score=metrics.get("critic/score/mean", float("nan")))
+            last = metrics
         progress.close()
         return last
 
@@ -372,24 +471,3 @@ class RayPPOTrainer:
         error.add_note(f"hybridflow: training stopped at global step {self.global_steps}; workers shut down; "
                        + (f"a rerun with trainer.resume_mode=auto continues from {resume}" if resume
                           else "no complete checkpoint to resume from"))
-
-
-class _progress:
-    """A progress bar over training steps showing the latest score (tqdm when available)."""
-
-    def __init__(self, total: int, initial: int):
-        try:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=initial, desc="training", dynamic_ncols=True)
-        except ImportError:  # pragma: no cover
-            self.bar = None
-
-    def update(self, metrics: dict):
-        if self.bar is not None:
-            self.bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
-            self.bar.update(1)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()

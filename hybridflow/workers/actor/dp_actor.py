@@ -14,7 +14,8 @@ from typing import Any, Optional
 import torch
 
 from hybridflow.trainer.ppo import core_algos
-from hybridflow.utils.config_section import cfg_get as _get
+from hybridflow.trainer.ppo.algos.rollout_correction import RolloutCorrectionSettings, compute_policy_loss_bypass_mode
+from hybridflow.utils.config_section import require
 from hybridflow.workers.utils.logprob import forward_response_log_probs
 from hybridflow.workers.utils.micro_batches import (
     MetricBuffer,
@@ -35,7 +36,7 @@ __all__ = ["DataParallelPPOActor", "ActorSettings"]
 
 @dataclass(frozen=True)
 class ActorSettings:
-    """The actor keys this class reads, parsed once (veRL's defaults where a key is absent)."""
+    """The actor keys this class reads, parsed once."""
 
     ppo_mini_batch_size: int
     ppo_micro_batch_size_per_gpu: Optional[int]
@@ -52,34 +53,54 @@ class ActorSettings:
     kl_loss_coef: float
     kl_loss_type: str
     loss_mode: str
-    use_remove_padding: bool = False  # the worker copies actor_rollout_ref.model.use_remove_padding here
+    use_remove_padding: bool  # actor.use_remove_padding follows actor_rollout_ref.model.use_remove_padding
 
     @classmethod
     def from_config(cls, config: Any) -> "ActorSettings":
-        mini = _get(config, "ppo_mini_batch_size")
+        """From the ``actor_rollout_ref.actor`` section (per-rank sizes, ``use_remove_padding`` copied
+        in by the worker); every key is required: the defaults live in configs/ppo_trainer.yaml."""
+        get = lambda key: require(config, key, "actor_rollout_ref.actor")  # noqa: E731
+        mini = get("ppo_mini_batch_size")
         if mini is None or int(mini) < 1:
             raise ValueError(f"actor.ppo_mini_batch_size must be a positive per-rank sample count, got {mini!r}")
         settings = cls(
             ppo_mini_batch_size=int(mini),
-            ppo_micro_batch_size_per_gpu=_get(config, "ppo_micro_batch_size_per_gpu"),
-            use_dynamic_bsz=bool(_get(config, "use_dynamic_bsz", False)),
-            ppo_max_token_len_per_gpu=int(_get(config, "ppo_max_token_len_per_gpu", 16384)),
-            ppo_epochs=int(_get(config, "ppo_epochs", 1)),
-            shuffle=bool(_get(config, "shuffle", False)),
-            seed=int(_get(config, "data_loader_seed", 0)),
-            grad_clip=_get(config, "grad_clip", 1.0, keep_none=True),  # null or 0: no clipping
-            loss_agg_mode=str(_get(config, "loss_agg_mode", "token-mean")),
-            loss_scale_factor=_get(config, "loss_scale_factor"),
-            entropy_coeff=float(_get(config, "entropy_coeff", 0.0)),
-            use_kl_loss=bool(_get(config, "use_kl_loss", False)),
-            kl_loss_coef=float(_get(config, "kl_loss_coef", 0.001)),
-            kl_loss_type=str(_get(config, "kl_loss_type", "low_var_kl")),
-            loss_mode=str(_get(_get(config, "policy_loss"), "loss_mode", "vanilla")),
-            use_remove_padding=bool(_get(config, "use_remove_padding", False)),
+            ppo_micro_batch_size_per_gpu=get("ppo_micro_batch_size_per_gpu"),
+            use_dynamic_bsz=bool(get("use_dynamic_bsz")),
+            ppo_max_token_len_per_gpu=int(get("ppo_max_token_len_per_gpu")),
+            ppo_epochs=int(get("ppo_epochs")),
+            shuffle=bool(get("shuffle")),
+            seed=int(get("data_loader_seed")),
+            grad_clip=get("grad_clip"),  # null or 0: no clipping
+            loss_agg_mode=str(get("loss_agg_mode")),
+            loss_scale_factor=get("loss_scale_factor"),
+            entropy_coeff=float(get("entropy_coeff")),
+            use_kl_loss=bool(get("use_kl_loss")),
+            kl_loss_coef=float(get("kl_loss_coef")),
+            kl_loss_type=str(get("kl_loss_type")),
+            loss_mode=str(require(get("policy_loss"), "loss_mode", "actor_rollout_ref.actor.policy_loss")),
+            use_remove_padding=bool(get("use_remove_padding")),
         )
         if not settings.use_dynamic_bsz and settings.ppo_micro_batch_size_per_gpu is None:
             raise ValueError("set actor.ppo_micro_batch_size_per_gpu, or use_dynamic_bsz=True with ppo_max_token_len_per_gpu")
         return settings
+
+
+_PG_METRIC_NAMES = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
+
+
+def _policy_loss_output(out, loss_mode: str) -> tuple[torch.Tensor, dict]:
+    """(pg_loss, metrics) from a policy loss: veRL 0.9.1's ``(loss, metrics dict)`` or the older
+    ``(loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)`` 4-tuple."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
+        return out
+    if isinstance(out, tuple) and len(out) == 4:
+        return out[0], dict(zip(_PG_METRIC_NAMES, out[1:]))
+    raise TypeError(
+        f"policy loss {loss_mode!r} must return (pg_loss, metrics_dict) as in veRL 0.9.1 "
+        f"(or the older 4-tuple), got {type(out).__name__}"
+        + (f" of length {len(out)}" if isinstance(out, tuple) else "")
+    )
 
 
 def _meta(data, key: str):
@@ -165,46 +186,60 @@ class DataParallelPPOActor:
             return split_by_token_budget(mini_batch, s.ppo_max_token_len_per_gpu, dp_group=sync_group(self.dp_group))[0]
         return split_fixed(mini_batch, s.ppo_micro_batch_size_per_gpu)
 
-    def _micro_batch_loss(self, micro, temperature: float, info, local_tokens: torch.Tensor, metrics: dict) -> torch.Tensor:
+    def _registered_pg_loss(self, batch, **kwargs):
+        """The configured ``policy_loss.loss_mode``, with the driver's importance weights (decoupled
+        rollout correction) when the batch carries them."""
+        weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None
+        return self.policy_loss_fn(rollout_is_weights=weights, **kwargs)
+
+    def _pg_loss_fn(self, correction: Optional[RolloutCorrectionSettings]):
+        """Chosen once per update: bypass-mode rollout correction replaces the configured loss (its
+        weights and masks need the current log-probs, so they are made here, per micro-batch)."""
+        if correction is None or not correction.bypass_mode:
+            return self._registered_pg_loss
+        return lambda batch, **kwargs: compute_policy_loss_bypass_mode(settings=correction, **kwargs)
+
+    def _micro_batch_loss(self, micro, temperature: float, info, local_tokens: torch.Tensor, metrics: dict,
+                          pg_loss_fn=None) -> torch.Tensor:
         """This micro-batch's share of the mini-batch loss (times dp size), adding to ``metrics``."""
         s = self.settings
         batch = micro.batch
         response_mask = response_mask_of(batch)
-        agg = dict(info.agg_kwargs(), loss_scale_factor=s.loss_scale_factor)
+        # veRL's global_batch_info: every agg_loss returns its share of the mini-batch loss times
+        # dp_size (FSDP/DDP average gradients over ranks; we want their sum).
+        agg = {**info.agg_kwargs(), "loss_scale_factor": s.loss_scale_factor}
 
         log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy=s.entropy_coeff != 0)
-        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(
+        pg_loss, pg_metrics = _policy_loss_output((pg_loss_fn or self._registered_pg_loss)(
+            batch,
             old_log_prob=batch["old_log_probs"],
             log_prob=log_prob,
             advantages=batch["advantages"],
             response_mask=response_mask,
             loss_agg_mode=s.loss_agg_mode,
-            config=self.config,
-            global_token_count=info.token_count,
-            global_seq_count=info.seq_count,
-        )
+            config=core_algos.ConfigWithBatchInfo(self.config, agg),
+        ), s.loss_mode)
         policy_loss = pg_loss
-        accumulate(metrics, "actor/pg_loss", pg_loss.detach() * info.dp_size)
+        accumulate(metrics, "actor/pg_loss", pg_loss.detach())
         # ratio-type statistics: token-weighted mean over this rank's mini-batch
         weight = response_mask.sum() / local_tokens
-        accumulate(metrics, "actor/pg_clipfrac", pg_clipfrac * weight)
-        accumulate(metrics, "actor/ppo_kl", ppo_kl * weight)
-        accumulate(metrics, "actor/pg_clipfrac_lower", pg_clipfrac_lower * weight)
+        for key, value in pg_metrics.items():
+            accumulate(metrics, key, torch.as_tensor(value, device=weight.device).detach() * weight)
 
         if entropy is not None:
             entropy_loss = core_algos.agg_loss(entropy, response_mask, s.loss_agg_mode, **agg)
             policy_loss = policy_loss - s.entropy_coeff * entropy_loss  # a bonus: higher entropy, lower loss
-            accumulate(metrics, "actor/entropy", entropy_loss.detach() * info.dp_size)
+            accumulate(metrics, "actor/entropy", entropy_loss.detach())
 
         if s.use_kl_loss:
             kld = core_algos.kl_penalty(log_prob, batch["ref_log_prob"], s.kl_loss_type)  # (B, R)
             kl_loss = core_algos.agg_loss(kld, response_mask, s.loss_agg_mode, **agg)
             policy_loss = policy_loss + s.kl_loss_coef * kl_loss
-            accumulate(metrics, "actor/kl_loss", kl_loss.detach() * info.dp_size)
+            accumulate(metrics, "actor/kl_loss", kl_loss.detach())
 
-        return policy_loss * info.dp_size  # FSDP/DDP average gradients over ranks; we want their sum
+        return policy_loss
 
-    def _update_mini_batch(self, mini_batch, temperature: float, buffer: MetricBuffer) -> None:
+    def _update_mini_batch(self, mini_batch, temperature: float, buffer: MetricBuffer, pg_loss_fn=None) -> None:
         response_mask = response_mask_of(mini_batch.batch)
         info = global_batch_info(response_mask, self.dp_group)
         local_tokens = response_mask.sum().clamp(min=1)
@@ -214,7 +249,7 @@ class DataParallelPPOActor:
         self.actor_optimizer.zero_grad(set_to_none=True)
         for i, micro in enumerate(micro_batches):
             with grad_sync(self.actor_module, sync=i == len(micro_batches) - 1):
-                loss = self._micro_batch_loss(micro, temperature, info, local_tokens, metrics)
+                loss = self._micro_batch_loss(micro, temperature, info, local_tokens, metrics, pg_loss_fn)
                 loss.backward()
         grad_norm, skipped = clip_grad_and_step(self.actor_module, self.actor_optimizer, self.settings.grad_clip)
 
@@ -231,9 +266,12 @@ class DataParallelPPOActor:
             raise RuntimeError("update_policy needs an optimizer; this actor was built for inference only")
         s = self.settings
         temperature = _meta(data, "temperature")
+        # meta_info["rollout_correction"]: the driver's settings when bypass mode is on (else absent)
+        pg_loss_fn = self._pg_loss_fn(data.meta_info.get("rollout_correction"))
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "old_log_probs", "advantages"]
-        if "response_mask" in data.batch.keys():
-            keys.append("response_mask")
+        for optional in ("response_mask", "rollout_is_weights"):
+            if optional in data.batch.keys():
+                keys.append(optional)
         if s.use_kl_loss:
             keys.append("ref_log_prob")
         data = data.select(batch_keys=keys)
@@ -245,7 +283,7 @@ class DataParallelPPOActor:
             if s.shuffle:
                 epoch_data = take_rows(data, torch.randperm(len(data), generator=self._shuffle_generator))
             for mini_batch in epoch_data.split(s.ppo_mini_batch_size):
-                self._update_mini_batch(mini_batch, temperature, buffer)
+                self._update_mini_batch(mini_batch, temperature, buffer, pg_loss_fn)
         if self.lr_scheduler is not None:
             buffer.add("actor/lr", self.lr_scheduler.get_last_lr()[0])
         return buffer.to_floats()

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 
 from hybridflow.trainer.ppo import core_algos
-from hybridflow.utils.config_section import cfg_get as _get
+from hybridflow.utils.config_section import require
 from hybridflow.workers.utils.logprob import forward_response_logits
 from hybridflow.workers.utils.micro_batches import (
     MetricBuffer,
@@ -35,7 +35,7 @@ __all__ = ["DataParallelPPOCritic", "CriticSettings"]
 
 @dataclass(frozen=True)
 class CriticSettings:
-    """The critic keys this class reads, parsed once (veRL's defaults where a key is absent)."""
+    """The critic keys this class reads, parsed once."""
 
     ppo_mini_batch_size: int
     ppo_micro_batch_size_per_gpu: Optional[int]
@@ -49,30 +49,32 @@ class CriticSettings:
     grad_clip: Optional[float]
     cliprange_value: float
     loss_agg_mode: str
-    use_remove_padding: bool = False  # critic.model.use_remove_padding (or a top-level copy)
+    loss_scale_factor: Optional[float]
+    use_remove_padding: bool  # critic.model.use_remove_padding, copied in by the worker
 
     @classmethod
     def from_config(cls, config: Any) -> "CriticSettings":
-        mini = _get(config, "ppo_mini_batch_size")
+        """From the ``critic`` section (per-rank sizes, ``use_remove_padding`` copied in from
+        critic.model by the worker); every key is required: the defaults live in the yaml."""
+        get = lambda key: require(config, key, "critic")  # noqa: E731
+        mini = get("ppo_mini_batch_size")
         if mini is None or int(mini) < 1:
             raise ValueError(f"critic.ppo_mini_batch_size must be a positive per-rank sample count, got {mini!r}")
-        micro = _get(config, "ppo_micro_batch_size_per_gpu")
-        ppo_max = int(_get(config, "ppo_max_token_len_per_gpu", 32768))
         settings = cls(
             ppo_mini_batch_size=int(mini),
-            ppo_micro_batch_size_per_gpu=micro,
-            forward_micro_batch_size_per_gpu=_get(config, "forward_micro_batch_size_per_gpu", micro),
-            use_dynamic_bsz=bool(_get(config, "use_dynamic_bsz", False)),
-            ppo_max_token_len_per_gpu=ppo_max,
-            forward_max_token_len_per_gpu=int(_get(config, "forward_max_token_len_per_gpu", ppo_max)),
-            ppo_epochs=int(_get(config, "ppo_epochs", 1)),
-            shuffle=bool(_get(config, "shuffle", False)),
-            seed=int(_get(config, "data_loader_seed", 0)),
-            grad_clip=_get(config, "grad_clip", 1.0, keep_none=True),  # null or 0: no clipping
-            cliprange_value=float(_get(config, "cliprange_value", 0.5)),
-            loss_agg_mode=str(_get(config, "loss_agg_mode", "token-mean")),
-            use_remove_padding=bool(_get(config, "use_remove_padding",
-                                         _get(_get(config, "model"), "use_remove_padding", False))),
+            ppo_micro_batch_size_per_gpu=get("ppo_micro_batch_size_per_gpu"),
+            forward_micro_batch_size_per_gpu=get("forward_micro_batch_size_per_gpu"),
+            use_dynamic_bsz=bool(get("use_dynamic_bsz")),
+            ppo_max_token_len_per_gpu=int(get("ppo_max_token_len_per_gpu")),
+            forward_max_token_len_per_gpu=int(get("forward_max_token_len_per_gpu")),
+            ppo_epochs=int(get("ppo_epochs")),
+            shuffle=bool(get("shuffle")),
+            seed=int(get("data_loader_seed")),
+            grad_clip=get("grad_clip"),  # null or 0: no clipping
+            cliprange_value=float(get("cliprange_value")),
+            loss_agg_mode=str(get("loss_agg_mode")),
+            loss_scale_factor=get("loss_scale_factor"),
+            use_remove_padding=bool(get("use_remove_padding")),
         )
         if not settings.use_dynamic_bsz and settings.ppo_micro_batch_size_per_gpu is None:
             raise ValueError("set critic.ppo_micro_batch_size_per_gpu, or use_dynamic_bsz=True with ppo_max_token_len_per_gpu")
@@ -153,11 +155,12 @@ class DataParallelPPOCritic:
                     response_mask=mask,
                     cliprange_value=s.cliprange_value,
                     loss_agg_mode=s.loss_agg_mode,
+                    # the micro-batch's share of the mini-batch loss, x dp size (FSDP/DDP average)
                     **info.agg_kwargs(),
+                    loss_scale_factor=s.loss_scale_factor,
                 )
-                # the micro-batch's share of the mini-batch loss; x dp size because FSDP/DDP average
-                (vf_loss * info.dp_size).backward()
-            accumulate(metrics, "critic/vf_loss", vf_loss.detach() * info.dp_size)
+                vf_loss.backward()
+            accumulate(metrics, "critic/vf_loss", vf_loss.detach())
             weight = mask.sum() / local_tokens  # token-weighted statistics over this rank's mini-batch
             accumulate(metrics, "critic/vf_clipfrac", vf_clipfrac * weight)
             accumulate(metrics, "critic/vpred_mean", core_algos.masked_mean(vpreds.detach(), mask) * weight)

@@ -57,19 +57,19 @@ class EngineSpec:
     @classmethod
     def from_config(cls, strategy: str, device: str, fsdp_config, gradient_checkpointing: bool = False,
                     lora: LoraSpec | None = None, activation_offload: bool = False) -> "EngineSpec":
-        fsdp_config = fsdp_config or {}
-        mp = fsdp_config.get("mixed_precision") or {}
-        param_dtype = _dtype(mp.get("param_dtype")) if device == "cuda" else None
-        reduce_dtype = _dtype(mp.get("reduce_dtype", "fp32")) if device == "cuda" else None
+        # a validated fsdp_config section (configs/ppo_trainer.yaml holds the defaults)
+        mp = fsdp_config["mixed_precision"]
+        param_dtype = _dtype(mp["param_dtype"]) if device == "cuda" else None
+        reduce_dtype = _dtype(mp["reduce_dtype"]) if device == "cuda" else None
         if param_dtype is None and reduce_dtype == torch.float32:
             reduce_dtype = None  # nothing to mix: plain fp32 training
-        offload = any(bool(fsdp_config.get(k, False)) for k in ("param_offload", "optimizer_offload", "offload_policy"))
+        offload = any(bool(fsdp_config[k]) for k in ("param_offload", "optimizer_offload", "offload_policy"))
         return cls(
             strategy=strategy,
             device=device,
             param_dtype=param_dtype,
             reduce_dtype=reduce_dtype,
-            reshard_after_forward=bool(fsdp_config.get("reshard_after_forward", True)),
+            reshard_after_forward=bool(fsdp_config["reshard_after_forward"]),
             # offload only means something with an accelerator; config checks explain this on CPU
             param_offload=offload and device == "cuda",
             gradient_checkpointing=gradient_checkpointing,
@@ -196,9 +196,9 @@ class TrainEngine:
     def setup_optimizer(self, optim_cfg, total_steps: int):
         self.optimizer = build_optimizer(
             self.module.parameters(),
-            lr=float(optim_cfg.get("lr", 1e-6)),
-            betas=optim_cfg.get("betas", (0.9, 0.999)) or (0.9, 0.999),
-            weight_decay=float(optim_cfg.get("weight_decay", 0.01)),
+            lr=float(optim_cfg["lr"]),
+            betas=optim_cfg["betas"],
+            weight_decay=float(optim_cfg["weight_decay"]),
         )
         self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_cfg, total_steps)
         return self.optimizer, self.lr_scheduler

@@ -39,14 +39,14 @@ class LoraSpec:
 
     @classmethod
     def from_model_config(cls, model_cfg) -> "LoraSpec | None":
-        """None unless ``lora_rank > 0``."""
-        rank = int((model_cfg or {}).get("lora_rank", 0) or 0)
+        """None unless ``lora_rank > 0`` (a validated model section: the yaml holds the defaults)."""
+        rank = int(model_cfg["lora_rank"])
         if rank <= 0:
             return None
-        target = model_cfg.get("target_modules", "all-linear") or "all-linear"
+        target = model_cfg["target_modules"]
         if not isinstance(target, str):
             target = [str(t) for t in target]
-        return cls(rank=rank, alpha=float(model_cfg.get("lora_alpha", 16) or 16), target_modules=target)
+        return cls(rank=rank, alpha=float(model_cfg["lora_alpha"]), target_modules=target)
 
 
 def apply_lora(module: nn.Module, spec: LoraSpec) -> nn.Module:

@@ -23,7 +23,7 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, style: str = "
         progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
         cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * num_cycles * min(progress, 1.0)))
         return min_lr_ratio + (1.0 - min_lr_ratio) * cosine
-    raise ValueError(f"optim.warmup_style must be 'constant' or 'cosine', got {style!r}")
+    raise ValueError(f"optim.lr_scheduler_type must be 'constant' or 'cosine', got {style!r}")
 
 
 def resolve_warmup_steps(lr_warmup_steps, lr_warmup_steps_ratio, total_steps: int) -> int:
@@ -34,10 +34,12 @@ def resolve_warmup_steps(lr_warmup_steps, lr_warmup_steps_ratio, total_steps: in
 
 
 def build_lr_scheduler(optimizer, optim_cfg, total_steps: int):
-    warmup = resolve_warmup_steps(optim_cfg.get("lr_warmup_steps", -1), optim_cfg.get("lr_warmup_steps_ratio", 0.0), total_steps)
-    style = optim_cfg.get("warmup_style", "constant") or "constant"
-    min_ratio = float(optim_cfg.get("min_lr_ratio", 0.0) or 0.0)
-    cycles = float(optim_cfg.get("num_cycles", 0.5) or 0.5)
+    """From a validated ``optim`` section (veRL 0.9.1 keys; the deprecated warmup_style is mapped onto
+    lr_scheduler_type when the config is loaded)."""
+    warmup = resolve_warmup_steps(optim_cfg["lr_warmup_steps"], optim_cfg["lr_warmup_steps_ratio"], total_steps)
+    style = optim_cfg["lr_scheduler_type"]
+    min_ratio = float(optim_cfg["min_lr_ratio"])
+    cycles = float(optim_cfg["num_cycles"])
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_multiplier(step, warmup, total_steps, style, min_ratio, cycles)
     )

@@ -18,6 +18,7 @@ from hybridflow.workers.rollout.server import (
     TokenOutput,
     register_rollout_server,
 )
+from hybridflow.workers.rollout.vllm_server import VLLMServer
 
 __all__ = [
     "ROLLOUT_SERVERS",
@@ -29,4 +30,5 @@ __all__ = [
     "ServerSpec",
     "TokenOutput",
     "register_rollout_server",
+    "VLLMServer",
 ]

@@ -19,7 +19,6 @@ recomputes (top-k/top-p only restrict what can be drawn).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from typing import Iterable
 
 import torch
 
-from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.workers.rollout.sampling import SamplingParams, request_seed
 from hybridflow.workers.rollout.server import (
     ABORT,
     LENGTH,
@@ -40,12 +39,6 @@ from hybridflow.workers.rollout.server import (
 from hybridflow.workers.rollout.weights import StrictWeightLoader
 
 logger = logging.getLogger(__name__)
-
-
-def request_seed(base_seed: int, request_id: str) -> int:
-    """A stable 63-bit seed per (engine seed, request id) (Python's hash() is salted per process)."""
-    digest = hashlib.blake2b(f"{base_seed}:{request_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
 @dataclass

@@ -9,6 +9,7 @@ overrides the caller put in ``meta_info``. Engines only ever see the resolved va
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -84,3 +85,9 @@ def as_id_list(token_ids: int | list[int] | tuple[int, ...] | None) -> list[int]
     if isinstance(token_ids, int):
         return [token_ids]
     return [int(t) for t in token_ids]
+
+
+def request_seed(base_seed: int, request_id: str) -> int:
+    """A stable 63-bit seed per (engine seed, request id) (Python's hash() is salted per process)."""
+    digest = hashlib.blake2b(f"{base_seed}:{request_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)

@@ -49,7 +49,9 @@ class ServerSpec:
     """What every engine is built from, whatever its kind (the worker fills it in once).
 
     ``module`` is a ready inference copy of the model for engines that run in the worker's own torch
-    (hf); engines with their own loader (vllm) read ``model_path``.
+    (hf); engines with their own loader (vllm) read ``model_path``. ``lora_rank > 0`` asks an engine
+    that can serve LoRA adapters (vllm) to be built for adapters of up to that rank; 0 means merged
+    weights only.
     """
 
     model_path: str
@@ -60,6 +62,7 @@ class ServerSpec:
     dtype: str = "float32"
     trust_remote_code: bool = False
     module: Any = None
+    lora_rank: int = 0
 
 
 class AsyncRolloutServer(ABC):

@@ -198,9 +198,9 @@ def restore_order(tensors_in_micro_order: Sequence[torch.Tensor], indices: Seque
 #
 # Normalisation. A mini-batch is spread over W data-parallel ranks and, on each rank, over several
 # micro-batches. Each micro-batch loss is aggregated with the token / sequence counts of the WHOLE
-# mini-batch (all micro-batches, all ranks; see core_algos.agg_loss), so the micro-batch losses of
-# all ranks SUM to the full-batch loss L. FSDP and DDP AVERAGE gradients over ranks, so each rank
-# back-propagates W * (its share): mean_r(W * grad(share_r)) = sum_r grad(share_r) = grad(L).
+# mini-batch (all micro-batches, all ranks) and dp_size=W (veRL's global_batch_info; see
+# core_algos.agg_loss), so it is W * (its share of the full-batch loss L). FSDP and DDP AVERAGE
+# gradients over ranks: mean_r(W * grad(share_r)) = sum_r grad(share_r) = grad(L).
 # The update is then the full-batch update whatever the micro-batch size, token budget or W.
 
 
@@ -213,8 +213,8 @@ class GlobalBatchInfo:
         self.dp_size = dp_size
 
     def agg_kwargs(self) -> dict:
-        """Keyword arguments for core_algos.agg_loss / policy and value losses."""
-        return {"global_token_count": self.token_count, "global_seq_count": self.seq_count}
+        """veRL's global_batch_info: keyword arguments for core_algos.agg_loss / the value loss."""
+        return {"dp_size": self.dp_size, "batch_num_tokens": self.token_count, "global_batch_size": self.seq_count}
 
 
 def response_mask_of(batch) -> torch.Tensor:

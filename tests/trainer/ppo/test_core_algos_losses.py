@@ -71,9 +71,10 @@ def test_vanilla_registered_loss_reads_config():
     ref = core_algos.compute_policy_loss(old, new, adv, mask, 0.2, 0.1, 0.3, 2.0, "seq-mean-token-mean")
     fn = core_algos.get_policy_loss_fn("vanilla")
     cfg = {"clip_ratio": 0.2, "clip_ratio_low": 0.1, "clip_ratio_high": 0.3, "clip_ratio_c": 2.0}
-    got = fn(old, new, adv, mask, "seq-mean-token-mean", cfg)
-    for a, b in zip(ref, got):
-        torch.testing.assert_close(a, b)
+    loss, metrics = fn(old, new, adv, mask, "seq-mean-token-mean", cfg)  # veRL 0.9.1: (loss, metrics dict)
+    torch.testing.assert_close(loss, ref[0])
+    for name, value in zip(["actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"], ref[1:]):
+        torch.testing.assert_close(metrics[name], value)
     # same with only clip_ratio set: low/high fall back to it
     ref = core_algos.compute_policy_loss(old, new, adv, mask, cliprange=0.2)
     got = fn(old, new, adv, mask, "token-mean", {"clip_ratio": 0.2, "clip_ratio_low": None})
@@ -87,17 +88,17 @@ def test_gspo_sequence_ratio():
     new = T([[math.log(2.0), 0.0]], dtype=torch.float64, requires_grad=True)
     adv, mask = torch.ones(1, 2, dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64)
     fn = core_algos.get_policy_loss_fn("gspo")
-    loss, clipfrac, _, _ = fn(old, new, adv, mask, config={"clip_ratio": 0.2})
+    loss, metrics = fn(old, new, adv, mask, config={"clip_ratio": 0.2})
     torch.testing.assert_close(loss, T(-1.2, dtype=torch.float64))
-    assert clipfrac.item() == pytest.approx(1.0)
+    assert metrics["actor/pg_clipfrac"].item() == pytest.approx(1.0)
     loss.backward()
     assert torch.all(new.grad == 0)
     # Log-ratios [ln 1.1, -ln 1.1] -> sequence ratio 1 (unclipped) although each token alone is 1.1 / 0.909;
     # loss = mean_t(-A * s) = -1; gradient per token = -A * s / |y| = -0.5 (value s, gradient through own token).
     new = T([[math.log(1.1), -math.log(1.1)]], dtype=torch.float64, requires_grad=True)
-    loss, clipfrac, _, _ = fn(old, new, adv, mask, config={"clip_ratio": 0.05})
+    loss, metrics = fn(old, new, adv, mask, config={"clip_ratio": 0.05})
     torch.testing.assert_close(loss, T(-1.0, dtype=torch.float64))
-    assert clipfrac.item() == 0.0
+    assert metrics["actor/pg_clipfrac"].item() == 0.0
     loss.backward()
     torch.testing.assert_close(new.grad, T([[-0.5, -0.5]], dtype=torch.float64))
 
@@ -140,14 +141,17 @@ def test_entropy_loss_uniform():
 #   token-mean               (6 + 11) / 5 tokens           = 3.4
 #   seq-mean-token-sum       (6 + 11) / 2 sequences        = 8.5
 #   seq-mean-token-mean      (2 + 5.5) / 2                 = 3.75
-#   seq-mean-token-sum-norm  (6 + 11) / 4 columns          = 4.25   (or / 10 with loss_scale_factor=10)
+#   token-sum                6 + 11                         = 17
+#   seq-mean-token-sum-norm  veRL 0.9.1: the seq-mean-token-sum, / the 4 columns
+#                            (6 + 11) / 2 sequences / 4    = 2.125  (or 8.5 / 10 = 0.85 with loss_scale_factor=10)
 AGG_LOSS = T([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 0.0, 0.0], [7.0, 7.0, 7.0, 7.0]])
 AGG_MASK = T([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
 
 
 @pytest.mark.parametrize(
     "mode,expected",
-    [("token-mean", 3.4), ("seq-mean-token-sum", 8.5), ("seq-mean-token-mean", 3.75), ("seq-mean-token-sum-norm", 4.25)],
+    [("token-mean", 3.4), ("token-sum", 17.0), ("seq-mean-token-sum", 8.5), ("seq-mean-token-mean", 3.75),
+     ("seq-mean-token-sum-norm", 2.125)],
 )
 def test_agg_loss_modes(mode, expected):
     torch.testing.assert_close(core_algos.agg_loss(AGG_LOSS, AGG_MASK, mode), T(expected))
@@ -155,7 +159,7 @@ def test_agg_loss_modes(mode, expected):
 
 def test_agg_loss_options_and_errors():
     torch.testing.assert_close(
-        core_algos.agg_loss(AGG_LOSS, AGG_MASK, "seq-mean-token-sum-norm", loss_scale_factor=10), T(1.7)
+        core_algos.agg_loss(AGG_LOSS, AGG_MASK, "seq-mean-token-sum-norm", loss_scale_factor=10), T(0.85)
     )
     # explicit global counts replace the local ones: 17 / 10 tokens, 17 / 4 sequences
     torch.testing.assert_close(core_algos.agg_loss(AGG_LOSS, AGG_MASK, "token-mean", global_token_count=10), T(1.7))

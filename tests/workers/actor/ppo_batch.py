@@ -41,13 +41,16 @@ def padded_rows(batch_size: int, seed: int = 0, prompt_lens=None, response_lens=
 
 
 def actor_config(**overrides) -> dict:
-    config = {
+    """The yaml's actor section with the values these tests rely on."""
+    from yaml_sections import actor
+
+    config = actor(**{
         "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 8, "use_dynamic_bsz": False,
         "ppo_max_token_len_per_gpu": 64, "ppo_epochs": 1, "shuffle": False, "grad_clip": None,
         "clip_ratio": 0.2, "clip_ratio_c": 3.0, "loss_agg_mode": "token-mean", "entropy_coeff": 0.0,
         "use_kl_loss": False, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl",
         "policy_loss": {"loss_mode": "vanilla"},
-    }
+    })
     config.update(overrides)
     return config
 

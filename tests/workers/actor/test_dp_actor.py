@@ -137,3 +137,42 @@ def test_compute_log_prob_any_split_same_result_in_order():
     del data.meta_info["temperature"]
     with pytest.raises(KeyError, match="temperature"):
         actor.compute_log_prob(data)
+
+
+def test_verl_style_custom_policy_loss_gets_global_batch_info():
+    """A policy loss written for veRL 0.9.1 returns (loss, metrics dict) and normalises with
+    ``config.global_batch_info``; under any micro-batching it must give the full-batch step."""
+    from hybridflow.trainer.ppo import core_algos
+
+    @core_algos.register_policy_loss("test_verl_style_plain_pg")
+    def plain_pg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+                 rollout_is_weights=None):
+        ratio = torch.exp(log_prob - old_log_prob)
+        loss = core_algos.agg_loss(loss_mat=-advantages * ratio, loss_mask=response_mask, loss_agg_mode=loss_agg_mode,
+                                   **config.global_batch_info)
+        return loss, {"actor/test_ratio_mean": core_algos.masked_mean(ratio, response_mask).detach().item()}
+
+    try:
+        base = tiny_causal_lm()
+        data = ppo_batch(base, batch_size=8)
+        # reference: one full-batch SGD step on token-mean(-A * ratio), written from the formula
+        reference = copy.deepcopy(base)
+        b = data.batch
+        logits = reference(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+        logp = torch.log_softmax(logits[:, PROMPT - 1 : -1], dim=-1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
+        mask = b["response_mask"].float()
+        ref_loss = ((-b["advantages"] * torch.exp(logp - b["old_log_probs"])) * mask).sum() / mask.sum()
+        ref_loss.backward()
+        with torch.no_grad():
+            for p in reference.parameters():
+                p -= LR * p.grad
+        for micro in (8, 1, 3):
+            model = copy.deepcopy(base)
+            config = actor_config(ppo_micro_batch_size_per_gpu=micro, policy_loss={"loss_mode": "test_verl_style_plain_pg"})
+            actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=LR))
+            metrics = actor.update_policy(data)
+            assert (flat_params(model) - flat_params(reference)).abs().max().item() < 1e-5, micro
+            assert metrics["actor/pg_loss"][0] == pytest.approx(ref_loss.item(), abs=1e-5)
+            assert "actor/test_ratio_mean" in metrics and "global_batch_info" not in config
+    finally:
+        core_algos.POLICY_LOSS_REGISTRY.pop("test_verl_style_plain_pg", None)

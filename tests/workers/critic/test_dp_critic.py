@@ -49,13 +49,14 @@ def _data(seed=0):
 
 
 def _config(**overrides):
-    config = {
+    from yaml_sections import critic
+
+    return critic(**{
         "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 8, "forward_micro_batch_size_per_gpu": 3,
         "use_dynamic_bsz": False, "ppo_max_token_len_per_gpu": 16, "forward_max_token_len_per_gpu": 16,
         "ppo_epochs": 1, "shuffle": False, "grad_clip": None, "cliprange_value": 10.0, "loss_agg_mode": "token-mean",
-    }
-    config.update(overrides)
-    return config
+        **overrides,
+    })
 
 
 def test_values_are_the_value_before_each_response_token():

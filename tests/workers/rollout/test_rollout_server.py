@@ -11,8 +11,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridflow.workers.rollout import ROLLOUT_SERVERS, HFServer
-from hybridflow.workers.rollout.hf_server import request_seed, sample_rows
-from hybridflow.workers.rollout.sampling import SamplingParams, as_id_list, resolve_sampling, sampling_params_from_config
+from hybridflow.workers.rollout.hf_server import sample_rows
+from hybridflow.workers.rollout.sampling import (
+    SamplingParams,
+    as_id_list,
+    request_seed,
+    resolve_sampling,
+    sampling_params_from_config,
+)
 from hybridflow.workers.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
 from hybridflow.workers.rollout.weights import StrictWeightLoader, buckets, strip_wrapper_prefixes
 
@@ -74,8 +80,13 @@ def test_registry_lists_engines_and_refuses_duplicates():
     assert ROLLOUT_SERVERS.get("hf") is HFServer
     with pytest.raises(KeyError, match="hf"):  # an unknown name lists the known ones
         ROLLOUT_SERVERS.get("sglang")
-    with pytest.raises(ValueError):
-        ROLLOUT_SERVERS.register("hf")(HFServer)
+    ROLLOUT_SERVERS.register("hf")(HFServer)  # the same class again is fine (veRL's registries)
+
+    class OtherServer(HFServer):
+        pass
+
+    with pytest.raises(ValueError):  # another class under a taken name is an error
+        ROLLOUT_SERVERS.register("hf")(OtherServer)
 
 
 def test_engine_loop_runs_coroutines_from_threads_and_refuses_reentry():

@@ -29,8 +29,10 @@ __all__ = [
     "get_adv_estimator_fn",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
+    "compute_grpo_vectorized_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_rloo_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
     "compute_opo_outcome_advantage",
     "compute_gpg_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
@@ -51,6 +53,7 @@ class AdvantageEstimator(str, Enum):
     OPO = "opo"
     GRPO_PASSK = "grpo_passk"
     GPG = "gpg"
+    RLOO_VECTORIZED = "rloo_vectorized"
     GRPO_VECTORIZED = "grpo_vectorized"
 
 
@@ -164,7 +167,21 @@ def compute_grpo_outcome_advantage(
     return advantages, advantages
 
 
-register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)(compute_grpo_outcome_advantage)
+@register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)
+def compute_grpo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Optional[Any] = None,
+    **kwargs,
+):
+    """veRL's ``grpo_vectorized`` name. Our ``grpo`` is already vectorised, so the two are the same
+    computation (and give the same numbers as veRL's per-row loop)."""
+    return compute_grpo_outcome_advantage(
+        token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, config=config
+    )
 
 
 @register_adv_est(AdvantageEstimator.GRPO_PASSK)
@@ -223,6 +240,28 @@ def compute_rloo_outcome_advantage(
     return advantages, advantages
 
 
+@register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)
+def compute_rloo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    config: Optional[Any] = None,
+    **kwargs,
+):
+    """veRL's ``rloo_vectorized``: the same leave-one-out advantage as ``rloo`` for groups of two or
+    more, but a group of one gets 0 (there is no other response to compare with), where ``rloo``
+    keeps the raw score. Both follow veRL 0.9.1."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)  # (B,)
+        g, n_groups = _group_ids(index, scores.device)
+        count = _group_sum(torch.ones_like(scores), g, n_groups)[g]
+        total = _group_sum(scores, g, n_groups)[g]
+        loo = (count * scores - total) / (count - 1).clamp(min=1) * (count > 1)
+        advantages = loo.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
 @register_adv_est(AdvantageEstimator.OPO)
 def compute_opo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -268,13 +307,15 @@ def compute_gpg_outcome_advantage(
 
 
 def _discounted_returns(rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """G_t = r_t + gamma * G_{t+1}, restarting after each masked position (the end of a response)."""
+    """G_t = r_t + gamma * G_{t+1} over the valid tokens; masked positions (tool output between two
+    model turns, padding) get 0 and pass the running return through unchanged (veRL 0.9.1)."""
     returns = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[:, 0])
+    running = torch.zeros_like(rewards[:, 0])  # (B,)
     for t in reversed(range(rewards.shape[-1])):
-        running = rewards[:, t] + gamma * running
-        returns[:, t] = running
-        running = running * response_mask[:, t]
+        m = response_mask[:, t].to(rewards.dtype)
+        candidate = rewards[:, t] + gamma * running
+        returns[:, t] = candidate * m
+        running = candidate * m + running * (1 - m)
     return returns
 
 
@@ -286,8 +327,9 @@ def compute_reinforce_plus_plus_outcome_advantage(
     config: Optional[Any] = None,
     **kwargs,
 ):
-    """REINFORCE++ (https://arxiv.org/abs/2501.03262): discounted return-to-go per token, whitened
-    over the batch's valid tokens to give the advantage. Returns (advantages, returns)."""
+    """REINFORCE++ (https://arxiv.org/abs/2501.03262): discounted return-to-go over the valid tokens
+    (masked spans are skipped, not restarted), whitened over the batch's valid tokens to give the
+    advantage. Returns (advantages, returns)."""
     if config is None and not isinstance(gamma, (int, float, torch.Tensor)):
         config, gamma = gamma, 1.0  # newer veRL's positional order: (rewards, mask, config)
     gamma = cfg_get(config, "gamma", gamma)

@@ -1,16 +1,19 @@
 """Policy-gradient losses.
 
-Registered losses share veRL's signature
-``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)``
-where ``config`` is the actor section (object or mapping: ``clip_ratio``, ``clip_ratio_low``,
-``clip_ratio_high``, ``clip_ratio_c``, optional ``loss_scale_factor``), plus the keyword-only
-``global_token_count`` / ``global_seq_count`` that are handed to ``agg_loss`` (see loss_agg.py).
-All return ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``: the loss with its graph and three
-detached 0-d tensors (no host sync).
+Registered losses share veRL 0.9.1's signature and return shape:
+``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+-> (pg_loss, pg_metrics)``. ``config`` is the actor section (object or mapping: ``clip_ratio``,
+``clip_ratio_low``, ``clip_ratio_high``, ``clip_ratio_c``); its ``global_batch_info`` (``dp_size``,
+``batch_num_tokens``, ``global_batch_size``, ``loss_scale_factor``; set by the actor for each
+mini-batch) is handed to ``agg_loss``, so a loss written for veRL gets the same normalisation here.
+``pg_metrics`` maps veRL's metric names (``actor/pg_clipfrac``, ``actor/ppo_kl``,
+``actor/pg_clipfrac_lower``) to detached 0-d tensors: veRL returns Python floats, we avoid the host
+sync (``float(v)`` works on both). The older ``compute_policy_loss`` keeps veRL's 4-tuple.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 import torch
@@ -22,15 +25,17 @@ from hybridflow.utils.torch_functional import masked_mean
 
 __all__ = [
     "POLICY_LOSS_REGISTRY",
+    "ConfigWithBatchInfo",
     "register_policy_loss",
     "get_policy_loss_fn",
     "compute_policy_loss",
     "compute_policy_loss_vanilla",
     "compute_policy_loss_gspo",
     "compute_policy_loss_gpg",
+    "compute_policy_loss_reinforce",
 ]
 
-PolicyLossFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss")
 
 
@@ -41,6 +46,67 @@ def register_policy_loss(name: str):
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
     return POLICY_LOSS_REGISTRY.get(name)
+
+
+class ConfigWithBatchInfo(Mapping):
+    """A read-only view of an actor config with ``global_batch_info`` set, so a policy loss written
+    for veRL (which reads ``config.global_batch_info``) normalises over the global mini-batch
+    without the config itself being mutated. Attribute, item and ``.get`` access all work."""
+
+    def __init__(self, config: Any, global_batch_info: dict):
+        object.__setattr__(self, "_config", config)
+        object.__setattr__(self, "global_batch_info", dict(global_batch_info))
+
+    def __getattr__(self, name: str):
+        config = object.__getattribute__(self, "_config")
+        if isinstance(config, Mapping):
+            try:
+                return config[name]
+            except KeyError:
+                raise AttributeError(name) from None
+        return getattr(config, name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("ConfigWithBatchInfo is read-only")
+
+    def __getitem__(self, key: str):
+        if key == "global_batch_info":
+            return self.global_batch_info
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def _keys(self) -> list:
+        config = self._config
+        keys = list(config.keys()) if isinstance(config, Mapping) else list(vars(config))
+        return keys + ([] if "global_batch_info" in keys else ["global_batch_info"])
+
+    def __iter__(self):
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+
+def _agg_kwargs(config: Any, global_token_count=None, global_seq_count=None) -> dict:
+    """agg_loss keyword arguments: the config's ``global_batch_info`` (veRL), else its
+    ``loss_scale_factor``; the keyword counts (older hybridflow callers) fill what is missing."""
+    info = cfg_get(config, "global_batch_info")
+    kwargs = dict(info) if info else {"loss_scale_factor": cfg_get(config, "loss_scale_factor")}
+    if global_token_count is not None and kwargs.get("batch_num_tokens") is None:
+        kwargs["batch_num_tokens"] = global_token_count
+    if global_seq_count is not None and kwargs.get("global_batch_size") is None:
+        kwargs["global_batch_size"] = global_seq_count
+    return kwargs
+
+
+def _metrics(pg_clipfrac, ppo_kl, pg_clipfrac_lower) -> dict[str, torch.Tensor]:
+    return {
+        "actor/pg_clipfrac": pg_clipfrac.detach(),
+        "actor/ppo_kl": ppo_kl.detach(),
+        "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach(),
+    }
 
 
 def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
@@ -129,13 +195,14 @@ def compute_policy_loss_vanilla(
     global_seq_count=None,
 ):
     """``compute_policy_loss`` with its clip ranges read from the actor config (clip_ratio 0.2 and
-    clip_ratio_c 3.0 when absent); ``rollout_is_weights`` (B, T) rescale the per-token losses."""
+    clip_ratio_c 3.0 when absent); ``rollout_is_weights`` (B, T) rescale the per-token losses.
+    Returns (pg_loss, {actor/pg_clipfrac, actor/ppo_kl, actor/pg_clipfrac_lower})."""
     low, high = _clip_range(config)
-    return _clipped_ppo(
+    pg_loss, clipfrac, ppo_kl, clipfrac_lower = _clipped_ppo(
         old_log_prob, log_prob, advantages, response_mask, low, high, cfg_get(config, "clip_ratio_c", 3.0),
-        loss_agg_mode, weights=rollout_is_weights, global_token_count=global_token_count,
-        global_seq_count=global_seq_count, loss_scale_factor=cfg_get(config, "loss_scale_factor"),
+        loss_agg_mode, weights=rollout_is_weights, **_agg_kwargs(config, global_token_count, global_seq_count),
     )
+    return pg_loss, _metrics(clipfrac, ppo_kl, clipfrac_lower)
 
 
 @register_policy_loss("gspo")
@@ -169,13 +236,10 @@ def compute_policy_loss_gspo(
     pg_losses = torch.maximum(loss_unclipped, loss_clipped)
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
-    pg_loss = agg_loss(
-        pg_losses, response_mask, loss_agg_mode, global_token_count=global_token_count,
-        global_seq_count=global_seq_count, loss_scale_factor=cfg_get(config, "loss_scale_factor"),
-    )
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config, global_token_count, global_seq_count))
     pg_clipfrac = masked_mean(torch.gt(loss_clipped, loss_unclipped).float(), response_mask)
     ppo_kl = masked_mean(-log_ratio, response_mask)
-    return pg_loss, pg_clipfrac.detach(), ppo_kl.detach(), torch.zeros_like(pg_clipfrac)
+    return pg_loss, _metrics(pg_clipfrac, ppo_kl, torch.zeros_like(pg_clipfrac))
 
 
 @register_policy_loss("gpg")
@@ -191,14 +255,37 @@ def compute_policy_loss_gpg(
     global_token_count=None,
     global_seq_count=None,
 ):
-    """GPG (https://arxiv.org/abs/2504.02546): plain policy gradient, -log_prob * A, no ratio."""
+    """GPG (https://arxiv.org/abs/2504.02546): plain policy gradient, -log_prob * A, no ratio.
+    Returns (pg_loss, {})."""
     pg_losses = -log_prob * advantages
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
-    pg_loss = agg_loss(
-        pg_losses, response_mask, loss_agg_mode, global_token_count=global_token_count,
-        global_seq_count=global_seq_count, loss_scale_factor=cfg_get(config, "loss_scale_factor"),
-    )
-    ppo_kl = masked_mean(old_log_prob - log_prob, response_mask).detach()
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config, global_token_count, global_seq_count))
+    return pg_loss, {}  # veRL's gpg reports no ratio statistics (there is no ratio)
+
+
+def compute_policy_loss_reinforce(
+    rollout_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-sum",
+    config: Optional[Any] = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    *,
+    global_token_count=None,
+    global_seq_count=None,
+):
+    """REINFORCE with optional importance weights: per token -w * A * log_prob, no ratio, no clip.
+
+    The rollout correction's bypass mode uses it (``loss_type=reinforce``, as in veRL, where it is not
+    a registered ``loss_mode`` either): ``w`` = truncated π_θ/π_rollout, detached, so the gradient is
+    the importance-weighted policy gradient. ``actor/ppo_kl`` is mean(log π_rollout - log π_θ).
+    Returns (pg_loss, metrics)."""
+    pg_losses = -advantages * log_prob
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config, global_token_count, global_seq_count))
+    ppo_kl = masked_mean(rollout_log_prob - log_prob, response_mask).detach()
     zero = torch.zeros_like(ppo_kl)
-    return pg_loss, zero, ppo_kl, zero
+    return pg_loss, _metrics(zero, ppo_kl, zero)

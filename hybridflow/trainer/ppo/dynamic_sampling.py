@@ -1,0 +1,282 @@
+"""Dynamic sampling (DAPO's ``algorithm.filter_groups``): train only on groups that carry a signal.
+
+A group is the responses sampled for one prompt (same ``uid``). When every response of a group gets
+the same metric value (all right, all wrong), its group-relative advantages are zero and it only
+dilutes the batch. After the rewards, such groups are dropped and new prompt batches are generated
+until ``data.train_batch_size`` groups are collected; the surplus of the last batch is trimmed.
+
+The parts are separate so that a synchronous trainer and an asynchronous rollout source can share
+them: ``informative_rows`` (pure filter), ``GroupAccumulator`` (takes scored groups, says when a
+batch is full), ``prompt_batches_for_next_round`` (how much to generate next), and
+``DynamicSampling``, the synchronous phase that loops generate + score until full.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from hybridflow.protocol import DataProto
+from hybridflow.utils.config_section import cfg_get
+
+__all__ = [
+    "REWARD_METRIC",
+    "FilterGroupsSettings",
+    "group_metric_values",
+    "informative_rows",
+    "GroupAccumulator",
+    "prompt_batches_for_next_round",
+    "DynamicSampling",
+    "EpochCycler",
+]
+
+# "reward": the sequence's total score before any KL penalty; any other name: a field of the reward
+# function's extra info (e.g. "acc" when compute_score returns {"score": ..., "acc": ...})
+REWARD_METRIC = "reward"
+
+
+@dataclass(frozen=True)
+class FilterGroupsSettings:
+    """``algorithm.filter_groups`` checked once. ``max_num_gen_batches`` <= 0: no limit.
+    ``max_inflight_gen_batches``: prompt batches one generation round may hold (refills only)."""
+
+    enable: bool = False
+    metric: str = REWARD_METRIC
+    max_num_gen_batches: int = 0
+    max_inflight_gen_batches: int = 1
+
+    @classmethod
+    def from_config(cls, section: Any, prefix: str = "algorithm.filter_groups") -> "FilterGroupsSettings":
+        """Raises ValueError naming the offending key."""
+        if section is None:
+            return cls()
+        enable = cfg_get(section, "enable", False)
+        if not isinstance(enable, bool):
+            raise ValueError(f"{prefix}.enable must be true or false, got {enable!r}")
+        metric = cfg_get(section, "metric", keep_none=True)
+        if enable and (not isinstance(metric, str) or not metric):
+            raise ValueError(f"{prefix}.metric must name the value groups are compared on when {prefix}.enable=True "
+                             f"('{REWARD_METRIC}' or a field of the reward's extra info such as 'acc'), got {metric!r}")
+        limits = {}
+        for key, default in (("max_num_gen_batches", 0), ("max_inflight_gen_batches", 1)):
+            value = cfg_get(section, key, default)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{prefix}.{key} must be an integer, got {value!r}")
+            limits[key] = value
+        if limits["max_inflight_gen_batches"] < 1:
+            raise ValueError(f"{prefix}.max_inflight_gen_batches must be >= 1, got {limits['max_inflight_gen_batches']}")
+        return cls(enable=enable, metric=metric or REWARD_METRIC, **limits)
+
+
+def group_metric_values(batch: DataProto, metric: str) -> np.ndarray:
+    """One float per row: ``reward`` = the row's summed token-level scores, otherwise the reward
+    function's extra-info field ``metric`` (kept in ``non_tensor_batch`` by the trainer)."""
+    if metric == REWARD_METRIC:
+        return batch.batch["token_level_scores"].sum(-1).double().numpy()
+    if metric not in batch.non_tensor_batch:
+        known = sorted(k for k in batch.non_tensor_batch if k not in ("uid",))
+        raise KeyError(f"algorithm.filter_groups.metric={metric!r}: the scored batch has no such field; use "
+                       f"'{REWARD_METRIC}' or a key of the reward function's extra info (non-tensor fields "
+                       f"present: {known})")
+    try:
+        return np.asarray(batch.non_tensor_batch[metric], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"algorithm.filter_groups.metric={metric!r}: values are not numbers: "
+                         f"{list(batch.non_tensor_batch[metric][:4])}") from None
+
+
+def informative_rows(uids, values) -> np.ndarray:
+    """Boolean mask of the rows whose group (same uid) does NOT have one value for all its members.
+
+    A group of one response is kept (nothing to compare it with), as in DAPO. Values are compared
+    exactly (max == min), not by a float std.
+    """
+    uids = np.asarray(uids, dtype=object)
+    values = np.asarray(values, dtype=np.float64)
+    if uids.shape != values.shape:
+        raise ValueError(f"informative_rows: {uids.shape[0]} uids for {values.shape[0]} values")
+    keep = np.ones(len(uids), dtype=bool)
+    order = {}
+    for i, uid in enumerate(uids):
+        order.setdefault(uid, []).append(i)
+    for rows in order.values():
+        group = values[rows]
+        if len(rows) > 1 and group.max() == group.min():
+            keep[rows] = False
+    return keep
+
+
+class GroupAccumulator:
+    """Collects scored groups until ``target_groups`` informative ones are held.
+
+    ``add`` takes a scored batch (any number of whole groups), drops the uniform groups and keeps
+    the rest in arrival order; ``full`` says when enough are held; ``take`` returns exactly
+    ``target_groups`` groups (the first to arrive) and counts the trimmed surplus. Usable from a
+    synchronous loop or from an asynchronous consumer of finished groups.
+    """
+
+    def __init__(self, target_groups: int, metric: str = REWARD_METRIC):
+        if target_groups < 1:
+            raise ValueError(f"target_groups must be >= 1, got {target_groups}")
+        self.target_groups = target_groups
+        self.metric = metric
+        self._parts: list[DataProto] = []
+        self._uids: list = []  # kept groups, in arrival order
+        self.batches_added = 0
+        self.groups_seen = 0
+        self.groups_dropped = 0
+        self.groups_trimmed = 0
+
+    @property
+    def groups_kept(self) -> int:
+        return len(self._uids)
+
+    @property
+    def missing(self) -> int:
+        return max(self.target_groups - len(self._uids), 0)
+
+    @property
+    def full(self) -> bool:
+        return self.missing == 0
+
+    def add(self, batch: DataProto, prompt_batches: int = 1) -> None:
+        """``batch``: scored whole groups, generated from ``prompt_batches`` prompt batches."""
+        uids = batch.non_tensor_batch["uid"]
+        already = set(self._uids).intersection(uids)
+        if already:
+            raise ValueError(f"GroupAccumulator.add: groups {sorted(already)[:3]} were added before; every "
+                             "generated batch needs its own uids")
+        keep = informative_rows(uids, group_metric_values(batch, self.metric))
+        seen = list(dict.fromkeys(uids))
+        kept = list(dict.fromkeys(uids[keep]))
+        self.batches_added += prompt_batches
+        self.groups_seen += len(seen)
+        self.groups_dropped += len(seen) - len(kept)
+        if kept:
+            self._parts.append(batch if keep.all() else batch.select_idxs(np.flatnonzero(keep)))
+            self._uids.extend(kept)
+
+    def take(self) -> DataProto:
+        """The first ``target_groups`` kept groups as one batch (rows in arrival order); the held
+        groups are released. Raises if not ``full``."""
+        if not self.full:
+            raise RuntimeError(f"GroupAccumulator.take: {self.groups_kept} of {self.target_groups} groups held")
+        batch = DataProto.concat(self._parts) if len(self._parts) > 1 else self._parts[0]
+        chosen = set(self._uids[: self.target_groups])
+        self.groups_trimmed += len(self._uids) - self.target_groups
+        if len(chosen) < len(self._uids):
+            rows = np.flatnonzero([uid in chosen for uid in batch.non_tensor_batch["uid"]])
+            batch = batch.select_idxs(rows)
+        self._parts, self._uids = [], []
+        return batch
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "training/filter_groups/num_gen_batches": float(self.batches_added),
+            "training/filter_groups/groups_seen": float(self.groups_seen),
+            "training/filter_groups/evicted_samples": float(self.groups_dropped),  # veRL's name: groups dropped
+            "training/filter_groups/discarded_surplus_samples": float(self.groups_trimmed),
+            "training/filter_groups/kept_groups": float(self.groups_seen - self.groups_dropped),
+        }
+
+
+def prompt_batches_for_next_round(missing_groups: int, batch_size: int, max_inflight: int,
+                                  generated: int, max_num_gen_batches: int) -> int:
+    """How many prompt batches (of ``batch_size`` prompts) the next refill generates at once.
+
+    Like veRL's synchronous DAPO: ask for twice the missing groups (about half of the groups of a
+    refill may be dropped again), in whole batches, at most ``max_inflight`` and never past the
+    ``max_num_gen_batches`` budget (<= 0: no budget). 0 means the budget is spent.
+    """
+    wanted = max(1, math.ceil(2 * missing_groups / batch_size))
+    count = min(wanted, max_inflight)
+    if max_num_gen_batches > 0:
+        count = min(count, max_num_gen_batches - generated)
+    return max(count, 0)
+
+
+class EpochCycler:
+    """An endless stream of the loader's batches, epoch after epoch: the training loop and dynamic
+    sampling's refills draw from the same stream, so the loader's state counts every batch used."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self._epoch: Optional[Iterator] = None
+
+    def __iter__(self) -> "EpochCycler":
+        return self
+
+    def __next__(self):
+        for _ in range(2):  # the current epoch, else a fresh one
+            if self._epoch is None:
+                self._epoch = iter(self.loader)
+            try:
+                return next(self._epoch)
+            except StopIteration:
+                self._epoch = None
+        raise RuntimeError("the training dataloader yields no batch")
+
+
+ScoreFn = Callable[[DataProto, dict, dict, int], DataProto]
+
+
+class DynamicSampling:
+    """The synchronous trainer's generate + reward phase with group filtering.
+
+    ``generate_and_score(prompts, timing, metrics, first_uid)`` runs one rollout and its rewards
+    (uids numbered from ``first_uid`` so that groups of different batches never share one);
+    ``next_prompts()`` returns the next prompt batch of the training stream. Called like the plain
+    phase: ``phase(prompts, timing, metrics) -> scored batch`` of exactly ``target_groups`` groups.
+    """
+
+    def __init__(self, settings: FilterGroupsSettings, target_groups: int, generate_and_score: ScoreFn,
+                 next_prompts: Callable[[], DataProto]):
+        self.settings = settings
+        self.target_groups = target_groups
+        self.generate_and_score = generate_and_score
+        self.next_prompts = next_prompts
+
+    def __call__(self, prompts: DataProto, timing: dict, metrics: dict) -> DataProto:
+        s = self.settings
+        acc = GroupAccumulator(self.target_groups, s.metric)
+        pending, generated, first_uid = [prompts], 0, 0
+        rounds: list[dict] = []
+        while True:
+            batch = DataProto.concat(pending) if len(pending) > 1 else pending[0]
+            round_metrics: dict = {}
+            acc.add(self.generate_and_score(batch, timing, round_metrics, first_uid), prompt_batches=len(pending))
+            rounds.append(round_metrics)
+            generated += len(pending)
+            first_uid += len(batch)
+            if acc.full:
+                break
+            count = prompt_batches_for_next_round(acc.missing, len(prompts), s.max_inflight_gen_batches,
+                                                  generated, s.max_num_gen_batches)
+            if count == 0:
+                raise RuntimeError(
+                    f"dynamic sampling: {generated} prompt batches generated (algorithm.filter_groups."
+                    f"max_num_gen_batches={s.max_num_gen_batches}) but only {acc.groups_kept} of "
+                    f"{self.target_groups} groups have differing '{s.metric}' values; {acc.groups_dropped} of "
+                    f"{acc.groups_seen} groups were uniform. The data may be too easy or too hard for the "
+                    "model; raise max_num_gen_batches, or set it to 0 for no limit")
+            pending = [self.next_prompts() for _ in range(count)]
+        batch = acc.take()
+        metrics.update(merge_round_metrics(rounds))
+        metrics.update(acc.metrics())
+        return batch
+
+
+def merge_round_metrics(rounds: list[dict]) -> dict:
+    """One step's metrics from several generation rounds: times (``timing_s/``) and sizes (``_mb``)
+    add up; everything else is joined into one list (the logged value is its mean)."""
+    merged: dict = {}
+    for key in dict.fromkeys(k for r in rounds for k in r):
+        values = [v if isinstance(v, (list, tuple)) else [v] for v in (r[key] for r in rounds if key in r)]
+        if key.startswith("timing_s/") or key.endswith("_mb"):
+            merged[key] = float(sum(float(x) for v in values for x in v))
+        else:
+            merged[key] = [x for v in values for x in v]
+    return merged

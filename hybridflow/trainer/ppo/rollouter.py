@@ -1,0 +1,201 @@
+"""The Rollouter: generation running ahead of training, within a staleness budget (driver side).
+
+A background thread takes prompts from the dataloader in order, starts each prompt's group
+(``rollout.n`` trajectories) on the agent loop workers (``AgentLoopManager.submit``) and puts
+finished groups in a queue; the trainer takes ``prompts_per_step`` finished groups per step.
+
+Staleness (veRL's rule): between two weight syncs the rollouter may start at most
+``(1 + staleness_threshold) × prompts_per_step × trigger_parameter_sync_step`` groups, counting the
+groups still in flight or waiting in the queue when the period began. So ``staleness_threshold=0`` and
+a sync every step generate exactly one step's groups with the newest weights (the synchronous
+schedule), ``staleness_threshold=1`` lets the next step's groups be generated while the trainer trains
+(one-step-off), larger values run further ahead. Every trajectory records the weight versions its
+tokens came from; the trainer logs the version lag.
+
+A weight sync (``sync_weights``): with partial rollouts the agent loop workers hold new requests, the
+engines abort the ones in flight (they return the tokens they have), the weights go over, and the held
+requests continue from their tokens with the new weights; without partial rollouts the rollouter stops
+starting groups and waits for the ones in flight to finish before the weights go over.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from hybridflow.protocol import DataProto
+
+
+@dataclass
+class PromptGroup:
+    """One prompt's ``n`` copies, named by the dataloader batch it came from and its row there."""
+
+    gen_index: int  # 1-based count of dataloader batches: names the requests (global_steps in meta_info)
+    position: int  # the prompt's row in its batch
+    epoch: int
+    prompts: DataProto  # n rows (the prompt repeated), uid set, every non-tensor column
+
+
+@dataclass
+class FinishedGroup:
+    group: PromptGroup
+    output: DataProto  # the prompts' columns + the rollout's tensors
+    started_at_version: int
+    finished_at: float = field(default_factory=time.perf_counter)
+
+
+class Rollouter:
+    def __init__(self, manager, groups: Iterator[PromptGroup], prompts_per_step: int, staleness_threshold: float,
+                 trigger_parameter_sync_step: int, partial_rollout: bool, sampling_meta: dict | None = None):
+        if staleness_threshold < 0:
+            raise ValueError(f"async_training.staleness_threshold must be >= 0, got {staleness_threshold}")
+        if trigger_parameter_sync_step < 1:
+            raise ValueError(f"async_training.trigger_parameter_sync_step must be >= 1, got {trigger_parameter_sync_step}")
+        self.manager = manager
+        self._groups = groups
+        self.prompts_per_step = prompts_per_step
+        self.budget = int(math.floor((1 + staleness_threshold) * prompts_per_step * trigger_parameter_sync_step + 1e-9))
+        self.partial_rollout = partial_rollout
+        self.sampling_meta = dict(sampling_meta or {})
+        self.version = 0
+        self._started_in_period = 0
+        self._in_flight: dict[int, PromptGroup] = {}  # id(future) -> group
+        self._ready: list[FinishedGroup] = []
+        self._unconsumed_start: list[PromptGroup] = []  # groups to start before new ones (a resumed run's)
+        self._error: BaseException | None = None
+        self.finished_total = 0  # groups finished since the start (progress for the watchdog)
+        self._stopped = False
+        self._holding = False  # a sync is under way: start nothing
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        # idle accounting: time with nothing in flight, since the last ``take``
+        self._idle_since: float | None = time.perf_counter()
+        self._idle_s = 0.0
+        self._window_start = time.perf_counter()
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def start(self, pending: list[PromptGroup] | None = None) -> None:
+        self._unconsumed_start = list(pending or [])
+        self._thread = threading.Thread(target=self._run, name="hybridflow-rollouter", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopped or (not self._holding
+                                                                  and self._started_in_period < self.budget))
+                    if self._stopped:
+                        return
+                    group = self._unconsumed_start.pop(0) if self._unconsumed_start else next(self._groups, None)
+                    if group is None:
+                        return
+                    self._started_in_period += 1
+                    self._launch(group)
+        except BaseException as e:  # surfaced to the trainer by take()
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+    def _launch(self, group: PromptGroup) -> None:
+        """Start one group (called with the lock held)."""
+        meta = {**self.sampling_meta, "global_steps": group.gen_index, "sample_offset": group.position * len(group.prompts)}
+        request = group.prompts.select(batch_keys=["input_ids", "attention_mask", "position_ids"],
+                                       non_tensor_batch_keys=list(group.prompts.non_tensor_batch))
+        request.meta_info = meta
+        future: Future = self.manager.submit(request)
+        if self._idle_since is not None:
+            self._idle_s += time.perf_counter() - self._idle_since
+            self._idle_since = None
+        version = self.version
+        self._in_flight[id(future)] = group
+        future.add_done_callback(lambda f: self._finished(f, group, version))
+
+    def _finished(self, future: Future, group: PromptGroup, version: int) -> None:
+        with self._cond:
+            self._in_flight.pop(id(future), None)
+            if not self._in_flight:
+                self._idle_since = time.perf_counter()
+            try:
+                out = future.result()
+            except BaseException as e:
+                self._error = e
+                self._cond.notify_all()
+                return
+            out.meta_info.pop("metrics", None)
+            columns = group.prompts.select(batch_keys=[], non_tensor_batch_keys=list(group.prompts.non_tensor_batch))
+            self._ready.append(FinishedGroup(group, columns.union(out), version))
+            self.finished_total += 1
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------------------ trainer side
+    def take(self, count: int, timeout_s: float | None = None) -> tuple[list[FinishedGroup], dict[str, float]]:
+        """Block until ``count`` groups are finished; return them in prompt order and the wait metrics."""
+        start = time.perf_counter()
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self._error is not None or len(self._ready) >= count or
+                                     (self._thread is not None and not self._thread.is_alive() and not self._in_flight),
+                                     timeout=timeout_s)
+            if self._error is not None:
+                raise RuntimeError("asynchronous rollout failed") from self._error
+            if not ok or len(self._ready) < count:
+                raise TimeoutError(f"the rollouter produced {len(self._ready)} of {count} groups "
+                                   f"({len(self._in_flight)} in flight) within {timeout_s} s")
+            self._ready.sort(key=lambda g: g.finished_at)
+            taken, self._ready = self._ready[:count], self._ready[count:]
+            now = time.perf_counter()
+            idle = self._idle_s + (now - self._idle_since if self._idle_since is not None else 0.0)
+            window = max(now - self._window_start, 1e-9)
+            self._idle_s, self._window_start = 0.0, now
+            if self._idle_since is not None:
+                self._idle_since = now
+            metrics = {"async/rollout_idle_fraction": idle / window, "async/queue_size": float(len(self._ready)),
+                       "async/in_flight_groups": float(len(self._in_flight)),
+                       "timing_s/wait_for_rollout": now - start}
+        taken.sort(key=lambda g: (g.group.gen_index, g.group.position))
+        return taken, metrics
+
+    def sync_weights(self, push: Callable[[], dict], version: int) -> dict:
+        """Hold generation, send the weights (``push``), resume; see the module docstring."""
+        start = time.perf_counter()
+        with self._cond:
+            self._holding = True
+        if self.partial_rollout:
+            self.manager.pause()  # nothing new reaches the engines...
+            self.manager.abort()  # ...and what runs returns its tokens (it resumes after the sync)
+        else:
+            with self._cond:  # let the groups in flight finish with the weights they started with
+                self._cond.wait_for(lambda: not self._in_flight or self._error is not None)
+        drained = time.perf_counter()
+        try:
+            metrics = dict(push() or {})
+        finally:
+            with self._cond:
+                self.version = version
+                # groups in flight or not yet taken count against the new period (veRL's rule)
+                self._started_in_period = len(self._in_flight) + len(self._ready)
+                self._holding = False
+                self._cond.notify_all()
+            if self.partial_rollout:
+                self.manager.resume()
+        metrics["timing_s/rollout_hold"] = drained - start
+        metrics["timing_s/sync_weights_total"] = time.perf_counter() - start
+        return metrics
+
+    def pending(self) -> list[PromptGroup]:
+        """Groups pulled from the dataloader but not taken by the trainer (in flight, finished, or queued
+        for a restart): a checkpoint saves them so that a resumed run generates them again."""
+        with self._cond:
+            groups = [g.group for g in self._ready] + list(self._in_flight.values()) + list(self._unconsumed_start)
+        return sorted(groups, key=lambda g: (g.gen_index, g.position))

@@ -1,0 +1,273 @@
+"""What hybridflow does with each config key, checked once when a config is loaded.
+
+The data lives in ``hybridflow/utils/config_keys/`` (one module per config: which keys are
+honoured, which are refused when set, which only print a note, and which legacy spellings map onto
+which canonical keys). This module is the machinery that applies it:
+
+- ``apply_aliases``: a key that veRL moved (``reward_model.enable`` -> ``reward.reward_model.enable``,
+  ``ray_init`` -> ``ray_kwargs.ray_init``, ...) may be written under either spelling. A legacy key
+  whose value differs from its own default is copied onto the canonical key; if the canonical key was
+  also set, to a different value, that is an error naming both. ``mirror_aliases`` then copies the
+  (resolved) canonical values back, so both spellings read the same.
+- ``check_support``: every leaf of the composed tree is looked up in the rules. A "not supported" key
+  set to anything but its default, or a key whose value is outside the rule's ``values``, is refused
+  with a message that says it is not supported and why; an "accepted with note" key set to anything
+  but its default returns a note; a key added with ``+`` that no rule covers is refused (hybridflow
+  would not read it). "Set" means: its unresolved value differs from the yaml's, so a key that only
+  follows an interpolation (``${actor_rollout_ref.actor.use_dynamic_bsz}``) is not set by itself.
+
+Rule patterns are dotted keys where ``*`` matches one component, a trailing ``.**`` matches the key
+itself and everything below it, and a leading ``**.`` matches the key at any depth. When several rules match, the most specific wins (more literal
+components, then the longer pattern).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+__all__ = [
+    "HONOURED", "NOT_SUPPORTED", "NOTE", "ALIAS", "STATUSES",
+    "KeyRule", "KeyTable", "honoured", "not_supported", "note",
+    "leaf_items", "apply_aliases", "mirror_aliases", "check_support", "SupportError",
+]
+
+HONOURED = "honoured"
+NOT_SUPPORTED = "not supported"
+NOTE = "accepted with note"
+ALIAS = "alias"
+STATUSES = (HONOURED, NOT_SUPPORTED, NOTE, ALIAS)
+
+_MISSING = object()
+
+
+class SupportError(ValueError):
+    """Raised with every refused key of a config (utils.config turns it into a ConfigError)."""
+
+
+@dataclass(frozen=True)
+class KeyRule:
+    """``pattern`` has ``status``. ``values``: for an honoured key, the only values hybridflow
+    implements (others are refused as not supported); ``reason``: why, shown in messages and the table."""
+
+    pattern: str
+    status: str
+    reason: str = ""
+    values: tuple | None = None
+    shared: bool = False  # from a group shared by several trees: the key may be absent from some of them
+
+    def __post_init__(self):
+        if self.status not in (HONOURED, NOT_SUPPORTED, NOTE):
+            raise ValueError(f"rule {self.pattern!r}: status must be one of {HONOURED!r}, {NOT_SUPPORTED!r}, {NOTE!r}")
+        if self.status != HONOURED and self.values is not None:
+            raise ValueError(f"rule {self.pattern!r}: only an honoured key takes a list of supported values")
+        if self.status != HONOURED and not self.reason:
+            raise ValueError(f"rule {self.pattern!r}: a {self.status!r} rule must say why (reason)")
+
+    @functools.cached_property
+    def regex(self) -> re.Pattern:
+        return _compile(self.pattern)
+
+    @property
+    def specificity(self) -> tuple[int, int]:
+        return (sum(1 for part in self.pattern.split(".") if "*" not in part), len(self.pattern))
+
+
+def _compile(pattern: str) -> re.Pattern:
+    head = tail = ""
+    if pattern.startswith("**."):
+        pattern, head = pattern[3:], r"(?:.+\.)?"
+    if pattern.endswith(".**"):
+        pattern, tail = pattern[:-3], r"(?:\..+)?"
+    if "**" in pattern:
+        raise ValueError(f"pattern {pattern!r}: '**' is only allowed as the first or last component")
+    body = r"\.".join("[^.]+" if part == "*" else re.escape(part).replace(r"\*", "[^.]*") for part in pattern.split("."))
+    return re.compile(f"^{head}{body}{tail}$")
+
+
+def _rules(status: str, patterns: Iterable[str], reason: str, values) -> list[KeyRule]:
+    return [KeyRule(p, status, reason, tuple(values) if values is not None else None) for p in patterns]
+
+
+def honoured(*patterns: str, values: Iterable | None = None, reason: str = "") -> list[KeyRule]:
+    """Keys hybridflow reads and acts on (``values``: the only values it implements)."""
+    return _rules(HONOURED, patterns, reason, values)
+
+
+def not_supported(*patterns: str, reason: str) -> list[KeyRule]:
+    """Keys accepted at their default and refused, by name, when set to anything else."""
+    return _rules(NOT_SUPPORTED, patterns, reason, None)
+
+
+def note(*patterns: str, reason: str) -> list[KeyRule]:
+    """Keys accepted with a printed note when set (they only act on hardware or engines we are not on)."""
+    return _rules(NOTE, patterns, reason, None)
+
+
+@dataclass(frozen=True)
+class KeyTable:
+    """The status data of one config: rules (lists from the builders above) and legacy aliases
+    (``(legacy prefix, canonical prefix)``; the longest legacy prefix that matches a key wins)."""
+
+    name: str
+    rules: tuple[KeyRule, ...]
+    aliases: tuple[tuple[str, str], ...] = field(default=())
+    _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @classmethod
+    def build(cls, name: str, rule_groups: Iterable[list[KeyRule]], aliases: Iterable[tuple[str, str]] = ()):
+        return cls(name, tuple(rule for group in rule_groups for rule in group), tuple(aliases))
+
+    def alias_of(self, key: str) -> str | None:
+        """The canonical key a legacy ``key`` maps onto, or None when ``key`` is not a legacy spelling."""
+        return _alias_target(self.aliases, key)
+
+    def rule_for(self, key: str) -> KeyRule | None:
+        """The most specific rule whose pattern matches ``key`` (None: the key has no status)."""
+        if key not in self._cache:
+            matches = [rule for rule in self.rules if rule.regex.match(key)]
+            self._cache[key] = max(matches, key=lambda r: r.specificity) if matches else None
+        return self._cache[key]
+
+    def matching_rules(self, key: str) -> list[KeyRule]:
+        """Every rule that matches ``key`` (the tests use it to find ambiguous rules)."""
+        return [rule for rule in self.rules if rule.regex.match(key)]
+
+
+def _alias_target(aliases: tuple[tuple[str, str], ...], key: str) -> str | None:
+    best = None
+    for legacy, canonical in aliases:
+        if (key == legacy or key.startswith(legacy + ".")) and (best is None or len(legacy) > len(best[0])):
+            best = (legacy, canonical)
+    return None if best is None else best[1] + key[len(best[0]):]
+
+
+# --------------------------------------------------------------------------- trees
+
+
+def leaf_items(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted path, value) of every leaf; an empty dict is a leaf, a list is a value."""
+    if isinstance(tree, dict) and tree:
+        for key, value in tree.items():
+            yield from leaf_items(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, tree
+
+
+def _get(tree: Any, key: str) -> Any:
+    node = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _set(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else repr(value)
+
+
+# --------------------------------------------------------------------------- aliases
+
+
+def apply_aliases(table: KeyTable, raw: dict, defaults: dict, explicit: Iterable[str] = (),
+                  origins: dict[str, str] | None = None) -> dict[str, Any]:
+    """Copy every set legacy key of ``raw`` (unresolved tree, changed in place) onto its canonical key.
+
+    A key is set when its value differs from its default, or when it (or a section above it) was
+    written on the command line (``explicit``: the override keys), so ``reward_model.enable=True
+    reward.reward_model.enable=False`` is a conflict although False is the default. Returns
+    ``{canonical key: value}`` for the keys set this way (``origins`` receives ``{canonical key: the
+    legacy key it came from}``, so messages can name what the user wrote); raises SupportError naming
+    every conflict.
+    """
+    written = tuple(explicit)
+
+    def is_set(key: str, value: Any) -> bool:
+        return value != _get(defaults, key) or any(key == w or key.startswith(w + ".") for w in written)
+
+    errors, moved = [], {}
+    for key, value in list(leaf_items(raw)):
+        target = table.alias_of(key)
+        if target is None or not is_set(key, value):
+            continue
+        current = _get(raw, target)
+        if current is not _MISSING and is_set(target, current) and current != value:
+            errors.append(f"{key}={_show(value)} and {target}={_show(current)} set the same thing to different "
+                          f"values ({key} is the earlier spelling of {target}); set only one of them")
+            continue
+        _set(raw, target, value)
+        moved[target] = value
+        if origins is not None:
+            origins[target] = key
+    if errors:
+        raise SupportError("\n  ".join(errors))
+    return moved
+
+
+def mirror_aliases(table: KeyTable, resolved: dict) -> dict[str, Any]:
+    """``{legacy key: value of its canonical key}`` for every legacy key of ``resolved`` whose value
+    differs from it: the updates that make both spellings read the same."""
+    updates = {}
+    for key, value in leaf_items(resolved):
+        target = table.alias_of(key)
+        if target is not None:
+            canonical = _get(resolved, target)
+            if canonical is not _MISSING and canonical != value:
+                updates[key] = canonical
+    return updates
+
+
+# --------------------------------------------------------------------------- support
+
+
+def check_support(table: KeyTable, raw: dict, defaults: dict, resolved: dict,
+                  origins: dict[str, str] | None = None) -> list[str]:
+    """Notes for the keys of ``raw`` that print one; raises SupportError listing every refused key.
+
+    ``raw``: the composed tree after ``apply_aliases``, unresolved; ``defaults``: the yaml's tree,
+    unresolved; ``resolved``: ``raw`` with interpolations resolved (values are judged there);
+    ``origins``: from ``apply_aliases``.
+    """
+    errors, notes = [], []
+    for key, value in leaf_items(raw):
+        if table.alias_of(key) is not None:
+            continue  # a legacy spelling: its canonical key is checked instead
+        default = _get(defaults, key)
+        is_set = value != default
+        rule = table.rule_for(key)
+        if rule is None:
+            if default is _MISSING:
+                errors.append(f"{key} is not a {table.name} key (it was added with +): hybridflow would not read it")
+            else:  # every key of the yaml has a rule; the config-key tests keep it so
+                errors.append(f"{key} has no status in hybridflow/utils/config_keys/{table.name}.py")
+            continue
+        shown = _get(resolved, key)
+        shown = value if shown is _MISSING else shown
+        why = f": {rule.reason}" if rule.reason else ""
+        if origins and key in origins:  # name the spelling the user wrote too
+            why = f" (set as {origins[key]}){why}"
+        if rule.status == HONOURED:
+            if rule.values is not None and is_set and shown not in rule.values:
+                supported = ", ".join(_show(v) for v in rule.values)
+                errors.append(f"{key}={_show(shown)} is not supported by hybridflow (supported: {supported}){why}")
+        elif rule.status == NOT_SUPPORTED and is_set:
+            default_text = "" if default is _MISSING else f" (default: {_show(default)})"
+            errors.append(f"{key}={_show(shown)} is not supported by hybridflow{default_text}{why}")
+        elif rule.status == NOTE and is_set:
+            notes.append(f"{key}={_show(shown)} is accepted but not applied: {rule.reason}")
+    if errors:
+        raise SupportError("\n  ".join(errors))
+    return notes

@@ -1,0 +1,164 @@
+"""RolloutHost: the rollout side of a worker process, mixed into ActorRolloutRefWorker.
+
+It hosts one rollout engine as an asynchronous server on an ``EngineLoop`` thread and exposes:
+- per-request generation for agent loop workers (``server_generate``, called directly on the actor,
+  in the "rollout" concurrency group, so many requests are in flight);
+- the hybrid engine's phase switches (``prepare_rollout``: wake + push the colocated actor's new
+  weights; ``release_rollout``: sleep);
+- weight updates from a trainer in another process (``receive_weights`` per bucket,
+  ``finish_weight_sync(version)``), and the trainer side of them (``send_weights``);
+- ``abort_rollout`` (partial rollouts: in-flight requests stop and return what they have).
+
+Every answer carries ``weight_version``: how many weight updates the engine had received when the
+request started, so each sample knows which policy produced it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import time
+
+import torch
+
+from hybridflow.agent_loop.base import AgentLoopSettings
+from hybridflow.agent_loop.server_manager import LocalServerHandle
+from hybridflow.agent_loop.worker import AgentLoopWorker
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base import Dispatch, register
+from hybridflow.workers.model_loading import load_model
+from hybridflow.workers.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
+from hybridflow.workers.rollout.weight_transfer import WeightTarget, push_weights
+from hybridflow.workers.rollout.weights import buckets
+from hybridflow.workers.utils.device import resolve_dtype
+
+
+class RolloutHost:
+    """Needs from the host class: ``config`` (actor_rollout_ref section, plain), ``tokenizer``, ``device``,
+    ``rank``, ``_is_actor`` / ``_is_rollout``, ``actor_engine`` (actors), ``_rollout_stale``, ``weight_version``."""
+
+    def _build_rollout(self, path: str, trust: bool) -> None:
+        """The rollout engine as an asynchronous server, living on this process's engine loop."""
+        rollout_cfg = self.config["rollout"]
+        name = rollout_cfg["name"]
+        dtype = resolve_dtype(rollout_cfg["dtype"], str(self.device))
+        module = None
+        if name == "hf":
+            # a separate inference copy: generation never all-gathers sharded weights token by token
+            module = load_model(path, "causal_lm", override_config=self.config["model"]["override_config"] or {},
+                                trust_remote_code=trust).to(device=self.device, dtype=getattr(torch, dtype)).eval()
+        eos = self.tokenizer.eos_token_id
+        spec = ServerSpec(model_path=path, config=rollout_cfg, pad_token_id=int(self.tokenizer.pad_token_id),
+                          eos_token_ids=tuple(eos if isinstance(eos, (list, tuple)) else [eos]),
+                          device=str(self.device), dtype=dtype, trust_remote_code=trust, module=module)
+        self.engine_loop = EngineLoop(f"rollout-engine-rank{self.rank}")
+        server_cls = ROLLOUT_SERVERS.get(name)
+
+        async def build():
+            return server_cls(spec)
+
+        self.server = self.engine_loop.run(build())
+        self.agent_settings = AgentLoopSettings.from_rollout_config(rollout_cfg)
+        # at exit, before the engine loop stops (atexit runs last-registered first): engines with processes
+        # of their own (vllm) shut them down instead of leaving it to garbage collection
+        atexit.register(self.shutdown_rollout)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown_rollout(self) -> None:
+        """Release the engine (its processes, its memory); idempotent."""
+        server, self.server = getattr(self, "server", None), None
+        if server is not None and self.engine_loop.loop.is_running():
+            try:
+                self.engine_loop.run(server.shutdown(), timeout=60)
+            finally:
+                self.engine_loop.close()
+            atexit.unregister(self.shutdown_rollout)
+
+    @property
+    def _bucket_bytes(self) -> int:
+        engine = self.config["rollout"]["checkpoint_engine"]
+        return int(float(engine["update_weights_bucket_megabytes"]) * (1 << 20))
+
+    # ---------------------------------------------------------------------- hybrid engine (colocated)
+    def _sync_rollout_weights(self, version: int | None = None) -> dict:
+        """Stream the colocated actor's weights into this process's engine, bucket by bucket. Every
+        rank takes part: gathering a sharded parameter is a collective."""
+        if not (self._is_actor and self._is_rollout and self._rollout_stale):
+            return {"timing_s/update_weights": 0.0}
+        start = time.perf_counter()
+        n_tensors = n_bytes = 0
+        for bucket in buckets(self.actor_engine.iter_full_params(), self._bucket_bytes):
+            n_tensors += self.engine_loop.run(self.server.load_weights(bucket))
+            n_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            del bucket
+        self.engine_loop.run(self.server.finish_weight_update())
+        self._rollout_stale = False
+        self.weight_version = self.weight_version + 1 if version is None else int(version)
+        return {"timing_s/update_weights": time.perf_counter() - start, "rollout/weight_sync_mb": n_bytes / (1 << 20),
+                "rollout/weight_sync_tensors": n_tensors}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def prepare_rollout(self, version: int | None = None) -> dict:
+        """Training -> generation: wake the engine and push the new weights (veRL's wake_up + update)."""
+        if not self._is_rollout:
+            return {}
+        self.engine_loop.run(self.server.wake_up())
+        return self._sync_rollout_weights(version)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def release_rollout(self) -> None:
+        """Generation -> training: let the engine free its memory (veRL's free_cache_engine)."""
+        if self._is_rollout:
+            self.engine_loop.run(self.server.sleep())
+
+    # ---------------------------------------------------------------------- requests
+    def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):
+        """One request to this process's engine (called per trajectory turn by agent loop workers)."""
+        version = self.weight_version
+        out = self.engine_loop.run(self.server.generate(prompt_ids, params, request_id, logprobs))
+        out.extra["weight_version"] = version
+        return out
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def abort_rollout(self) -> int:
+        """Stop every request in flight on this engine; each returns the tokens it has (partial rollouts)."""
+        return self.engine_loop.run(self.server.abort_all()) if self._is_rollout else 0
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """A batch through the agent loop on this rank's own engine (veRL's worker-level API; the trainer
+        goes through AgentLoopManager, which spreads trajectories over every rank's engine)."""
+        if not self._is_rollout:
+            raise RuntimeError(f"generate_sequences needs the rollout; this worker's role is {self.role!r}")
+        prepared = self.prepare_rollout()
+        start = time.perf_counter()
+        worker = AgentLoopWorker(self.agent_settings, [LocalServerHandle(self)], self.tokenizer,
+                                 self.tokenizer.pad_token_id)
+        prompts.meta_info.setdefault("sample_offset", self.rank * len(prompts))
+        try:
+            output = self.engine_loop.run(worker.generate_sequences(prompts))
+        finally:
+            self.release_rollout()
+        metrics = output.meta_info.pop("metrics", {})
+        output.meta_info = dict(prompts.meta_info)
+        output.meta_info["metrics"] = {**metrics, "timing_s/update_weights": [prepared["timing_s/update_weights"]],
+                                       "timing_s/generate_sequences": [time.perf_counter() - start]}
+        return output
+
+    # ---------------------------------------------------------------------- weights from another process
+    def receive_weights(self, bucket) -> int:
+        """One bucket of a weight update sent by the trainer's group (``send_weights``)."""
+        return self.engine_loop.run(self.server.load_weights(bucket))
+
+    def finish_weight_sync(self, version: int) -> int:
+        self.engine_loop.run(self.server.finish_weight_update())
+        self.weight_version = int(version)
+        return self.weight_version
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def send_weights(self, targets: list[WeightTarget], version: int, timeout_s: float = 600.0) -> dict:
+        """Trainer side: push the actor's full weights to the rollout workers ``targets`` as ``version``.
+        Every rank walks the parameters (sharded ones are gathered); rank 0 sends."""
+        if not self._is_actor:
+            raise RuntimeError(f"send_weights needs the actor; this worker's role is {self.role!r}")
+        return push_weights(self.actor_engine.iter_full_params(), targets, version, self._bucket_bytes,
+                            timeout_s=timeout_s, send=self.rank == 0)

@@ -1,0 +1,116 @@
+"""The example checker reads veRL scripts the way bash would expand them (without running them) and
+sorts each main_ppo command line into OK / REFUSED / ERROR."""
+
+import json
+import textwrap
+
+from hybridflow.devtools.check_verl_examples import check_examples, find_commands, main
+from hybridflow.devtools.shell_words import ShellReader
+
+
+def _words(script: str, **kw) -> list[list[str]]:
+    return [c.words for c in ShellReader(textwrap.dedent(script), **kw).commands()]
+
+
+def test_variables_arrays_and_quotes_expand_as_in_bash():
+    words = _words("""
+        A=${A:-x}                      # a default
+        B="a b"
+        ARR=(one "two three"
+             four)                     # an array over two lines
+        S="
+          k1=$A \\
+          k2=2"
+        T="${S//k2/K2}"
+        python -m m "${ARR[@]}" $B "$B" "$@" ${@:1} $T $UNKNOWN $((2*3)) 2>&1 | tee log
+    """, cwd="/repo")
+    # "${ARR[@]}": one word per element; $B unquoted splits, "$B" does not; "$@" and ${@:1} give nothing;
+    # an unset variable becomes a marker; arithmetic is evaluated; | starts the next command
+    assert words == [["python", "-m", "m", "one", "two three", "four", "a", "b", "a b", "k1=x", "K2=2",
+                      "UNSET_UNKNOWN", "6", "2>&1"], ["tee", "log"]]
+
+
+def test_if_follows_the_branch_whose_test_holds():
+    script = """
+        backend=fsdp
+        if [[ $backend == "megatron" ]]; then
+            EXTRA="actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"
+        elif [ "$backend" = fsdp ]; then
+            EXTRA="actor_rollout_ref.actor.fsdp_config.param_offload=True"
+        else
+            EXTRA="x=1"
+        fi
+        run $EXTRA
+    """
+    assert _words(script) == [["run", "actor_rollout_ref.actor.fsdp_config.param_offload=True"]]
+
+
+def test_script_location_idioms_and_the_working_directory(tmp_path):
+    script = 'HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)\nROOT=$(pwd)\nrun "$HERE" "$ROOT" "$HOME"\n'
+    assert _words(script, script_dir="/repo/examples/x", cwd="/repo") == [["run", "/repo/examples/x", "/repo", "/root"]]
+
+
+def _examples(tmp_path):
+    ex = tmp_path / "verl" / "examples"
+    (ex / "grpo").mkdir(parents=True)
+    (ex / "grpo" / "run_ok.sh").write_text(textwrap.dedent("""\
+        set -x
+        train=$HOME/data/gsm8k/train.parquet
+        NNODES=${NNODES:-1}
+        ARGS=(
+            data.train_batch_size=16   # prompts per step
+            actor_rollout_ref.rollout.n=4
+        )
+        python3 -m verl.trainer.main_ppo \\
+            algorithm.adv_estimator=grpo \\
+            data.train_files="['$train']" \\
+            "${ARGS[@]}" \\
+            trainer.nnodes=$NNODES \\
+            trainer.n_gpus_per_node=$GPUS_PER_NODE \\
+            actor_rollout_ref.actor.entropy_coeff=0.001 \\
+            trainer.total_epochs=2 $@ 2>&1 | tee log.txt
+        """))
+    (ex / "grpo" / "run_sglang.sh").write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=sglang\n")
+    (ex / "grpo" / "run_typo.sh").write_text("python3 -m verl.trainer.main_ppo data.train_batch_sizee=3\n")
+    (ex / "grpo" / "prepare.sh").write_text("python3 examples/data_preprocess/gsm8k.py\n")  # no main_ppo: skipped
+    (ex / "mega").mkdir()
+    (ex / "mega" / "run.sh").write_text(
+        "python3 -m verl.trainer.main_ppo --config-path=config --config-name='ppo_megatron_trainer' trainer.nnodes=1\n")
+    (ex / "multiturn" / "config").mkdir(parents=True)
+    (ex / "multiturn" / "config" / "mt_grpo.yaml").write_text(
+        "hydra:\n  searchpath:\n    - file://verl/trainer/config\ndefaults:\n  - ppo_trainer\n  - _self_\n"
+        "actor_rollout_ref:\n  rollout:\n    multi_turn:\n      enable: true\n")
+    (ex / "multiturn" / "run.sh").write_text(
+        'PROJECT_DIR="$(pwd)"\npython3 -m verl.trainer.main_ppo --config-path="$PROJECT_DIR/examples/multiturn/config" '
+        "--config-name='mt_grpo' data.train_batch_size=8\n")
+    return ex
+
+
+def test_verdicts_of_example_command_lines(tmp_path):
+    ex = _examples(tmp_path)
+    lines, args = find_commands(ex / "grpo" / "run_ok.sh", cwd=ex.parent)[0]
+    assert lines == 8
+    assert "data.train_files=['/root/data/gsm8k/train.parquet']" in args and "trainer.nnodes=1" in args
+    assert "data.train_batch_size=16" in args and "2>&1" not in args
+
+    results = {r.script: r for r in check_examples(ex)}
+    assert set(results) == {"grpo/run_ok.sh", "grpo/run_sglang.sh", "grpo/run_typo.sh", "mega/run.sh", "multiturn/run.sh"}
+    ok = results["grpo/run_ok.sh"]
+    assert ok.verdict == "OK", ok.message
+    # $GPUS_PER_NODE is never set: the override is left out, so the key keeps hybridflow's default
+    assert not any(a.startswith("trainer.n_gpus_per_node") for a in ok.args)
+    assert results["grpo/run_sglang.sh"].verdict == "REFUSED"
+    assert "actor_rollout_ref.rollout.name='sglang' is not supported" in results["grpo/run_sglang.sh"].message
+    assert results["grpo/run_typo.sh"].verdict == "ERROR"
+    assert "Did you mean: data.train_batch_size" in results["grpo/run_typo.sh"].message
+    assert results["mega/run.sh"].verdict == "REFUSED" and "Megatron" in results["mega/run.sh"].message
+    multi = results["multiturn/run.sh"]
+    assert multi.verdict == "REFUSED" and "multi_turn.enable=True is not supported" in multi.message
+
+
+def test_command_line_summary(tmp_path, capsys):
+    ex = _examples(tmp_path)
+    assert main([str(ex), "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "5 main_ppo command lines in 5 files: 1 OK, 3 REFUSED, 1 ERROR" in out
+    assert len(json.loads((tmp_path / "r.json").read_text())) == 5

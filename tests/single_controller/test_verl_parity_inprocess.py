@@ -1,0 +1,185 @@
+"""veRL 0.9.1 single-controller API on the in-process backend (issue 14): the open dispatch-mode
+registry, async methods, unsplit rank-zero arguments, dispatch/collect info and fused workers."""
+
+import asyncio
+import inspect
+
+import parity_workers as P
+import pytest
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict
+
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base import ClassWithInitArgs, Dispatch, Worker, register
+from hybridflow.single_controller.base.decorator import (
+    DISPATCH_MODE_FN_REGISTRY,
+    get_predefined_dispatch_fn,
+    register_dispatch_mode,
+    update_dispatch_mode,
+)
+from hybridflow.single_controller.inprocess import (
+    InProcessWorkerGroup,
+    create_colocated_worker_cls_fused,
+    create_colocated_worker_raw_cls,
+)
+
+
+# ----------------------------------------------------------------------------- dispatch registry
+
+
+def _times_ten(worker_group, x):
+    return ([x * 10] * worker_group.world_size,), {}
+
+
+def _plus_one(worker_group, outputs):
+    return [o + 1 for o in outputs]
+
+
+def _minus(worker_group, x):
+    return ([-x] * worker_group.world_size,), {}
+
+
+@pytest.fixture
+def times_ten_mode():
+    mode = register_dispatch_mode("test_times_ten", _times_ten, _plus_one)
+    yield mode
+    DISPATCH_MODE_FN_REGISTRY.pop(mode, None)
+    Dispatch.remove("TEST_TIMES_TEN")
+
+
+def test_register_and_update_a_dispatch_mode(times_ten_mode):
+    assert times_ten_mode is Dispatch.TEST_TIMES_TEN and "TEST_TIMES_TEN" in Dispatch
+    assert get_predefined_dispatch_fn(Dispatch.TEST_TIMES_TEN) == {"dispatch_fn": _times_ten, "collect_fn": _plus_one}
+    assert DISPATCH_MODE_FN_REGISTRY[Dispatch.DP_COMPUTE_PROTO]["dispatch_fn"] is not None
+
+    class W(Worker):
+        @register(dispatch_mode=Dispatch.TEST_TIMES_TEN)
+        def echo(self, x):
+            return x
+
+    # dispatch: 3 -> 30 on the rank; collect: +1 -> [31]
+    assert InProcessWorkerGroup(ClassWithInitArgs(W)).echo(3) == [31]
+    # a taken name is refused (veRL asserts; ours is also a ValueError)
+    with pytest.raises(AssertionError, match="TEST_TIMES_TEN"):
+        register_dispatch_mode("test_times_ten", _times_ten, _plus_one)
+    # update: groups built afterwards use the new functions: 3 -> -3, +1 -> [-2]
+    update_dispatch_mode(Dispatch.TEST_TIMES_TEN, _minus, _plus_one)
+    assert InProcessWorkerGroup(ClassWithInitArgs(W)).echo(3) == [-2]
+    with pytest.raises(AssertionError, match="not registered"):
+        update_dispatch_mode(Dispatch.TEST_TIMES_TEN.__class__("NOT_A_MODE", 999), _minus, _plus_one)
+
+
+def test_custom_dispatch_dict_still_works():
+    class W(Worker):
+        @register(dispatch_mode={"dispatch_fn": _times_ten, "collect_fn": _plus_one})
+        def echo(self, x):
+            return x
+
+    assert InProcessWorkerGroup(ClassWithInitArgs(W)).echo(2) == [21]
+    with pytest.raises(ValueError, match="collect_fn"):
+        register(dispatch_mode={"dispatch_fn": _times_ten})
+
+
+# ----------------------------------------------------------------------------- async methods
+
+
+def test_async_methods_stay_coroutines_and_return_values():
+    assert inspect.iscoroutinefunction(P.AsyncWorker.bump)  # Ray sees an async actor; worker code may await it
+    wg = InProcessWorkerGroup(ClassWithInitArgs(P.AsyncWorker))
+    assert wg.bump(2) == [2] and wg.bump(3) == [5]  # values, not coroutines; state kept between calls
+    assert wg.loop_is_running() == [True]
+    assert wg.plain() == ["sync"]
+    out = wg.double(DataProto.from_dict(tensors={"x": torch.arange(3.0)}))
+    assert out.batch["y"].tolist() == [0.0, 2.0, 4.0]
+
+
+def test_async_methods_callable_from_inside_a_running_event_loop():
+    wg = InProcessWorkerGroup(ClassWithInitArgs(P.AsyncWorker))
+
+    async def driver():
+        return wg.bump(7)
+
+    assert asyncio.run(driver()) == [7]
+
+
+def test_async_failure_names_the_method():
+    class Bad(Worker):
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        async def fail(self):
+            raise RuntimeError("async boom")
+
+    with pytest.raises(Exception, match="fail.*async boom|async boom") as err:
+        InProcessWorkerGroup(ClassWithInitArgs(Bad)).fail()
+    assert "'fail'" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def test_rank_zero_with_all_to_all_passes_arguments_unsplit():
+    wg = InProcessWorkerGroup(ClassWithInitArgs(P.ParityWorker))
+    assert wg.on_rank_zero(5, {"k": [1, 2]}) == (0, 5, {"k": [1, 2]})
+    # veRL's execute_func_rank_zero: ALL_TO_ALL + RANK_ZERO, func(*args)
+    assert wg.execute_func_rank_zero(lambda a, b: a * b, 6, 7) == 42
+    assert wg.add(2, 3) == [5]  # ALL_TO_ALL with scalars on every rank
+
+
+def test_dp_compute_proto_takes_a_tensordict():
+    wg = InProcessWorkerGroup(ClassWithInitArgs(P.ParityWorker))
+    td = TensorDict({"x": torch.arange(3.0)}, batch_size=[3])
+    td["name"] = NonTensorStack.from_list([NonTensorData(n) for n in ("a", "b", "c")])
+    out = wg.td_double(td)
+    assert isinstance(out, TensorDict) and out["y"].tolist() == [0.0, 2.0, 4.0]
+    assert [x.data for x in out.get("name")] == ["A", "B", "C"]
+
+
+def test_non_blocking_one_to_all_returns_the_handles():
+    class W(Worker):
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+        def later(self, x):
+            return x + 1
+
+    handles = InProcessWorkerGroup(ClassWithInitArgs(W)).later(1)
+    assert isinstance(handles, list) and [h.result() for h in handles] == [2]
+
+
+# ----------------------------------------------------------------------------- dispatch / collect info
+
+
+def test_get_and_set_dispatch_collect():
+    inner = Worker()
+    inner._register_dispatch_collect_info("train", dp_rank=3, is_collect=False)
+    assert inner.get_dispatch_collect() == {"dispatch_dp_rank": {"train": 3}, "collect_dp_rank": {"train": False}}
+    outer = Worker()
+    outer.set_dispatch_collect(mesh_name="ref", **inner.get_dispatch_collect())  # veRL's engine workers do this
+    assert outer._query_dispatch_info("ref") == 3 and outer.query_collect_info("ref") is False
+    with pytest.raises(ValueError, match="already registered"):
+        outer.set_dispatch_collect("ref", {"x": 0}, {"x": True})
+    with pytest.raises(ValueError, match="already registered"):
+        inner._register_dispatch_collect_info("train", 0, True)
+
+
+# ----------------------------------------------------------------------------- fused workers
+
+
+def test_fused_worker_class_and_groups():
+    raw = create_colocated_worker_raw_cls({"actor": ClassWithInitArgs(P.ActorRole, lr=0.5),
+                                           "critic": ClassWithInitArgs(P.CriticRole)})
+    assert raw.__name__ == "FusedWorker_actor_critic" and raw.is_fused_worker
+    assert raw.raw_cls_dict == {"actor": P.ActorRole, "critic": P.CriticRole}
+
+    cls = create_colocated_worker_cls_fused({"actor": ClassWithInitArgs(P.ActorRole, lr=0.5),
+                                             "critic": ClassWithInitArgs(P.CriticRole)})
+    assert cls.fused_worker_used
+    wg = InProcessWorkerGroup(cls)
+    assert wg.fused_worker_used
+    groups = wg.spawn({"actor", "critic"})
+    assert groups["actor"].get_lr() == [0.5] and groups["critic"].get_lr() == ["critic"]
+    assert groups["actor"].ask_critic() == [50.0]  # 0.5 * 100 through the sibling
+    assert groups["critic"].async_value(2) == [200]
+    out = groups["actor"].scale(DataProto.from_dict(tensors={"x": torch.tensor([2.0, 4.0])}))
+    assert out.batch["x"].tolist() == [1.0, 2.0]
+    wg.fuse({"actor", "critic"})
+    assert wg.actor.get_lr() == [0.5] and wg.critic.get_lr() == ["critic"]
+    worker = wg.workers[0]
+    assert set(worker.fused_worker_dict) == {"actor", "critic"} and worker.actor.fused_worker_dict is worker.fused_worker_dict

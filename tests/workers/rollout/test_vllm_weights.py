@@ -1,0 +1,98 @@
+"""The bucket wire format and the name rules of the vLLM weight sync (no vLLM needed)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from hybridflow.workers.rollout.vllm_weights import (
+    SHARED_DIR,
+    TIED_EMBEDDING,
+    TIED_HEAD,
+    PackedBucket,
+    TiedEmbeddingNames,
+    clean_name,
+    pack_bucket,
+    unpack_bucket,
+)
+
+
+def mixed_tensors():
+    g = torch.Generator().manual_seed(0)
+    return [
+        ("a.weight", torch.randn(3, 5, generator=g)),
+        ("b.bias", torch.randn(7, generator=g).to(torch.bfloat16)),
+        ("c.idx", torch.arange(6, dtype=torch.int64).reshape(2, 3)),
+        ("d.t", torch.randn(4, 6, generator=g).t()),  # not contiguous
+        ("e.scalar", torch.tensor(1.5, dtype=torch.float16)),
+    ]
+
+
+def test_bucket_round_trips_through_msgpack_bit_for_bit():
+    msgspec = pytest.importorskip("msgspec", reason="vLLM's wire format library (installed with vllm)")
+    tensors = mixed_tensors()
+    # the payload crosses vLLM's RPC as msgpack: plain values and one bytes buffer
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(pack_bucket(tensors)))
+    for copy in (False, True):
+        back = list(unpack_bucket(wire, copy=copy))
+        assert [n for n, _ in back] == [n for n, _ in tensors]
+        for (_, want), (_, got) in zip(tensors, back):
+            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+
+
+@pytest.mark.skipif(SHARED_DIR is None, reason="no /dev/shm on this machine")
+def test_bucket_through_a_shared_memory_file_outlives_the_file():
+    msgspec = pytest.importorskip("msgspec", reason="vLLM's wire format library (installed with vllm)")
+    tensors = mixed_tensors()
+    with PackedBucket(tensors) as packed:
+        assert "data" not in packed.payload and os.path.isfile(packed.payload["path"])
+        wire = msgspec.msgpack.decode(msgspec.msgpack.encode(packed.payload))  # only the path and table travel
+        back = list(unpack_bucket(wire))
+    assert not os.path.exists(wire["path"])  # removed once the worker has it mapped
+    for (name, want), (got_name, got) in zip(tensors, back):
+        assert got_name == name and got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_without_room_for_a_file_the_bytes_travel_inline(tmp_path):
+    packed = PackedBucket(mixed_tensors(), shared_dir=str(tmp_path / "missing"))  # cannot create the file
+    assert "path" not in packed.payload and len(packed.payload["data"]) > 0
+    assert [n for n, _ in unpack_bucket(packed.payload)] == [n for n, _ in mixed_tensors()]
+
+
+def test_unpack_copy_owns_its_memory():
+    payload = pack_bucket([("w", torch.ones(4))])
+    data = bytearray(payload["data"])
+    (_, copied), = unpack_bucket({**payload, "data": data}, copy=True)
+    (_, view), = unpack_bucket({**payload, "data": data}, copy=False)
+    data[:4] = bytes(4)  # the sender's buffer is reused (vLLM's ring buffer)
+    assert copied[0].item() == 1.0 and view[0].item() == 0.0
+
+
+def test_empty_bucket():
+    assert list(unpack_bucket(pack_bucket([]))) == []
+
+
+def test_wrapper_prefixes_are_stripped():
+    assert clean_name("_orig_mod.model.norm.weight") == "model.norm.weight"
+    assert clean_name("module._fsdp_wrapped_module.lm_head.weight") == "lm_head.weight"
+    assert clean_name("model.layers.0._fsdp_wrapped_module.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+    assert clean_name("model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+
+
+@pytest.mark.parametrize("first", [TIED_EMBEDDING, TIED_HEAD])
+def test_tied_embedding_goes_out_under_both_names_once(first):
+    tied, w = TiedEmbeddingNames(tied=True), torch.ones(2)
+    tied.start_update()
+    assert [n for n, _ in tied.expand(first, w)] == [TIED_EMBEDDING, TIED_HEAD]
+    other = TIED_HEAD if first == TIED_EMBEDDING else TIED_EMBEDDING
+    assert tied.expand(other, w) == []  # the state dict's second name for the same tensor
+    assert [n for n, _ in tied.expand("model.norm.weight", w)] == ["model.norm.weight"]
+    tied.start_update()  # next update: sent again
+    assert len(tied.expand(other, w)) == 2
+
+
+def test_untied_names_pass_through():
+    untied, w = TiedEmbeddingNames(tied=False), torch.ones(2)
+    assert [n for n, _ in untied.expand(TIED_HEAD, w) + untied.expand(TIED_EMBEDDING, w)] == [TIED_HEAD, TIED_EMBEDDING]

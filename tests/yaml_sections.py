@@ -1,0 +1,43 @@
+"""Sections of hybridflow's yaml with a test's changes on top. Workers, engines and settings classes
+read whole validated sections (the defaults live in configs/*.yaml only), so tests start from the
+yaml too: ``section("actor_rollout_ref.actor.optim", lr=1e-2)``."""
+
+from __future__ import annotations
+
+import copy
+
+from hybridflow.utils.config import default_config
+
+
+def _merge(base: dict, changes: dict) -> dict:
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict) and value:
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def section(path: str, config: str = "ppo_trainer", **changes) -> dict:
+    node = default_config(config)
+    for part in path.split("."):
+        node = node[part]
+    return _merge(copy.deepcopy(node), changes)
+
+
+def optim(**changes) -> dict:
+    return section("actor_rollout_ref.actor.optim", **changes)
+
+
+def fsdp_config(**changes) -> dict:
+    return section("actor_rollout_ref.actor.fsdp_config", **changes)
+
+
+def actor(**changes) -> dict:
+    """The actor section as the worker hands it to DataParallelPPOActor (use_remove_padding copied in)."""
+    return section("actor_rollout_ref.actor", **{"use_remove_padding": False, **changes})
+
+
+def critic(**changes) -> dict:
+    """The critic section as the worker hands it to DataParallelPPOCritic (use_remove_padding copied in)."""
+    return section("critic", **{"use_remove_padding": False, **changes})
