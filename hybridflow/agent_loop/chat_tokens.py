@@ -16,6 +16,8 @@ The sanity check (``multi_turn.tokenization_sanity_check_mode``) compares the fi
 the template applied to the whole conversation at once (assistant turns as the literal text the model
 produced). ``strict`` fails the sample on any difference, with the first differing position;
 ``ignore_strippable`` fails only when a differing stretch is more than whitespace; ``disable`` skips it.
+(``check`` raises ``TokenizationMismatch``; ``tool_agent`` turns that into a failed sample: logged, counted
+in ``agent/tokenization_mismatch``, all its response tokens masked out of the loss.)
 A difference means a text-level pipeline (decode, re-template, re-tokenize) would have trained on
 different tokens than the ones sampled: a template whose rendering depends on later turns, a model that
 sampled a non-canonical tokenization, special tokens inside generated text.

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.agent_loop.base import AgentLoopBase, AgentLoopOutput, register
-from hybridflow.agent_loop.chat_tokens import ChatTokenizer
+from hybridflow.agent_loop.chat_tokens import ChatTokenizer, TokenizationMismatch
 from hybridflow.agent_loop.tool_calls import ToolCaller
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS, FunctionCall
 from hybridflow.tools.schemas import OpenAIFunctionCallSchema, OpenAIFunctionParsedSchema
@@ -40,6 +40,15 @@ from hybridflow.workers.rollout.sampling import SamplingParams
 from hybridflow.workers.rollout.server import ABORT
 
 logger = logging.getLogger(__name__)
+_mismatches_logged = 0
+
+
+def _warn_mismatch(message: str) -> None:
+    """The first few mismatches of a process in full, then every 100th (a bad template fails them all)."""
+    global _mismatches_logged
+    _mismatches_logged += 1
+    if _mismatches_logged <= 5 or _mismatches_logged % 100 == 0:
+        logger.warning("[%d so far] %s", _mismatches_logged, message)
 
 
 @dataclass
@@ -57,6 +66,7 @@ class Trajectory:
     response_logprobs: list[float] = field(default_factory=list)
     last_model_ids: list[int] | None = None  # the final turn, when the conversation ends with the model's
     logprobs_missing: bool = False  # the engine gave no log-probs (rollout.calculate_log_probs=False)
+    failed_check: bool = False  # the tokenization sanity check failed: no token of it is trained
     assistant_turns: int = 0
     user_turns: int = 0
     turn_scores: list[float] = field(default_factory=list)
@@ -222,12 +232,17 @@ class ToolAgentLoop(AgentLoopBase):
         return interaction
 
     def _sanity_check(self, t: Trajectory) -> None:
+        """A mismatch fails the sample, not the run: it stays in the batch (its GRPO group keeps its size)
+        with every response token masked out, the message (first differing position) is logged and
+        ``agent/tokenization_mismatch`` counts it per step."""
         try:
             exact = self.chat.check(t.prompt_ids + t.response_ids, t.literal, self.tool_schemas,
                                     self.mt.tokenization_sanity_check_mode, t.last_model_ids, len(t.prompt_ids))
-        except ValueError as e:
-            e.add_note(f"hybridflow: sample with request id {t.request_id!r}")
-            raise
+        except TokenizationMismatch as e:
+            t.failed_check = True
+            t.count("tokenization_mismatch")
+            _warn_mismatch(f"sample {t.request_id!r} is left out of the loss (response_mask 0): {e}")
+            return
         if not exact:
             t.count("tokenization_whitespace_mismatch")
 
@@ -236,12 +251,15 @@ class ToolAgentLoop(AgentLoopBase):
         t.metrics.update(assistant_turns=float(t.assistant_turns), user_turns=float(t.user_turns))
         for key in ("tool_calls", "tool_failures", "truncated"):
             t.metrics.setdefault(key, 0.0)
+        if self.mt.tokenization_sanity_check_mode != "disable":
+            t.metrics.setdefault("tokenization_mismatch", 0.0)
         extra = dict(t.extra_fields)
         extra.update(turn_scores=list(t.turn_scores), tool_rewards=list(t.tool_rewards))
+        mask = [0] * len(t.response_mask[:n]) if t.failed_check else t.response_mask[:n]
         return AgentLoopOutput(
             prompt_ids=t.prompt_ids,
             response_ids=t.response_ids[:n],
-            response_mask=t.response_mask[:n],
+            response_mask=mask,
             response_logprobs=None if t.logprobs_missing else t.response_logprobs[:n],
             num_turns=t.user_turns + t.assistant_turns + 1,
             metrics=t.metrics,

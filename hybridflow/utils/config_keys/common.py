@@ -148,6 +148,10 @@ def rollout(p: str, log_probs: bool = True):
                       reason="this rollout-engine feature is not implemented"),
         not_supported(f"{p}.engine_kwargs.sglang.**", f"{p}.engine_kwargs.trtllm.**",
                       reason="sglang and TensorRT-LLM are not hybridflow rollout engines"),
+        # veRL's SGLang server mode (RolloutConfig.server, the *_server multi-turn examples): not in the yaml
+        not_supported(f"{p}.server.**", f"{p}.sglang_rollout_mode",
+                      reason="an SGLang-only option (SGLang's HTTP server mode); SGLang is not a hybridflow rollout "
+                             "engine (use rollout.name=vllm or hf)"),
         # multi-turn rollouts: the tool_agent loop (hybridflow/agent_loop), on the hf and vllm engines
         honoured(f"{p}.multi_turn.enable", f"{p}.multi_turn.max_assistant_turns", f"{p}.multi_turn.max_user_turns",
                  f"{p}.multi_turn.max_parallel_calls", f"{p}.multi_turn.max_tool_response_length",
