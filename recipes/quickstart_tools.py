@@ -247,7 +247,7 @@ def write_png(path: str, c: dict, title: str) -> str:
                 ax.plot(*zip(*points), "o-" if len(points) < 30 else "-", color=color, label=label, markersize=3)
         ax.set(ylabel=ylabel, ylim=ylim)
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="best", fontsize=8)
     axes[0].set_title(title)
     axes[-1].set_xlabel("training step")
     fig.tight_layout()

@@ -164,6 +164,7 @@ def rollout(p: str, log_probs: bool = True):
                       reason="veRL's @function_tool Python-function tools are not implemented; declare the tool as a "
                              "BaseTool class in multi_turn.tool_config_path"),
         note(f"{p}.multi_turn.num_repeat_rollouts", reason="veRL 0.9.1 declares it but does not read it either"),
+        not_supported(f"{p}.multi_turn._target_", f"{p}.agent._target_", reason=TARGET),
         not_supported(f"{p}.multi_turn.**", reason="this multi-turn option of veRL's (SGLang rollout) is not "
                                                    "implemented"),
         honoured(f"{p}.agent.num_workers", f"{p}.agent.default_agent_loop", f"{p}.agent.agent_loop_config_path"),
