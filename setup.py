@@ -21,6 +21,7 @@ install_requires = [
     "numpy>=1.26",
     "psutil>=5.9",
     "tqdm>=4.60",
+    "pydantic>=2",  # OpenAI tool schemas (hybridflow.tools.schemas, veRL's types)
 ]
 
 extras_require = {

@@ -51,6 +51,14 @@ actor_rollout_ref.rollout.disable_log_stats actor_rollout_ref.rollout.do_sample 
 actor_rollout_ref.rollout.engine_kwargs actor_rollout_ref.rollout.val_kwargs.top_k actor_rollout_ref.rollout.val_kwargs.top_p
 actor_rollout_ref.rollout.val_kwargs.temperature actor_rollout_ref.rollout.val_kwargs.n
 actor_rollout_ref.rollout.val_kwargs.do_sample actor_rollout_ref.rollout.multi_turn.enable
+actor_rollout_ref.rollout.multi_turn.max_assistant_turns actor_rollout_ref.rollout.multi_turn.max_user_turns
+actor_rollout_ref.rollout.multi_turn.max_parallel_calls actor_rollout_ref.rollout.multi_turn.max_tool_response_length
+actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side actor_rollout_ref.rollout.multi_turn.tool_config_path
+actor_rollout_ref.rollout.multi_turn.interaction_config_path actor_rollout_ref.rollout.multi_turn.format
+actor_rollout_ref.rollout.multi_turn.use_inference_chat_template
+actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode actor_rollout_ref.rollout.agent.num_workers
+actor_rollout_ref.rollout.agent.default_agent_loop actor_rollout_ref.rollout.agent.agent_loop_config_path
+data.tool_config_path data.apply_chat_template_kwargs
 actor_rollout_ref.rollout.calculate_log_probs
 critic.strategy critic.optim.lr critic.model.path critic.model.tokenizer_path critic.model.override_config
 critic.model.external_lib critic.model.enable_gradient_checkpointing critic.model.use_remove_padding critic.model.fsdp_config
@@ -79,7 +87,8 @@ ray_init.num_cpus ray_init.timeline_json_file
 
 SFT_KEYS = """
 data.train_batch_size data.micro_batch_size data.micro_batch_size_per_gpu data.train_files data.val_files data.prompt_key
-data.response_key data.prompt_dict_keys data.response_dict_keys data.multiturn.enable data.max_length data.truncation
+data.response_key data.prompt_dict_keys data.response_dict_keys data.multiturn.enable data.multiturn.messages_key
+data.multiturn.tools_key data.max_length data.truncation
 data.balance_dp_token data.chat_template data.custom_cls data.use_shm model.partial_pretrain model.strategy
 model.fsdp_config model.external_lib model.enable_gradient_checkpointing model.trust_remote_code model.lora_rank
 model.lora_alpha model.target_modules model.use_liger optim.lr optim.betas optim.weight_decay optim.warmup_steps_ratio

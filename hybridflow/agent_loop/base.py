@@ -18,8 +18,61 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from hybridflow.utils.registry import Registry
 from hybridflow.workers.rollout.sampling import SamplingParams
+
+
+SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
+TRUNCATE_SIDES = ("left", "middle", "right")
+
+
+@dataclass(frozen=True)
+class MultiTurnSettings:
+    """``actor_rollout_ref.rollout.multi_turn``, validated once (veRL 0.9.1 keys and defaults).
+
+    ``max_assistant_turns`` / ``max_user_turns``: None or 0 = no limit (user turns count tool results and
+    interaction replies). ``max_parallel_calls``: tool calls of one model turn that run (concurrently); the
+    rest are dropped. ``max_tool_response_length``: characters of a tool's text kept, cut on
+    ``tool_response_truncate_side``. ``tool_call_timeout`` (hybridflow): seconds one call (create +
+    execute) may take before the model gets a timeout message; a tool's own ``config.timeout`` wins.
+    """
+
+    enable: bool = False
+    max_assistant_turns: int | None = None
+    max_user_turns: int | None = None
+    max_parallel_calls: int = 1
+    max_tool_response_length: int = 256
+    tool_response_truncate_side: str = "middle"
+    tool_config_path: str | None = None
+    interaction_config_path: str | None = None
+    format: str = "hermes"
+    use_inference_chat_template: bool = False
+    tokenization_sanity_check_mode: str = "strict"
+    tool_call_timeout: float = 60.0
+
+    @classmethod
+    def from_config(cls, section: dict | None) -> "MultiTurnSettings":
+        section = dict(section or {})
+        picked = {k: section[k] for k in cls.__dataclass_fields__ if section.get(k) is not None}
+        out = cls(**picked)
+        prefix = "actor_rollout_ref.rollout.multi_turn"
+        if out.tokenization_sanity_check_mode not in SANITY_CHECK_MODES:
+            raise ValueError(f"{prefix}.tokenization_sanity_check_mode={out.tokenization_sanity_check_mode!r} is not "
+                             f"one of {', '.join(SANITY_CHECK_MODES)}")
+        if out.tool_response_truncate_side not in TRUNCATE_SIDES:
+            raise ValueError(f"{prefix}.tool_response_truncate_side={out.tool_response_truncate_side!r} is not one of "
+                             f"{', '.join(TRUNCATE_SIDES)}")
+        for key in ("max_parallel_calls", "max_tool_response_length"):
+            if int(getattr(out, key)) < 1:
+                raise ValueError(f"{prefix}.{key} must be >= 1, got {getattr(out, key)}")
+        for key in ("max_assistant_turns", "max_user_turns"):
+            if getattr(out, key) is not None and int(getattr(out, key)) < 0:
+                raise ValueError(f"{prefix}.{key} must be >= 0 or null, got {getattr(out, key)}")
+        if float(out.tool_call_timeout) <= 0:
+            raise ValueError(f"{prefix}.tool_call_timeout must be > 0, got {out.tool_call_timeout}")
+        return out
 
 
 @dataclass(frozen=True)
@@ -30,18 +83,22 @@ class AgentLoopSettings:
     response_length: int
     default_agent_loop: str = "single_turn_agent"
     num_workers: int = 1
-    multi_turn: dict = field(default_factory=dict)  # rollout.multi_turn section, plain
+    multi_turn: MultiTurnSettings = field(default_factory=MultiTurnSettings)
+    agent_loop_config_path: str | None = None
+    chat_template_kwargs: dict = field(default_factory=dict)  # data.apply_chat_template_kwargs
     extra: dict = field(default_factory=dict)  # anything else a user's loop may want (plain dict)
 
     @classmethod
-    def from_rollout_config(cls, rollout: dict) -> "AgentLoopSettings":
+    def from_rollout_config(cls, rollout: dict, chat_template_kwargs: dict | None = None) -> "AgentLoopSettings":
         agent = rollout.get("agent") or {}
         return cls(
             prompt_length=int(rollout["prompt_length"]),
             response_length=int(rollout["response_length"]),
             default_agent_loop=str(agent.get("default_agent_loop") or "single_turn_agent"),
             num_workers=max(1, int(agent.get("num_workers") or 1)),
-            multi_turn=dict(rollout.get("multi_turn") or {}),
+            multi_turn=MultiTurnSettings.from_config(rollout.get("multi_turn")),
+            agent_loop_config_path=agent.get("agent_loop_config_path") or None,
+            chat_template_kwargs=dict(chat_template_kwargs or {}),
             extra={"rollout": rollout},
         )
 
@@ -68,18 +125,39 @@ class AgentLoopOutput:
 
 
 class AgentLoopBase(ABC):
-    """One instance per trajectory. ``server_manager.generate`` is the only way to the model."""
+    """One instance per trajectory. ``server_manager.generate`` is the only way to the model.
 
-    def __init__(self, settings: AgentLoopSettings, server_manager, tokenizer, **kwargs):
+    Built by the agent loop worker as ``cls(settings, server_manager, tokenizer, tools=[...],
+    interactions={...}, **kwargs)``: ``tools`` are the worker's tool objects (``multi_turn.tool_config_path``),
+    ``interactions`` its interactions by name (``multi_turn.interaction_config_path``), ``kwargs`` the
+    loop's entry in ``rollout.agent.agent_loop_config_path``, if any.
+    """
+
+    def __init__(self, settings: AgentLoopSettings, server_manager, tokenizer, tools=None, interactions=None, **kwargs):
         self.settings = settings
         self.server_manager = server_manager
         self.tokenizer = tokenizer
+        self.tool_list = list(tools or [])
+        self.interaction_map = dict(interactions or {})
         self.loop_kwargs = kwargs  # from the agent loop config file entry, if any
+
+    @property
+    def rollout_config(self):
+        """The rollout section as an attribute-access config (veRL loops read ``self.rollout_config.response_length``)."""
+        return OmegaConf.create(self.settings.extra.get("rollout", {}))
+
+    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
+                                  add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of ``messages`` rendered with the tokenizer's chat template (and
+        ``data.apply_chat_template_kwargs``): the usual first step of a loop's prompt."""
+        text = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
+                                                  tokenize=False, **self.settings.chat_template_kwargs)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     @abstractmethod
     async def run(self, sampling_params: SamplingParams, **sample) -> AgentLoopOutput:
         """Run one trajectory. ``sample`` holds ``prompt_ids``, ``request_id`` and the dataset row's
-        non-tensor fields (``raw_prompt``, ``extra_info``, ``tools_kwargs``, ...)."""
+        non-tensor fields (``raw_prompt``, ``extra_info``, ``tools_kwargs``, ``interaction_kwargs``, ...)."""
 
 
 AGENT_LOOPS: Registry[type[AgentLoopBase]] = Registry("agent loop")

@@ -65,12 +65,17 @@ def pad_outputs(outputs: Sequence[AgentLoopOutput], prompt_length: int, response
 
 def non_tensor_fields(outputs: Sequence[AgentLoopOutput]) -> dict[str, np.ndarray]:
     """Per-sample values for ``non_tensor_batch``: ``num_turns``, ``reward_score`` (when any loop gave
-    one) and every key of ``extra_fields`` (None where a sample lacks it)."""
+    one), every key of ``extra_fields`` (None where a sample lacks it) and, when any loop returned extra
+    fields, ``tool_extra_fields`` (each sample's dict of them, veRL's column: the reward manager passes
+    it to the reward function inside ``extra_info``)."""
     fields: dict[str, np.ndarray] = {"num_turns": np.array([o.num_turns for o in outputs], dtype=np.int32)}
     if any(o.reward_score is not None for o in outputs):
         fields["reward_score"] = _objects([o.reward_score for o in outputs])
-    for key in sorted({k for o in outputs for k in o.extra_fields}):
+    keys = sorted({k for o in outputs for k in o.extra_fields})
+    for key in keys:
         fields[key] = _objects([o.extra_fields.get(key) for o in outputs])
+    if keys:
+        fields["tool_extra_fields"] = _objects([dict(o.extra_fields) for o in outputs])
     return fields
 
 

@@ -7,7 +7,10 @@ and its non-tensor fields as keyword arguments. A loop that raises fails the bat
 index and agent named.
 
 Where it runs: inside a Ray actor (``rollout.agent.num_workers`` of them, each taking a slice of the
-batch) or in the driver's process on an event loop thread (in-process backend).
+batch) or in the driver's process on an event loop thread (in-process backend). The tools
+(``multi_turn.tool_config_path``), interactions (``multi_turn.interaction_config_path``) and the agent
+loops of ``rollout.agent.agent_loop_config_path`` are built once per worker, in its process, and shared
+by its trajectories.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from hybridflow.agent_loop.base import AGENT_LOOPS, AgentLoopOutput, AgentLoopSettings
+from hybridflow.agent_loop.loop_config import load_agent_loop_config
 from hybridflow.agent_loop.postprocess import mean_metrics, non_tensor_fields, pad_outputs
 from hybridflow.agent_loop.server_manager import ServerHandle, ServerManager
+from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.protocol import DataProto
+from hybridflow.tools.tool_registry import initialize_tools_from_config
 from hybridflow.workers.rollout.sampling import SamplingParams, resolve_sampling, sampling_params_from_config
 
 # non-tensor fields that are not per-sample keyword arguments of a loop
@@ -50,7 +56,15 @@ class AgentLoopWorker:
         self.tokenizer = tokenizer
         self.pad_token_id = int(pad_token_id)
         self.train_params, self.val_params = sampling_params_from_config(settings.extra.get("rollout", {}))
-        self.loop_kwargs = loop_kwargs or {}  # agent name -> constructor kwargs (agent loop config file)
+        mt = settings.multi_turn
+        self.tools = initialize_tools_from_config(mt.tool_config_path) if mt.tool_config_path else []
+        self.interactions = (initialize_interactions_from_config(mt.interaction_config_path)
+                             if mt.interaction_config_path else {})
+        # agent name -> (class, constructor kwargs): the config file's loops win over registered ones
+        self.loop_specs = load_agent_loop_config(settings.agent_loop_config_path) if settings.agent_loop_config_path else {}
+        for name, kwargs in (loop_kwargs or {}).items():
+            cls = self.loop_specs[name][0] if name in self.loop_specs else AGENT_LOOPS.get(name)
+            self.loop_specs[name] = (cls, {**self.loop_specs.get(name, (None, {}))[1], **kwargs})
         self.completed = 0  # trajectories finished so far (progress for watchdogs)
 
     def sampling_params(self, meta_info: dict) -> SamplingParams:
@@ -89,12 +103,17 @@ class AgentLoopWorker:
 
     async def _run_one(self, settings: AgentLoopSettings, index: int, name: str, params: SamplingParams, sample: dict,
                        ) -> AgentLoopOutput:
+        if name in self.loop_specs:
+            loop_cls, kwargs = self.loop_specs[name]
+        else:
+            try:
+                loop_cls, kwargs = AGENT_LOOPS.get(name), {}
+            except KeyError as e:
+                extra = f" (or in {self.settings.agent_loop_config_path}: {sorted(self.loop_specs)})" if self.loop_specs else ""
+                raise KeyError(f"sample {index}: agent_name {name!r}: {e.args[0]}{extra}") from None
         try:
-            loop_cls = AGENT_LOOPS.get(name)
-        except KeyError as e:
-            raise KeyError(f"sample {index}: agent_name {name!r}: {e.args[0]}") from None
-        loop = loop_cls(settings, self.server_manager, self.tokenizer, **self.loop_kwargs.get(name, {}))
-        try:
+            loop = loop_cls(settings, self.server_manager, self.tokenizer, tools=self.tools,
+                            interactions=self.interactions, **kwargs)
             output = await loop.run(params, **sample)
         except Exception as e:
             e.add_note(f"hybridflow: agent loop {name!r} failed on sample {index} (request {sample['request_id']!r})")

@@ -1,8 +1,13 @@
 """RL prompt dataset over parquet files (veRL's ``RLHFDataset`` layout and ``data.*`` keys).
 
 Each row holds ``prompt`` (chat messages), ``data_source``, ``ability``, ``reward_model`` and
-``extra_info``. An item is the chat-templated prompt tokenized and LEFT-padded to
-``max_prompt_length`` (the rollout appends responses on the right), plus every other column as is.
+``extra_info`` (and optionally ``agent_name``, the agent loop of the sample). An item is the
+chat-templated prompt tokenized and LEFT-padded to ``max_prompt_length`` (the rollout appends
+responses on the right), plus every other column as is, plus what the agent loops read (veRL 0.9.1's
+item): ``raw_prompt`` (the chat messages), ``tools_kwargs`` and ``interaction_kwargs`` (from
+``extra_info``, ``{}`` when absent) and ``index``. With ``tool_config_path`` (veRL's
+``data.tool_config_path``, by default the rollout's), overlong prompts are measured with the tool
+schemas rendered in, as the multi-turn rollout will render them.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
+
+from hybridflow.tools.tool_registry import initialize_tools_from_config
 
 TRUNCATIONS = ("error", "left", "right", "middle")
 
@@ -119,6 +126,7 @@ class RLDatasetConfig:
     return_raw_chat: bool = False
     return_full_prompt: bool = False
     apply_chat_template_kwargs: dict = field(default_factory=dict)
+    tool_config_path: str | None = None
 
     @classmethod
     def from_config(cls, config: Mapping | None) -> "RLDatasetConfig":
@@ -132,6 +140,12 @@ class RLDatasetConfig:
         if int(cfg.max_prompt_length) <= 0:
             raise ValueError(f"data.max_prompt_length must be positive, got {cfg.max_prompt_length}")
         return cfg
+
+
+def tool_schemas(tool_config_path: str) -> list[dict]:
+    """The OpenAI schemas of a tool yaml's tools, as the chat template receives them."""
+    return [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+            for t in initialize_tools_from_config(tool_config_path)]
 
 
 # --- dataset
@@ -149,6 +163,7 @@ class RLHFDataset(Dataset):
         self.truncation = self.config.truncation
         self.data_files = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files)
         require_chat_template(tokenizer)
+        self.tool_schemas = tool_schemas(self.config.tool_config_path) if self.config.tool_config_path else None
         self.rows = read_parquet_rows(self.data_files, required_column=self.prompt_key)
         if self.config.filter_overlong_prompts:
             self._filter_overlong()
@@ -159,16 +174,16 @@ class RLHFDataset(Dataset):
             return [{"role": "user", "content": prompt}]
         return list(prompt)
 
-    def _render(self, messages: list[dict]) -> str:
+    def _render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **self.config.apply_chat_template_kwargs
+            messages, tools=tools, add_generation_prompt=True, tokenize=False, **self.config.apply_chat_template_kwargs
         )
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _filter_overlong(self) -> None:
-        lengths = [len(self._encode(self._render(self._messages(r)))) for r in self.rows]
+        lengths = [len(self._encode(self._render(self._messages(r), self.tool_schemas))) for r in self.rows]
         keep = [r for r, n in zip(self.rows, lengths) if n <= self.max_prompt_length]
         dropped = len(self.rows) - len(keep)
         if not keep:
@@ -205,11 +220,12 @@ class RLHFDataset(Dataset):
         row["attention_mask"] = attention_mask  # (P,)
         row["position_ids"] = position_ids_from_mask(attention_mask)  # (P,)
         row["raw_prompt_ids"] = ids
-        if self.config.return_raw_chat:
-            row["raw_prompt"] = messages
+        row["raw_prompt"] = messages  # always, as veRL 0.9.1 (return_raw_chat): the agent loops template it
         if self.config.return_full_prompt:
             row["full_prompts"] = text
         extra = row.get("extra_info")
-        index = extra.get("index") if isinstance(extra, dict) else None
-        row["index"] = idx if index is None else index
+        extra = extra if isinstance(extra, dict) else {}
+        row["index"] = idx if extra.get("index") is None else extra["index"]
+        row["tools_kwargs"] = extra.get("tools_kwargs") or {}
+        row["interaction_kwargs"] = extra.get("interaction_kwargs") or {}
         return row

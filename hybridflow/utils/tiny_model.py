@@ -26,11 +26,49 @@ SPECIAL_TOKENS = (PAD_TOKEN, IM_START, EOS_TOKEN, UNK_TOKEN)  # ids 0..3
 CHARACTERS = tuple(chr(c) for c in range(32, 127)) + ("\n",)
 
 # Qwen2-style ChatML without Qwen's default system message (every character is a token here).
+# Plain chats render exactly as ``<|im_start|>{role}\n{content}<|im_end|>\n`` per message. With
+# ``tools`` (OpenAI function schemas) and tool calls it follows Qwen2.5's hermes layout, shortened for a
+# character-level model (every character is a token, and the tools are in every prompt): each tool as
+# one ``name(param, ...)`` line inside <tools></tools> in the system turn (after the system message's own
+# content, if any) instead of its full JSON schema, an assistant's ``tool_calls`` as
+# ``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`` lines, and consecutive ``tool``
+# messages gathered into one user turn of ``<tool_response>\n...\n</tool_response>`` blocks.
 CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>' }}"
+    "{%- for tool in tools %}"
+    "{%- set fn = tool['function'] if tool['function'] is defined else tool %}"
+    "{{- '\\n' + fn['name'] + '(' }}"
+    "{%- if fn['parameters'] is defined and fn['parameters']['properties'] is defined %}"
+    "{{- fn['parameters']['properties'] | list | join(', ') }}{%- endif %}"
+    "{{- ')' }}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and loop.first and tools %}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] is defined and message['tool_calls'] %}"
+    "{{- '<|im_start|>assistant' }}"
+    "{%- if message['content'] %}{{- '\\n' + message['content'] }}{%- endif %}"
+    "{%- for tool_call in message['tool_calls'] %}"
+    "{%- if tool_call['function'] is defined %}{%- set tool_call = tool_call['function'] %}{%- endif %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + tool_call['name'] + '\", \"arguments\": ' }}"
+    "{%- if tool_call['arguments'] is string %}{{- tool_call['arguments'] }}"
+    "{%- else %}{{- tool_call['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 ARCHS = ("qwen2", "llama")

@@ -224,3 +224,31 @@ def test_reward_metrics():
     assert reward_metrics([1.0, 3.0], ["a", "a"]) == {"reward/a/mean": 2.0}
     with pytest.raises(ValueError):
         reward_metrics([1.0], ["a", "b"])
+
+
+@pytest.mark.parametrize("manager", ["naive", "batch"])
+def test_agent_loop_scores_and_turn_level_fields_reach_the_reward_function(manager):
+    """A loop's reward_score is used as is (the function is not called for that row); turn-level scores
+    (tool_extra_fields) and num_turns reach the function in a copy of extra_info (veRL's contract)."""
+    seen = []
+
+    def naive(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append(extra_info)
+        return 0.25 + sum(extra_info.get("turn_scores") or [])
+
+    def batched(data_sources, solution_strs, ground_truths, extra_infos):
+        return [naive(*args) for args in zip(data_sources, solution_strs, ground_truths, extra_infos)]
+
+    batch = make_batch(ROWS[:3], extra_info=[{"i": 0}, {"i": 1}, {"i": 2}])
+    batch.non_tensor_batch["reward_score"] = np.array([None, 0.75, None], dtype=object)
+    batch.non_tensor_batch["tool_extra_fields"] = np.array(
+        [{"turn_scores": [0.5], "tool_rewards": [-0.05]}, {"turn_scores": [9.0]}, {"turn_scores": []}], dtype=object)
+    batch.non_tensor_batch["num_turns"] = np.array([4, 2, 2], dtype=np.int32)
+    fn = naive if manager == "naive" else batched
+    out = load_reward_manager(manager, TOK, num_examine=0, compute_score=fn)(batch)
+    # row 0: 0.25 + 0.5 on its last valid token (index 6); row 1: the loop's 0.75 (index 9); row 2: 0.25 (index 6: "#### 3" + EOS)
+    assert out.sum(-1).tolist() == [0.75, 0.75, 0.25]
+    assert out[0, 6] == 0.75 and out[1, 9] == 0.75 and out[2, 6] == 0.25
+    assert seen == [{"i": 0, "turn_scores": [0.5], "tool_rewards": [-0.05], "num_turns": 4},
+                    {"i": 2, "turn_scores": [], "num_turns": 2}]
+    assert batch.non_tensor_batch["extra_info"][0] == {"i": 0}  # the dataset's dicts are untouched

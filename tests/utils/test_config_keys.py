@@ -231,11 +231,15 @@ def test_flipping_a_status_is_a_data_change(monkeypatch):
 def test_user_config_extending_ppo_trainer_the_verl_way(tmp_path):
     (tmp_path / "mine.yaml").write_text(
         "hydra:\n  searchpath:\n    - pkg://verl.trainer.config\ndefaults:\n  - ppo_trainer\n  - _self_\n"
-        "data:\n  train_batch_size: 7\nactor_rollout_ref:\n  rollout:\n    multi_turn:\n      enable: true\n")
-    with pytest.raises(ConfigError, match="multi_turn.enable=True is not supported"):
+        "data:\n  train_batch_size: 7\nactor_rollout_ref:\n  rollout:\n    multi_turn:\n      enable: true\n"
+        "      function_tool_path: my_tools.py\n")
+    # the file's own keys are checked like command-line ones: an unimplemented one is refused by name
+    with pytest.raises(ConfigError, match="multi_turn.function_tool_path='my_tools.py' is not supported"):
         load_config("mine", [], config_path=tmp_path, kind="ppo_trainer")
-    cfg = load_config("mine", ["actor_rollout_ref.rollout.multi_turn.enable=false"], config_path=tmp_path, kind="ppo_trainer")
+    cfg = load_config("mine", ["actor_rollout_ref.rollout.multi_turn.function_tool_path=null"], config_path=tmp_path,
+                      kind="ppo_trainer")
     assert cfg.data.train_batch_size == 7 and cfg.trainer.backend == "ray"
+    assert cfg.actor_rollout_ref.rollout.multi_turn.enable is True
     (tmp_path / "mega.yaml").write_text("defaults:\n  - ppo_megatron_trainer\n  - _self_\n")
     with pytest.raises(ConfigError, match="ppo_megatron_trainer.*not supported.*Megatron"):
         load_config("mega", [], config_path=tmp_path, kind="ppo_trainer")

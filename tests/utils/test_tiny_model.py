@@ -107,3 +107,25 @@ def test_cli_writes_a_llama_directory(tmp_path):
     assert cfg.model_type == "llama" and cfg.num_hidden_layers == 1 and not cfg.tie_word_embeddings
     tok = AutoTokenizer.from_pretrained(out)
     assert tok("a\nb", add_special_tokens=False)["input_ids"] == [69, 99, 70]
+
+
+def test_chat_template_renders_tools_and_tool_turns_hermes_style():
+    tok = build_tiny_tokenizer()
+    tools = [{"type": "function", "function": {"name": "calc", "description": "d", "parameters": {
+        "type": "object", "properties": {"expr": {"type": "string"}, "digits": {"type": "integer"}}}}},
+             {"type": "function", "function": {"name": "now", "description": "no parameters"}}]
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "calc", "arguments": {"expr": "1+2"}}}]},
+            {"role": "tool", "content": "3"}, {"role": "tool", "content": "4"},
+            {"role": "assistant", "content": "#### 3"}]
+    text = tok.apply_chat_template(msgs, tools=tools, tokenize=False)
+    assert text == (
+        "<|im_start|>system\nBe brief.\n\n# Tools\n<tools>\ncalc(expr, digits)\nnow()\n</tools><|im_end|>\n"
+        "<|im_start|>user\nq<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "calc", "arguments": {"expr": "1+2"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n3\n</tool_response>\n<tool_response>\n4\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n#### 3<|im_end|>\n")
+    # without tools a system message is an ordinary turn, exactly as before
+    assert tok.apply_chat_template(msgs[:2], tokenize=False) == \
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nq<|im_end|>\n"

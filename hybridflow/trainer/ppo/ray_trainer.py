@@ -134,9 +134,11 @@ class RayPPOTrainer:
         if self.rollout_wg is not self.actor_rollout_wg:
             self.rollout_wg.init_model()
         rollout = OmegaConf.to_container(self.config.actor_rollout_ref.rollout, resolve=True)
+        template_kwargs = self.config.data.get("apply_chat_template_kwargs")
+        template_kwargs = OmegaConf.to_container(template_kwargs, resolve=True) if template_kwargs is not None else {}
         async_cfg = self.config.async_training
         self.async_rollout_manager = AgentLoopManager(
-            AgentLoopSettings.from_rollout_config(rollout), self.rollout_wg, self.tokenizer,
+            AgentLoopSettings.from_rollout_config(rollout, template_kwargs), self.rollout_wg, self.tokenizer,
             role=rollout_role_name(self.config), hybrid_engine=self.hybrid_engine,
             resume_on_abort=async_cfg.mode == "fully_async" and bool(async_cfg.partial_rollout))
         self.rollout_source = make_rollout_source(self)
@@ -330,13 +332,16 @@ class RayPPOTrainer:
         n = int(val_kwargs.n)
         batch = DataProto.from_single_dict(self.collate_fn([self.val_dataset[i] for i in range(len(self.val_dataset))]))
         batch = batch.repeat(repeat_times=n, interleave=True)
-        batch, _ = self._rollout(batch, {"validate": True, "do_sample": bool(val_kwargs.do_sample),
-                                         "global_steps": self.global_steps})
+        batch, rollout_metrics = self._rollout(batch, {"validate": True, "do_sample": bool(val_kwargs.do_sample),
+                                                       "global_steps": self.global_steps})
         scores = self.val_reward_fn(batch, return_dict=False).sum(-1).tolist()
         self._log_val_generations(batch, scores)
         self.rollout_recorder.after_validation(batch, scores, self.global_steps)  # trainer.validation_data_dir
         reward_key = self.config.data.reward_fn_key
-        return validation_metrics(batch.non_tensor_batch[reward_key], scores, n)
+        out = validation_metrics(batch.non_tensor_batch[reward_key], scores, n)
+        # the agent loops' per-trajectory numbers on the validation set (turns, tool calls, failures)
+        out.update({f"val-aux/{k}": float(np.mean(v)) for k, v in rollout_metrics.items() if k.startswith("agent/")})
+        return out
 
     def _log_val_generations(self, batch: DataProto, scores) -> None:
         k = int(self.config.trainer.log_val_generations or 0)

@@ -123,7 +123,9 @@ def rollout(p: str, log_probs: bool = True):
     log_prob_rules = honoured(*log_prob_keys) if log_probs else note(*log_prob_keys, reason="no log-probs are computed here")
     return shared(log_prob_rules) + shared([rule for group in (
         honoured(f"{p}.name", values=("hf", "vllm"),
-                 reason="hybridflow's rollout engines are hf (transformers) and vllm"),
+                 reason="hybridflow's rollout engines are hf (transformers) and vllm; SGLang is not a hybridflow "
+                        "rollout engine, nor TensorRT-LLM (veRL's sglang_multiturn examples run their multi-turn tool "
+                        "and interaction rollouts on vllm or hf through the agent loop)"),
         honoured(f"{p}.mode", values=("async", "sync"),
                  reason="both run the asynchronous server + agent loop pipeline (veRL 0.9.1 removed sync)"),
         honoured(f"{p}.temperature", f"{p}.top_k", f"{p}.top_p", f"{p}.prompt_length", f"{p}.response_length",
@@ -149,9 +151,30 @@ def rollout(p: str, log_probs: bool = True):
                       reason="this rollout-engine feature is not implemented"),
         not_supported(f"{p}.engine_kwargs.sglang.**", f"{p}.engine_kwargs.trtllm.**",
                       reason="sglang and TensorRT-LLM are not hybridflow rollout engines"),
-        not_supported(f"{p}.multi_turn.**", reason="multi-turn rollout (tools, interactions) is not implemented yet"),
-        honoured(f"{p}.agent.num_workers", f"{p}.agent.default_agent_loop"),
-        not_supported(f"{p}.agent.**", reason="agent loop config files and custom async servers are not implemented yet"),
+        # veRL's SGLang server mode (RolloutConfig.server, the *_server multi-turn examples): not in the yaml
+        not_supported(f"{p}.server.**", f"{p}.sglang_rollout_mode",
+                      reason="an SGLang-only option (SGLang's HTTP server mode); SGLang is not a hybridflow rollout "
+                             "engine (use rollout.name=vllm or hf)"),
+        # multi-turn rollouts: the tool_agent loop (hybridflow/agent_loop), on the hf and vllm engines
+        honoured(f"{p}.multi_turn.enable", f"{p}.multi_turn.max_assistant_turns", f"{p}.multi_turn.max_user_turns",
+                 f"{p}.multi_turn.max_parallel_calls", f"{p}.multi_turn.max_tool_response_length",
+                 f"{p}.multi_turn.tool_response_truncate_side", f"{p}.multi_turn.tool_config_path",
+                 f"{p}.multi_turn.interaction_config_path", f"{p}.multi_turn.use_inference_chat_template",
+                 f"{p}.multi_turn.tokenization_sanity_check_mode", f"{p}.multi_turn.tool_call_timeout"),
+        honoured(f"{p}.multi_turn.format", reason="a registered tool-call parser (built in: hermes); the start-up "
+                                                   "checks refuse other names"),
+        not_supported(f"{p}.multi_turn.function_tool_path",
+                      reason="veRL's @function_tool Python-function tools are not implemented; declare the tool as a "
+                             "BaseTool class in multi_turn.tool_config_path"),
+        note(f"{p}.multi_turn.num_repeat_rollouts", reason="veRL 0.9.1 declares it but does not read it either"),
+        not_supported(f"{p}.multi_turn._target_", f"{p}.agent._target_", reason=TARGET),
+        not_supported(f"{p}.multi_turn.**", reason="this multi-turn option of veRL's (SGLang rollout) is not "
+                                                   "implemented"),
+        honoured(f"{p}.agent.num_workers", f"{p}.agent.default_agent_loop", f"{p}.agent.agent_loop_config_path"),
+        not_supported(f"{p}.agent.custom_async_server.**", f"{p}.agent.agent_loop_manager_class",
+                      reason="custom async rollout servers / agent loop managers are not implemented (hybridflow's "
+                             "server is the hf or vllm engine)"),
+        not_supported(f"{p}.agent.**", reason="this agent loop option is not implemented"),
         honoured(f"{p}.checkpoint_engine.update_weights_bucket_megabytes"),
         honoured(f"{p}.checkpoint_engine.backend", values=("naive",),
                  reason="weights travel in buckets through the worker process (colocated) or Ray's object store "

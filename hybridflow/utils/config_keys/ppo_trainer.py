@@ -20,8 +20,10 @@ DATA = [
     not_supported("data.train_max_samples", "data.val_max_samples", reason="limiting the number of rows is not implemented"),
     not_supported("data.gen_batch_size", reason="a generation batch of its own size is not implemented; "
                                                 "algorithm.filter_groups refills in data.train_batch_size batches"),
-    not_supported("data.tool_config_path", "data.function_tool_path",
-                  reason="tools belong to the agent loop, which is not implemented yet"),
+    honoured("data.tool_config_path", reason="the tool schemas counted in the prompt length when "
+                                             "data.filter_overlong_prompts is set (default: the rollout's tools)"),
+    not_supported("data.function_tool_path", reason="veRL's @function_tool Python-function tools are not "
+                                                    "implemented; declare the tool as a BaseTool class"),
     not_supported("data.return_raw_input_ids", reason="a reward model with its own tokenizer is not supported"),
     not_supported("data.validation_shuffle", reason="the validation set is read in file order"),
     honoured("data.trust_remote_code", reason="the tokenizer trusts remote code when this key or "

@@ -10,22 +10,25 @@ from __future__ import annotations
 from hybridflow.utils.config_keys.common import MEGATRON, NO_SP, PROFILER, everything_under, speed_only, targets
 from hybridflow.utils.config_support import KeyTable, honoured, not_supported, note
 
-MULTI_TURN = "multi-turn (messages) SFT data is not supported yet; use single-turn rows (data.prompt_key/response_key)"
+THINKING = "the multi-turn SFT dataset renders conversations without a per-row thinking switch"
 
 DATA = [
     honoured("data.train_batch_size", "data.micro_batch_size_per_gpu", "data.micro_batch_size", "data.train_files",
              "data.val_files", "data.max_length", "data.truncation", "data.custom_cls.path", "data.custom_cls.name",
-             "data.prompt_key", "data.response_key", "data.prompt_dict_keys", "data.response_dict_keys"),
+             "data.prompt_key", "data.response_key", "data.prompt_dict_keys", "data.response_dict_keys",
+             "data.apply_chat_template_kwargs.**"),
+    # conversations (MultiTurnSFTDataset): with data.multiturn.enable, or when the data has a messages
+    # column and no prompt column (veRL 0.9.1 reads messages by default)
+    honoured("data.multiturn.enable", "data.messages_key", "data.tools_key"),
     honoured("data.use_dynamic_bsz", values=(False,), reason="the SFT trainer batches by sample count"),
     note("data.max_token_len_per_gpu", reason="used only with data.use_dynamic_bsz, which the SFT trainer does not do"),
     note("data.pad_mode", "data.balance_dp_token", "data.num_workers", "data.use_shm",
          reason=speed_only("packing, token balancing, loader processes, shared memory")),
     not_supported("data.train_max_samples", "data.val_max_samples", reason="limiting the number of rows is not implemented"),
-    not_supported("data.messages_key", "data.tools_key", "data.enable_thinking_key", "data.enable_thinking_default",
-                  "data.ignore_input_ids_mismatch", reason=MULTI_TURN),
-    honoured("data.multiturn.enable", values=(False,), reason=MULTI_TURN),
-    not_supported("data.apply_chat_template_kwargs.**", reason="the SFT dataset applies the chat template without "
-                                                               "extra arguments"),
+    not_supported("data.enable_thinking_key", "data.enable_thinking_default", reason=THINKING),
+    not_supported("data.ignore_input_ids_mismatch", reason="the multi-turn SFT dataset tokenizes each turn as a "
+                                                           "suffix of the rendered conversation and fails on a "
+                                                           "template that does not allow it; no mismatch to ignore"),
 ]
 
 MODEL = [

@@ -25,12 +25,14 @@ class HFRollout:
 
     Args:
         config: the rollout config section (veRL keys: temperature, top_k, top_p, do_sample,
-            response_length, ignore_eos, val_kwargs, max_num_seqs, seed, calculate_log_probs).
+            response_length, ignore_eos, val_kwargs, max_num_seqs, seed, calculate_log_probs, and
+            multi_turn / agent for multi-turn rows).
         pad_token_id, eos_token_id: defaults for every call (meta_info may override them).
+        tokenizer: needed by loops that template conversations (rows with ``agent_name=tool_agent``).
     """
 
     def __init__(self, module: torch.nn.Module, config: Mapping[str, Any], pad_token_id: int,
-                 eos_token_id: int | list[int]):
+                 eos_token_id: int | list[int], tokenizer=None):
         from hybridflow.agent_loop.base import AgentLoopSettings
         from hybridflow.agent_loop.server_manager import LocalServerHandle
         from hybridflow.agent_loop.worker import AgentLoopWorker
@@ -44,17 +46,17 @@ class HFRollout:
                           eos_token_ids=tuple(as_id_list(eos_token_id)), module=module)
         self.server = self.engine_loop.run(_build(spec))
         self._worker = AgentLoopWorker(AgentLoopSettings.from_rollout_config(config), [LocalServerHandle(self)],
-                                       tokenizer=None, pad_token_id=pad_token_id)
+                                       tokenizer=tokenizer, pad_token_id=pad_token_id)
 
     @classmethod
     def from_pretrained(cls, model_path: str, config: Mapping[str, Any], pad_token_id: int,
                         eos_token_id: int | list[int], dtype: torch.dtype | None = None,
-                        device: str | torch.device = "cpu") -> "HFRollout":
+                        device: str | torch.device = "cpu", tokenizer=None) -> "HFRollout":
         """Load a separate inference copy of the model from a Hugging Face directory."""
         from transformers import AutoModelForCausalLM
 
         module = AutoModelForCausalLM.from_pretrained(model_path).to(device=device, dtype=dtype)
-        return cls(module.eval(), config, pad_token_id, eos_token_id)
+        return cls(module.eval(), config, pad_token_id, eos_token_id, tokenizer=tokenizer)
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         was_training = self.module.training

@@ -1,0 +1,112 @@
+"""Multi-turn SFT over parquet (veRL's ``data.multiturn``: ``messages_key``, ``tools_key``).
+
+A row is a conversation (chat messages, assistant turns possibly with ``tool_calls``, ``tool`` turns
+with results) and optionally the OpenAI tool schemas the chat template shows. The loss is on exactly
+the tokens the model would sample in the multi-turn rollout: each assistant message's content and its
+end-of-turn token; the prompt, tool results, user turns and the template's text around them
+(``<|im_start|>assistant\\n``, the ``\\n`` after ``<|im_end|>``) are context only. The token ids are built
+segment by segment the way the rollout builds them (``hybridflow.agent_loop.chat_tokens``), so a
+model trained here sees, at RL time, the same tokens it was trained on.
+
+Columns may hold lists of dicts or JSON strings; ``None`` entries (parquet fills absent struct fields
+with them) are dropped, as ``model_dump(exclude_none=True)`` drops them for the rollout's schemas.
+Items follow ``SFTDataset``'s layout (right-padded, ``loss_mask`` 1 on target tokens).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+import torch
+from torch.utils.data import Dataset
+
+from hybridflow.agent_loop.chat_tokens import ChatTokenizer
+from hybridflow.data.rl_dataset import pad_ids, position_ids_from_mask, read_parquet_rows, require_chat_template
+
+
+def drop_none(value: Any) -> Any:
+    """``value`` with None entries removed from every dict inside it."""
+    if isinstance(value, dict):
+        return {k: drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [drop_none(v) for v in value]
+    return value
+
+
+def _column(value: Any) -> Any:
+    if isinstance(value, str):
+        value = json.loads(value)
+    return drop_none(value) if value is not None else None
+
+
+def conversation_ids(chat: ChatTokenizer, messages: list[dict], tools: list[dict] | None = None,
+                     ) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of a whole conversation; loss 1 on assistant content + end-of-turn token."""
+    eos = chat.tokenizer.eos_token or ""
+    closing = chat.assistant_closing
+    rest = closing[len(eos):] if eos and closing.startswith(eos) else ""
+    ids: list[int] = []
+    mask: list[int] = []
+    pos = 0
+
+    def add(text: str, loss: int) -> None:
+        piece = chat.encode(text) if text else []
+        ids.extend(piece)
+        mask.extend([loss] * len(piece))
+
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        start = chat.render(messages[:i], tools, add_generation_prompt=True)
+        upto = chat.render(messages[: i + 1], tools)
+        if not upto.startswith(start) or len(upto) < pos:
+            raise ValueError(f"the chat template does not render assistant turn {i} after the earlier turns as a suffix")
+        end = len(upto) - len(rest)
+        add(upto[pos:len(start)], 0)
+        add(upto[len(start):end], 1)
+        pos = end
+    add(chat.render(messages, tools)[pos:], 0)
+    return ids, mask
+
+
+class MultiTurnSFTDataset(Dataset):
+    """``config``: the SFT ``data`` section (``messages_key``, ``tools_key`` (veRL's earlier spellings
+    ``multiturn.messages_key`` / ``multiturn.tools_key`` map onto them), ``max_length``,
+    ``truncation``: error | left | right, ``apply_chat_template_kwargs``)."""
+
+    def __init__(self, parquet_files, tokenizer, config: Mapping | None = None):
+        config = dict(config or {})
+        multiturn = dict(config.get("multiturn") or {})
+        self.messages_key = config.get("messages_key") or multiturn.get("messages_key") or "messages"
+        self.tools_key = config.get("tools_key") or multiturn.get("tools_key") or "tools"
+        self.max_length = int(config.get("max_length") or 1024)
+        self.truncation = config.get("truncation") or "error"
+        if self.truncation not in ("error", "left", "right"):
+            raise ValueError(f"data.truncation must be one of error, left, right for SFT, got {self.truncation!r}")
+        require_chat_template(tokenizer)
+        self.tokenizer = tokenizer
+        self.chat = ChatTokenizer(tokenizer, config.get("apply_chat_template_kwargs") or {})
+        rows = read_parquet_rows(parquet_files, required_column=self.messages_key)
+        self.conversations = [_column(r[self.messages_key]) for r in rows]
+        self.tools = [_column(r.get(self.tools_key)) or None for r in rows]
+        for i, conv in enumerate(self.conversations):
+            if not isinstance(conv, list) or not any(m.get("role") == "assistant" for m in conv):
+                raise ValueError(f"SFT row {i}: {self.messages_key!r} must be a list of chat messages with an assistant turn")
+
+    def __len__(self) -> int:
+        return len(self.conversations)
+
+    def __getitem__(self, idx: int) -> dict:
+        ids, is_target = conversation_ids(self.chat, self.conversations[idx], self.tools[idx])
+        if len(ids) > self.max_length:
+            if self.truncation == "error":
+                raise ValueError(f"SFT row {idx} has {len(ids)} tokens > max_length={self.max_length}; "
+                                 "set data.truncation to left or right")
+            cut = slice(len(ids) - self.max_length, None) if self.truncation == "left" else slice(0, self.max_length)
+            ids, is_target = ids[cut], is_target[cut]
+        input_ids, attention_mask = pad_ids(ids, self.max_length, self.tokenizer.pad_token_id, left=False)
+        loss_mask = torch.zeros(self.max_length, dtype=torch.long)
+        loss_mask[: len(is_target)] = torch.tensor(is_target, dtype=torch.long)
+        return {"input_ids": input_ids, "attention_mask": attention_mask,
+                "position_ids": position_ids_from_mask(attention_mask), "loss_mask": loss_mask}

@@ -1,0 +1,1 @@
+"""Import paths veRL users know from ``verl.experimental`` (the core never imports this package)."""

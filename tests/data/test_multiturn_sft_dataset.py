@@ -1,0 +1,96 @@
+"""Multi-turn SFT rows (messages + tools): the token layout written out by hand, the loss on the
+assistant turns only, the same tokens as tool_agent builds at RL time; main_sft picks this dataset for
+conversation data (veRL's data.multiturn / data.messages_key spellings)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hybridflow.data.multiturn_sft_dataset import MultiTurnSFTDataset
+from hybridflow.data.sft_dataset import SFTDataset
+from hybridflow.trainer.sft_trainer import create_sft_dataset
+from hybridflow.utils.config import load_config
+from tests.agent_loop.chat_helpers import CALC_SCHEMA, EOS, TOK, calc_entry, call_text, ids, response_of, run
+from tests.agent_loop.test_tool_agent import QUESTION, TOOLS_BLOCK, worker_for
+
+CONVERSATION = [
+    {"role": "user", "content": "What is 347*82?"},
+    {"role": "assistant", "content": "",
+     "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": {"expr": "347*82"}}}]},
+    {"role": "tool", "content": "28454"},
+    {"role": "assistant", "content": "#### 28454"},
+]
+
+
+def write(tmp_path, rows, name="conv.parquet") -> str:
+    path = str(tmp_path / name)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def conversation_file(tmp_path, messages_key="messages") -> str:
+    return write(tmp_path, [{messages_key: json.dumps(CONVERSATION), "tools": json.dumps([CALC_SCHEMA])}])
+
+
+def unpadded(item) -> tuple[list[int], list[int]]:
+    n = int(item["attention_mask"].sum())
+    return item["input_ids"][:n].tolist(), item["loss_mask"][:n].tolist()
+
+
+def test_layout_by_hand_loss_on_the_assistant_turns_only(tmp_path):
+    item = MultiTurnSFTDataset(conversation_file(tmp_path), TOK, {"max_length": 400})[0]
+    got, loss = unpadded(item)
+    # the ChatML text of the conversation, cut where the model speaks: the prompt (tools block + user turn +
+    # generation prompt), turn 1 (the call + <|im_end|>), the tool turn and the next generation prompt,
+    # turn 2 ('#### 28454' + <|im_end|>), the template's closing '\n'
+    prompt = ids(TOOLS_BLOCK + "<|im_start|>user\nWhat is 347*82?<|im_end|>\n<|im_start|>assistant\n")
+    turn1 = ids(call_text("calc", expr="347*82")) + [EOS]
+    tool = ids("\n<|im_start|>user\n<tool_response>\n28454\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    turn2 = ids("#### 28454") + [EOS]
+    tail = ids("\n")
+    assert got == prompt + turn1 + tool + turn2 + tail
+    assert loss == [0] * len(prompt) + [1] * len(turn1) + [0] * len(tool) + [1] * len(turn2) + [0] * len(tail)
+    assert item["input_ids"].shape[0] == 400 and item["loss_mask"][len(got):].sum() == 0  # right padding
+
+
+def test_the_sft_tokens_are_the_tokens_tool_agent_builds(tmp_path):
+    """What SFT trains on is what the rollout produces for the same conversation (token-in-token-out)."""
+    worker, _ = worker_for(tmp_path, [call_text("calc", expr="347*82"), "#### 28454"], tools=[calc_entry()])
+    out = run(worker, [{"messages": QUESTION}])
+    resp, mask = response_of(out)
+    p = out.batch["prompts"].size(1)
+    prompt_len = int(out.batch["attention_mask"][0, :p].sum())
+    prompt = out.batch["prompts"][0, p - prompt_len:].tolist()
+    got, loss = unpadded(MultiTurnSFTDataset(conversation_file(tmp_path), TOK, {"max_length": 400})[0])
+    assert got[: prompt_len + len(resp)] == prompt + resp
+    assert loss[: prompt_len + len(resp)] == [0] * prompt_len + mask
+
+
+def test_truncation_and_bad_rows(tmp_path):
+    path = conversation_file(tmp_path)
+    with pytest.raises(ValueError, match="max_length=50; set data.truncation"):
+        MultiTurnSFTDataset(path, TOK, {"max_length": 50})[0]
+    full, _ = unpadded(MultiTurnSFTDataset(path, TOK, {"max_length": 400})[0])
+    left, _ = unpadded(MultiTurnSFTDataset(path, TOK, {"max_length": 50, "truncation": "left"})[0])
+    assert left == full[-50:]
+    no_answer = write(tmp_path, [{"messages": json.dumps(CONVERSATION[:1])}], "bad.parquet")
+    with pytest.raises(ValueError, match="row 0.*assistant turn"):
+        MultiTurnSFTDataset(no_answer, TOK, {})
+
+
+def test_main_sft_picks_the_conversation_dataset_by_switch_or_by_columns(tmp_path):
+    conv = conversation_file(tmp_path, messages_key="conv")
+    single = write(tmp_path, [{"question": "ab", "answer": "c"}], "single.parquet")
+    # veRL's earlier spelling data.multiturn.messages_key maps onto data.messages_key
+    cfg = load_config("sft_trainer", ["data.multiturn.enable=True", "data.multiturn.messages_key=conv"])
+    assert cfg.data.messages_key == "conv"
+    assert isinstance(create_sft_dataset(conv, cfg.data, TOK), MultiTurnSFTDataset)
+    # veRL 0.9.1 reads messages without a switch: a file with the messages column and no prompt column
+    cfg = load_config("sft_trainer", ["data.messages_key=conv"])
+    dataset = create_sft_dataset([conv], cfg.data, TOK)
+    assert isinstance(dataset, MultiTurnSFTDataset) and len(dataset) == 1
+    assert isinstance(create_sft_dataset(single, cfg.data, TOK), SFTDataset)  # question/answer rows
