@@ -92,7 +92,9 @@ def summarize(rows: list[dict], mode: str, samples_per_step: int, warmup: int) -
     else:
         rollout_idle = C.median([r.get("async/rollout_idle_fraction", float("nan")) for r in timed])
     tail = rows[-3:]
-    return {"step_s": step_s, "samples_s": samples_per_step / step_s, "trainer_idle": trainer_idle,
+    phases = {k: C.median([r.get(f"timing_s/{k}", 0.0) for r in timed])
+              for k in ("gen", "old_log_prob", "update_actor", "update_weights", "sync_weights_total")}
+    return {"phases": phases, "step_s": step_s, "samples_s": samples_per_step / step_s, "trainer_idle": trainer_idle,
             "rollout_idle": rollout_idle, "lag_max": max(r.get("async/staleness/max", 0.0) for r in rows),
             "score": sum(r["critic/score/mean"] for r in tail) / len(tail),
             "response_len": C.median([r["response_length/mean"] for r in timed])}
@@ -150,6 +152,10 @@ def main(argv=None) -> int:
         ["mode", "s/step", "samples/s", "vs sync", "trainer idle", "rollout idle", "max lag", "score (last 3)"],
         [[m, r["step_s"], r["samples_s"], r["samples_s"] / results["sync"]["samples_s"] if "sync" in results else float("nan"),
           r["trainer_idle"], r["rollout_idle"], r["lag_max"], r["score"]] for m, r in results.items()])
+    C.print_table("where a step's time goes (median seconds; gen = waiting for rollouts; weights = push to the rollout)",
+                  ["mode", "gen", "old_log_prob", "update_actor", "weights"],
+                  [[m, r["phases"]["gen"], r["phases"]["old_log_prob"], r["phases"]["update_actor"],
+                    max(r["phases"]["update_weights"], r["phases"]["sync_weights_total"])] for m, r in results.items()])
     if "sync" in results and "fully_async" in results:
         ratio = results["fully_async"]["samples_s"] / results["sync"]["samples_s"]
         verdict = "meets" if ratio >= GOAL else "MISSES"
