@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# hybridflow quickstart: does RL improve a model? One command on a CPU machine (~10 minutes on 2 cores; PPO ~14).
+# hybridflow quickstart: does RL improve a model? One command on a CPU machine (~16 minutes on 2 cores since the async rollout server; 10 before, PPO ~14).
 #
 #   bash recipes/quickstart.sh [--seed 0] [--workdir quickstart_out] [--quick] [--algo grpo|ppo]
 #
