@@ -12,22 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SETUP_START=$SECONDS
-PY=${PYTHON:-python3}
-VENV=${HYBRIDFLOW_VENV:-.venv}
-
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[quickstart] creating $VENV"
-  "$PY" -m venv "$VENV"
-fi
-if ! "$VENV/bin/python" -c "import torch, transformers, ray, tensordict, pyarrow, hydra, omegaconf" 2>/dev/null; then
-  echo "[quickstart] installing the pinned CPU stack (requirements-cpu.txt; ~2.5 min, 1.7 GB)"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -r requirements-cpu.txt
-fi
-if ! "$VENV/bin/python" -m pip show -q hybridflow >/dev/null 2>&1; then
-  echo "[quickstart] installing hybridflow (editable, no dependencies)"
-  "$VENV/bin/python" -m pip install -q --no-deps -e .
-fi
+source recipes/_ensure_venv.sh
 
 export QUICKSTART_SETUP_SECONDS=$((SECONDS - SETUP_START))
 exec "$VENV/bin/python" recipes/quickstart.py "$@"

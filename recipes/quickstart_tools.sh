@@ -11,19 +11,5 @@
 # --interaction: the second run, with veRL's gsm8k interaction (a hint after a wrong answer) on top.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-VENV=${HYBRIDFLOW_VENV:-.venv}
-
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[quickstart_tools] creating $VENV"
-  "$PY" -m venv "$VENV"
-fi
-if ! "$VENV/bin/python" -c "import torch, transformers, ray, tensordict, pyarrow, hydra, omegaconf, pydantic" 2>/dev/null; then
-  echo "[quickstart_tools] installing the pinned CPU stack (requirements-cpu.txt)"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -r requirements-cpu.txt
-fi
-if ! "$VENV/bin/python" -m pip show -q hybridflow >/dev/null 2>&1; then
-  "$VENV/bin/python" -m pip install -q --no-deps -e .
-fi
+source recipes/_ensure_venv.sh
 exec "$VENV/bin/python" recipes/quickstart_tools.py "$@"
