@@ -421,6 +421,9 @@ def _check_async(r: _Report) -> None:
         r.errors.append("trainer.backend=inprocess runs one rollout worker: set actor_rollout_ref.rollout.nnodes=1 "
                         "and n_gpus_per_node=1, or use trainer.backend=ray")
     if mode == "sync":
+        if r.get("async_training.use_rollout_log_probs"):
+            r.errors.append("async_training.use_rollout_log_probs=True acts in the asynchronous modes only; with "
+                            "async_training.mode=sync use algorithm.rollout_correction.bypass_mode=True for the same effect")
         return
     if rollout_nodes <= 0:
         r.errors.append(f"async_training.mode={mode} generates while the trainer trains, so the rollout needs a pool "

@@ -238,3 +238,12 @@ def test_resolve_dtype():
     assert resolve_dtype("auto", "cuda") == "bfloat16"
     assert resolve_dtype("bf16", "cpu") == "bfloat16"
     assert resolve_dtype("fp32", "cuda") == "float32"
+
+
+def test_use_rollout_log_probs_is_refused_where_it_would_change_nothing():
+    # sync mode never reads it: refused by name, pointing at the synchronous equivalent
+    assert "bypass_mode=True" in error_of("async_training.use_rollout_log_probs=True")
+    # an asynchronous mode reads it; without the rollout's log-probs it cannot work
+    separate = ("actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                "async_training.mode=one_step_off", "async_training.use_rollout_log_probs=True")
+    assert "calculate_log_probs=True" in error_of(*separate, "actor_rollout_ref.rollout.calculate_log_probs=False")
