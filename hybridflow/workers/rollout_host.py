@@ -133,13 +133,19 @@ class RolloutHost:
         start = time.perf_counter()
         worker = AgentLoopWorker(self.agent_settings, [LocalServerHandle(self)], self.tokenizer,
                                  self.tokenizer.pad_token_id)
-        prompts.meta_info.setdefault("sample_offset", self.rank * len(prompts))
+        # every rank gets the caller's meta_info; this slice's samples start rank x rows after the
+        # caller's offset (the seeds of its requests). The offset names the request, not the result:
+        # outputs keep the caller's meta_info without it, so the ranks' outputs concatenate.
+        caller_meta = {k: v for k, v in prompts.meta_info.items() if k != "sample_offset"}
+        offset = int(prompts.meta_info.get("sample_offset", 0)) + self.rank * len(prompts)
+        request = DataProto(batch=prompts.batch, non_tensor_batch=prompts.non_tensor_batch,
+                            meta_info={**caller_meta, "sample_offset": offset})
         try:
-            output = self.engine_loop.run(worker.generate_sequences(prompts))
+            output = self.engine_loop.run(worker.generate_sequences(request))
         finally:
             self.release_rollout()
         metrics = output.meta_info.pop("metrics", {})
-        output.meta_info = dict(prompts.meta_info)
+        output.meta_info = caller_meta
         output.meta_info["metrics"] = {**metrics, "timing_s/update_weights": [prepared["timing_s/update_weights"]],
                                        "timing_s/generate_sequences": [time.perf_counter() - start]}
         return output

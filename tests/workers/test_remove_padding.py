@@ -9,7 +9,7 @@ from ppo_batch import PROMPT, RESPONSE, actor_config, flat_params, padded_rows, 
 
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.utils.logprob import forward_response_log_probs, forward_response_logits
-from hybridflow.workers.utils.remove_padding import check_packed_attention, pack_rows, unpack
+from hybridflow.workers.utils.remove_padding import check_packed_attention, pack_for, pack_rows, unpack
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -34,8 +34,36 @@ def test_pack_and_unpack_hand_example():
     assert packed.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4]]
     assert packed.indices.tolist() == [1, 2, 3, 5, 6, 7, 8, 9]  # b * 5 + s
     assert packed.cu_seqlens.tolist() == [0, 3, 8] and packed.max_seqlen == 5
-    back = unpack(packed.input_ids[0], packed)
+    back = unpack(packed.input_ids, packed)
     assert torch.equal(back, input_ids)  # pads come back as 0
+
+
+def test_bin_packing_hand_example():
+    # lengths 2, 4, 1, 3 -> rows of width 4, longest first: [seq1], [seq3 seq2], [seq0 + a 2-token tail]
+    attention_mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 1], [0, 1, 1, 1]])
+    input_ids = torch.arange(1, 17).view(4, 4) * attention_mask
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    packed = pack_rows(input_ids, attention_mask, position_ids, one_row=False)
+    assert packed.input_ids.tolist() == [[5, 6, 7, 8], [14, 15, 16, 12], [3, 4, 0, 0]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 0, 1]]  # the tail restarts at 0
+    assert packed.slots.tolist() == [8, 9, 0, 1, 2, 3, 7, 4, 5, 6]  # token order: seq0, seq1, seq2, seq3
+    assert torch.equal(unpack(packed.input_ids, packed), input_ids)
+    # the same tokens in one row, for a variable-length kernel
+    one = pack_rows(input_ids, attention_mask, position_ids, one_row=True)
+    assert one.input_ids.tolist() == [[3, 4, 5, 6, 7, 8, 12, 14, 15, 16]] and one.slots.tolist() == list(range(10))
+
+
+def test_the_layout_follows_the_attention_kernel():
+    rows = _rows()
+    model = tiny_causal_lm()
+    model.config._attn_implementation = "sdpa"
+    dense = pack_for(model, rows["input_ids"], rows["attention_mask"], rows["position_ids"])
+    lengths = rows["attention_mask"].sum(-1)
+    # as wide as the longest sequence, fewer rows than the batch, every slot used at most once
+    assert dense.input_ids.size(1) == int(lengths.max()) and dense.input_ids.size(0) < len(lengths)
+    assert dense.slots.unique().numel() == int(lengths.sum())
+    model.config._attn_implementation = "flash_attention_2"
+    assert pack_for(model, rows["input_ids"], rows["attention_mask"], rows["position_ids"]).input_ids.size(0) == 1
 
 
 def test_position_ids_that_do_not_restart_are_rejected():

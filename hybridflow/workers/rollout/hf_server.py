@@ -1,9 +1,9 @@
 """``hf`` rollout server: a plain transformers causal LM behind the asynchronous server interface.
 
-Runs everywhere (CPU included). Concurrent requests are gathered into one batch and decoded together
-(left-padded prefill, then one token per step with a KV cache); a batch runs to completion while the
-next requests queue. The forward passes run on one executor thread so the event loop stays free to
-take requests and aborts.
+Runs everywhere (CPU included). Continuous batching: concurrent requests decode together (left-padded
+prefill, then one token per step with a KV cache); requests that arrive while a batch runs are
+prefilled and join it at the next step, and each request returns the moment it finishes. The forward
+passes run on one executor thread so the event loop stays free to take requests and aborts.
 
 Sampling is per request: each request draws its noise from its own generator, seeded from the engine
 seed and the request id, by Gumbel-max (argmax of logits / T + Gumbel noise is a draw from
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -91,10 +93,81 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: 
     return tokens, log_probs
 
 
+@dataclass
+class _Row:
+    """A request being decoded: its place in the running batch and its sampling state."""
+
+    req: _Request
+    generator: torch.Generator
+    stop_ids: set
+
+
+def _left_pad_cache(cache, pad: int) -> None:
+    """Add ``pad`` empty (masked) positions on the left of every layer of a DynamicCache."""
+    if pad:
+        for layer in cache.layers:
+            layer.keys = torch.nn.functional.pad(layer.keys, (0, 0, pad, 0))
+            layer.values = torch.nn.functional.pad(layer.values, (0, 0, pad, 0))
+
+
+def _cat_caches(into, other) -> None:
+    """Append ``other``'s rows to ``into`` (same length, layer by layer)."""
+    for mine, theirs in zip(into.layers, other.layers):
+        mine.keys = torch.cat([mine.keys, theirs.keys])
+        mine.values = torch.cat([mine.values, theirs.values])
+
+
+def _mergeable(cache) -> bool:
+    """Continuous batching pads and concatenates caches; only plain full-attention layers allow it."""
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))
+
+
+class _Batch:
+    """The running batch: rows in cache order, the shared KV cache (left-padded), the attention mask
+    and each row's next position, and the logits each row samples its next token from."""
+
+    def __init__(self, rows, cache, mask, positions, logits):
+        self.rows, self.cache, self.mask, self.positions, self.logits = rows, cache, mask, positions, logits
+        self.mergeable = _mergeable(cache)
+
+    def add(self, other: "_Batch") -> None:
+        """Newcomers join: both sides are left-padded to the same cache length, then concatenated."""
+        width, theirs = self.mask.size(1), other.mask.size(1)
+        _left_pad_cache(self.cache, theirs - width if theirs > width else 0)
+        _left_pad_cache(other.cache, width - theirs if width > theirs else 0)
+        pad = max(width, theirs)
+        left = lambda m: torch.nn.functional.pad(m, (pad - m.size(1), 0))  # noqa: E731
+        _cat_caches(self.cache, other.cache)
+        self.mask = torch.cat([left(self.mask), left(other.mask)])
+        self.positions = torch.cat([self.positions, other.positions])
+        self.logits = torch.cat([self.logits, other.logits])
+        self.rows = self.rows + other.rows
+
+    def keep(self, keep: list[int]) -> None:
+        """Drop the other rows, and the cache columns that are padding for every row left."""
+        index = torch.tensor(keep, device=self.mask.device)
+        self.cache.batch_select_indices(index)
+        self.mask, self.positions = self.mask[index], self.positions[index]
+        self.rows = [self.rows[i] for i in keep]
+        first = int(self.mask.any(0).nonzero()[0]) if self.rows else 0
+        if first:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            self.mask = self.mask[:, first:]
+
+
 @register_rollout_server("hf")
 class HFServer(AsyncRolloutServer):
     """``spec.module`` is the inference copy of the model (the worker loads it); config keys used:
-    ``max_num_seqs`` (largest batch), ``seed``."""
+    ``max_num_seqs`` (largest batch), ``seed``.
+
+    Continuous batching: one decode loop (on the executor thread) runs while there is work. Before each
+    step it takes the requests that arrived (prefilled together, then joined to the running batch), and
+    a request returns as soon as it finishes, so short requests never wait for long ones and a new
+    turn of a multi-turn trajectory joins at once. A weight update lets the running rows finish and
+    holds new requests until it is done (the callers drain or abort first anyway)."""
 
     def __init__(self, spec: ServerSpec):
         if spec.module is None:
@@ -106,10 +179,12 @@ class HFServer(AsyncRolloutServer):
         self.max_batch = int(spec.config.get("max_num_seqs") or 1024)
         self.seed = int(spec.config.get("seed") or 0)
         self.free_cache = bool(spec.config.get("free_cache_engine", False)) and self.device.type == "cuda"
+        self._lock = threading.Lock()  # guards the fields below, shared by the event loop and the decode loop
         self._pending: list[_Request] = []
-        self._kick: asyncio.Event | None = None
-        self._scheduler: asyncio.Task | None = None
-        self._abort = False
+        self._aborts = 0  # abort_all calls so far: rows admitted before the latest one stop
+        self._updating = False  # a weight update is under way: admit nothing
+        self._driving = False  # a driver task runs the decode loop
+        self._running: list[_Request] = []  # admitted by the decode loop, not finished (errors reach them)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="hf-rollout")
         self._weights = StrictWeightLoader(self.module)
 
@@ -117,113 +192,148 @@ class HFServer(AsyncRolloutServer):
     async def generate(self, prompt_ids, params: SamplingParams, request_id: str, logprobs: bool = True) -> TokenOutput:
         if not prompt_ids:
             raise ValueError(f"request {request_id!r}: empty prompt")
-        if self._scheduler is None or self._scheduler.done():
-            self._kick = asyncio.Event()
-            self._scheduler = asyncio.get_running_loop().create_task(self._schedule())
-        req = _Request(list(map(int, prompt_ids)), params, request_id, logprobs, asyncio.get_running_loop().create_future())
-        self._pending.append(req)
-        self._kick.set()
+        loop = asyncio.get_running_loop()
+        req = _Request(list(map(int, prompt_ids)), params, request_id, logprobs, loop.create_future())
+        with self._lock:
+            self._pending.append(req)
+        self._drive_if_idle()
         return await req.future
 
     async def abort_all(self) -> int:
-        """Pending requests return at once; the running batch stops after its current step."""
-        pending, self._pending = self._pending, []
+        """Pending requests return at once; running ones stop after the current step, with their tokens."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._aborts += 1
         for req in pending:
-            if not req.future.done():
-                req.future.set_result(TokenOutput([], [] if req.logprobs else None, ABORT))
-        self._abort = True
+            _resolve(req, ABORT)
         return len(pending)
 
-    async def _schedule(self) -> None:
+    def _drive_if_idle(self) -> None:
+        with self._lock:
+            start = not self._driving and not self._updating and bool(self._pending)
+            self._driving = self._driving or start
+        if start:
+            asyncio.get_running_loop().create_task(self._drive())
+
+    async def _drive(self) -> None:
+        """Run the decode loop until no work is left (or a weight update waits)."""
         loop = asyncio.get_running_loop()
         while True:
-            await self._kick.wait()
-            self._kick.clear()
-            await self._settle()
-            while self._pending:
-                batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
-                self._abort = False
-                try:
-                    stops = await loop.run_in_executor(self._executor, self._decode, batch)
-                except BaseException as e:  # every waiting request learns why
-                    for req in batch:
-                        if not req.future.done():
-                            req.future.set_exception(e)
-                    if not isinstance(e, Exception):
-                        raise
-                    continue
-                for req, stop in zip(batch, stops):
+            try:
+                await loop.run_in_executor(self._executor, self._decode_loop, loop)
+            except BaseException as e:  # every request the failed loop held learns why
+                with self._lock:
+                    failed, self._running = self._running, []
+                for req in failed:
                     if not req.future.done():
-                        req.future.set_result(TokenOutput(req.tokens, req.log_probs if req.logprobs else None, stop))
+                        req.future.set_exception(e)
+                if not isinstance(e, Exception):
+                    with self._lock:
+                        self._driving = False
+                    raise
+            with self._lock:
+                if not self._pending or self._updating:
+                    self._driving = False
+                    return
 
-    async def _settle(self, quiet_steps: int = 3, max_wait_s: float = 0.05) -> None:
-        """Requests of one batch arrive over a few ms (one per trajectory): wait until the queue stops
-        growing (for ``quiet_steps`` short sleeps) so they decode together."""
-        loop = asyncio.get_running_loop()
-        deadline, quiet, seen = loop.time() + max_wait_s, 0, len(self._pending)
-        while quiet < quiet_steps and loop.time() < deadline and len(self._pending) < self.max_batch:
-            await asyncio.sleep(0.002)
+    def _settle(self, quiet_steps: int = 3, max_wait_s: float = 0.05) -> None:
+        """The requests of one call arrive over a few ms (one per trajectory): before starting from
+        idle, wait until the queue stops growing (``quiet_steps`` short sleeps) so they prefill together."""
+        deadline, quiet, seen = time.monotonic() + max_wait_s, 0, len(self._pending)
+        while quiet < quiet_steps and time.monotonic() < deadline and seen < self.max_batch:
+            time.sleep(0.002)
             quiet = quiet + 1 if len(self._pending) == seen else 0
             seen = len(self._pending)
 
     # ------------------------------------------------------------------------------ decoding
     @torch.no_grad()
-    def _decode(self, batch: list[_Request]) -> list[str]:
-        """Decode ``batch`` to completion (executor thread); fills each request's tokens/log-probs."""
+    def _decode_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Decode until nothing runs and nothing waits (executor thread). Finished requests are
+        resolved on the event loop as they finish."""
+        self._settle()
+        batch: _Batch | None = None
+        aborts = self._aborts
+        while True:
+            with self._lock:
+                if self._aborts != aborts and batch is not None:  # abort_all since these rows started
+                    for row in batch.rows:
+                        loop.call_soon_threadsafe(_resolve, row.req, ABORT)
+                    self._running, batch = [], None
+                aborts = self._aborts
+                room = self.max_batch - (len(batch.rows) if batch else 0)
+                if self._updating or room <= 0 or (batch is not None and not batch.mergeable):
+                    new = []
+                else:
+                    new, self._pending = self._pending[:room], self._pending[room:]
+                self._running.extend(new)
+                if batch is None and not new:
+                    return
+            if new and batch is None:
+                batch = self._prefill(new)
+            elif new:
+                batch.add(self._prefill(new))
+            tokens, log_probs = sample_rows(batch.logits, [r.req.params for r in batch.rows],
+                                            [r.generator for r in batch.rows])
+            keep = []
+            for j, (row, token, logp) in enumerate(zip(batch.rows, tokens.tolist(), log_probs.tolist())):
+                req = row.req
+                req.tokens.append(token)
+                if req.logprobs:
+                    req.log_probs.append(logp)
+                if token in row.stop_ids and not req.params.ignore_eos:
+                    self._finish(loop, req, STOP)
+                elif len(req.tokens) >= req.params.response_length:
+                    self._finish(loop, req, LENGTH)
+                else:
+                    keep.append(j)
+            if not keep:
+                batch = None
+                continue
+            if len(keep) < len(batch.rows):
+                tokens = tokens[torch.tensor(keep, device=tokens.device)]
+                batch.keep(keep)
+            batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], dim=1)
+            batch.logits = self.module(input_ids=tokens[:, None], attention_mask=batch.mask,
+                                       position_ids=batch.positions, past_key_values=batch.cache,
+                                       use_cache=True).logits[:, -1, :].float()
+            batch.positions = batch.positions + 1
+
+    def _prefill(self, requests: list[_Request]) -> _Batch:
+        """The prompts of ``requests``, left-padded into one forward pass: a batch of their own."""
         from transformers import DynamicCache
 
-        width = max(len(r.prompt_ids) for r in batch)
-        ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, r in enumerate(batch):  # left padding
+        width = max(len(r.prompt_ids) for r in requests)
+        ids = torch.full((len(requests), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for i, r in enumerate(requests):
             ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
             mask[i, width - len(r.prompt_ids):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P), as transformers' generate builds them
-        generators = [torch.Generator(device=self.device).manual_seed(request_seed(self.seed, r.request_id)) for r in batch]
-        stop_ids = [set(r.params.stop_token_ids if r.params.stop_token_ids is not None else self.eos_token_ids)
-                    for r in batch]
-        stops = [LENGTH] * len(batch)
-        rows = list(range(len(batch)))  # the batch rows in the cache, in cache order (finished ones until pruned)
-        live = set(rows)
         cache = DynamicCache()
         logits = self.module(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                              use_cache=True).logits[:, -1, :].float()  # (B, V)
-        while live and not self._abort:
-            tokens, log_probs = sample_rows(logits, [batch[i].params for i in rows], [generators[i] for i in rows])
-            for i, token, logp in zip(rows, tokens.tolist(), log_probs.tolist()):
-                if i not in live:
-                    continue
-                req = batch[i]
-                req.tokens.append(token)
-                if req.logprobs:
-                    req.log_probs.append(logp)
-                if token in stop_ids[i] and not req.params.ignore_eos:
-                    stops[i] = STOP
-                    live.discard(i)
-                elif len(req.tokens) >= req.params.response_length:
-                    live.discard(i)
-            if not live:
-                break
-            if len(live) <= 0.75 * len(rows):  # drop finished rows from the batch and the cache
-                keep = torch.tensor([j for j, i in enumerate(rows) if i in live], device=self.device)
-                cache.batch_select_indices(keep)
-                mask, positions, tokens = mask[keep], positions[keep], tokens[keep]
-                rows = [i for i in rows if i in live]
-            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
-            positions = positions[:, -1:] + 1
-            logits = self.module(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
-                                 past_key_values=cache, use_cache=True).logits[:, -1, :].float()
-        for i in live:  # only left when aborted
-            stops[i] = ABORT
-        return stops
+        rows = [_Row(r, torch.Generator(device=self.device).manual_seed(request_seed(self.seed, r.request_id)),
+                     set(r.params.stop_token_ids if r.params.stop_token_ids is not None else self.eos_token_ids))
+                for r in requests]
+        return _Batch(rows, cache, mask, positions[:, -1:] + 1, logits)
+
+    def _finish(self, loop: asyncio.AbstractEventLoop, req: _Request, stop: str) -> None:
+        with self._lock:
+            self._running.remove(req)
+        loop.call_soon_threadsafe(_resolve, req, stop)
 
     # ------------------------------------------------------------------------------ weights / memory
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        with self._lock:  # the decode loop admits nothing until finish_weight_update
+            self._updating = True
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._weights.load, list(named_tensors))
 
     async def finish_weight_update(self) -> None:
         self._weights.finish()
+        with self._lock:
+            self._updating = False
+        self._drive_if_idle()  # requests that arrived during the update
 
     async def sleep(self, level: int = 1) -> None:
         if self.free_cache:  # the weights wait in host memory while the trainer has the GPU
@@ -236,6 +346,10 @@ class HFServer(AsyncRolloutServer):
 
     async def shutdown(self) -> None:
         await self.abort_all()
-        if self._scheduler is not None:
-            self._scheduler.cancel()
         self._executor.shutdown(wait=False)
+
+
+def _resolve(req: _Request, stop: str) -> None:
+    """Give ``req`` its result (on the event loop); a request already answered is left alone."""
+    if not req.future.done():
+        req.future.set_result(TokenOutput(req.tokens, req.log_probs if req.logprobs else None, stop))

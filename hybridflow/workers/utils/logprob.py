@@ -4,10 +4,11 @@ Layout (veRL's): ``input_ids`` (B, P+R) is a left-padded prompt followed by a ri
 of width R. The logits at position t predict token t+1, so the R response tokens are predicted by
 positions [-R-1:-1].
 
-With ``use_remove_padding`` the forward runs over the packed valid tokens (1, T) instead
-(``remove_padding.py``) and the results are scattered back to the (B, R) layout, zero at response
-pads, so everything downstream is unchanged. The packed log-prob path also projects only the
-positions that predict a response token onto the vocabulary (``logits_to_keep``).
+With ``use_remove_padding`` the forward runs over the packed valid tokens instead (one row for
+flash-attn's variable-length kernel, bin-packed rows for dense kernels; ``remove_padding.py``) and
+the results are scattered back to the (B, R) layout, zero at response pads, so everything downstream
+is unchanged. In one row the log-prob path also projects only the positions that predict a response
+token onto the vocabulary (``logits_to_keep``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Optional
 import torch
 
 from hybridflow.utils.torch_functional import entropy_from_logits, logprobs_from_logits
-from hybridflow.workers.utils.remove_padding import accepts_logits_to_keep, pack_rows, packed_forward, unpack
+from hybridflow.workers.utils.remove_padding import accepts_logits_to_keep, pack_for, packed_forward, unpack
 
 __all__ = ["forward_response_logits", "forward_response_log_probs"]
 
@@ -34,8 +35,8 @@ def forward_response_logits(
     tokens (for a value head V = 1: the value of the state before each response token). Packed:
     zero where the response is padding."""
     if use_remove_padding:
-        packed = pack_rows(input_ids, attention_mask, position_ids)
-        out = unpack(packed_forward(module, packed).logits[0], packed)  # (T, V) -> (B, S, V)
+        packed = pack_for(module, input_ids, attention_mask, position_ids)
+        out = unpack(packed_forward(module, packed).logits, packed)  # (R, W, V) -> (B, S, V)
         response_mask = attention_mask[:, -response_length:].unsqueeze(-1).to(out.dtype)  # (B, R, 1)
         return out[:, -response_length - 1 : -1, :] * response_mask  # (B, R, V)
     output = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
@@ -46,7 +47,7 @@ def _packed_response_log_probs(module, input_ids, attention_mask, position_ids, 
                                calculate_entropy):
     """Packed forward; only the positions whose next token is a valid response token are scored."""
     batch_size, seqlen = attention_mask.shape
-    packed = pack_rows(input_ids, attention_mask, position_ids)
+    packed = pack_for(module, input_ids, attention_mask, position_ids)
     # flat position s predicts token s + 1; keep s when token s + 1 is a valid response token
     predicts_response = torch.zeros_like(attention_mask)  # (B, S)
     predicts_response[:, seqlen - response_length - 1 : seqlen - 1] = attention_mask[:, -response_length:]
@@ -54,10 +55,10 @@ def _packed_response_log_probs(module, input_ids, attention_mask, position_ids, 
     flat_positions = packed.indices[keep]  # (N,) in the (B * S) layout
     targets = input_ids.reshape(-1)[flat_positions + 1]  # (N,) never crosses a row: s <= S - 2
 
-    if accepts_logits_to_keep(module):
-        logits = packed_forward(module, packed, logits_to_keep=keep).logits[0]  # (N, V)
+    if packed.input_ids.size(0) == 1 and accepts_logits_to_keep(module):  # one row: project only what is scored
+        logits = packed_forward(module, packed, logits_to_keep=packed.slots[keep]).logits[0]  # (N, V)
     else:
-        logits = packed_forward(module, packed).logits[0, keep]  # (N, V)
+        logits = packed.tokens(packed_forward(module, packed).logits)[keep]  # (N, V)
     logits = logits / temperature
 
     def scatter(values):  # (N,) -> (B, R), zero at response pads

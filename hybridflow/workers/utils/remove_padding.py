@@ -1,15 +1,21 @@
 """Padding-free (packed) forward passes: ``use_remove_padding``.
 
 RL batches are length-skewed, so a padded (B, S) forward spends most of its compute on pad tokens.
-Packing keeps only the valid tokens, laid end to end in one row (1, T) with ``T = attention_mask.sum()``,
-and gives each token the position id it had in its own sequence. Attention must then stay inside each
-sequence:
+Packing keeps only the valid tokens, laid end to end, and gives each token the position id it had in
+its own sequence. Attention must then stay inside each sequence, and how the rows are laid out
+depends on the attention kernel:
 
-- CUDA + flash-attn (``attn_implementation="flash_attention_2"``): transformers runs flash-attn's
-  variable-length kernel when given ``cu_seq_lens_{q,k}`` / ``max_length_{q,k}``; we pass them.
-- everything else (sdpa, eager): transformers (>= 4.5x, checked on 5.23) builds a block-diagonal
-  causal mask when ``attention_mask`` is None and the position ids restart at 0 for each sequence
-  (``masking_utils.find_packed_sequence_indices``).
+- CUDA + flash-attn (``attn_implementation="flash_attention_2"``): every token in one row (1, T),
+  ``T = attention_mask.sum()``; transformers runs flash-attn's variable-length kernel when given
+  ``cu_seq_lens_{q,k}`` / ``max_length_{q,k}``, which we pass. Its cost grows with each sequence's
+  own length, not with T.
+- everything else (sdpa, eager): a dense kernel over one row of T tokens would cost T² (a whole
+  micro-batch attending to itself under a block-diagonal mask; 20x slower than padding for 128
+  sequences). So the sequences are bin-packed (first fit, longest first) into rows as wide as the
+  longest one, each row's unused tail being one dummy sequence: the cost is rows × S², never more
+  than the padded forward's B × S². transformers (>= 4.5x, checked on 5.19) builds the
+  block-diagonal causal mask per row when ``attention_mask`` is None and the position ids restart
+  at 0 for each sequence (``masking_utils.find_packed_sequence_indices``).
 
 Neither path is trusted blindly: ``pack_rows`` checks that the sequence starts the model will infer
 from the position ids are exactly the real ones, and ``check_packed_attention`` runs a tiny packed
@@ -25,57 +31,115 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PackedRows", "pack_rows", "unpack", "packed_forward", "check_packed_attention", "hf_config_of"]
+__all__ = ["PackedRows", "pack_rows", "pack_for", "unpack", "packed_forward", "check_packed_attention",
+           "hf_config_of", "uses_varlen_attention"]
 
 _CHECKED_ATTR = "_hybridflow_packed_attention_ok"
 
 
 @dataclass(frozen=True)
 class PackedRows:
-    """The valid tokens of a (B, S) batch laid end to end."""
+    """The valid tokens of a (B, S) batch, packed into (R, W) rows."""
 
-    input_ids: torch.Tensor  # (1, T)
-    position_ids: torch.Tensor  # (1, T): positions inside each sequence
-    indices: torch.Tensor  # (T,): flat index (b * S + s) of each packed token in the padded layout
-    cu_seqlens: torch.Tensor  # (B + 1,) int32: sequence b is packed[cu[b]:cu[b+1]]
+    input_ids: torch.Tensor  # (R, W)
+    position_ids: torch.Tensor  # (R, W): positions inside each sequence
+    indices: torch.Tensor  # (T,): flat index (b * S + s) of each valid token in the padded layout
+    slots: torch.Tensor  # (T,): flat index (r * W + w) of the same token in the packed rows
+    cu_seqlens: torch.Tensor  # (B + 1,) int32: sequence b is tokens[cu[b]:cu[b+1]] in token order
     max_seqlen: int
     batch_size: int
     seqlen: int
 
+    def tokens(self, values: torch.Tensor) -> torch.Tensor:
+        """(R, W, ...) per-slot outputs -> (T, ...) per valid token, in ``indices`` order."""
+        return values.reshape(-1, *values.shape[2:])[self.slots]
 
-def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> PackedRows:
+
+def _first_fit(seqlens: list[int], width: int) -> list[list[int]]:
+    """Sequence indices grouped into rows of at most ``width`` tokens (first fit, longest first)."""
+    rows, room = [], []
+    for b in sorted(range(len(seqlens)), key=lambda b: -seqlens[b]):
+        n = seqlens[b]
+        if n == 0:
+            continue
+        for r, free in enumerate(room):
+            if n <= free:
+                rows[r].append(b)
+                room[r] -= n
+                break
+        else:
+            rows.append([b])
+            room.append(width - n)
+    return rows
+
+
+def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+              one_row: bool = True) -> PackedRows:
     """Pack the tokens with ``attention_mask == 1`` (each row's valid tokens must be contiguous, as
-    with left-padded prompts + right-padded responses)."""
+    with left-padded prompts + right-padded responses): into one row (``one_row``, for a
+    variable-length kernel) or bin-packed into rows as wide as the longest sequence."""
     if position_ids.dim() != 2:
         raise ValueError(f"use_remove_padding supports (B, S) position_ids, got shape {tuple(position_ids.shape)}")
     batch_size, seqlen = attention_mask.shape
+    device = attention_mask.device
     indices = attention_mask.reshape(-1).nonzero(as_tuple=False).squeeze(-1)  # (T,)
     seqlens = attention_mask.sum(dim=-1, dtype=torch.int32)  # (B,)
     cu_seqlens = F.pad(seqlens.cumsum(0, dtype=torch.int32), (1, 0))  # (B + 1,)
-    packed_ids = input_ids.reshape(-1)[indices].unsqueeze(0)  # (1, T)
-    packed_pos = position_ids.reshape(-1)[indices].unsqueeze(0)  # (1, T)
-
-    # The model finds sequence starts where the position id does not grow by exactly 1; that must be
-    # where our sequences start, or attention would leak between (or be cut inside) sequences.
     total = indices.numel()
-    true_starts = torch.zeros(total + 1, dtype=torch.bool, device=indices.device)
-    true_starts[cu_seqlens[:-1].long()] = True
-    true_starts = true_starts[:total]
-    pos = packed_pos[0]
-    inferred = torch.diff(pos, prepend=pos[:1] - 1) != 1
-    inferred[:1] = True  # the first token always starts a sequence
-    if total and not torch.equal(inferred, true_starts):
+    max_seqlen = int(seqlens.max()) if batch_size else 0
+    lengths = seqlens.tolist()
+
+    width = total if one_row else max_seqlen
+    rows = [[b for b in range(batch_size) if lengths[b]]] if one_row else _first_fit(lengths, width)
+    n_rows = max(len(rows), 1)
+    starts = torch.zeros(batch_size, dtype=torch.long)  # each sequence's first slot
+    used = []
+    for r, members in enumerate(rows):
+        offset = r * width
+        for b in members:
+            starts[b] = offset
+            offset += lengths[b]
+        used.append(offset - r * width)
+    starts = starts.to(device)
+    within = torch.arange(total, device=device) - torch.repeat_interleave(cu_seqlens[:-1].long(), seqlens.long())
+    slots = torch.repeat_interleave(starts, seqlens.long()) + within  # (T,)
+
+    # every slot is a token: real tokens at their slots, each row's unused tail one dummy sequence 0, 1, ...
+    flat_ids = input_ids.new_zeros(n_rows * width)
+    flat_pos = position_ids.new_zeros(n_rows * width)
+    true_starts = torch.zeros(n_rows * width, dtype=torch.bool, device=device)
+    for r, n in enumerate(used):
+        if n < width:
+            flat_pos[r * width + n:(r + 1) * width] = torch.arange(width - n, device=device)
+            true_starts[r * width + n] = True
+    flat_ids[slots] = input_ids.reshape(-1)[indices]
+    flat_pos[slots] = position_ids.reshape(-1)[indices]
+    true_starts[starts[seqlens > 0]] = True
+
+    # The model finds sequence starts where the position id does not grow by exactly 1 (and at each
+    # row's start); that must be where our sequences start, or attention would leak between (or be cut
+    # inside) sequences.
+    pos = flat_pos.view(n_rows, width)
+    inferred = torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1) != 1
+    inferred[:, :1] = True
+    if total and not torch.equal(inferred.reshape(-1), true_starts):
         raise ValueError(
             "use_remove_padding: position_ids must count 0, 1, 2, ... over each row's valid tokens "
             "(as (attention_mask.cumsum(-1) - 1).clamp(min=0) does); these do not, so packed sequences "
             "could not be told apart. Turn use_remove_padding off for this data."
         )
-    return PackedRows(packed_ids, packed_pos, indices, cu_seqlens, int(seqlens.max()) if batch_size else 0,
-                      batch_size, seqlen)
+    return PackedRows(flat_ids.view(n_rows, width), pos, indices, slots, cu_seqlens, max_seqlen, batch_size, seqlen)
+
+
+def pack_for(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+             position_ids: torch.Tensor) -> PackedRows:
+    """``pack_rows`` with the layout ``module``'s attention kernel runs fastest (module docstring)."""
+    return pack_rows(input_ids, attention_mask, position_ids, one_row=uses_varlen_attention(module))
 
 
 def unpack(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:
-    """(T, ...) values of the packed tokens -> (B, S, ...) with zeros at pads (differentiable)."""
+    """(R, W, ...) outputs over the packed rows -> (B, S, ...) with zeros at pads (differentiable)."""
+    values = packed.tokens(values)  # (T, ...)
     out = values.new_zeros((packed.batch_size * packed.seqlen, *values.shape[1:]))
     out = out.index_copy(0, packed.indices, values)
     return out.reshape(packed.batch_size, packed.seqlen, *values.shape[1:])
@@ -94,7 +158,8 @@ def hf_config_of(module: torch.nn.Module):
     return getattr(_base_model(module), "config", None)
 
 
-def _uses_flash_attention(module: torch.nn.Module) -> bool:
+def uses_varlen_attention(module: torch.nn.Module) -> bool:
+    """flash-attn kernels take variable-length packed rows (cu_seqlens); dense ones (sdpa, eager) do not."""
     impl = getattr(hf_config_of(module), "_attn_implementation", None) or ""
     return "flash" in str(impl)
 
@@ -105,9 +170,9 @@ def accepts_logits_to_keep(module: torch.nn.Module) -> bool:
 
 
 def packed_forward(module: torch.nn.Module, packed: PackedRows, **kwargs):
-    """``module`` over the packed row; returns the model output ((1, T, ...) per-token outputs)."""
+    """``module`` over the packed rows; returns the model output ((R, W, ...) per-slot outputs)."""
     check_packed_attention(module)
-    if _uses_flash_attention(module):
+    if packed.input_ids.size(0) == 1 and uses_varlen_attention(module):
         kwargs.update(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
                       max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen)
     return module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
@@ -132,7 +197,7 @@ def check_packed_attention(module: torch.nn.Module) -> None:
     total = sum(lengths)
     ids = torch.randint(1, vocab, (total,), generator=gen).to(device)
     positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0).to(device)
-    packed = PackedRows(ids.unsqueeze(0), positions, torch.arange(total, device=device),
+    packed = PackedRows(ids.unsqueeze(0), positions, torch.arange(total, device=device), torch.arange(total, device=device),
                         torch.tensor([0, lengths[0], total], dtype=torch.int32, device=device), max(lengths), 1, total)
     was_training = module.training
     module.eval()

@@ -266,3 +266,71 @@ def test_an_engine_error_reaches_every_waiting_request(server):
     bad = SamplingParams(do_sample=False, response_length=2)
     with pytest.raises(IndexError):  # a token id outside the vocabulary fails inside the model
         _gather(loop, srv, [([5, 100000], bad, "oob"), ([5, 6], bad, "ok")])
+
+
+# ------------------------------------------------------------------------------------ continuous batching
+def test_requests_that_arrive_mid_batch_join_it_and_decode_exactly(server, tiny):
+    """Newcomers with shorter and longer prompts than the running cache join the running batch (the
+    cache is left-padded on whichever side is shorter) and still decode exactly what generate does."""
+    tok, model = tiny
+    loop, srv = server
+    first = tok.encode("a")
+    later = [tok.encode(t) for t in ["what is 5*7? tell me the answer please, in full words", "b", "12+34="]]
+    n = 96
+    params = SamplingParams(do_sample=False, response_length=n, ignore_eos=True)
+
+    async def go():
+        running = asyncio.ensure_future(srv.generate(first, params, "first"))
+        outs = []
+        for i, p in enumerate(later):
+            await asyncio.sleep(0.02)  # the first request is decoding by now
+            outs.append(asyncio.ensure_future(srv.generate(p, params, f"later{i}")))
+        return await asyncio.gather(running, *outs)
+
+    outs = loop.run(go())
+    for prompt, out in zip([first, *later], outs):
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             eos_token_id=EOS_ID, pad_token_id=PAD_ID, top_k=None, top_p=None)[0, len(prompt):]
+        assert out.token_ids == ref.tolist()
+        # the log-probs too (tokens alone can hide a wrong cache: a random tiny model repeats itself)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1:-1].float()
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
+        torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_short_request_returns_while_a_long_one_is_still_decoding(server, tiny):
+    tok, _ = tiny
+    loop, srv = server
+    long = SamplingParams(do_sample=True, response_length=4000, ignore_eos=True)
+    short = SamplingParams(do_sample=True, response_length=4, ignore_eos=True)
+
+    async def go():
+        running = asyncio.ensure_future(srv.generate(tok.encode("abc"), long, "long"))
+        await asyncio.sleep(0.2)
+        quick = await asyncio.wait_for(srv.generate(tok.encode("xyz"), short, "short"), timeout=30)
+        still_running = not running.done()
+        await srv.abort_all()
+        return quick, still_running, await running
+
+    quick, still_running, aborted = loop.run(go())
+    assert len(quick.token_ids) == 4 and quick.stop_reason == LENGTH
+    assert still_running  # it joined the running batch instead of waiting for it to end
+    assert aborted.stop_reason == ABORT and 0 < len(aborted.token_ids) < 4000
+
+
+def test_requests_wait_for_a_weight_update_to_finish(server, tiny):
+    tok, model = tiny
+    loop, srv = server
+    params = SamplingParams(do_sample=False, response_length=3)
+
+    async def go():
+        await srv.load_weights(list(model.state_dict().items()))
+        waiting = asyncio.ensure_future(srv.generate(tok.encode("abc"), params, "held"))
+        await asyncio.sleep(0.2)
+        held = not waiting.done()
+        await srv.finish_weight_update()
+        return held, await asyncio.wait_for(waiting, timeout=30)
+
+    held, out = loop.run(go())
+    assert held and len(out.token_ids) == 3
