@@ -87,3 +87,28 @@ def _log_probs(model, data: DataProto) -> torch.Tensor:
     logits = model(input_ids=data.batch["input_ids"], attention_mask=data.batch["attention_mask"],
                    position_ids=data.batch["position_ids"]).logits[:, -R - 1:-1]
     return torch.log_softmax(logits.float(), -1).gather(-1, data.batch["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+def test_worker_level_generate_sequences_seeds_by_offset_and_outputs_concatenate(tiny_model_dir, one_torch_thread):
+    """``wg.generate_sequences`` (veRL's worker-level call): a slice sent with ``sample_offset`` samples
+    what the same rows sample inside the whole batch, and the outputs carry the caller's meta_info
+    without the offset, so the slices (or the ranks' parts) concatenate."""
+    config = load_config("ppo_trainer", [
+        f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.backend=inprocess", "trainer.device=cpu",
+        "actor_rollout_ref.rollout.response_length=8", "data.max_prompt_length=64",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.max_num_seqs=1"])  # one request per engine batch: exact sampling
+    wg = build_worker_groups(config, use_critic=False, use_ref=False, use_rm=False)["actor_rollout"]
+    wg.init_model()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = _prompts(tokenizer, ["hi", "what is 2+3?", "count: 1 2 3", "x"])
+    whole = wg.generate_sequences(_with_meta(prompts, global_steps=3, tag="t"))
+    halves = [wg.generate_sequences(_with_meta(prompts[a:b], global_steps=3, tag="t", sample_offset=a))
+              for a, b in ((0, 2), (2, 4))]
+    for part in [whole, *halves]:
+        assert "sample_offset" not in part.meta_info and part.meta_info["tag"] == "t"
+    joined = DataProto.concat(halves)
+    assert torch.equal(joined.batch["responses"], whole.batch["responses"])
+    wrong = wg.generate_sequences(_with_meta(prompts[2:4], global_steps=3, tag="t"))  # offset 0: other seeds
+    assert not torch.equal(wrong.batch["responses"], whole.batch["responses"][2:4])
