@@ -43,7 +43,7 @@ from hybridflow.workers.rollout.weights import StrictWeightLoader
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself (identity), whatever its fields
 class _Request:
     prompt_ids: list[int]
     params: SamplingParams
@@ -268,10 +268,18 @@ class HFServer(AsyncRolloutServer):
                 self._running.extend(new)
                 if batch is None and not new:
                     return
-            if new and batch is None:
-                batch = self._prefill(new)
-            elif new:
-                batch.add(self._prefill(new))
+            if new:
+                try:
+                    fresh = self._prefill(new)
+                except Exception as e:  # e.g. a token id outside the vocabulary: only these requests fail
+                    self._fail(loop, new, e)
+                    fresh = None
+                if fresh is not None and batch is None:
+                    batch = fresh
+                elif fresh is not None:
+                    batch.add(fresh)
+                if batch is None:
+                    continue
             tokens, log_probs = sample_rows(batch.logits, [r.req.params for r in batch.rows],
                                             [r.generator for r in batch.rows])
             keep = []
@@ -318,6 +326,12 @@ class HFServer(AsyncRolloutServer):
                 for r in requests]
         return _Batch(rows, cache, mask, positions[:, -1:] + 1, logits)
 
+    def _fail(self, loop: asyncio.AbstractEventLoop, requests: list[_Request], error: Exception) -> None:
+        with self._lock:
+            self._running = [r for r in self._running if all(r is not bad for bad in requests)]
+        for req in requests:
+            loop.call_soon_threadsafe(_fail, req, error)
+
     def _finish(self, loop: asyncio.AbstractEventLoop, req: _Request, stop: str) -> None:
         with self._lock:
             self._running.remove(req)
@@ -347,6 +361,11 @@ class HFServer(AsyncRolloutServer):
     async def shutdown(self) -> None:
         await self.abort_all()
         self._executor.shutdown(wait=False)
+
+
+def _fail(req: _Request, error: BaseException) -> None:
+    if not req.future.done():
+        req.future.set_exception(error)
 
 
 def _resolve(req: _Request, stop: str) -> None:

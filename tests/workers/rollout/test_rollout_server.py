@@ -334,3 +334,22 @@ def test_requests_wait_for_a_weight_update_to_finish(server, tiny):
 
     held, out = loop.run(go())
     assert held and len(out.token_ids) == 3
+
+
+def test_a_bad_request_joining_a_running_batch_fails_alone(server, tiny):
+    tok, _ = tiny
+    loop, srv = server
+    long = SamplingParams(do_sample=True, response_length=4000, ignore_eos=True)
+
+    async def go():
+        running = asyncio.ensure_future(srv.generate(tok.encode("abc"), long, "long"))
+        await asyncio.sleep(0.2)
+        with pytest.raises(IndexError):  # a token id outside the vocabulary fails in its prefill
+            await srv.generate([5, 100000], SamplingParams(do_sample=False, response_length=2), "oob")
+        await asyncio.sleep(0.1)
+        alive = not running.done()
+        await srv.abort_all()
+        return alive, await running
+
+    alive, out = loop.run(go())
+    assert alive and out.stop_reason == ABORT and len(out.token_ids) > 0
