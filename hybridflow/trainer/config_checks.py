@@ -420,6 +420,15 @@ def _check_async(r: _Report) -> None:
             rollout_nodes * (r.get("actor_rollout_ref.rollout.n_gpus_per_node") or 0) != 1:
         r.errors.append("trainer.backend=inprocess runs one rollout worker: set actor_rollout_ref.rollout.nnodes=1 "
                         "and n_gpus_per_node=1, or use trainer.backend=ray")
+    # fully_async's knobs: the other modes fix them (sync: no overlap; one_step_off: one step ahead, a sync
+    # every step, no partial rollouts), so a value changed from its default would change nothing there
+    if mode != "fully_async":
+        defaults = default_config("ppo_trainer")["async_training"]
+        for key in ("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout"):
+            value = r.get(f"async_training.{key}")
+            if value is not None and value != defaults[key]:
+                r.errors.append(f"async_training.{key}={value} acts in async_training.mode=fully_async only; "
+                                f"mode={mode} fixes it (leave it at {defaults[key]}, or use mode=fully_async)")
     if mode == "sync":
         if r.get("async_training.use_rollout_log_probs"):
             r.errors.append("async_training.use_rollout_log_probs=True acts in the asynchronous modes only; with "

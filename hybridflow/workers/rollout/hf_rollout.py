@@ -81,7 +81,7 @@ class HFRollout:
         return count
 
     def close(self) -> None:
-        """Stop the server's scheduler task, then its loop (no task is left pending at exit)."""
+        """Shut the server down (its requests aborted, its decode thread released), then its loop."""
         try:
             self.engine_loop.run(self.server.shutdown())
         finally:
