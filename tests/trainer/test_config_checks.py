@@ -247,3 +247,16 @@ def test_use_rollout_log_probs_is_refused_where_it_would_change_nothing():
     separate = ("actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
                 "async_training.mode=one_step_off", "async_training.use_rollout_log_probs=True")
     assert "calculate_log_probs=True" in error_of(*separate, "actor_rollout_ref.rollout.calculate_log_probs=False")
+
+
+def test_fully_async_knobs_are_refused_in_the_modes_that_fix_them():
+    separate = ("actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1")
+    for mode in ("sync", "one_step_off"):
+        for knob in ("staleness_threshold=1", "trigger_parameter_sync_step=2", "require_batches=2",
+                     "partial_rollout=False"):
+            msg = error_of(*separate, f"async_training.mode={mode}", f"async_training.{knob}")
+            assert f"async_training.{knob}" in msg and "fully_async only" in msg
+    # at their defaults they are not in the way, and fully_async reads every one of them
+    check(*separate, "async_training.mode=one_step_off")
+    check(*separate, "async_training.mode=fully_async", "async_training.staleness_threshold=1",
+          "async_training.trigger_parameter_sync_step=2", "async_training.partial_rollout=False")
