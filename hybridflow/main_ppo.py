@@ -1,11 +1,17 @@
 """``python -m hybridflow.main_ppo key=val ...``: veRL's command line, hybridflow's trainer.
 
 The config is validated before anything expensive starts (an unknown key fails before Ray does).
+``run_ppo`` is the library call: it raises (``WorkerHangError`` for a hang, with its report) and
+never ends the process. ``main`` is the command line: it turns errors into exit codes
+(2: a bad config, ``EXIT_CODE_HANG``: a hang, after printing the report) and SIGTERM into an orderly
+stop (workers and the Ray processes it started are shut down, exit code 143).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 
 from omegaconf import OmegaConf
@@ -14,11 +20,13 @@ from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
 from hybridflow.data.sampler import create_rl_dataloader
 from hybridflow.rewards import get_custom_reward_fn, load_reward_manager
 from hybridflow.single_controller.base import WorkerHangError
-from hybridflow.single_controller.base.watchdog import EXIT_CODE_HANG
 from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridflow.utils.config import ConfigError, parse_cli
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
+
+EXIT_CODE_HANG = 3  # the command line's exit code when the watchdog reported a hang
+EXIT_CODE_SIGTERM = 128 + signal.SIGTERM
 
 
 def with_runtime_values(config, total_training_steps: int):
@@ -93,14 +101,35 @@ def build_trainer(config) -> RayPPOTrainer:
     return RayPPOTrainer(config, tokenizer, dataloader, val_dataset, reward_fn, val_reward_fn, collate_fn=collate_fn)
 
 
-def run_ppo(config) -> dict:
-    """Build data, rewards and workers from a validated config and train; returns the last metrics."""
-    trainer = build_trainer(config)
-    trainer.init_workers()
+@contextlib.contextmanager
+def _restored_env(*keys: str):
+    """The run's own settings of these variables end with it (the caller's process keeps its own)."""
+    before = {k: os.environ.get(k) for k in keys}
     try:
-        return trainer.fit()
+        yield
     finally:
-        trainer.shutdown_workers()  # a finished run gives its devices back to the Ray session
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_ppo(config) -> dict:
+    """Build data, rewards and workers from a validated config and train; returns the last metrics.
+
+    Raises on failure (``WorkerHangError`` when the watchdog reports a hang); never ends the process."""
+    with _restored_env("HYBRIDFLOW_DEVICE"):
+        trainer = build_trainer(config)
+        trainer.init_workers()
+        try:
+            return trainer.fit()
+        finally:
+            trainer.shutdown_workers()  # a finished run gives its devices back to the Ray session
+
+
+def _stop_on_sigterm(signum, frame):
+    raise SystemExit(EXIT_CODE_SIGTERM)
 
 
 def main(argv=None) -> None:
@@ -110,12 +139,17 @@ def main(argv=None) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    # SIGTERM unwinds the run like an error: workers shut down, then Ray's processes (Ray's own
+    # handler, installed when it starts, does the same with exit code 15)
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         run_ppo(config)
     except WorkerHangError as e:  # the report is written and the workers are down: say so, exit non-zero
         notes = "".join(f"\n{n}" for n in getattr(e, "__notes__", []))
         print(f"error: {e}{notes}", file=sys.stderr)
         raise SystemExit(EXIT_CODE_HANG) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)  # main() called from Python leaves its caller's handler
 
 
 if __name__ == "__main__":

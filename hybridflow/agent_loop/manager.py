@@ -15,6 +15,7 @@ driver with the in-process one; the rollout servers live in the rollout workers 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -28,6 +29,8 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base.watchdog import wait_with_deadline
 from hybridflow.single_controller.inprocess import InProcessWorkerGroup
 from hybridflow.workers.rollout.server import EngineLoop
+
+PROGRESS_ASK_S = 10.0  # how long a progress reading may take before it counts as no reading
 
 
 def server_handles(worker_group, role: str | None) -> list[ServerHandle]:
@@ -118,7 +121,9 @@ class AgentLoopManager:
                                   group=self.rollout_wg, what=what)
 
     def completed_trajectories(self) -> int:
-        return int(sum(self._call_workers("completed_trajectories")))
+        """Trajectories finished so far (the watchdog's progress reading: a short bounded ask, never a
+        hang report of its own)."""
+        return int(sum(self._ask_workers("completed_trajectories", timeout_s=PROGRESS_ASK_S)))
 
     # ------------------------------------------------------------------------------------------
     # streaming (asynchronous training): one request batch at a time, without the hybrid switches
@@ -131,15 +136,27 @@ class AgentLoopManager:
             return self._loop.submit(worker.generate_sequences(prompts))
         return worker.generate_sequences.remote(prompts).future()
 
-    def _call_workers(self, method: str) -> list:
+    def _start_on_workers(self, method: str) -> list:
         if self._local:
-            async def gather():
-                return await asyncio.gather(*[getattr(w, method)() for w in self.workers])
+            return [self._loop.submit(getattr(w, method)()) for w in self.workers]
+        return [getattr(w, method).remote() for w in self.workers]
 
-            return list(self._loop.run(gather()))
+    def _ask_workers(self, method: str, timeout_s: float) -> list:
+        """The workers' answers within ``timeout_s``, else ``TimeoutError``."""
+        futures = self._start_on_workers(method)
+        if self._local:
+            done, pending = concurrent.futures.wait(futures, timeout=timeout_s)
+            if pending:
+                raise TimeoutError(f"agent loop workers did not answer {method!r} within {timeout_s} s")
+            return [f.result() for f in futures]
         import ray
 
-        return ray.get([getattr(w, method).remote() for w in self.workers])
+        return ray.get(futures, timeout=timeout_s)
+
+    def _call_workers(self, method: str) -> list:
+        """Every agent loop worker's answer, under the rollout group's watchdog deadline."""
+        return wait_with_deadline(self._start_on_workers(method), None, group=self.rollout_wg,
+                                  what=f"agent loop workers: {method}")
 
     def pause(self) -> None:
         """Hold every new request (and re-sent aborted ones) in the agent loop workers."""

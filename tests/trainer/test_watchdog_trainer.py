@@ -1,18 +1,17 @@
 """trainer.watchdog_timeout reaches every worker group of a PPO run; a stuck phase ends the run with
-a hang report next to its logs, the workers shut down, and ``main_ppo`` exits with EXIT_CODE_HANG."""
+a hang report next to its logs and the workers shut down: ``run_ppo`` raises ``WorkerHangError`` (also
+in a process launched in the background, which then lives on), and only the command line
+``python -m hybridflow.main_ppo`` exits, with EXIT_CODE_HANG."""
 
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
-import torch
 
 from hybridflow import main_ppo
-from hybridflow.main_ppo import run_ppo
+from hybridflow.main_ppo import EXIT_CODE_HANG
 from hybridflow.single_controller.base import Watchdog, WorkerHangError
-from hybridflow.single_controller.base.watchdog import EXIT_CODE_HANG
 from hybridflow.trainer.config_checks import validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import watchdog_of
 from hybridflow.utils.config import ConfigError, load_config
@@ -33,33 +32,66 @@ def test_bad_watchdog_timeout_is_refused_by_name(bad):
         validate_ppo_config(load_config("ppo_trainer", [f"trainer.watchdog_timeout={bad}"]))
 
 
-def test_stuck_phase_ends_the_run_with_a_report(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
-    """In-process GRPO whose old-log-prob phase never returns: the run stops after the deadline."""
-    from hybridflow.single_controller.base import Dispatch, register
-    from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+BACKGROUND_RUN = r"""
+import json, os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in every process started with '&' from a script
+import torch
+torch.set_num_threads(1)
+from hybridflow.main_ppo import run_ppo
+from hybridflow.single_controller.base import Dispatch, WorkerHangError, register
+from hybridflow.utils.config import load_config
+from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 
-    def stuck_compute_log_prob(self, data):
-        time.sleep(60)
+first, second = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+original = ActorRolloutRefWorker.compute_log_prob
 
-    monkeypatch.setattr(ActorRolloutRefWorker, "compute_log_prob",
-                        register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)(stuck_compute_log_prob))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=1,
-                               world=1, backend="inprocess") + ["trainer.watchdog_timeout=4"]
-    start = time.monotonic()
-    try:
-        with pytest.raises(WorkerHangError) as info:
-            run_ppo(load_config("ppo_trainer", overrides))
-    finally:
-        torch.set_num_threads(threads)
-    assert time.monotonic() - start < 40
-    err = info.value
-    assert err.method == "actor_rollout_compute_log_prob"
-    assert "stuck in stuck_compute_log_prob (" in str(err) and "test_watchdog_trainer.py" in str(err)
+def stuck_compute_log_prob(self, data):
+    time.sleep(300)
+
+ActorRolloutRefWorker.compute_log_prob = register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)(stuck_compute_log_prob)
+start = time.monotonic()
+try:
+    run_ppo(load_config("ppo_trainer", first))
+    print("NOT REACHED", flush=True)
+except WorkerHangError as e:
+    print("HANG " + json.dumps({"method": e.method, "seconds": time.monotonic() - start, "report": e.report_path,
+                               "message": str(e), "notes": getattr(e, "__notes__", [])}), flush=True)
+# the process lives on: the same program trains a run to its end
+ActorRolloutRefWorker.compute_log_prob = original
+metrics = run_ppo(load_config("ppo_trainer", second))
+print("SECOND RUN " + json.dumps({k: v for k, v in metrics.items() if k == "training/global_step"}), flush=True)
+"""
+
+
+def test_stuck_phase_in_a_background_launch_raises_and_the_process_trains_on(tiny_model_dir, tiny_data_dir, tmp_path):
+    """In-process GRPO whose old-log-prob phase never returns, in a child with SIGINT ignored (a
+    background launch): run_ppo raises WorkerHangError after the deadline with the report under the
+    run's directory and the workers shut down; the same process then runs a healthy GRPO step."""
+    import json
+    import subprocess
+    import sys
+
+    def overrides(name, extra=()):
+        (tmp_path / name).mkdir()
+        return base_overrides(tiny_model_dir, tiny_data_dir, tmp_path / name, estimator="grpo", n=2, batch=4, steps=1,
+                              world=1, backend="inprocess") + list(extra)
+
+    first = overrides("stuck", ["trainer.watchdog_timeout=4"])
+    second = overrides("healthy")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", BACKGROUND_RUN, json.dumps(first), json.dumps(second)],
+                         capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    hang = json.loads(next(line[5:] for line in out.stdout.splitlines() if line.startswith("HANG ")))
+    assert hang["method"] == "actor_rollout_compute_log_prob"
+    assert "stuck in stuck_compute_log_prob (<string>:" in hang["message"]
+    assert hang["seconds"] < 120  # 4 s idle deadline, then the stacks; not the 300 s sleep
     # the report sits under the run's directory, and the driver's note says the workers are down
-    assert os.path.dirname(err.report_path) == os.path.join(str(tmp_path), "ckpt", "watchdog")
-    assert any("workers shut down" in n for n in getattr(err, "__notes__", []))
+    assert os.path.dirname(hang["report"]) == str(tmp_path / "stuck" / "ckpt" / "watchdog")
+    assert any("workers shut down" in n for n in hang["notes"])
+    assert "NOT REACHED" not in out.stdout
+    assert 'SECOND RUN {"training/global_step": 1' in out.stdout
 
 
 def test_main_exits_with_the_hang_code(monkeypatch, capsys):

@@ -1,11 +1,19 @@
 from hybridflow.single_controller.base.decorator import Dispatch, Execute, register
 from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError, WorkerHangError
 from hybridflow.single_controller.base.heartbeat import report_progress
-from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, await_with_deadline, wait_with_deadline, watch
+from hybridflow.single_controller.base.watchdog import (
+    CallThread,
+    Deadline,
+    Watchdog,
+    await_with_deadline,
+    call_with_deadline,
+    wait_with_deadline,
+)
 from hybridflow.single_controller.base.worker import Worker
 from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
 
 __all__ = [
+    "CallThread",
     "ClassWithInitArgs",
     "Deadline",
     "Dispatch",
@@ -18,8 +26,8 @@ __all__ = [
     "WorkerHangError",
     "WorkerGroup",
     "await_with_deadline",
+    "call_with_deadline",
     "register",
     "report_progress",
     "wait_with_deadline",
-    "watch",
 ]

@@ -4,16 +4,18 @@ A deadline is an *idle* deadline: it passes when ``timeout_s`` go by with no ans
 A phase that reports progress (workers: ``report_progress()``; driver code: ``deadline.progress()``)
 pushes it back, so a long generation that keeps moving is never cut, while a stuck one is.
 
-When a deadline passes, the driver takes the Python stacks of every worker of the group (py-spy or
-faulthandler, see ``stacks.py``), writes them to one file under ``Watchdog.report_dir``, prints which
-rank is stuck and in which function, shuts the group's workers down and raises ``WorkerHangError``
-(``main_ppo`` turns it into exit code ``EXIT_CODE_HANG``).
+Every wait is a loop of bounded waits in the waiting thread itself. When the deadline passes, that
+thread takes the Python stacks of every worker of the group (py-spy or faulthandler, see
+``stacks.py``), writes them to one file under ``Watchdog.report_dir``, prints which rank is stuck and
+in which function, shuts the group's workers down and raises ``WorkerHangError``. Nothing here ends
+or signals the process: the caller decides (``python -m hybridflow.main_ppo`` exits with a code of its
+own; a user's script, a notebook or a test runner gets the exception and lives on).
 
 Three ways to put a deadline around a wait (WorkerGroup calls of both backends use them already):
 
 - ``wait_with_deadline(futures, deadline, group, what)``: Ray ObjectRefs and/or concurrent Futures;
-- ``with watch(what, deadline, group):`` around any blocking code on the driver (a monitor thread
-  writes the report, then interrupts the main thread; if it never wakes up, the process exits);
+- ``call_with_deadline(fn, *args, deadline=..., group=..., what=...)``: any blocking call, run in a
+  thread of its own (``CallThread``) while the caller waits in bounded steps;
 - ``await await_with_deadline(awaitable, deadline, group, what)`` inside asyncio code.
 
 ``deadline`` is a ``Deadline``, a number of seconds, or None (the group's watchdog, else the default).
@@ -25,8 +27,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import queue
 import re
-import signal
 import sys
 import tempfile
 import threading
@@ -41,7 +43,6 @@ DEFAULT_TIMEOUT_S = 1800.0
 # a call's deadline grows with the rows each rank gets beyond this many (generous: seconds per row
 # vary 1000x between a tiny CPU model and a 70B one; the deadline only has to catch a stuck call)
 REFERENCE_ROWS_PER_RANK = 1024
-EXIT_CODE_HANG = 3
 
 
 @dataclass(frozen=True)
@@ -230,13 +231,16 @@ def _ref_type():
 
 
 def wait_with_deadline(futures: list, deadline=None, group=None, what: str = "wait", ranks: list | None = None,
-                       watchdog: Watchdog | None = None) -> list:
+                       watchdog: Watchdog | None = None, threads: list | None = None) -> list:
     """Values of ``futures`` (Ray ObjectRefs, concurrent Futures or plain values), in order.
 
     A future that fails raises at once. When the deadline passes, the stacks of ``group`` (or of the
     driver when None) are reported and ``WorkerHangError`` is raised; ``ranks[i]`` is the rank
-    behind ``futures[i]`` (default: i) so the report says who did not answer."""
+    behind ``futures[i]`` (default: i) so the report says who did not answer. ``threads``: idents of
+    this process's threads doing the work; their time in a debugger (``breakpoint()``) is the
+    user's, not a hang."""
     futures = list(futures)
+    threads = [t for t in (threads or []) if t is not None]
     d = _as_deadline(deadline, group, watchdog)
     poll = _watchdog_of(group, watchdog).poll_s
     ref_type = _ref_type()
@@ -259,6 +263,8 @@ def wait_with_deadline(futures: list, deadline=None, group=None, what: str = "wa
                                               return_when=concurrent.futures.FIRST_EXCEPTION)
             for f in done:
                 f.result()
+        if d is not None and any(_debugger_active(t) for t in threads):
+            d.progress()
         if d is not None and d.expired():
             raise build_hang_error(what, d, group, sorted(ranks[i] for i in pending), watchdog)
     out = []
@@ -296,69 +302,63 @@ def _debugger_active(thread_ident: int) -> bool:
     return False
 
 
-def _interrupt_main() -> None:
-    """KeyboardInterrupt in the main thread, also when it sleeps in a system call (a real SIGINT sent
-    to that thread makes the call return; ``interrupt_main`` alone only sets a flag)."""
-    import _thread
+class CallThread:
+    """A daemon thread that runs the calls given to it, one after another, each answering a Future.
 
-    if callable(signal.getsignal(signal.SIGINT)):
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-    else:
-        _thread.interrupt_main()
+    Work that cannot itself be waited on with a timeout (a blocking call into a library, a worker
+    method run in the driver's process) runs here, so that the thread that waits for it can wait in
+    bounded steps, check its deadline and raise ``WorkerHangError`` where it waits. A call that never
+    returns keeps this thread; the process can still exit (daemon), and ``close()`` stops the thread
+    once its current call is done."""
 
+    def __init__(self, name: str = "hybridflow-call"):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
 
-@contextlib.contextmanager
-def watch(what: str, deadline=None, group=None, watchdog: Watchdog | None = None, grace_s: float = 30.0):
-    """Deadline around arbitrary blocking code; yields the ``Deadline`` (call ``.progress()`` on it).
+    @property
+    def ident(self) -> int | None:
+        return self._thread.ident
 
-    On expiry a monitor thread writes the report and shuts ``group`` down; the watched thread, when it
-    is the main thread, is interrupted and gets ``WorkerHangError``. If it does not come back within
-    ``grace_s`` (blocked where no interrupt reaches), the process exits with ``EXIT_CODE_HANG``.
-    Time spent in a debugger (``breakpoint()``) inside the block does not count."""
-    d = _as_deadline(deadline, group, watchdog)
-    if d is None:
-        yield None
-        return
-    poll = _watchdog_of(group, watchdog).poll_s
-    lock, done = threading.Lock(), threading.Event()
-    state: dict = {"error": None}
-    watched = threading.get_ident()
-    on_main = threading.current_thread() is threading.main_thread()
+    def is_current(self) -> bool:
+        return threading.current_thread() is self._thread
 
-    def monitor():
-        while not done.wait(poll):
-            if _debugger_active(watched):
-                d.progress()
+    def submit(self, fn: Callable, *args, **kwargs) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._jobs.put((future, fn, args, kwargs))
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            future, fn, args, kwargs = job
+            if not future.set_running_or_notify_cancel():
                 continue
-            if not d.expired():
-                continue
-            error = build_hang_error(what, d, group, None, watchdog)
-            with lock:
-                if done.is_set():
-                    return
-                state["error"] = error
-                if on_main:
-                    _interrupt_main()
-            if not done.wait(grace_s):
-                print(f"hybridflow watchdog: the driver did not come back within {grace_s:.0f}s of the report; "
-                      f"exiting with code {EXIT_CODE_HANG}", file=sys.stderr, flush=True)
-                os._exit(EXIT_CODE_HANG)
-            return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                future.set_exception(e)
 
-    thread = threading.Thread(target=monitor, name=f"watchdog:{what}", daemon=True)
-    thread.start()
+    def close(self, timeout_s: float = 0.0) -> None:
+        """No more calls; the thread ends after the one it runs (waited for up to ``timeout_s``)."""
+        self._jobs.put(None)
+        if timeout_s > 0 and not self.is_current():
+            self._thread.join(timeout_s)
+
+
+def call_with_deadline(fn: Callable, *args, deadline=None, group=None, what: str = "call",
+                       watchdog: Watchdog | None = None, **kwargs):
+    """``fn(*args, **kwargs)`` under a deadline: it runs in a thread of its own while the calling
+    thread waits in bounded steps; past the deadline the calling thread gets ``WorkerHangError`` (the
+    stuck thread is left behind, a daemon). Time ``fn`` spends in a debugger does not count."""
+    runner = CallThread(name=f"hybridflow-call:{what}"[:60])
     try:
-        yield d
-    except BaseException as e:
-        with lock:
-            done.set()
-        if state["error"] is not None:
-            raise state["error"] from e
-        raise
-    with lock:
-        done.set()
-    if state["error"] is not None:
-        raise state["error"]
+        future = runner.submit(fn, *args, **kwargs)
+        return wait_with_deadline([future], deadline, group, what, watchdog=watchdog, threads=[runner.ident])[0]
+    finally:
+        runner.close()
 
 
 async def await_with_deadline(awaitable, deadline=None, group=None, what: str = "await",

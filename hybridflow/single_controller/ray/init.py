@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import signal
+import threading
 from typing import Any, Mapping
 
 __all__ = ["init_ray", "LOOPBACK", "DEFAULT_WORKER_ENV"]
@@ -56,6 +58,24 @@ def init_ray(ray_init_cfg: Any = None, num_cpus: int | None = None, runtime_env:
 
     if ray.is_initialized():
         return False
+    with _callers_sigterm_handler_kept():
+        return _start_or_join(ray, ray_init_cfg, num_cpus, runtime_env)
+
+
+@contextlib.contextmanager
+def _callers_sigterm_handler_kept():
+    """``ray.init`` installs its own SIGTERM handler; a caller that had one of its own (the command
+    line's orderly stop, a user's) keeps it. A process with none gets Ray's (exit on SIGTERM)."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and callable(before):
+            signal.signal(signal.SIGTERM, before)
+
+
+def _start_or_join(ray, ray_init_cfg, num_cpus, runtime_env) -> bool:
     cfg = _section(ray_init_cfg)
     env = _runtime_env(runtime_env)
     address = cfg.get("address") or os.environ.get("RAY_ADDRESS")

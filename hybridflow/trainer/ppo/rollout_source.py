@@ -27,7 +27,6 @@ from collections.abc import Iterator
 import numpy as np
 
 from hybridflow.protocol import DataProto
-from hybridflow.single_controller.base.watchdog import watch
 from hybridflow.trainer.ppo.dynamic_sampling import GroupAccumulator
 from hybridflow.trainer.ppo.metric_utils import flat_metric_values, timer
 from hybridflow.trainer.ppo.rollouter import PromptGroup, Rollouter
@@ -163,7 +162,8 @@ class AsyncRolloutSource:
         self.stream = PromptStream(t.prompt_batches, t.train_dataloader, int(rollout.n),
                                    first_gen_index=t.global_steps + 1 + self._gen_offset)
         self.rollouter = Rollouter(t.async_rollout_manager, self.stream, self.prompts_per_step, self.staleness,
-                                   self.trigger, self.partial, sampling_meta={"do_sample": bool(rollout.do_sample)})
+                                   self.trigger, self.partial, sampling_meta={"do_sample": bool(rollout.do_sample)},
+                                   watchdog=getattr(t.rollout_wg, "watchdog", None), group=t.rollout_wg)
         self.rollouter.version = t.actor_version
         self.rollouter.start(pending=self._pending_restart)
 
@@ -183,10 +183,7 @@ class AsyncRolloutSource:
         count = count or self.prompts_per_step
         # the wait has the rollout group's watchdog deadline; every finished group is progress
         t = self.trainer
-        watchdog = getattr(t.rollout_wg, "watchdog", None)
-        deadline = watchdog.deadline(count, progress=lambda: self.rollouter.finished_total) if watchdog else None
-        with watch(f"waiting for {count} finished rollout groups", deadline, group=t.rollout_wg):
-            finished, wait_metrics = self.rollouter.take(count, actor_version=t.actor_version)
+        finished, wait_metrics = self.rollouter.take(count, actor_version=t.actor_version)
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
         batch = DataProto.concat([f.output for f in finished])
         metrics.update(wait_metrics)

@@ -34,6 +34,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, build_hang_error, default_watchdog
+
+POLL_S = 0.5  # the trainer's waits on the rollouter check their deadline this often
 
 
 @dataclass
@@ -63,12 +66,17 @@ def staleness_bound(staleness_threshold: float, trigger_parameter_sync_step: int
 
 class Rollouter:
     def __init__(self, manager, groups: Iterator[PromptGroup], prompts_per_step: int, staleness_threshold: float,
-                 trigger_parameter_sync_step: int, partial_rollout: bool, sampling_meta: dict | None = None):
+                 trigger_parameter_sync_step: int, partial_rollout: bool, sampling_meta: dict | None = None,
+                 watchdog: Watchdog | None = None, group=None):
+        """``watchdog`` bounds the trainer's waits on the rollout workers (``group``, whose stacks a hang
+        report shows); None: the process default."""
         if staleness_threshold < 0:
             raise ValueError(f"async_training.staleness_threshold must be >= 0, got {staleness_threshold}")
         if trigger_parameter_sync_step < 1:
             raise ValueError(f"async_training.trigger_parameter_sync_step must be >= 1, got {trigger_parameter_sync_step}")
         self.manager = manager
+        self.watchdog = watchdog if watchdog is not None else default_watchdog()
+        self.group = group
         self._groups = groups
         self.prompts_per_step = prompts_per_step
         self.budget = int(math.floor((1 + staleness_threshold) * prompts_per_step * trigger_parameter_sync_step + 1e-9))
@@ -160,16 +168,39 @@ class Rollouter:
             return False
         return any(version <= actor_version - self.max_lag for _, version in self._in_flight.values())
 
+    def _wait(self, predicate: Callable[[], bool], deadline: Callable[[], Deadline | None], what: str) -> None:
+        """Wait (lock held) until ``predicate``, in bounded steps; past the watchdog's deadline (every
+        finished group is progress) raise ``WorkerHangError`` naming the rollout group's stuck ranks."""
+        d = deadline()
+        while not self._cond.wait_for(predicate, timeout=POLL_S):
+            if d is not None and d.expired():
+                self._cond.release()  # the report takes the workers' stacks: let their answers land meanwhile
+                try:
+                    raise build_hang_error(what, d, self.group)
+                finally:
+                    self._cond.acquire()
+
+    def _deadline(self, groups: int = 0) -> Deadline | None:
+        if self.watchdog is None:
+            return None
+        return self.watchdog.deadline(groups, progress=lambda: self.finished_total)
+
     def take(self, count: int, timeout_s: float | None = None, actor_version: int | None = None,
              ) -> tuple[list[FinishedGroup], dict[str, float]]:
-        """Block until ``count`` groups are finished (and, given the trainer's ``actor_version``, no group
-        that is due now is still generating); return the oldest-weight ones in prompt order and the wait metrics."""
+        """Wait until ``count`` groups are finished (and, given the trainer's ``actor_version``, no group
+        that is due now is still generating); return the oldest-weight ones in prompt order and the wait
+        metrics. ``timeout_s`` (else the watchdog's deadline) bounds the wait."""
         start = time.perf_counter()
         with self._cond:
-            ok = self._cond.wait_for(lambda: self._error is not None or
-                                     (len(self._ready) >= count and not self._due_in_flight(actor_version)) or
-                                     (self._thread is not None and not self._thread.is_alive() and not self._in_flight),
-                                     timeout=timeout_s)
+            def ready() -> bool:
+                return (self._error is not None or (len(self._ready) >= count and not self._due_in_flight(actor_version))
+                        or (self._thread is not None and not self._thread.is_alive() and not self._in_flight))
+
+            if timeout_s is not None:
+                ok = self._cond.wait_for(ready, timeout=timeout_s)
+            else:
+                self._wait(ready, lambda: self._deadline(count), f"waiting for {count} finished rollout groups")
+                ok = True
             if self._error is not None:
                 raise RuntimeError("asynchronous rollout failed") from self._error
             if not ok or len(self._ready) < count:
@@ -199,7 +230,8 @@ class Rollouter:
             self.manager.abort()  # ...and what runs returns its tokens (it resumes after the sync)
         else:
             with self._cond:  # let the groups in flight finish with the weights they started with
-                self._cond.wait_for(lambda: not self._in_flight or self._error is not None)
+                self._wait(lambda: not self._in_flight or self._error is not None, self._deadline,
+                           f"the {len(self._in_flight)} rollout groups in flight before a weight sync")
         drained = time.perf_counter()
         try:
             metrics = dict(push() or {})
