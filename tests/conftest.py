@@ -1,15 +1,14 @@
 """Shared fixtures for the whole suite: an offline tiny model + tokenizer, the tiny task's parquet
 files, one local Ray session that is started only if some test asks for it, one torch thread per
-test (``one_torch_thread``), and the helper modules on sys.path.
+test (``one_torch_thread``), and the check that every test leaves the process as it found it.
 
-Markers: ``slow`` (registered only; deselect with ``-m "not slow"``) and ``gpu`` (skipped when
-torch.cuda is unavailable).
+Markers (``slow``, ``gpu``) and the import path of the helper modules (``pythonpath``) are set in
+pytest.ini; tests marked ``gpu`` are skipped when torch.cuda is unavailable.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 # set before anything imports tokenizers/transformers: no network, no fork warnings
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -20,22 +19,13 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS_DIR = os.path.join(REPO_ROOT, "tests")
-# the repository (tests run from a checkout without installing the package), and the helper modules
-# that tests import by name: tests/yaml_sections.py, tests/workers/actor/ppo_batch.py
-for _path in (os.path.join(TESTS_DIR, "workers", "actor"), TESTS_DIR, REPO_ROOT):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
 
 import pytest  # noqa: E402
 
+from tests.leak_check import StateGuard, process_state  # noqa: E402
+
 TINY_TRAIN_SIZE = 64
 TINY_TEST_SIZE = 32
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: takes more than a few seconds; deselect with -m 'not slow'")
-    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -49,6 +39,70 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# ----------------------------------------------------------------------------- tests leave nothing behind
+#
+# tests/leak_check.py says what is compared. The autouse fixture takes its "before" after the wider-scoped
+# fixtures a test uses are set up and its "after" after the test's function-scoped fixtures are torn down
+# (it is the first function-scoped fixture set up); a leak fails the test at teardown, naming each item,
+# and is put back where it can be so that the next test starts clean. The hooks below give session
+# fixtures what their setup changed (so the shared Ray's settings stay) and check each module-, class- or
+# package-scoped fixture at its teardown (reported by the test whose setup or teardown tore it down).
+
+GUARD = StateGuard()
+
+
+@pytest.fixture(autouse=True)
+def _leaves_nothing_behind(request):
+    """Fails the test that leaves a changed environment variable or signal handler, a live non-daemon
+    thread it started, or an initialised torch.distributed process group."""
+    before = process_state()
+    yield
+    message = GUARD.check(before, request.node.nodeid)
+    if message:
+        pytest.fail(message, pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    if fixturedef.scope == "function":
+        return (yield)
+    before = process_state()
+    try:
+        return (yield)
+    finally:
+        if fixturedef.scope == "session":
+            GUARD.own(before, process_state())
+        else:
+            GUARD.wider_set_up(fixturedef, before)
+
+
+def pytest_fixture_post_finalizer(fixturedef, request):
+    GUARD.wider_torn_down(fixturedef, getattr(request.node, "nodeid", "?"))
+
+
+def _fail_on_wider_leaks():
+    message = GUARD.take_wider_report()
+    if message:
+        pytest.fail(message, pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    result = yield  # a parametrized wider fixture is torn down here when its parameter changes
+    _fail_on_wider_leaks()
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield  # the wider fixtures the next test does not use are torn down here
+    _fail_on_wider_leaks()
+    return result
+
+
+# ----------------------------------------------------------------------------- shared fixtures
 
 
 @pytest.fixture
@@ -94,7 +148,9 @@ def tiny_data_dir(tmp_path_factory) -> str:
 def ray_session():
     """One local Ray for the whole test session (4 logical CPUs), shut down at the end.
 
-    Workers get the repository on PYTHONPATH so they import ``hybridflow`` without an install.
+    Workers get the repository on PYTHONPATH so they import ``hybridflow`` without an install. What
+    ``ray.init`` changes in this process (RAY_AUTH_MODE, RAY_USAGE_STATS_ENABLED, PYTHONBREAKPOINT, a
+    SIGTERM handler) is this session fixture's own: the leak check records it as such when it is set up.
     """
     import ray
 

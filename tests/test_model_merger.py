@@ -19,7 +19,7 @@ from hybridflow.trainer.checkpoint import begin_save, commit_save
 from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model, build_tiny_tokenizer
 from hybridflow.workers.checkpoint import save_engine_checkpoint
 from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
-from yaml_sections import optim
+from tests.yaml_sections import optim
 
 IDS = torch.tensor([[5, 17, 40, 2, 9, 33, 61, 7]])
 

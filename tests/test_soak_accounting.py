@@ -4,12 +4,8 @@ samples are counted, the memory slope. Expected values are worked out by hand in
 from __future__ import annotations
 
 import math
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-
-import soak  # noqa: E402
+import soak  # benchmarks/soak.py (benchmarks/ is on pytest.ini's pythonpath)
 
 # 2 prompts per step, 2 steps per epoch, 4 steps: epoch 0 = prompts 0-3, epoch 1 = the same prompts reshuffled
 REFERENCE = {1: [0, 1], 2: [2, 3], 3: [3, 0], 4: [1, 2]}

@@ -14,11 +14,9 @@ import subprocess
 import sys
 
 import pytest
+import quickstart  # recipes/quickstart.py (recipes/ is on pytest.ini's pythonpath)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "recipes"))
-
-import quickstart  # noqa: E402
 
 
 def _png_size(data: bytes) -> tuple[int, int]:

@@ -11,14 +11,12 @@ import subprocess
 import sys
 
 import pytest
+import quickstart_tools  # recipes/quickstart_tools.py (recipes/ is on pytest.ini's pythonpath)
+
+from hybridflow.trainer.config_checks import validate_ppo_config
+from hybridflow.utils.config import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "recipes"))
-
-import quickstart_tools  # noqa: E402
-
-from hybridflow.trainer.config_checks import validate_ppo_config  # noqa: E402
-from hybridflow.utils.config import load_config  # noqa: E402
 
 
 def test_outcomes_and_summary_by_hand():

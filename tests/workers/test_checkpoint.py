@@ -19,7 +19,7 @@ from hybridflow.model_merger import load_dcp_model_state
 from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
-from yaml_sections import optim
+from tests.yaml_sections import optim
 
 VOCAB = 100
 # warmup makes the lr depend on the scheduler's step count, so a lost scheduler state changes the update

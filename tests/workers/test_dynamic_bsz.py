@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm, tiny_value_model
+from tests.workers.actor.ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm, tiny_value_model
 
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
@@ -152,7 +152,7 @@ def test_actor_update_and_log_probs_same_however_cut(remove_padding, monkeypatch
 def test_critic_values_same_however_cut_and_in_order():
     model = tiny_value_model(pad_token_id=0)
     data = ppo_batch(tiny_causal_lm(), batch_size=8)
-    from yaml_sections import critic
+    from tests.yaml_sections import critic
 
     base_cfg = critic(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, forward_micro_batch_size_per_gpu=8)
     fixed = DataParallelPPOCritic(dict(base_cfg, forward_micro_batch_size_per_gpu=8), model).compute_values(data)

@@ -6,11 +6,11 @@ import copy
 import pytest
 import torch
 
-from ppo_batch import padded_rows, tiny_causal_lm
+from tests.workers.actor.ppo_batch import padded_rows, tiny_causal_lm
 
 from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.engine.fsdp import is_activation_checkpointing
-from yaml_sections import fsdp_config, optim
+from tests.yaml_sections import fsdp_config, optim
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from ppo_batch import PROMPT, RESPONSE, actor_config, flat_params, padded_rows, ppo_batch, tiny_causal_lm, tiny_value_model
+from tests.workers.actor.ppo_batch import PROMPT, RESPONSE, actor_config, flat_params, padded_rows, ppo_batch, tiny_causal_lm, tiny_value_model
 
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.utils.logprob import forward_response_log_probs, forward_response_logits

@@ -1,5 +1,5 @@
-"""Tiny models + PPO batch builders shared by the worker tests (imported by name: tests/conftest.py
-puts this directory on sys.path)."""
+"""Tiny models + PPO batch builders shared by the worker tests (imported as
+tests.workers.actor.ppo_batch)."""
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
@@ -56,7 +56,7 @@ def padded_rows(batch_size: int, seed: int = 0, prompt_lens=None, response_lens=
 
 def actor_config(**overrides) -> dict:
     """The yaml's actor section with the values these tests rely on."""
-    from yaml_sections import actor
+    from tests.yaml_sections import actor
 
     config = actor(**{
         "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 8, "use_dynamic_bsz": False,

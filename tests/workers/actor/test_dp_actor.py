@@ -3,7 +3,7 @@ import math
 
 import pytest
 import torch
-from ppo_batch import PROMPT, actor_config, flat_params, ppo_batch, tiny_causal_lm
+from tests.workers.actor.ppo_batch import PROMPT, actor_config, flat_params, ppo_batch, tiny_causal_lm
 
 from hybridflow.workers.actor import DataParallelPPOActor
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm
+from tests.workers.actor.ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm
 from torch.nn.parallel import DistributedDataParallel
 
 from hybridflow.protocol import DataProto

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from ppo_batch import PROMPT, actor_config, flat_params, ppo_batch, tiny_causal_lm
+from tests.workers.actor.ppo_batch import PROMPT, actor_config, flat_params, ppo_batch, tiny_causal_lm
 
 from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, parse_rejection_options
 from hybridflow.workers.actor import DataParallelPPOActor

@@ -2,7 +2,7 @@ import copy
 
 import pytest
 import torch
-from ppo_batch import tiny_value_model
+from tests.workers.actor.ppo_batch import tiny_value_model
 
 from hybridflow.protocol import DataProto
 from hybridflow.workers.critic import DataParallelPPOCritic
@@ -34,7 +34,7 @@ def _data(seed=0):
 
 
 def _config(**overrides):
-    from yaml_sections import critic
+    from tests.yaml_sections import critic
 
     return critic(**{
         "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 8, "forward_micro_batch_size_per_gpu": 3,

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from ppo_batch import tiny_causal_lm
+from tests.workers.actor.ppo_batch import tiny_causal_lm
 
 from hybridflow.workers.utils.logprob import forward_response_log_probs
 

@@ -1,0 +1,223 @@
+"""Tests leave nothing behind: the process state that one test could pass on to the next, compared before
+and after (used by tests/conftest.py; tested in tests/test_leak_check.py).
+
+The state is: the environment (os.environ), every catchable signal's handler (signal.getsignal), the live
+non-daemon threads, and whether a torch.distributed default process group is initialised. A test, with
+its function-scoped fixtures, must leave all four as it found them. A module-, class- or package-scoped
+fixture must undo at its teardown what it changed from its setup on. What a session-scoped fixture changes
+while it is set up (the shared Ray: ``ray.init`` sets RAY_AUTH_MODE, RAY_USAGE_STATS_ENABLED and
+PYTHONBREAKPOINT and installs a SIGTERM handler; a shared vLLM engine) is the session's own and stays.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+# pytest's own, rewritten for each phase of each test
+UNCHECKED_ENV = frozenset({"PYTEST_CURRENT_TEST"})
+# set by a library when it is first imported (os.environ.setdefault at import time), so by whichever test
+# happens to import it first: accepted when the library was imported in between and the variable was unset
+IMPORT_TIME_ENV = {
+    "ray": frozenset({"RAY_CLIENT_MODE"}),
+    "vllm": frozenset({
+        "PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_CACHE_DIR",
+        "TRITON_CACHE_AUTOTUNING", "TILELANG_CLEANUP_TEMP_FILES",
+    }),
+}
+# how long the threads a test started may take, in all, to finish after it
+THREAD_GRACE_S = 2.0
+
+
+@dataclass
+class ProcessState:
+    env: dict = field(default_factory=dict)
+    signals: dict = field(default_factory=dict)  # signal number -> handler (signal.getsignal)
+    threads: frozenset = frozenset()  # live non-daemon threads other than the main thread
+    process_group: str | None = None  # the default torch.distributed group, described; None if none
+    imported: frozenset = frozenset()  # the libraries of IMPORT_TIME_ENV already imported
+
+
+class Leak(NamedTuple):
+    kind: str  # "env", "signal", "thread" or "process_group"
+    key: object  # the variable's name, the signal number, the thread
+    text: str  # what the failure says
+
+
+def _signal_handlers() -> dict:
+    handlers = {}
+    for sig in signal.valid_signals():
+        try:
+            handlers[sig] = signal.getsignal(sig)
+        except (ValueError, OSError):  # not catchable on this platform
+            continue
+    return handlers
+
+
+def _non_daemon_threads() -> frozenset:
+    main = threading.main_thread()
+    return frozenset(t for t in threading.enumerate() if not t.daemon and t is not main and t.is_alive())
+
+
+def _process_group() -> str | None:
+    dist = sys.modules.get("torch.distributed")  # no group can exist before torch.distributed is imported
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    try:
+        return f"backend {dist.get_backend()}, rank {dist.get_rank()} of {dist.get_world_size()}"
+    except Exception as exc:  # noqa: BLE001 - describing the group must not fail the check
+        return f"initialised ({type(exc).__name__} while describing it: {exc})"
+
+
+def process_state() -> ProcessState:
+    return ProcessState(
+        env=dict(os.environ),
+        signals=_signal_handlers(),
+        threads=_non_daemon_threads(),
+        process_group=_process_group(),
+        imported=frozenset(m for m in IMPORT_TIME_ENV if m in sys.modules),
+    )
+
+
+def _short(value, limit: int = 200) -> str:
+    text = "unset" if value is None else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _signal_name(sig) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _thread_name(thread: threading.Thread) -> str:
+    target = getattr(thread, "_target", None)
+    where = f", target {getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', target)}" if target else ""
+    return f"{thread.name!r} ({type(thread).__name__}{where})"
+
+
+_MISSING = object()
+
+
+def _timeout_plugin(old, new) -> bool:
+    """pytest-timeout's SIGALRM timer (set for each test, reset to SIG_DFL early when the test fails)."""
+    ours = [h for h in (old, new) if getattr(h, "__module__", None) == "pytest_timeout"]
+    return bool(ours) and all(h in ours or h == signal.SIG_DFL for h in (old, new))
+
+
+class StateGuard:
+    """The bookkeeping of one test session: what session fixtures own, the threads already reported, the
+    state before each wider-scoped fixture's setup, and the wider fixtures' leaks not yet reported."""
+
+    def __init__(self, grace_s: float = THREAD_GRACE_S):
+        self.grace_s = grace_s
+        self.owned = ProcessState()
+        self.reported_threads: set = set()
+        self._wider_before: dict = {}
+        self._wider_reports: list[str] = []
+
+    # ------------------------------------------------------------------ comparing
+
+    def leaks(self, before: ProcessState, after: ProcessState) -> list[Leak]:
+        """What changed from ``before`` to ``after``, one Leak per item; [] when nothing did. New non-daemon
+        threads get up to ``grace_s`` seconds (in all) to finish first. What a session fixture set up in
+        between (``own``) is no change, nor are the variables a library set when imported in between."""
+        found = []
+        import_time = set().union(*(IMPORT_TIME_ENV[m] for m in after.imported - before.imported))
+        for key in sorted(set(before.env) | set(after.env)):
+            old, new = before.env.get(key), after.env.get(key)
+            if old == new or key in UNCHECKED_ENV or (old is None and key in import_time):
+                continue
+            if self.owned.env.get(key, _MISSING) == new:
+                continue
+            found.append(Leak("env", key, f"environment variable {key}: {_short(old)} -> {_short(new)}"))
+        for sig in sorted(set(before.signals) | set(after.signals)):
+            old, new = before.signals.get(sig), after.signals.get(sig)
+            if old != new and self.owned.signals.get(sig, _MISSING) != new and not _timeout_plugin(old, new):
+                found.append(Leak("signal", sig, f"signal handler {_signal_name(sig)}: {_short(old)} -> {_short(new)}"))
+        deadline = time.monotonic() + self.grace_s
+        for thread in sorted(after.threads - before.threads - self.owned.threads - self.reported_threads,
+                             key=lambda t: t.name):
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                self.reported_threads.add(thread)  # reported once, not again by every later check
+                found.append(Leak("thread", thread, f"non-daemon thread {_thread_name(thread)} still running "
+                                                    f"{self.grace_s:g} s after the test"))
+        if before.process_group != after.process_group and not (
+            after.process_group is not None and after.process_group == self.owned.process_group
+        ):
+            found.append(Leak("process_group", None, "torch.distributed default process group: "
+                                                     f"{before.process_group or 'none'} -> "
+                                                     f"{after.process_group or 'none (destroyed)'}"))
+        return found
+
+    @staticmethod
+    def restore(before: ProcessState, leaks: list[Leak]) -> None:
+        """Put back what can be put back (variables, signal handlers; a new process group is destroyed), so
+        that the next test does not inherit it. A thread cannot be stopped from outside: only reported."""
+        for leak in leaks:
+            if leak.kind == "env":
+                if leak.key in before.env:
+                    os.environ[leak.key] = before.env[leak.key]
+                else:
+                    os.environ.pop(leak.key, None)
+            elif leak.kind == "signal":
+                handler = before.signals.get(leak.key)
+                if handler is not None:  # None: installed from C, Python cannot put it back
+                    try:
+                        signal.signal(leak.key, handler)
+                    except (ValueError, OSError, TypeError):
+                        pass
+            elif leak.kind == "process_group" and before.process_group is None:
+                import torch.distributed as dist
+
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+
+    def check(self, before: ProcessState, who: str) -> str | None:
+        """Compare now with ``before``; on a leak put things back and return the failure message."""
+        leaks = self.leaks(before, process_state())
+        if not leaks:
+            return None
+        self.restore(before, leaks)
+        return f"{who} left state behind:\n  " + "\n  ".join(leak.text for leak in leaks)
+
+    # ------------------------------------------------------------------ fixtures wider than one test
+
+    def own(self, before: ProcessState, after: ProcessState) -> None:
+        """Record what a session-scoped fixture's setup changed as the session's own."""
+        for key in set(before.env) | set(after.env):
+            if before.env.get(key) != after.env.get(key):
+                self.owned.env[key] = after.env.get(key)
+        for sig, handler in after.signals.items():
+            if before.signals.get(sig) != handler:
+                self.owned.signals[sig] = handler
+        self.owned.threads = self.owned.threads | (after.threads - before.threads)
+        if after.process_group is not None and before.process_group is None:
+            self.owned.process_group = after.process_group
+
+    def wider_set_up(self, fixturedef, before: ProcessState) -> None:
+        self._wider_before[id(fixturedef)] = before
+
+    def wider_torn_down(self, fixturedef, where: str) -> None:
+        """After a module/class/package fixture's teardown: it must have undone what changed since its setup."""
+        before = self._wider_before.pop(id(fixturedef), None)
+        if before is None:  # a function or session fixture, or one this guard did not see set up
+            return
+        message = self.check(before, f"{fixturedef.scope}-scoped fixture {fixturedef.argname!r} of {where}")
+        if message:
+            self._wider_reports.append(message)
+
+    def take_wider_report(self) -> str | None:
+        """The wider fixtures' leaks found since the last call, if any (then forgotten)."""
+        if not self._wider_reports:
+            return None
+        message = "\n".join(self._wider_reports)
+        self._wider_reports.clear()
+        return message
