@@ -264,6 +264,11 @@ def _check_algorithm(r: _Report, n: int | None) -> None:
             f"algorithm.adv_estimator={estimator} compares the responses sampled for the same prompt, so "
             f"actor_rollout_ref.rollout.n must be > 1 (got {n}); e.g. actor_rollout_ref.rollout.n=5"
         )
+    if estimator == "remax":  # the estimator is there (algorithms/), the loop's greedy-baseline phase is not
+        r.errors.append(
+            "algorithm.adv_estimator=remax needs a greedy baseline response per prompt (veRL generates one each "
+            "step); hybridflow's driver loop does not generate it yet: use grpo, rloo or reinforce_plus_plus"
+        )
     if r.get("actor_rollout_ref.actor.use_kl_loss") and r.get("algorithm.use_kl_in_reward"):
         r.notes.append(
             "warning: actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are both on: the KL to "

@@ -260,3 +260,9 @@ def test_fully_async_knobs_are_refused_in_the_modes_that_fix_them():
     check(*separate, "async_training.mode=one_step_off")
     check(*separate, "async_training.mode=fully_async", "async_training.staleness_threshold=1",
           "async_training.trigger_parameter_sync_step=2", "async_training.partial_rollout=False")
+
+
+def test_remax_is_refused_until_the_loop_makes_its_baseline():
+    # the estimator needs reward_baselines (a greedy response's score per prompt) that no phase computes yet
+    msg = error_of("algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=2")
+    assert "algorithm.adv_estimator=remax" in msg and "greedy baseline" in msg
