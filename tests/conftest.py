@@ -22,7 +22,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import pytest  # noqa: E402
 
-from tests.leak_check import StateGuard, process_state  # noqa: E402
+from tests.leak_check import LeakCheckPlugin, StateGuard, process_state  # noqa: E402
 
 TINY_TRAIN_SIZE = 64
 TINY_TEST_SIZE = 32
@@ -46,11 +46,16 @@ def pytest_collection_modifyitems(config, items):
 # tests/leak_check.py says what is compared. The autouse fixture takes its "before" after the wider-scoped
 # fixtures a test uses are set up and its "after" after the test's function-scoped fixtures are torn down
 # (it is the first function-scoped fixture set up); a leak fails the test at teardown, naming each item,
-# and is put back where it can be so that the next test starts clean. The hooks below give session
-# fixtures what their setup changed (so the shared Ray's settings stay) and check each module-, class- or
-# package-scoped fixture at its teardown (reported by the test whose setup or teardown tore it down).
+# and is put back where it can be so that the next test starts clean. The plugin registered below gives
+# session fixtures what their setup changed (so the shared Ray's settings stay) and checks each module-,
+# class- or package-scoped fixture at its teardown (reported by the test whose setup or teardown tore it
+# down).
 
 GUARD = StateGuard()
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(LeakCheckPlugin(GUARD), "hybridflow-leak-check")
 
 
 @pytest.fixture(autouse=True)
@@ -62,44 +67,6 @@ def _leaves_nothing_behind(request):
     message = GUARD.check(before, request.node.nodeid)
     if message:
         pytest.fail(message, pytrace=False)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_fixture_setup(fixturedef, request):
-    if fixturedef.scope == "function":
-        return (yield)
-    before = process_state()
-    try:
-        return (yield)
-    finally:
-        if fixturedef.scope == "session":
-            GUARD.own(before, process_state())
-        else:
-            GUARD.wider_set_up(fixturedef, before)
-
-
-def pytest_fixture_post_finalizer(fixturedef, request):
-    GUARD.wider_torn_down(fixturedef, getattr(request.node, "nodeid", "?"))
-
-
-def _fail_on_wider_leaks():
-    message = GUARD.take_wider_report()
-    if message:
-        pytest.fail(message, pytrace=False)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item):
-    result = yield  # a parametrized wider fixture is torn down here when its parameter changes
-    _fail_on_wider_leaks()
-    return result
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    result = yield  # the wider fixtures the next test does not use are torn down here
-    _fail_on_wider_leaks()
-    return result
 
 
 # ----------------------------------------------------------------------------- shared fixtures

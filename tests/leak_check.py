@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import pytest
+
 # pytest's own, rewritten for each phase of each test
 UNCHECKED_ENV = frozenset({"PYTEST_CURRENT_TEST"})
 # set by a library when it is first imported (os.environ.setdefault at import time), so by whichever test
@@ -221,3 +223,45 @@ class StateGuard:
         message = "\n".join(self._wider_reports)
         self._wider_reports.clear()
         return message
+
+
+class LeakCheckPlugin:
+    """The hooks that watch fixtures wider than one test. Registered as a plugin (tests/conftest.py's
+    pytest_configure), not as conftest hooks: a conftest's hooks do not see session-scoped fixtures,
+    whose node (the session) lies outside the conftest's directory."""
+
+    def __init__(self, guard: StateGuard):
+        self.guard = guard
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        if fixturedef.scope == "function":
+            return (yield)
+        before = process_state()
+        try:
+            return (yield)
+        finally:
+            if fixturedef.scope == "session":
+                self.guard.own(before, process_state())
+            else:
+                self.guard.wider_set_up(fixturedef, before)
+
+    def pytest_fixture_post_finalizer(self, fixturedef, request):
+        self.guard.wider_torn_down(fixturedef, getattr(request.node, "nodeid", "?"))
+
+    def _fail_on_wider_leaks(self):
+        message = self.guard.take_wider_report()
+        if message:
+            pytest.fail(message, pytrace=False)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item):
+        result = yield  # a parametrized wider fixture is torn down here when its parameter changes
+        self._fail_on_wider_leaks()
+        return result
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        result = yield  # the wider fixtures the next test does not use are torn down here
+        self._fail_on_wider_leaks()
+        return result

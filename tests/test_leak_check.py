@@ -113,10 +113,7 @@ def test_import_time_variables_and_what_a_session_fixture_owns_are_no_leak(monke
 
 
 INNER_CONFTEST = """
-from tests.conftest import (  # noqa: F401 - the real check: its fixture and hooks
-    _leaves_nothing_behind, pytest_fixture_post_finalizer, pytest_fixture_setup, pytest_runtest_setup,
-    pytest_runtest_teardown,
-)
+from tests.conftest import _leaves_nothing_behind, pytest_configure  # noqa: F401 - the real check
 """
 
 INNER_A = """
@@ -181,9 +178,26 @@ def test_two(leaky, tidy):
 INNER_C = """
 import os
 
+import pytest
+
 
 def test_after_the_module_fixture():
     assert "HF_MODULE_PROBE" not in os.environ
+
+
+@pytest.fixture(scope="session")
+def owner():  # like ray_session: what its setup changes is the session's
+    os.environ["HF_SESSION_PROBE"] = "kept"
+    yield
+
+
+@pytest.fixture(scope="module")
+def via_module(request):  # set up first, and sets up the session fixture inside its own setup
+    return request.getfixturevalue("owner")
+
+
+def test_a_session_fixtures_state_stays(via_module):
+    assert os.environ["HF_SESSION_PROBE"] == "kept"
 """
 
 
@@ -204,10 +218,10 @@ def test_a_pytest_run_fails_exactly_the_leaking_tests_and_fixtures(tmp_path):
         "ERROR test_a.py::test_thread_leak",
         "ERROR test_b.py::test_two",  # the module fixture is torn down after the module's last test
     ], out
-    assert "9 passed, 4 errors" in out, out
+    assert "10 passed, 4 errors" in out, out
     assert "test_a.py::test_env_leak left state behind:\n  environment variable HF_LEAK_PROBE: unset -> '1'" in out
     assert "signal handler SIGUSR2: <Handlers.SIG_DFL: 0> -> <function test_signal_leak.<locals>.<lambda> at " in out
     assert "non-daemon thread 'probe-waiter' (Thread, target threading.Event.wait) still running 2 s" in out
     assert ("module-scoped fixture 'leaky' of test_b.py left state behind:\n"
             "  environment variable HF_MODULE_PROBE: unset -> 'on'") in out
-    assert "HF_TIDY_PROBE" not in out
+    assert "HF_TIDY_PROBE" not in out and "HF_SESSION_PROBE" not in out

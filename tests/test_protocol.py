@@ -27,7 +27,6 @@ from hybridflow.protocol import (
     unpad_dataproto,
 )
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def assert_dp_equal(a: DataProto, b: DataProto, meta=True):
@@ -459,18 +458,30 @@ def test_save_and_load_from_disk(tmp_path):
     assert_dp_equal(DataProto.load_from_disk(tmp_path / "dp.pkl"), dp)
 
 
-def test_all_gather_data_proto_single_rank(tmp_path):
+def _all_gather_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        dp = make(3)
+        dp = make(6).select_idxs([2 * rank, 2 * rank + 1])  # rank 0: rows 0, 1; rank 1: rows 2, 3
         all_gather_data_proto(dp)
-        assert_dp_equal(dp, make(3))
+        dp.save_to_disk(os.path.join(out_dir, f"rank{rank}.pkl"))
     finally:
         dist.destroy_process_group()
+
+
+def test_all_gather_data_proto_two_ranks(tmp_path):
+    """Two gloo ranks in their own processes (whatever this process holds does not matter): each ends up
+    with every rank's rows, in rank order, tensors and non-tensors aligned."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_all_gather_rank, args=(2, str(tmp_path / "pg"), str(tmp_path)), nprocs=2, join=True)
+    expected = make(6).select_idxs([0, 1, 2, 3])
+    for rank in range(2):
+        gathered = DataProto.load_from_disk(tmp_path / f"rank{rank}.pkl")
+        assert rows(gathered) == [0, 1, 2, 3]
+        assert_dp_equal(gathered, expected)
 
 
 # ----------------------------------------------------------------------------- pickling
@@ -583,15 +594,10 @@ def test_protocol_needs_ray_neither_to_import_nor_for_local_futures(monkeypatch)
 
 
 @pytest.fixture(scope="module")
-def ray_mod():
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():  # another module's session: use it, leave it running
-        yield ray
-        return
-    pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
-    yield ray
-    ray.shutdown()
+def ray_mod(request):
+    """The session's shared Ray (tests/conftest.py's ``ray_session``)."""
+    pytest.importorskip("ray")
+    return request.getfixturevalue("ray_session")
 
 
 @pytest.fixture(scope="module")
@@ -614,7 +620,8 @@ def echo_actor(ray_mod):
 
     actor = Echo.remote()
     ray_mod.get(actor.echo.remote(None))  # warm up: the first call imports torch in the worker
-    return actor
+    yield actor
+    ray_mod.kill(actor)
 
 
 def test_ray_put_get_and_actor_round_trip(ray_mod, echo_actor):
