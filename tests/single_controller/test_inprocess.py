@@ -1,4 +1,7 @@
-"""The in-process backend runs the same registered methods through the same dispatch/collect code."""
+"""The in-process backend runs the same registered methods through the same dispatch/collect code, and
+its shutdown gives back what the group set in the process."""
+
+import os
 
 import numpy as np
 import pytest
@@ -18,9 +21,12 @@ def make_batch(n):
     )
 
 
-@pytest.fixture(scope="module")
-def group():
-    return InProcessWorkerGroup(ClassWithInitArgs(W.EchoWorker, scale=2.0))
+DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def group(inprocess_group):  # tests/single_controller/conftest.py: shut down after the test
+    return inprocess_group(ClassWithInitArgs(W.EchoWorker, scale=2.0))
 
 
 def test_same_methods_same_results(group):
@@ -35,8 +41,6 @@ def test_same_methods_same_results(group):
 
 
 def test_worker_lives_in_the_driver_process(group):
-    import os
-
     assert group.pid() == [os.getpid()]
     group.set_value(41)
     assert group.workers[0].value == 41  # the worker object is right here to inspect (and to breakpoint in)
@@ -49,8 +53,22 @@ def test_futures_chain(group):
     assert torch.equal(out.batch["x"], torch.arange(4, dtype=torch.float32) * 4)
 
 
-def test_gloo_all_reduce_world_one(group):
-    assert group.all_reduce(5) == [5.0]
+def test_gloo_all_reduce_world_one_and_shutdown_gives_everything_back(monkeypatch):
+    import torch.distributed as dist
+
+    for key in DIST_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.2")  # one of them set before: it comes back as it was
+    assert not dist.is_initialized()
+    group = InProcessWorkerGroup(ClassWithInitArgs(W.EchoWorker))
+    try:
+        assert group.all_reduce(5) == [5.0]  # the worker opened the default gloo group
+        assert dist.is_initialized() and dist.get_world_size() == 1
+        assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "1"
+    finally:
+        group.shutdown()
+    assert not dist.is_initialized()
+    assert {key: os.environ.get(key) for key in DIST_ENV} == dict.fromkeys(DIST_ENV) | {"MASTER_ADDR": "127.0.0.2"}
 
 
 def test_error_names_method_and_rank(group):
@@ -59,8 +77,8 @@ def test_error_names_method_and_rank(group):
     assert isinstance(info.value.__cause__, ValueError)
 
 
-def test_colocated_in_process():
-    fused = InProcessWorkerGroup(create_colocated_worker_cls({"actor": ClassWithInitArgs(W.EchoWorker), "critic": W.CriticLikeWorker}))
+def test_colocated_in_process(inprocess_group):
+    fused = inprocess_group(create_colocated_worker_cls({"actor": ClassWithInitArgs(W.EchoWorker), "critic": W.CriticLikeWorker}))
     views = fused.spawn(prefix_set=["actor", "critic"])
     assert views["actor"].pid() == views["critic"].pid()
     out = views["critic"].values(make_batch(3))
