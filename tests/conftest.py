@@ -85,6 +85,26 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def restore_env():
+    """``restore_env(*names)``: after the test these environment variables are back at their values of the
+    moment of the call (unset if they were unset), whatever the code under test wrote. For library code
+    that sets process-wide variables by design. (``monkeypatch.delenv(name, raising=False)`` records
+    nothing for an unset variable, so it does not undo a later write.)"""
+    saved = {}
+
+    def restore(*names):
+        for name in names:
+            saved.setdefault(name, os.environ.get(name))
+
+    yield restore
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """A saved tiny Qwen2 (hidden 128, 4 layers, ~0.6M params) + char tokenizer (vocab 100)."""

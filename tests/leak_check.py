@@ -27,6 +27,7 @@ UNCHECKED_ENV = frozenset({"PYTEST_CURRENT_TEST"})
 # happens to import it first: accepted when the library was imported in between and the variable was unset
 IMPORT_TIME_ENV = {
     "ray": frozenset({"RAY_CLIENT_MODE"}),
+    "torch._dynamo": frozenset({"TORCHINDUCTOR_CACHE_DIR"}),  # torch._dynamo.package asks inductor's cache_dir()
     "vllm": frozenset({
         "PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_CACHE_DIR",
         "TRITON_CACHE_AUTOTUNING", "TILELANG_CLEANUP_TEMP_FILES",

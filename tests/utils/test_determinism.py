@@ -13,10 +13,11 @@ from hybridflow.utils.determinism import DETERMINISM_ENV, apply_full_determinism
 
 
 @pytest.fixture
-def restore_torch_switches(monkeypatch):
-    """These switches are process-wide: put them back, and unset the env the code sets."""
+def restore_torch_switches(monkeypatch, restore_env):
+    """These switches are process-wide: put them back, and the env the code sets (tests/conftest.py)."""
+    restore_env(*DETERMINISM_ENV)
     for key in DETERMINISM_ENV:
-        monkeypatch.delenv(key, raising=False)
+        monkeypatch.delenv(key, raising=False)  # start from unset
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     yield
