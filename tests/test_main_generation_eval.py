@@ -118,8 +118,8 @@ def test_generation_then_eval_on_tiny_model(tiny_model_dir, tiny_data_dir, tmp_p
     out = gen_main(_gen_args(tiny_model_dir, data, tmp_path / "sampled.parquet",
                              ["data.n_samples=3", "rollout.temperature=1.0", "rollout.top_k=-1", "rollout.top_p=1.0"]))
     table = pq.read_table(out).to_pylist()
-    assert len(table) == 3
-    for src, row in zip(rows, table):
+    assert len(rows) == len(table) == 3
+    for src, row in zip(rows, table, strict=True):
         assert len(row["responses"]) == 3 and all(isinstance(r, str) for r in row["responses"])
         assert row["reward_model"] == src["reward_model"] and row["prompt"] == src["prompt"]  # inputs kept, in order
     metrics = eval_main([f"data.path={out}"])
@@ -137,7 +137,8 @@ def test_greedy_generation_matches_transformers(tiny_model_dir, tiny_data_dir, t
     out = gen_main(_gen_args(tiny_model_dir, data, tmp_path / "greedy.parquet",
                              ["data.n_samples=2", "rollout.do_sample=False"]))
     table = pq.read_table(out).to_pylist()
-    for src, row in zip(rows, table):
+    assert len(rows) == len(table) == 3  # an empty or short output must not pass
+    for src, row in zip(rows, table, strict=True):
         expected = _direct_greedy(tiny_model_dir, src["prompt"], 6)
         assert row["responses"] == [expected, expected]  # left padding in a batch changes nothing
 

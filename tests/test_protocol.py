@@ -44,7 +44,7 @@ def assert_dp_equal(a: DataProto, b: DataProto, meta=True):
     for k, v in a.non_tensor_batch.items():
         assert v.dtype == object and b.non_tensor_batch[k].dtype == object
         assert v.shape == b.non_tensor_batch[k].shape, k
-        assert all(x == y for x, y in zip(v.tolist(), b.non_tensor_batch[k].tolist())), k
+        assert all(x == y for x, y in zip(v.tolist(), b.non_tensor_batch[k].tolist(), strict=True)), k
     if meta:
         assert a.meta_info == b.meta_info
 

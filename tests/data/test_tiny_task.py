@@ -110,7 +110,8 @@ def test_digit_steps_hold_for_every_operand_pair():
 def test_steps_style_rows_end_in_the_answer_and_keep_the_questions(tmp_path):
     direct_train, direct_test = generate_splits(seed=4, train_size=50, test_size=20)
     steps_train, steps_test = generate_splits(seed=4, train_size=50, test_size=20, style="steps")
-    for d, s in zip(direct_train + direct_test, steps_train + steps_test):
+    assert len(direct_train + direct_test) == len(steps_train + steps_test) == 70
+    for d, s in zip(direct_train + direct_test, steps_train + steps_test, strict=True):
         assert d["prompt"] == s["prompt"] and d["reward_model"] == s["reward_model"]  # same problems
         m = re.fullmatch(r"(\d\d)([+-])(\d\d)=\d+\n#### \d+", d["extra_info"]["answer"])
         body, final = s["extra_info"]["answer"].split("\n#### ")

@@ -69,7 +69,7 @@ def test_staleness_zero_reproduces_the_synchronous_run(tiny_model_dir, tiny_data
     sync = run(tiny_model_dir, tiny_data_dir, tmp_path / "sync")
     streamed = run(tiny_model_dir, tiny_data_dir, tmp_path / "async", *fully_async(0))
     assert len(sync) == len(streamed) == 3
-    for step, (a, b) in enumerate(zip(sync, streamed), start=1):
+    for step, (a, b) in enumerate(zip(sync, streamed, strict=True), start=1):
         for key in COMPARED:
             assert a[key] == b[key], (step, key, a[key], b[key])
         assert b["async/staleness/max"] == 0  # every sample came from the newest weights

@@ -90,7 +90,8 @@ def test_decoupled_rollout_correction_weights_and_rejects(tiny_model_dir, tiny_d
 
     steps = read_metrics(tmp_path)
     assert len(steps) == 2 and len(rec.updates) == 2 and rec.old_log_prob_calls == 2
-    for m, generated, sent in zip(steps, rec.generated, rec.updates):
+    assert len(rec.generated) == 2
+    for m, generated, sent in zip(steps, rec.generated, rec.updates, strict=True):
         assert_finite(m)
         ratio = torch.exp(sent["old_log_probs"] - sent["rollout_log_probs"])
         before = generated["response_mask"].bool()
@@ -132,8 +133,8 @@ def test_bypass_mode_reinforce_skips_the_old_log_prob_pass(tiny_model_dir, tiny_
     run_ppo(load_config("ppo_trainer", overrides))
 
     steps = read_metrics(tmp_path)
-    assert len(steps) == 2 and rec.old_log_prob_calls == 0
-    for m, sent in zip(steps, rec.updates):
+    assert len(steps) == len(rec.updates) == 2 and rec.old_log_prob_calls == 0
+    for m, sent in zip(steps, rec.updates, strict=True):
         assert_finite(m)
         assert torch.equal(sent["old_log_probs"], sent["rollout_log_probs"])
         assert "rollout_is_weights" not in sent and sent["meta"]["rollout_correction"].bypass_mode
@@ -173,7 +174,7 @@ def test_filter_groups_trains_only_informative_groups(tiny_model_dir, tiny_data_
     generations = [int(m["training/filter_groups/num_gen_batches"]) for m in steps]
     assert sum(generations) == len(rec.scored)  # one generation per prompt batch (max_inflight 1)
     first = 0
-    for m, sent, count in zip(steps, rec.updates, generations):
+    for m, sent, count in zip(steps, rec.updates, generations, strict=True):
         assert_finite(m)
         scored = rec.scored[first:first + count]
         first += count
@@ -184,7 +185,8 @@ def test_filter_groups_trains_only_informative_groups(tiny_model_dir, tiny_data_
         assert sum(informative[:-1]) < 4 <= sum(informative), informative
         # exactly 4 groups × n=2 trained, each with differing scores, none with an even answer
         groups: dict = {}
-        for uid, gt, score in zip(sent["uid"], sent["ground_truth"], sent["token_level_scores"].sum(-1).tolist()):
+        for uid, gt, score in zip(sent["uid"], sent["ground_truth"], sent["token_level_scores"].sum(-1).tolist(),
+                                  strict=True):
             groups.setdefault(uid, []).append((int(gt), score))
         assert len(groups) == 4 and all(len(v) == 2 for v in groups.values())
         for members in groups.values():

@@ -53,7 +53,7 @@ def _differences(a: list[dict], b: list[dict], engine_logprob_tol: float | None 
     ``engine_logprob_tol``: the engine-log-prob metrics need only agree to this absolute tolerance."""
     assert len(a) == len(b), f"{len(a)} logged steps vs {len(b)}"
     diffs = []
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if x.keys() != y.keys():
             diffs.append(f"step {i}: keys differ: {sorted(x.keys() ^ y.keys())}")
         for key in x.keys() & y.keys():

@@ -249,7 +249,8 @@ def test_torchrun_two_processes_match_one_process(tiny_model_dir, tiny_data_dir,
 
     run_sft(load_config("sft_trainer", sft_overrides(tiny_model_dir, tiny_data_dir, out1, **extra)))
     two, one = read_metrics(out2), read_metrics(out1)
-    for a, b in zip(two, one):
+    assert len(two) == len(one) > 0, (len(two), len(one))  # the same logged steps, not just a common prefix
+    for a, b in zip(two, one, strict=True):
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-4)
         assert a["train/loss_tokens"] == b["train/loss_tokens"]
     assert two[-1]["val/loss"] == pytest.approx(one[-1]["val/loss"], rel=1e-4)

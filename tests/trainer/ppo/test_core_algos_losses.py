@@ -73,7 +73,7 @@ def test_vanilla_registered_loss_reads_config():
     cfg = {"clip_ratio": 0.2, "clip_ratio_low": 0.1, "clip_ratio_high": 0.3, "clip_ratio_c": 2.0}
     loss, metrics = fn(old, new, adv, mask, "seq-mean-token-mean", cfg)  # veRL 0.9.1: (loss, metrics dict)
     torch.testing.assert_close(loss, ref[0])
-    for name, value in zip(["actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"], ref[1:]):
+    for name, value in zip(["actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"], ref[1:], strict=True):
         torch.testing.assert_close(metrics[name], value)
     # same with only clip_ratio set: low/high fall back to it
     ref = core_algos.compute_policy_loss(old, new, adv, mask, cliprange=0.2)

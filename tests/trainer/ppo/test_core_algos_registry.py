@@ -77,7 +77,7 @@ def test_gae_config_supplies_gamma_lam(wrap):
     mask = torch.ones(3, 4)
     ref = core_algos.compute_gae_advantage_return(rewards, values, mask, 0.9, 0.7)
     got = core_algos.compute_gae_advantage_return(rewards, values, mask, config=wrap({"gamma": 0.9, "lam": 0.7}))
-    for a, b in zip(ref, got):
+    for a, b in zip(ref, got, strict=True):
         torch.testing.assert_close(a, b)
     # the config wins over the positional values (veRL: the config supplies them)
     got = core_algos.compute_gae_advantage_return(rewards, values, mask, 0.1, 0.1, config=wrap({"gamma": 0.9, "lam": 0.7}))

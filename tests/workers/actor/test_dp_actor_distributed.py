@@ -88,6 +88,6 @@ def test_two_ddp_ranks_equal_single_process_full_batch(tmp_path):
             assert metrics["actor/grad_norm"] == pytest.approx(expected["actor/grad_norm"], rel=1e-4)
         # loss metrics are per-rank shares x world size: their mean over ranks is the global loss
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy"):
-            mean_over_ranks = [(a + b) / 2 for a, b in zip(ranks[0][name][1][key], ranks[1][name][1][key])]
+            mean_over_ranks = [(a + b) / 2 for a, b in zip(ranks[0][name][1][key], ranks[1][name][1][key], strict=True)]
             assert mean_over_ranks == pytest.approx(expected[key], abs=1e-5), (name, key)
         assert (flat_params(model) - flat_params(base)).abs().max() > 1e-3

@@ -217,7 +217,8 @@ def test_greedy_requests_match_transformers_generate(server, tiny):
     prompts = [tok.encode(t) for t in ["hello there", "12+34=", "a", "what is 5*7?"]]
     greedy = SamplingParams(do_sample=False, response_length=12)
     outs = _gather(loop, srv, [(p, greedy, f"g{i}") for i, p in enumerate(prompts)])
-    for p, out in zip(prompts, outs):
+    assert len(outs) == len(prompts) == 4
+    for p, out in zip(prompts, outs, strict=True):
         ref = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=EOS_ID,
                              pad_token_id=PAD_ID, top_k=None, top_p=None)[0, len(p):].tolist()
         assert out.token_ids == ref
@@ -288,7 +289,8 @@ def test_requests_that_arrive_mid_batch_join_it_and_decode_exactly(server, tiny)
         return await asyncio.gather(running, *outs)
 
     outs = loop.run(go())
-    for prompt, out in zip([first, *later], outs):
+    assert len(outs) == 1 + len(later)
+    for prompt, out in zip([first, *later], outs, strict=True):
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                              eos_token_id=EOS_ID, pad_token_id=PAD_ID, top_k=None, top_p=None)[0, len(prompt):]
         assert out.token_ids == ref.tolist()

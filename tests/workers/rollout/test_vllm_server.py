@@ -175,7 +175,8 @@ def test_engine_start_leaves_torch_threads_alone(served):
 def test_first_generation_is_the_checkpoint_greedy_tokens_equal_hf(served, hf_model, prompts):
     eos = list(served.server.eos_token_ids)
     outs = served.generate_all(prompts, GREEDY)
-    for p, out in zip(prompts, outs):
+    assert len(outs) == len(prompts) > 0
+    for p, out in zip(prompts, outs, strict=True):
         assert out.token_ids == hf_greedy(hf_model, p, eos, GREEDY.response_length)
         # greedy log-probs are those of the unscaled distribution (temperature 1)
         diff = (torch.tensor(out.log_probs) - hf_log_probs(hf_model, p, out.token_ids, 1.0)).abs()
@@ -186,15 +187,16 @@ def test_sampled_log_probs_are_log_softmax_of_logits_over_temperature(served, hf
     temperature = 0.7
     params = SamplingParams(do_sample=True, temperature=temperature, response_length=24, ignore_eos=True)
     outs = served.generate_all(prompts * 3, params)
+    assert len(outs) == 3 * len(prompts) > 0
     diffs = torch.cat([(torch.tensor(o.log_probs) - hf_log_probs(hf_model, p, o.token_ids, temperature)).abs()
-                       for p, o in zip(prompts * 3, outs)])
+                       for p, o in zip(prompts * 3, outs, strict=True)])
     print(f"\nrollout vs HF log-probs (T={temperature}, {diffs.numel()} tokens): mean {diffs.mean():.2e}, "
           f"max {diffs.max():.2e}")
     assert all(len(o.token_ids) == 24 and o.stop_reason == LENGTH for o in outs)
     assert diffs.mean() < 1e-3 and diffs.max() < 1e-4
     # and the tokens really were sampled at that temperature: not all equal to the greedy answer
     greedy = served.generate_all(prompts, SamplingParams(do_sample=False, response_length=24, ignore_eos=True))
-    assert any(o.token_ids != g.token_ids for o, g in zip(outs, greedy * 3))
+    assert any(o.token_ids != g.token_ids for o, g in zip(outs, greedy * 3, strict=True))
 
 
 def test_many_concurrent_requests_each_get_their_own_answer(served, hf_model, prompts):
@@ -211,7 +213,7 @@ def test_many_concurrent_requests_each_get_their_own_answer(served, hf_model, pr
 
 def max_log_prob_diff(outs, prompts, model, temperature=1.0) -> float:
     return max(float((torch.tensor(o.log_probs) - hf_log_probs(model, p, o.token_ids, temperature)).abs().max())
-               for p, o in zip(prompts, outs))
+               for p, o in zip(prompts, outs, strict=True))
 
 
 def test_weights_pushed_in_buckets_answer_like_another_seeds_model(served, hf_model, prompts):

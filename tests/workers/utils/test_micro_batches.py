@@ -85,7 +85,7 @@ def test_split_by_token_budget_fits_balances_and_restores_order():
     assert len(micro) <= math.ceil(sum(lengths) / budget) + 2  # balanced, not a long first-fit tail
     assert max(sums) - min(sums) <= max(lengths)
     # micro-batch j holds rows indices[j], non-tensor columns aligned
-    for m, idx in zip(micro, indices):
+    for m, idx in zip(micro, indices, strict=True):
         assert m.batch["row_id"].tolist() == idx
         assert list(m.non_tensor_batch["tag"]) == [f"row{i}" for i in idx]
     # results computed per micro-batch come back in the original order
