@@ -11,7 +11,6 @@ from transformers import (
     AutoModelForTokenClassification,
     AutoTokenizer,
     GenerationConfig,
-    Qwen2ForTokenClassification,
 )
 
 from hybridflow.model_merger import convert_run, main, strip_wrapper_prefixes
@@ -46,10 +45,7 @@ def _causal_lm(tied: bool = True):
 
 
 def _critic():
-    config = _config()
-    config.num_labels = 1  # the value head
-    torch.manual_seed(0)
-    return Qwen2ForTokenClassification(config)
+    return build_tiny_model(_config(num_labels=1), seed=0, head="token_classification")  # the value head
 
 
 def _logits(model) -> torch.Tensor:

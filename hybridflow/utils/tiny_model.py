@@ -125,9 +125,12 @@ def build_tiny_config(
     intermediate_size: int = 256,
     max_position_embeddings: int = 512,
     tie_word_embeddings: bool = True,
-    pad_token_id: int = 0,
-    eos_token_id: int = 2,
+    pad_token_id: int | None = 0,
+    eos_token_id: int | None = 2,
+    **extra,
 ):
+    """The tiny model's config; ``extra`` goes to the config class as it is (``num_labels=1`` for a
+    value or reward head, ``classifier_dropout=0.0``, ...)."""
     from transformers import LlamaConfig, Qwen2Config
 
     if arch not in ARCHS:
@@ -146,16 +149,31 @@ def build_tiny_config(
         eos_token_id=eos_token_id,
         bos_token_id=None,
         torch_dtype="float32",
+        **extra,
     )
 
 
-def build_tiny_model(config, seed: int = 0):
-    """Random-init model; the global torch RNG is left untouched, so the same seed gives the same weights."""
-    from transformers import AutoModelForCausalLM
+HEADS = ("causal_lm", "token_classification", "sequence_classification")
 
+
+def build_tiny_model(config, seed: int = 0, head: str = "causal_lm"):
+    """Random-init model; the global torch RNG is left untouched, so the same seed gives the same weights.
+
+    ``head``: ``causal_lm`` (the policy), ``token_classification`` (a critic's value per token) or
+    ``sequence_classification`` (a reward model's score); give the config ``num_labels=1`` for the last two.
+    """
+    import transformers
+
+    auto = {
+        "causal_lm": transformers.AutoModelForCausalLM,
+        "token_classification": transformers.AutoModelForTokenClassification,
+        "sequence_classification": transformers.AutoModelForSequenceClassification,
+    }
+    if head not in auto:
+        raise ValueError(f"unknown tiny model head {head!r}; known: {', '.join(HEADS)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config)
+        model = auto[head].from_config(config)
     return model
 
 

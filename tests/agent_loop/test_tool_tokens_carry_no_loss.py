@@ -8,11 +8,11 @@ import copy
 
 import numpy as np
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from hybridflow.agent_loop import AgentLoopWorker
 from hybridflow.rewards import load_reward_manager
 from hybridflow.trainer.ppo import core_algos
+from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.utils.logprob import forward_response_log_probs
 from tests.agent_loop.chat_helpers import TOK, ScriptedChat, batch_of, calc_entry, call_text, objects, settings
@@ -50,9 +50,10 @@ def test_tool_tokens_get_no_advantage_and_no_gradient(tmp_path):
     assert torch.allclose(adv[0][mask[0] == 1], torch.tensor(0.5 / 0.7071), atol=1e-3)
 
     # a real update of a tiny Qwen2 over the tiny vocabulary
-    torch.manual_seed(0)
-    base = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(TOK), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512))
+    config = build_tiny_config(len(TOK), hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                               num_kv_heads=2, tie_word_embeddings=False, pad_token_id=None, eos_token_id=None)
+    base = build_tiny_model(config, seed=0)
+    torch.manual_seed(0)  # the noise on the old log-probs below
     with torch.no_grad():
         logp, _ = forward_response_log_probs(base, b["input_ids"], b["attention_mask"], b["position_ids"],
                                              b["responses"].size(1), 1.0)

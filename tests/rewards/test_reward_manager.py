@@ -14,30 +14,22 @@ from hybridflow.rewards import (
     load_reward_manager,
     reward_metrics,
 )
+from hybridflow.utils.tiny_model import build_tiny_tokenizer
 
-PAD, EOS = 0, 1
+TOK = build_tiny_tokenizer()  # the shared character tokenizer (hybridflow/utils/tiny_model.py)
+PAD, EOS = TOK.pad_token_id, TOK.eos_token_id  # specials, dropped by skip_special_tokens
 P, R = 4, 10
 
 
-class CharTokenizer:
-    """id = ord(char); 0 is pad and 1 is EOS (special, dropped by skip_special_tokens)."""
-
-    def encode(self, text):
-        return [ord(c) for c in text]
-
-    def decode(self, ids, skip_special_tokens=False):
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        return "".join("" if (i in (PAD, EOS) and skip_special_tokens) else chr(i) if i > 1 else f"<{i}>" for i in ids)
-
-
-TOK = CharTokenizer()
+def ids(text: str) -> list[int]:
+    return TOK.encode(text, add_special_tokens=False)  # one id per character
 
 
 def make_batch(rows, extra_info=None):
     """rows: (prompt, response_ids, data_source, ground_truth). Prompts left-padded, responses right-padded."""
     prompts, responses, masks = [], [], []
     for prompt, response, _, _ in rows:
-        p = TOK.encode(prompt)
+        p = ids(prompt)
         prompts.append([PAD] * (P - len(p)) + p)
         responses.append(response + [PAD] * (R - len(response)))
         # response mask: 1 up to and including the first EOS (or all of a response without EOS)
@@ -60,10 +52,10 @@ def make_batch(rows, extra_info=None):
 
 
 ROWS = [
-    ("Q1", TOK.encode("#### 4") + [EOS], "openai/gsm8k", "4"),  # right; 7 valid tokens -> index 6
-    ("Q2+", TOK.encode("#### 12345"), "openai/gsm8k", "12345"),  # right; fills R, no EOS -> index 9
-    ("Q3", TOK.encode("#### 3") + [EOS, PAD], "openai/gsm8k", "4"),  # wrong -> all zeros
-    ("Q4", TOK.encode("\\boxed{2}") + [EOS], "lighteval/MATH", "2"),  # right; 10 valid -> index 9
+    ("Q1", ids("#### 4") + [EOS], "openai/gsm8k", "4"),  # right; 7 valid tokens -> index 6
+    ("Q2+", ids("#### 12345"), "openai/gsm8k", "12345"),  # right; fills R, no EOS -> index 9
+    ("Q3", ids("#### 3") + [EOS, PAD], "openai/gsm8k", "4"),  # wrong -> all zeros
+    ("Q4", ids("\\boxed{2}") + [EOS], "lighteval/MATH", "2"),  # right; 10 valid -> index 9
     ("Q5", [EOS], "lighteval/MATH", "2"),  # empty answer: wrong, EOS only
 ]
 

@@ -223,14 +223,15 @@ def test_inprocess_grpo_batch_sizes(tiny_model_dir, tiny_data_dir, tmp_path, mon
 
 def _save_tiny_reward_model(model_dir: str, out_dir: str) -> str:
     """A sequence-classification model (num_labels=1) with the tiny model's config and tokenizer."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
+
+    from hybridflow.utils.tiny_model import build_tiny_model
 
     config = AutoConfig.from_pretrained(model_dir, num_labels=1)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     config.pad_token_id = tokenizer.pad_token_id
-    torch.manual_seed(1)
-    model = AutoModelForSequenceClassification.from_config(config)
-    torch.nn.init.normal_(model.score.weight, std=1.0)  # a visible spread of scores
+    model = build_tiny_model(config, seed=1, head="sequence_classification")
+    torch.nn.init.normal_(model.score.weight, std=1.0, generator=torch.Generator().manual_seed(1))  # a visible spread of scores
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
@@ -264,7 +265,7 @@ def test_inprocess_reward_model_scores_are_the_rewards(tiny_model_dir, tiny_data
     steps = read_metrics(tmp_path)
     assert len(seen) == 2 and len(steps) == 2
     rm = AutoModelForSequenceClassification.from_pretrained(rm_dir).eval()
-    for m, (ids, mask, pos, rm_scores) in zip(steps, seen):
+    for m, (ids, mask, pos, rm_scores) in zip(steps, seen, strict=True):
         with torch.no_grad():  # independent reference: the HF model on the whole batch at once
             expected = rm(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, 0]
         torch.testing.assert_close(rm_scores.sum(-1), expected, rtol=1e-4, atol=1e-5)

@@ -93,6 +93,22 @@ def test_same_seed_same_weights_and_rng_untouched():
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
 
 
+@pytest.mark.parametrize("head, cls_name, out_shape", [
+    ("token_classification", "Qwen2ForTokenClassification", (1, 3, 1)),  # a critic's value per token
+    ("sequence_classification", "Qwen2ForSequenceClassification", (1, 1)),  # a reward model's score
+])
+def test_value_and_reward_heads_share_the_body_of_the_same_seed(head, cls_name, out_shape):
+    cfg = build_tiny_config(100, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
+                            num_labels=1, classifier_dropout=0.0)
+    model = build_tiny_model(cfg, seed=0, head=head)
+    assert type(model).__name__ == cls_name and model.config.num_labels == 1
+    assert model(input_ids=torch.tensor([[5, 20, 21]])).logits.shape == out_shape
+    lm = build_tiny_model(cfg, seed=0)
+    assert torch.equal(model.model.embed_tokens.weight, lm.model.embed_tokens.weight)
+    with pytest.raises(ValueError, match="value_head.*causal_lm, token_classification, sequence_classification"):
+        build_tiny_model(cfg, head="value_head")
+
+
 def test_unknown_arch_names_the_choices():
     with pytest.raises(ValueError, match="gpt9.*qwen2, llama"):
         build_tiny_config(100, arch="gpt9")

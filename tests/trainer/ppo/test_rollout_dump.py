@@ -12,17 +12,11 @@ from omegaconf import OmegaConf
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo import rollout_dump
 from hybridflow.trainer.ppo.rollout_replay import RolloutSkipSettings, find_replay_file
+from hybridflow.utils.tiny_model import build_tiny_tokenizer
 
-PAD, EOS = 0, 2
-
-
-class CharTokenizer:
-    """ids 3.. are letters a, b, c, ...; 0 pad and 2 eos are special (skipped when decoding)."""
-
-    pad_token_id, eos_token_id = PAD, EOS
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(ord("a") + i - 3) for i in ids if i >= 3 or not skip_special_tokens)
+TOK = build_tiny_tokenizer()  # the shared character tokenizer (hybridflow/utils/tiny_model.py)
+PAD, EOS = TOK.pad_token_id, TOK.eos_token_id  # specials, skipped when decoding
+A, B, C, D, E, F, G, H = TOK.encode("abcdefgh", add_special_tokens=False)  # one id per character
 
 
 def _obj(values):
@@ -34,9 +28,9 @@ def _obj(values):
 
 def _batch() -> DataProto:
     """Two samples, P=4, R=3, in the rollout layout (base.py's module docstring):
-    row 0: prompt [5, 6] -> 'cd', response [7, EOS] -> 'e'; row 1: prompt [3, 4, 5] -> 'abc', response [8, 9, 10] (cut)."""
-    prompts = torch.tensor([[PAD, PAD, 5, 6], [PAD, 3, 4, 5]])
-    responses = torch.tensor([[7, EOS, PAD], [8, 9, 10]])
+    row 0: prompt 'cd', response 'e' + EOS; row 1: prompt 'abc', response 'fgh' (cut)."""
+    prompts = torch.tensor([[PAD, PAD, C, D], [PAD, A, B, C]])
+    responses = torch.tensor([[E, EOS, PAD], [F, G, H]])
     attention = torch.tensor([[0, 0, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1, 1]])
     # prompt positions count real tokens (pads clipped to 0); the response continues from the last one
     positions = torch.tensor([[0, 0, 0, 1, 2, 3, 4], [0, 0, 1, 2, 3, 4, 5]])
@@ -49,29 +43,29 @@ def _batch() -> DataProto:
                  "token_level_scores": scores, "advantages": torch.tensor([[0.7, 0.7, 0.0], [-0.7, -0.7, -0.7]])},
         non_tensors={"uid": _obj(["1_0", "1_1"]), "index": _obj([11, 12]), "data_source": _obj(["toy", "toy"]),
                      "reward_model": _obj([{"ground_truth": "5"}, {"ground_truth": "7"}]),
-                     "raw_prompt_ids": _obj([[5, 6], [3, 4, 5]])})
+                     "raw_prompt_ids": _obj([[C, D], [A, B, C]])})
 
 
 def test_rows_carry_verl_fields_and_compact_token_ids():
-    rows = rollout_dump.batch_to_rows(_batch(), CharTokenizer(), step=3)
+    rows = rollout_dump.batch_to_rows(_batch(), TOK, step=3)
     r0, r1 = rows
     # veRL's fields
     assert (r0["input"], r0["output"], r0["gts"], r0["score"], r0["step"]) == ("cd", "e", "5", 0.5, 3)
     assert (r1["input"], r1["output"], r1["gts"], r1["score"]) == ("abc", "fgh", "7", 0.25)
     # token ids without padding; per-token tensors cut to the response's attention length (2 and 3)
-    assert r0["prompt_ids"] == [5, 6] and r0["response_ids"] == [7, EOS]
+    assert r0["prompt_ids"] == [C, D] and r0["response_ids"] == [E, EOS]
     assert (r0["prompt_width"], r0["response_width"]) == (4, 3)
     assert r0["response_mask"] == [1, 1] and r0["advantages"] == pytest.approx([0.7, 0.7])
-    assert r1["response_ids"] == [8, 9, 10] and r1["token_level_scores"] == [0.0, 0.0, 0.25]
+    assert r1["response_ids"] == [F, G, H] and r1["token_level_scores"] == [0.0, 0.0, 0.25]
     assert r0["non_tensor"] == {"uid": "1_0", "index": 11, "data_source": "toy", "reward_model": {"ground_truth": "5"},
-                                "raw_prompt_ids": [5, 6]}
+                                "raw_prompt_ids": [C, D]}
     assert "padded" not in r0 and "padded" not in r1  # the rollout layout rebuilds both rows exactly
     json.dumps(rows)  # plain JSON
 
 
 def test_round_trip_rebuilds_the_generated_tensors_exactly(tmp_path):
     batch = _batch()
-    path = rollout_dump.write_rows(rollout_dump.step_file(str(tmp_path), 3), rollout_dump.batch_to_rows(batch, CharTokenizer(), 3))
+    path = rollout_dump.write_rows(rollout_dump.step_file(str(tmp_path), 3), rollout_dump.batch_to_rows(batch, TOK, 3))
     assert path.endswith("/3.jsonl") and rollout_dump.dumped_steps(str(tmp_path)) == [3]
     back = rollout_dump.rows_to_batch(rollout_dump.read_rows(path), PAD)
     for key in (*rollout_dump.GENERATED_TENSORS, *rollout_dump.GENERATED_PER_TOKEN):
@@ -79,7 +73,7 @@ def test_round_trip_rebuilds_the_generated_tensors_exactly(tmp_path):
         assert back.batch[key].dtype == batch.batch[key].dtype, key
     assert "advantages" not in back.batch.keys()  # later phases recompute it
     assert list(back.non_tensor_batch["uid"]) == ["1_0", "1_1"]
-    assert back.non_tensor_batch["raw_prompt_ids"][1] == [3, 4, 5]  # lists stay lists (no 2-D object array)
+    assert back.non_tensor_batch["raw_prompt_ids"][1] == [A, B, C]  # lists stay lists (no 2-D object array)
 
 
 def test_rows_the_layout_cannot_rebuild_are_stored_in_full():
@@ -87,7 +81,7 @@ def test_rows_the_layout_cannot_rebuild_are_stored_in_full():
     batch.batch["position_ids"][1, 4:] = torch.tensor([9, 9, 9])  # an engine with other response positions
     batch.batch["responses"][0, 2] = EOS  # and one that pads with EOS
     batch.batch["input_ids"][0, 6] = EOS
-    rows = rollout_dump.batch_to_rows(batch, CharTokenizer(), 1)
+    rows = rollout_dump.batch_to_rows(batch, TOK, 1)
     assert set(rows[0]["padded"]) == {"responses", "input_ids"} and set(rows[1]["padded"]) == {"position_ids"}
     back = rollout_dump.rows_to_batch(json.loads(json.dumps(rows)), PAD)
     for key in rollout_dump.GENERATED_TENSORS:
@@ -99,7 +93,7 @@ def test_rows_are_written_in_generation_order_after_balancing():
     order = [1, 0]  # the balancer put generated row 1 first
     batch.reorder(torch.tensor(order))
     batch.meta_info["balance_order"] = order
-    rows = rollout_dump.batch_to_rows(batch, CharTokenizer(), 1)
+    rows = rollout_dump.batch_to_rows(batch, TOK, 1)
     assert [r["non_tensor"]["uid"] for r in rows] == ["1_0", "1_1"]
 
 

@@ -2,33 +2,28 @@
 tests.workers.actor.ppo_batch)."""
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
 from hybridflow.protocol import DataProto
+from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model
 
 VOCAB, PROMPT, RESPONSE = 16, 6, 5
+# the shared tiny model (hybridflow/utils/tiny_model.py) at this file's small size: vocab 16, hidden 32,
+# 2 layers, 4 heads (2 KV), no pad or EOS id in the config (the rows' pad id 0 is an ordinary token)
+SIZE = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+            max_position_embeddings=64, pad_token_id=None, eos_token_id=None)
 
 
-def tiny_causal_lm(seed: int = 0) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
-    )
-    return Qwen2ForCausalLM(config)
+def tiny_causal_lm(seed: int = 0):
+    """A Qwen2ForCausalLM with its own lm_head (untied); the global RNG is left alone."""
+    return build_tiny_model(build_tiny_config(VOCAB, tie_word_embeddings=False, **SIZE), seed=seed)
 
 
-def tiny_value_model(seed: int = 0, pad_token_id=None) -> Qwen2ForTokenClassification:
-    """The critic's shape of ``tiny_causal_lm``: one label per position, head dropout off (as the
-    critic worker sets it, so values are deterministic). ``pad_token_id`` also zeroes that row of
-    the embedding at init."""
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, num_labels=1, pad_token_id=pad_token_id,
-        classifier_dropout=0.0,
-    )
-    return Qwen2ForTokenClassification(config)
+def tiny_value_model(seed: int = 0, pad_token_id=None):
+    """The critic's shape of ``tiny_causal_lm``: a Qwen2ForTokenClassification with one label per position,
+    head dropout off (as the critic worker sets it, so values are deterministic). ``pad_token_id`` also
+    zeroes that row of the embedding at init."""
+    config = build_tiny_config(VOCAB, **{**SIZE, "pad_token_id": pad_token_id}, num_labels=1, classifier_dropout=0.0)
+    return build_tiny_model(config, seed=seed, head="token_classification")
 
 
 def padded_rows(batch_size: int, seed: int = 0, prompt_lens=None, response_lens=None) -> dict:
