@@ -1,10 +1,15 @@
 """veRL's multi-turn example command lines compose under hybridflow.main_ppo with only the module name
 changed; what hybridflow does not implement fails with a message that says so.
 
-The examples are read from a veRL checkout at test time (never copied into this repository):
-``HYBRIDFLOW_VERL_EXAMPLES`` (a folder holding veRL's ``examples/``), else ``git archive`` of the veRL
-snapshot at ``HYBRIDFLOW_VERL_REPO`` (default: the development machine's mirror). Without either the
-test is skipped. Each script runs in bash with ``python3``/``pip``/``hf``/``git``/``wget`` replaced by
+The examples checked by default are ``tests/agent_loop/verl_format_examples/``: scripts, a trainer yaml
+extending ``ppo_trainer`` and tool / interaction configs written here in veRL's documented format and
+laid out as in a veRL checkout (no veRL file is copied; its README lists them). Each has one expected
+outcome, checked exactly, and the ones that compose load their tools and interactions.
+
+Optionally (a devtools run, skipped unless asked for) the same checks read a real veRL checkout:
+``HYBRIDFLOW_VERL_EXAMPLES`` (a folder holding veRL's ``examples/``) or ``HYBRIDFLOW_VERL_REPO`` (a veRL
+git repository, e.g. a mirror at /work/.mirror/volcengine+verl/repo: ``git archive`` of its HEAD's
+``examples/``). Each script runs in bash with ``python3``/``pip``/``hf``/``git``/``wget`` replaced by
 stubs that only record the ``-m verl.trainer.main_ppo`` arguments, so nothing is downloaded or trained.
 
 Overrides of keys outside the multi-turn scope that hybridflow's tree does not have yet (profiler,
@@ -21,10 +26,12 @@ from pathlib import Path
 
 import pytest
 
+from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
+from hybridflow.tools.tool_registry import initialize_tools_from_config
 from hybridflow.trainer.config_checks import validate_ppo_config
 from hybridflow.utils.config import ConfigError, default_config, load_config
 
-VERL_REPO = os.environ.get("HYBRIDFLOW_VERL_REPO", "/work/.mirror/volcengine+verl/repo")
+LOCAL_EXAMPLES = Path(__file__).parent / "verl_format_examples"
 # the examples: veRL's sglang_multiturn scripts, plus the two trainers' scripts that set a multi-turn key
 SCRIPTS_GLOB = ("examples/sglang_multiturn/*.sh", "examples/sglang_multiturn/*/*.sh")
 EXTRA_SCRIPTS = ("examples/grpo_trainer/run_qwen2-7b_seq_balance.sh", "examples/ppo_trainer/run_qwen2-7b_seq_balance.sh")
@@ -46,6 +53,18 @@ EXPECTED = {
     "format": "is not a registered tool-call format",  # search-r1 asks for format 'qwen' (veRL 0.9.1 has none either)
 }
 
+# the examples written here: script -> "ok" or the reason its refusal must name (EXPECTED's wording)
+LOCAL_OUTCOMES = {
+    "examples/sglang_multiturn/run_qwen2.5-0.5b_gsm8k_multiturn_vllm.sh": "ok",
+    "examples/sglang_multiturn/run_qwen2.5-0.5b_gsm8k_interaction_vllm.sh": "ok",
+    "examples/sglang_multiturn/run_qwen2.5-0.5b_gsm8k_multiturn_sglang.sh": EXPECTED["sglang"],
+    "examples/sglang_multiturn/run_qwen2.5-0.5b_gsm8k_multiturn_megatron.sh": EXPECTED["megatron"],
+    "examples/sglang_multiturn/run_qwen2.5-0.5b_mcp_vllm.sh": "MCP tools are not supported",
+    "examples/sglang_multiturn/run_qwen2.5-0.5b_sandbox_recipe_vllm.sh": EXPECTED["recipe"],
+    "examples/sglang_multiturn/run_qwen2.5-0.5b_gsm8k_qwen_format_vllm.sh": EXPECTED["format"],
+    "examples/sglang_multiturn/search_r1_like/run_qwen2.5-0.5b_search_vllm.sh": EXPECTED["search"],
+}
+
 STUBS = r"""
 python3() { if [ "$2" = "verl.trainer.main_ppo" ]; then shift 2; printf '%s\0' "$@" > "$HF_ARGS_OUT"; fi; }
 python() { python3 "$@"; }
@@ -56,23 +75,36 @@ cd "$HF_ROOT" && set -- && source "$HF_SCRIPT"
 
 
 @pytest.fixture(scope="module")
-def verl_root(tmp_path_factory) -> Path:
+def real_verl_root(tmp_path_factory) -> Path:
+    """A real veRL checkout's examples, only when one is given (an optional devtools run)."""
     given = os.environ.get("HYBRIDFLOW_VERL_EXAMPLES")
     if given:
         return Path(given)
-    if not (shutil.which("git") and os.path.isdir(VERL_REPO)):
-        pytest.skip(f"no veRL checkout (set HYBRIDFLOW_VERL_EXAMPLES or HYBRIDFLOW_VERL_REPO; {VERL_REPO} is absent)")
+    repo = os.environ.get("HYBRIDFLOW_VERL_REPO")
+    if not repo:
+        pytest.skip("optional: set HYBRIDFLOW_VERL_EXAMPLES (veRL's examples/ parent) or HYBRIDFLOW_VERL_REPO "
+                    "(a veRL git repository) to check a real veRL checkout's examples")
+    if not (shutil.which("git") and os.path.isdir(repo)):
+        pytest.fail(f"HYBRIDFLOW_VERL_REPO={repo} is not a directory (or git is missing)")
     root = tmp_path_factory.mktemp("verl")
-    archive = subprocess.run(["git", "-C", VERL_REPO, "archive", "HEAD", "examples"], capture_output=True, check=True)
+    archive = subprocess.run(["git", "-C", repo, "archive", "HEAD", "examples"], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
     return root
 
 
+def _command_lines(root: Path, tmp: Path) -> dict[str, list[str]]:
+    """relative script path -> its main_ppo arguments (each script run once)."""
+    return {s.relative_to(root).as_posix(): command_line(root, s, tmp) for s in scripts(root)}
+
+
 @pytest.fixture(scope="module")
-def command_lines(verl_root, tmp_path_factory) -> dict[str, list[str]]:
-    """relative script path -> its main_ppo arguments (each script run once per module)."""
-    tmp = tmp_path_factory.mktemp("args")
-    return {s.relative_to(verl_root).as_posix(): command_line(verl_root, s, tmp) for s in scripts(verl_root)}
+def local_command_lines(tmp_path_factory) -> dict[str, list[str]]:
+    return _command_lines(LOCAL_EXAMPLES, tmp_path_factory.mktemp("args"))
+
+
+@pytest.fixture(scope="module")
+def real_command_lines(real_verl_root, tmp_path_factory) -> dict[str, list[str]]:
+    return _command_lines(real_verl_root, tmp_path_factory.mktemp("args"))
 
 
 def scripts(root: Path) -> list[Path]:
@@ -126,19 +158,100 @@ def on_the_gpu_machine_of_the_scripts(monkeypatch):
     monkeypatch.setattr("hybridflow.trainer.config_checks.torch.cuda.is_available", lambda: True)
 
 
-def outcome(argv: list[str]) -> tuple[str, list[str]]:
-    """('ok' or the error message, overrides set aside)."""
+def compose(argv: list[str]):
+    """(the validated config, or None, and 'ok' or the error message, overrides set aside)."""
     name, path, kept, aside = split_args(argv, default_config("ppo_trainer"))
     try:
         # kind: main_ppo's key statuses apply whatever file --config-name picks (as parse_cli does)
         cfg = load_config(name, kept, config_path=path, kind="ppo_trainer")
         validate_ppo_config(cfg, n_devices=int(cfg.trainer.n_gpus_per_node))
     except ConfigError as e:
-        return str(e), aside
-    return "ok", aside
+        return None, str(e), aside
+    return cfg, "ok", aside
 
 
-def test_every_multiturn_example_composes_or_says_why_not(command_lines):
+def outcome(argv: list[str]) -> tuple[str, list[str]]:
+    """('ok' or the error message, overrides set aside)."""
+    _, message, aside = compose(argv)
+    return message, aside
+
+
+def _swap_engine(argv: list[str]) -> list[str]:
+    return [a.replace("rollout.name=sglang", "rollout.name=vllm") for a in argv]
+
+
+# ----------------------------------------------------------------------------- the examples written here
+
+
+def test_each_example_composes_or_is_refused_for_its_own_reason(local_command_lines):
+    assert sorted(local_command_lines) == sorted(LOCAL_OUTCOMES)  # every script found, each has a main_ppo line
+    for script, argv in local_command_lines.items():
+        assert argv[:2] == ["--config-path=" + str(LOCAL_EXAMPLES / "examples/sglang_multiturn/config"),
+                            "--config-name=gsm8k_multiturn_grpo" if "megatron" not in script
+                            else "--config-name=gsm8k_multiturn_megatron_grpo"], (script, argv[:2])
+        message, aside = outcome(argv)
+        want = LOCAL_OUTCOMES[script]
+        if want == "ok":
+            assert message == "ok", (script, message)
+        else:
+            assert message != "ok" and want in message, (script, want, message)
+            # the one reason: no other refusal or unknown key in the message
+            assert all(why not in message for why in set(LOCAL_OUTCOMES.values()) - {want, "ok"}), (script, message)
+            assert "unknown config key" not in message, (script, message)
+        assert not any(a.split("=", 1)[0].startswith(IN_SCOPE) for a in aside), (script, aside)
+    # only the Megatron example sets a key outside hybridflow's tree (set aside, not refused as unknown)
+    megatron = local_command_lines["examples/sglang_multiturn/run_qwen2.5-0.5b_gsm8k_multiturn_megatron.sh"]
+    assert outcome(megatron)[1] == ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"]
+
+
+def test_composed_examples_take_the_yaml_then_the_command_line_and_load_their_tools(local_command_lines):
+    tool_run = local_command_lines["examples/sglang_multiturn/run_qwen2.5-0.5b_gsm8k_multiturn_vllm.sh"]
+    cfg, message, _ = compose(tool_run)
+    assert message == "ok"
+    turn = cfg.actor_rollout_ref.rollout.multi_turn
+    assert turn.enable is True  # from the yaml extending ppo_trainer
+    assert turn.max_assistant_turns == 3  # the command line over the yaml's 4
+    assert cfg.data.max_prompt_length == 768 and cfg.data.train_batch_size == 64  # yaml, then command line
+    assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.trainer.n_gpus_per_node == 2
+    assert cfg.data.train_files == "/home/verl/data/gsm8k/train.parquet"  # $HOME as the script expands it
+    (tool,) = initialize_tools_from_config(turn.tool_config_path)  # verl.tools.* maps onto hybridflow's
+    assert type(tool).__name__ == "Gsm8kTool" and tool.name == "calc_gsm8k_reward"
+    assert tool.tool_schema.function.parameters.required == ["answer"]
+
+    interaction_run = local_command_lines["examples/sglang_multiturn/run_qwen2.5-0.5b_gsm8k_interaction_vllm.sh"]
+    cfg, message, _ = compose(interaction_run)
+    assert message == "ok"
+    turn = cfg.actor_rollout_ref.rollout.multi_turn
+    assert turn.max_user_turns == 2 and turn.max_assistant_turns == 4  # the yaml's, not overridden here
+    assert cfg.trainer.n_gpus_per_node == 2  # ${N_GPUS:-2}
+    interactions = initialize_interactions_from_config(turn.interaction_config_path)
+    assert list(interactions) == ["gsm8k"] and type(interactions["gsm8k"]).__name__ == "Gsm8kInteraction"
+
+
+def test_the_sglang_example_composes_once_the_engine_is_swapped(local_command_lines):
+    for script, argv in local_command_lines.items():
+        message, _ = outcome(_swap_engine(argv))
+        if script.endswith("gsm8k_multiturn_sglang.sh"):
+            assert message == "ok", message
+        elif LOCAL_OUTCOMES[script] != EXPECTED["sglang"]:
+            assert (message == "ok") == (LOCAL_OUTCOMES[script] == "ok"), (script, message)  # nothing else changes
+
+
+def test_mcp_tools_are_refused_by_name():
+    config = LOCAL_EXAMPLES / "examples/sglang_multiturn/config"
+    mcp = config / "tool_config/mcp_tool_config.yaml"
+    cfg = load_config("gsm8k_multiturn_grpo", ["actor_rollout_ref.rollout.name=vllm",
+                                               f"actor_rollout_ref.rollout.multi_turn.tool_config_path={mcp}"],
+                      config_path=str(config))
+    with pytest.raises(ConfigError, match="MCP tools are not supported"):
+        validate_ppo_config(cfg)
+
+
+# ----------------------------------------------------------------------------- a real veRL checkout (optional)
+
+
+def test_real_checkout_every_multiturn_example_composes_or_says_why_not(real_command_lines):
+    command_lines = real_command_lines
     assert len(command_lines) >= 15, sorted(command_lines)
     results = {}
     for script, argv in command_lines.items():
@@ -160,12 +273,12 @@ def test_every_multiturn_example_composes_or_says_why_not(command_lines):
     assert sum(EXPECTED["megatron"] in m for m in results.values()) == 2
 
 
-def test_sglang_examples_compose_on_hybridflow_engines_when_the_engine_is_swapped(command_lines):
+def test_real_checkout_sglang_examples_compose_on_hybridflow_engines_when_the_engine_is_swapped(real_command_lines):
     """The same command lines with rollout.name=vllm: nothing multi-turn is refused (the tool and
     interaction files load), only the file-level reasons remain."""
     composed = []
-    for script, argv in command_lines.items():
-        message, _ = outcome([a.replace("rollout.name=sglang", "rollout.name=vllm") for a in argv])
+    for script, argv in real_command_lines.items():
+        message, _ = outcome(_swap_engine(argv))
         if message == "ok":
             composed.append(script)
         else:
@@ -178,8 +291,8 @@ def test_sglang_examples_compose_on_hybridflow_engines_when_the_engine_is_swappe
     assert len([s for s in composed if "sglang_multiturn" in s]) >= 2, composed
 
 
-def test_mcp_tools_are_refused_by_name(verl_root):
-    config = verl_root / "examples/sglang_multiturn/config"
+def test_real_checkout_mcp_tools_are_refused_by_name(real_verl_root):
+    config = real_verl_root / "examples/sglang_multiturn/config"
     mcp = config / "tool_config/mcp_tool_config.yaml"
     cfg = load_config("gsm8k_multiturn_grpo", ["actor_rollout_ref.rollout.name=vllm",
                                                f"actor_rollout_ref.rollout.multi_turn.tool_config_path={mcp}"],
