@@ -15,6 +15,10 @@ from hybridflow.trainer.ppo.worker_setup import build_worker_groups
 from hybridflow.utils.config import load_config
 
 
+def _shutdown(groups: dict) -> None:
+    """In-process groups hold the rendezvous variables and the gloo group until they are shut down."""
+    for group in {id(g): g for g in groups.values()}.values():
+        group.shutdown()
 
 
 def _prompts(tokenizer, texts):
@@ -42,13 +46,15 @@ def test_first_generation_is_the_checkpoint_and_updates_reach_the_engine(tiny_mo
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "data.train_batch_size=4"])
     groups = build_worker_groups(config, use_critic=False, use_ref=False, use_rm=False)
     wg = groups["actor_rollout"]
-    wg.init_model()
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    rollout = dict(config.actor_rollout_ref.rollout)
-    manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(
-        {**rollout, "val_kwargs": dict(rollout["val_kwargs"]), "agent": {"num_workers": 2}}), wg, tokenizer)
-    prompts = _prompts(tokenizer, ["hi", "what is 2+3?", "count: 1 2 3", "x"])
+    manager = None
     try:
+        wg.init_model()
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+        rollout = dict(config.actor_rollout_ref.rollout)
+        manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(
+            {**rollout, "val_kwargs": dict(rollout["val_kwargs"]), "agent": {"num_workers": 2}}), wg, tokenizer)
+        prompts = _prompts(tokenizer, ["hi", "what is 2+3?", "count: 1 2 3", "x"])
+
         # 1. greedy first generation == transformers generate on the checkpoint
         out = manager.generate_sequences(_with_meta(prompts, validate=True))
         hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
@@ -74,7 +80,9 @@ def test_first_generation_is_the_checkpoint_and_updates_reach_the_engine(tiny_mo
         hf_logp = _log_probs(hf, sampled)
         assert (hf_logp - sampled.batch["rollout_log_probs"]).abs()[mask].max() > 1e-2
     finally:
-        manager.shutdown()
+        if manager is not None:
+            manager.shutdown()
+        _shutdown(groups)
 
 
 def _with_meta(prompts: DataProto, **meta) -> DataProto:
@@ -99,16 +107,20 @@ def test_worker_level_generate_sequences_seeds_by_offset_and_outputs_concatenate
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "data.train_batch_size=4",
         "actor_rollout_ref.rollout.max_num_seqs=1"])  # one request per engine batch: exact sampling
-    wg = build_worker_groups(config, use_critic=False, use_ref=False, use_rm=False)["actor_rollout"]
-    wg.init_model()
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    prompts = _prompts(tokenizer, ["hi", "what is 2+3?", "count: 1 2 3", "x"])
-    whole = wg.generate_sequences(_with_meta(prompts, global_steps=3, tag="t"))
-    halves = [wg.generate_sequences(_with_meta(prompts[a:b], global_steps=3, tag="t", sample_offset=a))
-              for a, b in ((0, 2), (2, 4))]
+    groups = build_worker_groups(config, use_critic=False, use_ref=False, use_rm=False)
+    wg = groups["actor_rollout"]
+    try:
+        wg.init_model()
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+        prompts = _prompts(tokenizer, ["hi", "what is 2+3?", "count: 1 2 3", "x"])
+        whole = wg.generate_sequences(_with_meta(prompts, global_steps=3, tag="t"))
+        halves = [wg.generate_sequences(_with_meta(prompts[a:b], global_steps=3, tag="t", sample_offset=a))
+                  for a, b in ((0, 2), (2, 4))]
+        wrong = wg.generate_sequences(_with_meta(prompts[2:4], global_steps=3, tag="t"))  # offset 0: other seeds
+    finally:
+        _shutdown(groups)
     for part in [whole, *halves]:
         assert "sample_offset" not in part.meta_info and part.meta_info["tag"] == "t"
     joined = DataProto.concat(halves)
     assert torch.equal(joined.batch["responses"], whole.batch["responses"])
-    wrong = wg.generate_sequences(_with_meta(prompts[2:4], global_steps=3, tag="t"))  # offset 0: other seeds
     assert not torch.equal(wrong.batch["responses"], whole.batch["responses"][2:4])
