@@ -23,9 +23,10 @@ import pytest
 
 # pytest's own, rewritten for each phase of each test
 UNCHECKED_ENV = frozenset({"PYTEST_CURRENT_TEST"})
-# set by a library when it is first imported (os.environ.setdefault at import time), so by whichever test
-# happens to import it first: accepted when the library was imported in between and the variable was unset
+# set by a library when it is first imported, so by whichever test happens to import it first: accepted
+# when the library was imported in between
 IMPORT_TIME_ENV = {
+    "cv2": frozenset({"LD_LIBRARY_PATH"}),  # opencv prepends its lib64 (imported by vLLM's engine)
     "ray": frozenset({"RAY_CLIENT_MODE"}),
     "torch._dynamo": frozenset({"TORCHINDUCTOR_CACHE_DIR"}),  # torch._dynamo.package asks inductor's cache_dir()
     "vllm": frozenset({
@@ -135,7 +136,7 @@ class StateGuard:
         import_time = set().union(*(IMPORT_TIME_ENV[m] for m in after.imported - before.imported))
         for key in sorted(set(before.env) | set(after.env)):
             old, new = before.env.get(key), after.env.get(key)
-            if old == new or key in UNCHECKED_ENV or (old is None and key in import_time):
+            if old == new or key in UNCHECKED_ENV or key in import_time:
                 continue
             if self.owned.env.get(key, _MISSING) == new:
                 continue
