@@ -20,7 +20,7 @@ from hybridflow.single_controller.base.colocated import (
 )
 from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
 from hybridflow.single_controller.base.heartbeat import clear_progress, read_progress
-from hybridflow.single_controller.base.watchdog import build_hang_error
+from hybridflow.single_controller.base.watchdog import build_hang_error, wait_with_deadline
 from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, rows_per_rank
 from hybridflow.single_controller.ray import health
 from hybridflow.single_controller.ray.placement import alive_nodes, place_one_group_per_node
@@ -396,7 +396,8 @@ def _node_address_and_free_port() -> tuple[str, str]:
 
 def _pick_rendezvous(pg) -> tuple[str, str]:
     strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
-    return ray.get(_node_address_and_free_port.options(scheduling_strategy=strategy).remote())
+    ref = _node_address_and_free_port.options(scheduling_strategy=strategy).remote()
+    return wait_with_deadline([ref], what="picking the rendezvous address on rank 0's node")[0]
 
 
 def _as_ray_cls(c: ClassWithInitArgs) -> RayClassWithInitArgs:
