@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests.workers.actor.ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm, tiny_value_model
-
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.critic import DataParallelPPOCritic
 from hybridflow.workers.utils import micro_batches
+from tests.workers.actor.ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm, tiny_value_model
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

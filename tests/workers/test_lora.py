@@ -8,10 +8,9 @@ import os
 import pytest
 import torch
 
-from tests.workers.actor.ppo_batch import padded_rows, tiny_causal_lm
-
 from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled, lora_scaling, merge_lora_weights
+from tests.workers.actor.ppo_batch import padded_rows, tiny_causal_lm
 from tests.yaml_sections import optim
 
 pytest.importorskip("peft")

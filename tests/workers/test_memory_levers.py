@@ -6,10 +6,9 @@ import copy
 import pytest
 import torch
 
-from tests.workers.actor.ppo_batch import padded_rows, tiny_causal_lm
-
 from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.engine.fsdp import is_activation_checkpointing
+from tests.workers.actor.ppo_batch import padded_rows, tiny_causal_lm
 from tests.yaml_sections import fsdp_config, optim
 
 

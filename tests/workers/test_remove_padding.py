@@ -5,11 +5,10 @@ import copy
 import pytest
 import torch
 
-from tests.workers.actor.ppo_batch import PROMPT, RESPONSE, actor_config, flat_params, padded_rows, ppo_batch, tiny_causal_lm, tiny_value_model
-
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.utils.logprob import forward_response_log_probs, forward_response_logits
 from hybridflow.workers.utils.remove_padding import check_packed_attention, pack_for, pack_rows, unpack
+from tests.workers.actor.ppo_batch import PROMPT, RESPONSE, actor_config, flat_params, padded_rows, ppo_batch, tiny_causal_lm, tiny_value_model
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

@@ -3,9 +3,9 @@ import math
 
 import pytest
 import torch
-from tests.workers.actor.ppo_batch import PROMPT, actor_config, flat_params, ppo_batch, tiny_causal_lm
 
 from hybridflow.workers.actor import DataParallelPPOActor
+from tests.workers.actor.ppo_batch import PROMPT, actor_config, flat_params, ppo_batch, tiny_causal_lm
 
 LR = 0.5
 

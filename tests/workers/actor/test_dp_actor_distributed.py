@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from tests.workers.actor.ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm
 from torch.nn.parallel import DistributedDataParallel
 
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.utils.micro_batches import split_by_token_budget
+from tests.workers.actor.ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm
 
 LR = 0.5
 # rank 0 gets long responses, rank 1 short ones: averaging per-rank token means would be wrong

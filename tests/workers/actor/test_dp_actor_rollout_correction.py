@@ -6,10 +6,10 @@ import copy
 
 import pytest
 import torch
-from tests.workers.actor.ppo_batch import PROMPT, actor_config, flat_params, ppo_batch, tiny_causal_lm
 
 from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, parse_rejection_options
 from hybridflow.workers.actor import DataParallelPPOActor
+from tests.workers.actor.ppo_batch import PROMPT, actor_config, flat_params, ppo_batch, tiny_causal_lm
 
 LR = 0.5
 

@@ -2,10 +2,10 @@ import copy
 
 import pytest
 import torch
-from tests.workers.actor.ppo_batch import tiny_value_model
 
 from hybridflow.protocol import DataProto
 from hybridflow.workers.critic import DataParallelPPOCritic
+from tests.workers.actor.ppo_batch import tiny_value_model
 
 VOCAB, P, R = 16, 6, 5
 PROMPT_LENS = [6, 3, 1, 4, 2, 5, 6, 1]

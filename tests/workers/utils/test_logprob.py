@@ -1,8 +1,8 @@
 import pytest
 import torch
-from tests.workers.actor.ppo_batch import tiny_causal_lm
 
 from hybridflow.workers.utils.logprob import forward_response_log_probs
+from tests.workers.actor.ppo_batch import tiny_causal_lm
 
 VOCAB, P, R = 16, 6, 5
 
