@@ -117,20 +117,14 @@ def test_rollout_only_scores_and_dumps_without_training(tiny_model_dir, tiny_dat
 
 
 @pytest.mark.slow
-def test_replay_is_exact_through_batch_balancing_on_two_ray_workers(tiny_model_dir, tiny_data_dir, tmp_path, recorder):
+def test_replay_is_exact_through_batch_balancing_on_two_ray_workers(tiny_model_dir, tiny_data_dir, tmp_path, recorder,
+                                                                    ray_session):
     """Two ranks: trainer.balance_batch reorders each step's rows; the dump undoes that order, so the
     replay is balanced into the same order and the update is the same (~1-2 min: two Ray runs).
 
-    Ray is started by the trainer (init_ray: a local instance even when another cluster runs on the
-    machine) and shut down here unless the session already had one."""
-    import ray
-
-    started_here = not ray.is_initialized()
-    try:
-        _two_ray_runs(tiny_model_dir, tiny_data_dir, tmp_path, recorder)
-    finally:
-        if started_here and ray.is_initialized():
-            ray.shutdown()
+    On the session's shared Ray (a Ray started and stopped here would leave ray.init's variables and
+    SIGTERM handler in this process)."""
+    _two_ray_runs(tiny_model_dir, tiny_data_dir, tmp_path, recorder)
 
 
 def _two_ray_runs(tiny_model_dir, tiny_data_dir, tmp_path, recorder):
