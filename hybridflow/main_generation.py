@@ -51,8 +51,18 @@ def build_rollout_group(config):
 
         if world != 1:
             raise ValueError(f"trainer.backend=inprocess runs one worker; nnodes × n_gpus_per_node = {world}")
-        os.environ["HYBRIDFLOW_DEVICE"] = device
-        return InProcessWorkerGroup(ClassWithInitArgs(ActorRolloutRefWorker, **cls_args)), lambda: None
+        previous = os.environ.get("HYBRIDFLOW_DEVICE")
+        os.environ["HYBRIDFLOW_DEVICE"] = device  # what the in-process worker reads, for this run only
+        group = InProcessWorkerGroup(ClassWithInitArgs(ActorRolloutRefWorker, **cls_args))
+
+        def shutdown_inprocess():
+            group.shutdown()  # gives back the rendezvous variables and the process group
+            if previous is None:
+                os.environ.pop("HYBRIDFLOW_DEVICE", None)
+            else:
+                os.environ["HYBRIDFLOW_DEVICE"] = previous
+
+        return group, shutdown_inprocess
     if backend != "ray":
         raise ValueError(f"trainer.backend must be 'ray' or 'inprocess', got {backend!r}")
     import ray

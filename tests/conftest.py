@@ -22,6 +22,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import pytest  # noqa: E402
 
+from tests import graceful_stop  # noqa: E402
 from tests.leak_check import LeakCheckPlugin, StateGuard, process_state  # noqa: E402
 
 TINY_TRAIN_SIZE = 64
@@ -56,6 +57,9 @@ GUARD = StateGuard()
 
 def pytest_configure(config):
     config.pluginmanager.register(LeakCheckPlugin(GUARD), "hybridflow-leak-check")
+    # SIGTERM ends the run with its teardowns (registered as a plugin: it must see session fixtures)
+    if not config.pluginmanager.has_plugin("graceful_stop"):
+        config.pluginmanager.register(graceful_stop, "graceful_stop")  # its pytest_configure runs now
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 
 pytest's own reaction to SIGTERM is the default one (the process dies: no teardown, Ray's processes
 survive), and once Ray is up it is Ray's handler, ``sys.exit``, whose SystemExit pytest reports as one
-failed test and then goes on with the next. This plugin (loaded by tests/conftest.py) turns SIGTERM
+failed test and then goes on with the next. This plugin (registered by tests/conftest.py; ``-p graceful_stop`` elsewhere) turns SIGTERM
 into KeyboardInterrupt, which pytest treats as the end of the session: it stops, runs the session's
 teardowns and exits. Ray replaces the handler when the session fixture starts it; the plugin puts its
 own back right after any fixture setup that did that.
@@ -28,7 +28,8 @@ def _ensure_installed() -> None:
 
 def pytest_configure(config):
     global _previous
-    _previous = signal.signal(signal.SIGTERM, _stop_the_run)
+    if signal.getsignal(signal.SIGTERM) is not _stop_the_run:
+        _previous = signal.signal(signal.SIGTERM, _stop_the_run)
 
 
 def pytest_unconfigure(config):
