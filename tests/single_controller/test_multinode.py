@@ -116,6 +116,7 @@ TWO_NODES = """
 """
 
 
+@pytest.mark.slow  # ~25 s: a two-raylet cluster of its own (the default command's time budget is 8 min)
 def test_two_nodes_placement_rendezvous_and_a_lost_node(cluster):
     """One driver: a [1, 1] pool takes one rank on each node, the ranks rendezvous over the nodes'
     addresses, a pool asking for more nodes than exist is refused by name, and when a node goes
