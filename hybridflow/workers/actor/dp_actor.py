@@ -16,6 +16,7 @@ import torch
 from hybridflow.algorithms import ConfigWithBatchInfo, agg_loss, get_policy_loss_fn, kl_penalty
 from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, compute_policy_loss_bypass_mode
 from hybridflow.utils.config_section import require
+from hybridflow.workers.actor import shared_prefix
 from hybridflow.workers.utils.logprob import forward_response_log_probs
 from hybridflow.workers.utils.micro_batches import response_mask_of, restore_order, split_for_forward
 from hybridflow.workers.utils.update_loop import MiniBatchContext, UpdateLoop, UpdateSettings
@@ -67,16 +68,26 @@ def _policy_loss_output(out, loss_mode: str) -> tuple[torch.Tensor, dict]:
     )
 
 
-def _cut_shared_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor):
-    """Drop the leading columns that are padding in every row (prompts are left-padded to
-    max_prompt_length, usually wider than the batch's longest prompt). No row attends to them and the
-    position ids are explicit, so the response log-probs are the same; the padded forward gets cheaper
-    (the quickstart's 112-token prompt slot holds prompts of 90-100 tokens)."""
+def _cut_shared_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                        response_length: int, right: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+    """Drop the leading and trailing columns that are padding in every row: prompts are left-padded
+    to max_prompt_length and responses right-padded to the response length, both usually wider than
+    the micro-batch's longest. No row attends to those columns and the position ids are explicit, so
+    the log-probs of the response tokens are the same, from a cheaper forward (the quickstart's rows:
+    a 112-token prompt slot holding 90-100 tokens, a 40-token response slot holding at most ~35).
+    Returns the cut tensors, the response length left and how many response columns were cut
+    (``right=False``: only the left padding is cut)."""
     attended = attention_mask.any(dim=0).nonzero()
-    first = int(attended[0]) if len(attended) else 0
-    if first == 0:
-        return input_ids, attention_mask, position_ids
-    return input_ids[:, first:], attention_mask[:, first:], position_ids[..., first:]
+    if len(attended) == 0:
+        return input_ids, attention_mask, position_ids, response_length, 0
+    width = input_ids.size(1)
+    first = min(int(attended[0]), width - response_length)  # never into the responses
+    right = min(width - 1 - int(attended[-1]), response_length - 1) if right else 0  # >= 1 response column stays
+    if first == 0 and right == 0:
+        return input_ids, attention_mask, position_ids, response_length, 0
+    end = width - right
+    return (input_ids[:, first:end], attention_mask[:, first:end], position_ids[..., first:end],
+            response_length - right, right)
 
 
 def _meta(data, key: str):
@@ -105,26 +116,42 @@ class DataParallelPPOActor:
         self.dp_group = dp_group
         self.policy_loss_fn = get_policy_loss_fn(self.settings.loss_mode)  # fails early on a bad name
         self.update_loop = UpdateLoop(self.settings, actor_module, actor_optimizer, dp_group, prefix="actor")
+        self._shared_prefix = shared_prefix.usable(actor_module)
 
     # ----------------------------------------------------------------------------------------
     # forward
     # ----------------------------------------------------------------------------------------
 
     def _forward_micro_batch(self, micro_batch, temperature: float, calculate_entropy: bool = False):
+        """(log_probs (B, R), entropy (B, R) or None). Padded forwards skip the padding columns every
+        row shares. Where the micro-batch repeats its prompts (GRPO's n samples) each distinct prompt
+        runs once (``shared_prefix.py``); the values at response padding are then 0, as the
+        remove-padding path returns them."""
         batch = micro_batch.batch
+        response_length = batch["responses"].shape[-1]
         input_ids, attention_mask, position_ids = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
-        if not self.settings.use_remove_padding:
-            input_ids, attention_mask, position_ids = _cut_shared_left_padding(input_ids, attention_mask, position_ids)
-        return forward_response_log_probs(
-            self.actor_module,
-            input_ids,
-            attention_mask,
-            position_ids,
-            response_length=batch["responses"].shape[-1],
-            temperature=temperature,
-            calculate_entropy=calculate_entropy,
-            use_remove_padding=self.settings.use_remove_padding,
-        )
+        if self.settings.use_remove_padding:
+            return forward_response_log_probs(self.actor_module, input_ids, attention_mask, position_ids,
+                                              response_length=response_length, temperature=temperature,
+                                              calculate_entropy=calculate_entropy, use_remove_padding=True)
+        if self._shared_prefix:
+            cut_ids, cut_mask, cut_pos, kept, cut = _cut_shared_padding(input_ids, attention_mask, position_ids,
+                                                                        response_length)
+            groups = shared_prefix.prompt_groups(cut_ids, cut_mask, cut_ids.size(1) - kept)
+            out = None if groups is None else shared_prefix.response_log_probs(
+                self.actor_module, cut_ids, cut_mask, cut_pos, kept, temperature, calculate_entropy, groups)
+            if out is not None:
+                if not cut:
+                    return out
+                pad = lambda t: torch.nn.functional.pad(t, (0, cut))  # noqa: E731 - back to (B, R), 0 at the cut padding
+                return pad(out[0]), (pad(out[1]) if out[1] is not None else None)
+        # the ordinary padded forward: only the left padding shared by all rows is cut (the values at
+        # response padding stay the model's, as without the cut)
+        input_ids, attention_mask, position_ids, _, _ = _cut_shared_padding(input_ids, attention_mask, position_ids,
+                                                                            response_length, right=False)
+        return forward_response_log_probs(self.actor_module, input_ids, attention_mask, position_ids,
+                                          response_length=response_length, temperature=temperature,
+                                          calculate_entropy=calculate_entropy)
 
     def compute_log_prob(self, data, calculate_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(log_probs (B, R), entropys (B, R) or None) of ``data.batch['responses']``.
