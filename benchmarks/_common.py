@@ -169,6 +169,18 @@ def record_worker_timings(trainer) -> WorkerTimes:
                 return out
 
             setattr(group, name, wrapped)
+    # since the rollout became a server, the driver's AgentLoopManager generates (the worker group's
+    # generate_sequences is no longer called); its output carries timing_s/generate_sequences too
+    manager = getattr(trainer, "async_rollout_manager", None)
+    if manager is not None:
+        original = manager.generate_sequences
+
+        def generate(*args, _original=original, **kwargs):
+            out = _original(*args, **kwargs)
+            times.add(out.meta_info.get("metrics", {}))
+            return out
+
+        manager.generate_sequences = generate
     return times
 
 
@@ -189,6 +201,28 @@ def timed_driver_fn(obj, attr: str, sink: dict, key: str):
         yield
     finally:
         setattr(obj, attr, original)
+
+
+@contextmanager
+def phase_cpu_times(sink: dict):
+    """CPU seconds of this process (user + system, all threads) per phase the trainer times with
+    ``ray_trainer.timer``, added into ``sink[phase]``."""
+    import hybridflow.trainer.ppo.ray_trainer as ray_trainer
+
+    original = ray_trainer.timer
+
+    @contextmanager
+    def timer(name, timing):
+        start = time.process_time()
+        with original(name, timing):
+            yield
+        sink[name] = sink.get(name, 0.0) + time.process_time() - start
+
+    ray_trainer.timer = timer
+    try:
+        yield
+    finally:
+        ray_trainer.timer = original
 
 
 def set_threads(n: int) -> None:

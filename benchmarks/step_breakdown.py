@@ -1,13 +1,16 @@
 """Where a GRPO step's time goes, and how much of it is the controller's own overhead.
 
-    python benchmarks/step_breakdown.py [--quick] [--steps N] [--backends ray1,ray2,inprocess]
+    python benchmarks/step_breakdown.py [--quick] [--steps N] [--backends ray1,ray2,inprocess] [--override K=V ...]
 
 A GRPO step (tiny Qwen2, tiny arithmetic task in GSM8K format, 16 prompts × 8 samples × ≤32 tokens,
 one optimizer step) runs through ``RayPPOTrainer.train_step`` on each backend. For every phase the
 table shows the driver's wall time (``timing_s/<phase>``) next to the time the workers report they
-spent computing (``timing_s/worker_*``, ``timing_s/generate_sequences``, ``timing_s/update_weights``
-from ``meta_info['metrics']``, max over ranks) or, for phases the driver computes itself (the rule
-reward, the advantages), the time of that computation.
+spent computing (``timing_s/worker_*``, ``timing_s/update_weights`` from ``meta_info['metrics']``,
+max over ranks; for gen the agent loop manager's ``timing_s/generate_sequences``, i.e. the whole
+server-side rollout including its requests) or, for phases the driver computes itself (the rule
+reward, the advantages), the time of that computation. The CPU column is this process's CPU seconds
+(user + system, all threads) per phase: the whole step's for the in-process backend, the driver's
+alone with Ray. On a shared machine compare CPU seconds, not wall times.
 
     controller overhead = step time - worker compute - driver compute
 
@@ -42,34 +45,41 @@ GOAL_PCT = 2.0
 
 
 def run_backend(label: str, backend: str, n_workers: int, setup: C.GRPOSetup, steps: int, warmup: int,
-                data_dir: str, model_dir: str, out_dir: str) -> list[dict]:
-    """Per measured step: {phase: (wall, compute)} plus 'step' and totals."""
+                data_dir: str, model_dir: str, out_dir: str, overrides_extra=()) -> list[dict]:
+    """Per measured step: {phase: (wall, compute)} plus 'step' and totals, and 'cpu': {phase: CPU
+    seconds of this process} (the whole step's CPU for the in-process backend; gen = step - the rest)."""
     from hybridflow.protocol import DataProto
 
     overrides = C.grpo_overrides(data_dir, model_dir, out_dir, setup, backend, n_workers, steps + warmup)
-    trainer, loader = C.build_trainer(overrides)
+    trainer, loader = C.build_trainer([*overrides, *overrides_extra])
     try:
         worker_times = C.record_worker_timings(trainer)
         driver: dict = {}
+        cpu: dict = {}
         results = []
         batches = iter(loader)
         with C.timed_driver_fn(trainer, "reward_fn", driver, "driver/reward_fn"), \
-                C.timed_driver_fn(trainer, "_compute_advantage", driver, "driver/adv"):
+                C.timed_driver_fn(trainer, "_compute_advantage", driver, "driver/adv"), C.phase_cpu_times(cpu):
             for i in range(steps + warmup):
                 worker_times.new_step()
                 driver.clear()
+                cpu.clear()
                 trainer.global_steps += 1
                 metrics = trainer.train_step(DataProto.from_single_dict(next(batches)))
                 if i < warmup:
                     continue
-                results.append(summarise(metrics, worker_times.per_step[-1], dict(driver)))
+                results.append(summarise(metrics, worker_times.per_step[-1], dict(driver), dict(cpu)))
         return results
     finally:
         C.shutdown_trainer(trainer)
 
 
-def summarise(metrics: dict, worker: dict, driver: dict) -> dict:
+def summarise(metrics: dict, worker: dict, driver: dict, cpu: dict | None = None) -> dict:
     out = {"step": metrics["timing_s/step"]}
+    if cpu and "step" in cpu:  # the phases the trainer times with ``timer``; gen (timed elsewhere) is the rest
+        cpu = dict(cpu)
+        cpu.setdefault("gen", max(0.0, cpu["step"] - sum(v for k, v in cpu.items() if k != "step")))
+        out["cpu"] = cpu
     compute_total = 0.0
     for phase, keys in PHASE_WORKER_KEYS.items():
         wall = metrics.get(f"timing_s/{phase}")
@@ -88,17 +98,19 @@ def summarise(metrics: dict, worker: dict, driver: dict) -> dict:
 def report(label: str, results: list[dict]) -> list:
     phases = [p for p in PHASE_WORKER_KEYS if p in results[0]]
     rows = []
+    cpu = lambda phase: C.median([r["cpu"].get(phase, 0.0) for r in results]) if "cpu" in results[0] else float("nan")  # noqa: E731
     for phase in phases:
         wall = C.median([r[phase][0] for r in results])
         compute = C.median([r[phase][1] for r in results])
         where = "driver" if phase in DRIVER_COMPUTE else "workers"
-        rows.append([phase, wall, compute, wall - compute, where])
+        rows.append([phase, wall, compute, wall - compute, cpu(phase), where])
     in_phases = C.median([sum(r[p][0] for p in phases) for r in results])
     step = C.median([r["step"] for r in results])
-    rows.append(["(between phases)", step - in_phases, 0.0, step - in_phases, "driver"])
-    rows.append(["step", step, C.median([r["compute"] for r in results]), C.median([r["overhead"] for r in results]), ""])
-    C.print_table(f"{label}: median over {len(results)} steps, seconds",
-                  ["phase", "driver wall", "compute", "overhead", "compute on"], rows)
+    rows.append(["(between phases)", step - in_phases, 0.0, step - in_phases, float("nan"), "driver"])
+    rows.append(["step", step, C.median([r["compute"] for r in results]), C.median([r["overhead"] for r in results]),
+                 cpu("step"), ""])
+    C.print_table(f"{label}: median over {len(results)} steps, seconds (CPU: this process's user+sys; with Ray "
+                  "the workers' CPU is elsewhere)", ["phase", "driver wall", "compute", "overhead", "CPU", "compute on"], rows)
     step_vals = [r["step"] for r in results]
     pct = C.median([100 * r["overhead"] / r["step"] for r in results])
     return [label, step, C.median([r["compute"] for r in results]), C.median([r["overhead"] for r in results]), pct,
@@ -113,6 +125,8 @@ def main(argv=None):
     p.add_argument("--torch-threads", type=int, default=1,
                    help="torch threads in the driver (the in-process worker runs there; Ray workers run with "
                         "OMP_NUM_THREADS=1). Default 1: on a small shared machine more threads mostly measure contention")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra main_ppo-style override for every backend (repeatable)")
     args = p.parse_args(argv)
     C.set_threads(args.torch_threads)
     setup = C.GRPOSetup(prompts=4, n=2, response_length=8, train_size=32) if args.quick else C.GRPOSetup()
@@ -126,7 +140,7 @@ def main(argv=None):
         for name in args.backends.split(","):
             backend, workers = configs[name]
             label = f"{backend} ({workers} worker{'s' if workers > 1 else ''})"
-            results = run_backend(label, backend, workers, setup, steps, warmup, data_dir, model_dir, root)
+            results = run_backend(label, backend, workers, setup, steps, warmup, data_dir, model_dir, root, args.override)
             summary.append(report(label, results))
 
     print(f"\nGRPO step on the tiny model: {setup.prompts} prompts x {setup.n} samples, <= {setup.response_length} "

@@ -1,8 +1,9 @@
-"""Quickstart: does RL improve a model with hybridflow? One command, a CPU, 10-15 minutes.
+"""Quickstart: does RL improve a model with hybridflow? One command, a CPU, about 7 minutes on 2 idle cores.
 
     python recipes/quickstart.py [--algo grpo|ppo] [--seed 0] [--workdir quickstart_out] [--quick]
 
-(``recipes/quickstart.sh`` sets up the environment and calls this.) Phases, each timed:
+(``recipes/quickstart.sh`` sets up the environment and calls this.) Phases, each timed (wall and CPU
+seconds of every process involved, printed as a table at the end):
 
 1. data   the built-in tiny Qwen2 (~0.6M parameters, character tokenizer) and the GSM8K-format
           2-digit arithmetic task (``hybridflow.data.tiny_task``, worked solutions written out digit by
@@ -12,32 +13,28 @@
           Accuracy stays near 0 for ~300 steps and then climbs within ~100 steps, so the checkpoint is
           chosen by greedy dev accuracy (the first one in the 40-65% band), not by step count: RL
           needs room to improve, and checkpoints from earlier in the climb sample right answers too
-          rarely at temperature 1 for GRPO to learn fast.
+          rarely at temperature 1 for GRPO to learn fast. Each checkpoint (every 25 steps) is first
+          screened on 25 dev prompts (at most 4 right: below the band, the other 75 are not decoded),
+          with the SFT process paused meanwhile so that the two never share the cores.
 3. eval   greedy accuracy of that checkpoint on the 200 held-out prompts (gsm8k scorer, "#### N").
 4. rl     ``python -m hybridflow.main_ppo``, 150 steps. GRPO: 16 prompts × 8 samples; PPO: 128
           prompts × 1 sample, gae (γ = λ = 1) with a critic started from the SFT weights. Both: actor
-          lr 1e-4 with 10 warm-up steps and cosine decay to 1e-5, no KL, temperature 1, validation
-          every 10 steps, metrics to jsonl. (Constant lr 2e-4 or more collapsed the tiny policy to 0%,
-          in a bare torch loop as well: the warm-up/decay keeps the final checkpoint off the noisy
-          plateau the constant-lr runs ended on.)
-5. eval   the final checkpoint exported with ``hybridflow.model_merger`` and evaluated like 3.
+          lr 1e-4 with 10 warm-up steps and cosine decay to 1e-5, no KL, temperature 1, one update per
+          batch, so (in the default synchronous mode) the rollout's log-probs are π_old
+          (``rollout_correction.bypass_mode``: no extra forward pass), validation every 25 steps,
+          metrics to jsonl. (Constant lr 2e-4 or more
+          collapsed the tiny policy to 0%, in a bare torch loop as well: the warm-up/decay keeps the
+          final checkpoint off the noisy plateau the constant-lr runs ended on.)
+5. eval   the final checkpoint exported with ``hybridflow.model_merger``'s merge and evaluated like 3.
 
 Writes ``<workdir>/quickstart_result.json`` (accuracy_before, accuracy_after, steps, wall_seconds,
-phase_seconds, ...) and ``<workdir>/quickstart_curves.png`` (training reward and validation accuracy
-per step, drawn with matplotlib: redrawn after every validation while RL runs, so it can be watched,
-and once more at the end; ``python -m hybridflow.plot <workdir>/<algo>_metrics.jsonl`` redraws it).
+phase_seconds, phase_cpu_seconds, load averages, ...) and ``<workdir>/quickstart_curves.png`` (training
+reward and validation accuracy per step, drawn with matplotlib: redrawn after every validation while RL
+runs, so it can be watched, and once more at the end; ``python -m hybridflow.plot
+<workdir>/<algo>_metrics.jsonl`` redraws it).
 
-Measured (22 Nov 2026, the 2-core development machine otherwise idle, 2 threads, defaults; held-out
-greedy accuracy before -> after, whole-recipe wall time without the one-off venv setup):
-
-    seed   GRPO (150 steps)            PPO (150 steps)
-    0      44.5% -> 74.0%  (+29.5)  562 s    44.5% -> 77.0%  (+32.5)  846 s
-    1      34.5% -> 69.5%  (+35.0)  632 s    34.5% -> 76.0%  (+41.5)  864 s
-    2      45.5% -> 77.5%  (+32.0)  610 s    45.5% -> 83.0%  (+37.5)  818 s
-
-SFT took 174-210 s (300-375 steps at ~0.55 s/step), a GRPO step ~2.4 s, a PPO step ~3.9 s (critic
-forward + update). With 1 thread per process the same GRPO run took 913 s (3.3 s/step). The earlier
-'direct' task style (``56+19=75``) reached only 19% -> 30-36.5% (GRPO plateau) after a 31-minute SFT.
+Measured (seed 0, GRPO, 2 cores, load average 0.5-1.8): 44.5% -> 74.0% (+29.5 points) in 409 s: SFT
+181 s, 150 GRPO steps at a median 1.20 s (RL phase 220 s), evaluations 3 s, the venv check 0.1 s.
 """
 
 from __future__ import annotations
@@ -47,8 +44,10 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,10 +56,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # sizes of the full recipe and of --quick (a smoke test: no accuracy target)
 FULL = dict(train_size=2048, dev_size=100, test_size=200, sft_max_steps=1200, sft_save_freq=25, rl_steps=150,
-            test_freq=10, batch=16, n=8, response_length=40)
+            test_freq=25, batch=16, n=8, response_length=40)
 QUICK = dict(train_size=64, dev_size=8, test_size=8, sft_max_steps=4, sft_save_freq=2, rl_steps=2,
              test_freq=1, batch=4, n=2, response_length=8)
 BAND = (0.40, 0.65)  # SFT dev accuracy that leaves room to improve
+# an SFT checkpoint is first screened on this many dev prompts; at most SCREEN_PASS of them right means
+# below the band (P(<= 4 of 25 | 40%) = 1%), and the rest of the dev prompts are not decoded
+SCREEN, SCREEN_PASS = 25, 4
 MAX_PROMPT_LENGTH = 112  # tokens: the longest tiny-task prompt is ~100 characters = tokens
 # the longest worked solution + EOS: ~30 tokens for 'steps', ~17 for 'direct'
 FULL_RESPONSE_LENGTH = {"steps": 40, "direct": 24}
@@ -76,6 +78,52 @@ def recipe_sizes(args) -> dict:
 
 def log(msg: str) -> None:
     print(f"[quickstart {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class CPUClock:
+    """CPU seconds (user + system) of this process and of every process it started, Ray's workers
+    included: a daemon thread samples the process tree every ``interval`` seconds and keeps each
+    process's latest figure, so a process that ends between two samples loses at most its last
+    ``interval``. On a machine shared with other jobs the wall time says little; this does."""
+
+    def __init__(self, interval: float = 1.0):
+        self._cpu: dict[tuple[int, float], float] = {}
+        self._lock = threading.Lock()
+        try:
+            import psutil
+
+            self._root = psutil.Process()
+        except Exception:  # no psutil: CPU seconds are reported as None
+            self._root = None
+            return
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, args=(interval,), daemon=True, name="quickstart-cpu-clock").start()
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self._sample()
+
+    def _sample(self) -> None:
+        import psutil
+
+        try:
+            procs = [self._root, *self._root.children(recursive=True)]
+        except psutil.Error:
+            return
+        for proc in procs:
+            try:
+                key, times = (proc.pid, proc.create_time()), proc.cpu_times()
+            except psutil.Error:
+                continue
+            with self._lock:
+                self._cpu[key] = times.user + times.system
+
+    def seconds(self) -> float | None:
+        if self._root is None:
+            return None
+        self._sample()
+        with self._lock:
+            return sum(self._cpu.values())
 
 
 def child_env(threads: int, **extra) -> dict:
@@ -143,7 +191,12 @@ def choose_checkpoint(history: dict[int, float], band=BAND) -> int:
 
 
 def sft_warmup(work: str, paths: dict, sizes: dict, args) -> tuple[str, dict[int, float]]:
-    """Run main_sft in the background, evaluate its checkpoints as they appear, stop in the band."""
+    """Run main_sft in the background, evaluate its checkpoints as they appear, stop in the band.
+
+    While a checkpoint is evaluated the SFT process is paused (SIGSTOP/SIGCONT where the platform has
+    them), so the evaluation and the training never share the cores: 2 SFT threads + 1 evaluation
+    thread on 2 cores made every SFT step wait for a descheduled OpenMP thread. Returns the chosen
+    checkpoint and {step: dev accuracy} of the checkpoints evaluated on all dev prompts."""
     from hybridflow.trainer.eval_utils import greedy_accuracy
 
     sft_dir = os.path.join(work, "sft")
@@ -161,24 +214,40 @@ def sft_warmup(work: str, paths: dict, sizes: dict, args) -> tuple[str, dict[int
            "optim.betas=[0.9,0.95]", "model.enable_gradient_checkpointing=False"]
     logfile = os.path.join(work, "sft.log")
     out = open(logfile, "w")
-    import torch
-
-    eval_threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the evaluations below share the cores with the SFT process
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(args.threads), cwd=REPO)
-    history: dict[int, float] = {}
+    can_pause = hasattr(signal, "SIGSTOP")
+    # the first evaluation's one-off cost (imports, the rollout server's set-up: ~5 CPU s) is paid now,
+    # while the SFT process starts up, rather than with the SFT paused
+    greedy_accuracy(paths["model"], paths["dev"], limit=1, response_length=2, max_prompt_length=MAX_PROMPT_LENGTH)
+    history: dict[int, float] = {}  # full dev set
+    screened: dict[int, float] = {}  # only the first SCREEN dev prompts: below the band
+
+    def accuracy(step: int, limit: int | None) -> float:
+        return greedy_accuracy(os.path.join(sft_dir, f"global_step_{step}"), paths["dev"], limit=limit,
+                               response_length=sizes["response_length"], max_prompt_length=MAX_PROMPT_LENGTH)
 
     def evaluate(step: int) -> float:
-        acc = greedy_accuracy(os.path.join(sft_dir, f"global_step_{step}"), paths["dev"],
-                              response_length=sizes["response_length"], max_prompt_length=MAX_PROMPT_LENGTH)
-        history[step] = acc
+        paused = can_pause and proc.poll() is None
+        if paused:
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            if sizes["dev_size"] > 2 * SCREEN:
+                first = accuracy(step, SCREEN)
+                if first * SCREEN <= SCREEN_PASS:
+                    screened[step] = first
+                    log(f"SFT step {step}: dev accuracy {first:.0%} on the first {SCREEN} prompts")
+                    return first
+            acc = history[step] = accuracy(step, None)
+        finally:
+            if paused:
+                proc.send_signal(signal.SIGCONT)
         log(f"SFT step {step}: dev accuracy {acc:.1%}")
         return acc
 
     try:
         while True:
             finished = proc.poll() is not None
-            pending = [s for s in _saved_steps(sft_dir) if s not in history]
+            pending = [s for s in _saved_steps(sft_dir) if s not in history and s not in screened]
             if pending:
                 acc = evaluate(pending[-1])  # the newest: skipped ones are revisited on overshoot
                 if acc >= BAND[0] or args.quick:
@@ -186,26 +255,27 @@ def sft_warmup(work: str, paths: dict, sizes: dict, args) -> tuple[str, dict[int
             elif finished:
                 break
             else:
-                time.sleep(1.0)
+                time.sleep(0.5)
     finally:
         if proc.poll() is None:
+            if can_pause:
+                proc.send_signal(signal.SIGCONT)
             proc.terminate()
             proc.wait(timeout=60)
         out.close()
-        torch.set_num_threads(eval_threads)
-    if proc.returncode not in (0, None, -15) and not history:
+    if proc.returncode not in (0, None, -15) and not history and not screened:
         with open(logfile) as f:
             raise RuntimeError(f"SFT failed ({logfile}):\n{f.read()[-3000:]}")
     if history and max(history.values()) > BAND[1]:  # jumped over the band: look at skipped checkpoints
         top = max(history, key=history.get)
-        below = max([s for s in history if s < top], default=0)
+        below = max([s for s in {**history, **screened} if s < top], default=0)
         for step in [s for s in _saved_steps(sft_dir) if below < s < top and s not in history]:
             if BAND[0] <= evaluate(step) <= BAND[1]:
                 break
-    if not history:
+    if not history and not screened:
         raise RuntimeError(f"SFT wrote no checkpoint (see {logfile})")
-    step = choose_checkpoint(history)
-    log(f"chose SFT checkpoint global_step_{step} (dev accuracy {history[step]:.1%})")
+    step = choose_checkpoint(history or screened)
+    log(f"chose SFT checkpoint global_step_{step} (dev accuracy {(history or screened)[step]:.1%})")
     return os.path.join(sft_dir, f"global_step_{step}"), history
 
 
@@ -230,6 +300,8 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
         "actor_rollout_ref.actor.strategy=fsdp",
         "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.temperature=1.0",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
+        # one agent loop process: the rollout is one server in one worker (each process costs ~5 CPU s to start)
+        "actor_rollout_ref.rollout.agent.num_workers=1",
         "algorithm.use_kl_in_reward=False",
         f"trainer.total_training_steps={steps}", f"trainer.test_freq={sizes['test_freq']}",
         f"trainer.save_freq={steps}", "trainer.val_before_train=True", "trainer.logger=['console','file','plot']",
@@ -237,6 +309,10 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
         f"trainer.backend={args.backend}", "trainer.n_gpus_per_node=1", f"trainer.device={args.device}",
         "trainer.project_name=quickstart", f"trainer.experiment_name={algo}_seed{args.seed}",
     ]
+    if args.mode == "sync":
+        # one update per batch (mini-batch = batch, 1 epoch) is on-policy: pi_old is the policy that
+        # sampled, so the rollout's own log-probs serve as pi_old and the extra forward pass is skipped
+        common += ["actor_rollout_ref.rollout.calculate_log_probs=True", "algorithm.rollout_correction.bypass_mode=True"]
     common += async_args(args.mode, sizes["batch"] if algo == "grpo" else sizes["batch"] * sizes["n"])
     if algo == "grpo":
         return ["algorithm.adv_estimator=grpo", f"actor_rollout_ref.rollout.n={sizes['n']}", *common, *args.rl_override]
@@ -293,15 +369,16 @@ def curves(rows: list[dict]) -> tuple[list[tuple[int, float]], list[tuple[int, f
 
 
 def export_final(run_dir: str, work: str, args) -> str:
+    """The last RL checkpoint as a Hugging Face directory (``hybridflow.model_merger``'s merge, called
+    here rather than as ``python -m hybridflow.model_merger merge ...``: one process start less)."""
+    from hybridflow.model_merger import merge_checkpoint
     from hybridflow.trainer.checkpoint import complete_steps
 
     steps = complete_steps(run_dir)
     if not steps:
         raise RuntimeError(f"the RL run saved no checkpoint in {run_dir}")
     target = os.path.join(work, f"{args.algo}_final_hf")
-    run_module("hybridflow.model_merger", ["merge", "--backend", "fsdp", "--local_dir",
-                                           os.path.join(run_dir, f"global_step_{max(steps)}", "actor"), "--target_dir", target],
-               child_env(args.threads), os.path.join(work, "merge.log"))
+    merge_checkpoint(os.path.join(run_dir, f"global_step_{max(steps)}", "actor"), target, backend="fsdp")
     return target
 
 
@@ -351,6 +428,26 @@ def require_matplotlib() -> None:
                          "pip install matplotlib (it is in requirements-cpu.txt and the [plot] extra)") from None
 
 
+def phase_table(phases: dict, cpu: dict, setup: float | None, load: tuple[float, float], threads: int) -> str:
+    """The per-phase wall and CPU seconds as printed at the end of a run."""
+    lines = [f"{'phase':<14}{'wall s':>9}{'CPU s':>9}"]
+    if setup is not None:
+        lines.append(f"{'setup check':<14}{setup:>9.1f}{'':>9}")
+    for name, wall in phases.items():
+        lines.append(f"{name:<14}{wall:>9.1f}{cpu[name]:>9.1f}" if cpu.get(name) is not None else f"{name:<14}{wall:>9.1f}{'':>9}")
+    total_cpu = sum(v for v in cpu.values() if v is not None) if cpu else None
+    total = sum(phases.values()) + (setup or 0.0)
+    lines.append(f"{'total':<14}{total:>9.1f}" + (f"{total_cpu:>9.1f}" if total_cpu is not None else ""))
+    lines.append(f"({os.cpu_count()} CPU cores, {threads} torch threads per process; 1-minute load average "
+                 f"{load[0]:.2f} at the start, {load[1]:.2f} at the end: above ~0.5 the machine was shared "
+                 "and the wall times are too)")
+    return "\n".join(lines)
+
+
+def _load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
 def main(argv=None) -> dict:
     args = parse(argv)
     require_matplotlib()
@@ -358,37 +455,39 @@ def main(argv=None) -> dict:
     work = os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
     os.environ.update({k: v for k, v in child_env(args.threads).items() if k != "PYTHONPATH"})
+    load_start, clock = _load_average(), CPUClock()
+    start, phases, cpu = time.perf_counter(), {}, {}
     import torch
 
     torch.set_num_threads(args.threads)
     from hybridflow.trainer.eval_utils import greedy_accuracy
     from hybridflow.utils.plotting import draw_curves
 
-    start, phases = time.perf_counter(), {}
-
-    def phase(name, t0):
+    def phase(name, t0, c0):
         phases[name] = round(time.perf_counter() - t0, 1)
-        log(f"{name}: {phases[name]:.0f} s")
+        c1 = clock.seconds()
+        cpu[name] = round(c1 - c0, 1) if c1 is not None and c0 is not None else None
+        log(f"{name}: {phases[name]:.0f} s" + (f" ({cpu[name]:.0f} CPU s)" if cpu[name] is not None else ""))
 
-    t0 = time.perf_counter()
+    t0, c0 = start, clock.seconds()  # "data" includes this process's imports
     paths = make_data(work, args.seed if args.data_seed is None else args.data_seed, sizes, args.task_style)
-    phase("data", t0)
+    phase("data", t0, c0)
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), clock.seconds()
     history = {}
     if args.sft_model:
         sft_model = os.path.abspath(args.sft_model)
     else:
         sft_model, history = sft_warmup(work, paths, sizes, args)
-    phase("sft", t0)
+    phase("sft", t0, c0)
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), clock.seconds()
     before = greedy_accuracy(sft_model, paths["heldout"], response_length=sizes["response_length"],
                              max_prompt_length=MAX_PROMPT_LENGTH)
-    phase("eval_before", t0)
+    phase("eval_before", t0, c0)
     log(f"held-out greedy accuracy before {args.algo.upper()}: {before:.1%}")
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), clock.seconds()
     run_dir = os.path.join(work, f"{args.algo}_run")
     metrics_path = os.path.join(work, f"{args.algo}_metrics.jsonl")
     shutil.rmtree(run_dir, ignore_errors=True)  # a previous run's checkpoints would be resumed or exported
@@ -398,25 +497,32 @@ def main(argv=None) -> dict:
     run_module("hybridflow.main_ppo", rl_args(args.algo, sft_model, paths, sizes, run_dir, args),
                child_env(rl_threads(args), HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path, HYBRIDFLOW_PLOT_PATH=png),
                os.path.join(work, f"{args.algo}.log"))
-    phase("rl", t0)
+    phase("rl", t0, c0)
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), clock.seconds()
     final_model = export_final(run_dir, work, args)
     after, samples = greedy_accuracy(final_model, paths["heldout"], response_length=sizes["response_length"],
                                      max_prompt_length=MAX_PROMPT_LENGTH, return_samples=3)
-    phase("eval_after", t0)
+    phase("eval_after", t0, c0)
 
     rows = read_metrics(metrics_path)
     reward, val = curves(rows)
     draw_curves(png, {"training reward (mean)": reward, "validation accuracy (greedy)": val},
                 title=f"{args.algo.upper()} on the tiny arithmetic task")
+    setup = float(os.environ["QUICKSTART_SETUP_SECONDS"]) if os.environ.get("QUICKSTART_SETUP_SECONDS") else None
+    load_end = _load_average()
+    step_seconds = [r["timing_s/step"] for r in rows if "timing_s/step" in r]
     result = {
         "algo": args.algo, "seed": args.seed, "data_seed": args.seed if args.data_seed is None else args.data_seed,
         "quick": args.quick, "backend": args.backend, "mode": args.mode, "rl_overrides": rl_args(args.algo, sft_model, paths, sizes, run_dir, args),
         "accuracy_before": before, "accuracy_after": after, "improvement": after - before,
         "steps": max((r["step"] for r in rows), default=0),
         "wall_seconds": round(time.perf_counter() - start, 1), "phase_seconds": phases,
-        "setup_seconds": (float(os.environ["QUICKSTART_SETUP_SECONDS"]) if os.environ.get("QUICKSTART_SETUP_SECONDS") else None),  # venv/install, by quickstart.sh
+        "setup_seconds": setup,  # the venv check/install of quickstart.sh, before this process started
+        "phase_cpu_seconds": cpu,  # user + system of this process and all it started (CPUClock)
+        "rl_step_seconds_median": round(sorted(step_seconds)[len(step_seconds) // 2], 3) if step_seconds else None,
+        "load_average_1min": [round(load_start, 2), round(load_end, 2)], "cpu_count": os.cpu_count(),
+        "threads": args.threads,
         "sft_checkpoint": sft_model, "sft_dev_accuracy": {str(k): v for k, v in sorted(history.items())},
         "heldout_prompts": sizes["test_size"], "train_reward": reward, "val_accuracy": val,
         "final_model": final_model, "metrics_jsonl": metrics_path, "png": png,
@@ -424,8 +530,12 @@ def main(argv=None) -> dict:
     }
     with open(os.path.join(work, "quickstart_result.json"), "w") as f:
         json.dump(result, f, indent=1)
+    table = phase_table(phases, cpu, setup, (load_start, load_end), args.threads)
+    print("\n" + table + "\n", flush=True)
+    median = result["rl_step_seconds_median"]
     log(f"accuracy before {before:.1%} -> after {after:.1%} ({(after - before) * 100:+.1f} points) "
-        f"in {result['steps']} {args.algo.upper()} steps; total {result['wall_seconds']:.0f} s; "
+        f"in {result['steps']} {args.algo.upper()} steps" + (f" (median step {median:.2f} s)" if median else "")
+        + f"; total {result['wall_seconds'] + (setup or 0.0):.0f} s; "
         f"wrote {os.path.join(work, 'quickstart_result.json')} and {png}")
     return result
 
