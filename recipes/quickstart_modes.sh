@@ -5,7 +5,8 @@
 #
 #   bash recipes/quickstart_modes.sh [--seed 0] [--workdir quickstart_modes_out] [--quick] [--modes "sync one_step_off fully_async"]
 #
-# Sets up the environment like recipes/quickstart.sh. Full size: ~10 min per mode on 2 cores.
+# Sets up the environment like recipes/quickstart.sh. Full size on 2 cores: sync ~7 min with the SFT
+# warm-up; the asynchronous modes took ~10 min each before the quickstart's speed-ups (not re-measured).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEED=0; WORK=quickstart_modes_out; QUICK=(); MODES="sync one_step_off fully_async"
