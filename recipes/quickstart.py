@@ -33,8 +33,8 @@ reward and validation accuracy per step, drawn with matplotlib: redrawn after ev
 runs, so it can be watched, and once more at the end; ``python -m hybridflow.plot
 <workdir>/<algo>_metrics.jsonl`` redraws it).
 
-Measured (seed 0, GRPO, 2 cores, load average 0.5-1.8): 44.5% -> 74.0% (+29.5 points) in 409 s: SFT
-181 s, 150 GRPO steps at a median 1.20 s (RL phase 220 s), evaluations 3 s, the venv check 0.1 s.
+Measured (GRPO, 2 cores, partly shared: load average 0.5-1.9): seeds 0/1/2 44.5->74.0 / 34.5->65.5 /
+45.5->79.5% (+29.5/+31.0/+34.0 points) in 409/440/454 s (seed 0: SFT 181 s, steps at a median 1.20 s).
 """
 
 from __future__ import annotations
