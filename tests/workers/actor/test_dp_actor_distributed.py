@@ -1,6 +1,7 @@
 """Two gloo ranks with a DDP-wrapped model make exactly the single-process full-batch update."""
 
 import copy
+import gc
 import os
 import socket
 
@@ -54,6 +55,12 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         micro, _ = split_by_token_budget(DataProto.from_dict({"attention_mask": mask}), 20, dp_group=dist.group.WORLD)
         results["micro_batch_count"] = len(micro)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        # the gloo thread frees each finished all-reduce (and its tensors) after the fact; a barrier queued
+        # behind them waits for that, and the DDP models go before the group: otherwise the group's
+        # destructor, run at exit while holding the GIL, joins a gloo thread that waits for the GIL (seen here)
+        dist.barrier()
+        del model, actor
+        gc.collect()
     finally:
         dist.destroy_process_group()
 
