@@ -240,7 +240,11 @@ def test_abort_all_returns_the_tokens_so_far(served, prompts):
 
     async def scenario():
         tasks = [asyncio.ensure_future(served.server.generate(p, long, f"long{i}")) for i, p in enumerate(prompts)]
-        await asyncio.sleep(1.0)
+        # act as soon as every request is in the engine: a fixed sleep let an idle machine finish them first
+        for _ in range(2000):
+            if len(served.server._in_flight) == len(prompts):
+                break
+            await asyncio.sleep(0.005)
         # a weight update now would mix old and new weights inside these requests
         with pytest.raises(RuntimeError, match=r"requests in flight.*abort_all"):
             await served.server.load_weights([])
