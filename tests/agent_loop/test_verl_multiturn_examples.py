@@ -237,14 +237,18 @@ def test_the_sglang_example_composes_once_the_engine_is_swapped(local_command_li
             assert (message == "ok") == (LOCAL_OUTCOMES[script] == "ok"), (script, message)  # nothing else changes
 
 
-def test_mcp_tools_are_refused_by_name():
-    config = LOCAL_EXAMPLES / "examples/sglang_multiturn/config"
+def _assert_mcp_tools_refused(examples_root: Path) -> None:
+    config = examples_root / "examples/sglang_multiturn/config"
     mcp = config / "tool_config/mcp_tool_config.yaml"
     cfg = load_config("gsm8k_multiturn_grpo", ["actor_rollout_ref.rollout.name=vllm",
                                                f"actor_rollout_ref.rollout.multi_turn.tool_config_path={mcp}"],
                       config_path=str(config))
     with pytest.raises(ConfigError, match="MCP tools are not supported"):
         validate_ppo_config(cfg)
+
+
+def test_mcp_tools_are_refused_by_name():
+    _assert_mcp_tools_refused(LOCAL_EXAMPLES)
 
 
 # ----------------------------------------------------------------------------- a real veRL checkout (optional)
@@ -292,10 +296,4 @@ def test_real_checkout_sglang_examples_compose_on_hybridflow_engines_when_the_en
 
 
 def test_real_checkout_mcp_tools_are_refused_by_name(real_verl_root):
-    config = real_verl_root / "examples/sglang_multiturn/config"
-    mcp = config / "tool_config/mcp_tool_config.yaml"
-    cfg = load_config("gsm8k_multiturn_grpo", ["actor_rollout_ref.rollout.name=vllm",
-                                               f"actor_rollout_ref.rollout.multi_turn.tool_config_path={mcp}"],
-                      config_path=str(config))
-    with pytest.raises(ConfigError, match="MCP tools are not supported"):
-        validate_ppo_config(cfg)
+    _assert_mcp_tools_refused(real_verl_root)
