@@ -27,6 +27,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.utils.config import parse_cli
+from hybridflow.utils.environ import restore_environ, snapshot_environ
 from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
 
@@ -51,16 +52,13 @@ def build_rollout_group(config):
 
         if world != 1:
             raise ValueError(f"trainer.backend=inprocess runs one worker; nnodes × n_gpus_per_node = {world}")
-        previous = os.environ.get("HYBRIDFLOW_DEVICE")
+        previous = snapshot_environ(["HYBRIDFLOW_DEVICE"])
         os.environ["HYBRIDFLOW_DEVICE"] = device  # what the in-process worker reads, for this run only
         group = InProcessWorkerGroup(ClassWithInitArgs(ActorRolloutRefWorker, **cls_args))
 
         def shutdown_inprocess():
             group.shutdown()  # gives back the rendezvous variables and the process group
-            if previous is None:
-                os.environ.pop("HYBRIDFLOW_DEVICE", None)
-            else:
-                os.environ["HYBRIDFLOW_DEVICE"] = previous
+            restore_environ(previous)
 
         return group, shutdown_inprocess
     if backend != "ray":

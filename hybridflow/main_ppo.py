@@ -9,7 +9,6 @@ stop (workers and the Ray processes it started are shut down, exit code 143).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -23,6 +22,7 @@ from hybridflow.single_controller.base import WorkerHangError
 from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridflow.utils.config import ConfigError, parse_cli
+from hybridflow.utils.environ import restored_environ
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
 
 EXIT_CODE_HANG = 3  # the command line's exit code when the watchdog reported a hang
@@ -101,25 +101,11 @@ def build_trainer(config) -> RayPPOTrainer:
     return RayPPOTrainer(config, tokenizer, dataloader, val_dataset, reward_fn, val_reward_fn, collate_fn=collate_fn)
 
 
-@contextlib.contextmanager
-def _restored_env(*keys: str):
-    """The run's own settings of these variables end with it (the caller's process keeps its own)."""
-    before = {k: os.environ.get(k) for k in keys}
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def run_ppo(config) -> dict:
     """Build data, rewards and workers from a validated config and train; returns the last metrics.
 
     Raises on failure (``WorkerHangError`` when the watchdog reports a hang); never ends the process."""
-    with _restored_env("HYBRIDFLOW_DEVICE"):
+    with restored_environ(["HYBRIDFLOW_DEVICE"]):
         trainer = build_trainer(config)
         trainer.init_workers()
         try:

@@ -25,6 +25,7 @@ from hybridflow.single_controller.base.stacks import format_own_stacks
 from hybridflow.single_controller.base.watchdog import CallThread, wait_with_deadline
 from hybridflow.single_controller.base.worker import find_free_port
 from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, WorkerGroup, rows_per_rank
+from hybridflow.utils.environ import restore_environ, snapshot_environ
 
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
@@ -58,7 +59,7 @@ class _ProcessLease:
     def acquire(cls) -> None:
         with cls._lock:
             if cls._holders == 0:
-                cls._saved_env = {k: os.environ.get(k) for k in _DIST_ENV}
+                cls._saved_env = snapshot_environ(_DIST_ENV)
                 cls._group_was_open = _process_group_open()
                 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
                 os.environ.setdefault("MASTER_PORT", str(find_free_port()))
@@ -77,11 +78,7 @@ class _ProcessLease:
                 import torch.distributed as dist
 
                 dist.destroy_process_group()
-            for key, value in cls._saved_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            restore_environ(cls._saved_env)
 
 
 def _process_group_open() -> bool:

@@ -341,11 +341,9 @@ class CallThread:
             except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
                 future.set_exception(e)
 
-    def close(self, timeout_s: float = 0.0) -> None:
-        """No more calls; the thread ends after the one it runs (waited for up to ``timeout_s``)."""
+    def close(self) -> None:
+        """No more calls; the thread ends after the one it runs (not waited for: it may be stuck)."""
         self._jobs.put(None)
-        if timeout_s > 0 and not self.is_current():
-            self._thread.join(timeout_s)
 
 
 def call_with_deadline(fn: Callable, *args, deadline=None, group=None, what: str = "call",

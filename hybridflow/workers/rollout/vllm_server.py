@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from hybridflow.utils.config import ConfigError
+from hybridflow.utils.environ import restored_environ
 from hybridflow.workers.rollout.sampling import SamplingParams, request_seed
 from hybridflow.workers.rollout.server import (
     ABORT,
@@ -330,9 +331,10 @@ def _start_engine(vllm, settings: VLLMSettings, facts: ModelFacts):
             f"rollout.engine_kwargs.vllm.{k} is not an engine argument of vLLM {vllm.__version__}"
             + (f" (did you mean {hints[k][0]}?)" if hints[k] else "") for k in unknown))
     threads = torch.get_num_threads()
-    env = dict(os.environ)
     try:
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**settings.engine_args))
+        # vLLM's CPU platform sets LD_PRELOAD & co. for its engine processes; the caller's stay as they were
+        with restored_environ():
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**settings.engine_args))
     except Exception as err:
         raise _explain_start_failure(vllm, settings, facts, err) from err
     finally:
@@ -340,16 +342,6 @@ def _start_engine(vllm, settings: VLLMSettings, facts: ModelFacts):
             torch.set_num_threads = _SET_NUM_THREADS
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-        _restore_environ(env)  # vLLM's CPU platform sets LD_PRELOAD & co. for its engine processes, not ours
-
-
-def _restore_environ(before: dict) -> None:
-    """Put ``os.environ`` back as it was (the engine's processes were started with what it set)."""
-    for key in [k for k in os.environ if k not in before]:
-        del os.environ[key]
-    for key, value in before.items():
-        if os.environ.get(key) != value:
-            os.environ[key] = value
 
 
 def _explain_start_failure(vllm, settings: VLLMSettings, facts: ModelFacts, err: Exception) -> Exception:
