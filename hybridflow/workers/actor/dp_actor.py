@@ -69,20 +69,20 @@ def _policy_loss_output(out, loss_mode: str) -> tuple[torch.Tensor, dict]:
 
 
 def _cut_shared_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                        response_length: int, right: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+                        response_length: int, cut_right: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
     """Drop the leading and trailing columns that are padding in every row: prompts are left-padded
     to max_prompt_length and responses right-padded to the response length, both usually wider than
     the micro-batch's longest. No row attends to those columns and the position ids are explicit, so
     the log-probs of the response tokens are the same, from a cheaper forward (the quickstart's rows:
     a 112-token prompt slot holding 90-100 tokens, a 40-token response slot holding at most ~35).
     Returns the cut tensors, the response length left and how many response columns were cut
-    (``right=False``: only the left padding is cut)."""
+    (``cut_right=False``: only the left padding is cut)."""
     attended = attention_mask.any(dim=0).nonzero()
     if len(attended) == 0:
         return input_ids, attention_mask, position_ids, response_length, 0
     width = input_ids.size(1)
     first = min(int(attended[0]), width - response_length)  # never into the responses
-    right = min(width - 1 - int(attended[-1]), response_length - 1) if right else 0  # >= 1 response column stays
+    right = min(width - 1 - int(attended[-1]), response_length - 1) if cut_right else 0  # >= 1 response column stays
     if first == 0 and right == 0:
         return input_ids, attention_mask, position_ids, response_length, 0
     end = width - right
@@ -143,12 +143,12 @@ class DataParallelPPOActor:
             if out is not None:
                 if not cut:
                     return out
-                pad = lambda t: torch.nn.functional.pad(t, (0, cut))  # noqa: E731 - back to (B, R), 0 at the cut padding
-                return pad(out[0]), (pad(out[1]) if out[1] is not None else None)
+                log_probs, entropy = (None if t is None else torch.nn.functional.pad(t, (0, cut)) for t in out)
+                return log_probs, entropy  # back to (B, R), 0 at the cut response padding
         # the ordinary padded forward: only the left padding shared by all rows is cut (the values at
         # response padding stay the model's, as without the cut)
         input_ids, attention_mask, position_ids, _, _ = _cut_shared_padding(input_ids, attention_mask, position_ids,
-                                                                            response_length, right=False)
+                                                                            response_length, cut_right=False)
         return forward_response_log_probs(self.actor_module, input_ids, attention_mask, position_ids,
                                           response_length=response_length, temperature=temperature,
                                           calculate_entropy=calculate_entropy)
