@@ -153,9 +153,6 @@ def build_tiny_config(
     )
 
 
-HEADS = ("causal_lm", "token_classification", "sequence_classification")
-
-
 def build_tiny_model(config, seed: int = 0, head: str = "causal_lm"):
     """Random-init model; the global torch RNG is left untouched, so the same seed gives the same weights.
 
@@ -170,7 +167,7 @@ def build_tiny_model(config, seed: int = 0, head: str = "causal_lm"):
         "sequence_classification": transformers.AutoModelForSequenceClassification,
     }
     if head not in auto:
-        raise ValueError(f"unknown tiny model head {head!r}; known: {', '.join(HEADS)}")
+        raise ValueError(f"unknown tiny model head {head!r}; known: {', '.join(auto)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = auto[head].from_config(config)
