@@ -202,3 +202,28 @@ def test_a_resumed_runs_pending_groups_start_first():
             r.take(2, timeout_s=0.2)
     finally:
         r.stop()
+
+
+def test_the_trainers_wait_ends_at_the_watchdog_deadline_and_groups_that_finish_push_it_back(tmp_path):
+    """take() without a timeout waits under the watchdog: a finished group is progress, none for the
+    idle deadline raises WorkerHangError (with its report) in the waiting thread."""
+    from hybridflow.single_controller.base import Watchdog, WorkerHangError
+
+    m = HandManager()
+    r = Rollouter(m, groups(100), prompts_per_step=2, staleness_threshold=1, trigger_parameter_sync_step=1,
+                  partial_rollout=False, watchdog=Watchdog(timeout_s=1.0, report_dir=str(tmp_path), poll_s=0.1))
+    r.start()
+    try:
+        assert started(m, 4) == 4
+        # one group finishes every 0.6 s: each is progress, so 2 groups in ~1.2 s pass a 1 s idle deadline
+        finisher = threading.Thread(target=lambda: [time.sleep(0.6) or m.finish(pos) for pos in (0, 1)])
+        finisher.start()
+        taken, _ = r.take(2)
+        finisher.join()
+        assert len(taken) == 2
+        start = time.monotonic()
+        with pytest.raises(WorkerHangError, match="waiting for 2 finished rollout groups"):
+            r.take(2)  # groups 2, 3 never finish
+        assert 1.0 <= time.monotonic() - start < 10
+    finally:
+        r.stop()
