@@ -28,6 +28,8 @@ UNCHECKED_ENV = frozenset({"PYTEST_CURRENT_TEST"})
 IMPORT_TIME_ENV = {
     "cv2": frozenset({"LD_LIBRARY_PATH"}),  # opencv prepends its lib64 (imported by vLLM's engine)
     "ray": frozenset({"RAY_CLIENT_MODE"}),
+    # scikit-learn, where installed, is imported by transformers.generation (seen on the GPU image)
+    "sklearn": frozenset({"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}),
     "torch._dynamo": frozenset({"TORCHINDUCTOR_CACHE_DIR"}),  # torch._dynamo.package asks inductor's cache_dir()
     "vllm": frozenset({
         "PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_CACHE_DIR",
