@@ -13,8 +13,8 @@ QUANTIZED = ("ffn_gate", "ffn_up", "ffn_down", "attn_q", "attn_v")  # Q8_0; the 
 
 
 def vocabulary() -> tuple[list[str], list[str]]:
-    """(tokens, merges): printable ASCII in GPT-2's byte alphabet, 'Ġ' for space, a few merges, specials."""
-    chars = [chr(c) for c in range(ord("!"), ord("~") + 1)] + ["Ġ"]
+    """(tokens, merges): printable ASCII, space and newline in GPT-2's byte alphabet, a few merges, specials."""
+    chars = [chr(c) for c in range(ord("!"), ord("~") + 1)] + ["Ġ", "Ċ"]  # space, newline
     merges = ["Ġ h", "e l", "Ġh el"]
     return chars + ["Ġh", "el", "Ġhel"] + SPECIALS, merges
 

@@ -2,7 +2,7 @@
 it into a Hugging Face folder once and reuse it: every consumer (actor, ref, critic, reward model,
 rollout engines, SFT, generation, eval) loads that folder like any other.
 
-The cache is keyed by the file's absolute path, size and mtime, so an edited or replaced file converts
+The cache is keyed by the file's real path, size and mtime, so an edited or replaced file converts
 again. A conversion writes into a temporary folder renamed into place, so a crash never leaves a half
 folder that looks valid; a lock file keeps concurrent workers from converting the same file twice."""
 
@@ -40,7 +40,7 @@ def find_gguf(path: str, key: str = "model.path") -> str | None:
 
 def cache_dir_for(gguf_path: str) -> str:
     stat = os.stat(gguf_path)
-    absolute = os.path.abspath(gguf_path)
+    absolute = os.path.realpath(gguf_path)  # a link and its target share one entry
     digest = hashlib.sha256(f"{absolute}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     stem = os.path.splitext(os.path.basename(absolute))[0]
     return os.path.join(gguf_cache_root(), f"{stem}-{digest}")
