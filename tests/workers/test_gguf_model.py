@@ -216,6 +216,7 @@ def test_main_generation_takes_a_gguf_model_path(tiny_gguf, cache, tmp_path):
         assert row["responses"] == [tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)]
 
 
+@pytest.mark.slow  # ~50 s on 2 cores: 35 s converting (mostly the tokenizer), 15 s loading the GGUF again + generating
 def test_real_smollm2_gguf_converts_with_chat_template_and_same_greedy(smollm2_gguf, smollm2_dir):
     """The real model: the converted folder (conftest's smollm2_dir, through write_hf_folder_from_gguf)
     generates what transformers' direct GGUF load generates."""
