@@ -56,6 +56,14 @@ def _legacy_architectures() -> set[str]:
     return set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"}  # the table's non-model sections
 
 
+def _readable_architectures() -> list[str]:
+    try:
+        from transformers.integrations.gguf.gguf_conversion_mapping import GGUF_ARCHS
+    except ImportError:
+        GGUF_ARCHS = {}
+    return sorted(_legacy_architectures() | {a for a in GGUF_ARCHS if _fast_path_support(a) is not None})
+
+
 def _legacy_can_dequantize(gguf, qtype) -> bool:
     """The legacy loader unpacks through ``gguf.quants.dequantize``: try it on one zero block."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
@@ -90,7 +98,7 @@ def check_gguf(path: str, key: str = "model.path") -> str:
     if fast is None and not legacy:
         raise ValueError(f"{key}={path!r}: GGUF file {path} has architecture {architecture!r}, which transformers "
                          f"{transformers.__version__} cannot read; it reads: "
-                         f"{', '.join(sorted(_legacy_architectures()))}")
+                         f"{', '.join(_readable_architectures())}")
     checked: dict[int, bool] = {}
     for tensor in reader.tensors:
         qtype = tensor.tensor_type
