@@ -42,7 +42,9 @@ extras_require = {
     "loggers": ["tensorboard", "wandb", "mlflow", "swanlab"],
     # reward/accuracy curves: trainer.logger=[...,plot] and python -m hybridflow.plot
     "plot": ["matplotlib>=3.7"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "peft>=0.10"],
+    # GGUF files as model paths (hybridflow.workers.gguf_cache; transformers' GGUF loader needs accelerate)
+    "gguf": ["gguf>=0.10,<1", "accelerate>=1.1"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "peft>=0.10", "gguf>=0.10,<1", "accelerate>=1.1"],
 }
 
 setup(

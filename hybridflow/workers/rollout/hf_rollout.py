@@ -52,10 +52,10 @@ class HFRollout:
     def from_pretrained(cls, model_path: str, config: Mapping[str, Any], pad_token_id: int,
                         eos_token_id: int | list[int], dtype: torch.dtype | None = None,
                         device: str | torch.device = "cpu", tokenizer=None) -> "HFRollout":
-        """Load a separate inference copy of the model from a Hugging Face directory."""
-        from transformers import AutoModelForCausalLM
+        """Load a separate inference copy of the model from a Hugging Face directory (or a GGUF file)."""
+        from hybridflow.workers.model_loading import load_model, local_model_path
 
-        module = AutoModelForCausalLM.from_pretrained(model_path).to(device=device, dtype=dtype)
+        module = load_model(local_model_path(model_path, "model_path"), "causal_lm").to(device=device, dtype=dtype)
         return cls(module.eval(), config, pad_token_id, eos_token_id, tokenizer=tokenizer)
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
