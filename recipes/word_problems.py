@@ -1,0 +1,70 @@
+"""GSM8K-format word problems written here (no data set is downloaded): one- and two-step arithmetic
+stories about everyday things, each row in veRL's parquet format (``prompt`` as chat messages that ask
+for the answer after ``####``, ``data_source=openai/gsm8k`` so the gsm8k rule scorer grades it,
+``reward_model.ground_truth`` the number as a string)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+INSTRUCTION = 'Answer briefly and write the final answer as a number after "####".'
+NAMES = ["Tom", "Anna", "Lee", "Maria", "Sam", "Priya", "Omar", "Julia", "Ken", "Sofia", "Ben", "Mia"]
+ITEMS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "stamps", "shells", "cards", "eggs"]
+
+
+KINDS = ("add", "sub", "mul", "div", "two_step")
+
+
+def _story(rng: random.Random, kind: str, hi: int) -> tuple[str, int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    if kind == "add":
+        a, b = rng.randint(1, hi), rng.randint(1, hi)
+        return f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", a + b
+    if kind == "sub":
+        a = rng.randint(3, 2 * hi)
+        b = rng.randint(1, a - 1)
+        return f"{name} has {a} {item} and gives {b} of them away. How many {item} are left?", a - b
+    if kind == "mul":
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        return f"{name} has {a} bags with {b} {item} in each bag. How many {item} does {name} have?", a * b
+    if kind == "div":
+        b, q = rng.randint(2, 9), rng.randint(2, 9)
+        return f"{name} shares {b * q} {item} equally among {b} friends. How many {item} does each friend get?", q
+    if kind == "two_step":
+        a, b, c = rng.randint(2, hi), rng.randint(1, hi), rng.randint(1, 5)
+        c = min(c, a + b - 1)
+        return (f"{name} has {a} {item}, buys {b} more and then loses {c}. "
+                f"How many {item} does {name} have now?"), a + b - c
+    raise ValueError(f"unknown problem kind {kind!r}")
+
+
+def make_rows(n: int, seed: int, split: str, kinds=KINDS, hi: int = 20) -> list[dict]:
+    """``n`` rows in veRL's gsm8k format (operands of sums up to ``hi``); the same arguments always give the
+    same rows."""
+    rng = random.Random(f"{seed}-{split}")
+    rows = []
+    for index in range(n):
+        question, answer = _story(rng, kinds[index % len(kinds)], hi)
+        rows.append({
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(answer)},
+            "extra_info": {"split": split, "index": index, "question": question, "answer": str(answer)},
+        })
+    return rows
+
+
+def write_word_problems(out_dir: str, seed: int, train_size: int, test_size: int, kinds=KINDS, hi: int = 20) -> dict:
+    """train.parquet and heldout.parquet (questions of the held-out split never occur in train)."""
+    import pandas as pd
+
+    os.makedirs(out_dir, exist_ok=True)
+    train = make_rows(train_size, seed, "train", kinds, hi)
+    seen = {r["extra_info"]["question"] for r in train}
+    heldout = [r for r in make_rows(test_size * 2, seed, "test", kinds, hi) if r["extra_info"]["question"] not in seen][:test_size]
+    paths = {"train": os.path.join(out_dir, "train.parquet"), "heldout": os.path.join(out_dir, "heldout.parquet")}
+    pd.DataFrame(train).to_parquet(paths["train"])
+    pd.DataFrame(heldout).to_parquet(paths["heldout"])
+    return paths

@@ -1,0 +1,85 @@
+"""recipes/real_model.py: the word problems it trains on, the main_ppo command line it builds, and (slow) a
+one-step run on the real model."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import real_model  # recipes/real_model.py (recipes/ is on pytest.ini's pythonpath)
+import word_problems
+
+from hybridflow.utils.reward_score import default_compute_score
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _solve(question: str) -> int:
+    """The answer computed again from the question's words (independent of the generator's arithmetic)."""
+    numbers = [int(x) for x in re.findall(r"\d+", question)]
+    if " more and then loses " in question:
+        return numbers[0] + numbers[1] - numbers[2]
+    if " gets " in question:
+        return numbers[0] + numbers[1]
+    if " gives " in question:
+        return numbers[0] - numbers[1]
+    if " bags with " in question:
+        return numbers[0] * numbers[1]
+    if " equally among " in question:
+        return numbers[0] // numbers[1]
+    raise AssertionError(f"unknown story: {question}")
+
+
+def test_word_problems_are_gsm8k_rows_with_right_answers_and_a_disjoint_heldout(tmp_path):
+    paths = word_problems.write_word_problems(str(tmp_path), seed=3, train_size=300, test_size=100)
+    train, heldout = pd.read_parquet(paths["train"]), pd.read_parquet(paths["heldout"])
+    assert len(train) == 300 and len(heldout) == 100
+    assert not set(train["extra_info"].map(lambda e: e["question"])) & set(heldout["extra_info"].map(lambda e: e["question"]))
+    for frame in (train, heldout):
+        for row in frame.itertuples():
+            question, truth = row.extra_info["question"], row.reward_model["ground_truth"]
+            assert int(truth) == _solve(question) and int(truth) >= 0
+            assert [m["role"] for m in row.prompt] == ["user"] and "####" in row.prompt[0]["content"]
+            # the gsm8k rule scorer grades it: the right number after '#### ' scores 1, a wrong one 0
+            assert default_compute_score(row.data_source, f"so\n#### {truth}", truth) == 1.0
+            assert default_compute_score(row.data_source, f"so\n#### {int(truth) + 1}", truth) == 0.0
+    kinds = {k for k in ("gets", "gives", "bags with") if any(k in q for q in train["extra_info"].map(lambda e: e["question"]))}
+    assert kinds == {"gets", "gives", "bags with"}
+    again = word_problems.write_word_problems(str(tmp_path / "again"), seed=3, train_size=300, test_size=100)
+    assert pd.read_parquet(again["train"]).equals(train)  # the same seed gives the same problems
+    other = word_problems.write_word_problems(str(tmp_path / "other"), seed=4, train_size=300, test_size=100)
+    assert not pd.read_parquet(other["train"])["extra_info"].equals(train["extra_info"])
+
+
+def test_the_recipe_command_line_uses_only_known_keys(tmp_path):
+    from hybridflow.utils.config import load_config
+
+    args = real_model.parse(["--steps", "7", "--rl_override", "actor_rollout_ref.actor.clip_ratio=0.3"])
+    paths = {"train": str(tmp_path / "t.parquet"), "heldout": str(tmp_path / "h.parquet")}
+    for rollout in ("vllm", "hf"):
+        overrides = real_model.rl_args(str(tmp_path / "model"), paths, str(tmp_path / "run"), rollout, args)
+        cfg = load_config("ppo_trainer", overrides)  # an unknown key would fail here
+        assert cfg.actor_rollout_ref.rollout.name == rollout and cfg.trainer.total_training_steps == 7
+        assert cfg.actor_rollout_ref.actor.clip_ratio == 0.3  # the user's override comes last
+
+
+@pytest.mark.slow
+def test_one_step_on_the_real_model(smollm2_gguf, tmp_path):
+    """The whole recipe, tiny: convert, data, eval, one GRPO step through main_ppo, export, eval, JSON."""
+    work = tmp_path / "run"
+    out = subprocess.run([sys.executable, os.path.join(REPO, "recipes", "real_model.py"), "--steps", "1", "--batch", "2",
+                          "--n", "2", "--heldout", "4", "--response_length", "8", "--test_freq", "1", "--rollout", "hf",
+                          "--gguf", smollm2_gguf, "--workdir", str(work)],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO), timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads((work / "real_model_result.json").read_text())
+    assert result["steps"] == 1 and result["heldout_problems"] == 4
+    for key in ("accuracy_before", "accuracy_after", "lenient_accuracy_before", "lenient_accuracy_after"):
+        assert 0.0 <= result[key] <= 1.0
+    assert all(math.isfinite(v) for v in result["phase_seconds"].values())
