@@ -74,12 +74,14 @@ def summarize_scores(data_sources: Sequence[str], scores: Sequence[Sequence[floa
 
 def greedy_accuracy(model_dir: str, parquet_path: str, limit: int | None = None, response_length: int = 32,
                     max_prompt_length: int = 256, batch_size: int = 64, compute_score: Callable | None = None,
-                    return_samples: int = 0) -> float | tuple[float, list[tuple[str, float]]]:
+                    return_samples: int = 0, chat_template_kwargs: dict | None = None,
+                    ) -> float | tuple[float, list[tuple[str, float]]]:
     """Share of prompts (the first ``limit`` rows) whose greedy response scores > 0.
 
     Runs in this process on the CPU (or the current CUDA device), through the same dataset and rollout
     code the trainer uses, so the number matches the trainer's greedy validation on the same rows.
     With ``return_samples`` > 0 also returns that many (response, score) pairs to show the user.
+    ``chat_template_kwargs``: ``data.apply_chat_template_kwargs`` (e.g. ``enable_thinking=False``).
     """
     import torch
 
@@ -89,7 +91,8 @@ def greedy_accuracy(model_dir: str, parquet_path: str, limit: int | None = None,
 
     tokenizer = load_tokenizer(model_dir, False)
     dataset = RLHFDataset(parquet_path, tokenizer, {"max_prompt_length": max_prompt_length,
-                                                    "filter_overlong_prompts": False, "truncation": "left"})
+                                                    "filter_overlong_prompts": False, "truncation": "left",
+                                                    "apply_chat_template_kwargs": dict(chat_template_kwargs or {})})
     device = "cuda" if torch.cuda.is_available() else "cpu"
     module = load_model(model_dir, "causal_lm").to(device).eval()
     rollout = HFRollout(module, {"do_sample": False, "temperature": 0.0, "response_length": response_length},
@@ -127,11 +130,12 @@ def _score_greedy(rollout, dataset, tokenizer, limit, batch_size, compute_score,
 
 def greedy_agent_eval(model_dir: str, parquet_path: str, rollout_config: dict, response_length: int,
                       max_prompt_length: int, batch_size: int = 64, compute_score: Callable | None = None,
-                      limit: int | None = None, sample: bool = False) -> tuple[float, list[dict]]:
+                      limit: int | None = None, sample: bool = False,
+                      chat_template_kwargs: dict | None = None) -> tuple[float, list[dict]]:
     """(share of rows scored > 0, one record per row: ``response`` (decoded, special tokens kept),
     ``score``, ``num_turns``, ``ground_truth``, ``extra`` (the loop's extra fields)). Greedy (or, with
     ``sample``, one draw at temperature 1, reproducible from the row order), in this process, through
-    the same dataset and agent loop code the trainer uses."""
+    the same dataset and agent loop code the trainer uses; ``chat_template_kwargs`` reach both."""
     import torch
 
     from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
@@ -141,12 +145,14 @@ def greedy_agent_eval(model_dir: str, parquet_path: str, rollout_config: dict, r
 
     tokenizer = load_tokenizer(model_dir, False)
     dataset = RLHFDataset(parquet_path, tokenizer, {"max_prompt_length": max_prompt_length,
-                                                    "filter_overlong_prompts": False, "truncation": "left"})
+                                                    "filter_overlong_prompts": False, "truncation": "left",
+                                                    "apply_chat_template_kwargs": dict(chat_template_kwargs or {})})
     device = "cuda" if torch.cuda.is_available() else "cpu"
     module = load_model(model_dir, "causal_lm").to(device).eval()
     config = {**rollout_config, "do_sample": sample, "temperature": 1.0 if sample else 0.0,
               "response_length": response_length, "prompt_length": max_prompt_length}
-    rollout = HFRollout(module, config, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer=tokenizer)
+    rollout = HFRollout(module, config, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer=tokenizer,
+                        chat_template_kwargs=chat_template_kwargs)
     rows = range(len(dataset) if limit is None else min(limit, len(dataset)))
     records: list[dict] = []
     try:

@@ -126,7 +126,9 @@ class RolloutHost:
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """A batch through the agent loop on this rank's own engine (veRL's worker-level API; the trainer
-        goes through AgentLoopManager, which spreads trajectories over every rank's engine)."""
+        goes through AgentLoopManager, which spreads trajectories over every rank's engine). Loops that
+        template chats use ``meta_info["apply_chat_template_kwargs"]`` (the caller's
+        ``data.apply_chat_template_kwargs``; main_generation passes them)."""
         if not self._is_rollout:
             raise RuntimeError(f"generate_sequences needs the rollout; this worker's role is {self.role!r}")
         prepared = self.prepare_rollout()
