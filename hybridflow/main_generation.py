@@ -90,7 +90,7 @@ def generate_responses(group, dataset: RLHFDataset, tokenizer, n_samples: int, b
         batch = DataProto.from_single_dict(collate_fn(items))
         gen = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
         gen = gen.repeat(repeat_times=n_samples, interleave=True)  # rows i*n .. i*n+n-1 answer prompt i
-        gen.meta_info = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+        gen.meta_info = {"pad_token_id": tokenizer.pad_token_id,  # stop ids: the engine's (generation config)
                          "apply_chat_template_kwargs": dict(template_kwargs or {})}
         result = group.generate_sequences(gen)
         texts = tokenizer.batch_decode(result.batch["responses"], skip_special_tokens=True)

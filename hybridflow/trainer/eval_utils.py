@@ -88,6 +88,7 @@ def greedy_accuracy(model_dir: str, parquet_path: str, limit: int | None = None,
     from hybridflow.data.rl_dataset import RLHFDataset
     from hybridflow.workers.model_loading import load_model, load_tokenizer
     from hybridflow.workers.rollout import HFRollout
+    from hybridflow.workers.rollout.sampling import model_eos_token_ids
 
     tokenizer = load_tokenizer(model_dir, False)
     dataset = RLHFDataset(parquet_path, tokenizer, {"max_prompt_length": max_prompt_length,
@@ -96,7 +97,7 @@ def greedy_accuracy(model_dir: str, parquet_path: str, limit: int | None = None,
     device = "cuda" if torch.cuda.is_available() else "cpu"
     module = load_model(model_dir, "causal_lm").to(device).eval()
     rollout = HFRollout(module, {"do_sample": False, "temperature": 0.0, "response_length": response_length},
-                        tokenizer.pad_token_id, tokenizer.eos_token_id)
+                        tokenizer.pad_token_id, model_eos_token_ids(model_dir, tokenizer))
     try:
         scores, samples = _score_greedy(rollout, dataset, tokenizer, limit, batch_size, compute_score, return_samples)
     finally:
@@ -115,7 +116,7 @@ def _score_greedy(rollout, dataset, tokenizer, limit, batch_size, compute_score,
         items = [dataset[i] for i in rows[start:start + batch_size]]
         batch = DataProto.from_single_dict(collate_fn(items))
         gen = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
-        gen.meta_info = {"do_sample": False, "eos_token_id": tokenizer.eos_token_id,
+        gen.meta_info = {"do_sample": False,
                          "pad_token_id": tokenizer.pad_token_id}
         out = rollout.generate_sequences(gen)
         texts = tokenizer.batch_decode(out.batch["responses"], skip_special_tokens=True)
@@ -142,6 +143,7 @@ def greedy_agent_eval(model_dir: str, parquet_path: str, rollout_config: dict, r
     from hybridflow.protocol import DataProto
     from hybridflow.workers.model_loading import load_model, load_tokenizer
     from hybridflow.workers.rollout import HFRollout
+    from hybridflow.workers.rollout.sampling import model_eos_token_ids
 
     tokenizer = load_tokenizer(model_dir, False)
     dataset = RLHFDataset(parquet_path, tokenizer, {"max_prompt_length": max_prompt_length,
@@ -151,15 +153,15 @@ def greedy_agent_eval(model_dir: str, parquet_path: str, rollout_config: dict, r
     module = load_model(model_dir, "causal_lm").to(device).eval()
     config = {**rollout_config, "do_sample": sample, "temperature": 1.0 if sample else 0.0,
               "response_length": response_length, "prompt_length": max_prompt_length}
-    rollout = HFRollout(module, config, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer=tokenizer,
-                        chat_template_kwargs=chat_template_kwargs)
+    rollout = HFRollout(module, config, tokenizer.pad_token_id, model_eos_token_ids(model_dir, tokenizer),
+                        tokenizer=tokenizer, chat_template_kwargs=chat_template_kwargs)
     rows = range(len(dataset) if limit is None else min(limit, len(dataset)))
     records: list[dict] = []
     try:
         for start in range(0, len(rows), batch_size):
             items = [dataset[i] for i in rows[start:start + batch_size]]
             batch = DataProto.from_single_dict(collate_fn(items))
-            batch.meta_info = {"do_sample": sample, "eos_token_id": tokenizer.eos_token_id,
+            batch.meta_info = {"do_sample": sample,
                                "pad_token_id": tokenizer.pad_token_id, "global_steps": start}
             gen = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"],
                                non_tensor_batch_keys=list(batch.non_tensor_batch))
