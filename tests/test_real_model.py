@@ -147,7 +147,7 @@ class RecordingHandle:
         return out
 
 
-def tool_worker(tmp_path, handle, tok, response_length=64):
+def tool_worker(tmp_path, handle, tok, response_length=64, check="strict"):
     import yaml
 
     from hybridflow.agent_loop import AgentLoopSettings, AgentLoopWorker
@@ -158,7 +158,8 @@ def tool_worker(tmp_path, handle, tok, response_length=64):
                                    "config": {"type": "native"}, "tool_schema": CALC_SCHEMA}]}, f)
     settings = AgentLoopSettings.from_rollout_config({
         "prompt_length": 512, "response_length": response_length, "do_sample": False, "temperature": 0.0,
-        "multi_turn": {"format": "hermes", "tool_config_path": tools, "max_assistant_turns": 2}})
+        "multi_turn": {"format": "hermes", "tool_config_path": tools, "max_assistant_turns": 2,
+                       "tokenization_sanity_check_mode": check}})
     return AgentLoopWorker(settings, [handle], tok, pad_token_id=tok.pad_token_id)
 
 
@@ -201,10 +202,11 @@ def test_hermes_agent_loop_on_the_real_engine_keeps_the_engine_ids(engine, tok, 
     handle = RecordingHandle(LocalServerHandle(engine))
     worker = tool_worker(tmp_path, handle, tok, response_length=48)
     out = asyncio.run(worker.generate_sequences(tool_batch(["Use the calc tool to compute 347*82."])))
-    assert handle.answers and model_segments(out) == [a for a in handle.answers if a]
+    assert handle.answers and model_segments(out) == [a for a in handle.answers if a]  # the engine's ids, mask 1
     p = out.batch["prompts"].size(1)
     prompt = tok.decode(out.batch["prompts"][0][out.batch["attention_mask"][0, :p].bool()])
-    assert "<tools>" in prompt and '"calc"' in prompt and "<|im_start|>user\n" in prompt  # hermes tool schemas
+    assert prompt.endswith("<|im_start|>user\nUse the calc tool to compute 347*82.<|im_end|>\n<|im_start|>assistant\n")
+    # (SmolLM2's template ignores ``tools``: the schemas are not in its prompt, the loop still parses hermes calls)
 
 
 def non_canonical_ids(tok, text):
@@ -238,22 +240,30 @@ class ScriptedIds:
 
 def test_trajectories_hold_the_generated_ids_not_a_retokenization(tok, tmp_path, smollm2_dir):
     """A hermes tool call whose ids are not the canonical encoding of their text: the tool still runs
-    (the parser reads the text), and the training batch holds the generated ids, not re-encoded ones."""
+    (the parser reads the text) and the training batch holds the generated ids, not re-encoded ones.
+    The default sanity check (strict) sees that re-templating the conversation gives other ids and
+    leaves the sample out of the loss (mask 0) but keeps its ids; with it disabled the ids are trained on."""
     eos = model_eos_token_ids(smollm2_dir, tok)[0]
     call = '<tool_call>\n{"name": "calc", "arguments": {"expr": "347*82"}}\n</tool_call>'
     turn1 = non_canonical_ids(tok, call) + [eos]
     turn2 = tok("The answer is 28454.", add_special_tokens=False)["input_ids"] + [eos]
     retokenized = tok(tok.decode(turn1), add_special_tokens=False)["input_ids"]
     assert retokenized != turn1 and tok.decode(retokenized) == tok.decode(turn1)  # the case: same text, other ids
-    worker = tool_worker(tmp_path, ScriptedIds([turn1, turn2]), tok, response_length=256)
-    out = asyncio.run(worker.generate_sequences(tool_batch(["What is 347*82?"])))
-    assert model_segments(out) == [turn1, turn2]  # token in, token out
-    p = out.batch["prompts"].size(1)
-    n = int(out.batch["attention_mask"][0, p:].sum())
-    text = tok.decode(out.batch["responses"][0, :n])
-    assert "<tool_response>\n28454\n</tool_response>" in text  # the call was parsed and run
-    logp = out.batch["rollout_log_probs"][0, : len(turn1)].tolist()
-    assert logp == [-0.25] * len(turn1)  # each generated id keeps its engine log-prob
+    for check in ("disable", "strict"):
+        worker = tool_worker(tmp_path, ScriptedIds([list(turn1), list(turn2)]), tok, response_length=256, check=check)
+        out = asyncio.run(worker.generate_sequences(tool_batch(["What is 347*82?"])))
+        p = out.batch["prompts"].size(1)
+        n = int(out.batch["attention_mask"][0, p:].sum())
+        ids = out.batch["responses"][0, :n].tolist()
+        assert ids[: len(turn1)] == turn1 and ids[-len(turn2):] == turn2  # token in, token out
+        tool_part = tok.decode(ids[len(turn1): n - len(turn2)])
+        assert "28454" in tool_part and "<|im_start|>" in tool_part  # the call was parsed and run
+        if check == "disable":
+            assert model_segments(out) == [turn1, turn2]  # trained on: mask 1 on exactly the generated ids
+            logp = out.batch["rollout_log_probs"][0, : len(turn1)].tolist()
+            assert logp == [-0.25] * len(turn1)  # each generated id keeps its engine log-prob
+        else:
+            assert int(out.batch["response_mask"].sum()) == 0  # flagged by the sanity check, out of the loss
 
 
 # ------------------------------------------------------------------------------------------ GRPO step
@@ -265,14 +275,15 @@ def test_grpo_step_with_vllm_on_the_real_model(smollm2_dir, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     rows = [{"prompt": [{"role": "user", "content": q}], "data_source": "toy", "reward_model": {"ground_truth": "1"},
-             "extra_info": {"index": i}} for i, q in enumerate(QUESTIONS[:2])]
+             "extra_info": {"index": i}} for i, q in enumerate(QUESTIONS[3:5])]
     for name in ("train", "test"):
         pq.write_table(pa.Table.from_pylist(rows), str(data / f"{name}.parquet"))
     dump = tmp_path / "dump"
     overrides = base_overrides(smollm2_dir, str(data), tmp_path, estimator="grpo", n=2, batch=2, steps=1,
                                response_length=N_NEW, backend="inprocess", mini_batch=2)
     overrides += ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.load_format=auto",
-                  "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+                  "actor_rollout_ref.rollout.dtype=float32",
+                  "actor_rollout_ref.rollout.enforce_eager=True", "actor_rollout_ref.rollout.max_model_len=128",
                   "actor_rollout_ref.actor.optim.lr=1e-6", "data.max_prompt_length=64", "trainer.test_freq=-1",
                   f"trainer.rollout_data_dir={dump}"]
     run_ppo(load_config("ppo_trainer", overrides))
