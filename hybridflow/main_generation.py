@@ -80,15 +80,18 @@ def build_rollout_group(config):
     return group, shutdown
 
 
-def generate_responses(group, dataset: RLHFDataset, tokenizer, n_samples: int, batch_size: int) -> list[list[str]]:
-    """n_samples decoded responses per dataset row, in row order."""
+def generate_responses(group, dataset: RLHFDataset, tokenizer, n_samples: int, batch_size: int,
+                       template_kwargs: dict | None = None) -> list[list[str]]:
+    """n_samples decoded responses per dataset row, in row order (``template_kwargs``: for loops that
+    template the chat themselves, as the dataset did)."""
     out: list[list[str]] = []
     for start in range(0, len(dataset), batch_size):
         items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
         batch = DataProto.from_single_dict(collate_fn(items))
         gen = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
         gen = gen.repeat(repeat_times=n_samples, interleave=True)  # rows i*n .. i*n+n-1 answer prompt i
-        gen.meta_info = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+        gen.meta_info = {"pad_token_id": tokenizer.pad_token_id,  # stop ids: the engine's (generation config)
+                         "apply_chat_template_kwargs": dict(template_kwargs or {})}
         result = group.generate_sequences(gen)
         texts = tokenizer.batch_decode(result.batch["responses"], skip_special_tokens=True)
         out += [texts[i * n_samples:(i + 1) * n_samples] for i in range(len(items))]
@@ -107,14 +110,17 @@ def run_generation(config) -> str:
     model_path = local_model_path(config.model.path, "model.path")
     tokenizer = load_tokenizer(model_path, bool(config.model.trust_remote_code))
     rows = read_parquet_rows(os.path.expanduser(d.path), required_column=d.prompt_key)
+    raw_kwargs = d.get("apply_chat_template_kwargs")
+    template_kwargs = OmegaConf.to_container(raw_kwargs, resolve=True) if raw_kwargs is not None else {}
     dataset = RLHFDataset(os.path.expanduser(d.path), tokenizer,
                           {"prompt_key": d.prompt_key, "max_prompt_length": int(config.rollout.prompt_length),
-                           "filter_overlong_prompts": False, "truncation": "left"})  # one output row per input row
+                           "filter_overlong_prompts": False, "truncation": "left",  # one output row per input row
+                           "apply_chat_template_kwargs": template_kwargs})
 
     group, shutdown = build_rollout_group(config)
     try:
         group.init_model()
-        responses = generate_responses(group, dataset, tokenizer, n_samples, batch_size)
+        responses = generate_responses(group, dataset, tokenizer, n_samples, batch_size, template_kwargs)
     finally:
         shutdown()
 

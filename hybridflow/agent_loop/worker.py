@@ -81,6 +81,8 @@ class AgentLoopWorker:
         # overridden) response length
         settings = dataclasses.replace(self.settings, response_length=params.response_length,
                                        prompt_length=int(batch.batch["input_ids"].size(1)))
+        if meta.get("apply_chat_template_kwargs") is not None:  # a caller's data.apply_chat_template_kwargs wins
+            settings = dataclasses.replace(settings, chat_template_kwargs=dict(meta["apply_chat_template_kwargs"]))
         pad_id = int(meta["pad_token_id"]) if meta.get("pad_token_id") is not None else self.pad_token_id
         step, offset = meta.get("global_steps", 0), int(meta.get("sample_offset", 0))
         prefix = "val" if meta.get("validate", False) else "train"

@@ -74,27 +74,31 @@ def summarize_scores(data_sources: Sequence[str], scores: Sequence[Sequence[floa
 
 def greedy_accuracy(model_dir: str, parquet_path: str, limit: int | None = None, response_length: int = 32,
                     max_prompt_length: int = 256, batch_size: int = 64, compute_score: Callable | None = None,
-                    return_samples: int = 0) -> float | tuple[float, list[tuple[str, float]]]:
+                    return_samples: int = 0, chat_template_kwargs: dict | None = None,
+                    ) -> float | tuple[float, list[tuple[str, float]]]:
     """Share of prompts (the first ``limit`` rows) whose greedy response scores > 0.
 
     Runs in this process on the CPU (or the current CUDA device), through the same dataset and rollout
     code the trainer uses, so the number matches the trainer's greedy validation on the same rows.
     With ``return_samples`` > 0 also returns that many (response, score) pairs to show the user.
+    ``chat_template_kwargs``: ``data.apply_chat_template_kwargs`` (e.g. ``enable_thinking=False``).
     """
     import torch
 
     from hybridflow.data.rl_dataset import RLHFDataset
     from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
     from hybridflow.workers.rollout import HFRollout
+    from hybridflow.workers.rollout.sampling import model_eos_token_ids
 
     model_dir = local_model_path(model_dir, "model_dir")  # a GGUF file gives its converted folder
     tokenizer = load_tokenizer(model_dir, False)
     dataset = RLHFDataset(parquet_path, tokenizer, {"max_prompt_length": max_prompt_length,
-                                                    "filter_overlong_prompts": False, "truncation": "left"})
+                                                    "filter_overlong_prompts": False, "truncation": "left",
+                                                    "apply_chat_template_kwargs": dict(chat_template_kwargs or {})})
     device = "cuda" if torch.cuda.is_available() else "cpu"
     module = load_model(model_dir, "causal_lm").to(device).eval()
     rollout = HFRollout(module, {"do_sample": False, "temperature": 0.0, "response_length": response_length},
-                        tokenizer.pad_token_id, tokenizer.eos_token_id)
+                        tokenizer.pad_token_id, model_eos_token_ids(model_dir, tokenizer))
     try:
         scores, samples = _score_greedy(rollout, dataset, tokenizer, limit, batch_size, compute_score, return_samples)
     finally:
@@ -113,7 +117,7 @@ def _score_greedy(rollout, dataset, tokenizer, limit, batch_size, compute_score,
         items = [dataset[i] for i in rows[start:start + batch_size]]
         batch = DataProto.from_single_dict(collate_fn(items))
         gen = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
-        gen.meta_info = {"do_sample": False, "eos_token_id": tokenizer.eos_token_id,
+        gen.meta_info = {"do_sample": False,
                          "pad_token_id": tokenizer.pad_token_id}
         out = rollout.generate_sequences(gen)
         texts = tokenizer.batch_decode(out.batch["responses"], skip_special_tokens=True)
@@ -128,34 +132,38 @@ def _score_greedy(rollout, dataset, tokenizer, limit, batch_size, compute_score,
 
 def greedy_agent_eval(model_dir: str, parquet_path: str, rollout_config: dict, response_length: int,
                       max_prompt_length: int, batch_size: int = 64, compute_score: Callable | None = None,
-                      limit: int | None = None, sample: bool = False) -> tuple[float, list[dict]]:
+                      limit: int | None = None, sample: bool = False,
+                      chat_template_kwargs: dict | None = None) -> tuple[float, list[dict]]:
     """(share of rows scored > 0, one record per row: ``response`` (decoded, special tokens kept),
     ``score``, ``num_turns``, ``ground_truth``, ``extra`` (the loop's extra fields)). Greedy (or, with
     ``sample``, one draw at temperature 1, reproducible from the row order), in this process, through
-    the same dataset and agent loop code the trainer uses."""
+    the same dataset and agent loop code the trainer uses; ``chat_template_kwargs`` reach both."""
     import torch
 
     from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
     from hybridflow.protocol import DataProto
     from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
     from hybridflow.workers.rollout import HFRollout
+    from hybridflow.workers.rollout.sampling import model_eos_token_ids
 
     model_dir = local_model_path(model_dir, "model_dir")  # a GGUF file gives its converted folder
     tokenizer = load_tokenizer(model_dir, False)
     dataset = RLHFDataset(parquet_path, tokenizer, {"max_prompt_length": max_prompt_length,
-                                                    "filter_overlong_prompts": False, "truncation": "left"})
+                                                    "filter_overlong_prompts": False, "truncation": "left",
+                                                    "apply_chat_template_kwargs": dict(chat_template_kwargs or {})})
     device = "cuda" if torch.cuda.is_available() else "cpu"
     module = load_model(model_dir, "causal_lm").to(device).eval()
     config = {**rollout_config, "do_sample": sample, "temperature": 1.0 if sample else 0.0,
               "response_length": response_length, "prompt_length": max_prompt_length}
-    rollout = HFRollout(module, config, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer=tokenizer)
+    rollout = HFRollout(module, config, tokenizer.pad_token_id, model_eos_token_ids(model_dir, tokenizer),
+                        tokenizer=tokenizer, chat_template_kwargs=chat_template_kwargs)
     rows = range(len(dataset) if limit is None else min(limit, len(dataset)))
     records: list[dict] = []
     try:
         for start in range(0, len(rows), batch_size):
             items = [dataset[i] for i in rows[start:start + batch_size]]
             batch = DataProto.from_single_dict(collate_fn(items))
-            batch.meta_info = {"do_sample": sample, "eos_token_id": tokenizer.eos_token_id,
+            batch.meta_info = {"do_sample": sample,
                                "pad_token_id": tokenizer.pad_token_id, "global_steps": start}
             gen = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"],
                                non_tensor_batch_keys=list(batch.non_tensor_batch))

@@ -26,6 +26,7 @@ from hybridflow.agent_loop.worker import AgentLoopWorker
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, register
 from hybridflow.workers.model_loading import load_model
+from hybridflow.workers.rollout.sampling import model_eos_token_ids
 from hybridflow.workers.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
 from hybridflow.workers.rollout.weight_transfer import WeightTarget, push_weights
 from hybridflow.workers.rollout.weights import buckets
@@ -46,9 +47,8 @@ class RolloutHost:
             # a separate inference copy: generation never all-gathers sharded weights token by token
             module = load_model(path, "causal_lm", override_config=self.config["model"]["override_config"] or {},
                                 trust_remote_code=trust).to(device=self.device, dtype=getattr(torch, dtype)).eval()
-        eos = self.tokenizer.eos_token_id
         spec = ServerSpec(model_path=path, config=rollout_cfg, pad_token_id=int(self.tokenizer.pad_token_id),
-                          eos_token_ids=tuple(eos if isinstance(eos, (list, tuple)) else [eos]),
+                          eos_token_ids=tuple(model_eos_token_ids(path, self.tokenizer)),
                           device=str(self.device), dtype=dtype, trust_remote_code=trust, module=module)
         self.engine_loop = EngineLoop(f"rollout-engine-rank{self.rank}")
         server_cls = ROLLOUT_SERVERS.get(name)
@@ -126,7 +126,9 @@ class RolloutHost:
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """A batch through the agent loop on this rank's own engine (veRL's worker-level API; the trainer
-        goes through AgentLoopManager, which spreads trajectories over every rank's engine)."""
+        goes through AgentLoopManager, which spreads trajectories over every rank's engine). Loops that
+        template chats use ``meta_info["apply_chat_template_kwargs"]`` (the caller's
+        ``data.apply_chat_template_kwargs``; main_generation passes them)."""
         if not self._is_rollout:
             raise RuntimeError(f"generate_sequences needs the rollout; this worker's role is {self.role!r}")
         prepared = self.prepare_rollout()

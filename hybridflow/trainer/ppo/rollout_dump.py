@@ -2,7 +2,8 @@
 
 Each line carries veRL's fields, for people and for veRL's tools:
 
-    input, output   the decoded prompt and response (special tokens skipped)
+    input, output   the decoded prompt (padding cut, special tokens kept: the chat template the model saw,
+                    e.g. ``<|im_start|>user``) and response (special tokens skipped, as the reward reads it)
     gts             the ground truth (``reward_model.ground_truth``), score (the summed token scores), step
 
 and what an exact replay needs, in token ids, never re-derived from text:
@@ -97,7 +98,7 @@ def batch_to_rows(batch: DataProto, tokenizer, step: int, scores: Sequence[float
         non_tensor = {k: _jsonable(v[r]) for k, v in batch.non_tensor_batch.items()}
         reward_model = non_tensor.get("reward_model")
         row = {
-            "input": tokenizer.decode(prompt_ids, skip_special_tokens=True),
+            "input": tokenizer.decode(prompt_ids, skip_special_tokens=False),
             "output": tokenizer.decode(response_ids, skip_special_tokens=True),
             "gts": reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
             "score": float(scores[r]),

@@ -14,6 +14,7 @@ TABLE = KeyTable.build(
     [
         honoured("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.device", "trainer.backend",
                  "data.path", "data.prompt_key", "data.n_samples", "data.output_path", "data.batch_size",
+                 "data.apply_chat_template_kwargs.**",
                  "model.path", "model.external_lib", "model.trust_remote_code", "model.override_config.**"),
         rollout("rollout", log_probs=False),
         note("actor.**", reason="main_generation does not train (veRL keeps this section for backward compatibility)"),

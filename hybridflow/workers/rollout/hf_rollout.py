@@ -29,10 +29,12 @@ class HFRollout:
             multi_turn / agent for multi-turn rows).
         pad_token_id, eos_token_id: defaults for every call (meta_info may override them).
         tokenizer: needed by loops that template conversations (rows with ``agent_name=tool_agent``).
+        chat_template_kwargs: ``data.apply_chat_template_kwargs`` for those loops (meta_info's
+            ``apply_chat_template_kwargs`` overrides them per call).
     """
 
     def __init__(self, module: torch.nn.Module, config: Mapping[str, Any], pad_token_id: int,
-                 eos_token_id: int | list[int], tokenizer=None):
+                 eos_token_id: int | list[int], tokenizer=None, chat_template_kwargs: Mapping | None = None):
         from hybridflow.agent_loop.base import AgentLoopSettings
         from hybridflow.agent_loop.server_manager import LocalServerHandle
         from hybridflow.agent_loop.worker import AgentLoopWorker
@@ -45,18 +47,21 @@ class HFRollout:
         spec = ServerSpec(model_path="", config=config, pad_token_id=int(pad_token_id),
                           eos_token_ids=tuple(as_id_list(eos_token_id)), module=module)
         self.server = self.engine_loop.run(_build(spec))
-        self._worker = AgentLoopWorker(AgentLoopSettings.from_rollout_config(config), [LocalServerHandle(self)],
+        self._worker = AgentLoopWorker(AgentLoopSettings.from_rollout_config(config, dict(chat_template_kwargs or {})),
+                                       [LocalServerHandle(self)],
                                        tokenizer=tokenizer, pad_token_id=pad_token_id)
 
     @classmethod
     def from_pretrained(cls, model_path: str, config: Mapping[str, Any], pad_token_id: int,
                         eos_token_id: int | list[int], dtype: torch.dtype | None = None,
-                        device: str | torch.device = "cpu", tokenizer=None) -> "HFRollout":
+                        device: str | torch.device = "cpu", tokenizer=None,
+                        chat_template_kwargs: Mapping | None = None) -> "HFRollout":
         """Load a separate inference copy of the model from a Hugging Face directory (or a GGUF file)."""
         from hybridflow.workers.model_loading import load_model, local_model_path
 
         module = load_model(local_model_path(model_path, "model_path"), "causal_lm").to(device=device, dtype=dtype)
-        return cls(module.eval(), config, pad_token_id, eos_token_id, tokenizer=tokenizer)
+        return cls(module.eval(), config, pad_token_id, eos_token_id, tokenizer=tokenizer,
+                   chat_template_kwargs=chat_template_kwargs)
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         was_training = self.module.training

@@ -91,3 +91,24 @@ def request_seed(base_seed: int, request_id: str) -> int:
     """A stable 63-bit seed per (engine seed, request id) (Python's hash() is salted per process)."""
     digest = hashlib.blake2b(f"{base_seed}:{request_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def model_eos_token_ids(model_path: str | None, tokenizer) -> list[int]:
+    """Every id that ends a response: the model's ``generation_config.json`` ``eos_token_id`` (one id or
+    several, e.g. Llama 3's ``<|eot_id|>`` besides ``<|end_of_text|>``), then the tokenizer's EOS if not
+    among them. Chat models often stop at a token the tokenizer does not call EOS; ``HF generate``
+    stops at the generation config's ids, so the rollout engines must too."""
+    ids: list[int] = []
+    if model_path:
+        from transformers import GenerationConfig
+
+        try:
+            ids = as_id_list(GenerationConfig.from_pretrained(model_path).eos_token_id)
+        except (OSError, ValueError):  # no generation_config.json: the tokenizer decides
+            ids = []
+    for t in as_id_list(getattr(tokenizer, "eos_token_id", None)):
+        if t not in ids:
+            ids.append(t)
+    if not ids:
+        raise ValueError(f"no EOS token id for {model_path!r}: neither generation_config.json nor the tokenizer names one")
+    return ids
