@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import time
@@ -69,6 +70,7 @@ def find_gguf(path: str | None) -> str:
 
 
 def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args) -> list[str]:
+    micro = math.gcd(16, args.batch * args.n)  # samples per forward pass; must divide the step's samples
     overrides = [
         "algorithm.adv_estimator=grpo", f"actor_rollout_ref.rollout.n={args.n}",
         f"data.train_files={paths['train']}", f"data.val_files={paths['heldout']}",
@@ -79,11 +81,11 @@ def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args) -> list[s
         "actor_rollout_ref.model.use_remove_padding=False",
         f"actor_rollout_ref.actor.optim.lr={args.lr}", "actor_rollout_ref.actor.optim.lr_warmup_steps=3",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
         "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.actor.strategy=fsdp",
         f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.temperature=1.0",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
         "actor_rollout_ref.rollout.agent.num_workers=1",
         # one update per batch is on-policy: the rollout's own log-probs serve as pi_old (no extra forward pass)
         "actor_rollout_ref.rollout.calculate_log_probs=True", "algorithm.rollout_correction.bypass_mode=True",
