@@ -182,6 +182,7 @@ def main(argv=None) -> dict:
 
     rows = read_metrics(metrics_path)
     reward, val = curves(rows)
+    val = [(0, before["strict"]), *val]  # the held-out set is the validation set: the start is its step 0
     png = os.path.join(work, "real_model_curves.png")
     draw_curves(png, {"training reward (strict, mean)": reward, "validation accuracy (strict, greedy)": val},
                 title="GRPO on SmolLM2-135M-Instruct, word problems")
