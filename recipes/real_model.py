@@ -185,7 +185,7 @@ def main(argv=None) -> dict:
     val = [(0, before["strict"]), *val]  # the held-out set is the validation set: the start is its step 0
     png = os.path.join(work, "real_model_curves.png")
     draw_curves(png, {"training reward (strict, mean)": reward, "validation accuracy (strict, greedy)": val},
-                title="GRPO on SmolLM2-135M-Instruct, word problems")
+                title=f"GRPO on SmolLM2-135M-Instruct, word problems (seed {args.seed})")
     step_seconds = sorted(r["timing_s/step"] for r in rows if "timing_s/step" in r)
     result = {
         "model": gguf, "seed": args.seed, "rollout": rollout, "rl_overrides": overrides,
