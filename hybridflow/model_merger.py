@@ -20,7 +20,6 @@ import logging
 import os
 import shutil
 import sys
-import uuid
 from typing import Sequence
 
 import torch
@@ -30,6 +29,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from transformers import AutoConfig
 
 from hybridflow.trainer.checkpoint import complete_steps, step_dir_name
+from hybridflow.utils.atomic_folder import folder_written_atomically
 from hybridflow.workers.checkpoint import DCP_DIR, HF_DIR, quiet_no_pg, write_hf_model
 
 logger = logging.getLogger(__name__)
@@ -162,13 +162,8 @@ def convert_run(checkpoint_dir: str, target_root: str | None = None, backend: st
             dst = os.path.join(root, step_dir_name(step), f"hf_{role}")
             if not os.path.isdir(src) or os.path.isdir(dst):
                 continue
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            tmp = f"{dst}.tmp-{uuid.uuid4().hex}"
-            try:
+            with folder_written_atomically(dst) as tmp:
                 merge_checkpoint(src, tmp, backend=backend, dtype=dtype)
-                os.rename(tmp, dst)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
             logger.info("converted %s -> %s", src, dst)
             written.append(dst)
     return written
@@ -182,16 +177,10 @@ def convert_gguf(gguf_file: str, target_dir: str, dtype: str = "float32") -> str
         raise FileNotFoundError(f"--gguf_file {gguf_file!r} does not exist")
     if os.path.exists(target_dir) and os.listdir(target_dir):
         raise ValueError(f"--target_dir {target_dir!r} exists and is not empty")
-    parent = os.path.dirname(os.path.abspath(target_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(target_dir))}.tmp-{uuid.uuid4().hex}")
-    try:
+    with folder_written_atomically(target_dir) as tmp:
         write_hf_folder_from_gguf(gguf_file, tmp, dtype=_DTYPES[dtype], key="--gguf_file")
         if os.path.isdir(target_dir):
             os.rmdir(target_dir)  # empty (checked above)
-        os.rename(tmp, target_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     logger.info("converted %s -> %s", gguf_file, target_dir)
     return target_dir
 

@@ -137,7 +137,7 @@ def main(argv=None) -> dict:
     from hybridflow.model_merger import merge_checkpoint
     from hybridflow.trainer.checkpoint import complete_steps
     from hybridflow.utils.plotting import draw_curves
-    from hybridflow.workers.gguf_model import write_hf_folder_from_gguf
+    from hybridflow.workers.model_loading import local_model_path
 
     def phase(name, t0, c0):
         phases[name] = round(time.perf_counter() - t0, 1)
@@ -147,10 +147,7 @@ def main(argv=None) -> dict:
 
     t0, c0 = start, clock.seconds()
     gguf = find_gguf(args.gguf)
-    model = os.path.join(work, "model_hf")
-    if not os.path.isfile(os.path.join(model, "config.json")):
-        shutil.rmtree(model, ignore_errors=True)
-        write_hf_folder_from_gguf(gguf, model)
+    model = local_model_path(gguf, "--gguf")  # converted once into hybridflow's GGUF cache, as any model path is
     phase("convert", t0, c0)
 
     t0, c0 = time.perf_counter(), clock.seconds()

@@ -12,9 +12,9 @@ import contextlib
 import hashlib
 import logging
 import os
-import shutil
 import time
-import uuid
+
+from hybridflow.utils.atomic_folder import folder_written_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +73,9 @@ def hf_folder_for_gguf(gguf_path: str, key: str = "model.path") -> str:
     with _file_lock(target + ".lock"):
         if os.path.isdir(target):  # another process converted it while this one waited
             return target
-        tmp = os.path.join(os.path.dirname(target), f".tmp-{os.path.basename(target)}-{uuid.uuid4().hex}")
         start = time.monotonic()
-        try:
+        with folder_written_atomically(target) as tmp:
             write_hf_folder_from_gguf(gguf_path, tmp, key=key)
-            os.rename(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         logger.warning("converted GGUF %s to a Hugging Face folder %s in %.1f s", gguf_path, target,
                        time.monotonic() - start)
     return target

@@ -76,8 +76,10 @@ def test_one_step_on_the_real_model(smollm2_gguf, tmp_path):
     out = subprocess.run([sys.executable, os.path.join(REPO, "recipes", "real_model.py"), "--steps", "1", "--batch", "2",
                           "--n", "2", "--heldout", "4", "--response_length", "8", "--test_freq", "1", "--rollout", "hf",
                           "--gguf", smollm2_gguf, "--workdir", str(work)],
-                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO), timeout=900)
+                         capture_output=True, text=True, timeout=900,
+                         env=dict(os.environ, PYTHONPATH=REPO, HYBRIDFLOW_CACHE=str(tmp_path / "cache")))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert len(os.listdir(tmp_path / "cache" / "gguf")) >= 1  # the recipe converted through the library's GGUF cache
     result = json.loads((work / "real_model_result.json").read_text())
     assert result["steps"] == 1 and result["heldout_problems"] == 4
     for key in ("accuracy_before", "accuracy_after", "lenient_accuracy_before", "lenient_accuracy_after"):
