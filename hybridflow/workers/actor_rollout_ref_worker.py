@@ -88,6 +88,7 @@ class ActorRolloutRefWorker(RolloutHost, Worker):
         # LoRA: the reference policy is the actor's base model (adapters off), not a second copy
         self._ref_in_actor = self._is_ref and self._is_actor and self.lora is not None
         self._rollout_stale = False
+        self._rollout_has_base = False  # LoRA adapter sync: the first one carries the base weights too
         self.weight_version = 0  # updates the rollout engine has received (stamped on what it generates)
 
     # ----------------------------------------------------------------------------------------------

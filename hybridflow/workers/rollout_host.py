@@ -9,6 +9,9 @@ It hosts one rollout engine as an asynchronous server on an ``EngineLoop`` threa
   ``finish_weight_sync(version)``), and the trainer side of them (``send_weights``);
 - ``abort_rollout`` (partial rollouts: in-flight requests stop and return what they have).
 
+With a LoRA policy the weights go either merged or as base weights (first sync only) + the adapter
+(``model.lora.merge``, see ``engine/lora.py``); both travel the same way in every mode.
+
 Every answer carries ``weight_version``: how many weight updates the engine had received when the
 request started, so each sample knows which policy produced it.
 """
@@ -25,6 +28,7 @@ from hybridflow.agent_loop.server_manager import LocalServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, register
+from hybridflow.workers.engine.lora import rollout_gets_adapter
 from hybridflow.workers.model_loading import load_model
 from hybridflow.workers.rollout.sampling import model_eos_token_ids
 from hybridflow.workers.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
@@ -35,7 +39,8 @@ from hybridflow.workers.utils.device import resolve_dtype
 
 class RolloutHost:
     """Needs from the host class: ``config`` (actor_rollout_ref section, plain), ``tokenizer``, ``device``,
-    ``rank``, ``_is_actor`` / ``_is_rollout``, ``actor_engine`` (actors), ``_rollout_stale``, ``weight_version``."""
+    ``rank``, ``_is_actor`` / ``_is_rollout``, ``actor_engine`` and ``lora`` (actors), ``_rollout_stale``,
+    ``_rollout_has_base`` (the engine has received the base weights once), ``weight_version``."""
 
     def _build_rollout(self, path: str, trust: bool) -> None:
         """The rollout engine as an asynchronous server, living on this process's engine loop."""
@@ -47,9 +52,13 @@ class RolloutHost:
             # a separate inference copy: generation never all-gathers sharded weights token by token
             module = load_model(path, "causal_lm", override_config=self.config["model"]["override_config"] or {},
                                 trust_remote_code=trust).to(device=self.device, dtype=getattr(torch, dtype)).eval()
+        model_cfg = self.config["model"]
+        adapter = rollout_gets_adapter(model_cfg, name)
         spec = ServerSpec(model_path=path, config=rollout_cfg, pad_token_id=int(self.tokenizer.pad_token_id),
                           eos_token_ids=tuple(model_eos_token_ids(path, self.tokenizer)),
-                          device=str(self.device), dtype=dtype, trust_remote_code=trust, module=module)
+                          device=str(self.device), dtype=dtype, trust_remote_code=trust, module=module,
+                          lora_rank=int(model_cfg["lora_rank"]) if adapter else 0,
+                          lora_alpha=float(model_cfg["lora_alpha"]))
         self.engine_loop = EngineLoop(f"rollout-engine-rank{self.rank}")
         server_cls = ROLLOUT_SERVERS.get(name)
 
@@ -78,6 +87,13 @@ class RolloutHost:
         engine = self.config["rollout"]["checkpoint_engine"]
         return int(float(engine["update_weights_bucket_megabytes"]) * (1 << 20))
 
+    def _weights_for_rollout(self):
+        """The actor's weights as the rollout engine takes them: merged, or (LoRA adapter mode) the base
+        weights until one sync has succeeded, then the adapter alone."""
+        if self.lora is not None and rollout_gets_adapter(self.config["model"], self.config["rollout"]["name"]):
+            return self.actor_engine.iter_adapter_params(with_base=not self._rollout_has_base)
+        return self.actor_engine.iter_full_params()
+
     # ---------------------------------------------------------------------- hybrid engine (colocated)
     def _sync_rollout_weights(self, version: int | None = None) -> dict:
         """Stream the colocated actor's weights into this process's engine, bucket by bucket. Every
@@ -86,12 +102,13 @@ class RolloutHost:
             return {"timing_s/update_weights": 0.0}
         start = time.perf_counter()
         n_tensors = n_bytes = 0
-        for bucket in buckets(self.actor_engine.iter_full_params(), self._bucket_bytes):
+        for bucket in buckets(self._weights_for_rollout(), self._bucket_bytes):
             n_tensors += self.engine_loop.run(self.server.load_weights(bucket))
             n_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
             del bucket
         self.engine_loop.run(self.server.finish_weight_update())
         self._rollout_stale = False
+        self._rollout_has_base = True
         self.weight_version = self.weight_version + 1 if version is None else int(version)
         return {"timing_s/update_weights": time.perf_counter() - start, "rollout/weight_sync_mb": n_bytes / (1 << 20),
                 "rollout/weight_sync_tensors": n_tensors}
@@ -168,5 +185,7 @@ class RolloutHost:
         Every rank walks the parameters (sharded ones are gathered); rank 0 sends."""
         if not self._is_actor:
             raise RuntimeError(f"send_weights needs the actor; this worker's role is {self.role!r}")
-        return push_weights(self.actor_engine.iter_full_params(), targets, version, self._bucket_bytes,
-                            timeout_s=timeout_s, send=self.rank == 0)
+        metrics = push_weights(self._weights_for_rollout(), targets, version, self._bucket_bytes,
+                               timeout_s=timeout_s, send=self.rank == 0)
+        self._rollout_has_base = True
+        return metrics

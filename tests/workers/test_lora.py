@@ -35,6 +35,17 @@ def test_spec_from_model_config():
     assert lora_scaling(32, 8) == 4.0 and lora_scaling(32, 16, use_rslora=True) == 8.0
 
 
+def test_the_rollout_gets_an_adapter_unless_merge_or_hf():
+    from hybridflow.workers.engine.lora import rollout_gets_adapter
+
+    lora = {"lora_rank": 8, "lora": {"merge": False}}
+    assert rollout_gets_adapter(lora, "vllm")
+    assert rollout_gets_adapter({"lora_rank": 8}, "vllm")  # veRL's default: merge is false
+    assert not rollout_gets_adapter({"lora_rank": 8, "lora": {"merge": True}}, "vllm")
+    assert not rollout_gets_adapter(lora, "hf")  # the hf engine runs a plain module: merged weights
+    assert not rollout_gets_adapter({"lora_rank": 0, "lora": {"merge": False}}, "vllm")
+
+
 def test_only_adapters_train_and_merged_weights_match_peft():
     base = tiny_causal_lm()
     engine = _lora_engine(base, target=["q_proj", "v_proj"])

@@ -61,6 +61,34 @@ def test_lora_stream_equals_the_full_merge():
         torch.testing.assert_close(merged[k], ref[k], msg=k)
 
 
+def test_adapter_stream_is_peft_saved_adapter_plus_base_weights_once():
+    """``model.lora.merge=false``: base weights under Hugging Face names (first sync), the adapter under the
+    names peft saves it with, unmerged; without the base, only the adapter is gathered."""
+    pytest.importorskip("peft")
+    from peft import get_peft_model_state_dict
+
+    base = tiny_causal_lm()
+    base_sd = {k: v.clone() for k, v in base.state_dict().items()}
+    engine = TrainEngine(base, EngineSpec(strategy="none", device="cpu", lora=LoraSpec(rank=4, alpha=8)))
+    with torch.no_grad():
+        for name, p in engine.module.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    saved = get_peft_model_state_dict(engine.module)
+    adapter_only = dict(engine.iter_adapter_params(with_base=False))
+    assert set(adapter_only) == set(saved) and saved
+    for name, tensor in saved.items():
+        assert torch.equal(adapter_only[name], tensor), name
+    with_base = dict(engine.iter_adapter_params(with_base=True))
+    base_part = {k: v for k, v in with_base.items() if k not in saved}
+    assert set(base_part) == set(base_sd) - {"lm_head.weight"}  # tied head once
+    for name, tensor in base_part.items():
+        assert torch.equal(tensor, base_sd[name]), name  # the frozen base, adapters not folded in
+    no_lora = TrainEngine(tiny_causal_lm(), EngineSpec(strategy="none", device="cpu"))
+    with pytest.raises(ValueError, match="lora_rank"):
+        list(no_lora.iter_adapter_params(with_base=True))
+
+
 def test_incomplete_lora_layer_is_an_error():
     with pytest.raises(ValueError, match="incomplete LoRA"):
         list(merge_lora_stream([("q.lora_A.default.weight", torch.zeros(1, 2))], 1.0))

@@ -81,6 +81,9 @@ POLICY = [
              reason="actor and rollout share their workers; separate pools are not implemented yet"),
     note("actor_rollout_ref.nccl_timeout", reason="hybridflow's process groups use torch.distributed's default timeout"),
     hf_model("actor_rollout_ref.model"),
+    honoured("actor_rollout_ref.model.lora.merge",
+             reason="how a LoRA policy reaches a vllm rollout: false (veRL's default) base weights once + the "
+                    "adapter at every sync, true merged weights; the hf rollout always gets merged weights"),
     rollout(R),
 ]
 

@@ -16,13 +16,14 @@ Memory levers (veRL's keys):
 - ``fsdp_config.mixed_precision`` (CUDA): FSDP2 ``MixedPrecisionPolicy``: sharded fp32 master
   weights, compute in ``param_dtype`` ("auto": bf16 where supported), gradients reduced in
   ``reduce_dtype`` (fp32). On CPU training stays fp32.
-- LoRA (``model.lora_rank > 0``, see ``lora.py``): only adapters train; the rollout gets merged weights.
+- LoRA (``model.lora_rank > 0``, see ``lora.py``): only adapters train; the rollout gets merged weights
+  (``iter_full_params``) or base weights once + the adapter at every sync (``iter_adapter_params``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -32,10 +33,12 @@ from torch import nn
 from hybridflow.workers.engine.lora import (
     LoraSpec,
     apply_lora,
+    is_adapter_tensor,
     lora_scaling,
     merge_lora_stream,
     merge_lora_weights,
     peft_model_of,
+    split_lora_stream,
 )
 from hybridflow.workers.engine.optim import build_lr_scheduler, build_optimizer
 
@@ -217,6 +220,21 @@ class TrainEngine:
             sd = merge_lora_weights(sd, lora_scaling(self.lora.alpha, self.lora.rank), self.lora.adapter_name)
         return sd
 
+    def _full_tensors(self, keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """This module's tensors under its own names, gathered when sharded; tied ones once. ``keep``
+        filters by name before the gather (every rank filters alike, so the gathers stay in step)."""
+        seen: set[int] = set()
+        # keep_vars: tied names map to the same Parameter object on every rank, so all ranks skip
+        # the same aliases and their gathers stay in step
+        for name, tensor in self.unwrapped.state_dict(keep_vars=True).items():
+            if id(tensor) in seen:
+                continue  # a tied alias (lm_head = embed_tokens)
+            seen.add(id(tensor))
+            if keep is not None and not keep(name):
+                continue
+            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+            yield name, full.detach()
+
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The full weights one tensor at a time, under plain Hugging Face names (LoRA folded in).
 
@@ -224,22 +242,20 @@ class TrainEngine:
         stream in the same order), so no rank ever holds the full state dict: this is what a weight
         sync streams into the rollout engine bucket by bucket. Tied tensors are given once.
         """
-        seen: set[int] = set()
-
-        def stream():
-            # keep_vars: tied names map to the same Parameter object on every rank, so all ranks skip
-            # the same aliases and their gathers stay in step
-            for name, tensor in self.unwrapped.state_dict(keep_vars=True).items():
-                if id(tensor) in seen:
-                    continue  # a tied alias (lm_head = embed_tokens)
-                seen.add(id(tensor))
-                full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-                yield name, full.detach()
-
         if self.lora is None:
-            yield from stream()
+            yield from self._full_tensors()
         else:
-            yield from merge_lora_stream(stream(), lora_scaling(self.lora.alpha, self.lora.rank), self.lora.adapter_name)
+            yield from merge_lora_stream(self._full_tensors(), lora_scaling(self.lora.alpha, self.lora.rank),
+                                         self.lora.adapter_name)
+
+    def iter_adapter_params(self, with_base: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """LoRA, unmerged: the frozen base weights under plain Hugging Face names (``with_base``), then
+        or among them the adapter's A/B matrices under peft's saved names. Without the base only the
+        adapter is gathered: a sync then moves rank x (in + out) numbers per layer, not the model."""
+        if self.lora is None:
+            raise ValueError("iter_adapter_params needs a LoRA model (model.lora_rank > 0)")
+        keep = None if with_base else is_adapter_tensor
+        yield from split_lora_stream(self._full_tensors(keep), self.lora.adapter_name, with_base=with_base)
 
     def save_adapter_config(self, directory: str) -> None:
         """Write peft's ``adapter_config.json`` (LoRA rank, alpha, targets) into ``directory``."""

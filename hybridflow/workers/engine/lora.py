@@ -5,8 +5,10 @@ same weights, with no second copy of the base model:
 
 - policy: the peft model as is (base + adapters);
 - reference policy: the same module under ``adapters_disabled`` (the base model's log-probs);
-- rollout engine: ``merge_lora_weights`` folds W + scale * B @ A into a plain Hugging Face state dict
-  (built from a state dict, so the training model is never modified).
+- rollout engine, two ways (``model.lora.merge``, veRL's key): merged, where ``merge_lora_stream``
+  folds W + scale * B @ A into plain Hugging Face weights (the training model is never modified), or
+  as an adapter (veRL's default), where ``split_lora_stream`` gives the frozen base weights once and
+  the adapter tensors (peft's saved names) at every sync, and the engine serves base + adapter.
 
 Checkpoints keep peft's parameter names; ``adapter_config.json`` is written next to the config so
 that the model merger can fold the adapters in too.
@@ -24,7 +26,7 @@ import torch
 from torch import nn
 
 __all__ = ["LoraSpec", "apply_lora", "adapters_disabled", "merge_lora_weights", "lora_scaling", "peft_model_of",
-           "ADAPTER_CONFIG"]
+           "ADAPTER_CONFIG", "is_adapter_tensor", "split_lora_stream", "rollout_gets_adapter"]
 
 ADAPTER_CONFIG = "adapter_config.json"
 _PEFT_PREFIX = "base_model.model."
@@ -47,6 +49,18 @@ class LoraSpec:
         if not isinstance(target, str):
             target = [str(t) for t in target]
         return cls(rank=rank, alpha=float(model_cfg["lora_alpha"]), target_modules=target)
+
+
+def rollout_gets_adapter(model_cfg, rollout_name: str) -> bool:
+    """True when a LoRA policy reaches its rollout engine as base weights + adapter rather than merged.
+
+    veRL's ``model.lora.merge`` (default false: adapter) decides for engines that serve adapters
+    (vllm); the hf engine runs a plain module and always gets merged weights.
+    """
+    if int(model_cfg["lora_rank"]) <= 0 or rollout_name != "vllm":
+        return False
+    lora_section = model_cfg.get("lora") or {}
+    return not bool(lora_section.get("merge", False))
 
 
 def apply_lora(module: nn.Module, spec: LoraSpec) -> nn.Module:
@@ -143,6 +157,28 @@ def merge_lora_stream(named_tensors: Iterable[tuple[str, torch.Tensor]], scaling
             yield _hf_name(prefix + "base_layer.weight"), (base.float() + delta).to(base.dtype)
     if parts:
         raise ValueError(f"incomplete LoRA layers in the weight stream: {sorted(parts)[:3]}")
+
+
+def is_adapter_tensor(name: str) -> bool:
+    """A LoRA A/B matrix under peft's names (the adapter part of a weight stream)."""
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def split_lora_stream(named_tensors: Iterable[tuple[str, torch.Tensor]], adapter_name: str = "default",
+                      with_base: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """peft-named (name, tensor) pairs -> the base weights under plain Hugging Face names (only when
+    ``with_base``) and the adapter's A/B matrices under the names peft saves them with
+    (``...q_proj.lora_A.weight``, adapter name dropped), unmerged."""
+    for key, value in named_tensors:
+        if "lora_embedding_" in key or "lora_magnitude_vector" in key:
+            raise ValueError(f"cannot serve {key!r} as an adapter: only linear LoRA layers are supported")
+        if is_adapter_tensor(key):
+            if key.endswith(f".{adapter_name}.weight"):
+                yield key[: -len(f".{adapter_name}.weight")] + ".weight", value
+        elif ".lora_" in key:
+            continue
+        elif with_base:
+            yield _hf_name(key), value
 
 
 def _hf_name(key: str) -> str:

@@ -50,8 +50,8 @@ class ServerSpec:
 
     ``module`` is a ready inference copy of the model for engines that run in the worker's own torch
     (hf); engines with their own loader (vllm) read ``model_path``. ``lora_rank > 0`` asks an engine
-    that can serve LoRA adapters (vllm) to be built for adapters of up to that rank; 0 means merged
-    weights only.
+    that can serve LoRA adapters (vllm) to be built for adapters of up to that rank, scaled by
+    ``lora_alpha / rank`` as peft does; 0 means merged weights only.
     """
 
     model_path: str
@@ -63,6 +63,7 @@ class ServerSpec:
     trust_remote_code: bool = False
     module: Any = None
     lora_rank: int = 0
+    lora_alpha: float = 16.0
 
 
 class AsyncRolloutServer(ABC):

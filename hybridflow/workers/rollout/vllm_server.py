@@ -14,8 +14,11 @@ vLLM spawns; this object lives on the worker's ``EngineLoop`` and talks to them:
   requests that arrive during one wait until it is finished.
 - ``load_format: dummy*``: generation is refused until the first weight update has finished.
 - ``sleep``/``wake_up``: vLLM's sleep mode on CUDA (``free_cache_engine``); no-ops on CPU.
-- LoRA: merged weights arrive through ``load_weights`` like any others; with ``ServerSpec.lora_rank``
-  the engine can instead serve the base weights + an adapter (``load_lora_adapter``).
+- LoRA: merged weights arrive through ``load_weights`` like any others. With ``ServerSpec.lora_rank``
+  the engine serves base weights + an adapter: adapter tensors (peft's ``...lora_A.weight`` names) may
+  come in the same buckets as base weights (or alone) and are installed as one adapter when the update
+  finishes, so every weight transport (colocated, one-step-off, fully async) carries them unchanged;
+  ``load_lora_adapter`` installs one directly.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 
 from hybridflow.utils.config import ConfigError
 from hybridflow.utils.environ import restored_environ
+from hybridflow.workers.engine.lora import is_adapter_tensor
 from hybridflow.workers.rollout.sampling import SamplingParams, request_seed
 from hybridflow.workers.rollout.server import (
     ABORT,
@@ -107,6 +111,7 @@ class VLLMServer(AsyncRolloutServer):
         self._tied = TiedEmbeddingNames(facts.tie_word_embeddings)
         self._lora = None  # the LoRARequest of the loaded adapter; every request then uses it
         self._lora_dir = None
+        self._pending_adapter: list[tuple[str, torch.Tensor]] = []  # adapter tensors of the open update
         self._updating = self._update_started = False
         self._update_done = asyncio.Event()
         self._update_done.set()
@@ -199,14 +204,18 @@ class VLLMServer(AsyncRolloutServer):
             self._update_done.clear()
             self._tied.start_update()
         try:
-            if not self._update_started:
-                await self.engine.collective_rpc("hybridflow_begin_weight_update")
-                self._update_started = True
             given, bucket = 0, []
             for name, tensor in named_tensors:
                 given += 1
-                bucket.extend(self._tied.expand(clean_name(name), full_tensor(tensor)))
+                if is_adapter_tensor(name):
+                    self._check_adapter_allowed(f"load_weights got {name!r}")
+                    self._pending_adapter.append((clean_name(name), full_tensor(tensor).detach().to("cpu").clone()))
+                else:
+                    bucket.extend(self._tied.expand(clean_name(name), full_tensor(tensor)))
             if bucket:
+                if not self._update_started:
+                    await self.engine.collective_rpc("hybridflow_begin_weight_update")
+                    self._update_started = True
                 with PackedBucket(bucket) as packed:
                     await self.engine.collective_rpc("hybridflow_load_bucket", args=(packed.payload,))
         except BaseException as err:
@@ -217,13 +226,19 @@ class VLLMServer(AsyncRolloutServer):
     async def finish_weight_update(self) -> None:
         if not self._updating:
             return
+        not_updated = None
         try:
-            not_updated = (await self.engine.collective_rpc("hybridflow_finish_weight_update"))[0]
+            if self._update_started:
+                not_updated = (await self.engine.collective_rpc("hybridflow_finish_weight_update"))[0]
+            if self._pending_adapter:
+                await self._install_adapter(dict(self._pending_adapter), self._adapter_config(self._pending_adapter))
             await self.engine.reset_prefix_cache()  # cached prefixes were computed with the old weights
         except BaseException as err:
             await self._abandon_update(err, close_session=False)
             raise
         self._end_update()
+        if not_updated is None:
+            return  # an adapter-only update: the base weights stay as they were
         if not_updated and self._not_real_reason:
             logger.warning("weight update left %d vLLM parameters at their random initial values, e.g. %s",
                            len(not_updated), not_updated[:5])
@@ -235,6 +250,7 @@ class VLLMServer(AsyncRolloutServer):
 
     def _end_update(self) -> None:
         self._updating = self._update_started = False
+        self._pending_adapter = []
         self._update_done.set()
 
     async def _abandon_update(self, err: BaseException, close_session: bool = True) -> None:
@@ -254,29 +270,47 @@ class VLLMServer(AsyncRolloutServer):
 
         ``named_tensors``: the adapter's tensors named as peft saves them (``get_peft_model_state_dict``);
         ``peft_config``: the adapter's config as peft saves it (``r``, ``lora_alpha``, the resolved
-        ``target_modules``). vLLM loads adapters from a directory: it is written to memory-backed
-        /dev/shm where there is one, and replaced in place on every call.
+        ``target_modules``). A weight update can carry the adapter instead (module docstring).
         """
         self._check_open()
-        if not self.settings.engine_args.get("enable_lora"):
-            raise RuntimeError("load_lora_adapter: this engine was built without LoRA support "
-                               "(ServerSpec.lora_rank=0); push merged weights with load_weights instead")
+        self._check_adapter_allowed("load_lora_adapter")
         if self._in_flight or self._updating:
             raise RuntimeError("load_lora_adapter while requests are in flight or a weight update is open")
+        tensors = {clean_name(k): full_tensor(v).detach().to("cpu").contiguous() for k, v in named_tensors}
+        await self._install_adapter(tensors, peft_config)
+        await self.engine.reset_prefix_cache()
+
+    def _check_adapter_allowed(self, what: str) -> None:
+        if not self.settings.engine_args.get("enable_lora"):
+            raise RuntimeError(f"{what}: a LoRA adapter for an engine built without LoRA support (ServerSpec.lora_rank=0, "
+                               "i.e. model.lora.merge=true or no LoRA); push merged weights instead")
+
+    def _adapter_config(self, tensors: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+        """peft's adapter_config for adapter tensors that came in a weight update: the rank from the A
+        matrices, the targets from their names, alpha from the spec (the trainer's ``model.lora_alpha``)."""
+        ranks = {t.shape[0] for n, t in tensors if ".lora_A." in n}
+        if len(ranks) != 1:
+            raise ValueError(f"the LoRA adapter in the weight update has lora_A ranks {sorted(ranks)}; expected one rank")
+        targets = sorted({n.split(".lora_A.")[0].rsplit(".", 1)[-1] for n, _ in tensors if ".lora_A." in n})
+        return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": ranks.pop(), "lora_alpha": float(self.spec.lora_alpha),
+                "target_modules": targets, "bias": "none", "lora_dropout": 0.0, "use_rslora": False,
+                "fan_in_fan_out": False, "modules_to_save": None}
+
+    async def _install_adapter(self, tensors: Mapping[str, torch.Tensor], peft_config: Mapping[str, Any]) -> None:
+        """vLLM loads adapters from a directory: written to memory-backed /dev/shm where there is one and
+        replaced in place (one adapter id) each time."""
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
         if self._lora_dir is None:
             root = "/dev/shm" if os.path.isdir("/dev/shm") else None
             self._lora_dir = tempfile.mkdtemp(prefix="hybridflow_lora_", dir=root)
-        tensors = {clean_name(k): full_tensor(v).detach().to("cpu").contiguous() for k, v in named_tensors}
         config = {k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in dict(peft_config).items()}
-        save_file(tensors, os.path.join(self._lora_dir, "adapter_model.safetensors"))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(self._lora_dir, "adapter_model.safetensors"))
         with open(os.path.join(self._lora_dir, "adapter_config.json"), "w") as f:
             json.dump(config, f)
         lora = LoRARequest(lora_name="hybridflow_policy", lora_int_id=1, lora_path=self._lora_dir, load_inplace=True)
         await self.engine.add_lora(lora)
-        await self.engine.reset_prefix_cache()
         self._lora = lora
 
     # ------------------------------------------------------------------------------------ memory

@@ -373,3 +373,32 @@ def test_a_lora_adapter_answers_like_the_merged_model(untied, prompts):
     outs = engine.generate_all(prompts, GREEDY)
     assert [o.token_ids for o in outs] == [hf_greedy(merged, p, eos, GREEDY.response_length) for p in prompts]
     assert max_log_prob_diff(engine.generate_all(prompts, SAMPLED), prompts, merged) < 1e-4
+
+
+def test_a_weight_update_carries_base_weights_and_adapter_then_the_adapter_alone(untied, prompts):
+    """What a LoRA trainer sends with ``model.lora.merge=false``: the first update holds the base weights and
+    the adapter (peft's names) in the same buckets, later ones only the adapter; the engine answers like
+    the merged model each time."""
+    from hybridflow.workers.engine import EngineSpec, TrainEngine
+    from hybridflow.workers.engine.lora import LoraSpec, is_adapter_tensor
+    from hybridflow.workers.model_loading import load_model
+
+    engine, _, model_dir, eos, _, _ = untied
+    trainer = TrainEngine(load_model(model_dir, "causal_lm"), EngineSpec(strategy="none", device="cpu",
+                                                                          lora=LoraSpec(rank=8, alpha=16.0)))
+    g = torch.Generator().manual_seed(1)
+    for seed_scale in (0.5, 0.3):
+        with torch.no_grad():
+            for name, param in trainer.module.named_parameters():
+                if "lora_B" in name:
+                    param.copy_(seed_scale * torch.randn(param.shape, generator=g))
+        first = seed_scale == 0.5
+        update = list(trainer.iter_adapter_params(with_base=first))
+        assert all(is_adapter_tensor(n) for n, _ in update) != first  # base weights only in the first update
+        engine.push(update, bucket_size=7)
+        merged = load_model(model_dir, "causal_lm")
+        merged.load_state_dict(trainer.full_state_dict())
+        merged.eval()
+        outs = engine.generate_all(prompts, GREEDY)
+        assert [o.token_ids for o in outs] == [hf_greedy(merged, p, eos, GREEDY.response_length) for p in prompts]
+        assert max_log_prob_diff(engine.generate_all(prompts, SAMPLED), prompts, merged) < 1e-4
