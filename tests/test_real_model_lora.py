@@ -128,6 +128,8 @@ def test_the_vllm_rollout_generates_with_every_updated_lora(mode, merge, smollm2
 
     module = _actor_worker(recorder.trainer).actor_engine.module
     module.eval()
+    trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)  # only the adapters train
     checked = {}  # version -> (max |rollout - actor|, max |actor - base|) over that version's tokens
     for batch in recorder.batches:
         versions = batch.non_tensor_batch["min_weight_version"]

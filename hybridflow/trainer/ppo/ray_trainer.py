@@ -399,6 +399,8 @@ class RayPPOTrainer:
         ckpt.cleanup_partial_saves(t.default_local_dir)
         path = ckpt.resolve_resume(t.resume_mode, t.default_local_dir, t.resume_from_path)
         if path is None:
+            if not self.hybrid_engine:  # a separate pool's engine may hold random (load_format=dummy) or base
+                self.push_weights_to_rollout(self.actor_version)  # (LoRA) weights: give it the trainer's
             return 0
         state = ckpt.load_dataloader_state(path)
         if state is None:
