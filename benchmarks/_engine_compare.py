@@ -77,7 +77,7 @@ class VLLMRow:
     """One vLLM server on its own engine loop."""
 
     def __init__(self, model_dir: str, config: dict, device: str, eos: int):
-        from hybridflow.workers.rollout.server import EngineLoop, ServerSpec
+        from hybridflow.rollout.server import EngineLoop, ServerSpec
         from hybridflow.workers.rollout.vllm_server import VLLMServer
 
         self.loop = EngineLoop()
@@ -128,7 +128,7 @@ def compare_engines(args, load_prompts) -> None:
     from transformers import AutoModelForCausalLM
 
     from hybridflow.workers.rollout.hf_rollout import HFRollout
-    from hybridflow.workers.rollout.sampling import SamplingParams
+    from hybridflow.rollout.sampling import SamplingParams
 
     device = args.device
     shape = args.model or ("tiny" if args.quick else "small" if device == "cpu" else "qwen2.5-0.5b")

@@ -1,6 +1,6 @@
-"""Imports flow one way: the workers never import the driver (hybridflow.trainer), and the pure RL
-math (hybridflow.algorithms) imports nothing of hybridflow above utils. Read from the source (AST),
-so an import inside a function counts too. veRL's import paths keep working as re-exports."""
+"""Imports flow one way, down the layers of ``LAYERS`` (drawn in docs/architecture.md): no module imports
+a package of its own layer or above, except the alias modules that offer veRL's import paths, which hold
+re-exports only. Read from the source (AST), so an import inside a function counts too."""
 
 from __future__ import annotations
 
@@ -57,6 +57,89 @@ def test_the_checker_sees_absolute_relative_and_nested_imports():
     # `...` from hybridflow/workers/actor/dp_actor.py is the hybridflow package
     assert sorted(found) == [(1, "hybridflow.trainer.ppo.core_algos"), (2, "hybridflow.trainer.ppo"),
                              (4, "hybridflow.trainer"), (5, "hybridflow.utils")]
+
+
+# Every top-level package (or module) of hybridflow, lowest layer first. A module may import its own
+# package and any package of a lower layer, nothing of its own layer or above. docs/architecture.md draws
+# the same list.
+LAYERS = (
+    ("utils", "protocol_layout"),  # generic helpers, the DataProto wire layout
+    ("protocol",),  # DataProto
+    ("algorithms", "rewards", "models", "tools", "interactions"),  # pure RL math, scorers, the tiny model, tool/user APIs
+    ("single_controller",),  # Worker, WorkerGroup, dispatch, Ray and in-process backends
+    ("rollout",),  # what the agent loop knows of an engine: requests, answers, the server interface
+    ("agent_loop",),  # trajectories over rollout servers
+    ("workers", "data"),  # role workers with their engines (training, rollout servers); datasets
+    ("trainer", "experimental"),  # the driver loop; veRL's experimental paths
+    ("main_ppo", "main_generation", "main_eval", "main_sft", "model_merger", "plot", "devtools", "__init__"),
+)
+# modules that exist to offer veRL's import paths: they may point up, and hold re-exports only
+ALIASES: tuple[str, ...] = ()
+
+
+def layer_of(module: str) -> int | None:
+    top = module.split(".")[1] if module.count(".") else "__init__"
+    return next((i for i, layer in enumerate(LAYERS) if top in layer), None)
+
+
+def top_level_names() -> set[str]:
+    return {p.stem if p.is_file() else p.name for p in PACKAGE_ROOT.iterdir()
+            if (p.suffix == ".py") or (p.is_dir() and (p / "__init__.py").exists())}
+
+
+def is_alias(module: str) -> bool:
+    return any(module == a or module.startswith(a + ".") for a in ALIASES)
+
+
+def upward_imports() -> list[str]:
+    """``path:line: A (layer i) imports B (layer j >= i)`` for every import that does not point down."""
+    bad = []
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        rel = path.relative_to(PACKAGE_ROOT.parent)
+        name = ".".join(rel.with_suffix("").parts)
+        own_top = name.split(".")[1]
+        if is_alias(name.replace(".__init__", "")):
+            continue
+        mine = layer_of(name)
+        for line, module in imported_modules(path.read_text(), name):
+            if not module.startswith("hybridflow.") or module.split(".")[1] == own_top:
+                continue
+            theirs = layer_of(module)
+            if theirs is None or theirs >= mine:
+                bad.append(f"{rel}:{line}: {own_top} (layer {mine}) imports {module} (layer {theirs})")
+    return bad
+
+
+def test_every_top_level_package_has_a_layer():
+    placed = {name for layer in LAYERS for name in layer}
+    assert not top_level_names() - placed, f"place these in LAYERS (and docs/architecture.md): {top_level_names() - placed}"
+
+
+def test_imports_only_point_down_the_layers():
+    bad = upward_imports()
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_alias_modules_hold_re_exports_only():
+    """veRL's import paths (ALIASES) hold imports and ``__all__``, no logic."""
+    for alias in ALIASES:
+        base = PACKAGE_ROOT.parent / alias.replace(".", "/")
+        files = sorted(base.rglob("*.py")) if base.is_dir() else [base.with_suffix(".py")]
+        for path in files:
+            if not path.exists():
+                continue
+            for node in ast.parse(path.read_text()).body:
+                ok = isinstance(node, (ast.Import, ast.ImportFrom)) or (
+                    isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)) or (
+                    isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"])
+                assert ok, f"{path.relative_to(PACKAGE_ROOT.parent)}:{node.lineno}: an alias module holds re-exports only"
+
+
+def test_the_layer_check_catches_a_back_arrow():
+    """The rule is not vacuous: the check names an import of a higher layer (workers -> trainer)."""
+    found = imported_modules("from hybridflow.trainer.ppo import ray_trainer\n", "hybridflow.workers.x")
+    (line, module), = found
+    assert layer_of(module) > layer_of("hybridflow.workers.x")
 
 
 def test_workers_do_not_import_the_trainer():

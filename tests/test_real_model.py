@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hybridflow.workers.rollout.sampling import SamplingParams, model_eos_token_ids
+from hybridflow.rollout.sampling import SamplingParams, model_eos_token_ids
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed (CPU: bash recipes/setup_cpu.sh)")
@@ -58,7 +58,7 @@ class EngineHost:
     """The vLLM rollout server on its engine loop: what RolloutHost holds (``server``, ``engine_loop``)."""
 
     def __init__(self, model_dir, tok):
-        from hybridflow.workers.rollout.server import EngineLoop, ServerSpec
+        from hybridflow.rollout.server import EngineLoop, ServerSpec
         from hybridflow.workers.rollout.vllm_server import VLLMServer
 
         config = {"load_format": "auto", "max_model_len": 512, "max_num_seqs": 8, "enforce_eager": True,
@@ -236,7 +236,7 @@ class ScriptedIds:
         self.replies = list(replies)
 
     async def generate(self, prompt_ids, params, request_id, logprobs=True):
-        from hybridflow.workers.rollout.server import STOP, TokenOutput
+        from hybridflow.rollout.server import STOP, TokenOutput
 
         out = self.replies.pop(0)[: params.response_length]
         return TokenOutput(out, [-0.25] * len(out) if logprobs else None, STOP)

@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from hybridflow.utils.registry import Registry
-from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.rollout.sampling import SamplingParams
 
 
 SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")

@@ -28,7 +28,7 @@ from hybridflow.agent_loop.worker import AgentLoopWorker, split_indices
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base.watchdog import wait_with_deadline
 from hybridflow.single_controller.inprocess import InProcessWorkerGroup
-from hybridflow.workers.rollout.server import EngineLoop
+from hybridflow.rollout.server import EngineLoop
 
 PROGRESS_ASK_S = 10.0  # how long a progress reading may take before it counts as no reading
 

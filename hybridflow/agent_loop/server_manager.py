@@ -20,8 +20,8 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from typing import Any
 
-from hybridflow.workers.rollout.sampling import SamplingParams
-from hybridflow.workers.rollout.server import ABORT, TokenOutput
+from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.rollout.server import ABORT, TokenOutput
 
 ROLLOUT_CONCURRENCY_GROUP = "rollout"
 

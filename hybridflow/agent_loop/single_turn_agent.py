@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hybridflow.agent_loop.base import AgentLoopBase, AgentLoopOutput, register
-from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.rollout.sampling import SamplingParams
 
 
 @register("single_turn_agent")

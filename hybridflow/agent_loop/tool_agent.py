@@ -36,8 +36,8 @@ from hybridflow.agent_loop.chat_tokens import ChatTokenizer, TokenizationMismatc
 from hybridflow.agent_loop.tool_calls import ToolCaller
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS, FunctionCall
 from hybridflow.tools.schemas import OpenAIFunctionCallSchema, OpenAIFunctionParsedSchema
-from hybridflow.workers.rollout.sampling import SamplingParams
-from hybridflow.workers.rollout.server import ABORT
+from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.rollout.server import ABORT
 
 logger = logging.getLogger(__name__)
 _mismatches_logged = 0

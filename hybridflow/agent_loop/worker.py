@@ -29,7 +29,7 @@ from hybridflow.agent_loop.server_manager import ServerHandle, ServerManager
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.protocol import DataProto
 from hybridflow.tools.tool_registry import initialize_tools_from_config
-from hybridflow.workers.rollout.sampling import SamplingParams, resolve_sampling, sampling_params_from_config
+from hybridflow.rollout.sampling import SamplingParams, resolve_sampling, sampling_params_from_config
 
 # non-tensor fields that are not per-sample keyword arguments of a loop
 _NOT_FOR_LOOPS = ("raw_prompt_ids",)

@@ -88,7 +88,7 @@ def greedy_accuracy(model_dir: str, parquet_path: str, limit: int | None = None,
     from hybridflow.data.rl_dataset import RLHFDataset
     from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
     from hybridflow.workers.rollout import HFRollout
-    from hybridflow.workers.rollout.sampling import model_eos_token_ids
+    from hybridflow.rollout.sampling import model_eos_token_ids
 
     model_dir = local_model_path(model_dir, "model_dir")  # a GGUF file gives its converted folder
     tokenizer = load_tokenizer(model_dir, False)
@@ -144,7 +144,7 @@ def greedy_agent_eval(model_dir: str, parquet_path: str, rollout_config: dict, r
     from hybridflow.protocol import DataProto
     from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
     from hybridflow.workers.rollout import HFRollout
-    from hybridflow.workers.rollout.sampling import model_eos_token_ids
+    from hybridflow.rollout.sampling import model_eos_token_ids
 
     model_dir = local_model_path(model_dir, "model_dir")  # a GGUF file gives its converted folder
     tokenizer = load_tokenizer(model_dir, False)

@@ -30,8 +30,8 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, register
 from hybridflow.workers.engine.lora import rollout_gets_adapter
 from hybridflow.workers.model_loading import load_model
-from hybridflow.workers.rollout.sampling import model_eos_token_ids
-from hybridflow.workers.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
+from hybridflow.rollout.sampling import model_eos_token_ids
+from hybridflow.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
 from hybridflow.workers.rollout.weight_transfer import WeightTarget, push_weights
 from hybridflow.workers.rollout.weights import buckets
 from hybridflow.workers.utils.device import resolve_dtype
@@ -58,7 +58,7 @@ class RolloutHost:
                           eos_token_ids=tuple(model_eos_token_ids(path, self.tokenizer)),
                           device=str(self.device), dtype=dtype, trust_remote_code=trust, module=module,
                           lora_rank=int(model_cfg["lora_rank"]) if adapter else 0,
-                          lora_alpha=float(model_cfg["lora_alpha"]))
+                          lora_alpha=float(model_cfg.get("lora_alpha", 16.0)))
         self.engine_loop = EngineLoop(f"rollout-engine-rank{self.rank}")
         server_cls = ROLLOUT_SERVERS.get(name)
 

@@ -13,7 +13,7 @@ from hybridflow.agent_loop import AgentLoopSettings, AgentLoopWorker
 from hybridflow.agent_loop.server_manager import ServerHandle
 from hybridflow.protocol import DataProto
 from hybridflow.utils.tiny_model import build_tiny_tokenizer
-from hybridflow.workers.rollout.server import STOP, TokenOutput
+from hybridflow.rollout.server import STOP, TokenOutput
 
 TOK = build_tiny_tokenizer()
 EOS = TOK.eos_token_id

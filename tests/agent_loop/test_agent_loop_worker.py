@@ -14,7 +14,7 @@ from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.agent_loop.server_manager import ServerHandle, ServerManager
 from hybridflow.agent_loop.worker import AgentLoopWorker, split_indices
 from hybridflow.protocol import DataProto
-from hybridflow.workers.rollout.server import STOP, TokenOutput
+from hybridflow.rollout.server import STOP, TokenOutput
 
 
 class ScriptedServer(ServerHandle):
@@ -150,7 +150,7 @@ def test_manager_spreads_slices_with_offsets_in_process():
         pass
 
     from hybridflow.single_controller.inprocess import InProcessWorkerGroup
-    from hybridflow.workers.rollout.server import EngineLoop
+    from hybridflow.rollout.server import EngineLoop
 
     class FakeGroup(InProcessWorkerGroup):
         def __init__(self, hosts):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from hybridflow.agent_loop.server_manager import ServerHandle, ServerManager
-from hybridflow.workers.rollout.sampling import SamplingParams
-from hybridflow.workers.rollout.server import ABORT, STOP, TokenOutput
+from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.rollout.server import ABORT, STOP, TokenOutput
 
 
 class SyncingServer(ServerHandle):

@@ -57,7 +57,7 @@ def rollout_gets_adapter(model_cfg, rollout_name: str) -> bool:
     veRL's ``model.lora.merge`` (default false: adapter) decides for engines that serve adapters
     (vllm); the hf engine runs a plain module and always gets merged weights.
     """
-    if int(model_cfg["lora_rank"]) <= 0 or rollout_name != "vllm":
+    if int(model_cfg.get("lora_rank", 0) or 0) <= 0 or rollout_name != "vllm":
         return False
     lora_section = model_cfg.get("lora") or {}
     return not bool(lora_section.get("merge", False))

@@ -9,8 +9,8 @@ evaluation; it runs on the same hf server.
 from hybridflow.workers.rollout import hf_server  # noqa: F401  (registers "hf")
 from hybridflow.workers.rollout.hf_rollout import HFRollout
 from hybridflow.workers.rollout.hf_server import HFServer
-from hybridflow.workers.rollout.sampling import SamplingParams
-from hybridflow.workers.rollout.server import (
+from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.rollout.server import (
     ROLLOUT_SERVERS,
     AsyncRolloutServer,
     EngineLoop,

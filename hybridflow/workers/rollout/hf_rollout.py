@@ -16,8 +16,8 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.workers.rollout.hf_server import HFServer
-from hybridflow.workers.rollout.sampling import as_id_list
-from hybridflow.workers.rollout.server import EngineLoop, ServerSpec
+from hybridflow.rollout.sampling import as_id_list
+from hybridflow.rollout.server import EngineLoop, ServerSpec
 
 
 class HFRollout:

@@ -32,8 +32,8 @@ from typing import Iterable
 import torch
 
 from hybridflow.workers.rollout.hf_attention import restore_attention, use_grouped_sdpa
-from hybridflow.workers.rollout.sampling import SamplingParams, request_seed
-from hybridflow.workers.rollout.server import (
+from hybridflow.rollout.sampling import SamplingParams, request_seed
+from hybridflow.rollout.server import (
     ABORT,
     LENGTH,
     STOP,

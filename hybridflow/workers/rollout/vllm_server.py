@@ -40,8 +40,8 @@ import torch
 from hybridflow.utils.config import ConfigError
 from hybridflow.utils.environ import restored_environ
 from hybridflow.workers.engine.lora import is_adapter_tensor
-from hybridflow.workers.rollout.sampling import SamplingParams, request_seed
-from hybridflow.workers.rollout.server import (
+from hybridflow.rollout.sampling import SamplingParams, request_seed
+from hybridflow.rollout.server import (
     ABORT,
     LENGTH,
     STOP,

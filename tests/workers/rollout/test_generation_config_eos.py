@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-from hybridflow.workers.rollout.sampling import model_eos_token_ids
+from hybridflow.rollout.sampling import model_eos_token_ids
 
 EOS = 2  # the tiny tokenizer's <|im_end|>
 N_NEW = 12

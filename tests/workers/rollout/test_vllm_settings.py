@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from hybridflow.utils.config import ConfigError
-from hybridflow.workers.rollout.server import ROLLOUT_SERVERS, ServerSpec
+from hybridflow.rollout.server import ROLLOUT_SERVERS, ServerSpec
 from hybridflow.workers.rollout.vllm_server import VLLMNotInstalledError, VLLMServer
 from hybridflow.workers.rollout.vllm_settings import (
     DEFAULT_CPU_KV_CACHE_BYTES,
@@ -129,11 +129,13 @@ def test_registered_as_vllm():
 
 def test_importing_the_rollout_package_does_not_import_vllm(monkeypatch):
     # re-import the package from scratch (fresh registries) while any `import vllm` fails
+    import hybridflow
     import hybridflow.workers
 
-    for name in [m for m in sys.modules if m.startswith("hybridflow.workers.rollout")]:
-        monkeypatch.delitem(sys.modules, name)  # restored after the test
+    for name in [m for m in sys.modules if m.startswith(("hybridflow.workers.rollout", "hybridflow.rollout"))]:
+        monkeypatch.delitem(sys.modules, name)  # restored after the test (the registry lives in hybridflow.rollout)
     monkeypatch.setattr(hybridflow.workers, "rollout", None, raising=False)
+    monkeypatch.setattr(hybridflow, "rollout", None, raising=False)
     monkeypatch.setitem(sys.modules, "vllm", None)
     fresh = importlib.import_module("hybridflow.workers.rollout")
     assert fresh.VLLMServer is not VLLMServer  # really executed again

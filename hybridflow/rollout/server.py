@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.utils.registry import Registry
-from hybridflow.workers.rollout.sampling import SamplingParams
 
 T = TypeVar("T")
 
