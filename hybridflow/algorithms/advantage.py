@@ -55,6 +55,9 @@ class AdvantageEstimator(str, Enum):
     GPG = "gpg"
     RLOO_VECTORIZED = "rloo_vectorized"
     GRPO_VECTORIZED = "grpo_vectorized"
+    OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"  # advantage_otb.py
+    TIR_OPTIMAL_TOKEN_BASELINE = "tir_optimal_token_baseline"  # advantage_otb.py
+    GDPO = "gdpo"  # advantage_gdpo.py
 
 
 AdvEstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
