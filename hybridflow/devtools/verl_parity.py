@@ -44,10 +44,11 @@ ALGORITHM = {"gamma": 0.9, "lam": 0.8, "norm_adv_by_std_in_grpo": True,
              "gdpo_reward_keys": ["acc", "fmt"], "gdpo_reward_weights": [1.0, 0.5]}
 
 
-def random_case(seed: int, batch: int = 12, width: int = 10, multi_turn: bool = False,
+def random_case(seed: int, batch: int = 12, width: int = 10, multi_turn: bool = False, singleton: bool = True,
                 dtype: torch.dtype = torch.float64) -> dict[str, Any]:
     """Inputs for losses and estimators: log-probs of real probabilities, a ratio spread that hits
-    every clip branch, right-padded (or, ``multi_turn``, holed) masks, groups of 1..4 rows."""
+    every clip branch, right-padded (or, ``multi_turn``, holed) masks, groups of 2..4 rows (and,
+    ``singleton``, one prompt with a single response)."""
     g = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     old = torch.log(torch.rand(batch, width, generator=g, dtype=dtype) * 0.9 + 0.05)
@@ -59,9 +60,11 @@ def random_case(seed: int, batch: int = 12, width: int = 10, multi_turn: bool = 
         for row in range(0, batch, 2):
             if lengths[row] >= 5:
                 mask[row, 2:4] = 0
-    sizes, index = [], []
+    sizes, index = ([1] if singleton else []), []
     while sum(sizes) < batch:
-        sizes.append(min(int(rng.integers(1, 5)), batch - sum(sizes)))
+        sizes.append(min(int(rng.integers(2, 5)), batch - sum(sizes)))
+    if sizes[-1] == 1 and not singleton:
+        sizes[-2:] = [sizes[-2] + 1]
     for gid, size in enumerate(sizes):
         index += [f"uid{gid}"] * size
     index = np.array(index, dtype=object)
@@ -200,8 +203,8 @@ def compare(ours_losses: dict, theirs_losses: dict, ours_estimators: dict, their
             continue
         worst = 0.0
         for seed in seeds:
-            for multi_turn in (False, True):
-                case = random_case(seed, multi_turn=multi_turn)
+            for multi_turn, singleton in ((False, True), (True, True), (False, False), (True, False)):
+                case = random_case(seed, multi_turn=multi_turn, singleton=singleton)
                 cfg_ours, cfg_theirs = algo_config()
                 a = _outputs_or_error(estimator_outputs, name, ours_estimators[name], case, cfg_ours)
                 b = _outputs_or_error(estimator_outputs, name, theirs_estimators[name], case, cfg_theirs)
