@@ -3,8 +3,8 @@
     python -m hybridflow.devtools.verl_parity [--verl-python /work/verl_venv/bin/python] [--seeds 4]
 
 veRL is not a dependency: install it in a venv of its own (``pip install --no-deps verl==0.9.1`` plus
-``codetiming``, with torch and omegaconf visible) and pass that venv's python; the script then re-runs
-itself there with this checkout on PYTHONPATH. Run under a python that imports ``verl`` it compares
+``codetiming``, with torch and omegaconf visible; docs/verl_parity.md has the commands and the latest
+table) and pass that venv's python; the script then re-runs itself there with this checkout on PYTHONPATH. Run under a python that imports ``verl`` it compares
 in process. Each name runs on the same random inputs on both sides (several seeds, every
 aggregation mode, with and without rollout IS weights and global batch info; estimators on
 single-turn and multi-turn masks); the table gives the largest absolute difference over the loss,
