@@ -8,6 +8,7 @@ supplies them. Extra keyword arguments are ignored, so a driver may pass one sup
 
 Outcome estimators (grpo, rloo, ...) read one scalar per response, ``token_level_rewards.sum(-1)``,
 and group responses by ``index`` (a numpy array of uids, one per row: the samples of one prompt).
+gdpo (``advantage_gdpo.py``) and the optimal token baselines (``advantage_otb.py``) live beside it.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from hybridflow.trainer.ppo.metric_utils import (
     compute_throughput_metrics,
     compute_timing_metrics,
     flat_metric_values,
+    gdpo_component_metrics,
     reduce_metrics,
     rollout_probs_diff_metrics,
     timer,
@@ -334,6 +335,8 @@ class RayPPOTrainer:
                 with timer("update_actor", timing):
                     self._update_actor(batch, metrics)
         metrics.update(compute_data_metrics(batch, self.use_critic))
+        if self.config.algorithm.adv_estimator == "gdpo":  # each reward component's spread, as veRL logs it
+            metrics.update(gdpo_component_metrics(batch.non_tensor_batch, self.config.algorithm.gdpo_reward_keys))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing["step"], self.n_devices))
         metrics.update(self.rollout_recorder.after_step(batch, self.global_steps))  # trainer.rollout_data_dir
