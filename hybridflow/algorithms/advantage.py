@@ -8,6 +8,7 @@ supplies them. Extra keyword arguments are ignored, so a driver may pass one sup
 
 Outcome estimators (grpo, rloo, ...) read one scalar per response, ``token_level_rewards.sum(-1)``,
 and group responses by ``index`` (a numpy array of uids, one per row: the samples of one prompt).
+gdpo (``advantage_gdpo.py``) and the optimal token baselines (``advantage_otb.py``) live beside it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class AdvantageEstimator(str, Enum):
     GPG = "gpg"
     RLOO_VECTORIZED = "rloo_vectorized"
     GRPO_VECTORIZED = "grpo_vectorized"
+    OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"  # advantage_otb.py
+    TIR_OPTIMAL_TOKEN_BASELINE = "tir_optimal_token_baseline"  # advantage_otb.py
+    GDPO = "gdpo"  # advantage_gdpo.py
 
 
 AdvEstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]

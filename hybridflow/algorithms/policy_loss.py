@@ -9,6 +9,10 @@ mini-batch) is handed to ``agg_loss``, so a loss written for veRL gets the same 
 ``pg_metrics`` maps veRL's metric names (``actor/pg_clipfrac``, ``actor/ppo_kl``,
 ``actor/pg_clipfrac_lower``) to detached 0-d tensors: veRL returns Python floats, we avoid the host
 sync (``float(v)`` works on both). The older ``compute_policy_loss`` keeps veRL's 4-tuple.
+
+Here: vanilla (clipped PPO), gspo, gpg. veRL 0.9.1's other losses live beside it: clip_cov and kl_cov
+(``policy_loss_cov.py``), cispo, dppo_tv, dppo_kl and dro (``policy_loss_logprob.py``), geo_mean and
+sapo (``policy_loss_ratio.py``).
 """
 
 from __future__ import annotations

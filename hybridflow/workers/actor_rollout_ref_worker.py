@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
+from hybridflow.utils.config_section import require
 from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
@@ -145,9 +146,15 @@ class ActorRolloutRefWorker(RolloutHost, Worker):
         meta = self._log_prob_meta(data, self.config["rollout"])
         meta.update({k: v for k, v in data.meta_info.items() if k == "temperature"})
         data.meta_info.update(meta)
-        log_probs, entropys = self.actor.compute_log_prob(on_device(data, self.device), calculate_entropy=True)
+        # actor.calculate_sum_pi_squared: sum_v pi_v^2 per token, for the optimal-token-baseline estimators
+        with_sum_pi_squared = bool(require(self.actor_cfg, "calculate_sum_pi_squared", "actor_rollout_ref.actor"))
+        log_probs, entropys, *sum_pi_squared = self.actor.compute_log_prob(
+            on_device(data, self.device), calculate_entropy=True, calculate_sum_pi_squared=with_sum_pi_squared)
+        tensors = {"old_log_probs": log_probs.cpu(), "entropys": entropys.cpu()}
+        if with_sum_pi_squared:
+            tensors["sum_pi_squared"] = sum_pi_squared[0].float().cpu()
         return DataProto.from_dict(
-            tensors={"old_log_probs": log_probs.cpu(), "entropys": entropys.cpu()},
+            tensors=tensors,
             meta_info={"metrics": {"timing_s/worker_old_log_prob": [time.perf_counter() - start]}},
         )
 

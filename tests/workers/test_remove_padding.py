@@ -6,7 +6,11 @@ import pytest
 import torch
 
 from hybridflow.workers.actor import DataParallelPPOActor
-from hybridflow.workers.utils.logprob import forward_response_log_probs, forward_response_logits
+from hybridflow.workers.utils.logprob import (
+    forward_response_log_probs,
+    forward_response_logits,
+    forward_response_token_stats,
+)
 from hybridflow.workers.utils.remove_padding import check_packed_attention, pack_for, pack_rows, unpack
 from tests.workers.actor.ppo_batch import PROMPT, RESPONSE, actor_config, flat_params, padded_rows, ppo_batch, tiny_causal_lm, tiny_value_model
 
@@ -97,6 +101,24 @@ def test_log_probs_entropy_and_gradients_match_padded(attn):
     assert (lp1[~mask] == 0).all() and (ent1[~mask] == 0).all()  # pads are scattered back as zeros
     for name in g0:
         torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_sum_pi_squared_packed_equals_padded_and_the_softmax():
+    # sum_v p_v^2 of the temperature-scaled distribution, from the packed and the padded forward,
+    # against softmax(logits / T)^2 summed by hand
+    model = tiny_causal_lm()
+    rows = _rows()
+    mask = rows["response_mask"].bool()
+    args = (model, rows["input_ids"], rows["attention_mask"], rows["position_ids"], RESPONSE)
+    with torch.no_grad():
+        probs = torch.softmax(forward_response_logits(*args) / 0.7, dim=-1)  # (B, R, V)
+        expected = (probs * probs).sum(-1)
+        for packed in (False, True):
+            log_probs, entropy, sum_pi_sq = forward_response_token_stats(
+                *args, temperature=0.7, calculate_sum_pi_squared=True, use_remove_padding=packed)
+            assert entropy is None and log_probs.shape == sum_pi_sq.shape
+            torch.testing.assert_close(sum_pi_sq[mask], expected[mask], atol=1e-6, rtol=0)
+    assert float(expected[mask].min()) > 1 / probs.shape[-1] - 1e-6  # >= 1/V: not trivially zero
 
 
 def test_critic_values_and_gradients_match_padded():

@@ -53,6 +53,17 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, torch.
     return metrics
 
 
+def gdpo_component_metrics(non_tensor_batch: dict, keys) -> dict[str, float]:
+    """gdpo/<key>/{mean,std,max,min} of each reward component (veRL's names; population std)."""
+    metrics = {}
+    for key in keys or ():
+        if key in non_tensor_batch:
+            values = np.asarray(non_tensor_batch[key], dtype=np.float64)
+            metrics.update({f"gdpo/{key}/mean": float(values.mean()), f"gdpo/{key}/std": float(values.std()),
+                            f"gdpo/{key}/max": float(values.max()), f"gdpo/{key}/min": float(values.min())})
+    return metrics
+
+
 def compute_timing_metrics(batch: DataProto, timing_raw: dict[str, float]) -> dict[str, float]:
     """timing_s/<phase> and timing_per_token_ms/<phase>."""
     b = batch.batch

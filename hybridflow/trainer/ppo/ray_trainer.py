@@ -7,6 +7,7 @@ every ``save_freq``. ``fit`` is the loop; ``train_step`` reads as the named phas
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import shutil
@@ -30,6 +31,7 @@ from hybridflow.trainer.ppo.metric_utils import (
     compute_throughput_metrics,
     compute_timing_metrics,
     flat_metric_values,
+    gdpo_component_metrics,
     reduce_metrics,
     rollout_probs_diff_metrics,
     timer,
@@ -43,7 +45,8 @@ from hybridflow.utils.progress import Progress
 from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.checkpoint import get_rng_state, set_rng_state
 
-
+# batch tensors an advantage estimator gets when its signature names them
+_OPTIONAL_ADV_TENSORS = ("old_log_probs", "sum_pi_squared", "rollout_is_weights")
 
 
 def watchdog_of(trainer_cfg) -> Watchdog:
@@ -77,6 +80,7 @@ class RayPPOTrainer:
         self.use_rm = bool(config.reward.reward_model.enable)
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         self.adv_fn = core_algos.get_adv_estimator_fn(algo.adv_estimator)
+        self._adv_params = set(inspect.signature(self.adv_fn).parameters)
         self.n_devices = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
         self.total_training_steps = self._total_steps()
         self.global_steps = 0
@@ -228,6 +232,8 @@ class RayPPOTrainer:
         metrics["actor/entropy"] = core_algos.agg_loss(entropy, batch.batch["response_mask"],
                                                        self.config.actor_rollout_ref.actor.loss_agg_mode)
         batch.batch["old_log_probs"] = out.batch["old_log_probs"]
+        if "sum_pi_squared" in out.batch.keys():  # actor.calculate_sum_pi_squared (optimal token baseline)
+            batch.batch["sum_pi_squared"] = out.batch["sum_pi_squared"]
         if "rollout_log_probs" in batch.batch.keys():  # the engine's own log-probs: is it sampling the trained policy?
             metrics.update(rollout_probs_diff_metrics(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
                                                       batch.batch["response_mask"]))
@@ -273,11 +279,19 @@ class RayPPOTrainer:
         """On the driver: pure tensor functions from the advantage-estimator registry."""
         b = batch.batch
         algo = self.config.algorithm
+        # inputs only some estimators read, passed when the estimator's signature names them (veRL
+        # passes the same ones by estimator name): per-sample reward components (gdpo), the actor's
+        # old log-probs, sum of squared probabilities and IS weights (optimal token baseline)
+        extra = {key: b[key] if key in b.keys() else None for key in _OPTIONAL_ADV_TENSORS if key in self._adv_params}
+        if "non_tensor_batch" in self._adv_params:
+            extra["non_tensor_batch"] = batch.non_tensor_batch
+        if "batch" in self._adv_params:
+            extra["batch"] = b
         advantages, returns = self.adv_fn(
             token_level_rewards=b["token_level_rewards"], response_mask=b["response_mask"],
             values=b["values"] if "values" in b.keys() else None, index=batch.non_tensor_batch["uid"],
             reward_baselines=b["reward_baselines"] if "reward_baselines" in b.keys() else None,
-            gamma=algo.gamma, lam=algo.lam, config=algo)
+            gamma=algo.gamma, lam=algo.lam, config=algo, **extra)
         b["advantages"], b["returns"] = advantages, returns
 
     def _update_critic(self, batch: DataProto, metrics: dict) -> None:
@@ -321,6 +335,8 @@ class RayPPOTrainer:
                 with timer("update_actor", timing):
                     self._update_actor(batch, metrics)
         metrics.update(compute_data_metrics(batch, self.use_critic))
+        if self.config.algorithm.adv_estimator == "gdpo":  # each reward component's spread, as veRL logs it
+            metrics.update(gdpo_component_metrics(batch.non_tensor_batch, self.config.algorithm.gdpo_reward_keys))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing["step"], self.n_devices))
         metrics.update(self.rollout_recorder.after_step(batch, self.global_steps))  # trainer.rollout_data_dir

@@ -17,7 +17,7 @@ from hybridflow.algorithms import ConfigWithBatchInfo, agg_loss, get_policy_loss
 from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, compute_policy_loss_bypass_mode
 from hybridflow.utils.config_section import require
 from hybridflow.workers.actor import shared_prefix
-from hybridflow.workers.utils.logprob import forward_response_log_probs
+from hybridflow.workers.utils.logprob import forward_response_token_stats
 from hybridflow.workers.utils.micro_batches import response_mask_of, restore_order, split_for_forward
 from hybridflow.workers.utils.update_loop import MiniBatchContext, UpdateLoop, UpdateSettings
 
@@ -122,39 +122,41 @@ class DataParallelPPOActor:
     # forward
     # ----------------------------------------------------------------------------------------
 
-    def _forward_micro_batch(self, micro_batch, temperature: float, calculate_entropy: bool = False):
-        """(log_probs (B, R), entropy (B, R) or None). Padded forwards skip the padding columns every
-        row shares. Where the micro-batch repeats its prompts (GRPO's n samples) each distinct prompt
-        runs once (``shared_prefix.py``); the values at response padding are then 0, as the
-        remove-padding path returns them."""
+    def _forward_micro_batch(self, micro_batch, temperature: float, calculate_entropy: bool = False,
+                             calculate_sum_pi_squared: bool = False):
+        """(log_probs (B, R), entropy (B, R) or None, sum_pi_squared (B, R) or None). Padded forwards
+        skip the padding columns every row shares. Where the micro-batch repeats its prompts (GRPO's n
+        samples) each distinct prompt runs once (``shared_prefix.py``); the values at response padding
+        are then 0, as the remove-padding path returns them."""
         batch = micro_batch.batch
         response_length = batch["responses"].shape[-1]
         input_ids, attention_mask, position_ids = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+        stats = {"temperature": temperature, "calculate_entropy": calculate_entropy,
+                 "calculate_sum_pi_squared": calculate_sum_pi_squared}
         if self.settings.use_remove_padding:
-            return forward_response_log_probs(self.actor_module, input_ids, attention_mask, position_ids,
-                                              response_length=response_length, temperature=temperature,
-                                              calculate_entropy=calculate_entropy, use_remove_padding=True)
+            return forward_response_token_stats(self.actor_module, input_ids, attention_mask, position_ids,
+                                                response_length=response_length, use_remove_padding=True, **stats)
         if self._shared_prefix:
             cut_ids, cut_mask, cut_pos, kept, cut = _cut_shared_padding(input_ids, attention_mask, position_ids,
                                                                         response_length)
             groups = shared_prefix.prompt_groups(cut_ids, cut_mask, cut_ids.size(1) - kept)
             out = None if groups is None else shared_prefix.response_log_probs(
-                self.actor_module, cut_ids, cut_mask, cut_pos, kept, temperature, calculate_entropy, groups)
+                self.actor_module, cut_ids, cut_mask, cut_pos, kept, groups=groups, **stats)
             if out is not None:
                 if not cut:
                     return out
-                log_probs, entropy = (None if t is None else torch.nn.functional.pad(t, (0, cut)) for t in out)
-                return log_probs, entropy  # back to (B, R), 0 at the cut response padding
+                # back to (B, R), 0 at the cut response padding
+                return tuple(None if t is None else torch.nn.functional.pad(t, (0, cut)) for t in out)
         # the ordinary padded forward: only the left padding shared by all rows is cut (the values at
         # response padding stay the model's, as without the cut)
         input_ids, attention_mask, position_ids, _, _ = _cut_shared_padding(input_ids, attention_mask, position_ids,
                                                                             response_length, cut_right=False)
-        return forward_response_log_probs(self.actor_module, input_ids, attention_mask, position_ids,
-                                          response_length=response_length, temperature=temperature,
-                                          calculate_entropy=calculate_entropy)
+        return forward_response_token_stats(self.actor_module, input_ids, attention_mask, position_ids,
+                                            response_length=response_length, **stats)
 
-    def compute_log_prob(self, data, calculate_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """(log_probs (B, R), entropys (B, R) or None) of ``data.batch['responses']``.
+    def compute_log_prob(self, data, calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False):
+        """(log_probs (B, R), entropys (B, R) or None) of ``data.batch['responses']``; with
+        ``calculate_sum_pi_squared`` a third element, sum_v pi_v^2 per token (B, R), at the same temperature.
 
         meta_info: ``temperature`` (required: a wrong one silently biases every ratio),
         ``micro_batch_size`` or ``use_dynamic_bsz`` + ``max_token_len``.
@@ -170,13 +172,13 @@ class DataParallelPPOActor:
         )
 
         self.actor_module.eval()
-        log_probs, entropys = [], []
+        outputs = []  # per micro-batch (log_probs, entropy, sum_pi_squared)
         with torch.no_grad():
             for micro in micro_batches:
-                log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy)
-                log_probs.append(log_prob)
-                entropys.append(entropy)
-        return restore_order(log_probs, indices), (restore_order(entropys, indices) if calculate_entropy else None)
+                outputs.append(self._forward_micro_batch(micro, temperature, calculate_entropy, calculate_sum_pi_squared))
+        log_probs, entropys, sum_pi_squared = (
+            restore_order(list(column), indices) if column[0] is not None else None for column in zip(*outputs))
+        return (log_probs, entropys, sum_pi_squared) if calculate_sum_pi_squared else (log_probs, entropys)
 
     # ----------------------------------------------------------------------------------------
     # update
@@ -203,7 +205,7 @@ class DataParallelPPOActor:
         response_mask = response_mask_of(batch)
         agg = ctx.agg_kwargs()  # veRL's global_batch_info
 
-        log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy=s.entropy_coeff != 0)
+        log_prob, entropy, _ = self._forward_micro_batch(micro, temperature, calculate_entropy=s.entropy_coeff != 0)
         pg_loss, pg_metrics = _policy_loss_output(pg_loss_fn(
             batch,
             old_log_prob=batch["old_log_probs"],

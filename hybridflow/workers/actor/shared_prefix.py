@@ -17,7 +17,7 @@ import inspect
 
 import torch
 
-from hybridflow.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from hybridflow.workers.utils.logprob import TokenStats, token_stats
 
 # worth the two forward passes only when prompts repeat at least this often on average
 MIN_ROWS_PER_PROMPT = 2
@@ -67,9 +67,10 @@ def _plain_cache(cache) -> bool:
 
 def response_log_probs(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        position_ids: torch.Tensor, response_length: int, temperature: float,
-                       calculate_entropy: bool, groups: tuple[torch.Tensor, torch.Tensor]
-                       ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """(log_probs (B, R), entropy (B, R) or None) as ``forward_response_log_probs`` computes them,
+                       calculate_entropy: bool, groups: tuple[torch.Tensor, torch.Tensor],
+                       calculate_sum_pi_squared: bool = False) -> TokenStats | None:
+    """(log_probs, entropy or None, sum_pi_squared or None), each (B, R), as
+    ``forward_response_token_stats`` computes them,
     through the prompts' shared cache; None when the model's cache is not a plain one (the caller
     then runs the ordinary forward)."""
     from transformers import DynamicCache
@@ -88,7 +89,4 @@ def response_log_probs(module: torch.nn.Module, input_ids: torch.Tensor, attenti
                  past_key_values=cache, use_cache=True)
     # the last prompt position predicts the first response token, response position j the token j + 1
     logits = torch.cat([prefix.logits[:, -1:, :][inverse], out.logits[:, :-1, :]], dim=1)  # (B, R, V)
-    logits = logits / temperature
-    log_probs = logprobs_from_logits(logits, responses)
-    entropy = entropy_from_logits(logits) if calculate_entropy else None
-    return log_probs, entropy
+    return token_stats(logits / temperature, responses, calculate_entropy, calculate_sum_pi_squared)

@@ -17,10 +17,21 @@ from typing import Optional
 
 import torch
 
-from hybridflow.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from hybridflow.utils.torch_functional import entropy_from_logits, logprobs_from_logits, sum_pi_squared_from_logits
 from hybridflow.workers.utils.remove_padding import accepts_logits_to_keep, pack_for, packed_forward, unpack
 
-__all__ = ["forward_response_logits", "forward_response_log_probs"]
+__all__ = ["forward_response_logits", "forward_response_log_probs", "forward_response_token_stats", "token_stats"]
+
+TokenStats = tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]
+
+
+def token_stats(logits: torch.Tensor, targets: torch.Tensor, calculate_entropy: bool,
+                calculate_sum_pi_squared: bool = False) -> TokenStats:
+    """(log p(target), entropy or None, sum_v p_v^2 or None) per position of temperature-scaled
+    ``logits`` (..., V)."""
+    return (logprobs_from_logits(logits, targets),
+            entropy_from_logits(logits) if calculate_entropy else None,
+            sum_pi_squared_from_logits(logits) if calculate_sum_pi_squared else None)
 
 
 def forward_response_logits(
@@ -44,7 +55,7 @@ def forward_response_logits(
 
 
 def _packed_response_log_probs(module, input_ids, attention_mask, position_ids, response_length, temperature,
-                               calculate_entropy):
+                               calculate_entropy, calculate_sum_pi_squared=False) -> TokenStats:
     """Packed forward; only the positions whose next token is a valid response token are scored."""
     batch_size, seqlen = attention_mask.shape
     packed = pack_for(module, input_ids, attention_mask, position_ids)
@@ -65,9 +76,30 @@ def _packed_response_log_probs(module, input_ids, attention_mask, position_ids, 
         out = values.new_zeros(batch_size * seqlen).index_copy(0, flat_positions, values)
         return out.reshape(batch_size, seqlen)[:, -response_length - 1 : -1]
 
-    log_probs = scatter(logprobs_from_logits(logits, targets))
-    entropy = scatter(entropy_from_logits(logits)) if calculate_entropy else None
-    return log_probs, entropy
+    return tuple(None if t is None else scatter(t)
+                 for t in token_stats(logits, targets, calculate_entropy, calculate_sum_pi_squared))
+
+
+def forward_response_token_stats(
+    module: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    calculate_entropy: bool = False,
+    calculate_sum_pi_squared: bool = False,
+    use_remove_padding: bool = False,
+) -> TokenStats:
+    """(log_probs (B, R), entropy (B, R) or None, sum_pi_squared (B, R) or None) of the response
+    tokens ``input_ids[:, -R:]`` under the policy at ``temperature`` (logits divided by it, as the
+    sampler did)."""
+    if use_remove_padding:
+        return _packed_response_log_probs(module, input_ids, attention_mask, position_ids, response_length,
+                                          temperature, calculate_entropy, calculate_sum_pi_squared)
+    logits = forward_response_logits(module, input_ids, attention_mask, position_ids, response_length)
+    logits = logits / temperature  # (B, R, V)
+    return token_stats(logits, input_ids[:, -response_length:], calculate_entropy, calculate_sum_pi_squared)
 
 
 def forward_response_log_probs(
@@ -80,14 +112,6 @@ def forward_response_log_probs(
     calculate_entropy: bool = False,
     use_remove_padding: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(log_probs (B, R), entropy (B, R) or None) of the response tokens ``input_ids[:, -R:]``
-    under the policy at ``temperature`` (logits divided by it, as the sampler did)."""
-    if use_remove_padding:
-        return _packed_response_log_probs(module, input_ids, attention_mask, position_ids, response_length,
-                                          temperature, calculate_entropy)
-    logits = forward_response_logits(module, input_ids, attention_mask, position_ids, response_length)
-    logits = logits / temperature  # (B, R, V)
-    responses = input_ids[:, -response_length:]  # (B, R)
-    log_probs = logprobs_from_logits(logits, responses)
-    entropy = entropy_from_logits(logits) if calculate_entropy else None
-    return log_probs, entropy
+    """(log_probs (B, R), entropy (B, R) or None): ``forward_response_token_stats`` without sum_pi_squared."""
+    return forward_response_token_stats(module, input_ids, attention_mask, position_ids, response_length, temperature,
+                                        calculate_entropy, use_remove_padding=use_remove_padding)[:2]

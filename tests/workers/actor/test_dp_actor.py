@@ -119,9 +119,14 @@ def test_compute_log_prob_any_split_same_result_in_order():
     data = ppo_batch(model, temperature=0.8, noise=0.0)
     actor = DataParallelPPOActor(actor_config(), model)
     data.meta_info.update(micro_batch_size=3)
-    fixed, entropy = actor.compute_log_prob(data, calculate_entropy=True)
+    fixed, entropy, sum_pi_sq = actor.compute_log_prob(data, calculate_entropy=True, calculate_sum_pi_squared=True)
     data.meta_info.update(use_dynamic_bsz=True, max_token_len=16)
-    dynamic, entropy_dynamic = actor.compute_log_prob(data, calculate_entropy=True)
+    dynamic, entropy_dynamic, sum_pi_sq_dynamic = actor.compute_log_prob(data, calculate_entropy=True,
+                                                                         calculate_sum_pi_squared=True)
+    # actor.calculate_sum_pi_squared: sum_v pi_v^2 >= pi_sampled^2 (one of its terms), <= 1, split-independent
+    mask = data.batch["response_mask"].bool()
+    assert (sum_pi_sq[mask] >= torch.exp(fixed[mask]) ** 2 - 1e-6).all() and (sum_pi_sq[mask] <= 1 + 1e-6).all()
+    torch.testing.assert_close(sum_pi_sq_dynamic, sum_pi_sq, atol=1e-6, rtol=0)
     # old_log_probs were computed by one full-batch forward at the same temperature
     torch.testing.assert_close(fixed, data.batch["old_log_probs"], atol=1e-5, rtol=0)
     torch.testing.assert_close(dynamic, fixed, atol=1e-5, rtol=0)

@@ -1,6 +1,6 @@
 """shared_prefix.py + dp_actor: a micro-batch that repeats its prompts (GRPO's n samples) runs each
 distinct prompt once on a copied KV cache. Its log-probs, entropies and gradients must be those of the
-ordinary padded forward and of a full forward written out here."""
+ordinary padded forward and of a full forward written out here (sum_pi_squared too: sum_v p_v^2)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def _reference(model, data, weights):
     logp_all = torch.log_softmax(logits.float(), -1)
     logp = logp_all.gather(-1, b["responses"][..., None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+    return logp, entropy, (logp_all.exp() ** 2).sum(-1)
 
 
 def _loss(logp, entropy, data, weights):
@@ -59,10 +59,11 @@ def _loss(logp, entropy, data, weights):
 
 def _run(actor, data, weights):
     actor.actor_module.zero_grad()
-    logp, entropy = actor._forward_micro_batch(data, TEMPERATURE, calculate_entropy=True)
+    logp, entropy, sum_pi_sq = actor._forward_micro_batch(data, TEMPERATURE, calculate_entropy=True,
+                                                          calculate_sum_pi_squared=True)
     _loss(logp, entropy, data, weights).backward()
     grads = [p.grad.detach().clone() for p in actor.actor_module.parameters()]
-    return logp.detach(), entropy.detach(), grads
+    return logp.detach(), entropy.detach(), grads, sum_pi_sq.detach()
 
 
 def _compare(data, expect_shared: bool, monkeypatch):
@@ -77,25 +78,26 @@ def _compare(data, expect_shared: bool, monkeypatch):
     model = copy.deepcopy(base)
     actor = DataParallelPPOActor(actor_config(), model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert actor._shared_prefix  # a plain transformers LM: the optimisation is on
-    fast_logp, fast_ent, fast_grads = _run(actor, data, weights)
+    fast_logp, fast_ent, fast_grads, fast_sq = _run(actor, data, weights)
     assert bool(calls) == expect_shared, calls
 
     plain_model = copy.deepcopy(base)
     plain = DataParallelPPOActor(actor_config(), plain_model, torch.optim.SGD(plain_model.parameters(), lr=0.1))
     plain._shared_prefix = False  # the switch dp_actor reads: the ordinary padded forward
     calls.clear()
-    plain_logp, plain_ent, plain_grads = _run(plain, data, weights)
+    plain_logp, plain_ent, plain_grads, plain_sq = _run(plain, data, weights)
     assert not calls
 
     ref_model = copy.deepcopy(base)
     ref_model.zero_grad()
-    ref_logp, ref_ent = _reference(ref_model, data, weights)
+    ref_logp, ref_ent, ref_sq = _reference(ref_model, data, weights)
     _loss(ref_logp, ref_ent, data, weights).backward()
     ref_grads = [p.grad for p in ref_model.parameters()]
 
-    for name, (logp, ent, grads) in {"shared": (fast_logp, fast_ent, fast_grads),
-                                     "plain": (plain_logp, plain_ent, plain_grads)}.items():
-        assert logp.shape == ent.shape == mask.shape, name
+    for name, (logp, ent, grads, sq) in {"shared": (fast_logp, fast_ent, fast_grads, fast_sq),
+                                         "plain": (plain_logp, plain_ent, plain_grads, plain_sq)}.items():
+        assert logp.shape == ent.shape == sq.shape == mask.shape, name
+        torch.testing.assert_close(sq[mask], ref_sq.detach()[mask], atol=1e-6, rtol=0, msg=name)
         torch.testing.assert_close(logp[mask], ref_logp.detach()[mask], atol=1e-5, rtol=0, msg=name)
         torch.testing.assert_close(ent[mask], ref_ent.detach()[mask], atol=1e-5, rtol=0, msg=name)
         worst = max(((g - r).norm() / r.norm().clamp(min=1e-12)).item() for g, r in zip(grads, ref_grads, strict=True))
