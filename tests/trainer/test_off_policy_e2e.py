@@ -34,7 +34,7 @@ class Recorder:
         self.scored: list[dict] = []  # uid -> [(answer, score), ...] per scored generation
         self.old_log_prob_calls = 0
         cls = ray_trainer.RayPPOTrainer
-        generate, update, old, reward = cls._generate, cls._update_actor, cls._compute_old_log_prob, cls._compute_reward
+        generate, update, old, reward = cls._generate, cls._update_actor, cls._compute_old_log_prob, cls.compute_reward
         gen = torch.Generator().manual_seed(0)
         rec = self
 
@@ -68,7 +68,7 @@ class Recorder:
                 groups.setdefault(uid, []).append((int(row["ground_truth"]), score))
             rec.scored.append(groups)
 
-        monkeypatch.setattr(cls, "_compute_reward", wrapped_reward)
+        monkeypatch.setattr(cls, "compute_reward", wrapped_reward)
         monkeypatch.setattr(cls, "_generate", wrapped_generate)
         monkeypatch.setattr(cls, "_update_actor", wrapped_update)
         monkeypatch.setattr(cls, "_compute_old_log_prob", counting_old)

@@ -323,14 +323,14 @@ def test_reward_model_two_workers(tiny_model_dir, tiny_data_dir, ray_session, tm
 
     rm_dir = _save_tiny_reward_model(tiny_model_dir, os.path.join(str(tmp_path), "rm"))
     seen = []
-    original = ray_trainer.RayPPOTrainer._compute_reward
+    original = ray_trainer.RayPPOTrainer.compute_reward
 
     def wrapped(trainer, batch, metrics):
         original(trainer, batch, metrics)
         b = batch.batch
         seen.append({k: b[k].clone() for k in ("input_ids", "attention_mask", "position_ids", "token_level_scores")})
 
-    monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_compute_reward", wrapped)
+    monkeypatch.setattr(ray_trainer.RayPPOTrainer, "compute_reward", wrapped)
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=1,
                                world=2)
     overrides += ["reward_model.enable=True", f"reward_model.model.path={rm_dir}", "trainer.test_freq=-1",

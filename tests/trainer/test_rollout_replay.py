@@ -29,7 +29,7 @@ SEEN_BY_REWARD = ("prompts", "responses", "input_ids", "attention_mask", "positi
 def recorder(monkeypatch):
     """Per step: the tensors the reward phase received, the token scores it produced, the step's metrics."""
     seen: dict[int, dict] = {}
-    reward, step = ray_trainer.RayPPOTrainer._compute_reward, ray_trainer.RayPPOTrainer.train_step
+    reward, step = ray_trainer.RayPPOTrainer.compute_reward, ray_trainer.RayPPOTrainer.train_step
 
     def compute_reward(trainer, batch, metrics):
         out = reward(trainer, batch, metrics)
@@ -43,7 +43,7 @@ def recorder(monkeypatch):
         seen[trainer.global_steps]["metrics"] = metrics
         return metrics
 
-    monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_compute_reward", compute_reward)
+    monkeypatch.setattr(ray_trainer.RayPPOTrainer, "compute_reward", compute_reward)
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "train_step", train_step)
     return seen
 

@@ -11,7 +11,6 @@ import inspect
 import math
 import os
 import shutil
-import types
 
 import numpy as np
 import torch
@@ -37,7 +36,6 @@ from hybridflow.trainer.ppo.metric_utils import (
     timer,
     validation_metrics,
 )
-from hybridflow.trainer.ppo.rollout_only import rollout_only_step
 from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
 from hybridflow.trainer.ppo.rollout_source import make_rollout_source, weight_targets
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups, rollout_role_name, separated_rollout
@@ -86,34 +84,42 @@ class RayPPOTrainer:
         self.global_steps = 0
         self.actor_version = 0  # actor updates so far: the weight version the rollout should be at
         self.hybrid_engine = not separated_rollout(config)  # colocated: the actor's process also generates
-        # rollout dumps (trainer.rollout_data_dir / validation_data_dir) and replay (skip.rollout): the
-        # generate phase is chosen here, once; trainer.rollout_only swaps the step for generate + score
+        # rollout dumps (trainer.rollout_data_dir / validation_data_dir) and replay (trainer.skip)
         self.rollout_recorder = RolloutRecorder.from_config(config, tokenizer)
-        self._generate = self.rollout_recorder.wrap_generate(self._generate, lambda: self.global_steps)
-        if config.trainer.rollout_only:
-            self.train_step = types.MethodType(rollout_only_step, self)
         # one stream of prompt batches, epoch after epoch: the loop and dynamic sampling's refills share it
         self.prompt_batches = EpochCycler(train_dataloader)
         # off-policy correction (algorithm.rollout_correction): bypass mode reuses the rollout's
         # log-probs as π_old and lets the actor weight/mask per micro-batch
         self.rollout_correction = RolloutCorrectionSettings.from_config(algo.get("rollout_correction"))
-        # async_training.use_rollout_log_probs (asynchronous modes) does the same without the correction
+        self._actor_update_meta = {"rollout_correction": self.rollout_correction} if self.rollout_correction.bypass_mode else {}
+        self.filter_groups = FilterGroupsSettings.from_config(algo.get("filter_groups"))
+        self._choose_phases()
+        self.watchdog = watchdog_of(config.trainer)
+
+    def _choose_phases(self) -> None:
+        """The one place where the configuration picks how a step runs; ``train_step`` reads the result.
+
+        - the step: ``train_step``, or ``rollout_only_step`` (trainer.rollout_only: generate and score,
+          no update);
+        - sample, prompts -> scored trajectories: ``generate_and_score`` (sync); the same repeated until
+          the batch is full (algorithm.filter_groups: ``DynamicSampling``); or the asynchronous rollout
+          source's scored groups (async_training.mode one_step_off / fully_async: ``_sample_from_source``).
+          Inside ``_generate`` a step listed in trainer.skip replays its dump instead of generating;
+        - π_old: recomputed by the actor (``_compute_old_log_prob``), or the rollout's own log-probs
+          (bypass mode, async_training.use_rollout_log_probs: ``_rollout_log_probs_as_old``).
+        """
+        config = self.config
+        self._step = self.rollout_only_step if config.trainer.rollout_only else self.train_step
+        if config.async_training.mode != "sync":
+            self._sample_phase = self._sample_from_source
+        elif self.filter_groups.enable:
+            self._sample_phase = DynamicSampling(self.filter_groups, int(config.data.train_batch_size),
+                                                 self.generate_and_score, self._next_prompt_batch)
+        else:
+            self._sample_phase = self.generate_and_score
         rollout_as_old = self.rollout_correction.bypass_mode or (
             config.async_training.mode != "sync" and bool(config.async_training.get("use_rollout_log_probs", False)))
         self._old_log_prob_phase = self._rollout_log_probs_as_old if rollout_as_old else self._compute_old_log_prob
-        self._actor_update_meta = {"rollout_correction": self.rollout_correction} if self.rollout_correction.bypass_mode else {}
-        # generate + score: asynchronous sources score (and filter) the groups they hand out; the
-        # synchronous one repeats generate + score until the batch is full (algorithm.filter_groups)
-        self.filter_groups = FilterGroupsSettings.from_config(algo.get("filter_groups"))
-        if config.async_training.mode != "sync":
-            self._sample_phase = lambda batch, timing, metrics: self.rollout_source.sample(batch, timing, metrics)
-        elif self.filter_groups.enable:
-            self._sample_phase = DynamicSampling(self.filter_groups, int(config.data.train_batch_size),
-                                                 self._generate_and_score,
-                                                 lambda: DataProto.from_single_dict(next(self.prompt_batches)))
-        else:
-            self._sample_phase = self._generate_and_score
-        self.watchdog = watchdog_of(config.trainer)
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -180,7 +186,7 @@ class RayPPOTrainer:
         self._all_groups = {}
 
     # --------------------------------------------------------------------------------- phases
-    def _rollout(self, batch: DataProto, meta_info: dict) -> tuple[DataProto, dict]:
+    def rollout(self, batch: DataProto, meta_info: dict) -> tuple[DataProto, dict]:
         """Prompts (tensors + every non-tensor field the agent loops may read) through the agent loop
         manager; returns the batch with the rollout's tensors added, and the rollout's metrics."""
         gen_batch = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"],
@@ -192,16 +198,28 @@ class RayPPOTrainer:
         return batch.union(gen_out), metrics
 
     def _generate(self, batch: DataProto, timing: dict, metrics: dict, first_uid: int = 0) -> DataProto:
-        """The generate phase: the rollout source's (sync, one-step-off or fully async; rollout_source.py).
-        ``first_uid``: the step's prompts generated before this batch (dynamic sampling's refills)."""
+        """The generate phase: the rollout source's (sync, one-step-off or fully async; rollout_source.py),
+        or this step's dump when trainer.skip replays it. ``first_uid``: the step's prompts generated
+        before this batch (dynamic sampling's refills)."""
+        replayed = self.rollout_recorder.replay(batch, self.global_steps, timing)
+        if replayed is not None:
+            return replayed
         return self.rollout_source.generate(batch, timing, metrics, first_uid)
 
-    def _generate_and_score(self, batch: DataProto, timing: dict, metrics: dict, first_uid: int = 0) -> DataProto:
+    def generate_and_score(self, batch: DataProto, timing: dict, metrics: dict, first_uid: int = 0) -> DataProto:
         """Rollout, then rewards: the unit dynamic sampling repeats."""
         batch = self._generate(batch, timing, metrics, first_uid)
         with timer("reward", timing):
-            self._compute_reward(batch, metrics)
+            self.compute_reward(batch, metrics)
         return batch
+
+    def _sample_from_source(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:
+        """Asynchronous modes: the rollout source hands out scored (and filtered) groups."""
+        return self.rollout_source.sample(batch, timing, metrics)
+
+    def _next_prompt_batch(self) -> DataProto:
+        """Dynamic sampling's refill: the next dataloader batch."""
+        return DataProto.from_single_dict(next(self.prompt_batches))
 
     def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
         """Reorder rows so every data-parallel rank gets a similar number of tokens."""
@@ -214,7 +232,7 @@ class RayPPOTrainer:
         batch.reorder(torch.tensor(order))
         batch.meta_info["balance_order"] = order  # row r was generated at order[r] (rollout dumps undo it)
 
-    def _compute_reward(self, batch: DataProto, metrics: dict) -> None:
+    def compute_reward(self, batch: DataProto, metrics: dict) -> None:
         if self.use_rm:
             batch.batch["rm_scores"] = self.rm_wg.compute_rm_score(batch).batch["rm_scores"]
         result = self.reward_fn(batch, return_dict=True)
@@ -342,13 +360,37 @@ class RayPPOTrainer:
         metrics.update(self.rollout_recorder.after_step(batch, self.global_steps))  # trainer.rollout_data_dir
         return reduce_metrics(metrics)
 
+    def rollout_only_step(self, batch: DataProto) -> dict[str, float]:
+        """``trainer.rollout_only=True``: generate and score, train nothing (hybridflow's key; veRL's
+        ``trainer.val_only`` only validates). To look at what a policy produces on the training prompts
+        (scores, lengths, the advantages a group would get) or to write dumps for later replay without
+        paying for log-probs or updates: generate → reward → values (critic estimators) → advantages."""
+        metrics: dict = {}
+        timing: dict = {}
+        with timer("step", timing):
+            batch = self._generate(batch, timing, metrics)
+            batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+            with timer("reward", timing):
+                self.compute_reward(batch, metrics)
+            if self.use_critic:
+                with timer("values", timing):
+                    self._compute_values(batch)
+            with timer("adv", timing):
+                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]  # no KL: no reference pass
+                self._compute_advantage(batch)
+        metrics.update(compute_data_metrics(batch, self.use_critic))
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(compute_throughput_metrics(batch, timing["step"], self.n_devices))
+        metrics.update(self.rollout_recorder.after_step(batch, self.global_steps))
+        return reduce_metrics(metrics)
+
     # --------------------------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
         n = int(val_kwargs.n)
         batch = DataProto.from_single_dict(self.collate_fn([self.val_dataset[i] for i in range(len(self.val_dataset))]))
         batch = batch.repeat(repeat_times=n, interleave=True)
-        batch, rollout_metrics = self._rollout(batch, {"validate": True, "do_sample": bool(val_kwargs.do_sample),
+        batch, rollout_metrics = self.rollout(batch, {"validate": True, "do_sample": bool(val_kwargs.do_sample),
                                                        "global_steps": self.global_steps})
         scores = self.val_reward_fn(batch, return_dict=False).sum(-1).tolist()
         self._log_val_generations(batch, scores)
@@ -464,7 +506,7 @@ class RayPPOTrainer:
             if self.global_steps >= self.total_training_steps:
                 break
             self.global_steps += 1
-            metrics = self.train_step(step_input)
+            metrics = self._step(step_input)  # train_step, or rollout_only_step (_choose_phases)
             is_last = self.global_steps >= self.total_training_steps
             if self.val_reward_fn is not None and t.test_freq > 0 and (is_last or self.global_steps % t.test_freq == 0):
                 with timer("testing", timings := {}):

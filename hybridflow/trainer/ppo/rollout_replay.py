@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo import rollout_dump
@@ -74,8 +73,8 @@ def find_replay_file(dump_dir: str, step: int, action: str) -> str | None:
 
 
 class RolloutRecorder:
-    """The trainer's dump/replay hooks: ``wrap_generate`` (once, at construction), ``after_step``
-    (end of every training step) and ``after_validation``."""
+    """The trainer's dump/replay hooks: ``replay`` (in the generate phase), ``after_step`` (end of every
+    training step) and ``after_validation``."""
 
     def __init__(self, tokenizer, rollout_data_dir: str | None = None, validation_data_dir: str | None = None,
                  skip: RolloutSkipSettings | None = None, samples_per_prompt: int = 1):
@@ -94,28 +93,22 @@ class RolloutRecorder:
                    RolloutSkipSettings.from_config(config), int(config.actor_rollout_ref.rollout.n))
 
     # ------------------------------------------------------------------------------ replay
-    def wrap_generate(self, generate: Callable, current_step: Callable[[], int]) -> Callable:
-        """The generate phase to use: ``generate`` itself unless skip.rollout is on."""
-        if not self.skip.enable:
-            return generate
-        steps = set(self.skip.steps)
-
-        def generate_or_replay(batch: DataProto, timing: dict, metrics: dict, *args) -> DataProto:
-            step = current_step()
-            path = find_replay_file(self.skip.dump_dir, step, self.skip.action) if step in steps else None
-            if path is None:
-                if step in steps:
-                    print(f"[skip.rollout] step {step}: no dump in {self.skip.dump_dir}; generating and writing it")
-                    self._generated_for_cache.add(step)
-                return generate(batch, timing, metrics, *args)
-            start = time.perf_counter()
-            replayed = self.load(path, expected_rows=len(batch) * self.samples_per_prompt, dataloader_batch=batch)
-            timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
-            self.replayed[step] = path
-            print(f"[skip.rollout] step {step}: replayed {len(replayed)} samples from {path} (no generation)")
-            return replayed
-
-        return generate_or_replay
+    def replay(self, batch: DataProto, step: int, timing: dict) -> DataProto | None:
+        """This step's dumped batch when trainer.skip lists the step and a dump exists; None: generate
+        (a listed step without a dump is generated and, with action=cache, written afterwards)."""
+        if not self.skip.enable or step not in self.skip.steps:
+            return None
+        path = find_replay_file(self.skip.dump_dir, step, self.skip.action)
+        if path is None:
+            print(f"[skip.rollout] step {step}: no dump in {self.skip.dump_dir}; generating and writing it")
+            self._generated_for_cache.add(step)
+            return None
+        start = time.perf_counter()
+        replayed = self.load(path, expected_rows=len(batch) * self.samples_per_prompt, dataloader_batch=batch)
+        timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
+        self.replayed[step] = path
+        print(f"[skip.rollout] step {step}: replayed {len(replayed)} samples from {path} (no generation)")
+        return replayed
 
     def load(self, path: str, expected_rows: int, dataloader_batch: DataProto | None = None) -> DataProto:
         rows = rollout_dump.read_rows(path)

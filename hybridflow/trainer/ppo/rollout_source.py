@@ -81,7 +81,7 @@ class SyncRolloutSource:
         add_uids(batch, t.global_steps, first_uid)
         batch = batch.repeat(repeat_times=n, interleave=True)
         start = time.perf_counter()
-        batch, gen_metrics = t._rollout(batch, {"do_sample": bool(t.config.actor_rollout_ref.rollout.do_sample),
+        batch, gen_metrics = t.rollout(batch, {"do_sample": bool(t.config.actor_rollout_ref.rollout.do_sample),
                                                 "global_steps": t.global_steps, "sample_offset": first_uid * n,
                                                 "weight_version": t.actor_version})
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
@@ -199,7 +199,7 @@ class AsyncRolloutSource:
         t = self.trainer
         settings = t.filter_groups
         if not settings.enable:
-            return t._generate_and_score(ticket, timing, metrics)
+            return t.generate_and_score(ticket, timing, metrics)
         acc = GroupAccumulator(self.prompts_per_step, settings.metric)
         rounds = 0
         while not acc.full:
@@ -210,7 +210,7 @@ class AsyncRolloutSource:
                     f"differing '{settings.metric}' values; raise max_num_gen_batches, or set it to 0 for no limit")
             batch = self.generate(ticket, timing, metrics, count=acc.missing if rounds else self.prompts_per_step)
             with timer("reward", timing):
-                t._compute_reward(batch, metrics)
+                t.compute_reward(batch, metrics)
             acc.add(batch, prompt_batches=1)
             rounds += 1
         metrics.update(acc.metrics())
