@@ -26,6 +26,7 @@ from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_ch
 from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
+from hybridflow.workers.profiler import ProfilerHost
 from hybridflow.workers.rollout_host import RolloutHost
 from hybridflow.workers.utils.device import on_device
 
@@ -58,7 +59,7 @@ def log_prob_micro_batch_size(section: dict, dp_size: int) -> int | None:
     return max(1, int(total) // dp_size) if total else None
 
 
-class ActorRolloutRefWorker(RolloutHost, Worker):
+class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
     """``config`` is the ``actor_rollout_ref`` section; ``role`` one of ROLES. The rollout side (the
     engine as a server, weight pushes, generation endpoints) is ``RolloutHost``'s."""
 
@@ -91,6 +92,11 @@ class ActorRolloutRefWorker(RolloutHost, Worker):
         self._rollout_stale = False
         self._rollout_has_base = False  # LoRA adapter sync: the first one carries the base weights too
         self.weight_version = 0  # updates the rollout engine has received (stamped on what it generates)
+
+    def _profiler_sections(self) -> list[dict]:
+        """The ``profiler`` sections of this worker's roles (global_profiler.tool=torch; profiler.py)."""
+        roles = (("actor", self._is_actor), ("ref", self._is_ref), ("rollout", self._is_rollout))
+        return [self.config[name].get("profiler") or {} for name, on in roles if on]
 
     # ----------------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

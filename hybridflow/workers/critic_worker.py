@@ -15,6 +15,7 @@ from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_ch
 from hybridflow.workers.critic import DataParallelPPOCritic
 from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
+from hybridflow.workers.profiler import ProfilerHost
 from hybridflow.workers.utils.device import on_device
 
 
@@ -37,8 +38,13 @@ def critic_per_rank_sizes(critic: dict, dp_size: int) -> dict:
     return out
 
 
-class CriticWorker(Worker):
+class CriticWorker(ProfilerHost, Worker):
     """``config`` is the validated ``critic`` section (FSDP settings in ``critic.fsdp``, veRL 0.9.1's place)."""
+
+    role = "critic"
+
+    def _profiler_sections(self) -> list[dict]:
+        return [self.config.get("profiler") or {}]
 
     def __init__(self, config):
         super().__init__()

@@ -8,6 +8,7 @@ every ``save_freq``. ``fit`` is the loop; ``train_step`` reads as the named phas
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import os
 import shutil
@@ -36,6 +37,7 @@ from hybridflow.trainer.ppo.metric_utils import (
     timer,
     validation_metrics,
 )
+from hybridflow.trainer.ppo.profiling import profile_span, profiled_steps
 from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
 from hybridflow.trainer.ppo.rollout_source import make_rollout_source, weight_targets
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups, rollout_role_name, separated_rollout
@@ -410,6 +412,11 @@ class RayPPOTrainer:
             print(f"[val sample] score={score:.3f} response={text!r}")
 
     # --------------------------------------------------------------------------------- checkpoints
+    def _for_each_group(self, method: str, *args) -> list:
+        """Call a registered method once on every distinct worker group (a shared group once)."""
+        groups = {id(g): g for g in (getattr(self, "_all_groups", {}) or {}).values() if g is not None}
+        return [getattr(g, method)(*args) for g in groups.values()]
+
     def _ckpt_to_keep(self) -> int | None:
         """Step dirs hold every role, so the longer of the roles' retentions wins (None/<=0: keep all)."""
         t = self.config.trainer
@@ -502,11 +509,18 @@ class RayPPOTrainer:
             last = self.validate()
             logger.log(last, step=0)
         progress = Progress(self.total_training_steps, self.global_steps, desc="training")
+        profiled, continuous = profiled_steps(self.config.global_profiler)
         for step_input in self.rollout_source.inputs():
             if self.global_steps >= self.total_training_steps:
                 break
             self.global_steps += 1
+            start_profile, stop_profile = profile_span(self.global_steps, profiled, continuous)
+            if start_profile:
+                self._for_each_group("start_profile", self.global_steps)
             metrics = self._step(step_input)  # train_step, or rollout_only_step (_choose_phases)
+            if stop_profile:
+                traces = [p for paths in self._for_each_group("stop_profile") for p in paths if p]
+                logging.getLogger(__name__).info("step %d: torch.profiler traces %s", self.global_steps, traces)
             is_last = self.global_steps >= self.total_training_steps
             if self.val_reward_fn is not None and t.test_freq > 0 and (is_last or self.global_steps % t.test_freq == 0):
                 with timer("testing", timings := {}):

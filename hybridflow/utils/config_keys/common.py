@@ -9,6 +9,21 @@ from hybridflow.utils.config_support import KeyRule, honoured, not_supported, no
 
 # reasons used in several places
 PROFILER = "profiling is not implemented (the timing_s/* metrics time every phase)"
+PROFILER_TOOLS = ("torch: torch.profiler traces; nsys needs NVIDIA Nsight Systems on CUDA and npu an Ascend NPU, "
+                  "neither of which hybridflow drives; torch_memory and precision_debugger are not implemented")
+
+
+def profiler(p: str):
+    """A role's ``profiler`` section (veRL's ProfilerConfig) at ``p``: the torch tool's keys honoured."""
+    return shared([rule for group in (
+        honoured(f"{p}.enable", f"{p}.all_ranks", f"{p}.ranks", f"{p}.save_path", f"{p}.tool_config.torch.contents"),
+        honoured(f"{p}.tool", values=(None, "torch"), reason=PROFILER_TOOLS),
+        honoured(f"{p}.tool_config.torch.discrete", values=(False,),
+                 reason="one trace per profiled step (discrete per-phase traces are not implemented)"),
+        not_supported(f"{p}.tool_config.**", f"{p}.relocate_results", f"{p}.finish_hook_cmd",
+                      f"{p}.finish_hook_all_ranks", f"{p}.finish_hook_ranks",
+                      reason="only the torch tool is implemented; traces are written in save_path, no hooks run"),
+    ) for rule in group])
 def speed_only(what: str) -> str:
     return f"{what}: a speed/memory setting hybridflow does not apply (results are the same)"
 VLM = "vision-language (multi-modal) models and data are not supported"
@@ -181,7 +196,7 @@ def rollout(p: str, log_probs: bool = True):
                         "(a separate rollout pool); nccl/nixl/hccl checkpoint engines are not implemented"),
         not_supported(f"{p}.checkpoint_engine.**", reason="custom checkpoint engines are not implemented"),
         not_supported(f"{p}.trace.**", reason="rollout tracing is not implemented"),
-        not_supported(f"{p}.profiler.**", reason=PROFILER),
+        profiler(f"{p}.profiler"),
         not_supported(f"{p}.prometheus.**", reason="the Prometheus exporter is not implemented"),
         not_supported(f"{p}.quantization", f"{p}.quantization_config_file", f"{p}.qat", f"{p}.mtp",
                       reason="quantized / speculative rollout is not implemented"),

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from hybridflow.utils.config_keys.common import (
-    MEGATRON, NO_SP, PROFILER, VLM, checkpoint, everything_under, fsdp_engine, hf_model, optimizer, rollout, speed_only, targets,
+    MEGATRON, NO_SP, PROFILER, PROFILER_TOOLS, VLM, checkpoint, everything_under, fsdp_engine, hf_model, optimizer,
+    profiler, rollout, speed_only, targets,
 )
 from hybridflow.utils.config_support import KeyTable, honoured, not_supported, note
 
@@ -63,7 +64,7 @@ ACTOR = [
     optimizer(f"{A}.optim"),
     fsdp_engine(f"{A}.fsdp_config"),
     checkpoint(f"{A}.checkpoint"),
-    everything_under(f"{A}.profiler", PROFILER),
+    profiler(f"{A}.profiler"),
 ]
 
 REF = [
@@ -76,7 +77,7 @@ REF = [
          "actor_rollout_ref.ref.entropy_from_logits_chunk_size", "actor_rollout_ref.ref.entropy_checkpointing",
          "actor_rollout_ref.ref.pad_to_length", reason=speed_only("torch.compile, chunked entropy, padding buckets")),
     fsdp_engine("actor_rollout_ref.ref.fsdp_config"),
-    everything_under("actor_rollout_ref.ref.profiler", PROFILER),
+    profiler("actor_rollout_ref.ref.profiler"),
 ]
 
 POLICY = [
@@ -102,7 +103,7 @@ CRITIC = [
     optimizer(f"{C}.optim"),
     fsdp_engine(f"{C}.fsdp"),
     checkpoint(f"{C}.checkpoint"),
-    everything_under(f"{C}.profiler", PROFILER),
+    profiler(f"{C}.profiler"),
 ]
 
 REWARD = [
@@ -185,7 +186,13 @@ OTHER = [
     honoured("model_engine", values=("dp",), reason="FSDP2/DDP is hybridflow's only training backend"),
     # keys of veRL's Megatron tree, which users add with +
     not_supported(f"{A}.megatron.**", "actor_rollout_ref.ref.megatron.**", f"{C}.megatron.**", reason=MEGATRON),
-    everything_under("global_profiler", PROFILER),
+    honoured("global_profiler.tool", values=(None, "torch"), reason=PROFILER_TOOLS),
+    honoured("global_profiler.steps", "global_profiler.save_path", "global_profiler.profile_continuous_steps"),
+    not_supported("global_profiler.relocate_results", "global_profiler.finish_hook_cmd",
+                  "global_profiler.finish_hook_all_ranks", "global_profiler.finish_hook_ranks",
+                  reason="traces are written in save_path directly; no finish hook runs"),
+    everything_under("global_profiler.global_tool_config", "settings of the nsys, torch_memory and precision_debugger "
+                                                           "tools, which hybridflow does not drive"),
     everything_under("distillation", "on-policy distillation is not implemented"),
     everything_under("transfer_queue", "the TransferQueue data plane is not implemented"),
     honoured("skip.rollout.enable", "skip.rollout.dump_dir", "skip.rollout.steps", "skip.rollout.action"),
