@@ -45,10 +45,13 @@ def build_reward_fns(config, tokenizer):
     kwargs = OmegaConf.to_container(kwargs) if OmegaConf.is_config(kwargs) else dict(kwargs or {})
     compute_score = get_custom_reward_fn(crf.path, crf.name, kwargs)
     name = config.reward.reward_manager.name
+    manager_kwargs = config.reward.get("reward_kwargs") or {}  # e.g. DAPO's max_resp_len, overlong_buffer_cfg
+    manager_kwargs = OmegaConf.to_container(manager_kwargs, resolve=True) if OmegaConf.is_config(manager_kwargs) \
+        else dict(manager_kwargs)
     reward_fn = load_reward_manager(name, tokenizer, num_examine=0, compute_score=compute_score,
-                                    reward_fn_key=config.data.reward_fn_key)
+                                    reward_fn_key=config.data.reward_fn_key, **manager_kwargs)
     val_reward_fn = load_reward_manager(name, tokenizer, num_examine=1, compute_score=compute_score,
-                                        reward_fn_key=config.data.reward_fn_key)
+                                        reward_fn_key=config.data.reward_fn_key, **manager_kwargs)
     return reward_fn, val_reward_fn
 
 

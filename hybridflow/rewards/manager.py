@@ -255,3 +255,6 @@ def reward_metrics(rewards: torch.Tensor | Sequence[float], data_sources: Sequen
     if values.shape != sources.shape:
         raise ValueError(f"{values.shape[0]} rewards but {sources.shape[0]} data_sources")
     return {f"reward/{s}/mean": float(values[sources == s].mean()) for s in sorted(set(sources))}
+
+
+from hybridflow.rewards import dapo  # noqa: E402,F401  (registers "dapo"; it builds on NaiveRewardManager)

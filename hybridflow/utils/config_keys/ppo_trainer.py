@@ -122,8 +122,8 @@ REWARD = [
                   reason="hybridflow scores a reward model with its FSDP worker (sequence classification), "
                          "not through a rollout engine"),
     not_supported("reward.sandbox_fusion.**", reason="sandboxed code execution (Sandbox Fusion) is not implemented"),
-    not_supported("reward.reward_kwargs.**", reason="reward-manager keyword arguments (e.g. DAPO's overlong buffer) "
-                                                    "are not implemented"),
+    honoured("reward.reward_kwargs.**",
+             reason="keyword arguments of the reward manager, e.g. dapo's max_resp_len and overlong_buffer_cfg"),
     # hybridflow's FSDP reward-model worker (veRL's earlier reward_model section; not aliases)
     honoured("reward_model.model.external_lib", "reward_model.model.trust_remote_code",
              "reward_model.micro_batch_size", "reward_model.micro_batch_size_per_gpu"),
