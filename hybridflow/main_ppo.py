@@ -15,6 +15,7 @@ import sys
 
 from omegaconf import OmegaConf
 
+from hybridflow.data.custom_dataset import build_rl_dataset
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
 from hybridflow.data.sampler import create_rl_dataloader
 from hybridflow.rewards import get_custom_reward_fn, load_reward_manager
@@ -58,8 +59,8 @@ def build_reward_fns(config, tokenizer):
 def check_prompts_fit(dataset: RLHFDataset, key: str) -> None:
     """With data.truncation=error an overlong prompt would stop training mid-epoch, after the workers
     started; find it now (one tokenization pass; filtered datasets are already known to fit)."""
-    if dataset.truncation != "error" or dataset.config.filter_overlong_prompts:
-        return
+    if getattr(dataset, "truncation", None) != "error" or dataset.config.filter_overlong_prompts:
+        return  # (a data.custom_cls dataset without RLHFDataset's truncation setting is not checked)
     for i in range(len(dataset)):
         try:
             dataset[i]
@@ -77,8 +78,8 @@ def build_trainer(config) -> RayPPOTrainer:
     tokenizer = load_tokenizer(config.data.tokenizer or model_path, trust)
 
     # data and rewards first: bad input fails before any worker starts
-    train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
-    val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data)
+    train_dataset = build_rl_dataset(config.data.train_files, tokenizer, config.data)  # data.custom_cls or RLHFDataset
+    val_dataset = build_rl_dataset(config.data.val_files, tokenizer, config.data)
     if len(train_dataset) < int(config.data.train_batch_size):
         raise ValueError(f"data.train_batch_size={config.data.train_batch_size} is larger than the training set "
                          f"({len(train_dataset)} prompts in {config.data.train_files}): no full batch")

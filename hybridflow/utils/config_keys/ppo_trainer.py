@@ -32,8 +32,11 @@ DATA = [
     not_supported("data.image_patch_size", "data.image_key", "data.video_key", "data.audio_key",
                   "data.mm_processor_kwargs.**", reason=VLM),
     note("data.return_multi_modal_inputs", reason="hybridflow reads text only and never returns multi-modal inputs"),
-    not_supported("data.custom_cls.**", "data.sampler.**", "data.datagen.**",
-                  reason="custom RL dataset, sampler and data-generator classes are not implemented"),
+    honoured("data.custom_cls.path", "data.custom_cls.name",
+             reason="a torch Dataset class from a Python file, built as veRL builds it (data_files, tokenizer, "
+                    "processor, config)"),
+    not_supported("data.sampler.**", "data.datagen.**",
+                  reason="custom sampler and data-generator classes are not implemented"),
 ]
 
 ACTOR = [
