@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from hybridflow.agent_loop.base import AgentLoopSettings
 from hybridflow.agent_loop.manager import AgentLoopManager
+from hybridflow.algorithms.pf_ppo import pf_ppo_resample_indices
 from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, compute_rollout_correction
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Watchdog
@@ -314,6 +315,18 @@ class RayPPOTrainer:
             gamma=algo.gamma, lam=algo.lam, config=algo, **extra)
         b["advantages"], b["returns"] = advantages, returns
 
+    def _pf_ppo_resample(self, batch: DataProto, metrics: dict) -> None:
+        """algorithm.use_pf_ppo: the batch redrawn with replacement, weighted by sequence score (seeded by
+        data.seed and the step, so a rerun draws the same rows)."""
+        pf = self.config.algorithm.pf_ppo
+        generator = torch.Generator().manual_seed(int(self.config.data.seed) * 1_000_003 + self.global_steps)
+        scores = batch.batch["token_level_scores"].sum(-1)
+        indices = pf_ppo_resample_indices(scores, str(pf.reweight_method), float(pf.weight_pow), generator)
+        batch.reorder(indices)
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+        batch.meta_info.pop("balance_order", None)  # rows no longer map one-to-one to the generation order
+        metrics["pf_ppo/unique_rows"] = float(len(set(indices.tolist())))
+
     def _update_critic(self, batch: DataProto, metrics: dict) -> None:
         out = self.critic_wg.update_critic(batch)
         metrics.update(out.meta_info["metrics"])
@@ -347,6 +360,8 @@ class RayPPOTrainer:
                 self._apply_reward_kl(batch, metrics)                              # r - β·KL
                 self._apply_rollout_correction(batch, metrics)                     # IS weights, rejection
                 self._compute_advantage(batch)                                     # A, R on the driver
+                if self.config.algorithm.use_pf_ppo:
+                    self._pf_ppo_resample(batch, metrics)                          # PF-PPO: rows by reward
             if self.use_critic:
                 with timer("update_critic", timing):
                     self._update_critic(batch, metrics)
