@@ -33,7 +33,7 @@ install_requires = [
 extras_require = {
     "vllm": ["vllm"],  # GPU (CUDA); not tested on this project's CPU machines
     "gpu": ["flash-attn"],
-    "lora": ["peft>=0.10"],
+    "lora": ["peft>=0.14"],  # 0.14: LoraConfig(exclude_modules=...)
     # trainer.logger backends (hybridflow.utils.tracking): each fails naming its extra when missing
     "tensorboard": ["tensorboard"],
     "wandb": ["wandb"],
@@ -44,7 +44,7 @@ extras_require = {
     "plot": ["matplotlib>=3.7"],
     # GGUF files as model paths (hybridflow.workers.gguf_cache; transformers' GGUF loader needs accelerate)
     "gguf": ["gguf>=0.10,<1", "accelerate>=1.1"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "peft>=0.10", "gguf>=0.10,<1", "accelerate>=1.1"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "peft>=0.14", "gguf>=0.10,<1", "accelerate>=1.1"],
 }
 
 setup(

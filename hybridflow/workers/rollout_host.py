@@ -28,7 +28,7 @@ from hybridflow.agent_loop.server_manager import LocalServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, register
-from hybridflow.workers.engine.lora import rollout_gets_adapter
+from hybridflow.workers.engine.lora import LoraSpec, rollout_gets_adapter
 from hybridflow.workers.model_loading import load_model
 from hybridflow.rollout.sampling import model_eos_token_ids
 from hybridflow.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
@@ -54,11 +54,11 @@ class RolloutHost:
                                 trust_remote_code=trust).to(device=self.device, dtype=getattr(torch, dtype)).eval()
         model_cfg = self.config["model"]
         adapter = rollout_gets_adapter(model_cfg, name)
+        lora = LoraSpec.from_model_config(model_cfg) if adapter else None  # a saved adapter's own rank/alpha
         spec = ServerSpec(model_path=path, config=rollout_cfg, pad_token_id=int(self.tokenizer.pad_token_id),
                           eos_token_ids=tuple(model_eos_token_ids(path, self.tokenizer)),
                           device=str(self.device), dtype=dtype, trust_remote_code=trust, module=module,
-                          lora_rank=int(model_cfg["lora_rank"]) if adapter else 0,
-                          lora_alpha=float(model_cfg.get("lora_alpha", 16.0)))
+                          lora_rank=lora.rank if lora else 0, lora_alpha=lora.alpha if lora else 16.0)
         self.engine_loop = EngineLoop(f"rollout-engine-rank{self.rank}")
         server_cls = ROLLOUT_SERVERS.get(name)
 

@@ -46,6 +46,34 @@ def test_the_rollout_gets_an_adapter_unless_merge_or_hf():
     assert not rollout_gets_adapter({"lora_rank": 0, "lora": {"merge": False}}, "vllm")
 
 
+def test_training_continues_from_a_saved_adapter_with_its_own_rank_and_alpha(tmp_path):
+    """model.lora_adapter_path: the saved adapter (rank 4, alpha 8) is loaded trainable, whatever lora_rank says,
+    and merges/serves with its own scale."""
+    base = tiny_causal_lm()
+    saved = _lora_engine(base, rank=4, alpha=8.0)
+    saved.module.save_pretrained(str(tmp_path / "adapter"))
+    spec = LoraSpec.from_model_config({"lora_rank": 0, "lora_alpha": 16, "target_modules": "all-linear",
+                                       "lora_adapter_path": str(tmp_path / "adapter")})
+    assert (spec.rank, spec.alpha) == (4, 8.0)
+    engine = TrainEngine(copy.deepcopy(base), EngineSpec(strategy="none", device="cpu", lora=spec))
+    trainable = [n for n, p in engine.module.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_" in n for n in trainable)
+    expected = saved.full_state_dict()
+    for name, tensor in engine.full_state_dict().items():
+        torch.testing.assert_close(tensor, expected[name], msg=name)  # the saved adapter, not fresh B = 0
+    assert any(not torch.equal(expected[n], v) for n, v in base.state_dict().items())
+    with pytest.raises(FileNotFoundError, match="lora_adapter_path=.*no adapter_config.json"):
+        LoraSpec.from_model_config({"lora_rank": 8, "lora_adapter_path": str(tmp_path)})
+
+
+def test_exclude_modules_keeps_adapters_off_those_layers():
+    spec = LoraSpec.from_model_config({"lora_rank": 4, "lora_alpha": 8, "target_modules": "all-linear",
+                                       "exclude_modules": ["down_proj", "o_proj"]})
+    engine = TrainEngine(tiny_causal_lm(), EngineSpec(strategy="none", device="cpu", lora=spec))
+    adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, _ in engine.module.named_parameters() if ".lora_A." in n}
+    assert adapted and "q_proj" in adapted and not adapted & {"down_proj", "o_proj"}
+
+
 def test_only_adapters_train_and_merged_weights_match_peft():
     base = tiny_causal_lm()
     engine = _lora_engine(base, target=["q_proj", "v_proj"])
@@ -179,3 +207,41 @@ def test_lora_grpo_run_trains_adapters_only_ref_is_base(tiny_model_dir, tiny_dat
     module.eval()
     with torch.no_grad():
         torch.testing.assert_close(merged_model(input_ids=ids).logits, module(input_ids=ids).logits, atol=1e-4, rtol=0)
+
+
+def test_main_ppo_starts_from_the_saved_adapter(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    """actor_rollout_ref.model.lora_adapter_path with lora_rank=0: the actor's adapter before the first update
+    is the saved one (veRL turns LoRA on for a saved adapter too)."""
+    from peft import LoraConfig, get_peft_model
+
+    from hybridflow.main_ppo import run_ppo
+    from hybridflow.utils.config import load_config
+    from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+    from hybridflow.workers.model_loading import load_model
+    from tests.trainer.e2e_helpers import base_overrides
+
+    peft_model = get_peft_model(load_model(tiny_model_dir, "causal_lm"),
+                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    peft_model.save_pretrained(str(tmp_path / "adapter"))
+    saved = {n: p.detach().clone() for n, p in peft_model.named_parameters() if ".lora_" in n}
+    before = {}
+    update = ActorRolloutRefWorker.update_actor
+
+    @functools.wraps(update)
+    def snapshot_update(worker, data):
+        if not before:
+            before.update({n: p.detach().clone() for n, p in worker.actor_engine.module.named_parameters()
+                           if ".lora_" in n})
+        return update(worker, data)
+
+    monkeypatch.setattr(ActorRolloutRefWorker, "update_actor", snapshot_update)
+    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, steps=1, backend="inprocess")
+    run_ppo(load_config("ppo_trainer", [*overrides, "trainer.test_freq=-1",
+                                        f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'adapter'}"]))
+    assert set(before) == set(saved)
+    for name, value in saved.items():
+        torch.testing.assert_close(before[name], value, msg=name)

@@ -55,8 +55,6 @@ def hf_model(p: str, *, tokenizer_path: bool = False, lora: bool = True):
         not_supported(f"{p}.custom_chat_template",
                       reason="the tokenizer's own chat template is used; set data.apply_chat_template_kwargs or "
                              "save the template in the tokenizer directory"),
-        not_supported(f"{p}.exclude_modules", f"{p}.lora_adapter_path",
-                      reason="LoRA on excluded modules / from a saved adapter is not implemented"),
         note(f"{p}.use_shm", reason="copying the model to shared memory only speeds up loading; hybridflow loads "
                                     "from the path"),
         note(f"{p}.use_liger", f"{p}.use_fused_kernels", f"{p}.fused_kernel_options.**", f"{p}.tiled_mlp.**",
@@ -69,9 +67,13 @@ def hf_model(p: str, *, tokenizer_path: bool = False, lora: bool = True):
     else:
         groups.append(not_supported(f"{p}.tokenizer_path", reason="the tokenizer comes from data.tokenizer or the model path"))
     if lora:
-        groups.append(honoured(f"{p}.lora_rank", f"{p}.lora_alpha", f"{p}.target_modules",
+        groups.append(honoured(f"{p}.lora_rank", f"{p}.lora_alpha", f"{p}.target_modules", f"{p}.exclude_modules",
                                reason="LoRA needs the [lora] extra (peft)"))
+        groups.append(honoured(f"{p}.lora_adapter_path",
+                               reason="a saved peft adapter to continue training (its own rank, alpha and targets)"))
     else:
+        groups.append(not_supported(f"{p}.exclude_modules", f"{p}.lora_adapter_path",
+                                    reason="LoRA is implemented for the policy only"))
         groups.append(honoured(f"{p}.lora_rank", values=(0,), reason="LoRA is implemented for the policy only"))
         groups.append(honoured(f"{p}.lora_alpha", f"{p}.target_modules", reason="used only when lora_rank > 0"))
     return shared([rule for group in groups for rule in group])

@@ -38,17 +38,47 @@ class LoraSpec:
     alpha: float = 16.0
     target_modules: Any = "all-linear"  # "all-linear" or a list of module names
     adapter_name: str = "default"
+    exclude_modules: Any = None  # module names or a regex that target_modules must skip (peft's)
+    adapter_path: str | None = None  # a saved peft adapter to continue training (its own r/alpha/targets)
 
     @classmethod
     def from_model_config(cls, model_cfg) -> "LoraSpec | None":
-        """None unless ``lora_rank > 0`` (a validated model section: the yaml holds the defaults)."""
+        """None unless ``lora_rank > 0`` or ``lora_adapter_path`` is set (a validated model section: the
+        yaml holds the defaults). A saved adapter brings its own rank, alpha and targets, read from its
+        ``adapter_config.json``, so merging and serving scale it as it was trained."""
+        path = model_cfg.get("lora_adapter_path")
+        exclude = model_cfg.get("exclude_modules")
+        exclude = exclude if exclude is None or isinstance(exclude, str) else [str(m) for m in exclude]
+        if path:
+            saved = read_adapter_config(str(path))
+            return cls(rank=int(saved["r"]), alpha=float(saved["lora_alpha"]),
+                       target_modules=saved.get("target_modules") or "all-linear", exclude_modules=exclude,
+                       adapter_path=str(path))
         rank = int(model_cfg["lora_rank"])
         if rank <= 0:
             return None
         target = model_cfg["target_modules"]
         if not isinstance(target, str):
             target = [str(t) for t in target]
-        return cls(rank=rank, alpha=float(model_cfg["lora_alpha"]), target_modules=target)
+        return cls(rank=rank, alpha=float(model_cfg["lora_alpha"]), target_modules=target, exclude_modules=exclude)
+
+
+def read_adapter_config(path: str) -> dict:
+    """A saved peft adapter's ``adapter_config.json``; errors name ``model.lora_adapter_path``."""
+    import json
+    import os
+
+    config_file = os.path.join(os.path.expanduser(path), ADAPTER_CONFIG)
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"actor_rollout_ref.model.lora_adapter_path={path!r}: no {ADAPTER_CONFIG} there "
+                                "(a folder written by peft's save_pretrained)")
+    with open(config_file) as f:
+        saved = json.load(f)
+    if saved.get("peft_type", "LORA") != "LORA" or saved.get("use_dora") or saved.get("use_rslora"):
+        raise ValueError(f"actor_rollout_ref.model.lora_adapter_path={path!r}: only plain LoRA adapters are supported "
+                         f"(peft_type={saved.get('peft_type')!r}, use_dora={saved.get('use_dora')}, "
+                         f"use_rslora={saved.get('use_rslora')})")
+    return saved
 
 
 def rollout_gets_adapter(model_cfg, rollout_name: str) -> bool:
@@ -57,7 +87,8 @@ def rollout_gets_adapter(model_cfg, rollout_name: str) -> bool:
     veRL's ``model.lora.merge`` (default false: adapter) decides for engines that serve adapters
     (vllm); the hf engine runs a plain module and always gets merged weights.
     """
-    if int(model_cfg.get("lora_rank", 0) or 0) <= 0 or rollout_name != "vllm":
+    lora_on = int(model_cfg.get("lora_rank", 0) or 0) > 0 or bool(model_cfg.get("lora_adapter_path"))
+    if not lora_on or rollout_name != "vllm":
         return False
     lora_section = model_cfg.get("lora") or {}
     return not bool(lora_section.get("merge", False))
@@ -65,14 +96,18 @@ def rollout_gets_adapter(model_cfg, rollout_name: str) -> bool:
 
 def apply_lora(module: nn.Module, spec: LoraSpec) -> nn.Module:
     """Wrap a Hugging Face causal LM with fresh LoRA adapters (B = 0: the wrapped model starts equal
-    to the base model); every base parameter is frozen."""
+    to the base model), or with the saved adapter at ``spec.adapter_path``; every base parameter is frozen."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as err:  # pragma: no cover - peft is a declared dependency of the lora extra
         raise ImportError("model.lora_rank > 0 needs peft: pip install 'hybridflow[lora]'") from err
 
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=spec.target_modules, bias="none",
-                        task_type="CAUSAL_LM")
+    if spec.adapter_path:  # continue training a saved adapter (veRL's model.lora_adapter_path)
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(module, spec.adapter_path, adapter_name=spec.adapter_name, is_trainable=True)
+    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=spec.target_modules,
+                        exclude_modules=spec.exclude_modules, bias="none", task_type="CAUSAL_LM")
     return get_peft_model(module, config, adapter_name=spec.adapter_name)
 
 
