@@ -88,3 +88,10 @@ def test_async_throughput_all_modes():
         assert re.search(rf"^{mode}\s+[\d.]+\s+[\d.]+", out, re.M), out
     assert re.search(r"^one_step_off(\s+[\d.]+){6}\s+1\.000\s", out, re.M), out
     assert len(_verdicts(out)) == 1
+
+
+def test_prefix_grouper_paths_agree():
+    out = _run("prefix_grouper.py")
+    assert re.search(r"speed-up \d+\.\d+x; max \|log-prob difference\| (\d\.\d+e[-+]\d+)", out)
+    diff = float(re.search(r"difference\| (\S+)", out).group(1))
+    assert diff < 1e-4  # the shared-prompt forward gives the ordinary forward's log-probs

@@ -286,6 +286,13 @@ def _check_algorithm(r: _Report, n: int | None) -> None:
         model = "actor_rollout_ref.model" if section.startswith("actor") else "critic.model"
         if sp > 1 and not r.get(f"{model}.use_remove_padding"):
             r.errors.append(f"{section}.ulysses_sequence_parallel_size={sp} needs {model}.use_remove_padding=True")
+    if r.get("actor_rollout_ref.actor.use_prefix_grouper"):
+        if r.get("actor_rollout_ref.model.use_remove_padding"):
+            r.errors.append("actor_rollout_ref.actor.use_prefix_grouper=True needs actor_rollout_ref.model."
+                            "use_remove_padding=False (each group's prompt runs once in the padded forward)")
+        if r.get("actor_rollout_ref.model.enable_gradient_checkpointing"):
+            r.errors.append("actor_rollout_ref.actor.use_prefix_grouper=True needs actor_rollout_ref.model."
+                            "enable_gradient_checkpointing=False (checkpointing turns off the prompt cache)")
 
 
 def _check_off_policy(r: _Report, n: int | None) -> None:

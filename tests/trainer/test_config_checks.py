@@ -266,3 +266,24 @@ def test_remax_is_refused_until_the_loop_makes_its_baseline():
     # the estimator needs reward_baselines (a greedy response's score per prompt) that no phase computes yet
     msg = error_of("algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=2")
     assert "algorithm.adv_estimator=remax" in msg and "greedy baseline" in msg
+
+
+def test_prefix_grouper_needs_the_padded_forward_without_checkpointing():
+    msg = error_of("actor_rollout_ref.actor.use_prefix_grouper=True", "actor_rollout_ref.model.use_remove_padding=True",
+                   "actor_rollout_ref.model.enable_gradient_checkpointing=True")
+    assert "use_prefix_grouper=True needs actor_rollout_ref.model.use_remove_padding=False" in msg
+    assert "needs actor_rollout_ref.model.enable_gradient_checkpointing=False" in msg
+    check("actor_rollout_ref.actor.use_prefix_grouper=True", "actor_rollout_ref.model.use_remove_padding=False",
+          "actor_rollout_ref.model.enable_gradient_checkpointing=False")
+
+
+def test_prefix_grouper_refuses_an_actor_that_cannot_share_prompts():
+    from hybridflow.workers.actor.dp_actor import DataParallelPPOActor
+    from tests.workers.actor.ppo_batch import tiny_causal_lm
+
+    model = tiny_causal_lm()
+    model.gradient_checkpointing_enable()
+    section = dict(OmegaConf.to_container(build([]).actor_rollout_ref.actor), use_prefix_grouper=True,
+                   use_remove_padding=False)
+    with pytest.raises(ValueError, match="use_prefix_grouper=True: this actor cannot run a group's prompt once"):
+        DataParallelPPOActor(section, model)

@@ -56,7 +56,9 @@ ACTOR = [
     honoured(f"{A}.calculate_sum_pi_squared",
              reason="the old log-prob pass also returns sum_pi_squared (needed by the optimal_token_baseline estimators)"),
     note(f"{A}.sum_pi_squared_checkpointing", reason=speed_only("recomputing sum_pi_squared in the backward pass")),
-    not_supported(f"{A}.use_prefix_grouper", reason="this actor feature is not implemented"),
+    honoured(f"{A}.use_prefix_grouper",
+             reason="true requires the shared-prompt forward (each group's prompt once; padded forwards of an "
+                    "unwrapped model) and fails naming what prevents it; false leaves it on where it applies"),
     not_supported(f"{A}.freeze_vision_tower", reason=VLM),
     not_supported(f"{A}.router_replay.**", "actor_rollout_ref.ref.router_replay.**",
                   reason="MoE router replay is not implemented"),

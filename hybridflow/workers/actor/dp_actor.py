@@ -116,7 +116,11 @@ class DataParallelPPOActor:
         self.dp_group = dp_group
         self.policy_loss_fn = get_policy_loss_fn(self.settings.loss_mode)  # fails early on a bad name
         self.update_loop = UpdateLoop(self.settings, actor_module, actor_optimizer, dp_group, prefix="actor")
-        self._shared_prefix = shared_prefix.usable(actor_module)
+        self._shared_prefix = shared_prefix.usable(actor_module)  # on wherever it is exact and possible
+        if config.get("use_prefix_grouper") and not self._shared_prefix:
+            raise ValueError("actor_rollout_ref.actor.use_prefix_grouper=True: this actor cannot run a group's prompt "
+                             "once (it needs an unwrapped transformers causal LM with a KV cache: world size 1, "
+                             "no gradient checkpointing)")
 
     # ----------------------------------------------------------------------------------------
     # forward
