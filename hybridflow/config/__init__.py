@@ -1,0 +1,37 @@
+"""hybridflow's configuration declared as typed sections: every key once, with its type, its default
+(equal to configs/ppo_trainer.yaml's; tests/config checks it) and a one-line doc.
+
+The bottom layer of the package: it imports nothing of hybridflow, so every other layer can take the
+typed section it needs. veRL's import paths re-export these classes: ``hybridflow.base_config``,
+``hybridflow.trainer.config``, ``hybridflow.workers.config``; ``omega_conf_to_dataclass`` is also in
+``hybridflow.utils`` and ``hybridflow.utils.config``. Megatron's (and other engines') classes are
+refused by name.
+"""
+
+from hybridflow.config.actor import ActorConfig, FSDPActorConfig, PolicyLossConfig, RefConfig, RouterReplayConfig
+from hybridflow.config.algorithm import AlgoConfig, FilterGroupsConfig, KLControlConfig, PFPPOConfig
+from hybridflow.config.base import BaseConfig, field_doc, to_dict
+from hybridflow.config.checkpoint import CheckpointConfig
+from hybridflow.config.convert import CONFIG_CLASSES, omega_conf_to_dataclass, resolve_target
+from hybridflow.config.critic import CriticConfig, FSDPCriticConfig
+from hybridflow.config.engine import FSDPEngineConfig, MixedPrecisionConfig, QATConfig, QATEngineConfig
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.model import CriticModelConfig, HFModelConfig, MtpConfig
+from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
+from hybridflow.config.profiler import ProfilerConfig
+from hybridflow.config.refused import __getattr__  # noqa: F401  (Megatron's classes: refused by name)
+from hybridflow.config.rollout import (AgentLoopConfig, CheckpointEngineConfig, CustomAsyncServerConfig,
+                                       DisaggregationConfig, MultiTurnConfig, PrometheusConfig, RolloutConfig,
+                                       SamplingConfig, TraceConfig)
+from hybridflow.config.rollout_correction import RolloutCorrectionConfig
+
+__all__ = [
+    "BaseConfig", "ConfigError", "omega_conf_to_dataclass", "resolve_target", "CONFIG_CLASSES", "field_doc", "to_dict",
+    "AlgoConfig", "KLControlConfig", "FilterGroupsConfig", "PFPPOConfig", "RolloutCorrectionConfig",
+    "ActorConfig", "FSDPActorConfig", "RefConfig", "PolicyLossConfig", "RouterReplayConfig",
+    "CriticConfig", "FSDPCriticConfig", "OptimizerConfig", "FSDPOptimizerConfig",
+    "FSDPEngineConfig", "MixedPrecisionConfig", "QATConfig", "QATEngineConfig", "CheckpointConfig", "ProfilerConfig",
+    "HFModelConfig", "CriticModelConfig", "MtpConfig",
+    "RolloutConfig", "SamplingConfig", "MultiTurnConfig", "AgentLoopConfig", "CustomAsyncServerConfig",
+    "CheckpointEngineConfig", "TraceConfig", "PrometheusConfig", "DisaggregationConfig",
+]

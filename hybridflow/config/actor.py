@@ -1,0 +1,193 @@
+"""The policy's training sections: ``actor_rollout_ref.actor`` (veRL's ActorConfig / FSDPActorConfig) and
+``actor_rollout_ref.ref`` (RefConfig: the reference policy's forward-only engine).
+
+Batch sizes count prompts before the rollout.n repeat (``ppo_mini_batch_size``) or samples on one rank
+(``*_micro_batch_size_per_gpu``); ``validate`` checks them against the run's device count and batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.checkpoint import CheckpointConfig
+from hybridflow.config.engine import FSDPEngineConfig, QATConfig
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
+from hybridflow.config.profiler import ProfilerConfig
+from hybridflow.config.refused import MEGATRON
+
+__all__ = ["STRATEGIES", "PolicyLossConfig", "RouterReplayConfig", "ActorConfig", "FSDPActorConfig", "RefConfig"]
+
+STRATEGIES = ("fsdp", "fsdp2", "ddp")
+ROUTER_REPLAY_MODES = ("disabled", "R2", "R3")
+
+
+def check_strategy(value: str, key: str) -> None:
+    if value == "megatron":
+        raise ConfigError(f"{key}='megatron' is not supported by hybridflow: {MEGATRON}")
+    if value not in STRATEGIES:
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(STRATEGIES)} (hybridflow's training engines)")
+
+
+def check_micro_batch(mbs: Optional[int], mbs_per_gpu: Optional[int], dynamic: bool, section_name: str,
+                      key: str = "ppo_micro_batch_size") -> None:
+    """veRL's rule: the deprecated global micro-batch size and the per-GPU one are not both set."""
+    if not dynamic and mbs is not None and mbs_per_gpu is not None:
+        raise ConfigError(f"{section_name}: both {key} and {key}_per_gpu are set; keep only {key}_per_gpu "
+                          f"(the global form is deprecated)")
+
+
+@dataclass
+class PolicyLossConfig(BaseConfig):
+    """``actor.policy_loss``: which policy loss, and the knobs of the covariance-based ones."""
+
+    _target_: str = doc("verl.workers.config.PolicyLossConfig", "the class this section is read into")
+    loss_mode: str = doc("vanilla", "name in the policy-loss registry: vanilla, gspo, gpg, clip_cov, kl_cov, ...")
+    clip_cov_ratio: float = doc(0.0002, "clip_cov: share of the valid tokens whose gradient is dropped")
+    clip_cov_lb: float = doc(1.0, "clip_cov: lower covariance bound of the droppable tokens")
+    clip_cov_ub: float = doc(5.0, "clip_cov: upper covariance bound of the droppable tokens")
+    kl_cov_ratio: float = doc(0.0002, "kl_cov: share of the valid tokens given the KL penalty")
+    ppo_kl_coef: float = doc(0.1, "kl_cov: coefficient of |log ratio| on those tokens")
+    dro_beta: Optional[float] = doc(None, "dro: weight of the quadratic log-ratio penalty (required, > 0)")
+
+
+@dataclass
+class RouterReplayConfig(BaseConfig):
+    """``router_replay``: MoE routing record/replay (not implemented by hybridflow)."""
+
+    _target_: str = doc("verl.workers.config.RouterReplayConfig", "the class this section is read into")
+    mode: str = doc("disabled", "disabled | R2 | R3")
+    record_file: Optional[str] = doc(None, "where recorded routes go")
+    replay_file: Optional[str] = doc(None, "routes to replay")
+
+    def __post_init__(self):
+        if self.mode not in ROUTER_REPLAY_MODES:
+            raise ConfigError(f"router_replay.mode={self.mode!r} is not one of {', '.join(ROUTER_REPLAY_MODES)}")
+
+
+@dataclass
+class ActorConfig(BaseConfig):
+    """The actor keys of every training engine (veRL's actor.yaml)."""
+
+    # the worker normalises batch sizes per rank when it builds the role (veRL's mutable fields)
+    _mutable_fields = {"ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu"}
+
+    _target_: str = doc("verl.workers.config.ActorConfig", "the class this section is read into")
+    rollout_n: int = doc(1, "samples per prompt (follows actor_rollout_ref.rollout.n)")
+    strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp")
+    ppo_mini_batch_size: int = doc(256, "prompts per optimizer step (x rollout.n samples, split over ranks)")
+    ppo_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
+    ppo_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per forward/backward on one rank")
+    use_dynamic_bsz: bool = doc(False, "pack micro-batches by token count instead of sample count")
+    ppo_max_token_len_per_gpu: int = doc(16384, "token budget per rank and micro-batch when use_dynamic_bsz")
+    clip_ratio: float = doc(0.2, "PPO clip range, used for both sides when clip_ratio_low/high are unset")
+    clip_ratio_low: float = doc(0.2, "lower PPO clip range")
+    clip_ratio_high: float = doc(0.2, "upper PPO clip range")
+    tau_pos: float = doc(1.0, "sapo: gate temperature where the advantage is > 0")
+    tau_neg: float = doc(1.05, "sapo: gate temperature where the advantage is <= 0")
+    freeze_vision_tower: bool = doc(False, "freeze a vision tower (vision models are not supported)")
+    policy_loss: PolicyLossConfig = section(PolicyLossConfig, "the policy loss")
+    clip_ratio_c: float = doc(3.0, "dual-clip PPO: lower bound for negative advantages")
+    loss_agg_mode: str = doc("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | ...")
+    loss_scale_factor: Optional[float] = doc(None, "seq-mean-token-sum-norm: constant divisor (null: response length)")
+    entropy_coeff: float = doc(0.0, "entropy bonus coefficient")
+    calculate_entropy: bool = doc(False, "compute the entropy even when its coefficient is 0 (a metric)")
+    calculate_sum_pi_squared: bool = doc(False, "old log-prob pass also returns sum_v pi_v^2 per token")
+    sum_pi_squared_checkpointing: bool = doc(False, "recompute sum_pi_squared in backward to save memory")
+    use_kl_loss: bool = doc(False, "KL to the reference policy as a loss term (GRPO style)")
+    use_prefix_grouper: bool = doc(False, "shared-prefix forward of a prompt's samples (not implemented)")
+    use_torch_compile: bool = doc(True, "torch.compile the hot functions")
+    kl_loss_coef: float = doc(0.001, "coefficient of the KL loss")
+    kl_loss_type: str = doc("low_var_kl", "KL estimator of the loss: kl | abs | mse | low_var_kl | full")
+    ppo_epochs: int = doc(1, "passes over the batch per step")
+    shuffle: bool = doc(False, "shuffle the batch before splitting it into mini-batches")
+    data_loader_seed: int = doc(42, "seed of that shuffle")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "what the actor's checkpoints hold")
+    optim: OptimizerConfig = section(OptimizerConfig, "the optimizer and lr schedule")
+    use_fused_kernels: bool = doc(False, "fused kernels (follows actor_rollout_ref.model.use_fused_kernels)")
+    profiler: ProfilerConfig = section(ProfilerConfig, "the actor's profiling")
+    qat: QATConfig = section(QATConfig, "quantization-aware training (not implemented)")
+
+    def __post_init__(self):
+        check_strategy(self.strategy, "actor.strategy")
+        check_micro_batch(self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, "actor")
+        for key in ("ppo_mini_batch_size", "ppo_epochs", "ppo_max_token_len_per_gpu"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"actor.{key} must be >= 1, got {getattr(self, key)}")
+
+    def validate(self, n_gpus: int, train_batch_size: int, model_config: Optional[Any] = None) -> None:
+        """Checks that need the run: the data batch and the number of devices (veRL's rules)."""
+        if self.use_dynamic_bsz:
+            return
+        if train_batch_size < self.ppo_mini_batch_size:
+            raise ConfigError(f"data.train_batch_size ({train_batch_size}) must be >= "
+                              f"actor.ppo_mini_batch_size ({self.ppo_mini_batch_size})")
+        sp = getattr(self, "ulysses_sequence_parallel_size", 1)
+        if self.ppo_micro_batch_size is not None:
+            if self.ppo_mini_batch_size % self.ppo_micro_batch_size:
+                raise ConfigError(f"actor.ppo_mini_batch_size ({self.ppo_mini_batch_size}) must be divisible by "
+                                  f"actor.ppo_micro_batch_size ({self.ppo_micro_batch_size})")
+            if self.ppo_micro_batch_size * sp < n_gpus:
+                raise ConfigError(f"actor.ppo_micro_batch_size ({self.ppo_micro_batch_size}) x "
+                                  f"ulysses_sequence_parallel_size ({sp}) must be >= the number of devices ({n_gpus})")
+
+
+@dataclass
+class FSDPActorConfig(ActorConfig):
+    """``actor_rollout_ref.actor`` on the FSDP2/DDP engine (veRL's dp_actor.yaml)."""
+
+    _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class this section is read into")
+    optim: FSDPOptimizerConfig = section(FSDPOptimizerConfig, "the optimizer and lr schedule")
+    fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine")
+    grad_clip: Optional[float] = doc(1.0, "before veRL 0.9.1; mapped onto optim.clip_grad at load time")
+    ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size")
+    entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks to save memory")
+    entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk")
+    entropy_checkpointing: bool = doc(False, "recompute the entropy in backward instead of storing it")
+    pad_to_length: bool = doc(False, "pad packed micro-batches to fsdp_config.pad_to_length_bucket multiples")
+    use_remove_padding: bool = doc(True, "padding-free forward (follows actor_rollout_ref.model.use_remove_padding)")
+    router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay (not implemented)")
+
+    def validate(self, n_gpus: int, train_batch_size: int, model_config: Optional[Any] = None) -> None:
+        super().validate(n_gpus, train_batch_size, model_config)
+        if self.ulysses_sequence_parallel_size > 1 and model_config is not None \
+                and not _get(model_config, "use_remove_padding", False):
+            raise ConfigError("actor.ulysses_sequence_parallel_size > 1 needs actor_rollout_ref.model.use_remove_padding")
+
+
+def _ref_engine() -> FSDPEngineConfig:
+    return FSDPEngineConfig(forward_only=True)
+
+
+@dataclass
+class RefConfig(BaseConfig):
+    """``actor_rollout_ref.ref``: the reference policy's log-prob pass (veRL's ref.yaml + dp_ref.yaml; veRL
+    renames its log_prob_* keys to the actor's before reading it as an FSDPActorConfig)."""
+
+    _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class veRL reads this section into")
+    strategy: str = doc("fsdp", "training engine (follows actor.strategy)")
+    rollout_n: int = doc(1, "samples per prompt (follows rollout.n)")
+    use_torch_compile: bool = doc(True, "torch.compile the hot functions (follows actor.use_torch_compile)")
+    log_prob_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the log-prob pass")
+    log_prob_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per forward on one rank")
+    log_prob_use_dynamic_bsz: bool = doc(False, "pack by token count (follows actor.use_dynamic_bsz)")
+    log_prob_max_token_len_per_gpu: int = doc(16384, "token budget per forward (follows actor.ppo_max_token_len_per_gpu)")
+    profiler: ProfilerConfig = section(ProfilerConfig, "the reference policy's profiling")
+    fsdp_config: FSDPEngineConfig = section(_ref_engine, "the forward-only engine")
+    ulysses_sequence_parallel_size: int = doc(1, "deprecated (follows actor.ulysses_sequence_parallel_size)")
+    entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks")
+    entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk")
+    entropy_checkpointing: bool = doc(False, "recompute the entropy in backward")
+    pad_to_length: bool = doc(False, "pad packed micro-batches (follows actor.pad_to_length)")
+    router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay (not implemented)")
+
+    def __post_init__(self):
+        check_strategy(self.strategy, "ref.strategy")
+        check_micro_batch(self.log_prob_micro_batch_size, self.log_prob_micro_batch_size_per_gpu,
+                          self.log_prob_use_dynamic_bsz, "ref", "log_prob_micro_batch_size")
+
+
+def _get(config: Any, key: str, default: Any) -> Any:
+    return config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)

@@ -1,0 +1,71 @@
+"""The ``algorithm`` section (veRL's AlgoConfig): advantage estimator, discounting, KL in the reward,
+group filtering and rollout correction. Names of estimators and KL penalties are checked against their
+registries where they are used (users register their own), not here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.rollout_correction import RolloutCorrectionConfig
+
+__all__ = ["KLControlConfig", "FilterGroupsConfig", "PFPPOConfig", "AlgoConfig"]
+
+KL_CONTROLLERS = ("fixed", "adaptive")
+
+
+@dataclass
+class KLControlConfig(BaseConfig):
+    """``algorithm.kl_ctrl``: the coefficient of the in-reward KL penalty, fixed or adaptive."""
+
+    _target_: str = doc("verl.trainer.config.KLControlConfig", "the class this section is read into")
+    type: str = doc("fixed", "fixed | adaptive (moves kl_coef towards target_kl)")
+    kl_coef: float = doc(0.001, "the (initial) KL coefficient")
+    horizon: int = doc(10000, "adaptive: steps over which the coefficient adapts")
+    target_kl: float = doc(0.1, "adaptive: the KL the coefficient steers towards")
+
+    def __post_init__(self):
+        if self.type not in KL_CONTROLLERS:
+            raise ConfigError(f"algorithm.kl_ctrl.type={self.type!r} is not one of {', '.join(KL_CONTROLLERS)}")
+
+
+@dataclass
+class FilterGroupsConfig(BaseConfig):
+    """``algorithm.filter_groups``: DAPO's dynamic sampling (drop groups whose metric does not vary)."""
+
+    _target_: str = doc("verl.trainer.config.FilterGroupsConfig", "the class this section is read into")
+    enable: bool = doc(False, "drop prompt groups whose samples all score the same, and generate more")
+    metric: Optional[str] = doc("reward", "what must vary in a group: reward (pre-KL score) or a reward_extra_info key")
+    max_num_gen_batches: int = doc(0, "generation batches per step before giving up; <= 0: no limit")
+    max_inflight_gen_batches: int = doc(1, "generation batches in flight at once, in train_batch_size units")
+
+
+@dataclass
+class PFPPOConfig(BaseConfig):
+    """``algorithm.pf_ppo``: preference-feedback PPO's re-weighting of samples by reward."""
+
+    reweight_method: str = doc("pow", "pow | max_min | max_random")
+    weight_pow: float = doc(2.0, "pow: the exponent of the weights")
+
+
+@dataclass
+class AlgoConfig(BaseConfig):
+    """``algorithm``: how rewards become advantages."""
+
+    _target_: str = doc("verl.trainer.config.AlgoConfig", "the class this section is read into")
+    rollout_correction: Optional[RolloutCorrectionConfig] = section(
+        RolloutCorrectionConfig, "off-policy correction between the rollout engine and the trained policy")
+    gamma: float = doc(1.0, "discount factor")
+    lam: float = doc(1.0, "GAE lambda: bias/variance trade-off of the estimator")
+    adv_estimator: str = doc("gae", "name in the advantage-estimator registry: gae, grpo, rloo, ...")
+    norm_adv_by_std_in_grpo: bool = doc(True, "grpo: divide by the group's reward std")
+    filter_groups: Optional[FilterGroupsConfig] = section(FilterGroupsConfig, "DAPO's dynamic sampling")
+    use_kl_in_reward: bool = doc(False, "subtract a KL penalty to the reference policy from the token rewards")
+    kl_penalty: str = doc("kl", "KL estimator of the in-reward penalty: kl, abs, mse, low_var_kl, full")
+    kl_ctrl: KLControlConfig = section(KLControlConfig, "the in-reward KL coefficient")
+    use_pf_ppo: bool = doc(False, "re-sample the batch by reward (preference-feedback PPO)")
+    pf_ppo: PFPPOConfig = section(PFPPOConfig, "preference-feedback PPO's weights")
+    gdpo_reward_keys: Optional[list[str]] = doc(None, "gdpo: reward components (keys of the reward dict) normalised one by one")
+    gdpo_reward_weights: Optional[list[float]] = doc(None, "gdpo: one weight per component (null: all 1)")

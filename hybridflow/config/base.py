@@ -1,0 +1,108 @@
+"""veRL's ``BaseConfig`` and the three ways a config key is declared.
+
+A config section is a dataclass whose fields are its keys. ``BaseConfig`` makes it read like the
+DictConfig it replaces (``cfg["key"]``, ``cfg.get``, iteration, ``len``) and keeps it read-only once
+built: assigning a field raises ``FrozenInstanceError`` unless the class lists it in
+``_mutable_fields``, so library code cannot change config at run time by accident.
+
+Every field is declared with its default and a one-line doc (``field_doc`` reads it back):
+
+- ``doc(default, "...")``: a plain key;
+- ``section(factory, "...")``: a nested section, built by its class or by a function returning an
+  instance with per-place defaults (the critic's optimizer has another lr than the actor's);
+- ``undeclared("...")``: a sub-tree kept as a plain dict, not yet declared key by key.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import copy
+import dataclasses
+from dataclasses import FrozenInstanceError, dataclass, field, fields
+from typing import Any, Callable
+
+__all__ = ["BaseConfig", "doc", "section", "undeclared", "field_doc", "is_section", "is_undeclared", "to_dict"]
+
+
+def doc(default: Any, text: str) -> Any:
+    """A key with its default and a one-line doc. Mutable defaults (lists, dicts) are copied per instance."""
+    if isinstance(default, (list, dict, set)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+def section(factory: Callable[[], Any], text: str) -> Any:
+    """A nested section built by ``factory`` (a config class, or a function returning an instance)."""
+    return field(default_factory=factory, metadata={"doc": text, "section": True})
+
+
+def undeclared(text: str) -> Any:
+    """A free-form sub-tree (a plain dict): its keys are not declared one by one (yet)."""
+    return field(default_factory=dict, metadata={"doc": text, "undeclared": True})
+
+
+def field_doc(cls_or_obj: Any, name: str) -> str:
+    """The one-line doc of field ``name``."""
+    for f in fields(cls_or_obj):
+        if f.name == name:
+            return f.metadata.get("doc", "")
+    raise AttributeError(f"{getattr(cls_or_obj, '__name__', type(cls_or_obj).__name__)} has no config key {name!r}")
+
+
+def is_section(f: dataclasses.Field) -> bool:
+    return bool(f.metadata.get("section"))
+
+
+def is_undeclared(f: dataclasses.Field) -> bool:
+    return bool(f.metadata.get("undeclared"))
+
+
+@dataclass
+class BaseConfig(collections.abc.Mapping):
+    """A dataclass config that reads like a read-only mapping of its fields (veRL's BaseConfig)."""
+
+    # fields that may be assigned after construction (veRL's spelling: a set, extended by subclasses)
+    _mutable_fields = set()
+
+    _target_: str = doc("", "the class this section is read into (veRL's dotted path; hybridflow resolves it)")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__ and name not in getattr(self, "_mutable_fields", set()):
+            raise FrozenInstanceError(f"Field '{name}' of {type(self).__name__} is frozen and cannot be modified")
+        super().__setattr__(name, value)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``cfg.get(key, default)``: the field's value, or ``default`` for a key the class does not have."""
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            return default
+
+    def __getitem__(self, key: str) -> Any:
+        """``cfg[key]``: AttributeError for an unknown key, TypeError for a key that is not a string."""
+        return getattr(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and any(f.name == key for f in fields(self))
+
+    def __iter__(self):
+        return (f.name for f in fields(self))
+
+    def __len__(self) -> int:
+        return len(fields(self))
+
+
+def to_dict(obj: Any, *, keep_empty_target: bool = True) -> Any:
+    """A config (nested) as plain dicts and lists, as the yaml would hold it."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {}
+        for f in fields(obj):
+            if f.name == "_target_" and not getattr(obj, f.name) and not keep_empty_target:
+                continue
+            out[f.name] = to_dict(getattr(obj, f.name), keep_empty_target=keep_empty_target)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v, keep_empty_target=keep_empty_target) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v, keep_empty_target=keep_empty_target) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,204 @@
+"""``omega_conf_to_dataclass``: a config section (DictConfig or dict) read into its dataclass, with
+veRL's signature and behaviour, plus a check of every key and value.
+
+The class comes from ``dataclass_type`` or the section's ``_target_``. A ``_target_`` under ``verl.`` or
+``hybridflow.`` names one of hybridflow's config classes by its class name (veRL's module paths moved:
+``verl.workers.config.FSDPActorConfig`` is ``hybridflow.config.FSDPActorConfig``); Megatron's and the
+other engines' classes are refused by name; any other dotted path is imported (a class of yours).
+Nested sections are built the same way, from the field's type (or a more specific ``_target_``), and
+start from the field's default instance, so a partial section keeps its per-place defaults.
+
+Values are checked against the field types (bool, int, float, str, lists, dicts, Optional, Union);
+an int is a valid float and a number a valid string, as in OmegaConf. An unknown key or a wrong type
+raises ConfigError naming the key path and, for a typo, the closest keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import importlib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Optional, Union
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from hybridflow.config import actor, algorithm, checkpoint, critic, engine, model, optimizer, profiler, rollout
+from hybridflow.config import rollout_correction
+from hybridflow.config.base import BaseConfig
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.refused import REFUSED_CLASSES, refusal
+
+__all__ = ["CONFIG_CLASSES", "resolve_target", "omega_conf_to_dataclass"]
+
+_MODULES = (algorithm, rollout_correction, optimizer, engine, profiler, checkpoint, model, actor, critic, rollout)
+# hybridflow's config classes by name: what a verl./hybridflow. _target_ resolves to
+CONFIG_CLASSES: dict[str, type] = {"BaseConfig": BaseConfig, **{
+    name: obj for module in _MODULES for name in module.__all__
+    if isinstance(obj := getattr(module, name), type) and issubclass(obj, BaseConfig)}}
+
+_MISSING = object()
+
+
+def resolve_target(target: str, where: str = "_target_") -> type:
+    """The dataclass a ``_target_`` names; ConfigError (naming ``where``) when there is none."""
+    if not isinstance(target, str) or not target.strip():
+        raise ConfigError(f"{where} must be a dotted class path, got {target!r}")
+    name = target.rsplit(".", 1)[-1]
+    if name in REFUSED_CLASSES:
+        raise refusal(name)
+    if target.startswith(("verl.", "hybridflow.")):
+        if name in CONFIG_CLASSES:
+            return CONFIG_CLASSES[name]
+        close = difflib.get_close_matches(name, CONFIG_CLASSES, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(sorted(CONFIG_CLASSES))}"
+        raise ConfigError(f"{where}={target!r}: hybridflow has no config class {name!r}{hint}")
+    module_name, _, attr = target.rpartition(".")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(f"{where}={target!r} cannot be imported: {e}") from e
+    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
+        raise ConfigError(f"{where}={target!r} is not a dataclass")
+    return obj
+
+
+def omega_conf_to_dataclass(config: DictConfig | dict | Any, dataclass_type: Optional[type] = None) -> Any:
+    """``config`` (a DictConfig or dict; interpolations resolved) as an instance of ``dataclass_type``,
+    or of the class its ``_target_`` names. An empty config gives ``dataclass_type()`` (None without a
+    type); anything that is not a mapping (an already built config object) is returned as it is."""
+    if not config:
+        return None if dataclass_type is None else dataclass_type()
+    if not isinstance(config, (DictConfig, ListConfig, dict, list)):
+        return config
+    data = OmegaConf.to_container(config, resolve=True) if isinstance(config, (DictConfig, ListConfig)) else config
+    where = _full_key(config)
+    if dataclass_type is None:
+        if not isinstance(data, Mapping) or "_target_" not in data:
+            raise ConfigError(f"{where or 'the config'} has no _target_: pass the dataclass type "
+                              f"(omega_conf_to_dataclass(cfg, FSDPActorConfig)) or add _target_")
+        dataclass_type = resolve_target(data["_target_"], f"{where}._target_" if where else "_target_")
+    if not dataclasses.is_dataclass(dataclass_type):
+        raise ConfigError(f"{dataclass_type} must be a dataclass")
+    return _build(dataclass_type, data, where, None)
+
+
+def _full_key(config: Any) -> str:
+    """The node's dotted path in its whole config, for messages ('' for a root or a plain dict)."""
+    try:
+        return config._get_full_key(None) if isinstance(config, DictConfig) else ""
+    except Exception:  # an OmegaConf internal; messages fall back to relative paths
+        return ""
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _build(cls: type, data: Any, path: str, base: Any) -> Any:
+    """An instance of ``cls`` from mapping ``data``; missing keys come from ``base`` (a default instance
+    with per-place defaults) or the class defaults."""
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path or cls.__name__} must be a mapping of {cls.__name__}'s keys, got {data!r}")
+    if "_target_" in data and data["_target_"]:
+        target = resolve_target(data["_target_"], _join(path, "_target_"))
+        if target is not cls and issubclass(target, cls):
+            cls, base = target, None
+    known = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in data if k not in known]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(str(key), known, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; its keys: {', '.join(known)}"
+        raise ConfigError(f"{_join(path, str(key))} is not a key of {cls.__name__}{hint}")
+    hints = _hints(cls)
+    kwargs = {}
+    for name, f in known.items():
+        default = getattr(base, name, _MISSING) if base is not None else _MISSING
+        if default is _MISSING and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], _join(path, name), default)
+        elif default is not _MISSING:
+            kwargs[name] = default
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, AssertionError) as e:
+        raise ConfigError(f"{path or cls.__name__}: {e}") from e
+
+
+def _convert(tp: Any, value: Any, path: str, default: Any = _MISSING) -> Any:
+    """``value`` checked (and where OmegaConf would, converted) against type ``tp``."""
+    if tp is Any:
+        return value
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(arg, value, path, default)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{path}: {value!r} is none of {_name(tp)}")
+    if value is None:
+        raise ConfigError(f"{path} must not be null (expected {_name(tp)})")
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        base = default if isinstance(default, tp) else None
+        return _build(tp, value, path, base)
+    if origin in (list, tuple) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path} must be a list, got {value!r}")
+        item = args[0] if args else Any
+        return [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path} must be a mapping, got {value!r}")
+        item = args[1] if len(args) == 2 else Any
+        return {k: _convert(item, v, _join(path, str(k))) for k, v in value.items()}
+    return _scalar(tp, value, path)
+
+
+def _scalar(tp: type, value: Any, path: str) -> Any:
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML 1.1 reads 1e-6 as a string; OmegaConf accepts it as a float
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    else:
+        if isinstance(value, tp):
+            return value
+    raise ConfigError(f"{path} expects {_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def _name(tp: Any) -> str:
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return " or ".join(_name(a) for a in typing.get_args(tp) if a is not type(None)) + \
+            (" or null" if type(None) in typing.get_args(tp) else "")
+    return getattr(tp, "__name__", str(tp))

@@ -1,0 +1,88 @@
+"""The value model's section ``critic`` (veRL's CriticConfig / FSDPCriticConfig)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hybridflow.config.actor import check_micro_batch, check_strategy
+from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.checkpoint import CheckpointConfig
+from hybridflow.config.engine import FSDPEngineConfig
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.model import CriticModelConfig
+from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
+from hybridflow.config.profiler import ProfilerConfig
+
+__all__ = ["CriticConfig", "FSDPCriticConfig"]
+
+
+def _critic_optim() -> FSDPOptimizerConfig:
+    return FSDPOptimizerConfig(lr=1e-5)
+
+
+def _base_critic_optim() -> OptimizerConfig:
+    return OptimizerConfig(lr=1e-5)
+
+
+@dataclass
+class CriticConfig(BaseConfig):
+    """The critic keys of every training engine (veRL's critic.yaml)."""
+
+    _mutable_fields = {"ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu"}
+
+    _target_: str = doc("verl.workers.config.CriticConfig", "the class this section is read into")
+    enable: Optional[bool] = doc(None, "train a critic; null: exactly when algorithm.adv_estimator is gae")
+    strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp")
+    rollout_n: int = doc(1, "samples per prompt (follows actor_rollout_ref.rollout.n)")
+    optim: OptimizerConfig = section(_base_critic_optim, "the critic's optimizer and lr schedule")
+    ppo_mini_batch_size: int = doc(256, "prompts per optimizer step (follows the actor's)")
+    ppo_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
+    ppo_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per forward/backward on one rank")
+    use_dynamic_bsz: bool = doc(False, "pack micro-batches by token count (follows the actor's)")
+    ppo_max_token_len_per_gpu: int = doc(32768, "token budget per rank and micro-batch when use_dynamic_bsz")
+    forward_max_token_len_per_gpu: int = doc(32768, "token budget of the value pass (follows ppo_max_token_len_per_gpu)")
+    ppo_epochs: int = doc(1, "passes over the batch per step (follows the actor's)")
+    shuffle: bool = doc(False, "shuffle before splitting into mini-batches (follows the actor's)")
+    data_loader_seed: int = doc(42, "seed of that shuffle")
+    cliprange_value: float = doc(0.5, "clip range of the value update")
+    loss_agg_mode: str = doc("token-mean", "loss aggregation (follows the actor's)")
+    loss_scale_factor: Optional[float] = doc(None, "seq-mean-token-sum-norm divisor (follows the actor's)")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "what the critic's checkpoints hold")
+    profiler: ProfilerConfig = section(ProfilerConfig, "the critic's profiling")
+    model: CriticModelConfig = section(CriticModelConfig, "the value model")
+
+    def __post_init__(self):
+        check_strategy(self.strategy, "critic.strategy")
+        check_micro_batch(self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, "critic")
+        if self.ppo_micro_batch_size is not None and self.ppo_mini_batch_size % self.ppo_micro_batch_size:
+            raise ConfigError(f"critic.ppo_mini_batch_size ({self.ppo_mini_batch_size}) must be divisible by "
+                              f"critic.ppo_micro_batch_size ({self.ppo_micro_batch_size})")
+
+    def validate(self, n_gpus: int, train_batch_size: int) -> None:
+        """Checks that need the run: the data batch and the number of devices (veRL's rules)."""
+        if not self.use_dynamic_bsz and train_batch_size < self.ppo_mini_batch_size:
+            raise ConfigError(f"data.train_batch_size ({train_batch_size}) must be >= "
+                              f"critic.ppo_mini_batch_size ({self.ppo_mini_batch_size})")
+
+
+@dataclass
+class FSDPCriticConfig(CriticConfig):
+    """``critic`` on the FSDP2/DDP engine (veRL's dp_critic.yaml)."""
+
+    _mutable_fields = CriticConfig._mutable_fields | {"forward_micro_batch_size", "forward_micro_batch_size_per_gpu"}
+
+    _target_: str = doc("verl.workers.config.FSDPCriticConfig", "the class this section is read into")
+    optim: FSDPOptimizerConfig = section(_critic_optim, "the critic's optimizer and lr schedule")
+    fsdp: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine")
+    forward_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the value pass")
+    forward_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per value forward on one rank")
+    ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp.ulysses_sequence_parallel_size")
+    grad_clip: Optional[float] = doc(1.0, "before veRL 0.9.1; mapped onto critic.optim.clip_grad at load time")
+
+    def validate(self, n_gpus: int, train_batch_size: int) -> None:
+        super().validate(n_gpus, train_batch_size)
+        sp = self.ulysses_sequence_parallel_size
+        if not self.use_dynamic_bsz and self.ppo_micro_batch_size is not None and self.ppo_micro_batch_size * sp < n_gpus:
+            raise ConfigError(f"critic.ppo_micro_batch_size ({self.ppo_micro_batch_size}) x "
+                              f"ulysses_sequence_parallel_size ({sp}) must be >= the number of devices ({n_gpus})")

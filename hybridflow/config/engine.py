@@ -1,0 +1,80 @@
+"""The training engine's section (``fsdp_config`` of the actor and ref, ``critic.fsdp``; veRL's
+engine/fsdp.yaml): sharding, offload, precision and determinism of the FSDP2/DDP engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from hybridflow.config.base import BaseConfig, doc, section
+
+__all__ = ["MixedPrecisionConfig", "QATConfig", "QATEngineConfig", "FSDPEngineConfig"]
+
+_TURBO = {"distributed": {"fully_shard_parallel_size": 16, "tensor_parallel_size": 1, "expert_parallel_size": 1,
+                          "expert_fully_shard_parallel_size": 1, "ulysses_parallel_size": 1,
+                          "fsdp_plan": {"param_dtype": "bf16", "reduce_dtype": "fp32", "output_dtype": "bf16",
+                                        "fsdp_implementation": "native", "num_to_forward_prefetch": 1,
+                                        "num_to_backward_prefetch": 1}}}
+
+
+@dataclass
+class MixedPrecisionConfig(BaseConfig):
+    """``fsdp_config.mixed_precision`` (hybridflow's; veRL reads the dict when it is added)."""
+
+    param_dtype: str = doc("auto", "compute dtype: auto (bf16 on CUDA, fp32 on cpu), bf16, fp16, fp32")
+    reduce_dtype: str = doc("fp32", "dtype of the gradient reduction")
+    buffer_dtype: str = doc("fp32", "dtype of the buffers (hybridflow: fp32)")
+
+
+@dataclass
+class QATConfig(BaseConfig):
+    """Quantization-aware training (``actor.qat``; not implemented by hybridflow, refused when enabled)."""
+
+    enable: bool = doc(False, "train with fake-quantized weights")
+    mode: str = doc("w4a16", "w4a16 | w4a4")
+    group_size: int = doc(16, "block size of the quantization")
+    ignore_patterns: list[str] = doc(["lm_head", "embed_tokens", "re:.*mlp.gate$"], "modules left unquantized")
+    activation_observer: str = doc("static_minmax", "w4a4: how activation scales are observed")
+    quantization_config_path: Optional[str] = doc(None, "a quantization config json for the rollout engine")
+
+
+@dataclass
+class QATEngineConfig(QATConfig):
+    """``fsdp_config.qat``: the engine's copy of the QAT settings."""
+
+    _target_: str = doc("verl.workers.config.QATEngineConfig", "the class this section is read into")
+
+
+@dataclass
+class FSDPEngineConfig(BaseConfig):
+    """The FSDP2/DDP training engine of a role."""
+
+    # the worker adjusts these for the role it builds (veRL's mutable engine fields)
+    _mutable_fields = {"forward_only", "param_offload", "ulysses_sequence_parallel_size", "strategy"}
+
+    _target_: str = doc("verl.workers.config.FSDPEngineConfig", "the class this section is read into")
+    wrap_policy: dict = doc({"min_num_params": 0}, "FSDP auto-wrap policy (speed only in hybridflow)")
+    param_offload: bool = doc(False, "keep parameters in host memory between phases (CUDA)")
+    optimizer_offload: bool = doc(False, "keep optimizer state in host memory between phases (CUDA)")
+    offload_policy: bool = doc(False, "fsdp2: CPU offload policy of fully_shard")
+    reshard_after_forward: Union[bool, int] = doc(True, "fsdp2: reshard parameters after forward (True, False or a group size)")
+    fsdp_size: int = doc(-1, "hybrid-sharding group size; -1: the whole world")
+    forward_prefetch: bool = doc(False, "prefetch the next layer's parameters in forward")
+    model_dtype: str = doc("fp32", "dtype the weights are loaded in")
+    use_orig_params: bool = doc(False, "FSDP1's use_orig_params")
+    seed: int = doc(42, "seed of the worker's generators when full_determinism is on")
+    full_determinism: bool = doc(False, "deterministic kernels and seeded generators in the worker (slower)")
+    ulysses_sequence_parallel_size: int = doc(1, "Ulysses sequence-parallel size (hybridflow: 1)")
+    entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks to save memory")
+    entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk")
+    use_torch_compile: bool = doc(True, "torch.compile the hot functions")
+    entropy_checkpointing: bool = doc(False, "recompute the entropy in backward instead of storing it")
+    use_no_sync_for_gradient_accumulation: bool = doc(False, "defer gradient sync to the last micro-batch")
+    pad_to_length: bool = doc(False, "pad packed micro-batches to a multiple of pad_to_length_bucket tokens")
+    pad_to_length_bucket: int = doc(1024, "padding granularity of pad_to_length, in tokens")
+    forward_only: bool = doc(False, "the engine only runs forward passes (the reference policy)")
+    strategy: str = doc("fsdp", "set by the worker from the role's strategy")
+    dtype: str = doc("bfloat16", "veRL's compute dtype (hybridflow: mixed_precision.param_dtype)")
+    mixed_precision: Optional[MixedPrecisionConfig] = section(MixedPrecisionConfig, "compute, reduce and buffer dtypes")
+    qat: QATEngineConfig = section(QATEngineConfig, "quantization-aware training (not implemented)")
+    turbo_config: dict = doc(_TURBO, "veRL's FSDP-turbo engine settings (not implemented)")

@@ -1,0 +1,77 @@
+"""The model sections (``actor_rollout_ref.model``, ``critic.model``; veRL's hf_model.yaml): which
+Hugging Face model and tokenizer, how it is loaded, and LoRA."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from hybridflow.config.base import BaseConfig, doc, section, undeclared
+from hybridflow.config.errors import ConfigError
+
+__all__ = ["MtpConfig", "HFModelConfig", "CriticModelConfig"]
+
+_MEGATRON_LORA = {"type": "lora", "merge": False, "rank": 0, "alpha": 32, "dropout": 0.0,
+                  "target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], "exclude_modules": [],
+                  "dropout_position": "pre", "lora_A_init_method": "xavier", "lora_B_init_method": "zero",
+                  "a2a_experimental": False, "dtype": None, "adapter_path": None, "freeze_vision_model": True,
+                  "freeze_vision_projection": True, "freeze_language_model": True}
+
+
+@dataclass
+class MtpConfig(BaseConfig):
+    """``model.mtp``: multi-token prediction layers (not implemented by hybridflow)."""
+
+    _target_: str = doc("verl.workers.config.MtpConfig", "the class this section is read into")
+    enable: bool = doc(False, "load and save the MTP parameters")
+    enable_train: bool = doc(False, "train with the MTP layers")
+    enable_rollout: bool = doc(False, "speculative decoding with the MTP layers")
+    detach_encoder: bool = doc(False, "detach the encoder in MTP training")
+    mtp_loss_scaling_factor: float = doc(0.1, "weight of the MTP loss")
+    speculative_algorithm: str = doc("EAGLE", "SGLang's speculative algorithm")
+    speculative_num_steps: int = doc(3, "SGLang's speculative steps")
+    speculative_eagle_topk: int = doc(1, "SGLang's EAGLE top-k")
+    speculative_num_draft_tokens: int = doc(4, "SGLang's draft tokens")
+    method: str = doc("mtp", "vLLM's speculative method")
+    num_speculative_tokens: int = doc(1, "vLLM's speculative tokens")
+
+
+@dataclass
+class HFModelConfig(BaseConfig):
+    """A Hugging Face model directory and how it is loaded (the policy's and the critic's)."""
+
+    _target_: str = doc("verl.workers.config.HFModelConfig", "the class this section is read into")
+    path: str = doc("~/models/deepseek-llm-7b-chat", "model directory (or hub name) of the weights")
+    hf_config_path: Optional[str] = doc(None, "config.json from another directory (hybridflow: the model's)")
+    tokenizer_path: Optional[str] = doc(None, "tokenizer directory; null: the model path")
+    use_shm: bool = doc(False, "copy the model to shared memory first (speed only)")
+    trust_remote_code: bool = doc(False, "allow the model's own Python code")
+    custom_chat_template: Optional[str] = doc(None, "a chat template replacing the tokenizer's")
+    external_lib: Optional[str] = doc(None, "a module imported first, e.g. to register a custom architecture")
+    override_config: dict = doc({}, "entries that replace the model's config.json values")
+    enable_gradient_checkpointing: bool = doc(True, "recompute activations in backward to save memory")
+    enable_activation_offload: bool = doc(False, "offload activations to host memory (CUDA)")
+    use_remove_padding: bool = doc(True, "pack sequences without padding in forward passes")
+    lora_rank: int = doc(0, "LoRA rank; > 0 turns LoRA on (needs peft)")
+    lora_alpha: int = doc(16, "LoRA scaling")
+    target_modules: Union[str, list[str]] = doc("all-linear", "LoRA target modules: all-linear or a list of names")
+    exclude_modules: Optional[str] = doc(None, "modules LoRA leaves out")
+    lora_adapter_path: Optional[str] = doc(None, "start from a saved LoRA adapter")
+    use_liger: bool = doc(False, "Liger kernels (CUDA)")
+    use_fused_kernels: bool = doc(False, "fused log-prob/entropy kernels (CUDA)")
+    fused_kernel_options: dict = doc({"impl_backend": "torch"}, "options of the fused kernels")
+    tiled_mlp: dict = doc({"enabled": False, "num_shards": 4}, "tiled MLP to save activation memory")
+    mtp: MtpConfig = section(MtpConfig, "multi-token prediction")
+    lora: dict = doc(_MEGATRON_LORA, "Megatron's LoRA settings (merge: how LoRA weights reach a vllm rollout)")
+
+    def __post_init__(self):
+        modules = self.target_modules
+        if not (isinstance(modules, str) or (isinstance(modules, list) and all(isinstance(m, str) for m in modules))):
+            raise ConfigError(f"model.target_modules must be a string or a list of strings, got {modules!r}")
+
+
+@dataclass
+class CriticModelConfig(HFModelConfig):
+    """``critic.model``: the value model, plus the pre-0.9.1 spelling of ``critic.fsdp``."""
+
+    fsdp_config: dict = undeclared("before veRL 0.9.1: critic.fsdp (mapped onto it at load time); null: not set")

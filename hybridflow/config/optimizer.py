@@ -1,0 +1,72 @@
+"""Optimizer sections (``actor.optim``, ``critic.optim``; veRL's optim/fsdp.yaml): AdamW's settings and
+the learning-rate schedule (linear warmup, then constant or cosine)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+from hybridflow.config.base import BaseConfig, doc
+from hybridflow.config.errors import ConfigError
+
+__all__ = ["LR_SCHEDULERS", "OptimizerConfig", "FSDPOptimizerConfig"]
+
+LR_SCHEDULERS = ("constant", "cosine")
+
+
+@dataclass
+class OptimizerConfig(BaseConfig):
+    """The optimizer keys every training engine reads."""
+
+    # the trainer fills in the step counts once it knows the dataset size
+    _mutable_fields = {"clip_grad", "total_training_steps", "lr_warmup_steps"}
+
+    lr: float = doc(1e-6, "learning rate")
+    lr_warmup_steps_ratio: float = doc(0.0, "warmup steps as a fraction of total_training_steps")
+    total_training_steps: int = doc(-1, "steps of the schedule; filled in by the trainer at run time")
+    weight_decay: float = doc(0.01, "AdamW weight decay")
+    lr_warmup_steps: Optional[int] = doc(-1, "warmup steps; >= 0 wins over lr_warmup_steps_ratio")
+    betas: list[float] = doc([0.9, 0.999], "AdamW betas")
+    clip_grad: float = doc(1.0, "gradient-norm clip (null or 0: none)")
+
+    def __post_init__(self):
+        if self.lr < 0:
+            raise ConfigError(f"optim.lr must be >= 0, got {self.lr}")
+        if len(self.betas) != 2:
+            raise ConfigError(f"optim.betas must be two numbers, got {self.betas!r}")
+
+
+@dataclass
+class FSDPOptimizerConfig(OptimizerConfig):
+    """``optim`` of the FSDP/DDP engine: the optimizer class and the schedule's shape."""
+
+    _mutable_fields = OptimizerConfig._mutable_fields | {"lr_scheduler_type"}
+
+    _target_: str = doc("verl.workers.config.FSDPOptimizerConfig", "the class this section is read into")
+    optimizer: str = doc("AdamW", "optimizer class name in optimizer_impl (hybridflow: AdamW)")
+    optimizer_impl: str = doc("torch.optim", "module the optimizer class comes from (hybridflow: torch.optim)")
+    min_lr_ratio: Optional[float] = doc(0.0, "cosine: the floor of the schedule, as a fraction of lr")
+    num_cycles: float = doc(0.5, "cosine: number of cosine cycles over the decay (0.5: one half-wave down)")
+    lr_scheduler_type: str = doc("constant", "constant | cosine (after the warmup)")
+    zero_indexed_step: bool = doc(True, "the schedule counts steps from 0")
+    warmup_style: Optional[str] = doc(None, "deprecated spelling of lr_scheduler_type (wins when set)")
+    override_optimizer_config: Optional[dict] = doc(None, "extra optimizer constructor arguments")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.warmup_style is not None and self.warmup_style != self.lr_scheduler_type:
+            if self.warmup_style not in LR_SCHEDULERS:
+                raise ConfigError(f"optim.warmup_style={self.warmup_style!r} (deprecated spelling of "
+                                  f"optim.lr_scheduler_type) is not one of {', '.join(LR_SCHEDULERS)}")
+            if self.lr_scheduler_type != "constant":
+                raise ConfigError(f"optim.warmup_style={self.warmup_style!r} and optim.lr_scheduler_type="
+                                  f"{self.lr_scheduler_type!r} disagree; set only lr_scheduler_type")
+            warnings.warn("optim.warmup_style is deprecated; use optim.lr_scheduler_type", DeprecationWarning,
+                          stacklevel=3)
+            self.lr_scheduler_type = self.warmup_style
+        if self.lr_scheduler_type not in LR_SCHEDULERS:
+            raise ConfigError(f"optim.lr_scheduler_type={self.lr_scheduler_type!r} is not one of "
+                              f"{', '.join(LR_SCHEDULERS)}")
+        if self.min_lr_ratio is not None and not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")

@@ -1,0 +1,40 @@
+"""veRL config classes of training engines hybridflow does not have, refused by name.
+
+``from hybridflow.workers.config import McoreActorConfig`` (or a ``_target_`` naming it) fails with the
+same reason as the Megatron config keys, instead of an anonymous ImportError: the user learns the
+feature is missing, not that a name was misspelt. The alias modules take ``__getattr__`` from here.
+"""
+
+from __future__ import annotations
+
+from hybridflow.config.errors import ConfigError
+
+__all__ = ["MEGATRON", "OTHER_ENGINES", "REFUSED_CLASSES", "RefusedConfigClass", "refusal", "__getattr__"]
+
+MEGATRON = "Megatron is not a hybridflow training engine (FSDP2/DDP only)"
+OTHER_ENGINES = "TorchTitan, VeOmni and Automodel are not hybridflow training engines (FSDP2/DDP only)"
+
+# veRL 0.9.1's config classes of those engines -> why hybridflow has no such class
+REFUSED_CLASSES: dict[str, str] = {
+    **dict.fromkeys(("McoreActorConfig", "McoreCriticConfig", "McoreEngineConfig", "McoreOptimizerConfig",
+                     "McoreCheckpointConfig", "MegatronPeftConfig"), MEGATRON),
+    **dict.fromkeys(("TorchTitanActorConfig", "TorchTitanCriticConfig", "TorchtitanEngineConfig",
+                     "TorchtitanOptimizerConfig", "VeOmniActorConfig", "VeOmniCriticConfig", "VeOmniEngineConfig",
+                     "VeOmniOptimizerConfig", "AutomodelEngineConfig", "AutomodelOptimizerConfig"), OTHER_ENGINES),
+}
+
+
+class RefusedConfigClass(ImportError, ConfigError):
+    """A veRL config class of an engine hybridflow does not implement (an ImportError for ``from ...
+    import``, a ConfigError for ``_target_``)."""
+
+
+def refusal(name: str) -> RefusedConfigClass:
+    return RefusedConfigClass(f"{name} (veRL's config class) is not supported by hybridflow: {REFUSED_CLASSES[name]}")
+
+
+def __getattr__(name: str):
+    """Module ``__getattr__`` for the alias modules: a refused class name raises its reason."""
+    if name in REFUSED_CLASSES:
+        raise refusal(name)
+    raise AttributeError(name)

@@ -1,0 +1,211 @@
+"""The rollout section ``actor_rollout_ref.rollout`` (veRL's RolloutConfig and its sub-sections):
+the inference engine (hf or vllm), sampling, the agent loop and multi-turn settings, and how weights
+reach the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.engine import QATEngineConfig
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.model import MtpConfig
+from hybridflow.config.profiler import ProfilerConfig
+
+__all__ = ["SamplingConfig", "MultiTurnConfig", "CustomAsyncServerConfig", "AgentLoopConfig", "CheckpointEngineConfig",
+           "TraceConfig", "PrometheusConfig", "DisaggregationConfig", "RolloutConfig"]
+
+ROLLOUT_MODES = ("async", "sync")
+TRUNCATE_SIDES = ("left", "middle", "right")
+
+
+@dataclass
+class SamplingConfig(BaseConfig):
+    """``rollout.val_kwargs``: sampling used for validation."""
+
+    _target_: str = doc("verl.workers.config.SamplingConfig", "the class this section is read into")
+    top_k: int = doc(-1, "top-k filter; -1 or 0: none")
+    top_p: float = doc(1.0, "nucleus filter")
+    temperature: float = doc(0.0, "sampling temperature (0 with do_sample false: greedy)")
+    n: int = doc(1, "samples per validation prompt")
+    do_sample: bool = doc(False, "sample (else greedy)")
+
+
+@dataclass
+class MultiTurnConfig(BaseConfig):
+    """``rollout.multi_turn``: the tool_agent loop's limits, tools and interactions."""
+
+    _mutable_fields = {"max_assistant_turns", "max_user_turns"}
+
+    _target_: str = doc("verl.workers.config.MultiTurnConfig", "the class this section is read into")
+    enable: bool = doc(False, "this run is multi-turn (the start-up checks require something multi-turn configured)")
+    max_assistant_turns: Optional[int] = doc(None, "model turns per trajectory (null: no limit)")
+    tool_config_path: Optional[str] = doc(None, "veRL-format tool yaml (tools: [{class_name, config, tool_schema}])")
+    function_tool_path: Optional[str] = doc(None, "veRL's python-function tools (not implemented)")
+    max_user_turns: Optional[int] = doc(None, "tool-result and interaction turns per trajectory (null: no limit)")
+    interaction_config_path: Optional[str] = doc(None, "veRL-format interaction yaml")
+    max_parallel_calls: int = doc(1, "tool calls of one model turn that run; the rest are dropped")
+    max_tool_response_length: int = doc(256, "characters of a tool's answer kept")
+    tool_response_truncate_side: str = doc("middle", "left (keep the end) | middle | right (keep the start)")
+    use_inference_chat_template: bool = doc(False, "re-apply the chat template to each turn's engine prompt")
+    tokenization_sanity_check_mode: str = doc("strict", "strict | ignore_strippable | disable: compare with a full re-templating")
+    format: str = doc("hermes", "tool-call format: a registered parser")
+    num_repeat_rollouts: Optional[int] = doc(None, "declared by veRL 0.9.1, read by neither")
+    tool_call_timeout: float = doc(60, "seconds one tool call may take before the model gets a timeout message")
+
+    def __post_init__(self):
+        if self.tool_response_truncate_side not in TRUNCATE_SIDES:
+            raise ConfigError(f"multi_turn.tool_response_truncate_side={self.tool_response_truncate_side!r} is not "
+                              f"one of {', '.join(TRUNCATE_SIDES)}")
+
+
+@dataclass
+class CustomAsyncServerConfig(BaseConfig):
+    """``rollout.agent.custom_async_server`` (not implemented)."""
+
+    _target_: str = doc("verl.workers.config.CustomAsyncServerConfig", "the class this section is read into")
+    path: Optional[str] = doc(None, "file of a custom async rollout server")
+    name: Optional[str] = doc(None, "its class name")
+
+
+@dataclass
+class AgentLoopConfig(BaseConfig):
+    """``rollout.agent``: the agent-loop workers every rollout runs through."""
+
+    _target_: str = doc("verl.workers.config.AgentLoopConfig", "the class this section is read into")
+    num_workers: int = doc(2, "agent-loop workers (one process each) the batch is spread over")
+    default_agent_loop: str = doc("single_turn_agent", "loop of a sample without agent_name")
+    agent_loop_config_path: Optional[str] = doc(None, "your loops: a yaml list of {name, _target_, **kwargs}")
+    custom_async_server: CustomAsyncServerConfig = section(CustomAsyncServerConfig, "a custom server (not implemented)")
+
+    def __post_init__(self):
+        if self.num_workers < 1:
+            raise ConfigError(f"rollout.agent.num_workers must be >= 1, got {self.num_workers}")
+
+
+@dataclass
+class CheckpointEngineConfig(BaseConfig):
+    """``rollout.checkpoint_engine``: how new weights travel from the trainer to the engines."""
+
+    _mutable_fields = {"backend"}
+
+    _target_: str = doc("verl.workers.config.CheckpointEngineConfig", "the class this section is read into")
+    backend: Optional[str] = doc("naive", "naive (in process or through Ray's object store)")
+    update_weights_bucket_megabytes: int = doc(2048, "size of one weight bucket")
+    engine_kwargs: dict = doc({}, "backend arguments")
+    custom_backend_module: Optional[str] = doc(None, "a module of your own backend (not implemented)")
+
+
+@dataclass
+class TraceConfig(BaseConfig):
+    """``rollout.trace``: rollout tracing (not implemented)."""
+
+    _target_: str = doc("verl.workers.config.TraceConfig", "the class this section is read into")
+    project_name: Optional[str] = doc("hybridflow_examples", "trace project (follows trainer.project_name)")
+    experiment_name: Optional[str] = doc("gsm8k", "trace experiment (follows trainer.experiment_name)")
+    backend: Optional[str] = doc(None, "trace backend")
+    token2text: bool = doc(False, "decode token ids in traces")
+    max_samples_per_step_per_worker: Optional[int] = doc(None, "traced samples per step and worker")
+
+
+@dataclass
+class PrometheusConfig(BaseConfig):
+    """``rollout.prometheus``: the engines' metrics exporter (not implemented)."""
+
+    _target_: str = doc("verl.workers.config.PrometheusConfig", "the class this section is read into")
+    enable: bool = doc(False, "export the engines' metrics")
+    port: int = doc(9090, "exporter port")
+    file: str = doc("/tmp/ray/session_latest/metrics/prometheus/prometheus.yml", "Prometheus configuration file")
+    served_model_name: Optional[str] = doc("~/models/deepseek-llm-7b-chat", "model name in the metrics (follows model.path)")
+
+
+@dataclass
+class DisaggregationConfig(BaseConfig):
+    """``rollout.disaggregation``: prefill/decode disaggregation (not implemented)."""
+
+    enabled: bool = doc(False, "split prefill and decode over separate replicas")
+    prefill_replicas: int = doc(1, "prefill replicas")
+    decode_replicas: int = doc(1, "decode replicas")
+    decode_tensor_model_parallel_size: Optional[int] = doc(None, "tensor parallel size of decode")
+    transfer_backend: str = doc("nixl", "KV transfer backend")
+    bootstrap_port: Optional[int] = doc(None, "bootstrap port")
+    ib_device: Optional[str] = doc(None, "InfiniBand device")
+
+
+@dataclass
+class RolloutConfig(BaseConfig):
+    """``actor_rollout_ref.rollout``: the inference engine and how it samples."""
+
+    # the worker sizes the engine for the model it serves (veRL's mutable fields)
+    _mutable_fields = {"max_model_len", "load_format", "engine_kwargs", "prompt_length", "response_length",
+                       "expert_parallel_size", "full_determinism", "max_num_seqs"}
+
+    _target_: str = doc("verl.workers.config.RolloutConfig", "the class this section is read into")
+    name: Optional[str] = doc("hf", "engine: hf (transformers generate) | vllm")
+    mode: str = doc("async", "async (veRL 0.9.1's only mode); sync runs the same pipeline")
+    nnodes: int = doc(0, "> 0: the engines get a pool of their own; 0: colocated with the actor")
+    n_gpus_per_node: int = doc(1, "devices per node of that pool (follows trainer.n_gpus_per_node)")
+    temperature: float = doc(1.0, "sampling temperature")
+    top_k: int = doc(-1, "top-k filter; -1 or 0: none")
+    top_p: float = doc(1.0, "nucleus filter")
+    full_determinism: bool = doc(False, "deterministic engine kernels (not implemented)")
+    seed: int = doc(42, "base of the per-request sampling seeds")
+    prompt_length: int = doc(512, "prompt tokens (follows data.max_prompt_length)")
+    response_length: int = doc(512, "generated tokens at most (follows data.max_response_length)")
+    dtype: str = doc("auto", "engine dtype: auto (bf16 on CUDA, fp32 on cpu), bfloat16, float16, float32")
+    gpu_memory_utilization: float = doc(0.5, "vllm: share of device memory for weights and KV cache")
+    ignore_eos: bool = doc(False, "keep generating after EOS")
+    enforce_eager: bool = doc(False, "vllm: no CUDA graphs")
+    cudagraph_capture_sizes: Optional[list[int]] = doc(None, "vllm: batch sizes captured as CUDA graphs")
+    free_cache_engine: bool = doc(True, "release the KV cache between generation phases")
+    tensor_model_parallel_size: int = doc(1, "vllm: tensor parallel size of one engine")
+    data_parallel_size: int = doc(1, "data parallel size inside an engine (hybridflow: 1)")
+    expert_parallel_size: int = doc(1, "expert parallel size inside an engine (hybridflow: 1)")
+    pipeline_model_parallel_size: int = doc(1, "pipeline parallel size inside an engine (hybridflow: 1)")
+    max_num_batched_tokens: int = doc(8192, "vllm: tokens per scheduler step")
+    max_model_len: Optional[int] = doc(None, "vllm: context length (null: prompt + response length)")
+    max_num_seqs: int = doc(256, "sequences decoded at once")
+    enable_chunked_prefill: bool = doc(True, "vllm: chunked prefill")
+    enable_prefix_caching: bool = doc(True, "vllm: prefix caching")
+    logprobs_mode: Optional[str] = doc("processed_logprobs", "log-probs of the sampling distribution (after temperature)")
+    scheduling_policy: Optional[str] = doc("fcfs", "engine scheduling (hybridflow: fcfs)")
+    load_format: str = doc("dummy", "vllm: how initial weights are loaded (dummy: pushed from the trainer)")
+    layered_summon: bool = doc(False, "gather FSDP weights layer by layer (speed only)")
+    log_prob_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the old log-prob pass")
+    log_prob_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per forward of the old log-prob pass")
+    log_prob_use_dynamic_bsz: bool = doc(False, "pack by token count (follows actor.use_dynamic_bsz)")
+    log_prob_max_token_len_per_gpu: int = doc(16384, "token budget per forward (follows actor.ppo_max_token_len_per_gpu)")
+    disable_log_stats: bool = doc(True, "vllm: no periodic stats logging")
+    do_sample: bool = doc(True, "sample (else greedy)")
+    n: int = doc(1, "responses sampled per prompt; > 1 for grpo and rloo")
+    over_sample_rate: float = doc(0.0, "extra requests to cut stragglers (not implemented)")
+    multi_stage_wake_up: bool = doc(False, "wake weights and KV cache in stages (speed only)")
+    engine_kwargs: dict = doc({"vllm": {"kv_cache_memory_bytes": None}, "sglang": {}, "trtllm": {}},
+                              "engine arguments passed as they are (vllm: its own keys)")
+    val_kwargs: SamplingConfig = section(SamplingConfig, "sampling for validation")
+    router_config_path: Optional[str] = doc(None, "a router config (not implemented)")
+    multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn rollouts with tools and interactions")
+    calculate_log_probs: bool = doc(True, "the engine returns its log-probs of the sampled tokens")
+    agent: AgentLoopConfig = section(AgentLoopConfig, "the agent-loop workers")
+    checkpoint_engine: CheckpointEngineConfig = section(CheckpointEngineConfig, "weight transfer to the engines")
+    trace: TraceConfig = section(TraceConfig, "rollout tracing (not implemented)")
+    skip_tokenizer_init: bool = doc(True, "vllm: the engine works on token ids only")
+    skip_rollout: bool = doc(False, "veRL main's spelling of skip.rollout.enable (mapped onto it)")
+    skip_dump_dir: str = doc("/tmp/rollout_dump", "veRL main's spelling of skip.rollout.dump_dir (mapped onto it)")
+    enable_rollout_routing_replay: bool = doc(False, "record MoE routes in the rollout (not implemented)")
+    moe_load_balance_metrics_interval: int = doc(0, "MoE load-balance metrics every this many steps (not implemented)")
+    profiler: ProfilerConfig = section(ProfilerConfig, "the rollout's profiling (follows the actor's)")
+    prometheus: PrometheusConfig = section(PrometheusConfig, "metrics exporter (not implemented)")
+    quantization: Optional[str] = doc(None, "quantized rollout (not implemented)")
+    quantization_config_file: Optional[str] = doc(None, "its config file")
+    mtp: MtpConfig = section(MtpConfig, "speculative decoding with MTP layers (follows model.mtp)")
+    qat: Optional[QATEngineConfig] = section(QATEngineConfig, "the trainer's QAT settings (follows actor.fsdp_config.qat)")
+    disaggregation: DisaggregationConfig = section(DisaggregationConfig, "prefill/decode disaggregation")
+
+    def __post_init__(self):
+        if self.mode not in ROLLOUT_MODES:
+            raise ConfigError(f"rollout.mode={self.mode!r} is not one of {', '.join(ROLLOUT_MODES)}")
+        for key in ("n", "prompt_length", "response_length"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"rollout.{key} must be >= 1, got {getattr(self, key)}")
