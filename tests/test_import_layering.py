@@ -63,6 +63,7 @@ def test_the_checker_sees_absolute_relative_and_nested_imports():
 # package and any package of a lower layer, nothing of its own layer or above. docs/architecture.md draws
 # the same list.
 LAYERS = (
+    ("config", "base_config"),  # the typed config sections (imports nothing of hybridflow); veRL's BaseConfig path
     ("utils", "protocol_layout"),  # generic helpers, the DataProto wire layout
     ("protocol",),  # DataProto
     ("algorithms", "rewards", "models", "tools", "interactions"),  # pure RL math, scorers, the tiny model, tool/user APIs
@@ -74,7 +75,7 @@ LAYERS = (
     ("main_ppo", "main_generation", "main_eval", "main_sft", "model_merger", "plot", "devtools", "__init__"),
 )
 # modules that exist to offer veRL's import paths: they may point up, and hold re-exports only
-ALIASES: tuple[str, ...] = ()
+ALIASES: tuple[str, ...] = ("hybridflow.base_config", "hybridflow.trainer.config", "hybridflow.workers.config")
 
 
 def layer_of(module: str) -> int | None:
@@ -144,6 +145,11 @@ def test_the_layer_check_catches_a_back_arrow():
 
 def test_workers_do_not_import_the_trainer():
     assert not violations(PACKAGE_ROOT / "workers", ("hybridflow.trainer",))
+
+
+def test_the_config_package_imports_nothing_of_hybridflow():
+    """The bottom layer: every other layer may take its typed section from it."""
+    assert not violations(PACKAGE_ROOT / "config", tuple(f"hybridflow.{n}" for n in top_level_names() if n != "config"))
 
 
 def test_algorithms_import_nothing_above_utils():

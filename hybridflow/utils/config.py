@@ -28,6 +28,8 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from hybridflow.config.convert import omega_conf_to_dataclass  # veRL's verl.utils.config API
+from hybridflow.config.errors import ConfigError
 from hybridflow.utils.config_keys import TABLES
 from hybridflow.utils.config_support import SupportError, apply_aliases, check_support, mirror_aliases
 
@@ -42,11 +44,8 @@ __all__ = [
     "load_config",
     "parse_cli",
     "main_entry",
+    "omega_conf_to_dataclass",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be right: unknown key, wrong type, inconsistent values."""
 
 
 # Keys (by last component) whose veRL value may take either of two shapes.

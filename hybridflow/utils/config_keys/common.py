@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from hybridflow.config.refused import MEGATRON  # noqa: F401  (one text for the keys and the classes)
 from hybridflow.utils.config_support import KeyRule, honoured, not_supported, note
 
 # reasons used in several places
@@ -28,7 +29,6 @@ def speed_only(what: str) -> str:
     return f"{what}: a speed/memory setting hybridflow does not apply (results are the same)"
 VLM = "vision-language (multi-modal) models and data are not supported"
 TARGET = "a veRL dataclass path; hybridflow validates the config into its own types"
-MEGATRON = "Megatron is not a hybridflow training engine (FSDP2/DDP only)"
 NO_SP = "Ulysses sequence parallelism is not implemented"
 
 
