@@ -1,0 +1,107 @@
+"""What the sections check when they are built (and in ``validate``), each error naming its key."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hybridflow.config import (ConfigError, FSDPActorConfig, FSDPCriticConfig, FSDPOptimizerConfig, HFModelConfig,
+                               KLControlConfig, RolloutCorrectionConfig)
+
+
+def test_lr_scheduler_type_and_its_deprecated_alias():
+    assert FSDPOptimizerConfig().lr_scheduler_type == "constant"
+    assert FSDPOptimizerConfig(lr_scheduler_type="cosine", num_cycles=1.0, min_lr_ratio=0.1).num_cycles == 1.0
+    with pytest.warns(DeprecationWarning, match="warmup_style"):
+        old = FSDPOptimizerConfig(warmup_style="cosine")
+    assert old.lr_scheduler_type == "cosine"
+    # a loaded config holds both spellings with the same value: no warning, no conflict
+    assert FSDPOptimizerConfig(warmup_style="cosine", lr_scheduler_type="cosine").lr_scheduler_type == "cosine"
+    with pytest.raises(ConfigError, match="warmup_style='cosine' and optim.lr_scheduler_type='constant'|disagree"):
+        FSDPOptimizerConfig(warmup_style="constant", lr_scheduler_type="cosine")
+    with pytest.raises(ConfigError, match="optim.warmup_style='linear'"):
+        FSDPOptimizerConfig(warmup_style="linear")
+    with pytest.raises(ConfigError, match="optim.lr_scheduler_type='step' is not one of constant, cosine"):
+        FSDPOptimizerConfig(lr_scheduler_type="step")
+    with pytest.raises(ConfigError, match=r"optim.min_lr_ratio must be in \[0, 1\]"):
+        FSDPOptimizerConfig(min_lr_ratio=1.5)
+
+
+def test_actor_micro_batch_rules_and_validate():
+    with pytest.raises(ConfigError, match="actor: both ppo_micro_batch_size and ppo_micro_batch_size_per_gpu are set"):
+        FSDPActorConfig(ppo_micro_batch_size=8, ppo_micro_batch_size_per_gpu=2)
+    FSDPActorConfig(ppo_micro_batch_size=8, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=True)  # token budget rules
+    actor = FSDPActorConfig(ppo_mini_batch_size=64, ppo_micro_batch_size=16)
+    actor.validate(n_gpus=8, train_batch_size=128)
+    with pytest.raises(ConfigError, match=r"data.train_batch_size \(32\) must be >= actor.ppo_mini_batch_size \(64\)"):
+        actor.validate(n_gpus=8, train_batch_size=32)
+    with pytest.raises(ConfigError, match=r"ppo_micro_batch_size \(16\) x ulysses_sequence_parallel_size \(1\) must be "
+                                          r">= the number of devices \(32\)"):
+        actor.validate(n_gpus=32, train_batch_size=128)
+    with pytest.raises(ConfigError, match=r"actor.ppo_mini_batch_size \(64\) must be divisible by actor.ppo_micro_batch_size \(24\)"):
+        FSDPActorConfig(ppo_mini_batch_size=64, ppo_micro_batch_size=24).validate(n_gpus=1, train_batch_size=64)
+    with pytest.raises(ConfigError, match="actor.strategy='deepspeed' is not one of fsdp, fsdp2, ddp"):
+        FSDPActorConfig(strategy="deepspeed")
+
+
+def test_critic_validate():
+    critic = FSDPCriticConfig(ppo_mini_batch_size=32, ppo_micro_batch_size=4)
+    critic.validate(n_gpus=4, train_batch_size=32)
+    with pytest.raises(ConfigError, match=r"critic.ppo_mini_batch_size \(32\)"):
+        critic.validate(n_gpus=4, train_batch_size=16)
+    with pytest.raises(ConfigError, match=r"critic.ppo_micro_batch_size \(4\) x"):
+        critic.validate(n_gpus=8, train_batch_size=32)
+
+
+def test_small_checks_name_their_key():
+    with pytest.raises(ConfigError, match="algorithm.kl_ctrl.type='pid'"):
+        KLControlConfig(type="pid")
+    with pytest.raises(ConfigError, match="model.target_modules must be a string or a list of strings"):
+        HFModelConfig(target_modules=3)
+
+
+class TestRolloutCorrection:
+    def test_thresholds_are_parsed(self):
+        assert RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=2.0).is_bounds == (2.0, None)
+        assert RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold="0.5_5.0").is_bounds == (5.0, 0.5)
+        (opt,) = RolloutCorrectionConfig(rollout_rs="seq_mean_k1", rollout_rs_threshold=2.0).rejection
+        # a single k1 bound u means ratios in [1/u, u], kept in log space: [-log 2, log 2]
+        assert opt.aggregation == "mean" and math.isclose(opt.upper, math.log(2)) and math.isclose(opt.lower, -math.log(2))
+        k1, k3 = RolloutCorrectionConfig(rollout_rs="token_k1,seq_max_k3", rollout_rs_threshold="0.8_1.25,0.02").rejection
+        assert (k1.level, k3.level, k3.upper, k3.lower) == ("token", "sequence", 0.02, None)
+
+    def test_option_aliases_and_duplicates_are_normalised(self):
+        rc = RolloutCorrectionConfig(rollout_rs=" token, geometric ,token_k1,sequence", rollout_rs_threshold=2.0)
+        assert rc.rollout_rs == "token_k1,seq_mean_k1,seq_sum_k1"
+        assert RolloutCorrectionConfig(rollout_rs=["seq_mean_k3", "seq_mean_k3"], rollout_rs_threshold=0.1).rollout_rs == "seq_mean_k3"
+
+    @pytest.mark.parametrize("kwargs, message", [
+        ({"rollout_is": "batch"}, "algorithm.rollout_correction.rollout_is='batch' is not one of null, token, sequence"),
+        ({"rollout_is": "token", "rollout_is_threshold": None}, "needs rollout_is_threshold"),
+        ({"rollout_is": "token", "rollout_is_threshold": "5_0.5"}, "the lower bound exceeds the upper bound"),
+        ({"rollout_is": "token", "rollout_is_threshold": -1.0}, "upper bound must be positive"),
+        ({"rollout_rs": "token_k4", "rollout_rs_threshold": 1.0}, "unknown option 'token_k4'"),
+        ({"rollout_rs": "seq_mean_k3"}, "needs algorithm.rollout_correction.rollout_rs_threshold"),
+        ({"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": "0.1_0.2"}, "takes a single upper bound"),
+        ({"rollout_rs": "token_k1,token_k2", "rollout_rs_threshold": "1,2,3"}, "exactly one per option"),
+        ({"loss_type": "dpo"}, "loss_type='dpo' is not one of ppo_clip, reinforce"),
+    ])
+    def test_bad_values_name_the_key(self, kwargs, message):
+        with pytest.raises(ConfigError, match=message):
+            RolloutCorrectionConfig(**kwargs)
+
+    def test_presets(self):
+        geo = RolloutCorrectionConfig.decoupled_geo_rs()
+        (opt,) = geo.rejection
+        assert (geo.rollout_is, geo.bypass_mode, opt.name) == (None, False, "seq_mean_k1")
+        assert math.isclose(opt.lower, math.log(0.999)) and math.isclose(opt.upper, math.log(1.001))
+        pg = RolloutCorrectionConfig.bypass_pg_token_icepop()
+        assert (pg.rollout_is, pg.is_bounds, pg.bypass_mode, pg.loss_type) == ("token", (5.0, 0.5), True, "reinforce")
+        assert RolloutCorrectionConfig.bypass_ppo_clip_k3_rs().rejection[0].upper == 0.01
+        assert RolloutCorrectionConfig.decoupled_seq_is_rs().rollout_rs == "seq_sum_k1"
+        assert RolloutCorrectionConfig.disabled() == RolloutCorrectionConfig()
+        presets = [n for n, v in vars(RolloutCorrectionConfig).items() if isinstance(v, classmethod) and n != "disabled"]
+        assert len(presets) == 18
+        for name in presets:  # every preset builds a checked config
+            assert isinstance(getattr(RolloutCorrectionConfig, name)(), RolloutCorrectionConfig)
