@@ -20,7 +20,6 @@ Everything here is a pure function of tensors; metrics are 0-d tensors (veRL's n
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -33,7 +32,9 @@ from hybridflow.algorithms.rollout_correction_metrics import (
     offpolicy_metrics,
     rejection_option_metrics,
 )
-from hybridflow.utils.config_section import cfg_get
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.rollout_correction import (IS_LEVELS, LOSS_TYPES, RS_OPTIONS, RejectionOption,
+                                                  RolloutCorrectionConfig, parse_is_threshold, parse_rejection_options)
 from hybridflow.utils.torch_functional import masked_mean, masked_sum
 
 __all__ = [
@@ -49,106 +50,6 @@ __all__ = [
     "compute_rollout_correction",
     "compute_policy_loss_bypass_mode",
 ]
-
-IS_LEVELS = ("token", "sequence")
-LOSS_TYPES = ("ppo_clip", "reinforce")
-# <aggregation>_<estimator>: token-level, or a sequence's sum / mean / max of the token statistic
-RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
-
-
-def _positive(value: float, what: str) -> float:
-    if not value > 0:
-        raise ValueError(f"{what} must be positive, got {value}")
-    return value
-
-
-def _number(text: str, what: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{what}: {text!r} is not a number") from None
-
-
-def parse_is_threshold(spec: Any, key: str = "rollout_is_threshold") -> tuple[float, Optional[float]]:
-    """(upper, lower) of an IS threshold: a number (or numeric string) is the truncation bound of
-    TIS (lower None); ``"lower_upper"`` is IcePop's band, weights outside it become 0."""
-    if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
-        raise ValueError(f"{key} must be a number or a 'lower_upper' string, got {spec!r}")
-    if isinstance(spec, str) and "_" in spec:
-        low_text, high_text = spec.strip().split("_", 1)
-        lower, upper = _number(low_text, key), _number(high_text, key)
-        _positive(lower, f"{key} lower bound")
-        if lower > upper:
-            raise ValueError(f"{key}={spec!r}: the lower bound exceeds the upper bound")
-        return _positive(upper, f"{key} upper bound"), lower
-    upper = _number(spec, key) if isinstance(spec, str) else float(spec)
-    return _positive(upper, f"{key} upper bound"), None
-
-
-@dataclass(frozen=True)
-class RejectionOption:
-    """One rejection criterion. ``estimator`` k1 = -log r, k2 = (log r)²/2, k3 = r - 1 - log r with
-    r = π_train/π_rollout per token; ``aggregation`` token or the sequence's sum / mean / max.
-    k1 bounds are stored in log space (the statistic is a log ratio); as the statistic is -log r, a
-    k1 'lower_upper' pair bounds the inverse ratio π_rollout/π_train (veRL's convention; the usual
-    symmetric [1/u, u] reads the same either way). k2/k3 have only ``upper``."""
-
-    name: str
-    aggregation: str  # token | sum | mean | max
-    estimator: str  # k1 | k2 | k3
-    upper: float
-    lower: Optional[float] = None
-
-    @property
-    def level(self) -> str:
-        return "token" if self.aggregation == "token" else "sequence"
-
-
-def parse_rejection_options(rollout_rs: str, threshold_spec: Any, key: str = "rollout_rs") -> tuple[RejectionOption, ...]:
-    """``rollout_rs`` ("token_k1,seq_mean_k3"; duplicates dropped) with ``rollout_rs_threshold``: one
-    value shared by all options, or one per option (comma separated). k1 options take ratio bounds
-    ``"lower_upper"`` (a single number u means [1/u, u]); k2/k3 a single positive upper bound."""
-    if not isinstance(rollout_rs, str) or not rollout_rs.strip():
-        raise ValueError(f"{key} must be a comma separated string of {', '.join(RS_OPTIONS)}, got {rollout_rs!r}")
-    names = list(dict.fromkeys(o.strip() for o in rollout_rs.split(",") if o.strip()))
-    for name in names:
-        if name not in RS_OPTIONS:
-            raise ValueError(f"{key}: unknown option {name!r}; known: {', '.join(RS_OPTIONS)}")
-    tkey = f"{key}_threshold"
-    if threshold_spec is None:
-        raise ValueError(f"{key}={rollout_rs!r} needs {tkey} (rejection has no default bound)")
-    if isinstance(threshold_spec, bool) or not isinstance(threshold_spec, (int, float, str)):
-        raise ValueError(f"{tkey} must be a number or a string, got {threshold_spec!r}")
-    specs = [str(threshold_spec)] if not isinstance(threshold_spec, str) else \
-        [s.strip() for s in threshold_spec.split(",") if s.strip()]
-    if len(specs) not in (1, len(names)):
-        raise ValueError(f"{tkey}={threshold_spec!r}: give one threshold for all {len(names)} options of {key} "
-                         f"or exactly one per option")
-    specs = specs * len(names) if len(specs) == 1 else specs
-    options = []
-    for name, spec in zip(names, specs):
-        aggregation = "token" if name.startswith("token") else name.split("_")[1]
-        estimator = name.rsplit("_", 1)[1]
-        what = f"{tkey} for {name}"
-        if estimator == "k1":
-            if "_" in spec:
-                low_text, high_text = spec.split("_", 1)
-                lower, upper = _number(low_text, what), _number(high_text, what)
-            else:
-                upper = _number(spec, what)
-                lower = 1.0 / upper if upper > 0 else upper
-            _positive(lower, f"{what} (lower)")
-            _positive(upper, f"{what} (upper)")
-            if lower > upper:
-                raise ValueError(f"{what}={spec!r}: the lower bound exceeds the upper bound")
-            options.append(RejectionOption(name, aggregation, estimator, math.log(upper), math.log(lower)))
-        else:
-            if "_" in spec:
-                raise ValueError(f"{what} takes a single upper bound, not a 'lower_upper' pair: {spec!r}")
-            options.append(RejectionOption(name, aggregation, estimator, _positive(_number(spec, what), what)))
-    return tuple(options)
-
 
 @dataclass(frozen=True)
 class RolloutCorrectionSettings:
@@ -168,35 +69,16 @@ class RolloutCorrectionSettings:
 
     @classmethod
     def from_config(cls, section: Any, prefix: str = "algorithm.rollout_correction") -> "RolloutCorrectionSettings":
-        """Raises ValueError naming the offending key."""
+        """From the section (a mapping or a built ``RolloutCorrectionConfig``, which parses and checks it);
+        raises ConfigError (a ValueError) naming the offending key."""
         if section is None:
             return cls()
-        rollout_is = cfg_get(section, "rollout_is")
-        if rollout_is is not None and rollout_is not in IS_LEVELS:
-            raise ValueError(f"{prefix}.rollout_is={rollout_is!r} is not one of null, {', '.join(IS_LEVELS)}")
-        threshold = cfg_get(section, "rollout_is_threshold", 2.0, keep_none=True)
-        if threshold is None:
-            if rollout_is is not None:
-                raise ValueError(f"{prefix}.rollout_is={rollout_is} needs {prefix}.rollout_is_threshold "
-                                 "(e.g. 2.0 for truncation, '0.5_5.0' for IcePop)")
-            upper, lower = 2.0, None
-        else:
-            upper, lower = parse_is_threshold(threshold, f"{prefix}.rollout_is_threshold")
-        rs = cfg_get(section, "rollout_rs")
-        rejection = () if rs is None else parse_rejection_options(
-            rs, cfg_get(section, "rollout_rs_threshold"), f"{prefix}.rollout_rs")
-        loss_type = cfg_get(section, "loss_type", "ppo_clip")
-        if loss_type not in LOSS_TYPES:
-            raise ValueError(f"{prefix}.loss_type={loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
-        flags = {}
-        for key in ("bypass_mode", "rollout_is_batch_normalize"):
-            value = cfg_get(section, key, False)
-            if not isinstance(value, bool):
-                raise ValueError(f"{prefix}.{key} must be true or false, got {value!r}")
-            flags[key] = value
-        return cls(rollout_is=rollout_is, is_upper=upper, is_lower=lower,
-                   batch_normalize=flags["rollout_is_batch_normalize"], rejection=rejection,
-                   bypass_mode=flags["bypass_mode"], loss_type=loss_type)
+        rc = section if isinstance(section, RolloutCorrectionConfig) else \
+            omega_conf_to_dataclass(section, RolloutCorrectionConfig, path=prefix)
+        upper, lower = rc.is_bounds
+        return cls(rollout_is=rc.rollout_is, is_upper=upper, is_lower=lower,
+                   batch_normalize=rc.rollout_is_batch_normalize, rejection=rc.rejection,
+                   bypass_mode=rc.bypass_mode, loss_type=rc.loss_type)
 
 
 def compute_is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str, upper: float,

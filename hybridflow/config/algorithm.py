@@ -41,6 +41,14 @@ class FilterGroupsConfig(BaseConfig):
     max_num_gen_batches: int = doc(0, "generation batches per step before giving up; <= 0: no limit")
     max_inflight_gen_batches: int = doc(1, "generation batches in flight at once, in train_batch_size units")
 
+    def __post_init__(self):
+        p = "algorithm.filter_groups"
+        if self.enable and (not isinstance(self.metric, str) or not self.metric):
+            raise ConfigError(f"{p}.metric must name the value groups are compared on when {p}.enable=True "
+                              f"('reward' or a field of the reward's extra info such as 'acc'), got {self.metric!r}")
+        if self.max_inflight_gen_batches < 1:
+            raise ConfigError(f"{p}.max_inflight_gen_batches must be >= 1, got {self.max_inflight_gen_batches}")
+
 
 @dataclass
 class PFPPOConfig(BaseConfig):

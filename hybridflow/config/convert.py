@@ -66,16 +66,18 @@ def resolve_target(target: str, where: str = "_target_") -> type:
     return obj
 
 
-def omega_conf_to_dataclass(config: DictConfig | dict | Any, dataclass_type: Optional[type] = None) -> Any:
+def omega_conf_to_dataclass(config: DictConfig | dict | Any, dataclass_type: Optional[type] = None, *,
+                            path: Optional[str] = None) -> Any:
     """``config`` (a DictConfig or dict; interpolations resolved) as an instance of ``dataclass_type``,
     or of the class its ``_target_`` names. An empty config gives ``dataclass_type()`` (None without a
-    type); anything that is not a mapping (an already built config object) is returned as it is."""
+    type); anything that is not a mapping (an already built config object) is returned as it is.
+    ``path``: where the section sits, for messages (a DictConfig node knows it; a plain dict does not)."""
     if not config:
         return None if dataclass_type is None else dataclass_type()
     if not isinstance(config, (DictConfig, ListConfig, dict, list)):
         return config
     data = OmegaConf.to_container(config, resolve=True) if isinstance(config, (DictConfig, ListConfig)) else config
-    where = _full_key(config)
+    where = path if path is not None else _full_key(config)
     if dataclass_type is None:
         if not isinstance(data, Mapping) or "_target_" not in data:
             raise ConfigError(f"{where or 'the config'} has no _target_: pass the dataclass type "
@@ -147,7 +149,10 @@ def _convert(tp: Any, value: Any, path: str, default: Any = _MISSING) -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        for arg in (a for a in args if a is not type(None)):
+        choices = [a for a in args if a is not type(None)]
+        if len(choices) == 1:  # Optional[X]: X's own, precise error
+            return _convert(choices[0], value, path, default)
+        for arg in choices:
             try:
                 return _convert(arg, value, path, default)
             except ConfigError:
@@ -171,6 +176,9 @@ def _convert(tp: Any, value: Any, path: str, default: Any = _MISSING) -> Any:
     return _scalar(tp, value, path)
 
 
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
 def _scalar(tp: type, value: Any, path: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
@@ -181,7 +189,7 @@ def _scalar(tp: type, value: Any, path: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if isinstance(value, str):
+        if isinstance(value, str) and "_" not in value:  # not Python's 1_000 (nor IcePop's '0.5_5.0')
             try:
                 return float(value)  # YAML 1.1 reads 1e-6 as a string; OmegaConf accepts it as a float
             except ValueError:
@@ -191,10 +199,9 @@ def _scalar(tp: type, value: Any, path: str) -> Any:
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
-    else:
-        if isinstance(value, tp):
-            return value
-    raise ConfigError(f"{path} expects {_name(tp)}, got {type(value).__name__} {value!r}")
+    elif isinstance(value, tp):
+        return value
+    raise ConfigError(f"{path} must be {_KINDS.get(tp, _name(tp))}, got {type(value).__name__} {value!r}")
 
 
 def _name(tp: Any) -> str:

@@ -156,7 +156,7 @@ class RolloutCorrectionConfig(BaseConfig):
             raise ConfigError(f"algorithm.rollout_correction.rollout_is={self.rollout_is!r} is not one of null, "
                               f"{', '.join(IS_LEVELS)}")
         if self.rollout_is is not None and self.rollout_is_threshold is None:
-            raise ConfigError(f"algorithm.rollout_correction.rollout_is={self.rollout_is} needs rollout_is_threshold "
+            raise ConfigError(f"algorithm.rollout_correction.rollout_is={self.rollout_is} needs algorithm.rollout_correction.rollout_is_threshold "
                               "(e.g. 2.0 for truncation, '0.5_5.0' for IcePop)")
         if self.rollout_is_threshold is not None:
             parse_is_threshold(self.rollout_is_threshold, "algorithm.rollout_correction.rollout_is_threshold")

@@ -61,12 +61,20 @@ def test_empty_and_built_configs():
 def test_values_are_converted_as_omegaconf_would_and_checked():
     algo = omega_conf_to_dataclass({"gamma": 1, "lam": "0.95", "kl_ctrl": {"kl_coef": "1e-3"}}, AlgoConfig)
     assert algo.gamma == 1.0 and isinstance(algo.gamma, float) and algo.lam == 0.95 and algo.kl_ctrl.kl_coef == 0.001
-    with pytest.raises(ConfigError, match=r"ppo_epochs expects int, got str 'two'"):
+    # a float-or-string key keeps '3_2' a string (Python's float() would read 32.0), so its own check sees it
+    with pytest.raises(ConfigError, match="lower bound exceeds the upper bound"):
+        omega_conf_to_dataclass({"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "3_2"}}, AlgoConfig)
+    with pytest.raises(ConfigError, match=r"ppo_epochs must be an integer, got str 'two'"):
         omega_conf_to_dataclass({"ppo_epochs": "two"}, FSDPActorConfig)
-    with pytest.raises(ConfigError, match=r"use_kl_loss expects bool, got int 1"):
+    with pytest.raises(ConfigError, match=r"use_kl_loss must be true or false, got int 1"):
         omega_conf_to_dataclass({"use_kl_loss": 1}, FSDPActorConfig)
     with pytest.raises(ConfigError, match=r"optim.betas must be a list"):
         omega_conf_to_dataclass({"optim": {"betas": 0.9}}, FSDPActorConfig)
+
+
+def test_a_plain_dict_is_named_by_the_path_given():
+    with pytest.raises(ConfigError, match=r"^algorithm\.kl_ctrl\.horizon must be an integer"):
+        omega_conf_to_dataclass({"kl_ctrl": {"horizon": 1.5}}, AlgoConfig, path="algorithm")
 
 
 def test_an_unknown_key_is_named_with_its_path_and_the_closest_keys():

@@ -78,7 +78,7 @@ class TestRolloutCorrection:
 
     @pytest.mark.parametrize("kwargs, message", [
         ({"rollout_is": "batch"}, "algorithm.rollout_correction.rollout_is='batch' is not one of null, token, sequence"),
-        ({"rollout_is": "token", "rollout_is_threshold": None}, "needs rollout_is_threshold"),
+        ({"rollout_is": "token", "rollout_is_threshold": None}, "needs algorithm.rollout_correction.rollout_is_threshold"),
         ({"rollout_is": "token", "rollout_is_threshold": "5_0.5"}, "the lower bound exceeds the upper bound"),
         ({"rollout_is": "token", "rollout_is_threshold": -1.0}, "upper bound must be positive"),
         ({"rollout_rs": "token_k4", "rollout_rs_threshold": 1.0}, "unknown option 'token_k4'"),

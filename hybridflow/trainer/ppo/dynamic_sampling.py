@@ -19,8 +19,9 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from hybridflow.config.algorithm import FilterGroupsConfig
+from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.protocol import DataProto
-from hybridflow.utils.config_section import cfg_get
 
 __all__ = [
     "REWARD_METRIC",
@@ -50,25 +51,14 @@ class FilterGroupsSettings:
 
     @classmethod
     def from_config(cls, section: Any, prefix: str = "algorithm.filter_groups") -> "FilterGroupsSettings":
-        """Raises ValueError naming the offending key."""
+        """From the section (a mapping or a built ``FilterGroupsConfig``, which checks it); raises
+        ConfigError (a ValueError) naming the offending key."""
         if section is None:
             return cls()
-        enable = cfg_get(section, "enable", False)
-        if not isinstance(enable, bool):
-            raise ValueError(f"{prefix}.enable must be true or false, got {enable!r}")
-        metric = cfg_get(section, "metric", keep_none=True)
-        if enable and (not isinstance(metric, str) or not metric):
-            raise ValueError(f"{prefix}.metric must name the value groups are compared on when {prefix}.enable=True "
-                             f"('{REWARD_METRIC}' or a field of the reward's extra info such as 'acc'), got {metric!r}")
-        limits = {}
-        for key, default in (("max_num_gen_batches", 0), ("max_inflight_gen_batches", 1)):
-            value = cfg_get(section, key, default)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{prefix}.{key} must be an integer, got {value!r}")
-            limits[key] = value
-        if limits["max_inflight_gen_batches"] < 1:
-            raise ValueError(f"{prefix}.max_inflight_gen_batches must be >= 1, got {limits['max_inflight_gen_batches']}")
-        return cls(enable=enable, metric=metric or REWARD_METRIC, **limits)
+        fg = section if isinstance(section, FilterGroupsConfig) else \
+            omega_conf_to_dataclass(section, FilterGroupsConfig, path=prefix)
+        return cls(enable=fg.enable, metric=fg.metric or REWARD_METRIC, max_num_gen_batches=fg.max_num_gen_batches,
+                   max_inflight_gen_batches=fg.max_inflight_gen_batches)
 
 
 def group_metric_values(batch: DataProto, metric: str) -> np.ndarray:
