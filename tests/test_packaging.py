@@ -43,7 +43,9 @@ _CHECK = textwrap.dedent(
     """
     import json, sys
     import hybridflow, hybridflow.protocol, hybridflow.single_controller.ray
-    from hybridflow.utils.config import config_dir, load_config
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+    from hybridflow.utils.config import config_dir, load_config, raw_default_config
 
     blocked = {}
     for name in ("vllm", "flash_attn"):
@@ -53,7 +55,10 @@ _CHECK = textwrap.dedent(
         except ImportError:
             blocked[name] = True
     cfg = load_config("ppo_trainer", [])
+    with initialize_config_module("hybridflow.trainer.config", version_base=None):  # pkg://hybridflow.trainer.config
+        tree = OmegaConf.to_container(compose(config_name="ppo_trainer"))
     print("RESULT" + json.dumps({
+        "tree_is_ppo_trainer": tree == raw_default_config("ppo_trainer"),
         "hybridflow": hybridflow.__file__, "config_dir": str(config_dir()), "blocked": blocked,
         "adv_estimator": cfg.algorithm.adv_estimator, "has_ray_init": "ray_init" in cfg,
         "gpu_modules_loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("vllm", "flash_attn")),
@@ -83,6 +88,9 @@ def test_wheel_contains_configs_and_package(wheel):
     assert "hybridflow/protocol.py" in names
     assert "hybridflow/single_controller/ray/base.py" in names
     assert not [n for n in names if n.startswith(("tests/", "configs/"))]  # only the package is shipped
+    tree = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "hybridflow/trainer/config").rglob("*.yaml"))
+    assert "hybridflow/trainer/config/actor/dp_actor.yaml" in tree
+    assert [n for n in tree if n not in names] == []  # veRL's config tree, for hydra.searchpath
 
 
 def test_installed_wheel_finds_configs_without_gpu_extras(wheel, tmp_path):
@@ -104,5 +112,6 @@ def test_installed_wheel_finds_configs_without_gpu_extras(wheel, tmp_path):
     assert Path(got["hybridflow"]).resolve().is_relative_to(target.resolve())
     assert Path(got["config_dir"]).resolve().is_relative_to(target.resolve())
     assert got["adv_estimator"] == "gae" and got["has_ray_init"]
+    assert got["tree_is_ppo_trainer"]  # the installed tree composes into the installed ppo_trainer
     assert got["blocked"] == {"vllm": True, "flash_attn": True}
     assert got["gpu_modules_loaded"] == []

@@ -98,15 +98,19 @@ def strip_undeclared(obj) -> dict:
     return walk(obj, tree)
 
 
+@pytest.fixture(scope="module")
+def loaded():
+    return load_config("ppo_trainer", [])
+
+
 @pytest.mark.parametrize("section", PPO_TRAINER_SECTIONS, ids=lambda s: s.path)
-def test_the_yaml_reads_into_the_defaults(section: Section):
+def test_the_yaml_reads_into_the_defaults(section: Section, loaded):
     """The yaml's section, converted, is the class's default instance; a loaded config (legacy spellings
     mirrored, interpolations resolved) converts too."""
     built = omega_conf_to_dataclass(node_at(default_config("ppo_trainer"), section.path), section.cls)
     assert type(built) is section.cls
     assert strip_undeclared(built) == strip_undeclared(section.cls())
-    loaded = omega_conf_to_dataclass(node_at(load_config("ppo_trainer", []), section.path), section.cls)
-    assert type(loaded) is section.cls
+    assert type(omega_conf_to_dataclass(node_at(loaded, section.path), section.cls)) is section.cls
 
 
 def test_every_key_has_a_one_line_doc():
