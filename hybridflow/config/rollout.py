@@ -18,6 +18,7 @@ __all__ = ["SamplingConfig", "MultiTurnConfig", "CustomAsyncServerConfig", "Agen
 
 ROLLOUT_MODES = ("async", "sync")
 TRUNCATE_SIDES = ("left", "middle", "right")
+SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 
 
 @dataclass
@@ -55,9 +56,19 @@ class MultiTurnConfig(BaseConfig):
     tool_call_timeout: float = doc(60, "seconds one tool call may take before the model gets a timeout message")
 
     def __post_init__(self):
-        if self.tool_response_truncate_side not in TRUNCATE_SIDES:
-            raise ConfigError(f"multi_turn.tool_response_truncate_side={self.tool_response_truncate_side!r} is not "
-                              f"one of {', '.join(TRUNCATE_SIDES)}")
+        p = "actor_rollout_ref.rollout.multi_turn"
+        for key, allowed in (("tool_response_truncate_side", TRUNCATE_SIDES),
+                             ("tokenization_sanity_check_mode", SANITY_CHECK_MODES)):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"{p}.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
+        for key in ("max_parallel_calls", "max_tool_response_length"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{p}.{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("max_assistant_turns", "max_user_turns"):
+            if getattr(self, key) is not None and getattr(self, key) < 0:
+                raise ConfigError(f"{p}.{key} must be >= 0 or null, got {getattr(self, key)}")
+        if self.tool_call_timeout <= 0:
+            raise ConfigError(f"{p}.tool_call_timeout must be > 0, got {self.tool_call_timeout}")
 
 
 @dataclass

@@ -10,7 +10,7 @@ names and ``defaults:`` lists, so that such a config composes with ``file://hybr
 (or ``pkg://hybridflow.trainer.config``). configs/ppo_trainer.yaml stays the one source: each file holds
 the keys of its part of that tree, a file that includes others holds only what differs from them, and
 the root holds the rest. ``build`` simulates Hydra's composition and refuses a tree that would not
-compose back to configs/ppo_trainer.yaml; tests/config/test_config_tree.py composes it with Hydra.
+compose back to configs/ppo_trainer.yaml; tests/devtools/test_config_tree.py composes it with Hydra.
 """
 
 from __future__ import annotations

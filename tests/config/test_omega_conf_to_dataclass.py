@@ -146,3 +146,31 @@ def test_the_algorithm_section_of_a_verl_yaml():
     assert type(algo) is AlgoConfig and algo.adv_estimator == "grpo" and algo.kl_ctrl.type == "adaptive"
     rc = algo.rollout_correction
     assert type(rc) is RolloutCorrectionConfig and rc.rollout_rs == "seq_mean_k1" and rc.is_bounds == (2.5, None)
+
+
+# veRL classes named by configs/ppo_trainer.yaml that hybridflow has not declared yet (issue 22 point 1);
+# their sections stay plain mappings. Declaring one removes it from here.
+UNDECLARED_TARGETS = {
+    "HybridRolloutSwitchConfig", "ModuleConfig", "NPUToolConfig", "NsightToolConfig", "PrecisionDebuggerToolConfig",
+    "TorchMemoryToolConfig", "TorchProfilerScheduleConfig", "TorchProfilerToolConfig", "SkipManagerConfig",
+    "DistillationConfig", "DistillationLossConfig", "DistillationTeacherModelConfig", "RewardConfig",
+    "RewardModelConfig", "SandboxFusionConfig", "RewardManagerConfig",
+}
+
+
+def test_every_target_of_the_yaml_resolves_or_is_listed_as_undeclared():
+    from hybridflow.config import CONFIG_CLASSES, resolve_target
+    from hybridflow.utils.config import raw_default_config
+
+    def targets(tree):
+        if isinstance(tree, dict):
+            for key, value in tree.items():
+                if key == "_target_" and value:
+                    yield value
+                else:
+                    yield from targets(value)
+    names = {t: t.rsplit(".", 1)[-1] for t in targets(raw_default_config("ppo_trainer"))}
+    assert {n for n in names.values() if n not in CONFIG_CLASSES} == UNDECLARED_TARGETS
+    for target, name in names.items():
+        if name not in UNDECLARED_TARGETS:
+            assert resolve_target(target).__name__ == name

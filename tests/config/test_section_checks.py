@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from hybridflow.config import (ConfigError, FSDPActorConfig, FSDPCriticConfig, FSDPOptimizerConfig, HFModelConfig,
-                               KLControlConfig, RolloutCorrectionConfig)
+from hybridflow.config import (ConfigError, FilterGroupsConfig, FSDPActorConfig, FSDPCriticConfig, FSDPOptimizerConfig,
+                               HFModelConfig, KLControlConfig, MultiTurnConfig, RolloutCorrectionConfig)
 
 
 def test_lr_scheduler_type_and_its_deprecated_alias():
@@ -59,6 +59,12 @@ def test_small_checks_name_their_key():
         KLControlConfig(type="pid")
     with pytest.raises(ConfigError, match="model.target_modules must be a string or a list of strings"):
         HFModelConfig(target_modules=3)
+    with pytest.raises(ConfigError, match="algorithm.filter_groups.metric must name"):
+        FilterGroupsConfig(enable=True, metric="")
+    with pytest.raises(ConfigError, match="multi_turn.tokenization_sanity_check_mode='loose' is not one of strict"):
+        MultiTurnConfig(tokenization_sanity_check_mode="loose")
+    with pytest.raises(ConfigError, match="multi_turn.max_parallel_calls must be >= 1"):
+        MultiTurnConfig(max_parallel_calls=0)
 
 
 class TestRolloutCorrection:

@@ -13,7 +13,6 @@ from hybridflow.config.refused import __getattr__  # noqa: F401
 from hybridflow.config.rollout import (AgentLoopConfig, CheckpointEngineConfig, CustomAsyncServerConfig,
                                        DisaggregationConfig, MultiTurnConfig, PrometheusConfig, RolloutConfig,
                                        SamplingConfig, TraceConfig)
-from hybridflow.workers.config import actor, critic, engine, model, optimizer, rollout
 
 __all__ = [
     "ActorConfig", "FSDPActorConfig", "RefConfig", "PolicyLossConfig", "RouterReplayConfig", "CheckpointConfig",
