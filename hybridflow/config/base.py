@@ -92,17 +92,12 @@ class BaseConfig(collections.abc.Mapping):
         return len(fields(self))
 
 
-def to_dict(obj: Any, *, keep_empty_target: bool = True) -> Any:
+def to_dict(obj: Any) -> Any:
     """A config (nested) as plain dicts and lists, as the yaml would hold it."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {}
-        for f in fields(obj):
-            if f.name == "_target_" and not getattr(obj, f.name) and not keep_empty_target:
-                continue
-            out[f.name] = to_dict(getattr(obj, f.name), keep_empty_target=keep_empty_target)
-        return out
+        return {f.name: to_dict(getattr(obj, f.name)) for f in fields(obj)}
     if isinstance(obj, (list, tuple)):
-        return [to_dict(v, keep_empty_target=keep_empty_target) for v in obj]
+        return [to_dict(v) for v in obj]
     if isinstance(obj, dict):
-        return {k: to_dict(v, keep_empty_target=keep_empty_target) for k, v in obj.items()}
+        return {k: to_dict(v) for k, v in obj.items()}
     return obj
