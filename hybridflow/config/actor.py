@@ -97,7 +97,7 @@ class ActorConfig(BaseConfig):
     calculate_sum_pi_squared: bool = doc(False, "old log-prob pass also returns sum_v pi_v^2 per token")
     sum_pi_squared_checkpointing: bool = doc(False, "recompute sum_pi_squared in backward to save memory")
     use_kl_loss: bool = doc(False, "KL to the reference policy as a loss term (GRPO style)")
-    use_prefix_grouper: bool = doc(False, "shared-prefix forward of a prompt's samples (not implemented)")
+    use_prefix_grouper: bool = doc(False, "one forward of the shared prompt for its samples (no remove-padding, no checkpointing)")
     use_torch_compile: bool = doc(True, "torch.compile the hot functions")
     kl_loss_coef: float = doc(0.001, "coefficient of the KL loss")
     kl_loss_type: str = doc("low_var_kl", "KL estimator of the loss: kl | abs | mse | low_var_kl | full")

@@ -52,7 +52,7 @@ class FilterGroupsConfig(BaseConfig):
 
 @dataclass
 class PFPPOConfig(BaseConfig):
-    """``algorithm.pf_ppo``: preference-feedback PPO's re-weighting of samples by reward."""
+    """``algorithm.pf_ppo``: PF-PPO's sample weights (from each sequence's score)."""
 
     reweight_method: str = doc("pow", "pow | max_min | max_random")
     weight_pow: float = doc(2.0, "pow: the exponent of the weights")
@@ -73,7 +73,7 @@ class AlgoConfig(BaseConfig):
     use_kl_in_reward: bool = doc(False, "subtract a KL penalty to the reference policy from the token rewards")
     kl_penalty: str = doc("kl", "KL estimator of the in-reward penalty: kl, abs, mse, low_var_kl, full")
     kl_ctrl: KLControlConfig = section(KLControlConfig, "the in-reward KL coefficient")
-    use_pf_ppo: bool = doc(False, "re-sample the batch by reward (preference-feedback PPO)")
-    pf_ppo: PFPPOConfig = section(PFPPOConfig, "preference-feedback PPO's weights")
+    use_pf_ppo: bool = doc(False, "PF-PPO (policy filtration): redraw the batch with replacement, weighted by reward")
+    pf_ppo: PFPPOConfig = section(PFPPOConfig, "PF-PPO's sample weights")
     gdpo_reward_keys: Optional[list[str]] = doc(None, "gdpo: reward components (keys of the reward dict) normalised one by one")
     gdpo_reward_weights: Optional[list[float]] = doc(None, "gdpo: one weight per component (null: all 1)")
