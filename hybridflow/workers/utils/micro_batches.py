@@ -8,7 +8,9 @@ Two ways to cut:
   ``max_token_len`` tokens (``attention_mask.sum`` per row), with the rows spread so that the
   micro-batches carry nearly equal token totals (a balanced partition, not first-fit: first-fit
   leaves a long tail of small micro-batches that waste a forward each). The rows come back in a
-  different order; ``restore_order`` undoes it with the returned indices.
+  different order; ``restore_order`` undoes it with the returned indices (veRL's
+  ``restore_dynamic_batch`` / ``get_reverse_idx`` on one tensor). ``token_budget_partitions`` is
+  the partitioning step; ``dynamic_batch.py`` offers it under veRL's names and options.
 
 ``balance_partitions`` is the pure partitioning step (Karmarkar-Karp largest differencing), also
 usable by the trainer to give every data-parallel rank the same number of rows and nearly the same
