@@ -75,7 +75,10 @@ LAYERS = (
     ("main_ppo", "main_generation", "main_eval", "main_sft", "model_merger", "plot", "devtools", "__init__"),
 )
 # modules that exist to offer veRL's import paths: they may point up, and hold re-exports only
-ALIASES: tuple[str, ...] = ("hybridflow.base_config", "hybridflow.trainer.config", "hybridflow.workers.config")
+ALIASES: tuple[str, ...] = (
+    "hybridflow.base_config", "hybridflow.trainer.config", "hybridflow.workers.config",
+    "hybridflow.utils.seqlen_balancing", "hybridflow.utils.dataset",
+)
 
 
 def layer_of(module: str) -> int | None:

@@ -106,24 +106,26 @@ def rejection_option_metrics(option, stat: torch.Tensor, seq_stat: Optional[torc
     return m
 
 
-def offpolicy_metrics(train_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
+def offpolicy_metrics(train_log_prob: torch.Tensor, rollout_log_prob: Optional[torch.Tensor],
                       response_mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """The gap between the training and the rollout policy on the sampled tokens.
 
     kl = E[log π_rollout - log π_train] (KL(π_rollout || π_train) estimated on rollout samples),
     k3_kl = E[r - 1 - log r], perplexities (batch mean of per-sequence exp(-mean log-prob)) and their
     log difference per sequence, χ² = E[r²] - 1 per token and E[(Π_t r_t)²] - 1 per sequence, with
-    r = π_train / π_rollout.
+    r = π_train / π_rollout. Without rollout log-probs only the training perplexity is known.
     """
     train_mean = masked_mean(train_log_prob, response_mask, axis=-1)  # (B,) mean log-prob per sequence
+    metrics = {"training_ppl": torch.exp(-train_mean).mean(), "training_log_ppl": (-train_mean).mean()}
+    if rollout_log_prob is None:
+        return metrics
     rollout_mean = masked_mean(rollout_log_prob, response_mask, axis=-1)
     log_ratio = train_log_prob - rollout_log_prob  # (B, T)
     log_ppl_diff = rollout_mean - train_mean  # (B,) = log(training_ppl / rollout_ppl) per sequence
     ratio = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
     seq_log_ratio = masked_sum(log_ratio, response_mask, axis=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
     return {
-        "training_ppl": torch.exp(-train_mean).mean(),
-        "training_log_ppl": (-train_mean).mean(),
+        **metrics,
         "kl": masked_mean(rollout_log_prob - train_log_prob, response_mask),
         "k3_kl": masked_mean(torch.exp(log_ratio) - log_ratio - 1, response_mask),
         "rollout_ppl": torch.exp(-rollout_mean).mean(),

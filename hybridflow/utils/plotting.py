@@ -4,7 +4,8 @@ matplotlib is imported only when a figure is drawn, so the library imports witho
 without it raises an ImportError that names the extra. The curves, per step:
 
     training reward     ``critic/score/mean`` (the mean sequence score of the step's samples)
-    validation          every ``val-core/<data source>/reward/mean@<n>`` (greedy accuracy for a 0/1 scorer)
+    validation          every ``val-core/<data source>/<reward|acc>/mean@<n>`` (greedy accuracy for a 0/1 scorer;
+                        ``acc`` when the scorer reports it: veRL's core variable)
 
 and, for an SFT log (no RL keys), ``train/loss`` and ``val/loss``.
 """
@@ -21,7 +22,7 @@ __all__ = ["PLOT_EXTRA_HINT", "read_metrics_jsonl", "curves_from_rows", "build_f
 
 PLOT_EXTRA_HINT = "pip install 'hybridflow[plot]' (or: pip install matplotlib)"
 TRAIN_REWARD = "critic/score/mean"
-_VAL_KEY = re.compile(r"^val-core/(?P<source>.+)/reward/mean@(?P<n>\d+)$")
+_VAL_KEY = re.compile(r"^val-core/(?P<source>.+)/(?:reward|acc)/mean@(?P<n>\d+)$")
 _SFT_KEYS = {"train/loss": "training loss", "val/loss": "validation loss"}
 
 Curves = dict[str, list[tuple[int, float]]]

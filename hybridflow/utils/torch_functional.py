@@ -18,6 +18,7 @@ __all__ = [
     "entropy_from_logits",
     "sum_pi_squared_from_logits",
     "logprobs_from_logits",
+    "expand_as_nested",
 ]
 
 
@@ -108,3 +109,19 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
         picked = rows.gather(-1, rows_labels.unsqueeze(-1)).squeeze(-1)
         out.append(picked - torch.logsumexp(rows, dim=-1))
     return torch.cat(out).reshape(labels.shape)
+
+
+def expand_as_nested(tensor: torch.Tensor, nested_tensor: torch.Tensor) -> torch.Tensor:
+    """A per-sequence value ``tensor`` (B,) repeated over every position of a jagged nested tensor
+    (B, j): the per-token layout of padding-free batches (e.g. one advantage per response)."""
+    if not nested_tensor.is_nested:
+        raise ValueError("expand_as_nested: nested_tensor must be a (jagged) nested tensor")
+    if tensor.dim() != 1:
+        raise ValueError(f"expand_as_nested: tensor must be 1-D (one value per sequence), got shape {tuple(tensor.shape)}")
+    if nested_tensor.dim() != 2:
+        raise ValueError(f"expand_as_nested: nested_tensor must be (batch, jagged), got {nested_tensor.dim()} dims")
+    if tensor.shape[0] != nested_tensor.size(0):
+        raise ValueError(f"expand_as_nested: {tensor.shape[0]} values for {nested_tensor.size(0)} sequences")
+    offsets = nested_tensor.offsets()  # (B + 1,)
+    values = torch.repeat_interleave(tensor, offsets.diff(), dim=0)  # (total tokens,)
+    return torch.nested.nested_tensor_from_jagged(values=values, offsets=offsets)

@@ -27,6 +27,12 @@ def test_curves_keep_the_last_finite_value_per_step():
     }
 
 
+def test_a_scorer_reporting_acc_draws_its_core_acc():
+    """veRL's val-core holds acc instead of reward when the scorer reports acc."""
+    rows = [{"step": 0, "val-core/math/acc/mean@4": 0.5, "val-aux/math/reward/mean@4": 0.7}]
+    assert curves_from_rows(rows) == {"validation math (mean@4)": [(0, 0.5)]}
+
+
 def test_sft_logs_give_loss_curves_and_rl_logs_hide_them():
     assert curves_from_rows([{"step": 1, "train/loss": 2.0}, {"step": 2, "train/loss": 1.5, "val/loss": 1.7}]) == {
         "training loss": [(1, 2.0), (2, 1.5)], "validation loss": [(2, 1.7)]}

@@ -69,3 +69,13 @@ def test_entropy_from_logits():
 def pytest_approx(x):
     # masked_mean divides by (count + 1e-8), as veRL does: agreement to ~1e-8 relative
     return pytest.approx(float(x), rel=1e-7, abs=1e-12)
+
+
+def test_expand_as_nested_repeats_each_sequence_value_over_its_tokens():
+    nested = torch.nested.as_nested_tensor([torch.zeros(3), torch.zeros(1), torch.zeros(2)], layout=torch.jagged)
+    out = F.expand_as_nested(torch.tensor([1.0, 2.0, 3.0]), nested)
+    assert out.is_nested and [t.tolist() for t in out.unbind()] == [[1.0, 1.0, 1.0], [2.0], [3.0, 3.0]]
+    with pytest.raises(ValueError, match="nested"):
+        F.expand_as_nested(torch.tensor([1.0]), torch.zeros(1, 2))
+    with pytest.raises(ValueError, match="2 values for 3 sequences"):
+        F.expand_as_nested(torch.tensor([1.0, 2.0]), nested)

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from hybridflow.workers.utils.micro_batches import balance_partitions
 
-__all__ = ["balanced_order", "seqlen_balance_metrics"]
+__all__ = ["balanced_order", "get_group_balanced_partitions", "seqlen_balance_metrics"]
 
 
 def balanced_order(seqlens: Sequence[int], k: int) -> list[int] | None:
@@ -21,6 +21,25 @@ def balanced_order(seqlens: Sequence[int], k: int) -> list[int] | None:
     if k <= 1 or n < k or n % k:
         return None
     return [i for part in balance_partitions(list(seqlens), k, equal_size=True) for i in part]
+
+
+def get_group_balanced_partitions(seqlen_list: Sequence[int], uid_list: Sequence, k_partitions: int) -> list[list[int]]:
+    """k lists of row indices (each sorted) with nearly equal token sums, where the rows of one group
+    (consecutive rows with the same uid: a prompt's responses) stay in one partition, and every
+    partition gets the same number of groups (veRL's name; groups sharing a prefix stay on one rank)."""
+    if len(seqlen_list) != len(uid_list):
+        raise ValueError(f"{len(seqlen_list)} sequence lengths for {len(uid_list)} uids")
+    groups: list[list[int]] = []
+    for i, uid in enumerate(uid_list):
+        if groups and uid_list[groups[-1][0]] == uid:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    if len(groups) < k_partitions or len(groups) % k_partitions:
+        raise ValueError(f"{len(groups)} uid groups cannot be split evenly over {k_partitions} partitions; "
+                         "the number of prompts must be a multiple of the number of ranks")
+    loads = [sum(seqlen_list[i] for i in g) for g in groups]
+    return [sorted(i for g in part for i in groups[g]) for part in balance_partitions(loads, k_partitions, equal_size=True)]
 
 
 def _chunk_loads(seqlens: Sequence[int], k: int) -> list[int]:

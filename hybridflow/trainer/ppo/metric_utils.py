@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from contextlib import contextmanager
-from typing import Any
 
 import numpy as np
 import torch
 
 from hybridflow.protocol import DataProto
+from hybridflow.trainer.ppo.validation_stats import bootstrap_metric, calc_maj_val, process_validation_metrics
+from hybridflow.utils.metric import flat_metric_values, reduce_metrics
+
+__all__ = [
+    "timer", "compute_data_metrics", "gdpo_component_metrics", "compute_timing_metrics", "compute_throughput_metrics",
+    "compute_throughout_metrics", "rollout_probs_diff_metrics", "flat_metric_values", "reduce_metrics",
+    "bootstrap_metric", "calc_maj_val", "process_validation_metrics", "validation_metrics",
+]
 
 
 @contextmanager
@@ -78,12 +84,24 @@ def compute_timing_metrics(batch: DataProto, timing_raw: dict[str, float]) -> di
 
 
 def compute_throughput_metrics(batch: DataProto, step_seconds: float, n_devices: int) -> dict[str, float]:
-    total_tokens = float(batch.batch["attention_mask"].sum())
+    """perf/total_num_tokens (prompt + response tokens of the step: ``meta_info["global_token_num"]``
+    when the trainer recorded it, as veRL counts, else the attention mask), perf/time_per_step and
+    perf/throughput (tokens per second per device)."""
+    token_counts = batch.meta_info.get("global_token_num")
+    total_tokens = float(sum(token_counts) if token_counts is not None else batch.batch["attention_mask"].sum())
     return {
         "perf/total_num_tokens": total_tokens,
         "perf/time_per_step": step_seconds,
         "perf/throughput": total_tokens / max(step_seconds, 1e-9) / max(n_devices, 1),
     }
+
+
+def compute_throughout_metrics(batch: DataProto, timing_raw: dict[str, float], n_gpus: int) -> dict[str, float]:
+    """veRL's name and signature (sic: "throughout") for ``compute_throughput_metrics``: the step time
+    is ``timing_raw["step"]``."""
+    if "step" not in timing_raw:
+        raise KeyError(f"compute_throughout_metrics needs timing_raw['step'] (the step's seconds); got {sorted(timing_raw)}")
+    return compute_throughput_metrics(batch, timing_raw["step"], n_gpus)
 
 
 def rollout_probs_diff_metrics(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor,
@@ -110,45 +128,23 @@ def rollout_probs_diff_metrics(rollout_log_probs: torch.Tensor, old_log_probs: t
             "training/rollout_actor_probs_pearson_corr": corr}
 
 
-def flat_metric_values(value: Any) -> list:
-    """A metric's values as one flat list: worker groups return one list per rank, collected by
-    ``DataProto.concat`` into a list of lists (veRL's shape), e.g. ``[[l0, l1], [l0', l1']]``."""
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return [v for item in value for v in flat_metric_values(item)]
-    return [value]
+def _n_of(metric_name: str) -> int:
+    """N of ``mean@N`` / ``best@N/mean``."""
+    return int(metric_name.split("@")[-1].split("/")[0])
 
 
-def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """Lists (one entry per rank / mini-batch, nested per rank or not) → the mean of all their
-    values; tensors and numbers → float.
-
-    All tensors are stacked and read back in a single host sync.
-    """
+def validation_metrics(data_sources, sample_uids, infos_dict: dict, seed: int = 42) -> dict[str, float]:
+    """veRL's validation metrics: ``<section>/<data_source>/<variable>/<metric>`` for every statistic of
+    ``process_validation_metrics``. val-core holds the headline numbers: the core variable (``acc``
+    when the scorer reports it, else ``reward``) at the largest N, its mean@N, best@N/* and maj@N/*;
+    everything else (std@N, worst@k, smaller k, other variables) goes to val-aux."""
     out: dict[str, float] = {}
-    tensor_keys, tensor_vals = [], []
-    for key, value in metrics.items():
-        if isinstance(value, (list, tuple)):
-            vals = [float(v) for v in flat_metric_values(value)]
-            out[key] = float(np.mean(vals)) if vals else float("nan")
-        elif isinstance(value, torch.Tensor):
-            tensor_keys.append(key)
-            tensor_vals.append(value.detach().float().reshape(()))
-        else:
-            out[key] = float(value)
-    if tensor_vals:
-        out.update(zip(tensor_keys, torch.stack(tensor_vals).tolist()))
-    return out
-
-
-def validation_metrics(data_sources, scores, n: int) -> dict[str, float]:
-    """val-core/<data_source>/reward/mean@n (and best@n when n > 1), per data source."""
-    by_source = defaultdict(list)
-    for ds, s in zip(data_sources, scores):
-        by_source[str(ds)].append(float(s))
-    out = {}
-    for ds, vals in by_source.items():
-        arr = np.asarray(vals)
-        out[f"val-core/{ds}/reward/mean@{n}"] = float(arr.mean())
-        if n > 1 and len(arr) % n == 0:
-            out[f"val-aux/{ds}/reward/best@{n}/mean"] = float(arr.reshape(-1, n).max(-1).mean())
+    stats = process_validation_metrics(data_sources, sample_uids, infos_dict, seed=seed)
+    for source, var2metrics in stats.items():
+        core_var = "acc" if "acc" in var2metrics else "reward"
+        for var, metrics in var2metrics.items():
+            n_max = max(_n_of(name) for name in metrics)
+            for name, value in metrics.items():
+                core = var == core_var and name.startswith(("mean", "maj", "best")) and _n_of(name) == n_max
+                out[f"{'val-core' if core else 'val-aux'}/{source}/{var}/{name}"] = value
     return out

@@ -403,19 +403,32 @@ class RayPPOTrainer:
 
     # --------------------------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
+        """val_kwargs.n responses per validation prompt, scored by the validation reward function;
+        veRL's metrics (``metric_utils.validation_metrics``): val-core/<source>/<var>/mean@N,
+        best@N/mean, maj@N/mean, the rest under val-aux."""
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
         n = int(val_kwargs.n)
         batch = DataProto.from_single_dict(self.collate_fn([self.val_dataset[i] for i in range(len(self.val_dataset))]))
         batch = batch.repeat(repeat_times=n, interleave=True)
+        # one id per prompt, shared by its n responses (rows r // n): the groups of best@N / maj@N
+        uids = list(batch.non_tensor_batch["uid"]) if "uid" in batch.non_tensor_batch else \
+            [r // n for r in range(len(batch))]
         batch, rollout_metrics = self.rollout(batch, {"validate": True, "do_sample": bool(val_kwargs.do_sample),
                                                        "global_steps": self.global_steps})
-        scores = self.val_reward_fn(batch, return_dict=False).sum(-1).tolist()
+        result = self.val_reward_fn(batch, return_dict=True)
+        scores = result["reward_tensor"].sum(-1).tolist()
         self._log_val_generations(batch, scores)
         self.rollout_recorder.after_validation(batch, scores, self.global_steps)  # trainer.validation_data_dir
-        reward_key = self.config.data.reward_fn_key
-        out = validation_metrics(batch.non_tensor_batch[reward_key], scores, n)
+        # the per-sample variables: the reward, then what the scorer returned beside it (acc, pred, ...)
+        infos = {"reward": scores}
+        infos.update({k: list(v) for k, v in (result.get("reward_extra_info") or {}).items() if k != "reward"})
+        out = validation_metrics(batch.non_tensor_batch[self.config.data.reward_fn_key], uids, infos)
         # the agent loops' per-trajectory numbers on the validation set (turns, tool calls, failures)
-        out.update({f"val-aux/{k}": float(np.mean(v)) for k, v in rollout_metrics.items() if k.startswith("agent/")})
+        out.update(reduce_metrics({f"val-aux/{k}": v for k, v in rollout_metrics.items() if k.startswith("agent/")}))
+        if "num_turns" in batch.non_tensor_batch:  # veRL's names for the same turn counts
+            turns = np.asarray(batch.non_tensor_batch["num_turns"], dtype=np.float64)
+            out.update({"val-aux/num_turns/min": float(turns.min()), "val-aux/num_turns/max": float(turns.max()),
+                        "val-aux/num_turns/mean": float(turns.mean())})
         return out
 
     def _log_val_generations(self, batch: DataProto, scores) -> None:

@@ -8,7 +8,9 @@ Two ways to cut:
   ``max_token_len`` tokens (``attention_mask.sum`` per row), with the rows spread so that the
   micro-batches carry nearly equal token totals (a balanced partition, not first-fit: first-fit
   leaves a long tail of small micro-batches that waste a forward each). The rows come back in a
-  different order; ``restore_order`` undoes it with the returned indices.
+  different order; ``restore_order`` undoes it with the returned indices (veRL's
+  ``restore_dynamic_batch`` / ``get_reverse_idx`` on one tensor). ``token_budget_partitions`` is
+  the partitioning step; ``dynamic_batch.py`` offers it under veRL's names and options.
 
 ``balance_partitions`` is the pure partitioning step (Karmarkar-Karp largest differencing), also
 usable by the trainer to give every data-parallel rank the same number of rows and nearly the same
@@ -30,9 +32,12 @@ from torch.nn.parallel import DistributedDataParallel
 __all__ = [
     "split_fixed",
     "split_by_token_budget",
+    "token_budget_partitions",
     "split_for_forward",
     "split_for_update",
     "restore_order",
+    "restore_dynamic_batch",
+    "get_reverse_idx",
     "balance_partitions",
     "take_rows",
     "GlobalBatchInfo",
@@ -125,13 +130,14 @@ def _fill_empty_bins(bins: list[list[int]], seqlens: Sequence[int]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _fitting_partition(seqlens: list[int], max_token_len: int, k: int) -> tuple[int, list[list[int]]]:
-    """Smallest k' >= k whose balanced partition keeps every bin within the budget."""
-    for k_try in range(k, len(seqlens) + 1):
+def _fitting_partition(seqlens: list[int], max_token_len: int, k: int, step: int = 1) -> tuple[int, list[list[int]]]:
+    """Smallest k' = k, k + step, ... whose balanced partition keeps every bin within the budget."""
+    for k_try in range(k, len(seqlens) + 1, step):
         parts = balance_partitions(seqlens, k_try, equal_size=False)
         if max(sum(seqlens[i] for i in p) for p in parts) <= max_token_len:
             return k_try, parts
-    raise AssertionError("unreachable: one row per micro-batch always fits")  # rows <= budget checked
+    raise ValueError(f"cannot cut {len(seqlens)} rows into {k} or more micro-batches (a multiple of {step}) "
+                     f"of at most {max_token_len} tokens each; every micro-batch needs a row")
 
 
 def _collective_device(group) -> torch.device:
@@ -147,24 +153,28 @@ def _all_reduce_max(value: int, group) -> int:
     return int(t.item())
 
 
-def split_by_token_budget(data, max_token_len: int, dp_group=None) -> tuple[list, list[list[int]]]:
-    """Micro-batches of at most ``max_token_len`` tokens each, balanced by token count.
+def token_budget_partitions(seqlens: Sequence[int], max_token_len: int, dp_group=None, min_micro_batches: int = 1,
+                            multiple_of: int = 1) -> list[list[int]]:
+    """Row indices of as few micro-batches as possible (at least ``min_micro_batches``, a multiple of
+    ``multiple_of``: pipeline stages) of at most ``max_token_len`` tokens each, with nearly equal
+    token totals; heaviest micro-batch first.
 
     k starts at ceil(total / max_token_len) and grows until every balanced bin fits. With
     ``dp_group`` (and torch.distributed initialised) every rank of the group uses the largest k of
     the group, so all ranks run the same number of forward/backward passes and collectives inside
-    them (FSDP all-gathers) stay in step. Returns (micro-batches, indices): micro-batch j holds rows
-    ``indices[j]`` of ``data``; pass ``indices`` to ``restore_order``.
+    them (FSDP all-gathers) stay in step.
     """
-    attention_mask = data.batch["attention_mask"]
-    seqlens = attention_mask.sum(dim=-1).tolist()  # one host sync per split, outside the hot loop
+    seqlens = list(seqlens)
     if not seqlens:
         raise ValueError("cannot split an empty batch")
     longest = max(seqlens)
     if longest > max_token_len:
         raise ValueError(f"a row has {longest} tokens, more than max_token_len={max_token_len}; raise the budget")
-
-    k, parts = _fitting_partition(seqlens, max_token_len, math.ceil(sum(seqlens) / max_token_len))
+    if multiple_of < 1 or min_micro_batches < 1:
+        raise ValueError(f"min_micro_batches ({min_micro_batches}) and multiple_of ({multiple_of}) must be >= 1")
+    k = max(math.ceil(sum(seqlens) / max_token_len), min_micro_batches)
+    k = math.ceil(k / multiple_of) * multiple_of
+    k, parts = _fitting_partition(seqlens, max_token_len, k, multiple_of)
     if dp_group is not None and dist.is_available() and dist.is_initialized():
         # Agree on the largest k; a rank whose partition with that k does not fit (rare: KK is not
         # monotone in k) asks for more, and the group agrees again.
@@ -179,7 +189,17 @@ def split_by_token_budget(data, max_token_len: int, dp_group=None) -> tuple[list
                     f"{len(seqlens)} rows; give every rank the same number of rows"
                 )
             agreed = k
-            k, parts = _fitting_partition(seqlens, max_token_len, agreed)
+            k, parts = _fitting_partition(seqlens, max_token_len, agreed, multiple_of)
+    return parts
+
+
+def split_by_token_budget(data, max_token_len: int, dp_group=None) -> tuple[list, list[list[int]]]:
+    """Micro-batches of at most ``max_token_len`` tokens each, balanced by token count
+    (``token_budget_partitions`` over ``attention_mask.sum`` per row). Returns (micro-batches,
+    indices): micro-batch j holds rows ``indices[j]`` of ``data``; pass ``indices`` to ``restore_order``.
+    """
+    seqlens = data.batch["attention_mask"].sum(dim=-1).tolist()  # one host sync per split, outside the hot loop
+    parts = token_budget_partitions(seqlens, max_token_len, dp_group)
     return [take_rows(data, p) for p in parts], parts
 
 
@@ -203,19 +223,33 @@ def split_for_update(mini_batch, settings, dp_group=None) -> list:
     return split_fixed(mini_batch, settings.ppo_micro_batch_size_per_gpu)
 
 
+def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
+    """The inverse permutation: ``out[idx_map[i]] = i`` (where row i of a reordered batch came from)."""
+    reverse = [0] * len(idx_map)
+    for i, idx in enumerate(idx_map):
+        reverse[idx] = i
+    return reverse
+
+
+def restore_dynamic_batch(data: torch.Tensor, batch_idx_list: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Rows of ``data``, concatenated in micro-batch order (micro-batch j holds original rows
+    ``batch_idx_list[j]``), back in the original order; a jagged nested tensor stays nested."""
+    flat = [i for part in batch_idx_list for i in part]
+    if len(flat) != data.shape[0]:
+        raise ValueError(f"{data.shape[0]} rows of results for {len(flat)} indices")
+    inverse = get_reverse_idx(flat)
+    if data.is_nested:
+        rows = data.unbind()
+        return torch.nested.as_nested_tensor([rows[i] for i in inverse], layout=torch.jagged)
+    return data[torch.as_tensor(inverse, dtype=torch.long, device=data.device)]
+
+
 def restore_order(tensors_in_micro_order: Sequence[torch.Tensor],
                   indices: Optional[Sequence[Sequence[int]]]) -> torch.Tensor:
     """Concatenate per-micro-batch results and put the rows back in the original order (``indices``
     None: the micro-batches were consecutive, concatenation is the order)."""
     stacked = torch.cat(list(tensors_in_micro_order), dim=0)
-    if indices is None:
-        return stacked
-    flat = [i for part in indices for i in part]
-    if len(flat) != stacked.shape[0]:
-        raise ValueError(f"{stacked.shape[0]} rows of results for {len(flat)} indices")
-    inverse = torch.empty(len(flat), dtype=torch.long)
-    inverse[torch.as_tensor(flat, dtype=torch.long)] = torch.arange(len(flat))
-    return stacked[inverse.to(stacked.device)]
+    return stacked if indices is None else restore_dynamic_batch(stacked, indices)
 
 
 # ---------------------------------------------------------------------------------------------
