@@ -25,9 +25,9 @@ from omegaconf import OmegaConf
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn, read_parquet_rows
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import ClassWithInitArgs
+from hybridflow.single_controller.factory import build_worker_group, start_backend
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.utils.config import parse_cli
-from hybridflow.utils.environ import restore_environ, snapshot_environ
 from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
 
@@ -43,39 +43,19 @@ def worker_config(config) -> dict:
 def build_rollout_group(config):
     """(worker group, shutdown callable) for the rollout role on the configured backend."""
     t = config.trainer
-    world = int(t.nnodes) * int(t.n_gpus_per_node)
     device = resolve_device(t.device)
-    cls_args = dict(config=worker_config(config), role="rollout")
-    backend = t.backend
-    if backend == "inprocess":
-        from hybridflow.single_controller.inprocess import InProcessWorkerGroup
-
-        if world != 1:
-            raise ValueError(f"trainer.backend=inprocess runs one worker; nnodes × n_gpus_per_node = {world}")
-        previous = snapshot_environ(["HYBRIDFLOW_DEVICE"])
-        os.environ["HYBRIDFLOW_DEVICE"] = device  # what the in-process worker reads, for this run only
-        group = InProcessWorkerGroup(ClassWithInitArgs(ActorRolloutRefWorker, **cls_args))
-
-        def shutdown_inprocess():
-            group.shutdown()  # gives back the rendezvous variables and the process group
-            restore_environ(previous)
-
-        return group, shutdown_inprocess
-    if backend != "ray":
-        raise ValueError(f"trainer.backend must be 'ray' or 'inprocess', got {backend!r}")
-    import ray
-
-    from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-    from hybridflow.single_controller.ray.init import init_ray
-
-    started = init_ray(config.ray_kwargs.ray_init, runtime_env={"env_vars": {"HYBRIDFLOW_DEVICE": device}})
-    pool = RayResourcePool(process_on_nodes=[int(t.n_gpus_per_node)] * int(t.nnodes), use_gpu=device == "cuda")
-    group = RayWorkerGroup(pool, RayClassWithInitArgs(ray.remote(ActorRolloutRefWorker), **cls_args))
+    stop_backend = start_backend(t.backend, config.ray_kwargs.ray_init, worker_env={"HYBRIDFLOW_DEVICE": device})
+    try:
+        group = build_worker_group(t.backend, ClassWithInitArgs(ActorRolloutRefWorker, config=worker_config(config),
+                                                                role="rollout"),
+                                   [int(t.n_gpus_per_node)] * int(t.nnodes), name="rollout", use_gpu=device == "cuda")
+    except BaseException:
+        stop_backend()
+        raise
 
     def shutdown():
-        group.shutdown()
-        if started:
-            ray.shutdown()
+        group.shutdown()  # its workers (and their devices, the rendezvous variables and process group in process)
+        stop_backend()
 
     return group, shutdown
 

@@ -9,7 +9,6 @@ stop (workers and the Ray processes it started are shut down, exit code 143).
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
@@ -20,6 +19,7 @@ from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
 from hybridflow.data.sampler import create_rl_dataloader
 from hybridflow.rewards import get_custom_reward_fn, load_reward_manager
 from hybridflow.single_controller.base import WorkerHangError
+from hybridflow.single_controller.factory import start_backend
 from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridflow.utils.config import ConfigError, parse_cli
@@ -96,12 +96,9 @@ def build_trainer(config) -> RayPPOTrainer:
     total = int(t.total_training_steps) if t.total_training_steps else len(dataloader) * int(t.total_epochs)
     config = with_runtime_values(config, total)
 
-    if t.backend == "ray":
-        from hybridflow.single_controller.ray.init import init_ray
-
-        init_ray(config.ray_kwargs.ray_init, runtime_env={"env_vars": {"HYBRIDFLOW_DEVICE": device}})
-    else:
-        os.environ["HYBRIDFLOW_DEVICE"] = device
+    # the backend stays up after the run (a later run in this process reuses a Ray session); run_ppo
+    # puts the environment back
+    start_backend(t.backend, config.ray_kwargs.ray_init, worker_env={"HYBRIDFLOW_DEVICE": device})
     return RayPPOTrainer(config, tokenizer, dataloader, val_dataset, reward_fn, val_reward_fn, collate_fn=collate_fn)
 
 

@@ -191,3 +191,12 @@ def ray_session():
         yield ray
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(params=["inprocess", "ray"])
+def backend(request) -> str:
+    """Each ``trainer.backend`` in turn, for tests that must pass on both (issue 23: nothing above the
+    single controller asks which one it has). The Ray one runs in the shared session (``ray_session``)."""
+    if request.param == "ray":
+        request.getfixturevalue("ray_session")
+    return request.param

@@ -173,3 +173,65 @@ def test_old_import_paths_give_the_same_objects(old, new):
     assert names
     for name in names:
         assert getattr(old_module, name) is getattr(new_module, name), name
+
+
+# ----------------------------------------------------------------------------- no backend branches
+# Above the single controller nothing asks which backend it has (issue 23): the agent loop, the trainer
+# and the entry points get groups from hybridflow.single_controller.factory and use what every group
+# answers (handles, spawn_helpers, shutdown). They never name a backend's classes, import a backend's
+# modules (or Ray itself), or tell handles apart by class.
+ABOVE_THE_CONTROLLER = [PACKAGE_ROOT / "agent_loop", PACKAGE_ROOT / "trainer", *sorted(PACKAGE_ROOT.glob("main_*.py"))]
+BACKEND_MODULES = ("ray", "hybridflow.single_controller.inprocess", "hybridflow.single_controller.ray")
+BACKEND_CLASSES = {"InProcessWorkerGroup", "RayWorkerGroup", "RayResourcePool", "RayClassWithInitArgs"}
+HANDLE_CLASSES = {"LocalServerHandle", "RayServerHandle", "LocalWeightTarget", "RayWeightTarget"}
+
+
+def _names_in(node) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | \
+        {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
+def backend_branches(source: str, module_name: str) -> list[str]:
+    """``line: what`` for every way ``source`` could ask which backend it has."""
+    found = [f"{line}: imports {m}" for line, m in imported_modules(source, module_name)
+             if any(m == b or m.startswith(b + ".") for b in BACKEND_MODULES)]
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found += [f"{node.lineno}: imports {a.name}" for a in node.names if a.name in BACKEND_CLASSES]
+        elif isinstance(node, (ast.Name, ast.Attribute)):
+            name = node.id if isinstance(node, ast.Name) else node.attr
+            if name in BACKEND_CLASSES:
+                found.append(f"{node.lineno}: names {name}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2 and _names_in(node.args[1]) & HANDLE_CLASSES:
+            found.append(f"{node.lineno}: isinstance against {sorted(_names_in(node.args[1]) & HANDLE_CLASSES)}")
+    return sorted(set(found), key=lambda s: (int(s.split(":")[0]), s))
+
+
+def test_the_backend_checker_sees_each_kind_of_branch():
+    source = (
+        "from hybridflow.single_controller.inprocess import InProcessWorkerGroup\n"
+        "import ray\n"
+        "def f(wg, servers):\n"
+        "    from hybridflow.single_controller.ray.base import something\n"
+        "    if isinstance(wg, single_controller.RayWorkerGroup): pass\n"
+        "    local = isinstance(servers[0], (LocalServerHandle, int))\n"
+        "from hybridflow.single_controller.factory import build_worker_group\n"
+        "wg.handles(SERVER_HANDLE, role)\n"
+    )
+    found = backend_branches(source, "hybridflow.agent_loop.manager")
+    # the factory import and the group's own methods are the allowed way
+    assert found == ["1: imports InProcessWorkerGroup", "1: imports hybridflow.single_controller.inprocess",
+                     "2: imports ray", "4: imports hybridflow.single_controller.ray.base", "5: names RayWorkerGroup",
+                     "6: isinstance against ['LocalServerHandle']"], found
+
+
+def test_nothing_above_the_single_controller_asks_which_backend_it_has():
+    bad = []
+    for root in ABOVE_THE_CONTROLLER:
+        for path in sorted([root] if root.is_file() else root.rglob("*.py")):
+            name = ".".join(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
+            bad += [f"{path.relative_to(PACKAGE_ROOT.parent)}:{b}" for b in backend_branches(path.read_text(), name)]
+    assert not bad, "backend branches above the single controller (use single_controller.factory and the " \
+                    "WorkerGroup's handles / spawn_helpers):\n" + "\n".join(bad)

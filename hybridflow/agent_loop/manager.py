@@ -8,14 +8,13 @@ One call of ``generate_sequences``:
 3. the slices are concatenated in order and the workers release the engines (``release_rollout``:
    sleep, where the engine can).
 
-Agent loop workers are Ray actors with the Ray backend, and objects on an event loop thread of the
-driver with the in-process one; the rollout servers live in the rollout workers either way.
+The agent loop workers are helpers of the rollout group (``spawn_helpers``: Ray actors or objects on
+an event loop thread of the driver, as the group's backend decides) and reach the rollout servers
+through the group's handles (``handles(SERVER_HANDLE)``); the manager never asks which backend it has.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -23,12 +22,10 @@ from typing import Any
 import numpy as np
 
 from hybridflow.agent_loop.base import AgentLoopSettings
-from hybridflow.agent_loop.server_manager import LocalServerHandle, RayServerHandle, ServerHandle
+from hybridflow.agent_loop.server_manager import SERVER_HANDLE, ServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker, split_indices
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base.watchdog import wait_with_deadline
-from hybridflow.single_controller.inprocess import InProcessWorkerGroup
-from hybridflow.rollout.server import EngineLoop
 
 PROGRESS_ASK_S = 10.0  # how long a progress reading may take before it counts as no reading
 
@@ -38,10 +35,7 @@ def server_handles(worker_group, role: str | None) -> list[ServerHandle]:
 
     ``role`` names the rollout worker inside a fused (colocated) worker class; None for a plain one.
     """
-    if isinstance(worker_group, InProcessWorkerGroup):
-        hosts = [w._roles[role] if role is not None and hasattr(w, "_roles") else w for w in worker_group.workers]
-        return [LocalServerHandle(h) for h in hosts]
-    return [RayServerHandle(actor, role) for actor in worker_group.workers]
+    return worker_group.handles(SERVER_HANDLE, role)
 
 
 def _fill_missing_columns(parts: list[DataProto]) -> None:
@@ -63,17 +57,8 @@ class AgentLoopManager:
         self.hybrid_engine = hybrid_engine
         servers = server_handles(rollout_wg, role)
         pad = tokenizer.pad_token_id
-        self._local = isinstance(servers[0], LocalServerHandle)
-        n = settings.num_workers
-        args = (settings, servers, tokenizer, pad, loop_kwargs, resume_on_abort)
-        if self._local:
-            self._loop = EngineLoop("hybridflow-agent-loop")
-            self.workers = [AgentLoopWorker(*args) for _ in range(n)]
-        else:
-            import ray
-
-            remote = ray.remote(num_cpus=0)(AgentLoopWorker)
-            self.workers = [remote.remote(*args) for _ in range(n)]
+        self.workers = rollout_wg.spawn_helpers(AgentLoopWorker, settings.num_workers, settings, servers, tokenizer,
+                                                pad, loop_kwargs, resume_on_abort)
         self._next_worker = 0
 
     # ------------------------------------------------------------------------------------------
@@ -105,20 +90,14 @@ class AgentLoopManager:
             part = prompts[start:end]
             part.meta_info = {**prompts.meta_info, "sample_offset": start}
             chunks.append(part)
-        workers = self.workers[: len(chunks)]
         # every wait has the rollout group's watchdog deadline; finished trajectories count as progress,
         # so a long generation that keeps finishing samples is never declared stuck
         rows = max((len(c) for c in chunks), default=0)
         watchdog = getattr(self.rollout_wg, "watchdog", None)
         deadline = watchdog.deadline(rows, progress=self.completed_trajectories) if watchdog is not None else None
         what = f"generate_sequences ({len(prompts)} trajectories over {len(chunks)} agent loop workers)"
-        if self._local:
-            async def gather():
-                return await asyncio.gather(*[w.generate_sequences(c) for w, c in zip(workers, chunks)])
-
-            return list(wait_with_deadline([self._loop.submit(gather())], deadline, group=self.rollout_wg, what=what)[0])
-        return wait_with_deadline([w.generate_sequences.remote(c) for w, c in zip(workers, chunks)], deadline,
-                                  group=self.rollout_wg, what=what)
+        return wait_with_deadline([self.workers.call(i, "generate_sequences", c) for i, c in enumerate(chunks)],
+                                  deadline, group=self.rollout_wg, what=what)
 
     def completed_trajectories(self) -> int:
         """Trajectories finished so far (the watchdog's progress reading: a short bounded ask, never a
@@ -130,32 +109,17 @@ class AgentLoopManager:
     def submit(self, prompts: DataProto) -> Future:
         """Start ``prompts`` (e.g. one prompt's group) on the next agent loop worker; the Future gives
         the finished DataProto. ``prompts.meta_info`` names the requests (global_steps, sample_offset)."""
-        worker = self.workers[self._next_worker % len(self.workers)]
+        index = self._next_worker % len(self.workers)
         self._next_worker += 1
-        if self._local:
-            return self._loop.submit(worker.generate_sequences(prompts))
-        return worker.generate_sequences.remote(prompts).future()
-
-    def _start_on_workers(self, method: str) -> list:
-        if self._local:
-            return [self._loop.submit(getattr(w, method)()) for w in self.workers]
-        return [getattr(w, method).remote() for w in self.workers]
+        return self.workers.future(index, "generate_sequences", prompts)
 
     def _ask_workers(self, method: str, timeout_s: float) -> list:
         """The workers' answers within ``timeout_s``, else ``TimeoutError``."""
-        futures = self._start_on_workers(method)
-        if self._local:
-            done, pending = concurrent.futures.wait(futures, timeout=timeout_s)
-            if pending:
-                raise TimeoutError(f"agent loop workers did not answer {method!r} within {timeout_s} s")
-            return [f.result() for f in futures]
-        import ray
-
-        return ray.get(futures, timeout=timeout_s)
+        return self.workers.ask_all(method, timeout_s)
 
     def _call_workers(self, method: str) -> list:
         """Every agent loop worker's answer, under the rollout group's watchdog deadline."""
-        return wait_with_deadline(self._start_on_workers(method), None, group=self.rollout_wg,
+        return wait_with_deadline(self.workers.call_all(method), None, group=self.rollout_wg,
                                   what=f"agent loop workers: {method}")
 
     def pause(self) -> None:
@@ -174,11 +138,4 @@ class AgentLoopManager:
         self.rollout_wg.abort_rollout()
 
     def shutdown(self) -> None:
-        if self._local:
-            self._loop.close()
-        else:
-            import ray
-
-            for w in self.workers:
-                ray.kill(w)
-        self.workers = []
+        self.workers.close()

@@ -22,6 +22,7 @@ from typing import Any
 
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.server import ABORT, TokenOutput
+from hybridflow.single_controller.base.direct import HandleKind
 
 ROLLOUT_CONCURRENCY_GROUP = "rollout"
 
@@ -62,6 +63,11 @@ class RayServerHandle(ServerHandle):
             return await method.remote(prompt_ids, params, request_id, logprobs)
         method = self.actor.call_role.options(concurrency_group=ROLLOUT_CONCURRENCY_GROUP)
         return await method.remote(self.role, "server_generate", prompt_ids, params, request_id, logprobs)
+
+
+# how a rollout worker group hands out its servers: ``rollout_wg.handles(SERVER_HANDLE, role)``
+SERVER_HANDLE = HandleKind(in_process=lambda host, rank: LocalServerHandle(host),
+                           remote=lambda actor, role, rank: RayServerHandle(actor, role))
 
 
 class ServerManager:

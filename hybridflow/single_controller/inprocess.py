@@ -11,6 +11,8 @@ the driver may itself be inside a running event loop.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import concurrent.futures
 import inspect
 import os
 import threading
@@ -20,7 +22,9 @@ from functools import partial
 
 from hybridflow.single_controller.base.colocated import build_colocated_class, fused_class_with_init_args
 from hybridflow.single_controller.base.colocated import create_colocated_worker_raw_cls  # noqa: F401
+from hybridflow.single_controller.base.direct import HandleKind
 from hybridflow.single_controller.base.errors import WorkerError
+from hybridflow.single_controller.base.helpers import HelperPool
 from hybridflow.single_controller.base.stacks import format_own_stacks
 from hybridflow.single_controller.base.watchdog import CallThread, wait_with_deadline
 from hybridflow.single_controller.base.worker import find_free_port
@@ -198,6 +202,72 @@ class InProcessWorkerGroup(WorkerGroup):
         """No process to kill: the group stops taking calls and gives back what it set in the process
         (the last group to go restores the rendezvous variables and closes the process group)."""
         self._host.close("shutdown() was called")
+
+    # --- direct access (see base/direct.py, base/helpers.py) ------------------------------------------
+    def handles(self, kind: HandleKind, role: str | None = None) -> list:
+        """One ``kind.in_process`` handle per rank, on the worker object (``role``'s inside a colocated one)."""
+        return [kind.in_process(_role_object(w, role), rank) for rank, w in enumerate(self.workers)]
+
+    def spawn_helpers(self, cls, count: int, *args, **kwargs) -> HelperPool:
+        """``count`` objects of ``cls`` in this process, their coroutine methods on one event loop thread."""
+        return LocalHelpers(cls, count, args, kwargs)
+
+
+def _role_object(worker, role: str | None):
+    """The object of ``role`` inside a colocated worker; the worker itself for a plain one."""
+    return worker._roles[role] if role is not None and hasattr(worker, "_roles") else worker
+
+
+class LocalHelpers(HelperPool):
+    """Helpers as objects in this process; their coroutine methods run on an event loop thread of the
+    pool's own (each Ray helper actor would run them on its own loop), so the driver never blocks."""
+
+    def __init__(self, cls, count: int, args: tuple = (), kwargs: dict | None = None,
+                 name: str = "hybridflow-helpers"):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+        atexit.register(self.close)  # cancel the helpers' tasks quietly when the process ends
+        self.helpers = [cls(*args, **(kwargs or {})) for _ in range(count)]
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def __len__(self) -> int:
+        return len(self.helpers)
+
+    def future(self, index, method, *args):
+        return asyncio.run_coroutine_threadsafe(getattr(self.helpers[index], method)(*args), self.loop)
+
+    call = future  # a concurrent Future is what wait_with_deadline takes
+
+    def ask_all(self, method, timeout_s):
+        futures = self.call_all(method)
+        _, pending = concurrent.futures.wait(futures, timeout=timeout_s)
+        if pending:
+            raise TimeoutError(f"helpers did not answer {method!r} within {timeout_s} s")
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        """Cancel whatever still runs on the loop, then stop it."""
+        self.helpers = []
+        if not self.loop.is_running():
+            return
+
+        async def cancel_all():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(timeout=10)
+        except Exception:  # a task that refuses to die must not block shutdown
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        atexit.unregister(self.close)
 
 
 class _Handles(list):

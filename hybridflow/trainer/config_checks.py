@@ -22,6 +22,7 @@ from hybridflow.agent_loop.base import AGENT_LOOPS, MultiTurnSettings
 from hybridflow.agent_loop.loop_config import load_agent_loop_config
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
+from hybridflow.single_controller.factory import BACKENDS, pool_size_problem
 from hybridflow.tools.tool_registry import check_tool_config
 from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings
 from hybridflow.trainer.algorithm_checks import check_loss_and_estimator_keys
@@ -128,13 +129,11 @@ def _check_world(r: _Report, device: str, n_devices: int | None) -> int | None:
         return None
     world = nnodes * per_node
     backend = r.get("trainer.backend") or "ray"
-    if backend not in ("ray", "inprocess"):
-        r.errors.append(f"trainer.backend={backend!r} is not one of ray, inprocess")
-    elif backend == "inprocess" and world != 1:
-        r.errors.append(
-            f"trainer.backend=inprocess runs one worker in the driver, but trainer.nnodes ({nnodes}) * "
-            f"trainer.n_gpus_per_node ({per_node}) = {world}; set both to 1 or use trainer.backend=ray"
-        )
+    if backend not in BACKENDS:
+        r.errors.append(f"trainer.backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    elif pool_size_problem(backend, world):
+        r.errors.append(f"trainer.nnodes ({nnodes}) * trainer.n_gpus_per_node ({per_node}) = {world}: "
+                        f"{pool_size_problem(backend, world)} (or set both to 1)")
     if device == "cuda":
         visible = torch.cuda.device_count() if n_devices is None else n_devices
         if per_node > visible:
@@ -430,10 +429,11 @@ def _check_async(r: _Report) -> None:
         return
     if rollout_nodes and (r.get("actor_rollout_ref.rollout.n_gpus_per_node") or 0) <= 0:
         r.errors.append("actor_rollout_ref.rollout.n_gpus_per_node must be > 0 when actor_rollout_ref.rollout.nnodes > 0")
-    if r.get("trainer.backend") == "inprocess" and rollout_nodes and \
-            rollout_nodes * (r.get("actor_rollout_ref.rollout.n_gpus_per_node") or 0) != 1:
-        r.errors.append("trainer.backend=inprocess runs one rollout worker: set actor_rollout_ref.rollout.nnodes=1 "
-                        "and n_gpus_per_node=1, or use trainer.backend=ray")
+    backend = r.get("trainer.backend") or "ray"
+    rollout_world = rollout_nodes * (r.get("actor_rollout_ref.rollout.n_gpus_per_node") or 0)
+    if rollout_nodes and backend in BACKENDS and pool_size_problem(backend, rollout_world):
+        r.errors.append(f"actor_rollout_ref.rollout.nnodes * n_gpus_per_node = {rollout_world}: "
+                        f"{pool_size_problem(backend, rollout_world)} (or set both to 1)")
     # fully_async's knobs: the other modes fix them (sync: no overlap; one_step_off: one step ahead, a sync
     # every step, no partial rollouts), so a value changed from its default would change nothing there
     if mode != "fully_async":

@@ -11,10 +11,14 @@ import torch
 
 from hybridflow.agent_loop import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput, AgentLoopSettings, register
 from hybridflow.agent_loop.manager import AgentLoopManager
-from hybridflow.agent_loop.server_manager import ServerHandle, ServerManager
+from hybridflow.agent_loop.server_manager import ROLLOUT_CONCURRENCY_GROUP, ServerHandle, ServerManager
 from hybridflow.agent_loop.worker import AgentLoopWorker, split_indices
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.server import STOP, TokenOutput
+from hybridflow.single_controller.base import ClassWithInitArgs
+from hybridflow.single_controller.factory import build_worker_group
+from hybridflow.workers.rollout.weight_transfer import WEIGHT_RECEIVER, push_weights
+from tests.agent_loop.scripted_rollout import ScriptedRolloutWorker
 
 
 class ScriptedServer(ServerHandle):
@@ -145,46 +149,38 @@ def test_split_indices():
     assert split_indices(0, 2) == [(0, 0)]
 
 
-def test_manager_spreads_slices_with_offsets_in_process():
-    class Host:  # what LocalServerHandle expects: .server and .engine_loop
-        pass
-
-    from hybridflow.single_controller.inprocess import InProcessWorkerGroup
-    from hybridflow.rollout.server import EngineLoop
-
-    class FakeGroup(InProcessWorkerGroup):
-        def __init__(self, hosts):
-            self.workers = hosts
-
-        def prepare_rollout(self, version=None):
-            self.version = version
-            return [{"timing_s/update_weights": 0.5}]
-
-        def release_rollout(self):
-            self.released = True
-
-    class Server:
-        def __init__(self):
-            self.ids = []
-
-        async def generate(self, prompt_ids, params, request_id, logprobs=True):
-            self.ids.append(request_id)
-            return TokenOutput([prompt_ids[-1] + 1], [-1.0], STOP)
-
-    host = Host()
-    host.server, host.engine_loop = Server(), EngineLoop("fake-engine")
-    group = FakeGroup([host])
+def test_manager_on_each_backend(backend):
+    """The same AgentLoopManager code over a rollout group of either backend: slices spread over the agent
+    loop workers and come back in order with the hybrid switches around them; weights pushed through the
+    group's receivers stamp the next samples; streaming submit, pause/resume and in_flight work."""
+    group = build_worker_group(backend, ClassWithInitArgs(ScriptedRolloutWorker), [1], name="scripted",
+                               concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: 8})
+    manager = None
 
     class Tok:
         pad_token_id = 0
 
-    manager = AgentLoopManager(settings(agent={"num_workers": 3}), group, Tok(), role=None)
     try:
+        manager = AgentLoopManager(settings(agent={"num_workers": 2}), group, Tok(), role=None)
         out = manager.generate_sequences(prompt_batch([[1], [2], [3], [4], [5]], {"global_steps": 2, "weight_version": 7}))
+        assert out.batch["responses"][:, 0].tolist() == [2, 3, 4, 5, 6]  # order kept across the slices
+        assert out.meta_info["metrics"]["timing_s/update_weights"] == [0.5]
+        assert out.non_tensor_batch["min_weight_version"].tolist() == [0] * 5
+
+        # a separate rollout pool's update: buckets, then the version the next samples carry
+        push_weights([("w", torch.ones(2))], group.handles(WEIGHT_RECEIVER), version=3, bucket_bytes=1 << 20)
+        late = manager.submit(prompt_batch([[9]], {"global_steps": 3})).result(timeout=60)
+        assert late.batch["responses"][0, 0].item() == 10 and late.non_tensor_batch["min_weight_version"].tolist() == [3]
+        manager.pause()
+        assert manager.in_flight() == 0 and manager.completed_trajectories() == 6
+        manager.resume()
+
+        request_ids, log = group.seen()
+        assert sorted(request_ids) == [f"train2:{i}/0" for i in range(5)] + ["train3:0/0"]
+        # the trainer's version reached prepare_rollout; the engines were released after generating
+        assert [tuple(e) for e in log] == [("prepare", 7), ("release",), ("bucket", ["w"]), ("finish", 3)]
     finally:
-        manager.shutdown()
-        host.engine_loop.close()
-    assert out.batch["responses"][:, 0].tolist() == [2, 3, 4, 5, 6]  # order kept across the 3 slices
-    assert sorted(host.server.ids) == [f"train2:{i}/0" for i in range(5)]
-    assert out.meta_info["metrics"]["timing_s/update_weights"] == [0.5] and group.released
-    assert group.version == 7  # the weights pushed before generating are stamped with the trainer's version
+        if manager is not None:
+            manager.shutdown()
+        group.close_engine()
+        group.shutdown()

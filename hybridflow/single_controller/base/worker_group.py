@@ -2,7 +2,9 @@
 
 At construction it scans the worker class for ``@register`` methods and binds a method of the same
 name that dispatches the arguments, executes on all ranks (or rank zero) and collects the answers.
-Backends (Ray, in-process) implement only ``_execute`` and ``_resolve``.
+Backends (Ray, in-process) implement ``_execute`` and ``_resolve``, and answer the questions callers
+above the single controller would otherwise ask by backend: ``handles`` (reach one rank directly),
+``spawn_helpers`` (driver-side helper objects) and ``shutdown``.
 """
 
 from __future__ import annotations
@@ -200,6 +202,20 @@ class WorkerGroup:
 
     def _resolve(self, method: str, ranks: list[int], handles: list) -> list:
         """Wait for the handles; raise WorkerError/WorkerDiedError naming the failing rank."""
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """Stop the workers and give back what the group holds."""
+        raise NotImplementedError
+
+    # --- direct access: the same question, answered by each backend ----------------------------------
+    def handles(self, kind, role: str | None = None) -> list:
+        """One handle per rank built by ``kind`` (a ``HandleKind``, base/direct.py) for where the workers
+        live; ``role`` names the role inside a colocated worker class."""
+        raise NotImplementedError
+
+    def spawn_helpers(self, cls, count: int, *args, **kwargs):
+        """``count`` driver-side helpers of ``cls`` on this group's backend (a ``HelperPool``, base/helpers.py)."""
         raise NotImplementedError
 
     def _make_future(self, method: str, ranks: list[int], handles: list, collect: Callable) -> DataProtoFuture:

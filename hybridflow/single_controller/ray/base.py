@@ -18,11 +18,13 @@ from hybridflow.single_controller.base.colocated import (
     create_colocated_worker_raw_cls,  # noqa: F401  (veRL's import path)
     fused_class_with_init_args,
 )
+from hybridflow.single_controller.base.direct import HandleKind
 from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
 from hybridflow.single_controller.base.heartbeat import clear_progress, read_progress
 from hybridflow.single_controller.base.watchdog import build_hang_error, wait_with_deadline
 from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, rows_per_rank
 from hybridflow.single_controller.ray import health
+from hybridflow.single_controller.ray.helpers import RayHelpers
 from hybridflow.single_controller.ray.placement import alive_nodes, place_one_group_per_node
 
 PLACEMENT_TIMEOUT_S = float(os.environ.get("HYBRIDFLOW_PLACEMENT_TIMEOUT_S", 60))
@@ -173,6 +175,8 @@ class RayWorkerGroup(WorkerGroup):
     ``worker_env={"NAME": "value"}`` adds environment variables to every worker (the group's own
     RANK / WORLD_SIZE / MASTER_ADDR / ... cannot be overridden).
     """
+
+    owns_resource_pool = False  # set by the factory, which builds one pool per group
 
     def __init__(self, resource_pool: RayResourcePool | None = None, ray_cls_with_init: RayClassWithInitArgs | None = None,
                  name_prefix: str | None = None, detached: bool = False, worker_names: list[str] | None = None,
@@ -354,7 +358,18 @@ class RayWorkerGroup(WorkerGroup):
     def _progress_reading(self):
         return read_progress(self._progress_key, self.world_size, use_ray=True)
 
+    # --- direct access (see base/direct.py, base/helpers.py) ------------------------------------------
+    def handles(self, kind: HandleKind, role: str | None = None) -> list:
+        """One ``kind.remote`` handle per rank, on the rank's actor (``role`` inside a colocated one)."""
+        return [kind.remote(actor, role, rank) for rank, actor in enumerate(self._workers)]
+
+    def spawn_helpers(self, cls, count: int, *args, **kwargs) -> RayHelpers:
+        """``count`` async Ray actors of ``cls`` beside the driver (no CPU reserved)."""
+        return RayHelpers(cls, count, args, kwargs)
+
     def shutdown(self):
+        """Kill the workers; a group that owns its resource pool (the factory's) also frees the pool's
+        placement groups, so a later run in the same Ray session gets the devices back."""
         for w in getattr(self, "_workers", []):
             try:
                 ray.kill(w)
@@ -366,6 +381,8 @@ class RayWorkerGroup(WorkerGroup):
         pool = getattr(self, "resource_pool", None)
         if pool is not None and not self.sub_cls_name:
             pool.release_share(self)
+        if pool is not None and self.owns_resource_pool:
+            pool.release()
 
 
 class _Handles(list):

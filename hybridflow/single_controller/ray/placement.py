@@ -47,3 +47,15 @@ def place_one_group_per_node(bundles_per_node: list[list[dict]], name_prefix: st
 
 def node_of(pg, bundle_index: int = 0) -> str:
     return placement_group_table(pg)["bundles_to_node_id"][bundle_index]
+
+
+def check_cluster_fits(pools: dict[str, list[int]], use_gpu: bool) -> None:
+    """All pools together must fit the cluster: fail at start with the numbers, never wait forever."""
+    need = sum(sum(s) for s in pools.values())
+    kind = "GPU" if use_gpu else "CPU"
+    have = ray.cluster_resources().get(kind, 0)
+    if need > have:
+        detail = ", ".join(f"{pool}: {sum(s)} ({'+'.join(map(str, s))} per node)" for pool, s in pools.items())
+        raise RuntimeError(f"the resource pools need {need} {kind}s in total ({detail}) but the Ray cluster has "
+                           f"{have:g}: lower trainer.nnodes / n_gpus_per_node (or rollout.nnodes / n_gpus_per_node) "
+                           "or start Ray with more resources")

@@ -182,10 +182,7 @@ class RayPPOTrainer:
             self.rollout_wg = None
         groups = getattr(self, "_all_groups", {}) or {}
         for group in {id(g): g for g in groups.values() if g is not None}.values():
-            pool = getattr(group, "resource_pool", None)
-            for release in (getattr(group, "shutdown", None), getattr(pool, "release", None)):
-                if release is not None:
-                    release()
+            group.shutdown()  # its workers, and the resource pool it owns
         self._all_groups = {}
 
     # --------------------------------------------------------------------------------- phases

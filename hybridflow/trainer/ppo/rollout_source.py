@@ -30,7 +30,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo.dynamic_sampling import GroupAccumulator
 from hybridflow.trainer.ppo.metric_utils import flat_metric_values, timer
 from hybridflow.trainer.ppo.rollouter import PromptGroup, Rollouter
-from hybridflow.workers.rollout.weight_transfer import LocalWeightTarget, RayWeightTarget, WeightTarget
+from hybridflow.workers.rollout.weight_transfer import WEIGHT_RECEIVER, WeightTarget
 
 MODES = ("sync", "one_step_off", "fully_async")
 
@@ -52,12 +52,8 @@ def staleness_metrics(batch: DataProto, actor_version: int) -> dict[str, float]:
 
 
 def weight_targets(rollout_wg, role: str | None) -> list[WeightTarget]:
-    from hybridflow.single_controller.inprocess import InProcessWorkerGroup
-
-    if isinstance(rollout_wg, InProcessWorkerGroup):
-        return [LocalWeightTarget(w._roles[role] if role and hasattr(w, "_roles") else w, rank=i)
-                for i, w in enumerate(rollout_wg.workers)]
-    return [RayWeightTarget(actor, role, rank=i) for i, actor in enumerate(rollout_wg.workers)]
+    """The rollout workers as receivers of the trainer's weights (the group builds them for its backend)."""
+    return rollout_wg.handles(WEIGHT_RECEIVER, role)
 
 
 class SyncRolloutSource:

@@ -21,6 +21,7 @@ from concurrent.futures import Future
 
 import torch
 
+from hybridflow.single_controller.base.direct import HandleKind
 from hybridflow.workers.rollout.weights import buckets
 
 # methods the rollout worker exposes to receive weights (called directly, not through a WorkerGroup)
@@ -96,6 +97,11 @@ class RayWeightTarget(WeightTarget):
             raise WeightSyncTimeout(f"weight sync: rollout rank(s) {late} did not acknowledge {what} within "
                                     f"{timeout_s:.0f} s (the trainer side is done with it); see their logs")
         return ray.get(list(handles))
+
+
+# how a rollout worker group hands out its weight receivers: ``rollout_wg.handles(WEIGHT_RECEIVER, role)``
+WEIGHT_RECEIVER = HandleKind(in_process=lambda host, rank: LocalWeightTarget(host, rank=rank),
+                             remote=lambda actor, role, rank: RayWeightTarget(actor, role, rank=rank))
 
 
 def push_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], targets: list[WeightTarget], version: int,
