@@ -438,8 +438,10 @@ class RayPPOTrainer:
 
     # --------------------------------------------------------------------------------- checkpoints
     def _for_each_group(self, method: str, *args) -> list:
-        """Call a registered method once on every distinct worker group (a shared group once)."""
-        groups = {id(g): g for g in (getattr(self, "_all_groups", {}) or {}).values() if g is not None}
+        """Call a registered method once on every distinct role group (a shared group once; the fused
+        groups behind the role views are skipped)."""
+        groups = {id(g): g for name, g in (getattr(self, "_all_groups", {}) or {}).items()
+                  if g is not None and not name.startswith("_")}
         return [getattr(g, method)(*args) for g in groups.values()]
 
     def _ckpt_to_keep(self) -> int | None:
