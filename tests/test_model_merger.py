@@ -15,7 +15,7 @@ from transformers import (
 
 from hybridflow.model_merger import convert_run, main, strip_wrapper_prefixes
 from hybridflow.trainer.checkpoint import begin_save, commit_save
-from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model, build_tiny_tokenizer
+from hybridflow.models.tiny import build_tiny_config, build_tiny_model, build_tiny_tokenizer
 from hybridflow.workers.checkpoint import save_engine_checkpoint
 from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
 from tests.yaml_sections import optim

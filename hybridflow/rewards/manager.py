@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from hybridflow.utils.registry import Registry
-from hybridflow.utils.reward_score import default_compute_score
+from hybridflow.rewards.scorers import default_compute_score
 
 REWARD_MANAGERS: Registry[type] = Registry("reward manager")
 REWARD_MANAGER_REGISTRY = REWARD_MANAGERS  # veRL's name (verl.workers.reward_manager.registry)

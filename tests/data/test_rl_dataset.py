@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn, truncate_ids
-from hybridflow.utils.tiny_model import build_tiny_tokenizer
+from hybridflow.models.tiny import build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

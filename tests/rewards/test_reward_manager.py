@@ -14,9 +14,9 @@ from hybridflow.rewards import (
     load_reward_manager,
     reward_metrics,
 )
-from hybridflow.utils.tiny_model import build_tiny_tokenizer
+from hybridflow.models.tiny import build_tiny_tokenizer
 
-TOK = build_tiny_tokenizer()  # the shared character tokenizer (hybridflow/utils/tiny_model.py)
+TOK = build_tiny_tokenizer()  # the shared character tokenizer (hybridflow/models/tiny.py)
 PAD, EOS = TOK.pad_token_id, TOK.eos_token_id  # specials, dropped by skip_special_tokens
 P, R = 4, 10
 
