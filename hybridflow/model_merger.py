@@ -30,6 +30,7 @@ from transformers import AutoConfig
 
 from hybridflow.trainer.checkpoint import complete_steps, step_dir_name
 from hybridflow.utils.atomic_folder import folder_written_atomically
+from hybridflow.utils.logging_utils import setup_cli_logging
 from hybridflow.utils.param_names import strip_wrapper_prefixes
 from hybridflow.workers.checkpoint import DCP_DIR, HF_DIR, quiet_no_pg, write_hf_model
 
@@ -200,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     gguf.add_argument("--target_dir", required=True)
     gguf.add_argument("--dtype", default="float32", choices=sorted(_DTYPES), help="dtype of the written weights")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_cli_logging()
     try:
         if args.operation == "merge":
             out = merge_checkpoint(args.local_dir, args.target_dir, backend=args.backend,
