@@ -79,13 +79,6 @@ def default_watchdog() -> Watchdog:
     return _default
 
 
-def set_default_watchdog(watchdog: Watchdog) -> Watchdog:
-    """The watchdog of groups that were given none (returns the previous one)."""
-    global _default
-    previous, _default = _default, watchdog
-    return previous
-
-
 class Deadline:
     """Passes ``timeout_s`` after the last progress (the start counts as progress).
 

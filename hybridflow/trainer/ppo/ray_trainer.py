@@ -31,7 +31,6 @@ from hybridflow.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
-    flat_metric_values,
     gdpo_component_metrics,
     reduce_metrics,
     rollout_probs_diff_metrics,
