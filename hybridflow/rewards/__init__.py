@@ -5,6 +5,7 @@ scorers to a batch.
                     under veRL's path ``hybridflow.utils.reward_score``
     sandbox.py      runs untrusted Python in a separate, limited process (code scorer, code tool)
     manager.py      reward managers: a batch in, token-level scores out
+    dapo.py         DAPO's reward manager (overlong buffer penalty)
     custom.py       ``custom_reward_function.path`` / ``.name``
 
 The names below are resolved on first use, so that importing a scorer (text in, a number out) does
