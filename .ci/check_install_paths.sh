@@ -50,7 +50,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 import hybridflow
 from hybridflow import DataProto
-from hybridflow.utils.tiny_model import build_tiny_tokenizer
+from hybridflow.models.tiny import build_tiny_tokenizer
 
 want_vllm = sys.argv[1] == "vllm"
 # a plain install must not be importing the checkout (the editable one of recipes/setup_cpu.sh does)

@@ -42,7 +42,7 @@ class GRPOSetup:
 def make_assets(root: str, setup: GRPOSetup) -> tuple[str, str]:
     """Write the tiny arithmetic task (GSM8K layout) and the tiny Qwen2 under ``root``; (data_dir, model_dir)."""
     from hybridflow.data.tiny_task import write_tiny_task
-    from hybridflow.utils.tiny_model import save_tiny_model
+    from hybridflow.models.tiny import save_tiny_model
 
     data_dir, model_dir = os.path.join(root, "data"), os.path.join(root, "model")
     write_tiny_task(data_dir, seed=setup.seed, train_size=setup.train_size, test_size=16)

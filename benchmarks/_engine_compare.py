@@ -37,7 +37,7 @@ def save_model(out_dir: str, shape: str, max_position_embeddings: int = 2048) ->
     """A random-init Qwen2 of the given shape + the tiny character tokenizer, as a Hugging Face directory."""
     from transformers import GenerationConfig
 
-    from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model, build_tiny_tokenizer
+    from hybridflow.models.tiny import build_tiny_config, build_tiny_model, build_tiny_tokenizer
 
     dims = dict(SHAPES[shape])
     tokenizer = build_tiny_tokenizer(model_max_length=max_position_embeddings)

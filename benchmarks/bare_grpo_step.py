@@ -46,7 +46,7 @@ class BareGRPO:
         self.eos, self.pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
 
     def step(self) -> dict[str, float]:
-        from hybridflow.utils.reward_score.gsm8k import compute_score
+        from hybridflow.rewards.scorers.gsm8k import compute_score
 
         torch, s = self.torch, self.setup
         t0 = time.perf_counter()

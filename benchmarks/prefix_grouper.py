@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import torch  # noqa: E402
 
-from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model  # noqa: E402
+from hybridflow.models.tiny import build_tiny_config, build_tiny_model  # noqa: E402
 from hybridflow.workers.actor import shared_prefix  # noqa: E402
 from hybridflow.workers.utils.logprob import forward_response_token_stats  # noqa: E402
 

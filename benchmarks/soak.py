@@ -115,7 +115,7 @@ def rss_mb(pid: int) -> float:
 def make_config(work: str, args):
     from hybridflow.data.tiny_task import write_tiny_task
     from hybridflow.utils.config import load_config
-    from hybridflow.utils.tiny_model import save_tiny_model
+    from hybridflow.models.tiny import save_tiny_model
 
     model_dir = save_tiny_model(os.path.join(work, "model"), seed=0)
     data = os.path.join(work, "data")

@@ -24,6 +24,7 @@ from hybridflow.data.rl_dataset import read_parquet_rows
 from hybridflow.rewards import get_custom_reward_fn
 from hybridflow.trainer.eval_utils import score_responses, summarize_scores
 from hybridflow.utils.config import parse_cli
+from hybridflow.utils.logging_utils import setup_cli_logging
 
 
 def _ground_truth(row: dict, key: str, index: int):
@@ -51,14 +52,15 @@ def run_eval(config) -> dict[str, float]:
         sources.append(source)
         scores.append(score_responses(compute_score, source, responses, _ground_truth(row, d.reward_model_key, i),
                                       row.get("extra_info")))
-    metrics = summarize_scores(sources, scores)
-    for key in sorted(metrics):
-        print(f"{key}: {metrics[key]:.4f}")
-    return metrics
+    return summarize_scores(sources, scores)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
-    return run_eval(parse_cli("evaluation", sys.argv[1:] if argv is None else argv))
+    setup_cli_logging()
+    metrics = run_eval(parse_cli("evaluation", sys.argv[1:] if argv is None else argv))
+    for key in sorted(metrics):
+        print(f"{key}: {metrics[key]:.4f}")
+    return metrics
 
 
 if __name__ == "__main__":

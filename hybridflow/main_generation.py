@@ -13,6 +13,7 @@ parquet holds every input column plus ``responses``: a list of n_samples strings
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Sequence
@@ -28,8 +29,11 @@ from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.single_controller.factory import build_worker_group, start_backend
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.utils.config import parse_cli
+from hybridflow.utils.logging_utils import setup_cli_logging
 from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
+
+logger = logging.getLogger(__name__)
 
 
 def worker_config(config) -> dict:
@@ -75,7 +79,7 @@ def generate_responses(group, dataset: RLHFDataset, tokenizer, n_samples: int, b
         result = group.generate_sequences(gen)
         texts = tokenizer.batch_decode(result.batch["responses"], skip_special_tokens=True)
         out += [texts[i * n_samples:(i + 1) * n_samples] for i in range(len(items))]
-        print(f"generated {len(out)}/{len(dataset)} prompts × {n_samples}", flush=True)
+        logger.info("generated %d/%d prompts × %d", len(out), len(dataset), n_samples)
     return out
 
 
@@ -86,7 +90,7 @@ def run_generation(config) -> str:
     if n_samples < 1 or batch_size < 1:
         raise ValueError(f"data.n_samples and data.batch_size must be >= 1, got {n_samples}, {batch_size}")
     if not config.rollout.do_sample and n_samples > 1:
-        print(f"[config] rollout.do_sample=False with data.n_samples={n_samples}: the responses will be identical")
+        logger.warning("[config] rollout.do_sample=False with data.n_samples=%d: the responses will be identical", n_samples)
     model_path = local_model_path(config.model.path, "model.path")
     tokenizer = load_tokenizer(model_path, bool(config.model.trust_remote_code))
     rows = read_parquet_rows(os.path.expanduser(d.path), required_column=d.prompt_key)
@@ -110,11 +114,12 @@ def run_generation(config) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), output)
     lengths = [len(r) for resp in responses for r in resp]
-    print(f"wrote {len(rows)} rows × {n_samples} responses (mean {np.mean(lengths):.1f} characters) to {output}")
+    logger.info("wrote %d rows × %d responses (mean %.1f characters) to %s", len(rows), n_samples, np.mean(lengths), output)
     return output
 
 
 def main(argv: Sequence[str] | None = None) -> str:
+    setup_cli_logging()
     return run_generation(parse_cli("generation", sys.argv[1:] if argv is None else argv))
 
 

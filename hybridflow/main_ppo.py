@@ -9,6 +9,7 @@ stop (workers and the Ray processes it started are shut down, exit code 143).
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 
@@ -24,7 +25,10 @@ from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridflow.utils.config import ConfigError, parse_cli
 from hybridflow.utils.environ import restored_environ
+from hybridflow.utils.logging_utils import setup_cli_logging
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
+
+logger = logging.getLogger(__name__)
 
 EXIT_CODE_HANG = 3  # the command line's exit code when the watchdog reported a hang
 EXIT_CODE_SIGTERM = 128 + signal.SIGTERM
@@ -71,7 +75,7 @@ def check_prompts_fit(dataset: RLHFDataset, key: str) -> None:
 def build_trainer(config) -> RayPPOTrainer:
     """Data, rewards and the trainer from a validated config (workers not started yet)."""
     for note in validate_ppo_config(config):
-        print(f"[config] {note}")
+        logger.warning("[config] %s", note)
     device = resolve_device(config.trainer.device)
     model_path = local_model_path(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
     trust = bool(config.data.trust_remote_code or config.actor_rollout_ref.model.trust_remote_code)
@@ -120,6 +124,7 @@ def _stop_on_sigterm(signum, frame):
 
 
 def main(argv=None) -> None:
+    setup_cli_logging()
     config = parse_cli("ppo_trainer", sys.argv[1:] if argv is None else argv)
     try:
         validate_ppo_config(config)  # inconsistent values: a message with the numbers, not a traceback

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.trainer.sft_trainer import FSDPSFTTrainer
 from hybridflow.utils.config import parse_cli
+from hybridflow.utils.logging_utils import setup_cli_logging
 
 
 def init_distributed(device: str) -> None:
@@ -48,6 +49,7 @@ def run_sft(config) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> str:
+    setup_cli_logging()
     return run_sft(parse_cli("sft_trainer", sys.argv[1:] if argv is None else argv))
 
 

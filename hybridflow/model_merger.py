@@ -30,14 +30,14 @@ from transformers import AutoConfig
 
 from hybridflow.trainer.checkpoint import complete_steps, step_dir_name
 from hybridflow.utils.atomic_folder import folder_written_atomically
+from hybridflow.utils.logging_utils import setup_cli_logging
+from hybridflow.utils.param_names import strip_wrapper_prefixes
 from hybridflow.workers.checkpoint import DCP_DIR, HF_DIR, quiet_no_pg, write_hf_model
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("fsdp",)
 ROLES = ("actor", "critic")
-# prefixes that wrappers add to parameter names (torch.compile, DDP, FSDP1, activation checkpointing)
-_WRAPPER_PARTS = ("_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
            "fp32": torch.float32, "float32": torch.float32}
@@ -51,14 +51,12 @@ def check_backend(backend: str) -> None:
         raise ValueError(f"unknown --backend {backend!r}; supported: {', '.join(BACKENDS)}")
 
 
-def strip_wrapper_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``module._orig_mod.model.x`` -> ``model.x``: the names a plain Hugging Face model uses."""
+def unwrapped_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``module._orig_mod.model.x`` -> ``model.x``: the names a plain Hugging Face model uses (peft's
+    own names stay: a LoRA checkpoint's adapters are folded in by name afterwards)."""
     out = {}
     for key, value in state_dict.items():
-        for part in _WRAPPER_PARTS:
-            key = key.replace(part, "")
-        while key.startswith("module."):
-            key = key[len("module."):]
+        key = strip_wrapper_prefixes(key)
         if key in out:
             raise ValueError(f"two checkpoint entries map to {key!r} after removing wrapper prefixes")
         out[key] = value
@@ -91,7 +89,7 @@ def load_dcp_model_state(local_dir: str) -> dict[str, torch.Tensor]:
         raise ValueError(f"{local_dir!r} holds no model weights (saved without 'model' in save_contents?)")
     with quiet_no_pg():
         dcp.load(state, storage_reader=reader, no_dist=True)
-    return strip_wrapper_prefixes({k[len("model."):]: v for k, v in state.items()})
+    return unwrapped_state_dict({k[len("model."):]: v for k, v in state.items()})
 
 
 def _copy_side_files(src: str, dst: str) -> None:
@@ -203,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     gguf.add_argument("--target_dir", required=True)
     gguf.add_argument("--dtype", default="float32", choices=sorted(_DTYPES), help="dtype of the written weights")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_cli_logging()
     try:
         if args.operation == "merge":
             out = merge_checkpoint(args.local_dir, args.target_dir, backend=args.backend,

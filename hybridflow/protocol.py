@@ -363,12 +363,15 @@ class DataProto:
 
     __repr__ = get_data_info
 
-    def print_size(self, prefix=""):
+    def print_size(self, prefix="") -> str:
+        """veRL's size report, logged at INFO (``hybridflow.protocol``) and returned."""
         tensors = [] if self.batch is None else self.batch.values(include_nested=True, leaves_only=True)
         tensor_bytes = sum(t.numel() * t.element_size() for t in tensors)
         numpy_bytes = sum(v.nbytes for v in self.non_tensor_batch.values())
         msg = f"Size of tensordict: {tensor_bytes / 1024**3} GB, size of non_tensor_batch: {numpy_bytes / 1024**3} GB"
-        print(f"{prefix}, {msg}" if prefix else msg)
+        msg = f"{prefix}, {msg}" if prefix else msg
+        logger.info(msg)
+        return msg
 
     # --- selecting rows and keys
 

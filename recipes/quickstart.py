@@ -152,7 +152,7 @@ def make_data(work: str, seed: int, sizes: dict, style: str = "direct") -> dict:
     import pyarrow.parquet as pq
 
     from hybridflow.data.tiny_task import write_tiny_task
-    from hybridflow.utils.tiny_model import save_tiny_model
+    from hybridflow.models.tiny import save_tiny_model
 
     data_dir = os.path.join(work, "data")
     paths = write_tiny_task(data_dir, seed=seed, train_size=sizes["train_size"],

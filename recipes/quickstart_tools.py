@@ -110,7 +110,7 @@ def make_data(work: str, seed: int, sizes: dict, args) -> dict:
     import pyarrow.parquet as pq
 
     from hybridflow.data.tiny_tool_task import write_tiny_tool_task
-    from hybridflow.utils.tiny_model import save_tiny_model
+    from hybridflow.models.tiny import save_tiny_model
 
     data_dir = os.path.join(work, "data")
     paths = write_tiny_tool_task(data_dir, seed=seed, sft_size=sizes["sft_size"], train_size=sizes["train_size"],

@@ -109,7 +109,7 @@ def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args) -> list[s
 def evaluate(model_dir: str, heldout: str, args) -> dict:
     """Greedy strict and lenient accuracy from one generation per held-out problem."""
     from hybridflow.trainer.eval_utils import greedy_accuracy
-    from hybridflow.utils.reward_score import gsm8k
+    from hybridflow.rewards.scorers import gsm8k
 
     n = args.heldout
     strict, samples = greedy_accuracy(model_dir, heldout, response_length=args.response_length,

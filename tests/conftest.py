@@ -112,7 +112,7 @@ def restore_env():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """A saved tiny Qwen2 (hidden 128, 4 layers, ~0.6M params) + char tokenizer (vocab 100)."""
-    from hybridflow.utils.tiny_model import save_tiny_model
+    from hybridflow.models.tiny import save_tiny_model
 
     return save_tiny_model(str(tmp_path_factory.mktemp("tiny_model")), seed=0)
 

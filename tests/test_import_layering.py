@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,7 +68,8 @@ LAYERS = (
     ("config", "base_config"),  # the typed config sections (imports nothing of hybridflow); veRL's BaseConfig path
     ("utils", "protocol_layout"),  # generic helpers, the DataProto wire layout
     ("protocol",),  # DataProto
-    ("algorithms", "rewards", "models", "tools", "interactions"),  # pure RL math, scorers, the tiny model, tool/user APIs
+    ("algorithms", "rewards", "models"),  # pure RL math, scorers and the code sandbox, the tiny model
+    ("tools", "interactions"),  # tool/user APIs (the gsm8k tool and interaction score with rewards.scorers)
     ("single_controller",),  # Worker, WorkerGroup, dispatch, Ray and in-process backends
     ("rollout",),  # what the agent loop knows of an engine: requests, answers, the server interface
     ("agent_loop",),  # trajectories over rollout servers
@@ -77,7 +80,7 @@ LAYERS = (
 # modules that exist to offer veRL's import paths: they may point up, and hold re-exports only
 ALIASES: tuple[str, ...] = (
     "hybridflow.base_config", "hybridflow.trainer.config", "hybridflow.workers.config",
-    "hybridflow.utils.seqlen_balancing", "hybridflow.utils.dataset",
+    "hybridflow.utils.seqlen_balancing", "hybridflow.utils.dataset", "hybridflow.utils.reward_score",
 )
 
 
@@ -161,7 +164,26 @@ def test_algorithms_import_nothing_above_utils():
     assert not violations(PACKAGE_ROOT / "algorithms", above)
 
 
+def test_reward_scorers_and_the_sandbox_are_leaves():
+    """Text in, a number out: the scorers import only the generic utils and each other (no torch, no
+    reward manager), so a tool, an interaction or a veRL script can import one cheaply."""
+    above = ("hybridflow.trainer", "hybridflow.workers", "hybridflow.single_controller", "hybridflow.agent_loop",
+             "hybridflow.protocol", "hybridflow.data", "hybridflow.rewards.manager", "hybridflow.rewards.custom",
+             "hybridflow.algorithms", "torch")
+    assert not violations(PACKAGE_ROOT / "rewards" / "scorers", above)
+    for name in ("sandbox.py", "sandbox_child.py"):
+        assert not [v for v in violations(PACKAGE_ROOT / "rewards", above) if f"rewards/{name}:" in v]
+    code = "import sys, hybridflow.utils.reward_score.gsm8k, hybridflow.rewards.sandbox; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE_ROOT.parent).stdout
+    assert out.strip() == "False"
+
+
 @pytest.mark.parametrize("old, new", [
+    ("hybridflow.utils.reward_score", "hybridflow.rewards.scorers"),
+    ("hybridflow.utils.reward_score.gsm8k", "hybridflow.rewards.scorers.gsm8k"),
+    ("hybridflow.utils.reward_score.math", "hybridflow.rewards.scorers.math"),
+    ("hybridflow.utils.reward_score.code_sandbox", "hybridflow.rewards.scorers.code_sandbox"),
     ("hybridflow.trainer.ppo.core_algos", "hybridflow.algorithms"),
     ("hybridflow.trainer.ppo.algos", "hybridflow.algorithms"),
     ("hybridflow.trainer.ppo.algos.rollout_correction", "hybridflow.algorithms.rollout_correction"),

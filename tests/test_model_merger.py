@@ -13,9 +13,9 @@ from transformers import (
     GenerationConfig,
 )
 
-from hybridflow.model_merger import convert_run, main, strip_wrapper_prefixes
+from hybridflow.model_merger import convert_run, main, unwrapped_state_dict
 from hybridflow.trainer.checkpoint import begin_save, commit_save
-from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model, build_tiny_tokenizer
+from hybridflow.models.tiny import build_tiny_config, build_tiny_model, build_tiny_tokenizer
 from hybridflow.workers.checkpoint import save_engine_checkpoint
 from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
 from tests.yaml_sections import optim
@@ -132,11 +132,11 @@ def test_clear_errors(tmp_path, capsys):
     fails(["merge", "--backend", "deepspeed", "--local_dir", missing, "--target_dir", "o"], "supported: fsdp")
 
 
-def test_strip_wrapper_prefixes():
+def test_unwrapped_state_dict():
     t = torch.zeros(1)
     names = {"module._orig_mod.model.norm.weight": t, "_fsdp_wrapped_module.lm_head.weight": t,
              "model.layers.0._checkpoint_wrapped_module.mlp.up_proj.weight": t, "model.submodule.x": t}
-    assert list(strip_wrapper_prefixes(names)) == [
+    assert list(unwrapped_state_dict(names)) == [
         "model.norm.weight", "lm_head.weight", "model.layers.0.mlp.up_proj.weight", "model.submodule.x"]
     with pytest.raises(ValueError, match="model.norm.weight"):
-        strip_wrapper_prefixes({"model.norm.weight": t, "module.model.norm.weight": t})
+        unwrapped_state_dict({"model.norm.weight": t, "module.model.norm.weight": t})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import logging
 import os
 import pickle
 import sys
@@ -419,13 +420,14 @@ def test_to_device_returns_self():
     assert dp.to("cpu") is dp and dp.batch.device == torch.device("cpu")
 
 
-def test_repr_and_info_name_keys_and_shapes(capsys):
+def test_repr_and_info_name_keys_and_shapes(caplog):
     text = repr(make(3, meta={"temperature": 0.7, "metrics": [1.0]}))
     for piece in ("len=3", "x: (3, 2) (torch.float32)", "uid: ndarray(3,) (object)", "temperature: float = 0.7"):
         assert piece in text
     assert "batch None" in DataProto.from_dict(non_tensors={"a": [1]}).get_data_info()
-    make(2).print_size(prefix="p")
-    assert capsys.readouterr().out.startswith("p, Size of tensordict")
+    caplog.set_level(logging.INFO, logger="hybridflow")
+    message = make(2).print_size(prefix="p")
+    assert message.startswith("p, Size of tensordict") and caplog.messages == [message]
 
 
 def test_collate_fn_and_make_iterator():

@@ -12,6 +12,7 @@ schemas rendered in, as the multi-turn rollout will render them.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -22,6 +23,8 @@ import torch
 from torch.utils.data import Dataset
 
 from hybridflow.tools.tool_registry import initialize_tools_from_config
+
+logger = logging.getLogger(__name__)
 
 TRUNCATIONS = ("error", "left", "right", "middle")
 
@@ -193,10 +196,8 @@ class RLHFDataset(Dataset):
                 "raise data.max_prompt_length"
             )
         if dropped:
-            print(
-                f"RLHFDataset: filtered out {dropped} of {len(self.rows)} prompts longer than "
-                f"max_prompt_length={self.max_prompt_length} (longest: {max(lengths)} tokens)"
-            )
+            logger.info("RLHFDataset: filtered out %d of %d prompts longer than max_prompt_length=%d (longest: %d tokens)",
+                        dropped, len(self.rows), self.max_prompt_length, max(lengths))
         self.rows = keep
 
     def __len__(self) -> int:

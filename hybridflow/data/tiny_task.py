@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     paths = write_tiny_task(a.data_dir, seed=a.seed, train_size=a.train_size, test_size=a.test_size, style=a.style)
     print(f"wrote {a.train_size} train / {a.test_size} test rows: {', '.join(paths.values())}")
     if a.model_dir:
-        from hybridflow.utils.tiny_model import save_tiny_model
+        from hybridflow.models.tiny import save_tiny_model
 
         save_tiny_model(a.model_dir, arch=a.arch, seed=a.seed)
         print(f"wrote tiny {a.arch} model to {a.model_dir}")

@@ -18,7 +18,8 @@ from pathlib import Path
 from hybridflow.devtools.extract_verl_keys import read_key_file
 from hybridflow.utils.config import config_dir, default_config, raw_default_config
 from hybridflow.utils.config_keys import TABLES
-from hybridflow.utils.config_support import ALIAS, HONOURED, NOT_SUPPORTED, NOTE, leaf_items
+from hybridflow.utils.config_support import ALIAS, HONOURED, NOT_SUPPORTED, NOTE
+from hybridflow.utils.nested_dict import leaf_items
 
 __all__ = ["REFERENCES", "reference_keys", "key_rows", "render", "DOC_PATH"]
 

@@ -15,21 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Iterator
 
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-__all__ = ["leaf_items", "extract", "read_key_file"]
+from hybridflow.utils.nested_dict import leaf_items
 
-
-def leaf_items(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted path, value) of every leaf; an empty dict is a leaf, a list is a value."""
-    if isinstance(tree, dict) and tree:
-        for key, value in tree.items():
-            yield from leaf_items(value, f"{prefix}.{key}" if prefix else str(key))
-    else:
-        yield prefix, tree
+__all__ = ["extract", "read_key_file"]
 
 
 def extract(config_dir: str | Path, name: str) -> list[dict]:

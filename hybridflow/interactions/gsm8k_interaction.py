@@ -9,7 +9,7 @@ from typing import Any
 from uuid import uuid4
 
 from hybridflow.interactions.base import BaseInteraction
-from hybridflow.utils.reward_score import gsm8k
+from hybridflow.rewards.scorers import gsm8k
 
 CORRECT = "Your response is correct!"
 DEFAULT_HINT = "Your response is incorrect! You need to reflect on your answer and try again."

@@ -1,33 +1,44 @@
-"""Rewards: reward managers that apply rule-based scorers to a batch, and custom scorer loading.
+"""Rewards: the rule-based scorers, the sandbox that runs code, and the reward managers that apply
+scorers to a batch.
 
-The scorers themselves live in ``hybridflow.utils.reward_score`` (veRL's import path).
+    scorers/        pure scorers chosen by ``data_source`` (gsm8k, math, code); also importable
+                    under veRL's path ``hybridflow.utils.reward_score``
+    sandbox.py      runs untrusted Python in a separate, limited process (code scorer, code tool)
+    manager.py      reward managers: a batch in, token-level scores out
+    dapo.py         DAPO's reward manager (overlong buffer penalty)
+    custom.py       ``custom_reward_function.path`` / ``.name``
+
+The names below are resolved on first use, so that importing a scorer (text in, a number out) does
+not import torch through the reward managers.
 """
 
-from hybridflow.rewards.custom import get_custom_reward_fn
-from hybridflow.rewards.manager import (
-    REWARD_MANAGER_REGISTRY,
-    REWARD_MANAGERS,
-    BatchRewardManager,
-    NaiveRewardManager,
-    RewardComputationError,
-    get_reward_manager_cls,
-    load_reward_manager,
-    register_reward_manager,
-    reward_metrics,
-)
-from hybridflow.utils.reward_score import default_compute_score, register_scorer
+import importlib
 
-__all__ = [
-    "REWARD_MANAGER_REGISTRY",
-    "REWARD_MANAGERS",
-    "BatchRewardManager",
-    "NaiveRewardManager",
-    "RewardComputationError",
-    "default_compute_score",
-    "get_custom_reward_fn",
-    "get_reward_manager_cls",
-    "load_reward_manager",
-    "register_reward_manager",
-    "register_scorer",
-    "reward_metrics",
-]
+_EXPORTS = {
+    "get_custom_reward_fn": "hybridflow.rewards.custom",
+    "REWARD_MANAGER_REGISTRY": "hybridflow.rewards.manager",
+    "REWARD_MANAGERS": "hybridflow.rewards.manager",
+    "BatchRewardManager": "hybridflow.rewards.manager",
+    "NaiveRewardManager": "hybridflow.rewards.manager",
+    "RewardComputationError": "hybridflow.rewards.manager",
+    "get_reward_manager_cls": "hybridflow.rewards.manager",
+    "load_reward_manager": "hybridflow.rewards.manager",
+    "register_reward_manager": "hybridflow.rewards.manager",
+    "reward_metrics": "hybridflow.rewards.manager",
+    "default_compute_score": "hybridflow.rewards.scorers",
+    "register_scorer": "hybridflow.rewards.scorers",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -15,6 +15,7 @@ into a copy of the sample's ``extra_info`` that the reward function receives.
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from collections import defaultdict
@@ -23,8 +24,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from hybridflow.rewards.scorers import default_compute_score
 from hybridflow.utils.registry import Registry
-from hybridflow.utils.reward_score import default_compute_score
+
+logger = logging.getLogger(__name__)
 
 REWARD_MANAGERS: Registry[type] = Registry("reward manager")
 REWARD_MANAGER_REGISTRY = REWARD_MANAGERS  # veRL's name (verl.workers.reward_manager.registry)
@@ -73,7 +76,7 @@ def _column(data, key: str, what: str) -> np.ndarray:
 
 
 class _RuleRewardManager:
-    """Shared decoding, score placement, validation and printing; subclasses produce raw scores."""
+    """Shared decoding, score placement, validation and the examined samples; subclasses produce raw scores."""
 
     def __init__(self, tokenizer, num_examine: int, compute_score: Callable | None = None,
                  reward_fn_key: str = "data_source", **reward_kwargs):
@@ -153,19 +156,19 @@ class _RuleRewardManager:
         return raw
 
     def _examine(self, prompts, prompt_lens, solution_strs, ground_truths, data_sources, raw) -> None:
-        """Print up to ``num_examine`` samples per data_source (veRL's console check)."""
-        printed: dict = defaultdict(int)
+        """Log up to ``num_examine`` samples per data_source at INFO (veRL's console check)."""
+        shown: dict = defaultdict(int)
         prompt_len = prompts.shape[-1]
         for i, source in enumerate(data_sources):
-            if printed[source] >= self.num_examine:
+            if shown[source] >= self.num_examine:
                 continue
-            printed[source] += 1
+            shown[source] += 1
             ids = prompts[i, prompt_len - prompt_lens[i]:].tolist()
-            print("[prompt]", self.tokenizer.decode(ids, skip_special_tokens=True))
-            print("[response]", solution_strs[i])
-            print("[ground_truth]", ground_truths[i])
+            logger.info("[prompt] %s", self.tokenizer.decode(ids, skip_special_tokens=True))
+            logger.info("[response] %s", solution_strs[i])
+            logger.info("[ground_truth] %s", ground_truths[i])
             for key, value in (raw[i].items() if isinstance(raw[i], dict) else [("score", raw[i])]):
-                print(f"[{key}]", value)
+                logger.info("[%s] %s", key, value)
 
 
 def rollout_extra_infos(data, extra_col) -> list:

@@ -1,5 +1,5 @@
 """``CodeInterpreterTool``: runs the model's Python code in hybridflow's local sandbox
-(``hybridflow.utils.reward_score.sandbox``: separate limited process, namespaces where the machine
+(``hybridflow.rewards.sandbox``: separate limited process, namespaces where the machine
 allows, rlimits, wall-clock kill) and returns what it printed.
 
 config: ``default_timeout`` (s, 10), ``memory_limit_mb`` (1024), ``num_workers`` (sandbox runs at
@@ -15,7 +15,7 @@ from typing import Any
 
 from hybridflow.tools.base_tool import BaseTool
 from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
-from hybridflow.utils.reward_score.sandbox import Limits, run_python
+from hybridflow.rewards.sandbox import Limits, run_python
 
 
 class CodeInterpreterTool(BaseTool):

@@ -28,6 +28,7 @@ from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings
 from hybridflow.trainer.algorithm_checks import check_loss_and_estimator_keys
 from hybridflow.trainer.ppo.dynamic_sampling import FilterGroupsSettings
 from hybridflow.utils.config import ConfigError, default_config
+from hybridflow.utils.torch_dtypes import resolve_dtype
 
 __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTIMATORS", "GPU_ONLY_ROLLOUTS"]
 
@@ -38,7 +39,6 @@ GPU_ONLY_ROLLOUTS = ()
 # veRL rollout engines hybridflow does not implement
 UNSUPPORTED_ROLLOUTS = {"sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 
-_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 # Settings the hf rollout does not read (they configure vLLM's engine).
 _VLLM_ONLY_KEYS = (
     "gpu_memory_utilization", "enforce_eager", "free_cache_engine", "load_format", "max_num_batched_tokens",
@@ -63,14 +63,6 @@ def resolve_device(value: str = "auto", cuda_available: bool | None = None) -> s
             )
         return "cuda"
     raise ConfigError(f"trainer.device={value!r} is not one of auto, cpu, cuda")
-
-
-def resolve_dtype(value: str, device: str) -> str:
-    """A dtype name from the config -> a torch dtype name; ``auto`` is bfloat16 on cuda, float32 on cpu."""
-    name = str(value).lower()
-    if name == "auto":
-        return "bfloat16" if device == "cuda" else "float32"
-    return _DTYPE_ALIASES.get(name, name)
 
 
 class _Report:

@@ -48,7 +48,7 @@ def score_responses(compute_score: Callable | None, data_source: str, responses:
                     extra_info=None) -> list[float]:
     """Scores of several responses to one prompt (``compute_score`` None: the built-in scorers)."""
     if compute_score is None:
-        from hybridflow.utils.reward_score import default_compute_score as compute_score
+        from hybridflow.rewards.scorers import default_compute_score as compute_score
     return [as_float_score(compute_score(data_source, r, ground_truth, extra_info)) for r in responses]
 
 

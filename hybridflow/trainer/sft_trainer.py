@@ -19,6 +19,7 @@ that directory with ``actor_rollout_ref.model.path=.../global_step_N``.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 import shutil
@@ -35,8 +36,9 @@ from hybridflow.data.rl_dataset import collate_fn
 from hybridflow.data.sampler import epoch_order
 from hybridflow.data.multiturn_sft_dataset import MultiTurnSFTDataset
 from hybridflow.data.sft_dataset import SFTDataset
-from hybridflow.trainer.config_checks import resolve_device, resolve_dtype
+from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.utils.config import ConfigError
+from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.utils.torch_functional import logprobs_from_logits
 from hybridflow.utils.tracking import SUPPORTED as SUPPORTED_LOGGERS
 from hybridflow.utils.tracking import Tracking
@@ -44,6 +46,8 @@ from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
 from hybridflow.workers.engine.optim import build_optimizer, lr_multiplier, resolve_warmup_steps
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
 from hybridflow.workers.utils.micro_batches import clip_grad_and_step, grad_sync
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "FSDPSFTTrainer",
@@ -278,7 +282,7 @@ class FSDPSFTTrainer:
         self.settings, notes = SFTSettings.from_config(config, self.world_size)
         s = self.settings
         for note in notes:
-            self._print(f"note: {note}")
+            self._say(logging.WARNING, f"note: {note}")
         model_cfg = config["model"]
         import_external_lib(model_cfg["external_lib"])
         path = local_model_path(model_cfg["path"], "model.path")
@@ -313,8 +317,9 @@ class FSDPSFTTrainer:
         self.device = torch.device(s.device, torch.cuda.current_device()) if s.device == "cuda" else torch.device("cpu")
         self.global_step = 0
         self._log_file = None
-        self._print(f"SFT: {sum(p.numel() for p in module.parameters()):,} params, {len(self.train_dataset)} train rows, "
-                    f"{self.total_steps} steps of {s.train_batch_size} rows on {self.world_size} {s.device} process(es)")
+        n_params = sum(p.numel() for p in module.parameters())
+        self._say(logging.INFO, f"SFT: {n_params:,} params, {len(self.train_dataset)} train rows, "
+                  f"{self.total_steps} steps of {s.train_batch_size} rows on {self.world_size} {s.device} process(es)")
 
     # --- data ---------------------------------------------------------------------------------------
     def train_batches(self, epoch: int) -> Iterator[dict]:
@@ -399,7 +404,7 @@ class FSDPSFTTrainer:
             with open(os.path.join(self.settings.default_local_dir, LATEST_FILE), "w") as f:
                 f.write(str(step))  # written last: the directory is complete
             self._drop_old_checkpoints()
-            self._print(f"saved Hugging Face model to {out}")
+            self._say(logging.INFO, f"saved Hugging Face model to {out}")
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
         return out
@@ -415,9 +420,10 @@ class FSDPSFTTrainer:
             shutil.rmtree(os.path.join(root, f"global_step_{old}"), ignore_errors=True)
 
     # --- logging ------------------------------------------------------------------------------------
-    def _print(self, text: str) -> None:
+    def _say(self, level: int, text: str) -> None:
+        """A message of the run, once (rank 0)."""
         if self.rank == 0:
-            print(text, flush=True)
+            logger.log(level, text)
 
     def log(self, metrics: dict, step: int) -> None:
         if self.rank != 0 or not self.settings.loggers:

@@ -15,6 +15,7 @@ import copy
 import difflib
 import functools
 import importlib.resources
+import logging
 import os
 import sys
 from pathlib import Path
@@ -46,6 +47,8 @@ __all__ = [
     "main_entry",
     "omega_conf_to_dataclass",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 # Keys (by last component) whose veRL value may take either of two shapes.
@@ -357,7 +360,7 @@ def load_config(
     generation, evaluation, sft_trainer), legacy spellings are mapped onto their canonical keys and
     every key's status is checked (``hybridflow.utils.config_support``): a key set to a value hybridflow
     does not implement is refused by name. Notes about accepted-but-inactive settings are appended to
-    ``notes`` when given, else printed to stderr.
+    ``notes`` when given, else logged as warnings (``hybridflow.utils.config``).
 
     Returns a resolved, read-only, struct DictConfig. Raises ConfigError for unknown keys, values of
     the wrong type, unsupported values, conflicting spellings, or anything Hydra refuses.
@@ -393,7 +396,7 @@ def load_config(
         notes.extend(found)
     else:
         for line in found:
-            print(f"[config] {line}", file=sys.stderr)
+            logger.warning("[config] %s", line)
     OmegaConf.set_struct(cfg, True)
     OmegaConf.set_readonly(cfg, True)
     return cfg

@@ -26,12 +26,14 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
+
+from hybridflow.utils.nested_dict import leaf_items
 
 __all__ = [
     "HONOURED", "NOT_SUPPORTED", "NOTE", "ALIAS", "STATUSES",
     "KeyRule", "KeyTable", "honoured", "not_supported", "note",
-    "leaf_items", "apply_aliases", "mirror_aliases", "check_support", "SupportError",
+    "apply_aliases", "mirror_aliases", "check_support", "SupportError",
 ]
 
 HONOURED = "honoured"
@@ -145,15 +147,6 @@ def _alias_target(aliases: tuple[tuple[str, str], ...], key: str) -> str | None:
 
 
 # --------------------------------------------------------------------------- trees
-
-
-def leaf_items(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted path, value) of every leaf; an empty dict is a leaf, a list is a value."""
-    if isinstance(tree, dict) and tree:
-        for key, value in tree.items():
-            yield from leaf_items(value, f"{prefix}.{key}" if prefix else str(key))
-    else:
-        yield prefix, tree
 
 
 def _get(tree: Any, key: str) -> Any:

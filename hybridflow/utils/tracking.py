@@ -23,6 +23,7 @@ import os
 import re
 from typing import Any, Callable
 
+from hybridflow.utils.nested_dict import leaf_items
 from hybridflow.utils.plotting import CurveRecorder
 from hybridflow.utils.registry import Registry
 
@@ -100,15 +101,6 @@ def mlflow_key(key: str) -> str:
     return _MLFLOW_BAD_CHARS.sub("_", re.sub(r"/+", "/", key.replace("@", "_at_")))
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out = {}
-        for k, v in tree.items():
-            out.update(_flatten(v, f"{prefix}/{k}" if prefix else str(k)))
-        return out
-    return {prefix: tree}
-
-
 class _Mlflow:
     def __init__(self, project: str, name: str, config: dict, log_dir: str):
         self.mlflow = require("mlflow", "mlflow", "mlflow")
@@ -116,7 +108,7 @@ class _Mlflow:
         self.mlflow.set_tracking_uri(uri)
         experiment = self.mlflow.set_experiment(project)
         self.mlflow.start_run(experiment_id=experiment.experiment_id, run_name=name)
-        params = {mlflow_key(k): str(v)[:500] for k, v in _flatten(config or {}).items()}
+        params = {mlflow_key(k): str(v)[:500] for k, v in leaf_items(config or {}, sep="/") if not isinstance(v, dict)}
         if params:
             self.mlflow.log_params(params)
 

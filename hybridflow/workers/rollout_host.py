@@ -28,13 +28,13 @@ from hybridflow.agent_loop.server_manager import LocalServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, register
+from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.workers.engine.lora import LoraSpec, rollout_gets_adapter
 from hybridflow.workers.model_loading import load_model
 from hybridflow.rollout.sampling import model_eos_token_ids
 from hybridflow.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
 from hybridflow.workers.rollout.weight_transfer import WeightTarget, push_weights
 from hybridflow.workers.rollout.weights import buckets
-from hybridflow.workers.utils.device import resolve_dtype
 
 
 class RolloutHost:

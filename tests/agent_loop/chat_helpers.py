@@ -11,8 +11,8 @@ import yaml
 
 from hybridflow.agent_loop import AgentLoopSettings, AgentLoopWorker
 from hybridflow.agent_loop.server_manager import ServerHandle
+from hybridflow.models.tiny import build_tiny_tokenizer
 from hybridflow.protocol import DataProto
-from hybridflow.utils.tiny_model import build_tiny_tokenizer
 from hybridflow.rollout.server import STOP, TokenOutput
 
 TOK = build_tiny_tokenizer()

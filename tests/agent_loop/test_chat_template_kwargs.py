@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hybridflow.utils.tiny_model import CHAT_TEMPLATE
+from hybridflow.models.tiny import CHAT_TEMPLATE
 
 FLAVOUR = "[mint]"
 STRICT_TEMPLATE = ("{%- if flavour is not defined %}{{ raise_exception('flavour kwarg missing') }}{%- endif %}"

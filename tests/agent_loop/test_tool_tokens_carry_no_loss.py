@@ -12,7 +12,7 @@ import torch
 from hybridflow.agent_loop import AgentLoopWorker
 from hybridflow.rewards import load_reward_manager
 from hybridflow.trainer.ppo import core_algos
-from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model
+from hybridflow.models.tiny import build_tiny_config, build_tiny_model
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.utils.logprob import forward_response_log_probs
 from tests.agent_loop.chat_helpers import TOK, ScriptedChat, batch_of, calc_entry, call_text, objects, settings

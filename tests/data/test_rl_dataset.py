@@ -1,3 +1,4 @@
+import logging
 import os
 
 import numpy as np
@@ -8,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn, truncate_ids
-from hybridflow.utils.tiny_model import build_tiny_tokenizer
+from hybridflow.models.tiny import build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +103,12 @@ def test_truncation_error_names_row_and_lengths(tmp_path, tok):
         ds[1]
 
 
-def test_filter_overlong_prompts_drops_and_reports(tmp_path, tok, capsys):
+def test_filter_overlong_prompts_drops_and_reports(tmp_path, tok, caplog):
+    caplog.set_level(logging.INFO, logger="hybridflow")
     path = write(tmp_path, "a.parquet", [row("a" * 5, 0), row("a" * 20, 1), row("a" * 6, 2)])
     ds = RLHFDataset(path, tok, OmegaConf.create({"max_prompt_length": 25, "filter_overlong_prompts": True}))
     assert len(ds) == 2 and [ds[i]["index"] for i in range(2)] == [100, 102]
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "filtered out 1 of 3" in out and "longest: 39 tokens" in out  # 19 template tokens + 20
 
 

@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from hybridflow.data.sft_dataset import SFTDataset
-from hybridflow.utils.tiny_model import build_tiny_tokenizer
+from hybridflow.models.tiny import build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

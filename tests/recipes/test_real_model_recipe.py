@@ -15,7 +15,7 @@ import pytest
 import real_model  # recipes/real_model.py (recipes/ is on pytest.ini's pythonpath)
 import word_problems
 
-from hybridflow.utils.reward_score import default_compute_score
+from hybridflow.rewards.scorers import default_compute_score
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -1,5 +1,6 @@
 """Reward managers: the score lands on the last valid response token and nowhere else."""
 
+import logging
 import math
 
 import numpy as np
@@ -14,9 +15,9 @@ from hybridflow.rewards import (
     load_reward_manager,
     reward_metrics,
 )
-from hybridflow.utils.tiny_model import build_tiny_tokenizer
+from hybridflow.models.tiny import build_tiny_tokenizer
 
-TOK = build_tiny_tokenizer()  # the shared character tokenizer (hybridflow/utils/tiny_model.py)
+TOK = build_tiny_tokenizer()  # the shared character tokenizer (hybridflow/models/tiny.py)
 PAD, EOS = TOK.pad_token_id, TOK.eos_token_id  # specials, dropped by skip_special_tokens
 P, R = 4, 10
 
@@ -171,14 +172,16 @@ def test_numpy_and_tensor_scores_accepted():
     assert reward.sum(-1).tolist() == [0.5, 2.0, 1.0]
 
 
-def test_num_examine_prints_per_data_source(capsys):
+def test_num_examine_logs_per_data_source(caplog):
+    caplog.set_level(logging.INFO, logger="hybridflow")
     NaiveRewardManager(TOK, num_examine=1)(make_batch(ROWS))
-    out = capsys.readouterr().out
-    # 3 gsm8k rows and 2 MATH rows -> one printed of each
+    out = "\n".join(caplog.messages)
+    # 3 gsm8k rows and 2 MATH rows -> one shown of each
     assert out.count("[response]") == 2
     assert "[prompt] Q1" in out and "[prompt] Q4" in out and "Q2+" not in out
+    caplog.clear()
     NaiveRewardManager(TOK, num_examine=0)(make_batch(ROWS))
-    assert capsys.readouterr().out == ""
+    assert caplog.messages == []
 
 
 def test_batch_manager_matches_naive_and_gets_lists():

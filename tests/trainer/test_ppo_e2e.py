@@ -225,7 +225,7 @@ def _save_tiny_reward_model(model_dir: str, out_dir: str) -> str:
     """A sequence-classification model (num_labels=1) with the tiny model's config and tokenizer."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from hybridflow.utils.tiny_model import build_tiny_model
+    from hybridflow.models.tiny import build_tiny_model
 
     config = AutoConfig.from_pretrained(model_dir, num_labels=1)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -7,6 +7,7 @@ step from the batch's ``index`` values by wrapping ``RayPPOTrainer.train_step``.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -52,7 +53,8 @@ def _config(tiny_model_dir, tiny_data_dir, tmp_path, ckpt_dir, *extra):
     return load_config("ppo_trainer", overrides)
 
 
-def test_resume_continues_exactly_like_the_uninterrupted_run(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch, capsys):
+def test_resume_continues_exactly_like_the_uninterrupted_run(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="hybridflow")
     # 1) uninterrupted: 4 steps, checkpoints at 2 and 4; keep only the newest one
     full = StepRecorder(monkeypatch)
     run_ppo(_config(tiny_model_dir, tiny_data_dir, tmp_path, tmp_path / "full", "trainer.max_actor_ckpt_to_keep=1"))
@@ -70,9 +72,9 @@ def test_resume_continues_exactly_like_the_uninterrupted_run(tiny_model_dir, tin
     assert sorted(first.steps) == [1, 2] and ckpt.read_latest_step(str(part_dir)) == 2
     # ... and a rerun (resume_mode=auto is the default) does steps 3 and 4 only
     second = StepRecorder(monkeypatch)
-    capsys.readouterr()
+    caplog.clear()
     run_ppo(_config(tiny_model_dir, tiny_data_dir, tmp_path, part_dir))
-    assert "global_step_2 (global step 2)" in capsys.readouterr().out
+    assert "global_step_2 (global step 2)" in caplog.text
     assert sorted(second.steps) == [3, 4]
 
     for step in (1, 2):
@@ -84,7 +86,7 @@ def test_resume_continues_exactly_like_the_uninterrupted_run(tiny_model_dir, tin
     assert ckpt.read_latest_step(str(part_dir)) == 4
 
 
-def test_resume_ignores_interrupted_saves_and_a_dangling_latest(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch, capsys):
+def test_resume_ignores_interrupted_saves_and_a_dangling_latest(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch, caplog):
     """A tmp save dir and a latest file naming a missing step are never taken (integration check)."""
     root = tmp_path / "ckpt_dir"
     run_ppo(_config(tiny_model_dir, tiny_data_dir, tmp_path, root, "trainer.total_training_steps=2"))
@@ -97,10 +99,10 @@ def test_resume_ignores_interrupted_saves_and_a_dangling_latest(tiny_model_dir, 
     (root / "global_step_6").mkdir()  # no COMPLETE marker: a half-written step
 
     recorder = StepRecorder(monkeypatch)
-    capsys.readouterr()
+    caplog.set_level(logging.INFO, logger="hybridflow")
     run_ppo(_config(tiny_model_dir, tiny_data_dir, tmp_path, root, "trainer.total_training_steps=3",
                     "trainer.save_freq=-1"))
-    out = capsys.readouterr().out
+    out = caplog.text
     assert f"resumed from {root / 'global_step_2'} (global step 2)" in out
     assert sorted(recorder.steps) == [3]
     assert not partial.exists()  # the interrupted save was cleaned up

@@ -9,6 +9,7 @@ generate for other prompts and every comparison would fail.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -55,7 +56,8 @@ def _run(tiny_model_dir, tiny_data_dir, tmp_path, name, *extra, steps=2):
     return run_ppo(load_config("ppo_trainer", overrides))
 
 
-def test_replayed_step_trains_on_exactly_the_dumped_tokens_and_scores(tiny_model_dir, tiny_data_dir, tmp_path, recorder, capsys):
+def test_replayed_step_trains_on_exactly_the_dumped_tokens_and_scores(tiny_model_dir, tiny_data_dir, tmp_path, recorder, caplog):
+    caplog.set_level(logging.INFO, logger="hybridflow")
     dump_dir = tmp_path / "rollouts"
     _run(tiny_model_dir, tiny_data_dir, tmp_path, "a", f"trainer.rollout_data_dir={dump_dir}")
     a = dict(recorder)
@@ -72,11 +74,11 @@ def test_replayed_step_trains_on_exactly_the_dumped_tokens_and_scores(tiny_model
         assert r["non_tensor"]["index"] == a[1]["index"][i]
 
     recorder.clear()
-    capsys.readouterr()
+    caplog.clear()
     _run(tiny_model_dir, tiny_data_dir, tmp_path, "b", "data.seed=12345", "skip.rollout.enable=True",
          f"skip.rollout.dump_dir={dump_dir}", "skip.rollout.steps=[1]", steps=1)
     b = dict(recorder)
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "[skip.rollout] step 1: replayed 8 samples" in out
     assert "holds other prompts than this step's dataloader batch" in out  # data.seed moved B's prompts
     for key in SEEN_BY_REWARD:
@@ -87,11 +89,12 @@ def test_replayed_step_trains_on_exactly_the_dumped_tokens_and_scores(tiny_model
         assert b[1]["metrics"][key] == a[1]["metrics"][key], key
 
 
-def test_cache_miss_generates_and_writes_the_step_for_the_next_run(tiny_model_dir, tiny_data_dir, tmp_path, recorder, capsys):
+def test_cache_miss_generates_and_writes_the_step_for_the_next_run(tiny_model_dir, tiny_data_dir, tmp_path, recorder, caplog):
+    caplog.set_level(logging.INFO, logger="hybridflow")
     skip_dir = tmp_path / "skip"
     _run(tiny_model_dir, tiny_data_dir, tmp_path, "c", "skip.rollout.enable=True", f"skip.rollout.dump_dir={skip_dir}",
          "skip.rollout.steps=[1]", steps=1)
-    assert "step 1: no dump in" in capsys.readouterr().out
+    assert "step 1: no dump in" in caplog.text
     rows = rollout_dump.read_rows(os.path.join(skip_dir, "1.jsonl"))
     assert [r["response_ids"] for r in rows] == [
         recorder[1]["responses"][i, :len(r["response_ids"])].tolist() for i, r in enumerate(rows)]

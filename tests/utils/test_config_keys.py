@@ -11,7 +11,8 @@ from hybridflow.devtools import config_table
 from hybridflow.utils import config_keys
 from hybridflow.utils.config import ConfigError, config_dir, default_config, load_config, raw_default_config
 from hybridflow.utils.config_keys import TABLES
-from hybridflow.utils.config_support import HONOURED, NOT_SUPPORTED, KeyTable, leaf_items
+from hybridflow.utils.config_support import HONOURED, NOT_SUPPORTED, KeyTable
+from hybridflow.utils.nested_dict import leaf_items
 
 from yaml_comments import key_comments
 

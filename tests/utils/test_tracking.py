@@ -4,6 +4,7 @@ log_val_generations and the progress bar."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import types
@@ -142,7 +143,7 @@ def _trainer_with(log_val_generations: int, tokenizer):
     return trainer
 
 
-def test_log_val_generations_prints_k_samples(tiny_tokenizer, capsys):
+def test_log_val_generations_logs_k_samples(tiny_tokenizer, caplog):
     from hybridflow.protocol import DataProto
 
     texts = ["12+3=15\n#### 15", "#### 7", "#### 9"]
@@ -151,11 +152,13 @@ def test_log_val_generations_prints_k_samples(tiny_tokenizer, capsys):
     responses = torch.tensor([row + [tiny_tokenizer.pad_token_id] * (width - len(row)) for row in ids])
     batch = DataProto.from_dict(tensors={"responses": responses},
                                 non_tensors={"data_source": np.array(["openai/gsm8k"] * 3, dtype=object)})
+    caplog.set_level(logging.INFO, logger="hybridflow")
     _trainer_with(2, tiny_tokenizer)._log_val_generations(batch, [1.0, 0.0, 1.0])
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[val sample]")]
+    lines = [m for m in caplog.messages if m.startswith("[val sample]")]
     assert lines == [f"[val sample] score=1.000 response={texts[0]!r}", f"[val sample] score=0.000 response={texts[1]!r}"]
+    caplog.clear()
     _trainer_with(0, tiny_tokenizer)._log_val_generations(batch, [1.0, 0.0, 1.0])
-    assert "[val sample]" not in capsys.readouterr().out
+    assert not [m for m in caplog.messages if "[val sample]" in m]
 
 
 def test_training_progress_shows_latest_score_as_plain_lines_off_a_terminal(capsys, monkeypatch):

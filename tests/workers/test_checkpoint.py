@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 from transformers import AutoModelForCausalLM
 
 from hybridflow.model_merger import load_dcp_model_state
-from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model
+from hybridflow.models.tiny import build_tiny_config, build_tiny_model
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
 from tests.yaml_sections import optim

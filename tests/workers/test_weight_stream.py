@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model  # noqa: E402
+from hybridflow.models.tiny import build_tiny_config, build_tiny_model  # noqa: E402
 from hybridflow.workers.engine import EngineSpec, TrainEngine  # noqa: E402
 from hybridflow.workers.engine.lora import LoraSpec, merge_lora_stream, merge_lora_weights  # noqa: E402
 from hybridflow.workers.rollout.weights import StrictWeightLoader, buckets  # noqa: E402

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from hybridflow.data.preprocess.local_io import preprocess_main
-from hybridflow.utils.reward_score.math import last_boxed_only_string, remove_boxed
+from hybridflow.rewards.scorers.math import last_boxed_only_string, remove_boxed
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."

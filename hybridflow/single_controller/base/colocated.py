@@ -56,9 +56,6 @@ def build_colocated_class(class_dict: dict[str, ClassWithInitArgs]) -> ClassWith
             # Roles are built in the order given, inside this one process.
             self._roles = {role: spec() for role, spec in specs.items()}
 
-        def get_role_names(self):
-            return list(self._roles)
-
         def call_role(self, role: str, method: str, *args, **kwargs):
             """Call any method of one role directly (not through a WorkerGroup): e.g. a rollout server's
             per-request endpoint, called by agent loop workers."""
@@ -69,7 +66,6 @@ def build_colocated_class(class_dict: dict[str, ClassWithInitArgs]) -> ClassWith
             is_async = inspect.iscoroutinefunction(getattr(spec.user_cls, method))
             setattr(ColocatedWorker, f"{role}{ROLE_SEPARATOR}{method}", _forwarder(role, method, info, is_async))
     ColocatedWorker.__name__ = ColocatedWorker.__qualname__ = "Colocated_" + "_".join(specs)
-    ColocatedWorker._colocated_roles = tuple(specs)
     return ClassWithInitArgs(ColocatedWorker)
 
 

@@ -19,9 +19,6 @@ from tensordict import TensorDict
 
 from hybridflow.protocol import DataProto, DataProtoFuture
 
-# what can be split across ranks / joined from them
-CHUNKABLE = (DataProto, DataProtoFuture, TensorDict)
-
 
 class DispatchError(ValueError, AssertionError):
     """Arguments a dispatch mode cannot split (veRL asserts here; both handlers catch this)."""

@@ -6,7 +6,7 @@ pushes it back, so a long generation that keeps moving is never cut, while a stu
 
 Every wait is a loop of bounded waits in the waiting thread itself. When the deadline passes, that
 thread takes the Python stacks of every worker of the group (py-spy or faulthandler, see
-``stacks.py``), writes them to one file under ``Watchdog.report_dir``, prints which rank is stuck and
+``stacks.py``), writes them to one file under ``Watchdog.report_dir``, logs (ERROR) which rank is stuck and
 in which function, shuts the group's workers down and raises ``WorkerHangError``. Nothing here ends
 or signals the process: the caller decides (``python -m hybridflow.main_ppo`` exits with a code of its
 own; a user's script, a notebook or a test runner gets the exception and lives on).
@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import os
 import queue
 import re
@@ -38,6 +39,8 @@ from typing import Any, Callable
 
 from hybridflow.single_controller.base.errors import WorkerHangError
 from hybridflow.single_controller.base.stacks import format_own_stacks, where
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 1800.0
 # a call's deadline grows with the rows each rank gets beyond this many (generous: seconds per row
@@ -74,13 +77,6 @@ _default = Watchdog()
 
 def default_watchdog() -> Watchdog:
     return _default
-
-
-def set_default_watchdog(watchdog: Watchdog) -> Watchdog:
-    """The watchdog of groups that were given none (returns the previous one)."""
-    global _default
-    previous, _default = _default, watchdog
-    return previous
 
 
 class Deadline:
@@ -170,7 +166,7 @@ def _stuck_order(stacks: dict, pending: list) -> list:
 
 def build_hang_error(what: str, deadline: Deadline, group=None, pending_ranks=None,
                      watchdog: Watchdog | None = None, shutdown: bool = True) -> WorkerHangError:
-    """Take the stacks, write the report, print the summary, shut the group down; return the error."""
+    """Take the stacks, write the report, log the summary (ERROR), shut the group down; return the error."""
     wd = _watchdog_of(group, watchdog)
     name = getattr(group, "name", "driver")
     method = what
@@ -193,7 +189,7 @@ def build_hang_error(what: str, deadline: Deadline, group=None, pending_ranks=No
     lines.append(f"stacks of every rank: {path}" if path else "(the report file could not be written)")
     lines.append(f"(stacks taken in {time.monotonic() - started:.1f}s)")
     summary = "\n".join(lines)
-    print(summary, file=sys.stderr, flush=True)
+    logger.error(summary)
     if group is not None and shutdown:
         with contextlib.suppress(Exception):
             group.shutdown()  # a deadlocked collective cannot be undone: free the devices

@@ -31,7 +31,6 @@ from hybridflow.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
-    flat_metric_values,
     gdpo_component_metrics,
     reduce_metrics,
     rollout_probs_diff_metrics,
@@ -45,6 +44,8 @@ from hybridflow.trainer.ppo.worker_setup import build_worker_groups, rollout_rol
 from hybridflow.utils.progress import Progress
 from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.checkpoint import get_rng_state, set_rng_state
+
+logger = logging.getLogger(__name__)
 
 # batch tensors an advantage estimator gets when its signature names them
 _OPTIONAL_ADV_TENSORS = ("old_log_probs", "sum_pi_squared", "rollout_is_weights")
@@ -434,7 +435,7 @@ class RayPPOTrainer:
             return
         responses = self.tokenizer.batch_decode(batch.batch["responses"][:k], skip_special_tokens=True)
         for text, score in zip(responses, scores[:k]):
-            print(f"[val sample] score={score:.3f} response={text!r}")
+            logger.info("[val sample] score=%.3f response=%r", score, text)
 
     # --------------------------------------------------------------------------------- checkpoints
     def _for_each_group(self, method: str, *args) -> list:
@@ -509,7 +510,7 @@ class RayPPOTrainer:
             self.push_weights_to_rollout(self.actor_version)
         if self.kl_ctrl_in_reward is not None and state.get("kl_ctrl") is not None:
             self.kl_ctrl_in_reward.value = state["kl_ctrl"]
-        print(f"resumed from {path} (global step {state['global_steps']})")
+        logger.info("resumed from %s (global step %s)", path, state["global_steps"])
         return int(state["global_steps"])
 
     # --------------------------------------------------------------------------------- the loop
@@ -518,23 +519,23 @@ class RayPPOTrainer:
         save in progress is removed, the workers are shut down and the error re-raised with the step
         and the checkpoint a ``resume_mode=auto`` rerun would continue from."""
         t = self.config.trainer
-        logger = Tracking(t.project_name, t.experiment_name, list(t.logger),
+        tracking = Tracking(t.project_name, t.experiment_name, list(t.logger),
                           OmegaConf.to_container(self.config, resolve=True), log_dir=t.default_local_dir)
         try:
-            return self._fit(logger)
+            return self._fit(tracking)
         except BaseException as e:
             self._abort(e)
             raise
         finally:
-            logger.finish()
+            tracking.finish()
 
-    def _fit(self, logger) -> dict[str, float]:
+    def _fit(self, tracking) -> dict[str, float]:
         t = self.config.trainer
         self.global_steps = self.load_checkpoint()
         last: dict[str, float] = {}
         if self.val_reward_fn is not None and t.val_before_train and self.global_steps == 0:
             last = self.validate()
-            logger.log(last, step=0)
+            tracking.log(last, step=0)
         progress = Progress(self.total_training_steps, self.global_steps, desc="training")
         profiled, continuous = profiled_steps(self.config.global_profiler)
         for step_input in self.rollout_source.inputs():
@@ -558,7 +559,7 @@ class RayPPOTrainer:
                     self.save_checkpoint()
                 metrics["timing_s/save_checkpoint"] = timings["save_checkpoint"]
             metrics["training/global_step"] = self.global_steps
-            logger.log(metrics, step=self.global_steps)
+            tracking.log(metrics, step=self.global_steps)
             progress.update(score=metrics.get("critic/score/mean", float("nan")))
             last = metrics
         progress.close()

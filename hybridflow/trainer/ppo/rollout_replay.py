@@ -21,6 +21,7 @@ generates. The choice between generating and replaying is made once, when the tr
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo import rollout_dump
 
 __all__ = ["RolloutSkipSettings", "RolloutRecorder", "find_replay_file"]
+
+logger = logging.getLogger(__name__)
 
 SKIP_ACTIONS = ("cache", "repeat")
 
@@ -100,14 +103,14 @@ class RolloutRecorder:
             return None
         path = find_replay_file(self.skip.dump_dir, step, self.skip.action)
         if path is None:
-            print(f"[skip.rollout] step {step}: no dump in {self.skip.dump_dir}; generating and writing it")
+            logger.info("[skip.rollout] step %s: no dump in %s; generating and writing it", step, self.skip.dump_dir)
             self._generated_for_cache.add(step)
             return None
         start = time.perf_counter()
         replayed = self.load(path, expected_rows=len(batch) * self.samples_per_prompt, dataloader_batch=batch)
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
         self.replayed[step] = path
-        print(f"[skip.rollout] step {step}: replayed {len(replayed)} samples from {path} (no generation)")
+        logger.info("[skip.rollout] step %s: replayed %d samples from %s (no generation)", step, len(replayed), path)
         return replayed
 
     def load(self, path: str, expected_rows: int, dataloader_batch: DataProto | None = None) -> DataProto:
@@ -122,8 +125,8 @@ class RolloutRecorder:
             ours = sorted(map(str, dataloader_batch.non_tensor_batch["index"]))
             theirs = sorted(set(map(str, batch.non_tensor_batch["index"])))
             if ours != theirs and self.skip.action == "cache":
-                print(f"[skip.rollout] note: {path} holds other prompts than this step's dataloader batch "
-                      "(another seed or data set); training on the dumped ones")
+                logger.warning("[skip.rollout] note: %s holds other prompts than this step's dataloader batch "
+                               "(another seed or data set); training on the dumped ones", path)
         return batch
 
     # ------------------------------------------------------------------------------ dumps

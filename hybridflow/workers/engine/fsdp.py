@@ -263,20 +263,3 @@ class TrainEngine:
         if peft_model is not None:
             peft_model.peft_config[self.lora.adapter_name].save_pretrained(directory)
 
-    def sharded_state(self) -> dict:
-        """This rank's model + optimizer + scheduler state, for checkpoints (resharding-free resume)."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        if self.optimizer is None:
-            return {"model": self.full_state_dict()}
-        model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
-        return {"model": model_sd, "optimizer": optim_sd, "lr_scheduler": self.lr_scheduler.state_dict()}
-
-    def load_sharded_state(self, state: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        if self.optimizer is None:
-            self.unwrapped.load_state_dict(state["model"])
-            return
-        set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-        self.lr_scheduler.load_state_dict(state["lr_scheduler"])

@@ -20,7 +20,7 @@ import contextlib
 import math
 from dataclasses import dataclass
 from collections.abc import Iterable, Iterator
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -220,7 +220,3 @@ def _hf_name(key: str) -> str:
     if key.startswith(_PEFT_PREFIX):
         key = key[len(_PEFT_PREFIX):]
     return key.replace(".base_layer.", ".")
-
-
-def trainable_names(module: nn.Module) -> Sequence[str]:
-    return [n for n, p in module.named_parameters() if p.requires_grad]

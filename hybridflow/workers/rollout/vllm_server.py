@@ -39,6 +39,7 @@ import torch
 
 from hybridflow.utils.config import ConfigError
 from hybridflow.utils.environ import restored_environ
+from hybridflow.utils.param_names import strip_wrapper_prefixes
 from hybridflow.workers.engine.lora import is_adapter_tensor
 from hybridflow.rollout.sampling import SamplingParams, request_seed
 from hybridflow.rollout.server import (
@@ -51,7 +52,7 @@ from hybridflow.rollout.server import (
     register_rollout_server,
 )
 from hybridflow.workers.rollout.vllm_settings import ModelFacts, VLLMSettings, vllm_settings
-from hybridflow.workers.rollout.vllm_weights import PackedBucket, TiedEmbeddingNames, clean_name, full_tensor
+from hybridflow.workers.rollout.vllm_weights import PackedBucket, TiedEmbeddingNames, full_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -209,9 +210,9 @@ class VLLMServer(AsyncRolloutServer):
                 given += 1
                 if is_adapter_tensor(name):
                     self._check_adapter_allowed(f"load_weights got {name!r}")
-                    self._pending_adapter.append((clean_name(name), full_tensor(tensor).detach().to("cpu").clone()))
+                    self._pending_adapter.append((strip_wrapper_prefixes(name), full_tensor(tensor).detach().to("cpu").clone()))
                 else:
-                    bucket.extend(self._tied.expand(clean_name(name), full_tensor(tensor)))
+                    bucket.extend(self._tied.expand(strip_wrapper_prefixes(name), full_tensor(tensor)))
             if bucket:
                 if not self._update_started:
                     await self.engine.collective_rpc("hybridflow_begin_weight_update")
@@ -276,7 +277,7 @@ class VLLMServer(AsyncRolloutServer):
         self._check_adapter_allowed("load_lora_adapter")
         if self._in_flight or self._updating:
             raise RuntimeError("load_lora_adapter while requests are in flight or a weight update is open")
-        tensors = {clean_name(k): full_tensor(v).detach().to("cpu").contiguous() for k, v in named_tensors}
+        tensors = {strip_wrapper_prefixes(k): full_tensor(v).detach().to("cpu").contiguous() for k, v in named_tensors}
         await self._install_adapter(tensors, peft_config)
         await self.engine.reset_prefix_cache()
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.utils.config import ConfigError
+from hybridflow.utils.torch_dtypes import resolve_dtype
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 << 20
 # log-probs of the distribution the token was sampled from: softmax(logits / temperature), after any
@@ -38,7 +39,6 @@ LOGPROBS_MODE = "processed_logprobs"
 WORKER_EXTENSION = "hybridflow.workers.rollout.vllm_weights.WeightSyncExtension"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 
-_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 # veRL load formats that mean "the checkpoint at model_path" in vLLM's terms
 _REAL_WEIGHT_FORMATS = {"hf": "auto", "dtensor": "auto", "megatron": "auto"}
@@ -92,14 +92,6 @@ class VLLMSettings:
     dummy_weights: bool  # started from random weights: generation waits for the first weight push
     kv_cache_bytes: int | None
     engine_args: dict[str, Any] = field(default_factory=dict)  # AsyncEngineArgs(**engine_args)
-
-
-def resolve_dtype(value: str | None, device: str) -> str:
-    name = str(value or "auto").lower()
-    name = _DTYPE_ALIASES.get(name, name)
-    if name == "auto":
-        return "bfloat16" if device == "cuda" else "float32"
-    return name
 
 
 def vllm_settings(model_path: str, config: Mapping[str, Any], device: str, facts: ModelFacts,

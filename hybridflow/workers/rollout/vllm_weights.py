@@ -26,18 +26,9 @@ from typing import Any
 
 import torch
 
-# prefixes wrappers add to parameter names (torch.compile, DDP, FSDP1)
-WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.")
 TIED_HEAD, TIED_EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
 ALIGN = 16  # bytes; every tensor of a packed bucket starts at a multiple of it
 SHARED_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory-backed files (Linux)
-
-
-def clean_name(name: str) -> str:
-    """The Hugging Face parameter name without the prefixes wrappers add (possibly nested)."""
-    while name.startswith(WRAPPER_PREFIXES):
-        name = name.split(".", 1)[1]
-    return name.replace("._fsdp_wrapped_module.", ".").replace("._checkpoint_wrapped_module.", ".")
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

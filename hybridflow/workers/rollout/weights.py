@@ -13,17 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
-# prefixes that wrappers add to parameter names (torch.compile, DDP, FSDP1, peft)
-WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.", "base_model.model.")
-
-
-def strip_wrapper_prefixes(name: str) -> str:
-    while name.startswith(WRAPPER_PREFIXES):
-        for prefix in WRAPPER_PREFIXES:
-            if name.startswith(prefix):
-                name = name[len(prefix):]
-    return name
-
+from hybridflow.utils.param_names import strip_wrapper_prefixes
 
 def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Group a stream of (name, tensor) into lists of at most ``bucket_bytes`` (a larger tensor goes
@@ -86,7 +76,7 @@ class StrictWeightLoader:
 def _resolve(name: str, targets: Mapping[str, torch.Tensor]) -> str:
     if name in targets:
         return name
-    stripped = strip_wrapper_prefixes(name)
+    stripped = strip_wrapper_prefixes(name, peft=True)
     if stripped in targets:
         return stripped
     raise KeyError(f"weight update: {name!r} is not a tensor of the rollout model")

@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo import rollout_dump
 from hybridflow.trainer.ppo.rollout_replay import RolloutSkipSettings, find_replay_file
-from hybridflow.utils.tiny_model import build_tiny_tokenizer
+from hybridflow.models.tiny import build_tiny_tokenizer
 
-TOK = build_tiny_tokenizer()  # the shared character tokenizer (hybridflow/utils/tiny_model.py)
+TOK = build_tiny_tokenizer()  # the shared character tokenizer (hybridflow/models/tiny.py)
 PAD, EOS = TOK.pad_token_id, TOK.eos_token_id  # specials, skipped when decoding
 A, B, C, D, E, F, G, H = TOK.encode("abcdefgh", add_special_tokens=False)  # one id per character
 

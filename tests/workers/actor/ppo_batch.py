@@ -4,10 +4,10 @@ tests.workers.actor.ppo_batch)."""
 import torch
 
 from hybridflow.protocol import DataProto
-from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model
+from hybridflow.models.tiny import build_tiny_config, build_tiny_model
 
 VOCAB, PROMPT, RESPONSE = 16, 6, 5
-# the shared tiny model (hybridflow/utils/tiny_model.py) at this file's small size: vocab 16, hidden 32,
+# the shared tiny model (hybridflow/models/tiny.py) at this file's small size: vocab 16, hidden 32,
 # 2 layers, 4 heads (2 KV), no pad or EOS id in the config (the rows' pad id 0 is an ordinary token)
 SIZE = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
             max_position_embeddings=64, pad_token_id=None, eos_token_id=None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.utils.tiny_model import build_tiny_config, build_tiny_model
+from hybridflow.models.tiny import build_tiny_config, build_tiny_model
 from hybridflow.workers.rollout import hf_attention
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

@@ -8,7 +8,7 @@ import torch
 from rollout_test_utils import EOS_ID, PAD_ID, TEXTS, make_prompts, rollout_config, with_meta
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hybridflow.utils.tiny_model import build_tiny_model
+from hybridflow.models.tiny import build_tiny_model
 from hybridflow.workers.rollout import HFRollout
 
 R = 8

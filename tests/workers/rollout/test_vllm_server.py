@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from hybridflow.utils.tiny_model import build_tiny_model, save_tiny_model
+from hybridflow.models.tiny import build_tiny_model, save_tiny_model
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
 

@@ -22,7 +22,7 @@ from hybridflow.workers.rollout.vllm_settings import (
     vllm_settings,
 )
 
-# the tiny Qwen2 of hybridflow.utils.tiny_model: 4 layers, 2 KV heads, head_dim 128 / 4 heads = 32
+# the tiny Qwen2 of hybridflow.models.tiny: 4 layers, 2 KV heads, head_dim 128 / 4 heads = 32
 TINY = ModelFacts(architectures=("Qwen2ForCausalLM",), max_position_embeddings=512, tie_word_embeddings=True,
                   num_layers=4, num_kv_heads=2, head_dim=32)
 # K and V x 4 layers x 2 heads x 32 dims x 4 bytes (fp32) = 2048 bytes per token

@@ -13,7 +13,6 @@ from hybridflow.workers.rollout.vllm_weights import (
     TIED_HEAD,
     PackedBucket,
     TiedEmbeddingNames,
-    clean_name,
     pack_bucket,
     unpack_bucket,
 )
@@ -72,13 +71,6 @@ def test_unpack_copy_owns_its_memory():
 
 def test_empty_bucket():
     assert list(unpack_bucket(pack_bucket([]))) == []
-
-
-def test_wrapper_prefixes_are_stripped():
-    assert clean_name("_orig_mod.model.norm.weight") == "model.norm.weight"
-    assert clean_name("module._fsdp_wrapped_module.lm_head.weight") == "lm_head.weight"
-    assert clean_name("model.layers.0._fsdp_wrapped_module.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
-    assert clean_name("model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
 
 
 @pytest.mark.parametrize("first", [TIED_EMBEDDING, TIED_HEAD])

@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 
-from hybridflow.utils.reward_score.sandbox_child import BOOTSTRAP, EXIT_MEMORY, RESULT_MARKER
+from hybridflow.rewards.sandbox_child import BOOTSTRAP, EXIT_MEMORY, RESULT_MARKER
 
 try:  # POSIX only; elsewhere the child runs with the audit hook and a timeout only
     import resource

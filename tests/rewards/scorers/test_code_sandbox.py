@@ -12,7 +12,8 @@ import uuid
 
 import pytest
 
-from hybridflow.utils.reward_score import code_sandbox, sandbox
+from hybridflow.rewards import sandbox
+from hybridflow.rewards.scorers import code_sandbox
 
 FAST = dict(timeout_s=2.0, memory_mb=256)
 DOUBLE = json.dumps({"inputs": ["1\n", "2\n", "5\n"], "outputs": ["2\n", "4\n", "10\n"]})

@@ -4,7 +4,7 @@ directory, so tests, the quickstart and benchmarks run the same loading paths as
 Why character level: a small vocabulary keeps the LM head cheap (a 152K vocabulary makes a tiny model
 ~30x slower), and every printable ASCII character still round-trips, so GSM8K/MATH text encodes.
 
-    python -m hybridflow.utils.tiny_model --out DIR [--arch qwen2|llama] [--seed 0]
+    python -m hybridflow.models.tiny --out DIR [--arch qwen2|llama] [--seed 0]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ such run; string equality with the ground truth), the forgiving parser only with
 import pytest
 
 from hybridflow.data import tiny_task
-from hybridflow.utils.reward_score import default_compute_score, gsm8k
+from hybridflow.rewards.scorers import default_compute_score, gsm8k
 
 # (text, expected) under veRL's strict rule: '#### ' then one space then [-][0-9.,]+, commas removed.
 STRICT_EXTRACT = [

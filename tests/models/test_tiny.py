@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from hybridflow.utils.tiny_model import (
+from hybridflow.models.tiny import (
     CHARACTERS,
     build_tiny_config,
     build_tiny_model,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hybridflow.utils.reward_score import math as math_score
+from hybridflow.rewards.scorers import math as math_score
 
 BOXED = [
     ("so \\boxed{5}.", "5"),

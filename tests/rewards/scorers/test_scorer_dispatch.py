@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from hybridflow.utils import reward_score
-from hybridflow.utils.reward_score import default_compute_score, get_scorer, register_scorer
+from hybridflow.rewards import scorers
+from hybridflow.rewards.scorers import default_compute_score, get_scorer, register_scorer
 
 ROUTES = [
     # (data_source, solution, ground_truth, expected) - the solution only scores 1 under the right scorer
@@ -27,7 +27,7 @@ def test_routes(source, solution, truth, expected):
 
 @pytest.mark.parametrize("source", ["codecontests", "apps", "taco", "deepmind/code_contests", "my_code_set"])
 def test_code_sources_use_the_sandbox(source):
-    assert get_scorer(source) is reward_score.SCORERS.get("codecontests")
+    assert get_scorer(source) is scorers.SCORERS.get("codecontests")
 
 
 def test_code_route_runs_code():
@@ -57,7 +57,7 @@ def test_register_scorer_and_duplicate():
         with pytest.raises(ValueError, match="already registered"):
             register_scorer(name)(lambda solution_str, ground_truth, extra_info=None: 0.0)
     finally:
-        reward_score.SCORERS._entries.pop(name)
+        scorers.SCORERS._entries.pop(name)
 
 
 def test_bool_and_int_results_become_float():
@@ -67,4 +67,4 @@ def test_bool_and_int_results_become_float():
         out = default_compute_score(name, "a", "a")
         assert out == 1.0 and type(out) is float
     finally:
-        reward_score.SCORERS._entries.pop(name)
+        scorers.SCORERS._entries.pop(name)
