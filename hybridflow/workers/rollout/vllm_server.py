@@ -367,8 +367,11 @@ def _start_engine(vllm, settings: VLLMSettings, facts: ModelFacts):
             + (f" (did you mean {hints[k][0]}?)" if hints[k] else "") for k in unknown))
     threads = torch.get_num_threads()
     try:
-        # vLLM's CPU platform sets LD_PRELOAD & co. for its engine processes; the caller's stay as they were
+        # vLLM's CPU platform sets LD_PRELOAD & co. for its engine processes, which must not inherit the
+        # trainer's thread counts (settings.unset_env); the caller's environment stays as it was
         with restored_environ():
+            for key in settings.unset_env:
+                os.environ.pop(key, None)
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**settings.engine_args))
     except Exception as err:
         raise _explain_start_failure(vllm, settings, facts, err) from err

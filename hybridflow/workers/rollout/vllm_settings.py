@@ -19,6 +19,8 @@ Pure: no vLLM import, so every rule here is tested without the engine. What it d
 - ``tensor_model_parallel_size > 1`` needs that many visible GPUs; refused on CPU.
 - ``lora_rank > 0`` (the spec's): LoRA adapters served on top of the base weights (one adapter).
 - ``engine_kwargs.vllm`` is passed to vLLM as is (``None`` values dropped) and wins over the above.
+- CPU threads: vLLM binds its worker process to cores of its choosing and sets its OMP_NUM_THREADS to
+  their count; the trainer's thread variables (``CPU_ENGINE_UNSET_ENV``) are kept from its processes.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ DEFAULT_CPU_KV_CACHE_BYTES = 512 << 20
 LOGPROBS_MODE = "processed_logprobs"
 WORKER_EXTENSION = "hybridflow.workers.rollout.vllm_weights.WeightSyncExtension"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
+# torch sizes its thread pool from MKL_NUM_THREADS before OMP_NUM_THREADS, so a trainer's MKL_NUM_THREADS=2
+# overrode vLLM's per-worker OMP_NUM_THREADS=1: 2 spinning threads on the 1 core vLLM bound the worker to,
+# 7x slower on SmolLM2 (docs/measurements.md, 2026-11-25); OMP_NUM_THREADS would size the engine core's pool
+CPU_ENGINE_UNSET_ENV = ("MKL_NUM_THREADS", "OMP_NUM_THREADS")
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 # veRL load formats that mean "the checkpoint at model_path" in vLLM's terms
@@ -92,6 +98,7 @@ class VLLMSettings:
     dummy_weights: bool  # started from random weights: generation waits for the first weight push
     kv_cache_bytes: int | None
     engine_args: dict[str, Any] = field(default_factory=dict)  # AsyncEngineArgs(**engine_args)
+    unset_env: tuple[str, ...] = ()  # variables removed from the environment vLLM's processes start with
 
 
 def vllm_settings(model_path: str, config: Mapping[str, Any], device: str, facts: ModelFacts,
@@ -182,4 +189,5 @@ def vllm_settings(model_path: str, config: Mapping[str, Any], device: str, facts
     args.update(extra)
     return VLLMSettings(device=device, dtype=args["dtype"], max_model_len=max_model_len,
                         sleep_mode=bool(args["enable_sleep_mode"]), dummy_weights=dummy,
-                        kv_cache_bytes=args.get("kv_cache_memory_bytes"), engine_args=args)
+                        kv_cache_bytes=args.get("kv_cache_memory_bytes"), engine_args=args,
+                        unset_env=CPU_ENGINE_UNSET_ENV if device == "cpu" else ())

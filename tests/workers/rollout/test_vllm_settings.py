@@ -156,3 +156,36 @@ def test_config_errors_come_before_starting_vllm(tiny_model_dir):
                       eos_token_ids=(2,), device="cpu")
     with pytest.raises(ConfigError, match="tensor_model_parallel_size=2"):
         VLLMServer(spec)
+
+
+def _fake_vllm(monkeypatch, engine_args: dict, on_start):
+    """``vllm`` modules just big enough for ``_start_engine``: AsyncEngineArgs with these fields, and an
+    AsyncLLM whose start calls ``on_start()`` (in the environment the engine processes would inherit)."""
+    import dataclasses
+    import types
+
+    args_cls = dataclasses.make_dataclass("AsyncEngineArgs", [(k, object, None) for k in engine_args])
+    llm_cls = type("AsyncLLM", (), {"from_engine_args": staticmethod(lambda args: on_start())})
+    monkeypatch.setitem(sys.modules, "vllm.engine.arg_utils", types.SimpleNamespace(AsyncEngineArgs=args_cls))
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.async_llm", types.SimpleNamespace(AsyncLLM=llm_cls))
+    return types.SimpleNamespace(__version__="fake")
+
+
+@pytest.mark.parametrize("device, dropped", [("cpu", {"MKL_NUM_THREADS", "OMP_NUM_THREADS"}), ("cuda", set())])
+def test_cpu_engine_processes_start_without_the_trainers_thread_counts(monkeypatch, device, dropped):
+    """torch sizes its pool from MKL_NUM_THREADS before OMP_NUM_THREADS: the trainer's MKL_NUM_THREADS=2 beat the
+    OMP_NUM_THREADS=1 vLLM sets for a worker it binds to one core (2 spinning threads there, 7x slower)."""
+    import os
+
+    from hybridflow.workers.rollout.vllm_server import _start_engine
+
+    s = settings(device, cuda_devices=1)
+    assert set(s.unset_env) == dropped
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    seen = {}
+    fake = _fake_vllm(monkeypatch, s.engine_args, lambda: seen.update(os.environ) or "engine")
+    assert _start_engine(fake, s, TINY) == "engine"
+    kept = {"MKL_NUM_THREADS", "OMP_NUM_THREADS"} - dropped
+    assert {k for k in ("MKL_NUM_THREADS", "OMP_NUM_THREADS") if k in seen} == kept
+    assert os.environ["MKL_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"] == "2"  # the caller's are back

@@ -60,6 +60,34 @@ def test_without_room_for_a_file_the_bytes_travel_inline(tmp_path):
     assert [n for n, _ in unpack_bucket(packed.payload)] == [n for n, _ in mixed_tensors()]
 
 
+@pytest.mark.skipif(SHARED_DIR is None, reason="no /dev/shm on this machine")
+def test_a_full_shared_memory_leaves_no_file_and_the_bytes_travel_inline(monkeypatch):
+    import errno
+
+    def no_room(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    before = set(os.listdir(SHARED_DIR))
+    monkeypatch.setattr(os, "pwrite", no_room)
+    packed = PackedBucket(mixed_tensors())
+    assert "path" not in packed.payload and set(os.listdir(SHARED_DIR)) <= before
+    for (_, want), (_, got) in zip(mixed_tensors(), unpack_bucket(packed.payload)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_tensor_under_two_names_is_laid_out_once(shared, tmp_path):
+    """Tied embeddings go out as embed_tokens and lm_head (TiedEmbeddingNames): one copy of the bytes."""
+    embedding = torch.randn(50, 8)  # 1600 bytes, a multiple of ALIGN
+    named = [(TIED_EMBEDDING, embedding), ("norm.weight", torch.ones(4)), (TIED_HEAD, embedding)]
+    with PackedBucket(named, shared_dir=str(tmp_path) if shared else None) as packed:
+        size = packed.payload["nbytes"] if shared else len(packed.payload["data"])
+        assert size == 1600 + 16  # the embedding once, the norm (16 bytes) after it
+        back = dict(unpack_bucket(packed.payload))
+    assert torch.equal(back[TIED_EMBEDDING], embedding) and torch.equal(back[TIED_HEAD], embedding)
+    assert torch.equal(back["norm.weight"], torch.ones(4))
+
+
 def test_unpack_copy_owns_its_memory():
     payload = pack_bucket([("w", torch.ones(4))])
     data = bytearray(payload["data"])
