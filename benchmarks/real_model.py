@@ -399,7 +399,7 @@ def report(args, r: dict, C) -> None:
     mem_rows = [[f"step {i + 1}", s["step_s"], s["rss_before"] / 2**20, s["rss_peak"] / 2**20,
                  s["engine_rss_peak"] / 2**20, s["rss_peak"] / state] for i, s in enumerate(r["steps"])]
     table(f"GRPO step memory (weights + grads + Adam = {state / 2**20:.0f} MiB)",
-                  ["row", "step s", "RSS before MiB", "peak RSS MiB", "vLLM procs MiB", "peak / state"], mem_rows)
+                  ["row", "step s", "RSS before MiB", "peak RSS MiB", "vLLM processes MiB (both engines)", "peak / state"], mem_rows)
 
     goals = [Goal("generation: trainer path / raw vLLM", ours / raw, ">=", 0.8),
              Goal("weight sync / raw state_dict copy", sync_s / copy_s, "<=", 2.0),
