@@ -199,15 +199,15 @@ def trainer_overrides(recipe, model: str, work: str, args) -> list[str]:
         "trainer.save_freq=-1", "actor_rollout_ref.actor.optim.lr_warmup_steps=0"])
 
 
-def start_raw_llm(engine_args: dict):
-    """``vllm.LLM`` with the engine arguments hybridflow's server used, started in the same environment."""
+def start_raw_llm(engine_args: dict, unset_env: tuple[str, ...]):
+    """``vllm.LLM`` with the engine arguments hybridflow's server used, its processes started without
+    ``unset_env`` (as VLLMServer starts its own on cpu: vllm_settings.CPU_ENGINE_UNSET_ENV says why)."""
     import vllm
 
     from hybridflow.utils.environ import restored_environ
-    from hybridflow.workers.rollout.vllm_settings import CPU_ENGINE_UNSET_ENV
 
     with restored_environ():
-        for key in CPU_ENGINE_UNSET_ENV:  # as VLLMServer does on cpu (its _start_engine says why)
+        for key in unset_env:
             os.environ.pop(key, None)
         return vllm.LLM(**engine_args)
 
@@ -245,9 +245,10 @@ def main(argv=None) -> dict:
     model = local_model_path(recipe.find_gguf(args.gguf), "--gguf")
     result: dict = {"args": vars(args)}
     with tempfile.TemporaryDirectory(prefix="real_model_bench_") as work:
-        if args.keep_thread_env:
-            import hybridflow.workers.rollout.vllm_settings as vllm_settings
+        import hybridflow.workers.rollout.vllm_settings as vllm_settings
 
+        unset_env = vllm_settings.CPU_ENGINE_UNSET_ENV  # the raw engine always starts without them
+        if args.keep_thread_env:
             vllm_settings.CPU_ENGINE_UNSET_ENV = ()
         t0 = time.perf_counter()
         trainer, loader = C.build_trainer(trainer_overrides(recipe, model, work, args))
@@ -257,7 +258,7 @@ def main(argv=None) -> dict:
         settings = host.server.settings
         start_s = {"trainer (actor + vLLM engine)": time.perf_counter() - t0}
         t0 = time.perf_counter()
-        llm = start_raw_llm(settings.engine_args)
+        llm = start_raw_llm(settings.engine_args, unset_env)
         start_s["raw vllm.LLM"] = time.perf_counter() - t0
         try:
             result.update(measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_ids, DataProto))
@@ -398,7 +399,7 @@ def report(args, r: dict, C) -> None:
     mem_rows = [[f"step {i + 1}", s["step_s"], s["rss_before"] / 2**20, s["rss_peak"] / 2**20,
                  s["engine_rss_peak"] / 2**20, s["rss_peak"] / state] for i, s in enumerate(r["steps"])]
     table(f"GRPO step memory (weights + grads + Adam = {state / 2**20:.0f} MiB)",
-                  ["row", "step s", "RSS before MiB", "peak RSS MiB", "vLLM procs MiB", "peak / state"], mem_rows)
+                  ["row", "step s", "RSS before MiB", "peak RSS MiB", "vLLM processes MiB (both engines)", "peak / state"], mem_rows)
 
     goals = [Goal("generation: trainer path / raw vLLM", ours / raw, ">=", 0.8),
              Goal("weight sync / raw state_dict copy", sync_s / copy_s, "<=", 2.0),
