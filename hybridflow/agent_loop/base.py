@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from hybridflow.agent_loop.trace import TraceSettings
 from hybridflow.utils.registry import Registry
 from hybridflow.rollout.sampling import SamplingParams
 
@@ -86,11 +87,18 @@ class AgentLoopSettings:
     multi_turn: MultiTurnSettings = field(default_factory=MultiTurnSettings)
     agent_loop_config_path: str | None = None
     chat_template_kwargs: dict = field(default_factory=dict)  # data.apply_chat_template_kwargs
+    over_sample_rate: float = 0.0  # training calls keep the first int(N * (1 - rate)) trajectories (over_sample.py)
+    trace: TraceSettings | None = None  # rollout.trace (trace.py); None: nothing traced
     extra: dict = field(default_factory=dict)  # anything else a user's loop may want (plain dict)
 
     @classmethod
-    def from_rollout_config(cls, rollout: dict, chat_template_kwargs: dict | None = None) -> "AgentLoopSettings":
+    def from_rollout_config(cls, rollout: dict, chat_template_kwargs: dict | None = None,
+                            trace: TraceSettings | None = None) -> "AgentLoopSettings":
+        """``trace``: the caller's resolved ``rollout.trace`` (only main_ppo traces; it picks the store)."""
         agent = rollout.get("agent") or {}
+        rate = float(rollout.get("over_sample_rate") or 0.0)
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"actor_rollout_ref.rollout.over_sample_rate must be in [0, 1), got {rate}")
         return cls(
             prompt_length=int(rollout["prompt_length"]),
             response_length=int(rollout["response_length"]),
@@ -99,6 +107,8 @@ class AgentLoopSettings:
             multi_turn=MultiTurnSettings.from_config(rollout.get("multi_turn")),
             agent_loop_config_path=agent.get("agent_loop_config_path") or None,
             chat_template_kwargs=dict(chat_template_kwargs or {}),
+            over_sample_rate=rate,
+            trace=trace,
             extra={"rollout": rollout},
         )
 

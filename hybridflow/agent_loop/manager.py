@@ -8,6 +8,9 @@ One call of ``generate_sequences``:
 3. the slices are concatenated in order and the workers release the engines (``release_rollout``:
    sleep, where the engine can).
 
+With ``rollout.over_sample_rate`` a training call keeps the first trajectories to finish and cuts the
+rest (``over_sample.py``: a thread polls the workers, then cuts them and aborts the engines).
+
 The agent loop workers are helpers of the rollout group (``spawn_helpers``: Ray actors or objects on
 an event loop thread of the driver, as the group's backend decides) and reach the rollout servers
 through the group's handles (``handles(SERVER_HANDLE)``); the manager never asks which backend it has.
@@ -16,12 +19,14 @@ through the group's handles (``handles(SERVER_HANDLE)``); the manager never asks
 from __future__ import annotations
 
 import time
+import uuid
 from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
 from hybridflow.agent_loop.base import AgentLoopSettings
+from hybridflow.agent_loop.over_sample import ABORTED_METRIC, OVER_SAMPLE_ID, OverSampleMonitor, over_sample_target
 from hybridflow.agent_loop.server_manager import SERVER_HANDLE, ServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker, split_indices
 from hybridflow.protocol import DataProto
@@ -75,6 +80,9 @@ class AgentLoopManager:
             if self.hybrid_engine:
                 self.rollout_wg.release_rollout()
         metrics["timing_s/generate_sequences"] = time.perf_counter() - start
+        aborted = [p.meta_info.get("metrics", {}).pop(ABORTED_METRIC, None) for p in parts]
+        if any(a is not None for a in aborted):  # an over-sampled call: the share of the batch cut
+            metrics["agent/over_sample/aborted_ratio"] = sum(a[0] for a in aborted if a) / max(len(prompts), 1)
         _fill_missing_columns(parts)
         out = DataProto.concat(parts) if len(parts) > 1 else parts[0]
         worker_metrics = out.meta_info.pop("metrics", {})
@@ -85,11 +93,37 @@ class AgentLoopManager:
 
     def _run_workers(self, prompts: DataProto) -> list[DataProto]:
         slices = split_indices(len(prompts), len(self.workers))
+        target = len(prompts)
+        if not prompts.meta_info.get("validate", False) and self.settings.over_sample_rate > 0:
+            target = over_sample_target(len(prompts), self.settings.over_sample_rate)
+        call = {OVER_SAMPLE_ID: uuid.uuid4().hex} if target < len(prompts) else {}
         chunks = []
         for start, end in slices:
             part = prompts[start:end]
-            part.meta_info = {**prompts.meta_info, "sample_offset": start}
+            part.meta_info = {**prompts.meta_info, "sample_offset": start, **call}
             chunks.append(part)
+        if not call:
+            return self._wait_workers(prompts, chunks)
+        monitor = OverSampleMonitor(target, progress=lambda: self._kept(call[OVER_SAMPLE_ID]),
+                                    cut=lambda: self._cut(call[OVER_SAMPLE_ID]))
+        try:
+            parts = self._wait_workers(prompts, chunks)
+        except BaseException:
+            monitor.stop(reraise=False)  # the generation's own error is the one to see
+            raise
+        monitor.stop()
+        return parts
+
+    def _kept(self, call_id: str) -> int:
+        return sum(p.get(call_id, 0) for p in self._ask_workers("over_sample_progress", timeout_s=PROGRESS_ASK_S))
+
+    def _cut(self, call_id: str) -> None:
+        """Every worker first (no new request leaves, what comes back ends its trajectory), then the engines."""
+        wait_with_deadline(self.workers.call_all("cut", call_id), None, group=self.rollout_wg,
+                           what="agent loop workers: cut (rollout.over_sample_rate)")
+        self.abort()
+
+    def _wait_workers(self, prompts: DataProto, chunks: list[DataProto]) -> list[DataProto]:
         # every wait has the rollout group's watchdog deadline; finished trajectories count as progress,
         # so a long generation that keeps finishing samples is never declared stuck
         rows = max((len(c) for c in chunks), default=0)
@@ -138,4 +172,6 @@ class AgentLoopManager:
         self.rollout_wg.abort_rollout()
 
     def shutdown(self) -> None:
+        if self.settings.trace is not None:  # what the tracers buffered reaches the store
+            self._call_workers("close_tracer")
         self.workers.close()

@@ -11,6 +11,9 @@ batch) or in the driver's process on an event loop thread (in-process backend). 
 (``multi_turn.tool_config_path``), interactions (``multi_turn.interaction_config_path``) and the agent
 loops of ``rollout.agent.agent_loop_config_path`` are built once per worker, in its process, and shared
 by its trajectories.
+
+Two wrappers of the server manager a loop sees: ``CutServer`` in over-sampled calls (the driver cuts
+the slow trajectories: ``over_sample.py``) and ``TracedServer`` for traced trajectories (``trace.py``).
 """
 
 from __future__ import annotations
@@ -18,14 +21,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from hybridflow.agent_loop.base import AGENT_LOOPS, AgentLoopOutput, AgentLoopSettings
 from hybridflow.agent_loop.loop_config import load_agent_loop_config
+from hybridflow.agent_loop.over_sample import ABORTED_METRIC, OVER_SAMPLE_ID, CutServer, TrajectoryAborted, padding_output
 from hybridflow.agent_loop.postprocess import mean_metrics, non_tensor_fields, pad_outputs
 from hybridflow.agent_loop.server_manager import ServerHandle, ServerManager
+from hybridflow.agent_loop.trace import TracedServer, make_tracer, rollout_numbers, traced_rows, with_text
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.protocol import DataProto
 from hybridflow.tools.tool_registry import initialize_tools_from_config
@@ -66,6 +72,11 @@ class AgentLoopWorker:
             cls = self.loop_specs[name][0] if name in self.loop_specs else AGENT_LOOPS.get(name)
             self.loop_specs[name] = (cls, {**self.loop_specs.get(name, (None, {}))[1], **kwargs})
         self.completed = 0  # trajectories finished so far (progress for watchdogs)
+        # rollout.over_sample_rate: per over-sampled call (meta_info[OVER_SAMPLE_ID]) the trajectories kept
+        # so far, and the calls the driver cut (bounded: a cut may arrive after its call returned)
+        self._kept: dict[str, int] = {}
+        self._cut_ids: deque[str] = deque(maxlen=64)
+        self.tracer = make_tracer(settings.trace) if settings.trace is not None else None
 
     def sampling_params(self, meta_info: dict) -> SamplingParams:
         return resolve_sampling(self.train_params, self.val_params, meta_info)
@@ -89,22 +100,48 @@ class AgentLoopWorker:
         prompt_ids = prompt_token_ids(batch)
         names = batch.non_tensor_batch.get("agent_name", None)
         columns = {k: v for k, v in batch.non_tensor_batch.items() if k not in _NOT_FOR_LOOPS}
+        call_id = meta.get(OVER_SAMPLE_ID)
+        if call_id is not None:
+            self._kept[call_id] = 0
+        trace_tags = self._trace_tags(batch, step, offset, bool(meta.get("validate", False)))
         tasks = []
         for i in range(len(batch)):
             name = str(names[i]) if names is not None and names[i] is not None else self.settings.default_agent_loop
             sample = {k: v[i] for k, v in columns.items()}
             sample.update(prompt_ids=prompt_ids[i], request_id=f"{prefix}{step}:{offset + i}")
-            tasks.append(self._run_one(settings, i + offset, name, params, sample))
-        outputs: list[AgentLoopOutput] = await asyncio.gather(*tasks)
+            tasks.append(self._run_one(settings, i + offset, name, params, sample, call_id, trace_tags[i]))
+        try:
+            results: list[tuple[AgentLoopOutput, bool]] = await asyncio.gather(*tasks)
+        finally:
+            self._kept.pop(call_id, None)
+            if self.tracer is not None:
+                self.tracer.flush()
+        outputs = [o for o, _ in results]
         tensors = pad_outputs(outputs, settings.prompt_length, settings.response_length, pad_id)
         out = DataProto.from_dict(tensors=tensors, non_tensors=non_tensor_fields(outputs))
-        metrics = mean_metrics(outputs)
+        metrics = mean_metrics([o for o, aborted in results if not aborted])  # cut trajectories did not run
+        if call_id is not None:
+            metrics[ABORTED_METRIC] = sum(aborted for _, aborted in results)
         metrics["timing_s/agent_loop_worker"] = time.perf_counter() - start
         out.meta_info["metrics"] = {k: [v] for k, v in metrics.items()}
         return out
 
+    def _trace_tags(self, batch: DataProto, step, offset: int, validate: bool) -> list[dict | None]:
+        """Per row, the tags of its trace, or None when the row is not traced (rollout.trace)."""
+        if self.tracer is None:
+            return [None] * len(batch)
+        index = batch.non_tensor_batch.get("index", None)
+        index = list(index) if index is not None else list(range(offset, offset + len(batch)))
+        rng = np.random.default_rng([abs(int(step)), offset])  # the same rows when a step is replayed
+        rows = traced_rows(index, self.settings.trace.max_samples_per_step_per_worker, rng)
+        numbers = rollout_numbers(index)
+        return [{"step": step, "sample_index": index[i], "rollout_n": numbers[i], "validate": validate,
+                 "experiment_name": self.settings.trace.experiment_name} if i in rows else None
+                for i in range(len(batch))]
+
     async def _run_one(self, settings: AgentLoopSettings, index: int, name: str, params: SamplingParams, sample: dict,
-                       ) -> AgentLoopOutput:
+                       call_id: str | None = None, trace_tags: dict | None = None) -> tuple[AgentLoopOutput, bool]:
+        """The trajectory's output and whether it was cut (then the output is padding: over_sample.py)."""
         if name in self.loop_specs:
             loop_cls, kwargs = self.loop_specs[name]
         else:
@@ -113,20 +150,61 @@ class AgentLoopWorker:
             except KeyError as e:
                 extra = f" (or in {self.settings.agent_loop_config_path}: {sorted(self.loop_specs)})" if self.loop_specs else ""
                 raise KeyError(f"sample {index}: agent_name {name!r}: {e.args[0]}{extra}") from None
+        is_cut: Callable[[], bool] | None = None
+        server = self.server_manager
+        if call_id is not None:
+            is_cut = lambda: call_id in self._cut_ids  # noqa: E731
+            server = CutServer(server, is_cut)
+        if trace_tags is not None:
+            server = TracedServer(server, self.tracer, self._decoder())
+        output, cut = None, False
         try:
-            loop = loop_cls(settings, self.server_manager, self.tokenizer, tools=self.tools,
-                            interactions=self.interactions, **kwargs)
-            output = await loop.run(params, **sample)
+            loop = loop_cls(settings, server, self.tokenizer, tools=self.tools, interactions=self.interactions, **kwargs)
+            output = await self._traced_run(loop, params, sample, trace_tags)
+        except TrajectoryAborted:
+            cut = True
         except Exception as e:
             e.add_note(f"hybridflow: agent loop {name!r} failed on sample {index} (request {sample['request_id']!r})")
             self.server_manager.release(sample["request_id"])
             raise
+        if is_cut is not None:  # no await since the loop returned: the cut cannot land in between
+            cut = cut or is_cut()
+            if cut:
+                output = padding_output(sample["prompt_ids"], with_logprobs=self.server_manager.logprobs)
+            elif call_id in self._kept:
+                self._kept[call_id] += 1
         self.completed += 1  # progress the driver's watchdog can see
         versions = self.server_manager.release(sample["request_id"])
         if versions is not None:  # which policy produced the sample: oldest and newest weights of its tokens
             output.extra_fields.setdefault("min_weight_version", versions[0])
             output.extra_fields.setdefault("max_weight_version", versions[1])
+        return output, cut
+
+    async def _traced_run(self, loop, params: SamplingParams, sample: dict, trace_tags: dict | None) -> AgentLoopOutput:
+        if trace_tags is None:
+            return await loop.run(params, **sample)
+        with self.tracer.trajectory(trace_tags), \
+                self.tracer.span(f"{type(loop).__name__}.run", {"sampling_params": params, **sample}) as span:
+            output = await loop.run(params, **sample)
+            span.value = with_text(dataclasses.asdict(output), self._decoder(), output.prompt_ids, output.response_ids)
         return output
+
+    def _decoder(self):
+        """The tokenizer when traces carry decoded text (rollout.trace.token2text), else None."""
+        return self.tokenizer if self.settings.trace is not None and self.settings.trace.token2text else None
+
+    # ------------------------------------------------------------------------ rollout.over_sample_rate
+    async def over_sample_progress(self) -> dict[str, int]:
+        """Trajectories kept so far, per over-sampled call in progress."""
+        return dict(self._kept)
+
+    async def cut(self, call_id: str) -> None:
+        """The driver's target is met: the call's unfinished trajectories become padding."""
+        self._cut_ids.append(call_id)
+
+    async def close_tracer(self) -> None:
+        if self.tracer is not None:
+            self.tracer.close()
 
     # ------------------------------------------------------------------------ asynchronous training
     async def pause(self) -> None:

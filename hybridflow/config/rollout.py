@@ -108,16 +108,31 @@ class CheckpointEngineConfig(BaseConfig):
     custom_backend_module: Optional[str] = doc(None, "a module of your own backend (not implemented)")
 
 
+# veRL's trace backends hybridflow does not implement
+UNIMPLEMENTED_TRACE_BACKENDS = {"weave": "Weights & Biases Weave", "trackio": "Trackio"}
+
+
 @dataclass
 class TraceConfig(BaseConfig):
-    """``rollout.trace``: rollout tracing (not implemented)."""
+    """``rollout.trace``: each agent-loop trajectory recorded in a tracing store (hybridflow/agent_loop/trace.py)."""
 
     _target_: str = doc("verl.workers.config.TraceConfig", "the class this section is read into")
-    project_name: Optional[str] = doc("hybridflow_examples", "trace project (follows trainer.project_name)")
-    experiment_name: Optional[str] = doc("gsm8k", "trace experiment (follows trainer.experiment_name)")
-    backend: Optional[str] = doc(None, "trace backend")
-    token2text: bool = doc(False, "decode token ids in traces")
-    max_samples_per_step_per_worker: Optional[int] = doc(None, "traced samples per step and worker")
+    project_name: Optional[str] = doc("hybridflow_examples", "mlflow experiment of the traces (follows trainer.project_name)")
+    experiment_name: Optional[str] = doc("gsm8k", "tag of every trace (follows trainer.experiment_name)")
+    backend: Optional[str] = doc(None, "null (no tracing) | mlflow (extra [trace]; store $MLFLOW_TRACKING_URI or "
+                                       "sqlite:///<trainer.default_local_dir>/mlflow.db)")
+    token2text: bool = doc(False, "traces also hold the decoded prompt_text and response_text")
+    max_samples_per_step_per_worker: Optional[int] = doc(None, "prompts traced per call and agent-loop worker "
+                                                               "(all their samples); null: every sample")
+
+    def __post_init__(self):
+        p = "actor_rollout_ref.rollout.trace"
+        if self.backend in UNIMPLEMENTED_TRACE_BACKENDS:
+            raise ConfigError(f"{p}.backend={self.backend!r}: the {UNIMPLEMENTED_TRACE_BACKENDS[self.backend]} "
+                              f"backend is not implemented; use mlflow (pip install 'hybridflow[trace]')")
+        if self.max_samples_per_step_per_worker is not None and self.max_samples_per_step_per_worker < 0:
+            raise ConfigError(f"{p}.max_samples_per_step_per_worker must be >= 0 or null, "
+                              f"got {self.max_samples_per_step_per_worker}")
 
 
 @dataclass
@@ -190,7 +205,8 @@ class RolloutConfig(BaseConfig):
     disable_log_stats: bool = doc(True, "vllm: no periodic stats logging")
     do_sample: bool = doc(True, "sample (else greedy)")
     n: int = doc(1, "responses sampled per prompt; > 1 for grpo and rloo")
-    over_sample_rate: float = doc(0.0, "extra requests to cut stragglers (not implemented)")
+    over_sample_rate: float = doc(0.0, "training: keep the first int(N*(1-rate)) trajectories to finish, pad the "
+                                       "rest (response_mask 0); 0: keep all")
     multi_stage_wake_up: bool = doc(False, "wake weights and KV cache in stages (speed only)")
     engine_kwargs: dict = doc({"vllm": {"kv_cache_memory_bytes": None}, "sglang": {}, "trtllm": {}},
                               "engine arguments passed as they are (vllm: its own keys)")
@@ -200,7 +216,7 @@ class RolloutConfig(BaseConfig):
     calculate_log_probs: bool = doc(True, "the engine returns its log-probs of the sampled tokens")
     agent: AgentLoopConfig = section(AgentLoopConfig, "the agent-loop workers")
     checkpoint_engine: CheckpointEngineConfig = section(CheckpointEngineConfig, "weight transfer to the engines")
-    trace: TraceConfig = section(TraceConfig, "rollout tracing (not implemented)")
+    trace: TraceConfig = section(TraceConfig, "agent-loop trajectories logged to a tracing store")
     skip_tokenizer_init: bool = doc(True, "vllm: the engine works on token ids only")
     skip_rollout: bool = doc(False, "veRL main's spelling of skip.rollout.enable (mapped onto it)")
     skip_dump_dir: str = doc("/tmp/rollout_dump", "veRL main's spelling of skip.rollout.dump_dir (mapped onto it)")
@@ -220,3 +236,5 @@ class RolloutConfig(BaseConfig):
         for key in ("n", "prompt_length", "response_length"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"rollout.{key} must be >= 1, got {getattr(self, key)}")
+        if not 0 <= self.over_sample_rate < 1:
+            raise ConfigError(f"rollout.over_sample_rate must be in [0, 1), got {self.over_sample_rate}")

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from hybridflow.agent_loop.base import AGENT_LOOPS, MultiTurnSettings
 from hybridflow.agent_loop.loop_config import load_agent_loop_config
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS
+from hybridflow.agent_loop.trace import check_backend as check_trace_backend, default_tracking_uri, import_mlflow
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.single_controller.factory import BACKENDS, pool_size_problem
 from hybridflow.tools.tool_registry import check_tool_config
@@ -107,6 +108,7 @@ def validate_ppo_config(cfg: DictConfig | Mapping, n_devices: int | None = None)
     _check_rollout(r, device, world)
     _check_multi_turn(r)
     _check_async(r)
+    _check_trace(r)
     if device == "cpu":
         _explain_gpu_only(r)
     _check_misc(r)
@@ -359,6 +361,9 @@ def _check_rollout(r: _Report, device: str, world: int | None) -> None:
             f"{rollout}.val_kwargs.do_sample=True needs {rollout}.val_kwargs.temperature > 0 "
             f"(got {r.get(f'{rollout}.val_kwargs.temperature')})"
         )
+    rate = r.get(f"{rollout}.over_sample_rate") or 0
+    if not 0 <= rate < 1:
+        r.errors.append(f"{rollout}.over_sample_rate must be in [0, 1) (the share of a batch's trajectories cut), got {rate}")
     mode = r.get(f"{rollout}.mode")
     if mode not in (None, "sync", "async"):
         r.errors.append(f"{rollout}.mode={mode!r} is not one of sync, async")
@@ -435,6 +440,10 @@ def _check_async(r: _Report) -> None:
             if value is not None and value != defaults[key]:
                 r.errors.append(f"async_training.{key}={value} acts in async_training.mode=fully_async only; "
                                 f"mode={mode} fixes it (leave it at {defaults[key]}, or use mode=fully_async)")
+    rate = r.get("actor_rollout_ref.rollout.over_sample_rate") or 0
+    if mode != "sync" and rate > 0:
+        r.errors.append(f"actor_rollout_ref.rollout.over_sample_rate={rate} cuts the slowest trajectories of a synchronous "
+                        f"step's batch; async_training.mode={mode} streams prompt groups instead (set it to 0)")
     if mode == "sync":
         if r.get("async_training.use_rollout_log_probs"):
             r.errors.append("async_training.use_rollout_log_probs=True acts in the asynchronous modes only; with "
@@ -454,6 +463,19 @@ def _check_async(r: _Report) -> None:
     if r.get("async_training.use_rollout_log_probs") and r.get("actor_rollout_ref.rollout.calculate_log_probs") is False:
         r.errors.append("async_training.use_rollout_log_probs=True takes pi_old from the rollout's log-probs: set "
                         "actor_rollout_ref.rollout.calculate_log_probs=True")
+
+
+def _check_trace(r: _Report) -> None:
+    """rollout.trace: a known backend whose package is installed, before any worker starts."""
+    backend = r.get("actor_rollout_ref.rollout.trace.backend")
+    if backend is None:
+        return
+    try:
+        check_trace_backend(backend)
+        if backend == "mlflow":
+            import_mlflow(default_tracking_uri(r.get("trainer.default_local_dir") or "."))
+    except (ValueError, ImportError) as e:
+        r.errors.append(str(e))
 
 
 def _explain_gpu_only(r: _Report) -> None:

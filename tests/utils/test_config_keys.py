@@ -135,9 +135,9 @@ def test_readme_links_the_table():
 def test_not_supported_is_accepted_at_its_default_and_refused_when_set():
     load_config("ppo_trainer", ["algorithm.use_pf_ppo=False"])  # veRL's default, written out
     with pytest.raises(ConfigError) as e:
-        load_config("ppo_trainer", ["actor_rollout_ref.rollout.trace.backend=mlflow", "trainer.val_only=True"])
+        load_config("ppo_trainer", ["actor_rollout_ref.rollout.scheduling_policy=priority", "trainer.val_only=True"])
     msg = str(e.value)
-    assert "actor_rollout_ref.rollout.trace.backend='mlflow' is not supported by hybridflow" in msg
+    assert "actor_rollout_ref.rollout.scheduling_policy='priority' is not supported by hybridflow" in msg
     assert "trainer.val_only=True is not supported by hybridflow" in msg  # every refusal at once
 
 
@@ -148,11 +148,11 @@ def test_honoured_keys_with_values_refuse_the_others():
 
 
 def test_a_key_following_an_interpolation_is_not_set_by_itself():
-    # rollout.trace.project_name (not supported) follows trainer.project_name; changing the latter is fine
-    cfg = load_config("ppo_trainer", ["trainer.project_name=mine"])
-    assert cfg.actor_rollout_ref.rollout.trace.project_name == "mine"
-    with pytest.raises(ConfigError, match="rollout.trace.project_name='x' is not supported"):
-        load_config("ppo_trainer", ["actor_rollout_ref.rollout.trace.project_name=x"])
+    # rollout.prometheus.served_model_name (not supported) follows model.path; changing the latter is fine
+    cfg = load_config("ppo_trainer", ["actor_rollout_ref.model.path=/models/mine"])
+    assert cfg.actor_rollout_ref.rollout.prometheus.served_model_name == "/models/mine"
+    with pytest.raises(ConfigError, match="rollout.prometheus.served_model_name='x' is not supported"):
+        load_config("ppo_trainer", ["actor_rollout_ref.rollout.prometheus.served_model_name=x"])
 
 
 def test_notes_for_settings_that_do_not_apply_here():

@@ -132,13 +132,31 @@ def checkpoint(p: str):
 VLLM_ENGINE = "read by the vllm rollout; the hf rollout ignores it (config checks print a note)"
 
 
-def rollout(p: str, log_probs: bool = True):
+def rollout(p: str, log_probs: bool = True, training: bool = True):
     """veRL's rollout/rollout.yaml at prefix ``p`` (the policy's rollout, main_generation's rollout).
-    ``log_probs=False``: the entry point computes no log-probs, so the log_prob_* keys only print a note."""
+    ``log_probs=False``: the entry point computes no log-probs, so the log_prob_* keys only print a note.
+    ``training=False``: no training rollouts (main_generation), so over-sampling and tracing do not apply."""
     log_prob_keys = [f"{p}.log_prob_micro_batch_size", f"{p}.log_prob_micro_batch_size_per_gpu",
                      f"{p}.log_prob_use_dynamic_bsz", f"{p}.log_prob_max_token_len_per_gpu"]
     log_prob_rules = honoured(*log_prob_keys) if log_probs else note(*log_prob_keys, reason="no log-probs are computed here")
-    return shared(log_prob_rules) + shared([rule for group in (
+    if training:
+        training_rules = [
+            *honoured(f"{p}.over_sample_rate",
+                      reason="training batches of the synchronous trainer: the first int(N*(1-rate)) trajectories to "
+                             "finish are kept, the rest aborted and padded (empty response, response_mask 0), as "
+                             "veRL's SGLang rollout did (veRL 0.9.1 declares the key but reads it nowhere)"),
+            *honoured(f"{p}.trace.backend",
+                      reason="null or mlflow (extra [trace]): one trace per trajectory in $MLFLOW_TRACKING_URI or "
+                             "sqlite:///<trainer.default_local_dir>/mlflow.db; weave and trackio are not implemented"),
+            *honoured(f"{p}.trace.project_name", f"{p}.trace.experiment_name", f"{p}.trace.token2text",
+                      f"{p}.trace.max_samples_per_step_per_worker"),
+        ]
+    else:
+        training_rules = [
+            *note(f"{p}.over_sample_rate", reason="cuts training batches only; main_generation keeps every sample"),
+            *not_supported(f"{p}.trace.**", reason="rollout tracing is implemented for main_ppo's rollouts"),
+        ]
+    return shared(log_prob_rules) + shared(training_rules) + shared([rule for group in (
         honoured(f"{p}.name", values=("hf", "vllm"),
                  reason="hybridflow's rollout engines are hf (transformers) and vllm; SGLang is not a hybridflow "
                         "rollout engine, nor TensorRT-LLM (veRL's sglang_multiturn examples run their multi-turn tool "
@@ -162,8 +180,7 @@ def rollout(p: str, log_probs: bool = True):
                       reason="only tensor parallelism is implemented inside a rollout engine"),
         honoured(f"{p}.logprobs_mode", values=("processed_logprobs",),
                  reason="the engines return log softmax(logits / temperature) of the sampled token"),
-        not_supported(f"{p}.full_determinism", f"{p}.scheduling_policy", f"{p}.over_sample_rate",
-                      f"{p}.router_config_path", f"{p}.enable_rollout_routing_replay",
+        not_supported(f"{p}.full_determinism", f"{p}.scheduling_policy", f"{p}.router_config_path", f"{p}.enable_rollout_routing_replay",
                       f"{p}.moe_load_balance_metrics_interval",
                       reason="this rollout-engine feature is not implemented"),
         not_supported(f"{p}.engine_kwargs.sglang.**", f"{p}.engine_kwargs.trtllm.**",
@@ -197,7 +214,6 @@ def rollout(p: str, log_probs: bool = True):
                  reason="weights travel in buckets through the worker process (colocated) or Ray's object store "
                         "(a separate rollout pool); nccl/nixl/hccl checkpoint engines are not implemented"),
         not_supported(f"{p}.checkpoint_engine.**", reason="custom checkpoint engines are not implemented"),
-        not_supported(f"{p}.trace.**", reason="rollout tracing is not implemented"),
         profiler(f"{p}.profiler"),
         not_supported(f"{p}.prometheus.**", reason="the Prometheus exporter is not implemented"),
         not_supported(f"{p}.quantization", f"{p}.quantization_config_file", f"{p}.qat", f"{p}.mtp",

@@ -16,7 +16,7 @@ TABLE = KeyTable.build(
                  "data.path", "data.prompt_key", "data.n_samples", "data.output_path", "data.batch_size",
                  "data.apply_chat_template_kwargs.**",
                  "model.path", "model.external_lib", "model.trust_remote_code", "model.override_config.**"),
-        rollout("rollout", log_probs=False),
+        rollout("rollout", log_probs=False, training=False),
         note("actor.**", reason="main_generation does not train (veRL keeps this section for backward compatibility)"),
         honoured("ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.address", "ray_kwargs.ray_init.include_dashboard"),
         not_supported("ray_kwargs.ray_init.**",

@@ -1,0 +1,227 @@
+"""``rollout.trace``: every trajectory of the agent loop recorded in a tracing store (veRL's rollout trace).
+
+One trace per traced trajectory: a root span ``agent_loop`` whose trace is tagged with ``step``,
+``sample_index``, ``rollout_n`` (the how-many-th sample of its prompt), ``validate`` and
+``experiment_name``; under it the loop's ``<Loop>.run`` span (inputs: the sampling parameters and the
+sample's fields; outputs: the ``AgentLoopOutput``) and one ``ServerManager.generate`` span per model
+turn (inputs: request id, prompt ids, sampling parameters; outputs: token ids, log-probs, stop reason).
+With ``token2text`` the outputs also carry ``prompt_text`` and ``response_text``, the tokenizer's
+decoding, as in veRL. ``max_samples_per_step_per_worker`` traces that many prompts (all their samples)
+per agent loop worker and call, picked at random; null traces every sample.
+
+Backends register in ``TRACE_BACKENDS``. Built in: ``mlflow`` (the ``[trace]`` extra: mlflow-skinny
+and the sqlite store's sqlalchemy + alembic), writing to ``$MLFLOW_TRACKING_URI`` or, by default,
+``sqlite:///<trainer.default_local_dir>/mlflow.db``, experiment = ``trace.project_name``. veRL's
+``weave`` and ``trackio`` are not implemented.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hybridflow.utils.registry import Registry
+
+KEY = "actor_rollout_ref.rollout.trace"
+NOT_IMPLEMENTED = {"weave": "Weights & Biases Weave", "trackio": "Trackio"}
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    """``rollout.trace``, validated; ``tracking_uri`` is the store, resolved once on the driver so that
+    agent loop workers in other processes write to the same one."""
+
+    backend: str
+    project_name: str
+    experiment_name: str | None = None
+    token2text: bool = False
+    max_samples_per_step_per_worker: int | None = None
+    tracking_uri: str | None = None
+
+    @classmethod
+    def from_config(cls, section: Mapping | None, run_dir: str) -> "TraceSettings | None":
+        """None when ``backend`` is null (no tracing). ``run_dir``: where the default store goes."""
+        section = dict(section or {})
+        backend = section.get("backend")
+        if backend is None:
+            return None
+        check_backend(backend)
+        limit = section.get("max_samples_per_step_per_worker")
+        if limit is not None and int(limit) < 0:
+            raise ValueError(f"{KEY}.max_samples_per_step_per_worker must be >= 0 or null, got {limit}")
+        uri = default_tracking_uri(run_dir)
+        return cls(backend=str(backend), project_name=str(section.get("project_name") or "hybridflow"),
+                   experiment_name=section.get("experiment_name"), token2text=bool(section.get("token2text")),
+                   max_samples_per_step_per_worker=None if limit is None else int(limit),
+                   tracking_uri=uri if backend == "mlflow" else None)
+
+
+class SpanOutputs:
+    """What the code inside a span reports as the span's outputs (set ``value``)."""
+
+    value: Any = None
+
+
+class RolloutTracer(ABC):
+    """One per agent loop worker. Spans nest by context (each trajectory is its own asyncio task)."""
+
+    @abstractmethod
+    def trajectory(self, tags: dict[str, Any]) -> contextlib.AbstractContextManager:
+        """The root span of one trajectory, its trace tagged with ``tags``."""
+
+    @abstractmethod
+    def span(self, name: str, inputs: dict[str, Any]) -> contextlib.AbstractContextManager[SpanOutputs]:
+        """A child span of the current one."""
+
+    def flush(self) -> None:
+        """Write out what is buffered (end of a call)."""
+
+    def close(self) -> None:
+        """Flush and stop the backend's threads."""
+
+
+TRACE_BACKENDS: Registry[Callable[[TraceSettings], RolloutTracer]] = Registry("rollout trace backend")
+
+
+def check_backend(backend: str) -> None:
+    if backend in NOT_IMPLEMENTED:
+        raise ValueError(f"{KEY}.backend={backend!r}: the {NOT_IMPLEMENTED[backend]} backend is not implemented; "
+                         f"use mlflow (pip install 'hybridflow[trace]')")
+    if backend not in TRACE_BACKENDS:
+        raise ValueError(f"{KEY}.backend={backend!r} is not a trace backend; known: {', '.join(TRACE_BACKENDS)}")
+
+
+def make_tracer(settings: TraceSettings) -> RolloutTracer:
+    check_backend(settings.backend)
+    return TRACE_BACKENDS[settings.backend](settings)
+
+
+# ------------------------------------------------------------------------------------------------ mlflow
+def import_mlflow(tracking_uri: str | None = None):
+    """mlflow (and, for a sqlite store, sqlalchemy and alembic), or an error naming the key and the extra."""
+    needed = ["mlflow"] + (["sqlalchemy", "alembic"] if (tracking_uri or "").startswith("sqlite:") else [])
+    for name in needed:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            why = "" if name == "mlflow" else f" (the sqlite store {tracking_uri} needs sqlalchemy and alembic)"
+            raise ImportError(f"{KEY}.backend=mlflow needs the {name!r} package, which is not installed: "
+                              f"pip install 'hybridflow[trace]'{why}") from e
+    return importlib.import_module("mlflow")
+
+
+def default_tracking_uri(run_dir: str) -> str:
+    """``$MLFLOW_TRACKING_URI``, else a sqlite store in ``run_dir`` (mlflow's file store is deprecated)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///" + os.path.abspath(os.path.join(run_dir, "mlflow.db"))
+
+
+class MlflowTracer(RolloutTracer):
+    def __init__(self, settings: TraceSettings):
+        uri = settings.tracking_uri
+        self.mlflow = import_mlflow(uri)
+        if uri and uri.startswith("sqlite:///"):  # sqlite makes the file, not its folder
+            os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
+        if uri:
+            self.mlflow.set_tracking_uri(uri)
+        self.experiment_id = self.mlflow.set_experiment(settings.project_name).experiment_id
+
+    @contextlib.contextmanager
+    def trajectory(self, tags):
+        with self.mlflow.start_span(name="agent_loop"):
+            self.mlflow.update_current_trace(tags={str(k): str(v) for k, v in tags.items()})
+            yield
+
+    @contextlib.contextmanager
+    def span(self, name, inputs):
+        with self.mlflow.start_span(name=name) as span:
+            span.set_inputs(jsonable(inputs))
+            out = SpanOutputs()
+            yield out
+            span.set_outputs(jsonable(out.value))
+
+    def flush(self) -> None:
+        self.mlflow.flush_trace_async_logging()
+
+    def close(self) -> None:
+        self.mlflow.flush_trace_async_logging(terminate=True)
+
+
+TRACE_BACKENDS.register("mlflow", MlflowTracer)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def jsonable(value: Any) -> Any:
+    """Plain JSON values (numpy arrays and scalars, dataclasses, tuples unwrapped; anything else as str)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return str(value)
+
+
+def with_text(outputs: dict[str, Any], tokenizer, prompt_ids: Sequence[int] | None,
+              response_ids: Sequence[int] | None) -> dict[str, Any]:
+    """``outputs`` plus ``prompt_text`` / ``response_text`` (veRL's token2text: special tokens kept)."""
+    if tokenizer is None:
+        return outputs
+    out = dict(outputs)
+    if prompt_ids is not None:
+        out["prompt_text"] = tokenizer.decode(list(prompt_ids))
+    if response_ids is not None:
+        out["response_text"] = tokenizer.decode(list(response_ids))
+    return out
+
+
+def traced_rows(index: Sequence, limit: int | None, rng: np.random.Generator) -> set[int]:
+    """Rows to trace: all, or every row of ``limit`` prompts picked at random (rows share a prompt when
+    they share ``index``)."""
+    rows = range(len(index))
+    if limit is None:
+        return set(rows)
+    prompts = sorted(set(index), key=str)
+    if limit >= len(prompts):
+        return set(rows)
+    picked = {prompts[i] for i in rng.choice(len(prompts), size=limit, replace=False)}
+    return {i for i in rows if index[i] in picked}
+
+
+def rollout_numbers(index: Sequence) -> list[int]:
+    """For each row, how many rows before it in a run share its ``index`` (veRL's ``rollout_n``)."""
+    out: list[int] = []
+    for i, value in enumerate(index):
+        out.append(out[-1] + 1 if i and index[i - 1] == value else 0)
+    return out
+
+
+class TracedServer:
+    """The server manager a traced trajectory's loop sees: each request is a span."""
+
+    def __init__(self, server_manager, tracer: RolloutTracer, tokenizer=None):
+        self._inner, self._tracer, self._tokenizer = server_manager, tracer, tokenizer
+
+    async def generate(self, request_id, prompt_ids, sampling_params):
+        inputs = {"request_id": request_id, "prompt_ids": list(prompt_ids), "sampling_params": sampling_params}
+        with self._tracer.span("ServerManager.generate", inputs) as span:
+            out = await self._inner.generate(request_id, prompt_ids, sampling_params)
+            record = {"token_ids": list(out.token_ids), "log_probs": out.log_probs, "stop_reason": out.stop_reason}
+            span.value = with_text(record, self._tokenizer, prompt_ids, out.token_ids)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)

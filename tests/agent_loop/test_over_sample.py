@@ -1,0 +1,162 @@
+"""rollout.over_sample_rate: a training call keeps the first trajectories to finish and pads the rest;
+a validation call keeps everything. The server's latencies are scripted: prompts ending in a token
+>= 100 are slow (they finish only when aborted, or after ``slow_s``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from hybridflow.agent_loop import AgentLoopSettings
+from hybridflow.agent_loop.manager import AgentLoopManager
+from hybridflow.agent_loop.over_sample import over_sample_target
+from hybridflow.agent_loop.server_manager import ROLLOUT_CONCURRENCY_GROUP
+from hybridflow.protocol import DataProto
+from hybridflow.rollout.server import ABORT, STOP, EngineLoop, TokenOutput
+from hybridflow.single_controller.base import ClassWithInitArgs, Dispatch, Worker, register
+from hybridflow.single_controller.factory import build_worker_group
+from hybridflow.trainer.config_checks import validate_ppo_config
+from hybridflow.utils.config import ConfigError, load_config
+
+PAD = 0
+
+
+class LatencyServer:
+    """Fast prompts answer [p+1, p+2, p+3] at once; slow ones wait for an abort (then return the one
+    token they have) or ``slow_s`` seconds (then the full answer)."""
+
+    def __init__(self, slow_s: float):
+        self.slow_s, self.aborts = slow_s, 0
+        self._abort: asyncio.Event | None = None
+
+    async def generate(self, prompt_ids, params, request_id, logprobs=True):
+        p = prompt_ids[-1]
+        answer = [p + 1, p + 2, p + 3]
+        if p >= 100:
+            self._abort = self._abort or asyncio.Event()
+            try:
+                await asyncio.wait_for(self._abort.wait(), self.slow_s)
+                return TokenOutput(answer[:1], [-0.5], ABORT)
+            except asyncio.TimeoutError:
+                pass
+        return TokenOutput(answer, [-0.5] * 3, STOP)
+
+    async def abort_all(self):
+        self.aborts += 1
+        if self._abort is not None:
+            self._abort.set()
+        return 0
+
+
+class LatencyRolloutWorker(Worker):
+    def __init__(self, slow_s: float):
+        super().__init__()
+        self.server, self.engine_loop = LatencyServer(slow_s), EngineLoop("latency-engine")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def prepare_rollout(self, version=None):
+        return {}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def release_rollout(self):
+        pass
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def abort_rollout(self):
+        return self.engine_loop.run(self.server.abort_all())
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def aborts(self) -> int:
+        return self.server.aborts
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def close_engine(self) -> None:
+        self.engine_loop.close()
+
+
+class Tok:
+    pad_token_id = PAD
+
+
+def prompts(last_tokens, meta):
+    ids = torch.tensor([[7, t] for t in last_tokens])
+    mask = torch.ones_like(ids)
+    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1},
+                               non_tensors={"index": np.arange(len(last_tokens))}, meta_info=meta)
+
+
+@pytest.fixture
+def manager_for():
+    made = []
+
+    def make(rate, slow_s):
+        group = build_worker_group("inprocess", ClassWithInitArgs(LatencyRolloutWorker, slow_s=slow_s), [1],
+                                   name="latency", concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: 16})
+        rollout = {"prompt_length": 2, "response_length": 4, "calculate_log_probs": True, "over_sample_rate": rate,
+                   "agent": {"num_workers": 2}, "val_kwargs": {"do_sample": False, "temperature": 0}}
+        manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(rollout), group, Tok(), role=None)
+        made.append((manager, group))
+        return manager, group
+
+    yield make
+    for manager, group in made:
+        manager.shutdown()
+        group.close_engine()
+        group.shutdown()
+
+
+FAST, SLOW = [1, 2, 3, 4], [101, 102, 103, 104]
+ORDER = [1, 101, 2, 102, 3, 103, 4, 104]  # each of the two agent loop workers gets two of each
+
+
+def test_the_slow_half_is_aborted_and_padded(manager_for):
+    manager, group = manager_for(rate=0.5, slow_s=30.0)  # without the cut the slow ones take 30 s and are kept
+    out = manager.generate_sequences(prompts(ORDER, {"global_steps": 1}))
+    assert len(out) == 8 and group.aborts() == 1
+    for row, p in enumerate(ORDER):
+        responses, mask = out.batch["responses"][row].tolist(), out.batch["response_mask"][row].tolist()
+        attention = out.batch["attention_mask"][row].tolist()
+        if p in FAST:  # kept as generated
+            assert responses == [p + 1, p + 2, p + 3, PAD] and mask == [1, 1, 1, 0]
+            assert attention == [1, 1, 1, 1, 1, 0]
+            assert out.batch["rollout_log_probs"][row].tolist() == [-0.5, -0.5, -0.5, 0.0]
+        else:  # padding: the prompt, no response, nothing for the loss (even the token the abort returned)
+            assert responses == [PAD] * 4 and mask == [0] * 4
+            assert attention == [1, 1, 0, 0, 0, 0] and out.batch["prompts"][row].tolist() == [7, p]
+            assert out.batch["rollout_log_probs"][row].tolist() == [0.0] * 4
+    assert out.meta_info["metrics"]["agent/over_sample/aborted_ratio"] == [0.5]
+
+
+def test_validation_and_rate_zero_keep_every_sample(manager_for):
+    manager, group = manager_for(rate=0.5, slow_s=0.2)
+    val = manager.generate_sequences(prompts(ORDER, {"global_steps": 1, "validate": True}))
+    assert [r[0] for r in val.batch["responses"].tolist()] == [p + 1 for p in ORDER]
+    assert val.batch["response_mask"].sum().item() == 3 * 8 and group.aborts() == 0
+    assert "agent/over_sample/aborted_ratio" not in val.meta_info["metrics"]
+
+    manager, group = manager_for(rate=0.0, slow_s=0.2)
+    train = manager.generate_sequences(prompts(ORDER, {"global_steps": 1}))
+    assert train.batch["response_mask"].sum().item() == 3 * 8 and group.aborts() == 0
+
+
+def test_target_is_verl_formula_with_at_least_one():
+    assert over_sample_target(8, 0.5) == 4
+    assert over_sample_target(10, 0.25) == 7  # int(7.5)
+    assert over_sample_target(10, 0.0) == 10
+    assert over_sample_target(3, 0.9) == 1  # int(0.3) = 0: one is kept
+    with pytest.raises(ValueError, match="over_sample_rate must be in"):
+        over_sample_target(4, 1.0)
+
+
+def test_config_refuses_bad_rates_and_async_modes():
+    with pytest.raises(ConfigError, match=r"over_sample_rate must be in \[0, 1\).*got 1.0"):
+        validate_ppo_config(load_config("ppo_trainer", ["actor_rollout_ref.rollout.over_sample_rate=1.0",
+                                                        "trainer.device=cpu"]))
+    cfg = load_config("ppo_trainer", ["actor_rollout_ref.rollout.over_sample_rate=0.2", "async_training.mode=one_step_off",
+                                      "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                                      "trainer.device=cpu"])
+    with pytest.raises(ConfigError, match="over_sample_rate=0.2 cuts the slowest trajectories"):
+        validate_ppo_config(cfg)
