@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import importlib
 import os
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -81,11 +82,9 @@ class RolloutTracer(ABC):
     def span(self, name: str, inputs: dict[str, Any]) -> contextlib.AbstractContextManager[SpanOutputs]:
         """A child span of the current one."""
 
-    def flush(self) -> None:
-        """Write out what is buffered (end of a call)."""
-
     def close(self) -> None:
-        """Flush and stop the backend's threads."""
+        """Write out what is buffered and stop the backend's threads (the backend exports in the
+        background while the run goes on; a flush per call would stall every worker of the process)."""
 
 
 TRACE_BACKENDS: Registry[Callable[[TraceSettings], RolloutTracer]] = Registry("rollout trace backend")
@@ -124,14 +123,35 @@ def default_tracking_uri(run_dir: str) -> str:
 
 
 class MlflowTracer(RolloutTracer):
+    """Traces go to experiment ``project_name`` of the store ``tracking_uri``. mlflow keeps its store in
+    process-wide state (and in ``$MLFLOW_TRACKING_URI``, for subprocesses): the first tracer of a process
+    sets it, the last one to close puts back what was there."""
+
+    _lock = threading.Lock()
+    _open = 0  # tracers of this process not yet closed
+    _saved_uri: str | None = None  # $MLFLOW_TRACKING_URI before the first of them
+
     def __init__(self, settings: TraceSettings):
         uri = settings.tracking_uri
         self.mlflow = import_mlflow(uri)
+        from mlflow.entities.trace_location import MlflowExperimentLocation
+
         if uri and uri.startswith("sqlite:///"):  # sqlite makes the file, not its folder
             os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
-        if uri:
-            self.mlflow.set_tracking_uri(uri)
-        self.experiment_id = self.mlflow.set_experiment(settings.project_name).experiment_id
+        with MlflowTracer._lock:
+            if MlflowTracer._open == 0:
+                MlflowTracer._saved_uri = os.environ.get("MLFLOW_TRACKING_URI")
+            MlflowTracer._open += 1
+            self._closed = False
+            if uri:
+                self.mlflow.set_tracking_uri(uri)
+            self.experiment_id = self._experiment(settings.project_name)
+            self.mlflow.tracing.set_destination(MlflowExperimentLocation(experiment_id=self.experiment_id))
+
+    def _experiment(self, name: str) -> str:
+        client = self.mlflow.MlflowClient()
+        found = client.get_experiment_by_name(name)
+        return found.experiment_id if found is not None else client.create_experiment(name)
 
     @contextlib.contextmanager
     def trajectory(self, tags):
@@ -147,11 +167,17 @@ class MlflowTracer(RolloutTracer):
             yield out
             span.set_outputs(jsonable(out.value))
 
-    def flush(self) -> None:
-        self.mlflow.flush_trace_async_logging()
-
     def close(self) -> None:
-        self.mlflow.flush_trace_async_logging(terminate=True)
+        """The last tracer of the process to close flushes mlflow's export queue, stops its threads and
+        puts the store setting back (which also resets mlflow's tracer provider and destination)."""
+        with MlflowTracer._lock:
+            if self._closed:
+                return
+            self._closed = True
+            MlflowTracer._open -= 1
+            if MlflowTracer._open == 0:
+                self.mlflow.flush_trace_async_logging(terminate=True)
+                self.mlflow.set_tracking_uri(MlflowTracer._saved_uri)
 
 
 TRACE_BACKENDS.register("mlflow", MlflowTracer)

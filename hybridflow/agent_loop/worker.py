@@ -114,8 +114,6 @@ class AgentLoopWorker:
             results: list[tuple[AgentLoopOutput, bool]] = await asyncio.gather(*tasks)
         finally:
             self._kept.pop(call_id, None)
-            if self.tracer is not None:
-                self.tracer.flush()
         outputs = [o for o, _ in results]
         tensors = pad_outputs(outputs, settings.prompt_length, settings.response_length, pad_id)
         out = DataProto.from_dict(tensors=tensors, non_tensors=non_tensor_fields(outputs))
