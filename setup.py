@@ -40,11 +40,16 @@ extras_require = {
     "mlflow": ["mlflow"],
     "swanlab": ["swanlab"],
     "loggers": ["tensorboard", "wandb", "mlflow", "swanlab"],
+    # rollout.trace.backend=mlflow (hybridflow.agent_loop.trace): the tracing client without mlflow's server, and
+    # what its default sqlite store needs (sqlalchemy, alembic): 15 packages beside the pinned CPU stack
+    # (docs/measurements.md, 2026-11-26: 12 s from pip's cache, 49 s into an empty venv with a cold cache)
+    "trace": ["mlflow-skinny>=3.1", "sqlalchemy>=2", "alembic>=1.13"],
     # reward/accuracy curves: trainer.logger=[...,plot] and python -m hybridflow.plot
     "plot": ["matplotlib>=3.7"],
     # GGUF files as model paths (hybridflow.workers.gguf_cache; transformers' GGUF loader needs accelerate)
     "gguf": ["gguf>=0.10,<1", "accelerate>=1.1"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "peft>=0.14", "gguf>=0.10,<1", "accelerate>=1.1"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100", "peft>=0.14", "gguf>=0.10,<1", "accelerate>=1.1",
+            "mlflow-skinny>=3.1", "sqlalchemy>=2", "alembic>=1.13"],
 }
 
 setup(

@@ -1,10 +1,8 @@
 """rollout.over_sample_rate: a training call keeps the first trajectories to finish and pads the rest;
-a validation call keeps everything. The server's latencies are scripted: prompts ending in a token
->= 100 are slow (they finish only when aborted, or after ``slow_s``)."""
+a validation call keeps everything. The server's latencies are scripted (latency_rollout.py): prompts
+ending in a token >= 100 are slow (they finish only when aborted, or after ``slow_s``)."""
 
 from __future__ import annotations
-
-import asyncio
 
 import numpy as np
 import pytest
@@ -15,70 +13,11 @@ from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.agent_loop.over_sample import over_sample_target
 from hybridflow.agent_loop.server_manager import ROLLOUT_CONCURRENCY_GROUP
 from hybridflow.protocol import DataProto
-from hybridflow.rollout.server import ABORT, STOP, EngineLoop, TokenOutput
-from hybridflow.single_controller.base import ClassWithInitArgs, Dispatch, Worker, register
+from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.single_controller.factory import build_worker_group
 from hybridflow.trainer.config_checks import validate_ppo_config
 from hybridflow.utils.config import ConfigError, load_config
-
-PAD = 0
-
-
-class LatencyServer:
-    """Fast prompts answer [p+1, p+2, p+3] at once; slow ones wait for an abort (then return the one
-    token they have) or ``slow_s`` seconds (then the full answer)."""
-
-    def __init__(self, slow_s: float):
-        self.slow_s, self.aborts = slow_s, 0
-        self._abort: asyncio.Event | None = None
-
-    async def generate(self, prompt_ids, params, request_id, logprobs=True):
-        p = prompt_ids[-1]
-        answer = [p + 1, p + 2, p + 3]
-        if p >= 100:
-            self._abort = self._abort or asyncio.Event()
-            try:
-                await asyncio.wait_for(self._abort.wait(), self.slow_s)
-                return TokenOutput(answer[:1], [-0.5], ABORT)
-            except asyncio.TimeoutError:
-                pass
-        return TokenOutput(answer, [-0.5] * 3, STOP)
-
-    async def abort_all(self):
-        self.aborts += 1
-        if self._abort is not None:
-            self._abort.set()
-        return 0
-
-
-class LatencyRolloutWorker(Worker):
-    def __init__(self, slow_s: float):
-        super().__init__()
-        self.server, self.engine_loop = LatencyServer(slow_s), EngineLoop("latency-engine")
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def prepare_rollout(self, version=None):
-        return {}
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def release_rollout(self):
-        pass
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def abort_rollout(self):
-        return self.engine_loop.run(self.server.abort_all())
-
-    @register(dispatch_mode=Dispatch.RANK_ZERO)
-    def aborts(self) -> int:
-        return self.server.aborts
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def close_engine(self) -> None:
-        self.engine_loop.close()
-
-
-class Tok:
-    pad_token_id = PAD
+from tests.agent_loop.latency_rollout import PAD, LatencyRolloutWorker, PadOnlyTokenizer
 
 
 def prompts(last_tokens, meta):
@@ -92,12 +31,12 @@ def prompts(last_tokens, meta):
 def manager_for():
     made = []
 
-    def make(rate, slow_s):
-        group = build_worker_group("inprocess", ClassWithInitArgs(LatencyRolloutWorker, slow_s=slow_s), [1],
+    def make(rate, slow_s, backend="inprocess"):
+        group = build_worker_group(backend, ClassWithInitArgs(LatencyRolloutWorker, slow_s=slow_s), [1],
                                    name="latency", concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: 16})
         rollout = {"prompt_length": 2, "response_length": 4, "calculate_log_probs": True, "over_sample_rate": rate,
                    "agent": {"num_workers": 2}, "val_kwargs": {"do_sample": False, "temperature": 0}}
-        manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(rollout), group, Tok(), role=None)
+        manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(rollout), group, PadOnlyTokenizer(), role=None)
         made.append((manager, group))
         return manager, group
 
@@ -112,8 +51,9 @@ FAST, SLOW = [1, 2, 3, 4], [101, 102, 103, 104]
 ORDER = [1, 101, 2, 102, 3, 103, 4, 104]  # each of the two agent loop workers gets two of each
 
 
-def test_the_slow_half_is_aborted_and_padded(manager_for):
-    manager, group = manager_for(rate=0.5, slow_s=30.0)  # without the cut the slow ones take 30 s and are kept
+def test_the_slow_half_is_aborted_and_padded(manager_for, backend):
+    # without the cut the slow ones take 30 s and are kept; the cut is counted over both agent loop workers
+    manager, group = manager_for(rate=0.5, slow_s=30.0, backend=backend)
     out = manager.generate_sequences(prompts(ORDER, {"global_steps": 1}))
     assert len(out) == 8 and group.aborts() == 1
     for row, p in enumerate(ORDER):
