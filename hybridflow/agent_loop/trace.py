@@ -145,13 +145,26 @@ class MlflowTracer(RolloutTracer):
             self._closed = False
             if uri:
                 self.mlflow.set_tracking_uri(uri)
-            self.experiment_id = self._experiment(settings.project_name)
+            self.experiment_id = self._experiment(settings.project_name, uri)
             self.mlflow.tracing.set_destination(MlflowExperimentLocation(experiment_id=self.experiment_id))
 
-    def _experiment(self, name: str) -> str:
+    def _experiment(self, name: str, uri: str | None) -> str:
+        """The experiment's id, made if new. A sqlite store keeps the spans (artifacts) in ``mlflow_artifacts``
+        beside its file; mlflow's own default would be ``./mlruns`` of whatever directory the run started in."""
         client = self.mlflow.MlflowClient()
         found = client.get_experiment_by_name(name)
-        return found.experiment_id if found is not None else client.create_experiment(name)
+        if found is not None:
+            return found.experiment_id
+        artifacts = None
+        if uri and uri.startswith("sqlite:///"):
+            artifacts = "file://" + os.path.join(os.path.dirname(uri[len("sqlite:///"):]), "mlflow_artifacts")
+        try:
+            return client.create_experiment(name, artifact_location=artifacts)
+        except self.mlflow.MlflowException:  # another worker made it in the meantime
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
 
     @contextlib.contextmanager
     def trajectory(self, tags):

@@ -96,6 +96,9 @@ def read_traces(uri):
 
     client = mlflow.MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("proj")
+    # the spans live beside the store, not in ./mlruns of the directory the tests run in
+    store_dir = os.path.dirname(uri[len("sqlite:///"):])
+    assert experiment.artifact_location == "file://" + os.path.join(store_dir, "mlflow_artifacts")
     return client.search_traces(locations=[experiment.experiment_id], max_results=100)
 
 

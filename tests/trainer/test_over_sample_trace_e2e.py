@@ -59,6 +59,7 @@ def test_over_sampled_traced_grpo_run(tiny_model_dir, tiny_data_dir, tiny_tokeni
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/ckpt/mlflow.db")
     experiment = client.get_experiment_by_name("oversample_proj")
+    assert experiment.artifact_location == f"file://{tmp_path}/ckpt/mlflow_artifacts"  # the spans stay in the run
     traces = client.search_traces(locations=[experiment.experiment_id], max_results=500)
     train = [t for t in traces if t.info.tags["validate"] == "False"]
     assert sorted(t.info.tags["step"] for t in train) == ["1"] * 8 + ["2"] * 8
