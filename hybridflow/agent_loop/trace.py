@@ -11,8 +11,8 @@ per agent loop worker and call, picked at random; null traces every sample.
 
 Backends register in ``TRACE_BACKENDS``. Built in: ``mlflow`` (the ``[trace]`` extra: mlflow-skinny
 and the sqlite store's sqlalchemy + alembic), writing to ``$MLFLOW_TRACKING_URI`` or, by default,
-``sqlite:///<trainer.default_local_dir>/mlflow.db``, experiment = ``trace.project_name``. veRL's
-``weave`` and ``trackio`` are not implemented.
+``sqlite:///<trainer.default_local_dir>/mlflow.db`` (spans in ``mlflow_artifacts`` beside it), experiment =
+``trace.project_name``. veRL's ``weave`` and ``trackio`` are not implemented.
 """
 
 from __future__ import annotations
