@@ -28,7 +28,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.single_controller.factory import build_worker_group, start_backend
 from hybridflow.trainer.config_checks import resolve_device
-from hybridflow.utils.config import parse_cli
+from hybridflow.config.loader import parse_cli
 from hybridflow.utils.logging_utils import setup_cli_logging
 from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.trainer.sft_trainer import FSDPSFTTrainer
-from hybridflow.utils.config import parse_cli
+from hybridflow.config.loader import parse_cli
 from hybridflow.utils.logging_utils import setup_cli_logging
 
 

@@ -6,7 +6,7 @@ first second, with the keys and the numbers in the message. Options that only me
 GPU are accepted on CPU and explained in the returned notes; only a GPU-only engine (vLLM) is an error.
 
 Whether a key is implemented at all (honoured / not supported / accepted with note) is not decided
-here but in hybridflow/utils/config_keys/, checked when the config is loaded; these checks are the
+here but in hybridflow/config/keys/, checked when the config is loaded; these checks are the
 semantic ones: values that contradict each other or the device.
 """
 
@@ -27,7 +27,7 @@ from hybridflow.tools.tool_registry import check_tool_config
 from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings
 from hybridflow.trainer.algorithm_checks import check_loss_and_estimator_keys
 from hybridflow.trainer.ppo.dynamic_sampling import FilterGroupsSettings
-from hybridflow.utils.config import ConfigError, default_config
+from hybridflow.config.loader import ConfigError, default_config
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTIMATORS", "GPU_ONLY_ROLLOUTS"]

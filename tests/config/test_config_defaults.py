@@ -12,7 +12,7 @@ import pytest
 from hybridflow.config import CONFIG_CLASSES, omega_conf_to_dataclass, to_dict
 from hybridflow.config.base import is_undeclared
 from hybridflow.config.sections import PPO_TRAINER_SECTIONS, Section
-from hybridflow.utils.config import default_config, load_config
+from hybridflow.config.loader import default_config, load_config
 
 
 def node_at(tree, path: str):

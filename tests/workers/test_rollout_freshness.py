@@ -12,7 +12,7 @@ from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.data.rl_dataset import position_ids_from_mask
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups
-from hybridflow.utils.config import load_config
+from hybridflow.config.loader import load_config
 
 
 def _shutdown(groups: dict) -> None:

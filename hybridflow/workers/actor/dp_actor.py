@@ -15,7 +15,7 @@ import torch
 
 from hybridflow.algorithms import ConfigWithBatchInfo, agg_loss, get_policy_loss_fn, kl_penalty
 from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, compute_policy_loss_bypass_mode
-from hybridflow.utils.config_section import require
+from hybridflow.config.access import require
 from hybridflow.workers.actor import shared_prefix
 from hybridflow.workers.utils.logprob import forward_response_token_stats
 from hybridflow.workers.utils.micro_batches import response_mask_of, restore_order, split_for_forward

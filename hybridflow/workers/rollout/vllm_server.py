@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.utils.config import ConfigError
+from hybridflow.config.loader import ConfigError
 from hybridflow.utils.environ import restored_environ
 from hybridflow.utils.param_names import strip_wrapper_prefixes
 from hybridflow.workers.engine.lora import is_adapter_tensor

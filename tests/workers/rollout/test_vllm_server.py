@@ -299,7 +299,7 @@ def test_an_architecture_vllm_cannot_load_is_named(tiny_model_dir, tmp_path, ser
 
 
 def test_an_unknown_engine_argument_is_named(tiny_model_dir, served):
-    from hybridflow.utils.config import ConfigError
+    from hybridflow.config.loader import ConfigError
     from hybridflow.workers.rollout.vllm_server import VLLMServer
 
     config = engine_config(engine_kwargs={"vllm": {"kv_cache_memory_byte": 1 << 20}})

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hybridflow.utils.config import ConfigError
+from hybridflow.config.loader import ConfigError
 from hybridflow.rollout.server import ROLLOUT_SERVERS, ServerSpec
 from hybridflow.workers.rollout.vllm_server import VLLMNotInstalledError, VLLMServer
 from hybridflow.workers.rollout.vllm_settings import (
