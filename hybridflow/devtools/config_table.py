@@ -15,10 +15,10 @@ import json
 import sys
 from pathlib import Path
 
-from hybridflow.devtools.extract_verl_keys import read_key_file
-from hybridflow.config.loader import config_dir, default_config, raw_default_config
 from hybridflow.config.keys import TABLES
+from hybridflow.config.loader import config_dir, default_config, raw_default_config
 from hybridflow.config.support import ALIAS, HONOURED, NOT_SUPPORTED, NOTE
+from hybridflow.devtools.extract_verl_keys import read_key_file
 from hybridflow.utils.nested_dict import leaf_items
 
 __all__ = ["REFERENCES", "reference_keys", "key_rows", "render", "DOC_PATH"]

@@ -21,13 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 from hybridflow.agent_loop.base import AGENT_LOOPS, MultiTurnSettings
 from hybridflow.agent_loop.loop_config import load_agent_loop_config
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS
+from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings
+from hybridflow.config.algorithm import FilterGroupsConfig
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.loader import ConfigError, default_config
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.single_controller.factory import BACKENDS, pool_size_problem
 from hybridflow.tools.tool_registry import check_tool_config
-from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings
 from hybridflow.trainer.algorithm_checks import check_loss_and_estimator_keys
-from hybridflow.trainer.ppo.dynamic_sampling import FilterGroupsSettings
-from hybridflow.config.loader import ConfigError, default_config
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTIMATORS", "GPU_ONLY_ROLLOUTS"]
@@ -312,7 +313,8 @@ def _check_off_policy(r: _Report, n: int | None) -> None:
             r.notes.append(f"{section}.bypass_mode=True with loss_type=ppo_clip: the rollout_is weights are logged, "
                            "not applied (the PPO ratio already is π_θ/π_rollout); loss_type=reinforce applies them")
     try:
-        fg = FilterGroupsSettings.from_config(r.get("algorithm.filter_groups"))
+        fg = omega_conf_to_dataclass(r.get("algorithm.filter_groups") or None, FilterGroupsConfig,
+                                    path="algorithm.filter_groups")
     except ValueError as e:
         r.errors.append(str(e))
         fg = None

@@ -11,8 +11,8 @@ import pytest
 
 from hybridflow.config import CONFIG_CLASSES, omega_conf_to_dataclass, to_dict
 from hybridflow.config.base import is_undeclared
-from hybridflow.config.sections import PPO_TRAINER_SECTIONS, Section
 from hybridflow.config.loader import default_config, load_config
+from hybridflow.config.sections import PPO_TRAINER_SECTIONS, Section
 
 
 def node_at(tree, path: str):

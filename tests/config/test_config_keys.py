@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from hybridflow.devtools import config_table
 from hybridflow.config import keys as config_keys
-from hybridflow.config.loader import ConfigError, config_dir, default_config, load_config, raw_default_config
 from hybridflow.config.keys import TABLES
+from hybridflow.config.loader import ConfigError, config_dir, default_config, load_config, raw_default_config
 from hybridflow.config.support import HONOURED, NOT_SUPPORTED, KeyTable
+from hybridflow.devtools import config_table
 from hybridflow.utils.nested_dict import leaf_items
 
 from yaml_comments import key_comments

@@ -11,9 +11,9 @@ from omegaconf import OmegaConf
 
 from hybridflow.config import (ActorConfig, AlgoConfig, ConfigError, FSDPActorConfig, FSDPCriticConfig,
                                FSDPOptimizerConfig, RolloutCorrectionConfig)
+from hybridflow.config.keys.common import MEGATRON as MEGATRON_TEXT
 from hybridflow.utils import omega_conf_to_dataclass
 from hybridflow.utils.config import omega_conf_to_dataclass as from_utils_config
-from hybridflow.config.keys.common import MEGATRON as MEGATRON_TEXT
 
 MEGATRON = re.escape(MEGATRON_TEXT)
 

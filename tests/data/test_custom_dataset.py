@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from hybridflow.config.loader import ConfigError
 from hybridflow.data.custom_dataset import rl_dataset_class
 from hybridflow.data.rl_dataset import RLHFDataset
-from hybridflow.config.loader import ConfigError
 
 CUSTOM = '''
 import json

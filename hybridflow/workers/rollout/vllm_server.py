@@ -38,10 +38,10 @@ from typing import Any
 import torch
 
 from hybridflow.config.loader import ConfigError
+from hybridflow.rollout.sampling import SamplingParams, request_seed
 from hybridflow.utils.environ import restored_environ
 from hybridflow.utils.param_names import strip_wrapper_prefixes
 from hybridflow.workers.engine.lora import is_adapter_tensor
-from hybridflow.rollout.sampling import SamplingParams, request_seed
 from hybridflow.rollout.server import (
     ABORT,
     LENGTH,
