@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from hybridflow.agent_loop.base import AGENT_LOOPS, MultiTurnSettings
 from hybridflow.agent_loop.loop_config import load_agent_loop_config
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS
-from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings
+from hybridflow.algorithms.rollout_correction import rollout_correction_config
 from hybridflow.config.algorithm import FilterGroupsConfig
 from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.config.loader import ConfigError, default_config
@@ -296,7 +296,7 @@ def _check_off_policy(r: _Report, n: int | None) -> None:
         r.errors.append(f"actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode is selected by {section}"
                         f".bypass_mode=True (with {section}.loss_type ppo_clip or reinforce); set that instead")
     try:
-        rc = RolloutCorrectionSettings.from_config(r.get(section), section)
+        rc = rollout_correction_config(r.get(section), section)
     except ValueError as e:
         r.errors.append(str(e))
         rc = None

@@ -14,8 +14,7 @@ batch is full), ``prompt_batches_for_next_round`` (how much to generate next), a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
