@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from hybridflow.agent_loop.base import AGENT_LOOPS, MultiTurnSettings
+from hybridflow.agent_loop.base import AGENT_LOOPS, multi_turn_config
 from hybridflow.agent_loop.loop_config import load_agent_loop_config
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS
 from hybridflow.algorithms.rollout_correction import rollout_correction_config
@@ -376,7 +376,7 @@ def _check_multi_turn(r: _Report) -> None:
     section = r.get(f"{rollout}.multi_turn")
     section = OmegaConf.to_container(section, resolve=True) if OmegaConf.is_config(section) else dict(section or {})
     try:
-        mt = MultiTurnSettings.from_config(section)
+        mt = multi_turn_config(section)
     except (ValueError, TypeError) as e:
         r.errors.append(str(e))
         return
