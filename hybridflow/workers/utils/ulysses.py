@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-__all__ = ["SequenceParallel", "ParallelLayout", "all_to_all", "gather_seq", "slice_seq", "pad_to_multiple",
-           "build_layout"]
+__all__ = ["SequenceParallel", "ParallelLayout", "all_to_all", "gather_seq", "slice_seq", "build_layout",
+           "layout_of", "configured_sp_size"]
 
 
 @dataclass(frozen=True)
@@ -85,15 +84,6 @@ def build_layout(sp_size: int, key: str) -> ParallelLayout:
 
 
 # --- pure tensor helpers ---------------------------------------------------------------------------------
-def pad_to_multiple(x: torch.Tensor, dim: int, multiple: int, value=0) -> torch.Tensor:
-    """``x`` padded with ``value`` at the end of ``dim`` to a multiple of ``multiple``."""
-    extra = (-x.size(dim)) % multiple
-    if not extra:
-        return x
-    pad = [0, 0] * (x.dim() - dim % x.dim() - 1) + [0, extra]
-    return F.pad(x, pad, value=value)
-
-
 def slice_seq(x: torch.Tensor, sp: SequenceParallel, dim: int = 1) -> torch.Tensor:
     """This rank's contiguous slice of ``dim`` (whose size must divide by the SP size)."""
     if x.size(dim) % sp.size:
@@ -152,3 +142,11 @@ def gather_seq(x: torch.Tensor, sp: SequenceParallel, dim: int = 1, grad_scale: 
     Backward: this rank's slice of the gradient, times ``sp.size`` when ``grad_scale`` (module
     docstring: every SP rank computes the same loss, and data-parallel averaging runs over all ranks)."""
     return _GatherSeq.apply(x, sp, dim, grad_scale)
+
+
+def configured_sp_size(section: dict, engine_key: str) -> int:
+    """A role's SP size as veRL 0.9.1 reads it: the section's (deprecated) top-level
+    ``ulysses_sequence_parallel_size`` when > 1, else its engine section's (``fsdp_config`` / ``fsdp``)."""
+    top = int(section.get("ulysses_sequence_parallel_size") or 1)
+    engine = int((section.get(engine_key) or {}).get("ulysses_sequence_parallel_size") or 1)
+    return top if top > 1 else engine
