@@ -166,9 +166,10 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         if layout.sp is not None:
             use_ulysses_attention(module, layout.sp_size, f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size")
 
-    def _log_prob_meta(self, data: DataProto, section: dict, dp_size: int) -> dict:
+    def _log_prob_meta(self, data: DataProto, section: dict, dp_size: int | None = None) -> dict:
+        """``dp_size``: the data-parallel size of the role that runs the pass (default: the actor's)."""
         return {
-            "micro_batch_size": log_prob_micro_batch_size(section, dp_size) or len(data),
+            "micro_batch_size": log_prob_micro_batch_size(section, dp_size or self.dp_size) or len(data),
             "use_dynamic_bsz": bool(section["log_prob_use_dynamic_bsz"]),
             "max_token_len": int(section["log_prob_max_token_len_per_gpu"]),
             "temperature": float(self.config["rollout"]["temperature"]),

@@ -27,6 +27,8 @@ ACTOR_VARIANTS = {
     "fixed": {"ppo_micro_batch_size_per_gpu": 3},
     # SP=2 packs micro-batches of up to 2 x 12 tokens, SP=1 of 12: different splits, same step
     "dynamic": {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 12},
+    # the recomputed layers in backward must run the SP attention again (its arguments ride in the kwargs)
+    "checkpointing": {"ppo_micro_batch_size_per_gpu": 3, "checkpointing": True},
 }
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -90,11 +92,15 @@ def _actor_runs(layout) -> dict:
     data = ppo_batch(base, batch_size=8, prompt_lens=PROMPT_LENS, response_lens=RESPONSE_LENS)
     out = {}
     for variant, overrides in ACTOR_VARIANTS.items():
+        overrides = dict(overrides)
+        checkpointing = overrides.pop("checkpointing", False)
         config = _actor_config(**overrides)
         ref_model = copy.deepcopy(base)
         ref = DataParallelPPOActor(config, ref_model, RecordingSGD(ref_model), dp_group=layout.dp_group)
         sp_module = copy.deepcopy(base)
         use_ulysses_attention(sp_module, SP, "actor_rollout_ref.actor.ulysses_sequence_parallel_size")
+        if checkpointing:
+            sp_module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         sp_model = DistributedDataParallel(sp_module)
         actor = DataParallelPPOActor(config, sp_model, RecordingSGD(sp_module), dp_group=layout.dp_group, sp=layout.sp)
         for name, runner in (("sp1", ref), ("sp2", actor)):
