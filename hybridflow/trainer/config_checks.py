@@ -139,8 +139,15 @@ def _check_world(r: _Report, device: str, n_devices: int | None) -> int | None:
     return world
 
 
+def _sp(r: _Report, section: str) -> int:
+    """A section's Ulysses size as the workers read it: the top-level key when > 1, else the engine's."""
+    top = r.get(f"{section}.ulysses_sequence_parallel_size") or 1
+    engine = "fsdp" if section == "critic" else "fsdp_config"
+    return top if top > 1 else (r.get(f"{section}.{engine}.ulysses_sequence_parallel_size") or 1)
+
+
 def _dp(r: _Report, section: str, world: int) -> int | None:
-    sp = r.get(f"{section}.ulysses_sequence_parallel_size") or 1
+    sp = _sp(r, section)
     if world % sp:
         r.errors.append(f"world size {world} is not divisible by {section}.ulysses_sequence_parallel_size ({sp})")
         return None
@@ -200,10 +207,11 @@ def _check_update_batches(r: _Report, section: str, world: int, n: int, train_bs
         )
 
 
-def _check_token_budget(r: _Report, section: str, key: str) -> None:
-    """With dynamic batch size one sequence must still fit in the per-device token budget."""
+def _check_token_budget(r: _Report, section: str, key: str, sp_section: str | None = None) -> None:
+    """With dynamic batch size one sequence must still fit in the per-device token budget (times the
+    SP size of ``sp_section``, default ``section``)."""
     budget = r.positive_int(f"{section}.{key}")
-    sp = r.get(f"{section}.ulysses_sequence_parallel_size") or 1
+    sp = _sp(r, sp_section or section)
     longest = (r.get("data.max_prompt_length") or 0) + (r.get("data.max_response_length") or 0)
     if budget and budget * sp < longest:
         r.errors.append(
@@ -225,11 +233,12 @@ def _check_batches(r: _Report, world: int, n: int, train_bs: int) -> None:
     if r.get("actor_rollout_ref.actor.use_kl_loss") or r.get("algorithm.use_kl_in_reward"):
         log_prob_sections.append("actor_rollout_ref.ref")
     for section in log_prob_sections:
-        dp = _dp(r, "actor_rollout_ref.actor", world)
+        runs_on = "actor_rollout_ref.ref" if section.endswith(".ref") else "actor_rollout_ref.actor"
+        dp = _dp(r, runs_on, world)
         if not dp:
             continue
         if r.get(f"{section}.log_prob_use_dynamic_bsz"):
-            _check_token_budget(r, section, "log_prob_max_token_len_per_gpu")
+            _check_token_budget(r, section, "log_prob_max_token_len_per_gpu", sp_section=runs_on)
         else:
             _micro_per_gpu(r, section, "log_prob_micro_batch_size", dp)
 
@@ -273,8 +282,8 @@ def _check_algorithm(r: _Report, n: int | None) -> None:
         r.errors.append(f"algorithm.kl_ctrl.type={kl_type!r} is not one of fixed, adaptive")
     if kl_type == "adaptive" and not (r.get("algorithm.kl_ctrl.horizon") or 0) > 0:
         r.errors.append("algorithm.kl_ctrl.type=adaptive needs algorithm.kl_ctrl.horizon > 0")
-    for section in ("actor_rollout_ref.actor", "critic"):
-        sp = r.get(f"{section}.ulysses_sequence_parallel_size") or 1
+    for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"):
+        sp = _sp(r, section)
         model = "actor_rollout_ref.model" if section.startswith("actor") else "critic.model"
         if sp > 1 and not r.get(f"{model}.use_remove_padding"):
             r.errors.append(f"{section}.ulysses_sequence_parallel_size={sp} needs {model}.use_remove_padding=True")
