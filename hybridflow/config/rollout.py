@@ -169,7 +169,7 @@ class RolloutConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.RolloutConfig", "the class this section is read into")
     name: Optional[str] = doc("hf", "hybridflow: hf (transformers generate, cpu and GPU; veRL requires a value) | vllm (the [vllm] extra)")
-    mode: str = doc("async", "async (veRL 0.9.1's only mode); sync runs the same pipeline")
+    mode: str = doc("async", "async (veRL 0.9.1's only mode) | sync: hybridflow runs one pipeline for both")
     nnodes: int = doc(0, "> 0: the engines get a pool of their own; 0: colocated with the actor")
     n_gpus_per_node: int = doc(1, "devices per node of that pool (follows trainer.n_gpus_per_node)")
     temperature: float = doc(1.0, "sampling temperature")

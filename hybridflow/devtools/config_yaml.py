@@ -1,12 +1,13 @@
-"""configs/ppo_trainer.yaml, generated from its declaration (``hybridflow.config.ppo_trainer``).
+"""configs/ppo_trainer.yaml and evaluation.yaml, generated from their declarations
+(``hybridflow.config.ppo_trainer``, ``hybridflow.config.evaluation``).
 
-    python -m hybridflow.devtools.config_yaml            # rewrite the yaml
+    python -m hybridflow.devtools.config_yaml            # rewrite the files
     python -m hybridflow.devtools.config_yaml --check    # exit 1 when the file is stale
 
 Every key is written with its default, or the interpolation it follows, and a comment from its one-line
 doc; top-level sections are separated by a blank line. Change a key in hybridflow/config/ and run this
 (then ``config_tree`` and ``config_table``, which read the yaml); tests/devtools/test_config_yaml.py
-fails when the file and the declarations differ.
+fails when a file and its declaration differ.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any, Callable
 
 import yaml
 
+from hybridflow.config.evaluation import EvaluationConfig
+from hybridflow.config.generation import GenerationConfig
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.config.tree import entries
 
@@ -52,9 +55,26 @@ Batch-size vocabulary (all "global" sizes count prompts, before the n-fold repea
   *_micro_batch_size             deprecated global form of the above; set only one of the two
 """
 
+EVALUATION_HEADER = """\
+hybridflow offline evaluation: score generated responses with the reward scorers and report the
+mean score per data source (`python -m hybridflow.main_eval key=val ...`). veRL 0.9.1's keys;
+"hybridflow:" marks additions. Key statuses: hybridflow/utils/config_keys/evaluation.py.
+Generated from hybridflow/config/evaluation.py by `python -m hybridflow.devtools.config_yaml`; do not edit.
+"""
+
+GENERATION_HEADER = """\
+hybridflow offline generation: sample n responses for every prompt of a parquet file
+(`python -m hybridflow.main_generation key=val ...`). veRL 0.9.1 has no generation config; the keys
+and defaults are those of veRL main's generation.yaml (January 2026, the newest veRL that has one).
+"hybridflow:" marks additions and changed defaults. Key statuses: hybridflow/utils/config_keys/.
+Generated from hybridflow/config/generation.py by `python -m hybridflow.devtools.config_yaml`; do not edit.
+"""
+
 # file under configs/ -> (the declaration's default instance, the header comment)
 CONFIGS: dict[str, tuple[Callable[[], Any], str]] = {
     "ppo_trainer.yaml": (PPOTrainerConfig, PPO_HEADER),
+    "evaluation.yaml": (EvaluationConfig, EVALUATION_HEADER),
+    "generation.yaml": (GenerationConfig, GENERATION_HEADER),
 }
 
 
