@@ -1,6 +1,6 @@
 """Earlier spellings of sections veRL 0.9.1 moved: the top-level ``reward_model``,
 ``custom_reward_function``, ``sandbox_fusion``, ``reward_manager`` and ``ray_init``. Their keys are
-mapped once, at load time, onto the canonical place (hybridflow/utils/config_keys: ALIASES); null means
+mapped once, at load time, onto the canonical place (hybridflow/config/keys: ALIASES); null means
 "not set", and two different values for one setting are an error. The keys of the old reward-model
 section that 0.9.1 did not move (micro batches, max_length, ...) configure hybridflow's FSDP
 reward-model worker."""

@@ -37,7 +37,7 @@ Generated from hybridflow/config/ by `python -m hybridflow.devtools.config_yaml`
 A veRL command line
   python3 -m verl.trainer.main_ppo data.train_batch_size=256 actor_rollout_ref.actor.optim.lr=1e-6 ...
 runs unchanged as `python -m hybridflow.main_ppo ...`. Values are veRL 0.9.1's defaults unless a
-comment says "hybridflow:". Every key has a status (hybridflow/utils/config_keys/; the table is
+comment says "hybridflow:". Every key has a status (hybridflow/config/keys/; the table is
 docs/config_keys.md): honoured, or refused by name when set to a value hybridflow does not implement,
 or accepted with a printed note. An unknown key fails with the closest valid key named; add a key on
 purpose with `+key=value`.
@@ -58,7 +58,7 @@ Batch-size vocabulary (all "global" sizes count prompts, before the n-fold repea
 EVALUATION_HEADER = """\
 hybridflow offline evaluation: score generated responses with the reward scorers and report the
 mean score per data source (`python -m hybridflow.main_eval key=val ...`). veRL 0.9.1's keys;
-"hybridflow:" marks additions. Key statuses: hybridflow/utils/config_keys/evaluation.py.
+"hybridflow:" marks additions. Key statuses: hybridflow/config/keys/evaluation.py.
 Generated from hybridflow/config/evaluation.py by `python -m hybridflow.devtools.config_yaml`; do not edit.
 """
 
@@ -66,7 +66,7 @@ GENERATION_HEADER = """\
 hybridflow offline generation: sample n responses for every prompt of a parquet file
 (`python -m hybridflow.main_generation key=val ...`). veRL 0.9.1 has no generation config; the keys
 and defaults are those of veRL main's generation.yaml (January 2026, the newest veRL that has one).
-"hybridflow:" marks additions and changed defaults. Key statuses: hybridflow/utils/config_keys/.
+"hybridflow:" marks additions and changed defaults. Key statuses: hybridflow/config/keys/.
 Generated from hybridflow/config/generation.py by `python -m hybridflow.devtools.config_yaml`; do not edit.
 """
 

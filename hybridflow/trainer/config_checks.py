@@ -6,7 +6,7 @@ first second, with the keys and the numbers in the message. Options that only me
 GPU are accepted on CPU and explained in the returned notes; only a GPU-only engine (vLLM) is an error.
 
 Whether a key is implemented at all (honoured / not supported / accepted with note) is not decided
-here but in hybridflow/utils/config_keys/, checked when the config is loaded; these checks are the
+here but in hybridflow/config/keys/, checked when the config is loaded; these checks are the
 semantic ones: values that contradict each other or the device.
 """
 
@@ -21,13 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 from hybridflow.agent_loop.base import AGENT_LOOPS, MultiTurnSettings
 from hybridflow.agent_loop.loop_config import load_agent_loop_config
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS
+from hybridflow.algorithms.rollout_correction import rollout_correction_config
+from hybridflow.config.algorithm import FilterGroupsConfig
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.loader import ConfigError, default_config
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.single_controller.factory import BACKENDS, pool_size_problem
 from hybridflow.tools.tool_registry import check_tool_config
-from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings
 from hybridflow.trainer.algorithm_checks import check_loss_and_estimator_keys
-from hybridflow.trainer.ppo.dynamic_sampling import FilterGroupsSettings
-from hybridflow.utils.config import ConfigError, default_config
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTIMATORS", "GPU_ONLY_ROLLOUTS"]
@@ -295,7 +296,7 @@ def _check_off_policy(r: _Report, n: int | None) -> None:
         r.errors.append(f"actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode is selected by {section}"
                         f".bypass_mode=True (with {section}.loss_type ppo_clip or reinforce); set that instead")
     try:
-        rc = RolloutCorrectionSettings.from_config(r.get(section), section)
+        rc = rollout_correction_config(r.get(section), section)
     except ValueError as e:
         r.errors.append(str(e))
         rc = None
@@ -312,7 +313,8 @@ def _check_off_policy(r: _Report, n: int | None) -> None:
             r.notes.append(f"{section}.bypass_mode=True with loss_type=ppo_clip: the rollout_is weights are logged, "
                            "not applied (the PPO ratio already is π_θ/π_rollout); loss_type=reinforce applies them")
     try:
-        fg = FilterGroupsSettings.from_config(r.get("algorithm.filter_groups"))
+        fg = omega_conf_to_dataclass(r.get("algorithm.filter_groups") or None, FilterGroupsConfig,
+                                    path="algorithm.filter_groups")
     except ValueError as e:
         r.errors.append(str(e))
         fg = None

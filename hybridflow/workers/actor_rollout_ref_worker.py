@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from hybridflow.config.access import require
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
-from hybridflow.utils.config_section import require
 from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint

@@ -12,9 +12,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from hybridflow.config import CONFIG_CLASSES, PPOTrainerConfig, omega_conf_to_dataclass, to_dict
+from hybridflow.config.loader import default_config, load_config
 from hybridflow.config.sections import PPO_TRAINER_SECTIONS, Section
 from hybridflow.config.tree import raw_tree
-from hybridflow.utils.config import default_config, load_config
 
 
 def node_at(tree, path: str):

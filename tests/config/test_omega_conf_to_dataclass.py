@@ -11,9 +11,9 @@ from omegaconf import OmegaConf
 
 from hybridflow.config import (ActorConfig, AlgoConfig, ConfigError, FSDPActorConfig, FSDPCriticConfig,
                                FSDPOptimizerConfig, RolloutCorrectionConfig)
+from hybridflow.config.keys.common import MEGATRON as MEGATRON_TEXT
 from hybridflow.utils import omega_conf_to_dataclass
 from hybridflow.utils.config import omega_conf_to_dataclass as from_utils_config
-from hybridflow.utils.config_keys.common import MEGATRON as MEGATRON_TEXT
 
 MEGATRON = re.escape(MEGATRON_TEXT)
 
@@ -155,7 +155,7 @@ UNDECLARED_TARGETS: set[str] = set()
 
 def test_every_target_of_the_yaml_resolves_or_is_listed_as_undeclared():
     from hybridflow.config import CONFIG_CLASSES, resolve_target
-    from hybridflow.utils.config import raw_default_config
+    from hybridflow.config.loader import raw_default_config
 
     def targets(tree):
         if isinstance(tree, dict):

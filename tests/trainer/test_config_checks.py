@@ -7,10 +7,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from hybridflow.config.keys import TABLES
+from hybridflow.config.loader import ConfigError, config_dir, load_config
+from hybridflow.config.support import mirror_aliases
 from hybridflow.trainer.config_checks import resolve_device, resolve_dtype, validate_ppo_config
-from hybridflow.utils.config import ConfigError, config_dir, load_config
-from hybridflow.utils.config_keys import TABLES
-from hybridflow.utils.config_support import mirror_aliases
 
 # veRL's quickstart command line (PPO with GAE, one device).
 QUICKSTART = [

@@ -14,8 +14,9 @@ from typing import Any, Optional
 import torch
 
 from hybridflow.algorithms import ConfigWithBatchInfo, agg_loss, get_policy_loss_fn, kl_penalty
-from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, compute_policy_loss_bypass_mode
-from hybridflow.utils.config_section import require
+from hybridflow.algorithms.rollout_correction import compute_policy_loss_bypass_mode
+from hybridflow.config.access import require
+from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 from hybridflow.workers.actor import shared_prefix
 from hybridflow.workers.utils.logprob import forward_response_token_stats
 from hybridflow.workers.utils.micro_batches import response_mask_of, restore_order, split_for_forward
@@ -194,7 +195,7 @@ class DataParallelPPOActor:
         weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None
         return self.policy_loss_fn(rollout_is_weights=weights, **kwargs)
 
-    def _pg_loss_fn(self, correction: Optional[RolloutCorrectionSettings]):
+    def _pg_loss_fn(self, correction: Optional[RolloutCorrectionConfig]):
         """Chosen once per update: bypass-mode rollout correction replaces the configured loss (its
         weights and masks need the current log-probs, so they are made here, per micro-batch)."""
         if correction is None or not correction.bypass_mode:

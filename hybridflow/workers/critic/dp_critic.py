@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 
 from hybridflow.algorithms import compute_value_loss
-from hybridflow.utils.config_section import require
+from hybridflow.config.access import require
 from hybridflow.utils.torch_functional import masked_mean
 from hybridflow.workers.utils.logprob import forward_response_logits
 from hybridflow.workers.utils.micro_batches import response_mask_of, restore_order, split_for_forward

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from hybridflow.config.refused import MEGATRON  # noqa: F401  (one text for the keys and the classes)
-from hybridflow.utils.config_support import KeyRule, honoured, not_supported, note
+from hybridflow.config.support import KeyRule, honoured, not_supported, note
 
 # reasons used in several places
 PROFILER = "profiling is not implemented (the timing_s/* metrics time every phase)"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from hybridflow.utils.config_keys.common import (
+from hybridflow.config.keys.common import (
     MEGATRON, NO_SP, PROFILER, PROFILER_TOOLS, VLM, checkpoint, everything_under, fsdp_engine, hf_model, optimizer,
     profiler, rollout, speed_only, targets,
 )
-from hybridflow.utils.config_support import KeyTable, honoured, not_supported, note
+from hybridflow.config.support import KeyTable, honoured, not_supported, note
 
 A, C, R = "actor_rollout_ref.actor", "critic", "actor_rollout_ref.rollout"
 
