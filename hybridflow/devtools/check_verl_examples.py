@@ -28,8 +28,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hybridflow.config.loader import parse_cli
 from hybridflow.devtools.shell_words import UNSET, read_script
-from hybridflow.utils.config import parse_cli
 
 __all__ = ["find_commands", "check_command", "check_examples", "main"]
 

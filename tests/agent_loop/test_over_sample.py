@@ -16,7 +16,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.single_controller.factory import build_worker_group
 from hybridflow.trainer.config_checks import validate_ppo_config
-from hybridflow.utils.config import ConfigError, load_config
+from hybridflow.config.loader import ConfigError, load_config
 from tests.agent_loop.latency_rollout import PAD, LatencyRolloutWorker, PadOnlyTokenizer
 
 

@@ -21,7 +21,7 @@ from hybridflow.rollout.server import STOP, EngineLoop, TokenOutput
 from hybridflow.single_controller.base import ClassWithInitArgs, Dispatch, Worker, register
 from hybridflow.single_controller.factory import build_worker_group
 from hybridflow.trainer.config_checks import validate_ppo_config
-from hybridflow.utils.config import ConfigError, load_config
+from hybridflow.config.loader import ConfigError, load_config
 
 MLFLOW_MISSING = "the [trace] extra (mlflow-skinny, sqlalchemy, alembic) is not installed: pip install 'hybridflow[trace]'"
 

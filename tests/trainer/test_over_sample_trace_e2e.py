@@ -8,7 +8,7 @@ import pytest
 
 from hybridflow.agent_loop import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput, register
 from hybridflow.main_ppo import run_ppo
-from hybridflow.utils.config import load_config
+from hybridflow.config.loader import load_config
 from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
 
 MLFLOW_MISSING = "the [trace] extra (mlflow-skinny, sqlalchemy, alembic) is not installed: pip install 'hybridflow[trace]'"
