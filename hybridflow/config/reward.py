@@ -72,15 +72,16 @@ def _reward_engine() -> RolloutConfig:
 
 @dataclass
 class RewardModelConfig(BaseConfig):
-    """``reward.reward_model``: a sequence-classification model that scores the samples."""
+    """``reward.reward_model``: a model that scores the samples: a sequence classifier, or an LLM judge served on
+    a rollout engine (reward.reward_manager.name=genrm)."""
 
     _target_: str = doc("verl.workers.config.RewardModelConfig", "the class this section is read into")
     enable: bool = doc(False, "score with a reward model (false: rule-based scorers only)")
     enable_resource_pool: bool = doc(False, "the reward model gets devices of its own")
     n_gpus_per_node: int = doc(8, "devices per node of that pool")
     nnodes: int = doc(0, "nodes of that pool")
-    model_path: Optional[str] = doc(None, "a sequence-classification model (hybridflow scores it with FSDP)")
-    rollout: RolloutConfig = section(_reward_engine, "veRL's inference engine of the reward model (hybridflow: name null, no engine serves it)",
+    model_path: Optional[str] = doc(None, "a sequence classifier (scored with FSDP), or the judge's causal LM (genrm)")
+    rollout: RolloutConfig = section(_reward_engine, "the engine serving a generative reward model (genrm: hf | vllm)",
                                      follows={"mtp": None}, absent=engine_only(_RM_ENGINE_KEYS))
 
 

@@ -6,6 +6,8 @@ scorers to a batch.
     sandbox.py      runs untrusted Python in a separate, limited process (code scorer, code tool)
     manager.py      reward managers: a batch in, token-level scores out
     dapo.py         DAPO's reward manager (overlong buffer penalty)
+    genrm.py        the generative reward model: an LLM judge's verdict as the score
+                    (judge_template.py: its prompt; verdict_parsers.py: reading its verdict)
     custom.py       ``custom_reward_function.path`` / ``.name``
 
 The names below are resolved on first use, so that importing a scorer (text in, a number out) does
@@ -16,6 +18,10 @@ import importlib
 
 _EXPORTS = {
     "get_custom_reward_fn": "hybridflow.rewards.custom",
+    "GenRMRewardManager": "hybridflow.rewards.genrm",
+    "JudgeTemplate": "hybridflow.rewards.judge_template",
+    "VERDICT_PARSERS": "hybridflow.rewards.verdict_parsers",
+    "register_verdict_parser": "hybridflow.rewards.verdict_parsers",
     "REWARD_MANAGER_REGISTRY": "hybridflow.rewards.manager",
     "REWARD_MANAGERS": "hybridflow.rewards.manager",
     "BatchRewardManager": "hybridflow.rewards.manager",

@@ -261,3 +261,4 @@ def reward_metrics(rewards: torch.Tensor | Sequence[float], data_sources: Sequen
 
 
 from hybridflow.rewards import dapo  # noqa: E402,F401  (registers "dapo"; it builds on NaiveRewardManager)
+from hybridflow.rewards import genrm  # noqa: E402,F401  (registers "genrm", the LLM judge)

@@ -30,6 +30,8 @@ from hybridflow.interactions.utils.interaction_registry import initialize_intera
 from hybridflow.single_controller.factory import BACKENDS, pool_size_problem
 from hybridflow.tools.tool_registry import check_tool_config
 from hybridflow.trainer.algorithm_checks import check_loss_and_estimator_keys
+from hybridflow.trainer.ppo.judge_setup import manager_needs_judge
+from hybridflow.trainer.reward_checks import check_reward_model
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTIMATORS", "GPU_ONLY_ROLLOUTS"]
@@ -107,6 +109,7 @@ def validate_ppo_config(cfg: DictConfig | Mapping, n_devices: int | None = None)
     check_loss_and_estimator_keys(r)
     _check_off_policy(r, n)
     _check_rollout(r, device, world)
+    check_reward_model(r)
     _check_multi_turn(r)
     _check_async(r)
     _check_trace(r)
@@ -254,7 +257,7 @@ def _check_batches(r: _Report, world: int, n: int, train_bs: int) -> None:
         if r.get("critic.use_dynamic_bsz"):
             _check_token_budget(r, "critic", "forward_max_token_len_per_gpu")
 
-    if r.get("reward.reward_model.enable"):
+    if r.get("reward.reward_model.enable") and not manager_needs_judge(r.get("reward.reward_manager.name")):
         dp = _dp(r, "reward_model", world)
         if dp and r.get("reward_model.use_dynamic_bsz"):
             _check_token_budget(r, "reward_model", "forward_max_token_len_per_gpu")

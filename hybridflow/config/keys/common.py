@@ -135,6 +135,43 @@ def checkpoint(p: str):
 VLLM_ENGINE = "read by the vllm rollout; the hf rollout ignores it (config checks print a note)"
 
 
+JUDGE = ("the engine that serves a generative reward model (reward.reward_manager.name=genrm); a discriminative "
+         "reward model (any other reward manager) is scored by hybridflow's FSDP worker, which does not read it "
+         "(config checks print a note)")
+JUDGE_VLLM = "read by the vllm judge engine (reward.reward_manager.name=genrm); the hf engine ignores it"
+
+
+def reward_model_rollout(p: str):
+    """veRL's reward.reward_model.rollout at prefix ``p``: the engine serving a generative reward model."""
+    return [rule for group in (
+        honoured(f"{p}.name", values=(None, "hf", "vllm"), reason=JUDGE + "; null: no engine (hybridflow's default, "
+                 "veRL's ??? requires a value)"),
+        honoured(f"{p}.temperature", f"{p}.top_k", f"{p}.top_p", f"{p}.do_sample", f"{p}.response_length",
+                 f"{p}.prompt_length", f"{p}.ignore_eos", f"{p}.dtype", f"{p}.seed", f"{p}.max_num_seqs",
+                 reason=JUDGE + "; a judge prompt longer than prompt_length is not sent (it scores "
+                                "reward.reward_kwargs.unparsable_score and counts in genrm/prompt_too_long)"),
+        honoured(f"{p}.n", values=(1,), reason="one verdict per response"),
+        honoured(f"{p}.gpu_memory_utilization", f"{p}.enforce_eager", f"{p}.free_cache_engine", f"{p}.load_format",
+                 f"{p}.tensor_model_parallel_size", f"{p}.max_num_batched_tokens", f"{p}.max_model_len",
+                 f"{p}.enable_chunked_prefill", f"{p}.disable_log_stats", f"{p}.engine_kwargs", f"{p}.engine_kwargs.vllm.**",
+                 reason=JUDGE_VLLM),
+        honoured(f"{p}.skip_tokenizer_init", values=(False,),
+                 reason="veRL requires the reward model's tokenizer; hybridflow's judge client tokenizes"),
+        note(f"{p}.cudagraph_capture_sizes", f"{p}.enable_prefix_caching", f"{p}.layered_summon",
+             f"{p}.multi_stage_wake_up", reason=speed_only("CUDA graphs, prefix caching, staged weight loading")),
+        not_supported(f"{p}.data_parallel_size", f"{p}.expert_parallel_size", f"{p}.pipeline_model_parallel_size",
+                      reason="only tensor parallelism is implemented inside a rollout engine"),
+        not_supported(f"{p}.full_determinism", f"{p}.scheduling_policy",
+                      reason="this rollout-engine feature is not implemented"),
+        not_supported(f"{p}.limit_images", reason=VLM),
+        not_supported(f"{p}.engine_kwargs.sglang.**", f"{p}.engine_kwargs.trtllm.**",
+                      reason="sglang and TensorRT-LLM are not hybridflow rollout engines"),
+        not_supported(f"{p}.quantization", f"{p}.quantization_config_file", f"{p}.mtp",
+                      reason="quantized / speculative rollout is not implemented"),
+        not_supported(f"{p}.disaggregation.**", reason="prefill/decode disaggregation is not implemented"),
+    ) for rule in group]
+
+
 def rollout(p: str, log_probs: bool = True, training: bool = True):
     """veRL's rollout/rollout.yaml at prefix ``p`` (the policy's rollout, main_generation's rollout).
     ``log_probs=False``: the entry point computes no log-probs, so the log_prob_* keys only print a note.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hybridflow.config.keys.common import (
     MEGATRON, NO_SP, PROFILER, PROFILER_TOOLS, SP, VLM, checkpoint, everything_under, fsdp_engine, hf_model, optimizer,
-    profiler, rollout, speed_only, targets,
+    profiler, reward_model_rollout, rollout, speed_only, targets,
 )
 from hybridflow.config.support import KeyTable, honoured, not_supported, note
 
@@ -123,12 +123,11 @@ REWARD = [
     not_supported("reward.reward_model.enable_resource_pool", "reward.reward_model.n_gpus_per_node",
                   "reward.reward_model.nnodes",
                   reason="a separate reward-model pool is not implemented; the reward model runs on the trainer's devices"),
-    not_supported("reward.reward_model.rollout.**",
-                  reason="hybridflow scores a reward model with its FSDP worker (sequence classification), "
-                         "not through a rollout engine"),
+    reward_model_rollout("reward.reward_model.rollout"),
     not_supported("reward.sandbox_fusion.**", reason="sandboxed code execution (Sandbox Fusion) is not implemented"),
     honoured("reward.reward_kwargs.**",
-             reason="keyword arguments of the reward manager, e.g. dapo's max_resp_len and overlong_buffer_cfg"),
+             reason="keyword arguments of the reward manager, e.g. dapo's max_resp_len and overlong_buffer_cfg, "
+                    "genrm's template, template_path, parser, unparsable_score and chat_template"),
     # hybridflow's FSDP reward-model worker (veRL's earlier reward_model section; not aliases)
     honoured("reward_model.model.external_lib", "reward_model.model.trust_remote_code",
              "reward_model.micro_batch_size", "reward_model.micro_batch_size_per_gpu"),

@@ -30,6 +30,7 @@ from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import core_algos
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
 from hybridflow.trainer.ppo.dynamic_sampling import DynamicSampling, EpochCycler
+from hybridflow.trainer.ppo.judge_setup import JUDGE_ROLE, start_judge, uses_judge
 from hybridflow.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -82,7 +83,10 @@ class RayPPOTrainer:
                            else bool(enable_critic))
         actor = config.actor_rollout_ref.actor
         self.use_reference_policy = bool(algo.use_kl_in_reward or actor.use_kl_loss)
-        self.use_rm = bool(config.reward.reward_model.enable)
+        # a generative reward model (genrm) is served on rollout engines; any other is a sequence classifier
+        self.use_judge = uses_judge(config)
+        self.use_rm = bool(config.reward.reward_model.enable) and not self.use_judge
+        self.judge = None
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         self.adv_fn = core_algos.get_adv_estimator_fn(algo.adv_estimator)
         self._adv_params = set(inspect.signature(self.adv_fn).parameters)
@@ -136,7 +140,7 @@ class RayPPOTrainer:
     # --------------------------------------------------------------------------------- workers
     def init_workers(self):
         groups = build_worker_groups(self.config, use_critic=self.use_critic, use_ref=self.use_reference_policy,
-                                     use_rm=self.use_rm)
+                                     use_rm=self.use_rm, use_judge=self.use_judge)
         for group in groups.values():
             group.set_watchdog(self.watchdog)  # every wait on these workers now has the run's deadline
         self.actor_rollout_wg = groups["actor_rollout"]
@@ -148,6 +152,8 @@ class RayPPOTrainer:
             self.critic_wg.init_model()
         if self.rm_wg is not None:
             self.rm_wg.init_model()
+        if self.use_judge:
+            self.judge = start_judge(groups[JUDGE_ROLE], self.config, [self.reward_fn, self.val_reward_fn])
         self.actor_rollout_wg.init_model()
         if self.rollout_wg is not self.actor_rollout_wg:
             self.rollout_wg.init_model()
@@ -175,6 +181,14 @@ class RayPPOTrainer:
         if source is not None:
             source.close()
             self.rollout_source = None
+        judge = getattr(self, "judge", None)
+        if judge is not None:
+            judge.close()
+            self.judge = None
+            try:  # engines with processes of their own (vllm) stop them cleanly
+                self._all_groups[JUDGE_ROLE].shutdown_judge()
+            except Exception:  # a dead worker: killing the group below is all that is left to do
+                pass
         manager = getattr(self, "async_rollout_manager", None)
         if manager is not None:
             manager.shutdown()
@@ -243,6 +257,7 @@ class RayPPOTrainer:
             batch.batch["rm_scores"] = self.rm_wg.compute_rm_score(batch).batch["rm_scores"]
         result = self.reward_fn(batch, return_dict=True)
         batch.batch["token_level_scores"] = result["reward_tensor"]
+        metrics.update(result.get("reward_metrics") or {})  # e.g. genrm's judged / unparsable counts
         for key, values in (result.get("reward_extra_info") or {}).items():  # as veRL: per-sample extra fields
             column = np.empty(len(values), dtype=object)  # one object per row, even for list values
             for i, value in enumerate(values):

@@ -13,7 +13,8 @@ processes over resource pools; ``inprocess``: the workers live in the driver, on
 breakpoint() and Ray-less machines); nothing here depends on which.
 
 Returned groups: ``actor_rollout`` (the actor; also the rollout when colocated), ``rollout`` (the
-group hosting the engines), optionally ``critic`` and ``rm``, and ``_fused`` (the trainer pool's fused
+group hosting the engines), optionally ``critic``, ``rm`` (a sequence-classification reward model) and
+``judge`` (a generative reward model's engines, judge_setup.py), and ``_fused`` (the trainer pool's fused
 group) and ``_fused_rollout``; ``rollout_role_name`` names the rollout worker inside its fused class.
 """
 
@@ -23,7 +24,9 @@ from hybridflow.agent_loop.server_manager import ROLLOUT_CONCURRENCY_GROUP
 from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.single_controller.factory import build_worker_group, check_pools_fit
 from hybridflow.trainer.config_checks import resolve_device
+from hybridflow.trainer.ppo.judge_setup import JUDGE_ROLE, judge_worker_config
 from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from hybridflow.workers.judge_worker import JudgeWorker
 
 # requests one rollout worker serves at once (each waits on its own Ray thread while the engine batches)
 ROLLOUT_MAX_IN_FLIGHT = 1024
@@ -43,7 +46,8 @@ def pool_sizes(config) -> dict[str, list[int]]:
     return pools
 
 
-def role_classes(config, use_critic: bool, use_ref: bool, use_rm: bool) -> dict[str, dict[str, tuple[type, tuple, dict]]]:
+def role_classes(config, use_critic: bool, use_ref: bool, use_rm: bool,
+                 use_judge: bool = False) -> dict[str, dict[str, tuple[type, tuple, dict]]]:
     """pool name -> {role name -> (worker class, args, kwargs)}."""
     aref = config.actor_rollout_ref
     if separated_rollout(config):
@@ -57,12 +61,14 @@ def role_classes(config, use_critic: bool, use_ref: bool, use_rm: bool) -> dict[
         trainer["critic"] = (CriticWorker, (), {"config": config.critic})
     if use_rm:
         trainer["rm"] = (RewardModelWorker, (), {"config": config.reward_model})
+    if use_judge:
+        trainer[JUDGE_ROLE] = (JudgeWorker, (), {"config": judge_worker_config(config)})
     return pools
 
 
-def build_worker_groups(config, use_critic: bool, use_ref: bool, use_rm: bool) -> dict:
+def build_worker_groups(config, use_critic: bool, use_ref: bool, use_rm: bool, use_judge: bool = False) -> dict:
     """One group per pool (its roles fused into one worker per process), spawned into one view per role."""
-    pools = role_classes(config, use_critic, use_ref, use_rm)
+    pools = role_classes(config, use_critic, use_ref, use_rm, use_judge)
     sizes = pool_sizes(config)
     backend = config.trainer.backend
     use_gpu = resolve_device(config.trainer.device) == "cuda"

@@ -1,0 +1,52 @@
+"""Where the trainer meets a generative reward model: which runs need a judge, what its workers get,
+and the judge the reward managers call once the workers are up.
+
+A run has a judge when ``reward.reward_model.enable`` is true and its reward manager declares
+``needs_judge`` (``genrm``, or a user's manager built on it). The judge's workers are a role of the
+trainer's pool (colocated with the actor, one engine per rank, as veRL's colocated reward loop), and
+the reward model worker for sequence-classification models is not started.
+"""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from hybridflow.rewards.manager import REWARD_MANAGERS
+from hybridflow.workers.judge_client import RolloutJudge
+from hybridflow.workers.judge_worker import MODEL_PATH_KEY
+from hybridflow.workers.model_loading import load_tokenizer, local_model_path
+
+JUDGE_ROLE = "judge"
+
+
+def manager_needs_judge(name) -> bool:
+    """Whether the registered reward manager ``name`` scores with a judge (unknown names: no)."""
+    cls = REWARD_MANAGERS.get(str(name), None) if name is not None else None
+    return bool(getattr(cls, "needs_judge", False))
+
+
+def uses_judge(config) -> bool:
+    reward = config.reward
+    return bool(reward.reward_model.enable) and manager_needs_judge(reward.reward_manager.name)
+
+
+def judge_worker_config(config) -> dict:
+    """What each JudgeWorker is built from."""
+    rm = config.reward.reward_model
+    trust = config.reward_model.model.get("trust_remote_code")  # the earlier section's key, honoured as before
+    return {"model_path": rm.model_path, "trust_remote_code": bool(trust),
+            "rollout": OmegaConf.to_container(rm.rollout, resolve=True)}
+
+
+def start_judge(judge_wg, config, reward_fns) -> RolloutJudge:
+    """Start the judge engines, build the client over them and hand it to every reward manager that
+    takes one; returns the client (the trainer closes it)."""
+    judge_wg.init_model()
+    rollout = OmegaConf.to_container(config.reward.reward_model.rollout, resolve=True)
+    path = local_model_path(config.reward.reward_model.model_path, MODEL_PATH_KEY)
+    tokenizer = load_tokenizer(path, bool(config.reward_model.model.get("trust_remote_code")))
+    judge = RolloutJudge.from_group(judge_wg, JUDGE_ROLE, tokenizer, rollout)
+    for fn in reward_fns:
+        if hasattr(fn, "attach_judge"):
+            fn.attach_judge(judge)
+    return judge

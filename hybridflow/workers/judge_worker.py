@@ -1,0 +1,99 @@
+"""JudgeWorker: serves a generative reward model (an LLM judge) on a rollout engine.
+
+The judge is ``reward.reward_model.model_path`` on the engine ``reward.reward_model.rollout.name``
+(hf or vllm), built from the same ``ServerSpec`` and ``ROLLOUT_SERVERS`` registry as the policy's
+rollout, on an ``EngineLoop`` of this process (veRL's reward loop serves its reward model as rollout
+replicas too). It never receives weights: the judge is fixed. The driver reaches each rank's server
+with the group's ``handles(SERVER_HANDLE, role)``, exactly as the agent loop reaches the policy's
+(``server_generate`` for a remote worker, ``.server`` / ``.engine_loop`` in process).
+
+``config``: {"model_path", "trust_remote_code", "rollout": the reward.reward_model.rollout section}.
+``rollout.max_model_len`` null means prompt_length + response_length, as veRL sizes it.
+"""
+
+from __future__ import annotations
+
+import atexit
+
+import torch
+
+from hybridflow.rollout.sampling import model_eos_token_ids
+from hybridflow.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
+from hybridflow.single_controller.base import Dispatch, Worker, register
+from hybridflow.single_controller.base.worker import default_device_backend
+from hybridflow.utils.torch_dtypes import resolve_dtype
+from hybridflow.workers.actor_rollout_ref_worker import _plain
+from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
+
+MODEL_PATH_KEY = "reward.reward_model.model_path"
+
+
+def judge_engine_config(rollout: dict) -> dict:
+    """The reward.reward_model.rollout section as the engines read it (max_model_len filled in)."""
+    out = dict(rollout)
+    if out.get("max_model_len") is None:
+        out["max_model_len"] = int(out["prompt_length"]) + int(out["response_length"])
+    return out
+
+
+class JudgeWorker(Worker):
+    """One judge engine per rank (see the module docstring)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = _plain(config)
+        self.device, _ = default_device_backend()
+        self.server = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        path = local_model_path(self.config["model_path"], MODEL_PATH_KEY)
+        trust = bool(self.config.get("trust_remote_code"))
+        rollout = judge_engine_config(self.config["rollout"])
+        name = rollout["name"]
+        server_cls = ROLLOUT_SERVERS.get(name)  # an unknown engine fails here, naming the known ones
+        self.tokenizer = load_tokenizer(path, trust)
+        eos = tuple(model_eos_token_ids(path, self.tokenizer))
+        pad = self.tokenizer.pad_token_id
+        dtype = resolve_dtype(rollout.get("dtype"), str(self.device))
+        module = None
+        if name == "hf":
+            module = load_model(path, "causal_lm", trust_remote_code=trust).to(
+                device=self.device, dtype=getattr(torch, dtype)).eval()
+        spec = ServerSpec(model_path=path, config=rollout, pad_token_id=int(eos[0] if pad is None else pad),
+                          eos_token_ids=eos, device=str(self.device), dtype=dtype, trust_remote_code=trust,
+                          module=module)
+        self.engine_loop = EngineLoop(f"judge-engine-rank{self.rank}")
+
+        async def build():
+            return server_cls(spec)
+
+        self.server = self.engine_loop.run(build())
+        atexit.register(self.shutdown_judge)  # before the engine loop stops: engines with processes stop them
+        if rollout.get("free_cache_engine"):
+            self.engine_loop.run(self.server.sleep())
+
+    def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = False):
+        """One judge request (a RayServerHandle's call, in the rollout concurrency group)."""
+        return self.engine_loop.run(self.server.generate(prompt_ids, params, request_id, logprobs))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def wake_judge(self) -> None:
+        """Reacquire the engine's memory before a batch of verdicts (rollout.free_cache_engine)."""
+        self.engine_loop.run(self.server.wake_up())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sleep_judge(self) -> None:
+        """Free the engine's memory while the policy trains (a no-op where the engine cannot)."""
+        self.engine_loop.run(self.server.sleep())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown_judge(self) -> None:
+        """Release the engine (its processes, its memory); idempotent."""
+        server, self.server = self.server, None
+        if server is not None and self.engine_loop.loop.is_running():
+            try:
+                self.engine_loop.run(server.shutdown(), timeout=60)
+            finally:
+                self.engine_loop.close()
+            atexit.unregister(self.shutdown_judge)
