@@ -5,7 +5,7 @@
                   ``file`` is veRL's name, ``jsonl`` says what it writes
     tensorboard   ``$TENSORBOARD_DIR`` or ``<log_dir>/tensorboard``                  extra: [tensorboard]
     wandb         offline unless ``WANDB_API_KEY`` is set (no account needed)       extra: [wandb]
-    mlflow        ``$MLFLOW_TRACKING_URI`` or a file store ``<log_dir>/mlruns``     extra: [mlflow]
+    mlflow        ``$MLFLOW_TRACKING_URI`` or sqlite ``<log_dir>/mlflow.db``        extra: [mlflow]
     swanlab       offline unless ``SWANLAB_API_KEY`` is set (``$SWANLAB_MODE`` wins) extra: [swanlab]
     plot          reward/accuracy curves redrawn after every validation
                   (``$HYBRIDFLOW_PLOT_PATH`` or ``<log_dir>/curves.png``)           extra: [plot]
@@ -102,12 +102,25 @@ def mlflow_key(key: str) -> str:
 
 
 class _Mlflow:
+    """A run in ``$MLFLOW_TRACKING_URI``, else in a sqlite store ``<log_dir>/mlflow.db`` with its artifacts in
+    ``<log_dir>/mlflow_artifacts`` (mlflow 3 refuses its old file store by default, and would otherwise put
+    artifacts in ``./mlruns`` of the working directory). mlflow sets ``MLFLOW_TRACKING_URI`` in the process
+    environment; ``finish`` puts back what was there."""
+
     def __init__(self, project: str, name: str, config: dict, log_dir: str):
         self.mlflow = require("mlflow", "mlflow", "mlflow")
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or "file://" + os.path.abspath(os.path.join(log_dir, "mlruns"))
+        self._saved_uri = os.environ.get("MLFLOW_TRACKING_URI")
+        uri, artifacts = self._saved_uri, None
+        if not uri:
+            os.makedirs(log_dir, exist_ok=True)
+            uri = "sqlite:///" + os.path.abspath(os.path.join(log_dir, "mlflow.db"))
+            artifacts = "file://" + os.path.abspath(os.path.join(log_dir, "mlflow_artifacts"))
         self.mlflow.set_tracking_uri(uri)
-        experiment = self.mlflow.set_experiment(project)
-        self.mlflow.start_run(experiment_id=experiment.experiment_id, run_name=name)
+        client = self.mlflow.MlflowClient()
+        experiment = client.get_experiment_by_name(project)
+        experiment_id = experiment.experiment_id if experiment is not None else \
+            client.create_experiment(project, artifact_location=artifacts)
+        self.mlflow.start_run(experiment_id=experiment_id, run_name=name)
         params = {mlflow_key(k): str(v)[:500] for k, v in leaf_items(config or {}, sep="/") if not isinstance(v, dict)}
         if params:
             self.mlflow.log_params(params)
@@ -118,6 +131,9 @@ class _Mlflow:
     def finish(self):
         if self.mlflow.active_run() is not None:
             self.mlflow.end_run()
+        self.mlflow.set_tracking_uri(self._saved_uri)
+        if self._saved_uri is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
 class _Swanlab:
@@ -142,7 +158,7 @@ def _plot(project, name, config, log_dir):
         path = os.environ.get("HYBRIDFLOW_PLOT_PATH") or os.path.join(log_dir, "curves.png")
         return CurveRecorder(path, title=f"{project} / {name}")
     except ImportError as e:
-        raise ImportError(f"trainer.logger backend 'plot' needs matplotlib, which is not installed: "
+        raise ImportError("trainer.logger backend 'plot' needs matplotlib, which is not installed: "
                           "pip install 'hybridflow[plot]'") from e
 
 

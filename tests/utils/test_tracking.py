@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import types
@@ -202,49 +203,28 @@ def test_every_backend_has_an_extra_in_setup_py():
         assert re.search(rf'"{extra}": \[', setup_text), extra
 
 
-class _FakeMlflow(types.ModuleType):
-    def __init__(self):
-        super().__init__("mlflow")
-        self.calls = []
-        self._active = None
-
-    def set_tracking_uri(self, uri):
-        self.calls.append(("uri", uri))
-
-    def set_experiment(self, name):
-        self.calls.append(("experiment", name))
-        return types.SimpleNamespace(experiment_id="7")
-
-    def start_run(self, experiment_id, run_name):
-        self._active = run_name
-        self.calls.append(("start", experiment_id, run_name))
-
-    def log_params(self, params):
-        self.calls.append(("params", params))
-
-    def log_metrics(self, metrics, step):
-        self.calls.append(("metrics", metrics, step))
-
-    def active_run(self):
-        return self._active
-
-    def end_run(self):
-        self._active = None
-        self.calls.append(("end",))
-
-
-def test_mlflow_uses_a_local_store_and_sanitises_metric_names(monkeypatch, tmp_path):
-    fake = _FakeMlflow()
-    monkeypatch.setitem(sys.modules, "mlflow", fake)
+def test_mlflow_writes_a_local_store_in_the_run_dir_and_sanitises_metric_names(monkeypatch, tmp_path):
+    """Real mlflow (the [trace] extra brings mlflow-skinny and its sqlite store): the run lands in
+    <log_dir>/mlflow.db, nothing in the working directory, and the process's store setting is put back."""
+    mlflow = pytest.importorskip("mlflow", reason="mlflow is not installed (pip install 'hybridflow[mlflow]')")
+    pytest.importorskip("sqlalchemy")
+    pytest.importorskip("alembic")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    tracker = Tracking("proj", "exp", ["mlflow"], config={"trainer": {"lr": 0.1}}, log_dir=str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    tracker = Tracking("proj", "exp", ["mlflow"], config={"trainer": {"lr": 0.1}}, log_dir=str(run_dir))
     tracker.log({"val-core/openai/gsm8k/reward/mean@1": 0.5, "critic/score/mean": 0.25}, step=4)
     tracker.finish()
-    assert fake.calls[0] == ("uri", "file://" + str(tmp_path / "mlruns"))  # no server, no network
-    assert fake.calls[1:4] == [("experiment", "proj"), ("start", "7", "exp"), ("params", {"trainer/lr": "0.1"})]
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # no ./mlruns
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("proj")
+    assert experiment.artifact_location == f"file://{run_dir / 'mlflow_artifacts'}"
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "exp" and run.data.params == {"trainer/lr": "0.1"}
     # '@' is not allowed in MLflow metric names: veRL's spelling '_at_'
-    assert fake.calls[4] == ("metrics", {"val-core/openai/gsm8k/reward/mean_at_1": 0.5, "critic/score/mean": 0.25}, 4)
-    assert fake.calls[5] == ("end",)
+    assert run.data.metrics == {"val-core/openai/gsm8k/reward/mean_at_1": 0.5, "critic/score/mean": 0.25}
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "critic/score/mean")] == [4]
 
 
 def test_swanlab_is_offline_without_api_key(monkeypatch, tmp_path):
