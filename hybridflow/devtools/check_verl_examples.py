@@ -97,9 +97,10 @@ def _config_path(value: str, script: Path, examples: Path) -> str:
     return value
 
 
-def prepare_args(args: list[str], script: Path, examples: Path) -> tuple[list[str], list[str]]:
-    """(the command's arguments as both sides get them, names of unset variables left in values):
-    overrides of unset variables dropped, ``--config-path`` made absolute."""
+def prepare_args(args: list[str], script: Path, examples: Path, relative: bool = True) -> tuple[list[str], list[str]]:
+    """(the command's arguments, names of unset variables left in values): overrides of unset
+    variables dropped, ``--config-path`` made absolute (``relative=False``: only an absolute one is
+    looked up, a relative one is kept for veRL's own resolution)."""
     args, unresolved = _substitute_unset(args)
     fixed, i = [], 0
     while i < len(args):
@@ -108,7 +109,8 @@ def prepare_args(args: list[str], script: Path, examples: Path) -> tuple[list[st
         if flag in ("--config-path", "-cp"):
             value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
             i += 1 if eq else 2
-            fixed.append(f"--config-path={_config_path(value, script, examples)}")
+            keep = not relative and not Path(value).is_absolute()
+            fixed.append(f"--config-path={value if keep else _config_path(value, script, examples)}")
             continue
         fixed.append(arg)
         i += 1
@@ -171,7 +173,8 @@ def check_examples(examples: Path, reference_python: str | None = None) -> list[
         for line, args in commands:
             verdict, message, used = check_command(args, path, examples)
             results.append(Result(str(path.relative_to(examples)), line, verdict, message, used))
-            prepared.append(_substitute_unset(args)[0])  # veRL resolves --config-path itself
+            # veRL resolves a relative --config-path itself: against verl/trainer/ (Hydra, python -m)
+            prepared.append(prepare_args(args, path, examples, relative=False)[0])
     if reference_python:
         judged = [i for i, a in enumerate(prepared) if a is not None]
         for i, (accepted, message) in zip(judged, judge_with_verl([prepared[i] for i in judged], reference_python)):
