@@ -2,6 +2,7 @@
 ``hybridflow.main_ppo`` (the equivalent of ``--cfg job``: compose and check every key, no training).
 
     python -m hybridflow.devtools.check_verl_examples PATH/TO/verl/examples [--verbose] [--json OUT]
+        [--reference-python /work/verl_venv/bin/python]
 
 Each script (``*.sh``, ``*.slurm``, ``*.yaml``, ...) is read, not run (``shell_words``): variables set
 in the script are expanded, ``$@`` and positional arguments are empty, ``$HOME`` is ``/root``, the
@@ -14,6 +15,11 @@ a relative config path is looked up next to the script, then at the top of the v
 Per command the verdict is OK (composes), REFUSED (a key set to something hybridflow does not
 implement: the message says "not supported") or ERROR (anything else: an unknown key, a wrong type,
 a variable that could not be substituted). Exit status: 0.
+
+``--reference-python`` names an interpreter that imports veRL: every line is then also judged by veRL's
+own Hydra composition and ``validate_config`` (``verl_reference`` says exactly what "veRL accepts"
+means), and the summary reads "hybridflow composes X of the Y that veRL accepts", with the keys that
+refused among those Y. A line veRL rejects (a key its release no longer has, a typo) is no goal.
 """
 
 from __future__ import annotations
