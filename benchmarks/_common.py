@@ -91,7 +91,7 @@ def build_trainer(overrides: list[str], ray_num_cpus: int | None = None):
     from hybridflow.main_ppo import build_reward_fns, with_runtime_values
     from hybridflow.trainer.config_checks import validate_ppo_config
     from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from hybridflow.workers.model_loading import load_tokenizer
 
     config = load_config("ppo_trainer", overrides)

@@ -137,7 +137,7 @@ def main(argv=None) -> int:
 
     from hybridflow.main_ppo import run_ppo
     from hybridflow.single_controller.ray.init import init_ray
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
 
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(here)

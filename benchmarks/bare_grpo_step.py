@@ -120,7 +120,7 @@ def main(argv=None):
     names = args.backends.split(",")
     from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
     from hybridflow.data.sampler import create_rl_dataloader
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from hybridflow.workers.model_loading import load_tokenizer
 
     trainers = []

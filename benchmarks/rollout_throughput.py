@@ -45,7 +45,7 @@ def load_prompts(data_dir: str, model_dir: str, count: int, prompt_length: int):
     from hybridflow.protocol import DataProto
     from hybridflow.workers.model_loading import load_tokenizer
 
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
 
     tokenizer = load_tokenizer(model_dir, False)
     data_cfg = load_config("ppo_trainer", [f"data.max_prompt_length={prompt_length}"]).data
@@ -57,7 +57,7 @@ def load_prompts(data_dir: str, model_dir: str, count: int, prompt_length: int):
 def rollout_section(model_dir: str, response_length: int) -> dict:
     from omegaconf import OmegaConf
 
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
 
     cfg = load_config("ppo_trainer", [
         f"actor_rollout_ref.model.path={model_dir}",

@@ -114,7 +114,7 @@ def rss_mb(pid: int) -> float:
 
 def make_config(work: str, args):
     from hybridflow.data.tiny_task import write_tiny_task
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from hybridflow.models.tiny import save_tiny_model
 
     model_dir = save_tiny_model(os.path.join(work, "model"), seed=0)

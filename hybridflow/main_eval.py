@@ -20,10 +20,10 @@ from typing import Sequence
 
 from omegaconf import OmegaConf
 
+from hybridflow.config.loader import parse_cli
 from hybridflow.data.rl_dataset import read_parquet_rows
 from hybridflow.rewards import get_custom_reward_fn
 from hybridflow.trainer.eval_utils import score_responses, summarize_scores
-from hybridflow.utils.config import parse_cli
 from hybridflow.utils.logging_utils import setup_cli_logging
 
 

@@ -23,12 +23,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from omegaconf import OmegaConf
 
+from hybridflow.config.loader import parse_cli
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn, read_parquet_rows
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.single_controller.factory import build_worker_group, start_backend
 from hybridflow.trainer.config_checks import resolve_device
-from hybridflow.utils.config import parse_cli
 from hybridflow.utils.logging_utils import setup_cli_logging
 from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path

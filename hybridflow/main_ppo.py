@@ -15,6 +15,7 @@ import sys
 
 from omegaconf import OmegaConf
 
+from hybridflow.config.loader import ConfigError, parse_cli
 from hybridflow.data.custom_dataset import build_rl_dataset
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
 from hybridflow.data.sampler import create_rl_dataloader
@@ -23,7 +24,6 @@ from hybridflow.single_controller.base import WorkerHangError
 from hybridflow.single_controller.factory import start_backend
 from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
-from hybridflow.utils.config import ConfigError, parse_cli
 from hybridflow.utils.environ import restored_environ
 from hybridflow.utils.logging_utils import setup_cli_logging
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path

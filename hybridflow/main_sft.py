@@ -20,9 +20,9 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from hybridflow.config.loader import parse_cli
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.trainer.sft_trainer import FSDPSFTTrainer
-from hybridflow.utils.config import parse_cli
 from hybridflow.utils.logging_utils import setup_cli_logging
 
 

@@ -18,7 +18,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "hybridflow"
 # (module, enclosing function) -> why printing is the product there
 PRINT_ALLOWED = {
     ("utils/tracking.py", "_Console.log"): "trainer.logger=console: one line per step on stdout",
-    ("utils/config.py", "parse_cli"): "the entry points' shared command line: --help, --cfg job, usage errors",
+    ("config/loader.py", "parse_cli"): "the entry points' shared command line: --help, --cfg job, usage errors",
     ("data/preprocess/local_io.py", "preprocess_main"): "the main() every preprocessing script runs",
 }
 DEFINED_ONCE = {

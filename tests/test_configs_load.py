@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from hybridflow.utils import config as config_mod
-from hybridflow.utils.config import available_configs, config_dir, load_config
+from hybridflow.config import loader as config_mod
+from hybridflow.config.loader import available_configs, config_dir, load_config
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

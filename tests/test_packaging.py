@@ -45,7 +45,7 @@ _CHECK = textwrap.dedent(
     import hybridflow, hybridflow.protocol, hybridflow.single_controller.ray
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
-    from hybridflow.utils.config import config_dir, load_config, raw_default_config
+    from hybridflow.config.loader import config_dir, load_config, raw_default_config
 
     blocked = {}
     for name in ("vllm", "flash_attn"):

@@ -274,7 +274,7 @@ def test_trajectories_hold_the_generated_ids_not_a_retokenization(tok, tmp_path,
 @needs_vllm
 def test_grpo_step_with_vllm_on_the_real_model(smollm2_dir, tmp_path):
     from hybridflow.main_ppo import run_ppo
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from tests.trainer.e2e_helpers import base_overrides, read_metrics
 
     data = tmp_path / "data"

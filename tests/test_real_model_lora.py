@@ -104,7 +104,7 @@ def _score(module, batch, adapter) -> torch.Tensor:
 @pytest.mark.parametrize("mode", list(MODES))
 def test_the_vllm_rollout_generates_with_every_updated_lora(mode, merge, smollm2_dir, tmp_path, monkeypatch):
     from hybridflow.main_ppo import run_ppo
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from tests.trainer.e2e_helpers import base_overrides, read_metrics
 
     data = tmp_path / "data"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 
-from hybridflow.utils.config import default_config
+from hybridflow.config.loader import default_config
 
 
 def _merge(base: dict, changes: dict) -> dict:

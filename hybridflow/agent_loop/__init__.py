@@ -11,7 +11,7 @@ from hybridflow.agent_loop.base import (
     AgentLoopBase,
     AgentLoopOutput,
     AgentLoopSettings,
-    MultiTurnSettings,
+    multi_turn_config,
     register,
 )
 from hybridflow.agent_loop.server_manager import ServerManager
@@ -20,4 +20,4 @@ from hybridflow.agent_loop.tool_parser import TOOL_PARSERS, ToolParser, register
 from hybridflow.agent_loop.worker import AgentLoopWorker
 
 __all__ = ["AGENT_LOOPS", "TOOL_PARSERS", "AgentLoopBase", "AgentLoopOutput", "AgentLoopSettings", "AgentLoopWorker",
-           "MultiTurnSettings", "ServerManager", "ToolAgentLoop", "ToolParser", "register", "register_tool_parser"]
+           "multi_turn_config", "ServerManager", "ToolAgentLoop", "ToolParser", "register", "register_tool_parser"]

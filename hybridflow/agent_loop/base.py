@@ -20,59 +20,16 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from hybridflow.utils.registry import Registry
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.rollout import MultiTurnConfig
 from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.utils.registry import Registry
 
 
-SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
-TRUNCATE_SIDES = ("left", "middle", "right")
-
-
-@dataclass(frozen=True)
-class MultiTurnSettings:
-    """``actor_rollout_ref.rollout.multi_turn``, validated once (veRL 0.9.1 keys and defaults).
-
-    ``max_assistant_turns`` / ``max_user_turns``: None or 0 = no limit (user turns count tool results and
-    interaction replies). ``max_parallel_calls``: tool calls of one model turn that run (concurrently); the
-    rest are dropped. ``max_tool_response_length``: characters of a tool's text kept, cut on
-    ``tool_response_truncate_side``. ``tool_call_timeout`` (hybridflow): seconds one call (create +
-    execute) may take before the model gets a timeout message; a tool's own ``config.timeout`` wins.
-    """
-
-    enable: bool = False
-    max_assistant_turns: int | None = None
-    max_user_turns: int | None = None
-    max_parallel_calls: int = 1
-    max_tool_response_length: int = 256
-    tool_response_truncate_side: str = "middle"
-    tool_config_path: str | None = None
-    interaction_config_path: str | None = None
-    format: str = "hermes"
-    use_inference_chat_template: bool = False
-    tokenization_sanity_check_mode: str = "strict"
-    tool_call_timeout: float = 60.0
-
-    @classmethod
-    def from_config(cls, section: dict | None) -> "MultiTurnSettings":
-        section = dict(section or {})
-        picked = {k: section[k] for k in cls.__dataclass_fields__ if section.get(k) is not None}
-        out = cls(**picked)
-        prefix = "actor_rollout_ref.rollout.multi_turn"
-        if out.tokenization_sanity_check_mode not in SANITY_CHECK_MODES:
-            raise ValueError(f"{prefix}.tokenization_sanity_check_mode={out.tokenization_sanity_check_mode!r} is not "
-                             f"one of {', '.join(SANITY_CHECK_MODES)}")
-        if out.tool_response_truncate_side not in TRUNCATE_SIDES:
-            raise ValueError(f"{prefix}.tool_response_truncate_side={out.tool_response_truncate_side!r} is not one of "
-                             f"{', '.join(TRUNCATE_SIDES)}")
-        for key in ("max_parallel_calls", "max_tool_response_length"):
-            if int(getattr(out, key)) < 1:
-                raise ValueError(f"{prefix}.{key} must be >= 1, got {getattr(out, key)}")
-        for key in ("max_assistant_turns", "max_user_turns"):
-            if getattr(out, key) is not None and int(getattr(out, key)) < 0:
-                raise ValueError(f"{prefix}.{key} must be >= 0 or null, got {getattr(out, key)}")
-        if float(out.tool_call_timeout) <= 0:
-            raise ValueError(f"{prefix}.tool_call_timeout must be > 0, got {out.tool_call_timeout}")
-        return out
+def multi_turn_config(section: Any) -> MultiTurnConfig:
+    """``actor_rollout_ref.rollout.multi_turn`` as its typed section (checked on construction; absent: the
+    defaults). ``max_assistant_turns`` / ``max_user_turns``: None or 0 = no limit."""
+    return omega_conf_to_dataclass(section or None, MultiTurnConfig, path="actor_rollout_ref.rollout.multi_turn")
 
 
 @dataclass(frozen=True)
@@ -83,7 +40,7 @@ class AgentLoopSettings:
     response_length: int
     default_agent_loop: str = "single_turn_agent"
     num_workers: int = 1
-    multi_turn: MultiTurnSettings = field(default_factory=MultiTurnSettings)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent_loop_config_path: str | None = None
     chat_template_kwargs: dict = field(default_factory=dict)  # data.apply_chat_template_kwargs
     extra: dict = field(default_factory=dict)  # anything else a user's loop may want (plain dict)
@@ -96,7 +53,7 @@ class AgentLoopSettings:
             response_length=int(rollout["response_length"]),
             default_agent_loop=str(agent.get("default_agent_loop") or "single_turn_agent"),
             num_workers=max(1, int(agent.get("num_workers") or 1)),
-            multi_turn=MultiTurnSettings.from_config(rollout.get("multi_turn")),
+            multi_turn=multi_turn_config(rollout.get("multi_turn")),
             agent_loop_config_path=agent.get("agent_loop_config_path") or None,
             chat_template_kwargs=dict(chat_template_kwargs or {}),
             extra={"rollout": rollout},

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from hybridflow.algorithms.advantage import AdvantageEstimator, compute_grpo_outcome_advantage, register_adv_est
-from hybridflow.utils.config_section import cfg_get
+from hybridflow.config.access import cfg_get
 from hybridflow.utils.torch_functional import masked_whiten
 
 __all__ = ["compute_gdpo_outcome_advantage", "gdpo_reward_components"]

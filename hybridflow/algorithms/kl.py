@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from hybridflow.utils.config_section import cfg_get
+from hybridflow.config.access import cfg_get
 from hybridflow.utils.registry import Registry
 from hybridflow.utils.torch_functional import masked_mean
 

@@ -22,8 +22,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from hybridflow.utils.config_section import cfg_get
 from hybridflow.algorithms.loss_agg import agg_loss
+from hybridflow.config.access import cfg_get
 from hybridflow.utils.registry import Registry
 from hybridflow.utils.torch_functional import masked_mean
 

@@ -15,7 +15,7 @@ import torch
 
 from hybridflow.algorithms.loss_agg import agg_loss
 from hybridflow.algorithms.policy_loss import _agg_kwargs, _clip_range, register_policy_loss
-from hybridflow.utils.config_section import cfg_get
+from hybridflow.config.access import cfg_get
 from hybridflow.utils.torch_functional import masked_mean
 
 __all__ = ["compute_policy_loss_clip_cov", "compute_policy_loss_kl_cov", "token_covariance"]

@@ -20,7 +20,6 @@ Everything here is a pure function of tensors; metrics are 0-d tensors (veRL's n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -42,7 +41,7 @@ __all__ = [
     "RS_OPTIONS",
     "LOSS_TYPES",
     "RejectionOption",
-    "RolloutCorrectionSettings",
+    "rollout_correction_config",
     "parse_is_threshold",
     "parse_rejection_options",
     "compute_is_weights",
@@ -51,34 +50,10 @@ __all__ = [
     "compute_policy_loss_bypass_mode",
 ]
 
-@dataclass(frozen=True)
-class RolloutCorrectionSettings:
-    """``algorithm.rollout_correction`` parsed and checked once (values, no config tree).
-
-    ``rollout_is`` None: no weights (metrics only). ``is_lower`` set: IcePop (zero outside the band)
-    instead of truncation. ``rejection``: empty when ``rollout_rs`` is null.
-    """
-
-    rollout_is: Optional[str] = None
-    is_upper: float = 2.0
-    is_lower: Optional[float] = None
-    batch_normalize: bool = False
-    rejection: tuple[RejectionOption, ...] = ()
-    bypass_mode: bool = False
-    loss_type: str = "ppo_clip"
-
-    @classmethod
-    def from_config(cls, section: Any, prefix: str = "algorithm.rollout_correction") -> "RolloutCorrectionSettings":
-        """From the section (a mapping or a built ``RolloutCorrectionConfig``, which parses and checks it);
-        raises ConfigError (a ValueError) naming the offending key."""
-        if section is None:
-            return cls()
-        rc = section if isinstance(section, RolloutCorrectionConfig) else \
-            omega_conf_to_dataclass(section, RolloutCorrectionConfig, path=prefix)
-        upper, lower = rc.is_bounds
-        return cls(rollout_is=rc.rollout_is, is_upper=upper, is_lower=lower,
-                   batch_normalize=rc.rollout_is_batch_normalize, rejection=rc.rejection,
-                   bypass_mode=rc.bypass_mode, loss_type=rc.loss_type)
+def rollout_correction_config(section: Any, path: str = "algorithm.rollout_correction") -> RolloutCorrectionConfig:
+    """The section as a ``RolloutCorrectionConfig`` (which parses and checks it; an empty or missing
+    section: metrics only). Raises ConfigError (a ValueError) naming the offending key."""
+    return omega_conf_to_dataclass(section or None, RolloutCorrectionConfig, path=path)
 
 
 def compute_is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str, upper: float,
@@ -173,7 +148,7 @@ def compute_rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor,
 
 
 def compute_rollout_correction(train_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
-                               response_mask: torch.Tensor, settings: RolloutCorrectionSettings,
+                               response_mask: torch.Tensor, settings: RolloutCorrectionConfig,
                                ) -> tuple[Optional[torch.Tensor], torch.Tensor, dict[str, torch.Tensor]]:
     """IS weights (None when ``settings.rollout_is`` is None), the response mask after rejection,
     and every metric under ``rollout_corr/`` (weights, rejection, off-policy gap).
@@ -189,8 +164,9 @@ def compute_rollout_correction(train_log_prob: torch.Tensor, rollout_log_prob: t
     metrics: dict[str, torch.Tensor] = {}
     weights = None
     if settings.rollout_is is not None:
-        weights, is_metrics = compute_is_weights(log_ratio, response_mask, settings.rollout_is, settings.is_upper,
-                                                 settings.is_lower, settings.batch_normalize)
+        upper, lower = settings.is_bounds
+        weights, is_metrics = compute_is_weights(log_ratio, response_mask, settings.rollout_is, upper, lower,
+                                                 settings.rollout_is_batch_normalize)
         metrics.update(is_metrics)
     mask = response_mask
     if settings.rejection:
@@ -207,7 +183,7 @@ def compute_policy_loss_bypass_mode(
     response_mask: torch.Tensor,
     loss_agg_mode: str,
     config: Any,
-    settings: RolloutCorrectionSettings,
+    settings: RolloutCorrectionConfig,
     *,
     global_token_count=None,
     global_seq_count=None,

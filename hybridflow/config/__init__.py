@@ -18,7 +18,18 @@ from hybridflow.config.engine import FSDPEngineConfig, MixedPrecisionConfig, QAT
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import CriticModelConfig, HFModelConfig, MtpConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
-from hybridflow.config.profiler import ProfilerConfig
+from hybridflow.config.data import DataConfig, DataSamplerConfig
+from hybridflow.config.distillation import DistillationConfig, DistillationLossConfig, DistillationTeacherModelConfig
+from hybridflow.config.module import ModuleConfig
+from hybridflow.config.ppo_trainer import ActorRolloutRefConfig, PPOTrainerConfig
+from hybridflow.config.profiler import (GlobalProfilerConfig, NPUToolConfig, NsightToolConfig, PrecisionDebuggerToolConfig,
+                                        ProfilerConfig, TorchMemoryToolConfig, TorchProfilerScheduleConfig,
+                                        TorchProfilerToolConfig)
+from hybridflow.config.ray import RayInitConfig, RayKwargsConfig
+from hybridflow.config.reward import RewardConfig, RewardManagerConfig, RewardModelConfig, SandboxFusionConfig
+from hybridflow.config.skip import SkipManagerConfig
+from hybridflow.config.trainer import AsyncTrainingConfig, HybridRolloutSwitchConfig, TrainerConfig
+from hybridflow.config.transfer_queue import TransferQueueConfig
 from hybridflow.config.refused import __getattr__  # noqa: F401  (Megatron's classes: refused by name)
 from hybridflow.config.rollout import (AgentLoopConfig, CheckpointEngineConfig, CustomAsyncServerConfig,
                                        DisaggregationConfig, MultiTurnConfig, PrometheusConfig, RolloutConfig,
@@ -34,4 +45,10 @@ __all__ = [
     "HFModelConfig", "CriticModelConfig", "MtpConfig",
     "RolloutConfig", "SamplingConfig", "MultiTurnConfig", "AgentLoopConfig", "CustomAsyncServerConfig",
     "CheckpointEngineConfig", "TraceConfig", "PrometheusConfig", "DisaggregationConfig",
+    "PPOTrainerConfig", "ActorRolloutRefConfig", "DataConfig", "DataSamplerConfig", "ModuleConfig", "TrainerConfig",
+    "AsyncTrainingConfig", "HybridRolloutSwitchConfig", "RewardConfig", "RewardManagerConfig", "RewardModelConfig",
+    "SandboxFusionConfig", "DistillationConfig", "DistillationLossConfig", "DistillationTeacherModelConfig",
+    "RayKwargsConfig", "RayInitConfig", "SkipManagerConfig", "TransferQueueConfig", "GlobalProfilerConfig",
+    "NsightToolConfig", "NPUToolConfig", "TorchProfilerToolConfig", "TorchProfilerScheduleConfig",
+    "TorchMemoryToolConfig", "PrecisionDebuggerToolConfig",
 ]

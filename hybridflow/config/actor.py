@@ -15,7 +15,7 @@ from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.engine import FSDPEngineConfig, QATConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
-from hybridflow.config.profiler import ProfilerConfig
+from hybridflow.config.profiler import TOKEN_RANGE_KEYS, ProfilerConfig
 from hybridflow.config.refused import MEGATRON
 
 __all__ = ["STRATEGIES", "PolicyLossConfig", "RouterReplayConfig", "ActorConfig", "FSDPActorConfig", "RefConfig"]
@@ -37,6 +37,12 @@ def check_micro_batch(mbs: Optional[int], mbs_per_gpu: Optional[int], dynamic: b
     if not dynamic and mbs is not None and mbs_per_gpu is not None:
         raise ConfigError(f"{section_name}: both {key} and {key}_per_gpu are set; keep only {key}_per_gpu "
                           f"(the global form is deprecated)")
+
+
+def _engine_follows(role: str) -> dict:
+    """The engine keys that follow the role's own (veRL's dp_actor.yaml / dp_ref.yaml)."""
+    keys = ("entropy_from_logits_with_chunking", "entropy_from_logits_chunk_size", "entropy_checkpointing", "pad_to_length")
+    return {k: f"${{actor_rollout_ref.{role}.{k}}}" for k in keys}
 
 
 @dataclass
@@ -75,7 +81,7 @@ class ActorConfig(BaseConfig):
     _mutable_fields = {"ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu"}
 
     _target_: str = doc("verl.workers.config.ActorConfig", "the class this section is read into")
-    rollout_n: int = doc(1, "samples per prompt (follows actor_rollout_ref.rollout.n)")
+    rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
     strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp")
     ppo_mini_batch_size: int = doc(256, "prompts per optimizer step (x rollout.n samples, split over ranks)")
     ppo_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
@@ -106,8 +112,8 @@ class ActorConfig(BaseConfig):
     data_loader_seed: int = doc(42, "seed of that shuffle")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "what the actor's checkpoints hold")
     optim: OptimizerConfig = section(OptimizerConfig, "the optimizer and lr schedule")
-    use_fused_kernels: bool = doc(False, "fused kernels (follows actor_rollout_ref.model.use_fused_kernels)")
-    profiler: ProfilerConfig = section(ProfilerConfig, "the actor's profiling")
+    use_fused_kernels: bool = doc(False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}")
+    profiler: ProfilerConfig = section(ProfilerConfig, "the actor's profiling", absent=TOKEN_RANGE_KEYS)
     qat: QATConfig = section(QATConfig, "quantization-aware training (not implemented)")
 
     def __post_init__(self):
@@ -140,14 +146,14 @@ class FSDPActorConfig(ActorConfig):
 
     _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class this section is read into")
     optim: FSDPOptimizerConfig = section(FSDPOptimizerConfig, "the optimizer and lr schedule")
-    fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine")
+    fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine", follows=_engine_follows("actor"))
     grad_clip: Optional[float] = doc(1.0, "before veRL 0.9.1; mapped onto optim.clip_grad at load time")
     ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size")
     entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks to save memory")
     entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk")
     entropy_checkpointing: bool = doc(False, "recompute the entropy in backward instead of storing it")
     pad_to_length: bool = doc(False, "pad packed micro-batches to fsdp_config.pad_to_length_bucket multiples")
-    use_remove_padding: bool = doc(True, "padding-free forward (follows actor_rollout_ref.model.use_remove_padding)")
+    use_remove_padding: bool = doc(True, "padding-free forward", follows="${actor_rollout_ref.model.use_remove_padding}")
     router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay (not implemented)")
 
     def validate(self, n_gpus: int, train_batch_size: int, model_config: Optional[Any] = None) -> None:
@@ -167,20 +173,23 @@ class RefConfig(BaseConfig):
     renames its log_prob_* keys to the actor's before reading it as an FSDPActorConfig)."""
 
     _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class veRL reads this section into")
-    strategy: str = doc("fsdp", "training engine (follows actor.strategy)")
-    rollout_n: int = doc(1, "samples per prompt (follows rollout.n)")
-    use_torch_compile: bool = doc(True, "torch.compile the hot functions (follows actor.use_torch_compile)")
+    strategy: str = doc("fsdp", "training engine", follows="${actor_rollout_ref.actor.strategy}")
+    rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
+    use_torch_compile: bool = doc(True, "torch.compile the hot functions", follows="${actor_rollout_ref.actor.use_torch_compile}")
     log_prob_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the log-prob pass")
     log_prob_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per forward on one rank")
-    log_prob_use_dynamic_bsz: bool = doc(False, "pack by token count (follows actor.use_dynamic_bsz)")
-    log_prob_max_token_len_per_gpu: int = doc(16384, "token budget per forward (follows actor.ppo_max_token_len_per_gpu)")
-    profiler: ProfilerConfig = section(ProfilerConfig, "the reference policy's profiling")
-    fsdp_config: FSDPEngineConfig = section(_ref_engine, "the forward-only engine")
-    ulysses_sequence_parallel_size: int = doc(1, "deprecated (follows actor.ulysses_sequence_parallel_size)")
+    log_prob_use_dynamic_bsz: bool = doc(False, "pack by token count", follows="${actor_rollout_ref.actor.use_dynamic_bsz}")
+    log_prob_max_token_len_per_gpu: int = doc(16384, "token budget per forward",
+                                              follows="${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}")
+    profiler: ProfilerConfig = section(ProfilerConfig, "the reference policy's profiling", absent=TOKEN_RANGE_KEYS)
+    fsdp_config: FSDPEngineConfig = section(_ref_engine, "the forward-only engine", follows={
+        **_engine_follows("ref"), "pad_to_length_bucket": "${actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket}"})
+    ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size",
+                                              follows="${actor_rollout_ref.actor.ulysses_sequence_parallel_size}")
     entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks")
     entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk")
     entropy_checkpointing: bool = doc(False, "recompute the entropy in backward")
-    pad_to_length: bool = doc(False, "pad packed micro-batches (follows actor.pad_to_length)")
+    pad_to_length: bool = doc(False, "pad packed micro-batches", follows="${actor_rollout_ref.actor.pad_to_length}")
     router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay (not implemented)")
 
     def __post_init__(self):

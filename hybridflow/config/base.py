@@ -11,6 +11,12 @@ Every field is declared with its default and a one-line doc (``field_doc`` reads
 - ``section(factory, "...")``: a nested section, built by its class or by a function returning an
   instance with per-place defaults (the critic's optimizer has another lr than the actor's);
 - ``undeclared("...")``: a sub-tree kept as a plain dict, not yet declared key by key.
+
+A key whose yaml value follows another key (an OmegaConf interpolation, ``${data.max_prompt_length}``)
+says so with ``follows``: the string, written into the yaml as it is (the default is its resolved
+value). A dict ``follows`` names interpolations inside a dict value or a nested section by relative
+dotted key; on ``section`` it overrides the nested class's own (None: the plain default at this place).
+``absent`` (``section`` only) lists the nested keys the yaml does not hold at this place.
 """
 
 from __future__ import annotations
@@ -19,21 +25,31 @@ import collections.abc
 import copy
 import dataclasses
 from dataclasses import FrozenInstanceError, dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
-__all__ = ["BaseConfig", "doc", "section", "undeclared", "field_doc", "is_section", "is_undeclared", "to_dict"]
+__all__ = ["BaseConfig", "doc", "section", "undeclared", "field_doc", "field_follows", "field_absent", "is_section",
+           "is_undeclared", "to_dict"]
+
+Follows = Union[None, str, dict]
 
 
-def doc(default: Any, text: str) -> Any:
+def _meta(text: str, follows: Follows, **extra: Any) -> dict:
+    meta = {"doc": text, **extra}
+    if follows is not None:
+        meta["follows"] = follows
+    return meta
+
+
+def doc(default: Any, text: str, *, follows: Follows = None) -> Any:
     """A key with its default and a one-line doc. Mutable defaults (lists, dicts) are copied per instance."""
     if isinstance(default, (list, dict, set)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"doc": text})
-    return field(default=default, metadata={"doc": text})
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=_meta(text, follows))
+    return field(default=default, metadata=_meta(text, follows))
 
 
-def section(factory: Callable[[], Any], text: str) -> Any:
+def section(factory: Callable[[], Any], text: str, *, follows: Follows = None, absent: tuple[str, ...] = ()) -> Any:
     """A nested section built by ``factory`` (a config class, or a function returning an instance)."""
-    return field(default_factory=factory, metadata={"doc": text, "section": True})
+    return field(default_factory=factory, metadata=_meta(text, follows, section=True, absent=tuple(absent)))
 
 
 def undeclared(text: str) -> Any:
@@ -47,6 +63,16 @@ def field_doc(cls_or_obj: Any, name: str) -> str:
         if f.name == name:
             return f.metadata.get("doc", "")
     raise AttributeError(f"{getattr(cls_or_obj, '__name__', type(cls_or_obj).__name__)} has no config key {name!r}")
+
+
+def field_follows(f: dataclasses.Field) -> Follows:
+    """The interpolation(s) a field's yaml value follows (see the module doc)."""
+    return f.metadata.get("follows")
+
+
+def field_absent(f: dataclasses.Field) -> tuple[str, ...]:
+    """Nested keys of a section field that the yaml does not hold at this place."""
+    return f.metadata.get("absent", ())
 
 
 def is_section(f: dataclasses.Field) -> bool:

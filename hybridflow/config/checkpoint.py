@@ -18,7 +18,8 @@ class CheckpointConfig(BaseConfig):
 
     _target_: str = doc("verl.trainer.config.CheckpointConfig", "the class this section is read into")
     save_contents: list[str] = doc(["model", "optimizer", "extra"], "what a checkpoint holds; add hf_model for a HF directory")
-    load_contents: list[str] = doc(["model", "optimizer", "extra"], "what is read back on resume (follows save_contents)")
+    load_contents: list[str] = doc(["model", "optimizer", "extra"], "what is read back on resume",
+                                   follows="${.save_contents}")
     async_save: bool = doc(False, "save in the background (not implemented)")
     strict: bool = doc(True, "refuse a checkpoint whose keys do not match the model")
 

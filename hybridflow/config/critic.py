@@ -12,9 +12,11 @@ from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import CriticModelConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
-from hybridflow.config.profiler import ProfilerConfig
+from hybridflow.config.profiler import TOKEN_RANGE_KEYS, ProfilerConfig
 
 __all__ = ["CriticConfig", "FSDPCriticConfig"]
+
+_A = "actor_rollout_ref.actor"
 
 
 def _critic_optim() -> FSDPOptimizerConfig:
@@ -34,22 +36,24 @@ class CriticConfig(BaseConfig):
     _target_: str = doc("verl.workers.config.CriticConfig", "the class this section is read into")
     enable: Optional[bool] = doc(None, "train a critic; null: exactly when algorithm.adv_estimator is gae")
     strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp")
-    rollout_n: int = doc(1, "samples per prompt (follows actor_rollout_ref.rollout.n)")
+    rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
     optim: OptimizerConfig = section(_base_critic_optim, "the critic's optimizer and lr schedule")
-    ppo_mini_batch_size: int = doc(256, "prompts per optimizer step (follows the actor's)")
+    ppo_mini_batch_size: int = doc(256, "prompts per optimizer step", follows=f"${{{_A}.ppo_mini_batch_size}}")
     ppo_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
-    ppo_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per forward/backward on one rank")
-    use_dynamic_bsz: bool = doc(False, "pack micro-batches by token count (follows the actor's)")
+    ppo_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per forward/backward on one rank",
+                                                      follows="${oc.select:.ppo_micro_batch_size,null}")
+    use_dynamic_bsz: bool = doc(False, "pack micro-batches by token count", follows=f"${{{_A}.use_dynamic_bsz}}")
     ppo_max_token_len_per_gpu: int = doc(32768, "token budget per rank and micro-batch when use_dynamic_bsz")
-    forward_max_token_len_per_gpu: int = doc(32768, "token budget of the value pass (follows ppo_max_token_len_per_gpu)")
-    ppo_epochs: int = doc(1, "passes over the batch per step (follows the actor's)")
-    shuffle: bool = doc(False, "shuffle before splitting into mini-batches (follows the actor's)")
+    forward_max_token_len_per_gpu: int = doc(32768, "token budget of the value pass",
+                                             follows="${.ppo_max_token_len_per_gpu}")
+    ppo_epochs: int = doc(1, "passes over the batch per step", follows=f"${{{_A}.ppo_epochs}}")
+    shuffle: bool = doc(False, "shuffle before splitting into mini-batches", follows=f"${{{_A}.shuffle}}")
     data_loader_seed: int = doc(42, "seed of that shuffle")
     cliprange_value: float = doc(0.5, "clip range of the value update")
-    loss_agg_mode: str = doc("token-mean", "loss aggregation (follows the actor's)")
-    loss_scale_factor: Optional[float] = doc(None, "seq-mean-token-sum-norm divisor (follows the actor's)")
-    checkpoint: CheckpointConfig = section(CheckpointConfig, "what the critic's checkpoints hold")
-    profiler: ProfilerConfig = section(ProfilerConfig, "the critic's profiling")
+    loss_agg_mode: str = doc("token-mean", "loss aggregation", follows=f"${{{_A}.loss_agg_mode}}")
+    loss_scale_factor: Optional[float] = doc(None, "seq-mean-token-sum-norm divisor", follows=f"${{{_A}.loss_scale_factor}}")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "what the critic's checkpoints hold", absent=("strict",))
+    profiler: ProfilerConfig = section(ProfilerConfig, "the critic's profiling", absent=TOKEN_RANGE_KEYS)
     model: CriticModelConfig = section(CriticModelConfig, "the value model")
 
     def __post_init__(self):
@@ -75,8 +79,10 @@ class FSDPCriticConfig(CriticConfig):
     _target_: str = doc("verl.workers.config.FSDPCriticConfig", "the class this section is read into")
     optim: FSDPOptimizerConfig = section(_critic_optim, "the critic's optimizer and lr schedule")
     fsdp: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine")
-    forward_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the value pass")
-    forward_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per value forward on one rank")
+    forward_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the value pass",
+                                                  follows="${oc.select:.ppo_micro_batch_size,null}")
+    forward_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per value forward on one rank",
+                                                          follows="${oc.select:.ppo_micro_batch_size_per_gpu,null}")
     ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp.ulysses_sequence_parallel_size")
     grad_clip: Optional[float] = doc(1.0, "before veRL 0.9.1; mapped onto critic.optim.clip_grad at load time")
 

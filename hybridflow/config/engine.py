@@ -64,7 +64,7 @@ class FSDPEngineConfig(BaseConfig):
     use_orig_params: bool = doc(False, "FSDP1's use_orig_params")
     seed: int = doc(42, "seed of the worker's generators when full_determinism is on")
     full_determinism: bool = doc(False, "deterministic kernels and seeded generators in the worker (slower)")
-    ulysses_sequence_parallel_size: int = doc(1, "Ulysses sequence-parallel size (hybridflow: 1)")
+    ulysses_sequence_parallel_size: int = doc(1, "Ulysses sequence-parallel size: ranks that share one sequence (1: off)")
     entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks to save memory")
     entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk")
     use_torch_compile: bool = doc(True, "torch.compile the hot functions")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from hybridflow.config.base import BaseConfig, doc, section, undeclared
+from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.errors import ConfigError
 
 __all__ = ["MtpConfig", "HFModelConfig", "CriticModelConfig"]
@@ -16,6 +16,16 @@ _MEGATRON_LORA = {"type": "lora", "merge": False, "rank": 0, "alpha": 32, "dropo
                   "dropout_position": "pre", "lora_A_init_method": "xavier", "lora_B_init_method": "zero",
                   "a2a_experimental": False, "dtype": None, "adapter_path": None, "freeze_vision_model": True,
                   "freeze_vision_projection": True, "freeze_language_model": True}
+
+# the pre-0.9.1 spelling of critic.fsdp: every key null (not set)
+_LEGACY_FSDP = {
+    **dict.fromkeys(("_target_",)), "wrap_policy": {"min_num_params": None},
+    **dict.fromkeys(("param_offload", "optimizer_offload", "offload_policy", "reshard_after_forward", "fsdp_size",
+                     "forward_prefetch", "model_dtype", "use_orig_params", "seed", "full_determinism",
+                     "ulysses_sequence_parallel_size", "entropy_from_logits_with_chunking", "use_torch_compile",
+                     "entropy_checkpointing", "forward_only", "strategy", "dtype")),
+    "mixed_precision": dict.fromkeys(("param_dtype", "reduce_dtype", "buffer_dtype")),
+}
 
 
 @dataclass
@@ -74,4 +84,4 @@ class HFModelConfig(BaseConfig):
 class CriticModelConfig(HFModelConfig):
     """``critic.model``: the value model, plus the pre-0.9.1 spelling of ``critic.fsdp``."""
 
-    fsdp_config: dict = undeclared("before veRL 0.9.1: critic.fsdp (mapped onto it at load time); null: not set")
+    fsdp_config: dict = doc(_LEGACY_FSDP, "before veRL 0.9.1: critic.fsdp (mapped onto it at load time); null: not set")

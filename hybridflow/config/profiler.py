@@ -1,14 +1,103 @@
-"""A role's ``profiler`` section (veRL's ProfilerConfig): which ranks of the role write traces, and with
-which tool. hybridflow implements the torch tool; the others are refused when chosen."""
+"""Profiling sections: a role's ``profiler`` (veRL's ProfilerConfig: which ranks of the role write traces,
+with which tool), its per-tool settings, and ``global_profiler`` (the run's tool, steps and defaults the
+roles follow). hybridflow implements the torch tool; the others are refused when chosen."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-from hybridflow.config.base import BaseConfig, doc, undeclared
+from hybridflow.config.base import BaseConfig, doc, section
 
-__all__ = ["ProfilerConfig"]
+__all__ = ["NsightToolConfig", "NPUToolConfig", "TorchProfilerScheduleConfig", "TorchProfilerToolConfig",
+           "TorchMemoryToolConfig", "PrecisionDebuggerToolConfig", "ProfilerToolConfig", "ProfilerConfig",
+           "GlobalNsightToolConfig", "GlobalTorchMemoryConfig", "GlobalToolConfig", "GlobalProfilerConfig",
+           "TOKEN_RANGE_KEYS"]
+
+_G = "global_profiler"
+_GT = "global_profiler.global_tool_config"
+
+
+@dataclass
+class NsightToolConfig(BaseConfig):
+    """``tool_config.nsys``: Nsight Systems (not implemented)."""
+
+    _target_: str = doc("verl.utils.profiler.config.NsightToolConfig", "the class this section is read into")
+    discrete: bool = doc(False, "one database per task (else one per step)")
+
+
+@dataclass
+class NPUToolConfig(NsightToolConfig):
+    """``tool_config.npu``: the Ascend profiler (not implemented)."""
+
+    _target_: str = doc("verl.utils.profiler.config.NPUToolConfig", "the class this section is read into")
+    contents: list[str] = doc([], "what is collected: npu, cpu, memory, shapes, module, stack")
+    level: str = doc("level0", "collection level: level_none, level0, level1, level2")
+    analysis: bool = doc(True, "parse the data after collection")
+    discrete: bool = doc(False, "one database per task (else one per step)")
+    profile_token_start: Optional[int] = doc(None, "rollout: collect from this response-token index")
+    profile_token_end: Optional[int] = doc(None, "rollout: stop at this response-token index (exclusive)")
+
+
+@dataclass
+class TorchProfilerScheduleConfig(BaseConfig):
+    """``tool_config.torch.schedule``: torch.profiler.schedule over the update's mini-batches."""
+
+    _target_: str = doc("verl.utils.profiler.config.TorchProfilerScheduleConfig", "the class this section is read into")
+    skip_first: int = doc(0, "mini-batches skipped at the start")
+    wait: int = doc(0, "idle mini-batches per cycle")
+    warmup: int = doc(0, "warm-up mini-batches per cycle")
+    active: int = doc(0, "recorded mini-batches per cycle; 0: record the whole update")
+    repeat: int = doc(0, "cycles; 0: until profiling stops")
+
+
+@dataclass
+class TorchProfilerToolConfig(BaseConfig):
+    """``tool_config.torch``: torch.profiler (hybridflow's tool)."""
+
+    _target_: str = doc("verl.utils.profiler.config.TorchProfilerToolConfig", "the class this section is read into")
+    contents: list[str] = doc([], "what is added to the trace: cuda, cpu, memory, shapes, stack ([]: everything)")
+    discrete: bool = doc(False, "one trace per stage (hybridflow: false only)")
+    profile_token_start: Optional[int] = doc(None, "rollout: collect from this response-token index")
+    profile_token_end: Optional[int] = doc(None, "rollout: stop at this response-token index (exclusive)")
+    schedule: Optional[TorchProfilerScheduleConfig] = section(TorchProfilerScheduleConfig, "sub-sampling of the update loop")
+
+
+@dataclass
+class TorchMemoryToolConfig(BaseConfig):
+    """``tool_config.torch_memory``: memory snapshots (not implemented)."""
+
+    _target_: str = doc("verl.utils.profiler.config.TorchMemoryToolConfig", "the class this section is read into")
+    trace_alloc_max_entries: int = doc(100000, "allocation entries recorded")
+    stack_depth: int = doc(32, "stack depth recorded per allocation")
+    memory_snapshot_num_steps: int = doc(1, "profiled steps kept before a snapshot is dumped")
+
+
+@dataclass
+class PrecisionDebuggerToolConfig(BaseConfig):
+    """``tool_config.precision_debugger``: msprobe (not implemented)."""
+
+    _target_: str = doc("verl.utils.profiler.config.PrecisionDebuggerToolConfig", "the class this section is read into")
+    config_path: Optional[str] = doc(None, "msprobe config json")
+    steps: Optional[list[int]] = doc(None, "deprecated and ignored (global_profiler.steps decides)")
+    stages: Optional[list[str]] = doc(None, "stages profiled: actor_update, actor_compute_log_prob, ...")
+    strict: bool = doc(False, "fail on an unknown stage or a missing msprobe")
+
+
+# the rollout's tool settings have a token range, the training roles' do not
+TOKEN_RANGE_KEYS = ("tool_config.npu.profile_token_start", "tool_config.npu.profile_token_end",
+                    "tool_config.torch.profile_token_start", "tool_config.torch.profile_token_end")
+
+
+@dataclass
+class ProfilerToolConfig(BaseConfig):
+    """``<role>.profiler.tool_config``: per-tool settings (veRL reads it as a plain mapping)."""
+
+    nsys: Optional[NsightToolConfig] = section(NsightToolConfig, "Nsight Systems")
+    npu: Optional[NPUToolConfig] = section(NPUToolConfig, "Ascend profiler")
+    torch: Optional[TorchProfilerToolConfig] = section(TorchProfilerToolConfig, "torch.profiler")
+    torch_memory: Optional[TorchMemoryToolConfig] = section(TorchMemoryToolConfig, "memory snapshots")
+    precision_debugger: Optional[PrecisionDebuggerToolConfig] = section(PrecisionDebuggerToolConfig, "msprobe")
 
 
 @dataclass
@@ -16,13 +105,74 @@ class ProfilerConfig(BaseConfig):
     """``<role>.profiler``: the role's profiling switch; steps and the tool come from global_profiler."""
 
     _target_: str = doc("verl.utils.profiler.ProfilerConfig", "the class this section is read into")
-    tool: Optional[str] = doc(None, "profiler tool (follows global_profiler.tool): torch, or null for none")
+    tool: Optional[str] = doc(None, "profiler tool: torch, or null for none", follows="${global_profiler.tool}")
     enable: bool = doc(False, "profile this role")
     all_ranks: bool = doc(False, "profile every rank of the role (else only those in ranks)")
     ranks: list[int] = doc([], "the ranks to profile when all_ranks is false")
-    save_path: Optional[str] = doc("outputs/profile", "directory of the traces (follows global_profiler.save_path)")
-    relocate_results: bool = doc(False, "move the traces after the run (not implemented)")
-    finish_hook_cmd: Optional[str] = doc(None, "a command run when profiling ends (not implemented)")
+    save_path: Optional[str] = doc("outputs/profile", "directory of the traces", follows=f"${{{_G}.save_path}}")
+    relocate_results: bool = doc(False, "move the traces after the run (not implemented)",
+                                 follows=f"${{{_G}.relocate_results}}")
+    finish_hook_cmd: Optional[str] = doc(None, "a command run when profiling ends (not implemented)",
+                                         follows=f"${{{_G}.finish_hook_cmd}}")
+    finish_hook_all_ranks: bool = doc(False, "run finish_hook_cmd on every rank (not implemented)",
+                                      follows=f"${{{_G}.finish_hook_all_ranks}}")
+    finish_hook_ranks: list[int] = doc([], "ranks that run finish_hook_cmd (not implemented)",
+                                       follows=f"${{{_G}.finish_hook_ranks}}")
+    tool_config: ProfilerToolConfig = section(ProfilerToolConfig, "per-tool settings", follows={
+        "nsys.discrete": f"${{{_GT}.nsys.discrete}}",
+        **{f"torch_memory.{k}": f"${{{_GT}.torch_memory.{k}}}"
+           for k in ("trace_alloc_max_entries", "stack_depth", "memory_snapshot_num_steps")},
+        **{f"precision_debugger.{k}": f"${{{_GT}.precision_debugger.{k}}}" for k in ("config_path", "stages", "strict")},
+    })
+
+
+def _nsight_options(worker: bool) -> dict:
+    options = {"trace": "cuda,nvtx,cublas,ucx", "cuda-memory-usage": "true", "cuda-graph-trace": "graph"}
+    if worker:
+        options.update({"capture-range": "cudaProfilerApi", "capture-range-end": None, "kill": "none"})
+    return options
+
+
+@dataclass
+class GlobalNsightToolConfig(NsightToolConfig):
+    """``global_profiler.global_tool_config.nsys``: the roles' default, plus nsys's command-line options."""
+
+    controller_nsight_options: dict = doc(_nsight_options(False), "nsys options of the driver")
+    worker_nsight_options: dict = doc(_nsight_options(True), "nsys options of the workers")
+
+
+@dataclass
+class GlobalTorchMemoryConfig(BaseConfig):
+    """``global_profiler.global_tool_config.torch_memory``: the roles' defaults plus the recorder's options."""
+
+    trace_alloc_max_entries: int = doc(100000, "allocation entries recorded")
+    stack_depth: int = doc(32, "stack depth recorded per allocation")
+    memory_snapshot_num_steps: int = doc(1, "profiled steps kept before a snapshot is dumped")
+    context: str = doc("all", "alloc | state | all: which events are recorded")
+    stacks: str = doc("all", "python | cpp | all: which stacks are recorded")
+    kw_args: dict = doc({}, "further arguments of the recorder")
+
+
+@dataclass
+class GlobalToolConfig(BaseConfig):
+    """``global_profiler.global_tool_config``: tool settings every role follows."""
+
+    nsys: GlobalNsightToolConfig = section(GlobalNsightToolConfig, "Nsight Systems")
+    torch_memory: GlobalTorchMemoryConfig = section(GlobalTorchMemoryConfig, "memory snapshots")
+    precision_debugger: PrecisionDebuggerToolConfig = section(PrecisionDebuggerToolConfig, "msprobe")
+
+
+@dataclass
+class GlobalProfilerConfig(BaseConfig):
+    """``global_profiler``: the run's profiling tool and steps (veRL reads it as a ProfilerConfig)."""
+
+    _target_: str = doc("verl.utils.profiler.ProfilerConfig", "the class this section is read into")
+    tool: Optional[str] = doc(None, "the tool: torch (hybridflow), nsys, npu, torch_memory, precision_debugger")
+    steps: Optional[list[int]] = doc(None, "the training steps profiled (null: none)")
+    profile_continuous_steps: bool = doc(False, "consecutive profiled steps share one trace")
+    save_path: Optional[str] = doc("outputs/profile", "directory of the traces (every role follows it)")
+    relocate_results: bool = doc(False, "move framework-placed traces into save_path (not implemented)")
+    finish_hook_cmd: Optional[str] = doc(None, "a command run once after the last profiled step (not implemented)")
     finish_hook_all_ranks: bool = doc(False, "run finish_hook_cmd on every rank (not implemented)")
     finish_hook_ranks: list[int] = doc([], "ranks that run finish_hook_cmd (not implemented)")
-    tool_config: dict = undeclared("per-tool settings: nsys, npu, torch (contents, discrete, schedule), ...")
+    global_tool_config: GlobalToolConfig = section(GlobalToolConfig, "tool settings every role follows")

@@ -21,6 +21,20 @@ TRUNCATE_SIDES = ("left", "middle", "right")
 SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 
 
+_AP = "actor_rollout_ref.actor.profiler"
+_GT = "global_profiler.global_tool_config"
+# the rollout profiles when the actor does: its switches follow the actor's
+_ROLLOUT_PROFILER = {
+    **{k: f"${{{_AP}.{k}}}" for k in ("enable", "all_ranks", "ranks", "relocate_results", "finish_hook_cmd",
+                                      "finish_hook_all_ranks", "finish_hook_ranks")},
+    **{f"tool_config.npu.{k}": f"${{{_AP}.tool_config.npu.{k}}}" for k in ("contents", "level", "analysis", "discrete")},
+    **{f"tool_config.torch.{k}": f"${{{_AP}.tool_config.torch.{k}}}" for k in ("contents", "discrete")},
+    **{f"tool_config.precision_debugger.{k}":
+       f"${{oc.select:{_AP}.tool_config.precision_debugger.{k},${{{_GT}.precision_debugger.{k}}}}}"
+       for k in ("config_path", "stages", "strict")},
+}
+
+
 @dataclass
 class SamplingConfig(BaseConfig):
     """``rollout.val_kwargs``: sampling used for validation."""
@@ -85,7 +99,7 @@ class AgentLoopConfig(BaseConfig):
     """``rollout.agent``: the agent-loop workers every rollout runs through."""
 
     _target_: str = doc("verl.workers.config.AgentLoopConfig", "the class this section is read into")
-    num_workers: int = doc(2, "agent-loop workers (one process each) the batch is spread over")
+    num_workers: int = doc(2, "hybridflow: 2 (veRL: 8); agent-loop workers (one process each) the batch is spread over")
     default_agent_loop: str = doc("single_turn_agent", "loop of a sample without agent_name")
     agent_loop_config_path: Optional[str] = doc(None, "your loops: a yaml list of {name, _target_, **kwargs}")
     custom_async_server: CustomAsyncServerConfig = section(CustomAsyncServerConfig, "a custom server (not implemented)")
@@ -113,8 +127,8 @@ class TraceConfig(BaseConfig):
     """``rollout.trace``: rollout tracing (not implemented)."""
 
     _target_: str = doc("verl.workers.config.TraceConfig", "the class this section is read into")
-    project_name: Optional[str] = doc("hybridflow_examples", "trace project (follows trainer.project_name)")
-    experiment_name: Optional[str] = doc("gsm8k", "trace experiment (follows trainer.experiment_name)")
+    project_name: Optional[str] = doc("hybridflow_examples", "trace project", follows="${trainer.project_name}")
+    experiment_name: Optional[str] = doc("gsm8k", "trace experiment", follows="${trainer.experiment_name}")
     backend: Optional[str] = doc(None, "trace backend")
     token2text: bool = doc(False, "decode token ids in traces")
     max_samples_per_step_per_worker: Optional[int] = doc(None, "traced samples per step and worker")
@@ -128,7 +142,8 @@ class PrometheusConfig(BaseConfig):
     enable: bool = doc(False, "export the engines' metrics")
     port: int = doc(9090, "exporter port")
     file: str = doc("/tmp/ray/session_latest/metrics/prometheus/prometheus.yml", "Prometheus configuration file")
-    served_model_name: Optional[str] = doc("~/models/deepseek-llm-7b-chat", "model name in the metrics (follows model.path)")
+    served_model_name: Optional[str] = doc("~/models/deepseek-llm-7b-chat", "model name in the metrics",
+                                           follows="${actor_rollout_ref.model.path}")
 
 
 @dataclass
@@ -153,8 +168,8 @@ class RolloutConfig(BaseConfig):
                        "expert_parallel_size", "full_determinism", "max_num_seqs"}
 
     _target_: str = doc("verl.workers.config.RolloutConfig", "the class this section is read into")
-    name: Optional[str] = doc("hf", "engine: hf (transformers generate) | vllm")
-    mode: str = doc("async", "async (veRL 0.9.1's only mode); sync runs the same pipeline")
+    name: Optional[str] = doc("hf", "hybridflow: hf (transformers generate, cpu and GPU; veRL requires a value) | vllm (the [vllm] extra)")
+    mode: str = doc("async", "async (veRL 0.9.1's only mode) | sync: hybridflow runs one pipeline for both")
     nnodes: int = doc(0, "> 0: the engines get a pool of their own; 0: colocated with the actor")
     n_gpus_per_node: int = doc(1, "devices per node of that pool (follows trainer.n_gpus_per_node)")
     temperature: float = doc(1.0, "sampling temperature")
@@ -164,13 +179,13 @@ class RolloutConfig(BaseConfig):
     seed: int = doc(42, "base of the per-request sampling seeds")
     prompt_length: int = doc(512, "prompt tokens (follows data.max_prompt_length)")
     response_length: int = doc(512, "generated tokens at most (follows data.max_response_length)")
-    dtype: str = doc("auto", "engine dtype: auto (bf16 on CUDA, fp32 on cpu), bfloat16, float16, float32")
+    dtype: str = doc("auto", "engine dtype; hybridflow: auto (bf16 on CUDA, fp32 on cpu; veRL: bfloat16), bfloat16, float16, float32")
     gpu_memory_utilization: float = doc(0.5, "vllm: share of device memory for weights and KV cache")
     ignore_eos: bool = doc(False, "keep generating after EOS")
     enforce_eager: bool = doc(False, "vllm: no CUDA graphs")
     cudagraph_capture_sizes: Optional[list[int]] = doc(None, "vllm: batch sizes captured as CUDA graphs")
     free_cache_engine: bool = doc(True, "release the KV cache between generation phases")
-    tensor_model_parallel_size: int = doc(1, "vllm: tensor parallel size of one engine")
+    tensor_model_parallel_size: int = doc(1, "vllm: tensor parallel size of one engine (hybridflow: 1, veRL: 2, to fit one device)")
     data_parallel_size: int = doc(1, "data parallel size inside an engine (hybridflow: 1)")
     expert_parallel_size: int = doc(1, "expert parallel size inside an engine (hybridflow: 1)")
     pipeline_model_parallel_size: int = doc(1, "pipeline parallel size inside an engine (hybridflow: 1)")
@@ -193,7 +208,9 @@ class RolloutConfig(BaseConfig):
     over_sample_rate: float = doc(0.0, "extra requests to cut stragglers (not implemented)")
     multi_stage_wake_up: bool = doc(False, "wake weights and KV cache in stages (speed only)")
     engine_kwargs: dict = doc({"vllm": {"kv_cache_memory_bytes": None}, "sglang": {}, "trtllm": {}},
-                              "engine arguments passed as they are (vllm: its own keys)")
+                              "engine arguments as they are (hybridflow: vllm.kv_cache_memory_bytes null on cpu: "
+                              "enough for max_num_seqs, <= 512 MiB)")
+    limit_images: Optional[int] = doc(None, "images per prompt (vision models are not supported)")
     val_kwargs: SamplingConfig = section(SamplingConfig, "sampling for validation")
     router_config_path: Optional[str] = doc(None, "a router config (not implemented)")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn rollouts with tools and interactions")
@@ -206,11 +223,13 @@ class RolloutConfig(BaseConfig):
     skip_dump_dir: str = doc("/tmp/rollout_dump", "veRL main's spelling of skip.rollout.dump_dir (mapped onto it)")
     enable_rollout_routing_replay: bool = doc(False, "record MoE routes in the rollout (not implemented)")
     moe_load_balance_metrics_interval: int = doc(0, "MoE load-balance metrics every this many steps (not implemented)")
-    profiler: ProfilerConfig = section(ProfilerConfig, "the rollout's profiling (follows the actor's)")
+    profiler: ProfilerConfig = section(ProfilerConfig, "the rollout's profiling (follows the actor's)",
+                                       follows=_ROLLOUT_PROFILER, absent=("tool_config.nsys", "tool_config.torch_memory",
+                                                                          "tool_config.torch.schedule"))
     prometheus: PrometheusConfig = section(PrometheusConfig, "metrics exporter (not implemented)")
     quantization: Optional[str] = doc(None, "quantized rollout (not implemented)")
     quantization_config_file: Optional[str] = doc(None, "its config file")
-    mtp: MtpConfig = section(MtpConfig, "speculative decoding with MTP layers (follows model.mtp)")
+    mtp: Optional[MtpConfig] = section(MtpConfig, "speculative decoding with MTP layers (follows model.mtp)")
     qat: Optional[QATEngineConfig] = section(QATEngineConfig, "the trainer's QAT settings (follows actor.fsdp_config.qat)")
     disaggregation: DisaggregationConfig = section(DisaggregationConfig, "prefill/decode disaggregation")
 

@@ -1,39 +1,45 @@
 """Where each section class sits in configs/ppo_trainer.yaml: the link between the declarations and the
-yaml tree. The tests check each place key by key (every field's default equals the yaml's resolved
-value, every yaml key is a field), so the two cannot drift apart; the config-tree generator and,
-later, the key reference read the same table."""
+yaml tree, derived from ``PPOTrainerConfig`` (every top-level section, and the policy's four sections
+inside actor_rollout_ref). The tests check each place key by key (every field's default equals the
+yaml's resolved value, every yaml key is a field), so the two cannot drift apart."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
-from hybridflow.config.actor import FSDPActorConfig, RefConfig
-from hybridflow.config.algorithm import AlgoConfig
-from hybridflow.config.critic import FSDPCriticConfig
-from hybridflow.config.model import HFModelConfig
-from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.base import field_absent, field_follows, is_section
+from hybridflow.config.ppo_trainer import ActorRolloutRefConfig, PPOTrainerConfig
 
 __all__ = ["Section", "PPO_TRAINER_SECTIONS", "section_at"]
 
 
 @dataclass(frozen=True)
 class Section:
-    """``cls`` (built with its defaults) is the tree at ``path``, less the keys in ``absent`` (dotted,
-    relative: a shared class whose copy here lacks a key, e.g. the critic's checkpoint has no strict)."""
+    """``default()`` is the section at ``path`` (its class built with that place's defaults), less the
+    keys in ``absent`` (dotted, relative); ``follows``: the interpolations that place adds."""
 
     path: str
     cls: type
+    default: Callable[[], Any]
     absent: tuple[str, ...] = ()
+    follows: dict = field(default_factory=dict)
 
 
-PPO_TRAINER_SECTIONS: tuple[Section, ...] = (
-    Section("algorithm", AlgoConfig),
-    Section("actor_rollout_ref.model", HFModelConfig),
-    Section("actor_rollout_ref.actor", FSDPActorConfig),
-    Section("actor_rollout_ref.ref", RefConfig),
-    Section("actor_rollout_ref.rollout", RolloutConfig),
-    Section("critic", FSDPCriticConfig, absent=("checkpoint.strict",)),
-)
+def _sections(owner: type, prefix: str) -> tuple[Section, ...]:
+    out = []
+    for f in dataclasses.fields(owner):
+        if not is_section(f):
+            continue
+        follows = field_follows(f)
+        out.append(Section(f"{prefix}{f.name}", type(f.default_factory()), f.default_factory, field_absent(f),
+                           follows if isinstance(follows, dict) else {}))
+    return tuple(out)
+
+
+PPO_TRAINER_SECTIONS: tuple[Section, ...] = (_sections(PPOTrainerConfig, "")
+                                             + _sections(ActorRolloutRefConfig, "actor_rollout_ref."))
 
 
 def section_at(path: str) -> Section:

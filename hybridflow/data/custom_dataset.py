@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from torch.utils.data import Dataset
 
+from hybridflow.config.loader import ConfigError
 from hybridflow.data.rl_dataset import RLHFDataset
-from hybridflow.utils.config import ConfigError
 from hybridflow.utils.import_utils import load_module_from_file
 
 

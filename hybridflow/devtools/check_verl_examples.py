@@ -35,9 +35,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hybridflow.config.loader import parse_cli
 from hybridflow.devtools import verl_reference
 from hybridflow.devtools.shell_words import UNSET, read_script
-from hybridflow.utils.config import parse_cli
 
 __all__ = ["find_commands", "prepare_args", "check_command", "judge_with_verl", "check_examples", "summary", "main"]
 

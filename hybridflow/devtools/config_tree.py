@@ -26,7 +26,7 @@ from typing import Any, Optional
 import yaml
 
 from hybridflow.config import ActorConfig, CriticConfig
-from hybridflow.utils.config import raw_default_config
+from hybridflow.config.loader import raw_default_config
 
 __all__ = ["Part", "PARTS", "TREE_DIR", "build", "render", "main"]
 

@@ -6,7 +6,7 @@ first second, with the keys and the numbers in the message. Options that only me
 GPU are accepted on CPU and explained in the returned notes; only a GPU-only engine (vLLM) is an error.
 
 Whether a key is implemented at all (honoured / not supported / accepted with note) is not decided
-here but in hybridflow/utils/config_keys/, checked when the config is loaded; these checks are the
+here but in hybridflow/config/keys/, checked when the config is loaded; these checks are the
 semantic ones: values that contradict each other or the device.
 """
 
@@ -18,16 +18,17 @@ from typing import Any, Mapping
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from hybridflow.agent_loop.base import AGENT_LOOPS, MultiTurnSettings
+from hybridflow.agent_loop.base import AGENT_LOOPS, multi_turn_config
 from hybridflow.agent_loop.loop_config import load_agent_loop_config
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS
+from hybridflow.algorithms.rollout_correction import rollout_correction_config
+from hybridflow.config.algorithm import FilterGroupsConfig
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.loader import ConfigError, default_config
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.single_controller.factory import BACKENDS, pool_size_problem
 from hybridflow.tools.tool_registry import check_tool_config
-from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings
 from hybridflow.trainer.algorithm_checks import check_loss_and_estimator_keys
-from hybridflow.trainer.ppo.dynamic_sampling import FilterGroupsSettings
-from hybridflow.utils.config import ConfigError, default_config
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTIMATORS", "GPU_ONLY_ROLLOUTS"]
@@ -138,8 +139,15 @@ def _check_world(r: _Report, device: str, n_devices: int | None) -> int | None:
     return world
 
 
+def _sp(r: _Report, section: str) -> int:
+    """A section's Ulysses size as the workers read it: the top-level key when > 1, else the engine's."""
+    top = r.get(f"{section}.ulysses_sequence_parallel_size") or 1
+    engine = "fsdp" if section == "critic" else "fsdp_config"
+    return top if top > 1 else (r.get(f"{section}.{engine}.ulysses_sequence_parallel_size") or 1)
+
+
 def _dp(r: _Report, section: str, world: int) -> int | None:
-    sp = r.get(f"{section}.ulysses_sequence_parallel_size") or 1
+    sp = _sp(r, section)
     if world % sp:
         r.errors.append(f"world size {world} is not divisible by {section}.ulysses_sequence_parallel_size ({sp})")
         return None
@@ -199,10 +207,11 @@ def _check_update_batches(r: _Report, section: str, world: int, n: int, train_bs
         )
 
 
-def _check_token_budget(r: _Report, section: str, key: str) -> None:
-    """With dynamic batch size one sequence must still fit in the per-device token budget."""
+def _check_token_budget(r: _Report, section: str, key: str, sp_section: str | None = None) -> None:
+    """With dynamic batch size one sequence must still fit in the per-device token budget (times the
+    SP size of ``sp_section``, default ``section``)."""
     budget = r.positive_int(f"{section}.{key}")
-    sp = r.get(f"{section}.ulysses_sequence_parallel_size") or 1
+    sp = _sp(r, sp_section or section)
     longest = (r.get("data.max_prompt_length") or 0) + (r.get("data.max_response_length") or 0)
     if budget and budget * sp < longest:
         r.errors.append(
@@ -224,11 +233,12 @@ def _check_batches(r: _Report, world: int, n: int, train_bs: int) -> None:
     if r.get("actor_rollout_ref.actor.use_kl_loss") or r.get("algorithm.use_kl_in_reward"):
         log_prob_sections.append("actor_rollout_ref.ref")
     for section in log_prob_sections:
-        dp = _dp(r, "actor_rollout_ref.actor", world)
+        runs_on = "actor_rollout_ref.ref" if section.endswith(".ref") else "actor_rollout_ref.actor"
+        dp = _dp(r, runs_on, world)
         if not dp:
             continue
         if r.get(f"{section}.log_prob_use_dynamic_bsz"):
-            _check_token_budget(r, section, "log_prob_max_token_len_per_gpu")
+            _check_token_budget(r, section, "log_prob_max_token_len_per_gpu", sp_section=runs_on)
         else:
             _micro_per_gpu(r, section, "log_prob_micro_batch_size", dp)
 
@@ -272,8 +282,8 @@ def _check_algorithm(r: _Report, n: int | None) -> None:
         r.errors.append(f"algorithm.kl_ctrl.type={kl_type!r} is not one of fixed, adaptive")
     if kl_type == "adaptive" and not (r.get("algorithm.kl_ctrl.horizon") or 0) > 0:
         r.errors.append("algorithm.kl_ctrl.type=adaptive needs algorithm.kl_ctrl.horizon > 0")
-    for section in ("actor_rollout_ref.actor", "critic"):
-        sp = r.get(f"{section}.ulysses_sequence_parallel_size") or 1
+    for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"):
+        sp = _sp(r, section)
         model = "actor_rollout_ref.model" if section.startswith("actor") else "critic.model"
         if sp > 1 and not r.get(f"{model}.use_remove_padding"):
             r.errors.append(f"{section}.ulysses_sequence_parallel_size={sp} needs {model}.use_remove_padding=True")
@@ -295,7 +305,7 @@ def _check_off_policy(r: _Report, n: int | None) -> None:
         r.errors.append(f"actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode is selected by {section}"
                         f".bypass_mode=True (with {section}.loss_type ppo_clip or reinforce); set that instead")
     try:
-        rc = RolloutCorrectionSettings.from_config(r.get(section), section)
+        rc = rollout_correction_config(r.get(section), section)
     except ValueError as e:
         r.errors.append(str(e))
         rc = None
@@ -312,7 +322,8 @@ def _check_off_policy(r: _Report, n: int | None) -> None:
             r.notes.append(f"{section}.bypass_mode=True with loss_type=ppo_clip: the rollout_is weights are logged, "
                            "not applied (the PPO ratio already is π_θ/π_rollout); loss_type=reinforce applies them")
     try:
-        fg = FilterGroupsSettings.from_config(r.get("algorithm.filter_groups"))
+        fg = omega_conf_to_dataclass(r.get("algorithm.filter_groups") or None, FilterGroupsConfig,
+                                    path="algorithm.filter_groups")
     except ValueError as e:
         r.errors.append(str(e))
         fg = None
@@ -374,7 +385,7 @@ def _check_multi_turn(r: _Report) -> None:
     section = r.get(f"{rollout}.multi_turn")
     section = OmegaConf.to_container(section, resolve=True) if OmegaConf.is_config(section) else dict(section or {})
     try:
-        mt = MultiTurnSettings.from_config(section)
+        mt = multi_turn_config(section)
     except (ValueError, TypeError) as e:
         r.errors.append(str(e))
         return

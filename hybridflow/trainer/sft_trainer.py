@@ -32,12 +32,12 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from hybridflow.config.loader import ConfigError
+from hybridflow.data.multiturn_sft_dataset import MultiTurnSFTDataset
 from hybridflow.data.rl_dataset import collate_fn
 from hybridflow.data.sampler import epoch_order
-from hybridflow.data.multiturn_sft_dataset import MultiTurnSFTDataset
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.trainer.config_checks import resolve_device
-from hybridflow.utils.config import ConfigError
 from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.utils.torch_functional import logprobs_from_logits
 from hybridflow.utils.tracking import SUPPORTED as SUPPORTED_LOGGERS
@@ -160,7 +160,7 @@ def _holds_conversations(files, data_config: Mapping) -> bool:
 class SFTSettings:
     """The keys the trainer reads (veRL 0.9.1's sft_trainer_engine keys; configs/sft_trainer.yaml maps
     the earlier fsdp_sft_trainer spellings onto them), checked once at start-up. Whether a key is
-    implemented at all was checked when the config was loaded (hybridflow/utils/config_keys)."""
+    implemented at all was checked when the config was loaded (hybridflow/config/keys)."""
 
     train_batch_size: int
     micro_batch_size_per_gpu: int

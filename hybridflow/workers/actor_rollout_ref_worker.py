@@ -13,13 +13,13 @@ import os
 import time
 
 import torch
-import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from hybridflow.config.access import require
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
+from hybridflow.single_controller.base.dispatch_fns import make_nd_compute_dataproto_dispatch_fn
 from hybridflow.single_controller.base.worker import default_device_backend
-from hybridflow.utils.config_section import require
 from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
@@ -29,6 +29,8 @@ from hybridflow.workers.model_loading import import_external_lib, load_model, lo
 from hybridflow.workers.profiler import ProfilerHost
 from hybridflow.workers.rollout_host import RolloutHost
 from hybridflow.workers.utils.device import on_device
+from hybridflow.workers.utils.ulysses import build_layout, configured_sp_size
+from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
 
 # actor_ref: the trainer pool's worker when the rollout has a pool of its own (asynchronous modes)
 ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
@@ -77,21 +79,39 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
                                                                             ("ref", self._is_ref)) if on])
         self.init_process_group()
         self.device, _ = default_device_backend()
-        self.dp_size = dist.get_world_size() if dist.is_initialized() else 1
+        trains = self._is_actor or self._is_ref  # a rollout-only worker (main_generation) gets model + rollout
+        self.lora = LoraSpec.from_model_config(self.config["model"]) if trains else None
+        self._build_layouts()
+        self.dp_size = self.actor_layout.dp_size  # the actor's data-parallel size (world / its SP size)
         rollout_n = int(self.config["rollout"]["n"])
         self.actor_cfg = per_rank_batch_sizes(self.config["actor"], rollout_n, self.dp_size) if self._is_actor else None
-        trains = self._is_actor or self._is_ref  # a rollout-only worker (main_generation) gets model + rollout
         # model-level switches the per-rank computations need (veRL copies them into the actor section too)
         self._remove_padding = bool(self.config["model"]["use_remove_padding"]) if trains else False
         if self.actor_cfg is not None:
             self.actor_cfg["use_remove_padding"] = self._remove_padding
             self.actor_cfg["grad_clip"] = self.actor_cfg["optim"]["clip_grad"]  # 0.9.1's place of grad_clip
-        self.lora = LoraSpec.from_model_config(self.config["model"]) if trains else None
         # LoRA: the reference policy is the actor's base model (adapters off), not a second copy
         self._ref_in_actor = self._is_ref and self._is_actor and self.lora is not None
         self._rollout_stale = False
         self._rollout_has_base = False  # LoRA adapter sync: the first one carries the base weights too
         self.weight_version = 0  # updates the rollout engine has received (stamped on what it generates)
+
+    def _build_layouts(self) -> None:
+        """The dp x sp rank layout of the actor and of the reference policy (Ulysses sequence
+        parallelism; one group when both use the same size), and the mesh-aware dispatch info: the
+        ranks of an SP group get the same data and only the group's first rank answers."""
+        sizes = {"actor": configured_sp_size(self.config["actor"], "fsdp_config") if self._is_actor else 1,
+                 "ref": configured_sp_size(self.config["ref"], "fsdp_config") if self._is_ref else 1}
+        if self._is_actor and self._is_ref and self.lora is not None and sizes["actor"] != sizes["ref"]:
+            raise ValueError(f"actor_rollout_ref.ref.ulysses_sequence_parallel_size ({sizes['ref']}) must equal the "
+                             f"actor's ({sizes['actor']}) with LoRA: the reference policy runs on the actor's model")
+        layouts = {}
+        for role, size in sizes.items():
+            key = f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size"
+            if size not in layouts:
+                layouts[size] = build_layout(size, key)
+            setattr(self, f"{role}_layout", layouts[size])
+            self._register_dispatch_collect_info(role, dp_rank=layouts[size].dp_rank, is_collect=layouts[size].is_collect)
 
     def _profiler_sections(self) -> list[dict]:
         """The ``profiler`` sections of this worker's roles (global_profiler.tool=torch; profiler.py)."""
@@ -113,6 +133,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
             actor = self.config["actor"]
             module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
             self.hf_config = module.config
+            self._use_sp_attention(module, "actor")
             spec = EngineSpec.from_config(actor["strategy"], self.device, actor["fsdp_config"],
                                           bool(model_cfg["enable_gradient_checkpointing"]), lora=self.lora,
                                           activation_offload=bool(model_cfg["enable_activation_offload"]))
@@ -121,35 +142,45 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
             total = max(1, int(optim["total_training_steps"]))  # -1 until main_ppo fills it in
             self.actor_engine.setup_optimizer(optim, total)
             self.actor = DataParallelPPOActor(self.actor_cfg, self.actor_engine.module,
-                                              self.actor_engine.optimizer, self.actor_engine.lr_scheduler)
+                                              self.actor_engine.optimizer, self.actor_engine.lr_scheduler,
+                                              dp_group=self.actor_layout.dp_group, sp=self.actor_layout.sp)
         ref_section = {**self.config["actor"], "use_remove_padding": self._remove_padding}
         if self._ref_in_actor:
-            self.ref_policy = DataParallelPPOActor(ref_section, self.actor_engine.module)  # run with adapters off
+            self.ref_policy = DataParallelPPOActor(ref_section, self.actor_engine.module,  # run with adapters off
+                                                   dp_group=self.ref_layout.dp_group, sp=self.ref_layout.sp)
         elif self._is_ref:
             ref_module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
+            self._use_sp_attention(ref_module, "ref")
             ref_spec = EngineSpec.from_config(self.config["ref"]["strategy"], self.device, self.config["ref"]["fsdp_config"])
             self.ref_engine = TrainEngine(ref_module, ref_spec, trainable=False)
-            self.ref_policy = DataParallelPPOActor(ref_section, self.ref_engine.module)
+            self.ref_policy = DataParallelPPOActor(ref_section, self.ref_engine.module,
+                                                   dp_group=self.ref_layout.dp_group, sp=self.ref_layout.sp)
         if self._is_rollout:
             self._build_rollout(path, trust)
             # the first generation uses the trainer's weights, whatever the engine loaded (dummy formats,
             # a checkpoint restored into the actor): pushed in prepare_rollout like after every update
             self._rollout_stale = self._is_actor
 
-    def _log_prob_meta(self, data: DataProto, section: dict) -> dict:
+    def _use_sp_attention(self, module, role: str) -> None:
+        layout = getattr(self, f"{role}_layout")
+        if layout.sp is not None:
+            use_ulysses_attention(module, layout.sp_size, f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size")
+
+    def _log_prob_meta(self, data: DataProto, section: dict, dp_size: int | None = None) -> dict:
+        """``dp_size``: the data-parallel size of the role that runs the pass (default: the actor's)."""
         return {
-            "micro_batch_size": log_prob_micro_batch_size(section, self.dp_size) or len(data),
+            "micro_batch_size": log_prob_micro_batch_size(section, dp_size or self.dp_size) or len(data),
             "use_dynamic_bsz": bool(section["log_prob_use_dynamic_bsz"]),
             "max_token_len": int(section["log_prob_max_token_len_per_gpu"]),
             "temperature": float(self.config["rollout"]["temperature"]),
         }
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
     def compute_log_prob(self, data: DataProto) -> DataProto:
         if not self._is_actor:
             raise RuntimeError(f"compute_log_prob needs the actor; this worker's role is {self.role!r}")
         start = time.perf_counter()
-        meta = self._log_prob_meta(data, self.config["rollout"])
+        meta = self._log_prob_meta(data, self.config["rollout"], self.actor_layout.dp_size)
         meta.update({k: v for k, v in data.meta_info.items() if k == "temperature"})
         data.meta_info.update(meta)
         # actor.calculate_sum_pi_squared: sum_v pi_v^2 per token, for the optimal-token-baseline estimators
@@ -164,12 +195,12 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
             meta_info={"metrics": {"timing_s/worker_old_log_prob": [time.perf_counter() - start]}},
         )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("ref"))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if not self._is_ref:
             raise RuntimeError(f"compute_ref_log_prob needs the ref role; this worker's role is {self.role!r}")
         start = time.perf_counter()
-        data.meta_info.update(self._log_prob_meta(data, self.config["ref"]))
+        data.meta_info.update(self._log_prob_meta(data, self.config["ref"], self.ref_layout.dp_size))
         with adapters_disabled(self.actor_engine.module) if self._ref_in_actor else contextlib.nullcontext():
             log_probs, _ = self.ref_policy.compute_log_prob(on_device(data, self.device), calculate_entropy=False)
         return DataProto.from_dict(
@@ -177,7 +208,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
             meta_info={"metrics": {"timing_s/worker_ref": [time.perf_counter() - start]}},
         )
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
     def update_actor(self, data: DataProto) -> DataProto:
         if not self._is_actor:
             raise RuntimeError(f"update_actor needs the actor; this worker's role is {self.role!r}")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 
-import torch.distributed as dist
-
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
+from hybridflow.single_controller.base.dispatch_fns import make_nd_compute_dataproto_dispatch_fn
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.workers.actor_rollout_ref_worker import _plain
@@ -17,6 +16,8 @@ from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
 from hybridflow.workers.profiler import ProfilerHost
 from hybridflow.workers.utils.device import on_device
+from hybridflow.workers.utils.ulysses import build_layout, configured_sp_size
+from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
 
 
 def critic_per_rank_sizes(critic: dict, dp_size: int) -> dict:
@@ -52,7 +53,10 @@ class CriticWorker(ProfilerHost, Worker):
         apply_full_determinism([self.config["fsdp"]])  # before the process group and any CUDA handle
         self.init_process_group()
         self.device, _ = default_device_backend()
-        self.dp_size = dist.get_world_size() if dist.is_initialized() else 1
+        # Ulysses sequence parallelism: dp x sp ranks; an SP group gets one data-parallel share
+        self.layout = build_layout(configured_sp_size(self.config, "fsdp"), "critic.ulysses_sequence_parallel_size")
+        self._register_dispatch_collect_info("critic", dp_rank=self.layout.dp_rank, is_collect=self.layout.is_collect)
+        self.dp_size = self.layout.dp_size
         self.critic_cfg = critic_per_rank_sizes(self.config, self.dp_size)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -70,22 +74,25 @@ class CriticWorker(ProfilerHost, Worker):
         module = load_model(path, "token_classification", override_config=override,
                             trust_remote_code=trust, num_labels=1)
         self.hf_config = module.config
+        if self.layout.sp is not None:
+            use_ulysses_attention(module, self.layout.sp_size, "critic.ulysses_sequence_parallel_size")
         spec = EngineSpec.from_config(self.config["strategy"], self.device, self.config["fsdp"],
                                       bool(model_cfg["enable_gradient_checkpointing"]),
                                       activation_offload=bool(model_cfg["enable_activation_offload"]))
         self.engine = TrainEngine(module, spec)
         optim = self.config["optim"]
         self.engine.setup_optimizer(optim, max(1, int(optim["total_training_steps"])))  # -1 until main_ppo fills it
-        self.critic = DataParallelPPOCritic(self.critic_cfg, self.engine.module, self.engine.optimizer, self.engine.lr_scheduler)
+        self.critic = DataParallelPPOCritic(self.critic_cfg, self.engine.module, self.engine.optimizer,
+                                            self.engine.lr_scheduler, dp_group=self.layout.dp_group, sp=self.layout.sp)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))
     def compute_values(self, data: DataProto) -> DataProto:
         start = time.perf_counter()
         values = self.critic.compute_values(on_device(data, self.device))
         return DataProto.from_dict(tensors={"values": values.cpu()},
                                    meta_info={"metrics": {"timing_s/worker_values": [time.perf_counter() - start]}})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))
     def update_critic(self, data: DataProto) -> DataProto:
         start = time.perf_counter()
         metrics = self.critic.update_critic(on_device(data, self.device))

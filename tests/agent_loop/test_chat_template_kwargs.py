@@ -98,7 +98,7 @@ def test_rollout_worker_generate_sequences_honours_meta_kwargs(strict_model_dir,
     from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
     from hybridflow.main_generation import build_rollout_group
     from hybridflow.protocol import DataProto
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
 
     config = load_config("generation", [f"model.path={strict_model_dir}", "trainer.backend=inprocess",
                                         "trainer.device=cpu", "rollout.prompt_length=64", "rollout.response_length=4",

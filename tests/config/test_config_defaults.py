@@ -1,6 +1,7 @@
 """The section classes of hybridflow.config and configs/ppo_trainer.yaml say the same thing: at every
 place of ``PPO_TRAINER_SECTIONS`` each field's default equals the yaml's (resolved) value, and each yaml
-key is a field. Change a default on one side only and these tests name the key."""
+key is a field; every interpolation a declaration writes resolves to the default it declares. Change a
+default on one side only and these tests name the key."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import copy
 import dataclasses
 
 import pytest
+from omegaconf import OmegaConf
 
-from hybridflow.config import CONFIG_CLASSES, omega_conf_to_dataclass, to_dict
-from hybridflow.config.base import is_undeclared
+from hybridflow.config import CONFIG_CLASSES, PPOTrainerConfig, omega_conf_to_dataclass, to_dict
+from hybridflow.config.loader import default_config, load_config
 from hybridflow.config.sections import PPO_TRAINER_SECTIONS, Section
-from hybridflow.utils.config import default_config, load_config
+from hybridflow.config.tree import raw_tree
 
 
 def node_at(tree, path: str):
@@ -32,70 +34,66 @@ def same(a, b) -> bool:
     return a == b
 
 
-def differences(obj, node: dict, path: str, absent: tuple[str, ...] = (), rel: str = "") -> list[str]:
-    """Every way the defaults of ``obj`` and the yaml ``node`` at ``path`` disagree."""
+def differences(declared: dict, node: dict, path: str, owner: str = "the declaration") -> list[str]:
+    """Every way a declared tree of defaults and the yaml ``node`` at ``path`` disagree."""
     out = []
-    names = set()
-    for f in dataclasses.fields(obj):
-        key_rel = f"{rel}.{f.name}" if rel else f.name
-        key = f"{path}.{f.name}"
-        value = getattr(obj, f.name)
-        if key_rel in absent:
-            if f.name in node:
-                out.append(f"{key}: listed as absent but the yaml has it")
-            continue
-        if f.name == "_target_" and value == "" and "_target_" not in node:
-            continue  # a section veRL reads without a _target_
-        names.add(f.name)
-        if f.name not in node:
-            out.append(f"{key}: a field of {type(obj).__name__} (default {value!r}) that the yaml lacks")
-        elif is_undeclared(f):
-            if not isinstance(node[f.name], dict):
-                out.append(f"{key}: declared as a free-form mapping, the yaml holds {node[f.name]!r}")
-        elif dataclasses.is_dataclass(value):
-            if not isinstance(node[f.name], dict):
-                out.append(f"{key}: a section in the class, {node[f.name]!r} in the yaml")
-            else:
-                out += differences(value, node[f.name], key, absent, key_rel)
-        elif not same(value, node[f.name]):
-            out.append(f"{key}: default {value!r} in {type(obj).__name__}, {node[f.name]!r} in the yaml")
-    out += [f"{path}.{k}: a yaml key that {type(obj).__name__} does not declare" for k in node if k not in names
-            and f"{rel}.{k}".lstrip(".") not in absent]
+    for key, value in declared.items():
+        where = f"{path}.{key}"
+        if key not in node:
+            out.append(f"{where}: declared by {owner} (default {value!r}) but the yaml lacks it")
+        elif isinstance(value, dict) and value and isinstance(node[key], dict):
+            out += differences(value, node[key], where, owner)
+        elif not same(value, node[key]):
+            out.append(f"{where}: default {value!r} in {owner}, {node[key]!r} in the yaml")
+    out += [f"{path}.{k}: a yaml key that {owner} does not declare" for k in node if k not in declared]
     return out
+
+
+def defaults_of(section: Section) -> dict:
+    return raw_tree(section.default(), section.follows, section.absent, interpolate=False)
 
 
 @pytest.mark.parametrize("section", PPO_TRAINER_SECTIONS, ids=lambda s: s.path)
 def test_defaults_equal_the_yaml_key_for_key(section: Section):
     yaml_node = node_at(default_config("ppo_trainer"), section.path)
-    assert differences(section.cls(), yaml_node, section.path, section.absent) == []
+    assert differences(defaults_of(section), yaml_node, section.path, section.cls.__name__) == []
+
+
+def test_the_whole_file_is_declared():
+    """Every top-level key of the yaml, sections and scalars, is a field of PPOTrainerConfig."""
+    declared = raw_tree(PPOTrainerConfig(), interpolate=False)
+    assert differences(declared, default_config("ppo_trainer"), "", "PPOTrainerConfig") == []
+    assert {s.path for s in PPO_TRAINER_SECTIONS} >= {k for k, v in declared.items() if isinstance(v, dict)}
+
+
+def test_interpolations_resolve_to_the_declared_defaults():
+    """A key that follows another (${...}) resolves, in the declared tree, to the default it declares."""
+    resolved = OmegaConf.to_container(OmegaConf.create(raw_tree(PPOTrainerConfig())), resolve=True)
+    assert differences(raw_tree(PPOTrainerConfig(), interpolate=False), resolved, "", "PPOTrainerConfig") == []
 
 
 def test_the_check_names_a_default_that_drifted():
     """Not vacuous: a changed value, a new yaml key and a missing one are each reported by key."""
-    section = PPO_TRAINER_SECTIONS[0]
+    section = next(s for s in PPO_TRAINER_SECTIONS if s.path == "algorithm")
     node = copy.deepcopy(node_at(default_config("ppo_trainer"), section.path))
     node["kl_ctrl"]["kl_coef"] = 0.5
     node["brand_new_key"] = 1
     del node["gamma"]
-    found = "\n".join(differences(section.cls(), node, section.path))
+    found = "\n".join(differences(defaults_of(section), node, section.path, "AlgoConfig"))
     assert "algorithm.kl_ctrl.kl_coef: default 0.001" in found
     assert "algorithm.brand_new_key: a yaml key that AlgoConfig does not declare" in found
-    assert "algorithm.gamma: a field of AlgoConfig" in found
-    assert differences(section.cls(), {**node_at(default_config("ppo_trainer"), "algorithm"),
-                                       "use_kl_in_reward": 0}, "algorithm")  # 0 is not False
+    assert "algorithm.gamma: declared by AlgoConfig" in found
+    assert differences(defaults_of(section), {**node_at(default_config("ppo_trainer"), "algorithm"),
+                                              "use_kl_in_reward": 0}, "algorithm")  # 0 is not False
 
 
-def strip_undeclared(obj) -> dict:
-    tree = to_dict(obj)
-
-    def walk(o, t):
-        for f in dataclasses.fields(o):
-            if is_undeclared(f):
-                t.pop(f.name)
-            elif dataclasses.is_dataclass(getattr(o, f.name)):
-                walk(getattr(o, f.name), t[f.name])
-        return t
-    return walk(obj, tree)
+def test_an_interpolation_to_another_value_is_caught():
+    """Not vacuous: a declared default that its interpolation does not resolve to is reported."""
+    cfg = PPOTrainerConfig()
+    object.__setattr__(cfg.actor_rollout_ref.actor, "rollout_n", 4)  # follows rollout.n, which is 1
+    resolved = OmegaConf.to_container(OmegaConf.create(raw_tree(cfg)), resolve=True)
+    found = differences(raw_tree(cfg, interpolate=False), resolved, "", "PPOTrainerConfig")
+    assert found == [".actor_rollout_ref.actor.rollout_n: default 4 in PPOTrainerConfig, 1 in the yaml"]
 
 
 @pytest.fixture(scope="module")
@@ -105,11 +103,11 @@ def loaded():
 
 @pytest.mark.parametrize("section", PPO_TRAINER_SECTIONS, ids=lambda s: s.path)
 def test_the_yaml_reads_into_the_defaults(section: Section, loaded):
-    """The yaml's section, converted, is the class's default instance; a loaded config (legacy spellings
-    mirrored, interpolations resolved) converts too."""
+    """The yaml's section, converted, is the place's default instance; a loaded config (legacy
+    spellings mirrored, interpolations resolved) converts too."""
     built = omega_conf_to_dataclass(node_at(default_config("ppo_trainer"), section.path), section.cls)
     assert type(built) is section.cls
-    assert strip_undeclared(built) == strip_undeclared(section.cls())
+    assert to_dict(built) == to_dict(section.default())
     assert type(omega_conf_to_dataclass(node_at(loaded, section.path), section.cls)) is section.cls
 
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from hybridflow.config.loader import ConfigError
 from hybridflow.data.custom_dataset import rl_dataset_class
 from hybridflow.data.rl_dataset import RLHFDataset
-from hybridflow.utils.config import ConfigError
 
 CUSTOM = '''
 import json
@@ -41,7 +41,7 @@ def write_custom(tmp_path) -> tuple[str, str]:
 def test_main_ppo_trains_on_the_custom_class(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
     from hybridflow.main_ppo import run_ppo
     from hybridflow.trainer.ppo import ray_trainer
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from tests.trainer.e2e_helpers import base_overrides
 
     path, mark = write_custom(tmp_path)

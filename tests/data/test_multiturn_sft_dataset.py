@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from hybridflow.config.loader import load_config
 from hybridflow.data.multiturn_sft_dataset import MultiTurnSFTDataset
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.trainer.sft_trainer import create_sft_dataset
-from hybridflow.utils.config import load_config
 from tests.agent_loop.chat_helpers import CALC_SCHEMA, EOS, TOK, calc_entry, call_text, ids, response_of, run
 from tests.agent_loop.test_tool_agent import QUESTION, TOOLS_BLOCK, worker_for
 

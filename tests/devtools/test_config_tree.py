@@ -13,8 +13,8 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from hybridflow.config.loader import load_config, raw_default_config
 from hybridflow.devtools import config_tree
-from hybridflow.utils.config import load_config, raw_default_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -43,7 +43,7 @@ def test_curves_read_reward_and_validation_from_jsonl_rows():
 
 
 def test_rl_args_follow_the_calibration_and_compose(tmp_path):
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
 
     paths = {"train": "t.parquet", "heldout": "h.parquet"}
     for algo in ("grpo", "ppo"):
@@ -60,7 +60,7 @@ def test_rl_args_follow_the_calibration_and_compose(tmp_path):
 
 
 def test_rl_overrides_come_last_and_sizes_follow_batch_and_n(tmp_path):
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
 
     paths = {"train": "t.parquet", "heldout": "h.parquet"}
     args = quickstart.parse(["--batch", "32", "--n", "4", "--lr_schedule", "constant",
@@ -117,7 +117,7 @@ def test_quickstart_quick_on_cuda(tmp_path, algo):
 @pytest.mark.parametrize("script", ["gsm8k_grpo.sh", "gsm8k_ppo.sh"])
 def test_gpu_recipes_use_only_known_config_keys(script):
     from hybridflow.devtools.shell_words import read_script
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
 
     # the script's own variables expanded as bash would (ROLLOUT=${ROLLOUT:-vllm}, MODEL_PATH=...)
     commands = [c.words for c in read_script(os.path.join(REPO, "recipes", script), cwd=REPO).commands()

@@ -13,8 +13,8 @@ import sys
 import pytest
 import quickstart_tools  # recipes/quickstart_tools.py (recipes/ is on pytest.ini's pythonpath)
 
+from hybridflow.config.loader import load_config
 from hybridflow.trainer.config_checks import validate_ppo_config
-from hybridflow.utils.config import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -58,7 +58,7 @@ def test_word_problems_are_gsm8k_rows_with_right_answers_and_a_disjoint_heldout(
 
 
 def test_the_recipe_command_line_uses_only_known_keys(tmp_path):
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
 
     args = real_model.parse(["--steps", "7", "--rl_override", "actor_rollout_ref.actor.clip_ratio=0.3"])
     paths = {"train": str(tmp_path / "t.parquet"), "heldout": str(tmp_path / "h.parquet")}

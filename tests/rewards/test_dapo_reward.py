@@ -50,7 +50,7 @@ def test_bad_buffer_settings_name_the_key(kwargs, match):
 def test_main_ppo_passes_verl_reward_kwargs_to_the_manager(tiny_model_dir, tiny_data_dir, tmp_path):
     """veRL's DAPO script spelling (reward_model.* aliases, + for keys the yaml lacks) reaches the manager."""
     from hybridflow.main_ppo import build_reward_fns
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from tests.trainer.e2e_helpers import base_overrides
 
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, backend="inprocess")

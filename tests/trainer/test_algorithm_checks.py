@@ -1,7 +1,7 @@
 """Start-up checks of the keys the veRL 0.9.1 losses and estimators read (trainer/algorithm_checks.py),
 and those keys being honoured by the config loader."""
 
-from hybridflow.utils.config import load_config
+from hybridflow.config.loader import load_config
 from tests.trainer.test_config_checks import check, error_of
 
 A = "actor_rollout_ref.actor"

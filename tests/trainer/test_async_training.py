@@ -9,11 +9,11 @@ import os
 
 import pytest
 
+from hybridflow.config.loader import load_config
 from hybridflow.main_ppo import run_ppo
 from hybridflow.trainer.ppo import ray_trainer
 from hybridflow.trainer.ppo.rollout_source import AsyncRolloutSource
 from hybridflow.trainer.ppo.rollouter import staleness_bound
-from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import base_overrides, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # in-process runs compute in this process

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from hybridflow.config.loader import load_config
 from hybridflow.main_ppo import run_ppo
-from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # in-process runs compute in this process

@@ -7,10 +7,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from hybridflow.config.keys import TABLES
+from hybridflow.config.loader import ConfigError, config_dir, load_config
+from hybridflow.config.support import mirror_aliases
 from hybridflow.trainer.config_checks import resolve_device, resolve_dtype, validate_ppo_config
-from hybridflow.utils.config import ConfigError, config_dir, load_config
-from hybridflow.utils.config_keys import TABLES
-from hybridflow.utils.config_support import mirror_aliases
 
 # veRL's quickstart command line (PPO with GAE, one device).
 QUICKSTART = [
@@ -215,6 +215,20 @@ def test_other_value_checks():
     assert "use_remove_padding" in error_of("actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
                                             "critic.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2",
                                             "critic.model.use_remove_padding=False")
+
+
+def test_sequence_parallel_checks_read_both_spellings():
+    # the engine spelling counts as veRL 0.9.1 reads it (the top-level key only wins when > 1)
+    msg = error_of("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2",
+                   "actor_rollout_ref.model.use_remove_padding=False")
+    assert "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 needs actor_rollout_ref.model.use_remove_padding" in msg
+    assert "not divisible by critic.ulysses_sequence_parallel_size (3)" in error_of(
+        "algorithm.adv_estimator=gae", "critic.fsdp.ulysses_sequence_parallel_size=3", "trainer.n_gpus_per_node=2")
+    # a token budget below one sequence (128 + 8 here) is fine once multiplied by the SP size, as in veRL
+    sp_budget = ("actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100",
+                 "data.max_prompt_length=128", "data.max_response_length=8", "trainer.n_gpus_per_node=2")
+    assert "smaller than one sequence" in error_of(*sp_budget)
+    check(*sp_budget, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2")
 
 
 def test_accepts_a_plain_dict():

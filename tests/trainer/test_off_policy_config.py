@@ -3,8 +3,8 @@ combinations that would silently do something else fail (or are explained) at st
 
 import pytest
 
+from hybridflow.config.loader import ConfigError, load_config
 from hybridflow.trainer.config_checks import validate_ppo_config
-from hybridflow.utils.config import ConfigError, load_config
 from tests.trainer.test_config_checks import QUICKSTART
 
 RC = "algorithm.rollout_correction"

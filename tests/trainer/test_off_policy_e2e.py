@@ -13,9 +13,9 @@ import os
 import pytest
 import torch
 
+from hybridflow.config.loader import load_config
 from hybridflow.main_ppo import run_ppo
 from hybridflow.trainer.ppo import ray_trainer
-from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
 
 GAP_STD = 1.0  # std of the log-prob gap added to the rollout's log-probs

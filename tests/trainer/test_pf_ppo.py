@@ -34,7 +34,7 @@ def test_draws_follow_the_weights():
 def test_updates_see_only_the_best_and_worst_groups_with_max_min(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
     from hybridflow.main_ppo import run_ppo
     from hybridflow.trainer.ppo import ray_trainer
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from tests.trainer.e2e_helpers import base_overrides
 
     seen = []

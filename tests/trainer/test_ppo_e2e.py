@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
+from hybridflow.config.loader import load_config
 from hybridflow.main_ppo import run_ppo
-from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import REQUIRED_STEP_METRICS, assert_finite, base_overrides, missing, read_metrics
 
 

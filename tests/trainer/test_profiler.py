@@ -43,7 +43,7 @@ def test_role_sections_merge_and_select_ranks():
 
 def test_listed_steps_write_a_trace_per_rank(tiny_model_dir, tiny_data_dir, tmp_path):
     from hybridflow.main_ppo import run_ppo
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from tests.trainer.e2e_helpers import base_overrides
 
     save = tmp_path / "profile"
@@ -66,7 +66,7 @@ def test_listed_steps_write_a_trace_per_rank(tiny_model_dir, tiny_data_dir, tmp_
 
 @pytest.mark.parametrize("tool", ["nsys", "npu", "torch_memory"])
 def test_tools_hybridflow_does_not_drive_are_refused_by_name(tool, tiny_model_dir, tiny_data_dir, tmp_path):
-    from hybridflow.utils.config import ConfigError, load_config
+    from hybridflow.config.loader import ConfigError, load_config
     from tests.trainer.e2e_helpers import base_overrides
 
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, backend="inprocess")

@@ -18,8 +18,8 @@ import math
 
 import pytest
 
+from hybridflow.config.loader import load_config
 from hybridflow.main_ppo import run_ppo
-from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import base_overrides, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

@@ -12,10 +12,10 @@ import os
 
 import pytest
 
+from hybridflow.config.loader import load_config
 from hybridflow.main_ppo import run_ppo
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import ray_trainer
-from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import base_overrides
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

@@ -15,9 +15,9 @@ import os
 import pytest
 import torch
 
+from hybridflow.config.loader import load_config
 from hybridflow.main_ppo import run_ppo
 from hybridflow.trainer.ppo import ray_trainer, rollout_dump
-from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import base_overrides
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

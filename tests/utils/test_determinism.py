@@ -51,7 +51,7 @@ def test_a_run_with_full_determinism_turns_it_on_in_the_worker(tiny_model_dir, t
                                                                restore_torch_switches, one_torch_thread):
     """In-process GRPO, 1 step, actor full_determinism on (refused as not implemented before)."""
     from hybridflow.main_ppo import run_ppo
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
 
     torch.use_deterministic_algorithms(False)

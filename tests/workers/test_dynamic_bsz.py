@@ -73,7 +73,7 @@ def test_trainer_balance_batch_reorders_rows_and_logs():
 
 
 def test_config_keys_reach_the_worker_settings():
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker, _plain, per_rank_batch_sizes
     from hybridflow.workers.critic.dp_critic import CriticSettings
     from hybridflow.workers.critic_worker import critic_per_rank_sizes

@@ -123,7 +123,7 @@ def test_lora_grpo_run_trains_adapters_only_ref_is_base(tiny_model_dir, tiny_dat
     from hybridflow.main_ppo import run_ppo
     from hybridflow.model_merger import merge_checkpoint
     from hybridflow.trainer.ppo import ray_trainer
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
     from hybridflow.workers.model_loading import load_model
     from hybridflow.workers.utils.logprob import forward_response_log_probs
@@ -215,7 +215,7 @@ def test_main_ppo_starts_from_the_saved_adapter(tiny_model_dir, tiny_data_dir, t
     from peft import LoraConfig, get_peft_model
 
     from hybridflow.main_ppo import run_ppo
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
     from hybridflow.workers.model_loading import load_model
     from tests.trainer.e2e_helpers import base_overrides

@@ -64,7 +64,7 @@ def test_offload_and_mixed_precision_are_cuda_only_in_the_spec():
 
 def test_offload_on_cpu_is_accepted_and_explained():
     from hybridflow.trainer.config_checks import validate_ppo_config
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
 
     cfg = load_config("ppo_trainer", ["trainer.device=cpu", "actor_rollout_ref.model.path=/nonexistent",
                                       "actor_rollout_ref.actor.fsdp_config.param_offload=True",

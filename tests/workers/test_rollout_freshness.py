@@ -9,10 +9,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridflow.agent_loop.base import AgentLoopSettings
 from hybridflow.agent_loop.manager import AgentLoopManager
+from hybridflow.config.loader import load_config
 from hybridflow.data.rl_dataset import position_ids_from_mask
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups
-from hybridflow.utils.config import load_config
 
 
 def _shutdown(groups: dict) -> None:

@@ -14,18 +14,15 @@ batch is full), ``prompt_batches_for_next_round`` (how much to generate next), a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
 from hybridflow.config.algorithm import FilterGroupsConfig
-from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.protocol import DataProto
 
 __all__ = [
     "REWARD_METRIC",
-    "FilterGroupsSettings",
     "group_metric_values",
     "informative_rows",
     "GroupAccumulator",
@@ -37,28 +34,6 @@ __all__ = [
 # "reward": the sequence's total score before any KL penalty; any other name: a field of the reward
 # function's extra info (e.g. "acc" when compute_score returns {"score": ..., "acc": ...})
 REWARD_METRIC = "reward"
-
-
-@dataclass(frozen=True)
-class FilterGroupsSettings:
-    """``algorithm.filter_groups`` checked once. ``max_num_gen_batches`` <= 0: no limit.
-    ``max_inflight_gen_batches``: prompt batches one generation round may hold (refills only)."""
-
-    enable: bool = False
-    metric: str = REWARD_METRIC
-    max_num_gen_batches: int = 0
-    max_inflight_gen_batches: int = 1
-
-    @classmethod
-    def from_config(cls, section: Any, prefix: str = "algorithm.filter_groups") -> "FilterGroupsSettings":
-        """From the section (a mapping or a built ``FilterGroupsConfig``, which checks it); raises
-        ConfigError (a ValueError) naming the offending key."""
-        if section is None:
-            return cls()
-        fg = section if isinstance(section, FilterGroupsConfig) else \
-            omega_conf_to_dataclass(section, FilterGroupsConfig, path=prefix)
-        return cls(enable=fg.enable, metric=fg.metric or REWARD_METRIC, max_num_gen_batches=fg.max_num_gen_batches,
-                   max_inflight_gen_batches=fg.max_inflight_gen_batches)
 
 
 def group_metric_values(batch: DataProto, metric: str) -> np.ndarray:
@@ -222,7 +197,7 @@ class DynamicSampling:
     phase: ``phase(prompts, timing, metrics) -> scored batch`` of exactly ``target_groups`` groups.
     """
 
-    def __init__(self, settings: FilterGroupsSettings, target_groups: int, generate_and_score: ScoreFn,
+    def __init__(self, settings: FilterGroupsConfig, target_groups: int, generate_and_score: ScoreFn,
                  next_prompts: Callable[[], DataProto]):
         self.settings = settings
         self.target_groups = target_groups

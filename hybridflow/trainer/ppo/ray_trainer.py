@@ -20,13 +20,15 @@ from omegaconf import OmegaConf
 from hybridflow.agent_loop.base import AgentLoopSettings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.algorithms.pf_ppo import pf_ppo_resample_indices
-from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, compute_rollout_correction
+from hybridflow.algorithms.rollout_correction import compute_rollout_correction, rollout_correction_config
+from hybridflow.config.algorithm import FilterGroupsConfig
+from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Watchdog
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo import core_algos
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
-from hybridflow.trainer.ppo.dynamic_sampling import DynamicSampling, EpochCycler, FilterGroupsSettings
+from hybridflow.trainer.ppo.dynamic_sampling import DynamicSampling, EpochCycler
 from hybridflow.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -94,9 +96,10 @@ class RayPPOTrainer:
         self.prompt_batches = EpochCycler(train_dataloader)
         # off-policy correction (algorithm.rollout_correction): bypass mode reuses the rollout's
         # log-probs as π_old and lets the actor weight/mask per micro-batch
-        self.rollout_correction = RolloutCorrectionSettings.from_config(algo.get("rollout_correction"))
+        self.rollout_correction = rollout_correction_config(algo.get("rollout_correction"))
         self._actor_update_meta = {"rollout_correction": self.rollout_correction} if self.rollout_correction.bypass_mode else {}
-        self.filter_groups = FilterGroupsSettings.from_config(algo.get("filter_groups"))
+        self.filter_groups = omega_conf_to_dataclass(algo.get("filter_groups") or None, FilterGroupsConfig,
+                                                    path="algorithm.filter_groups")
         self._choose_phases()
         self.watchdog = watchdog_of(config.trainer)
 

@@ -12,12 +12,12 @@ import torch
 
 from hybridflow.algorithms.rollout_correction import (
     RS_OPTIONS,
-    RolloutCorrectionSettings,
     compute_is_weights,
     compute_rejection_mask,
     compute_rollout_correction,
     parse_is_threshold,
     parse_rejection_options,
+    rollout_correction_config,
 )
 from hybridflow.algorithms.rollout_correction_metrics import SAFETY_BOUND, offpolicy_metrics
 from hybridflow.protocol import DataProto
@@ -43,7 +43,7 @@ def _settings(rollout_is, rollout_is_threshold, rollout_is_batch_normalize, roll
     section = {"rollout_is": rollout_is if rollout_is_threshold is not None else None,
                "rollout_is_threshold": rollout_is_threshold, "rollout_is_batch_normalize": bool(rollout_is_batch_normalize),
                "rollout_rs": rollout_rs, "rollout_rs_threshold": rollout_rs_threshold}
-    return RolloutCorrectionSettings.from_config(section, prefix="rollout_correction")
+    return rollout_correction_config(section, path="rollout_correction")
 
 
 def compute_rollout_correction_and_rejection_mask(

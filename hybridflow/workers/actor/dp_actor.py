@@ -8,17 +8,20 @@ micro-batch size, token budget or data-parallel size (see ``workers/utils/micro_
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
 from hybridflow.algorithms import ConfigWithBatchInfo, agg_loss, get_policy_loss_fn, kl_penalty
-from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, compute_policy_loss_bypass_mode
-from hybridflow.utils.config_section import require
+from hybridflow.algorithms.rollout_correction import compute_policy_loss_bypass_mode
+from hybridflow.config.access import require
+from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 from hybridflow.workers.actor import shared_prefix
 from hybridflow.workers.utils.logprob import forward_response_token_stats
 from hybridflow.workers.utils.micro_batches import response_mask_of, restore_order, split_for_forward
+from hybridflow.workers.utils.ulysses import SequenceParallel
 from hybridflow.workers.utils.update_loop import MiniBatchContext, UpdateLoop, UpdateSettings
 
 __all__ = ["DataParallelPPOActor", "ActorSettings"]
@@ -103,13 +106,23 @@ class DataParallelPPOActor:
     ``config``: the ``actor_rollout_ref.actor`` section (mapping, DictConfig or object);
     ``ppo_mini_batch_size`` is per rank in samples (already multiplied by n and divided by the dp
     size by the worker). ``dp_group``: the process group whose ranks share a mini-batch (default:
-    the whole world when torch.distributed is initialised). The lr scheduler is only read for the
-    ``actor/lr`` metric; the worker steps it once per ``update_policy`` call, as in veRL.
+    the whole world when torch.distributed is initialised). ``sp``: this rank's Ulysses
+    sequence-parallel group (``workers/utils/ulysses.py``; its ranks get the same data, each runs a
+    slice of every packed micro-batch, token budgets grow by its size as in veRL). The lr scheduler
+    is only read for the ``actor/lr`` metric; the worker steps it once per ``update_policy`` call, as in veRL.
     """
 
-    def __init__(self, config: Any, actor_module: torch.nn.Module, actor_optimizer=None, lr_scheduler=None, dp_group=None):
+    def __init__(self, config: Any, actor_module: torch.nn.Module, actor_optimizer=None, lr_scheduler=None, dp_group=None,
+                 sp: Optional[SequenceParallel] = None):
         self.config = config
         self.settings = ActorSettings.from_config(config)
+        self.sp = sp
+        if sp is not None:
+            if not self.settings.use_remove_padding:
+                raise ValueError("actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1 needs "
+                                 "actor_rollout_ref.model.use_remove_padding=True")
+            self.settings = dataclasses.replace(
+                self.settings, ppo_max_token_len_per_gpu=self.settings.ppo_max_token_len_per_gpu * sp.size)
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.lr_scheduler = lr_scheduler
@@ -139,7 +152,8 @@ class DataParallelPPOActor:
                  "calculate_sum_pi_squared": calculate_sum_pi_squared}
         if self.settings.use_remove_padding:
             return forward_response_token_stats(self.actor_module, input_ids, attention_mask, position_ids,
-                                                response_length=response_length, use_remove_padding=True, **stats)
+                                                response_length=response_length, use_remove_padding=True, sp=self.sp,
+                                                **stats)
         if self._shared_prefix:
             cut_ids, cut_mask, cut_pos, kept, cut = _cut_shared_padding(input_ids, attention_mask, position_ids,
                                                                         response_length)
@@ -170,7 +184,7 @@ class DataParallelPPOActor:
         use_dynamic_bsz = data.meta_info.get("use_dynamic_bsz", False)
         micro_batches, indices = split_for_forward(
             data, use_dynamic_bsz,
-            max_token_len=_meta(data, "max_token_len") if use_dynamic_bsz else None,
+            max_token_len=_meta(data, "max_token_len") * (self.sp.size if self.sp else 1) if use_dynamic_bsz else None,
             micro_batch_size=None if use_dynamic_bsz else _meta(data, "micro_batch_size"),
             dp_group=self.dp_group,
         )
@@ -194,7 +208,7 @@ class DataParallelPPOActor:
         weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None
         return self.policy_loss_fn(rollout_is_weights=weights, **kwargs)
 
-    def _pg_loss_fn(self, correction: Optional[RolloutCorrectionSettings]):
+    def _pg_loss_fn(self, correction: Optional[RolloutCorrectionConfig]):
         """Chosen once per update: bypass-mode rollout correction replaces the configured loss (its
         weights and masks need the current log-probs, so they are made here, per micro-batch)."""
         if correction is None or not correction.bypass_mode:

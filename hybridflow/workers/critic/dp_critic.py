@@ -8,16 +8,18 @@ of the state made of the tokens up to t, so the value before response token j si
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
 from hybridflow.algorithms import compute_value_loss
-from hybridflow.utils.config_section import require
+from hybridflow.config.access import require
 from hybridflow.utils.torch_functional import masked_mean
 from hybridflow.workers.utils.logprob import forward_response_logits
 from hybridflow.workers.utils.micro_batches import response_mask_of, restore_order, split_for_forward
+from hybridflow.workers.utils.ulysses import SequenceParallel
 from hybridflow.workers.utils.update_loop import MiniBatchContext, UpdateLoop, UpdateSettings
 
 __all__ = ["DataParallelPPOCritic", "CriticSettings"]
@@ -48,11 +50,20 @@ class CriticSettings(UpdateSettings):
 class DataParallelPPOCritic:
     """Value computations on one data-parallel rank; same update loop, normalisation and NaN-skip
     rules as ``DataParallelPPOActor`` (``workers/utils/update_loop.py``). The lr scheduler is only
-    read for ``critic/lr``; the worker steps it."""
+    read for ``critic/lr``; the worker steps it. ``sp``: the Ulysses sequence-parallel group, as for
+    the actor (token budgets grow by its size)."""
 
-    def __init__(self, config: Any, critic_module: torch.nn.Module, critic_optimizer=None, lr_scheduler=None, dp_group=None):
+    def __init__(self, config: Any, critic_module: torch.nn.Module, critic_optimizer=None, lr_scheduler=None, dp_group=None,
+                 sp: Optional[SequenceParallel] = None):
         self.config = config
         self.settings = CriticSettings.from_config(config)
+        self.sp = sp
+        if sp is not None:
+            if not self.settings.use_remove_padding:
+                raise ValueError("critic.ulysses_sequence_parallel_size > 1 needs critic.model.use_remove_padding=True")
+            s = self.settings
+            self.settings = dataclasses.replace(s, ppo_max_token_len_per_gpu=s.ppo_max_token_len_per_gpu * sp.size,
+                                                forward_max_token_len_per_gpu=s.forward_max_token_len_per_gpu * sp.size)
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.lr_scheduler = lr_scheduler
@@ -68,6 +79,7 @@ class DataParallelPPOCritic:
             batch["position_ids"],
             response_length=batch["responses"].shape[-1],
             use_remove_padding=self.settings.use_remove_padding,
+            sp=self.sp,
         )  # (B, R, 1)
         return values.squeeze(-1).float()  # (B, R)
 
@@ -84,7 +96,8 @@ class DataParallelPPOCritic:
         micro_batches, indices = split_for_forward(
             data,
             use_dynamic_bsz=data.meta_info.get("use_dynamic_bsz", s.use_dynamic_bsz),
-            max_token_len=data.meta_info.get("max_token_len", s.forward_max_token_len_per_gpu),
+            max_token_len=(data.meta_info["max_token_len"] * (self.sp.size if self.sp else 1)
+                           if "max_token_len" in data.meta_info else s.forward_max_token_len_per_gpu),
             micro_batch_size=data.meta_info.get("micro_batch_size", s.forward_micro_batch_size_per_gpu),
             dp_group=self.dp_group,
         )

@@ -37,11 +37,11 @@ from typing import Any
 
 import torch
 
-from hybridflow.utils.config import ConfigError
+from hybridflow.config.loader import ConfigError
+from hybridflow.rollout.sampling import SamplingParams, request_seed
 from hybridflow.utils.environ import restored_environ
 from hybridflow.utils.param_names import strip_wrapper_prefixes
 from hybridflow.workers.engine.lora import is_adapter_tensor
-from hybridflow.rollout.sampling import SamplingParams, request_seed
 from hybridflow.rollout.server import (
     ABORT,
     LENGTH,
@@ -94,7 +94,14 @@ class VLLMServer(AsyncRolloutServer):
         self.settings: VLLMSettings = vllm_settings(spec.model_path, spec.config, spec.device, facts,
                                                     spec.trust_remote_code, cuda_devices, spec.lora_rank)
         self._vllm = import_vllm(spec.device)
-        self.engine = _start_engine(self._vllm, self.settings, facts)
+        # vLLM's ZeroMQ sockets go to a folder of this server's own, removed at shutdown (vLLM leaves them
+        # in the temp dir otherwise: one file per engine start)
+        self._ipc_dir = tempfile.mkdtemp(prefix="hybridflow_vllm_ipc_")
+        try:
+            self.engine = _start_engine(self._vllm, self.settings, facts, self._ipc_dir)
+        except BaseException:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            raise
         if self.settings.device == "cpu":
             log = logger.warning if spec.config.get("free_cache_engine", True) else logger.info
             log("vllm rollout on cpu: vLLM has no sleep mode there, so free_cache_engine does nothing and "
@@ -347,13 +354,14 @@ class VLLMServer(AsyncRolloutServer):
         del engine  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
         if self._lora_dir is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
     def _check_open(self) -> None:
         if self._closed:
             raise RolloutNotReadyError("the vllm rollout server was shut down")
 
 
-def _start_engine(vllm, settings: VLLMSettings, facts: ModelFacts):
+def _start_engine(vllm, settings: VLLMSettings, facts: ModelFacts, ipc_dir: str):
     """Build ``AsyncLLM``; errors name the cause. torch's thread count here is left as it was."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -372,6 +380,8 @@ def _start_engine(vllm, settings: VLLMSettings, facts: ModelFacts):
         with restored_environ():
             for key in settings.unset_env:
                 os.environ.pop(key, None)
+            if not _vllm_envs_frozen(vllm):  # once vLLM caches its env in a process, a new value is ignored
+                os.environ["VLLM_RPC_BASE_PATH"] = ipc_dir
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**settings.engine_args))
     except Exception as err:
         raise _explain_start_failure(vllm, settings, facts, err) from err
@@ -380,6 +390,11 @@ def _start_engine(vllm, settings: VLLMSettings, facts: ModelFacts):
             torch.set_num_threads = _SET_NUM_THREADS
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
+
+
+def _vllm_envs_frozen(vllm) -> bool:
+    envs = getattr(vllm, "envs", None)
+    return bool(getattr(envs, "_is_envs_cache_enabled", lambda: False)())
 
 
 def _explain_start_failure(vllm, settings: VLLMSettings, facts: ModelFacts, err: Exception) -> Exception:

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridflow.utils.config import ConfigError
+from hybridflow.config.loader import ConfigError
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 << 20

@@ -74,10 +74,11 @@ def _first_fit(seqlens: list[int], width: int) -> list[list[int]]:
 
 
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-              one_row: bool = True) -> PackedRows:
+              one_row: bool = True, width_multiple: int = 1) -> PackedRows:
     """Pack the tokens with ``attention_mask == 1`` (each row's valid tokens must be contiguous, as
     with left-padded prompts + right-padded responses): into one row (``one_row``, for a
-    variable-length kernel) or bin-packed into rows as wide as the longest sequence."""
+    variable-length kernel) or bin-packed into rows as wide as the longest sequence. The row width is
+    rounded up to a multiple of ``width_multiple`` (sequence parallelism slices rows into that many)."""
     if position_ids.dim() != 2:
         raise ValueError(f"use_remove_padding supports (B, S) position_ids, got shape {tuple(position_ids.shape)}")
     batch_size, seqlen = attention_mask.shape
@@ -90,6 +91,7 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_id
     lengths = seqlens.tolist()
 
     width = total if one_row else max_seqlen
+    width = -(-width // width_multiple) * width_multiple
     rows = [[b for b in range(batch_size) if lengths[b]]] if one_row else _first_fit(lengths, width)
     n_rows = max(len(rows), 1)
     starts = torch.zeros(batch_size, dtype=torch.long)  # each sequence's first slot
@@ -132,9 +134,10 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_id
 
 
 def pack_for(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-             position_ids: torch.Tensor) -> PackedRows:
+             position_ids: torch.Tensor, width_multiple: int = 1) -> PackedRows:
     """``pack_rows`` with the layout ``module``'s attention kernel runs fastest (module docstring)."""
-    return pack_rows(input_ids, attention_mask, position_ids, one_row=uses_varlen_attention(module))
+    return pack_rows(input_ids, attention_mask, position_ids, one_row=uses_varlen_attention(module),
+                     width_multiple=width_multiple)
 
 
 def unpack(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:

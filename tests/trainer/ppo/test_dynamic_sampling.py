@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 
+from hybridflow.config.algorithm import FilterGroupsConfig
+from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo.dynamic_sampling import (
     DynamicSampling,
     EpochCycler,
-    FilterGroupsSettings,
     GroupAccumulator,
     group_metric_values,
     informative_rows,
@@ -99,7 +100,7 @@ def test_prompt_batches_for_next_round(missing, batch, inflight, generated, limi
 ])
 def test_settings_refuse_bad_values(section, message):
     with pytest.raises(ValueError, match="algorithm.filter_groups") as err:
-        FilterGroupsSettings.from_config(section)
+        omega_conf_to_dataclass(section, FilterGroupsConfig, path="algorithm.filter_groups")
     assert message in str(err.value)
 
 
@@ -136,7 +137,7 @@ def test_dynamic_sampling_generates_until_full_and_trims():
     informative = {0, 5, 6, 8, 9, 10, 11}
     rollout = FakeRollout({p: (0.0, 1.0) if p in informative else 1.0 for p in range(100)})
     next_prompts = prompt_stream(4, start=4)
-    phase = DynamicSampling(FilterGroupsSettings(enable=True), 4, rollout, next_prompts)
+    phase = DynamicSampling(FilterGroupsConfig(enable=True), 4, rollout, next_prompts)
     metrics: dict = {}
     out = phase(DataProto.from_dict(tensors={"p": torch.arange(4)}), {}, metrics)
     # round 1: 1 kept, 3 missing -> ceil(6/4) = 2 batches wanted, max_inflight 1 -> one batch (4-7);
@@ -153,7 +154,7 @@ def test_dynamic_sampling_generates_until_full_and_trims():
 
 def test_dynamic_sampling_in_flight_refills_several_batches_at_once():
     rollout = FakeRollout({p: (0.0, 1.0) if p >= 8 else 2.0 for p in range(100)})
-    phase = DynamicSampling(FilterGroupsSettings(enable=True, max_inflight_gen_batches=3), 4, rollout,
+    phase = DynamicSampling(FilterGroupsConfig(enable=True, max_inflight_gen_batches=3), 4, rollout,
                             prompt_stream(4, start=4))
     out = phase(DataProto.from_dict(tensors={"p": torch.arange(4)}), {}, metrics := {})
     # round 1 keeps nothing: 2 × 4 missing = 8 prompts = 2 batches in one round (4-11); 8-11 fill it
@@ -164,7 +165,7 @@ def test_dynamic_sampling_in_flight_refills_several_batches_at_once():
 
 def test_dynamic_sampling_fails_after_max_num_gen_batches():
     rollout = FakeRollout({p: 1.0 for p in range(100)})  # every group uniform
-    phase = DynamicSampling(FilterGroupsSettings(enable=True, max_num_gen_batches=3), 4, rollout,
+    phase = DynamicSampling(FilterGroupsConfig(enable=True, max_num_gen_batches=3), 4, rollout,
                             prompt_stream(4, start=4))
     with pytest.raises(RuntimeError, match=r"3 prompt batches generated.*max_num_gen_batches=3.*0 of 4 groups"):
         phase(DataProto.from_dict(tensors={"p": torch.arange(4)}), {}, {})

@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from hybridflow.algorithms.rollout_correction import (
-    RolloutCorrectionSettings,
     compute_is_weights,
     compute_policy_loss_bypass_mode,
     compute_rejection_mask,
     compute_rollout_correction,
     parse_rejection_options,
+    rollout_correction_config,
 )
+from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 
 RATIOS = [[1.5, 4.0, 0.25], [0.8, 3.6, 10.0]]  # the padded position holds garbage: it must not count
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
@@ -153,7 +154,7 @@ def test_chained_options_must_all_pass():
 def test_offpolicy_metrics_and_prefix():
     rollout = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, -3.0]], dtype=torch.float64)
     train = rollout + log_ratio()
-    settings = RolloutCorrectionSettings()  # metrics only
+    settings = RolloutCorrectionConfig()  # metrics only
     weights, mask, m = compute_rollout_correction(train, rollout, MASK, settings)
     assert weights is None and mask is MASK
     assert all(k.startswith("rollout_corr/") for k in m)
@@ -178,7 +179,7 @@ def test_bypass_reinforce_weights_the_policy_gradient():
     # π_θ/π_rollout = [3, 1.5] on one row; token TIS at 2 -> w = [2, 1.5]; A = [1, -2]
     rollout = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
     log_prob = (rollout + torch.log(torch.tensor([[3.0, 1.5]], dtype=torch.float64))).requires_grad_()
-    settings = RolloutCorrectionSettings(rollout_is="token", is_upper=2.0, bypass_mode=True, loss_type="reinforce")
+    settings = RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=2.0, bypass_mode=True, loss_type="reinforce")
     loss, m = compute_policy_loss_bypass_mode(
         rollout, log_prob, torch.tensor([[1.0, -2.0]], dtype=torch.float64), torch.ones(1, 2), "token-mean", {},
         settings)
@@ -195,7 +196,8 @@ def test_bypass_ppo_clip_rejected_tokens_leave_only_the_numerator():
     # under the dual-clip cap -A * 3 = 6; token-mean over the caller's count of 2 tokens -> 3 / 2
     rollout = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
     log_prob = rollout + torch.log(torch.tensor([[3.0, 1.5]], dtype=torch.float64))
-    settings = RolloutCorrectionSettings(rejection=parse_rejection_options("token_k1", 2.0), bypass_mode=True)
+    settings = RolloutCorrectionConfig(rollout_rs="token_k1", rollout_rs_threshold=2.0, bypass_mode=True)
+    assert settings.rejection == parse_rejection_options("token_k1", 2.0)
     loss, m = compute_policy_loss_bypass_mode(
         rollout, log_prob, torch.tensor([[5.0, -2.0]], dtype=torch.float64), torch.ones(1, 2), "token-mean",
         {"clip_ratio": 0.2}, settings, global_token_count=torch.tensor(2.0))
@@ -219,18 +221,18 @@ def test_bypass_ppo_clip_rejected_tokens_leave_only_the_numerator():
 ])
 def test_settings_refuse_bad_values_naming_the_key(section, message):
     with pytest.raises(ValueError, match="algorithm.rollout_correction") as err:
-        RolloutCorrectionSettings.from_config(section)
+        rollout_correction_config(section)
     assert message in str(err.value)
 
 
 def test_settings_parse_thresholds():
-    s = RolloutCorrectionSettings.from_config({"rollout_is": "sequence", "rollout_is_threshold": "0.5_5.0",
+    s = rollout_correction_config({"rollout_is": "sequence", "rollout_is_threshold": "0.5_5.0",
                                                "rollout_rs": "token_k1,seq_max_k3", "rollout_rs_threshold": "0.2_5,0.01"})
-    assert (s.is_upper, s.is_lower) == (5.0, 0.5)
+    assert s.is_bounds == (5.0, 0.5)
     k1, k3_max = s.rejection
     assert (k1.lower, k1.upper) == pytest.approx((math.log(0.2), math.log(5)))  # log space
     assert (k3_max.lower, k3_max.upper, k3_max.aggregation) == (None, 0.01, "max")
     # one number for k1: the symmetric band [1/u, u]
     (sym,) = parse_rejection_options("seq_mean_k1", 2)
     assert (sym.lower, sym.upper) == pytest.approx((-math.log(2), math.log(2)))
-    assert RolloutCorrectionSettings.from_config({"rollout_is_threshold": "3"}).is_upper == 3.0
+    assert rollout_correction_config({"rollout_is_threshold": "3"}).is_bounds[0] == 3.0

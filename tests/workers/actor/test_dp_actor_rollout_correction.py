@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from hybridflow.algorithms.rollout_correction import RolloutCorrectionSettings, parse_rejection_options
+from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 from hybridflow.workers.actor import DataParallelPPOActor
 from tests.workers.actor.ppo_batch import PROMPT, actor_config, flat_params, ppo_batch, tiny_causal_lm
 
@@ -70,8 +70,8 @@ def test_bypass_mode_weights_and_masks_from_the_current_policy(loss_type):
     base = tiny_causal_lm()
     data = ppo_batch(base, noise=0.5)  # old_log_probs play π_rollout: the engine's, never recomputed
     rollout = data.batch["old_log_probs"]
-    settings = RolloutCorrectionSettings(rollout_is="token", is_upper=1.5, bypass_mode=True, loss_type=loss_type,
-                                         rejection=parse_rejection_options("token_k1", 3.0))
+    settings = RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=1.5, bypass_mode=True, loss_type=loss_type,
+                                       rollout_rs="token_k1", rollout_rs_threshold=3.0)
     data.meta_info["rollout_correction"] = settings
 
     reference = copy.deepcopy(base)

@@ -60,7 +60,7 @@ def _worker_responses(model_dir, prompts):
     """(responses, response_mask, pad id) from RolloutHost.generate_sequences, hf rollout, greedy."""
     from hybridflow.main_generation import build_rollout_group
     from hybridflow.protocol import DataProto
-    from hybridflow.utils.config import load_config
+    from hybridflow.config.loader import load_config
     from hybridflow.workers.model_loading import load_tokenizer
 
     tok = load_tokenizer(model_dir)

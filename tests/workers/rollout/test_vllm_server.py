@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import shutil
+import tempfile
 import time
 
 import pytest
@@ -93,6 +94,7 @@ class Served:
             self.loop.close()
         _, alive = psutil.wait_procs(self.children, timeout=30)
         assert not alive, f"vLLM processes left behind: {[p.pid for p in alive]}"
+        assert not os.path.exists(self.server._ipc_dir), "vLLM's socket folder was left behind"
 
 
 def hf_greedy(model, prompt: list[int], eos: list[int], length: int) -> list[int]:
@@ -165,6 +167,14 @@ def served(tiny_model_dir):
 
 
 # -------------------------------------------------------------------------------------- tests
+
+
+def test_the_engine_sockets_live_in_the_servers_own_folder(served):
+    """vLLM puts its ZeroMQ sockets in the temp dir and leaves them there; the server gives it a folder of its
+    own, removed at shutdown (Served.close checks that)."""
+    sockets = os.listdir(served.server._ipc_dir)
+    assert sockets, "vLLM made no socket in the server's folder"
+    assert not set(sockets) & set(os.listdir(tempfile.gettempdir()))
 
 
 def test_engine_start_leaves_torch_threads_alone(served):
@@ -299,7 +309,7 @@ def test_an_architecture_vllm_cannot_load_is_named(tiny_model_dir, tmp_path, ser
 
 
 def test_an_unknown_engine_argument_is_named(tiny_model_dir, served):
-    from hybridflow.utils.config import ConfigError
+    from hybridflow.config.loader import ConfigError
     from hybridflow.workers.rollout.vllm_server import VLLMServer
 
     config = engine_config(engine_kwargs={"vllm": {"kv_cache_memory_byte": 1 << 20}})

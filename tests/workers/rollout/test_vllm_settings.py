@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hybridflow.utils.config import ConfigError
+from hybridflow.config.loader import ConfigError
 from hybridflow.rollout.server import ROLLOUT_SERVERS, ServerSpec
 from hybridflow.workers.rollout.vllm_server import VLLMNotInstalledError, VLLMServer
 from hybridflow.workers.rollout.vllm_settings import (
@@ -172,7 +172,7 @@ def _fake_vllm(monkeypatch, engine_args: dict, on_start):
 
 
 @pytest.mark.parametrize("device, dropped", [("cpu", {"MKL_NUM_THREADS", "OMP_NUM_THREADS"}), ("cuda", set())])
-def test_cpu_engine_processes_start_without_the_trainers_thread_counts(monkeypatch, device, dropped):
+def test_cpu_engine_processes_start_without_the_trainers_thread_counts(monkeypatch, tmp_path, device, dropped):
     """torch sizes its pool from MKL_NUM_THREADS before OMP_NUM_THREADS: the trainer's MKL_NUM_THREADS=2 beat the
     OMP_NUM_THREADS=1 vLLM sets for a worker it binds to one core (2 spinning threads there, 7x slower)."""
     import os
@@ -185,7 +185,7 @@ def test_cpu_engine_processes_start_without_the_trainers_thread_counts(monkeypat
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     seen = {}
     fake = _fake_vllm(monkeypatch, s.engine_args, lambda: seen.update(os.environ) or "engine")
-    assert _start_engine(fake, s, TINY) == "engine"
+    assert _start_engine(fake, s, TINY, str(tmp_path)) == "engine"
     kept = {"MKL_NUM_THREADS", "OMP_NUM_THREADS"} - dropped
     assert {k for k in ("MKL_NUM_THREADS", "OMP_NUM_THREADS") if k in seen} == kept
     assert os.environ["MKL_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"] == "2"  # the caller's are back

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from hybridflow.utils.config_keys.common import (
-    MEGATRON, NO_SP, PROFILER, PROFILER_TOOLS, VLM, checkpoint, everything_under, fsdp_engine, hf_model, optimizer,
+from hybridflow.config.keys.common import (
+    MEGATRON, NO_SP, PROFILER, PROFILER_TOOLS, SP, VLM, checkpoint, everything_under, fsdp_engine, hf_model, optimizer,
     profiler, rollout, speed_only, targets, trainer_device,
 )
-from hybridflow.utils.config_support import KeyTable, honoured, not_supported, note
+from hybridflow.config.support import KeyTable, honoured, not_supported, note
 
 A, C, R = "actor_rollout_ref.actor", "critic", "actor_rollout_ref.rollout"
 
@@ -46,7 +46,7 @@ ACTOR = [
              f"{A}.clip_ratio_high", f"{A}.clip_ratio_c", f"{A}.policy_loss.loss_mode", f"{A}.loss_agg_mode",
              f"{A}.loss_scale_factor", f"{A}.entropy_coeff", f"{A}.use_kl_loss", f"{A}.kl_loss_coef", f"{A}.kl_loss_type",
              f"{A}.ppo_epochs", f"{A}.shuffle", f"{A}.data_loader_seed", f"{A}.use_remove_padding"),
-    honoured(f"{A}.ulysses_sequence_parallel_size", values=(1,), reason=NO_SP),
+    honoured(f"{A}.ulysses_sequence_parallel_size", reason=SP),
     not_supported(f"{A}.calculate_entropy", reason="entropy is computed when entropy_coeff != 0"),
     honoured(f"{A}.tau_pos", f"{A}.tau_neg", reason="read by policy_loss.loss_mode=sapo"),
     honoured(f"{A}.policy_loss.clip_cov_ratio", f"{A}.policy_loss.clip_cov_lb", f"{A}.policy_loss.clip_cov_ub",
@@ -77,7 +77,7 @@ REF = [
     honoured("actor_rollout_ref.ref.rollout_n", "actor_rollout_ref.ref.log_prob_micro_batch_size",
              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
              "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"),
-    honoured("actor_rollout_ref.ref.ulysses_sequence_parallel_size", values=(1,), reason=NO_SP),
+    honoured("actor_rollout_ref.ref.ulysses_sequence_parallel_size", reason=SP),
     note("actor_rollout_ref.ref.use_torch_compile", "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
          "actor_rollout_ref.ref.entropy_from_logits_chunk_size", "actor_rollout_ref.ref.entropy_checkpointing",
          "actor_rollout_ref.ref.pad_to_length", reason=speed_only("torch.compile, chunked entropy, padding buckets")),
@@ -103,7 +103,7 @@ CRITIC = [
              f"{C}.ppo_epochs", f"{C}.shuffle", f"{C}.data_loader_seed", f"{C}.cliprange_value", f"{C}.loss_agg_mode",
              f"{C}.loss_scale_factor"),
     honoured(f"{C}.strategy", values=("fsdp", "fsdp2", "ddp"), reason="hybridflow's training engines"),
-    honoured(f"{C}.ulysses_sequence_parallel_size", values=(1,), reason=NO_SP),
+    honoured(f"{C}.ulysses_sequence_parallel_size", reason=SP),
     hf_model(f"{C}.model", tokenizer_path=True, lora=False, chat_template=False),
     optimizer(f"{C}.optim"),
     fsdp_engine(f"{C}.fsdp"),

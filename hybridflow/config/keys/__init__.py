@@ -1,7 +1,7 @@
 """The status of every config key: one module per config (ppo_trainer, generation, evaluation,
-sft_trainer), read by ``hybridflow.utils.config`` whenever a config is loaded.
+sft_trainer), read by ``hybridflow.config.loader`` whenever a config is loaded.
 
-Statuses (``hybridflow.utils.config_support``):
+Statuses (``hybridflow.config.support``):
 
 - honoured: hybridflow reads the key and does what veRL does with it. ``values=(...)`` narrows an
   honoured key to the values hybridflow implements; any other value is refused as not supported.
@@ -29,8 +29,8 @@ and regenerate docs/config_keys.md. A value restriction is flipped by editing ``
 
 from __future__ import annotations
 
-from hybridflow.utils.config_keys import evaluation, generation, ppo_trainer, sft_trainer
-from hybridflow.utils.config_support import KeyTable
+from hybridflow.config.keys import evaluation, generation, ppo_trainer, sft_trainer
+from hybridflow.config.support import KeyTable
 
 TABLES: dict[str, KeyTable] = {
     "ppo_trainer": ppo_trainer.TABLE,

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from hybridflow.config import keys as config_keys
+from hybridflow.config.keys import TABLES
+from hybridflow.config.loader import ConfigError, config_dir, default_config, load_config, raw_default_config
+from hybridflow.config.support import HONOURED, NOT_SUPPORTED, KeyTable
 from hybridflow.devtools import config_table
-from hybridflow.utils import config_keys
-from hybridflow.utils.config import ConfigError, config_dir, default_config, load_config, raw_default_config
-from hybridflow.utils.config_keys import TABLES
-from hybridflow.utils.config_support import HONOURED, NOT_SUPPORTED, KeyTable
 from hybridflow.utils.nested_dict import leaf_items
 
 from yaml_comments import key_comments
@@ -74,7 +74,7 @@ def test_every_key_has_exactly_one_status(name):
         best = max(r.specificity for r in rules)
         if len({r.status for r in rules if r.specificity == best}) > 1:
             ambiguous.append((key, [r.pattern for r in rules if r.specificity == best]))
-    assert no_status == [], f"keys without a status in hybridflow/utils/config_keys/{name}.py: {no_status}"
+    assert no_status == [], f"keys without a status in hybridflow/config/keys/{name}.py: {no_status}"
     assert ambiguous == []
 
 

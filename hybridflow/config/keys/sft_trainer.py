@@ -7,8 +7,8 @@ fsdp_sft_trainer (veRL main's sft_trainer.yaml) are aliases of it, except the si
 
 from __future__ import annotations
 
-from hybridflow.utils.config_keys.common import MEGATRON, NO_SP, PROFILER, everything_under, speed_only, targets, trainer_device
-from hybridflow.utils.config_support import KeyTable, honoured, not_supported, note
+from hybridflow.config.keys.common import MEGATRON, NO_SP, PROFILER, everything_under, speed_only, targets, trainer_device
+from hybridflow.config.support import KeyTable, honoured, not_supported, note
 
 THINKING = "the multi-turn SFT dataset renders conversations without a per-row thinking switch"
 

@@ -1,6 +1,6 @@
 """What hybridflow does with each config key, checked once when a config is loaded.
 
-The data lives in ``hybridflow/utils/config_keys/`` (one module per config: which keys are
+The data lives in ``hybridflow/config/keys/`` (one module per config: which keys are
 honoured, which are refused when set, which only print a note, and which legacy spellings map onto
 which canonical keys). This module is the machinery that applies it:
 
@@ -46,7 +46,7 @@ _MISSING = object()
 
 
 class SupportError(ValueError):
-    """Raised with every refused key of a config (utils.config turns it into a ConfigError)."""
+    """Raised with every refused key of a config (config.loader turns it into a ConfigError)."""
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,7 @@ def check_support(table: KeyTable, raw: dict, defaults: dict, resolved: dict,
             if default is _MISSING:
                 errors.append(f"{key} is not a {table.name} key (it was added with +): hybridflow would not read it")
             else:  # every key of the yaml has a rule; the config-key tests keep it so
-                errors.append(f"{key} has no status in hybridflow/utils/config_keys/{table.name}.py")
+                errors.append(f"{key} has no status in hybridflow/config/keys/{table.name}.py")
             continue
         shown = _get(resolved, key)
         shown = value if shown is _MISSING else shown

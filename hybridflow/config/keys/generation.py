@@ -6,8 +6,8 @@ of veRL main's generation.yaml (b178a3cd, January 2026), the newest veRL that ha
 
 from __future__ import annotations
 
-from hybridflow.utils.config_keys.common import rollout, targets, trainer_device
-from hybridflow.utils.config_support import KeyTable, honoured, not_supported, note
+from hybridflow.config.keys.common import rollout, targets, trainer_device
+from hybridflow.config.support import KeyTable, honoured, not_supported, note
 
 TABLE = KeyTable.build(
     "generation",

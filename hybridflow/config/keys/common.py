@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from hybridflow.config.refused import MEGATRON  # noqa: F401  (one text for the keys and the classes)
-from hybridflow.utils.config_support import KeyRule, honoured, not_supported, note
+from hybridflow.config.support import KeyRule, honoured, not_supported, note
 
 # reasons used in several places
 PROFILER = "profiling is not implemented (the timing_s/* metrics time every phase)"
@@ -30,7 +30,10 @@ def speed_only(what: str) -> str:
     return f"{what}: a speed/memory setting hybridflow does not apply (results are the same)"
 VLM = "vision-language (multi-modal) models and data are not supported"
 TARGET = "a veRL dataclass path; hybridflow validates the config into its own types"
-NO_SP = "Ulysses sequence parallelism is not implemented"
+NO_SP = "Ulysses sequence parallelism is implemented for the PPO actor, reference policy and critic only"
+SP = ("Ulysses sequence parallelism: ranks form dp x sp groups, each group runs a slice of every packed sequence "
+      "(needs model.use_remove_padding=True; the number of ranks and the attention heads must divide by it; token "
+      "budgets are multiplied by it, as in veRL); the top-level key wins when > 1")
 NPU = "hybridflow does not run on Ascend NPUs (CUDA GPUs and cpu only)"
 
 
@@ -106,7 +109,7 @@ def fsdp_engine(p: str):
                                            "(auto: bf16 on CUDA, fp32 on cpu)"),
         honoured(f"{p}.fsdp_size", reason="hybrid sharding (HSDP): groups of fsdp_size ranks shard the "
                                           "parameters, the groups replicate one another; -1: one group"),
-        honoured(f"{p}.ulysses_sequence_parallel_size", values=(1,), reason=NO_SP),
+        honoured(f"{p}.ulysses_sequence_parallel_size", reason=SP),
         honoured(f"{p}.full_determinism", f"{p}.seed",
                  reason="deterministic kernels, cuBLAS/flash-attn/NCCL switches and seeded generators in the "
                         "worker process (seed: used only then); see README, Reproducibility"),

@@ -33,5 +33,5 @@ def require(config: Any, key: str, section: str) -> Any:
         value = getattr(config, key, _MISSING)
     if value is _MISSING:
         raise KeyError(f"{section}.{key} is missing: pass the whole validated {section} section "
-                       f"(hybridflow.utils.config.load_config / default_config)")
+                       f"(hybridflow.config.loader.load_config / default_config)")
     return value

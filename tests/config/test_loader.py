@@ -8,7 +8,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 from omegaconf.errors import ReadonlyConfigError
 
-from hybridflow.utils.config import ConfigError, config_dir, load_config, main_entry, parse_cli, suggest_keys
+from hybridflow.config.loader import ConfigError, config_dir, load_config, main_entry, parse_cli, suggest_keys
 
 # veRL's quickstart (docs, "PPO on GSM8K"), paths made local.
 QUICKSTART = [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hybridflow.utils.config_support import KeyTable, honoured, note
+from hybridflow.config.support import KeyTable, honoured, note
 
 TABLE = KeyTable.build(
     "evaluation",

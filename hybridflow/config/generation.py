@@ -1,0 +1,72 @@
+"""configs/generation.yaml as a declaration: offline sampling of n responses per prompt
+(``python -m hybridflow.main_generation``; veRL 0.9.1 has none, the keys are veRL main's). Its sections
+are the ppo_trainer classes at another place: their generation defaults, less the keys this file lacks."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from hybridflow.config.actor import FSDPActorConfig
+from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.legacy import LegacyRayInitConfig
+from hybridflow.config.model import HFModelConfig
+from hybridflow.config.ray import RayKwargsConfig
+from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.trainer import TrainerConfig
+
+__all__ = ["GenerationDataConfig", "GenerationConfig"]
+
+
+def _all_but(cls: type, *keep: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in keep)
+
+
+@dataclass
+class GenerationDataConfig(BaseConfig):
+    """``data`` of generation.yaml: the prompts and where the responses go."""
+
+    path: str = doc("~/data/rlhf/math/test.parquet", "parquet of the prompts")
+    prompt_key: str = doc("prompt", "column holding the chat messages")
+    n_samples: int = doc(5, "responses per prompt")
+    output_path: str = doc("/opt/tiger/math_Qwen2-7B-Instruct.parquet", "parquet written: the prompts plus a responses column")
+    batch_size: int = doc(128, "prompts per generation call")
+    apply_chat_template_kwargs: dict = doc({}, "hybridflow: extra arguments of the tokenizer's chat template (as ppo_trainer's)")
+
+
+def _model() -> HFModelConfig:
+    return HFModelConfig(path="~/models/Qwen2-7B-Instruct")
+
+
+def _rollout() -> RolloutConfig:
+    return RolloutConfig(mode="sync", top_k=50, top_p=0.7, prompt_length=1536, enforce_eager=True, load_format="auto",
+                         max_num_seqs=1024, engine_kwargs={"vllm": {"kv_cache_memory_bytes": None}},
+                         log_prob_micro_batch_size_per_gpu=8, calculate_log_probs=False)
+
+
+_ROLLOUT_KEYS = ("_target_", "name", "mode", "temperature", "top_k", "top_p", "prompt_length", "response_length", "dtype",
+                 "gpu_memory_utilization", "ignore_eos", "enforce_eager", "free_cache_engine", "load_format",
+                 "tensor_model_parallel_size", "data_parallel_size", "max_num_batched_tokens", "max_model_len",
+                 "max_num_seqs", "seed", "engine_kwargs", "log_prob_micro_batch_size",
+                 "log_prob_micro_batch_size_per_gpu", "do_sample", "disable_log_stats", "enable_chunked_prefill", "n",
+                 "calculate_log_probs")
+
+
+@dataclass
+class GenerationConfig(BaseConfig):
+    """configs/generation.yaml."""
+
+    trainer: TrainerConfig = section(TrainerConfig, "the devices", absent=_all_but(
+        TrainerConfig, "nnodes", "n_gpus_per_node", "device", "backend"))
+    data: GenerationDataConfig = section(GenerationDataConfig, "the prompts and the output file")
+    model: HFModelConfig = section(_model, "the policy model", absent=_all_but(
+        HFModelConfig, "path", "external_lib", "trust_remote_code", "override_config"))
+    rollout: RolloutConfig = section(_rollout, "the inference engine and its sampling",
+                                     absent=_all_but(RolloutConfig, *_ROLLOUT_KEYS))
+    actor: FSDPActorConfig = section(FSDPActorConfig, "veRL keeps this section for backward compatibility; generation "
+                                     "does not train", absent=(
+        *_all_but(FSDPActorConfig, "strategy", "ulysses_sequence_parallel_size", "entropy_from_logits_with_chunking",
+                  "entropy_checkpointing", "fsdp_config"),
+        *(f"fsdp_config.{k}" for k in _all_but(FSDPActorConfig().fsdp_config.__class__, "fsdp_size", "forward_prefetch"))))
+    ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray start-up", absent=("ray_init.runtime_env",))
+    ray_init: LegacyRayInitConfig = section(LegacyRayInitConfig, "earlier spelling of ray_kwargs (null: not set)")

@@ -1,0 +1,146 @@
+"""Earlier spellings of sections veRL 0.9.1 moved: the top-level ``reward_model``,
+``custom_reward_function``, ``sandbox_fusion``, ``reward_manager`` and ``ray_init``. Their keys are
+mapped once, at load time, onto the canonical place (hybridflow/config/keys: ALIASES); null means
+"not set", and two different values for one setting are an error. The keys of the old reward-model
+section that 0.9.1 did not move (micro batches, max_length, ...) configure hybridflow's FSDP
+reward-model worker."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.engine import FSDPEngineConfig
+from hybridflow.config.profiler import TOKEN_RANGE_KEYS, ProfilerConfig
+
+__all__ = ["LegacyRewardModelModelConfig", "LegacyRewardEngineConfig", "LegacySandboxFusionConfig",
+           "LegacyRewardModelConfig", "LegacyCustomRewardFunctionConfig", "LegacyModuleConfig",
+           "LegacyRewardManagerConfig", "LegacyRayInitConfig"]
+
+_RM_ENGINE_KEYS = ("_target_", "wrap_policy", "param_offload", "reshard_after_forward", "fsdp_size", "forward_prefetch")
+
+
+@dataclass
+class LegacyRewardModelModelConfig(BaseConfig):
+    """``reward_model.model``: the reward model (path etc. map onto reward.reward_model)."""
+
+    path: Optional[str] = doc(None, "earlier spelling of reward.reward_model.model_path")
+    external_lib: Optional[str] = doc(None, "a module imported first")
+    trust_remote_code: Optional[bool] = doc(None, "allow the model's own Python code")
+    input_tokenizer: Optional[str] = doc(None, "hybridflow: null (the reward model scores the policy's token ids as they are)")
+    override_config: dict = doc({}, "entries that replace the model's config.json values")
+    use_shm: bool = doc(False, "copy the model to shared memory first (speed only)")
+    use_remove_padding: bool = doc(False, "padding-free forward")
+    use_fused_kernels: bool = doc(False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}")
+    fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the reward model's engine", absent=tuple(
+        f.name for f in dataclasses.fields(FSDPEngineConfig) if f.name not in _RM_ENGINE_KEYS))
+
+
+@dataclass
+class LegacyRewardEngineConfig(BaseConfig):
+    """``reward_model.rollout``: earlier spelling of reward.reward_model.rollout (null: not set)."""
+
+    _target_: Optional[str] = doc(None, "the class this section is read into")
+    name: Optional[str] = doc(None, "inference engine")
+    dtype: Optional[str] = doc(None, "engine dtype")
+    gpu_memory_utilization: Optional[float] = doc(None, "share of device memory")
+    enforce_eager: Optional[bool] = doc(None, "no CUDA graphs")
+    cudagraph_capture_sizes: Optional[list[int]] = doc(None, "batch sizes captured as CUDA graphs")
+    free_cache_engine: Optional[bool] = doc(None, "release the KV cache between phases")
+    data_parallel_size: Optional[int] = doc(None, "data parallel size")
+    expert_parallel_size: Optional[int] = doc(None, "expert parallel size")
+    tensor_model_parallel_size: Optional[int] = doc(None, "tensor parallel size")
+    max_num_batched_tokens: Optional[int] = doc(None, "tokens per scheduler step")
+    max_model_len: Optional[int] = doc(None, "context length")
+    max_num_seqs: Optional[int] = doc(None, "sequences at once")
+    load_format: Optional[str] = doc(None, "how initial weights are loaded")
+    engine_kwargs: Optional[dict] = doc(None, "engine arguments")
+    limit_images: Optional[int] = doc(None, "images per prompt")
+    enable_chunked_prefill: Optional[bool] = doc(None, "chunked prefill")
+    enable_prefix_caching: Optional[bool] = doc(None, "prefix caching")
+    disable_log_stats: Optional[bool] = doc(None, "no stats logging")
+    skip_tokenizer_init: Optional[bool] = doc(None, "token ids only")
+    prompt_length: Optional[int] = doc(None, "prompt tokens")
+    response_length: Optional[int] = doc(None, "generated tokens")
+
+
+@dataclass
+class LegacySandboxFusionConfig(BaseConfig):
+    """Earlier spelling of reward.sandbox_fusion (null: not set)."""
+
+    url: Optional[str] = doc(None, "sandbox URL")
+    max_concurrent: Optional[int] = doc(None, "requests in flight at once")
+    memory_limit_mb: Optional[int] = doc(None, "memory per sandbox process, in MB")
+
+
+@dataclass
+class LegacyRewardModelConfig(BaseConfig):
+    """``reward_model``: veRL's earlier reward-model section."""
+
+    num_workers: Optional[int] = doc(None, "earlier spelling of reward.num_workers")
+    reward_manager: Optional[str] = doc(None, "earlier spelling of reward.reward_manager.name")
+    enable: Optional[bool] = doc(None, "earlier spelling of reward.reward_model.enable")
+    enable_resource_pool: Optional[bool] = doc(None, "earlier spelling of reward.reward_model.enable_resource_pool")
+    n_gpus_per_node: Optional[int] = doc(None, "earlier spelling of reward.reward_model.n_gpus_per_node")
+    nnodes: Optional[int] = doc(None, "earlier spelling of reward.reward_model.nnodes")
+    reward_loop_source: Optional[str] = doc(None, "earlier spelling of reward.reward_manager.source")
+    reward_loop_module_path: Optional[str] = doc(None, "earlier spelling of reward.reward_manager.module.path")
+    reward_loop_class_name: Optional[str] = doc(None, "earlier spelling of reward.reward_manager.module.name")
+    model: LegacyRewardModelModelConfig = section(LegacyRewardModelModelConfig, "the reward model")
+    rollout: LegacyRewardEngineConfig = section(LegacyRewardEngineConfig, "its inference engine")
+    strategy: str = doc("fsdp", "the reward model's training engine (forward only)")
+    micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the scoring pass")
+    micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per scoring forward on one rank")
+    max_length: Optional[int] = doc(None, "tokens scored per sample; null: no cut")
+    ulysses_sequence_parallel_size: int = doc(1, "sequence-parallel size")
+    use_dynamic_bsz: bool = doc(False, "pack by token count", follows="${critic.use_dynamic_bsz}")
+    forward_max_token_len_per_gpu: int = doc(32768, "token budget per forward",
+                                             follows="${critic.forward_max_token_len_per_gpu}")
+    launch_reward_fn_async: bool = doc(False, "compute rule rewards in the background")
+    use_reward_loop: bool = doc(True, "veRL's reward loop (hybridflow scores in its reward workers)")
+    sandbox_fusion: LegacySandboxFusionConfig = section(LegacySandboxFusionConfig, "earlier spelling of reward.sandbox_fusion")
+    profiler: ProfilerConfig = section(ProfilerConfig, "the reward model's profiling", follows={
+        "tool_config": "${actor_rollout_ref.actor.profiler.tool_config}"}, absent=(
+        "relocate_results", "finish_hook_cmd", "finish_hook_all_ranks", "finish_hook_ranks", *TOKEN_RANGE_KEYS))
+
+
+@dataclass
+class LegacyCustomRewardFunctionConfig(BaseConfig):
+    """``custom_reward_function``: earlier spelling of reward.custom_reward_function (null: not set)."""
+
+    path: Optional[str] = doc(None, "a .py file")
+    name: Optional[str] = doc(None, "the function in it")
+    reward_kwargs: dict = doc({}, "extra keyword arguments bound to the function")
+
+
+@dataclass
+class LegacyModuleConfig(BaseConfig):
+    """``reward_manager.module`` (null: not set)."""
+
+    _target_: Optional[str] = doc(None, "the class this section is read into")
+    path: Optional[str] = doc(None, "file of the reward manager")
+    name: Optional[str] = doc(None, "the class in it")
+
+
+@dataclass
+class LegacyRewardManagerConfig(BaseConfig):
+    """``reward_manager``: veRL main's spelling of reward.reward_manager (null: not set)."""
+
+    _target_: Optional[str] = doc(None, "the class this section is read into")
+    source: Optional[str] = doc(None, "register | importlib")
+    name: Optional[str] = doc(None, "name in the registry, or the class in module")
+    module: LegacyModuleConfig = section(LegacyModuleConfig, "the file of an importlib reward manager")
+
+
+@dataclass
+class LegacyRayInitConfig(BaseConfig):
+    """``ray_init``: earlier spelling of ray_kwargs.ray_init (timeline_json_file: ray_kwargs's)."""
+
+    num_cpus: Optional[int] = doc(None, "CPUs Ray may use")
+    timeline_json_file: Optional[str] = doc(None, "earlier spelling of ray_kwargs.timeline_json_file")
+    address: Optional[str] = doc(None, "Ray address")
+    include_dashboard: Optional[bool] = doc(None, "start the dashboard")
+
+

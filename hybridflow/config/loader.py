@@ -1,0 +1,493 @@
+"""Load hybridflow's Hydra configs from veRL-style command lines, checked before composing.
+
+``load_config("ppo_trainer", ["data.train_batch_size=256", ...])`` composes ``configs/<name>.yaml``
+with Hydra's compose API (no ``hydra.main``: the working directory and logging stay untouched), so
+veRL command lines work as they are: ``key=val``, ``+key=val`` adds a key, ``~key`` deletes one,
+``++key=val`` sets or adds, lists as ``key=[a,b]``. Before composing, every override is checked
+against the yaml's defaults, so a typo fails at once, naming the closest valid keys, and a value of
+the wrong type fails naming the key, the expected type and the value. The result is resolved
+(interpolations are replaced by values), read-only and struct: library code reads it, never writes it.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import importlib.resources
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
+from hydra.errors import HydraException
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from hybridflow.config.convert import omega_conf_to_dataclass  # veRL's verl.utils.config API
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.keys import TABLES
+from hybridflow.config.support import SupportError, apply_aliases, check_support, mirror_aliases
+
+__all__ = [
+    "ConfigError",
+    "config_dir",
+    "available_configs",
+    "default_config",
+    "raw_default_config",
+    "check_overrides",
+    "suggest_keys",
+    "load_config",
+    "parse_cli",
+    "main_entry",
+    "omega_conf_to_dataclass",
+]
+
+logger = logging.getLogger(__name__)
+
+
+# Keys (by last component) whose veRL value may take either of two shapes.
+_UNION_TYPES: dict[str, tuple[str, ...]] = {
+    "train_files": ("str", "list"),
+    "val_files": ("str", "list"),
+    "target_modules": ("str", "list"),
+    "reshard_after_forward": ("bool", "int"),
+    # real numbers that veRL's yaml writes as integers (entropy_coeff: 0, top_p: 1, temperature: 0)
+    "entropy_coeff": ("float",),
+    "top_p": ("float",),
+    "temperature": ("float",),
+    "over_sample_rate": ("float",),
+    "rollout_is_threshold": ("float", "str"),  # 2.0, or IcePop's 'lower_upper'
+}
+
+_PACKAGE = "hybridflow.configs"
+
+
+# --------------------------------------------------------------------------- locating the yaml files
+
+
+def config_dir() -> Path:
+    """The directory holding the yaml files: ``configs/`` at the top of the source checkout this
+    module was imported from (an editable install, a worktree or a checkout on PYTHONPATH reads its
+    own yaml), else the installed package data ``hybridflow.configs`` (setup.py ships ``configs/``
+    there for a plain install)."""
+    source_tree = Path(__file__).resolve().parents[2] / "configs"
+    if (source_tree / "ppo_trainer.yaml").is_file():
+        return source_tree
+    try:
+        candidate = importlib.resources.files(_PACKAGE).joinpath("ppo_trainer.yaml")
+        if isinstance(candidate, Path) and candidate.is_file():
+            return candidate.parent
+    except (ModuleNotFoundError, TypeError, ValueError):
+        pass
+    raise ConfigError(f"cannot find hybridflow's yaml configs (neither {source_tree} nor package data {_PACKAGE})")
+
+
+def available_configs(directory: str | os.PathLike | None = None) -> list[str]:
+    """Names (without .yaml) of the configs that ``load_config`` can load."""
+    return sorted(p.stem for p in Path(directory or config_dir()).glob("*.yaml"))
+
+
+# veRL configs hybridflow does not ship: the answer when a command line or a defaults list names one.
+VERL_ONLY_CONFIGS = {
+    "ppo_megatron_trainer": "Megatron is not a hybridflow training engine (FSDP2/DDP only); use ppo_trainer",
+    "ppo_torchtitan_trainer": "TorchTitan is not a hybridflow training engine (FSDP2/DDP only); use ppo_trainer",
+    "ppo_veomni_trainer": "VeOmni is not a hybridflow training engine (FSDP2/DDP only); use ppo_trainer",
+    "sft_trainer_engine": "hybridflow's SFT config is sft_trainer (it holds veRL 0.9.1's sft_trainer_engine keys)",
+}
+
+
+def _refuse_verl_only(name: str) -> None:
+    if name in VERL_ONLY_CONFIGS:
+        raise ConfigError(f"config {name!r} (veRL's) is not supported by hybridflow: {VERL_ONLY_CONFIGS[name]}")
+
+
+def _yaml_path(name: str, directory: str | os.PathLike | None) -> tuple[Path, str]:
+    name = name[: -len(".yaml")] if name.endswith(".yaml") else name
+    folder = Path(directory).expanduser().resolve() if directory is not None else config_dir()
+    if not (folder / f"{name}.yaml").is_file():
+        _refuse_verl_only(name)
+        known = ", ".join(available_configs(folder)) or "(none)"
+        raise ConfigError(f"no config named {name!r} in {folder}; known: {known}")
+    return folder, name
+
+
+# --------------------------------------------------------------------------- composing
+
+
+def _compose(folder: Path, name: str, overrides: list[str]) -> DictConfig:
+    """Hydra compose, leaving any GlobalHydra of the caller as it was."""
+    outer = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    if outer is not None:
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(folder), version_base=None):
+            return compose(config_name=name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"cannot compose config {name!r} with overrides {overrides}: {e}") from e
+    finally:
+        if outer is not None:
+            GlobalHydra.instance().clear()
+            GlobalHydra.instance().initialize(outer)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_trees(folder: str, name: str, mtime_ns: int) -> tuple[Any, Any]:
+    """(resolved, unresolved) defaults of one yaml."""
+    cfg = _extending_config(Path(folder), name) or _compose(Path(folder), name, [])
+    try:
+        return OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_container(cfg, resolve=False)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"config {name!r} does not resolve: {e}") from e
+
+
+def _extending_config(folder: Path, name: str) -> DictConfig | None:
+    """A user's yaml that extends one of hybridflow's configs the veRL way (``defaults: [ppo_trainer,
+    _self_]``, with a ``hydra.searchpath`` to veRL's config directory): hybridflow's config with the
+    file's own keys merged on top, as Hydra would compose it. None for any other yaml."""
+    path = folder / f"{name}.yaml"
+    if folder == config_dir():
+        return None
+    try:
+        body = OmegaConf.load(path)
+    except (OmegaConfBaseException, OSError, ValueError) as e:
+        raise ConfigError(f"cannot read config {path}: {e}") from e
+    defaults = body.get("defaults") if isinstance(body, DictConfig) else None
+    entries = [str(d).removesuffix(".yaml") for d in defaults] if isinstance(defaults, (list, ListConfig)) else []
+    bases = [d for d in entries if d != "_self_"]
+    if len(bases) != 1 or entries[-1] != "_self_" or "@" in bases[0] or ":" in bases[0]:
+        return None
+    _refuse_verl_only(bases[0])
+    if not (config_dir() / f"{bases[0]}.yaml").is_file():
+        return None
+    own = OmegaConf.to_container(body, resolve=False)
+    own.pop("defaults", None)
+    own.pop("hydra", None)
+    try:
+        return OmegaConf.merge(OmegaConf.create(copy.deepcopy(raw_default_config(bases[0]))), own)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"cannot merge {path} onto hybridflow's {bases[0]}: {e}") from e
+
+
+def _trees(folder: Path, name: str) -> tuple[Any, Any]:
+    return _cached_trees(str(folder), name, (folder / f"{name}.yaml").stat().st_mtime_ns)
+
+
+def default_config(name: str = "ppo_trainer", directory: str | os.PathLike | None = None) -> dict:
+    """The yaml's defaults as a plain resolved dict (cached; treat as read-only)."""
+    folder, name = _yaml_path(name, directory)
+    return _trees(folder, name)[0]
+
+
+def raw_default_config(name: str = "ppo_trainer", directory: str | os.PathLike | None = None) -> dict:
+    """The yaml's defaults with interpolations left as written (cached; treat as read-only)."""
+    folder, name = _yaml_path(name, directory)
+    return _trees(folder, name)[1]
+
+
+# --------------------------------------------------------------------------- checking overrides
+
+
+def _all_paths(tree: Any, prefix: str = "") -> list[str]:
+    """Every dotted path of the tree: inner nodes and leaves."""
+    out = []
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            out.append(path)
+            out.extend(_all_paths(value, path))
+    return out
+
+
+def _lookup(tree: Any, key: str) -> tuple[bool, Any]:
+    node = tree
+    for part in key.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False, None
+    return True, node
+
+
+def suggest_keys(key: str, tree: dict, limit: int = 3) -> list[str]:
+    """Valid paths close to ``key``: paths that end with it, near spellings, same last component."""
+    paths = _all_paths(tree)
+    parts = key.split(".")
+    suffix = [p for p in paths if p.endswith("." + key)]
+    spelled = difflib.get_close_matches(key, paths, n=limit, cutoff=0.75)
+    same_leaf = [p for p in paths if p.split(".")[-1] == parts[-1]]
+    # among same-leaf paths prefer those sharing more components with the key (actor.lr -> actor...lr)
+    same_leaf.sort(key=lambda p: (-len(set(parts) & set(p.split("."))), -difflib.SequenceMatcher(None, key, p).ratio()))
+    near_leaf = []
+    if not same_leaf:  # a typo in the last component: compare leaf names only
+        leaves = {p.split(".")[-1] for p in paths}
+        for leaf in difflib.get_close_matches(parts[-1], leaves, n=2, cutoff=0.8):
+            near_leaf += [p for p in paths if p.split(".")[-1] == leaf]
+    ranked = [p for p in dict.fromkeys(suffix + spelled + same_leaf + near_leaf) if not key.startswith(p + ".")]
+    return ranked[:limit]
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    if isinstance(value, dict):
+        return "dict"
+    return type(value).__name__
+
+
+def _value_text(override: Override) -> str:
+    return override.input_line.split("=", 1)[1] if "=" in override.input_line else ""
+
+
+def _check_value(override: Override, key: str, default: Any) -> str | None:
+    """None when the override is fine as written, a rewritten override when it is fine after a
+    normalisation, ConfigError when its type contradicts the default's."""
+    value, text, lhs = override.value(), _value_text(override), override.get_key_element()
+    if text == "None":  # Python spelling of null, common in veRL scripts
+        return f"{lhs}=null"
+    if default is None or value is None:
+        return None
+    if isinstance(value, str) and "${" in value:  # an interpolation: its type is known only later
+        return None
+    expected, got = _kind(default), _kind(value)
+    allowed = _UNION_TYPES.get(key.split(".")[-1], (expected,))
+    if got in allowed or (got == "int" and "float" in allowed):
+        return None
+    if expected == "list" and got in ("str", "int", "float", "bool"):
+        return f"{lhs}=[{text}]"  # trainer.logger=console means ['console']
+    if expected == "str" and got in ("int", "float") and "'" not in text:
+        return f"{lhs}='{text}'"  # experiment_name=2024 stays the string '2024'
+    raise ConfigError(
+        f"config key {key!r} expects {' or '.join(allowed)} (default: {default!r}), "
+        f"got {got} {value!r} from {override.input_line!r}"
+    )
+
+
+def _under_free_form_dict(defaults: dict, key: str) -> bool:
+    """True when a section above ``key`` is an empty mapping in the yaml (override_config: {}, ...)."""
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        found, node = _lookup(defaults, ".".join(parts[:i]))
+        if found:
+            return node == {}
+    return False
+
+
+def check_overrides(overrides: Sequence[str], defaults: dict) -> list[str]:
+    """Check command-line overrides against the defaults tree; return them ready for Hydra
+    (a scalar for a list key becomes a one-element list, ``None`` becomes ``null``).
+
+    Raises ConfigError naming every unknown key (with the closest valid keys) and every value whose
+    type contradicts its default.
+    """
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as e:
+        raise ConfigError(f"cannot parse overrides {list(overrides)}: {e}") from e
+    errors, out = [], []
+    for override in parsed:
+        key = override.key_or_group
+        if key.startswith("hydra.") or key == "hydra":
+            out.append(override.input_line)  # Hydra's own settings; dropped from the result
+            continue
+        if override.is_sweep_override():
+            errors.append(
+                f"{override.input_line!r}: sweeps (a,b) are not supported; write a list as {key}=[a,b] "
+                f"or quote a string that contains a comma"
+            )
+            continue
+        found, default = _lookup(defaults, key)
+        if override.type == OverrideType.ADD and not found:
+            out.append(override.input_line)
+            continue
+        if override.type == OverrideType.ADD:
+            # veRL users add keys its tree lacks but hybridflow's has (fsdp_config.mixed_precision, ...):
+            # +key for an existing key sets it, after the usual checks
+            override = OverridesParser.create().parse_overrides([override.input_line[1:]])[0]
+        if not found and override.type == OverrideType.FORCE_ADD:
+            out.append(override.input_line)
+            continue
+        if not found and override.type == OverrideType.CHANGE and _under_free_form_dict(defaults, key):
+            out.append("+" + override.input_line)  # e.g. engine_kwargs.vllm.swap_space=4: vllm is a free-form {}
+            continue
+        if not found:
+            close = suggest_keys(key, defaults)
+            hint = f" Did you mean: {', '.join(close)}?" if close else ""
+            errors.append(f"unknown config key {key!r}.{hint} (to add a new key on purpose write +{key}=...)")
+            continue
+        if override.type == OverrideType.DEL:
+            out.append(override.input_line)
+            continue
+        try:
+            rewritten = _check_value(override, key, default)
+        except ConfigError as e:
+            errors.append(str(e))
+            continue
+        out.append(rewritten or override.input_line)
+    if errors:
+        raise ConfigError("invalid overrides:\n  " + "\n  ".join(errors))
+    return out
+
+
+# --------------------------------------------------------------------------- public entry points
+
+
+def load_config(
+    name: str = "ppo_trainer",
+    overrides: Sequence[str] = (),
+    config_path: str | os.PathLike | None = None,
+    kind: str | None = None,
+    notes: list[str] | None = None,
+) -> DictConfig:
+    """Compose ``<config_path or config_dir()>/<name>.yaml`` with veRL-style overrides.
+
+    Then, for the configs that have a key table (``kind``, by default ``name``: ppo_trainer,
+    generation, evaluation, sft_trainer), legacy spellings are mapped onto their canonical keys and
+    every key's status is checked (``hybridflow.config.support``): a key set to a value hybridflow
+    does not implement is refused by name. Notes about accepted-but-inactive settings are appended to
+    ``notes`` when given, else logged as warnings (``hybridflow.config.loader``).
+
+    Returns a resolved, read-only, struct DictConfig. Raises ConfigError for unknown keys, values of
+    the wrong type, unsupported values, conflicting spellings, or anything Hydra refuses.
+    """
+    folder, name = _yaml_path(name, config_path)
+    defaults, raw_defaults = _trees(folder, name)
+    checked = check_overrides(overrides, defaults)
+    cfg = _apply_overrides(raw_defaults, checked, name)
+    table = _key_table(kind or name)
+    found: list[str] = []
+    origins: dict[str, str] = {}
+    try:
+        if table is not None:
+            # statuses are judged against hybridflow's own yaml, also for a config file of the user's
+            reference = raw_default_config(kind or name)
+            raw = OmegaConf.to_container(cfg, resolve=False)
+            try:
+                moved = apply_aliases(table, raw, reference, explicit=_written_keys(checked), origins=origins)
+            except SupportError as e:
+                raise ConfigError(f"conflicting config keys:\n  {e}") from None
+            _update(cfg, moved)
+        OmegaConf.resolve(cfg)
+        if table is not None:
+            resolved = OmegaConf.to_container(cfg, resolve=False)
+            try:
+                found = check_support(table, raw, reference, resolved, origins)
+            except SupportError as e:
+                raise ConfigError(f"config keys that hybridflow does not support:\n  {e}") from None
+            _update(cfg, mirror_aliases(table, resolved))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"config {name!r} does not resolve with overrides {list(overrides)}: {e}") from e
+    if notes is not None:
+        notes.extend(found)
+    else:
+        for line in found:
+            logger.warning("[config] %s", line)
+    OmegaConf.set_struct(cfg, True)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def _apply_overrides(raw_defaults: dict, overrides: Sequence[str], name: str) -> DictConfig:
+    """The defaults with checked overrides applied, as Hydra's compose applies them (struct: only
+    ``+``/``++`` add keys). The yaml is parsed once (``_trees``); this only copies and updates it."""
+    cfg = OmegaConf.create(copy.deepcopy(raw_defaults))
+    OmegaConf.set_struct(cfg, True)
+    try:
+        for o in OverridesParser.create().parse_overrides(list(overrides)):
+            key = o.key_or_group
+            if key == "hydra" or key.startswith("hydra."):
+                continue  # Hydra's own settings: nothing to compose here
+            if o.is_delete():
+                parent, _, leaf = key.rpartition(".")
+                node = OmegaConf.select(cfg, parent) if parent else cfg
+                with open_dict(cfg):
+                    del node[leaf]
+            else:
+                OmegaConf.update(cfg, key, o.value(), merge=True, force_add=o.is_add() or o.is_force_add())
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"cannot compose config {name!r} with overrides {list(overrides)}: {e}") from e
+    return cfg
+
+
+def _update(cfg: DictConfig, values: dict[str, Any]) -> None:
+    with open_dict(cfg):
+        for key, value in values.items():
+            OmegaConf.update(cfg, key, value, merge=False, force_add=True)
+
+
+def _written_keys(overrides: Sequence[str]) -> list[str]:
+    """The keys the command line sets (``key=v``, ``+key=v``, ``++key=v``; not ``~key``)."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return [o.key_or_group for o in parsed if o.type != OverrideType.DEL]
+
+
+def _key_table(kind: str):
+    return TABLES.get(kind)
+
+
+_USAGE = """usage: python -m {prog} [--config-path DIR] [--config-name NAME] [--cfg job] [key=value ...]
+
+Overrides follow veRL/Hydra syntax: key=value changes a key, +key=value adds one, ~key deletes one,
+lists as key=[a,b]. --cfg job prints the composed config and exits. Known configs: {known}
+"""
+
+
+def parse_cli(name: str, argv: Sequence[str]) -> DictConfig:
+    """Command-line front end of ``load_config``: also takes Hydra's ``--config-path``,
+    ``--config-name`` (``-cp``/``-cn``), ``--cfg job`` and ``--help``. A ConfigError is printed
+    and exits with status 2 instead of a traceback. ``--cfg job`` prints the composed config after
+    every check (unknown keys, types, unsupported values) and exits: a dry run of the command line."""
+    config_path, overrides, print_cfg = None, [], False
+    kind = name  # the entry point's config: its key statuses apply whatever file --config-name picks
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        flag, _, inline = arg.partition("=") if arg.startswith("-") else (arg, "", "")
+        if flag in ("-h", "--help"):
+            print(_USAGE.format(prog=Path(sys.argv[0]).stem or "hybridflow", known=", ".join(available_configs())))
+            raise SystemExit(0)
+        if flag in ("--config-path", "-cp", "--config-name", "-cn", "--cfg", "-c"):
+            if not inline and not args:
+                print(f"error: {flag} needs a value", file=sys.stderr)
+                raise SystemExit(2)
+            value = inline or args.pop(0)
+            if flag in ("--config-path", "-cp"):
+                config_path = Path(value).expanduser().resolve()
+            elif flag in ("--config-name", "-cn"):
+                name = value
+            else:
+                print_cfg = True
+            continue
+        if arg.startswith("--"):
+            print(f"error: unknown option {arg}; overrides are written key=value", file=sys.stderr)
+            raise SystemExit(2)
+        overrides.append(arg)
+    try:
+        cfg = load_config(name, overrides, config_path=config_path, kind=kind)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if print_cfg:
+        print(OmegaConf.to_yaml(cfg))
+        raise SystemExit(0)
+    return cfg
+
+
+def main_entry(name: str) -> DictConfig:
+    """``cfg = main_entry("ppo_trainer")`` in an entry point's ``if __name__ == "__main__":``."""
+    return parse_cli(name, sys.argv[1:])

@@ -1,0 +1,18 @@
+"""veRL's ModuleConfig: a class or function of yours, named by the file (or module) and the name in it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hybridflow.config.base import BaseConfig, doc
+
+__all__ = ["ModuleConfig"]
+
+
+@dataclass
+class ModuleConfig(BaseConfig):
+    """A user's code: ``path`` (a .py file or module) and ``name`` (the attribute in it)."""
+
+    path: Optional[str] = doc(None, "a .py file or an importable module; null: none")
+    name: Optional[str] = doc(None, "the class or function in it")

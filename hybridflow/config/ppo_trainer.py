@@ -1,0 +1,81 @@
+"""The whole of configs/ppo_trainer.yaml as one declaration: ``PPOTrainerConfig``'s fields are its
+top-level sections, in the yaml's order. ``python -m hybridflow.devtools.config_yaml`` writes the yaml
+from it (values, interpolations, a comment per key from its doc); a test fails when they drift."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridflow.config.actor import FSDPActorConfig, RefConfig
+from hybridflow.config.algorithm import AlgoConfig
+from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.critic import FSDPCriticConfig
+from hybridflow.config.data import DataConfig
+from hybridflow.config.distillation import DistillationConfig
+from hybridflow.config.legacy import (LegacyCustomRewardFunctionConfig, LegacyRayInitConfig, LegacyRewardManagerConfig,
+                                      LegacyRewardModelConfig, LegacySandboxFusionConfig)
+from hybridflow.config.model import HFModelConfig
+from hybridflow.config.profiler import GlobalProfilerConfig
+from hybridflow.config.ray import RayKwargsConfig
+from hybridflow.config.reward import RewardConfig
+from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.skip import SkipManagerConfig
+from hybridflow.config.trainer import AsyncTrainingConfig, TrainerConfig
+from hybridflow.config.transfer_queue import TransferQueueConfig
+
+__all__ = ["ActorRolloutRefConfig", "PPOTrainerConfig"]
+
+_A = "actor_rollout_ref.actor"
+# the policy's rollout follows the data and the actor (veRL's rollout.yaml)
+_ROLLOUT_FOLLOWS = {
+    "n_gpus_per_node": "${trainer.n_gpus_per_node}",
+    "prompt_length": "${data.max_prompt_length}",
+    "response_length": "${data.max_response_length}",
+    "log_prob_use_dynamic_bsz": f"${{{_A}.use_dynamic_bsz}}",
+    "log_prob_max_token_len_per_gpu": f"${{{_A}.ppo_max_token_len_per_gpu}}",
+    "mtp": "${actor_rollout_ref.model.mtp}",
+    "qat": "${oc.select:actor_rollout_ref.actor.fsdp_config.qat,${oc.select:actor_rollout_ref.actor.megatron.qat,null}}",
+}
+
+
+@dataclass
+class ActorRolloutRefConfig(BaseConfig):
+    """``actor_rollout_ref``: the policy (trained, sampled and frozen as the reference), in one worker group."""
+
+    hybrid_engine: bool = doc(True, "actor, rollout and ref share the same worker processes")
+    nccl_timeout: int = doc(600, "seconds of the collective-communication timeout")
+    model: HFModelConfig = section(HFModelConfig, "the policy model (veRL's hf_model.yaml)")
+    actor: FSDPActorConfig = section(FSDPActorConfig, "the policy's training")
+    ref: RefConfig = section(RefConfig, "the reference policy's log-prob pass")
+    rollout: RolloutConfig = section(RolloutConfig, "the inference engine and its sampling",
+                                     follows=_ROLLOUT_FOLLOWS, absent=("limit_images",))
+
+
+@dataclass
+class PPOTrainerConfig(BaseConfig):
+    """configs/ppo_trainer.yaml: veRL 0.9.1's ppo_trainer tree, key for key."""
+
+    data: DataConfig = section(DataConfig, "the training and validation prompts")
+    actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, "the policy: actor, rollout, reference")
+    critic: FSDPCriticConfig = section(FSDPCriticConfig, "the value model (used when algorithm.adv_estimator is gae)")
+    reward: RewardConfig = section(RewardConfig, "rewards (veRL 0.9.1's section; the earlier spellings are at the end)")
+    algorithm: AlgoConfig = section(AlgoConfig, "how rewards become advantages")
+    trainer: TrainerConfig = section(TrainerConfig, "the run: steps, devices, logging, checkpoints, validation")
+    async_training: AsyncTrainingConfig = section(AsyncTrainingConfig, "hybridflow: veRL's fully async keys, plus "
+                                                  "the mode of the one driver")
+    ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray start-up (ray_init at the end is the earlier spelling)")
+    global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig, "profiling: the tool, the steps, defaults "
+                                                    "of every role's profiler")
+    distillation: DistillationConfig = section(DistillationConfig, "on-policy distillation (not implemented)")
+    transfer_queue: TransferQueueConfig = section(TransferQueueConfig, "veRL's TransferQueue (not implemented)")
+    skip: SkipManagerConfig = section(SkipManagerConfig, "replay cached rollouts instead of generating")
+    model_engine: str = doc("dp", "veRL's choice of training backend (dp = FSDP/DDP); hybridflow has dp only")
+    reward_model: LegacyRewardModelConfig = section(LegacyRewardModelConfig, "legacy: veRL's earlier reward-model "
+                                                    "section (moved keys map onto reward.*)")
+    custom_reward_function: LegacyCustomRewardFunctionConfig = section(
+        LegacyCustomRewardFunctionConfig, "legacy: earlier spelling of reward.custom_reward_function")
+    sandbox_fusion: LegacySandboxFusionConfig = section(LegacySandboxFusionConfig,
+                                                        "legacy: earlier spelling of reward.sandbox_fusion")
+    reward_manager: LegacyRewardManagerConfig = section(LegacyRewardManagerConfig,
+                                                        "legacy: veRL main's spelling of reward.reward_manager")
+    ray_init: LegacyRayInitConfig = section(LegacyRayInitConfig, "legacy: earlier spelling of ray_kwargs.ray_init")

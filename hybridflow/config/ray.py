@@ -1,0 +1,29 @@
+"""``ray_kwargs`` (veRL 0.9.1's spelling of Ray's start-up; the earlier ``ray_init`` is in
+``hybridflow.config.legacy``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hybridflow.config.base import BaseConfig, doc, section
+
+__all__ = ["RayInitConfig", "RayKwargsConfig"]
+
+
+@dataclass
+class RayInitConfig(BaseConfig):
+    """``ray_kwargs.ray_init``: the arguments of ray.init."""
+
+    num_cpus: Optional[int] = doc(None, "CPUs Ray may use; null: all (set it under SLURM or in containers)")
+    runtime_env: dict = doc({"py_executable": None}, "Ray runtime_env (py_executable: the workers' interpreter)")
+    address: Optional[str] = doc(None, "hybridflow: null starts a local Ray unless RAY_ADDRESS is set")
+    include_dashboard: bool = doc(False, "hybridflow: start the dashboard (it listens on 127.0.0.1 only)")
+
+
+@dataclass
+class RayKwargsConfig(BaseConfig):
+    """``ray_kwargs``: Ray start-up."""
+
+    ray_init: RayInitConfig = section(RayInitConfig, "arguments of ray.init")
+    timeline_json_file: Optional[str] = doc(None, "write a Ray timeline (chrome://tracing) here")

@@ -1,0 +1,96 @@
+"""The ``reward`` section (veRL 0.9.1's RewardConfig): the reward function or manager, the reward
+model, and the code sandbox. The earlier spellings (top-level reward_model, custom_reward_function,
+sandbox_fusion, reward_manager) are declared in ``hybridflow.config.legacy``."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.module import ModuleConfig
+from hybridflow.config.rollout import RolloutConfig
+
+__all__ = ["CustomRewardFunctionConfig", "RewardManagerConfig", "SandboxFusionConfig", "RewardModelConfig",
+           "RewardConfig", "engine_only"]
+
+
+def engine_only(keep: tuple[str, ...]) -> tuple[str, ...]:
+    """The RolloutConfig keys a standalone inference engine's section leaves out (it keeps ``keep``)."""
+    return tuple(f.name for f in dataclasses.fields(RolloutConfig) if f.name not in keep and f.name != "_target_")
+
+
+@dataclass
+class CustomRewardFunctionConfig(BaseConfig):
+    """``reward.custom_reward_function``: a scoring function of yours."""
+
+    path: Optional[str] = doc(None, "a .py file; null uses the built-in scorers")
+    name: str = doc("compute_score", "the function in it")
+    reward_kwargs: dict = doc({}, "hybridflow: extra keyword arguments bound to the function")
+
+
+def _manager_module() -> ModuleConfig:
+    return ModuleConfig(_target_="verl.trainer.config.config.ModuleConfig", name="custom_reward_manager")
+
+
+@dataclass
+class RewardManagerConfig(BaseConfig):
+    """``reward.reward_manager``: how scores are computed from the samples."""
+
+    _target_: str = doc("verl.workers.config.reward.RewardManagerConfig", "the class this section is read into")
+    source: str = doc("register", "register (by name from the registry) | importlib (module.path)")
+    name: str = doc("naive", "name in the reward-manager registry, or the class in module")
+    module: Optional[ModuleConfig] = section(_manager_module, "the file of an importlib reward manager")
+
+
+@dataclass
+class SandboxFusionConfig(BaseConfig):
+    """``reward.sandbox_fusion``: a code-execution sandbox for code rewards."""
+
+    _target_: str = doc("verl.workers.config.SandboxFusionConfig", "the class this section is read into")
+    url: Optional[str] = doc(None, "sandbox URL; null: none")
+    max_concurrent: int = doc(64, "requests in flight at once")
+    memory_limit_mb: int = doc(1024, "memory per sandbox process, in MB")
+
+
+_RM_ENGINE_KEYS = (
+    "name", "dtype", "gpu_memory_utilization", "enforce_eager", "cudagraph_capture_sizes", "free_cache_engine",
+    "data_parallel_size", "expert_parallel_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+    "max_num_batched_tokens", "max_model_len", "max_num_seqs", "load_format", "layered_summon", "scheduling_policy",
+    "full_determinism", "seed", "multi_stage_wake_up", "engine_kwargs", "limit_images", "enable_chunked_prefill",
+    "enable_prefix_caching", "disable_log_stats", "skip_tokenizer_init", "ignore_eos", "temperature", "top_k", "top_p",
+    "do_sample", "n", "prompt_length", "response_length", "quantization", "quantization_config_file", "mtp",
+    "disaggregation")
+
+
+def _reward_engine() -> RolloutConfig:
+    return RolloutConfig(name=None, dtype="bfloat16", enforce_eager=True, tensor_model_parallel_size=2,
+                         max_num_seqs=1024, load_format="auto", engine_kwargs={}, skip_tokenizer_init=False,
+                         prompt_length=2048, response_length=2048, mtp=None)
+
+
+@dataclass
+class RewardModelConfig(BaseConfig):
+    """``reward.reward_model``: a sequence-classification model that scores the samples."""
+
+    _target_: str = doc("verl.workers.config.RewardModelConfig", "the class this section is read into")
+    enable: bool = doc(False, "score with a reward model (false: rule-based scorers only)")
+    enable_resource_pool: bool = doc(False, "the reward model gets devices of its own")
+    n_gpus_per_node: int = doc(8, "devices per node of that pool")
+    nnodes: int = doc(0, "nodes of that pool")
+    model_path: Optional[str] = doc(None, "a sequence-classification model (hybridflow scores it with FSDP)")
+    rollout: RolloutConfig = section(_reward_engine, "veRL's inference engine of the reward model (hybridflow: name null, no engine serves it)",
+                                     follows={"mtp": None}, absent=engine_only(_RM_ENGINE_KEYS))
+
+
+@dataclass
+class RewardConfig(BaseConfig):
+    """``reward``: how samples are scored."""
+
+    _target_: str = doc("verl.workers.config.RewardConfig", "the class this section is read into")
+    num_workers: int = doc(8, "reward workers the scoring is spread over")
+    custom_reward_function: CustomRewardFunctionConfig = section(CustomRewardFunctionConfig, "a scoring function of yours")
+    reward_manager: RewardManagerConfig = section(RewardManagerConfig, "how scores are computed")
+    reward_model: RewardModelConfig = section(RewardModelConfig, "a reward model")
+    sandbox_fusion: SandboxFusionConfig = section(SandboxFusionConfig, "a code sandbox")

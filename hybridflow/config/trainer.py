@@ -1,0 +1,118 @@
+"""The ``trainer`` section (the run: steps, devices, logging, checkpoints, validation) and
+``async_training`` (how far generation may run ahead of training)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.module import ModuleConfig
+
+__all__ = ["HybridRolloutSwitchConfig", "ColocateAsyncConfig", "SeparateAsyncConfig", "ReplaySamplerConfig",
+           "TrainerV1Config", "TrainerConfig", "AsyncTrainingConfig"]
+
+
+@dataclass
+class HybridRolloutSwitchConfig(BaseConfig):
+    """``trainer.v1.separate_async.hybrid_rollout``: lending idle trainer devices to the rollout (veRL's V1 trainer)."""
+
+    _target_: str = doc("verl.trainer.config.HybridRolloutSwitchConfig", "the class this section is read into")
+    enable_switch: bool = doc(False, "let the trainer switch to rollout when idle")
+    switch_threshold_ratio: float = doc(0.4, "share of train_batch_size sampleable before the replicas are reclaimed")
+    adaptive_switch_threshold: bool = doc(True, "adapt the threshold to trainer starvation")
+    switch_threshold_step_up: float = doc(0.05, "added to the threshold after sustained trainer idle")
+    switch_threshold_step_down: float = doc(0.03, "subtracted from the threshold after a calm period")
+    switch_threshold_release_steps: int = doc(2, "idle or calm steps before the threshold moves")
+    switch_cost_window_size: int = doc(3, "steps averaged for the switch cost")
+
+
+@dataclass
+class ColocateAsyncConfig(BaseConfig):
+    """``trainer.v1.colocate_async``."""
+
+    num_warmup_batches: float = doc(1, "batches generated before the training loop starts")
+
+
+@dataclass
+class SeparateAsyncConfig(BaseConfig):
+    """``trainer.v1.separate_async``."""
+
+    num_warmup_batches: float = doc(1, "batches generated before the training loop starts")
+    parameter_sync_step: int = doc(4, "trainer steps between weight syncs to the rollout")
+    hybrid_rollout: HybridRolloutSwitchConfig = section(HybridRolloutSwitchConfig, "lending idle trainer devices")
+
+
+@dataclass
+class ReplaySamplerConfig(BaseConfig):
+    """``trainer.v1.sampler``: the V1 trainer's replay-buffer sampling."""
+
+    max_off_policy_threshold: Optional[int] = doc(8, "model versions a trajectory may span; null: no limit")
+    max_off_policy_strategy: str = doc("drop", "drop | wait: what happens to a trajectory beyond the threshold")
+    sync_refill_failed_groups: bool = doc(False, "sync trainers replace groups without trajectories")
+    custom_sampler: ModuleConfig = section(ModuleConfig, "a sampler class of your own")
+    sampler_kwargs: dict = doc({}, "arguments of the custom sampler")
+
+
+@dataclass
+class TrainerV1Config(BaseConfig):
+    """``trainer.v1``: veRL's V1 trainer modes (hybridflow has one trainer; async_training sets its mode)."""
+
+    trainer_mode: str = doc("sync", "sync | colocate_async | separate_async")
+    sync: dict = doc({}, "the synchronous trainer's settings")
+    colocate_async: ColocateAsyncConfig = section(ColocateAsyncConfig, "asynchronous, trainer and rollout colocated")
+    separate_async: SeparateAsyncConfig = section(SeparateAsyncConfig, "asynchronous, trainer and rollout apart")
+    sampler: ReplaySamplerConfig = section(ReplaySamplerConfig, "replay-buffer sampling")
+
+
+@dataclass
+class TrainerConfig(BaseConfig):
+    """``trainer``: the run (steps, devices, logging, checkpoints, validation)."""
+
+    balance_batch: bool = doc(True, "reorder samples so every rank gets a similar token count")
+    total_epochs: int = doc(30, "passes over the training data")
+    total_training_steps: Optional[int] = doc(None, "null: derived from total_epochs and the dataset size")
+    project_name: str = doc("hybridflow_examples", "experiment tracking project (hybridflow: hybridflow_examples)")
+    experiment_name: str = doc("gsm8k", "run name in the tracking tools")
+    logger: Union[str, list[str]] = doc(["console"], "hybridflow: console only (veRL: console, wandb); a name or a list")
+    log_val_generations: int = doc(0, "validation samples logged")
+    rollout_data_dir: Optional[str] = doc(None, "write every step's samples to <dir>/<step>.jsonl (replayable)")
+    validation_data_dir: Optional[str] = doc(None, "write every validation's samples to <dir>/<step>.jsonl")
+    nnodes: int = doc(1, "nodes of the run")
+    n_gpus_per_node: int = doc(1, "hybridflow: 1 (veRL: 8); devices per node on CUDA, worker processes per node on cpu")
+    save_freq: int = doc(-1, "steps between checkpoints; -1: never")
+    esi_redundant_time: int = doc(0, "extra seconds of the save-before-shutdown margin of an elastic instance")
+    resume_mode: str = doc("auto", "auto | disable | resume_path")
+    resume_from_path: Optional[str] = doc(None, "the checkpoint of resume_mode=resume_path")
+    checkpoint_callback_class: Optional[str] = doc(None, "dotted class whose on_save runs after each checkpoint")
+    val_before_train: bool = doc(True, "validate before the first step")
+    val_only: bool = doc(False, "validate, then stop")
+    rollout_only: bool = doc(False, "hybridflow: generate and score every step, train nothing")
+    test_freq: int = doc(-1, "steps between validations; -1: never")
+    critic_warmup: int = doc(0, "the actor trains from step critic_warmup on (steps count from 1)")
+    default_hdfs_dir: Optional[str] = doc(None, "a copy of the checkpoints on HDFS (not implemented)")
+    del_local_ckpt_after_load: bool = doc(False, "delete the local checkpoint once loaded")
+    default_local_dir: str = doc("checkpoints/hybridflow_examples/gsm8k", "checkpoint directory",
+                                 follows="checkpoints/${trainer.project_name}/${trainer.experiment_name}")
+    max_actor_ckpt_to_keep: Optional[int] = doc(None, "actor checkpoints kept; null: all")
+    max_critic_ckpt_to_keep: Optional[int] = doc(None, "critic checkpoints kept; null: all")
+    ray_wait_register_center_timeout: int = doc(300, "seconds the workers wait for the register center")
+    watchdog_timeout: Optional[float] = doc(1800.0, "hybridflow: seconds without progress before a worker call is "
+                                            "declared stuck (stacks dumped, run stopped); null: off")
+    device: str = doc("auto", "hybridflow: auto | cpu | cuda (veRL: cuda); auto picks cuda when torch sees a GPU")
+    backend: str = doc("ray", "hybridflow: ray | inprocess (workers inside the driver, world size 1)")
+    use_v1: bool = doc(True, "veRL's V1 trainer switch (hybridflow has one trainer)")
+    use_legacy_worker_impl: str = doc("auto", "veRL main's switch between worker implementations; hybridflow has one")
+    v1: TrainerV1Config = section(TrainerV1Config, "veRL's V1 trainer modes")
+
+
+@dataclass
+class AsyncTrainingConfig(BaseConfig):
+    """``async_training``: veRL's fully async keys (its recipe) plus the mode of hybridflow's one driver."""
+
+    mode: str = doc("sync", "sync | one_step_off | fully_async; the asynchronous modes need rollout.nnodes > 0")
+    staleness_threshold: float = doc(0.1, "fully_async: generate at most (1 + this) x a sync period's prompts ahead")
+    trigger_parameter_sync_step: int = doc(4, "fully_async: trainer steps between weight syncs to the rollout")
+    require_batches: int = doc(1, "fully_async: ppo_mini_batch_size groups of prompts per step")
+    partial_rollout: bool = doc(True, "fully_async: requests in flight at a sync continue on the new weights")
+    use_rollout_log_probs: bool = doc(False, "asynchronous modes: pi_old is the engine's log-probs (no recomputation)")

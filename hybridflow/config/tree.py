@@ -1,0 +1,115 @@
+"""The yaml tree a declaration stands for: every key of a config class (nested sections, dict values) at
+its place, with its value as the yaml writes it (the default, or the interpolation it ``follows``) and
+its doc. Keys a place lists as ``absent`` are left out. The yaml generator renders these entries; the
+tests resolve the tree and compare it with the declared defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+from hybridflow.config.base import field_absent, field_follows
+from hybridflow.config.errors import ConfigError
+
+__all__ = ["Entry", "entries", "raw_tree"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One key. ``value`` is the yaml value (an interpolation string where it follows another key);
+    for a nested mapping ``nested`` is True and ``value`` is None (its keys are the next entries, one
+    level deeper). ``empty``: a nested mapping without keys (written ``{}``)."""
+
+    path: str
+    depth: int
+    doc: str
+    value: Any = None
+    nested: bool = False
+
+
+def _sub(table: dict, name: str) -> dict:
+    prefix = name + "."
+    return {k[len(prefix):]: v for k, v in table.items() if k.startswith(prefix)}
+
+
+def _children(obj: Any) -> list[tuple[str, Any, Optional[dataclasses.Field]]]:
+    if dataclasses.is_dataclass(obj):
+        out = []
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if f.name == "_target_" and value == "":
+                continue  # a class veRL reads without a _target_
+            out.append((f.name, value, f))
+        return out
+    return [(str(k), v, None) for k, v in obj.items()]
+
+
+def _check(obj: Any, table: dict, what: str, path: str) -> None:
+    """Every key a follows/absent table names exists (a typo would silently do nothing)."""
+    for key in table:
+        node = obj
+        for part in key.split("."):
+            names = {n for n, _, _ in _children(node)} if (dataclasses.is_dataclass(node) or isinstance(node, dict)) \
+                else set()
+            if dataclasses.is_dataclass(node) and part == "_target_":
+                names.add("_target_")
+            if part not in names:
+                raise ConfigError(f"{path or 'the root'}: {what} names {key!r}, which is not a key there")
+            node = getattr(node, part) if dataclasses.is_dataclass(node) else node[part]
+
+
+def entries(obj: Any, follows: Optional[dict] = None, absent: tuple[str, ...] = (), path: str = "",
+            depth: int = 0, interpolate: bool = True) -> Iterator[Entry]:
+    """The entries of ``obj`` (a config instance or a dict). ``follows``/``absent``: what the enclosing
+    places say about its keys (relative dotted keys; they win over the fields' own). ``interpolate``
+    False: every key holds its default, interpolations are left out (what they should resolve to)."""
+    follows, absent = dict(follows or {}), tuple(absent)
+    _check(obj, follows, "follows", path)
+    _check(obj, {k: None for k in absent}, "absent", path)
+    for name, value, f in _children(obj):
+        if name in absent:
+            continue
+        key = f"{path}.{name}" if path else name
+        own = field_follows(f) if f is not None else None
+        text = f.metadata.get("doc", "") if f is not None else ""
+        inner = dict(own) if isinstance(own, dict) else {}
+        inner.update(_sub(follows, name))
+        here = follows[name] if name in follows else (own if isinstance(own, str) else None)
+        if isinstance(here, str) and interpolate:
+            yield Entry(key, depth, text, here)
+            continue
+        if dataclasses.is_dataclass(value) or (isinstance(value, dict) and value):
+            sub_absent = (field_absent(f) if f is not None else ()) + tuple(_sub({k: None for k in absent}, name))
+            yield Entry(key, depth, text, None, nested=True)
+            yield from entries(value, inner, sub_absent, key, depth + 1, interpolate)
+            continue
+        if inner and interpolate:
+            raise ConfigError(f"{key}: follows names keys inside {value!r}, which has none")
+        yield Entry(key, depth, text, _plain(value))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def raw_tree(obj: Any, follows: Optional[dict] = None, absent: tuple[str, ...] = (), interpolate: bool = True) -> dict:
+    """The yaml tree of ``obj`` as nested dicts, interpolations unresolved (``interpolate`` False:
+    the defaults they stand for)."""
+    root: dict = {}
+    stack = [root]
+    for e in entries(obj, follows, absent, interpolate=interpolate):
+        del stack[e.depth + 1:]
+        leaf = e.path.rsplit(".", 1)[-1]
+        if e.nested:
+            stack[e.depth][leaf] = {}
+            stack.append(stack[e.depth][leaf])
+        else:
+            stack[e.depth][leaf] = e.value
+    return root
