@@ -79,7 +79,8 @@ def build_trainer(config) -> RayPPOTrainer:
     device = resolve_device(config.trainer.device)
     model_path = local_model_path(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
     trust = bool(config.data.trust_remote_code or config.actor_rollout_ref.model.trust_remote_code)
-    tokenizer = load_tokenizer(config.data.tokenizer or model_path, trust)
+    tokenizer = load_tokenizer(config.data.tokenizer or model_path, trust,
+                               chat_template=config.actor_rollout_ref.model.custom_chat_template)
 
     # data and rewards first: bad input fails before any worker starts
     train_dataset = build_rl_dataset(config.data.train_files, tokenizer, config.data)  # data.custom_cls or RLHFDataset

@@ -2,6 +2,7 @@
 ``hybridflow.main_ppo`` (the equivalent of ``--cfg job``: compose and check every key, no training).
 
     python -m hybridflow.devtools.check_verl_examples PATH/TO/verl/examples [--verbose] [--json OUT]
+        [--reference-python /work/verl_venv/bin/python]
 
 Each script (``*.sh``, ``*.slurm``, ``*.yaml``, ...) is read, not run (``shell_words``): variables set
 in the script are expanded, ``$@`` and positional arguments are empty, ``$HOME`` is ``/root``, the
@@ -14,6 +15,11 @@ a relative config path is looked up next to the script, then at the top of the v
 Per command the verdict is OK (composes), REFUSED (a key set to something hybridflow does not
 implement: the message says "not supported") or ERROR (anything else: an unknown key, a wrong type,
 a variable that could not be substituted). Exit status: 0.
+
+``--reference-python`` names an interpreter that imports veRL: every line is then also judged by veRL's
+own Hydra composition and ``validate_config`` (``verl_reference`` says exactly what "veRL accepts"
+means), and the summary reads "hybridflow composes X of the Y that veRL accepts", with the keys that
+refused among those Y. A line veRL rejects (a key its release no longer has, a typo) is no goal.
 """
 
 from __future__ import annotations
@@ -23,15 +29,17 @@ import contextlib
 import io
 import json
 import re
+import subprocess
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hybridflow.config.loader import parse_cli
+from hybridflow.devtools import verl_reference
 from hybridflow.devtools.shell_words import UNSET, read_script
 
-__all__ = ["find_commands", "check_command", "check_examples", "main"]
+__all__ = ["find_commands", "prepare_args", "check_command", "judge_with_verl", "check_examples", "summary", "main"]
 
 MODULE = "verl.trainer.main_ppo"
 _REDIRECT = re.compile(r"^[0-9]*(>>?|<)(&[0-9])?")
@@ -45,6 +53,8 @@ class Result:
     verdict: str  # OK | REFUSED | ERROR
     message: str
     args: list[str]
+    verl: str = ""  # ACCEPTS | REJECTS when veRL judged the line (--reference-python), else ""
+    verl_message: str = ""
 
 
 def find_commands(path: Path, cwd: Path | None = None) -> list[tuple[int, list[str]]]:
@@ -93,8 +103,10 @@ def _config_path(value: str, script: Path, examples: Path) -> str:
     return value
 
 
-def check_command(args: list[str], script: Path, examples: Path) -> tuple[str, str, list[str]]:
-    """(verdict, message, the arguments given to hybridflow) for one command line."""
+def prepare_args(args: list[str], script: Path, examples: Path, relative: bool = True) -> tuple[list[str], list[str]]:
+    """(the command's arguments, names of unset variables left in values): overrides of unset
+    variables dropped, ``--config-path`` made absolute (``relative=False``: only an absolute one is
+    looked up, a relative one is kept for veRL's own resolution)."""
     args, unresolved = _substitute_unset(args)
     fixed, i = [], 0
     while i < len(args):
@@ -103,10 +115,17 @@ def check_command(args: list[str], script: Path, examples: Path) -> tuple[str, s
         if flag in ("--config-path", "-cp"):
             value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
             i += 1 if eq else 2
-            fixed.append(f"--config-path={_config_path(value, script, examples)}")
+            keep = not relative and not Path(value).is_absolute()
+            fixed.append(f"--config-path={value if keep else _config_path(value, script, examples)}")
             continue
         fixed.append(arg)
         i += 1
+    return fixed, unresolved
+
+
+def check_command(args: list[str], script: Path, examples: Path) -> tuple[str, str, list[str]]:
+    """(verdict, message, the arguments given to hybridflow) for one command line."""
+    fixed, unresolved = prepare_args(args, script, examples)
     # veRL's own ppo_trainer: hybridflow's is the same tree, so the flags only name veRL's directory
     names = [a.partition("=")[2].strip("'\"") for a in fixed if a.startswith(("--config-name=", "-cn="))]
     if names and names[-1].removesuffix(".yaml") == "ppo_trainer":
@@ -129,8 +148,25 @@ def check_command(args: list[str], script: Path, examples: Path) -> tuple[str, s
     return ("REFUSED" if "not supported" in message else "ERROR"), message, fixed
 
 
-def check_examples(examples: Path) -> list[Result]:
-    results = []
+def judge_with_verl(commands: list[list[str]], python: str, timeout: float = 1800) -> list[tuple[bool, str]]:
+    """(accepted, why not) per command line, from veRL's own composition and validation, run by
+    ``python`` (an interpreter that imports verl; see ``verl_reference``)."""
+    if not commands:
+        return []
+    # -I: neither this checkout nor the user's PYTHONPATH leaks into veRL's interpreter
+    code = f"import runpy; runpy.run_path({str(Path(verl_reference.__file__))!r}, run_name='__main__')"
+    done = subprocess.run([python, "-I", "-c", code], input=json.dumps(commands), capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{python} could not judge the commands with veRL:\n{done.stderr[-3000:]}")
+    verdicts = json.loads(done.stdout.strip().splitlines()[-1])
+    return [(v["accepted"], v["message"]) for v in verdicts]
+
+
+def check_examples(examples: Path, reference_python: str | None = None) -> list[Result]:
+    """Every main_ppo command line under ``examples``, composed by hybridflow and, with
+    ``reference_python``, judged by veRL too (``Result.verl``)."""
+    results, prepared = [], []
     for path in sorted(p for p in examples.rglob("*") if p.is_file() and p.suffix in _SUFFIXES):
         try:
             if MODULE not in path.read_text(errors="replace"):
@@ -138,10 +174,18 @@ def check_examples(examples: Path) -> list[Result]:
             commands = find_commands(path, examples.parent)
         except (OSError, UnicodeError) as e:
             results.append(Result(str(path.relative_to(examples)), 0, "ERROR", f"cannot read: {e}", []))
+            prepared.append(None)
             continue
         for line, args in commands:
             verdict, message, used = check_command(args, path, examples)
             results.append(Result(str(path.relative_to(examples)), line, verdict, message, used))
+            # veRL resolves a relative --config-path itself: against verl/trainer/ (Hydra, python -m)
+            prepared.append(prepare_args(args, path, examples, relative=False)[0])
+    if reference_python:
+        judged = [i for i, a in enumerate(prepared) if a is not None]
+        for i, (accepted, message) in zip(judged, judge_with_verl([prepared[i] for i in judged], reference_python)):
+            results[i].verl = "ACCEPTS" if accepted else "REJECTS"
+            results[i].verl_message = message
     return results
 
 
@@ -150,24 +194,53 @@ def _refused_keys(message: str) -> list[str]:
         re.findall(r"config '([\w\-]+)' \(veRL's\) is not supported", message)
 
 
+def _first_line(message: str) -> str:
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return (lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]) if lines else ""
+
+
+def summary(results: list[Result]) -> list[str]:
+    """The report's closing lines: counts, and the keys that refused most often (among the lines
+    veRL accepts, when veRL judged them)."""
+    counts = Counter(r.verdict for r in results)
+    out = [f"{len(results)} main_ppo command lines in {len({r.script for r in results})} files: " +
+           ", ".join(f"{counts.get(v, 0)} {v}" for v in ("OK", "REFUSED", "ERROR"))]
+    pool = results
+    if any(r.verl for r in results):
+        pool = [r for r in results if r.verl == "ACCEPTS"]
+        ok = sum(r.verdict == "OK" for r in pool)
+        out.append(f"veRL accepts {len(pool)} of {len(results)}; hybridflow composes {ok} of the {len(pool)} "
+                   "that veRL accepts")
+        rejected = Counter(_first_line(r.verl_message)[:160] for r in results if r.verl == "REJECTS")
+        out += [f"  veRL rejects ({n}): {m}" for m, n in rejected.most_common()]
+    keys = Counter(k for r in pool if r.verdict == "REFUSED" for k in set(_refused_keys(r.message)))
+    if keys:
+        out.append("keys that refused" + (" (among those veRL accepts)" if pool is not results else "") +
+                   ", most often first: " + ", ".join(f"{k} ({n})" for k, n in keys.most_common()))
+    errors = Counter(_first_line(r.message)[:160] for r in pool if r.verdict == "ERROR")
+    out += [f"  ERROR ({n}): {m}" for m, n in errors.most_common()]
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("examples", type=Path, help="a local copy of veRL's examples/ directory")
     parser.add_argument("--verbose", action="store_true", help="print every message in full")
     parser.add_argument("--json", type=Path, help="also write every result as JSON here")
+    parser.add_argument("--reference-python", metavar="PYTHON",
+                        help="an interpreter that imports verl: judge every line with veRL's own config too "
+                             "(hybridflow/devtools/verl_reference.py says what 'veRL accepts' means)")
     args = parser.parse_args(argv)
-    results = check_examples(args.examples.resolve())
+    results = check_examples(args.examples.resolve(), args.reference_python)
     for r in results:
         first = r.message.splitlines()
-        detail = ("\n    " + "\n    ".join(first)) if args.verbose else (f"  {first[1].strip() if len(first) > 1 else first[0]}" if first else "")
-        print(f"{r.verdict:8s} {r.script}:{r.line}{detail}")
-    counts = Counter(r.verdict for r in results)
-    scripts = len({r.script for r in results})
-    print(f"\n{len(results)} main_ppo command lines in {scripts} files: " +
-          ", ".join(f"{counts.get(v, 0)} {v}" for v in ("OK", "REFUSED", "ERROR")))
-    keys = Counter(k for r in results if r.verdict == "REFUSED" for k in set(_refused_keys(r.message)))
-    if keys:
-        print("keys that refused most often: " + ", ".join(f"{k} ({n})" for k, n in keys.most_common(15)))
+        detail = ("\n    " + "\n    ".join(first)) if args.verbose else (f"  {_first_line(r.message)}" if first else "")
+        verl = f"verl:{r.verl:7s} " if r.verl else ""
+        print(f"{r.verdict:8s} {verl}{r.script}:{r.line}{detail}")
+        if args.verbose and r.verl == "REJECTS":
+            print(f"    veRL: {r.verl_message}")
+    print()
+    print("\n".join(summary(results)))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
     return 0

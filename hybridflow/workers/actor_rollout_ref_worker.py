@@ -125,7 +125,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         import_external_lib(model_cfg["external_lib"])
         path = local_model_path(model_cfg["path"], "actor_rollout_ref.model.path")
         trust = bool(model_cfg["trust_remote_code"])
-        self.tokenizer = load_tokenizer(path, trust)
+        self.tokenizer = load_tokenizer(path, trust, chat_template=model_cfg["custom_chat_template"])
         override = model_cfg["override_config"]
         torch.manual_seed(0)
 

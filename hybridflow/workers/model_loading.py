@@ -30,7 +30,10 @@ def import_external_lib(name: str | None) -> None:
         importlib.import_module(name)
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str = "left"):
+def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str = "left",
+                   chat_template: str | None = None):
+    """The tokenizer at ``path``; ``chat_template`` (``model.custom_chat_template``) replaces its own, as
+    veRL's model config does, so prompts, multi-turn messages and saved checkpoints all use it."""
     from transformers import AutoTokenizer
 
     if os.path.isfile(os.path.expanduser(str(path))):  # a GGUF file: its converted folder holds the tokenizer
@@ -38,6 +41,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, padding_side=padding_side)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if chat_template:
+        tokenizer.chat_template = chat_template
     return tokenizer
 
 

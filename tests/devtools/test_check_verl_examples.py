@@ -2,9 +2,13 @@
 sorts each main_ppo command line into OK / REFUSED / ERROR."""
 
 import json
+import os
 import textwrap
 
-from hybridflow.devtools.check_verl_examples import check_examples, find_commands, main
+import pytest
+
+from hybridflow.devtools.check_verl_examples import Result, check_examples, find_commands, judge_with_verl, main, summary
+from hybridflow.devtools.verl_reference import split_args
 from hybridflow.devtools.shell_words import ShellReader
 
 
@@ -114,3 +118,78 @@ def test_command_line_summary(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "5 main_ppo command lines in 5 files: 2 OK, 2 REFUSED, 1 ERROR" in out
     assert len(json.loads((tmp_path / "r.json").read_text())) == 5
+
+
+# --- the example goal: keys honoured since, refusals that name what is missing -------------------------
+def test_newly_honoured_keys_compose_and_kept_refusals_name_the_missing_backend(tmp_path):
+    ex = tmp_path / "verl" / "examples"
+    (ex / "goal" / "config").mkdir(parents=True)
+    # a user yaml over ppo_trainer carrying a chat template, as veRL's geo3k multi-turn configs do
+    (ex / "goal" / "config" / "templated.yaml").write_text(
+        "hydra:\n  searchpath:\n    - file://verl/trainer/config\ndefaults:\n  - ppo_trainer\n  - _self_\n"
+        "actor_rollout_ref:\n  model:\n    custom_chat_template: \"{% for m in messages %}{{ m['content'] }}{% endfor %}\"\n")
+    run = "python3 -m verl.trainer.main_ppo"
+    scripts = {
+        "hsdp.sh": f"{run} actor_rollout_ref.actor.fsdp_config.fsdp_size=2 actor_rollout_ref.ref.fsdp_config.fsdp_size=2 "
+                   "critic.model.fsdp_config.fsdp_size=4",
+        "template.sh": f'{run} --config-path="$(pwd)/examples/goal/config" --config-name=templated',
+        "npu.sh": f"{run} trainer.device=npu",
+        "npu_prof.sh": f"{run} actor_rollout_ref.actor.profiler.tool_config.npu.contents=['npu','cpu']",
+        "sglang.sh": f"{run} actor_rollout_ref.rollout.name=sglang",
+        "trtllm.sh": f"{run} actor_rollout_ref.rollout.name=trtllm",
+        "vlm.sh": f"{run} actor_rollout_ref.actor.freeze_vision_tower=True",
+        "mega.sh": f"{run} --config-path=config --config-name=ppo_megatron_trainer.yaml",
+    }
+    for name, text in scripts.items():
+        (ex / "goal" / name).write_text(text + "\n")
+    results = {r.script.removeprefix("goal/"): r for r in check_examples(ex)}
+    assert results["hsdp.sh"].verdict == "OK", results["hsdp.sh"].message
+    assert results["template.sh"].verdict == "OK", results["template.sh"].message
+    named = {"npu.sh": "Ascend NPU", "npu_prof.sh": "Ascend NPU", "sglang.sh": "SGLang", "trtllm.sh": "TensorRT-LLM",
+             "vlm.sh": "vision-language", "mega.sh": "Megatron"}
+    for script, name in named.items():
+        assert results[script].verdict == "REFUSED" and name in results[script].message, (script, results[script].message)
+
+
+def test_summary_counts_against_the_lines_verl_accepts():
+    def result(verdict, verl, message="", verl_message=""):
+        return Result("s.sh", 1, verdict, message, [], verl, verl_message)
+
+    sglang = "error:\n  actor_rollout_ref.rollout.name='sglang' is not supported by hybridflow: SGLang ..."
+    results = [result("OK", "ACCEPTS"), result("OK", "REJECTS", verl_message="ConfigCompositionException: x"),
+               result("REFUSED", "ACCEPTS", sglang), result("REFUSED", "REJECTS", sglang, "ValueError: y"),
+               result("ERROR", "ACCEPTS", "error: invalid overrides:\n  unknown config key 'a.b'")]
+    lines = summary(results)
+    assert lines[0] == "5 main_ppo command lines in 1 files: 2 OK, 2 REFUSED, 1 ERROR"
+    # veRL accepts lines 1, 3 and 5; of those only the first composes in hybridflow
+    assert lines[1] == "veRL accepts 3 of 5; hybridflow composes 1 of the 3 that veRL accepts"
+    assert "  veRL rejects (1): ConfigCompositionException: x" in lines
+    # the refusal keys are counted among the lines veRL accepts only (one sglang line, not two)
+    assert "keys that refused (among those veRL accepts), most often first: actor_rollout_ref.rollout.name (1)" in lines
+    assert "  ERROR (1): unknown config key 'a.b'" in lines
+
+
+def test_verl_reference_reads_hydras_command_line_flags():
+    assert split_args(["--config-path=config", "--config-name", "ppo_megatron_trainer.yaml", "a=1", "+b=2"]) == (
+        "config", "ppo_megatron_trainer.yaml", ["a=1", "+b=2"])
+    assert split_args(["-cp", "/abs", "-cn='x'", "c=3"]) == ("/abs", "x", ["c=3"])
+    assert split_args(["a=1"]) == (None, None, ["a=1"])
+
+
+VERL_PYTHON = os.environ.get("HYBRIDFLOW_VERL_PYTHON", "/work/verl_venv/bin/python")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(VERL_PYTHON), reason="needs an interpreter with verl installed")
+def test_verl_judges_with_its_own_config():
+    # veRL wants the micro-batch sizes set (null by default) and a mini-batch within the batch
+    base = ["actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"]
+    verdicts = judge_with_verl([
+        base + ["data.train_batch_size=16"],
+        base + ["data.train_batch_sizee=16"],  # not a veRL key
+        base + ["data.train_batch_size=3"],  # 3 prompts x 1 sample over veRL's default 8 GPUs: validate_config refuses
+        ["--config-path=config", "--config-name=ppo_megatron_trainer.yaml"] + base,  # relative to verl/trainer/
+    ], VERL_PYTHON)
+    assert [accepted for accepted, _ in verdicts] == [True, False, False, True]
+    assert "data.train_batch_sizee" in verdicts[1][1] and "real_train_batch_size (3)" in verdicts[2][1]

@@ -24,6 +24,7 @@ def profiler(p: str):
         not_supported(f"{p}.tool_config.**", f"{p}.relocate_results", f"{p}.finish_hook_cmd",
                       f"{p}.finish_hook_all_ranks", f"{p}.finish_hook_ranks",
                       reason="only the torch tool is implemented; traces are written in save_path, no hooks run"),
+        not_supported(f"{p}.tool_config.npu.**", reason=f"Ascend NPU profiler settings; {NPU}"),
     ) for rule in group])
 def speed_only(what: str) -> str:
     return f"{what}: a speed/memory setting hybridflow does not apply (results are the same)"
@@ -33,6 +34,12 @@ NO_SP = "Ulysses sequence parallelism is implemented for the PPO actor, referenc
 SP = ("Ulysses sequence parallelism: ranks form dp x sp groups, each group runs a slice of every packed sequence "
       "(needs model.use_remove_padding=True; the number of ranks and the attention heads must divide by it; token "
       "budgets are multiplied by it, as in veRL); the top-level key wins when > 1")
+NPU = "hybridflow does not run on Ascend NPUs (CUDA GPUs and cpu only)"
+
+
+def trainer_device():
+    """``trainer.device``: what ``resolve_device`` accepts; an NPU is refused by name."""
+    return honoured("trainer.device", values=("auto", "cpu", "cuda", "gpu"), reason=f"auto, cpu or cuda; {NPU}")
 
 
 def shared(rules: list[KeyRule]) -> list[KeyRule]:
@@ -48,16 +55,14 @@ def targets():
     return not_supported("**._target_", reason=TARGET)
 
 
-def hf_model(p: str, *, tokenizer_path: bool = False, lora: bool = True):
-    """veRL's hf_model.yaml at prefix ``p`` (the policy, the critic, the SFT model)."""
+def hf_model(p: str, *, tokenizer_path: bool = False, lora: bool = True, chat_template: bool = True):
+    """veRL's hf_model.yaml at prefix ``p`` (the policy, the critic, the SFT model). ``chat_template``:
+    the model's tokenizer formats conversations (the policy), so ``custom_chat_template`` is honoured."""
     groups = [
         honoured(f"{p}.path", f"{p}.trust_remote_code", f"{p}.external_lib", f"{p}.override_config.**",
                  f"{p}.enable_gradient_checkpointing", f"{p}.use_remove_padding"),
         honoured(f"{p}.enable_activation_offload", reason="CUDA only; on cpu activations already live in host memory"),
         not_supported(f"{p}.hf_config_path", reason="the model's config.json is read from model.path"),
-        not_supported(f"{p}.custom_chat_template",
-                      reason="the tokenizer's own chat template is used; set data.apply_chat_template_kwargs or "
-                             "save the template in the tokenizer directory"),
         note(f"{p}.use_shm", reason="copying the model to shared memory only speeds up loading; hybridflow loads "
                                     "from the path"),
         note(f"{p}.use_liger", f"{p}.use_fused_kernels", f"{p}.fused_kernel_options.**", f"{p}.tiled_mlp.**",
@@ -65,6 +70,14 @@ def hf_model(p: str, *, tokenizer_path: bool = False, lora: bool = True):
         not_supported(f"{p}.mtp.**", reason="multi-token prediction (MTP) is not implemented"),
         not_supported(f"{p}.lora.**", reason=f"{MEGATRON}; LoRA is configured with model.lora_rank/lora_alpha/target_modules"),
     ]
+    if chat_template:
+        groups.append(honoured(f"{p}.custom_chat_template",
+                               reason="replaces the tokenizer's chat template (prompts, multi-turn messages, saved "
+                                      "checkpoints), as veRL does"))
+    else:
+        groups.append(not_supported(f"{p}.custom_chat_template",
+                                    reason="this model never formats a conversation; the policy's template is "
+                                           "actor_rollout_ref.model.custom_chat_template"))
     if tokenizer_path:
         groups.append(honoured(f"{p}.tokenizer_path"))
     else:
@@ -94,8 +107,8 @@ def fsdp_engine(p: str):
                                                                           "comes from mixed_precision.param_dtype)"),
         not_supported(f"{p}.dtype", reason="the compute dtype is fsdp_config.mixed_precision.param_dtype "
                                            "(auto: bf16 on CUDA, fp32 on cpu)"),
-        not_supported(f"{p}.fsdp_size", reason="hybrid sharding groups are not implemented; ranks shard over the "
-                                               "whole world"),
+        honoured(f"{p}.fsdp_size", reason="hybrid sharding (HSDP): groups of fsdp_size ranks shard the "
+                                          "parameters, the groups replicate one another; -1: one group"),
         honoured(f"{p}.ulysses_sequence_parallel_size", reason=SP),
         honoured(f"{p}.full_determinism", f"{p}.seed",
                  reason="deterministic kernels, cuBLAS/flash-attn/NCCL switches and seeded generators in the "

@@ -6,13 +6,14 @@ of veRL main's generation.yaml (b178a3cd, January 2026), the newest veRL that ha
 
 from __future__ import annotations
 
-from hybridflow.config.keys.common import rollout, targets
+from hybridflow.config.keys.common import rollout, targets, trainer_device
 from hybridflow.config.support import KeyTable, honoured, not_supported, note
 
 TABLE = KeyTable.build(
     "generation",
     [
-        honoured("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.device", "trainer.backend",
+        trainer_device(),
+        honoured("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.backend",
                  "data.path", "data.prompt_key", "data.n_samples", "data.output_path", "data.batch_size",
                  "data.apply_chat_template_kwargs.**",
                  "model.path", "model.external_lib", "model.trust_remote_code", "model.override_config.**"),

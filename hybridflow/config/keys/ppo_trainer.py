@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hybridflow.config.keys.common import (
     MEGATRON, NO_SP, PROFILER, PROFILER_TOOLS, SP, VLM, checkpoint, everything_under, fsdp_engine, hf_model, optimizer,
-    profiler, reward_model_rollout, rollout, speed_only, targets,
+    profiler, reward_model_rollout, rollout, speed_only, targets, trainer_device,
 )
 from hybridflow.config.support import KeyTable, honoured, not_supported, note
 
@@ -104,7 +104,7 @@ CRITIC = [
              f"{C}.loss_scale_factor"),
     honoured(f"{C}.strategy", values=("fsdp", "fsdp2", "ddp"), reason="hybridflow's training engines"),
     honoured(f"{C}.ulysses_sequence_parallel_size", reason=SP),
-    hf_model(f"{C}.model", tokenizer_path=True, lora=False),
+    hf_model(f"{C}.model", tokenizer_path=True, lora=False, chat_template=False),
     optimizer(f"{C}.optim"),
     fsdp_engine(f"{C}.fsdp"),
     checkpoint(f"{C}.checkpoint"),
@@ -162,11 +162,12 @@ ALGORITHM = [
 ]
 
 TRAINER = [
+    trainer_device(),
     honoured("trainer.balance_batch", "trainer.total_epochs", "trainer.total_training_steps", "trainer.project_name",
              "trainer.experiment_name", "trainer.logger", "trainer.log_val_generations", "trainer.nnodes",
              "trainer.n_gpus_per_node", "trainer.save_freq", "trainer.resume_mode", "trainer.resume_from_path",
              "trainer.val_before_train", "trainer.test_freq", "trainer.critic_warmup", "trainer.default_local_dir",
-             "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep", "trainer.device", "trainer.backend",
+             "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep", "trainer.backend",
              "trainer.watchdog_timeout"),
     honoured("trainer.rollout_data_dir", "trainer.validation_data_dir", "trainer.rollout_only"),
     not_supported("trainer.val_only", reason="a validation-only run is not implemented"),

@@ -7,7 +7,7 @@ fsdp_sft_trainer (veRL main's sft_trainer.yaml) are aliases of it, except the si
 
 from __future__ import annotations
 
-from hybridflow.config.keys.common import MEGATRON, NO_SP, PROFILER, everything_under, speed_only, targets
+from hybridflow.config.keys.common import MEGATRON, NO_SP, PROFILER, everything_under, speed_only, targets, trainer_device
 from hybridflow.config.support import KeyTable, honoured, not_supported, note
 
 THINKING = "the multi-turn SFT dataset renders conversations without a per-row thinking switch"
@@ -77,9 +77,10 @@ OPTIM = [
 ]
 
 TRAINER = [
+    trainer_device(),
     honoured("trainer.default_local_dir", "trainer.project_name", "trainer.experiment_name", "trainer.total_epochs",
              "trainer.total_training_steps", "trainer.logger", "trainer.seed", "trainer.save_freq", "trainer.test_freq",
-             "trainer.max_ckpt_to_keep", "trainer.device", "trainer.nnodes", "trainer.n_gpus_per_node"),
+             "trainer.max_ckpt_to_keep", "trainer.nnodes", "trainer.n_gpus_per_node"),
     honoured("checkpoint.save_contents", "checkpoint.load_contents", values=(["hf_model"],),
              reason="the SFT trainer writes a Hugging Face model directory per checkpoint (no optimizer state)"),
     honoured("trainer.resume_mode", values=("disable",), reason="resuming SFT is not implemented yet"),

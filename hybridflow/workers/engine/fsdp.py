@@ -13,6 +13,10 @@ Memory levers (veRL's keys):
   ``CPUOffloadPolicy``: parameters, gradients and optimizer state live in host memory, layers are
   copied to the GPU for their forward/backward and the optimizer steps on the CPU. On CPU they are
   accepted and do nothing (everything is already in host memory; config checks say so).
+- ``fsdp_config.fsdp_size`` (as veRL): hybrid sharding (HSDP). Each group of ``fsdp_size`` ranks shards
+  the parameters among itself and the groups replicate one another (gradients are reduce-scattered in
+  a group, then all-reduced across groups); -1 or the world size or more: one group, the whole world.
+  Data parallelism is unchanged: every rank still trains on its own share of the batch.
 - ``fsdp_config.mixed_precision`` (CUDA): FSDP2 ``MixedPrecisionPolicy``: sharded fp32 master
   weights, compute in ``param_dtype`` ("auto": bf16 where supported), gradients reduced in
   ``reduce_dtype`` (fp32). On CPU training stays fp32.
@@ -56,6 +60,7 @@ class EngineSpec:
     gradient_checkpointing: bool = False
     activation_offload: bool = False  # checkpointed activations kept in pinned host memory (CUDA)
     lora: LoraSpec | None = None
+    fsdp_size: int = -1  # ranks per sharding group (HSDP); -1: the whole world
 
     @classmethod
     def from_config(cls, strategy: str, device: str, fsdp_config, gradient_checkpointing: bool = False,
@@ -78,12 +83,24 @@ class EngineSpec:
             gradient_checkpointing=gradient_checkpointing,
             activation_offload=activation_offload and device == "cuda",
             lora=lora,
+            fsdp_size=int(fsdp_config["fsdp_size"]),
         )
 
     @property
     def needs_fsdp(self) -> bool:
         """CUDA features that only FSDP2 provides, so worth a one-rank mesh."""
         return self.param_offload or self.param_dtype is not None
+
+
+def fsdp_mesh_shape(world_size: int, fsdp_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(mesh shape, dimension names) for ``fsdp_size``, veRL's rule: one sharding dimension over the
+    world when ``fsdp_size`` is negative or not below the world size, else (replicas, shards)."""
+    if fsdp_size < 0 or fsdp_size >= world_size:
+        return (world_size,), ("fsdp",)
+    if fsdp_size == 0 or world_size % fsdp_size:
+        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must divide the number of training ranks "
+                         f"({world_size}), or be -1 to shard over all of them")
+    return (world_size // fsdp_size, fsdp_size), ("ddp", "fsdp")
 
 
 def _dtype(name):
@@ -173,7 +190,9 @@ class TrainEngine:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-            mesh = init_device_mesh(self.spec.device, (self.world_size,))
+            shape, names = fsdp_mesh_shape(self.world_size, self.spec.fsdp_size)
+            # a 2-D mesh makes fully_shard replicate over the first dimension and shard over the second
+            mesh = init_device_mesh(self.spec.device, shape, mesh_dim_names=names)
             kwargs = {
                 "mesh": mesh,
                 "reshard_after_forward": self.spec.reshard_after_forward,
