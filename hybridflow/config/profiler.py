@@ -12,8 +12,8 @@ from hybridflow.config.errors import ConfigError
 
 __all__ = ["TORCH_CONTENTS", "TOOL_NAME_KEYS", "NsightToolConfig", "NPUToolConfig", "TorchProfilerScheduleConfig",
            "TorchProfilerToolConfig", "TorchMemoryToolConfig", "PrecisionDebuggerToolConfig", "ProfilerToolConfig",
-           "ProfilerConfig", "GlobalNsightToolConfig", "GlobalTorchMemoryConfig", "GlobalToolConfig", "GlobalProfilerConfig",
-           "TOKEN_RANGE_KEYS"]
+           "ProfilerConfig", "GlobalNsightToolConfig", "GlobalTorchMemoryConfig", "GlobalToolConfig",
+           "GlobalProfilerConfig", "TOKEN_RANGE_KEYS"]
 
 _G = "global_profiler"
 _GT = "global_profiler.global_tool_config"

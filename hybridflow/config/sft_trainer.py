@@ -60,7 +60,8 @@ class SFTDataConfig(BaseConfig):
     prompt_dict_keys: Optional[list[str]] = doc(None, "when the column holds a dict: the keys to read inside it")
     response_dict_keys: Optional[list[str]] = doc(None, "the same for the response column")
     messages_key: str = doc("messages", "conversations: the column of chat messages")
-    tools_key: str = doc("tools", "conversations: OpenAI tool schemas the chat template shows (a list, or its JSON text)")
+    tools_key: str = doc("tools", "conversations: OpenAI tool schemas the chat template shows (a list, or its JSON "
+                                  "text)")
     enable_thinking_key: str = doc("enable_thinking", "conversations: the column switching thinking on per row")
     enable_thinking_default: str = doc("none", "conversations: the thinking switch of a row without that column")
     pad_mode: str = doc("no_padding", "veRL packs sequences (no_padding); hybridflow cuts each micro-batch after its "
@@ -197,18 +198,20 @@ class SFTTrainerConfig(BaseConfig):
     """configs/sft_trainer.yaml: veRL 0.9.1's sft_trainer_engine tree, key for key, plus the earlier spellings."""
 
     data: SFTDataConfig = section(SFTDataConfig, "the training and validation rows: single-turn (prompt_key, "
-                                  "response_key) or conversations (messages_key, tools_key; loss on the assistant turns)")
+                                  "response_key) or conversations (messages_key, tools_key; loss on the assistant "
+                                  "turns)")
     model: SFTModelConfig = section(SFTModelConfig, "the model trained (veRL's hf_model.yaml)")
     engine: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine (veRL's engine/fsdp.yaml)",
                                        absent=("mixed_precision",))
-    optim: SFTOptimizerConfig = section(SFTOptimizerConfig, "AdamW and the learning-rate schedule (veRL's optim/fsdp.yaml)")
+    optim: SFTOptimizerConfig = section(SFTOptimizerConfig, "AdamW and the learning-rate schedule (veRL's "
+                                        "optim/fsdp.yaml)")
     checkpoint: SFTCheckpointConfig = section(SFTCheckpointConfig, "what a checkpoint holds",
                                               absent=("async_save", "strict"))
     trainer: SFTRunConfig = section(SFTRunConfig, "the run: steps, devices, logging, checkpoints")
     profiler: ProfilerConfig = section(_profiler, "veRL's profiler.yaml (the SFT trainer does not profile)",
                                        follows=_PROFILER_FOLLOWS, absent=("tool_config.precision_debugger.strict",))
-    ulysses_sequence_parallel_size: Optional[int] = doc(None, "earlier spelling of engine.ulysses_sequence_parallel_size "
-                                                        "(null: not set)")
+    ulysses_sequence_parallel_size: Optional[int] = doc(None, "earlier spelling of "
+                                                        "engine.ulysses_sequence_parallel_size (null: not set)")
     use_remove_padding: Optional[bool] = doc(None, "earlier spelling of model.use_remove_padding (null: not set)")
 
     def validate(self, world_size: int, loggers: Collection[str]) -> list[str]:

@@ -206,7 +206,8 @@ class FSDPSFTTrainer:
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         batch = data.train_batch_size
         if len(self.train_dataset) < batch:
-            raise ConfigError(f"data.train_batch_size={batch} is larger than the {len(self.train_dataset)} training rows")
+            raise ConfigError(f"data.train_batch_size={batch} is larger than the {len(self.train_dataset)} "
+                              "training rows")
         self.steps_per_epoch = len(self.train_dataset) // batch
         self.total_steps = int(cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.steps_per_epoch)
 

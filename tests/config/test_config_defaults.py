@@ -144,8 +144,9 @@ def test_the_sft_yaml_reads_into_the_defaults():
     onto the canonical keys) converts too, into the SFT classes where veRL names its generic ones."""
     built = omega_conf_to_dataclass(default_config("sft_trainer"), SFTTrainerConfig)
     assert to_dict(built) == to_dict(SFTTrainerConfig())
-    loaded = omega_conf_to_dataclass(load_config("sft_trainer", ["optim.lr_scheduler=wsd", "model.partial_pretrain=/m"]),
-                                     SFTTrainerConfig)
-    assert type(loaded.optim).__name__ == "SFTOptimizerConfig" and loaded.optim._target_.endswith(".FSDPOptimizerConfig")
+    overrides = ["optim.lr_scheduler=wsd", "model.partial_pretrain=/m"]
+    loaded = omega_conf_to_dataclass(load_config("sft_trainer", overrides), SFTTrainerConfig)
+    assert type(loaded.optim).__name__ == "SFTOptimizerConfig"
+    assert loaded.optim._target_.endswith(".FSDPOptimizerConfig")  # veRL's class named, the SFT one built
     assert loaded.optim.lr_scheduler_type == "wsd" and loaded.model.path == "/m"
     assert loaded.checkpoint.save_contents == loaded.checkpoint.load_contents == ["hf_model"]

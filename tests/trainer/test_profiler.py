@@ -28,7 +28,8 @@ def test_profile_spans_per_step_and_continuous():
 
 
 def test_role_sections_merge_and_select_ranks():
-    off = merge_profilers([role_profiler({"enable": False, "all_ranks": True}, "actor.profiler"), role_profiler(None, "x")])
+    off = merge_profilers([role_profiler({"enable": False, "all_ranks": True}, "actor.profiler"),
+                           role_profiler(None, "ref.profiler")])  # a role without the section: off
     assert not records(off, 0)
     sections = [role_profiler({"enable": True, "ranks": [1], "save_path": "/a",
                                "tool_config": {"torch": {"contents": ["shapes"]}}}, "actor.profiler"),
@@ -49,7 +50,7 @@ def test_role_sections_merge_and_select_ranks():
 
 def test_unknown_torch_contents_are_refused_by_the_typed_section():
     with pytest.raises(ConfigError, match=r"profiler.tool_config.torch.contents: unknown entries \['gpu'\]"):
-        role_profiler({"enable": True, "tool_config": {"torch": {"contents": ["gpu"]}}}, "actor_rollout_ref.actor.profiler")
+        role_profiler({"enable": True, "tool_config": {"torch": {"contents": ["gpu"]}}}, "actor.profiler")
     with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.profiler.ranks\[0\] must be an integer"):
         role_profiler({"enable": True, "ranks": ["zero"]}, "actor_rollout_ref.actor.profiler")
 

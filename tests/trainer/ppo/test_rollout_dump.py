@@ -119,8 +119,8 @@ def test_read_rows_refuses_dumps_without_token_ids(tmp_path):
 
 
 def _skip_config(**rollout):
-    return OmegaConf.create({"skip": {"rollout": {"enable": True, "dump_dir": "/d", "steps": [1], "action": "cache", **rollout}},
-                             "trainer": {}, "actor_rollout_ref": {"rollout": {"n": 2}}})
+    rollout = {"enable": True, "dump_dir": "/d", "steps": [1], "action": "cache", **rollout}
+    return OmegaConf.create({"skip": {"rollout": rollout}, "trainer": {}, "actor_rollout_ref": {"rollout": {"n": 2}}})
 
 
 def test_skip_section_refuses_what_would_silently_do_nothing():
@@ -129,7 +129,8 @@ def test_skip_section_refuses_what_would_silently_do_nothing():
     recorder = RolloutRecorder.from_config(_skip_config(dump_dir="~/dumps"), TOK)
     assert isinstance(recorder.skip, RolloutSkipConfig) and recorder.skip.steps == [1]
     assert recorder.skip_dir.endswith("/dumps") and not recorder.skip_dir.startswith("~")  # ~ expanded
-    off = RolloutRecorder.from_config(OmegaConf.create({"trainer": {}, "actor_rollout_ref": {"rollout": {"n": 1}}}), TOK)
+    no_skip = OmegaConf.create({"trainer": {}, "actor_rollout_ref": {"rollout": {"n": 1}}})
+    off = RolloutRecorder.from_config(no_skip, TOK)
     assert not off.skip.enable and off.replay(None, 1, {}) is None
     with pytest.raises(ConfigError, match=r"skip.rollout.steps=\[\]"):
         omega_conf_to_dataclass(_skip_config(steps=[]).skip.rollout, RolloutSkipConfig)
