@@ -27,6 +27,7 @@ from hybridflow.config.profiler import (GlobalProfilerConfig, NPUToolConfig, Nsi
                                         TorchProfilerToolConfig)
 from hybridflow.config.ray import RayInitConfig, RayKwargsConfig
 from hybridflow.config.reward import RewardConfig, RewardManagerConfig, RewardModelConfig, SandboxFusionConfig
+from hybridflow.config.sft_trainer import SFTTrainerConfig
 from hybridflow.config.skip import SkipManagerConfig
 from hybridflow.config.trainer import AsyncTrainingConfig, HybridRolloutSwitchConfig, TrainerConfig
 from hybridflow.config.transfer_queue import TransferQueueConfig
@@ -48,7 +49,7 @@ __all__ = [
     "PPOTrainerConfig", "ActorRolloutRefConfig", "DataConfig", "DataSamplerConfig", "ModuleConfig", "TrainerConfig",
     "AsyncTrainingConfig", "HybridRolloutSwitchConfig", "RewardConfig", "RewardManagerConfig", "RewardModelConfig",
     "SandboxFusionConfig", "DistillationConfig", "DistillationLossConfig", "DistillationTeacherModelConfig",
-    "RayKwargsConfig", "RayInitConfig", "SkipManagerConfig", "TransferQueueConfig", "GlobalProfilerConfig",
+    "RayKwargsConfig", "RayInitConfig", "SkipManagerConfig", "SFTTrainerConfig", "TransferQueueConfig", "GlobalProfilerConfig",
     "NsightToolConfig", "NPUToolConfig", "TorchProfilerToolConfig", "TorchProfilerScheduleConfig",
     "TorchMemoryToolConfig", "PrecisionDebuggerToolConfig",
 ]

@@ -15,7 +15,7 @@ from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.engine import FSDPEngineConfig, QATConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
-from hybridflow.config.profiler import TOKEN_RANGE_KEYS, ProfilerConfig
+from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.refused import MEGATRON
 
 __all__ = ["STRATEGIES", "PolicyLossConfig", "RouterReplayConfig", "ActorConfig", "FSDPActorConfig", "RefConfig"]
@@ -113,7 +113,8 @@ class ActorConfig(BaseConfig):
     checkpoint: CheckpointConfig = section(CheckpointConfig, "what the actor's checkpoints hold")
     optim: OptimizerConfig = section(OptimizerConfig, "the optimizer and lr schedule")
     use_fused_kernels: bool = doc(False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}")
-    profiler: ProfilerConfig = section(ProfilerConfig, "the actor's profiling", absent=TOKEN_RANGE_KEYS)
+    profiler: ProfilerConfig = section(ProfilerConfig, "the actor's profiling",
+                                       absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS))
     qat: QATConfig = section(QATConfig, "quantization-aware training (not implemented)")
 
     def __post_init__(self):
@@ -181,7 +182,8 @@ class RefConfig(BaseConfig):
     log_prob_use_dynamic_bsz: bool = doc(False, "pack by token count", follows="${actor_rollout_ref.actor.use_dynamic_bsz}")
     log_prob_max_token_len_per_gpu: int = doc(16384, "token budget per forward",
                                               follows="${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}")
-    profiler: ProfilerConfig = section(ProfilerConfig, "the reference policy's profiling", absent=TOKEN_RANGE_KEYS)
+    profiler: ProfilerConfig = section(ProfilerConfig, "the reference policy's profiling",
+                                       absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS))
     fsdp_config: FSDPEngineConfig = section(_ref_engine, "the forward-only engine", follows={
         **_engine_follows("ref"), "pad_to_length_bucket": "${actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket}"})
     ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size",

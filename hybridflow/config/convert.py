@@ -28,7 +28,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from hybridflow.config import actor, algorithm, checkpoint, critic, data, distillation, engine, legacy, model, module
 from hybridflow.config import optimizer, ppo_trainer, profiler, ray, reward, rollout, rollout_correction, skip, trainer
-from hybridflow.config import evaluation, generation, transfer_queue
+from hybridflow.config import evaluation, generation, sft_trainer, transfer_queue
 from hybridflow.config.base import BaseConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.refused import REFUSED_CLASSES, refusal
@@ -36,7 +36,8 @@ from hybridflow.config.refused import REFUSED_CLASSES, refusal
 __all__ = ["CONFIG_CLASSES", "resolve_target", "omega_conf_to_dataclass"]
 
 _MODULES = (algorithm, rollout_correction, optimizer, engine, profiler, checkpoint, model, actor, critic, rollout, module,
-            data, trainer, reward, distillation, ray, skip, transfer_queue, legacy, ppo_trainer, evaluation, generation)
+            data, trainer, reward, distillation, ray, skip, transfer_queue, legacy, ppo_trainer, evaluation, generation,
+            sft_trainer)
 # hybridflow's config classes by name: what a verl./hybridflow. _target_ resolves to
 CONFIG_CLASSES: dict[str, type] = {"BaseConfig": BaseConfig, **{
     name: obj for module in _MODULES for name in module.__all__

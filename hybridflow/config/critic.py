@@ -12,7 +12,7 @@ from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import CriticModelConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
-from hybridflow.config.profiler import TOKEN_RANGE_KEYS, ProfilerConfig
+from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
 
 __all__ = ["CriticConfig", "FSDPCriticConfig"]
 
@@ -53,7 +53,8 @@ class CriticConfig(BaseConfig):
     loss_agg_mode: str = doc("token-mean", "loss aggregation", follows=f"${{{_A}.loss_agg_mode}}")
     loss_scale_factor: Optional[float] = doc(None, "seq-mean-token-sum-norm divisor", follows=f"${{{_A}.loss_scale_factor}}")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "what the critic's checkpoints hold", absent=("strict",))
-    profiler: ProfilerConfig = section(ProfilerConfig, "the critic's profiling", absent=TOKEN_RANGE_KEYS)
+    profiler: ProfilerConfig = section(ProfilerConfig, "the critic's profiling",
+                                       absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS))
     model: CriticModelConfig = section(CriticModelConfig, "the value model")
 
     def __post_init__(self):

@@ -13,7 +13,7 @@ from typing import Optional
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.engine import FSDPEngineConfig
-from hybridflow.config.profiler import TOKEN_RANGE_KEYS, ProfilerConfig
+from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
 
 __all__ = ["LegacyRewardModelModelConfig", "LegacyRewardEngineConfig", "LegacySandboxFusionConfig",
            "LegacyRewardModelConfig", "LegacyCustomRewardFunctionConfig", "LegacyModuleConfig",
@@ -103,7 +103,8 @@ class LegacyRewardModelConfig(BaseConfig):
     sandbox_fusion: LegacySandboxFusionConfig = section(LegacySandboxFusionConfig, "earlier spelling of reward.sandbox_fusion")
     profiler: ProfilerConfig = section(ProfilerConfig, "the reward model's profiling", follows={
         "tool_config": "${actor_rollout_ref.actor.profiler.tool_config}"}, absent=(
-        "relocate_results", "finish_hook_cmd", "finish_hook_all_ranks", "finish_hook_ranks", *TOKEN_RANGE_KEYS))
+        "relocate_results", "finish_hook_cmd", "finish_hook_all_ranks", "finish_hook_ranks", *TOKEN_RANGE_KEYS,
+        *TOOL_NAME_KEYS))
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 from hybridflow.config.base import BaseConfig, doc
 from hybridflow.config.errors import ConfigError
@@ -42,6 +42,8 @@ class FSDPOptimizerConfig(OptimizerConfig):
     """``optim`` of the FSDP/DDP engine: the optimizer class and the schedule's shape."""
 
     _mutable_fields = OptimizerConfig._mutable_fields | {"lr_scheduler_type"}
+    # the schedules the engine of this section implements (a class attribute, not a key)
+    lr_schedulers: ClassVar[tuple[str, ...]] = LR_SCHEDULERS
 
     _target_: str = doc("verl.workers.config.FSDPOptimizerConfig", "the class this section is read into")
     optimizer: str = doc("AdamW", "optimizer class name in optimizer_impl (hybridflow: AdamW)")
@@ -56,17 +58,17 @@ class FSDPOptimizerConfig(OptimizerConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.warmup_style is not None and self.warmup_style != self.lr_scheduler_type:
-            if self.warmup_style not in LR_SCHEDULERS:
+            if self.warmup_style not in self.lr_schedulers:
                 raise ConfigError(f"optim.warmup_style={self.warmup_style!r} (deprecated spelling of "
-                                  f"optim.lr_scheduler_type) is not one of {', '.join(LR_SCHEDULERS)}")
+                                  f"optim.lr_scheduler_type) is not one of {', '.join(self.lr_schedulers)}")
             if self.lr_scheduler_type != "constant":
                 raise ConfigError(f"optim.warmup_style={self.warmup_style!r} and optim.lr_scheduler_type="
                                   f"{self.lr_scheduler_type!r} disagree; set only lr_scheduler_type")
             warnings.warn("optim.warmup_style is deprecated; use optim.lr_scheduler_type", DeprecationWarning,
                           stacklevel=3)
             self.lr_scheduler_type = self.warmup_style
-        if self.lr_scheduler_type not in LR_SCHEDULERS:
+        if self.lr_scheduler_type not in self.lr_schedulers:
             raise ConfigError(f"optim.lr_scheduler_type={self.lr_scheduler_type!r} is not one of "
-                              f"{', '.join(LR_SCHEDULERS)}")
+                              f"{', '.join(self.lr_schedulers)}")
         if self.min_lr_ratio is not None and not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.errors import ConfigError
 
-__all__ = ["NsightToolConfig", "NPUToolConfig", "TorchProfilerScheduleConfig", "TorchProfilerToolConfig",
-           "TorchMemoryToolConfig", "PrecisionDebuggerToolConfig", "ProfilerToolConfig", "ProfilerConfig",
-           "GlobalNsightToolConfig", "GlobalTorchMemoryConfig", "GlobalToolConfig", "GlobalProfilerConfig",
-           "TOKEN_RANGE_KEYS"]
+__all__ = ["TORCH_CONTENTS", "TOOL_NAME_KEYS", "NsightToolConfig", "NPUToolConfig", "TorchProfilerScheduleConfig",
+           "TorchProfilerToolConfig", "TorchMemoryToolConfig", "PrecisionDebuggerToolConfig", "ProfilerToolConfig",
+           "ProfilerConfig", "GlobalNsightToolConfig", "GlobalTorchMemoryConfig", "GlobalToolConfig",
+           "GlobalProfilerConfig", "TOKEN_RANGE_KEYS"]
 
 _G = "global_profiler"
 _GT = "global_profiler.global_tool_config"
@@ -23,7 +24,8 @@ class NsightToolConfig(BaseConfig):
     """``tool_config.nsys``: Nsight Systems (not implemented)."""
 
     _target_: str = doc("verl.utils.profiler.config.NsightToolConfig", "the class this section is read into")
-    discrete: bool = doc(False, "one database per task (else one per step)")
+    discrete: Optional[bool] = doc(False, "one database per task (else one per step)")
+    name: str = doc("nsight", "the tool's name (veRL's tag; fixed)")
 
 
 @dataclass
@@ -37,6 +39,7 @@ class NPUToolConfig(NsightToolConfig):
     discrete: bool = doc(False, "one database per task (else one per step)")
     profile_token_start: Optional[int] = doc(None, "rollout: collect from this response-token index")
     profile_token_end: Optional[int] = doc(None, "rollout: stop at this response-token index (exclusive)")
+    name: str = doc("npu", "the tool's name (veRL's tag; fixed)")
 
 
 @dataclass
@@ -61,6 +64,13 @@ class TorchProfilerToolConfig(BaseConfig):
     profile_token_start: Optional[int] = doc(None, "rollout: collect from this response-token index")
     profile_token_end: Optional[int] = doc(None, "rollout: stop at this response-token index (exclusive)")
     schedule: Optional[TorchProfilerScheduleConfig] = section(TorchProfilerScheduleConfig, "sub-sampling of the update loop")
+    name: str = doc("torch", "the tool's name (veRL's tag; fixed)")
+
+    def __post_init__(self):
+        unknown = sorted(set(self.contents) - set(TORCH_CONTENTS))
+        if unknown:
+            raise ConfigError(f"profiler.tool_config.torch.contents: unknown entries {unknown}; "
+                              f"choose from {list(TORCH_CONTENTS)}")
 
 
 @dataclass
@@ -71,6 +81,7 @@ class TorchMemoryToolConfig(BaseConfig):
     trace_alloc_max_entries: int = doc(100000, "allocation entries recorded")
     stack_depth: int = doc(32, "stack depth recorded per allocation")
     memory_snapshot_num_steps: int = doc(1, "profiled steps kept before a snapshot is dumped")
+    name: str = doc("torch_memory", "the tool's name (veRL's tag; fixed)")
 
 
 @dataclass
@@ -82,11 +93,19 @@ class PrecisionDebuggerToolConfig(BaseConfig):
     steps: Optional[list[int]] = doc(None, "deprecated and ignored (global_profiler.steps decides)")
     stages: Optional[list[str]] = doc(None, "stages profiled: actor_update, actor_compute_log_prob, ...")
     strict: bool = doc(False, "fail on an unknown stage or a missing msprobe")
+    name: str = doc("precision_debugger", "the tool's name (veRL's tag; fixed)")
 
+
+# what torch.profiler can add to a trace (veRL's list; CPU activity is always recorded)
+TORCH_CONTENTS = ("cuda", "cpu", "memory", "shapes", "stack")
 
 # the rollout's tool settings have a token range, the training roles' do not
 TOKEN_RANGE_KEYS = ("tool_config.npu.profile_token_start", "tool_config.npu.profile_token_end",
                     "tool_config.torch.profile_token_start", "tool_config.torch.profile_token_end")
+# veRL's tool classes carry a fixed ``name`` that its profiler.yaml writes (the SFT config has them) and its
+# ppo_trainer tree leaves out
+TOOL_NAME_KEYS = tuple(f"tool_config.{tool}.name" for tool in ("nsys", "npu", "torch", "torch_memory",
+                                                                  "precision_debugger"))
 
 
 @dataclass
@@ -157,9 +176,9 @@ class GlobalTorchMemoryConfig(BaseConfig):
 class GlobalToolConfig(BaseConfig):
     """``global_profiler.global_tool_config``: tool settings every role follows."""
 
-    nsys: GlobalNsightToolConfig = section(GlobalNsightToolConfig, "Nsight Systems")
+    nsys: GlobalNsightToolConfig = section(GlobalNsightToolConfig, "Nsight Systems", absent=("name",))
     torch_memory: GlobalTorchMemoryConfig = section(GlobalTorchMemoryConfig, "memory snapshots")
-    precision_debugger: PrecisionDebuggerToolConfig = section(PrecisionDebuggerToolConfig, "msprobe")
+    precision_debugger: PrecisionDebuggerToolConfig = section(PrecisionDebuggerToolConfig, "msprobe", absent=("name",))
 
 
 @dataclass

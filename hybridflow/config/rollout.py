@@ -11,7 +11,7 @@ from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.engine import QATEngineConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import MtpConfig
-from hybridflow.config.profiler import ProfilerConfig
+from hybridflow.config.profiler import TOOL_NAME_KEYS, ProfilerConfig
 
 __all__ = ["SamplingConfig", "MultiTurnConfig", "CustomAsyncServerConfig", "AgentLoopConfig", "CheckpointEngineConfig",
            "TraceConfig", "PrometheusConfig", "DisaggregationConfig", "RolloutConfig"]
@@ -242,7 +242,7 @@ class RolloutConfig(BaseConfig):
     moe_load_balance_metrics_interval: int = doc(0, "MoE load-balance metrics every this many steps (not implemented)")
     profiler: ProfilerConfig = section(ProfilerConfig, "the rollout's profiling (follows the actor's)",
                                        follows=_ROLLOUT_PROFILER, absent=("tool_config.nsys", "tool_config.torch_memory",
-                                                                          "tool_config.torch.schedule"))
+                                                                          "tool_config.torch.schedule", *TOOL_NAME_KEYS))
     prometheus: PrometheusConfig = section(PrometheusConfig, "metrics exporter (not implemented)")
     quantization: Optional[str] = doc(None, "quantized rollout (not implemented)")
     quantization_config_file: Optional[str] = doc(None, "its config file")

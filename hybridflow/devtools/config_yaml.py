@@ -1,5 +1,5 @@
-"""configs/ppo_trainer.yaml and evaluation.yaml, generated from their declarations
-(``hybridflow.config.ppo_trainer``, ``hybridflow.config.evaluation``).
+"""configs/ppo_trainer.yaml, generation.yaml, evaluation.yaml and sft_trainer.yaml, generated from their
+declarations (``hybridflow.config.ppo_trainer``, ``.generation``, ``.evaluation``, ``.sft_trainer``).
 
     python -m hybridflow.devtools.config_yaml            # rewrite the files
     python -m hybridflow.devtools.config_yaml --check    # exit 1 when the file is stale
@@ -23,6 +23,7 @@ import yaml
 from hybridflow.config.evaluation import EvaluationConfig
 from hybridflow.config.generation import GenerationConfig
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
+from hybridflow.config.sft_trainer import SFTTrainerConfig
 from hybridflow.config.tree import entries
 
 __all__ = ["CONFIGS", "render", "main"]
@@ -70,11 +71,26 @@ and defaults are those of veRL main's generation.yaml (January 2026, the newest 
 Generated from hybridflow/config/generation.py by `python -m hybridflow.devtools.config_yaml`; do not edit.
 """
 
+SFT_HEADER = """\
+hybridflow supervised fine-tuning (`python -m hybridflow.main_sft key=val ...`, or under torchrun).
+Generated from hybridflow/config/sft_trainer.py by `python -m hybridflow.devtools.config_yaml`; do not edit.
+
+The tree is veRL 0.9.1's sft_trainer_engine.yaml (the config of verl.trainer.sft_trainer, 0.9.1's SFT
+entry point), key for key, with veRL's defaults unless a comment says "hybridflow:". The keys of
+veRL's earlier fsdp_sft_trainer (model.partial_pretrain, optim.lr_scheduler, data.multiturn.*, ...;
+veRL main's sft_trainer.yaml) are accepted too (null: not set) and mapped onto the 0.9.1 keys at load
+time. hybridflow's SFT trainer reads single-turn rows (data.prompt_key / data.response_key) and
+conversations (data.messages_key + data.tools_key; loss on the assistant turns) when
+data.multiturn.enable=True or the data has a messages column and no prompt column. Key statuses:
+hybridflow/config/keys/sft_trainer.py and docs/config_keys.md.
+"""
+
 # file under configs/ -> (the declaration's default instance, the header comment)
 CONFIGS: dict[str, tuple[Callable[[], Any], str]] = {
     "ppo_trainer.yaml": (PPOTrainerConfig, PPO_HEADER),
     "evaluation.yaml": (EvaluationConfig, EVALUATION_HEADER),
     "generation.yaml": (GenerationConfig, GENERATION_HEADER),
+    "sft_trainer.yaml": (SFTTrainerConfig, SFT_HEADER),
 }
 
 

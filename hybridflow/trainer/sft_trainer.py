@@ -24,15 +24,14 @@ import math
 import os
 import shutil
 import time
-from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 
-from hybridflow.config.loader import ConfigError
+from hybridflow.config import ConfigError, omega_conf_to_dataclass
+from hybridflow.config.sft_trainer import SFT_LR_SCHEDULERS, SFT_STRATEGIES, SFTTrainerConfig
 from hybridflow.data.multiturn_sft_dataset import MultiTurnSFTDataset
 from hybridflow.data.rl_dataset import collate_fn
 from hybridflow.data.sampler import epoch_order
@@ -51,7 +50,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "FSDPSFTTrainer",
-    "SFTSettings",
     "sft_nll_sum",
     "sft_lr_multiplier",
     "rank_slice",
@@ -61,8 +59,8 @@ __all__ = [
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 METRICS_FILE = "metrics.jsonl"
-LR_SCHEDULERS = ("cosine", "wsd", "constant")
-STRATEGIES = ("fsdp", "fsdp2", "ddp", "none")
+LR_SCHEDULERS = SFT_LR_SCHEDULERS
+STRATEGIES = SFT_STRATEGIES
 LOGGERS = SUPPORTED_LOGGERS  # the same backends as the RL trainer (hybridflow.utils.tracking)
 
 
@@ -153,96 +151,6 @@ def _holds_conversations(files, data_config: Mapping) -> bool:
     return messages in columns and (data_config.get("prompt_key") or "prompt") not in columns
 
 
-# --------------------------------------------------------------------------- settings
-
-
-@dataclass(frozen=True)
-class SFTSettings:
-    """The keys the trainer reads (veRL 0.9.1's sft_trainer_engine keys; configs/sft_trainer.yaml maps
-    the earlier fsdp_sft_trainer spellings onto them), checked once at start-up. Whether a key is
-    implemented at all was checked when the config was loaded (hybridflow/config/keys)."""
-
-    train_batch_size: int
-    micro_batch_size_per_gpu: int
-    total_epochs: int
-    total_training_steps: int | None
-    lr: float
-    betas: tuple
-    weight_decay: float
-    lr_warmup_steps: int
-    lr_warmup_steps_ratio: float
-    min_lr_ratio: float
-    num_cycles: float
-    clip_grad: float | None
-    lr_scheduler: str
-    strategy: str
-    model_dtype: str
-    gradient_checkpointing: bool
-    save_freq: int
-    test_freq: int
-    max_ckpt_to_keep: int | None
-    default_local_dir: str
-    loggers: tuple
-    seed: int
-    device: str
-
-    @classmethod
-    def from_config(cls, cfg, world_size: int) -> tuple["SFTSettings", list[str]]:
-        """(settings, notes); raises ConfigError listing every error."""
-        data, optim, trainer = cfg["data"], cfg["optim"], cfg["trainer"]
-        errors, notes = [], []
-        device = resolve_device(trainer["device"])
-        micro = data["micro_batch_size_per_gpu"] or data["micro_batch_size"]
-        if data["micro_batch_size"] is not None:
-            notes.append("data.micro_batch_size is deprecated; use data.micro_batch_size_per_gpu")
-        tbs = data["train_batch_size"]
-        for key, val in (("data.train_batch_size", tbs), ("data.micro_batch_size_per_gpu", micro)):
-            if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
-                errors.append(f"{key} must be a positive integer, got {val!r}")
-        if isinstance(tbs, int) and tbs > 0 and tbs % world_size:
-            errors.append(f"data.train_batch_size={tbs} does not split over {world_size} processes")
-        if optim["lr_scheduler_type"] not in LR_SCHEDULERS:
-            errors.append(f"optim.lr_scheduler_type must be one of {LR_SCHEDULERS}, got {optim['lr_scheduler_type']!r}")
-        strategy = cfg["engine"]["strategy"]
-        if strategy not in STRATEGIES:
-            errors.append(f"engine.strategy must be one of {STRATEGIES}, got {strategy!r}")
-        loggers = tuple(trainer["logger"] or ())
-        if set(loggers) - set(LOGGERS):
-            errors.append(f"trainer.logger: the SFT trainer supports {LOGGERS}, got {list(loggers)}")
-        expected = trainer["nnodes"] * trainer["n_gpus_per_node"]
-        if expected != world_size:
-            notes.append(f"trainer.nnodes * trainer.n_gpus_per_node = {expected}, but {world_size} process(es) "
-                         f"run: the process count comes from torchrun (--nproc_per_node)")
-        if errors:
-            raise ConfigError("invalid SFT config:\n  " + "\n  ".join(errors))
-        clip = optim["clip_grad"]
-        return cls(
-            train_batch_size=tbs,
-            micro_batch_size_per_gpu=micro,
-            total_epochs=int(trainer["total_epochs"]),
-            total_training_steps=trainer["total_training_steps"],
-            lr=float(optim["lr"]),
-            betas=tuple(optim["betas"]),
-            weight_decay=float(optim["weight_decay"]),
-            lr_warmup_steps=int(optim["lr_warmup_steps"]),
-            lr_warmup_steps_ratio=float(optim["lr_warmup_steps_ratio"]),
-            min_lr_ratio=float(optim["min_lr_ratio"]),
-            num_cycles=float(optim["num_cycles"]),
-            clip_grad=float(clip) if clip else None,
-            lr_scheduler=optim["lr_scheduler_type"],
-            strategy=strategy,
-            model_dtype=resolve_dtype(cfg["engine"]["model_dtype"], device),
-            gradient_checkpointing=bool(cfg["model"]["enable_gradient_checkpointing"]),
-            save_freq=int(trainer["save_freq"]),
-            test_freq=int(trainer["test_freq"]),
-            max_ckpt_to_keep=trainer["max_ckpt_to_keep"],
-            default_local_dir=os.path.expanduser(str(trainer["default_local_dir"])),
-            loggers=loggers,
-            seed=int(trainer["seed"]),
-            device=device,
-        ), notes
-
-
 # --------------------------------------------------------------------------- the trainer
 
 
@@ -270,6 +178,8 @@ def _tied_duplicates(module: torch.nn.Module) -> set[str]:
 class FSDPSFTTrainer:
     """SFT over one model on this rank (FSDP2, DDP or a plain module), with veRL's constructor order.
 
+    ``config``: the composed sft_trainer tree (a DictConfig or dict), read into ``SFTTrainerConfig``
+    (``self.config``), or that typed config itself; it is checked once (``SFTTrainerConfig.validate``).
     ``tokenizer``/``train_dataset``/``val_dataset`` are built from the config when not given;
     ``device_mesh``/``ulysses_device_mesh`` are accepted for veRL compatibility and unused (the world
     group is the data-parallel group).
@@ -277,72 +187,73 @@ class FSDPSFTTrainer:
 
     def __init__(self, config, device_mesh=None, ulysses_device_mesh=None, tokenizer=None,
                  train_dataset=None, val_dataset=None):
-        self.config = config
+        self.config = cfg = omega_conf_to_dataclass(config, SFTTrainerConfig)  # a composed tree, or typed already
         self.rank, self.world_size = _world()
-        self.settings, notes = SFTSettings.from_config(config, self.world_size)
-        s = self.settings
-        for note in notes:
+        for note in cfg.validate(self.world_size, LOGGERS):
             self._say(logging.WARNING, f"note: {note}")
-        model_cfg = config["model"]
-        import_external_lib(model_cfg["external_lib"])
-        path = local_model_path(model_cfg["path"], "model.path")
-        trust = bool(model_cfg["trust_remote_code"])
+        device = resolve_device(cfg.trainer.device)
+        model_cfg, data = cfg.model, cfg.data
+        import_external_lib(model_cfg.external_lib)
+        path = local_model_path(model_cfg.path, "model.path")
+        trust = bool(model_cfg.trust_remote_code)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path, trust)
-        if model_cfg["custom_chat_template"]:
-            self.tokenizer.chat_template = model_cfg["custom_chat_template"]
-        data = config["data"]
-        data_cfg = OmegaConf.to_container(data, resolve=True) if isinstance(data, DictConfig) else dict(data)
+        if model_cfg.custom_chat_template:
+            self.tokenizer.chat_template = model_cfg.custom_chat_template
         if train_dataset is None:
-            train_dataset = create_sft_dataset(data_cfg["train_files"], data_cfg, self.tokenizer)
-        if val_dataset is None and data_cfg.get("val_files"):
-            val_dataset = create_sft_dataset(data_cfg["val_files"], data_cfg, self.tokenizer)
+            train_dataset = create_sft_dataset(data.train_files, data, self.tokenizer)
+        if val_dataset is None and data.val_files:
+            val_dataset = create_sft_dataset(data.val_files, data, self.tokenizer)
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
-        if len(self.train_dataset) < s.train_batch_size:
-            raise ConfigError(f"data.train_batch_size={s.train_batch_size} is larger than the "
-                              f"{len(self.train_dataset)} training rows")
-        self.steps_per_epoch = len(self.train_dataset) // s.train_batch_size
-        self.total_steps = int(s.total_training_steps or s.total_epochs * self.steps_per_epoch)
+        batch = data.train_batch_size
+        if len(self.train_dataset) < batch:
+            raise ConfigError(f"data.train_batch_size={batch} is larger than the {len(self.train_dataset)} "
+                              "training rows")
+        self.steps_per_epoch = len(self.train_dataset) // batch
+        self.total_steps = int(cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.steps_per_epoch)
 
-        torch.manual_seed(s.seed)
-        dtype = getattr(torch, s.model_dtype)
+        torch.manual_seed(cfg.trainer.seed)
+        dtype = getattr(torch, resolve_dtype(cfg.engine.model_dtype, device))
         module = load_model(path, "causal_lm", dtype=dtype, trust_remote_code=trust)
-        spec = EngineSpec(strategy=s.strategy, device=s.device, gradient_checkpointing=s.gradient_checkpointing)
+        spec = EngineSpec(strategy=cfg.engine.strategy, device=device,
+                          gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing))
         self.engine = TrainEngine(module, spec)
         self.module = self.engine.module
-        self.optimizer = build_optimizer(self.module.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
-        warmup = resolve_warmup_steps(s.lr_warmup_steps, s.lr_warmup_steps_ratio, self.total_steps)
+        optim = cfg.optim
+        self.optimizer = build_optimizer(self.module.parameters(), lr=float(optim.lr), betas=tuple(optim.betas),
+                                         weight_decay=float(optim.weight_decay))
+        warmup = resolve_warmup_steps(int(optim.lr_warmup_steps), float(optim.lr_warmup_steps_ratio), self.total_steps)
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: sft_lr_multiplier(step, warmup, self.total_steps, s.lr_scheduler,
-                                                           s.min_lr_ratio, s.num_cycles))
-        self.device = torch.device(s.device, torch.cuda.current_device()) if s.device == "cuda" else torch.device("cpu")
+            self.optimizer, lambda step: sft_lr_multiplier(step, warmup, self.total_steps, optim.lr_scheduler_type,
+                                                           float(optim.min_lr_ratio), float(optim.num_cycles)))
+        self.device = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         self.global_step = 0
         self._log_file = None
         n_params = sum(p.numel() for p in module.parameters())
         self._say(logging.INFO, f"SFT: {n_params:,} params, {len(self.train_dataset)} train rows, "
-                  f"{self.total_steps} steps of {s.train_batch_size} rows on {self.world_size} {s.device} process(es)")
+                  f"{self.total_steps} steps of {batch} rows on {self.world_size} {device} process(es)")
 
     # --- data ---------------------------------------------------------------------------------------
     def train_batches(self, epoch: int) -> Iterator[dict]:
         """This rank's slice of every global batch of ``epoch`` (order from (seed, epoch) only)."""
-        s = self.settings
-        order = epoch_order(len(self.train_dataset), s.seed, epoch)
-        mine = rank_slice(s.train_batch_size, self.rank, self.world_size)
+        batch = self.config.data.train_batch_size
+        order = epoch_order(len(self.train_dataset), self.config.trainer.seed, epoch)
+        mine = rank_slice(batch, self.rank, self.world_size)
         for b in range(self.steps_per_epoch):
-            rows = order[b * s.train_batch_size:(b + 1) * s.train_batch_size][mine]
+            rows = order[b * batch:(b + 1) * batch][mine]
             yield collate_fn([self.train_dataset[i] for i in rows])
 
     def _val_batches(self) -> Iterator[dict]:
         # every rank gets len // W rows (the remainder is dropped) so all run the same forwards
         per_rank = len(self.val_dataset) // self.world_size
         rows = range(self.rank * per_rank, (self.rank + 1) * per_rank)
-        mbs = self.settings.micro_batch_size_per_gpu
+        mbs = self.config.data.micro_batch_rows
         for i in range(0, per_rank, mbs):
             yield collate_fn([self.val_dataset[j] for j in rows[i:i + mbs]])
 
     def _micro_batches(self, batch: dict) -> list[dict]:
         """Micro-batches of ``micro_batch_size_per_gpu`` rows, each cut after its last attended column
         (right padding: the longest row; left padding: nothing is cut)."""
-        mbs, n = self.settings.micro_batch_size_per_gpu, batch["input_ids"].shape[0]
+        mbs, n = self.config.data.micro_batch_rows, batch["input_ids"].shape[0]
         out = []
         for i in range(0, n, mbs):
             attended = batch["attention_mask"][i:i + mbs].any(dim=0).nonzero()  # host tensor: no device sync
@@ -371,7 +282,8 @@ class FSDPSFTTrainer:
                 nll = self._nll_sum(mb)
                 (nll * (self.world_size / tokens)).backward()  # x W: DDP/FSDP average over ranks
             loss_sum += nll.detach()
-        grad_norm, skipped = clip_grad_and_step(self.module, self.optimizer, self.settings.clip_grad)
+        clip = self.config.optim.clip_grad
+        grad_norm, skipped = clip_grad_and_step(self.module, self.optimizer, float(clip) if clip else None)
         lr = self.lr_scheduler.get_last_lr()[0]
         self.lr_scheduler.step()
         loss, grad_norm, skipped, n_tokens = torch.stack(
@@ -393,7 +305,7 @@ class FSDPSFTTrainer:
     # --- checkpoints --------------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> str:
         """Write ``global_step_<step>`` as a Hugging Face directory (all ranks call; rank 0 writes)."""
-        out = os.path.join(self.settings.default_local_dir, f"global_step_{step}")
+        out = os.path.join(self.config.trainer.local_dir, f"global_step_{step}")
         state = self.engine.full_state_dict()  # a collective under FSDP
         if self.rank == 0:
             os.makedirs(out, exist_ok=True)
@@ -401,7 +313,7 @@ class FSDPSFTTrainer:
             state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items() if k not in tied}
             self.engine.unwrapped.save_pretrained(out, state_dict=state, safe_serialization=True)
             self.tokenizer.save_pretrained(out)
-            with open(os.path.join(self.settings.default_local_dir, LATEST_FILE), "w") as f:
+            with open(os.path.join(self.config.trainer.local_dir, LATEST_FILE), "w") as f:
                 f.write(str(step))  # written last: the directory is complete
             self._drop_old_checkpoints()
             self._say(logging.INFO, f"saved Hugging Face model to {out}")
@@ -410,10 +322,10 @@ class FSDPSFTTrainer:
         return out
 
     def _drop_old_checkpoints(self) -> None:
-        keep = self.settings.max_ckpt_to_keep
+        keep = self.config.trainer.max_ckpt_to_keep
         if not keep or keep <= 0:
             return
-        root = self.settings.default_local_dir
+        root = self.config.trainer.local_dir
         steps = sorted(int(d.split("_")[-1]) for d in os.listdir(root)
                        if d.startswith("global_step_") and d.split("_")[-1].isdigit())
         for old in steps[:-keep]:
@@ -426,18 +338,18 @@ class FSDPSFTTrainer:
             logger.log(level, text)
 
     def log(self, metrics: dict, step: int) -> None:
-        if self.rank != 0 or not self.settings.loggers:
+        run = self.config.trainer
+        if self.rank != 0 or not run.loggers:
             return
         if self._log_file is None:  # the tracker, made on first use (rank 0 only)
-            self._log_file = Tracking("hybridflow_sft", "sft", list(self.settings.loggers),
-                                      log_dir=self.settings.default_local_dir)
+            self._log_file = Tracking("hybridflow_sft", "sft", list(run.loggers), log_dir=run.local_dir)
         self._log_file.log(metrics, step)
 
     # --- the loop -----------------------------------------------------------------------------------
     def fit(self) -> str:
         """Train for ``total_steps``; validate every test_freq and at the end; save every save_freq and
         at the end. Returns the final Hugging Face directory."""
-        s, last_saved, final_dir = self.settings, None, None
+        run, last_saved, final_dir = self.config.trainer, None, None
         epoch = 0
         while self.global_step < self.total_steps:
             for batch in self.train_batches(epoch):
@@ -446,10 +358,10 @@ class FSDPSFTTrainer:
                 metrics = self.training_step(batch)
                 metrics["train/epoch"] = epoch
                 is_last = step == self.total_steps
-                if self.val_dataset is not None and (is_last or (s.test_freq > 0 and step % s.test_freq == 0)):
+                if self.val_dataset is not None and (is_last or (run.test_freq > 0 and step % run.test_freq == 0)):
                     metrics["val/loss"] = self.validation_loss()
                 self.log(metrics, step)
-                if is_last or (s.save_freq > 0 and step % s.save_freq == 0):
+                if is_last or (run.save_freq > 0 and step % run.save_freq == 0):
                     final_dir, last_saved = self.save_checkpoint(step), step
                 if is_last:
                     break

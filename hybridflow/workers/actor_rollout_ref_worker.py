@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from hybridflow.config.access import require
+from hybridflow.config.profiler import ProfilerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.dispatch_fns import make_nd_compute_dataproto_dispatch_fn
@@ -26,7 +27,7 @@ from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_ch
 from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
-from hybridflow.workers.profiler import ProfilerHost
+from hybridflow.workers.profiler import ProfilerHost, role_profiler
 from hybridflow.workers.rollout_host import RolloutHost
 from hybridflow.workers.utils.device import on_device
 from hybridflow.workers.utils.ulysses import build_layout, configured_sp_size
@@ -113,10 +114,11 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
             setattr(self, f"{role}_layout", layouts[size])
             self._register_dispatch_collect_info(role, dp_rank=layouts[size].dp_rank, is_collect=layouts[size].is_collect)
 
-    def _profiler_sections(self) -> list[dict]:
-        """The ``profiler`` sections of this worker's roles (global_profiler.tool=torch; profiler.py)."""
+    def _profiler_sections(self) -> list[ProfilerConfig]:
+        """The ``profiler`` sections of this worker's roles, typed (global_profiler.tool=torch; profiler.py)."""
         roles = (("actor", self._is_actor), ("ref", self._is_ref), ("rollout", self._is_rollout))
-        return [self.config[name].get("profiler") or {} for name, on in roles if on]
+        return [role_profiler(self.config[name].get("profiler"), f"actor_rollout_ref.{name}.profiler")
+                for name, on in roles if on]
 
     # ----------------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

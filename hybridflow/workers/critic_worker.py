@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from hybridflow.config.profiler import ProfilerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.dispatch_fns import make_nd_compute_dataproto_dispatch_fn
@@ -14,7 +15,7 @@ from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_ch
 from hybridflow.workers.critic import DataParallelPPOCritic
 from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
-from hybridflow.workers.profiler import ProfilerHost
+from hybridflow.workers.profiler import ProfilerHost, role_profiler
 from hybridflow.workers.utils.device import on_device
 from hybridflow.workers.utils.ulysses import build_layout, configured_sp_size
 from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
@@ -44,8 +45,8 @@ class CriticWorker(ProfilerHost, Worker):
 
     role = "critic"
 
-    def _profiler_sections(self) -> list[dict]:
-        return [self.config.get("profiler") or {}]
+    def _profiler_sections(self) -> list[ProfilerConfig]:
+        return [role_profiler(self.config.get("profiler"), "critic.profiler")]
 
     def __init__(self, config):
         super().__init__()

@@ -13,47 +13,51 @@ activity is always recorded.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import Any, Collection, Sequence
 
 import torch
 
+from hybridflow.config import omega_conf_to_dataclass
+from hybridflow.config.profiler import TORCH_CONTENTS, ProfilerConfig, ProfilerToolConfig, TorchProfilerToolConfig
 from hybridflow.single_controller.base import Dispatch, register
 
-CONTENTS = ("cuda", "memory", "shapes", "stack", "cpu")
+__all__ = ["CONTENTS", "role_profiler", "merge_profilers", "records", "profiler_kwargs", "trace_path", "ProfilerHost"]
+
+CONTENTS = TORCH_CONTENTS
+DEFAULT_SAVE_PATH = ProfilerConfig().save_path
 
 
-@dataclass(frozen=True)
-class ProfileSettings:
-    enable: bool = False
-    all_ranks: bool = False
-    ranks: tuple[int, ...] = ()
-    save_path: str = "outputs/profile"
-    contents: frozenset[str] = frozenset()
-
-    @classmethod
-    def from_sections(cls, sections: list[dict]) -> "ProfileSettings":
-        """The role ``profiler`` sections of one worker (a fused actor+rollout+ref worker has several)
-        as one setting: on when any role is on; ranks, contents united; the first enabled save path."""
-        enabled = [s for s in sections if s and s.get("enable")]
-        if not enabled:
-            return cls()
-        contents: set[str] = set()
-        for section in enabled:
-            torch_cfg = ((section.get("tool_config") or {}).get("torch") or {})
-            unknown = set(torch_cfg.get("contents") or ()) - set(CONTENTS)
-            if unknown:
-                raise ValueError(f"profiler.tool_config.torch.contents: unknown entries {sorted(unknown)}; "
-                                 f"choose from {list(CONTENTS)}")
-            contents |= set(torch_cfg.get("contents") or ())
-        return cls(enable=True, all_ranks=any(bool(s.get("all_ranks")) for s in enabled),
-                   ranks=tuple(sorted({int(r) for s in enabled for r in (s.get("ranks") or ())})),
-                   save_path=str(enabled[0].get("save_path") or cls.save_path), contents=frozenset(contents))
-
-    def selects(self, rank: int) -> bool:
-        return self.enable and (self.all_ranks or rank in self.ranks)
+def role_profiler(section: Any, path: str) -> ProfilerConfig:
+    """A role's ``profiler`` section (DictConfig, dict or ProfilerConfig; missing or empty: off) as the
+    typed ProfilerConfig; a bad key or value (an unknown ``tool_config.torch.contents`` entry) is refused
+    naming it (``path``: where the section sits)."""
+    return omega_conf_to_dataclass(section or {}, ProfilerConfig, path=path)
 
 
-def profiler_kwargs(contents: frozenset[str], cuda_available: bool) -> dict:
+def _torch_contents(section: ProfilerConfig) -> list[str]:
+    torch_cfg = section.tool_config.torch if section.tool_config is not None else None
+    return list(torch_cfg.contents) if torch_cfg is not None else []
+
+
+def merge_profilers(sections: Sequence[ProfilerConfig]) -> ProfilerConfig:
+    """The role profilers of one worker (a fused actor+rollout+ref worker has several) as one plan: on when
+    any role is on; ranks and torch contents united; the first enabled role's save path."""
+    enabled = [s for s in sections if s.enable]
+    if not enabled:
+        return ProfilerConfig()
+    contents = sorted({c for s in enabled for c in _torch_contents(s)})
+    return ProfilerConfig(tool="torch", enable=True, all_ranks=any(s.all_ranks for s in enabled),
+                          ranks=sorted({int(r) for s in enabled for r in s.ranks}),
+                          save_path=enabled[0].save_path or DEFAULT_SAVE_PATH,
+                          tool_config=ProfilerToolConfig(torch=TorchProfilerToolConfig(contents=contents)))
+
+
+def records(plan: ProfilerConfig, rank: int) -> bool:
+    """Whether ``rank`` writes a trace under ``plan``."""
+    return plan.enable and (plan.all_ranks or rank in plan.ranks)
+
+
+def profiler_kwargs(contents: Collection[str], cuda_available: bool) -> dict:
     """``torch.profiler.profile`` arguments for veRL's ``contents`` list (empty: CPU + CUDA where present)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda_available and (not contents or "cuda" in contents):
@@ -76,11 +80,11 @@ class _ProcessProfile:
     path: str | None = None
 
     @classmethod
-    def join(cls, settings: ProfileSettings, step: int, role: str, rank: int) -> None:
+    def join(cls, plan: ProfilerConfig, step: int, role: str, rank: int) -> None:
         if cls.profiler is None:
-            cls.profiler = torch.profiler.profile(**profiler_kwargs(settings.contents, torch.cuda.is_available()))
+            cls.profiler = torch.profiler.profile(**profiler_kwargs(_torch_contents(plan), torch.cuda.is_available()))
             cls.profiler.__enter__()
-            cls.path = trace_path(settings.save_path, step, role, rank)
+            cls.path = trace_path(plan.save_path or DEFAULT_SAVE_PATH, step, role, rank)
         cls.users += 1
 
     @classmethod
@@ -97,19 +101,19 @@ class _ProcessProfile:
 
 class ProfilerHost:
     """Mixed into role workers. Needs from the host: ``rank``, ``role`` (names the file) and
-    ``_profiler_sections()`` (its roles' ``profiler`` config sections)."""
+    ``_profiler_sections()`` (its roles' ``profiler`` sections, typed: ``role_profiler``)."""
 
     _recording = False
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def start_profile(self, profile_step: int) -> bool:
         """Start recording (on selected ranks); True where this rank records."""
-        settings = ProfileSettings.from_sections(self._profiler_sections())
-        if not settings.selects(self.rank):
+        plan = merge_profilers(self._profiler_sections())
+        if not records(plan, self.rank):
             return False
         if self._recording:
             raise RuntimeError(f"start_profile(step {profile_step}) while this worker is still recording")
-        _ProcessProfile.join(settings, int(profile_step), str(getattr(self, "role", "worker")), self.rank)
+        _ProcessProfile.join(plan, int(profile_step), str(getattr(self, "role", "worker")), self.rank)
         self._recording = True
         return True
 

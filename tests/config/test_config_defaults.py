@@ -1,7 +1,8 @@
 """The section classes of hybridflow.config and configs/ppo_trainer.yaml say the same thing: at every
 place of ``PPO_TRAINER_SECTIONS`` each field's default equals the yaml's (resolved) value, and each yaml
 key is a field; every interpolation a declaration writes resolves to the default it declares. Change a
-default on one side only and these tests name the key."""
+default on one side only and these tests name the key. configs/sft_trainer.yaml is checked as a whole
+against ``SFTTrainerConfig`` the same way."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
-from hybridflow.config import CONFIG_CLASSES, PPOTrainerConfig, omega_conf_to_dataclass, to_dict
+from hybridflow.config import CONFIG_CLASSES, PPOTrainerConfig, SFTTrainerConfig, omega_conf_to_dataclass, to_dict
 from hybridflow.config.loader import default_config, load_config
 from hybridflow.config.sections import PPO_TRAINER_SECTIONS, Section
 from hybridflow.config.tree import raw_tree
@@ -115,3 +116,37 @@ def test_every_key_has_a_one_line_doc():
     missing = [f"{cls.__name__}.{f.name}" for cls in CONFIG_CLASSES.values() for f in dataclasses.fields(cls)
                if not f.metadata.get("doc") or "\n" in f.metadata["doc"]]
     assert missing == []
+
+
+# --------------------------------------------------------------------------- sft_trainer.yaml
+
+
+def test_the_whole_sft_file_is_declared():
+    """Every key of sft_trainer.yaml, resolved, is a field of SFTTrainerConfig with that default."""
+    declared = raw_tree(SFTTrainerConfig(), interpolate=False)
+    assert differences(declared, default_config("sft_trainer"), "", "SFTTrainerConfig") == []
+
+
+def test_the_sft_check_names_a_default_that_drifted():
+    """Not vacuous: a yaml whose values or keys differ from the declaration is reported by key."""
+    node = copy.deepcopy(default_config("sft_trainer"))
+    node["optim"]["lr"] = 1e-3  # veRL's default, not hybridflow's
+    node["profiler"]["tool_config"]["nsys"]["discrete"] = False  # null in veRL's profiler.yaml
+    del node["trainer"]["checkpoint"]["load_contents"]
+    found = "\n".join(differences(raw_tree(SFTTrainerConfig(), interpolate=False), node, "", "SFTTrainerConfig"))
+    assert ".optim.lr: default 1e-05 in SFTTrainerConfig, 0.001 in the yaml" in found
+    assert ".profiler.tool_config.nsys.discrete: default None in SFTTrainerConfig, False in the yaml" in found
+    assert ".trainer.checkpoint.load_contents: declared by SFTTrainerConfig" in found
+
+
+def test_the_sft_yaml_reads_into_the_defaults():
+    """The yaml converts into the declared default instance; a loaded config (earlier spellings mirrored
+    onto the canonical keys) converts too, into the SFT classes where veRL names its generic ones."""
+    built = omega_conf_to_dataclass(default_config("sft_trainer"), SFTTrainerConfig)
+    assert to_dict(built) == to_dict(SFTTrainerConfig())
+    overrides = ["optim.lr_scheduler=wsd", "model.partial_pretrain=/m"]
+    loaded = omega_conf_to_dataclass(load_config("sft_trainer", overrides), SFTTrainerConfig)
+    assert type(loaded.optim).__name__ == "SFTOptimizerConfig"
+    assert loaded.optim._target_.endswith(".FSDPOptimizerConfig")  # veRL's class named, the SFT one built
+    assert loaded.optim.lr_scheduler_type == "wsd" and loaded.model.path == "/m"
+    assert loaded.checkpoint.save_contents == loaded.checkpoint.load_contents == ["hf_model"]

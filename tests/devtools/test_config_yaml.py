@@ -87,3 +87,29 @@ def test_interpolations_resolve_to_the_declared_defaults(name):
     factory = config_yaml.CONFIGS[name][0]
     resolved = OmegaConf.to_container(OmegaConf.create(raw_tree(factory())), resolve=True)
     assert resolved == raw_tree(factory(), interpolate=False)
+
+
+def test_a_changed_sft_default_makes_the_file_stale():
+    """sft_trainer.yaml is generated too: a changed default of its declaration changes the text at that key."""
+    factory, header = config_yaml.CONFIGS["sft_trainer.yaml"]
+    text = (config_yaml.ROOT / "configs" / "sft_trainer.yaml").read_text()
+    assert config_yaml.render(factory(), header) == text
+    cfg = factory()
+    object.__setattr__(cfg.optim, "lr", 3e-4)
+    changed = config_yaml.render(cfg, header)
+    assert changed != text
+    assert yaml.safe_load(changed)["optim"]["lr"] == 3e-4 and yaml.safe_load(text)["optim"]["lr"] == 1e-5
+
+
+def test_a_hand_edited_sft_yaml_fails_the_check(tmp_path, monkeypatch, capsys):
+    """Editing the generated file instead of the declaration is caught by ``--check``, naming the file."""
+    for name in config_yaml.CONFIGS:
+        text = (config_yaml.ROOT / "configs" / name).read_text()
+        if name == "sft_trainer.yaml":
+            assert "  train_batch_size: 256  #" in text
+            text = text.replace("  train_batch_size: 256  #", "  train_batch_size: 128  #")
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(config_yaml, "_target", lambda name: tmp_path / name)
+    assert config_yaml.main(["--check"]) == 1
+    assert "stale: sft_trainer.yaml;" in capsys.readouterr().err
+    assert "train_batch_size: 128" in (tmp_path / "sft_trainer.yaml").read_text()  # --check writes nothing

@@ -9,7 +9,8 @@ import os
 import pytest
 
 from hybridflow.trainer.ppo.profiling import profile_span, profiled_steps
-from hybridflow.workers.profiler import ProfileSettings, profiler_kwargs, trace_path
+from hybridflow.config import ConfigError, ProfilerConfig
+from hybridflow.workers.profiler import merge_profilers, profiler_kwargs, records, role_profiler, trace_path
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -27,18 +28,31 @@ def test_profile_spans_per_step_and_continuous():
 
 
 def test_role_sections_merge_and_select_ranks():
-    off = ProfileSettings.from_sections([{"enable": False, "all_ranks": True}])
-    assert not off.selects(0)
-    s = ProfileSettings.from_sections([{"enable": True, "ranks": [1], "save_path": "/a",
-                                        "tool_config": {"torch": {"contents": ["shapes"]}}},
-                                       {"enable": True, "ranks": [3], "tool_config": {"torch": {"contents": ["stack"]}}}])
-    assert [s.selects(r) for r in range(4)] == [False, True, False, True] and s.save_path == "/a"
-    assert profiler_kwargs(s.contents, cuda_available=False)["record_shapes"] is True
+    off = merge_profilers([role_profiler({"enable": False, "all_ranks": True}, "actor.profiler"),
+                           role_profiler(None, "ref.profiler")])  # a role without the section: off
+    assert not records(off, 0)
+    sections = [role_profiler({"enable": True, "ranks": [1], "save_path": "/a",
+                               "tool_config": {"torch": {"contents": ["shapes"]}}}, "actor.profiler"),
+                role_profiler({"enable": True, "ranks": [3], "tool_config": {"torch": {"contents": ["stack"]}}},
+                              "ref.profiler"),
+                role_profiler({"enable": False, "ranks": [2], "tool_config": {"torch": {"contents": ["memory"]}}},
+                              "rollout.profiler")]
+    assert all(isinstance(s, ProfilerConfig) for s in sections)
+    plan = merge_profilers(sections)
+    assert [records(plan, r) for r in range(4)] == [False, True, False, True] and plan.save_path == "/a"
+    assert plan.tool_config.torch.contents == ["shapes", "stack"]  # the disabled role adds nothing
+    assert all(records(merge_profilers([role_profiler({"enable": True, "all_ranks": True}, "p")]), r) for r in range(3))
+    assert profiler_kwargs(plan.tool_config.torch.contents, cuda_available=False)["record_shapes"] is True
     kwargs = profiler_kwargs(frozenset(), cuda_available=True)
     assert len(kwargs["activities"]) == 2 and not kwargs["with_stack"]  # empty contents: CPU + CUDA
     assert len(profiler_kwargs(frozenset({"memory"}), cuda_available=True)["activities"]) == 1  # cuda not asked
-    with pytest.raises(ValueError, match="contents.*unknown entries \\['gpu'\\]"):
-        ProfileSettings.from_sections([{"enable": True, "tool_config": {"torch": {"contents": ["gpu"]}}}])
+
+
+def test_unknown_torch_contents_are_refused_by_the_typed_section():
+    with pytest.raises(ConfigError, match=r"profiler.tool_config.torch.contents: unknown entries \['gpu'\]"):
+        role_profiler({"enable": True, "tool_config": {"torch": {"contents": ["gpu"]}}}, "actor.profiler")
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.profiler.ranks\[0\] must be an integer"):
+        role_profiler({"enable": True, "ranks": ["zero"]}, "actor_rollout_ref.actor.profiler")
 
 
 def test_listed_steps_write_a_trace_per_rank(tiny_model_dir, tiny_data_dir, tmp_path):

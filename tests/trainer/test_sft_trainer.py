@@ -21,6 +21,7 @@ from hybridflow.trainer.sft_trainer import (
     sft_nll_sum,
 )
 from hybridflow.config.loader import ConfigError, load_config
+from hybridflow.config.sft_trainer import SFTDataConfig, SFTOptimizerConfig, SFTRunConfig, SFTTrainerConfig
 from hybridflow.main_sft import run_sft
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -121,6 +122,38 @@ def test_rank_slices_partition_the_global_batch():
     assert [list(range(8))[s] for s in slices] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     with pytest.raises(ValueError, match="does not split"):
         rank_slice(6, 0, 4)
+
+
+def test_typed_config_checks_name_the_keys():
+    """SFTTrainerConfig.validate: errors all at once by key, notes for what still runs; derived values are
+    properties of the sections."""
+    cfg = SFTTrainerConfig(data=SFTDataConfig(train_batch_size=6, micro_batch_size_per_gpu=None, micro_batch_size=3),
+                           trainer=SFTRunConfig(logger="console", nnodes=1, n_gpus_per_node=4,
+                                                default_local_dir="~/sft_out"))
+    assert cfg.data.micro_batch_rows == 3 and cfg.trainer.loggers == ("console",)
+    assert cfg.trainer.local_dir == os.path.join(os.path.expanduser("~"), "sft_out")
+    notes = cfg.validate(world_size=2, loggers=("console",))  # 6 rows split over 2 processes
+    assert any("data.micro_batch_size is deprecated" in n for n in notes)
+    assert any("= 4, but 2 process(es) run" in n for n in notes)
+    with pytest.raises(ConfigError) as err:
+        cfg.validate(world_size=4, loggers=("file",))
+    text = str(err.value)
+    assert "data.train_batch_size=6 does not split over 4 processes" in text and "trainer.logger" in text
+    with pytest.raises(ConfigError, match=r"data.micro_batch_size_per_gpu must be a positive integer, got None"):
+        SFTTrainerConfig(data=SFTDataConfig(micro_batch_size_per_gpu=None)).validate(1, ("console",))
+    # the SFT schedules: wsd is one (the RL optimizer section refuses it), linear is not
+    assert SFTOptimizerConfig(lr_scheduler_type="wsd").lr_scheduler_type == "wsd"
+    with pytest.raises(ConfigError, match="optim.lr_scheduler_type='linear' is not one of constant, cosine, wsd"):
+        SFTOptimizerConfig(lr_scheduler_type="linear")
+
+
+def test_the_trainer_takes_a_typed_config(tiny_model_dir, tiny_data_dir, tmp_path):
+    from hybridflow.config import omega_conf_to_dataclass
+    cfg = load_config("sft_trainer", sft_overrides(tiny_model_dir, tiny_data_dir, str(tmp_path / "out")))
+    typed = omega_conf_to_dataclass(cfg, SFTTrainerConfig)
+    trainer = FSDPSFTTrainer(typed)
+    assert trainer.config is typed and trainer.total_steps == 2
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)  # optim.lr of the overrides
 
 
 def test_rank_batches_concatenate_to_the_single_process_batch(tiny_model_dir, tiny_data_dir, tmp_path):

@@ -24,41 +24,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
 
+from hybridflow.config import omega_conf_to_dataclass
+from hybridflow.config.skip import RolloutSkipConfig
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo import rollout_dump
 
-__all__ = ["RolloutSkipSettings", "RolloutRecorder", "find_replay_file"]
+__all__ = ["RolloutRecorder", "find_replay_file"]
 
 logger = logging.getLogger(__name__)
-
-SKIP_ACTIONS = ("cache", "repeat")
-
-
-@dataclass(frozen=True)
-class RolloutSkipSettings:
-    enable: bool = False
-    dump_dir: str = ""
-    steps: tuple[int, ...] = ()
-    action: str = "cache"
-
-    @classmethod
-    def from_config(cls, config) -> "RolloutSkipSettings":
-        skip = (config.get("skip") or {}).get("rollout") or {}
-        settings = cls(enable=bool(skip.get("enable", False)), dump_dir=os.path.expanduser(str(skip.get("dump_dir") or "")),
-                       steps=tuple(int(s) for s in (skip.get("steps") or ())), action=str(skip.get("action", "cache")))
-        if not settings.enable:
-            return settings
-        if settings.action not in SKIP_ACTIONS:
-            raise ValueError(f"skip.rollout.action={settings.action!r} is not one of {', '.join(SKIP_ACTIONS)}")
-        if not settings.dump_dir:
-            raise ValueError("skip.rollout.enable=True needs skip.rollout.dump_dir (a directory of <step>.jsonl dumps)")
-        if not settings.steps:
-            raise ValueError("skip.rollout.enable=True with skip.rollout.steps=[] would replay no step (veRL's "
-                             "meaning); list the steps to replay, e.g. skip.rollout.steps=[1,2,3]")
-        return settings
-
 
 def find_replay_file(dump_dir: str, step: int, action: str) -> str | None:
     """The dump a step replays: its own (cache); its own, else the nearest earlier, else the nearest
@@ -80,20 +54,25 @@ class RolloutRecorder:
     training step) and ``after_validation``."""
 
     def __init__(self, tokenizer, rollout_data_dir: str | None = None, validation_data_dir: str | None = None,
-                 skip: RolloutSkipSettings | None = None, samples_per_prompt: int = 1):
+                 skip: RolloutSkipConfig | None = None, samples_per_prompt: int = 1):
         self.tokenizer = tokenizer
         self.rollout_data_dir = os.path.expanduser(rollout_data_dir) if rollout_data_dir else None
         self.validation_data_dir = os.path.expanduser(validation_data_dir) if validation_data_dir else None
-        self.skip = skip or RolloutSkipSettings()
+        self.skip = skip or RolloutSkipConfig()
+        self.skip_dir = os.path.expanduser(self.skip.dump_dir)
         self.samples_per_prompt = int(samples_per_prompt)
         self._generated_for_cache: set[int] = set()  # listed steps generated for lack of a dump: write them
         self.replayed: dict[int, str] = {}  # step -> the file it replayed
 
     @classmethod
     def from_config(cls, config, tokenizer) -> "RolloutRecorder":
+        """From a composed ppo_trainer tree; ``skip.rollout`` is read as its typed section (checked when
+        built; a tree without it replays nothing)."""
         t = config.trainer
-        return cls(tokenizer, t.get("rollout_data_dir"), t.get("validation_data_dir"),
-                   RolloutSkipSettings.from_config(config), int(config.actor_rollout_ref.rollout.n))
+        skip = omega_conf_to_dataclass((config.get("skip") or {}).get("rollout") or {}, RolloutSkipConfig,
+                                       path="skip.rollout")
+        return cls(tokenizer, t.get("rollout_data_dir"), t.get("validation_data_dir"), skip,
+                   int(config.actor_rollout_ref.rollout.n))
 
     # ------------------------------------------------------------------------------ replay
     def replay(self, batch: DataProto, step: int, timing: dict) -> DataProto | None:
@@ -101,9 +80,9 @@ class RolloutRecorder:
         (a listed step without a dump is generated and, with action=cache, written afterwards)."""
         if not self.skip.enable or step not in self.skip.steps:
             return None
-        path = find_replay_file(self.skip.dump_dir, step, self.skip.action)
+        path = find_replay_file(self.skip_dir, step, self.skip.action)
         if path is None:
-            logger.info("[skip.rollout] step %s: no dump in %s; generating and writing it", step, self.skip.dump_dir)
+            logger.info("[skip.rollout] step %s: no dump in %s; generating and writing it", step, self.skip_dir)
             self._generated_for_cache.add(step)
             return None
         start = time.perf_counter()
@@ -134,7 +113,7 @@ class RolloutRecorder:
         """Write the finished step (trainer.rollout_data_dir, and the skip dir for a cache miss)."""
         targets = [d for d in (self.rollout_data_dir,) if d]
         if step in self._generated_for_cache:
-            targets.append(self.skip.dump_dir)
+            targets.append(self.skip_dir)
             self._generated_for_cache.discard(step)
         if not targets:
             return {}

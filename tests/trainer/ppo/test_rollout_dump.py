@@ -9,9 +9,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from hybridflow.config import ConfigError, omega_conf_to_dataclass
+from hybridflow.config.skip import RolloutSkipConfig, RolloutTqSkipConfig
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo import rollout_dump
-from hybridflow.trainer.ppo.rollout_replay import RolloutSkipSettings, find_replay_file
+from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder, find_replay_file
 from hybridflow.models.tiny import build_tiny_tokenizer
 
 TOK = build_tiny_tokenizer()  # the shared character tokenizer (hybridflow/models/tiny.py)
@@ -117,15 +119,27 @@ def test_read_rows_refuses_dumps_without_token_ids(tmp_path):
 
 
 def _skip_config(**rollout):
-    return OmegaConf.create({"skip": {"rollout": {"enable": True, "dump_dir": "/d", "steps": [1], "action": "cache", **rollout}}})
+    rollout = {"enable": True, "dump_dir": "/d", "steps": [1], "action": "cache", **rollout}
+    return OmegaConf.create({"skip": {"rollout": rollout}, "trainer": {}, "actor_rollout_ref": {"rollout": {"n": 2}}})
 
 
-def test_skip_settings_refuse_what_would_silently_do_nothing():
-    assert RolloutSkipSettings.from_config(_skip_config()).steps == (1,)
-    assert not RolloutSkipSettings.from_config(OmegaConf.create({"trainer": {}})).enable
-    with pytest.raises(ValueError, match=r"skip.rollout.steps=\[\]"):
-        RolloutSkipSettings.from_config(_skip_config(steps=[]))
-    with pytest.raises(ValueError, match="skip.rollout.action='random'"):
-        RolloutSkipSettings.from_config(_skip_config(action="random"))
-    with pytest.raises(ValueError, match="skip.rollout.dump_dir"):
-        RolloutSkipSettings.from_config(_skip_config(dump_dir=""))
+def test_skip_section_refuses_what_would_silently_do_nothing():
+    """skip.rollout is read as its typed section; enabled, the settings that would replay nothing are
+    refused when it is built, naming the key."""
+    recorder = RolloutRecorder.from_config(_skip_config(dump_dir="~/dumps"), TOK)
+    assert isinstance(recorder.skip, RolloutSkipConfig) and recorder.skip.steps == [1]
+    assert recorder.skip_dir.endswith("/dumps") and not recorder.skip_dir.startswith("~")  # ~ expanded
+    no_skip = OmegaConf.create({"trainer": {}, "actor_rollout_ref": {"rollout": {"n": 1}}})
+    off = RolloutRecorder.from_config(no_skip, TOK)
+    assert not off.skip.enable and off.replay(None, 1, {}) is None
+    with pytest.raises(ConfigError, match=r"skip.rollout.steps=\[\]"):
+        omega_conf_to_dataclass(_skip_config(steps=[]).skip.rollout, RolloutSkipConfig)
+    with pytest.raises(ConfigError, match="skip.rollout.action='random'"):
+        RolloutSkipConfig(enable=True, dump_dir="/d", steps=[1], action="random")
+    with pytest.raises(ConfigError, match="skip.rollout.dump_dir"):
+        RolloutSkipConfig(enable=True, dump_dir="", steps=[1])
+    with pytest.raises(ConfigError, match=r"skip.rollout_tq.steps=\[\]"):  # the other places name themselves
+        RolloutTqSkipConfig(enable=True, dump_dir="/d")
+    assert RolloutSkipConfig(enable=False, dump_dir="", steps=[]).enable is False  # off: nothing to check
+    with pytest.raises(ConfigError, match=r"skip.rollout.steps\[0\] must be an integer"):  # typed conversion
+        omega_conf_to_dataclass(_skip_config(steps=["one"]).skip.rollout, RolloutSkipConfig, path="skip.rollout")
