@@ -127,7 +127,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         import_external_lib(model_cfg["external_lib"])
         path = local_model_path(model_cfg["path"], "actor_rollout_ref.model.path")
         trust = bool(model_cfg["trust_remote_code"])
-        self.tokenizer = load_tokenizer(path, trust, chat_template=model_cfg["custom_chat_template"])
+        self.tokenizer = load_tokenizer(path, trust, chat_template=model_cfg.get("custom_chat_template"))  # main_generation has none
         override = model_cfg["override_config"]
         torch.manual_seed(0)
 
