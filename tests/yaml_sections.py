@@ -33,11 +33,23 @@ def fsdp_config(**changes) -> dict:
     return section("actor_rollout_ref.actor.fsdp_config", **changes)
 
 
+def _grad_clip(changes: dict) -> dict:
+    """``grad_clip`` (the spelling before veRL 0.9.1) also sets ``optim.clip_grad``, as load_config maps it."""
+    if "grad_clip" in changes:
+        changes = {**changes, "optim": {**changes.get("optim", {}), "clip_grad": changes["grad_clip"]}}
+    return changes
+
+
 def actor(**changes) -> dict:
-    """The actor section as the worker hands it to DataParallelPPOActor (use_remove_padding copied in)."""
-    return section("actor_rollout_ref.actor", **{"use_remove_padding": False, **changes})
+    """The actor section as the worker hands it to DataParallelPPOActor (use_remove_padding, from
+    actor_rollout_ref.model, off unless changed)."""
+    return section("actor_rollout_ref.actor", **{"use_remove_padding": False, **_grad_clip(changes)})
 
 
 def critic(**changes) -> dict:
-    """The critic section as the worker hands it to DataParallelPPOCritic (use_remove_padding copied in)."""
-    return section("critic", **{"use_remove_padding": False, **changes})
+    """The critic section (critic.model.use_remove_padding off unless changed; ``use_remove_padding=``
+    is a shortcut for it)."""
+    changes = _grad_clip(changes)
+    packed = changes.pop("use_remove_padding", False)
+    changes["model"] = {**changes.get("model", {}), "use_remove_padding": packed}
+    return section("critic", **changes)

@@ -7,9 +7,11 @@ Batch sizes count prompts before the rollout.n repeat (``ppo_mini_batch_size``) 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from hybridflow.config import batch_rules
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.engine import FSDPEngineConfig, QATConfig
@@ -31,12 +33,19 @@ def check_strategy(value: str, key: str) -> None:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(STRATEGIES)} (hybridflow's training engines)")
 
 
-def check_micro_batch(mbs: Optional[int], mbs_per_gpu: Optional[int], dynamic: bool, section_name: str,
+def check_micro_batch(mbs: Optional[int], mbs_per_gpu: Optional[int], dynamic: bool, path: str,
                       key: str = "ppo_micro_batch_size") -> None:
     """veRL's rule: the deprecated global micro-batch size and the per-GPU one are not both set."""
     if not dynamic and mbs is not None and mbs_per_gpu is not None:
-        raise ConfigError(f"{section_name}: both {key} and {key}_per_gpu are set; keep only {key}_per_gpu "
-                          f"(the global form is deprecated)")
+        raise ConfigError(f"{path}.{key} ({mbs}) and {path}.{key}_per_gpu ({mbs_per_gpu}) are both set; "
+                          f"set only {key}_per_gpu ({key} is deprecated)")
+
+
+def model_flag(model_config: Any, key: str, default: Any) -> Any:
+    """A key of the model section handed to ``validate`` (a mapping, a config object or None)."""
+    if model_config is None:
+        return default
+    return model_config.get(key, default) if hasattr(model_config, "get") else getattr(model_config, key, default)
 
 
 def _engine_follows(role: str) -> dict:
@@ -117,28 +126,56 @@ class ActorConfig(BaseConfig):
                                        absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS))
     qat: QATConfig = section(QATConfig, "quantization-aware training (not implemented)")
 
+    _path = "actor_rollout_ref.actor"  # where the section sits: messages name full keys
+    _model_path = "actor_rollout_ref.model"
+
     def __post_init__(self):
         check_strategy(self.strategy, "actor.strategy")
-        check_micro_batch(self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, "actor")
+        check_micro_batch(self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, self._path)
         for key in ("ppo_mini_batch_size", "ppo_epochs", "ppo_max_token_len_per_gpu"):
             if getattr(self, key) < 1:
-                raise ConfigError(f"actor.{key} must be >= 1, got {getattr(self, key)}")
+                raise ConfigError(f"{self._path}.{key} must be >= 1, got {getattr(self, key)}")
 
-    def validate(self, n_gpus: int, train_batch_size: int, model_config: Optional[Any] = None) -> None:
-        """Checks that need the run: the data batch and the number of devices (veRL's rules)."""
-        if self.use_dynamic_bsz:
-            return
-        if train_batch_size < self.ppo_mini_batch_size:
-            raise ConfigError(f"data.train_batch_size ({train_batch_size}) must be >= "
-                              f"actor.ppo_mini_batch_size ({self.ppo_mini_batch_size})")
-        sp = getattr(self, "ulysses_sequence_parallel_size", 1)
-        if self.ppo_micro_batch_size is not None:
-            if self.ppo_mini_batch_size % self.ppo_micro_batch_size:
-                raise ConfigError(f"actor.ppo_mini_batch_size ({self.ppo_mini_batch_size}) must be divisible by "
-                                  f"actor.ppo_micro_batch_size ({self.ppo_micro_batch_size})")
-            if self.ppo_micro_batch_size * sp < n_gpus:
-                raise ConfigError(f"actor.ppo_micro_batch_size ({self.ppo_micro_batch_size}) x "
-                                  f"ulysses_sequence_parallel_size ({sp}) must be >= the number of devices ({n_gpus})")
+    @property
+    def sp_size(self) -> int:
+        """The Ulysses sequence-parallel size the role runs with (1 on engines without it)."""
+        return 1
+
+    def per_rank(self, dp_size: int, rollout_n: Optional[int] = None) -> "ActorConfig":
+        """A copy with veRL's per-rank batch sizes: ``ppo_mini_batch_size`` in samples on one rank
+        (prompts x ``rollout_n``, default the section's, / ``dp_size``), and ``ppo_micro_batch_size_per_gpu``
+        from the deprecated global ``ppo_micro_batch_size`` when only that is set."""
+        n = self.rollout_n if rollout_n is None else rollout_n
+        out = copy.deepcopy(self)
+        out.ppo_mini_batch_size = batch_rules.per_rank_mini_batch(self._path, self.ppo_mini_batch_size, n, dp_size)
+        if self.ppo_micro_batch_size and not self.ppo_micro_batch_size_per_gpu:
+            out.ppo_micro_batch_size_per_gpu = max(1, self.ppo_micro_batch_size // dp_size)
+        return out
+
+    def validate(self, n_gpus: int, train_batch_size: Optional[int], model_config: Optional[Any] = None, *,
+                 max_sequence_length: Optional[int] = None) -> list[str]:
+        """The rules that need the run (veRL's signature): mini-batches split over the data-parallel ranks
+        (n_gpus / SP size) and into micro-batches or token budgets, SP divides the world and needs
+        remove-padding, prefix grouping needs the padded forward. ``model_config``: the
+        actor_rollout_ref.model section; ``max_sequence_length``: max prompt + response length (for the
+        token budget). Raises ConfigError listing every problem; returns notes (valid but doubtful)."""
+        p = batch_rules.Problems()
+        sp = self.sp_size
+        batch_rules.check_update_batches(
+            p, self._path, mini=self.ppo_mini_batch_size, micro=self.ppo_micro_batch_size,
+            micro_per_gpu=self.ppo_micro_batch_size_per_gpu, dynamic=self.use_dynamic_bsz,
+            max_token_len=self.ppo_max_token_len_per_gpu, n=self.rollout_n, world=n_gpus, sp=sp,
+            train_batch_size=train_batch_size, longest=max_sequence_length)
+        remove_padding = model_flag(model_config, "use_remove_padding", getattr(self, "use_remove_padding", False))
+        batch_rules.check_sp_needs_remove_padding(p, self._path, sp, self._model_path, remove_padding)
+        if self.use_prefix_grouper:
+            if remove_padding:
+                p.errors.append(f"{self._path}.use_prefix_grouper=True needs {self._model_path}.use_remove_padding=False "
+                                "(each group's prompt runs once in the padded forward)")
+            if model_flag(model_config, "enable_gradient_checkpointing", False):
+                p.errors.append(f"{self._path}.use_prefix_grouper=True needs {self._model_path}."
+                                "enable_gradient_checkpointing=False (checkpointing turns off the prompt cache)")
+        return p.raise_errors()
 
 
 @dataclass
@@ -157,11 +194,14 @@ class FSDPActorConfig(ActorConfig):
     use_remove_padding: bool = doc(True, "padding-free forward", follows="${actor_rollout_ref.model.use_remove_padding}")
     router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay (not implemented)")
 
-    def validate(self, n_gpus: int, train_batch_size: int, model_config: Optional[Any] = None) -> None:
-        super().validate(n_gpus, train_batch_size, model_config)
-        if self.ulysses_sequence_parallel_size > 1 and model_config is not None \
-                and not _get(model_config, "use_remove_padding", False):
-            raise ConfigError("actor.ulysses_sequence_parallel_size > 1 needs actor_rollout_ref.model.use_remove_padding")
+    @property
+    def sp_size(self) -> int:
+        """As veRL 0.9.1 reads it: the deprecated top-level key when > 1, else ``fsdp_config``'s."""
+        return _sp_size(self.ulysses_sequence_parallel_size, self.fsdp_config)
+
+
+def _sp_size(top_level: int, engine: FSDPEngineConfig) -> int:
+    return top_level if top_level > 1 else engine.ulysses_sequence_parallel_size
 
 
 def _ref_engine() -> FSDPEngineConfig:
@@ -194,11 +234,32 @@ class RefConfig(BaseConfig):
     pad_to_length: bool = doc(False, "pad packed micro-batches", follows="${actor_rollout_ref.actor.pad_to_length}")
     router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay (not implemented)")
 
+    _path = "actor_rollout_ref.ref"
+    _model_path = "actor_rollout_ref.model"
+
     def __post_init__(self):
         check_strategy(self.strategy, "ref.strategy")
         check_micro_batch(self.log_prob_micro_batch_size, self.log_prob_micro_batch_size_per_gpu,
-                          self.log_prob_use_dynamic_bsz, "ref", "log_prob_micro_batch_size")
+                          self.log_prob_use_dynamic_bsz, self._path, "log_prob_micro_batch_size")
 
+    @property
+    def sp_size(self) -> int:
+        return _sp_size(self.ulysses_sequence_parallel_size, self.fsdp_config)
 
-def _get(config: Any, key: str, default: Any) -> Any:
-    return config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+    def validate(self, n_gpus: int, train_batch_size: Optional[int] = None, model_config: Optional[Any] = None, *,
+                 max_sequence_length: Optional[int] = None) -> list[str]:
+        """The reference policy's log-prob pass: a micro-batch size or a token budget that holds one
+        sequence, SP that divides the world and has remove-padding (arguments as ``ActorConfig.validate``)."""
+        p = batch_rules.Problems()
+        sp = self.sp_size
+        dp = batch_rules.data_parallel_size(p, self._path, n_gpus, sp)
+        if dp is not None:
+            if self.log_prob_use_dynamic_bsz:
+                batch_rules.check_token_budget(p, self._path, "log_prob_max_token_len_per_gpu",
+                                               self.log_prob_max_token_len_per_gpu, sp, max_sequence_length)
+            else:
+                batch_rules.per_rank_micro_batch(p, self._path, "log_prob_micro_batch_size",
+                                                 self.log_prob_micro_batch_size, self.log_prob_micro_batch_size_per_gpu, dp)
+        remove_padding = model_flag(model_config, "use_remove_padding", True)
+        batch_rules.check_sp_needs_remove_padding(p, self._path, sp, self._model_path, remove_padding)
+        return p.raise_errors()

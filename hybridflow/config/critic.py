@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Optional
 
+from hybridflow.config import batch_rules
 from hybridflow.config.actor import check_micro_batch, check_strategy
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.checkpoint import CheckpointConfig
@@ -57,18 +59,46 @@ class CriticConfig(BaseConfig):
                                        absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS))
     model: CriticModelConfig = section(CriticModelConfig, "the value model")
 
+    _path = "critic"  # where the section sits: messages name full keys
+
     def __post_init__(self):
         check_strategy(self.strategy, "critic.strategy")
-        check_micro_batch(self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, "critic")
+        check_micro_batch(self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, self._path)
         if self.ppo_micro_batch_size is not None and self.ppo_mini_batch_size % self.ppo_micro_batch_size:
             raise ConfigError(f"critic.ppo_mini_batch_size ({self.ppo_mini_batch_size}) must be divisible by "
                               f"critic.ppo_micro_batch_size ({self.ppo_micro_batch_size})")
 
-    def validate(self, n_gpus: int, train_batch_size: int) -> None:
-        """Checks that need the run: the data batch and the number of devices (veRL's rules)."""
-        if not self.use_dynamic_bsz and train_batch_size < self.ppo_mini_batch_size:
-            raise ConfigError(f"data.train_batch_size ({train_batch_size}) must be >= "
-                              f"critic.ppo_mini_batch_size ({self.ppo_mini_batch_size})")
+    @property
+    def sp_size(self) -> int:
+        """The Ulysses sequence-parallel size the critic runs with (1 on engines without it)."""
+        return 1
+
+    def per_rank(self, dp_size: int) -> "CriticConfig":
+        """A copy with veRL's per-rank batch sizes (as ``ActorConfig.per_rank``, with the section's rollout_n)."""
+        out = copy.deepcopy(self)
+        out.ppo_mini_batch_size = batch_rules.per_rank_mini_batch(self._path, self.ppo_mini_batch_size, self.rollout_n,
+                                                                  dp_size)
+        if self.ppo_micro_batch_size and not self.ppo_micro_batch_size_per_gpu:
+            out.ppo_micro_batch_size_per_gpu = max(1, self.ppo_micro_batch_size // dp_size)
+        return out
+
+    def validate(self, n_gpus: int, train_batch_size: Optional[int], *,
+                 max_sequence_length: Optional[int] = None) -> list[str]:
+        """The rules that need the run (veRL's signature; ``max_sequence_length``: max prompt + response
+        length, for the token budgets): as ``ActorConfig.validate``, with critic.model's remove-padding.
+        Raises ConfigError listing every problem; returns notes."""
+        p = batch_rules.Problems()
+        sp = self.sp_size
+        batch_rules.check_update_batches(
+            p, self._path, mini=self.ppo_mini_batch_size, micro=self.ppo_micro_batch_size,
+            micro_per_gpu=self.ppo_micro_batch_size_per_gpu, dynamic=self.use_dynamic_bsz,
+            max_token_len=self.ppo_max_token_len_per_gpu, n=self.rollout_n, world=n_gpus, sp=sp,
+            train_batch_size=train_batch_size, longest=max_sequence_length)
+        if self.use_dynamic_bsz:
+            batch_rules.check_token_budget(p, self._path, "forward_max_token_len_per_gpu",
+                                           self.forward_max_token_len_per_gpu, sp, max_sequence_length)
+        batch_rules.check_sp_needs_remove_padding(p, self._path, sp, "critic.model", self.model.use_remove_padding)
+        return p.raise_errors()
 
 
 @dataclass
@@ -87,9 +117,18 @@ class FSDPCriticConfig(CriticConfig):
     ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp.ulysses_sequence_parallel_size")
     grad_clip: Optional[float] = doc(1.0, "before veRL 0.9.1; mapped onto critic.optim.clip_grad at load time")
 
-    def validate(self, n_gpus: int, train_batch_size: int) -> None:
-        super().validate(n_gpus, train_batch_size)
-        sp = self.ulysses_sequence_parallel_size
-        if not self.use_dynamic_bsz and self.ppo_micro_batch_size is not None and self.ppo_micro_batch_size * sp < n_gpus:
-            raise ConfigError(f"critic.ppo_micro_batch_size ({self.ppo_micro_batch_size}) x "
-                              f"ulysses_sequence_parallel_size ({sp}) must be >= the number of devices ({n_gpus})")
+    @property
+    def sp_size(self) -> int:
+        """As veRL 0.9.1 reads it: the deprecated top-level key when > 1, else ``fsdp``'s."""
+        top = self.ulysses_sequence_parallel_size
+        return top if top > 1 else self.fsdp.ulysses_sequence_parallel_size
+
+    def per_rank(self, dp_size: int) -> "FSDPCriticConfig":
+        """Also the value pass's micro-batch: from the deprecated global ``forward_micro_batch_size``, else
+        the update's per-rank size."""
+        out = super().per_rank(dp_size)
+        if not out.forward_micro_batch_size_per_gpu and out.forward_micro_batch_size:
+            out.forward_micro_batch_size_per_gpu = max(1, out.forward_micro_batch_size // dp_size)
+        if not out.forward_micro_batch_size_per_gpu:
+            out.forward_micro_batch_size_per_gpu = out.ppo_micro_batch_size_per_gpu
+        return out

@@ -28,7 +28,7 @@ class OptimizerConfig(BaseConfig):
     weight_decay: float = doc(0.01, "AdamW weight decay")
     lr_warmup_steps: Optional[int] = doc(-1, "warmup steps; >= 0 wins over lr_warmup_steps_ratio")
     betas: list[float] = doc([0.9, 0.999], "AdamW betas")
-    clip_grad: float = doc(1.0, "gradient-norm clip (null or 0: none)")
+    clip_grad: Optional[float] = doc(1.0, "gradient-norm clip (null or 0: none)")
 
     def __post_init__(self):
         if self.lr < 0:

@@ -23,8 +23,11 @@ from hybridflow.agent_loop.loop_config import load_agent_loop_config
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS
 from hybridflow.agent_loop.trace import check_backend as check_trace_backend, default_tracking_uri, import_mlflow
 from hybridflow.algorithms.rollout_correction import rollout_correction_config
+from hybridflow.config import batch_rules
+from hybridflow.config.actor import FSDPActorConfig, RefConfig
 from hybridflow.config.algorithm import FilterGroupsConfig
 from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.critic import FSDPCriticConfig
 from hybridflow.config.loader import ConfigError, default_config
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.single_controller.factory import BACKENDS, pool_size_problem
@@ -144,108 +147,74 @@ def _check_world(r: _Report, device: str, n_devices: int | None) -> int | None:
     return world
 
 
-def _sp(r: _Report, section: str) -> int:
-    """A section's Ulysses size as the workers read it: the top-level key when > 1, else the engine's."""
-    top = r.get(f"{section}.ulysses_sequence_parallel_size") or 1
-    engine = "fsdp" if section == "critic" else "fsdp_config"
-    return top if top > 1 else (r.get(f"{section}.{engine}.ulysses_sequence_parallel_size") or 1)
+def _typed(r: _Report, path: str, cls: type):
+    """The section at ``path`` read into ``cls`` (as the workers read it); None, with the error recorded,
+    when it does not build."""
+    try:
+        return omega_conf_to_dataclass(r.get(path) or {}, cls, path=path)
+    except ConfigError as e:
+        r.errors.append(str(e))
+        return None
 
 
-def _dp(r: _Report, section: str, world: int) -> int | None:
-    sp = _sp(r, section)
+def _validate(r: _Report, validate, *args, **kwargs) -> None:
+    """A section's ``validate``: its errors (one per line) and notes go to the report."""
+    try:
+        r.notes.extend(validate(*args, **kwargs) or [])
+    except ConfigError as e:
+        r.errors.extend(str(e).splitlines())
+
+
+def _check_log_prob_pass(r: _Report, path: str, world: int, sp: int, longest: int) -> None:
+    """A log-prob pass configured in ``path`` (the rollout's, the reward model's) on ranks of SP size ``sp``."""
+    p = batch_rules.Problems()
     if world % sp:
-        r.errors.append(f"world size {world} is not divisible by {section}.ulysses_sequence_parallel_size ({sp})")
-        return None
-    return world // sp
+        return  # reported by the section the pass runs on
+    if r.get(f"{path}.log_prob_use_dynamic_bsz"):
+        batch_rules.check_token_budget(p, path, "log_prob_max_token_len_per_gpu",
+                                       r.get(f"{path}.log_prob_max_token_len_per_gpu"), sp, longest)
+    else:
+        batch_rules.per_rank_micro_batch(p, path, "log_prob_micro_batch_size", r.get(f"{path}.log_prob_micro_batch_size"),
+                                         r.get(f"{path}.log_prob_micro_batch_size_per_gpu"), world // sp)
+    r.errors.extend(p.errors)
+    r.notes.extend(p.notes)
 
 
-def _micro_per_gpu(r: _Report, section: str, name: str, dp: int) -> int | None:
-    """Per-rank micro-batch size from the pair ``name`` (deprecated, global) / ``name_per_gpu``."""
-    total, per_gpu = r.get(f"{section}.{name}"), r.get(f"{section}.{name}_per_gpu")
-    if total is None and per_gpu is None:
-        r.errors.append(f"set {section}.{name}_per_gpu (samples per forward pass on one device); it is null")
-        return None
-    if total is not None and per_gpu is not None:
-        r.errors.append(
-            f"{section}.{name} ({total}) and {section}.{name}_per_gpu ({per_gpu}) are both set; "
-            f"set only {name}_per_gpu ({name} is deprecated)"
-        )
-        return None
-    if per_gpu is not None:
-        return r.positive_int(f"{section}.{name}_per_gpu")
-    if r.positive_int(f"{section}.{name}") is None:
-        return None
-    r.notes.append(f"{section}.{name} is deprecated: set {section}.{name}_per_gpu = {name} / data-parallel size")
-    if total % dp:
-        r.errors.append(f"{section}.{name} ({total}) is not divisible by the data-parallel size ({dp})")
-        return None
-    return total // dp
-
-
-def _check_update_batches(r: _Report, section: str, world: int, n: int, train_bs: int) -> None:
-    """Mini-batches (per optimizer step) and micro-batches (per forward) of an actor/critic update."""
-    dp, mini = _dp(r, section, world), r.positive_int(f"{section}.ppo_mini_batch_size")
-    if not (dp and mini):
-        return
-    if train_bs < mini:
-        r.errors.append(f"data.train_batch_size ({train_bs}) must be >= {section}.ppo_mini_batch_size ({mini})")
-    elif train_bs % mini:
-        r.notes.append(
-            f"data.train_batch_size ({train_bs}) is not a multiple of {section}.ppo_mini_batch_size ({mini}): "
-            f"the last mini-batch of every step has {train_bs % mini} prompts"
-        )
-    if (mini * n) % dp:
-        r.errors.append(
-            f"{section}.ppo_mini_batch_size ({mini}) * rollout.n ({n}) = {mini * n} samples per optimizer step "
-            f"do not split evenly over {dp} data-parallel ranks"
-        )
-        return
-    per_rank = mini * n // dp
-    if r.get(f"{section}.use_dynamic_bsz"):
-        _check_token_budget(r, section, "ppo_max_token_len_per_gpu")
-        return
-    micro = _micro_per_gpu(r, section, "ppo_micro_batch_size", dp)
-    if micro and per_rank % micro:
-        r.errors.append(
-            f"{section}.ppo_mini_batch_size ({mini}) * rollout.n ({n}) / {dp} data-parallel ranks = {per_rank} "
-            f"samples per rank is not divisible by {section}.ppo_micro_batch_size_per_gpu ({micro})"
-        )
-
-
-def _check_token_budget(r: _Report, section: str, key: str, sp_section: str | None = None) -> None:
-    """With dynamic batch size one sequence must still fit in the per-device token budget (times the
-    SP size of ``sp_section``, default ``section``)."""
-    budget = r.positive_int(f"{section}.{key}")
-    sp = _sp(r, sp_section or section)
-    longest = (r.get("data.max_prompt_length") or 0) + (r.get("data.max_response_length") or 0)
-    if budget and budget * sp < longest:
-        r.errors.append(
-            f"{section}.{key} ({budget}) * ulysses_sequence_parallel_size ({sp}) is smaller than one sequence: "
-            f"data.max_prompt_length + data.max_response_length = {longest}"
-        )
+def _check_reward_model(r: _Report, world: int, longest: int) -> None:
+    section = "reward_model"
+    top = r.get(f"{section}.ulysses_sequence_parallel_size") or 1
+    sp = top if top > 1 else (r.get(f"{section}.fsdp_config.ulysses_sequence_parallel_size") or 1)
+    p = batch_rules.Problems()
+    dp = batch_rules.data_parallel_size(p, section, world, sp)
+    if dp and r.get(f"{section}.use_dynamic_bsz"):
+        batch_rules.check_token_budget(p, section, "forward_max_token_len_per_gpu",
+                                       r.get(f"{section}.forward_max_token_len_per_gpu"), sp, longest)
+    elif dp:
+        batch_rules.per_rank_micro_batch(p, section, "micro_batch_size", r.get(f"{section}.micro_batch_size"),
+                                         r.get(f"{section}.micro_batch_size_per_gpu"), dp)
+    r.errors.extend(p.errors)
+    r.notes.extend(p.notes)
 
 
 def _check_batches(r: _Report, world: int, n: int, train_bs: int) -> None:
+    """Batch arithmetic: the rules of each role's section live in its ``validate``
+    (hybridflow/config/actor.py, critic.py; hybridflow/config/batch_rules.py)."""
     if (train_bs * n) % world:
         r.errors.append(
             f"data.train_batch_size ({train_bs}) * actor_rollout_ref.rollout.n ({n}) = {train_bs * n} samples "
             f"do not split evenly over the world size trainer.nnodes * trainer.n_gpus_per_node = {world}"
         )
-    _check_update_batches(r, "actor_rollout_ref.actor", world, n, train_bs)
-
-    # Log-probs of the generated tokens (old policy) and of the reference policy.
-    log_prob_sections = ["actor_rollout_ref.rollout"]
+    longest = (r.get("data.max_prompt_length") or 0) + (r.get("data.max_response_length") or 0)
+    model = r.get("actor_rollout_ref.model")
+    actor = _typed(r, "actor_rollout_ref.actor", FSDPActorConfig)
+    if actor is not None:
+        _validate(r, actor.validate, world, train_bs, model, max_sequence_length=longest)
+        # the old policy's log-probs run on the actor's ranks with the rollout section's micro-batching
+        _check_log_prob_pass(r, "actor_rollout_ref.rollout", world, actor.sp_size, longest)
     if r.get("actor_rollout_ref.actor.use_kl_loss") or r.get("algorithm.use_kl_in_reward"):
-        log_prob_sections.append("actor_rollout_ref.ref")
-    for section in log_prob_sections:
-        runs_on = "actor_rollout_ref.ref" if section.endswith(".ref") else "actor_rollout_ref.actor"
-        dp = _dp(r, runs_on, world)
-        if not dp:
-            continue
-        if r.get(f"{section}.log_prob_use_dynamic_bsz"):
-            _check_token_budget(r, section, "log_prob_max_token_len_per_gpu", sp_section=runs_on)
-        else:
-            _micro_per_gpu(r, section, "log_prob_micro_batch_size", dp)
+        ref = _typed(r, "actor_rollout_ref.ref", RefConfig)
+        if ref is not None:
+            _validate(r, ref.validate, world, train_bs, model, max_sequence_length=longest)
 
     if r.get("algorithm.adv_estimator") == "gae":  # the critic exists only for GAE
         critic_n = r.get("critic.rollout_n")
@@ -253,16 +222,13 @@ def _check_batches(r: _Report, world: int, n: int, train_bs: int) -> None:
             r.errors.append(
                 f"critic.rollout_n ({critic_n}) differs from actor_rollout_ref.rollout.n ({n}); leave it unset"
             )
-        _check_update_batches(r, "critic", world, n, train_bs)
-        if r.get("critic.use_dynamic_bsz"):
-            _check_token_budget(r, "critic", "forward_max_token_len_per_gpu")
+        critic = _typed(r, "critic", FSDPCriticConfig)
+        if critic is not None:
+            _validate(r, critic.validate, world, train_bs, max_sequence_length=longest)
 
+    # a generative reward model (genrm) is served by a rollout engine: the FSDP worker's batch keys do not apply
     if r.get("reward.reward_model.enable") and not manager_needs_judge(r.get("reward.reward_manager.name")):
-        dp = _dp(r, "reward_model", world)
-        if dp and r.get("reward_model.use_dynamic_bsz"):
-            _check_token_budget(r, "reward_model", "forward_max_token_len_per_gpu")
-        elif dp:
-            _micro_per_gpu(r, "reward_model", "micro_batch_size", dp)
+        _check_reward_model(r, world, longest)
 
 
 def _check_algorithm(r: _Report, n: int | None) -> None:
@@ -287,18 +253,6 @@ def _check_algorithm(r: _Report, n: int | None) -> None:
         r.errors.append(f"algorithm.kl_ctrl.type={kl_type!r} is not one of fixed, adaptive")
     if kl_type == "adaptive" and not (r.get("algorithm.kl_ctrl.horizon") or 0) > 0:
         r.errors.append("algorithm.kl_ctrl.type=adaptive needs algorithm.kl_ctrl.horizon > 0")
-    for section in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"):
-        sp = _sp(r, section)
-        model = "actor_rollout_ref.model" if section.startswith("actor") else "critic.model"
-        if sp > 1 and not r.get(f"{model}.use_remove_padding"):
-            r.errors.append(f"{section}.ulysses_sequence_parallel_size={sp} needs {model}.use_remove_padding=True")
-    if r.get("actor_rollout_ref.actor.use_prefix_grouper"):
-        if r.get("actor_rollout_ref.model.use_remove_padding"):
-            r.errors.append("actor_rollout_ref.actor.use_prefix_grouper=True needs actor_rollout_ref.model."
-                            "use_remove_padding=False (each group's prompt runs once in the padded forward)")
-        if r.get("actor_rollout_ref.model.enable_gradient_checkpointing"):
-            r.errors.append("actor_rollout_ref.actor.use_prefix_grouper=True needs actor_rollout_ref.model."
-                            "enable_gradient_checkpointing=False (checkpointing turns off the prompt cache)")
 
 
 def _check_off_policy(r: _Report, n: int | None) -> None:

@@ -15,7 +15,8 @@ import time
 import torch
 from omegaconf import OmegaConf
 
-from hybridflow.config.access import require
+from hybridflow.config.actor import FSDPActorConfig, RefConfig
+from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.config.profiler import ProfilerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
@@ -30,7 +31,7 @@ from hybridflow.workers.model_loading import import_external_lib, load_model, lo
 from hybridflow.workers.profiler import ProfilerHost, role_profiler
 from hybridflow.workers.rollout_host import RolloutHost
 from hybridflow.workers.utils.device import on_device
-from hybridflow.workers.utils.ulysses import build_layout, configured_sp_size
+from hybridflow.workers.utils.ulysses import build_layout
 from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
 
 # actor_ref: the trainer pool's worker when the rollout has a pool of its own (asynchronous modes)
@@ -41,20 +42,8 @@ def _plain(section) -> dict:
     return OmegaConf.to_container(section, resolve=True) if OmegaConf.is_config(section) else dict(section)
 
 
-def per_rank_batch_sizes(actor: dict, rollout_n: int, dp_size: int) -> dict:
-    """veRL's normalisation: mini-batch sizes are given in prompts for the whole job; the update
-    runs on (prompts × n / dp) samples per rank. Returns a new section (the config stays untouched)."""
-    out = dict(actor)
-    global_samples = int(actor["ppo_mini_batch_size"]) * rollout_n
-    if global_samples % dp_size:
-        raise ValueError(f"actor.ppo_mini_batch_size × rollout.n = {global_samples} does not divide by dp size {dp_size}")
-    out["ppo_mini_batch_size"] = global_samples // dp_size
-    if out.get("ppo_micro_batch_size") and not out.get("ppo_micro_batch_size_per_gpu"):
-        out["ppo_micro_batch_size_per_gpu"] = max(1, int(out["ppo_micro_batch_size"]) // dp_size)
-    return out
-
-
-def log_prob_micro_batch_size(section: dict, dp_size: int) -> int | None:
+def log_prob_micro_batch_size(section, dp_size: int) -> int | None:
+    """Per-rank micro-batch of a log-prob pass (the rollout's or the ref's section)."""
     per_gpu = section["log_prob_micro_batch_size_per_gpu"]
     if per_gpu:
         return int(per_gpu)
@@ -82,27 +71,33 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         self.device, _ = default_device_backend()
         trains = self._is_actor or self._is_ref  # a rollout-only worker (main_generation) gets model + rollout
         self.lora = LoraSpec.from_model_config(self.config["model"]) if trains else None
+        self._build_typed_sections(trains)
         self._build_layouts()
         self.dp_size = self.actor_layout.dp_size  # the actor's data-parallel size (world / its SP size)
-        rollout_n = int(self.config["rollout"]["n"])
-        self.actor_cfg = per_rank_batch_sizes(self.config["actor"], rollout_n, self.dp_size) if self._is_actor else None
-        # model-level switches the per-rank computations need (veRL copies them into the actor section too)
-        self._remove_padding = bool(self.config["model"]["use_remove_padding"]) if trains else False
-        if self.actor_cfg is not None:
-            self.actor_cfg["use_remove_padding"] = self._remove_padding
-            self.actor_cfg["grad_clip"] = self.actor_cfg["optim"]["clip_grad"]  # 0.9.1's place of grad_clip
+        if self._is_actor:  # veRL's normalisation: mini/micro-batch sizes in samples on one rank
+            self.actor_config = self.actor_config.per_rank(self.dp_size, rollout_n=int(self.config["rollout"]["n"]))
         # LoRA: the reference policy is the actor's base model (adapters off), not a second copy
         self._ref_in_actor = self._is_ref and self._is_actor and self.lora is not None
         self._rollout_stale = False
         self._rollout_has_base = False  # LoRA adapter sync: the first one carries the base weights too
         self.weight_version = 0  # updates the rollout engine has received (stamped on what it generates)
 
+    def _build_typed_sections(self, trains: bool) -> None:
+        """The typed actor and ref sections, built once (the reference policy runs the actor's class on
+        the actor's section). use_remove_padding is actor_rollout_ref.model's, as veRL copies it in."""
+        self.actor_config = self.ref_config = None
+        if trains:
+            actor = {**self.config["actor"], "use_remove_padding": bool(self.config["model"]["use_remove_padding"])}
+            self.actor_config = omega_conf_to_dataclass(actor, FSDPActorConfig, path="actor_rollout_ref.actor")
+        if self._is_ref:
+            self.ref_config = omega_conf_to_dataclass(self.config["ref"], RefConfig, path="actor_rollout_ref.ref")
+
     def _build_layouts(self) -> None:
         """The dp x sp rank layout of the actor and of the reference policy (Ulysses sequence
         parallelism; one group when both use the same size), and the mesh-aware dispatch info: the
         ranks of an SP group get the same data and only the group's first rank answers."""
-        sizes = {"actor": configured_sp_size(self.config["actor"], "fsdp_config") if self._is_actor else 1,
-                 "ref": configured_sp_size(self.config["ref"], "fsdp_config") if self._is_ref else 1}
+        sizes = {"actor": self.actor_config.sp_size if self._is_actor else 1,
+                 "ref": self.ref_config.sp_size if self._is_ref else 1}
         if self._is_actor and self._is_ref and self.lora is not None and sizes["actor"] != sizes["ref"]:
             raise ValueError(f"actor_rollout_ref.ref.ulysses_sequence_parallel_size ({sizes['ref']}) must equal the "
                              f"actor's ({sizes['actor']}) with LoRA: the reference policy runs on the actor's model")
@@ -143,19 +138,18 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
             optim = actor["optim"]
             total = max(1, int(optim["total_training_steps"]))  # -1 until main_ppo fills it in
             self.actor_engine.setup_optimizer(optim, total)
-            self.actor = DataParallelPPOActor(self.actor_cfg, self.actor_engine.module,
+            self.actor = DataParallelPPOActor(self.actor_config, self.actor_engine.module,
                                               self.actor_engine.optimizer, self.actor_engine.lr_scheduler,
                                               dp_group=self.actor_layout.dp_group, sp=self.actor_layout.sp)
-        ref_section = {**self.config["actor"], "use_remove_padding": self._remove_padding}
         if self._ref_in_actor:
-            self.ref_policy = DataParallelPPOActor(ref_section, self.actor_engine.module,  # run with adapters off
+            self.ref_policy = DataParallelPPOActor(self.actor_config, self.actor_engine.module,  # run with adapters off
                                                    dp_group=self.ref_layout.dp_group, sp=self.ref_layout.sp)
         elif self._is_ref:
             ref_module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
             self._use_sp_attention(ref_module, "ref")
             ref_spec = EngineSpec.from_config(self.config["ref"]["strategy"], self.device, self.config["ref"]["fsdp_config"])
             self.ref_engine = TrainEngine(ref_module, ref_spec, trainable=False)
-            self.ref_policy = DataParallelPPOActor(ref_section, self.ref_engine.module,
+            self.ref_policy = DataParallelPPOActor(self.actor_config, self.ref_engine.module,
                                                    dp_group=self.ref_layout.dp_group, sp=self.ref_layout.sp)
         if self._is_rollout:
             self._build_rollout(path, trust)
@@ -168,7 +162,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         if layout.sp is not None:
             use_ulysses_attention(module, layout.sp_size, f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size")
 
-    def _log_prob_meta(self, data: DataProto, section: dict, dp_size: int | None = None) -> dict:
+    def _log_prob_meta(self, data: DataProto, section, dp_size: int | None = None) -> dict:
         """``dp_size``: the data-parallel size of the role that runs the pass (default: the actor's)."""
         return {
             "micro_batch_size": log_prob_micro_batch_size(section, dp_size or self.dp_size) or len(data),
@@ -186,7 +180,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         meta.update({k: v for k, v in data.meta_info.items() if k == "temperature"})
         data.meta_info.update(meta)
         # actor.calculate_sum_pi_squared: sum_v pi_v^2 per token, for the optimal-token-baseline estimators
-        with_sum_pi_squared = bool(require(self.actor_cfg, "calculate_sum_pi_squared", "actor_rollout_ref.actor"))
+        with_sum_pi_squared = self.actor_config.calculate_sum_pi_squared
         log_probs, entropys, *sum_pi_squared = self.actor.compute_log_prob(
             on_device(data, self.device), calculate_entropy=True, calculate_sum_pi_squared=with_sum_pi_squared)
         tensors = {"old_log_probs": log_probs.cpu(), "entropys": entropys.cpu()}
@@ -202,7 +196,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         if not self._is_ref:
             raise RuntimeError(f"compute_ref_log_prob needs the ref role; this worker's role is {self.role!r}")
         start = time.perf_counter()
-        data.meta_info.update(self._log_prob_meta(data, self.config["ref"], self.ref_layout.dp_size))
+        data.meta_info.update(self._log_prob_meta(data, self.ref_config, self.ref_layout.dp_size))
         with adapters_disabled(self.actor_engine.module) if self._ref_in_actor else contextlib.nullcontext():
             log_probs, _ = self.ref_policy.compute_log_prob(on_device(data, self.device), calculate_entropy=False)
         return DataProto.from_dict(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.critic import FSDPCriticConfig
 from hybridflow.config.profiler import ProfilerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
@@ -17,27 +19,8 @@ from hybridflow.workers.engine import EngineSpec, TrainEngine
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
 from hybridflow.workers.profiler import ProfilerHost, role_profiler
 from hybridflow.workers.utils.device import on_device
-from hybridflow.workers.utils.ulysses import build_layout, configured_sp_size
+from hybridflow.workers.utils.ulysses import build_layout
 from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
-
-
-def critic_per_rank_sizes(critic: dict, dp_size: int) -> dict:
-    """Mini-batch sizes in samples per rank (rollout_n is in the critic section, as in veRL)."""
-    out = dict(critic)
-    samples = int(critic["ppo_mini_batch_size"]) * int(critic["rollout_n"])
-    if samples % dp_size:
-        raise ValueError(f"critic.ppo_mini_batch_size × rollout.n = {samples} does not divide by dp size {dp_size}")
-    out["ppo_mini_batch_size"] = samples // dp_size
-    for per_gpu, total in (("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size"),
-                           ("forward_micro_batch_size_per_gpu", "forward_micro_batch_size")):
-        if not out[per_gpu] and out[total]:
-            out[per_gpu] = max(1, int(out[total]) // dp_size)
-    if not out["forward_micro_batch_size_per_gpu"]:
-        out["forward_micro_batch_size_per_gpu"] = out["ppo_micro_batch_size_per_gpu"]
-    # model-level switch and 0.9.1's place of grad_clip, copied where the per-rank computations read them
-    out["use_remove_padding"] = critic["model"]["use_remove_padding"]
-    out["grad_clip"] = critic["optim"]["clip_grad"]
-    return out
 
 
 class CriticWorker(ProfilerHost, Worker):
@@ -55,10 +38,11 @@ class CriticWorker(ProfilerHost, Worker):
         self.init_process_group()
         self.device, _ = default_device_backend()
         # Ulysses sequence parallelism: dp x sp ranks; an SP group gets one data-parallel share
-        self.layout = build_layout(configured_sp_size(self.config, "fsdp"), "critic.ulysses_sequence_parallel_size")
+        critic_config = omega_conf_to_dataclass(self.config, FSDPCriticConfig, path="critic")
+        self.layout = build_layout(critic_config.sp_size, "critic.ulysses_sequence_parallel_size")
         self._register_dispatch_collect_info("critic", dp_rank=self.layout.dp_rank, is_collect=self.layout.is_collect)
         self.dp_size = self.layout.dp_size
-        self.critic_cfg = critic_per_rank_sizes(self.config, self.dp_size)
+        self.critic_config = critic_config.per_rank(self.dp_size)  # veRL's normalisation: sizes on one rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
@@ -83,7 +67,7 @@ class CriticWorker(ProfilerHost, Worker):
         self.engine = TrainEngine(module, spec)
         optim = self.config["optim"]
         self.engine.setup_optimizer(optim, max(1, int(optim["total_training_steps"])))  # -1 until main_ppo fills it
-        self.critic = DataParallelPPOCritic(self.critic_cfg, self.engine.module, self.engine.optimizer,
+        self.critic = DataParallelPPOCritic(self.critic_config, self.engine.module, self.engine.optimizer,
                                             self.engine.lr_scheduler, dp_group=self.layout.dp_group, sp=self.layout.sp)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from hybridflow.config import (ConfigError, FilterGroupsConfig, FSDPActorConfig, FSDPCriticConfig, FSDPOptimizerConfig,
-                               HFModelConfig, KLControlConfig, MultiTurnConfig, RolloutCorrectionConfig)
+from hybridflow.config import (ConfigError, CriticModelConfig, FilterGroupsConfig, FSDPActorConfig, FSDPCriticConfig,
+                               FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, KLControlConfig, MultiTurnConfig, RolloutCorrectionConfig)
 
 
 def test_lr_scheduler_type_and_its_deprecated_alias():
@@ -29,20 +29,87 @@ def test_lr_scheduler_type_and_its_deprecated_alias():
 
 
 def test_actor_micro_batch_rules_and_validate():
-    with pytest.raises(ConfigError, match="actor: both ppo_micro_batch_size and ppo_micro_batch_size_per_gpu are set"):
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.ppo_micro_batch_size \(8\) and "
+                                          r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu \(2\) are both set"):
         FSDPActorConfig(ppo_micro_batch_size=8, ppo_micro_batch_size_per_gpu=2)
     FSDPActorConfig(ppo_micro_batch_size=8, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=True)  # token budget rules
     actor = FSDPActorConfig(ppo_mini_batch_size=64, ppo_micro_batch_size=16)
-    actor.validate(n_gpus=8, train_batch_size=128)
-    with pytest.raises(ConfigError, match=r"data.train_batch_size \(32\) must be >= actor.ppo_mini_batch_size \(64\)"):
+    notes = actor.validate(n_gpus=8, train_batch_size=128)
+    assert notes == ["actor_rollout_ref.actor.ppo_micro_batch_size is deprecated: set "
+                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = ppo_micro_batch_size / data-parallel size"]
+    with pytest.raises(ConfigError, match=r"data.train_batch_size \(32\) must be >= "
+                                          r"actor_rollout_ref.actor.ppo_mini_batch_size \(64\)"):
         actor.validate(n_gpus=8, train_batch_size=32)
     with pytest.raises(ConfigError, match=r"ppo_micro_batch_size \(16\) x ulysses_sequence_parallel_size \(1\) must be "
                                           r">= the number of devices \(32\)"):
         actor.validate(n_gpus=32, train_batch_size=128)
-    with pytest.raises(ConfigError, match=r"actor.ppo_mini_batch_size \(64\) must be divisible by actor.ppo_micro_batch_size \(24\)"):
+    # 64 samples on one rank do not split into micro-batches of 24
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.ppo_mini_batch_size \(64\) \* rollout.n \(1\) / 1 "
+                                          r"data-parallel ranks = 64 samples per rank is not divisible by "
+                                          r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu \(24\)"):
         FSDPActorConfig(ppo_mini_batch_size=64, ppo_micro_batch_size=24).validate(n_gpus=1, train_batch_size=64)
     with pytest.raises(ConfigError, match="actor.strategy='deepspeed' is not one of fsdp, fsdp2, ddp"):
         FSDPActorConfig(strategy="deepspeed")
+
+
+def test_actor_validate_cross_key_rules_name_the_keys():
+    # 16 prompts x n=3 = 48 samples over 8 ranks = 6 per rank, 6 % 4 != 0
+    actor = FSDPActorConfig(ppo_mini_batch_size=16, ppo_micro_batch_size_per_gpu=4, rollout_n=3)
+    with pytest.raises(ConfigError, match=r"= 6 samples per rank is not divisible by "
+                                          r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu \(4\)"):
+        actor.validate(8, 64)
+    assert actor.validate(4, 64) == []  # 12 per rank
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.ppo_mini_batch_size \(16\) \* rollout.n \(3\) = 48 "
+                                          r"samples per optimizer step do not split evenly over 5 data-parallel ranks"):
+        actor.validate(5, 64)
+    with pytest.raises(ConfigError, match="set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
+        FSDPActorConfig(ppo_mini_batch_size=16).validate(1, 64)
+    # Ulysses: the SP size divides the world, needs remove-padding; the token budget holds a sequence x SP
+    sp = FSDPActorConfig(ppo_mini_batch_size=16, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=100,
+                         fsdp_config=FSDPEngineConfig(ulysses_sequence_parallel_size=2))
+    assert sp.sp_size == 2
+    assert sp.validate(4, 64, {"use_remove_padding": True}, max_sequence_length=200) == []
+    with pytest.raises(ConfigError) as e:
+        sp.validate(3, 64, {"use_remove_padding": False}, max_sequence_length=201)
+    lines = str(e.value).splitlines()  # every problem, one a line
+    assert lines == ["world size 3 is not divisible by actor_rollout_ref.actor.ulysses_sequence_parallel_size (2)",
+                     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 needs "
+                     "actor_rollout_ref.model.use_remove_padding=True"]
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.ppo_max_token_len_per_gpu \(100\) \* "
+                                          r"ulysses_sequence_parallel_size \(2\) is smaller than one sequence: .* = 201"):
+        sp.validate(4, 64, {"use_remove_padding": True}, max_sequence_length=201)
+    # the deprecated top-level spelling wins when > 1, as veRL 0.9.1 reads it
+    assert FSDPActorConfig(ulysses_sequence_parallel_size=4, fsdp_config=FSDPEngineConfig(ulysses_sequence_parallel_size=2)).sp_size == 4
+
+
+def test_per_rank_sizes_are_a_copy():
+    actor = FSDPActorConfig(ppo_mini_batch_size=6, ppo_micro_batch_size=8, rollout_n=4)
+    ranked = actor.per_rank(4)
+    assert (ranked.ppo_mini_batch_size, ranked.ppo_micro_batch_size_per_gpu) == (6, 2)  # 6 x 4 / 4, 8 / 4
+    assert actor.ppo_mini_batch_size == 6 and actor.ppo_micro_batch_size_per_gpu is None
+    assert actor.per_rank(2, rollout_n=1).ppo_mini_batch_size == 3
+    with pytest.raises(ConfigError, match=r"ppo_mini_batch_size \(6\) \* rollout.n \(4\) = 24 samples .* over 5"):
+        actor.per_rank(5)
+    critic = FSDPCriticConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2, rollout_n=2)
+    ranked = critic.per_rank(2)
+    # the value pass falls back to the update's micro-batch
+    assert (ranked.ppo_mini_batch_size, ranked.forward_micro_batch_size_per_gpu) == (8, 2)
+    ranked = FSDPCriticConfig(ppo_mini_batch_size=8, ppo_micro_batch_size=4, forward_micro_batch_size=6).per_rank(2)
+    assert (ranked.ppo_micro_batch_size_per_gpu, ranked.forward_micro_batch_size_per_gpu) == (2, 3)
+
+
+def test_ref_validate():
+    from hybridflow.config import RefConfig
+
+    assert RefConfig(log_prob_micro_batch_size_per_gpu=4).validate(2) == []
+    with pytest.raises(ConfigError, match="set actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
+        RefConfig().validate(2)
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.ref.log_prob_micro_batch_size \(6\) is not divisible by "
+                                          r"the data-parallel size \(4\)"):
+        RefConfig(log_prob_micro_batch_size=6).validate(4)
+    with pytest.raises(ConfigError, match="actor_rollout_ref.ref.ulysses_sequence_parallel_size=2 needs"):
+        RefConfig(log_prob_micro_batch_size_per_gpu=4, ulysses_sequence_parallel_size=2).validate(
+            2, model_config={"use_remove_padding": False})
 
 
 def test_critic_validate():
@@ -52,6 +119,13 @@ def test_critic_validate():
         critic.validate(n_gpus=4, train_batch_size=16)
     with pytest.raises(ConfigError, match=r"critic.ppo_micro_batch_size \(4\) x"):
         critic.validate(n_gpus=8, train_batch_size=32)
+    with pytest.raises(ConfigError, match=r"critic.ulysses_sequence_parallel_size=2 needs "
+                                          r"critic.model.use_remove_padding=True"):
+        FSDPCriticConfig(ppo_mini_batch_size=32, ppo_micro_batch_size_per_gpu=4, fsdp=FSDPEngineConfig(ulysses_sequence_parallel_size=2),
+                         model=CriticModelConfig(use_remove_padding=False)).validate(2, 32)
+    with pytest.raises(ConfigError, match=r"critic.forward_max_token_len_per_gpu \(50\)"):
+        FSDPCriticConfig(ppo_mini_batch_size=32, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=100,
+                         forward_max_token_len_per_gpu=50).validate(1, 32, max_sequence_length=80)
 
 
 def test_small_checks_name_their_key():

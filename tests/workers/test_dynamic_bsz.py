@@ -74,9 +74,9 @@ def test_trainer_balance_batch_reorders_rows_and_logs():
 
 def test_config_keys_reach_the_worker_settings():
     from hybridflow.config.loader import load_config
-    from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker, _plain, per_rank_batch_sizes
-    from hybridflow.workers.critic.dp_critic import CriticSettings
-    from hybridflow.workers.critic_worker import critic_per_rank_sizes
+    from hybridflow.config import FSDPCriticConfig
+    from hybridflow.workers.actor.dp_actor import actor_section
+    from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker, _plain
 
     cfg = load_config("ppo_trainer", ["actor_rollout_ref.actor.use_dynamic_bsz=True",
                                       "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=777",
@@ -88,13 +88,15 @@ def test_config_keys_reach_the_worker_settings():
     for section in ("rollout", "ref"):  # log_prob_* interpolate from the actor's keys, as in veRL
         meta = ActorRolloutRefWorker._log_prob_meta(fake_worker, data, arr[section])
         assert meta["use_dynamic_bsz"] is True and meta["max_token_len"] == 777
-    actor = DataParallelPPOActor(per_rank_batch_sizes(arr["actor"], rollout_n=2, dp_size=2), tiny_causal_lm())
-    assert actor.settings.use_dynamic_bsz and actor.settings.ppo_max_token_len_per_gpu == 777
-    assert actor.settings.ppo_mini_batch_size == 4  # 4 prompts x n=2 / 2 ranks
+    actor = DataParallelPPOActor(actor_section(cfg.actor_rollout_ref.actor).per_rank(2, rollout_n=2), tiny_causal_lm())
+    assert actor.config.use_dynamic_bsz and actor.config.ppo_max_token_len_per_gpu == 777
+    assert actor.config.ppo_mini_batch_size == 4  # 4 prompts x n=2 / 2 ranks
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 4  # the loaded config is not touched
 
-    critic = CriticSettings.from_config(critic_per_rank_sizes(_plain(cfg.critic), dp_size=2))
-    assert critic.use_dynamic_bsz and critic.ppo_max_token_len_per_gpu == 999
-    assert critic.forward_max_token_len_per_gpu == 999  # ${critic.ppo_max_token_len_per_gpu}
+    critic = DataParallelPPOCritic(cfg.critic, tiny_value_model())
+    assert isinstance(critic.config, FSDPCriticConfig)
+    assert critic.config.use_dynamic_bsz and critic.config.ppo_max_token_len_per_gpu == 999
+    assert critic.forward_max_token_len == 999  # ${critic.ppo_max_token_len_per_gpu}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -158,7 +160,8 @@ def test_critic_values_same_however_cut_and_in_order():
     one_by_one = torch.cat([DataParallelPPOCritic(base_cfg, model).compute_values(data[i:i + 1]) for i in range(8)])
     torch.testing.assert_close(fixed, one_by_one, atol=1e-5, rtol=0)
     for packed in (False, True):
-        cfg = dict(base_cfg, use_dynamic_bsz=True, forward_max_token_len_per_gpu=12, use_remove_padding=packed)
+        cfg = dict(base_cfg, use_dynamic_bsz=True, forward_max_token_len_per_gpu=12,
+                   model={**base_cfg["model"], "use_remove_padding": packed})
         critic = DataParallelPPOCritic(cfg, model)
-        assert critic.settings.use_remove_padding is packed
+        assert critic.use_remove_padding is packed
         torch.testing.assert_close(critic.compute_values(data), fixed, atol=1e-5, rtol=0)

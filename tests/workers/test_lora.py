@@ -163,7 +163,7 @@ def test_lora_grpo_run_trains_adapters_only_ref_is_base(tiny_model_dir, tiny_dat
     worker = captured["trainer"].actor_rollout_wg.workers[0]
     worker = next(w for w in getattr(worker, "_roles", {"": worker}).values() if isinstance(w, ActorRolloutRefWorker))
     assert not hasattr(worker, "ref_engine")  # no second copy of the weights
-    assert worker.actor.settings.use_remove_padding and worker.actor.settings.use_dynamic_bsz
+    assert worker.actor.use_remove_padding and worker.actor.config.use_dynamic_bsz
     base = load_model(tiny_model_dir, "causal_lm").eval()
     module = worker.actor_engine.module
     # base weights unchanged, adapters moved

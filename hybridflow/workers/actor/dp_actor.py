@@ -8,50 +8,34 @@ micro-batch size, token budget or data-parallel size (see ``workers/utils/micro_
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import Optional, Union
 
 import torch
 
 from hybridflow.algorithms import ConfigWithBatchInfo, agg_loss, get_policy_loss_fn, kl_penalty
 from hybridflow.algorithms.rollout_correction import compute_policy_loss_bypass_mode
-from hybridflow.config.access import require
+from hybridflow.config.actor import ActorConfig, FSDPActorConfig
+from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 from hybridflow.workers.actor import shared_prefix
 from hybridflow.workers.utils.logprob import forward_response_token_stats
 from hybridflow.workers.utils.micro_batches import response_mask_of, restore_order, split_for_forward
 from hybridflow.workers.utils.ulysses import SequenceParallel
-from hybridflow.workers.utils.update_loop import MiniBatchContext, UpdateLoop, UpdateSettings
+from hybridflow.workers.utils.update_loop import MiniBatchContext, UpdateLoop
 
-__all__ = ["DataParallelPPOActor", "ActorSettings"]
+__all__ = ["DataParallelPPOActor", "actor_section"]
+
+_PATH = "actor_rollout_ref.actor"
 
 
-@dataclass(frozen=True)
-class ActorSettings(UpdateSettings):
-    """The actor keys this class reads, parsed once: the update schedule (``UpdateSettings``) and
-    the policy loss's own keys."""
-
-    entropy_coeff: float
-    use_kl_loss: bool
-    kl_loss_coef: float
-    kl_loss_type: str
-    loss_mode: str
-
-    @classmethod
-    def from_config(cls, config: Any) -> "ActorSettings":
-        """From the ``actor_rollout_ref.actor`` section (per-rank sizes; ``use_remove_padding`` follows
-        actor_rollout_ref.model and is copied in by the worker); every key is required: the defaults
-        live in configs/ppo_trainer.yaml."""
-        get = lambda key: require(config, key, "actor_rollout_ref.actor")  # noqa: E731
-        return cls(
-            **UpdateSettings.read(get, "actor"),
-            entropy_coeff=float(get("entropy_coeff")),
-            use_kl_loss=bool(get("use_kl_loss")),
-            kl_loss_coef=float(get("kl_loss_coef")),
-            kl_loss_type=str(get("kl_loss_type")),
-            loss_mode=str(require(get("policy_loss"), "loss_mode", "actor_rollout_ref.actor.policy_loss")),
-        )
+def actor_section(config: Union[ActorConfig, Mapping]) -> ActorConfig:
+    """The typed actor section: an ``ActorConfig`` as it is; a DictConfig or dict (veRL users pass the
+    ``actor_rollout_ref.actor`` node) read into its ``_target_`` class, ``FSDPActorConfig`` by default."""
+    section = omega_conf_to_dataclass(config, FSDPActorConfig, path=_PATH)
+    if not isinstance(section, ActorConfig):
+        raise TypeError(f"config must be an ActorConfig or the {_PATH} section as a mapping, got {type(config).__name__}")
+    return section
 
 
 _PG_METRIC_NAMES = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
@@ -101,37 +85,40 @@ def _meta(data, key: str):
 
 
 class DataParallelPPOActor:
-    """Policy computations on one data-parallel rank.
+    """Policy computations on one data-parallel rank (veRL's signature: ``DataParallelPPOActor(config,
+    actor_module, actor_optimizer)``).
 
-    ``config``: the ``actor_rollout_ref.actor`` section (mapping, DictConfig or object);
-    ``ppo_mini_batch_size`` is per rank in samples (already multiplied by n and divided by the dp
-    size by the worker). ``dp_group``: the process group whose ranks share a mini-batch (default:
-    the whole world when torch.distributed is initialised). ``sp``: this rank's Ulysses
-    sequence-parallel group (``workers/utils/ulysses.py``; its ranks get the same data, each runs a
-    slice of every packed micro-batch, token budgets grow by its size as in veRL). The lr scheduler
+    ``config``: the typed ``actor_rollout_ref.actor`` section (``FSDPActorConfig``; a DictConfig or dict
+    is read into one) with per-rank batch sizes, as the worker hands it (``ActorConfig.per_rank``):
+    ``ppo_mini_batch_size`` in samples on this rank. ``dp_group``: the process group whose ranks share a
+    mini-batch (default: the whole world when torch.distributed is initialised). ``sp``: this rank's
+    Ulysses sequence-parallel group (``workers/utils/ulysses.py``; its ranks get the same data, each runs
+    a slice of every packed micro-batch, token budgets grow by its size as in veRL). The lr scheduler
     is only read for the ``actor/lr`` metric; the worker steps it once per ``update_policy`` call, as in veRL.
+    An actor without an optimizer only computes log-probs (the reference policy).
     """
 
-    def __init__(self, config: Any, actor_module: torch.nn.Module, actor_optimizer=None, lr_scheduler=None, dp_group=None,
-                 sp: Optional[SequenceParallel] = None):
-        self.config = config
-        self.settings = ActorSettings.from_config(config)
+    def __init__(self, config: Union[ActorConfig, Mapping], actor_module: torch.nn.Module, actor_optimizer=None,
+                 lr_scheduler=None, dp_group=None, sp: Optional[SequenceParallel] = None):
+        self.config = actor_section(config)
+        # use_remove_padding follows actor_rollout_ref.model (FSDPActorConfig); engines without it pad
+        self.use_remove_padding = bool(self.config.get("use_remove_padding", False))
         self.sp = sp
-        if sp is not None:
-            if not self.settings.use_remove_padding:
-                raise ValueError("actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1 needs "
-                                 "actor_rollout_ref.model.use_remove_padding=True")
-            self.settings = dataclasses.replace(
-                self.settings, ppo_max_token_len_per_gpu=self.settings.ppo_max_token_len_per_gpu * sp.size)
+        if sp is not None and not self.use_remove_padding:
+            raise ValueError(f"{_PATH}.ulysses_sequence_parallel_size > 1 needs "
+                             "actor_rollout_ref.model.use_remove_padding=True")
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.lr_scheduler = lr_scheduler
         self.dp_group = dp_group
-        self.policy_loss_fn = get_policy_loss_fn(self.settings.loss_mode)  # fails early on a bad name
-        self.update_loop = UpdateLoop(self.settings, actor_module, actor_optimizer, dp_group, prefix="actor")
+        self.policy_loss_fn = get_policy_loss_fn(self.config.policy_loss.loss_mode)  # fails early on a bad name
+        # an SP group shares each packed micro-batch: its token budget is the sum of its ranks' (veRL)
+        self.update_loop = None if actor_optimizer is None else UpdateLoop(
+            self.config, actor_module, actor_optimizer, dp_group, prefix="actor", path=_PATH,
+            max_token_len=self.config.ppo_max_token_len_per_gpu * (sp.size if sp else 1))
         self._shared_prefix = shared_prefix.usable(actor_module)  # on wherever it is exact and possible
-        if config.get("use_prefix_grouper") and not self._shared_prefix:
-            raise ValueError("actor_rollout_ref.actor.use_prefix_grouper=True: this actor cannot run a group's prompt "
+        if self.config.use_prefix_grouper and not self._shared_prefix:
+            raise ValueError(f"{_PATH}.use_prefix_grouper=True: this actor cannot run a group's prompt "
                              "once (it needs an unwrapped transformers causal LM with a KV cache: world size 1, "
                              "no gradient checkpointing)")
 
@@ -150,7 +137,7 @@ class DataParallelPPOActor:
         input_ids, attention_mask, position_ids = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
         stats = {"temperature": temperature, "calculate_entropy": calculate_entropy,
                  "calculate_sum_pi_squared": calculate_sum_pi_squared}
-        if self.settings.use_remove_padding:
+        if self.use_remove_padding:
             return forward_response_token_stats(self.actor_module, input_ids, attention_mask, position_ids,
                                                 response_length=response_length, use_remove_padding=True, sp=self.sp,
                                                 **stats)
@@ -218,35 +205,35 @@ class DataParallelPPOActor:
     def _micro_batch_loss(self, micro, ctx: MiniBatchContext, temperature: float, pg_loss_fn) -> torch.Tensor:
         """This micro-batch's share of the mini-batch loss (times dp size): policy loss, minus the
         entropy bonus, plus the KL loss; its metrics go to ``ctx``."""
-        s = self.settings
+        c = self.config
         batch = micro.batch
         response_mask = response_mask_of(batch)
         agg = ctx.agg_kwargs()  # veRL's global_batch_info
 
-        log_prob, entropy, _ = self._forward_micro_batch(micro, temperature, calculate_entropy=s.entropy_coeff != 0)
+        log_prob, entropy, _ = self._forward_micro_batch(micro, temperature, calculate_entropy=c.entropy_coeff != 0)
         pg_loss, pg_metrics = _policy_loss_output(pg_loss_fn(
             batch,
             old_log_prob=batch["old_log_probs"],
             log_prob=log_prob,
             advantages=batch["advantages"],
             response_mask=response_mask,
-            loss_agg_mode=s.loss_agg_mode,
-            config=ConfigWithBatchInfo(self.config, agg),
-        ), s.loss_mode)
+            loss_agg_mode=c.loss_agg_mode,
+            config=ConfigWithBatchInfo(c, agg),
+        ), c.policy_loss.loss_mode)
         policy_loss = pg_loss
         ctx.add("actor/pg_loss", pg_loss)
         for key, value in pg_metrics.items():  # ratio-type statistics: token-weighted over the rank's mini-batch
             ctx.add_token_weighted(key, value, response_mask)
 
         if entropy is not None:
-            entropy_loss = agg_loss(entropy, response_mask, s.loss_agg_mode, **agg)
-            policy_loss = policy_loss - s.entropy_coeff * entropy_loss  # a bonus: higher entropy, lower loss
+            entropy_loss = agg_loss(entropy, response_mask, c.loss_agg_mode, **agg)
+            policy_loss = policy_loss - c.entropy_coeff * entropy_loss  # a bonus: higher entropy, lower loss
             ctx.add("actor/entropy", entropy_loss)
 
-        if s.use_kl_loss:
-            kld = kl_penalty(log_prob, batch["ref_log_prob"], s.kl_loss_type)  # (B, R)
-            kl_loss = agg_loss(kld, response_mask, s.loss_agg_mode, **agg)
-            policy_loss = policy_loss + s.kl_loss_coef * kl_loss
+        if c.use_kl_loss:
+            kld = kl_penalty(log_prob, batch["ref_log_prob"], c.kl_loss_type)  # (B, R)
+            kl_loss = agg_loss(kld, response_mask, c.loss_agg_mode, **agg)
+            policy_loss = policy_loss + c.kl_loss_coef * kl_loss
             ctx.add("actor/kl_loss", kl_loss)
 
         return policy_loss
@@ -254,9 +241,9 @@ class DataParallelPPOActor:
     def update_policy(self, data) -> dict[str, list[float]]:
         """PPO epochs over mini-batches, one optimizer step per mini-batch (``UpdateLoop``); returns
         veRL's metrics (one value per mini-batch step; ``actor/lr`` once)."""
-        if self.actor_optimizer is None:
+        if self.update_loop is None:
             raise RuntimeError("update_policy needs an optimizer; this actor was built for inference only")
-        s = self.settings
+        c = self.config
         temperature = _meta(data, "temperature")
         # meta_info["rollout_correction"]: the driver's settings when bypass mode is on (else absent)
         pg_loss_fn = self._pg_loss_fn(data.meta_info.get("rollout_correction"))
@@ -264,14 +251,14 @@ class DataParallelPPOActor:
         for optional in ("response_mask", "rollout_is_weights"):
             if optional in data.batch.keys():
                 keys.append(optional)
-        if s.use_kl_loss:
+        if c.use_kl_loss:
             keys.append("ref_log_prob")
         data = data.select(batch_keys=keys)
 
         def loss(micro, ctx: MiniBatchContext) -> torch.Tensor:
             return self._micro_batch_loss(micro, ctx, temperature, pg_loss_fn)
 
-        buffer = self.update_loop.run(data, loss, step_constants={"actor/kl_coef": s.kl_loss_coef} if s.use_kl_loss else None)
+        buffer = self.update_loop.run(data, loss, step_constants={"actor/kl_coef": c.kl_loss_coef} if c.use_kl_loss else None)
         if self.lr_scheduler is not None:
             buffer.add("actor/lr", self.lr_scheduler.get_last_lr()[0])
         return buffer.to_floats()

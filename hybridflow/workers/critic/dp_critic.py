@@ -8,67 +8,61 @@ of the state made of the tokens up to t, so the value before response token j si
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import Optional, Union
 
 import torch
 
 from hybridflow.algorithms import compute_value_loss
-from hybridflow.config.access import require
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.critic import CriticConfig, FSDPCriticConfig
 from hybridflow.utils.torch_functional import masked_mean
 from hybridflow.workers.utils.logprob import forward_response_logits
 from hybridflow.workers.utils.micro_batches import response_mask_of, restore_order, split_for_forward
 from hybridflow.workers.utils.ulysses import SequenceParallel
-from hybridflow.workers.utils.update_loop import MiniBatchContext, UpdateLoop, UpdateSettings
+from hybridflow.workers.utils.update_loop import MiniBatchContext, UpdateLoop
 
-__all__ = ["DataParallelPPOCritic", "CriticSettings"]
+__all__ = ["DataParallelPPOCritic", "critic_section"]
 
 
-@dataclass(frozen=True)
-class CriticSettings(UpdateSettings):
-    """The critic keys this class reads, parsed once: the update schedule (``UpdateSettings``), the
-    forward pass's micro-batching and the value loss's clip range."""
-
-    forward_micro_batch_size_per_gpu: Optional[int]
-    forward_max_token_len_per_gpu: int
-    cliprange_value: float
-
-    @classmethod
-    def from_config(cls, config: Any) -> "CriticSettings":
-        """From the ``critic`` section (per-rank sizes, ``use_remove_padding`` copied in from
-        critic.model by the worker); every key is required: the defaults live in the yaml."""
-        get = lambda key: require(config, key, "critic")  # noqa: E731
-        return cls(
-            **UpdateSettings.read(get, "critic"),
-            forward_micro_batch_size_per_gpu=get("forward_micro_batch_size_per_gpu"),
-            forward_max_token_len_per_gpu=int(get("forward_max_token_len_per_gpu")),
-            cliprange_value=float(get("cliprange_value")),
-        )
+def critic_section(config: Union[CriticConfig, Mapping]) -> CriticConfig:
+    """The typed critic section: a ``CriticConfig`` as it is; a DictConfig or dict read into its
+    ``_target_`` class, ``FSDPCriticConfig`` by default."""
+    section = omega_conf_to_dataclass(config, FSDPCriticConfig, path="critic")
+    if not isinstance(section, CriticConfig):
+        raise TypeError(f"config must be a CriticConfig or the critic section as a mapping, got {type(config).__name__}")
+    return section
 
 
 class DataParallelPPOCritic:
-    """Value computations on one data-parallel rank; same update loop, normalisation and NaN-skip
-    rules as ``DataParallelPPOActor`` (``workers/utils/update_loop.py``). The lr scheduler is only
-    read for ``critic/lr``; the worker steps it. ``sp``: the Ulysses sequence-parallel group, as for
-    the actor (token budgets grow by its size)."""
+    """Value computations on one data-parallel rank (veRL's signature: ``DataParallelPPOCritic(config,
+    critic_module, critic_optimizer)``); same update loop, normalisation and NaN-skip rules as
+    ``DataParallelPPOActor`` (``workers/utils/update_loop.py``).
 
-    def __init__(self, config: Any, critic_module: torch.nn.Module, critic_optimizer=None, lr_scheduler=None, dp_group=None,
-                 sp: Optional[SequenceParallel] = None):
-        self.config = config
-        self.settings = CriticSettings.from_config(config)
+    ``config``: the typed ``critic`` section (``FSDPCriticConfig``; a DictConfig or dict is read into
+    one) with per-rank batch sizes (``CriticConfig.per_rank``). The lr scheduler is only read for
+    ``critic/lr``; the worker steps it. ``sp``: the Ulysses sequence-parallel group, as for the actor
+    (token budgets grow by its size)."""
+
+    def __init__(self, config: Union[CriticConfig, Mapping], critic_module: torch.nn.Module, critic_optimizer=None,
+                 lr_scheduler=None, dp_group=None, sp: Optional[SequenceParallel] = None):
+        self.config = critic_section(config)
+        c = self.config
+        self.use_remove_padding = bool(c.model.use_remove_padding)
         self.sp = sp
-        if sp is not None:
-            if not self.settings.use_remove_padding:
-                raise ValueError("critic.ulysses_sequence_parallel_size > 1 needs critic.model.use_remove_padding=True")
-            s = self.settings
-            self.settings = dataclasses.replace(s, ppo_max_token_len_per_gpu=s.ppo_max_token_len_per_gpu * sp.size,
-                                                forward_max_token_len_per_gpu=s.forward_max_token_len_per_gpu * sp.size)
+        if sp is not None and not self.use_remove_padding:
+            raise ValueError("critic.ulysses_sequence_parallel_size > 1 needs critic.model.use_remove_padding=True")
+        sp_size = sp.size if sp else 1
+        # the value pass's defaults (the base CriticConfig has no forward_micro_batch_size_per_gpu)
+        self.forward_micro_batch_size = c.get("forward_micro_batch_size_per_gpu") or c.ppo_micro_batch_size_per_gpu
+        self.forward_max_token_len = c.forward_max_token_len_per_gpu * sp_size
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.lr_scheduler = lr_scheduler
         self.dp_group = dp_group
-        self.update_loop = UpdateLoop(self.settings, critic_module, critic_optimizer, dp_group, prefix="critic")
+        self.update_loop = None if critic_optimizer is None else UpdateLoop(
+            c, critic_module, critic_optimizer, dp_group, prefix="critic", path="critic",
+            max_token_len=c.ppo_max_token_len_per_gpu * sp_size)
 
     def _forward_micro_batch(self, micro_batch) -> torch.Tensor:
         batch = micro_batch.batch
@@ -78,7 +72,7 @@ class DataParallelPPOCritic:
             batch["attention_mask"],
             batch["position_ids"],
             response_length=batch["responses"].shape[-1],
-            use_remove_padding=self.settings.use_remove_padding,
+            use_remove_padding=self.use_remove_padding,
             sp=self.sp,
         )  # (B, R, 1)
         return values.squeeze(-1).float()  # (B, R)
@@ -88,17 +82,16 @@ class DataParallelPPOCritic:
 
         meta_info may override ``micro_batch_size``, ``use_dynamic_bsz`` and ``max_token_len``
         (defaults: the forward_* keys of the critic section)."""
-        s = self.settings
         keys = ["responses", "input_ids", "attention_mask", "position_ids"]
         if "response_mask" in data.batch.keys():
             keys.append("response_mask")
         data = data.select(batch_keys=keys)
         micro_batches, indices = split_for_forward(
             data,
-            use_dynamic_bsz=data.meta_info.get("use_dynamic_bsz", s.use_dynamic_bsz),
+            use_dynamic_bsz=data.meta_info.get("use_dynamic_bsz", self.config.use_dynamic_bsz),
             max_token_len=(data.meta_info["max_token_len"] * (self.sp.size if self.sp else 1)
-                           if "max_token_len" in data.meta_info else s.forward_max_token_len_per_gpu),
-            micro_batch_size=data.meta_info.get("micro_batch_size", s.forward_micro_batch_size_per_gpu),
+                           if "max_token_len" in data.meta_info else self.forward_max_token_len),
+            micro_batch_size=data.meta_info.get("micro_batch_size", self.forward_micro_batch_size),
             dp_group=self.dp_group,
         )
 
@@ -109,7 +102,6 @@ class DataParallelPPOCritic:
 
     def _micro_batch_loss(self, micro, ctx: MiniBatchContext) -> torch.Tensor:
         """This micro-batch's share of the mini-batch's clipped value loss (times dp size)."""
-        s = self.settings
         batch = micro.batch
         mask = response_mask_of(batch)
         vpreds = self._forward_micro_batch(micro)  # (B, R)
@@ -118,8 +110,8 @@ class DataParallelPPOCritic:
             returns=batch["returns"],
             values=batch["values"],
             response_mask=mask,
-            cliprange_value=s.cliprange_value,
-            loss_agg_mode=s.loss_agg_mode,
+            cliprange_value=self.config.cliprange_value,
+            loss_agg_mode=self.config.loss_agg_mode,
             **ctx.agg_kwargs(),
         )
         ctx.add("critic/vf_loss", vf_loss)
@@ -130,7 +122,7 @@ class DataParallelPPOCritic:
     def update_critic(self, data) -> dict[str, list[float]]:
         """Value-loss epochs over mini-batches, one optimizer step per mini-batch (``UpdateLoop``);
         returns veRL's critic metrics (one value per step; ``critic/lr`` once)."""
-        if self.critic_optimizer is None:
+        if self.update_loop is None:
             raise RuntimeError("update_critic needs an optimizer; this critic was built for inference only")
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "values", "returns"]
         if "response_mask" in data.batch.keys():

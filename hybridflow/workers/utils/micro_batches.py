@@ -214,13 +214,13 @@ def split_for_forward(data, use_dynamic_bsz: bool, max_token_len: Optional[int],
     return split_fixed(data, micro_batch_size), None
 
 
-def split_for_update(mini_batch, settings, dp_group=None) -> list:
-    """The micro-batches of one optimizer step: ``settings.ppo_max_token_len_per_gpu`` tokens each
-    (same count on every rank: collectives inside forward/backward) when ``use_dynamic_bsz``, else
-    ``settings.ppo_micro_batch_size_per_gpu`` rows each."""
-    if settings.use_dynamic_bsz:
-        return split_by_token_budget(mini_batch, settings.ppo_max_token_len_per_gpu, dp_group=sync_group(dp_group))[0]
-    return split_fixed(mini_batch, settings.ppo_micro_batch_size_per_gpu)
+def split_for_update(mini_batch, use_dynamic_bsz: bool, max_token_len: Optional[int],
+                     micro_batch_size: Optional[int], dp_group=None) -> list:
+    """The micro-batches of one optimizer step: ``max_token_len`` tokens each (same count on every
+    rank: collectives inside forward/backward) when ``use_dynamic_bsz``, else ``micro_batch_size`` rows each."""
+    if use_dynamic_bsz:
+        return split_by_token_budget(mini_batch, max_token_len, dp_group=sync_group(dp_group))[0]
+    return split_fixed(mini_batch, micro_batch_size)
 
 
 def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["SequenceParallel", "ParallelLayout", "all_to_all", "gather_seq", "slice_seq", "build_layout",
-           "layout_of", "configured_sp_size"]
+           "layout_of"]
 
 
 @dataclass(frozen=True)
@@ -142,11 +142,3 @@ def gather_seq(x: torch.Tensor, sp: SequenceParallel, dim: int = 1, grad_scale: 
     Backward: this rank's slice of the gradient, times ``sp.size`` when ``grad_scale`` (module
     docstring: every SP rank computes the same loss, and data-parallel averaging runs over all ranks)."""
     return _GatherSeq.apply(x, sp, dim, grad_scale)
-
-
-def configured_sp_size(section: dict, engine_key: str) -> int:
-    """A role's SP size as veRL 0.9.1 reads it: the section's (deprecated) top-level
-    ``ulysses_sequence_parallel_size`` when > 1, else its engine section's (``fsdp_config`` / ``fsdp``)."""
-    top = int(section.get("ulysses_sequence_parallel_size") or 1)
-    engine = int((section.get(engine_key) or {}).get("ulysses_sequence_parallel_size") or 1)
-    return top if top > 1 else engine

@@ -31,49 +31,7 @@ from hybridflow.workers.utils.micro_batches import (
     take_rows,
 )
 
-__all__ = ["UpdateSettings", "MiniBatchContext", "UpdateLoop", "MicroBatchLoss"]
-
-
-@dataclass(frozen=True)
-class UpdateSettings:
-    """The keys that say how a batch becomes optimizer steps (the same for actor and critic)."""
-
-    ppo_mini_batch_size: int
-    ppo_micro_batch_size_per_gpu: Optional[int]
-    use_dynamic_bsz: bool
-    ppo_max_token_len_per_gpu: int
-    ppo_epochs: int
-    shuffle: bool
-    seed: int
-    grad_clip: Optional[float]
-    loss_agg_mode: str
-    loss_scale_factor: Optional[float]
-    use_remove_padding: bool
-
-    @staticmethod
-    def read(get: Callable[[str], Any], role: str) -> dict:
-        """The shared fields from a section (``get(key)`` raises on a missing key), checked; ``role``
-        ("actor" or "critic") names the section in errors."""
-        mini = get("ppo_mini_batch_size")
-        if mini is None or int(mini) < 1:
-            raise ValueError(f"{role}.ppo_mini_batch_size must be a positive per-rank sample count, got {mini!r}")
-        fields = dict(
-            ppo_mini_batch_size=int(mini),
-            ppo_micro_batch_size_per_gpu=get("ppo_micro_batch_size_per_gpu"),
-            use_dynamic_bsz=bool(get("use_dynamic_bsz")),
-            ppo_max_token_len_per_gpu=int(get("ppo_max_token_len_per_gpu")),
-            ppo_epochs=int(get("ppo_epochs")),
-            shuffle=bool(get("shuffle")),
-            seed=int(get("data_loader_seed")),
-            grad_clip=get("grad_clip"),  # null or 0: no clipping
-            loss_agg_mode=str(get("loss_agg_mode")),
-            loss_scale_factor=get("loss_scale_factor"),
-            use_remove_padding=bool(get("use_remove_padding")),
-        )
-        if not fields["use_dynamic_bsz"] and fields["ppo_micro_batch_size_per_gpu"] is None:
-            raise ValueError(f"set {role}.ppo_micro_batch_size_per_gpu, or use_dynamic_bsz=True with "
-                             f"ppo_max_token_len_per_gpu")
-        return fields
+__all__ = ["MiniBatchContext", "UpdateLoop", "MicroBatchLoss"]
 
 
 @dataclass
@@ -107,47 +65,59 @@ MicroBatchLoss = Callable[[Any, MiniBatchContext], torch.Tensor]  # (micro-batch
 class UpdateLoop:
     """Runs ``ppo_epochs`` over a rank's batch for one module and its optimizer.
 
-    The shuffle generator lives as long as the loop (seeded with ``data_loader_seed``), so successive
-    updates see different but reproducible permutations. ``prefix`` names the step metrics
-    (``{prefix}/grad_norm``, ``{prefix}/skipped_steps``).
+    ``config``: the role's typed section with per-rank batch sizes (``ActorConfig`` / ``CriticConfig``
+    after ``per_rank``); the loop reads its schedule keys (``ppo_mini_batch_size``,
+    ``ppo_micro_batch_size_per_gpu``, ``use_dynamic_bsz``, ``ppo_epochs``, ``shuffle``,
+    ``data_loader_seed``, ``loss_scale_factor``, ``optim.clip_grad``). ``max_token_len``: the token
+    budget per micro-batch (``ppo_max_token_len_per_gpu`` times the Ulysses size). ``path`` names the
+    section in errors; ``prefix`` the step metrics (``{prefix}/grad_norm``, ``{prefix}/skipped_steps``).
+    The shuffle generator lives as long as the loop, so successive updates see different but
+    reproducible permutations.
     """
 
-    def __init__(self, settings: UpdateSettings, module: torch.nn.Module, optimizer, dp_group, prefix: str):
-        self.settings = settings
+    def __init__(self, config, module: torch.nn.Module, optimizer, dp_group, prefix: str, path: str,
+                 max_token_len: int):
+        if not config.use_dynamic_bsz and not config.ppo_micro_batch_size_per_gpu:
+            raise ValueError(f"set {path}.ppo_micro_batch_size_per_gpu, or {path}.use_dynamic_bsz=True with "
+                             f"{path}.ppo_max_token_len_per_gpu")
+        self.config = config
         self.module = module
         self.optimizer = optimizer
         self.dp_group = dp_group
         self.prefix = prefix
-        self.shuffle_generator = torch.Generator().manual_seed(settings.seed)
+        self.max_token_len = max_token_len
+        self.shuffle_generator = torch.Generator().manual_seed(config.data_loader_seed)
 
     def run(self, data, loss: MicroBatchLoss, step_constants: Optional[dict] = None) -> MetricBuffer:
         """All epochs and mini-batches of ``data``; ``step_constants`` are logged once per step."""
-        s = self.settings
+        c = self.config
         self.module.train()
         buffer = MetricBuffer()
-        for _ in range(s.ppo_epochs):
+        for _ in range(c.ppo_epochs):
             epoch_data = data
-            if s.shuffle:
+            if c.shuffle:
                 epoch_data = take_rows(data, torch.randperm(len(data), generator=self.shuffle_generator))
-            for mini_batch in epoch_data.split(s.ppo_mini_batch_size):
+            for mini_batch in epoch_data.split(c.ppo_mini_batch_size):
                 self.step(mini_batch, loss, buffer, step_constants or {})
         return buffer
 
     def step(self, mini_batch, loss: MicroBatchLoss, buffer: MetricBuffer, step_constants: dict) -> None:
         """One optimizer step from one mini-batch, accumulated over its micro-batches."""
+        c = self.config
         response_mask = response_mask_of(mini_batch.batch)
         ctx = MiniBatchContext(
             batch_info=global_batch_info(response_mask, self.dp_group),
             local_tokens=response_mask.sum().clamp(min=1),
-            loss_scale_factor=self.settings.loss_scale_factor,
+            loss_scale_factor=c.loss_scale_factor,
         )
-        micro_batches = split_for_update(mini_batch, self.settings, self.dp_group)
+        micro_batches = split_for_update(mini_batch, c.use_dynamic_bsz, self.max_token_len,
+                                         c.ppo_micro_batch_size_per_gpu, self.dp_group)
         self.optimizer.zero_grad(set_to_none=True)
         for i, micro in enumerate(micro_batches):
             # DDP: all-reduce only after the last micro-batch's backward
             with grad_sync(self.module, sync=i == len(micro_batches) - 1):
                 loss(micro, ctx).backward()
-        grad_norm, skipped = clip_grad_and_step(self.module, self.optimizer, self.settings.grad_clip)
+        grad_norm, skipped = clip_grad_and_step(self.module, self.optimizer, c.optim.clip_grad)
 
         buffer.add_all(ctx.metrics)
         for key, value in step_constants.items():

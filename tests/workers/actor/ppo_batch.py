@@ -53,15 +53,13 @@ def actor_config(**overrides) -> dict:
     """The yaml's actor section with the values these tests rely on."""
     from tests.yaml_sections import actor
 
-    config = actor(**{
+    return actor(**{
         "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 8, "use_dynamic_bsz": False,
         "ppo_max_token_len_per_gpu": 64, "ppo_epochs": 1, "shuffle": False, "grad_clip": None,
         "clip_ratio": 0.2, "clip_ratio_c": 3.0, "loss_agg_mode": "token-mean", "entropy_coeff": 0.0,
         "use_kl_loss": False, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl",
-        "policy_loss": {"loss_mode": "vanilla"},
+        "policy_loss": {"loss_mode": "vanilla"}, **overrides,
     })
-    config.update(overrides)
-    return config
 
 
 def ppo_batch(model, batch_size: int = 8, seed: int = 0, temperature: float = 1.0, noise: float = 0.3, **lens) -> DataProto:

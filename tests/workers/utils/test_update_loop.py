@@ -6,7 +6,8 @@ import torch
 
 from hybridflow.algorithms import agg_loss
 from hybridflow.protocol import DataProto
-from hybridflow.workers.utils.update_loop import UpdateLoop, UpdateSettings
+from hybridflow.config import FSDPActorConfig, FSDPOptimizerConfig
+from hybridflow.workers.utils.update_loop import UpdateLoop
 
 LR = 0.1
 X = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0], [1.0, 1.0, 1.0], [2.0, 4.0, 0.0]])
@@ -14,11 +15,12 @@ Y = torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 2.0, 3.0], [1.0, 1.0, 
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]])
 
 
-def _settings(**overrides) -> UpdateSettings:
+def _settings(seed: int = 0, **overrides) -> FSDPActorConfig:
+    """The schedule keys the loop reads, in the typed section it is handed (no gradient clipping)."""
     fields = dict(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=1, use_dynamic_bsz=False,
-                  ppo_max_token_len_per_gpu=64, ppo_epochs=1, shuffle=False, seed=0, grad_clip=None,
-                  loss_agg_mode="token-mean", loss_scale_factor=None, use_remove_padding=False)
-    return UpdateSettings(**{**fields, **overrides})
+                  ppo_max_token_len_per_gpu=64, ppo_epochs=1, shuffle=False, data_loader_seed=seed,
+                  optim=FSDPOptimizerConfig(clip_grad=None), loss_agg_mode="token-mean", loss_scale_factor=None)
+    return FSDPActorConfig(**{**fields, **overrides})
 
 
 def _data() -> DataProto:
@@ -29,7 +31,8 @@ def _data() -> DataProto:
 def _run(settings, seen_rows=None, step_constants=None):
     model = torch.nn.Linear(1, 1, bias=False)
     torch.nn.init.zeros_(model.weight)
-    loop = UpdateLoop(settings, model, torch.optim.SGD(model.parameters(), lr=LR), dp_group=None, prefix="toy")
+    loop = UpdateLoop(settings, model, torch.optim.SGD(model.parameters(), lr=LR), dp_group=None, prefix="toy",
+                      path="toy", max_token_len=settings.ppo_max_token_len_per_gpu)
 
     def loss(micro, ctx):
         if seen_rows is not None:
