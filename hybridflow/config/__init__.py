@@ -1,5 +1,6 @@
-"""hybridflow's configuration declared as typed sections: every key once, with its type, its default
-(equal to configs/ppo_trainer.yaml's; tests/config checks it) and a one-line doc.
+"""hybridflow's configuration declared as typed sections: every key once, with its type, its default and a
+one-line doc. configs/*.yaml are generated from these declarations (``python -m
+hybridflow.devtools.config_yaml``; tests fail when a file drifts).
 
 The bottom layer of the package: it imports nothing of hybridflow, so every other layer can take the
 typed section it needs. veRL's import paths re-export these classes: ``hybridflow.base_config``,
