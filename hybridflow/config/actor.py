@@ -18,7 +18,6 @@ from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
 from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import SP, VLM, speed_only
 from hybridflow.config.refused import MEGATRON
-from hybridflow.config.status import noted
 
 __all__ = ["STRATEGIES", "PolicyLossConfig", "RouterReplayConfig", "ActorConfig", "FSDPActorConfig", "RefConfig"]
 
@@ -168,11 +167,7 @@ class FSDPActorConfig(ActorConfig):
 
     _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class this section is read into")
     optim: FSDPOptimizerConfig = section(FSDPOptimizerConfig, "the optimizer and lr schedule")
-    fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine", follows=_engine_follows("actor"),
-        keys={
-            "wrap_policy.min_num_params": noted(speed_only("FSDP wrapping/prefetch, torch.compile, chunked entropy, "
-                                                           "padding buckets")),
-        })
+    fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine", follows=_engine_follows("actor"))
     grad_clip: Optional[float] = doc(1.0, "before veRL 0.9.1; mapped onto optim.clip_grad at load time")
     ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size",
         reason=SP)
@@ -218,11 +213,7 @@ class RefConfig(BaseConfig):
     profiler: ProfilerConfig = section(ProfilerConfig, "the reference policy's profiling",
                                        absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS))
     fsdp_config: FSDPEngineConfig = section(_ref_engine, "the forward-only engine", follows={
-        **_engine_follows("ref"), "pad_to_length_bucket": "${actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket}"},
-        keys={
-            "wrap_policy.min_num_params": noted(speed_only("FSDP wrapping/prefetch, torch.compile, chunked entropy, "
-                                                           "padding buckets")),
-        })
+        **_engine_follows("ref"), "pad_to_length_bucket": "${actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket}"})
     ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size",
                                               follows="${actor_rollout_ref.actor.ulysses_sequence_parallel_size}",
         reason=SP)

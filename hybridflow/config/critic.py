@@ -13,8 +13,8 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import CriticModelConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
 from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
-from hybridflow.config.reasons import SP, speed_only
-from hybridflow.config.status import honoured, noted, refused
+from hybridflow.config.reasons import SP
+from hybridflow.config.status import honoured, refused
 
 __all__ = ["CriticConfig", "FSDPCriticConfig"]
 
@@ -65,6 +65,7 @@ class CriticConfig(BaseConfig):
             "custom_chat_template": refused("this model never formats a conversation; the policy's template is "
                                             "actor_rollout_ref.model.custom_chat_template"),
             "lora_rank": honoured("LoRA is implemented for the policy only", values=(0,)),
+            **dict.fromkeys(("lora_alpha", "target_modules"), honoured("used only when lora_rank > 0")),
             **dict.fromkeys(("exclude_modules", "lora_adapter_path"),
                             refused("LoRA is implemented for the policy only")),
         })
@@ -91,11 +92,7 @@ class FSDPCriticConfig(CriticConfig):
 
     _target_: str = doc("verl.workers.config.FSDPCriticConfig", "the class this section is read into")
     optim: FSDPOptimizerConfig = section(_critic_optim, "the critic's optimizer and lr schedule")
-    fsdp: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine",
-        keys={
-            "wrap_policy.min_num_params": noted(speed_only("FSDP wrapping/prefetch, torch.compile, chunked entropy, "
-                                                           "padding buckets")),
-        })
+    fsdp: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine")
     forward_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the value pass",
                                                   follows="${oc.select:.ppo_micro_batch_size,null}")
     forward_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per value forward on one rank",

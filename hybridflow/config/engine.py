@@ -8,11 +8,15 @@ from typing import Optional, Union
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.reasons import SP, speed_only
+from hybridflow.config.status import noted
 
 __all__ = ["MixedPrecisionConfig", "QATConfig", "QATEngineConfig", "FSDPEngineConfig"]
 
 _FSDP_SPEED = speed_only("FSDP wrapping/prefetch, torch.compile, chunked entropy, padding buckets")
 _OFFLOAD = "CUDA only; on cpu parameters and optimizer state already live in host memory"
+_DETERMINISM = ("deterministic kernels, cuBLAS/flash-attn/NCCL switches and seeded generators in the worker process "
+                "(seed: used only then); see README, Reproducibility")
+_SET_BY_WORKER = "set by veRL's worker; hybridflow's worker decides (strategy: the section's strategy key)"
 
 _TURBO = {"distributed": {"fully_shard_parallel_size": 16, "tensor_parallel_size": 1, "expert_parallel_size": 1,
                           "expert_fully_shard_parallel_size": 1, "ulysses_parallel_size": 1,
@@ -59,7 +63,8 @@ class FSDPEngineConfig(BaseConfig):
     _mutable_fields = {"forward_only", "param_offload", "ulysses_sequence_parallel_size", "strategy"}
 
     _target_: str = doc("verl.workers.config.FSDPEngineConfig", "the class this section is read into")
-    wrap_policy: dict = doc({"min_num_params": 0}, "FSDP auto-wrap policy (speed only in hybridflow)")
+    wrap_policy: dict = doc({"min_num_params": 0}, "FSDP auto-wrap policy (speed only in hybridflow)",
+        keys={"min_num_params": noted(_FSDP_SPEED)})
     param_offload: bool = doc(False, "keep parameters in host memory between phases (CUDA)", reason=_OFFLOAD)
     optimizer_offload: bool = doc(False, "keep optimizer state in host memory between phases (CUDA)", reason=_OFFLOAD)
     offload_policy: bool = doc(False, "fsdp2: CPU offload policy of fully_shard", reason=_OFFLOAD)
@@ -73,11 +78,9 @@ class FSDPEngineConfig(BaseConfig):
         reason="weights are loaded in fp32 (mixed precision comes from mixed_precision.param_dtype)")
     use_orig_params: bool = doc(False, "FSDP1's use_orig_params", note=_FSDP_SPEED)
     seed: int = doc(42, "seed of the worker's generators when full_determinism is on",
-        reason="deterministic kernels, cuBLAS/flash-attn/NCCL switches and seeded generators in the worker process "
-               "(seed: used only then); see README, Reproducibility")
+        reason=_DETERMINISM)
     full_determinism: bool = doc(False, "deterministic kernels and seeded generators in the worker (slower)",
-        reason="deterministic kernels, cuBLAS/flash-attn/NCCL switches and seeded generators in the worker process "
-               "(seed: used only then); see README, Reproducibility")
+        reason=_DETERMINISM)
     ulysses_sequence_parallel_size: int = doc(1, "Ulysses sequence-parallel size: ranks that share one sequence (1: off)",
         reason=SP)
     entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks to save memory",
@@ -92,9 +95,9 @@ class FSDPEngineConfig(BaseConfig):
         note=_FSDP_SPEED)
     pad_to_length_bucket: int = doc(1024, "padding granularity of pad_to_length, in tokens", note=_FSDP_SPEED)
     forward_only: bool = doc(False, "the engine only runs forward passes (the reference policy)",
-        refused="set by veRL's worker; hybridflow's worker decides (strategy: the section's strategy key)")
+        refused=_SET_BY_WORKER)
     strategy: str = doc("fsdp", "set by the worker from the role's strategy",
-        refused="set by veRL's worker; hybridflow's worker decides (strategy: the section's strategy key)")
+        refused=_SET_BY_WORKER)
     dtype: str = doc("bfloat16", "veRL's compute dtype (hybridflow: mixed_precision.param_dtype)",
         refused="the compute dtype is fsdp_config.mixed_precision.param_dtype (auto: bf16 on CUDA, fp32 on cpu)")
     mixed_precision: Optional[MixedPrecisionConfig] = section(MixedPrecisionConfig, "compute, reduce and buffer dtypes")

@@ -72,9 +72,9 @@ class HFModelConfig(BaseConfig):
         reason="CUDA only; on cpu activations already live in host memory")
     use_remove_padding: bool = doc(True, "pack sequences without padding in forward passes")
     lora_rank: int = doc(0, "LoRA rank; > 0 turns LoRA on (needs peft)", reason="LoRA needs the [lora] extra (peft)")
-    lora_alpha: int = doc(16, "LoRA scaling", reason="used only when lora_rank > 0")
+    lora_alpha: int = doc(16, "LoRA scaling", reason="LoRA needs the [lora] extra (peft)")
     target_modules: Union[str, list[str]] = doc("all-linear", "LoRA target modules: all-linear or a list of names",
-        reason="used only when lora_rank > 0")
+        reason="LoRA needs the [lora] extra (peft)")
     exclude_modules: Optional[str] = doc(None, "modules LoRA leaves out", reason="LoRA needs the [lora] extra (peft)")
     lora_adapter_path: Optional[str] = doc(None, "start from a saved LoRA adapter",
         reason="a saved peft adapter to continue training (its own rank, alpha and targets)")

@@ -51,7 +51,6 @@ class ActorRolloutRefConfig(BaseConfig):
         note="hybridflow's process groups use torch.distributed's default timeout")
     model: HFModelConfig = section(HFModelConfig, "the policy model (veRL's hf_model.yaml)",
         keys={
-            **dict.fromkeys(("lora_alpha", "target_modules"), honoured("LoRA needs the [lora] extra (peft)")),
             "lora.merge": honoured("how a LoRA policy reaches a vllm rollout: false (veRL's default) base weights "
                                    "once + the adapter at every sync, true merged weights; the hf rollout always "
                                    "gets merged weights"),

@@ -243,6 +243,7 @@ class SFTTrainerConfig(BaseConfig):
             "use_remove_padding": noted("each micro-batch is cut after its longest row instead of packed; the loss "
                                         "is the same"),
             "lora_rank": honoured("LoRA is not implemented in the SFT trainer yet", values=(0,)),
+            **dict.fromkeys(("lora_alpha", "target_modules"), honoured("used only when lora_rank > 0")),
             "lora": refused(MEGATRON),
         })
     engine: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine (veRL's engine/fsdp.yaml)",
