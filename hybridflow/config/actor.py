@@ -18,9 +18,14 @@ from hybridflow.config.engine import FSDPEngineConfig, QATConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
 from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
+from hybridflow.config.reasons import SP, VLM, speed_only
 from hybridflow.config.refused import MEGATRON
 
 __all__ = ["STRATEGIES", "PolicyLossConfig", "RouterReplayConfig", "ActorConfig", "FSDPActorConfig", "RefConfig"]
+
+_ACTOR_SPEED = speed_only("fused kernels, torch.compile, chunked entropy, padding buckets")
+_CLIP_COV = "read by policy_loss.loss_mode=clip_cov"
+_REF_SPEED = speed_only("torch.compile, chunked entropy, padding buckets")
 
 STRATEGIES = ("fsdp", "fsdp2", "ddp")
 ROUTER_REPLAY_MODES = ("disabled", "R2", "R3")
@@ -60,12 +65,16 @@ class PolicyLossConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.PolicyLossConfig", "the class this section is read into")
     loss_mode: str = doc("vanilla", "name in the policy-loss registry: vanilla, gspo, gpg, clip_cov, kl_cov, ...")
-    clip_cov_ratio: float = doc(0.0002, "clip_cov: share of the valid tokens whose gradient is dropped")
-    clip_cov_lb: float = doc(1.0, "clip_cov: lower covariance bound of the droppable tokens")
-    clip_cov_ub: float = doc(5.0, "clip_cov: upper covariance bound of the droppable tokens")
-    kl_cov_ratio: float = doc(0.0002, "kl_cov: share of the valid tokens given the KL penalty")
-    ppo_kl_coef: float = doc(0.1, "kl_cov: coefficient of |log ratio| on those tokens")
-    dro_beta: Optional[float] = doc(None, "dro: weight of the quadratic log-ratio penalty (required, > 0)")
+    clip_cov_ratio: float = doc(0.0002, "clip_cov: share of the valid tokens whose gradient is dropped",
+        reason=_CLIP_COV)
+    clip_cov_lb: float = doc(1.0, "clip_cov: lower covariance bound of the droppable tokens", reason=_CLIP_COV)
+    clip_cov_ub: float = doc(5.0, "clip_cov: upper covariance bound of the droppable tokens", reason=_CLIP_COV)
+    kl_cov_ratio: float = doc(0.0002, "kl_cov: share of the valid tokens given the KL penalty",
+        reason="read by policy_loss.loss_mode=kl_cov")
+    ppo_kl_coef: float = doc(0.1, "kl_cov: coefficient of |log ratio| on those tokens",
+        reason="read by policy_loss.loss_mode=kl_cov")
+    dro_beta: Optional[float] = doc(None, "dro: weight of the quadratic log-ratio penalty (required, > 0)",
+        reason="read by policy_loss.loss_mode=dro (required there)")
 
 
 @dataclass
@@ -91,7 +100,9 @@ class ActorConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.ActorConfig", "the class this section is read into")
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
-    strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp")
+    strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp",
+        values=("fsdp", "fsdp2", "ddp"),
+        reason="hybridflow's training engines")
     ppo_mini_batch_size: int = doc(256, "prompts per optimizer step (x rollout.n samples, split over ranks)")
     ppo_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
     ppo_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per forward/backward on one rank")
@@ -100,20 +111,27 @@ class ActorConfig(BaseConfig):
     clip_ratio: float = doc(0.2, "PPO clip range, used for both sides when clip_ratio_low/high are unset")
     clip_ratio_low: float = doc(0.2, "lower PPO clip range")
     clip_ratio_high: float = doc(0.2, "upper PPO clip range")
-    tau_pos: float = doc(1.0, "sapo: gate temperature where the advantage is > 0")
-    tau_neg: float = doc(1.05, "sapo: gate temperature where the advantage is <= 0")
-    freeze_vision_tower: bool = doc(False, "freeze a vision tower (vision models are not supported)")
+    tau_pos: float = doc(1.0, "sapo: gate temperature where the advantage is > 0",
+        reason="read by policy_loss.loss_mode=sapo")
+    tau_neg: float = doc(1.05, "sapo: gate temperature where the advantage is <= 0",
+        reason="read by policy_loss.loss_mode=sapo")
+    freeze_vision_tower: bool = doc(False, "freeze a vision tower (vision models are not supported)", refused=VLM)
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, "the policy loss")
     clip_ratio_c: float = doc(3.0, "dual-clip PPO: lower bound for negative advantages")
     loss_agg_mode: str = doc("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | ...")
     loss_scale_factor: Optional[float] = doc(None, "seq-mean-token-sum-norm: constant divisor (null: response length)")
     entropy_coeff: float = doc(0.0, "entropy bonus coefficient")
-    calculate_entropy: bool = doc(False, "compute the entropy even when its coefficient is 0 (a metric)")
-    calculate_sum_pi_squared: bool = doc(False, "old log-prob pass also returns sum_v pi_v^2 per token")
-    sum_pi_squared_checkpointing: bool = doc(False, "recompute sum_pi_squared in backward to save memory")
+    calculate_entropy: bool = doc(False, "compute the entropy even when its coefficient is 0 (a metric)",
+        refused="entropy is computed when entropy_coeff != 0")
+    calculate_sum_pi_squared: bool = doc(False, "old log-prob pass also returns sum_v pi_v^2 per token",
+        reason="the old log-prob pass also returns sum_pi_squared (needed by the optimal_token_baseline estimators)")
+    sum_pi_squared_checkpointing: bool = doc(False, "recompute sum_pi_squared in backward to save memory",
+        note=speed_only("recomputing sum_pi_squared in the backward pass"))
     use_kl_loss: bool = doc(False, "KL to the reference policy as a loss term (GRPO style)")
-    use_prefix_grouper: bool = doc(False, "one forward of the shared prompt for its samples (no remove-padding, no checkpointing)")
-    use_torch_compile: bool = doc(True, "torch.compile the hot functions")
+    use_prefix_grouper: bool = doc(False, "one forward of the shared prompt for its samples (no remove-padding, no checkpointing)",
+        reason="true requires the shared-prompt forward (each group's prompt once; padded forwards of an unwrapped "
+               "model) and fails naming what prevents it; false leaves it on where it applies")
+    use_torch_compile: bool = doc(True, "torch.compile the hot functions", note=_ACTOR_SPEED)
     kl_loss_coef: float = doc(0.001, "coefficient of the KL loss")
     kl_loss_type: str = doc("low_var_kl", "KL estimator of the loss: kl | abs | mse | low_var_kl | full")
     ppo_epochs: int = doc(1, "passes over the batch per step")
@@ -121,10 +139,12 @@ class ActorConfig(BaseConfig):
     data_loader_seed: int = doc(42, "seed of that shuffle")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "what the actor's checkpoints hold")
     optim: OptimizerConfig = section(OptimizerConfig, "the optimizer and lr schedule")
-    use_fused_kernels: bool = doc(False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}")
+    use_fused_kernels: bool = doc(False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}",
+        note=_ACTOR_SPEED)
     profiler: ProfilerConfig = section(ProfilerConfig, "the actor's profiling",
                                        absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS))
-    qat: QATConfig = section(QATConfig, "quantization-aware training (not implemented)")
+    qat: QATConfig = section(QATConfig, "quantization-aware training (not implemented)",
+        refused="quantization-aware training is not implemented")
 
     _path = "actor_rollout_ref.actor"  # where the section sits: messages name full keys
     _model_path = "actor_rollout_ref.model"
@@ -186,13 +206,18 @@ class FSDPActorConfig(ActorConfig):
     optim: FSDPOptimizerConfig = section(FSDPOptimizerConfig, "the optimizer and lr schedule")
     fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine", follows=_engine_follows("actor"))
     grad_clip: Optional[float] = doc(1.0, "before veRL 0.9.1; mapped onto optim.clip_grad at load time")
-    ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size")
-    entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks to save memory")
-    entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk")
-    entropy_checkpointing: bool = doc(False, "recompute the entropy in backward instead of storing it")
-    pad_to_length: bool = doc(False, "pad packed micro-batches to fsdp_config.pad_to_length_bucket multiples")
+    ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size",
+        reason=SP)
+    entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks to save memory",
+        note=_ACTOR_SPEED)
+    entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk", note=_ACTOR_SPEED)
+    entropy_checkpointing: bool = doc(False, "recompute the entropy in backward instead of storing it",
+        note=_ACTOR_SPEED)
+    pad_to_length: bool = doc(False, "pad packed micro-batches to fsdp_config.pad_to_length_bucket multiples",
+        note=_ACTOR_SPEED)
     use_remove_padding: bool = doc(True, "padding-free forward", follows="${actor_rollout_ref.model.use_remove_padding}")
-    router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay (not implemented)")
+    router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay (not implemented)",
+        refused="MoE router replay is not implemented")
 
     @property
     def sp_size(self) -> int:
@@ -214,9 +239,12 @@ class RefConfig(BaseConfig):
     renames its log_prob_* keys to the actor's before reading it as an FSDPActorConfig)."""
 
     _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class veRL reads this section into")
-    strategy: str = doc("fsdp", "training engine", follows="${actor_rollout_ref.actor.strategy}")
+    strategy: str = doc("fsdp", "training engine", follows="${actor_rollout_ref.actor.strategy}",
+        values=("fsdp", "fsdp2", "ddp"),
+        reason="hybridflow's training engines")
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
-    use_torch_compile: bool = doc(True, "torch.compile the hot functions", follows="${actor_rollout_ref.actor.use_torch_compile}")
+    use_torch_compile: bool = doc(True, "torch.compile the hot functions", follows="${actor_rollout_ref.actor.use_torch_compile}",
+        note=_REF_SPEED)
     log_prob_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the log-prob pass")
     log_prob_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per forward on one rank")
     log_prob_use_dynamic_bsz: bool = doc(False, "pack by token count", follows="${actor_rollout_ref.actor.use_dynamic_bsz}")
@@ -227,12 +255,15 @@ class RefConfig(BaseConfig):
     fsdp_config: FSDPEngineConfig = section(_ref_engine, "the forward-only engine", follows={
         **_engine_follows("ref"), "pad_to_length_bucket": "${actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket}"})
     ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size",
-                                              follows="${actor_rollout_ref.actor.ulysses_sequence_parallel_size}")
-    entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks")
-    entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk")
-    entropy_checkpointing: bool = doc(False, "recompute the entropy in backward")
-    pad_to_length: bool = doc(False, "pad packed micro-batches", follows="${actor_rollout_ref.actor.pad_to_length}")
-    router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay (not implemented)")
+                                              follows="${actor_rollout_ref.actor.ulysses_sequence_parallel_size}",
+        reason=SP)
+    entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks", note=_REF_SPEED)
+    entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk", note=_REF_SPEED)
+    entropy_checkpointing: bool = doc(False, "recompute the entropy in backward", note=_REF_SPEED)
+    pad_to_length: bool = doc(False, "pad packed micro-batches", follows="${actor_rollout_ref.actor.pad_to_length}",
+        note=_REF_SPEED)
+    router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay (not implemented)",
+        refused="MoE router replay is not implemented")
 
     _path = "actor_rollout_ref.ref"
     _model_path = "actor_rollout_ref.model"

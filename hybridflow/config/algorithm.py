@@ -54,7 +54,9 @@ class FilterGroupsConfig(BaseConfig):
 class PFPPOConfig(BaseConfig):
     """``algorithm.pf_ppo``: PF-PPO's sample weights (from each sequence's score)."""
 
-    reweight_method: str = doc("pow", "pow | max_min | max_random")
+    reweight_method: str = doc("pow", "pow | max_min | max_random",
+        values=("pow", "max_min", "max_random"),
+        reason="veRL's PF-PPO reweighting methods")
     weight_pow: float = doc(2.0, "pow: the exponent of the weights")
 
 
@@ -75,5 +77,7 @@ class AlgoConfig(BaseConfig):
     kl_ctrl: KLControlConfig = section(KLControlConfig, "the in-reward KL coefficient")
     use_pf_ppo: bool = doc(False, "PF-PPO (policy filtration): redraw the batch with replacement, weighted by reward")
     pf_ppo: PFPPOConfig = section(PFPPOConfig, "PF-PPO's sample weights")
-    gdpo_reward_keys: Optional[list[str]] = doc(None, "gdpo: reward components (keys of the reward dict) normalised one by one")
-    gdpo_reward_weights: Optional[list[float]] = doc(None, "gdpo: one weight per component (null: all 1)")
+    gdpo_reward_keys: Optional[list[str]] = doc(None, "gdpo: reward components (keys of the reward dict) normalised one by one",
+        reason="read by adv_estimator=gdpo")
+    gdpo_reward_weights: Optional[list[float]] = doc(None, "gdpo: one weight per component (null: all 1)",
+        reason="read by adv_estimator=gdpo")

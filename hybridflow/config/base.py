@@ -17,6 +17,14 @@ says so with ``follows``: the string, written into the yaml as it is (the defaul
 value). A dict ``follows`` names interpolations inside a dict value or a nested section by relative
 dotted key; on ``section`` it overrides the nested class's own (None: the plain default at this place).
 ``absent`` (``section`` only) lists the nested keys the yaml does not hold at this place.
+
+Each key also declares its status (``hybridflow.config.status``; how the status tables are derived
+from these declarations: ``hybridflow.config.keys``): nothing for an honoured key, ``values=`` and
+``reason=`` for an honoured key narrowed to some values, ``refused="why"`` for a key that is not
+supported, ``note="why"`` for one that is accepted with a note. On a section or a dict-valued key the
+status covers everything below it. ``keys={relative key: status}`` gives keys below this place a
+status of their own here (a nested class's key that has another status at this place than the class
+declares; a pattern such as ``"megatron.**"`` for keys users add with ``+``).
 """
 
 from __future__ import annotations
@@ -25,36 +33,65 @@ import collections.abc
 import copy
 import dataclasses
 from dataclasses import FrozenInstanceError, dataclass, field, fields
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
-__all__ = ["BaseConfig", "doc", "section", "undeclared", "field_doc", "field_follows", "field_absent", "is_section",
+from hybridflow.config.status import KeyStatus, status_from
+
+__all__ = ["BaseConfig", "doc", "section", "undeclared", "field_doc", "field_follows", "field_absent", "field_status",
+           "field_keys", "is_section",
            "is_undeclared", "to_dict"]
 
 Follows = Union[None, str, dict]
+Keys = Optional[dict]
 
 
-def _meta(text: str, follows: Follows, **extra: Any) -> dict:
+def _meta(text: str, follows: Follows, status: Optional[KeyStatus] = None, keys: Keys = None, **extra: Any) -> dict:
     meta = {"doc": text, **extra}
     if follows is not None:
         meta["follows"] = follows
+    if status is not None:
+        meta["status"] = status
+    if keys:
+        for key, value in keys.items():
+            if not isinstance(value, KeyStatus):
+                raise TypeError(f"keys={{{key!r}: ...}}: a KeyStatus (honoured/refused/noted), not {value!r}")
+        meta["keys"] = dict(keys)
     return meta
 
 
-def doc(default: Any, text: str, *, follows: Follows = None) -> Any:
-    """A key with its default and a one-line doc. Mutable defaults (lists, dicts) are copied per instance."""
+def doc(default: Any, text: str, *, follows: Follows = None, refused: Optional[str] = None,
+        note: Optional[str] = None, values: Optional[tuple] = None, reason: str = "", keys: Keys = None) -> Any:
+    """A key with its default, a one-line doc and its status (see the module doc). Mutable defaults
+    (lists, dicts) are copied per instance."""
+    meta = _meta(text, follows, status_from(refused, note, values, reason), keys)
     if isinstance(default, (list, dict, set)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata=_meta(text, follows))
-    return field(default=default, metadata=_meta(text, follows))
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
-def section(factory: Callable[[], Any], text: str, *, follows: Follows = None, absent: tuple[str, ...] = ()) -> Any:
-    """A nested section built by ``factory`` (a config class, or a function returning an instance)."""
-    return field(default_factory=factory, metadata=_meta(text, follows, section=True, absent=tuple(absent)))
+def section(factory: Callable[[], Any], text: str, *, follows: Follows = None, absent: tuple[str, ...] = (),
+            refused: Optional[str] = None, note: Optional[str] = None, reason: str = "", keys: Keys = None) -> Any:
+    """A nested section built by ``factory`` (a config class, or a function returning an instance). A
+    status here is that of every key below at this place, whatever the nested class declares."""
+    return field(default_factory=factory, metadata=_meta(text, follows, status_from(refused, note, None, reason), keys,
+                                                         section=True, absent=tuple(absent)))
 
 
-def undeclared(text: str) -> Any:
+def undeclared(text: str, *, refused: Optional[str] = None, note: Optional[str] = None, reason: str = "",
+               keys: Keys = None) -> Any:
     """A free-form sub-tree (a plain dict): its keys are not declared one by one (yet)."""
-    return field(default_factory=dict, metadata={"doc": text, "undeclared": True})
+    return field(default_factory=dict, metadata=_meta(text, None, status_from(refused, note, None, reason), keys,
+                                                      undeclared=True))
+
+
+def field_status(f: dataclasses.Field) -> Optional[KeyStatus]:
+    """The status a field declares (None: honoured, unless a place above says otherwise)."""
+    return f.metadata.get("status")
+
+
+def field_keys(f: dataclasses.Field) -> dict:
+    """Statuses of keys below a field at this place (relative dotted keys or patterns)."""
+    return f.metadata.get("keys", {})
 
 
 def field_doc(cls_or_obj: Any, name: str) -> str:

@@ -20,8 +20,10 @@ class CheckpointConfig(BaseConfig):
     save_contents: list[str] = doc(["model", "optimizer", "extra"], "what a checkpoint holds; add hf_model for a HF directory")
     load_contents: list[str] = doc(["model", "optimizer", "extra"], "what is read back on resume",
                                    follows="${.save_contents}")
-    async_save: bool = doc(False, "save in the background (not implemented)")
-    strict: bool = doc(True, "refuse a checkpoint whose keys do not match the model")
+    async_save: bool = doc(False, "save in the background (not implemented)",
+        refused="asynchronous / non-strict checkpoints are not implemented")
+    strict: bool = doc(True, "refuse a checkpoint whose keys do not match the model",
+        refused="asynchronous / non-strict checkpoints are not implemented")
 
     def __post_init__(self):
         for key in ("save_contents", "load_contents"):

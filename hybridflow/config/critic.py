@@ -15,6 +15,8 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import CriticModelConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
 from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
+from hybridflow.config.reasons import SP
+from hybridflow.config.status import honoured, refused
 
 __all__ = ["CriticConfig", "FSDPCriticConfig"]
 
@@ -37,7 +39,9 @@ class CriticConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.CriticConfig", "the class this section is read into")
     enable: Optional[bool] = doc(None, "train a critic; null: exactly when algorithm.adv_estimator is gae")
-    strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp")
+    strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp",
+        values=("fsdp", "fsdp2", "ddp"),
+        reason="hybridflow's training engines")
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
     optim: OptimizerConfig = section(_base_critic_optim, "the critic's optimizer and lr schedule")
     ppo_mini_batch_size: int = doc(256, "prompts per optimizer step", follows=f"${{{_A}.ppo_mini_batch_size}}")
@@ -57,7 +61,16 @@ class CriticConfig(BaseConfig):
     checkpoint: CheckpointConfig = section(CheckpointConfig, "what the critic's checkpoints hold", absent=("strict",))
     profiler: ProfilerConfig = section(ProfilerConfig, "the critic's profiling",
                                        absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS))
-    model: CriticModelConfig = section(CriticModelConfig, "the value model")
+    model: CriticModelConfig = section(CriticModelConfig, "the value model",
+        keys={
+            "tokenizer_path": honoured(),
+            "custom_chat_template": refused("this model never formats a conversation; the policy's template is "
+                                            "actor_rollout_ref.model.custom_chat_template"),
+            "lora_rank": honoured("LoRA is implemented for the policy only", values=(0,)),
+            **dict.fromkeys(("lora_alpha", "target_modules"), honoured("used only when lora_rank > 0")),
+            **dict.fromkeys(("exclude_modules", "lora_adapter_path"),
+                            refused("LoRA is implemented for the policy only")),
+        })
 
     _path = "critic"  # where the section sits: messages name full keys
 
@@ -114,7 +127,8 @@ class FSDPCriticConfig(CriticConfig):
                                                   follows="${oc.select:.ppo_micro_batch_size,null}")
     forward_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per value forward on one rank",
                                                           follows="${oc.select:.ppo_micro_batch_size_per_gpu,null}")
-    ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp.ulysses_sequence_parallel_size")
+    ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp.ulysses_sequence_parallel_size",
+        reason=SP)
     grad_clip: Optional[float] = doc(1.0, "before veRL 0.9.1; mapped onto critic.optim.clip_grad at load time")
 
     @property

@@ -13,6 +13,7 @@ from hybridflow.config.legacy import LegacyRayInitConfig
 from hybridflow.config.model import HFModelConfig
 from hybridflow.config.ray import RayKwargsConfig
 from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.status import noted, refused
 from hybridflow.config.trainer import TrainerConfig
 
 __all__ = ["GenerationDataConfig", "GenerationConfig"]
@@ -62,11 +63,21 @@ class GenerationConfig(BaseConfig):
     model: HFModelConfig = section(_model, "the policy model", absent=_all_but(
         HFModelConfig, "path", "external_lib", "trust_remote_code", "override_config"))
     rollout: RolloutConfig = section(_rollout, "the inference engine and its sampling",
-                                     absent=_all_but(RolloutConfig, *_ROLLOUT_KEYS))
+                                     absent=_all_but(RolloutConfig, *_ROLLOUT_KEYS),
+        keys={
+            **dict.fromkeys(("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu"),
+                            noted("no log-probs are computed here")),
+            **dict.fromkeys(("engine_kwargs.sglang.**", "engine_kwargs.trtllm.**"),
+                            refused("sglang and TensorRT-LLM are not hybridflow rollout engines")),
+            **dict.fromkeys(("server.**", "sglang_rollout_mode"),
+                            refused("an SGLang-only option (SGLang's HTTP server mode); SGLang is not a hybridflow "
+                                    "rollout engine (use rollout.name=vllm or hf)")),
+        })
     actor: FSDPActorConfig = section(FSDPActorConfig, "veRL keeps this section for backward compatibility; generation "
                                      "does not train", absent=(
         *_all_but(FSDPActorConfig, "strategy", "ulysses_sequence_parallel_size", "entropy_from_logits_with_chunking",
                   "entropy_checkpointing", "fsdp_config"),
-        *(f"fsdp_config.{k}" for k in _all_but(FSDPActorConfig().fsdp_config.__class__, "fsdp_size", "forward_prefetch"))))
+        *(f"fsdp_config.{k}" for k in _all_but(FSDPActorConfig().fsdp_config.__class__, "fsdp_size", "forward_prefetch"))),
+        note="main_generation does not train (veRL keeps this section for backward compatibility)")
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray start-up", absent=("ray_init.runtime_env",))
     ray_init: LegacyRayInitConfig = section(LegacyRayInitConfig, "earlier spelling of ray_kwargs (null: not set)")

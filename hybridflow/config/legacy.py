@@ -1,6 +1,6 @@
 """Earlier spellings of sections veRL 0.9.1 moved: the top-level ``reward_model``,
 ``custom_reward_function``, ``sandbox_fusion``, ``reward_manager`` and ``ray_init``. Their keys are
-mapped once, at load time, onto the canonical place (hybridflow/config/keys: ALIASES); null means
+mapped once, at load time, onto the canonical place (hybridflow/config/keys/aliases.py); null means
 "not set", and two different values for one setting are an error. The keys of the old reward-model
 section that 0.9.1 did not move (micro batches, max_length, ...) configure hybridflow's FSDP
 reward-model worker."""
@@ -14,10 +14,13 @@ from typing import Optional
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
+from hybridflow.config.reasons import NO_SP, PROFILER, speed_only
 
 __all__ = ["LegacyRewardModelModelConfig", "LegacyRewardEngineConfig", "LegacySandboxFusionConfig",
            "LegacyRewardModelConfig", "LegacyCustomRewardFunctionConfig", "LegacyModuleConfig",
            "LegacyRewardManagerConfig", "LegacyRayInitConfig"]
+
+_RM_SPEED = speed_only("the reward model runs unsharded, in fixed micro-batches")
 
 _RM_ENGINE_KEYS = ("_target_", "wrap_policy", "param_offload", "reshard_after_forward", "fsdp_size", "forward_prefetch")
 
@@ -29,13 +32,18 @@ class LegacyRewardModelModelConfig(BaseConfig):
     path: Optional[str] = doc(None, "earlier spelling of reward.reward_model.model_path")
     external_lib: Optional[str] = doc(None, "a module imported first")
     trust_remote_code: Optional[bool] = doc(None, "allow the model's own Python code")
-    input_tokenizer: Optional[str] = doc(None, "hybridflow: null (the reward model scores the policy's token ids as they are)")
-    override_config: dict = doc({}, "entries that replace the model's config.json values")
-    use_shm: bool = doc(False, "copy the model to shared memory first (speed only)")
-    use_remove_padding: bool = doc(False, "padding-free forward")
-    use_fused_kernels: bool = doc(False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}")
+    input_tokenizer: Optional[str] = doc(None, "hybridflow: null (the reward model scores the policy's token ids as they are)",
+        values=(None,),
+        reason="the reward model scores the policy's token ids as they are; re-templating for a reward model with "
+               "another tokenizer is not implemented")
+    override_config: dict = doc({}, "entries that replace the model's config.json values",
+        refused="the reward-model worker does not implement it")
+    use_shm: bool = doc(False, "copy the model to shared memory first (speed only)", note=_RM_SPEED)
+    use_remove_padding: bool = doc(False, "padding-free forward", note=_RM_SPEED)
+    use_fused_kernels: bool = doc(False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}",
+        note=_RM_SPEED)
     fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the reward model's engine", absent=tuple(
-        f.name for f in dataclasses.fields(FSDPEngineConfig) if f.name not in _RM_ENGINE_KEYS))
+        f.name for f in dataclasses.fields(FSDPEngineConfig) if f.name not in _RM_ENGINE_KEYS), note=_RM_SPEED)
 
 
 @dataclass
@@ -90,21 +98,23 @@ class LegacyRewardModelConfig(BaseConfig):
     reward_loop_class_name: Optional[str] = doc(None, "earlier spelling of reward.reward_manager.module.name")
     model: LegacyRewardModelModelConfig = section(LegacyRewardModelModelConfig, "the reward model")
     rollout: LegacyRewardEngineConfig = section(LegacyRewardEngineConfig, "its inference engine")
-    strategy: str = doc("fsdp", "the reward model's training engine (forward only)")
+    strategy: str = doc("fsdp", "the reward model's training engine (forward only)", note=_RM_SPEED)
     micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the scoring pass")
     micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per scoring forward on one rank")
-    max_length: Optional[int] = doc(None, "tokens scored per sample; null: no cut")
-    ulysses_sequence_parallel_size: int = doc(1, "sequence-parallel size")
-    use_dynamic_bsz: bool = doc(False, "pack by token count", follows="${critic.use_dynamic_bsz}")
+    max_length: Optional[int] = doc(None, "tokens scored per sample; null: no cut",
+        refused="the reward-model worker does not implement it")
+    ulysses_sequence_parallel_size: int = doc(1, "sequence-parallel size", values=(1,), reason=NO_SP)
+    use_dynamic_bsz: bool = doc(False, "pack by token count", follows="${critic.use_dynamic_bsz}", note=_RM_SPEED)
     forward_max_token_len_per_gpu: int = doc(32768, "token budget per forward",
-                                             follows="${critic.forward_max_token_len_per_gpu}")
-    launch_reward_fn_async: bool = doc(False, "compute rule rewards in the background")
-    use_reward_loop: bool = doc(True, "veRL's reward loop (hybridflow scores in its reward workers)")
+                                             follows="${critic.forward_max_token_len_per_gpu}", note=_RM_SPEED)
+    launch_reward_fn_async: bool = doc(False, "compute rule rewards in the background",
+        refused="rewards are computed synchronously in the driver")
+    use_reward_loop: bool = doc(True, "veRL's reward loop (hybridflow scores in its reward workers)", note=_RM_SPEED)
     sandbox_fusion: LegacySandboxFusionConfig = section(LegacySandboxFusionConfig, "earlier spelling of reward.sandbox_fusion")
     profiler: ProfilerConfig = section(ProfilerConfig, "the reward model's profiling", follows={
         "tool_config": "${actor_rollout_ref.actor.profiler.tool_config}"}, absent=(
         "relocate_results", "finish_hook_cmd", "finish_hook_all_ranks", "finish_hook_ranks", *TOKEN_RANGE_KEYS,
-        *TOOL_NAME_KEYS))
+        *TOOL_NAME_KEYS), refused=PROFILER)
 
 
 @dataclass

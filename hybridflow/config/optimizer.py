@@ -46,14 +46,21 @@ class FSDPOptimizerConfig(OptimizerConfig):
     lr_schedulers: ClassVar[tuple[str, ...]] = LR_SCHEDULERS
 
     _target_: str = doc("verl.workers.config.FSDPOptimizerConfig", "the class this section is read into")
-    optimizer: str = doc("AdamW", "optimizer class name in optimizer_impl (hybridflow: AdamW)")
-    optimizer_impl: str = doc("torch.optim", "module the optimizer class comes from (hybridflow: torch.optim)")
+    optimizer: str = doc("AdamW", "optimizer class name in optimizer_impl (hybridflow: AdamW)",
+        values=("AdamW",),
+        reason="hybridflow trains with torch.optim.AdamW")
+    optimizer_impl: str = doc("torch.optim", "module the optimizer class comes from (hybridflow: torch.optim)",
+        values=("torch.optim",),
+        reason="hybridflow trains with torch.optim.AdamW")
     min_lr_ratio: Optional[float] = doc(0.0, "cosine: the floor of the schedule, as a fraction of lr")
     num_cycles: float = doc(0.5, "cosine: number of cosine cycles over the decay (0.5: one half-wave down)")
-    lr_scheduler_type: str = doc("constant", "constant | cosine (after the warmup)")
-    zero_indexed_step: bool = doc(True, "the schedule counts steps from 0")
+    lr_scheduler_type: str = doc("constant", "constant | cosine (after the warmup)", values=("constant", "cosine"))
+    zero_indexed_step: bool = doc(True, "the schedule counts steps from 0",
+        values=(True,),
+        reason="the schedule counts steps from 0")
     warmup_style: Optional[str] = doc(None, "deprecated spelling of lr_scheduler_type (wins when set)")
-    override_optimizer_config: Optional[dict] = doc(None, "extra optimizer constructor arguments")
+    override_optimizer_config: Optional[dict] = doc(None, "extra optimizer constructor arguments",
+        refused="extra optimizer arguments are not implemented")
 
     def __post_init__(self):
         super().__post_init__()

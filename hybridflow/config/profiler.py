@@ -9,11 +9,16 @@ from typing import Optional
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.errors import ConfigError
+from hybridflow.config.reasons import NPU, PROFILER_TOOLS
+from hybridflow.config.status import honoured, refused
 
 __all__ = ["TORCH_CONTENTS", "TOOL_NAME_KEYS", "NsightToolConfig", "NPUToolConfig", "TorchProfilerScheduleConfig",
            "TorchProfilerToolConfig", "TorchMemoryToolConfig", "PrecisionDebuggerToolConfig", "ProfilerToolConfig",
            "ProfilerConfig", "GlobalNsightToolConfig", "GlobalTorchMemoryConfig", "GlobalToolConfig",
            "GlobalProfilerConfig", "TOKEN_RANGE_KEYS"]
+
+_NO_HOOKS = "traces are written in save_path directly; no finish hook runs"
+_TORCH_ONLY = "only the torch tool is implemented; traces are written in save_path, no hooks run"
 
 _G = "global_profiler"
 _GT = "global_profiler.global_tool_config"
@@ -124,25 +129,34 @@ class ProfilerConfig(BaseConfig):
     """``<role>.profiler``: the role's profiling switch; steps and the tool come from global_profiler."""
 
     _target_: str = doc("verl.utils.profiler.ProfilerConfig", "the class this section is read into")
-    tool: Optional[str] = doc(None, "profiler tool: torch, or null for none", follows="${global_profiler.tool}")
+    tool: Optional[str] = doc(None, "profiler tool: torch, or null for none", follows="${global_profiler.tool}",
+        values=(None, "torch"),
+        reason=PROFILER_TOOLS)
     enable: bool = doc(False, "profile this role")
     all_ranks: bool = doc(False, "profile every rank of the role (else only those in ranks)")
     ranks: list[int] = doc([], "the ranks to profile when all_ranks is false")
     save_path: Optional[str] = doc("outputs/profile", "directory of the traces", follows=f"${{{_G}.save_path}}")
     relocate_results: bool = doc(False, "move the traces after the run (not implemented)",
-                                 follows=f"${{{_G}.relocate_results}}")
+                                 follows=f"${{{_G}.relocate_results}}", refused=_TORCH_ONLY)
     finish_hook_cmd: Optional[str] = doc(None, "a command run when profiling ends (not implemented)",
-                                         follows=f"${{{_G}.finish_hook_cmd}}")
+                                         follows=f"${{{_G}.finish_hook_cmd}}", refused=_TORCH_ONLY)
     finish_hook_all_ranks: bool = doc(False, "run finish_hook_cmd on every rank (not implemented)",
-                                      follows=f"${{{_G}.finish_hook_all_ranks}}")
+                                      follows=f"${{{_G}.finish_hook_all_ranks}}", refused=_TORCH_ONLY)
     finish_hook_ranks: list[int] = doc([], "ranks that run finish_hook_cmd (not implemented)",
-                                       follows=f"${{{_G}.finish_hook_ranks}}")
+                                       follows=f"${{{_G}.finish_hook_ranks}}", refused=_TORCH_ONLY)
     tool_config: ProfilerToolConfig = section(ProfilerToolConfig, "per-tool settings", follows={
         "nsys.discrete": f"${{{_GT}.nsys.discrete}}",
         **{f"torch_memory.{k}": f"${{{_GT}.torch_memory.{k}}}"
            for k in ("trace_alloc_max_entries", "stack_depth", "memory_snapshot_num_steps")},
         **{f"precision_debugger.{k}": f"${{{_GT}.precision_debugger.{k}}}" for k in ("config_path", "stages", "strict")},
-    })
+    },
+        refused=_TORCH_ONLY,
+        keys={
+            "npu": refused("Ascend NPU profiler settings; " + NPU),
+            "torch.contents": honoured(),
+            "torch.discrete": honoured("one trace per profiled step (discrete per-phase traces are not implemented)",
+                                       values=(False,)),
+        })
 
 
 def _nsight_options(worker: bool) -> dict:
@@ -186,12 +200,17 @@ class GlobalProfilerConfig(BaseConfig):
     """``global_profiler``: the run's profiling tool and steps (veRL reads it as a ProfilerConfig)."""
 
     _target_: str = doc("verl.utils.profiler.ProfilerConfig", "the class this section is read into")
-    tool: Optional[str] = doc(None, "the tool: torch (hybridflow), nsys, npu, torch_memory, precision_debugger")
+    tool: Optional[str] = doc(None, "the tool: torch (hybridflow), nsys, npu, torch_memory, precision_debugger",
+        values=(None, "torch"),
+        reason=PROFILER_TOOLS)
     steps: Optional[list[int]] = doc(None, "the training steps profiled (null: none)")
     profile_continuous_steps: bool = doc(False, "consecutive profiled steps share one trace")
     save_path: Optional[str] = doc("outputs/profile", "directory of the traces (every role follows it)")
-    relocate_results: bool = doc(False, "move framework-placed traces into save_path (not implemented)")
-    finish_hook_cmd: Optional[str] = doc(None, "a command run once after the last profiled step (not implemented)")
-    finish_hook_all_ranks: bool = doc(False, "run finish_hook_cmd on every rank (not implemented)")
-    finish_hook_ranks: list[int] = doc([], "ranks that run finish_hook_cmd (not implemented)")
-    global_tool_config: GlobalToolConfig = section(GlobalToolConfig, "tool settings every role follows")
+    relocate_results: bool = doc(False, "move framework-placed traces into save_path (not implemented)",
+        refused=_NO_HOOKS)
+    finish_hook_cmd: Optional[str] = doc(None, "a command run once after the last profiled step (not implemented)",
+        refused=_NO_HOOKS)
+    finish_hook_all_ranks: bool = doc(False, "run finish_hook_cmd on every rank (not implemented)", refused=_NO_HOOKS)
+    finish_hook_ranks: list[int] = doc([], "ranks that run finish_hook_cmd (not implemented)", refused=_NO_HOOKS)
+    global_tool_config: GlobalToolConfig = section(GlobalToolConfig, "tool settings every role follows",
+        refused="settings of the nsys, torch_memory and precision_debugger tools, which hybridflow does not drive")

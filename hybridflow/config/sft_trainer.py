@@ -4,7 +4,7 @@ veRL 0.9.1's sft_trainer_engine tree: its model, engine, optim, checkpoint and p
 classes veRL reads them into (HFModelConfig, FSDPEngineConfig, FSDPOptimizerConfig, CheckpointConfig,
 ProfilerConfig) with the SFT defaults; ``data`` and ``trainer`` have no class in veRL and are declared
 here. The earlier fsdp_sft_trainer spellings (model.partial_pretrain, optim.lr_scheduler, ...) are keys
-too, null unless set: the loader maps them onto the 0.9.1 keys (hybridflow/config/keys/sft_trainer.py).
+too, null unless set: the loader maps them onto the 0.9.1 keys (hybridflow/config/keys/aliases.py).
 The trainer reads the whole tree as one ``SFTTrainerConfig`` and calls ``validate`` once at start-up.
 """
 
@@ -22,10 +22,14 @@ from hybridflow.config.model import HFModelConfig
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig
 from hybridflow.config.profiler import NsightToolConfig, ProfilerConfig, ProfilerToolConfig
+from hybridflow.config.reasons import MEGATRON, NO_SP, NPU, PROFILER, THINKING, speed_only
+from hybridflow.config.status import honoured, noted, refused
 
 __all__ = ["SFT_LR_SCHEDULERS", "SFT_STRATEGIES", "SFTMultiturnConfig", "SFTDataConfig", "LegacySFTFSDPConfig",
            "SFTModelConfig", "SFTOptimizerConfig", "SFTCheckpointConfig", "LegacySFTCheckpointConfig", "SFTRunConfig",
            "SFTTrainerConfig"]
+
+_SFT_DATA_SPEED = speed_only("packing, token balancing, loader processes, shared memory")
 
 SFT_LR_SCHEDULERS = ("constant", "cosine", "wsd")
 SFT_STRATEGIES = ("fsdp", "fsdp2", "ddp", "none")
@@ -49,12 +53,17 @@ class SFTDataConfig(BaseConfig):
     micro_batch_size_per_gpu: Optional[int] = doc(4, "samples per forward/backward on one rank; also the validation "
                                                      "batch size")
     micro_batch_size: Optional[int] = doc(None, "deprecated; use micro_batch_size_per_gpu")
-    max_token_len_per_gpu: int = doc(8192, "tokens per micro-batch under use_dynamic_bsz")
-    use_dynamic_bsz: bool = doc(False, "hybridflow: False (veRL 0.9.1: True); the SFT trainer batches by sample count")
+    max_token_len_per_gpu: int = doc(8192, "tokens per micro-batch under use_dynamic_bsz",
+        note="used only with data.use_dynamic_bsz, which the SFT trainer does not do")
+    use_dynamic_bsz: bool = doc(False, "hybridflow: False (veRL 0.9.1: True); the SFT trainer batches by sample count",
+        values=(False,),
+        reason="the SFT trainer batches by sample count")
     train_files: Union[str, list[str]] = doc("~/data/gsm8k/train.parquet", "a path or a list of paths")
     val_files: Optional[Union[str, list[str]]] = doc(None, "validation parquet(s); null: no validation")
-    train_max_samples: int = doc(-1, "rows read from the training files; -1: all")
-    val_max_samples: int = doc(-1, "rows read from the validation files; -1: all")
+    train_max_samples: int = doc(-1, "rows read from the training files; -1: all",
+        refused="limiting the number of rows is not implemented")
+    val_max_samples: int = doc(-1, "rows read from the validation files; -1: all",
+        refused="limiting the number of rows is not implemented")
     prompt_key: str = doc("question", "hybridflow (veRL's earlier single-turn key): the prompt column")
     response_key: str = doc("answer", "hybridflow (veRL's earlier single-turn key): the response column")
     prompt_dict_keys: Optional[list[str]] = doc(None, "when the column holds a dict: the keys to read inside it")
@@ -62,19 +71,27 @@ class SFTDataConfig(BaseConfig):
     messages_key: str = doc("messages", "conversations: the column of chat messages")
     tools_key: str = doc("tools", "conversations: OpenAI tool schemas the chat template shows (a list, or its JSON "
                                   "text)")
-    enable_thinking_key: str = doc("enable_thinking", "conversations: the column switching thinking on per row")
-    enable_thinking_default: str = doc("none", "conversations: the thinking switch of a row without that column")
+    enable_thinking_key: str = doc("enable_thinking", "conversations: the column switching thinking on per row",
+        refused=THINKING)
+    enable_thinking_default: str = doc("none", "conversations: the thinking switch of a row without that column",
+        refused=THINKING)
     pad_mode: str = doc("no_padding", "veRL packs sequences (no_padding); hybridflow cuts each micro-batch after its "
-                                      "longest row: same loss")
+                                      "longest row: same loss", note=_SFT_DATA_SPEED)
     max_length: int = doc(1024, "prompt + response tokens")
     truncation: str = doc("error", "error | left | right")
-    balance_dp_token: bool = doc(False, "balance tokens over the data-parallel ranks (speed only)")
-    custom_cls: ModuleConfig = section(ModuleConfig, "a Dataset class of your own: file path + class name")
-    use_shm: bool = doc(False, "copy the data to shared memory first (speed only)")
+    balance_dp_token: bool = doc(False, "balance tokens over the data-parallel ranks (speed only)",
+        note=_SFT_DATA_SPEED)
+    custom_cls: ModuleConfig = section(ModuleConfig, "a Dataset class of your own: file path + class name",
+        keys={
+            **dict.fromkeys(("path", "name"), honoured()),
+        })
+    use_shm: bool = doc(False, "copy the data to shared memory first (speed only)", note=_SFT_DATA_SPEED)
     apply_chat_template_kwargs: dict = doc({}, "extra arguments of the tokenizer's chat template")
-    num_workers: int = doc(8, "data-loader processes (speed only)")
+    num_workers: int = doc(8, "data-loader processes (speed only)", note=_SFT_DATA_SPEED)
     ignore_input_ids_mismatch: bool = doc(False, "conversations: accept turn-by-turn tokens that differ from the "
-                                                 "whole conversation's")
+                                                 "whole conversation's",
+        refused="the multi-turn SFT dataset tokenizes each turn as a suffix of the rendered conversation and fails "
+                "on a template that does not allow it; no mismatch to ignore")
     multiturn: SFTMultiturnConfig = section(SFTMultiturnConfig, "veRL's earlier multi-turn switch (True: the rows are "
                                             "conversations); the *_key entries map onto data.messages_key & co")
     chat_template: Optional[str] = doc(None, "veRL's earlier spelling of model.custom_chat_template (null: not set)")
@@ -113,7 +130,8 @@ class SFTOptimizerConfig(FSDPOptimizerConfig):
 
     lr: float = doc(1e-5, "hybridflow: 1e-5 (veRL 0.9.1: 1e-3, its generic optimizer default; veRL's earlier SFT "
                           "trainer: 1e-5)")
-    lr_scheduler_type: str = doc("constant", "constant | cosine | wsd (hybridflow: wsd = warmup-stable-decay)")
+    lr_scheduler_type: str = doc("constant", "constant | cosine | wsd (hybridflow: wsd = warmup-stable-decay)",
+        values=("constant", "cosine", "wsd"))
     warmup_steps_ratio: Optional[float] = doc(None, "earlier spelling of lr_warmup_steps_ratio (null: not set)")
     lr_scheduler: Optional[str] = doc(None, "earlier spelling of lr_scheduler_type (null: not set)")
 
@@ -124,8 +142,12 @@ class SFTCheckpointConfig(CheckpointConfig):
 
     save_contents: list[str] = doc(["hf_model"], "hybridflow: [hf_model] (veRL: [model, optimizer, extra]): the SFT "
                                                  "trainer writes a Hugging Face model directory per checkpoint and "
-                                                 "cannot resume from one yet")
-    load_contents: list[str] = doc(["hf_model"], "what is read back on resume", follows="${checkpoint.save_contents}")
+                                                 "cannot resume from one yet",
+        values=(["hf_model"],),
+        reason="the SFT trainer writes a Hugging Face model directory per checkpoint (no optimizer state)")
+    load_contents: list[str] = doc(["hf_model"], "what is read back on resume", follows="${checkpoint.save_contents}",
+        values=(["hf_model"],),
+        reason="the SFT trainer writes a Hugging Face model directory per checkpoint (no optimizer state)")
 
 
 @dataclass
@@ -142,7 +164,8 @@ class SFTRunConfig(BaseConfig):
 
     default_local_dir: str = doc("checkpoints/gsm8k-sft/test", "where global_step_N (Hugging Face directories) go",
                                  follows="checkpoints/${trainer.project_name}/${trainer.experiment_name}")
-    default_hdfs_dir: Optional[str] = doc(None, "a copy of the checkpoints on HDFS (not implemented)")
+    default_hdfs_dir: Optional[str] = doc(None, "a copy of the checkpoints on HDFS (not implemented)",
+        refused="copying checkpoints to HDFS is not implemented")
     project_name: str = doc("gsm8k-sft", "experiment tracking project")
     experiment_name: str = doc("test", "run name in the tracking tools")
     total_epochs: int = doc(4, "passes over the training data")
@@ -153,14 +176,21 @@ class SFTRunConfig(BaseConfig):
     save_freq: int = doc(-1, "steps between checkpoints; -1: at the end only")
     test_freq: int = doc(-1, "steps between validations; -1: at the end only")
     max_ckpt_to_keep: Optional[int] = doc(None, "checkpoints kept; null: all")
-    balance_batch: bool = doc(True, "balance tokens over ranks (speed only)")
-    resume_mode: str = doc("disable", "hybridflow: disable (veRL: auto); resuming SFT is not implemented yet")
-    resume_from_path: Optional[str] = doc(None, "the checkpoint to resume from (not implemented)")
+    balance_batch: bool = doc(True, "balance tokens over ranks (speed only)",
+        note=speed_only("token balancing across ranks"))
+    resume_mode: str = doc("disable", "hybridflow: disable (veRL: auto); resuming SFT is not implemented yet",
+        values=("disable",),
+        reason="resuming SFT is not implemented yet")
+    resume_from_path: Optional[str] = doc(None, "the checkpoint to resume from (not implemented)",
+        refused="resuming SFT is not implemented yet; to continue from saved weights set "
+                "model.path=<.../global_step_N>")
     resume_path: Optional[str] = doc(None, "earlier spelling of resume_from_path (null: not set)")
-    device: str = doc("auto", "hybridflow: auto | cpu | cuda (veRL: cuda)")
+    device: str = doc("auto", "hybridflow: auto | cpu | cuda (veRL: cuda)",
+        values=("auto", "cpu", "cuda", "gpu"),
+        reason="auto, cpu or cuda; " + NPU)
     nnodes: int = doc(1, "nodes of the run")
     n_gpus_per_node: int = doc(1, "processes per node (torchrun's --nproc_per_node decides)")
-    profile_interval: list[int] = doc([-1, -1], "steps profiled, [start, end] (not implemented)")
+    profile_interval: list[int] = doc([-1, -1], "steps profiled, [start, end] (not implemented)", refused=PROFILER)
     checkpoint: LegacySFTCheckpointConfig = section(LegacySFTCheckpointConfig, "veRL main's spelling of the "
                                                     "top-level checkpoint section (null: not set)")
 
@@ -200,16 +230,53 @@ class SFTTrainerConfig(BaseConfig):
     data: SFTDataConfig = section(SFTDataConfig, "the training and validation rows: single-turn (prompt_key, "
                                   "response_key) or conversations (messages_key, tools_key; loss on the assistant "
                                   "turns)")
-    model: SFTModelConfig = section(SFTModelConfig, "the model trained (veRL's hf_model.yaml)")
+    model: SFTModelConfig = section(SFTModelConfig, "the model trained (veRL's hf_model.yaml)",
+        keys={
+            **dict.fromkeys(("hf_config_path", "tokenizer_path", "override_config", "exclude_modules",
+                             "lora_adapter_path"),
+                            refused("the SFT trainer loads config, tokenizer and weights from model.path")),
+            "use_shm": noted("copying the model to shared memory only speeds up loading"),
+            "custom_chat_template": honoured(),
+            **dict.fromkeys(("enable_activation_offload", "use_liger", "use_fused_kernels", "fused_kernel_options",
+                             "tiled_mlp"),
+                            noted(speed_only("fused kernels, tiled MLP, activation offload"))),
+            "use_remove_padding": noted("each micro-batch is cut after its longest row instead of packed; the loss "
+                                        "is the same"),
+            "lora_rank": honoured("LoRA is not implemented in the SFT trainer yet", values=(0,)),
+            **dict.fromkeys(("lora_alpha", "target_modules"), honoured("used only when lora_rank > 0")),
+            "lora": refused(MEGATRON),
+        })
     engine: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine (veRL's engine/fsdp.yaml)",
-                                       absent=("mixed_precision",))
+                                       absent=("mixed_precision",),
+        keys={
+            **dict.fromkeys(("wrap_policy.min_num_params", "forward_prefetch", "use_orig_params",
+                             "entropy_from_logits_with_chunking", "entropy_from_logits_chunk_size",
+                             "use_torch_compile", "entropy_checkpointing", "use_no_sync_for_gradient_accumulation",
+                             "pad_to_length", "pad_to_length_bucket"),
+                            noted(speed_only("FSDP wrapping/prefetch, torch.compile, padding buckets"))),
+            **dict.fromkeys(("param_offload", "optimizer_offload", "offload_policy", "fsdp_size", "seed",
+                             "full_determinism", "forward_only", "dtype"),
+                            refused("the SFT trainer does not implement this FSDP engine option (no offload, mixed "
+                                    "precision or hybrid sharding)")),
+            "reshard_after_forward": honoured("FSDP2 reshards after every forward", values=(True,)),
+            "model_dtype": honoured(),
+            "ulysses_sequence_parallel_size": honoured(NO_SP, values=(1,)),
+            "strategy": honoured("hybridflow's training engines", values=("fsdp", "fsdp2", "ddp", "none")),
+        })
     optim: SFTOptimizerConfig = section(SFTOptimizerConfig, "AdamW and the learning-rate schedule (veRL's "
-                                        "optim/fsdp.yaml)")
+                                        "optim/fsdp.yaml)",
+        keys={
+            "total_training_steps": refused("the schedule length is trainer.total_training_steps (or epochs x "
+                                            "steps per epoch)"),
+            "optimizer": honoured("the SFT trainer uses torch.optim.AdamW", values=("AdamW",)),
+            "optimizer_impl": honoured("the SFT trainer uses torch.optim.AdamW", values=("torch.optim",)),
+        })
     checkpoint: SFTCheckpointConfig = section(SFTCheckpointConfig, "what a checkpoint holds",
                                               absent=("async_save", "strict"))
     trainer: SFTRunConfig = section(SFTRunConfig, "the run: steps, devices, logging, checkpoints")
     profiler: ProfilerConfig = section(_profiler, "veRL's profiler.yaml (the SFT trainer does not profile)",
-                                       follows=_PROFILER_FOLLOWS, absent=("tool_config.precision_debugger.strict",))
+                                       follows=_PROFILER_FOLLOWS, absent=("tool_config.precision_debugger.strict",),
+        refused=PROFILER)
     ulysses_sequence_parallel_size: Optional[int] = doc(None, "earlier spelling of "
                                                         "engine.ulysses_sequence_parallel_size (null: not set)")
     use_remove_padding: Optional[bool] = doc(None, "earlier spelling of model.use_remove_padding (null: not set)")

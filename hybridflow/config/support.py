@@ -1,8 +1,8 @@
 """What hybridflow does with each config key, checked once when a config is loaded.
 
-The data lives in ``hybridflow/config/keys/`` (one module per config: which keys are
-honoured, which are refused when set, which only print a note, and which legacy spellings map onto
-which canonical keys). This module is the machinery that applies it:
+The data is declared with the keys (``doc(..., refused="why")``, see ``hybridflow.config.keys``, which
+derives one ``KeyTable`` per config from the declarations, plus the legacy spellings that map onto
+canonical keys). This module is the machinery that applies it:
 
 - ``apply_aliases``: a key that veRL moved (``reward_model.enable`` -> ``reward.reward_model.enable``,
   ``ray_init`` -> ``ray_kwargs.ray_init``, ...) may be written under either spelling. A legacy key
@@ -28,17 +28,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from hybridflow.config.status import HONOURED, NOT_SUPPORTED, NOTE
 from hybridflow.utils.nested_dict import leaf_items
 
 __all__ = [
     "HONOURED", "NOT_SUPPORTED", "NOTE", "ALIAS", "STATUSES",
-    "KeyRule", "KeyTable", "honoured", "not_supported", "note",
+    "KeyRule", "KeyTable",
     "apply_aliases", "mirror_aliases", "check_support", "SupportError",
 ]
 
-HONOURED = "honoured"
-NOT_SUPPORTED = "not supported"
-NOTE = "accepted with note"
 ALIAS = "alias"
 STATUSES = (HONOURED, NOT_SUPPORTED, NOTE, ALIAS)
 
@@ -58,7 +56,7 @@ class KeyRule:
     status: str
     reason: str = ""
     values: tuple | None = None
-    shared: bool = False  # from a group shared by several trees: the key may be absent from some of them
+    shared: bool = False  # for keys users add with + (the tree does not hold the key)
 
     def __post_init__(self):
         if self.status not in (HONOURED, NOT_SUPPORTED, NOTE):
@@ -89,38 +87,16 @@ def _compile(pattern: str) -> re.Pattern:
     return re.compile(f"^{head}{body}{tail}$")
 
 
-def _rules(status: str, patterns: Iterable[str], reason: str, values) -> list[KeyRule]:
-    return [KeyRule(p, status, reason, tuple(values) if values is not None else None) for p in patterns]
-
-
-def honoured(*patterns: str, values: Iterable | None = None, reason: str = "") -> list[KeyRule]:
-    """Keys hybridflow reads and acts on (``values``: the only values it implements)."""
-    return _rules(HONOURED, patterns, reason, values)
-
-
-def not_supported(*patterns: str, reason: str) -> list[KeyRule]:
-    """Keys accepted at their default and refused, by name, when set to anything else."""
-    return _rules(NOT_SUPPORTED, patterns, reason, None)
-
-
-def note(*patterns: str, reason: str) -> list[KeyRule]:
-    """Keys accepted with a printed note when set (they only act on hardware or engines we are not on)."""
-    return _rules(NOTE, patterns, reason, None)
-
-
 @dataclass(frozen=True)
 class KeyTable:
-    """The status data of one config: rules (lists from the builders above) and legacy aliases
-    (``(legacy prefix, canonical prefix)``; the longest legacy prefix that matches a key wins)."""
+    """The status data of one config: rules (``hybridflow.config.key_table`` derives them from the
+    declarations) and legacy aliases (``(legacy prefix, canonical prefix)``; the longest legacy
+    prefix that matches a key wins)."""
 
     name: str
     rules: tuple[KeyRule, ...]
     aliases: tuple[tuple[str, str], ...] = field(default=())
     _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
-
-    @classmethod
-    def build(cls, name: str, rule_groups: Iterable[list[KeyRule]], aliases: Iterable[tuple[str, str]] = ()):
-        return cls(name, tuple(rule for group in rule_groups for rule in group), tuple(aliases))
 
     def alias_of(self, key: str) -> str | None:
         """The canonical key a legacy ``key`` maps onto, or None when ``key`` is not a legacy spelling."""
@@ -245,7 +221,7 @@ def check_support(table: KeyTable, raw: dict, defaults: dict, resolved: dict,
             if default is _MISSING:
                 errors.append(f"{key} is not a {table.name} key (it was added with +): hybridflow would not read it")
             else:  # every key of the yaml has a rule; the config-key tests keep it so
-                errors.append(f"{key} has no status in hybridflow/config/keys/{table.name}.py")
+                errors.append(f"{key} has no status (its declaration in hybridflow/config/ gives none)")
             continue
         shown = _get(resolved, key)
         shown = value if shown is _MISSING else shown

@@ -38,7 +38,7 @@ Generated from hybridflow/config/ by `python -m hybridflow.devtools.config_yaml`
 A veRL command line
   python3 -m verl.trainer.main_ppo data.train_batch_size=256 actor_rollout_ref.actor.optim.lr=1e-6 ...
 runs unchanged as `python -m hybridflow.main_ppo ...`. Values are veRL 0.9.1's defaults unless a
-comment says "hybridflow:". Every key has a status (hybridflow/config/keys/; the table is
+comment says "hybridflow:". Every key has a status (declared with the key; the table is
 docs/config_keys.md): honoured, or refused by name when set to a value hybridflow does not implement,
 or accepted with a printed note. An unknown key fails with the closest valid key named; add a key on
 purpose with `+key=value`.
@@ -59,7 +59,7 @@ Batch-size vocabulary (all "global" sizes count prompts, before the n-fold repea
 EVALUATION_HEADER = """\
 hybridflow offline evaluation: score generated responses with the reward scorers and report the
 mean score per data source (`python -m hybridflow.main_eval key=val ...`). veRL 0.9.1's keys;
-"hybridflow:" marks additions. Key statuses: hybridflow/config/keys/evaluation.py.
+"hybridflow:" marks additions. Key statuses: docs/config_keys.md.
 Generated from hybridflow/config/evaluation.py by `python -m hybridflow.devtools.config_yaml`; do not edit.
 """
 
@@ -67,7 +67,7 @@ GENERATION_HEADER = """\
 hybridflow offline generation: sample n responses for every prompt of a parquet file
 (`python -m hybridflow.main_generation key=val ...`). veRL 0.9.1 has no generation config; the keys
 and defaults are those of veRL main's generation.yaml (January 2026, the newest veRL that has one).
-"hybridflow:" marks additions and changed defaults. Key statuses: hybridflow/config/keys/.
+"hybridflow:" marks additions and changed defaults. Key statuses: docs/config_keys.md.
 Generated from hybridflow/config/generation.py by `python -m hybridflow.devtools.config_yaml`; do not edit.
 """
 
@@ -82,7 +82,7 @@ veRL main's sft_trainer.yaml) are accepted too (null: not set) and mapped onto t
 time. hybridflow's SFT trainer reads single-turn rows (data.prompt_key / data.response_key) and
 conversations (data.messages_key + data.tools_key; loss on the assistant turns) when
 data.multiturn.enable=True or the data has a messages column and no prompt column. Key statuses:
-hybridflow/config/keys/sft_trainer.py and docs/config_keys.md.
+docs/config_keys.md.
 """
 
 # file under configs/ -> (the declaration's default instance, the header comment)

@@ -6,7 +6,7 @@ first second, with the keys and the numbers in the message. Options that only me
 GPU are accepted on CPU and explained in the returned notes; only a GPU-only engine (vLLM) is an error.
 
 Whether a key is implemented at all (honoured / not supported / accepted with note) is not decided
-here but in hybridflow/config/keys/, checked when the config is loaded; these checks are the
+here but with each key's declaration (hybridflow/config/), checked when the config is loaded; these checks are the
 semantic ones: values that contradict each other or the device.
 """
 

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from hybridflow.config import (ActorConfig, AlgoConfig, ConfigError, FSDPActorConfig, FSDPCriticConfig,
                                FSDPOptimizerConfig, RolloutCorrectionConfig)
-from hybridflow.config.keys.common import MEGATRON as MEGATRON_TEXT
+from hybridflow.config.reasons import MEGATRON as MEGATRON_TEXT
 from hybridflow.utils import omega_conf_to_dataclass
 from hybridflow.utils.config import omega_conf_to_dataclass as from_utils_config
 

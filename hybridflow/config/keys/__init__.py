@@ -1,42 +1,55 @@
-"""The status of every config key: one module per config (ppo_trainer, generation, evaluation,
-sft_trainer), read by ``hybridflow.config.loader`` whenever a config is loaded.
+"""The status of every config key, derived from the declarations (``hybridflow.config.key_table``)
+and read by ``hybridflow.config.loader`` whenever a config is loaded.
 
-Statuses (``hybridflow.config.support``):
+A key's status is written where the key is declared, with its type, default and doc
+(``hybridflow/config/*.py``; statuses in ``hybridflow.config.status``):
 
-- honoured: hybridflow reads the key and does what veRL does with it. ``values=(...)`` narrows an
-  honoured key to the values hybridflow implements; any other value is refused as not supported.
-- not supported: accepted at its default (so every veRL key composes), refused by name, with the
-  reason, as soon as it is set to anything else.
-- accepted with note: settings that only change speed or memory on hardware or engines hybridflow
-  does not use (fused CUDA kernels, NCCL timeouts, loader processes, ...); results are the same. Set
-  to a non-default value, they print a note saying so.
-- alias: an earlier veRL spelling (``ALIASES``), mapped onto its canonical key at load time.
+- honoured: nothing to write (``doc(0, "...")``). ``values=(...)`` narrows an honoured key to the
+  values hybridflow implements, ``reason=`` says what it does (``doc("hf", "...", values=("hf",
+  "vllm"), reason="...")``); any other value is refused as not supported.
+- not supported: ``doc(-1, "...", refused="why")``: accepted at its default, refused by name with the
+  reason as soon as it is set to anything else.
+- accepted with note: ``doc(False, "...", note="why")``: settings that only change speed or memory
+  on hardware or engines hybridflow does not use; a non-default value prints a note.
+- a whole section: ``section(Cls, "...", refused="why")`` gives every key below it that status
+  (whatever ``Cls`` declares), and ``+`` keys added below it too.
+- a status at one place: a class used at several places (the rollout under
+  ``actor_rollout_ref.rollout``, ``reward.reward_model.rollout`` and main_generation's ``rollout``)
+  declares the status of its usual place; the ``section(...)`` of another place names the
+  differences there, once: ``keys={"log_prob_micro_batch_size": noted("no log-probs are computed
+  here")}``. ``keys=`` also holds patterns for keys users add with ``+`` (``"megatron.**"``).
+- alias: an earlier veRL spelling (``aliases.py``), mapped onto its canonical key at load time.
 
-A key of the yaml without a rule is an error (the config-key tests fail, and so does loading), so a
-new key needs a line here. The table in docs/config_keys.md is generated from these modules
-(``python -m hybridflow.devtools.config_table``; the tests say when it is stale).
+Flipping a status when a feature lands is a one-line change at the key's declaration, e.g. in
+hybridflow/config/trainer.py::
 
-Flipping a status when a feature lands is a one-line change: move the key's pattern from its
-``not_supported(...)`` line to an ``honoured(...)`` line (or change that line's function name when
-the whole group is now implemented), e.g. in ppo_trainer.py::
+    val_only: bool = doc(False, "...", refused="a validation-only run is not implemented")
+    ->  val_only: bool = doc(False, "...")
 
-    everything_under("algorithm.filter_groups", "dynamic sampling ... is not implemented yet"),
-    ->  honoured("algorithm.filter_groups.**"),
-
-and regenerate docs/config_keys.md. A value restriction is flipped by editing ``values=``
-(``honoured(f"{p}.mode", values=("sync", "async"))``).
+then regenerate docs/config_keys.md (``python -m hybridflow.devtools.config_table``; the tests say
+when it is stale). A value restriction is flipped by editing ``values=``.
 """
 
 from __future__ import annotations
 
-from hybridflow.config.keys import evaluation, generation, ppo_trainer, sft_trainer
+from hybridflow.config.evaluation import EvaluationConfig
+from hybridflow.config.generation import GenerationConfig
+from hybridflow.config.key_table import derive_table
+from hybridflow.config.keys import aliases
+from hybridflow.config.ppo_trainer import PPOTrainerConfig
+from hybridflow.config.reasons import TARGET
+from hybridflow.config.sft_trainer import SFTTrainerConfig
+from hybridflow.config.status import refused
 from hybridflow.config.support import KeyTable
 
-TABLES: dict[str, KeyTable] = {
-    "ppo_trainer": ppo_trainer.TABLE,
-    "generation": generation.TABLE,
-    "evaluation": evaluation.TABLE,
-    "sft_trainer": sft_trainer.TABLE,
-}
+__all__ = ["TABLES", "ROOT_KEYS"]
 
-__all__ = ["TABLES"]
+# statuses of the whole tree: a _target_ key (any depth) names one of veRL's classes
+ROOT_KEYS = {"**._target_": refused(TARGET)}
+
+TABLES: dict[str, KeyTable] = {
+    "ppo_trainer": derive_table("ppo_trainer", PPOTrainerConfig(), ROOT_KEYS, aliases.PPO_TRAINER),
+    "generation": derive_table("generation", GenerationConfig(), ROOT_KEYS, aliases.GENERATION),
+    "evaluation": derive_table("evaluation", EvaluationConfig(), {}, aliases.EVALUATION),
+    "sft_trainer": derive_table("sft_trainer", SFTTrainerConfig(), ROOT_KEYS, aliases.SFT_TRAINER),
+}

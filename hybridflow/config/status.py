@@ -1,0 +1,69 @@
+"""The status of a config key, declared with the key (``doc(..., refused="why")``).
+
+Statuses (what ``hybridflow.config.support.check_support`` does with them when a config is loaded):
+
+- honoured (the default of every declared key): hybridflow reads the key and does what veRL does.
+  ``values=(...)`` narrows it to the values hybridflow implements; others are refused.
+- not supported (``refused="why"``): accepted at its default, refused by name with the reason when set.
+- accepted with note (``note="why"``): a speed/memory setting of hardware or engines hybridflow does
+  not use; a non-default value prints a note.
+
+``KeyStatus`` values (built with ``honoured``, ``refused``, ``noted``) are what ``keys=`` dicts of
+``doc``/``section`` hold: per-place statuses of keys below a place, and patterns for keys users add
+with ``+`` (see ``hybridflow.config.keys``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+__all__ = ["HONOURED", "NOT_SUPPORTED", "NOTE", "KeyStatus", "honoured", "refused", "noted", "status_from"]
+
+HONOURED = "honoured"
+NOT_SUPPORTED = "not supported"
+NOTE = "accepted with note"
+
+
+@dataclass(frozen=True)
+class KeyStatus:
+    """``status`` with its ``reason`` (shown in messages and docs/config_keys.md) and, for an honoured
+    key, the only ``values`` hybridflow implements."""
+
+    status: str = HONOURED
+    reason: str = ""
+    values: Optional[tuple] = None
+
+    def __post_init__(self):
+        if self.status not in (HONOURED, NOT_SUPPORTED, NOTE):
+            raise ValueError(f"status must be one of {HONOURED!r}, {NOT_SUPPORTED!r}, {NOTE!r}, not {self.status!r}")
+        if self.status != HONOURED and self.values is not None:
+            raise ValueError("only an honoured key takes a list of supported values")
+        if self.status != HONOURED and not self.reason:
+            raise ValueError(f"a {self.status!r} key must say why (reason)")
+
+
+def honoured(reason: str = "", values: Optional[Iterable] = None) -> KeyStatus:
+    return KeyStatus(HONOURED, reason, tuple(values) if values is not None else None)
+
+
+def refused(reason: str) -> KeyStatus:
+    return KeyStatus(NOT_SUPPORTED, reason)
+
+
+def noted(reason: str) -> KeyStatus:
+    return KeyStatus(NOTE, reason)
+
+
+def status_from(refused: Optional[str] = None, note: Optional[str] = None, values: Optional[Iterable] = None,
+                reason: str = "") -> Optional[KeyStatus]:
+    """The status ``doc``/``section`` keyword arguments declare (None: none declared)."""
+    if refused is not None and note is not None:
+        raise ValueError("a key is either refused or noted, not both")
+    if refused is not None or note is not None:
+        if values is not None or reason:
+            raise ValueError("values= and reason= belong to an honoured key (refused/note carry their own reason)")
+        return KeyStatus(NOT_SUPPORTED, refused) if refused is not None else KeyStatus(NOTE, note)
+    if values is not None or reason:
+        return honoured(reason, values)
+    return None
