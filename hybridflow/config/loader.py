@@ -31,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.config.convert import omega_conf_to_dataclass  # veRL's verl.utils.config API
 from hybridflow.config.errors import ConfigError
-from hybridflow.config.keys import TABLES
+from hybridflow.config.keys import KINDS, TABLES
 from hybridflow.config.support import SupportError, apply_aliases, check_support, mirror_aliases
 
 __all__ = [
@@ -50,20 +50,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-
-# Keys (by last component) whose veRL value may take either of two shapes.
-_UNION_TYPES: dict[str, tuple[str, ...]] = {
-    "train_files": ("str", "list"),
-    "val_files": ("str", "list"),
-    "target_modules": ("str", "list"),
-    "reshard_after_forward": ("bool", "int"),
-    # real numbers that veRL's yaml writes as integers (entropy_coeff: 0, top_p: 1, temperature: 0)
-    "entropy_coeff": ("float",),
-    "top_p": ("float",),
-    "temperature": ("float",),
-    "over_sample_rate": ("float",),
-    "rollout_is_threshold": ("float", "str"),  # 2.0, or IcePop's 'lower_upper'
-}
 
 _PACKAGE = "hybridflow.configs"
 
@@ -254,9 +240,10 @@ def _value_text(override: Override) -> str:
     return override.input_line.split("=", 1)[1] if "=" in override.input_line else ""
 
 
-def _check_value(override: Override, key: str, default: Any) -> str | None:
+def _check_value(override: Override, key: str, default: Any, kinds: dict | None = None) -> str | None:
     """None when the override is fine as written, a rewritten override when it is fine after a
-    normalisation, ConfigError when its type contradicts the default's."""
+    normalisation, ConfigError when its type contradicts the key's declared type (``kinds``, from
+    the declarations: ``Union[str, list]`` allows both) or, for an undeclared key, its default's."""
     value, text, lhs = override.value(), _value_text(override), override.get_key_element()
     if text == "None":  # Python spelling of null, common in veRL scripts
         return f"{lhs}=null"
@@ -265,11 +252,11 @@ def _check_value(override: Override, key: str, default: Any) -> str | None:
     if isinstance(value, str) and "${" in value:  # an interpolation: its type is known only later
         return None
     expected, got = _kind(default), _kind(value)
-    allowed = _UNION_TYPES.get(key.split(".")[-1], (expected,))
+    allowed = (kinds or {}).get(key, (expected,))
+    if expected == "list" and got in ("str", "int", "float", "bool"):
+        return f"{lhs}=[{text}]"  # trainer.logger=console means ['console'] (the default's shape wins)
     if got in allowed or (got == "int" and "float" in allowed):
         return None
-    if expected == "list" and got in ("str", "int", "float", "bool"):
-        return f"{lhs}=[{text}]"  # trainer.logger=console means ['console']
     if expected == "str" and got in ("int", "float") and "'" not in text:
         return f"{lhs}='{text}'"  # experiment_name=2024 stays the string '2024'
     raise ConfigError(
@@ -288,7 +275,7 @@ def _under_free_form_dict(defaults: dict, key: str) -> bool:
     return False
 
 
-def check_overrides(overrides: Sequence[str], defaults: dict) -> list[str]:
+def check_overrides(overrides: Sequence[str], defaults: dict, kinds: dict | None = None) -> list[str]:
     """Check command-line overrides against the defaults tree; return them ready for Hydra
     (a scalar for a list key becomes a one-element list, ``None`` becomes ``null``).
 
@@ -334,7 +321,7 @@ def check_overrides(overrides: Sequence[str], defaults: dict) -> list[str]:
             out.append(override.input_line)
             continue
         try:
-            rewritten = _check_value(override, key, default)
+            rewritten = _check_value(override, key, default, kinds)
         except ConfigError as e:
             errors.append(str(e))
             continue
@@ -367,7 +354,7 @@ def load_config(
     """
     folder, name = _yaml_path(name, config_path)
     defaults, raw_defaults = _trees(folder, name)
-    checked = check_overrides(overrides, defaults)
+    checked = check_overrides(overrides, defaults, KINDS.get(kind or name))
     cfg = _apply_overrides(raw_defaults, checked, name)
     table = _key_table(kind or name)
     found: list[str] = []

@@ -6,13 +6,14 @@ tests resolve the tree and compare it with the declared defaults."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from hybridflow.config.base import field_absent, field_follows
 from hybridflow.config.errors import ConfigError
 
-__all__ = ["Entry", "entries", "raw_tree"]
+__all__ = ["Entry", "entries", "raw_tree", "value_kinds"]
 
 
 @dataclass(frozen=True)
@@ -113,3 +114,45 @@ def raw_tree(obj: Any, follows: Optional[dict] = None, absent: tuple[str, ...] =
         else:
             stack[e.depth][leaf] = e.value
     return root
+
+
+_SCALAR_KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
+def _kinds(annotation: Any) -> Optional[tuple[str, ...]]:
+    """The value kinds a field's annotation allows (``Optional`` drops None; a list/tuple is "list", a
+    dict "dict"); None when it allows anything (``Any``, a class)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union:
+        out: list[str] = []
+        for arg in typing.get_args(annotation):
+            if arg is type(None):
+                continue
+            inner = _kinds(arg)
+            if inner is None:
+                return None
+            out += inner
+        return tuple(dict.fromkeys(out))
+    if annotation in (list, tuple) or origin in (list, tuple):
+        return ("list",)
+    if annotation is dict or origin is dict:
+        return ("dict",)
+    kind = _SCALAR_KINDS.get(annotation)
+    return (kind,) if kind else None
+
+
+def value_kinds(obj: Any, path: str = "") -> dict[str, tuple[str, ...]]:
+    """Dotted key -> the kinds of value its declared type allows (``"float", "str"`` for
+    ``Union[float, str]``), for every typed leaf of a config instance: what the loader checks an
+    override against, so a key that takes two shapes is declared as such once, on its field."""
+    hints = typing.get_type_hints(type(obj))
+    out: dict[str, tuple[str, ...]] = {}
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{path}.{f.name}" if path else f.name
+        if dataclasses.is_dataclass(value):
+            out.update(value_kinds(value, key))
+            continue
+        kinds = _kinds(hints.get(f.name, Any))
+        if kinds is not None:
+            out[key] = kinds
+    return out

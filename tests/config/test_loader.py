@@ -259,3 +259,35 @@ def test_main_entry_reads_argv(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["main_generation", "data.n_samples=2", "rollout.name=vllm"])
     cfg = main_entry("generation")
     assert cfg.data.n_samples == 2 and cfg.rollout.name == "vllm"
+
+
+def test_an_override_is_checked_against_the_keys_declared_type():
+    """Union[float, str] on rollout_is_threshold (IcePop's 'lower_upper') takes a string; a key declared int
+    does not take a list, and the message lists what the declaration allows."""
+    cfg = load_config("ppo_trainer", ["algorithm.rollout_correction.rollout_is_threshold=0.5_5.0"])
+    assert cfg.algorithm.rollout_correction.rollout_is_threshold == "0.5_5.0"
+    with pytest.raises(ConfigError, match=r"'algorithm.rollout_correction.rollout_is_threshold' expects float or str"):
+        load_config("ppo_trainer", ["algorithm.rollout_correction.rollout_is_threshold=[1,2]"])
+
+
+def test_value_kinds_read_the_field_annotations():
+    from dataclasses import dataclass, field
+    from typing import Any, Optional, Union
+
+    from hybridflow.config.tree import value_kinds
+
+    @dataclass
+    class Inner:
+        files: Union[str, list[str]] = "a"
+        anything: Any = None
+
+    @dataclass
+    class Outer:
+        n: int = 1
+        lr: Optional[float] = None
+        flag: bool = False
+        mapping: dict = field(default_factory=dict)
+        inner: Inner = field(default_factory=Inner)
+
+    assert value_kinds(Outer()) == {"n": ("int",), "lr": ("float",), "flag": ("bool",), "mapping": ("dict",),
+                                    "inner.files": ("str", "list")}

@@ -41,15 +41,23 @@ from hybridflow.config.reasons import TARGET
 from hybridflow.config.sft_trainer import SFTTrainerConfig
 from hybridflow.config.status import refused
 from hybridflow.config.support import KeyTable
+from hybridflow.config.tree import value_kinds
 
-__all__ = ["TABLES", "ROOT_KEYS"]
+__all__ = ["TABLES", "ROOT_KEYS", "ROOTS", "KINDS"]
 
 # statuses of the whole tree: a _target_ key (any depth) names one of veRL's classes
 ROOT_KEYS = {"**._target_": refused(TARGET)}
 
+# the declaration each config file is generated from
+ROOTS = {"ppo_trainer": PPOTrainerConfig(), "generation": GenerationConfig(), "evaluation": EvaluationConfig(),
+         "sft_trainer": SFTTrainerConfig()}
+
 TABLES: dict[str, KeyTable] = {
-    "ppo_trainer": derive_table("ppo_trainer", PPOTrainerConfig(), ROOT_KEYS, aliases.PPO_TRAINER),
-    "generation": derive_table("generation", GenerationConfig(), ROOT_KEYS, aliases.GENERATION),
-    "evaluation": derive_table("evaluation", EvaluationConfig(), {}, aliases.EVALUATION),
-    "sft_trainer": derive_table("sft_trainer", SFTTrainerConfig(), ROOT_KEYS, aliases.SFT_TRAINER),
+    "ppo_trainer": derive_table("ppo_trainer", ROOTS["ppo_trainer"], ROOT_KEYS, aliases.PPO_TRAINER),
+    "generation": derive_table("generation", ROOTS["generation"], ROOT_KEYS, aliases.GENERATION),
+    "evaluation": derive_table("evaluation", ROOTS["evaluation"], {}, aliases.EVALUATION),
+    "sft_trainer": derive_table("sft_trainer", ROOTS["sft_trainer"], ROOT_KEYS, aliases.SFT_TRAINER),
 }
+
+# the kinds of value each key's declared type allows (the loader checks overrides against them)
+KINDS: dict[str, dict[str, tuple[str, ...]]] = {name: value_kinds(root) for name, root in ROOTS.items()}
