@@ -20,9 +20,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from hybridflow.agent_loop.trace import TraceSettings
 from hybridflow.config.convert import omega_conf_to_dataclass
-from hybridflow.config.rollout import MultiTurnConfig
+from hybridflow.config.rollout import MultiTurnConfig, TraceConfig
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.utils.registry import Registry
 
@@ -45,13 +44,15 @@ class AgentLoopSettings:
     agent_loop_config_path: str | None = None
     chat_template_kwargs: dict = field(default_factory=dict)  # data.apply_chat_template_kwargs
     over_sample_rate: float = 0.0  # training calls keep the first int(N * (1 - rate)) trajectories (over_sample.py)
-    trace: TraceSettings | None = None  # rollout.trace (trace.py); None: nothing traced
+    trace: TraceConfig | None = None  # rollout.trace (trace.py); None: nothing traced
+    trace_uri: str | None = None  # its store, resolved on the driver (trace.trace_store)
     extra: dict = field(default_factory=dict)  # anything else a user's loop may want (plain dict)
 
     @classmethod
     def from_rollout_config(cls, rollout: dict, chat_template_kwargs: dict | None = None,
-                            trace: TraceSettings | None = None) -> "AgentLoopSettings":
-        """``trace``: the caller's resolved ``rollout.trace`` (only main_ppo traces; it picks the store)."""
+                            trace: TraceConfig | None = None, trace_uri: str | None = None) -> "AgentLoopSettings":
+        """``trace``: the caller's ``rollout.trace`` and ``trace_uri`` its store (only main_ppo traces; it picks
+        the store)."""
         agent = rollout.get("agent") or {}
         rate = float(rollout.get("over_sample_rate") or 0.0)
         if not 0.0 <= rate < 1.0:
@@ -65,7 +66,8 @@ class AgentLoopSettings:
             agent_loop_config_path=agent.get("agent_loop_config_path") or None,
             chat_template_kwargs=dict(chat_template_kwargs or {}),
             over_sample_rate=rate,
-            trace=trace,
+            trace=trace if trace is not None and trace.backend is not None else None,
+            trace_uri=trace_uri,
             extra={"rollout": rollout},
         )
 
