@@ -3,6 +3,7 @@ trace, tagged like veRL's, whose spans hold the generated tokens and (token2text
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.agent_loop import AgentLoopSettings
+from hybridflow.agent_loop import agent_loop_settings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.agent_loop.server_manager import ROLLOUT_CONCURRENCY_GROUP
 from hybridflow.agent_loop.trace import make_tracer, trace_store
@@ -78,7 +79,7 @@ def run_traced(store, tmp_path, last_tokens, index, limit=None):
                                concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: 16})
     manager = None
     try:
-        manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(rollout, trace=trace, trace_uri=uri), group, tok, role=None)
+        manager = AgentLoopManager(dataclasses.replace(agent_loop_settings(rollout), trace=trace, trace_uri=uri), group, tok, role=None)
         ids = torch.tensor([[40, t] for t in last_tokens])
         mask = torch.ones_like(ids)
         batch = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1},
@@ -166,7 +167,12 @@ def test_weave_and_unknown_backends_are_refused_by_name(tmp_path, monkeypatch):
     assert trace_store(TraceConfig(backend="mlflow"), run_dir=str(tmp_path)) == f"sqlite:///{tmp_path}/mlflow.db"
 
 
-def test_settings_without_a_backend_trace_nothing():
-    settings = AgentLoopSettings.from_rollout_config({"prompt_length": 2, "response_length": 4},
-                                                     trace=TraceConfig(backend=None), trace_uri=None)
-    assert settings.trace is None
+def test_only_a_caller_with_a_run_dir_traces_and_the_store_goes_there(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    section = {"prompt_length": 2, "response_length": 4, "trace": {"backend": "mlflow", "project_name": "p"}}
+    traced = agent_loop_settings(section, run_dir=str(tmp_path))
+    assert (traced.trace.backend, traced.trace.project_name) == ("mlflow", "p")
+    assert traced.trace_uri == f"sqlite:///{tmp_path}/mlflow.db"
+    assert agent_loop_settings(section).trace is None  # a worker's own settings (no run dir): nothing traced
+    off = agent_loop_settings({**section, "trace": {"backend": None}}, run_dir=str(tmp_path))
+    assert (off.trace, off.trace_uri) == (None, None)
