@@ -21,9 +21,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.agent_loop.trace import trace_store
 from hybridflow.config.base import to_dict
+from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.config.rollout import MultiTurnConfig, RolloutConfig, TraceConfig
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.utils.registry import Registry
