@@ -153,13 +153,13 @@ class RecordingHandle:
 def tool_worker(tmp_path, handle, tok, response_length=64, check="strict"):
     import yaml
 
-    from hybridflow.agent_loop import AgentLoopSettings, AgentLoopWorker
+    from hybridflow.agent_loop import AgentLoopWorker, agent_loop_settings
 
     tools = os.path.join(str(tmp_path), "tools.yaml")
     with open(tools, "w") as f:
         yaml.safe_dump({"tools": [{"class_name": "hybridflow.tools.calculator_tool.CalculatorTool",
                                    "config": {"type": "native"}, "tool_schema": CALC_SCHEMA}]}, f)
-    settings = AgentLoopSettings.from_rollout_config({
+    settings = agent_loop_settings({
         "prompt_length": 512, "response_length": response_length, "do_sample": False, "temperature": 0.0,
         "multi_turn": {"format": "hermes", "tool_config_path": tools, "max_assistant_turns": 2,
                        "tokenization_sanity_check_mode": check}})

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.config.loader import default_config
 
 
@@ -31,6 +33,11 @@ def optim(**changes) -> dict:
 
 def fsdp_config(**changes) -> dict:
     return section("actor_rollout_ref.actor.fsdp_config", **changes)
+
+
+def fsdp_engine(**changes) -> FSDPEngineConfig:
+    """``actor.fsdp_config`` with ``changes``, read into its typed section (what the engine takes)."""
+    return omega_conf_to_dataclass(fsdp_config(**changes), FSDPEngineConfig, path="actor_rollout_ref.actor.fsdp_config")
 
 
 def _grad_clip(changes: dict) -> dict:

@@ -11,6 +11,7 @@ from hybridflow.agent_loop.base import (
     AgentLoopBase,
     AgentLoopOutput,
     AgentLoopSettings,
+    agent_loop_settings,
     multi_turn_config,
     register,
 )
@@ -20,4 +21,4 @@ from hybridflow.agent_loop.tool_parser import TOOL_PARSERS, ToolParser, register
 from hybridflow.agent_loop.worker import AgentLoopWorker
 
 __all__ = ["AGENT_LOOPS", "TOOL_PARSERS", "AgentLoopBase", "AgentLoopOutput", "AgentLoopSettings", "AgentLoopWorker",
-           "multi_turn_config", "ServerManager", "ToolAgentLoop", "ToolParser", "register", "register_tool_parser"]
+           "agent_loop_settings", "multi_turn_config", "ServerManager", "ToolAgentLoop", "ToolParser", "register", "register_tool_parser"]

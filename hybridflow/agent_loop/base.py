@@ -15,14 +15,16 @@ Loops register by name (``@register("my_agent")``) and are chosen per sample by 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from hybridflow.agent_loop.trace import TraceSettings
+from hybridflow.agent_loop.trace import trace_store
+from hybridflow.config.base import to_dict
 from hybridflow.config.convert import omega_conf_to_dataclass
-from hybridflow.config.rollout import MultiTurnConfig
+from hybridflow.config.rollout import MultiTurnConfig, RolloutConfig, TraceConfig
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.utils.registry import Registry
 
@@ -35,7 +37,8 @@ def multi_turn_config(section: Any) -> MultiTurnConfig:
 
 @dataclass(frozen=True)
 class AgentLoopSettings:
-    """The rollout settings agent loops read, validated once from the config."""
+    """What agent loops read, taken from the typed rollout section by ``agent_loop_settings`` (the worker
+    narrows ``prompt_length`` / ``response_length`` to each call's)."""
 
     prompt_length: int
     response_length: int
@@ -45,29 +48,33 @@ class AgentLoopSettings:
     agent_loop_config_path: str | None = None
     chat_template_kwargs: dict = field(default_factory=dict)  # data.apply_chat_template_kwargs
     over_sample_rate: float = 0.0  # training calls keep the first int(N * (1 - rate)) trajectories (over_sample.py)
-    trace: TraceSettings | None = None  # rollout.trace (trace.py); None: nothing traced
-    extra: dict = field(default_factory=dict)  # anything else a user's loop may want (plain dict)
+    trace: TraceConfig | None = None  # rollout.trace (trace.py); None: nothing traced
+    trace_uri: str | None = None  # its store, resolved on the driver (trace.trace_store)
+    rollout: RolloutConfig | None = None  # the whole typed section
+    extra: dict = field(default_factory=dict)  # anything else a user's loop may want; "rollout": the section, plain
 
-    @classmethod
-    def from_rollout_config(cls, rollout: dict, chat_template_kwargs: dict | None = None,
-                            trace: TraceSettings | None = None) -> "AgentLoopSettings":
-        """``trace``: the caller's resolved ``rollout.trace`` (only main_ppo traces; it picks the store)."""
-        agent = rollout.get("agent") or {}
-        rate = float(rollout.get("over_sample_rate") or 0.0)
-        if not 0.0 <= rate < 1.0:
-            raise ValueError(f"actor_rollout_ref.rollout.over_sample_rate must be in [0, 1), got {rate}")
-        return cls(
-            prompt_length=int(rollout["prompt_length"]),
-            response_length=int(rollout["response_length"]),
-            default_agent_loop=str(agent.get("default_agent_loop") or "single_turn_agent"),
-            num_workers=max(1, int(agent.get("num_workers") or 1)),
-            multi_turn=multi_turn_config(rollout.get("multi_turn")),
-            agent_loop_config_path=agent.get("agent_loop_config_path") or None,
-            chat_template_kwargs=dict(chat_template_kwargs or {}),
-            over_sample_rate=rate,
-            trace=trace,
-            extra={"rollout": rollout},
-        )
+
+def agent_loop_settings(rollout: RolloutConfig | Mapping, chat_template_kwargs: Mapping | None = None,
+                        run_dir: str | None = None) -> AgentLoopSettings:
+    """The settings of ``rollout`` (a ``RolloutConfig``; a DictConfig or dict is read into one).
+    ``run_dir``: given by the one caller that traces (main_ppo, ``trainer.default_local_dir``): with a
+    ``rollout.trace.backend`` the trajectories are traced, to the store ``trace_store`` picks there."""
+    rollout = omega_conf_to_dataclass(rollout, RolloutConfig, path="actor_rollout_ref.rollout")
+    traced = run_dir is not None and rollout.trace.backend is not None
+    return AgentLoopSettings(
+        prompt_length=rollout.prompt_length,
+        response_length=rollout.response_length,
+        default_agent_loop=rollout.agent.default_agent_loop,
+        num_workers=rollout.agent.num_workers,
+        multi_turn=rollout.multi_turn,
+        agent_loop_config_path=rollout.agent.agent_loop_config_path or None,
+        chat_template_kwargs=dict(chat_template_kwargs or {}),
+        over_sample_rate=rollout.over_sample_rate,
+        trace=rollout.trace if traced else None,
+        trace_uri=trace_store(rollout.trace, run_dir) if traced else None,
+        rollout=rollout,
+        extra={"rollout": to_dict(rollout)},
+    )
 
 
 @dataclass

@@ -24,45 +24,23 @@ import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from hybridflow.config.rollout import TraceConfig
 from hybridflow.utils.registry import Registry
 
 KEY = "actor_rollout_ref.rollout.trace"
 NOT_IMPLEMENTED = {"weave": "Weights & Biases Weave", "trackio": "Trackio"}
 
 
-@dataclass(frozen=True)
-class TraceSettings:
-    """``rollout.trace``, validated; ``tracking_uri`` is the store, resolved once on the driver so that
-    agent loop workers in other processes write to the same one."""
-
-    backend: str
-    project_name: str
-    experiment_name: str | None = None
-    token2text: bool = False
-    max_samples_per_step_per_worker: int | None = None
-    tracking_uri: str | None = None
-
-    @classmethod
-    def from_config(cls, section: Mapping | None, run_dir: str) -> "TraceSettings | None":
-        """None when ``backend`` is null (no tracing). ``run_dir``: where the default store goes."""
-        section = dict(section or {})
-        backend = section.get("backend")
-        if backend is None:
-            return None
-        check_backend(backend)
-        limit = section.get("max_samples_per_step_per_worker")
-        if limit is not None and int(limit) < 0:
-            raise ValueError(f"{KEY}.max_samples_per_step_per_worker must be >= 0 or null, got {limit}")
-        uri = default_tracking_uri(run_dir)
-        return cls(backend=str(backend), project_name=str(section.get("project_name") or "hybridflow"),
-                   experiment_name=section.get("experiment_name"), token2text=bool(section.get("token2text")),
-                   max_samples_per_step_per_worker=None if limit is None else int(limit),
-                   tracking_uri=uri if backend == "mlflow" else None)
+def trace_store(trace: TraceConfig, run_dir: str) -> str | None:
+    """The store of ``trace``'s backend (checked here, on the driver, before any worker starts), resolved
+    once so that agent loop workers in other processes write to the same one; None for a backend without
+    one. ``run_dir``: where the default store goes (``trainer.default_local_dir``)."""
+    check_backend(trace.backend)
+    return default_tracking_uri(run_dir) if trace.backend == "mlflow" else None
 
 
 class SpanOutputs:
@@ -87,10 +65,13 @@ class RolloutTracer(ABC):
         background while the run goes on; a flush per call would stall every worker of the process)."""
 
 
-TRACE_BACKENDS: Registry[Callable[[TraceSettings], RolloutTracer]] = Registry("rollout trace backend")
+# a backend is built as backend(trace, tracking_uri): the section and the store trace_store resolved
+TRACE_BACKENDS: Registry[Callable[[TraceConfig, "str | None"], RolloutTracer]] = Registry("rollout trace backend")
 
 
-def check_backend(backend: str) -> None:
+def check_backend(backend: str | None) -> None:
+    if backend is None:
+        raise ValueError(f"{KEY}.backend is null: nothing is traced")
     if backend in NOT_IMPLEMENTED:
         raise ValueError(f"{KEY}.backend={backend!r}: the {NOT_IMPLEMENTED[backend]} backend is not implemented; "
                          f"use mlflow (pip install 'hybridflow[trace]')")
@@ -98,9 +79,10 @@ def check_backend(backend: str) -> None:
         raise ValueError(f"{KEY}.backend={backend!r} is not a trace backend; known: {', '.join(TRACE_BACKENDS)}")
 
 
-def make_tracer(settings: TraceSettings) -> RolloutTracer:
-    check_backend(settings.backend)
-    return TRACE_BACKENDS[settings.backend](settings)
+def make_tracer(trace: TraceConfig, tracking_uri: str | None = None) -> RolloutTracer:
+    """The tracer of ``trace.backend`` writing to ``tracking_uri`` (``trace_store``'s answer)."""
+    check_backend(trace.backend)
+    return TRACE_BACKENDS[trace.backend](trace, tracking_uri)
 
 
 # ------------------------------------------------------------------------------------------------ mlflow
@@ -123,7 +105,7 @@ def default_tracking_uri(run_dir: str) -> str:
 
 
 class MlflowTracer(RolloutTracer):
-    """Traces go to experiment ``project_name`` of the store ``tracking_uri``. mlflow keeps its store in
+    """Traces go to experiment ``trace.project_name`` of the store ``tracking_uri``. mlflow keeps its store in
     process-wide state (and in ``$MLFLOW_TRACKING_URI``, for subprocesses): the first tracer of a process
     sets it, the last one to close puts back what was there."""
 
@@ -131,8 +113,8 @@ class MlflowTracer(RolloutTracer):
     _open = 0  # tracers of this process not yet closed
     _saved_uri: str | None = None  # $MLFLOW_TRACKING_URI before the first of them
 
-    def __init__(self, settings: TraceSettings):
-        uri = settings.tracking_uri
+    def __init__(self, trace: TraceConfig, tracking_uri: str | None = None):
+        uri = tracking_uri
         self.mlflow = import_mlflow(uri)
         from mlflow.entities.trace_location import MlflowExperimentLocation
 
@@ -145,7 +127,7 @@ class MlflowTracer(RolloutTracer):
             self._closed = False
             if uri:
                 self.mlflow.set_tracking_uri(uri)
-            self.experiment_id = self._experiment(settings.project_name, uri)
+            self.experiment_id = self._experiment(trace.project_name or "hybridflow", uri)
             self.mlflow.tracing.set_destination(MlflowExperimentLocation(experiment_id=self.experiment_id))
 
     def _experiment(self, name: str, uri: str | None) -> str:

@@ -76,7 +76,7 @@ class AgentLoopWorker:
         # so far, and the calls the driver cut (bounded: a cut may arrive after its call returned)
         self._kept: dict[str, int] = {}
         self._cut_ids: deque[str] = deque(maxlen=64)
-        self.tracer = make_tracer(settings.trace) if settings.trace is not None else None
+        self.tracer = make_tracer(settings.trace, settings.trace_uri) if settings.trace is not None else None
 
     def sampling_params(self, meta_info: dict) -> SamplingParams:
         return resolve_sampling(self.train_params, self.val_params, meta_info)

@@ -79,7 +79,7 @@ def omega_conf_to_dataclass(config: DictConfig | dict | Any, dataclass_type: Opt
         return None if dataclass_type is None else dataclass_type()
     if not isinstance(config, (DictConfig, ListConfig, dict, list)):
         return config
-    data = OmegaConf.to_container(config, resolve=True) if isinstance(config, (DictConfig, ListConfig)) else config
+    data = _plain(config)
     where = path if path is not None else _full_key(config)
     if dataclass_type is None:
         if not isinstance(data, Mapping) or "_target_" not in data:
@@ -89,6 +89,18 @@ def omega_conf_to_dataclass(config: DictConfig | dict | Any, dataclass_type: Opt
     if not dataclasses.is_dataclass(dataclass_type):
         raise ConfigError(f"{dataclass_type} must be a dataclass")
     return _build(dataclass_type, data, where, None)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with the OmegaConf nodes in it, at any depth, as plain dicts and lists (resolved): a dict
+    made by ``dict(cfg.section)`` still holds DictConfig / ListConfig values."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _full_key(config: Any) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -22,6 +21,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.data import DataConfig
 from hybridflow.tools.tool_registry import initialize_tools_from_config
 
 logger = logging.getLogger(__name__)
@@ -118,31 +119,15 @@ def collate_fn(data_list: list[dict]) -> dict:
 # --- config
 
 
-@dataclass(frozen=True)
-class RLDatasetConfig:
-    """The ``data.*`` keys the dataset reads; other keys of the section are ignored."""
-
-    prompt_key: str = "prompt"
-    max_prompt_length: int = 1024
-    filter_overlong_prompts: bool = True
-    truncation: str = "error"
-    return_raw_chat: bool = False
-    return_full_prompt: bool = False
-    apply_chat_template_kwargs: dict = field(default_factory=dict)
-    tool_config_path: str | None = None
-
-    @classmethod
-    def from_config(cls, config: Mapping | None) -> "RLDatasetConfig":
-        config = config if config is not None else {}
-        kwargs = {name: config[name] for name in cls.__dataclass_fields__ if name in config and config[name] is not None}
-        if "apply_chat_template_kwargs" in kwargs:
-            kwargs["apply_chat_template_kwargs"] = dict(kwargs["apply_chat_template_kwargs"])
-        cfg = cls(**kwargs)
-        if cfg.truncation not in TRUNCATIONS:
-            raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {cfg.truncation!r}")
-        if int(cfg.max_prompt_length) <= 0:
-            raise ValueError(f"data.max_prompt_length must be positive, got {cfg.max_prompt_length}")
-        return cfg
+def data_config(config: Mapping | DataConfig | None) -> DataConfig:
+    """The ``data`` section as its typed ``DataConfig`` (a DictConfig or dict is converted, keys and types
+    checked; absent: the defaults), with the values the dataset cannot work with refused by key."""
+    cfg = omega_conf_to_dataclass(config or None, DataConfig, path="data")
+    if cfg.truncation not in TRUNCATIONS:
+        raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {cfg.truncation!r}")
+    if int(cfg.max_prompt_length) <= 0:
+        raise ValueError(f"data.max_prompt_length must be positive, got {cfg.max_prompt_length}")
+    return cfg
 
 
 def tool_schemas(tool_config_path: str) -> list[dict]:
@@ -155,10 +140,11 @@ def tool_schemas(tool_config_path: str) -> list[dict]:
 
 
 class RLHFDataset(Dataset):
-    """Prompts for RL. ``config`` is the ``data`` section (mapping or DictConfig)."""
+    """Prompts for RL. ``config`` is the ``data`` section: a ``DataConfig``, or a DictConfig / dict (veRL's
+    signature) read into one."""
 
-    def __init__(self, data_files, tokenizer, config: Mapping | None = None, processor=None):
-        self.config = RLDatasetConfig.from_config(config)
+    def __init__(self, data_files, tokenizer, config: Mapping | DataConfig | None = None, processor=None):
+        self.config = data_config(config)
         self.tokenizer = tokenizer
         self.processor = processor  # accepted for veRL compatibility; multimodal inputs are not supported
         self.prompt_key = self.config.prompt_key

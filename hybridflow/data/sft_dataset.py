@@ -10,42 +10,27 @@ with ``loss_mask[:, 1:]``. (veRL's SFTDataset stores the mask shifted one to the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch.utils.data import Dataset
 
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.sft_trainer import SFTDataConfig
 from hybridflow.data.rl_dataset import pad_ids, position_ids_from_mask, read_parquet_rows, require_chat_template
 
 SFT_TRUNCATIONS = ("error", "left", "right")
 
 
-@dataclass(frozen=True)
-class SFTDatasetConfig:
-    prompt_key: str = "prompt"
-    response_key: str = "response"
-    prompt_dict_keys: tuple = ()
-    response_dict_keys: tuple = ()
-    max_length: int = 1024
-    truncation: str = "error"
-    use_chat_template: bool = True
-    apply_chat_template_kwargs: Mapping = field(default_factory=dict)  # extra arguments of the chat template
-
-    @classmethod
-    def from_config(cls, config: Mapping | None) -> "SFTDatasetConfig":
-        config = config if config is not None else {}
-        kwargs = {name: config[name] for name in cls.__dataclass_fields__ if name in config and config[name] is not None}
-        for key in ("prompt_dict_keys", "response_dict_keys"):
-            if key in kwargs:
-                val = kwargs[key]
-                kwargs[key] = (val,) if isinstance(val, str) else tuple(val)
-        cfg = cls(**kwargs)
-        if cfg.truncation not in SFT_TRUNCATIONS:
-            raise ValueError(f"data.truncation must be one of {SFT_TRUNCATIONS} for SFT, got {cfg.truncation!r}")
-        if int(cfg.max_length) <= 0:
-            raise ValueError(f"data.max_length must be positive, got {cfg.max_length}")
-        return cfg
+def sft_data_config(config: Mapping | SFTDataConfig | None) -> SFTDataConfig:
+    """The SFT ``data`` section as its typed ``SFTDataConfig`` (a DictConfig or dict is converted, keys and
+    types checked; absent: the defaults), with the values this dataset cannot work with refused by key."""
+    cfg = omega_conf_to_dataclass(config or None, SFTDataConfig, path="data")
+    if cfg.truncation not in SFT_TRUNCATIONS:
+        raise ValueError(f"data.truncation must be one of {SFT_TRUNCATIONS} for SFT, got {cfg.truncation!r}")
+    if int(cfg.max_length) <= 0:
+        raise ValueError(f"data.max_length must be positive, got {cfg.max_length}")
+    return cfg
 
 
 def lookup(row: dict, key: str, dict_keys: Sequence[str], what: str, idx: int) -> Any:
@@ -59,14 +44,17 @@ def lookup(row: dict, key: str, dict_keys: Sequence[str], what: str, idx: int) -
 
 
 class SFTDataset(Dataset):
-    """(prompt, response) pairs for SFT. ``config`` is the ``data`` section (mapping or DictConfig)."""
+    """(prompt, response) pairs for SFT. ``config`` is the ``data`` section: an ``SFTDataConfig``, or a
+    DictConfig / dict read into one. ``use_chat_template=False``: the prompt column's text as it is."""
 
-    def __init__(self, parquet_files, tokenizer, config: Mapping | None = None):
-        self.config = SFTDatasetConfig.from_config(config)
+    def __init__(self, parquet_files, tokenizer, config: Mapping | SFTDataConfig | None = None,
+                 use_chat_template: bool = True):
+        self.config = sft_data_config(config)
+        self.use_chat_template = use_chat_template
         self.tokenizer = tokenizer
         self.max_length = int(self.config.max_length)
         self.truncation = self.config.truncation
-        if self.config.use_chat_template:
+        if self.use_chat_template:
             require_chat_template(tokenizer)
         rows = read_parquet_rows(parquet_files, required_column=self.config.prompt_key)
         if self.config.response_key not in rows[0]:
@@ -74,16 +62,16 @@ class SFTDataset(Dataset):
                 f"SFT data {parquet_files} has no column {self.config.response_key!r} (response_key); "
                 f"its columns are: {list(rows[0])}"
             )
-        self.prompts = [lookup(r, self.config.prompt_key, self.config.prompt_dict_keys, "prompt", i)
+        self.prompts = [lookup(r, self.config.prompt_key, self.config.prompt_dict_keys or (), "prompt", i)
                         for i, r in enumerate(rows)]
-        self.responses = [lookup(r, self.config.response_key, self.config.response_dict_keys, "response", i)
+        self.responses = [lookup(r, self.config.response_key, self.config.response_dict_keys or (), "response", i)
                           for i, r in enumerate(rows)]
 
     def __len__(self) -> int:
         return len(self.prompts)
 
     def _prompt_text(self, prompt) -> str:
-        if not self.config.use_chat_template:
+        if not self.use_chat_template:
             return str(prompt)
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,

@@ -25,7 +25,7 @@ from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
-from hybridflow.workers.engine import EngineSpec, TrainEngine
+from hybridflow.workers.engine import TrainEngine, engine_spec
 from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
 from hybridflow.workers.profiler import ProfilerHost, role_profiler
@@ -131,9 +131,9 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
             module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
             self.hf_config = module.config
             self._use_sp_attention(module, "actor")
-            spec = EngineSpec.from_config(actor["strategy"], self.device, actor["fsdp_config"],
-                                          bool(model_cfg["enable_gradient_checkpointing"]), lora=self.lora,
-                                          activation_offload=bool(model_cfg["enable_activation_offload"]))
+            spec = engine_spec(self.actor_config.fsdp_config, self.actor_config.strategy, self.device,
+                               bool(model_cfg["enable_gradient_checkpointing"]), lora=self.lora,
+                               activation_offload=bool(model_cfg["enable_activation_offload"]))
             self.actor_engine = TrainEngine(module, spec)
             optim = actor["optim"]
             total = max(1, int(optim["total_training_steps"]))  # -1 until main_ppo fills it in
@@ -147,7 +147,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         elif self._is_ref:
             ref_module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
             self._use_sp_attention(ref_module, "ref")
-            ref_spec = EngineSpec.from_config(self.config["ref"]["strategy"], self.device, self.config["ref"]["fsdp_config"])
+            ref_spec = engine_spec(self.ref_config.fsdp_config, self.ref_config.strategy, self.device)
             self.ref_engine = TrainEngine(ref_module, ref_spec, trainable=False)
             self.ref_policy = DataParallelPPOActor(self.actor_config, self.ref_engine.module,
                                                    dp_group=self.ref_layout.dp_group, sp=self.ref_layout.sp)

@@ -15,7 +15,7 @@ from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.workers.actor_rollout_ref_worker import _plain
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.critic import DataParallelPPOCritic
-from hybridflow.workers.engine import EngineSpec, TrainEngine
+from hybridflow.workers.engine import TrainEngine, engine_spec
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
 from hybridflow.workers.profiler import ProfilerHost, role_profiler
 from hybridflow.workers.utils.device import on_device
@@ -61,9 +61,9 @@ class CriticWorker(ProfilerHost, Worker):
         self.hf_config = module.config
         if self.layout.sp is not None:
             use_ulysses_attention(module, self.layout.sp_size, "critic.ulysses_sequence_parallel_size")
-        spec = EngineSpec.from_config(self.config["strategy"], self.device, self.config["fsdp"],
-                                      bool(model_cfg["enable_gradient_checkpointing"]),
-                                      activation_offload=bool(model_cfg["enable_activation_offload"]))
+        spec = engine_spec(self.critic_config.fsdp, self.critic_config.strategy, self.device,
+                           bool(model_cfg["enable_gradient_checkpointing"]),
+                           activation_offload=bool(model_cfg["enable_activation_offload"]))
         self.engine = TrainEngine(module, spec)
         optim = self.config["optim"]
         self.engine.setup_optimizer(optim, max(1, int(optim["total_training_steps"])))  # -1 until main_ppo fills it

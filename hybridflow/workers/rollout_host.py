@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from hybridflow.agent_loop.base import AgentLoopSettings
+from hybridflow.agent_loop.base import agent_loop_settings
 from hybridflow.agent_loop.server_manager import LocalServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker
 from hybridflow.protocol import DataProto
@@ -66,7 +66,7 @@ class RolloutHost:
             return server_cls(spec)
 
         self.server = self.engine_loop.run(build())
-        self.agent_settings = AgentLoopSettings.from_rollout_config(rollout_cfg)
+        self.agent_settings = agent_loop_settings(rollout_cfg)
         # at exit, before the engine loop stops (atexit runs last-registered first): engines with processes
         # of their own (vllm) shut them down instead of leaving it to garbage collection
         atexit.register(self.shutdown_rollout)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import yaml
 
-from hybridflow.agent_loop import AgentLoopSettings, AgentLoopWorker
+from hybridflow.agent_loop import AgentLoopSettings, AgentLoopWorker, agent_loop_settings
 from hybridflow.agent_loop.server_manager import ServerHandle
 from hybridflow.models.tiny import build_tiny_tokenizer
 from hybridflow.protocol import DataProto
@@ -63,7 +63,7 @@ def settings(tmp_path=None, tools: list[dict] | None = None, prompt_length: int 
     mt = dict(multi_turn)
     if tools is not None:
         mt["tool_config_path"] = write_tools_yaml(os.path.join(str(tmp_path), "tools.yaml"), tools)
-    return AgentLoopSettings.from_rollout_config({"prompt_length": prompt_length, "response_length": response_length,
+    return agent_loop_settings({"prompt_length": prompt_length, "response_length": response_length,
                                                   "multi_turn": mt})
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.agent_loop import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput, AgentLoopSettings, register
+from hybridflow.agent_loop import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput, agent_loop_settings, register
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.agent_loop.server_manager import ROLLOUT_CONCURRENCY_GROUP, ServerHandle, ServerManager
 from hybridflow.agent_loop.worker import AgentLoopWorker, split_indices
@@ -38,7 +38,7 @@ class ScriptedServer(ServerHandle):
 def settings(**kw):
     rollout = {"prompt_length": 4, "response_length": 6, "temperature": 1.0, "calculate_log_probs": True,
                "val_kwargs": {"do_sample": False, "temperature": 0}, **kw}
-    return AgentLoopSettings.from_rollout_config(rollout)
+    return agent_loop_settings(rollout)
 
 
 def prompt_batch(rows, meta=None, **non_tensors):

@@ -68,7 +68,8 @@ def test_sft_datasets(strict_tok, tmp_path):
 
     path = str(tmp_path / "sft.parquet")
     pq.write_table(pa.Table.from_pylist([{"prompt": "ab", "response": "c"}]), path)
-    item = SFTDataset(path, strict_tok, {"max_length": 40, "apply_chat_template_kwargs": KWARGS})[0]
+    item = SFTDataset(path, strict_tok, {"prompt_key": "prompt", "response_key": "response", "max_length": 40,
+                                         "apply_chat_template_kwargs": KWARGS})[0]
     assert strict_tok.decode(item["input_ids"][item["attention_mask"].bool()]).startswith(FLAVOUR)
     conv = [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "c"}]
     path = str(tmp_path / "conv.parquet")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.agent_loop import AgentLoopSettings
+from hybridflow.agent_loop import agent_loop_settings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.agent_loop.over_sample import over_sample_target
 from hybridflow.agent_loop.server_manager import ROLLOUT_CONCURRENCY_GROUP
@@ -36,7 +36,7 @@ def manager_for():
                                    name="latency", concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: 16})
         rollout = {"prompt_length": 2, "response_length": 4, "calculate_log_probs": True, "over_sample_rate": rate,
                    "agent": {"num_workers": 2}, "val_kwargs": {"do_sample": False, "temperature": 0}}
-        manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(rollout), group, PadOnlyTokenizer(), role=None)
+        manager = AgentLoopManager(agent_loop_settings(rollout), group, PadOnlyTokenizer(), role=None)
         made.append((manager, group))
         return manager, group
 

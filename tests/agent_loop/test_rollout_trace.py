@@ -3,6 +3,7 @@ trace, tagged like veRL's, whose spans hold the generated tokens and (token2text
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -11,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.agent_loop import AgentLoopSettings
+from hybridflow.agent_loop import agent_loop_settings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.agent_loop.server_manager import ROLLOUT_CONCURRENCY_GROUP
-from hybridflow.agent_loop.trace import TraceSettings, make_tracer
+from hybridflow.agent_loop.trace import make_tracer, trace_store
+from hybridflow.config.rollout import TraceConfig
 from hybridflow.models.tiny import build_tiny_tokenizer
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.server import STOP, EngineLoop, TokenOutput
@@ -70,14 +72,14 @@ def run_traced(store, tmp_path, last_tokens, index, limit=None):
     (tmp_path / "run").mkdir()
     shutil.copy(store, tmp_path / "run" / "mlflow.db")
     uri = f"sqlite:///{tmp_path}/run/mlflow.db"
-    trace = TraceSettings(backend="mlflow", project_name="proj", experiment_name="exp1", token2text=True,
-                          max_samples_per_step_per_worker=limit, tracking_uri=uri)
+    trace = TraceConfig(backend="mlflow", project_name="proj", experiment_name="exp1", token2text=True,
+                        max_samples_per_step_per_worker=limit)
     rollout = {"prompt_length": 2, "response_length": 4, "calculate_log_probs": True, "agent": {"num_workers": 2}}
     group = build_worker_group("inprocess", ClassWithInitArgs(CountingRolloutWorker), [1], name="counting",
                                concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: 16})
     manager = None
     try:
-        manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(rollout, trace=trace), group, tok, role=None)
+        manager = AgentLoopManager(dataclasses.replace(agent_loop_settings(rollout), trace=trace, trace_uri=uri), group, tok, role=None)
         ids = torch.tensor([[40, t] for t in last_tokens])
         mask = torch.ones_like(ids)
         batch = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1},
@@ -147,19 +149,30 @@ def test_max_samples_per_step_per_worker_traces_whole_prompt_groups(empty_store,
 
 def test_missing_mlflow_names_the_key_and_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed
-    settings = TraceSettings(backend="mlflow", project_name="p", tracking_uri=f"sqlite:///{tmp_path}/m.db")
     with pytest.raises(ImportError, match=r"rollout.trace.backend=mlflow needs the 'mlflow' package.*hybridflow\[trace\]"):
-        make_tracer(settings)
+        make_tracer(TraceConfig(backend="mlflow", project_name="p"), f"sqlite:///{tmp_path}/m.db")
     cfg = load_config("ppo_trainer", ["actor_rollout_ref.rollout.trace.backend=mlflow", "trainer.device=cpu"])
     with pytest.raises(ConfigError, match=r"trace.backend=mlflow needs the 'mlflow' package"):
         validate_ppo_config(cfg)
 
 
-def test_weave_and_unknown_backends_are_refused_by_name(tmp_path):
+def test_weave_and_unknown_backends_are_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     for backend, message in (("weave", "Weave backend is not implemented"), ("nope", "is not a trace backend; known: mlflow")):
         with pytest.raises(ValueError, match=message):
-            TraceSettings.from_config({"backend": backend}, run_dir=str(tmp_path))
+            trace_store(TraceConfig(backend=backend), run_dir=str(tmp_path))
         cfg = load_config("ppo_trainer", [f"actor_rollout_ref.rollout.trace.backend={backend}", "trainer.device=cpu"])
         with pytest.raises(ConfigError, match=message):
             validate_ppo_config(cfg)
-    assert TraceSettings.from_config({"backend": None}, run_dir=str(tmp_path)) is None
+    assert trace_store(TraceConfig(backend="mlflow"), run_dir=str(tmp_path)) == f"sqlite:///{tmp_path}/mlflow.db"
+
+
+def test_only_a_caller_with_a_run_dir_traces_and_the_store_goes_there(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    section = {"prompt_length": 2, "response_length": 4, "trace": {"backend": "mlflow", "project_name": "p"}}
+    traced = agent_loop_settings(section, run_dir=str(tmp_path))
+    assert (traced.trace.backend, traced.trace.project_name) == ("mlflow", "p")
+    assert traced.trace_uri == f"sqlite:///{tmp_path}/mlflow.db"
+    assert agent_loop_settings(section).trace is None  # a worker's own settings (no run dir): nothing traced
+    off = agent_loop_settings({**section, "trace": {"backend": None}}, run_dir=str(tmp_path))
+    assert (off.trace, off.trace_uri) == (None, None)

@@ -77,6 +77,15 @@ def test_a_plain_dict_is_named_by_the_path_given():
         omega_conf_to_dataclass({"kl_ctrl": {"horizon": 1.5}}, AlgoConfig, path="algorithm")
 
 
+def test_a_plain_dict_holding_omegaconf_nodes_reads_them_as_their_values():
+    """``dict(cfg.section)`` keeps its nested DictConfig / ListConfig values (a shallow copy)."""
+    cfg = OmegaConf.create({"actor": {"ppo_epochs": 3, "checkpoint": {"save_contents": ["model"]},
+                                      "optim": {"lr": 2e-6}}})
+    actor = omega_conf_to_dataclass({**dict(cfg.actor), "ppo_epochs": 4}, FSDPActorConfig, path="actor")
+    assert (actor.ppo_epochs, actor.checkpoint.save_contents, actor.optim.lr) == (4, ["model"], 2e-6)
+    assert type(actor.checkpoint.save_contents) is list
+
+
 def test_an_unknown_key_is_named_with_its_path_and_the_closest_keys():
     cfg = OmegaConf.create({"actor_rollout_ref": {"actor": {"_target_": "verl.workers.config.FSDPActorConfig",
                                                             "optim": {"lr_sheduler_type": "cosine"}}}})

@@ -11,8 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hybridflow.models.tiny import build_tiny_config, build_tiny_model
-from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine, fsdp_mesh_shape
-from tests.yaml_sections import fsdp_config, optim
+from hybridflow.workers.engine.fsdp import TrainEngine, engine_spec, fsdp_mesh_shape
+from tests.yaml_sections import fsdp_engine, optim
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
@@ -28,8 +28,8 @@ def test_mesh_shape_follows_verls_rule():
 
 
 def test_engine_spec_reads_fsdp_size_from_the_section():
-    assert EngineSpec.from_config("fsdp", "cpu", fsdp_config()).fsdp_size == -1
-    assert EngineSpec.from_config("fsdp", "cpu", fsdp_config(fsdp_size=4)).fsdp_size == 4
+    assert engine_spec(fsdp_engine(), "fsdp", "cpu").fsdp_size == -1
+    assert engine_spec(fsdp_engine(fsdp_size=4), "fsdp", "cpu").fsdp_size == 4
 
 
 def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -41,7 +41,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
                                    intermediate_size=64, max_position_embeddings=32)
         out = {}
         for fsdp_size in (-1, 1):
-            spec = EngineSpec.from_config("fsdp", "cpu", fsdp_config(fsdp_size=fsdp_size))
+            spec = engine_spec(fsdp_engine(fsdp_size=fsdp_size), "fsdp", "cpu")
             engine = TrainEngine(build_tiny_model(config, seed=0), spec)
             engine.setup_optimizer(optim(lr=1e-2), total_steps=4)
             weight = engine.module.model.embed_tokens.weight

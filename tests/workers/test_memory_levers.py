@@ -6,10 +6,10 @@ import copy
 import pytest
 import torch
 
-from hybridflow.workers.engine import EngineSpec, TrainEngine
+from hybridflow.workers.engine import EngineSpec, TrainEngine, engine_spec
 from hybridflow.workers.engine.fsdp import is_activation_checkpointing
 from tests.workers.actor.ppo_batch import padded_rows, tiny_causal_lm
-from tests.yaml_sections import fsdp_config, optim
+from tests.yaml_sections import fsdp_engine, optim
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -47,19 +47,21 @@ def test_frozen_engine_does_not_checkpoint():
 
 
 def test_offload_and_mixed_precision_are_cuda_only_in_the_spec():
-    config = fsdp_config(param_offload=True, optimizer_offload=True,
+    config = fsdp_engine(param_offload=True, optimizer_offload=True,
                          mixed_precision={"param_dtype": "bf16", "reduce_dtype": "fp32"})
-    cpu = EngineSpec.from_config("fsdp", "cpu", config)
+    cpu = engine_spec(config, "fsdp", "cpu")
     assert (cpu.param_offload, cpu.param_dtype, cpu.reduce_dtype, cpu.needs_fsdp) == (False, None, None, False)
-    cuda = EngineSpec.from_config("fsdp", "cuda", config)
+    cuda = engine_spec(config, "fsdp", "cuda")
     assert cuda.param_offload and cuda.param_dtype == torch.bfloat16 and cuda.reduce_dtype == torch.float32
     assert cuda.needs_fsdp  # one GPU still gets FSDP2 (one-rank mesh) for these
-    only_optim = EngineSpec.from_config("fsdp", "cuda", fsdp_config(optimizer_offload=True))
+    only_optim = engine_spec(fsdp_engine(optimizer_offload=True), "fsdp", "cuda")
     assert only_optim.param_offload  # FSDP2's CPUOffloadPolicy moves params, grads and optimizer state together
-    assert not EngineSpec.from_config("fsdp", "cpu", fsdp_config(), activation_offload=True).activation_offload  # host already
-    assert EngineSpec.from_config("fsdp", "cuda", fsdp_config(), activation_offload=True).activation_offload
-    plain = EngineSpec.from_config("fsdp", "cuda", fsdp_config(mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32"}))
+    assert not engine_spec(fsdp_engine(), "fsdp", "cpu", activation_offload=True).activation_offload  # host already
+    assert engine_spec(fsdp_engine(), "fsdp", "cuda", activation_offload=True).activation_offload
+    plain = engine_spec(fsdp_engine(mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32"}), "fsdp", "cuda")
     assert plain.param_dtype == torch.float32
+    unmixed = engine_spec(fsdp_engine(mixed_precision=None), "fsdp", "cuda")  # the section is Optional
+    assert (unmixed.param_dtype, unmixed.reduce_dtype, unmixed.needs_fsdp) == (None, None, False)
 
 
 def test_offload_on_cpu_is_accepted_and_explained():
@@ -86,8 +88,8 @@ def test_fsdp2_one_rank_mixed_precision_and_offload_on_cuda(tmp_path):
     if created:
         dist.init_process_group("nccl", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:
-        spec = EngineSpec.from_config("fsdp", "cuda", fsdp_config(param_offload=True,
-                                                                  mixed_precision={"param_dtype": "bf16", "reduce_dtype": "fp32"}),
+        spec = engine_spec(fsdp_engine(param_offload=True,
+                                                                  mixed_precision={"param_dtype": "bf16", "reduce_dtype": "fp32"}), "fsdp", "cuda",
                                       gradient_checkpointing=True, activation_offload=True)
         engine = TrainEngine(tiny_causal_lm(), spec)
         assert engine.sharded

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hybridflow.agent_loop.base import AgentLoopSettings
+from hybridflow.agent_loop.base import agent_loop_settings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.config.loader import load_config
 from hybridflow.data.rl_dataset import position_ids_from_mask
@@ -51,7 +51,7 @@ def test_first_generation_is_the_checkpoint_and_updates_reach_the_engine(tiny_mo
         wg.init_model()
         tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
         rollout = dict(config.actor_rollout_ref.rollout)
-        manager = AgentLoopManager(AgentLoopSettings.from_rollout_config(
+        manager = AgentLoopManager(agent_loop_settings(
             {**rollout, "val_kwargs": dict(rollout["val_kwargs"]), "agent": {"num_workers": 2}}), wg, tokenizer)
         prompts = _prompts(tokenizer, ["hi", "what is 2+3?", "count: 1 2 3", "x"])
 

@@ -17,9 +17,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from hybridflow.agent_loop.base import AgentLoopSettings
+from hybridflow.agent_loop.base import agent_loop_settings
 from hybridflow.agent_loop.manager import AgentLoopManager
-from hybridflow.agent_loop.trace import TraceSettings
 from hybridflow.algorithms.pf_ppo import pf_ppo_resample_indices
 from hybridflow.algorithms.rollout_correction import compute_rollout_correction, rollout_correction_config
 from hybridflow.config.algorithm import FilterGroupsConfig
@@ -157,13 +156,13 @@ class RayPPOTrainer:
         self.actor_rollout_wg.init_model()
         if self.rollout_wg is not self.actor_rollout_wg:
             self.rollout_wg.init_model()
-        rollout = OmegaConf.to_container(self.config.actor_rollout_ref.rollout, resolve=True)
         template_kwargs = self.config.data.get("apply_chat_template_kwargs")
         template_kwargs = OmegaConf.to_container(template_kwargs, resolve=True) if template_kwargs is not None else {}
         async_cfg = self.config.async_training
-        trace = TraceSettings.from_config(rollout.get("trace"), run_dir=self.config.trainer.default_local_dir)
+        settings = agent_loop_settings(self.config.actor_rollout_ref.rollout, template_kwargs,
+                                       run_dir=self.config.trainer.default_local_dir)
         self.async_rollout_manager = AgentLoopManager(
-            AgentLoopSettings.from_rollout_config(rollout, template_kwargs, trace=trace), self.rollout_wg, self.tokenizer,
+            settings, self.rollout_wg, self.tokenizer,
             role=rollout_role_name(self.config), hybrid_engine=self.hybrid_engine,
             resume_on_abort=async_cfg.mode == "fully_async" and bool(async_cfg.partial_rollout))
         self.rollout_source = make_rollout_source(self)

@@ -1,6 +1,6 @@
 """Training engines: how a model is wrapped for data-parallel training and how its weights leave it."""
 
-from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
+from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine, engine_spec
 from hybridflow.workers.engine.optim import build_lr_scheduler, build_optimizer
 
-__all__ = ["EngineSpec", "TrainEngine", "build_lr_scheduler", "build_optimizer"]
+__all__ = ["EngineSpec", "TrainEngine", "engine_spec", "build_lr_scheduler", "build_optimizer"]

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.workers.engine.lora import (
     LoraSpec,
     apply_lora,
@@ -62,34 +63,34 @@ class EngineSpec:
     lora: LoraSpec | None = None
     fsdp_size: int = -1  # ranks per sharding group (HSDP); -1: the whole world
 
-    @classmethod
-    def from_config(cls, strategy: str, device: str, fsdp_config, gradient_checkpointing: bool = False,
-                    lora: LoraSpec | None = None, activation_offload: bool = False) -> "EngineSpec":
-        # a validated fsdp_config section (configs/ppo_trainer.yaml holds the defaults)
-        mp = fsdp_config["mixed_precision"]
-        param_dtype = _dtype(mp["param_dtype"]) if device == "cuda" else None
-        reduce_dtype = _dtype(mp["reduce_dtype"]) if device == "cuda" else None
-        if param_dtype is None and reduce_dtype == torch.float32:
-            reduce_dtype = None  # nothing to mix: plain fp32 training
-        offload = any(bool(fsdp_config[k]) for k in ("param_offload", "optimizer_offload", "offload_policy"))
-        return cls(
-            strategy=strategy,
-            device=device,
-            param_dtype=param_dtype,
-            reduce_dtype=reduce_dtype,
-            reshard_after_forward=bool(fsdp_config["reshard_after_forward"]),
-            # offload only means something with an accelerator; config checks explain this on CPU
-            param_offload=offload and device == "cuda",
-            gradient_checkpointing=gradient_checkpointing,
-            activation_offload=activation_offload and device == "cuda",
-            lora=lora,
-            fsdp_size=int(fsdp_config["fsdp_size"]),
-        )
-
     @property
     def needs_fsdp(self) -> bool:
         """CUDA features that only FSDP2 provides, so worth a one-rank mesh."""
         return self.param_offload or self.param_dtype is not None
+
+
+def engine_spec(engine: FSDPEngineConfig, strategy: str, device: str, gradient_checkpointing: bool = False,
+                lora: LoraSpec | None = None, activation_offload: bool = False) -> EngineSpec:
+    """The spec of a role's engine section (``fsdp_config``; the critic's ``fsdp``) on ``device``:
+    mixed precision and offload only act on CUDA (config checks explain this on cpu)."""
+    mp = engine.mixed_precision
+    param_dtype = _dtype(mp.param_dtype) if device == "cuda" and mp is not None else None
+    reduce_dtype = _dtype(mp.reduce_dtype) if device == "cuda" and mp is not None else None
+    if param_dtype is None and reduce_dtype == torch.float32:
+        reduce_dtype = None  # nothing to mix: plain fp32 training
+    offload = engine.param_offload or engine.optimizer_offload or engine.offload_policy
+    return EngineSpec(
+        strategy=strategy,
+        device=device,
+        param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype,
+        reshard_after_forward=bool(engine.reshard_after_forward),
+        param_offload=bool(offload) and device == "cuda",
+        gradient_checkpointing=gradient_checkpointing,
+        activation_offload=activation_offload and device == "cuda",
+        lora=lora,
+        fsdp_size=engine.fsdp_size,
+    )
 
 
 def fsdp_mesh_shape(world_size: int, fsdp_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:

@@ -35,7 +35,7 @@ class HFRollout:
 
     def __init__(self, module: torch.nn.Module, config: Mapping[str, Any], pad_token_id: int,
                  eos_token_id: int | list[int], tokenizer=None, chat_template_kwargs: Mapping | None = None):
-        from hybridflow.agent_loop.base import AgentLoopSettings
+        from hybridflow.agent_loop.base import agent_loop_settings
         from hybridflow.agent_loop.server_manager import LocalServerHandle
         from hybridflow.agent_loop.worker import AgentLoopWorker
 
@@ -47,7 +47,11 @@ class HFRollout:
         spec = ServerSpec(model_path="", config=config, pad_token_id=int(pad_token_id),
                           eos_token_ids=tuple(as_id_list(eos_token_id)), module=module)
         self.server = self.engine_loop.run(_build(spec))
-        self._worker = AgentLoopWorker(AgentLoopSettings.from_rollout_config(config, dict(chat_template_kwargs or {})),
+        # veRL's HFRollout reads micro_batch_size (here the engine batches by max_num_seqs); every call
+        # sets prompt_length to its batch's width
+        section = {k: v for k, v in config.items() if k != "micro_batch_size"}
+        section["prompt_length"] = section["prompt_length"] or 1
+        self._worker = AgentLoopWorker(agent_loop_settings(section, chat_template_kwargs),
                                        [LocalServerHandle(self)],
                                        tokenizer=tokenizer, pad_token_id=pad_token_id)
 

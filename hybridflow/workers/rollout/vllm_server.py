@@ -37,7 +37,9 @@ from typing import Any
 
 import torch
 
+from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.config.loader import ConfigError
+from hybridflow.config.rollout import RolloutConfig
 from hybridflow.rollout.sampling import SamplingParams, request_seed
 from hybridflow.utils.environ import restored_environ
 from hybridflow.utils.param_names import strip_wrapper_prefixes
@@ -91,7 +93,8 @@ class VLLMServer(AsyncRolloutServer):
         self.eos_token_ids = [int(t) for t in spec.eos_token_ids]
         facts = ModelFacts.from_model_dir(spec.model_path)
         cuda_devices = torch.cuda.device_count() if spec.device.startswith("cuda") else 0
-        self.settings: VLLMSettings = vllm_settings(spec.model_path, spec.config, spec.device, facts,
+        rollout = omega_conf_to_dataclass(spec.config, RolloutConfig, path="rollout")  # the actor's or the judge's
+        self.settings: VLLMSettings = vllm_settings(spec.model_path, rollout, spec.device, facts,
                                                     spec.trust_remote_code, cuda_devices, spec.lora_rank)
         self._vllm = import_vllm(spec.device)
         # vLLM's ZeroMQ sockets go to a folder of this server's own, removed at shutdown (vLLM leaves them
@@ -103,14 +106,14 @@ class VLLMServer(AsyncRolloutServer):
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
             raise
         if self.settings.device == "cpu":
-            log = logger.warning if spec.config.get("free_cache_engine", True) else logger.info
+            log = logger.warning if rollout.free_cache_engine else logger.info
             log("vllm rollout on cpu: vLLM has no sleep mode there, so free_cache_engine does nothing and "
                 "sleep()/wake_up() are no-ops; the KV cache is a fixed %.1f MiB "
                 "(rollout.engine_kwargs.vllm.kv_cache_memory_bytes)", self.settings.kv_cache_bytes / 2**20)
 
         # why generation is refused until a complete weight update succeeds (None: real weights loaded)
         self._not_real_reason = (
-            f"the engine was started with rollout.load_format={spec.config.get('load_format')!r} (random weights)"
+            f"the engine was started with rollout.load_format={rollout.load_format!r} (random weights)"
             if self.settings.dummy_weights else None)
         self._asleep: set[str] = set()
         self._closed = False

@@ -1,4 +1,4 @@
-"""The rollout config section (veRL keys) -> vLLM engine arguments, checked once before vLLM starts.
+"""The typed rollout section (``RolloutConfig``) -> vLLM engine arguments, checked once before vLLM starts.
 
 Pure: no vLLM import, so every rule here is tested without the engine. What it decides:
 
@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.config.loader import ConfigError
+from hybridflow.config.rollout import RolloutConfig
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 << 20
@@ -101,17 +101,16 @@ class VLLMSettings:
     unset_env: tuple[str, ...] = ()  # variables removed from the environment vLLM's processes start with
 
 
-def vllm_settings(model_path: str, config: Mapping[str, Any], device: str, facts: ModelFacts,
+def vllm_settings(model_path: str, rollout: RolloutConfig, device: str, facts: ModelFacts,
                   trust_remote_code: bool = False, cuda_devices: int = 0, lora_rank: int = 0) -> VLLMSettings:
     """Check the rollout section for this device and build vLLM's engine arguments.
 
     Raises ConfigError naming the key (``rollout.<key>``) for anything this device cannot do.
     """
     device = "cuda" if str(device).startswith("cuda") else "cpu"
-    get = config.get
-    extra = {k: v for k, v in dict((get("engine_kwargs") or {}).get("vllm") or {}).items() if v is not None}
+    extra = {k: v for k, v in dict((rollout.engine_kwargs or {}).get("vllm") or {}).items() if v is not None}
 
-    tp = int(get("tensor_model_parallel_size") or 1)
+    tp = rollout.tensor_model_parallel_size
     if tp > 1 and device == "cpu":
         raise ConfigError(f"rollout.tensor_model_parallel_size={tp}: the vllm rollout on cpu runs one engine "
                           "process per worker; use tensor_model_parallel_size=1 on cpu")
@@ -122,9 +121,9 @@ def vllm_settings(model_path: str, config: Mapping[str, Any], device: str, facts
         raise ConfigError("rollout.engine_kwargs.vllm.enable_sleep_mode=True: vLLM has no sleep mode on cpu "
                           "(free_cache_engine is a no-op there)")
 
-    dtype = resolve_dtype(get("dtype"), device)
+    dtype = resolve_dtype(rollout.dtype, device)
     max_pos = facts.max_position_embeddings
-    max_model_len = get("max_model_len")
+    max_model_len = rollout.max_model_len
     if max_model_len is None:
         if not max_pos:
             raise ConfigError(f"rollout.max_model_len is null and {model_path}/config.json has no "
@@ -135,9 +134,9 @@ def vllm_settings(model_path: str, config: Mapping[str, Any], device: str, facts
         raise ConfigError(f"rollout.max_model_len={max_model_len} is larger than the model's "
                           f"max_position_embeddings ({max_pos})")
 
-    max_num_seqs = int(get("max_num_seqs") or 256)
-    max_batched = int(get("max_num_batched_tokens") or 8192)
-    chunked = bool(get("enable_chunked_prefill", True))
+    max_num_seqs = rollout.max_num_seqs
+    max_batched = rollout.max_num_batched_tokens
+    chunked = rollout.enable_chunked_prefill
     if not chunked and max_batched < max_model_len:
         max_batched = max_model_len  # vLLM needs a whole prompt in one batch without chunked prefill
 
@@ -157,9 +156,9 @@ def vllm_settings(model_path: str, config: Mapping[str, Any], device: str, facts
                 "rollout.engine_kwargs.vllm.kv_cache_memory_bytes or lower rollout.max_model_len"
             )
 
-    load_format = str(get("load_format") or "auto")
+    load_format = rollout.load_format
     dummy = load_format.startswith("dummy")
-    sleep_mode = bool(get("free_cache_engine", True)) and device == "cuda"
+    sleep_mode = rollout.free_cache_engine and device == "cuda"
     args: dict[str, Any] = dict(
         model=model_path,
         dtype=dtype,
@@ -169,12 +168,12 @@ def vllm_settings(model_path: str, config: Mapping[str, Any], device: str, facts
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_batched,
         enable_chunked_prefill=chunked,
-        enable_prefix_caching=bool(get("enable_prefix_caching", True)),
-        enforce_eager=bool(get("enforce_eager", True)),
-        gpu_memory_utilization=float(get("gpu_memory_utilization") or 0.5),
+        enable_prefix_caching=rollout.enable_prefix_caching,
+        enforce_eager=rollout.enforce_eager,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
         enable_sleep_mode=sleep_mode,
-        disable_log_stats=bool(get("disable_log_stats", True)),
-        seed=int(get("seed") or 0),
+        disable_log_stats=rollout.disable_log_stats,
+        seed=rollout.seed,
         trust_remote_code=bool(trust_remote_code),
         # token ids in, token ids out: the engine needs no tokenizer, and stops only where we say
         skip_tokenizer_init=True,

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from hybridflow.config.loader import ConfigError
+from hybridflow.config.rollout import RolloutConfig
 from hybridflow.rollout.server import ROLLOUT_SERVERS, ServerSpec
 from hybridflow.workers.rollout.vllm_server import VLLMNotInstalledError, VLLMServer
 from hybridflow.workers.rollout.vllm_settings import (
@@ -30,7 +31,8 @@ TINY_FP32_BYTES_PER_TOKEN = 2 * 4 * 2 * 32 * 4
 
 
 def settings(device="cpu", cuda_devices=0, **config):
-    return vllm_settings("/m", config, device, TINY, cuda_devices=cuda_devices)
+    """The settings of a rollout section with ``config``'s keys (the others: RolloutConfig's defaults)."""
+    return vllm_settings("/m", RolloutConfig(**config), device, TINY, cuda_devices=cuda_devices)
 
 
 def test_model_facts_read_from_the_saved_tiny_model(tiny_model_dir):
@@ -98,7 +100,7 @@ def test_cpu_kv_cache_is_a_byte_budget():
     # a model whose one full sequence is above the cap gets that one sequence:
     # 4000 layers: 2 x 4000 x 2 x 32 x 4 = 2048000 B/token, x 512 tokens = 1000 MiB
     huge = ModelFacts(("Qwen2ForCausalLM",), 512, True, num_layers=4000, num_kv_heads=2, head_dim=32)
-    assert vllm_settings("/m", {}, "cpu", huge).kv_cache_bytes == 2048000 * 512 > DEFAULT_CPU_KV_CACHE_BYTES
+    assert vllm_settings("/m", RolloutConfig(), "cpu", huge).kv_cache_bytes == 2048000 * 512 > DEFAULT_CPU_KV_CACHE_BYTES
 
 
 def test_kv_budget_too_small_for_max_model_len_names_the_keys():
