@@ -32,10 +32,11 @@ from hybridflow.agent_loop.over_sample import ABORTED_METRIC, OVER_SAMPLE_ID, Cu
 from hybridflow.agent_loop.postprocess import mean_metrics, non_tensor_fields, pad_outputs
 from hybridflow.agent_loop.server_manager import ServerHandle, ServerManager
 from hybridflow.agent_loop.trace import TracedServer, make_tracer, rollout_numbers, traced_rows, with_text
+from hybridflow.config.rollout import RolloutConfig
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.protocol import DataProto
 from hybridflow.tools.tool_registry import initialize_tools_from_config
-from hybridflow.rollout.sampling import SamplingParams, resolve_sampling, sampling_params_from_config
+from hybridflow.rollout.sampling import SamplingParams, resolve_sampling, rollout_sampling
 
 # non-tensor fields that are not per-sample keyword arguments of a loop
 _NOT_FOR_LOOPS = ("raw_prompt_ids",)
@@ -56,12 +57,12 @@ class AgentLoopWorker:
     def __init__(self, settings: AgentLoopSettings, servers: Sequence[ServerHandle], tokenizer,
                  pad_token_id: int, loop_kwargs: dict | None = None, resume_on_abort: bool = False):
         self.settings = settings
-        rollout = settings.extra.get("rollout", {})
-        self.server_manager = ServerManager(list(servers), logprobs=bool(rollout.get("calculate_log_probs", True)),
+        rollout = settings.rollout if settings.rollout is not None else RolloutConfig()
+        self.server_manager = ServerManager(list(servers), logprobs=rollout.calculate_log_probs,
                                             resume_on_abort=resume_on_abort)
         self.tokenizer = tokenizer
         self.pad_token_id = int(pad_token_id)
-        self.train_params, self.val_params = sampling_params_from_config(settings.extra.get("rollout", {}))
+        self.train_params, self.val_params = rollout_sampling(rollout)
         mt = settings.multi_turn
         self.tools = initialize_tools_from_config(mt.tool_config_path) if mt.tool_config_path else []
         self.interactions = (initialize_interactions_from_config(mt.interaction_config_path)

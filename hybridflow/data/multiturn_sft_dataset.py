@@ -22,7 +22,9 @@ import torch
 from torch.utils.data import Dataset
 
 from hybridflow.agent_loop.chat_tokens import ChatTokenizer
+from hybridflow.config.sft_trainer import SFTDataConfig
 from hybridflow.data.rl_dataset import pad_ids, position_ids_from_mask, read_parquet_rows, require_chat_template
+from hybridflow.data.sft_dataset import sft_data_config
 
 
 def drop_none(value: Any) -> Any:
@@ -70,23 +72,26 @@ def conversation_ids(chat: ChatTokenizer, messages: list[dict], tools: list[dict
     return ids, mask
 
 
-class MultiTurnSFTDataset(Dataset):
-    """``config``: the SFT ``data`` section (``messages_key``, ``tools_key`` (veRL's earlier spellings
-    ``multiturn.messages_key`` / ``multiturn.tools_key`` map onto them), ``max_length``,
-    ``truncation``: error | left | right, ``apply_chat_template_kwargs``)."""
+def _earlier_or(earlier: str | None, key: str, default: str) -> str:
+    """``data.<key>``, or veRL's earlier ``data.multiturn.<key>`` where the new key is at its default."""
+    return earlier if earlier and key == default else key
 
-    def __init__(self, parquet_files, tokenizer, config: Mapping | None = None):
-        config = dict(config or {})
-        multiturn = dict(config.get("multiturn") or {})
-        self.messages_key = config.get("messages_key") or multiturn.get("messages_key") or "messages"
-        self.tools_key = config.get("tools_key") or multiturn.get("tools_key") or "tools"
-        self.max_length = int(config.get("max_length") or 1024)
-        self.truncation = config.get("truncation") or "error"
-        if self.truncation not in ("error", "left", "right"):
-            raise ValueError(f"data.truncation must be one of error, left, right for SFT, got {self.truncation!r}")
+
+class MultiTurnSFTDataset(Dataset):
+    """``config``: the SFT ``data`` section, an ``SFTDataConfig`` (a DictConfig or dict is read into one):
+    ``messages_key``, ``tools_key`` (veRL's earlier spellings ``multiturn.messages_key`` /
+    ``multiturn.tools_key`` stand in for them where those are at their defaults), ``max_length``,
+    ``truncation``: error | left | right, ``apply_chat_template_kwargs``."""
+
+    def __init__(self, parquet_files, tokenizer, config: Mapping | SFTDataConfig | None = None):
+        config = sft_data_config(config)
+        self.messages_key = _earlier_or(config.multiturn.messages_key, config.messages_key, "messages")
+        self.tools_key = _earlier_or(config.multiturn.tools_key, config.tools_key, "tools")
+        self.max_length = int(config.max_length)
+        self.truncation = config.truncation
         require_chat_template(tokenizer)
         self.tokenizer = tokenizer
-        self.chat = ChatTokenizer(tokenizer, config.get("apply_chat_template_kwargs") or {})
+        self.chat = ChatTokenizer(tokenizer, dict(config.apply_chat_template_kwargs))
         rows = read_parquet_rows(parquet_files, required_column=self.messages_key)
         self.conversations = [_column(r[self.messages_key]) for r in rows]
         self.tools = [_column(r.get(self.tools_key)) or None for r in rows]

@@ -1,8 +1,8 @@
-"""Sampling parameters of a rollout, read once from the config section and resolved per call.
+"""Sampling parameters of a rollout, read once from the typed rollout section and resolved per call.
 
-The rollout section of the config (veRL keys: ``temperature``, ``top_k``, ``top_p``, ``do_sample``,
-``response_length``, ``ignore_eos``, ``val_kwargs``) is parsed into two frozen ``SamplingParams`` at
-engine construction: one for training rollouts and one for validation. Each call to
+The rollout section (``RolloutConfig``: ``temperature``, ``top_k``, ``top_p``, ``do_sample``,
+``response_length``, ``ignore_eos``, ``val_kwargs``) gives two frozen ``SamplingParams`` at
+construction: one for training rollouts and one for validation. Each call to
 ``generate_sequences`` then picks one of them (``meta_info["validate"]``) and applies whatever
 overrides the caller put in ``meta_info``. Engines only ever see the resolved values.
 """
@@ -13,6 +13,9 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
+
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.rollout import RolloutConfig
 
 # meta_info keys a caller may use to override the configured values for one call
 OVERRIDABLE = ("do_sample", "temperature", "top_k", "top_p", "response_length", "ignore_eos", "stop_token_ids")
@@ -55,15 +58,21 @@ def _coerce(p: SamplingParams) -> SamplingParams:
     )
 
 
-def sampling_params_from_config(config: Mapping[str, Any]) -> tuple[SamplingParams, SamplingParams]:
-    """(train, validation) parameters from a rollout config section (dict or DictConfig).
+def rollout_sampling(rollout: RolloutConfig | Mapping[str, Any],
+                     path: str = "actor_rollout_ref.rollout") -> tuple[SamplingParams, SamplingParams]:
+    """(train, validation) parameters of a rollout section (a ``RolloutConfig``; a DictConfig or dict,
+    veRL's callers, is read into one; ``path`` names it in errors).
 
-    Validation starts from the training values and applies ``val_kwargs`` on top, so that keys
-    missing there (``response_length``) keep their training value.
+    Validation takes ``val_kwargs``'s filters and temperature and keeps the training
+    ``response_length`` and ``ignore_eos``.
     """
-    train = SamplingParams().with_overrides(config)
-    val_kwargs = config.get("val_kwargs", None) or {}
-    return train, train.with_overrides(val_kwargs)
+    rollout = omega_conf_to_dataclass(rollout, RolloutConfig, path=path)
+    train = _coerce(SamplingParams(do_sample=rollout.do_sample, temperature=rollout.temperature, top_k=rollout.top_k,
+                                   top_p=rollout.top_p, response_length=rollout.response_length,
+                                   ignore_eos=rollout.ignore_eos))
+    val = rollout.val_kwargs
+    return train, train.with_overrides({"do_sample": val.do_sample, "temperature": val.temperature,
+                                        "top_k": val.top_k, "top_p": val.top_p})
 
 
 def resolve_sampling(

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from hybridflow.config.actor import FSDPActorConfig, RefConfig
 from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.model import HFModelConfig
 from hybridflow.config.profiler import ProfilerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
@@ -26,7 +27,7 @@ from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.engine import TrainEngine, engine_spec
-from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled
+from hybridflow.workers.engine.lora import adapters_disabled, lora_spec
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
 from hybridflow.workers.profiler import ProfilerHost, role_profiler
 from hybridflow.workers.rollout_host import RolloutHost
@@ -70,7 +71,8 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         self.init_process_group()
         self.device, _ = default_device_backend()
         trains = self._is_actor or self._is_ref  # a rollout-only worker (main_generation) gets model + rollout
-        self.lora = LoraSpec.from_model_config(self.config["model"]) if trains else None
+        self.model_config = omega_conf_to_dataclass(self.config["model"], HFModelConfig, path="actor_rollout_ref.model")
+        self.lora = lora_spec(self.model_config) if trains else None
         self._build_typed_sections(trains)
         self._build_layouts()
         self.dp_size = self.actor_layout.dp_size  # the actor's data-parallel size (world / its SP size)

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Mapping
 from typing import Sequence
 
 from hybridflow.agent_loop.server_manager import SERVER_HANDLE, ServerHandle, ServerManager
-from hybridflow.rollout.sampling import SamplingParams, sampling_params_from_config
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.rollout import RolloutConfig
+from hybridflow.rollout.sampling import SamplingParams, rollout_sampling
 from hybridflow.rollout.server import EngineLoop
 from hybridflow.single_controller.base import wait_with_deadline
+
+ROLLOUT_PATH = "reward.reward_model.rollout"
 
 
 class RolloutJudge:
@@ -37,11 +42,13 @@ class RolloutJudge:
         self._loop = EngineLoop("hybridflow-genrm-judge")
 
     @classmethod
-    def from_group(cls, group, role: str | None, tokenizer, rollout: dict) -> "RolloutJudge":
-        """A judge over every rank of ``group`` (JudgeWorkers; ``role`` inside a fused worker)."""
-        sampling, _ = sampling_params_from_config(rollout)
-        return cls(group.handles(SERVER_HANDLE, role), tokenizer, sampling, rollout["prompt_length"], group=group,
-                   free_cache_engine=bool(rollout.get("free_cache_engine")))
+    def from_group(cls, group, role: str | None, tokenizer, rollout: RolloutConfig | Mapping) -> "RolloutJudge":
+        """A judge over every rank of ``group`` (JudgeWorkers; ``role`` inside a fused worker), sampling as
+        ``rollout`` says (the typed ``reward.reward_model.rollout``; a DictConfig or dict is read into one)."""
+        rollout = omega_conf_to_dataclass(rollout, RolloutConfig, path=ROLLOUT_PATH)
+        sampling, _ = rollout_sampling(rollout)
+        return cls(group.handles(SERVER_HANDLE, role), tokenizer, sampling, rollout.prompt_length, group=group,
+                   free_cache_engine=rollout.free_cache_engine)
 
     def encode(self, prompt: str, chat_template: bool = True) -> list[int]:
         tok = self.tokenizer

@@ -29,7 +29,7 @@ from hybridflow.agent_loop.worker import AgentLoopWorker
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, register
 from hybridflow.utils.torch_dtypes import resolve_dtype
-from hybridflow.workers.engine.lora import LoraSpec, rollout_gets_adapter
+from hybridflow.workers.engine.lora import lora_spec, rollout_gets_adapter
 from hybridflow.workers.model_loading import load_model
 from hybridflow.rollout.sampling import model_eos_token_ids
 from hybridflow.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
@@ -38,7 +38,7 @@ from hybridflow.workers.rollout.weights import buckets
 
 
 class RolloutHost:
-    """Needs from the host class: ``config`` (actor_rollout_ref section, plain), ``tokenizer``, ``device``,
+    """Needs from the host class: ``config`` (actor_rollout_ref section, plain), ``model_config`` (its typed model section), ``tokenizer``, ``device``,
     ``rank``, ``_is_actor`` / ``_is_rollout``, ``actor_engine`` and ``lora`` (actors), ``_rollout_stale``,
     ``_rollout_has_base`` (the engine has received the base weights once), ``weight_version``."""
 
@@ -52,9 +52,8 @@ class RolloutHost:
             # a separate inference copy: generation never all-gathers sharded weights token by token
             module = load_model(path, "causal_lm", override_config=self.config["model"]["override_config"] or {},
                                 trust_remote_code=trust).to(device=self.device, dtype=getattr(torch, dtype)).eval()
-        model_cfg = self.config["model"]
-        adapter = rollout_gets_adapter(model_cfg, name)
-        lora = LoraSpec.from_model_config(model_cfg) if adapter else None  # a saved adapter's own rank/alpha
+        adapter = rollout_gets_adapter(self.model_config, name)
+        lora = lora_spec(self.model_config) if adapter else None  # a saved adapter's own rank/alpha
         spec = ServerSpec(model_path=path, config=rollout_cfg, pad_token_id=int(self.tokenizer.pad_token_id),
                           eos_token_ids=tuple(model_eos_token_ids(path, self.tokenizer)),
                           device=str(self.device), dtype=dtype, trust_remote_code=trust, module=module,
@@ -90,7 +89,7 @@ class RolloutHost:
     def _weights_for_rollout(self):
         """The actor's weights as the rollout engine takes them: merged, or (LoRA adapter mode) the base
         weights until one sync has succeeded, then the adapter alone."""
-        if self.lora is not None and rollout_gets_adapter(self.config["model"], self.config["rollout"]["name"]):
+        if self.lora is not None and rollout_gets_adapter(self.model_config, self.config["rollout"]["name"]):
             return self.actor_engine.iter_adapter_params(with_base=not self._rollout_has_base)
         return self.actor_engine.iter_full_params()
 

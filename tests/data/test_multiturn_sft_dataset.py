@@ -94,3 +94,14 @@ def test_main_sft_picks_the_conversation_dataset_by_switch_or_by_columns(tmp_pat
     dataset = create_sft_dataset([conv], cfg.data, TOK)
     assert isinstance(dataset, MultiTurnSFTDataset) and len(dataset) == 1
     assert isinstance(create_sft_dataset(single, cfg.data, TOK), SFTDataset)  # question/answer rows
+
+
+def test_the_section_is_read_into_sft_data_config(tmp_path):
+    """A dict is read into SFTDataConfig: veRL's earlier multiturn.messages_key names the column, a typo names its
+    key, a truncation the dataset cannot do is refused by key."""
+    conv = conversation_file(tmp_path, messages_key="conv")
+    assert len(MultiTurnSFTDataset(conv, TOK, {"multiturn": {"messages_key": "conv"}, "max_length": 400})) == 1
+    with pytest.raises(ValueError, match=r"data.max_lenght is not a key of SFTDataConfig; did you mean max_length"):
+        MultiTurnSFTDataset(conv, TOK, {"messages_key": "conv", "max_lenght": 8})
+    with pytest.raises(ValueError, match="data.truncation must be one of"):
+        MultiTurnSFTDataset(conv, TOK, {"messages_key": "conv", "truncation": "middle"})

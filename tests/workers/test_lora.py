@@ -8,10 +8,12 @@ import os
 import pytest
 import torch
 
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.model import HFModelConfig
 from hybridflow.workers.engine import EngineSpec, TrainEngine
-from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled, lora_scaling, merge_lora_weights
+from hybridflow.workers.engine.lora import LoraSpec, adapters_disabled, lora_scaling, lora_spec, merge_lora_weights
 from tests.workers.actor.ppo_batch import padded_rows, tiny_causal_lm
-from tests.yaml_sections import optim
+from tests.yaml_sections import optim, section
 
 pytest.importorskip("peft")
 
@@ -28,9 +30,15 @@ def _lora_engine(base, rank=4, alpha=8.0, target="all-linear"):
     return engine
 
 
-def test_spec_from_model_config():
-    assert LoraSpec.from_model_config({"lora_rank": 0}) is None
-    spec = LoraSpec.from_model_config({"lora_rank": 8, "lora_alpha": 32, "target_modules": ["q_proj", "v_proj"]})
+def _model(**changes) -> HFModelConfig:
+    """actor_rollout_ref.model (the yaml's defaults) with ``changes``, typed."""
+    return omega_conf_to_dataclass(section("actor_rollout_ref.model", **changes), HFModelConfig,
+                                   path="actor_rollout_ref.model")
+
+
+def test_spec_of_the_typed_model_section():
+    assert lora_spec(_model(lora_rank=0)) is None
+    spec = lora_spec(_model(lora_rank=8, lora_alpha=32, target_modules=["q_proj", "v_proj"]))
     assert (spec.rank, spec.alpha, spec.target_modules) == (8, 32.0, ["q_proj", "v_proj"])
     assert lora_scaling(32, 8) == 4.0 and lora_scaling(32, 16, use_rslora=True) == 8.0
 
@@ -38,12 +46,12 @@ def test_spec_from_model_config():
 def test_the_rollout_gets_an_adapter_unless_merge_or_hf():
     from hybridflow.workers.engine.lora import rollout_gets_adapter
 
-    lora = {"lora_rank": 8, "lora": {"merge": False}}
+    lora = _model(lora_rank=8, lora={"merge": False})
     assert rollout_gets_adapter(lora, "vllm")
-    assert rollout_gets_adapter({"lora_rank": 8}, "vllm")  # veRL's default: merge is false
-    assert not rollout_gets_adapter({"lora_rank": 8, "lora": {"merge": True}}, "vllm")
+    assert rollout_gets_adapter(_model(lora_rank=8), "vllm")  # veRL's default: merge is false
+    assert not rollout_gets_adapter(_model(lora_rank=8, lora={"merge": True}), "vllm")
     assert not rollout_gets_adapter(lora, "hf")  # the hf engine runs a plain module: merged weights
-    assert not rollout_gets_adapter({"lora_rank": 0, "lora": {"merge": False}}, "vllm")
+    assert not rollout_gets_adapter(_model(lora_rank=0, lora={"merge": False}), "vllm")
 
 
 def test_training_continues_from_a_saved_adapter_with_its_own_rank_and_alpha(tmp_path):
@@ -52,8 +60,7 @@ def test_training_continues_from_a_saved_adapter_with_its_own_rank_and_alpha(tmp
     base = tiny_causal_lm()
     saved = _lora_engine(base, rank=4, alpha=8.0)
     saved.module.save_pretrained(str(tmp_path / "adapter"))
-    spec = LoraSpec.from_model_config({"lora_rank": 0, "lora_alpha": 16, "target_modules": "all-linear",
-                                       "lora_adapter_path": str(tmp_path / "adapter")})
+    spec = lora_spec(_model(lora_rank=0, lora_alpha=16, lora_adapter_path=str(tmp_path / "adapter")))
     assert (spec.rank, spec.alpha) == (4, 8.0)
     engine = TrainEngine(copy.deepcopy(base), EngineSpec(strategy="none", device="cpu", lora=spec))
     trainable = [n for n, p in engine.module.named_parameters() if p.requires_grad]
@@ -63,12 +70,11 @@ def test_training_continues_from_a_saved_adapter_with_its_own_rank_and_alpha(tmp
         torch.testing.assert_close(tensor, expected[name], msg=name)  # the saved adapter, not fresh B = 0
     assert any(not torch.equal(expected[n], v) for n, v in base.state_dict().items())
     with pytest.raises(FileNotFoundError, match="lora_adapter_path=.*no adapter_config.json"):
-        LoraSpec.from_model_config({"lora_rank": 8, "lora_adapter_path": str(tmp_path)})
+        lora_spec(_model(lora_rank=8, lora_adapter_path=str(tmp_path)))
 
 
 def test_exclude_modules_keeps_adapters_off_those_layers():
-    spec = LoraSpec.from_model_config({"lora_rank": 4, "lora_alpha": 8, "target_modules": "all-linear",
-                                       "exclude_modules": ["down_proj", "o_proj"]})
+    spec = lora_spec(_model(lora_rank=4, lora_alpha=8, exclude_modules=r".*\.(down_proj|o_proj)"))  # peft: a regex
     engine = TrainEngine(tiny_causal_lm(), EngineSpec(strategy="none", device="cpu", lora=spec))
     adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, _ in engine.module.named_parameters() if ".lora_A." in n}
     assert adapted and "q_proj" in adapted and not adapted & {"down_proj", "o_proj"}

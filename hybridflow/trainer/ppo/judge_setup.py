@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
+from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.rollout import RolloutConfig
 from hybridflow.rewards.manager import REWARD_MANAGERS
-from hybridflow.workers.judge_client import RolloutJudge
+from hybridflow.workers.judge_client import ROLLOUT_PATH, RolloutJudge
 from hybridflow.workers.judge_worker import MODEL_PATH_KEY
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
 
@@ -42,9 +44,9 @@ def start_judge(judge_wg, config, reward_fns) -> RolloutJudge:
     """Start the judge engines, build the client over them and hand it to every reward manager that
     takes one; returns the client (the trainer closes it)."""
     judge_wg.init_model()
-    rollout = OmegaConf.to_container(config.reward.reward_model.rollout, resolve=True)
     path = local_model_path(config.reward.reward_model.model_path, MODEL_PATH_KEY)
     tokenizer = load_tokenizer(path, bool(config.reward_model.model.get("trust_remote_code")))
+    rollout = omega_conf_to_dataclass(config.reward.reward_model.rollout, RolloutConfig, path=ROLLOUT_PATH)
     judge = RolloutJudge.from_group(judge_wg, JUDGE_ROLE, tokenizer, rollout)
     for fn in reward_fns:
         if hasattr(fn, "attach_judge"):

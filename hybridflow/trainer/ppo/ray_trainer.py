@@ -23,6 +23,8 @@ from hybridflow.algorithms.pf_ppo import pf_ppo_resample_indices
 from hybridflow.algorithms.rollout_correction import compute_rollout_correction, rollout_correction_config
 from hybridflow.config.algorithm import FilterGroupsConfig
 from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.skip import RolloutSkipConfig
+from hybridflow.config.trainer import TrainerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Watchdog
 from hybridflow.trainer import checkpoint as ckpt
@@ -95,7 +97,11 @@ class RayPPOTrainer:
         self.actor_version = 0  # actor updates so far: the weight version the rollout should be at
         self.hybrid_engine = not separated_rollout(config)  # colocated: the actor's process also generates
         # rollout dumps (trainer.rollout_data_dir / validation_data_dir) and replay (trainer.skip)
-        self.rollout_recorder = RolloutRecorder.from_config(config, tokenizer)
+        self.rollout_recorder = RolloutRecorder(
+            tokenizer, omega_conf_to_dataclass(config.trainer, TrainerConfig, path="trainer"),
+            omega_conf_to_dataclass((config.get("skip") or {}).get("rollout") or None, RolloutSkipConfig,
+                                    path="skip.rollout"),
+            int(config.actor_rollout_ref.rollout.n))
         # one stream of prompt batches, epoch after epoch: the loop and dynamic sampling's refills share it
         self.prompt_batches = EpochCycler(train_dataloader)
         # off-policy correction (algorithm.rollout_correction): bypass mode reuses the rollout's

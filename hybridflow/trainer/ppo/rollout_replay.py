@@ -25,8 +25,8 @@ import logging
 import os
 import time
 
-from hybridflow.config import omega_conf_to_dataclass
 from hybridflow.config.skip import RolloutSkipConfig
+from hybridflow.config.trainer import TrainerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo import rollout_dump
 
@@ -53,26 +53,20 @@ class RolloutRecorder:
     """The trainer's dump/replay hooks: ``replay`` (in the generate phase), ``after_step`` (end of every
     training step) and ``after_validation``."""
 
-    def __init__(self, tokenizer, rollout_data_dir: str | None = None, validation_data_dir: str | None = None,
-                 skip: RolloutSkipConfig | None = None, samples_per_prompt: int = 1):
+    def __init__(self, tokenizer, trainer: TrainerConfig | None = None, skip: RolloutSkipConfig | None = None,
+                 samples_per_prompt: int = 1):
+        """``trainer``: the typed trainer section (``rollout_data_dir``, ``validation_data_dir``); ``skip``: the
+        typed ``skip.rollout`` (absent: nothing replayed); ``samples_per_prompt``: ``actor_rollout_ref.rollout.n``."""
+        trainer = trainer or TrainerConfig()
         self.tokenizer = tokenizer
-        self.rollout_data_dir = os.path.expanduser(rollout_data_dir) if rollout_data_dir else None
-        self.validation_data_dir = os.path.expanduser(validation_data_dir) if validation_data_dir else None
+        self.rollout_data_dir = os.path.expanduser(trainer.rollout_data_dir) if trainer.rollout_data_dir else None
+        self.validation_data_dir = (os.path.expanduser(trainer.validation_data_dir) if trainer.validation_data_dir
+                                    else None)
         self.skip = skip or RolloutSkipConfig()
         self.skip_dir = os.path.expanduser(self.skip.dump_dir)
         self.samples_per_prompt = int(samples_per_prompt)
         self._generated_for_cache: set[int] = set()  # listed steps generated for lack of a dump: write them
         self.replayed: dict[int, str] = {}  # step -> the file it replayed
-
-    @classmethod
-    def from_config(cls, config, tokenizer) -> "RolloutRecorder":
-        """From a composed ppo_trainer tree; ``skip.rollout`` is read as its typed section (checked when
-        built; a tree without it replays nothing)."""
-        t = config.trainer
-        skip = omega_conf_to_dataclass((config.get("skip") or {}).get("rollout") or {}, RolloutSkipConfig,
-                                       path="skip.rollout")
-        return cls(tokenizer, t.get("rollout_data_dir"), t.get("validation_data_dir"), skip,
-                   int(config.actor_rollout_ref.rollout.n))
 
     # ------------------------------------------------------------------------------ replay
     def replay(self, batch: DataProto, step: int, timing: dict) -> DataProto | None:

@@ -25,7 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["LoraSpec", "apply_lora", "adapters_disabled", "merge_lora_weights", "lora_scaling", "peft_model_of",
+from hybridflow.config.model import HFModelConfig
+
+__all__ = ["LoraSpec", "lora_spec", "apply_lora", "adapters_disabled", "merge_lora_weights", "lora_scaling", "peft_model_of",
            "ADAPTER_CONFIG", "is_adapter_tensor", "split_lora_stream", "rollout_gets_adapter"]
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -41,26 +43,22 @@ class LoraSpec:
     exclude_modules: Any = None  # module names or a regex that target_modules must skip (peft's)
     adapter_path: str | None = None  # a saved peft adapter to continue training (its own r/alpha/targets)
 
-    @classmethod
-    def from_model_config(cls, model_cfg) -> "LoraSpec | None":
-        """None unless ``lora_rank > 0`` or ``lora_adapter_path`` is set (a validated model section: the
-        yaml holds the defaults). A saved adapter brings its own rank, alpha and targets, read from its
-        ``adapter_config.json``, so merging and serving scale it as it was trained."""
-        path = model_cfg.get("lora_adapter_path")
-        exclude = model_cfg.get("exclude_modules")
-        exclude = exclude if exclude is None or isinstance(exclude, str) else [str(m) for m in exclude]
-        if path:
-            saved = read_adapter_config(str(path))
-            return cls(rank=int(saved["r"]), alpha=float(saved["lora_alpha"]),
-                       target_modules=saved.get("target_modules") or "all-linear", exclude_modules=exclude,
-                       adapter_path=str(path))
-        rank = int(model_cfg["lora_rank"])
-        if rank <= 0:
-            return None
-        target = model_cfg["target_modules"]
-        if not isinstance(target, str):
-            target = [str(t) for t in target]
-        return cls(rank=rank, alpha=float(model_cfg["lora_alpha"]), target_modules=target, exclude_modules=exclude)
+
+def lora_spec(model: HFModelConfig) -> LoraSpec | None:
+    """The LoRA of a typed model section: None unless ``lora_rank > 0`` or ``lora_adapter_path`` is set.
+    A saved adapter brings its own rank, alpha and targets, read from its ``adapter_config.json``, so
+    merging and serving scale it as it was trained."""
+    path, exclude = model.lora_adapter_path, model.exclude_modules
+    if path:
+        saved = read_adapter_config(str(path))
+        return LoraSpec(rank=int(saved["r"]), alpha=float(saved["lora_alpha"]),
+                        target_modules=saved.get("target_modules") or "all-linear", exclude_modules=exclude,
+                        adapter_path=str(path))
+    if model.lora_rank <= 0:
+        return None
+    target = model.target_modules if isinstance(model.target_modules, str) else list(model.target_modules)
+    return LoraSpec(rank=int(model.lora_rank), alpha=float(model.lora_alpha), target_modules=target,
+                    exclude_modules=exclude)
 
 
 def read_adapter_config(path: str) -> dict:
@@ -81,17 +79,16 @@ def read_adapter_config(path: str) -> dict:
     return saved
 
 
-def rollout_gets_adapter(model_cfg, rollout_name: str) -> bool:
+def rollout_gets_adapter(model: HFModelConfig, rollout_name: str) -> bool:
     """True when a LoRA policy reaches its rollout engine as base weights + adapter rather than merged.
 
     veRL's ``model.lora.merge`` (default false: adapter) decides for engines that serve adapters
     (vllm); the hf engine runs a plain module and always gets merged weights.
     """
-    lora_on = int(model_cfg.get("lora_rank", 0) or 0) > 0 or bool(model_cfg.get("lora_adapter_path"))
+    lora_on = model.lora_rank > 0 or bool(model.lora_adapter_path)
     if not lora_on or rollout_name != "vllm":
         return False
-    lora_section = model_cfg.get("lora") or {}
-    return not bool(lora_section.get("merge", False))
+    return not bool((model.lora or {}).get("merge", False))
 
 
 def apply_lora(module: nn.Module, spec: LoraSpec) -> nn.Module:

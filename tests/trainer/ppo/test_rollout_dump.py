@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from omegaconf import OmegaConf
 
 from hybridflow.config import ConfigError, omega_conf_to_dataclass
 from hybridflow.config.skip import RolloutSkipConfig, RolloutTqSkipConfig
+from hybridflow.config.trainer import TrainerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo import rollout_dump
 from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder, find_replay_file
@@ -120,18 +122,19 @@ def test_read_rows_refuses_dumps_without_token_ids(tmp_path):
 
 def _skip_config(**rollout):
     rollout = {"enable": True, "dump_dir": "/d", "steps": [1], "action": "cache", **rollout}
-    return OmegaConf.create({"skip": {"rollout": rollout}, "trainer": {}, "actor_rollout_ref": {"rollout": {"n": 2}}})
+    return OmegaConf.create({"skip": {"rollout": rollout}})
 
 
 def test_skip_section_refuses_what_would_silently_do_nothing():
     """skip.rollout is read as its typed section; enabled, the settings that would replay nothing are
     refused when it is built, naming the key."""
-    recorder = RolloutRecorder.from_config(_skip_config(dump_dir="~/dumps"), TOK)
-    assert isinstance(recorder.skip, RolloutSkipConfig) and recorder.skip.steps == [1]
+    skip = omega_conf_to_dataclass(_skip_config(dump_dir="~/dumps").skip.rollout, RolloutSkipConfig)
+    recorder = RolloutRecorder(TOK, TrainerConfig(rollout_data_dir="~/rollouts"), skip, samples_per_prompt=2)
+    assert recorder.skip.steps == [1] and recorder.samples_per_prompt == 2
     assert recorder.skip_dir.endswith("/dumps") and not recorder.skip_dir.startswith("~")  # ~ expanded
-    no_skip = OmegaConf.create({"trainer": {}, "actor_rollout_ref": {"rollout": {"n": 1}}})
-    off = RolloutRecorder.from_config(no_skip, TOK)
-    assert not off.skip.enable and off.replay(None, 1, {}) is None
+    assert recorder.rollout_data_dir == os.path.expanduser("~/rollouts") and recorder.validation_data_dir is None
+    off = RolloutRecorder(TOK)
+    assert not off.skip.enable and off.replay(None, 1, {}) is None and off.rollout_data_dir is None
     with pytest.raises(ConfigError, match=r"skip.rollout.steps=\[\]"):
         omega_conf_to_dataclass(_skip_config(steps=[]).skip.rollout, RolloutSkipConfig)
     with pytest.raises(ConfigError, match="skip.rollout.action='random'"):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hybridflow.config.rollout import RolloutConfig, SamplingConfig
 from hybridflow.workers.rollout import ROLLOUT_SERVERS, HFServer
 from hybridflow.workers.rollout.hf_server import sample_rows
 from hybridflow.rollout.sampling import (
@@ -17,7 +18,7 @@ from hybridflow.rollout.sampling import (
     as_id_list,
     request_seed,
     resolve_sampling,
-    sampling_params_from_config,
+    rollout_sampling,
 )
 from hybridflow.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
 from hybridflow.workers.rollout.weights import StrictWeightLoader, buckets
@@ -26,13 +27,10 @@ EOS_ID, PAD_ID = 2, 0
 
 
 # ------------------------------------------------------------------------------------ sampling params
-def test_sampling_params_from_config_and_meta_overrides():
-    config = {
-        "temperature": 0.7, "top_k": 20, "top_p": 0.9, "do_sample": True, "response_length": 16,
-        "val_kwargs": {"temperature": 0, "top_k": -1, "top_p": 1.0, "do_sample": False, "n": 1},
-        "gpu_memory_utilization": 0.5,  # unrelated keys are ignored
-    }
-    train, val = sampling_params_from_config(config)
+def test_rollout_sampling_and_meta_overrides():
+    config = RolloutConfig(temperature=0.7, top_k=20, top_p=0.9, do_sample=True, response_length=16,
+                           val_kwargs=SamplingConfig(temperature=0, top_k=-1, top_p=1.0, do_sample=False, n=1))
+    train, val = rollout_sampling(config)
     assert train == SamplingParams(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, response_length=16)
     # validation keeps response_length from training, everything else from val_kwargs
     assert val == SamplingParams(do_sample=False, temperature=0.0, top_k=-1, top_p=1.0, response_length=16)
@@ -50,12 +48,16 @@ def test_sampling_params_from_config_and_meta_overrides():
     assert train.stop_token_ids is None
 
 
-def test_sampling_params_accept_dictconfig():
+def test_rollout_sampling_reads_a_dictconfig_into_the_typed_section():
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.create({"response_length": "${len}", "len": 12, "val_kwargs": {"do_sample": False}})
-    train, val = sampling_params_from_config(cfg)
+    from hybridflow.config.errors import ConfigError
+
+    root = OmegaConf.create({"len": 12, "rollout": {"response_length": "${len}", "val_kwargs": {"do_sample": False}}})
+    train, val = rollout_sampling(root.rollout)
     assert train.response_length == 12 and val.greedy
+    with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.temprature"):  # a typo names its key
+        rollout_sampling({"temprature": 0.5})
 
 
 def test_as_id_list():
@@ -68,7 +70,7 @@ def test_shipped_rollout_config_section_parses():
     from omegaconf import OmegaConf
 
     root = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "..", "..", "configs", "ppo_trainer.yaml"))
-    train, val = sampling_params_from_config(root.actor_rollout_ref.rollout)
+    train, val = rollout_sampling(root.actor_rollout_ref.rollout)
     assert train.response_length == root.data.max_response_length
     assert train.do_sample and not train.ignore_eos
     assert val.greedy and val.response_length == train.response_length
