@@ -44,8 +44,14 @@ def recorder(monkeypatch):
         seen[trainer.global_steps]["metrics"] = metrics
         return metrics
 
+    def balance_batch(trainer, batch, metrics):  # after the reward (the sample phase scores): the rows' new order
+        balance(trainer, batch, metrics)
+        seen[trainer.global_steps]["balance_order"] = batch.meta_info.get("balance_order")
+
+    balance = ray_trainer.RayPPOTrainer._balance_batch
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "compute_reward", compute_reward)
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "train_step", train_step)
+    monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_balance_batch", balance_batch)
     return seen
 
 
@@ -139,11 +145,16 @@ def _two_ray_runs(tiny_model_dir, tiny_data_dir, tmp_path, recorder):
     _run(tiny_model_dir, tiny_data_dir, tmp_path, "a", *ray2, f"trainer.rollout_data_dir={dump_dir}", steps=1)
     a = dict(recorder)
     dumped = [r["non_tensor"]["uid"] for r in rollout_dump.read_rows(rollout_dump.step_file(str(dump_dir), 1))]
-    assert dumped == sorted(dumped) and a[1]["uid"] != dumped  # balancing moved rows; the dump is in generation order
+    # the reward scores rows in generation order (it is part of the sample phase); balancing then moved them,
+    # and the dump undoes the move: it is in generation order
+    order = a[1]["balance_order"]
+    assert order is not None and order != sorted(order)
+    assert dumped == sorted(dumped) == a[1]["uid"]
     recorder.clear()
     _run(tiny_model_dir, tiny_data_dir, tmp_path, "b", *ray2, "data.seed=12345", "skip.rollout.enable=True",
          f"skip.rollout.dump_dir={dump_dir}", "skip.rollout.steps=[1]", steps=1)
     b = dict(recorder)
+    assert b[1]["balance_order"] == order  # the replay is balanced into the same order
     for key in SEEN_BY_REWARD:
         assert torch.equal(b[1][key], a[1][key]), key
     for key in COMPARED:
