@@ -113,3 +113,23 @@ def test_check_support_applies_the_derived_statuses():
         check_support(t, raw, defaults, raw)
     assert "actor.offload=True is not supported by hybridflow (default: False): no offload" in str(e.value)
     assert "actor.kind='c' is not supported by hybridflow (supported: 'a', 'b'): a and b are implemented" in str(e.value)
+
+
+def test_literal_rules_for_keys_the_tree_lacks_are_the_known_veRL_keys():
+    """A literal ``keys=`` entry for a key no yaml holds is a rule for a ``+`` key, so a typo there would silently
+    make a rule nobody hits. The list is written out here: a new entry must be added on purpose (check that
+    veRL 0.9.1 has the key)."""
+    from hybridflow.config.keys import TABLES
+
+    found = {(name, r.pattern) for name, table in TABLES.items() for r in table.rules
+             if r.shared and "*" not in r.pattern}
+    assert found == {
+        ("ppo_trainer", "actor_rollout_ref.rollout.agent.agent_loop_manager_class"),
+        ("ppo_trainer", "actor_rollout_ref.rollout.sglang_rollout_mode"),
+        ("ppo_trainer", "reward.reward_model.rollout.engine_kwargs.vllm"),
+        ("ppo_trainer", "reward.reward_model.rollout.engine_kwargs.sglang"),
+        ("ppo_trainer", "reward.reward_model.rollout.engine_kwargs.trtllm"),
+        ("generation", "rollout.engine_kwargs.sglang"),
+        ("generation", "rollout.engine_kwargs.trtllm"),
+        ("generation", "rollout.sglang_rollout_mode"),
+    }
