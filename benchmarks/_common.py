@@ -50,8 +50,9 @@ def make_assets(root: str, setup: GRPOSetup) -> tuple[str, str]:
     return data_dir, model_dir
 
 
-def grpo_overrides(data_dir: str, model_dir: str, out_dir: str, setup: GRPOSetup, backend: str, n_workers: int,
-                   steps: int) -> list[str]:
+def grpo_overrides(
+    data_dir: str, model_dir: str, out_dir: str, setup: GRPOSetup, backend: str, n_workers: int, steps: int
+) -> list[str]:
     """veRL-style overrides for a GRPO run that matches the bare loop: one optimizer step per batch
     (mini-batch = the whole batch, one micro-batch per rank), no KL, the gsm8k rule scorer."""
     per_rank = setup.prompts * setup.n // n_workers
@@ -86,12 +87,12 @@ def grpo_overrides(data_dir: str, model_dir: str, out_dir: str, setup: GRPOSetup
 
 def build_trainer(overrides: list[str], ray_num_cpus: int | None = None):
     """(trainer with workers initialised, train dataloader), as ``run_ppo`` builds them."""
+    from hybridflow.config.loader import load_config
     from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
     from hybridflow.data.sampler import create_rl_dataloader
     from hybridflow.main_ppo import build_reward_fns, with_runtime_values
     from hybridflow.trainer.config_checks import validate_ppo_config
     from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
-    from hybridflow.config.loader import load_config
     from hybridflow.workers.model_loading import load_tokenizer
 
     config = load_config("ppo_trainer", overrides)
@@ -152,8 +153,11 @@ def record_worker_timings(trainer) -> WorkerTimes:
     """Wrap the trainer's WorkerGroup methods so the timings the workers put in ``meta_info['metrics']``
     are kept (the trainer pops some of them before they reach the step metrics)."""
     times = WorkerTimes()
-    methods = {"actor_rollout_wg": ["generate_sequences", "compute_log_prob", "compute_ref_log_prob", "update_actor"],
-               "critic_wg": ["compute_values", "update_critic"], "rm_wg": ["compute_rm_score"]}
+    methods = {
+        "actor_rollout_wg": ["generate_sequences", "compute_log_prob", "compute_ref_log_prob", "update_actor"],
+        "critic_wg": ["compute_values", "update_critic"],
+        "rm_wg": ["compute_rm_score"],
+    }
     for attr, names in methods.items():
         group = getattr(trainer, attr, None)
         if group is None:
@@ -258,5 +262,7 @@ def machine_line() -> str:
     import torch
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{os.cpu_count()} CPU cores, load average {load:.1f}, driver torch threads {torch.get_num_threads()}, "
-            f"torch {torch.__version__}")
+    return (
+        f"{os.cpu_count()} CPU cores, load average {load:.1f}, driver torch threads {torch.get_num_threads()}, "
+        f"torch {torch.__version__}"
+    )

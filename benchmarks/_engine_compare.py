@@ -28,8 +28,9 @@ import _common as C
 SHAPES = {
     "tiny": dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=256, vocab_size=None),
     "small": dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2, intermediate_size=1536, vocab_size=None),
-    "qwen2.5-0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
-                         vocab_size=151936),
+    "qwen2.5-0.5b": dict(
+        hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864, vocab_size=151936
+    ),
 }
 
 
@@ -42,22 +43,46 @@ def save_model(out_dir: str, shape: str, max_position_embeddings: int = 2048) ->
     dims = dict(SHAPES[shape])
     tokenizer = build_tiny_tokenizer(model_max_length=max_position_embeddings)
     vocab = dims.pop("vocab_size") or len(tokenizer)
-    config = build_tiny_config(vocab_size=vocab, max_position_embeddings=max_position_embeddings,
-                               pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **dims)
+    config = build_tiny_config(
+        vocab_size=vocab,
+        max_position_embeddings=max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **dims,
+    )
     model = build_tiny_model(config, seed=0)
-    model.generation_config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return out_dir
 
 
 def rollout_config(tokens: int, max_model_len: int, n_prompts: int, device: str, sleep: bool) -> dict:
-    return {"temperature": 1.0, "top_k": -1, "top_p": 1.0, "do_sample": True, "response_length": tokens,
-            "ignore_eos": True, "dtype": "auto", "load_format": "auto", "max_model_len": max_model_len,
-            "max_num_seqs": n_prompts, "max_num_batched_tokens": 8192, "enforce_eager": device == "cpu",
-            "gpu_memory_utilization": 0.35, "free_cache_engine": sleep, "enable_prefix_caching": False,
-            "engine_kwargs": {"vllm": {}}}
+    return {
+        "temperature": 1.0,
+        "top_k": -1,
+        "top_p": 1.0,
+        "do_sample": True,
+        "response_length": tokens,
+        "ignore_eos": True,
+        "dtype": "auto",
+        "load_format": "auto",
+        "max_model_len": max_model_len,
+        "max_num_seqs": n_prompts,
+        "max_num_batched_tokens": 8192,
+        "enforce_eager": device == "cpu",
+        "gpu_memory_utilization": 0.35,
+        "free_cache_engine": sleep,
+        "enable_prefix_caching": False,
+        "engine_kwargs": {"vllm": {}},
+    }
 
 
 def bucket_iter(state: list, bucket_mb: float):
@@ -92,8 +117,10 @@ class VLLMRow:
 
     def generate(self, prompt_lists, params) -> int:
         async def all_at_once():
-            return await asyncio.gather(*[self.server.generate(p, params, f"b{i}", logprobs=True)
-                                          for i, p in enumerate(prompt_lists)])
+            return await asyncio.gather(
+                *[self.server.generate(p, params, f"b{i}", logprobs=True) for i, p in enumerate(prompt_lists)]
+            )
+
         return sum(len(o.token_ids) for o in self.loop.run(all_at_once()))
 
     def push(self, state: list, bucket_mb: float) -> float:
@@ -127,8 +154,8 @@ def compare_engines(args, load_prompts) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hybridflow.workers.rollout.hf_rollout import HFRollout
     from hybridflow.rollout.sampling import SamplingParams
+    from hybridflow.workers.rollout.hf_rollout import HFRollout
 
     device = args.device
     shape = args.model or ("tiny" if args.quick else "small" if device == "cpu" else "qwen2.5-0.5b")
@@ -168,11 +195,11 @@ def compare_engines(args, load_prompts) -> None:
             engine = VLLMRow(model_dir, dict(config, free_cache_engine=sleep), device, tokenizer.eos_token_id)
             print(f"{label}: engine started in {engine.start_s:.1f} s", flush=True)
             try:
-                calls = {"hf": hf_call, label: lambda: engine.generate(prompt_lists, params)}
+                calls = {"hf": hf_call, label: lambda engine=engine: engine.generate(prompt_lists, params)}
                 for fn in calls.values():  # warm-up
                     fn()
                 for r in range(repeats):  # interleaved, alternating which goes first
-                    for name in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
+                    for name in list(calls) if r % 2 == 0 else list(calls)[::-1]:
                         start = time.perf_counter()
                         produced = calls[name]()
                         rows.setdefault(name, ([], produced))[0].append(time.perf_counter() - start)
@@ -181,8 +208,14 @@ def compare_engines(args, load_prompts) -> None:
                 if sleep:
                     for level in (1, 2):
                         cycle = [engine.sleep_cycle(state, args.bucket_mb, level) for _ in range(max(2, repeats))]
-                        sync_rows.append([f"{label}: sleep({level}) + wake + push", mb, C.median(cycle) * 1000,
-                                          C.median(cycle) * 1000 / mb])
+                        sync_rows.append(
+                            [
+                                f"{label}: sleep({level}) + wake + push",
+                                mb,
+                                C.median(cycle) * 1000,
+                                C.median(cycle) * 1000 / mb,
+                            ]
+                        )
             finally:
                 engine.close()
         hf_sync = []
@@ -193,13 +226,21 @@ def compare_engines(args, load_prompts) -> None:
         sync_rows.append(["hf: load_weights (in place)", mb, C.median(hf_sync) * 1000, C.median(hf_sync) * 1000 / mb])
 
     tps = {name: produced / C.median(times) for name, (times, produced) in rows.items()}
-    print(f"\n{shape} model ({mb:.1f} MB of weights, {dtype}), {prompts_n} prompts x {tokens} new tokens (ignore_eos), "
-          f"temperature 1.0, median of {repeats} interleaved calls, device {device}; {C.machine_line()}")
-    C.print_table("Rollout engines (tokens/s)", ["engine", "tokens", "seconds", "tokens/s", "vs hf"],
-                  [[name, produced, C.median(times), tps[name], tps[name] / tps["hf"]]
-                   for name, (times, produced) in rows.items()])
-    C.print_table(f"Weight sync (full state dict, buckets of {args.bucket_mb} MB)", ["what", "MB", "ms", "ms/MB"],
-                  sync_rows)
+    print(
+        f"\n{shape} model ({mb:.1f} MB of weights, {dtype}), {prompts_n} prompts x {tokens} new tokens (ignore_eos), "
+        f"temperature 1.0, median of {repeats} interleaved calls, device {device}; {C.machine_line()}"
+    )
+    C.print_table(
+        "Rollout engines (tokens/s)",
+        ["engine", "tokens", "seconds", "tokens/s", "vs hf"],
+        [
+            [name, produced, C.median(times), tps[name], tps[name] / tps["hf"]]
+            for name, (times, produced) in rows.items()
+        ],
+    )
+    C.print_table(
+        f"Weight sync (full state dict, buckets of {args.bucket_mb} MB)", ["what", "MB", "ms", "ms/MB"], sync_rows
+    )
     for name in tps:
         if name != "hf":
             print(f"  {name}: {tps[name] / tps['hf']:.2f}x hf tokens/s")

@@ -19,8 +19,13 @@ class SkewedSingleTurnLoop(AgentLoopBase):
         tokens = int(sample["extra_info"]["response_tokens"])
         params = sampling_params.with_overrides({"response_length": tokens, "ignore_eos": True})
         out = await self.server_manager.generate(sample["request_id"], list(sample["prompt_ids"]), params)
-        return AgentLoopOutput(prompt_ids=list(sample["prompt_ids"]), response_ids=out.token_ids,
-                               response_mask=[1] * len(out.token_ids), response_logprobs=out.log_probs, num_turns=2)
+        return AgentLoopOutput(
+            prompt_ids=list(sample["prompt_ids"]),
+            response_ids=out.token_ids,
+            response_mask=[1] * len(out.token_ids),
+            response_logprobs=out.log_probs,
+            num_turns=2,
+        )
 
 
 def register() -> None:

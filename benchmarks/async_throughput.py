@@ -35,20 +35,25 @@ SEPARATE = ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_g
 MODES = {
     "sync": SEPARATE,
     "one_step_off": [*SEPARATE, "async_training.mode=one_step_off"],
-    "fully_async": [*SEPARATE, "async_training.mode=fully_async", "async_training.staleness_threshold=1",
-                    "async_training.trigger_parameter_sync_step=1", "async_training.require_batches=2",
-                    "async_training.partial_rollout=True"],
+    "fully_async": [
+        *SEPARATE,
+        "async_training.mode=fully_async",
+        "async_training.staleness_threshold=1",
+        "async_training.trigger_parameter_sync_step=1",
+        "async_training.require_batches=2",
+        "async_training.partial_rollout=True",
+    ],
 }
 # veRL's fully async recipe also takes pi_old from the rollout's log-probs (no recomputation by the actor)
 MODES["fully_async+rollout_logprobs"] = [*MODES["fully_async"], "async_training.use_rollout_log_probs=True"]
 # the same saving in the synchronous schedule (rollout correction's bypass mode), for a like-for-like ratio
 MODES["sync+rollout_logprobs"] = [*SEPARATE, "algorithm.rollout_correction.bypass_mode=True"]
 BASELINE = {"fully_async": "sync", "one_step_off": "sync", "fully_async+rollout_logprobs": "sync+rollout_logprobs"}
-TOY_REWARD = '''
+TOY_REWARD = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     s = solution_str or ""
     return sum(c.isdigit() for c in s) / max(len(s), 1)
-'''
+"""
 
 
 def write_skewed_data(data_dir: str, long_tokens: int, short_tokens: int, every: int) -> None:
@@ -60,7 +65,10 @@ def write_skewed_data(data_dir: str, long_tokens: int, short_tokens: int, every:
         rows = pq.read_table(path).to_pylist()
         for i, row in enumerate(rows):
             row["agent_name"] = "skewed_single_turn"
-            row["extra_info"] = {**row["extra_info"], "response_tokens": long_tokens if i % every == 0 else short_tokens}
+            row["extra_info"] = {
+                **row["extra_info"],
+                "response_tokens": long_tokens if i % every == 0 else short_tokens,
+            }
         import pyarrow as pa
 
         pq.write_table(pa.Table.from_pylist(rows), path)
@@ -73,19 +81,32 @@ def overrides(data_dir, model_dir, out_dir, args, mode) -> list[str]:
         f.write(TOY_REWARD)
     return [
         "algorithm.adv_estimator=grpo",
-        f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
-        f"data.train_batch_size={prompts}", "data.max_prompt_length=128", f"data.max_response_length={args.long}",
-        f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "actor_rollout_ref.actor.optim.lr=1e-4", f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts // 2}",
+        f"data.train_files={data_dir}/train.parquet",
+        f"data.val_files={data_dir}/test.parquet",
+        f"data.train_batch_size={prompts}",
+        "data.max_prompt_length=128",
+        f"data.max_response_length={args.long}",
+        f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "actor_rollout_ref.actor.optim.lr=1e-4",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts // 2}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={prompts * n // 2}",
-        "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
-        f"actor_rollout_ref.rollout.n={n}", "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        f"actor_rollout_ref.rollout.n={n}",
+        "actor_rollout_ref.rollout.temperature=1.0",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={prompts * n}",
         "actor_rollout_ref.rollout.agent.num_workers=1",
         f"custom_reward_function.path={reward}",
-        f"trainer.total_training_steps={args.steps}", "trainer.test_freq=-1", "trainer.save_freq=-1",
-        "trainer.val_before_train=False", "trainer.logger=['file']", f"trainer.default_local_dir={out_dir}/ckpt",
-        "trainer.n_gpus_per_node=1", "trainer.backend=ray", "trainer.device=cpu",
+        f"trainer.total_training_steps={args.steps}",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.val_before_train=False",
+        "trainer.logger=['file']",
+        f"trainer.default_local_dir={out_dir}/ckpt",
+        "trainer.n_gpus_per_node=1",
+        "trainer.backend=ray",
+        "trainer.device=cpu",
         *MODES[mode],
     ]
 
@@ -99,12 +120,20 @@ def summarize(rows: list[dict], mode: str, samples_per_step: int, warmup: int) -
     else:
         rollout_idle = C.median([r.get("async/rollout_idle_fraction", float("nan")) for r in timed])
     tail = rows[-3:]
-    phases = {k: C.median([r.get(f"timing_s/{k}", 0.0) for r in timed])
-              for k in ("gen", "old_log_prob", "update_actor", "update_weights", "sync_weights_total")}
-    return {"phases": phases, "step_s": step_s, "samples_s": samples_per_step / step_s, "trainer_idle": trainer_idle,
-            "rollout_idle": rollout_idle, "lag_max": max(r.get("async/staleness/max", 0.0) for r in rows),
-            "score": sum(r["critic/score/mean"] for r in tail) / len(tail),
-            "response_len": C.median([r["response_length/mean"] for r in timed])}
+    phases = {
+        k: C.median([r.get(f"timing_s/{k}", 0.0) for r in timed])
+        for k in ("gen", "old_log_prob", "update_actor", "update_weights", "sync_weights_total")
+    }
+    return {
+        "phases": phases,
+        "step_s": step_s,
+        "samples_s": samples_per_step / step_s,
+        "trainer_idle": trainer_idle,
+        "rollout_idle": rollout_idle,
+        "lag_max": max(r.get("async/staleness/max", 0.0) for r in rows),
+        "score": sum(r["critic/score/mean"] for r in tail) / len(tail),
+        "response_len": C.median([r["response_length/mean"] for r in timed]),
+    }
 
 
 def ratio(results: dict, mode: str, baseline: str) -> float:
@@ -135,16 +164,21 @@ def main(argv=None) -> int:
 
     import _skewed_workload  # noqa: F401 - registers skewed_single_turn in this process
 
+    from hybridflow.config.loader import load_config
     from hybridflow.main_ppo import run_ppo
     from hybridflow.single_controller.ray.init import init_ray
-    from hybridflow.config.loader import load_config
 
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(here)
     # Ray workers (the agent loop workers among them) import the workload's loop at start-up
-    init_ray(None, num_cpus=2, runtime_env={
-        "worker_process_setup_hook": "_skewed_workload.register",
-        "env_vars": {"HYBRIDFLOW_DEVICE": "cpu", "PYTHONPATH": os.pathsep.join([here, repo])}})
+    init_ray(
+        None,
+        num_cpus=2,
+        runtime_env={
+            "worker_process_setup_hook": "_skewed_workload.register",
+            "env_vars": {"HYBRIDFLOW_DEVICE": "cpu", "PYTHONPATH": os.pathsep.join([here, repo])},
+        },
+    )
     results = {}
     with tempfile.TemporaryDirectory() as root:
         data_dir, model_dir = C.make_assets(root, C.GRPOSetup(train_size=max(64, args.prompts * args.steps * 3)))
@@ -163,19 +197,56 @@ def main(argv=None) -> int:
         f"GRPO on a length-skewed workload: {args.prompts} prompts x {args.n} samples per step, {long_share:.0%} of "
         f"prompts ask for {args.long} tokens, the rest {args.short}; actor and rollout on separate Ray workers\n"
         f"{C.machine_line()}",
-        ["mode", "s/step", "samples/s", "vs sync", "vs like sync", "trainer idle", "rollout idle", "max lag", "score (last 3)"],
-        [[m, r["step_s"], r["samples_s"], ratio(results, m, "sync"), ratio(results, m, BASELINE.get(m, m)),
-          r["trainer_idle"], r["rollout_idle"], r["lag_max"], r["score"]] for m, r in results.items()])
-    C.print_table("where a step's time goes (median seconds; gen = waiting for rollouts; weights = push to the rollout)",
-                  ["mode", "gen", "old_log_prob", "update_actor", "weights"],
-                  [[m, r["phases"]["gen"], r["phases"]["old_log_prob"], r["phases"]["update_actor"],
-                    max(r["phases"]["update_weights"], r["phases"]["sync_weights_total"])] for m, r in results.items()])
+        [
+            "mode",
+            "s/step",
+            "samples/s",
+            "vs sync",
+            "vs like sync",
+            "trainer idle",
+            "rollout idle",
+            "max lag",
+            "score (last 3)",
+        ],
+        [
+            [
+                m,
+                r["step_s"],
+                r["samples_s"],
+                ratio(results, m, "sync"),
+                ratio(results, m, BASELINE.get(m, m)),
+                r["trainer_idle"],
+                r["rollout_idle"],
+                r["lag_max"],
+                r["score"],
+            ]
+            for m, r in results.items()
+        ],
+    )
+    C.print_table(
+        "where a step's time goes (median seconds; gen = waiting for rollouts; weights = push to the rollout)",
+        ["mode", "gen", "old_log_prob", "update_actor", "weights"],
+        [
+            [
+                m,
+                r["phases"]["gen"],
+                r["phases"]["old_log_prob"],
+                r["phases"]["update_actor"],
+                max(r["phases"]["update_weights"], r["phases"]["sync_weights_total"]),
+            ]
+            for m, r in results.items()
+        ],
+    )
     if "sync" in results and "fully_async" in results:
         r = ratio(results, "fully_async", "sync")
-        print(f"\nfully_async: {r:.2f}x sync samples/s (goal >= {GOAL}x) -> {'meets' if r >= GOAL else 'MISSES'} the goal")
+        print(
+            f"\nfully_async: {r:.2f}x sync samples/s (goal >= {GOAL}x) -> {'meets' if r >= GOAL else 'MISSES'} the goal"
+        )
         for m in ("fully_async+rollout_logprobs",):
             if m in results:
-                print(f"{m}: {ratio(results, m, 'sync'):.2f}x sync, {ratio(results, m, BASELINE[m]):.2f}x {BASELINE[m]}")
+                print(
+                    f"{m}: {ratio(results, m, 'sync'):.2f}x sync, {ratio(results, m, BASELINE[m]):.2f}x {BASELINE[m]}"
+                )
     return 0
 
 

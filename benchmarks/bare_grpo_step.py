@@ -58,10 +58,18 @@ class BareGRPO:
         # generate
         self.model.eval()
         with torch.no_grad():
-            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=s.response_length,
-                                      do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                      eos_token_id=self.eos, pad_token_id=self.pad)
-        resp = out[:, ids.size(1):]  # (B*n, r)
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=s.response_length,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                eos_token_id=self.eos,
+                pad_token_id=self.pad,
+            )
+        resp = out[:, ids.size(1) :]  # (B*n, r)
         is_eos = (resp == self.eos).int()
         resp_mask = ((is_eos.cumsum(-1) - is_eos) == 0).float()  # up to and including the first EOS
         t1 = time.perf_counter()
@@ -78,7 +86,7 @@ class BareGRPO:
         full_mask = torch.cat([mask, resp_mask.long()], dim=1)
         positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
         logits = self.model(input_ids=out, attention_mask=full_mask, position_ids=positions).logits
-        logits = logits[:, ids.size(1) - 1:-1].float()  # predicts the response tokens
+        logits = logits[:, ids.size(1) - 1 : -1].float()  # predicts the response tokens
         logp = torch.log_softmax(logits, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
         loss = -(adv.unsqueeze(-1) * logp * resp_mask).sum() / resp_mask.sum().clamp(min=1)
         self.optimizer.zero_grad(set_to_none=True)
@@ -98,9 +106,13 @@ def hybridflow_stepper(backend: str, setup: C.GRPOSetup, steps: int, data_dir: s
     def step() -> dict[str, float]:
         trainer.global_steps += 1
         m = trainer.train_step(DataProto.from_single_dict(next(batches)))
-        return {"gen": m["timing_s/gen"], "reward+adv": m["timing_s/reward"] + m["timing_s/adv"],
-                "old_log_prob": m["timing_s/old_log_prob"], "update": m["timing_s/update_actor"],
-                "step": m["timing_s/step"]}
+        return {
+            "gen": m["timing_s/gen"],
+            "reward+adv": m["timing_s/reward"] + m["timing_s/adv"],
+            "old_log_prob": m["timing_s/old_log_prob"],
+            "update": m["timing_s/update_actor"],
+            "step": m["timing_s/step"],
+        }
 
     return trainer, step
 
@@ -110,17 +122,21 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny settings for a smoke run")
     p.add_argument("--steps", type=int, default=None, help="measured steps per row (default 6; quick 1)")
     p.add_argument("--backends", default="inprocess,ray1", help="comma list of inprocess, ray1")
-    p.add_argument("--torch-threads", type=int, default=1,
-                   help="torch threads of this process (bare loop and in-process worker); Ray workers run with 1")
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch threads of this process (bare loop and in-process worker); Ray workers run with 1",
+    )
     args = p.parse_args(argv)
     C.set_threads(args.torch_threads)
     setup = C.GRPOSetup(prompts=4, n=2, response_length=8, train_size=32) if args.quick else C.GRPOSetup()
     steps = args.steps or (1 if args.quick else 6)
     warmup = 1
     names = args.backends.split(",")
+    from hybridflow.config.loader import load_config
     from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
     from hybridflow.data.sampler import create_rl_dataloader
-    from hybridflow.config.loader import load_config
     from hybridflow.workers.model_loading import load_tokenizer
 
     trainers = []
@@ -130,10 +146,15 @@ def main(argv=None):
             data_cfg = load_config("ppo_trainer", [f"data.max_prompt_length={setup.prompt_length}"]).data
             dataset = RLHFDataset(os.path.join(data_dir, "train.parquet"), load_tokenizer(model_dir, False), data_cfg)
             # the same seed and batch size as the trainer's loader: the same prompts in the same order
-            loader = create_rl_dataloader(dataset, batch_size=setup.prompts, seed=0, shuffle=True,
-                                          collate_fn=collate_fn)
+            loader = create_rl_dataloader(
+                dataset, batch_size=setup.prompts, seed=0, shuffle=True, collate_fn=collate_fn
+            )
             rows = {"bare": BareGRPO(model_dir, setup, loader).step}
-            labels = {"bare": "bare loop (1 process)", "inprocess": "hybridflow inprocess", "ray1": "hybridflow ray (1 worker)"}
+            labels = {
+                "bare": "bare loop (1 process)",
+                "inprocess": "hybridflow inprocess",
+                "ray1": "hybridflow ray (1 worker)",
+            }
             for name in names:
                 backend = "inprocess" if name == "inprocess" else "ray"
                 trainer, step = hybridflow_stepper(backend, setup, steps + warmup, data_dir, model_dir, root)
@@ -153,14 +174,20 @@ def main(argv=None):
     bare_step = C.median([t["step"] for t in times["bare"]])
     table = []
     for name, results in times.items():
-        med = {ph: C.median([r[ph] for r in results if ph in r]) if any(ph in r for r in results) else "-" for ph in phases}
+        med = {
+            ph: C.median([r[ph] for r in results if ph in r]) if any(ph in r for r in results) else "-" for ph in phases
+        }
         table.append([labels[name]] + [med[ph] for ph in phases] + [med["step"] / bare_step])
-    print(f"\nGRPO step, {setup.prompts} prompts x {setup.n} samples, <= {setup.response_length} tokens, lr {setup.lr}; "
-          f"median of {steps} interleaved steps; {C.machine_line()}")
+    print(
+        f"\nGRPO step, {setup.prompts} prompts x {setup.n} samples, <= {setup.response_length} tokens, lr {setup.lr}; "
+        f"median of {steps} interleaved steps; {C.machine_line()}"
+    )
     C.print_table("Seconds per step (phases as each side times them)", ["row"] + phases + ["x bare"], table)
     for row in table[1:]:
-        print(f"  {row[0]}: {row[-1]:.2f}x the bare loop -> {'meets' if row[-1] <= GOAL else 'MISSES'} the goal "
-              f"(<= {GOAL}x)")
+        print(
+            f"  {row[0]}: {row[-1]:.2f}x the bare loop -> {'meets' if row[-1] <= GOAL else 'MISSES'} the goal "
+            f"(<= {GOAL}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -99,12 +99,21 @@ def make_calls(wg, bare, data: DataProto) -> dict:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer calls and no 100 MB row (a smoke run)")
-    parser.add_argument("--profile", metavar="MB", type=float, default=None,
-                        help="cProfile the driver side of hybridflow calls of this size instead of the table")
-    parser.add_argument("--torch-threads", type=int, default=1,
-                        help="torch intra-op threads in the driver (Ray workers run with 1); default 1, since "
-                             "on a small shared machine a multi-threaded torch.cat of the collect step mostly "
-                             "measures thread contention")
+    parser.add_argument(
+        "--profile",
+        metavar="MB",
+        type=float,
+        default=None,
+        help="cProfile the driver side of hybridflow calls of this size instead of the table",
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads in the driver (Ray workers run with 1); default 1, since "
+        "on a small shared machine a multi-threaded torch.cat of the collect step mostly "
+        "measures thread contention",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.torch_threads)
     noop_calls = 50 if args.quick else 200
@@ -140,8 +149,10 @@ def main(argv=None):
 
 def print_table(rows, cpus, threads):
     names = ["hybridflow", "bare-proto", "bare-numpy"]
-    print(f"\nDP_COMPUTE_PROTO round trip, 2 workers, local Ray ({cpus} CPU cores, driver torch threads {threads}); "
-          "times in ms")
+    print(
+        f"\nDP_COMPUTE_PROTO round trip, 2 workers, local Ray ({cpus} CPU cores, driver torch threads {threads}); "
+        "times in ms"
+    )
     print("GB/s counts the payload once (driver -> workers); the same bytes also come back.\n")
     head = f"{'row':<15}" + "".join(f"{n + ' p50':>16}" for n in names) + f"{'hf p99':>9}{'hf GB/s':>9}{'np GB/s':>9}"
     head += f"{'hf/proto':>10}{'hf/numpy':>10}"

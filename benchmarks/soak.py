@@ -42,10 +42,10 @@ import psutil  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-TOY_REWARD = '''
+TOY_REWARD = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)
-'''
+"""
 
 
 # ------------------------------------------------------------------------------------ pure accounting
@@ -113,8 +113,8 @@ def rss_mb(pid: int) -> float:
 
 
 def make_config(work: str, args):
-    from hybridflow.data.tiny_task import write_tiny_task
     from hybridflow.config.loader import load_config
+    from hybridflow.data.tiny_task import write_tiny_task
     from hybridflow.models.tiny import save_tiny_model
 
     model_dir = save_tiny_model(os.path.join(work, "model"), seed=0)
@@ -124,19 +124,36 @@ def make_config(work: str, args):
     with open(reward, "w") as fh:
         fh.write(TOY_REWARD)
     per_rank = args.batch * args.n // args.workers
-    return load_config("ppo_trainer", [
-        "algorithm.adv_estimator=grpo", f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
-        f"data.train_batch_size={args.batch}", "data.max_prompt_length=128", "data.max_response_length=16",
-        "data.seed=7", f"actor_rollout_ref.model.path={model_dir}",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "actor_rollout_ref.actor.optim.lr=1e-5", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={per_rank}", f"actor_rollout_ref.rollout.n={args.n}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={per_rank}",
-        f"trainer.total_training_steps={args.steps}", "trainer.test_freq=-1", f"trainer.save_freq={args.save_freq}",
-        "trainer.val_before_train=False", "trainer.logger=[]", f"trainer.default_local_dir={work}/ckpt",
-        "trainer.resume_mode=auto", "trainer.backend=ray", f"trainer.n_gpus_per_node={args.workers}",
-        "trainer.device=cpu", f"custom_reward_function.path={reward}",
-    ])
+    return load_config(
+        "ppo_trainer",
+        [
+            "algorithm.adv_estimator=grpo",
+            f"data.train_files={data}/train.parquet",
+            f"data.val_files={data}/test.parquet",
+            f"data.train_batch_size={args.batch}",
+            "data.max_prompt_length=128",
+            "data.max_response_length=16",
+            "data.seed=7",
+            f"actor_rollout_ref.model.path={model_dir}",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            "actor_rollout_ref.actor.optim.lr=1e-5",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={per_rank}",
+            f"actor_rollout_ref.rollout.n={args.n}",
+            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={per_rank}",
+            f"trainer.total_training_steps={args.steps}",
+            "trainer.test_freq=-1",
+            f"trainer.save_freq={args.save_freq}",
+            "trainer.val_before_train=False",
+            "trainer.logger=[]",
+            f"trainer.default_local_dir={work}/ckpt",
+            "trainer.resume_mode=auto",
+            "trainer.backend=ray",
+            f"trainer.n_gpus_per_node={args.workers}",
+            "trainer.device=cpu",
+            f"custom_reward_function.path={reward}",
+        ],
+    )
 
 
 def reference_order(trainer, steps: int) -> tuple[dict[int, list], list[dict]]:
@@ -145,8 +162,13 @@ def reference_order(trainer, steps: int) -> tuple[dict[int, list], list[dict]]:
     from hybridflow.data.sampler import create_rl_dataloader
 
     loader = trainer.train_dataloader
-    fresh = create_rl_dataloader(loader.dataset, batch_size=loader.batch_size, seed=loader.sampler.seed,
-                                 shuffle=loader.sampler.shuffle, drop_last=loader.drop_last)
+    fresh = create_rl_dataloader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        seed=loader.sampler.seed,
+        shuffle=loader.sampler.shuffle,
+        drop_last=loader.drop_last,
+    )
     ids, states, step = {}, [fresh.state_dict()], 0
     while step < steps:
         for batch in fresh:
@@ -178,7 +200,9 @@ def run_with_auto_resume(config, args, log: SoakLog) -> int:
         resumed_from = ckpt.find_latest_checkpoint(config.trainer.default_local_dir)
         if resumed_from:
             state = ckpt.load_dataloader_state(resumed_from)
-            log.resumes.append((attempt, int(state["global_steps"]), state["dataloader"], ref_states[int(state["global_steps"])]))
+            log.resumes.append(
+                (attempt, int(state["global_steps"]), state["dataloader"], ref_states[int(state["global_steps"])])
+            )
         original_step = trainer.train_step
 
         def train_step(batch, _attempt=attempt, _pids=worker_pids, _step_fn=original_step, _trainer=trainer):
@@ -190,11 +214,19 @@ def run_with_auto_resume(config, args, log: SoakLog) -> int:
                 threading.Timer(delay, lambda: _kill(pid)).start()
             log.executions.append((_attempt, step, [int(i) for i in batch.non_tensor_batch["index"]]))
             metrics = _step_fn(batch)
-            log.rss.append((_attempt, step, {"driver": rss_mb(os.getpid()),
-                                             **{f"worker{r}@{p}": rss_mb(p) for r, p in enumerate(_pids)}}))
+            log.rss.append(
+                (
+                    _attempt,
+                    step,
+                    {"driver": rss_mb(os.getpid()), **{f"worker{r}@{p}": rss_mb(p) for r, p in enumerate(_pids)}},
+                )
+            )
             if step % 20 == 0:
-                print(f"[soak {time.perf_counter() - start:6.0f}s] attempt {_attempt} step {step}: "
-                      f"score {metrics.get('critic/score/mean', float('nan')):.3f}", flush=True)
+                print(
+                    f"[soak {time.perf_counter() - start:6.0f}s] attempt {_attempt} step {step}: "
+                    f"score {metrics.get('critic/score/mean', float('nan')):.3f}",
+                    flush=True,
+                )
             return metrics
 
         trainer.train_step = train_step
@@ -223,8 +255,11 @@ def _kill(pid: int) -> None:
 def report(args, log: SoakLog, restarts: int, reference: dict, steps_per_epoch: int, wall: float) -> dict:
     committed = committed_steps(log.executions)
     acct = sample_accounting(committed, reference, steps_per_epoch)
-    resume_mismatch = [(a, s) for a, s, got, want in log.resumes
-                       if {k: got[k] for k in ("epoch", "batches")} != {k: want[k] for k in ("epoch", "batches")}]
+    resume_mismatch = [
+        (a, s)
+        for a, s, got, want in log.resumes
+        if {k: got[k] for k in ("epoch", "batches")} != {k: want[k] for k in ("epoch", "batches")}
+    ]
     driver = [(s, m["driver"]) for _a, s, m in log.rss if s >= args.warmup]
     workers: dict[str, list] = {}
     for a, s, m in log.rss:
@@ -233,8 +268,10 @@ def report(args, log: SoakLog, restarts: int, reference: dict, steps_per_epoch: 
                 workers.setdefault(f"a{a}:{name}", []).append((s, mb))
     long_lived = {k: v for k, v in workers.items() if len(v) >= args.min_points}
     worker_growth = {k: growth_per_100_steps(v) for k, v in long_lived.items()}
-    print(f"\nsoak: {args.steps} GRPO steps ({args.batch} prompts x {args.n}), {args.workers} Ray workers, "
-          f"save_freq {args.save_freq}, {len(log.kills)} kills, wall {wall:.0f} s")
+    print(
+        f"\nsoak: {args.steps} GRPO steps ({args.batch} prompts x {args.n}), {args.workers} Ray workers, "
+        f"save_freq {args.save_freq}, {len(log.kills)} kills, wall {wall:.0f} s"
+    )
     print(f"{'quantity':<44} {'value':>12}")
     rows = [
         ("steps committed (goal: all)", f"{len(committed)}/{args.steps}"),
@@ -254,12 +291,22 @@ def report(args, log: SoakLog, restarts: int, reference: dict, steps_per_epoch: 
     print("failures (attempt, step, error):")
     for f in log.failures:
         print("  ", f)
-    print("resumes (attempt, from step, restored loader state):", [(a, s, {k: g[k] for k in ('epoch', 'batches')})
-                                                                   for a, s, g, _ in log.resumes])
-    print("worker RSS growth per lifetime (MB / 100 steps, >= %d points):" % args.min_points,
-          {k: round(v, 1) for k, v in worker_growth.items()})
-    ok = acct["lost"] == 0 and acct["repeated"] == 0 and not acct["mismatched_steps"] and not acct["missing_steps"] \
-        and not resume_mismatch and len(committed) == args.steps
+    print(
+        "resumes (attempt, from step, restored loader state):",
+        [(a, s, {k: g[k] for k in ("epoch", "batches")}) for a, s, g, _ in log.resumes],
+    )
+    print(
+        f"worker RSS growth per lifetime (MB / 100 steps, >= {args.min_points} points):",
+        {k: round(v, 1) for k, v in worker_growth.items()},
+    )
+    ok = (
+        acct["lost"] == 0
+        and acct["repeated"] == 0
+        and not acct["mismatched_steps"]
+        and not acct["missing_steps"]
+        and not resume_mismatch
+        and len(committed) == args.steps
+    )
     print(f"\nverdict: {'zero samples lost or repeated' if ok else 'SAMPLES LOST OR REPEATED'}")
     return {"ok": ok, **acct, "restarts": restarts, "resume_mismatch": resume_mismatch}
 

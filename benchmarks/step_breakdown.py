@@ -44,8 +44,18 @@ DRIVER_COMPUTE = {"reward": "driver/reward_fn", "adv": "driver/adv"}
 GOAL_PCT = 2.0
 
 
-def run_backend(label: str, backend: str, n_workers: int, setup: C.GRPOSetup, steps: int, warmup: int,
-                data_dir: str, model_dir: str, out_dir: str, overrides_extra=()) -> list[dict]:
+def run_backend(
+    label: str,
+    backend: str,
+    n_workers: int,
+    setup: C.GRPOSetup,
+    steps: int,
+    warmup: int,
+    data_dir: str,
+    model_dir: str,
+    out_dir: str,
+    overrides_extra=(),
+) -> list[dict]:
     """Per measured step: {phase: (wall, compute)} plus 'step' and totals, and 'cpu': {phase: CPU
     seconds of this process} (the whole step's CPU for the in-process backend; gen = step - the rest)."""
     from hybridflow.protocol import DataProto
@@ -58,8 +68,11 @@ def run_backend(label: str, backend: str, n_workers: int, setup: C.GRPOSetup, st
         cpu: dict = {}
         results = []
         batches = iter(loader)
-        with C.timed_driver_fn(trainer, "reward_fn", driver, "driver/reward_fn"), \
-                C.timed_driver_fn(trainer, "_compute_advantage", driver, "driver/adv"), C.phase_cpu_times(cpu):
+        with (
+            C.timed_driver_fn(trainer, "reward_fn", driver, "driver/reward_fn"),
+            C.timed_driver_fn(trainer, "_compute_advantage", driver, "driver/adv"),
+            C.phase_cpu_times(cpu),
+        ):
             for i in range(steps + warmup):
                 worker_times.new_step()
                 driver.clear()
@@ -107,14 +120,34 @@ def report(label: str, results: list[dict]) -> list:
     in_phases = C.median([sum(r[p][0] for p in phases) for r in results])
     step = C.median([r["step"] for r in results])
     rows.append(["(between phases)", step - in_phases, 0.0, step - in_phases, float("nan"), "driver"])
-    rows.append(["step", step, C.median([r["compute"] for r in results]), C.median([r["overhead"] for r in results]),
-                 cpu("step"), ""])
-    C.print_table(f"{label}: median over {len(results)} steps, seconds (CPU: this process's user+sys; with Ray "
-                  "the workers' CPU is elsewhere)", ["phase", "driver wall", "compute", "overhead", "CPU", "compute on"], rows)
+    rows.append(
+        [
+            "step",
+            step,
+            C.median([r["compute"] for r in results]),
+            C.median([r["overhead"] for r in results]),
+            cpu("step"),
+            "",
+        ]
+    )
+    C.print_table(
+        f"{label}: median over {len(results)} steps, seconds (CPU: this process's user+sys; with Ray "
+        "the workers' CPU is elsewhere)",
+        ["phase", "driver wall", "compute", "overhead", "CPU", "compute on"],
+        rows,
+    )
     step_vals = [r["step"] for r in results]
     pct = C.median([100 * r["overhead"] / r["step"] for r in results])
-    return [label, step, C.median([r["compute"] for r in results]), C.median([r["overhead"] for r in results]), pct,
-            step / C.median([r["compute"] for r in results]), min(step_vals), max(step_vals)]
+    return [
+        label,
+        step,
+        C.median([r["compute"] for r in results]),
+        C.median([r["overhead"] for r in results]),
+        pct,
+        step / C.median([r["compute"] for r in results]),
+        min(step_vals),
+        max(step_vals),
+    ]
 
 
 def main(argv=None):
@@ -122,11 +155,20 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny settings for a smoke run")
     p.add_argument("--steps", type=int, default=None, help="measured steps per backend (default 5; quick 1)")
     p.add_argument("--backends", default="ray1,ray2,inprocess", help="comma list of ray1, ray2, inprocess")
-    p.add_argument("--torch-threads", type=int, default=1,
-                   help="torch threads in the driver (the in-process worker runs there; Ray workers run with "
-                        "OMP_NUM_THREADS=1). Default 1: on a small shared machine more threads mostly measure contention")
-    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra main_ppo-style override for every backend (repeatable)")
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch threads in the driver (the in-process worker runs there; Ray workers run with "
+        "OMP_NUM_THREADS=1). Default 1: on a small shared machine more threads mostly measure contention",
+    )
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra main_ppo-style override for every backend (repeatable)",
+    )
     args = p.parse_args(argv)
     C.set_threads(args.torch_threads)
     setup = C.GRPOSetup(prompts=4, n=2, response_length=8, train_size=32) if args.quick else C.GRPOSetup()
@@ -140,14 +182,20 @@ def main(argv=None):
         for name in args.backends.split(","):
             backend, workers = configs[name]
             label = f"{backend} ({workers} worker{'s' if workers > 1 else ''})"
-            results = run_backend(label, backend, workers, setup, steps, warmup, data_dir, model_dir, root, args.override)
+            results = run_backend(
+                label, backend, workers, setup, steps, warmup, data_dir, model_dir, root, args.override
+            )
             summary.append(report(label, results))
 
-    print(f"\nGRPO step on the tiny model: {setup.prompts} prompts x {setup.n} samples, <= {setup.response_length} "
-          f"response tokens, 1 optimizer step; {C.machine_line()}")
-    C.print_table("Controller overhead = step - (worker compute + driver compute); medians, seconds",
-                  ["backend", "step", "compute", "overhead", "overhead %", "step/compute", "step min", "step max"],
-                  summary)
+    print(
+        f"\nGRPO step on the tiny model: {setup.prompts} prompts x {setup.n} samples, <= {setup.response_length} "
+        f"response tokens, 1 optimizer step; {C.machine_line()}"
+    )
+    C.print_table(
+        "Controller overhead = step - (worker compute + driver compute); medians, seconds",
+        ["backend", "step", "compute", "overhead", "overhead %", "step/compute", "step min", "step max"],
+        summary,
+    )
     for row in summary:
         verdict = "meets" if row[4] <= GOAL_PCT else "MISSES"
         print(f"  {row[0]}: overhead {row[4]:.2f}% of the step -> {verdict} the goal (<= {GOAL_PCT:.0f}%)")

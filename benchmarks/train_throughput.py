@@ -33,7 +33,7 @@ def skewed_batch(rows: int, max_len: int, vocab: int, seed: int = 0, device="cpu
     prompt_w, resp_w = max_len // 4, max_len - max_len // 4
     prompt_lens = torch.randint(prompt_w // 4, prompt_w + 1, (rows,), generator=gen)
     resp_lens = torch.randint(1, max(2, resp_w // 12), (rows,), generator=gen)
-    resp_lens[:: 8] = resp_w  # the long tail
+    resp_lens[::8] = resp_w  # the long tail
     pm = (torch.arange(prompt_w) >= prompt_w - prompt_lens[:, None]).long()
     rm = (torch.arange(resp_w) < resp_lens[:, None]).long()
     attention_mask = torch.cat([pm, rm], dim=1)  # (B, S)
@@ -41,9 +41,13 @@ def skewed_batch(rows: int, max_len: int, vocab: int, seed: int = 0, device="cpu
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     shape = (rows, resp_w)
     tensors = {
-        "input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-        "responses": input_ids[:, prompt_w:], "response_mask": rm,
-        "old_log_probs": -torch.rand(shape, generator=gen) * 3, "advantages": torch.randn(shape, generator=gen),
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "responses": input_ids[:, prompt_w:],
+        "response_mask": rm,
+        "old_log_probs": -torch.rand(shape, generator=gen) * 3,
+        "advantages": torch.randn(shape, generator=gen),
     }
     return DataProto.from_dict(tensors={k: v.to(device) for k, v in tensors.items()}, meta_info={"temperature": 1.0})
 
@@ -52,9 +56,16 @@ def build_model(hidden: int, layers: int, vocab: int, max_len: int, device: str)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
-                         num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 128),
-                         max_position_embeddings=max_len, tie_word_embeddings=False)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 128),
+        max_position_embeddings=max_len,
+        tie_word_embeddings=False,
+    )
     if device == "cuda":
         try:
             import flash_attn  # noqa: F401
@@ -132,20 +143,34 @@ def main(argv=None) -> dict:
     tokens = int(mask.sum())
     lens = mask.sum(-1).float()
     base = build_model(args.hidden, args.layers, args.vocab, args.max_len, args.device)
-    common = {"ppo_mini_batch_size": args.rows, "ppo_epochs": 1, "grad_clip": 1.0, "clip_ratio": 0.2,
-              "loss_agg_mode": "token-mean", "policy_loss": {"loss_mode": "vanilla"}}
+    common = {
+        "ppo_mini_batch_size": args.rows,
+        "ppo_epochs": 1,
+        "grad_clip": 1.0,
+        "clip_ratio": 0.2,
+        "loss_agg_mode": "token-mean",
+        "policy_loss": {"loss_mode": "vanilla"},
+    }
     # dynamic bsz gets the token cap the fixed split needs for its heaviest micro-batch (same peak
     # activation memory), and packs the rows into as few balanced micro-batches as fit under it
     budget = max(int(chunk.sum()) for chunk in lens.split(args.micro))
     configs = {
         "padded": dict(common, ppo_micro_batch_size_per_gpu=args.micro),
         "padding-free": dict(common, ppo_micro_batch_size_per_gpu=args.micro, use_remove_padding=True),
-        "padding-free + dynamic bsz": dict(common, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=max(budget, int(lens.max())),
-                                           use_remove_padding=True),
+        "padding-free + dynamic bsz": dict(
+            common,
+            use_dynamic_bsz=True,
+            ppo_max_token_len_per_gpu=max(budget, int(lens.max())),
+            use_remove_padding=True,
+        ),
     }
-    print(f"device={args.device} attn={base.config._attn_implementation} params={sum(p.numel() for p in base.parameters())/1e6:.1f}M "
-          f"rows={args.rows} width={mask.shape[1]} valid tokens={tokens} (mean len {lens.mean():.0f}, max {lens.max():.0f}, "
-          f"padding {100 * (1 - tokens / mask.numel()):.0f}%)")
+    print(
+        f"device={args.device} attn={base.config._attn_implementation} "
+        f"params={sum(p.numel() for p in base.parameters()) / 1e6:.1f}M "
+        f"rows={args.rows} width={mask.shape[1]} valid tokens={tokens} (mean len {lens.mean():.0f}, max "
+        f"{lens.max():.0f}, "
+        f"padding {100 * (1 - tokens / mask.numel()):.0f}%)"
+    )
     print(f"dynamic bsz token budget: {budget} (the heaviest fixed micro-batch of {args.micro} rows)")
     print(f"{'configuration':<28} {'s/update':>9} {'tokens/s':>10} {'peak GiB':>9} {'vs padded':>9}")
     results = {}
@@ -156,8 +181,10 @@ def main(argv=None) -> dict:
         print(f"{name:<28} {seconds:>9.3f} {results[name]:>10.0f} {peak_s:>9} {ratio:>8.2f}x")
 
     sync, plain = time_weight_transition(base, args.repeats)
-    print(f"\nweight transition (engine -> rollout): {sync * 1e3:.1f} ms; plain state_dict clone: {plain * 1e3:.1f} ms; "
-          f"ratio {sync / plain:.2f}x")
+    print(
+        f"\nweight transition (engine -> rollout): {sync * 1e3:.1f} ms; plain state_dict clone: {plain * 1e3:.1f} ms; "
+        f"ratio {sync / plain:.2f}x"
+    )
     results["weight_transition_ratio"] = sync / plain
     return results
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from omegaconf import OmegaConf
 
@@ -50,8 +50,11 @@ def run_eval(config) -> dict[str, float]:
             raise ValueError(f"row {i}: no responses in column {d.response_key!r}")
         source = row[d.data_source_key]
         sources.append(source)
-        scores.append(score_responses(compute_score, source, responses, _ground_truth(row, d.reward_model_key, i),
-                                      row.get("extra_info")))
+        scores.append(
+            score_responses(
+                compute_score, source, responses, _ground_truth(row, d.reward_model_key, i), row.get("extra_info")
+            )
+        )
     return summarize_scores(sources, scores)
 
 

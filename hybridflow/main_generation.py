@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -50,9 +50,13 @@ def build_rollout_group(config):
     device = resolve_device(t.device)
     stop_backend = start_backend(t.backend, config.ray_kwargs.ray_init, worker_env={"HYBRIDFLOW_DEVICE": device})
     try:
-        group = build_worker_group(t.backend, ClassWithInitArgs(ActorRolloutRefWorker, config=worker_config(config),
-                                                                role="rollout"),
-                                   [int(t.n_gpus_per_node)] * int(t.nnodes), name="rollout", use_gpu=device == "cuda")
+        group = build_worker_group(
+            t.backend,
+            ClassWithInitArgs(ActorRolloutRefWorker, config=worker_config(config), role="rollout"),
+            [int(t.n_gpus_per_node)] * int(t.nnodes),
+            name="rollout",
+            use_gpu=device == "cuda",
+        )
     except BaseException:
         stop_backend()
         raise
@@ -64,8 +68,9 @@ def build_rollout_group(config):
     return group, shutdown
 
 
-def generate_responses(group, dataset: RLHFDataset, tokenizer, n_samples: int, batch_size: int,
-                       template_kwargs: dict | None = None) -> list[list[str]]:
+def generate_responses(
+    group, dataset: RLHFDataset, tokenizer, n_samples: int, batch_size: int, template_kwargs: dict | None = None
+) -> list[list[str]]:
     """n_samples decoded responses per dataset row, in row order (``template_kwargs``: for loops that
     template the chat themselves, as the dataset did)."""
     out: list[list[str]] = []
@@ -74,11 +79,13 @@ def generate_responses(group, dataset: RLHFDataset, tokenizer, n_samples: int, b
         batch = DataProto.from_single_dict(collate_fn(items))
         gen = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
         gen = gen.repeat(repeat_times=n_samples, interleave=True)  # rows i*n .. i*n+n-1 answer prompt i
-        gen.meta_info = {"pad_token_id": tokenizer.pad_token_id,  # stop ids: the engine's (generation config)
-                         "apply_chat_template_kwargs": dict(template_kwargs or {})}
+        gen.meta_info = {
+            "pad_token_id": tokenizer.pad_token_id,  # stop ids: the engine's (generation config)
+            "apply_chat_template_kwargs": dict(template_kwargs or {}),
+        }
         result = group.generate_sequences(gen)
         texts = tokenizer.batch_decode(result.batch["responses"], skip_special_tokens=True)
-        out += [texts[i * n_samples:(i + 1) * n_samples] for i in range(len(items))]
+        out += [texts[i * n_samples : (i + 1) * n_samples] for i in range(len(items))]
         logger.info("generated %d/%d prompts × %d", len(out), len(dataset), n_samples)
     return out
 
@@ -90,16 +97,25 @@ def run_generation(config) -> str:
     if n_samples < 1 or batch_size < 1:
         raise ValueError(f"data.n_samples and data.batch_size must be >= 1, got {n_samples}, {batch_size}")
     if not config.rollout.do_sample and n_samples > 1:
-        logger.warning("[config] rollout.do_sample=False with data.n_samples=%d: the responses will be identical", n_samples)
+        logger.warning(
+            "[config] rollout.do_sample=False with data.n_samples=%d: the responses will be identical", n_samples
+        )
     model_path = local_model_path(config.model.path, "model.path")
     tokenizer = load_tokenizer(model_path, bool(config.model.trust_remote_code))
     rows = read_parquet_rows(os.path.expanduser(d.path), required_column=d.prompt_key)
     raw_kwargs = d.get("apply_chat_template_kwargs")
     template_kwargs = OmegaConf.to_container(raw_kwargs, resolve=True) if raw_kwargs is not None else {}
-    dataset = RLHFDataset(os.path.expanduser(d.path), tokenizer,
-                          {"prompt_key": d.prompt_key, "max_prompt_length": int(config.rollout.prompt_length),
-                           "filter_overlong_prompts": False, "truncation": "left",  # one output row per input row
-                           "apply_chat_template_kwargs": template_kwargs})
+    dataset = RLHFDataset(
+        os.path.expanduser(d.path),
+        tokenizer,
+        {
+            "prompt_key": d.prompt_key,
+            "max_prompt_length": int(config.rollout.prompt_length),
+            "filter_overlong_prompts": False,
+            "truncation": "left",  # one output row per input row
+            "apply_chat_template_kwargs": template_kwargs,
+        },
+    )
 
     group, shutdown = build_rollout_group(config)
     try:
@@ -114,7 +130,9 @@ def run_generation(config) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), output)
     lengths = [len(r) for resp in responses for r in resp]
-    logger.info("wrote %d rows × %d responses (mean %.1f characters) to %s", len(rows), n_samples, np.mean(lengths), output)
+    logger.info(
+        "wrote %d rows × %d responses (mean %.1f characters) to %s", len(rows), n_samples, np.mean(lengths), output
+    )
     return output
 
 

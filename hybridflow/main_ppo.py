@@ -51,12 +51,27 @@ def build_reward_fns(config, tokenizer):
     compute_score = get_custom_reward_fn(crf.path, crf.name, kwargs)
     name = config.reward.reward_manager.name
     manager_kwargs = config.reward.get("reward_kwargs") or {}  # e.g. DAPO's max_resp_len, overlong_buffer_cfg
-    manager_kwargs = OmegaConf.to_container(manager_kwargs, resolve=True) if OmegaConf.is_config(manager_kwargs) \
+    manager_kwargs = (
+        OmegaConf.to_container(manager_kwargs, resolve=True)
+        if OmegaConf.is_config(manager_kwargs)
         else dict(manager_kwargs)
-    reward_fn = load_reward_manager(name, tokenizer, num_examine=0, compute_score=compute_score,
-                                    reward_fn_key=config.data.reward_fn_key, **manager_kwargs)
-    val_reward_fn = load_reward_manager(name, tokenizer, num_examine=1, compute_score=compute_score,
-                                        reward_fn_key=config.data.reward_fn_key, **manager_kwargs)
+    )
+    reward_fn = load_reward_manager(
+        name,
+        tokenizer,
+        num_examine=0,
+        compute_score=compute_score,
+        reward_fn_key=config.data.reward_fn_key,
+        **manager_kwargs,
+    )
+    val_reward_fn = load_reward_manager(
+        name,
+        tokenizer,
+        num_examine=1,
+        compute_score=compute_score,
+        reward_fn_key=config.data.reward_fn_key,
+        **manager_kwargs,
+    )
     return reward_fn, val_reward_fn
 
 
@@ -79,20 +94,29 @@ def build_trainer(config) -> RayPPOTrainer:
     device = resolve_device(config.trainer.device)
     model_path = local_model_path(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
     trust = bool(config.data.trust_remote_code or config.actor_rollout_ref.model.trust_remote_code)
-    tokenizer = load_tokenizer(config.data.tokenizer or model_path, trust,
-                               chat_template=config.actor_rollout_ref.model.custom_chat_template)
+    tokenizer = load_tokenizer(
+        config.data.tokenizer or model_path, trust, chat_template=config.actor_rollout_ref.model.custom_chat_template
+    )
 
     # data and rewards first: bad input fails before any worker starts
     train_dataset = build_rl_dataset(config.data.train_files, tokenizer, config.data)  # data.custom_cls or RLHFDataset
     val_dataset = build_rl_dataset(config.data.val_files, tokenizer, config.data)
     if len(train_dataset) < int(config.data.train_batch_size):
-        raise ValueError(f"data.train_batch_size={config.data.train_batch_size} is larger than the training set "
-                         f"({len(train_dataset)} prompts in {config.data.train_files}): no full batch")
+        raise ValueError(
+            f"data.train_batch_size={config.data.train_batch_size} is larger than the training set "
+            f"({len(train_dataset)} prompts in {config.data.train_files}): no full batch"
+        )
     if config.data.seed is None:
-        raise ConfigError("data.seed=null (veRL's unseeded sampler) is not supported: the sampler's seed is part of "
-                          "every checkpoint so that a run can resume; set data.seed to an integer")
-    dataloader = create_rl_dataloader(train_dataset, batch_size=int(config.data.train_batch_size),
-                                      seed=int(config.data.seed), shuffle=bool(config.data.shuffle))
+        raise ConfigError(
+            "data.seed=null (veRL's unseeded sampler) is not supported: the sampler's seed is part of "
+            "every checkpoint so that a run can resume; set data.seed to an integer"
+        )
+    dataloader = create_rl_dataloader(
+        train_dataset,
+        batch_size=int(config.data.train_batch_size),
+        seed=int(config.data.seed),
+        shuffle=bool(config.data.shuffle),
+    )
     reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
     check_prompts_fit(train_dataset, "data.train_files")  # last: the one check that tokenizes every prompt
     check_prompts_fit(val_dataset, "data.val_files")

@@ -20,7 +20,7 @@ import logging
 import os
 import shutil
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -39,14 +39,22 @@ logger = logging.getLogger(__name__)
 BACKENDS = ("fsdp",)
 ROLES = ("actor", "critic")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
-_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-           "fp32": torch.float32, "float32": torch.float32}
+_DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+}
 
 
 def check_backend(backend: str) -> None:
     if backend == "megatron":
-        raise ValueError("--backend megatron is not supported: hybridflow trains with FSDP2/DDP and saves "
-                         "torch.distributed.checkpoint (DCP) shards; use --backend fsdp for its checkpoints")
+        raise ValueError(
+            "--backend megatron is not supported: hybridflow trains with FSDP2/DDP and saves "
+            "torch.distributed.checkpoint (DCP) shards; use --backend fsdp for its checkpoints"
+        )
     if backend not in BACKENDS:
         raise ValueError(f"unknown --backend {backend!r}; supported: {', '.join(BACKENDS)}")
 
@@ -89,7 +97,7 @@ def load_dcp_model_state(local_dir: str) -> dict[str, torch.Tensor]:
         raise ValueError(f"{local_dir!r} holds no model weights (saved without 'model' in save_contents?)")
     with quiet_no_pg():
         dcp.load(state, storage_reader=reader, no_dist=True)
-    return unwrapped_state_dict({k[len("model."):]: v for k, v in state.items()})
+    return unwrapped_state_dict({k[len("model.") :]: v for k, v in state.items()})
 
 
 def _copy_side_files(src: str, dst: str) -> None:
@@ -97,7 +105,11 @@ def _copy_side_files(src: str, dst: str) -> None:
     for name in os.listdir(src):
         path = os.path.join(src, name)
         # adapter_config.json would make loaders treat the merged model as a bare adapter
-        if os.path.isfile(path) and name not in ("config.json", "adapter_config.json") and not name.endswith(_WEIGHT_SUFFIXES):
+        if (
+            os.path.isfile(path)
+            and name not in ("config.json", "adapter_config.json")
+            and not name.endswith(_WEIGHT_SUFFIXES)
+        ):
             shutil.copy2(path, os.path.join(dst, name))
 
 
@@ -117,8 +129,9 @@ def _fold_lora(state: dict[str, torch.Tensor], search_dirs: Sequence[str]) -> di
     raise FileNotFoundError(f"the checkpoint holds LoRA adapters but no {ADAPTER_CONFIG} in {list(search_dirs)}")
 
 
-def merge_checkpoint(local_dir: str, target_dir: str, backend: str = "fsdp", hf_model_path: str | None = None,
-                     dtype: str | None = None) -> str:
+def merge_checkpoint(
+    local_dir: str, target_dir: str, backend: str = "fsdp", hf_model_path: str | None = None, dtype: str | None = None
+) -> str:
     """Write a Hugging Face directory for the role checkpoint ``local_dir`` into ``target_dir``.
 
     Config, tokenizer and generation config come from ``local_dir/huggingface`` (or
@@ -128,8 +141,10 @@ def merge_checkpoint(local_dir: str, target_dir: str, backend: str = "fsdp", hf_
     state = load_dcp_model_state(local_dir)
     hf_dir = hf_model_path or os.path.join(local_dir, HF_DIR)
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
-        raise FileNotFoundError(f"no config.json in {hf_dir!r}: the checkpoint was saved without a model config; "
-                                "pass --hf_model_path with the base model's directory")
+        raise FileNotFoundError(
+            f"no config.json in {hf_dir!r}: the checkpoint was saved without a model config; "
+            "pass --hf_model_path with the base model's directory"
+        )
     if dtype is not None and dtype not in _DTYPES:
         raise ValueError(f"unknown --dtype {dtype!r}; use one of {', '.join(_DTYPES)}")
     if any(".lora_A." in key for key in state):  # a LoRA actor: fold the adapters into the base weights
@@ -140,8 +155,13 @@ def merge_checkpoint(local_dir: str, target_dir: str, backend: str = "fsdp", hf_
     return target_dir
 
 
-def convert_run(checkpoint_dir: str, target_root: str | None = None, backend: str = "fsdp",
-                dtype: str | None = None, roles: Sequence[str] = ROLES) -> list[str]:
+def convert_run(
+    checkpoint_dir: str,
+    target_root: str | None = None,
+    backend: str = "fsdp",
+    dtype: str | None = None,
+    roles: Sequence[str] = ROLES,
+) -> list[str]:
     """Merge every complete step's roles into ``<target_root>/global_step_N/hf_<role>``; returns new dirs.
 
     Each output is written to a tmp name and renamed when whole, so its existence means "done".
@@ -204,8 +224,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_cli_logging()
     try:
         if args.operation == "merge":
-            out = merge_checkpoint(args.local_dir, args.target_dir, backend=args.backend,
-                                   hf_model_path=args.hf_model_path, dtype=args.dtype)
+            out = merge_checkpoint(
+                args.local_dir,
+                args.target_dir,
+                backend=args.backend,
+                hf_model_path=args.hf_model_path,
+                dtype=args.dtype,
+            )
             print(f"wrote Hugging Face model to {out}")
         elif args.operation == "gguf":
             out = convert_gguf(args.gguf_file, args.target_dir, dtype=args.dtype)

@@ -27,8 +27,11 @@ def main(argv=None) -> str:
         raise SystemExit(2) from None
     curves = curves_from_rows(rows)
     if not curves:
-        print(f"error: {args.log} has no training reward (critic/score/mean), validation "
-              "(val-core/.../reward/mean@n) or loss metrics to draw", file=sys.stderr)
+        print(
+            f"error: {args.log} has no training reward (critic/score/mean), validation "
+            "(val-core/.../reward/mean@n) or loss metrics to draw",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     folder = args.log if os.path.isdir(args.log) else os.path.dirname(os.path.abspath(args.log))
     output = args.output or os.path.join(folder, "curves.png")
@@ -37,7 +40,9 @@ def main(argv=None) -> str:
     except ImportError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1) from None
-    summary = ", ".join(f"{label}: {len(pts)} points, last {pts[-1][1]:.3f} at step {pts[-1][0]}" for label, pts in curves.items())
+    summary = ", ".join(
+        f"{label}: {len(pts)} points, last {pts[-1][1]:.3f} at step {pts[-1][0]}" for label, pts in curves.items()
+    )
     print(f"wrote {output} ({summary})")
     return output
 

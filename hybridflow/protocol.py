@@ -16,9 +16,10 @@ import logging
 import os
 import pickle
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -281,7 +282,9 @@ class DataProto:
         """Every tensor and non-tensor column must share the batch length; raises naming the key."""
         if self.batch is not None:
             if not isinstance(self.batch, TensorDict):
-                raise DataProtoTypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
+                raise DataProtoTypeError(
+                    f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}"
+                )
             if len(self.batch.batch_size) != 1:
                 raise DataProtoError(
                     f"DataProto.batch needs exactly one batch dimension, got batch_size {list(self.batch.batch_size)} "
@@ -291,7 +294,9 @@ class DataProto:
         for key, val in self.non_tensor_batch.items():
             if not isinstance(val, np.ndarray) or val.dtype != object:
                 kind = f"ndarray of {val.dtype}" if isinstance(val, np.ndarray) else type(val).__name__
-                raise DataProtoTypeError(f"non_tensor_batch['{key}'] must be a numpy array with dtype=object, got {kind}")
+                raise DataProtoTypeError(
+                    f"non_tensor_batch['{key}'] must be a numpy array with dtype=object, got {kind}"
+                )
             if val.ndim == 0:
                 raise DataProtoError(f"non_tensor_batch['{key}'] is 0-d; it needs a batch dimension")
             if size is None:
@@ -313,11 +318,15 @@ class DataProto:
         for key, tensor in tensors.items():
             shape = tuple(tensor.shape[:num_batch_dims])
             if len(shape) < num_batch_dims:
-                raise DataProtoError(f"tensor '{key}' has {tensor.dim()} dims, fewer than num_batch_dims={num_batch_dims}")
+                raise DataProtoError(
+                    f"tensor '{key}' has {tensor.dim()} dims, fewer than num_batch_dims={num_batch_dims}"
+                )
             if batch_size is None:
                 batch_size, pivot = shape, key
             elif shape != batch_size:
-                raise DataProtoError(f"tensors disagree on the batch dims: '{pivot}' has {batch_size}, '{key}' has {shape}")
+                raise DataProtoError(
+                    f"tensors disagree on the batch dims: '{pivot}' has {batch_size}, '{key}' has {shape}"
+                )
         batch = TensorDict(tensors, batch_size=batch_size) if tensors else None
         if auto_padding:
             meta_info[_auto_padding_key] = True
@@ -500,7 +509,9 @@ class DataProto:
                 ("non_tensor_batch", data[0].non_tensor_batch, d.non_tensor_batch),
             ):
                 if set(a) != set(b):
-                    raise DataProtoError(f"DataProto.concat: {where} keys differ between parts: {sorted(set(a) ^ set(b))}")
+                    raise DataProtoError(
+                        f"DataProto.concat: {where} keys differ between parts: {sorted(set(a) ^ set(b))}"
+                    )
         batch = _cat_batches([d.batch for d in data]) if has_batch[0] else None
         non_tensor = {k: np.concatenate([d.non_tensor_batch[k] for d in data]) for k in data[0].non_tensor_batch}
         meta_info = _merge_meta_info([d.meta_info for d in data])

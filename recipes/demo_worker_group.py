@@ -87,13 +87,16 @@ def main(argv=None):
 
     # 5 rows over n ranks: padded to a multiple of n for dispatch, unpadded after collect
     data = DataProto.from_dict(
-        tensors={"x": torch.arange(5, dtype=torch.float32)},
-        non_tensors={"name": np.array(list("abcde"), dtype=object)},
+        tensors={"x": torch.arange(5, dtype=torch.float32)}, non_tensors={"name": np.array(list("abcde"), dtype=object)}
     )
     out = wg.square(data)
     print(f"square(5 rows) -> {len(out)} rows")
-    for name, x, y, rank in zip(out.non_tensor_batch["name"], data.batch["x"].tolist(),
-                                out.batch["x_squared"].tolist(), out.batch["rank"].tolist()):
+    for name, x, y, rank in zip(
+        out.non_tensor_batch["name"],
+        data.batch["x"].tolist(),
+        out.batch["x_squared"].tolist(),
+        out.batch["rank"].tolist(),
+    ):
         print(f"  {name}: {x:.0f}^2 = {y:.0f}   (computed on rank {rank})")
     assert out.batch["x_squared"].tolist() == [0.0, 1.0, 4.0, 9.0, 16.0]
     assert sums == [1.5 * n * (n + 1) / 2] * n

@@ -49,21 +49,25 @@ def parse(argv=None):
 
 def judge_overrides(judge_dir: str, engine: str) -> list[str]:
     """The reward side: veRL's reward.reward_model keys plus genrm's reward_kwargs."""
-    out = ["reward.reward_manager.name=genrm",
-           "reward.reward_model.enable=True",
-           f"reward.reward_model.model_path={judge_dir}",
-           f"reward.reward_model.rollout.name={engine}",
-           "reward.reward_model.rollout.dtype=auto",
-           "reward.reward_model.rollout.do_sample=False",
-           "reward.reward_model.rollout.prompt_length=256",
-           "reward.reward_model.rollout.response_length=1",
-           "reward.reward_model.rollout.tensor_model_parallel_size=1",
-           "+reward.reward_kwargs.parser=last_number",
-           "+reward.reward_kwargs.chat_template=False",
-           f"+reward.reward_kwargs.template='{TEMPLATE}'"]
+    out = [
+        "reward.reward_manager.name=genrm",
+        "reward.reward_model.enable=True",
+        f"reward.reward_model.model_path={judge_dir}",
+        f"reward.reward_model.rollout.name={engine}",
+        "reward.reward_model.rollout.dtype=auto",
+        "reward.reward_model.rollout.do_sample=False",
+        "reward.reward_model.rollout.prompt_length=256",
+        "reward.reward_model.rollout.response_length=1",
+        "reward.reward_model.rollout.tensor_model_parallel_size=1",
+        "+reward.reward_kwargs.parser=last_number",
+        "+reward.reward_kwargs.chat_template=False",
+        f"+reward.reward_kwargs.template='{TEMPLATE}'",
+    ]
     if engine == "vllm":  # a small fixed KV cache on cpu (vLLM has no memory fraction there)
-        out += ["reward.reward_model.rollout.max_num_seqs=16",
-                f"reward.reward_model.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={32 << 20}"]
+        out += [
+            "reward.reward_model.rollout.max_num_seqs=16",
+            f"reward.reward_model.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={32 << 20}",
+        ]
     return out
 
 
@@ -107,17 +111,35 @@ def main(argv=None) -> None:
     env = child_env(threads=1)
     if not os.path.isfile(os.path.join(data_dir, "train.parquet")):
         log("data: the tiny arithmetic task and the tiny policy")
-        run_module("hybridflow.data.tiny_task", ["--data_dir", data_dir, "--model_dir", model_dir, "--train_size", "64",
-                                                 "--test_size", "16", "--seed", str(args.seed)], env,
-                   os.path.join(work, "data.log"))
+        run_module(
+            "hybridflow.data.tiny_task",
+            [
+                "--data_dir",
+                data_dir,
+                "--model_dir",
+                model_dir,
+                "--train_size",
+                "64",
+                "--test_size",
+                "16",
+                "--seed",
+                str(args.seed),
+            ],
+            env,
+            os.path.join(work, "data.log"),
+        )
     if not os.path.isfile(os.path.join(judge_dir, "config.json")):
         log("judge: the tiny model saved with seed 1")
         run_module("hybridflow.models.tiny", ["--out", judge_dir, "--seed", "1"], env, os.path.join(work, "judge.log"))
     log(f"GRPO, {args.steps} steps, judge on {args.engine} (log: {work}/rl.log)")
     if os.path.exists(os.path.join(out_dir, "metrics.jsonl")):
         os.remove(os.path.join(out_dir, "metrics.jsonl"))
-    run_module("hybridflow.main_ppo", rl_overrides(model_dir, judge_dir, data_dir, out_dir, args), env,
-               os.path.join(work, "rl.log"))
+    run_module(
+        "hybridflow.main_ppo",
+        rl_overrides(model_dir, judge_dir, data_dir, out_dir, args),
+        env,
+        os.path.join(work, "rl.log"),
+    )
     rows = [r for r in read_metrics(os.path.join(out_dir, "metrics.jsonl")) if "genrm/judged" in r]
     keys = ("critic/score/mean", "genrm/judged", "genrm/unparsable_ratio", "genrm/prompt_too_long", "timing_s/reward")
     for r in rows:

@@ -55,10 +55,30 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # sizes of the full recipe and of --quick (a smoke test: no accuracy target)
-FULL = dict(train_size=2048, dev_size=100, test_size=200, sft_max_steps=1200, sft_save_freq=25, rl_steps=150,
-            test_freq=25, batch=16, n=8, response_length=40)
-QUICK = dict(train_size=64, dev_size=8, test_size=8, sft_max_steps=4, sft_save_freq=2, rl_steps=2,
-             test_freq=1, batch=4, n=2, response_length=8)
+FULL = dict(
+    train_size=2048,
+    dev_size=100,
+    test_size=200,
+    sft_max_steps=1200,
+    sft_save_freq=25,
+    rl_steps=150,
+    test_freq=25,
+    batch=16,
+    n=8,
+    response_length=40,
+)
+QUICK = dict(
+    train_size=64,
+    dev_size=8,
+    test_size=8,
+    sft_max_steps=4,
+    sft_save_freq=2,
+    rl_steps=2,
+    test_freq=1,
+    batch=4,
+    n=2,
+    response_length=8,
+)
 BAND = (0.40, 0.65)  # SFT dev accuracy that leaves room to improve
 # an SFT checkpoint is first screened on this many dev prompts; at most SCREEN_PASS of them right means
 # below the band (P(<= 4 of 25 | 40%) = 1%), and the rest of the dev prompts are not decoded
@@ -127,8 +147,14 @@ class CPUClock:
 
 
 def child_env(threads: int, **extra) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
     env.update(extra)
     return env
@@ -137,7 +163,9 @@ def child_env(threads: int, **extra) -> dict:
 def run_module(module: str, args: list[str], env: dict, logfile: str) -> None:
     """Run ``python -m module args`` to completion; its output goes to ``logfile`` (tail shown on failure)."""
     with open(logfile, "w") as out:
-        code = subprocess.call([sys.executable, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        code = subprocess.call(
+            [sys.executable, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO
+        )
     if code != 0:
         with open(logfile) as f:
             tail = f.read()[-3000:]
@@ -148,15 +176,19 @@ def run_module(module: str, args: list[str], env: dict, logfile: str) -> None:
 
 
 def make_data(work: str, seed: int, sizes: dict, style: str = "direct") -> dict:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from hybridflow.data.tiny_task import write_tiny_task
     from hybridflow.models.tiny import save_tiny_model
 
     data_dir = os.path.join(work, "data")
-    paths = write_tiny_task(data_dir, seed=seed, train_size=sizes["train_size"],
-                            test_size=sizes["dev_size"] + sizes["test_size"], style=style)
+    paths = write_tiny_task(
+        data_dir,
+        seed=seed,
+        train_size=sizes["train_size"],
+        test_size=sizes["dev_size"] + sizes["test_size"],
+        style=style,
+    )
     rows = pq.read_table(paths["test"])
     paths["dev"] = os.path.join(data_dir, "dev.parquet")
     paths["heldout"] = os.path.join(data_dir, "heldout.parquet")
@@ -201,17 +233,35 @@ def sft_warmup(work: str, paths: dict, sizes: dict, args) -> tuple[str, dict[int
 
     sft_dir = os.path.join(work, "sft")
     shutil.rmtree(sft_dir, ignore_errors=True)  # checkpoints of an earlier run must not be picked
-    cmd = [sys.executable, "-m", "hybridflow.main_sft",
-           f"model.partial_pretrain={paths['model']}", f"data.train_files={paths['sft_train']}",
-           f"data.val_files={paths['sft_test']}", "data.prompt_key=question", "data.response_key=answer",
-           "data.prompt_dict_keys=[]", "data.response_dict_keys=[]", "data.max_length=160",
-           f"data.train_batch_size={min(64, sizes['train_size'])}", f"data.micro_batch_size_per_gpu={min(64, sizes['train_size'])}",
-           f"optim.lr={args.sft_lr}", "optim.lr_scheduler=constant", "optim.warmup_steps_ratio=0.02",
-           f"trainer.total_training_steps={sizes['sft_max_steps']}", f"trainer.save_freq={sizes['sft_save_freq']}",
-           "trainer.test_freq=-1", "trainer.logger=[file]", f"trainer.default_local_dir={sft_dir}",
-           f"trainer.seed={args.seed}", "model.strategy=none", f"trainer.device={args.device}",
-           # the values the SFT band was measured with (veRL 0.9.1's SFT defaults differ: betas 0.999, checkpointing on)
-           "optim.betas=[0.9,0.95]", "model.enable_gradient_checkpointing=False"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hybridflow.main_sft",
+        f"model.partial_pretrain={paths['model']}",
+        f"data.train_files={paths['sft_train']}",
+        f"data.val_files={paths['sft_test']}",
+        "data.prompt_key=question",
+        "data.response_key=answer",
+        "data.prompt_dict_keys=[]",
+        "data.response_dict_keys=[]",
+        "data.max_length=160",
+        f"data.train_batch_size={min(64, sizes['train_size'])}",
+        f"data.micro_batch_size_per_gpu={min(64, sizes['train_size'])}",
+        f"optim.lr={args.sft_lr}",
+        "optim.lr_scheduler=constant",
+        "optim.warmup_steps_ratio=0.02",
+        f"trainer.total_training_steps={sizes['sft_max_steps']}",
+        f"trainer.save_freq={sizes['sft_save_freq']}",
+        "trainer.test_freq=-1",
+        "trainer.logger=[file]",
+        f"trainer.default_local_dir={sft_dir}",
+        f"trainer.seed={args.seed}",
+        "model.strategy=none",
+        f"trainer.device={args.device}",
+        # the values the SFT band was measured with (veRL 0.9.1's SFT defaults differ: betas 0.999, checkpointing on)
+        "optim.betas=[0.9,0.95]",
+        "model.enable_gradient_checkpointing=False",
+    ]
     logfile = os.path.join(work, "sft.log")
     out = open(logfile, "w")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(args.threads), cwd=REPO)
@@ -223,8 +273,13 @@ def sft_warmup(work: str, paths: dict, sizes: dict, args) -> tuple[str, dict[int
     screened: dict[int, float] = {}  # only the first SCREEN dev prompts: below the band
 
     def accuracy(step: int, limit: int | None) -> float:
-        return greedy_accuracy(os.path.join(sft_dir, f"global_step_{step}"), paths["dev"], limit=limit,
-                               response_length=sizes["response_length"], max_prompt_length=MAX_PROMPT_LENGTH)
+        return greedy_accuracy(
+            os.path.join(sft_dir, f"global_step_{step}"),
+            paths["dev"],
+            limit=limit,
+            response_length=sizes["response_length"],
+            max_prompt_length=MAX_PROMPT_LENGTH,
+        )
 
     def evaluate(step: int) -> float:
         paused = can_pause and proc.poll() is None
@@ -286,45 +341,75 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
     """veRL-style overrides for main_ppo (the calibration's sizes: 16 prompts × 8 samples, lr 1e-4, no KL)."""
     steps = args.rl_steps or sizes["rl_steps"]
     common = [
-        f"data.train_files={paths['train']}", f"data.val_files={paths['heldout']}",
-        f"data.train_batch_size={sizes['batch']}", f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
-        f"data.max_response_length={sizes['response_length']}", f"data.seed={args.seed}",
-        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        f"data.train_files={paths['train']}",
+        f"data.val_files={paths['heldout']}",
+        f"data.train_batch_size={sizes['batch']}",
+        f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
+        f"data.max_response_length={sizes['response_length']}",
+        f"data.seed={args.seed}",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
         # padded forward passes, as measured (veRL 0.9.1 turns use_remove_padding on by default)
-        "actor_rollout_ref.model.use_remove_padding=False", "critic.model.use_remove_padding=False",
-        f"actor_rollout_ref.actor.optim.lr={args.lr}", f"actor_rollout_ref.actor.optim.lr_warmup_steps={args.warmup}",
-        f"actor_rollout_ref.actor.optim.warmup_style={args.lr_schedule}", "actor_rollout_ref.actor.optim.min_lr_ratio=0.1",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "critic.model.use_remove_padding=False",
+        f"actor_rollout_ref.actor.optim.lr={args.lr}",
+        f"actor_rollout_ref.actor.optim.lr_warmup_steps={args.warmup}",
+        f"actor_rollout_ref.actor.optim.warmup_style={args.lr_schedule}",
+        "actor_rollout_ref.actor.optim.min_lr_ratio=0.1",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={sizes['batch']}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
-        "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.actor.strategy=fsdp",
-        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.temperature=1.0",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
         # one agent loop process: the rollout is one server in one worker (each process costs ~5 CPU s to start)
         "actor_rollout_ref.rollout.agent.num_workers=1",
         "algorithm.use_kl_in_reward=False",
-        f"trainer.total_training_steps={steps}", f"trainer.test_freq={sizes['test_freq']}",
-        f"trainer.save_freq={steps}", "trainer.val_before_train=True", "trainer.logger=['console','file','plot']",
-        "trainer.log_val_generations=2", f"trainer.default_local_dir={run_dir}", "trainer.resume_mode=disable",
-        f"trainer.backend={args.backend}", "trainer.n_gpus_per_node=1", f"trainer.device={args.device}",
-        "trainer.project_name=quickstart", f"trainer.experiment_name={algo}_seed{args.seed}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.test_freq={sizes['test_freq']}",
+        f"trainer.save_freq={steps}",
+        "trainer.val_before_train=True",
+        "trainer.logger=['console','file','plot']",
+        "trainer.log_val_generations=2",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.resume_mode=disable",
+        f"trainer.backend={args.backend}",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.device={args.device}",
+        "trainer.project_name=quickstart",
+        f"trainer.experiment_name={algo}_seed{args.seed}",
     ]
     if args.mode == "sync":
         # one update per batch (mini-batch = batch, 1 epoch) is on-policy: pi_old is the policy that
         # sampled, so the rollout's own log-probs serve as pi_old and the extra forward pass is skipped
-        common += ["actor_rollout_ref.rollout.calculate_log_probs=True", "algorithm.rollout_correction.bypass_mode=True"]
+        common += [
+            "actor_rollout_ref.rollout.calculate_log_probs=True",
+            "algorithm.rollout_correction.bypass_mode=True",
+        ]
     common += async_args(args.mode, sizes["batch"] if algo == "grpo" else sizes["batch"] * sizes["n"])
     if algo == "grpo":
         return ["algorithm.adv_estimator=grpo", f"actor_rollout_ref.rollout.n={sizes['n']}", *common, *args.rl_override]
     # PPO: one sample per prompt would give 16 samples per step; keep the sample budget of GRPO by
     # taking batch × n prompts with n=1, and learn a value function from the SFT model's weights
     return [
-        "algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=1.0", "actor_rollout_ref.rollout.n=1",
-        f"critic.model.path={model}", "critic.model.enable_gradient_checkpointing=False",
-        f"critic.optim.lr={args.critic_lr}", f"critic.ppo_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
+        "algorithm.adv_estimator=gae",
+        "algorithm.gamma=1.0",
+        "algorithm.lam=1.0",
+        "actor_rollout_ref.rollout.n=1",
+        f"critic.model.path={model}",
+        "critic.model.enable_gradient_checkpointing=False",
+        f"critic.optim.lr={args.critic_lr}",
+        f"critic.ppo_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
         f"trainer.critic_warmup={args.critic_warmup}",
-        *[a for a in common if not a.startswith(("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"))],
-        f"data.train_batch_size={sizes['batch'] * sizes['n']}", f"actor_rollout_ref.actor.ppo_mini_batch_size={sizes['batch'] * sizes['n']}",
+        *[
+            a
+            for a in common
+            if not a.startswith(("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"))
+        ],
+        f"data.train_batch_size={sizes['batch'] * sizes['n']}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={sizes['batch'] * sizes['n']}",
         *args.rl_override,
     ]
 
@@ -340,14 +425,22 @@ def async_args(mode: str, prompts_per_step: int) -> list[str]:
     modes put the rollout on a worker of its own (one more CPU) and train the same prompts per step."""
     if mode == "sync":
         return []
-    separate = ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
-                f"async_training.mode={mode}"]
+    separate = [
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        f"async_training.mode={mode}",
+    ]
     if mode == "one_step_off":
         return separate
     # a step takes require_batches × ppo_mini_batch_size prompts: one mini-batch of the whole step
-    return [*separate, "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
-            "async_training.partial_rollout=True", "async_training.require_batches=1",
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts_per_step}"]
+    return [
+        *separate,
+        "async_training.staleness_threshold=1",
+        "async_training.trigger_parameter_sync_step=1",
+        "async_training.partial_rollout=True",
+        "async_training.require_batches=1",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts_per_step}",
+    ]
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -389,8 +482,13 @@ def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--algo", choices=("grpo", "ppo"), default="grpo")
     p.add_argument("--seed", type=int, default=0, help="seeds the model init, the data, SFT and the RL data order")
-    p.add_argument("--data_seed", type=int, default=None, help="seed of the task data (default: --seed); keep it "
-                   "equal to the SFT run's when reusing a checkpoint with --sft_model, so held-out stays held out")
+    p.add_argument(
+        "--data_seed",
+        type=int,
+        default=None,
+        help="seed of the task data (default: --seed); keep it "
+        "equal to the SFT run's when reusing a checkpoint with --sft_model, so held-out stays held out",
+    )
     p.add_argument("--workdir", default="quickstart_out")
     p.add_argument("--quick", action="store_true", help="tiny sizes and 2 RL steps: checks the plumbing only")
     p.add_argument("--rl_steps", type=int, default=None, help="RL steps (default 150; 2 with --quick)")
@@ -399,22 +497,49 @@ def parse(argv=None):
     p.add_argument("--critic_warmup", type=int, default=2)
     p.add_argument("--sft_lr", type=float, default=1e-3)
     p.add_argument("--backend", choices=("ray", "inprocess"), default="ray")
-    p.add_argument("--mode", choices=("sync", "one_step_off", "fully_async"), default="sync",
-                   help="async_training.mode: the asynchronous modes generate on a separate rollout worker")
-    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
-                   help="torch threads of the SFT and RL processes (default: 2 where there are 2 cores; on a 2-core "
-                        "machine shared with other jobs 1 is faster)")
-    p.add_argument("--batch", type=int, default=None, help="GRPO prompts per step (default 16; PPO takes batch × n prompts)")
+    p.add_argument(
+        "--mode",
+        choices=("sync", "one_step_off", "fully_async"),
+        default="sync",
+        help="async_training.mode: the asynchronous modes generate on a separate rollout worker",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="torch threads of the SFT and RL processes (default: 2 where there are 2 cores; on a 2-core "
+        "machine shared with other jobs 1 is faster)",
+    )
+    p.add_argument(
+        "--batch", type=int, default=None, help="GRPO prompts per step (default 16; PPO takes batch × n prompts)"
+    )
     p.add_argument("--n", type=int, default=None, help="GRPO samples per prompt (default 8)")
-    p.add_argument("--rl_override", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra main_ppo override, appended last (repeatable), e.g. algorithm.norm_adv_by_std_in_grpo=False")
+    p.add_argument(
+        "--rl_override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra main_ppo override, appended last (repeatable), e.g. algorithm.norm_adv_by_std_in_grpo=False",
+    )
     p.add_argument("--warmup", type=int, default=10, help="actor lr warm-up steps")
-    p.add_argument("--lr_schedule", choices=("cosine", "constant"), default="cosine",
-                   help="actor lr after warm-up: cosine decay to 0.1 x lr (default) or constant")
-    p.add_argument("--task_style", choices=("direct", "steps"), default="steps",
-                   help="worked solutions as '56+19=75' (direct) or written out digit by digit (steps)")
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
-                   help="where SFT and RL run (the evaluations use the GPU whenever torch sees one)")
+    p.add_argument(
+        "--lr_schedule",
+        choices=("cosine", "constant"),
+        default="cosine",
+        help="actor lr after warm-up: cosine decay to 0.1 x lr (default) or constant",
+    )
+    p.add_argument(
+        "--task_style",
+        choices=("direct", "steps"),
+        default="steps",
+        help="worked solutions as '56+19=75' (direct) or written out digit by digit (steps)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default="cpu",
+        help="where SFT and RL run (the evaluations use the GPU whenever torch sees one)",
+    )
     p.add_argument("--sft_model", default=None, help="skip SFT: start RL from this Hugging Face directory")
     return p.parse_args(argv)
 
@@ -424,8 +549,10 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise SystemExit("the quickstart draws its curves with matplotlib, which is not installed: "
-                         "pip install matplotlib (it is in requirements-cpu.txt and the [plot] extra)") from None
+        raise SystemExit(
+            "the quickstart draws its curves with matplotlib, which is not installed: "
+            "pip install matplotlib (it is in requirements-cpu.txt and the [plot] extra)"
+        ) from None
 
 
 def phase_table(phases: dict, cpu: dict, setup: float | None, load: tuple[float, float], threads: int) -> str:
@@ -434,13 +561,19 @@ def phase_table(phases: dict, cpu: dict, setup: float | None, load: tuple[float,
     if setup is not None:
         lines.append(f"{'setup check':<14}{setup:>9.1f}{'':>9}")
     for name, wall in phases.items():
-        lines.append(f"{name:<14}{wall:>9.1f}{cpu[name]:>9.1f}" if cpu.get(name) is not None else f"{name:<14}{wall:>9.1f}{'':>9}")
+        lines.append(
+            f"{name:<14}{wall:>9.1f}{cpu[name]:>9.1f}"
+            if cpu.get(name) is not None
+            else f"{name:<14}{wall:>9.1f}{'':>9}"
+        )
     total_cpu = sum(v for v in cpu.values() if v is not None) if cpu else None
     total = sum(phases.values()) + (setup or 0.0)
     lines.append(f"{'total':<14}{total:>9.1f}" + (f"{total_cpu:>9.1f}" if total_cpu is not None else ""))
-    lines.append(f"({os.cpu_count()} CPU cores, {threads} torch threads per process; 1-minute load average "
-                 f"{load[0]:.2f} at the start, {load[1]:.2f} at the end: above ~0.5 the machine was shared "
-                 "and the wall times are too)")
+    lines.append(
+        f"({os.cpu_count()} CPU cores, {threads} torch threads per process; 1-minute load average "
+        f"{load[0]:.2f} at the start, {load[1]:.2f} at the end: above ~0.5 the machine was shared "
+        "and the wall times are too)"
+    )
     return "\n".join(lines)
 
 
@@ -482,8 +615,9 @@ def main(argv=None) -> dict:
     phase("sft", t0, c0)
 
     t0, c0 = time.perf_counter(), clock.seconds()
-    before = greedy_accuracy(sft_model, paths["heldout"], response_length=sizes["response_length"],
-                             max_prompt_length=MAX_PROMPT_LENGTH)
+    before = greedy_accuracy(
+        sft_model, paths["heldout"], response_length=sizes["response_length"], max_prompt_length=MAX_PROMPT_LENGTH
+    )
     phase("eval_before", t0, c0)
     log(f"held-out greedy accuracy before {args.algo.upper()}: {before:.1%}")
 
@@ -494,38 +628,63 @@ def main(argv=None) -> dict:
     if os.path.exists(metrics_path):
         os.remove(metrics_path)
     png = os.path.join(work, "quickstart_curves.png")
-    run_module("hybridflow.main_ppo", rl_args(args.algo, sft_model, paths, sizes, run_dir, args),
-               child_env(rl_threads(args), HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path, HYBRIDFLOW_PLOT_PATH=png),
-               os.path.join(work, f"{args.algo}.log"))
+    run_module(
+        "hybridflow.main_ppo",
+        rl_args(args.algo, sft_model, paths, sizes, run_dir, args),
+        child_env(rl_threads(args), HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path, HYBRIDFLOW_PLOT_PATH=png),
+        os.path.join(work, f"{args.algo}.log"),
+    )
     phase("rl", t0, c0)
 
     t0, c0 = time.perf_counter(), clock.seconds()
     final_model = export_final(run_dir, work, args)
-    after, samples = greedy_accuracy(final_model, paths["heldout"], response_length=sizes["response_length"],
-                                     max_prompt_length=MAX_PROMPT_LENGTH, return_samples=3)
+    after, samples = greedy_accuracy(
+        final_model,
+        paths["heldout"],
+        response_length=sizes["response_length"],
+        max_prompt_length=MAX_PROMPT_LENGTH,
+        return_samples=3,
+    )
     phase("eval_after", t0, c0)
 
     rows = read_metrics(metrics_path)
     reward, val = curves(rows)
-    draw_curves(png, {"training reward (mean)": reward, "validation accuracy (greedy)": val},
-                title=f"{args.algo.upper()} on the tiny arithmetic task")
+    draw_curves(
+        png,
+        {"training reward (mean)": reward, "validation accuracy (greedy)": val},
+        title=f"{args.algo.upper()} on the tiny arithmetic task",
+    )
     setup = float(os.environ["QUICKSTART_SETUP_SECONDS"]) if os.environ.get("QUICKSTART_SETUP_SECONDS") else None
     load_end = _load_average()
     step_seconds = [r["timing_s/step"] for r in rows if "timing_s/step" in r]
     result = {
-        "algo": args.algo, "seed": args.seed, "data_seed": args.seed if args.data_seed is None else args.data_seed,
-        "quick": args.quick, "backend": args.backend, "mode": args.mode, "rl_overrides": rl_args(args.algo, sft_model, paths, sizes, run_dir, args),
-        "accuracy_before": before, "accuracy_after": after, "improvement": after - before,
+        "algo": args.algo,
+        "seed": args.seed,
+        "data_seed": args.seed if args.data_seed is None else args.data_seed,
+        "quick": args.quick,
+        "backend": args.backend,
+        "mode": args.mode,
+        "rl_overrides": rl_args(args.algo, sft_model, paths, sizes, run_dir, args),
+        "accuracy_before": before,
+        "accuracy_after": after,
+        "improvement": after - before,
         "steps": max((r["step"] for r in rows), default=0),
-        "wall_seconds": round(time.perf_counter() - start, 1), "phase_seconds": phases,
+        "wall_seconds": round(time.perf_counter() - start, 1),
+        "phase_seconds": phases,
         "setup_seconds": setup,  # the venv check/install of quickstart.sh, before this process started
         "phase_cpu_seconds": cpu,  # user + system of this process and all it started (CPUClock)
         "rl_step_seconds_median": round(sorted(step_seconds)[len(step_seconds) // 2], 3) if step_seconds else None,
-        "load_average_1min": [round(load_start, 2), round(load_end, 2)], "cpu_count": os.cpu_count(),
+        "load_average_1min": [round(load_start, 2), round(load_end, 2)],
+        "cpu_count": os.cpu_count(),
         "threads": args.threads,
-        "sft_checkpoint": sft_model, "sft_dev_accuracy": {str(k): v for k, v in sorted(history.items())},
-        "heldout_prompts": sizes["test_size"], "train_reward": reward, "val_accuracy": val,
-        "final_model": final_model, "metrics_jsonl": metrics_path, "png": png,
+        "sft_checkpoint": sft_model,
+        "sft_dev_accuracy": {str(k): v for k, v in sorted(history.items())},
+        "heldout_prompts": sizes["test_size"],
+        "train_reward": reward,
+        "val_accuracy": val,
+        "final_model": final_model,
+        "metrics_jsonl": metrics_path,
+        "png": png,
         "samples_after": samples,
     }
     with open(os.path.join(work, "quickstart_result.json"), "w") as f:
@@ -533,10 +692,13 @@ def main(argv=None) -> dict:
     table = phase_table(phases, cpu, setup, (load_start, load_end), args.threads)
     print("\n" + table + "\n", flush=True)
     median = result["rl_step_seconds_median"]
-    log(f"accuracy before {before:.1%} -> after {after:.1%} ({(after - before) * 100:+.1f} points) "
-        f"in {result['steps']} {args.algo.upper()} steps" + (f" (median step {median:.2f} s)" if median else "")
+    log(
+        f"accuracy before {before:.1%} -> after {after:.1%} ({(after - before) * 100:+.1f} points) "
+        f"in {result['steps']} {args.algo.upper()} steps"
+        + (f" (median step {median:.2f} s)" if median else "")
         + f"; total {result['wall_seconds'] + (setup or 0.0):.0f} s; "
-        f"wrote {os.path.join(work, 'quickstart_result.json')} and {png}")
+        f"wrote {os.path.join(work, 'quickstart_result.json')} and {png}"
+    )
     return result
 
 

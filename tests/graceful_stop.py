@@ -2,7 +2,8 @@
 
 pytest's own reaction to SIGTERM is the default one (the process dies: no teardown, Ray's processes
 survive), and once Ray is up it is Ray's handler, ``sys.exit``, whose SystemExit pytest reports as one
-failed test and then goes on with the next. This plugin (registered by tests/conftest.py; ``-p graceful_stop`` elsewhere) turns SIGTERM
+failed test and then goes on with the next. This plugin (registered by tests/conftest.py; ``-p graceful_stop``
+elsewhere) turns SIGTERM
 into KeyboardInterrupt, which pytest treats as the end of the session: it stops, runs the session's
 teardowns and exits. Ray replaces the handler when the session fixture starts it; the plugin puts its
 own back right after any fixture setup that did that.

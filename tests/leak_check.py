@@ -31,10 +31,15 @@ IMPORT_TIME_ENV = {
     # scikit-learn, where installed, is imported by transformers.generation (seen on the GPU image)
     "sklearn": frozenset({"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}),
     "torch._dynamo": frozenset({"TORCHINDUCTOR_CACHE_DIR"}),  # torch._dynamo.package asks inductor's cache_dir()
-    "vllm": frozenset({
-        "PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_CACHE_DIR",
-        "TRITON_CACHE_AUTOTUNING", "TILELANG_CLEANUP_TEMP_FILES",
-    }),
+    "vllm": frozenset(
+        {
+            "PYTORCH_NVML_BASED_CUDA_CHECK",
+            "TORCHINDUCTOR_COMPILE_THREADS",
+            "TORCHINDUCTOR_CACHE_DIR",
+            "TRITON_CACHE_AUTOTUNING",
+            "TILELANG_CLEANUP_TEMP_FILES",
+        }
+    ),
 }
 # how long the threads a test started may take, in all, to finish after it
 THREAD_GRACE_S = 2.0
@@ -148,19 +153,31 @@ class StateGuard:
             if old != new and self.owned.signals.get(sig, _MISSING) != new and not _timeout_plugin(old, new):
                 found.append(Leak("signal", sig, f"signal handler {_signal_name(sig)}: {_short(old)} -> {_short(new)}"))
         deadline = time.monotonic() + self.grace_s
-        for thread in sorted(after.threads - before.threads - self.owned.threads - self.reported_threads,
-                             key=lambda t: t.name):
+        for thread in sorted(
+            after.threads - before.threads - self.owned.threads - self.reported_threads, key=lambda t: t.name
+        ):
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 self.reported_threads.add(thread)  # reported once, not again by every later check
-                found.append(Leak("thread", thread, f"non-daemon thread {_thread_name(thread)} still running "
-                                                    f"{self.grace_s:g} s after the test"))
+                found.append(
+                    Leak(
+                        "thread",
+                        thread,
+                        f"non-daemon thread {_thread_name(thread)} still running {self.grace_s:g} s after the test",
+                    )
+                )
         if before.process_group != after.process_group and not (
             after.process_group is not None and after.process_group == self.owned.process_group
         ):
-            found.append(Leak("process_group", None, "torch.distributed default process group: "
-                                                     f"{before.process_group or 'none'} -> "
-                                                     f"{after.process_group or 'none (destroyed)'}"))
+            found.append(
+                Leak(
+                    "process_group",
+                    None,
+                    "torch.distributed default process group: "
+                    f"{before.process_group or 'none'} -> "
+                    f"{after.process_group or 'none (destroyed)'}",
+                )
+            )
         return found
 
     @staticmethod

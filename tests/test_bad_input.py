@@ -40,8 +40,12 @@ def no_workers(monkeypatch):
 def make_config(tiny_model_dir, tiny_data_dir, tmp_path):
     def make(*extra, backend="inprocess", world=1, **kw):
         overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, backend=backend, world=world, steps=1, **kw)
-        overrides += ["trainer.logger=['console']", "trainer.test_freq=-1",
-                      "actor_rollout_ref.model.enable_gradient_checkpointing=False", *extra]
+        overrides += [
+            "trainer.logger=['console']",
+            "trainer.test_freq=-1",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            *extra,
+        ]
         return load_config("ppo_trainer", overrides)
 
     return make
@@ -105,11 +109,16 @@ def test_truncation_error_with_an_overlong_prompt_fails_before_training(make_con
 
 def test_train_batch_larger_than_dataset(make_config, no_workers):
     with pytest.raises(ValueError, match="train_batch_size"):
-        run_ppo(make_config("data.train_batch_size=128", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
-                            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-                            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-                            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-                            "critic.ppo_micro_batch_size_per_gpu=8"))
+        run_ppo(
+            make_config(
+                "data.train_batch_size=128",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+                "critic.ppo_micro_batch_size_per_gpu=8",
+            )
+        )
 
 
 # --- model and tokenizer ----------------------------------------------------------------------------
@@ -161,7 +170,9 @@ def _reward_file(tmp_path, body: str) -> str:
 
 def test_reward_function_that_raises_names_the_sample(make_config, tmp_path):
     path = _reward_file(tmp_path, "    raise ZeroDivisionError('my scorer broke')\n")
-    with pytest.raises(RewardComputationError, match=r"sample 0 \(data_source='openai/gsm8k'\).*my scorer broke") as info:
+    with pytest.raises(
+        RewardComputationError, match=r"sample 0 \(data_source='openai/gsm8k'\).*my scorer broke"
+    ) as info:
         run_ppo(make_config(f"custom_reward_function.path={path}"))
     assert "global step 1" in "\n".join(info.value.__notes__)
 
@@ -177,7 +188,9 @@ def test_reward_function_returning_a_non_number(make_config, tmp_path, value, wh
 def test_more_workers_than_the_cluster_has(make_config, ray_session):
     # the session's Ray has 4 CPUs; 8 worker processes must be refused at once, not wait forever
     config = make_config(backend="ray", world=8, batch=8)
-    with pytest.raises(RuntimeError, match=r"need 8 CPUs in total \(trainer: 8 \(8 per node\)\) but the Ray cluster has 4"):
+    with pytest.raises(
+        RuntimeError, match=r"need 8 CPUs in total \(trainer: 8 \(8 per node\)\) but the Ray cluster has 4"
+    ):
         run_ppo(config)
 
 

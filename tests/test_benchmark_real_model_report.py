@@ -26,8 +26,10 @@ def test_flop_and_byte_counts():
     assert report.tokens_per_second(300, 1.5) == 200 and math.isnan(report.tokens_per_second(3, 0))
 
 
-@pytest.mark.parametrize("value, op, target, passed", [(0.8, ">=", 0.8, True), (0.79, ">=", 0.8, False),
-                                                       (2.0, "<=", 2.0, True), (2.01, "<=", 2.0, False)])
+@pytest.mark.parametrize(
+    "value, op, target, passed",
+    [(0.8, ">=", 0.8, True), (0.79, ">=", 0.8, False), (2.0, "<=", 2.0, True), (2.01, "<=", 2.0, False)],
+)
 def test_goal_verdicts_at_the_boundary(value, op, target, passed):
     goal = report.Goal("ratio", value, op, target)
     assert goal.passed is passed

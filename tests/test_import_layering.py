@@ -30,8 +30,11 @@ def imported_modules(source: str, module_name: str) -> list[tuple[int, str]]:
                 anchor = ".".join(parts[: len(parts) - node.level + 1])
                 base = f"{anchor}.{base}" if base else anchor
             # `from hybridflow import trainer` imports the subpackage
-            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names] if base == "hybridflow" \
+            found += (
+                [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+                if base == "hybridflow"
                 else [(node.lineno, base)]
+            )
     return found
 
 
@@ -57,8 +60,12 @@ def test_the_checker_sees_absolute_relative_and_nested_imports():
     )
     found = imported_modules(source, "hybridflow.workers.actor.dp_actor")
     # `...` from hybridflow/workers/actor/dp_actor.py is the hybridflow package
-    assert sorted(found) == [(1, "hybridflow.trainer.ppo.core_algos"), (2, "hybridflow.trainer.ppo"),
-                             (4, "hybridflow.trainer"), (5, "hybridflow.utils")]
+    assert sorted(found) == [
+        (1, "hybridflow.trainer.ppo.core_algos"),
+        (2, "hybridflow.trainer.ppo"),
+        (4, "hybridflow.trainer"),
+        (5, "hybridflow.utils"),
+    ]
 
 
 # Every top-level package (or module) of hybridflow, lowest layer first. A module may import its own
@@ -66,7 +73,10 @@ def test_the_checker_sees_absolute_relative_and_nested_imports():
 # the same list.
 LAYERS = (
     ("utils", "protocol_layout"),  # generic helpers, the DataProto wire layout
-    ("config", "base_config"),  # the typed config sections, keys and loader (only generic helpers below); veRL's BaseConfig path
+    (
+        "config",
+        "base_config",
+    ),  # the typed config sections, keys and loader (only generic helpers below); veRL's BaseConfig path
     ("protocol",),  # DataProto
     ("algorithms", "rewards", "models"),  # pure RL math, scorers and the code sandbox, the tiny model
     ("tools", "interactions"),  # tool/user APIs (the gsm8k tool and interaction score with rewards.scorers)
@@ -79,8 +89,12 @@ LAYERS = (
 )
 # modules that exist to offer veRL's import paths: they may point up, and hold re-exports only
 ALIASES: tuple[str, ...] = (
-    "hybridflow.base_config", "hybridflow.trainer.config", "hybridflow.workers.config",
-    "hybridflow.utils.seqlen_balancing", "hybridflow.utils.dataset", "hybridflow.utils.reward_score",
+    "hybridflow.base_config",
+    "hybridflow.trainer.config",
+    "hybridflow.workers.config",
+    "hybridflow.utils.seqlen_balancing",
+    "hybridflow.utils.dataset",
+    "hybridflow.utils.reward_score",
     "hybridflow.utils.config",
 )
 # alias modules that are a package's __init__ only (veRL's ``verl.utils.omega_conf_to_dataclass``): the rest of
@@ -94,8 +108,11 @@ def layer_of(module: str) -> int | None:
 
 
 def top_level_names() -> set[str]:
-    return {p.stem if p.is_file() else p.name for p in PACKAGE_ROOT.iterdir()
-            if (p.suffix == ".py") or (p.is_dir() and (p / "__init__.py").exists())}
+    return {
+        p.stem if p.is_file() else p.name
+        for p in PACKAGE_ROOT.iterdir()
+        if (p.suffix == ".py") or (p.is_dir() and (p / "__init__.py").exists())
+    }
 
 
 def is_alias(module: str) -> bool:
@@ -123,7 +140,9 @@ def upward_imports() -> list[str]:
 
 def test_every_top_level_package_has_a_layer():
     placed = {name for layer in LAYERS for name in layer}
-    assert not top_level_names() - placed, f"place these in LAYERS (and docs/architecture.md): {top_level_names() - placed}"
+    assert not top_level_names() - placed, (
+        f"place these in LAYERS (and docs/architecture.md): {top_level_names() - placed}"
+    )
 
 
 def test_imports_only_point_down_the_layers():
@@ -140,16 +159,20 @@ def test_alias_modules_hold_re_exports_only():
             if not path.exists():
                 continue
             for node in ast.parse(path.read_text()).body:
-                ok = isinstance(node, (ast.Import, ast.ImportFrom)) or (
-                    isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)) or (
-                    isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"])
-                assert ok, f"{path.relative_to(PACKAGE_ROOT.parent)}:{node.lineno}: an alias module holds re-exports only"
+                ok = (
+                    isinstance(node, (ast.Import, ast.ImportFrom))
+                    or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+                    or (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"])
+                )
+                assert ok, (
+                    f"{path.relative_to(PACKAGE_ROOT.parent)}:{node.lineno}: an alias module holds re-exports only"
+                )
 
 
 def test_the_layer_check_catches_a_back_arrow():
     """The rule is not vacuous: the check names an import of a higher layer (workers -> trainer)."""
     found = imported_modules("from hybridflow.trainer.ppo import ray_trainer\n", "hybridflow.workers.x")
-    (line, module), = found
+    ((line, module),) = found
     assert layer_of(module) > layer_of("hybridflow.workers.x")
 
 
@@ -160,40 +183,62 @@ def test_workers_do_not_import_the_trainer():
 def test_the_config_package_imports_only_generic_helpers():
     """Just above the generic utils: every other layer may take its typed section from it."""
     others = tuple(f"hybridflow.{n}" for n in top_level_names() if n not in ("config", "utils"))
-    assert not violations(PACKAGE_ROOT / "config", others + ("hybridflow.utils.config", "hybridflow.utils.reward_score"))
+    assert not violations(
+        PACKAGE_ROOT / "config", others + ("hybridflow.utils.config", "hybridflow.utils.reward_score")
+    )
 
 
 def test_algorithms_import_nothing_above_utils():
-    above = ("hybridflow.trainer", "hybridflow.workers", "hybridflow.single_controller", "hybridflow.agent_loop",
-             "hybridflow.protocol", "hybridflow.rewards", "hybridflow.data")
+    above = (
+        "hybridflow.trainer",
+        "hybridflow.workers",
+        "hybridflow.single_controller",
+        "hybridflow.agent_loop",
+        "hybridflow.protocol",
+        "hybridflow.rewards",
+        "hybridflow.data",
+    )
     assert not violations(PACKAGE_ROOT / "algorithms", above)
 
 
 def test_reward_scorers_and_the_sandbox_are_leaves():
     """Text in, a number out: the scorers import only the generic utils and each other (no torch, no
     reward manager), so a tool, an interaction or a veRL script can import one cheaply."""
-    above = ("hybridflow.trainer", "hybridflow.workers", "hybridflow.single_controller", "hybridflow.agent_loop",
-             "hybridflow.protocol", "hybridflow.data", "hybridflow.rewards.manager", "hybridflow.rewards.custom",
-             "hybridflow.algorithms", "torch")
+    above = (
+        "hybridflow.trainer",
+        "hybridflow.workers",
+        "hybridflow.single_controller",
+        "hybridflow.agent_loop",
+        "hybridflow.protocol",
+        "hybridflow.data",
+        "hybridflow.rewards.manager",
+        "hybridflow.rewards.custom",
+        "hybridflow.algorithms",
+        "torch",
+    )
     assert not violations(PACKAGE_ROOT / "rewards" / "scorers", above)
     for name in ("sandbox.py", "sandbox_child.py"):
         assert not [v for v in violations(PACKAGE_ROOT / "rewards", above) if f"rewards/{name}:" in v]
     code = "import sys, hybridflow.utils.reward_score.gsm8k, hybridflow.rewards.sandbox; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=PACKAGE_ROOT.parent).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE_ROOT.parent
+    ).stdout
     assert out.strip() == "False"
 
 
-@pytest.mark.parametrize("old, new", [
-    ("hybridflow.utils.reward_score", "hybridflow.rewards.scorers"),
-    ("hybridflow.utils.reward_score.gsm8k", "hybridflow.rewards.scorers.gsm8k"),
-    ("hybridflow.utils.reward_score.math", "hybridflow.rewards.scorers.math"),
-    ("hybridflow.utils.reward_score.code_sandbox", "hybridflow.rewards.scorers.code_sandbox"),
-    ("hybridflow.trainer.ppo.core_algos", "hybridflow.algorithms"),
-    ("hybridflow.trainer.ppo.algos", "hybridflow.algorithms"),
-    ("hybridflow.trainer.ppo.algos.rollout_correction", "hybridflow.algorithms.rollout_correction"),
-    ("hybridflow.trainer.ppo.algos.policy_loss", "hybridflow.algorithms.policy_loss"),
-])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("hybridflow.utils.reward_score", "hybridflow.rewards.scorers"),
+        ("hybridflow.utils.reward_score.gsm8k", "hybridflow.rewards.scorers.gsm8k"),
+        ("hybridflow.utils.reward_score.math", "hybridflow.rewards.scorers.math"),
+        ("hybridflow.utils.reward_score.code_sandbox", "hybridflow.rewards.scorers.code_sandbox"),
+        ("hybridflow.trainer.ppo.core_algos", "hybridflow.algorithms"),
+        ("hybridflow.trainer.ppo.algos", "hybridflow.algorithms"),
+        ("hybridflow.trainer.ppo.algos.rollout_correction", "hybridflow.algorithms.rollout_correction"),
+        ("hybridflow.trainer.ppo.algos.policy_loss", "hybridflow.algorithms.policy_loss"),
+    ],
+)
 def test_old_import_paths_give_the_same_objects(old, new):
     old_module, new_module = importlib.import_module(old), importlib.import_module(new)
     names = [n for n in getattr(new_module, "__all__", dir(new_module)) if not n.startswith("_")]
@@ -214,14 +259,18 @@ HANDLE_CLASSES = {"LocalServerHandle", "RayServerHandle", "LocalWeightTarget", "
 
 
 def _names_in(node) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | \
-        {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+    }
 
 
 def backend_branches(source: str, module_name: str) -> list[str]:
     """``line: what`` for every way ``source`` could ask which backend it has."""
-    found = [f"{line}: imports {m}" for line, m in imported_modules(source, module_name)
-             if any(m == b or m.startswith(b + ".") for b in BACKEND_MODULES)]
+    found = [
+        f"{line}: imports {m}"
+        for line, m in imported_modules(source, module_name)
+        if any(m == b or m.startswith(b + ".") for b in BACKEND_MODULES)
+    ]
     tree = ast.parse(source)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -230,8 +279,13 @@ def backend_branches(source: str, module_name: str) -> list[str]:
             name = node.id if isinstance(node, ast.Name) else node.attr
             if name in BACKEND_CLASSES:
                 found.append(f"{node.lineno}: names {name}")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
-                and len(node.args) == 2 and _names_in(node.args[1]) & HANDLE_CLASSES:
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "isinstance"
+            and len(node.args) == 2
+            and _names_in(node.args[1]) & HANDLE_CLASSES
+        ):
             found.append(f"{node.lineno}: isinstance against {sorted(_names_in(node.args[1]) & HANDLE_CLASSES)}")
     return sorted(set(found), key=lambda s: (int(s.split(":")[0]), s))
 
@@ -249,9 +303,14 @@ def test_the_backend_checker_sees_each_kind_of_branch():
     )
     found = backend_branches(source, "hybridflow.agent_loop.manager")
     # the factory import and the group's own methods are the allowed way
-    assert found == ["1: imports InProcessWorkerGroup", "1: imports hybridflow.single_controller.inprocess",
-                     "2: imports ray", "4: imports hybridflow.single_controller.ray.base", "5: names RayWorkerGroup",
-                     "6: isinstance against ['LocalServerHandle']"], found
+    assert found == [
+        "1: imports InProcessWorkerGroup",
+        "1: imports hybridflow.single_controller.inprocess",
+        "2: imports ray",
+        "4: imports hybridflow.single_controller.ray.base",
+        "5: names RayWorkerGroup",
+        "6: isinstance against ['LocalServerHandle']",
+    ], found
 
 
 def test_nothing_above_the_single_controller_asks_which_backend_it_has():
@@ -260,5 +319,7 @@ def test_nothing_above_the_single_controller_asks_which_backend_it_has():
         for path in sorted([root] if root.is_file() else root.rglob("*.py")):
             name = ".".join(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
             bad += [f"{path.relative_to(PACKAGE_ROOT.parent)}:{b}" for b in backend_branches(path.read_text(), name)]
-    assert not bad, "backend branches above the single controller (use single_controller.factory and the " \
-                    "WorkerGroup's handles / spawn_helpers):\n" + "\n".join(bad)
+    assert not bad, (
+        "backend branches above the single controller (use single_controller.factory and the "
+        "WorkerGroup's handles / spawn_helpers):\n" + "\n".join(bad)
+    )

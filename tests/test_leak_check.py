@@ -21,9 +21,11 @@ def test_a_changed_or_new_variable_is_named_with_both_values_and_put_back(monkey
     os.environ["HF_LEAK_PROBE_OLD"] = "after"
     os.environ["HF_LEAK_PROBE_NEW"] = "x"
     message = guard.check(before, "t")
-    assert message == ("t left state behind:\n"
-                       "  environment variable HF_LEAK_PROBE_NEW: unset -> 'x'\n"
-                       "  environment variable HF_LEAK_PROBE_OLD: 'before' -> 'after'")
+    assert message == (
+        "t left state behind:\n"
+        "  environment variable HF_LEAK_PROBE_NEW: unset -> 'x'\n"
+        "  environment variable HF_LEAK_PROBE_OLD: 'before' -> 'after'"
+    )
     assert os.environ["HF_LEAK_PROBE_OLD"] == "before" and "HF_LEAK_PROBE_NEW" not in os.environ
     assert guard.check(before, "t") is None  # nothing left after the put-back
 
@@ -85,7 +87,9 @@ def test_an_initialised_process_group_is_named_and_destroyed(tmp_path):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    assert message == "t left state behind:\n  torch.distributed default process group: none -> backend gloo, rank 0 of 1"
+    assert (
+        message == "t left state behind:\n  torch.distributed default process group: none -> backend gloo, rank 0 of 1"
+    )
 
 
 def test_import_time_variables_and_what_a_session_fixture_owns_are_no_leak(monkeypatch):
@@ -207,8 +211,14 @@ def test_a_pytest_run_fails_exactly_the_leaking_tests_and_fixtures(tmp_path):
     (tmp_path / "test_b.py").write_text(INNER_B)
     (tmp_path / "test_c.py").write_text(INNER_C)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rE", "-p", "no:cacheprovider", str(tmp_path)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rE", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     errors = sorted(line for line in out.splitlines() if line.startswith("ERROR "))
@@ -222,6 +232,8 @@ def test_a_pytest_run_fails_exactly_the_leaking_tests_and_fixtures(tmp_path):
     assert "test_a.py::test_env_leak left state behind:\n  environment variable HF_LEAK_PROBE: unset -> '1'" in out
     assert "signal handler SIGUSR2: <Handlers.SIG_DFL: 0> -> <function test_signal_leak.<locals>.<lambda> at " in out
     assert "non-daemon thread 'probe-waiter' (Thread, target threading.Event.wait) still running 2 s" in out
-    assert ("module-scoped fixture 'leaky' of test_b.py left state behind:\n"
-            "  environment variable HF_MODULE_PROBE: unset -> 'on'") in out
+    assert (
+        "module-scoped fixture 'leaky' of test_b.py left state behind:\n"
+        "  environment variable HF_MODULE_PROBE: unset -> 'on'"
+    ) in out
     assert "HF_TIDY_PROBE" not in out and "HF_SESSION_PROBE" not in out

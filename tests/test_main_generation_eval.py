@@ -13,7 +13,6 @@ import torch
 
 from hybridflow.trainer.eval_utils import greedy_accuracy, ks_for, pass_at_k, summarize_scores
 
-
 # ------------------------------------------------------------------------------------------- pass@k
 
 
@@ -41,8 +40,9 @@ def test_summarize_scores_per_source():
     # source a: prompts with scores [1,0] and [0,0] -> mean 0.25, pass@1 = (0.5+0)/2, pass@2 = (1+0)/2
     # source b: one prompt [1,1] -> mean 1, pass@1 = pass@2 = 1
     out = summarize_scores(["a", "a", "b"], [[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
-    assert out == pytest.approx({"a/mean_score": 0.25, "a/pass@1": 0.25, "a/pass@2": 0.5,
-                                 "b/mean_score": 1.0, "b/pass@1": 1.0, "b/pass@2": 1.0})
+    assert out == pytest.approx(
+        {"a/mean_score": 0.25, "a/pass@1": 0.25, "a/pass@2": 0.5, "b/mean_score": 1.0, "b/pass@1": 1.0, "b/pass@2": 1.0}
+    )
 
 
 # ------------------------------------------------------------------------------------------- main_eval
@@ -59,11 +59,19 @@ def test_main_eval_builtin_gsm8k_scorer(tmp_path, capsys):
     gt = lambda v: {"style": "rule", "ground_truth": v}  # noqa: E731
     rows = [
         # 2 of 3 right (strict "#### N") -> pass@1 = 2/3, pass@2 = 1 - C(1,2)/C(3,2) = 1
-        {"data_source": "openai/gsm8k", "reward_model": gt("12"), "prompt": "p0",
-         "responses": ["5+7=12\n#### 12", "#### 13", "#### 12"]},
+        {
+            "data_source": "openai/gsm8k",
+            "reward_model": gt("12"),
+            "prompt": "p0",
+            "responses": ["5+7=12\n#### 12", "#### 13", "#### 12"],
+        },
         # none right (no "####" at all scores 0 too)
-        {"data_source": "openai/gsm8k", "reward_model": gt("7"), "prompt": "p1",
-         "responses": ["#### 8", "7", "#### 9"]},
+        {
+            "data_source": "openai/gsm8k",
+            "reward_model": gt("7"),
+            "prompt": "p1",
+            "responses": ["#### 8", "7", "#### 9"],
+        },
     ]
     path = _write(rows, tmp_path / "gen.parquet")
     metrics = main([f"data.path={path}"])
@@ -78,11 +86,15 @@ def test_main_eval_custom_reward_function(tmp_path):
     from hybridflow.main_eval import main
 
     reward = tmp_path / "reward.py"
-    reward.write_text("def my_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    return {'score': float(len(solution_str) == int(ground_truth)), 'len': len(solution_str)}\n")
+    reward.write_text(
+        "def my_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': float(len(solution_str) == int(ground_truth)), 'len': len(solution_str)}\n"
+    )
     rows = [{"data_source": "toy", "reward_model": {"ground_truth": "2"}, "prompt": "p", "responses": ["ab", "abc"]}]
     path = _write(rows, tmp_path / "gen.parquet")
-    metrics = main([f"data.path={path}", f"custom_reward_function.path={reward}", "custom_reward_function.name=my_score"])
+    metrics = main(
+        [f"data.path={path}", f"custom_reward_function.path={reward}", "custom_reward_function.name=my_score"]
+    )
     assert metrics == pytest.approx({"toy/mean_score": 0.5, "toy/pass@1": 0.5, "toy/pass@2": 1.0})
 
 
@@ -98,15 +110,31 @@ def _direct_greedy(model_dir, prompt_messages, max_new_tokens):
     text = tok.apply_chat_template(prompt_messages, add_generation_prompt=True, tokenize=False)
     ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, top_k=None, top_p=None)
-    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            top_k=None,
+            top_p=None,
+        )
+    return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 def _gen_args(model_dir, data_path, out_path, extra=()):
-    return [f"model.path={model_dir}", f"data.path={data_path}", f"data.output_path={out_path}",
-            "data.batch_size=2", "rollout.prompt_length=128", "rollout.response_length=6",
-            "trainer.backend=inprocess", "trainer.device=cpu", *extra]
+    return [
+        f"model.path={model_dir}",
+        f"data.path={data_path}",
+        f"data.output_path={out_path}",
+        "data.batch_size=2",
+        "rollout.prompt_length=128",
+        "rollout.response_length=6",
+        "trainer.backend=inprocess",
+        "trainer.device=cpu",
+        *extra,
+    ]
 
 
 def test_generation_then_eval_on_tiny_model(tiny_model_dir, tiny_data_dir, tmp_path):
@@ -115,8 +143,14 @@ def test_generation_then_eval_on_tiny_model(tiny_model_dir, tiny_data_dir, tmp_p
 
     rows = pq.read_table(os.path.join(tiny_data_dir, "test.parquet")).to_pylist()[:3]
     data = _write(rows, tmp_path / "in.parquet")
-    out = gen_main(_gen_args(tiny_model_dir, data, tmp_path / "sampled.parquet",
-                             ["data.n_samples=3", "rollout.temperature=1.0", "rollout.top_k=-1", "rollout.top_p=1.0"]))
+    out = gen_main(
+        _gen_args(
+            tiny_model_dir,
+            data,
+            tmp_path / "sampled.parquet",
+            ["data.n_samples=3", "rollout.temperature=1.0", "rollout.top_k=-1", "rollout.top_p=1.0"],
+        )
+    )
     table = pq.read_table(out).to_pylist()
     assert len(rows) == len(table) == 3
     for src, row in zip(rows, table, strict=True):
@@ -124,7 +158,12 @@ def test_generation_then_eval_on_tiny_model(tiny_model_dir, tiny_data_dir, tmp_p
         assert row["reward_model"] == src["reward_model"] and row["prompt"] == src["prompt"]  # inputs kept, in order
     metrics = eval_main([f"data.path={out}"])
     # a random model: scores exist and are probabilities; pass@k grows with k
-    assert set(metrics) == {"openai/gsm8k/mean_score", "openai/gsm8k/pass@1", "openai/gsm8k/pass@2", "openai/gsm8k/pass@3"}
+    assert set(metrics) == {
+        "openai/gsm8k/mean_score",
+        "openai/gsm8k/pass@1",
+        "openai/gsm8k/pass@2",
+        "openai/gsm8k/pass@3",
+    }
     assert all(0.0 <= v <= 1.0 and math.isfinite(v) for v in metrics.values())
     assert metrics["openai/gsm8k/pass@1"] <= metrics["openai/gsm8k/pass@2"] <= metrics["openai/gsm8k/pass@3"]
 
@@ -134,8 +173,9 @@ def test_greedy_generation_matches_transformers(tiny_model_dir, tiny_data_dir, t
 
     rows = pq.read_table(os.path.join(tiny_data_dir, "test.parquet")).to_pylist()[:3]  # different prompt lengths
     data = _write(rows, tmp_path / "in.parquet")
-    out = gen_main(_gen_args(tiny_model_dir, data, tmp_path / "greedy.parquet",
-                             ["data.n_samples=2", "rollout.do_sample=False"]))
+    out = gen_main(
+        _gen_args(tiny_model_dir, data, tmp_path / "greedy.parquet", ["data.n_samples=2", "rollout.do_sample=False"])
+    )
     table = pq.read_table(out).to_pylist()
     assert len(rows) == len(table) == 3  # an empty or short output must not pass
     for src, row in zip(rows, table, strict=True):
@@ -147,9 +187,17 @@ def test_greedy_accuracy_counts_scorer_hits(tiny_model_dir, tiny_data_dir):
     # the scorer is told every response is right for odd ground truths only: accuracy = share of odd answers
     rows = pq.read_table(os.path.join(tiny_data_dir, "test.parquet")).to_pylist()[:5]
     odd = sum(int(r["reward_model"]["ground_truth"]) % 2 for r in rows) / 5
-    acc, samples = greedy_accuracy(tiny_model_dir, os.path.join(tiny_data_dir, "test.parquet"), limit=5,
-                                   response_length=4, batch_size=3, return_samples=2,
-                                   compute_score=lambda ds, s, gt, extra=None: float(int(gt) % 2))
+    acc, samples = greedy_accuracy(
+        tiny_model_dir,
+        os.path.join(tiny_data_dir, "test.parquet"),
+        limit=5,
+        response_length=4,
+        batch_size=3,
+        return_samples=2,
+        compute_score=lambda ds, s, gt, extra=None: float(int(gt) % 2),
+    )
     assert acc == pytest.approx(odd) and len(samples) == 2
     # the real gsm8k scorer on a random model: nothing is right
-    assert greedy_accuracy(tiny_model_dir, os.path.join(tiny_data_dir, "test.parquet"), limit=4, response_length=4) == 0.0
+    assert (
+        greedy_accuracy(tiny_model_dir, os.path.join(tiny_data_dir, "test.parquet"), limit=4, response_length=4) == 0.0
+    )

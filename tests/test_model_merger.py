@@ -6,16 +6,11 @@ import os
 
 import pytest
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForTokenClassification,
-    AutoTokenizer,
-    GenerationConfig,
-)
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer, GenerationConfig
 
 from hybridflow.model_merger import convert_run, main, unwrapped_state_dict
-from hybridflow.trainer.checkpoint import begin_save, commit_save
 from hybridflow.models.tiny import build_tiny_config, build_tiny_model, build_tiny_tokenizer
+from hybridflow.trainer.checkpoint import begin_save, commit_save
 from hybridflow.workers.checkpoint import save_engine_checkpoint
 from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
 from tests.yaml_sections import optim
@@ -24,8 +19,16 @@ IDS = torch.tensor([[5, 17, 40, 2, 9, 33, 61, 7]])
 
 
 def _config(**kw):
-    return build_tiny_config(100, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                             max_position_embeddings=32, **kw)
+    return build_tiny_config(
+        100,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        **kw,
+    )
 
 
 def _trained(model) -> TrainEngine:
@@ -82,8 +85,9 @@ def test_merge_casts_dtype_and_reads_config_from_hf_model_path(tmp_path, tokeniz
     with pytest.raises(SystemExit) as err:
         main(["merge", "--local_dir", ckpt, "--target_dir", str(tmp_path / "x")])
     assert err.value.code == 2
-    main(["merge", "--local_dir", ckpt, "--target_dir", str(tmp_path / "hf"), "--hf_model_path", base,
-          "--dtype", "bf16"])
+    main(
+        ["merge", "--local_dir", ckpt, "--target_dir", str(tmp_path / "hf"), "--hf_model_path", base, "--dtype", "bf16"]
+    )
     merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
     assert merged.dtype == torch.bfloat16
     expected = engine.module.state_dict()["model.norm.weight"].to(torch.bfloat16)
@@ -125,8 +129,10 @@ def test_clear_errors(tmp_path, capsys):
     fails(["merge", "--local_dir", missing, "--target_dir", str(tmp_path / "o")], "does not exist")
     fails(["convert", "--checkpoint_dir", missing], "does not exist")
     os.makedirs(tmp_path / "global_step_4" / "actor")
-    fails(["merge", "--local_dir", str(tmp_path / "global_step_4"), "--target_dir", str(tmp_path / "o")],
-          f"pass {tmp_path / 'global_step_4' / 'actor'}")
+    fails(
+        ["merge", "--local_dir", str(tmp_path / "global_step_4"), "--target_dir", str(tmp_path / "o")],
+        f"pass {tmp_path / 'global_step_4' / 'actor'}",
+    )
     fails(["convert", "--checkpoint_dir", str(tmp_path)], "no complete global_step_<N>")
     fails(["merge", "--backend", "megatron", "--local_dir", missing, "--target_dir", "o"], "megatron is not supported")
     fails(["merge", "--backend", "deepspeed", "--local_dir", missing, "--target_dir", "o"], "supported: fsdp")
@@ -134,9 +140,17 @@ def test_clear_errors(tmp_path, capsys):
 
 def test_unwrapped_state_dict():
     t = torch.zeros(1)
-    names = {"module._orig_mod.model.norm.weight": t, "_fsdp_wrapped_module.lm_head.weight": t,
-             "model.layers.0._checkpoint_wrapped_module.mlp.up_proj.weight": t, "model.submodule.x": t}
+    names = {
+        "module._orig_mod.model.norm.weight": t,
+        "_fsdp_wrapped_module.lm_head.weight": t,
+        "model.layers.0._checkpoint_wrapped_module.mlp.up_proj.weight": t,
+        "model.submodule.x": t,
+    }
     assert list(unwrapped_state_dict(names)) == [
-        "model.norm.weight", "lm_head.weight", "model.layers.0.mlp.up_proj.weight", "model.submodule.x"]
+        "model.norm.weight",
+        "lm_head.weight",
+        "model.layers.0.mlp.up_proj.weight",
+        "model.submodule.x",
+    ]
     with pytest.raises(ValueError, match="model.norm.weight"):
         unwrapped_state_dict({"model.norm.weight": t, "module.model.norm.weight": t})

@@ -18,8 +18,18 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _NOT_SOURCE = shutil.ignore_patterns(
-    ".git", ".venv", "__pycache__", "*.egg-info", "build", "dist", ".pytest_cache", ".hypothesis",
-    "outputs", "checkpoints", "runs", "*.pyc",
+    ".git",
+    ".venv",
+    "__pycache__",
+    "*.egg-info",
+    "build",
+    "dist",
+    ".pytest_cache",
+    ".hypothesis",
+    "outputs",
+    "checkpoints",
+    "runs",
+    "*.pyc",
 )
 
 # Makes `import vllm` / `import flash_attn` fail even where they are installed, as on a CPU machine.
@@ -103,10 +113,12 @@ def test_installed_wheel_finds_configs_without_gpu_extras(wheel, tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(target)])
-    proc = subprocess.run([sys.executable, "-c", _CHECK], cwd="/tmp", env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHECK], cwd="/tmp", env=env, capture_output=True, text=True, timeout=300
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    got = json.loads(lines[-1][len("RESULT"):])
+    got = json.loads(lines[-1][len("RESULT") :])
 
     # the installed copy is the one imported (not the checkout through the editable install)
     assert Path(got["hybridflow"]).resolve().is_relative_to(target.resolve())

@@ -29,7 +29,6 @@ from hybridflow.protocol import (
 )
 
 
-
 def assert_dp_equal(a: DataProto, b: DataProto, meta=True):
     """Same keys, same dtypes, same values, rows in the same order."""
     assert len(a) == len(b)

@@ -31,7 +31,10 @@ def test_to_tensordict_layout_and_round_trip():
     back = DataProto.from_tensordict(td)
     assert torch.equal(back.batch["ids"], dp.batch["ids"]) and torch.equal(back.batch["score"], dp.batch["score"])
     assert list(back.non_tensor_batch["uid"]) == ["u0", "u1", "u2", "u3"]
-    assert back.non_tensor_batch["rm"].dtype == object and back.non_tensor_batch["rm"][3] == {"gt": 3, "tags": [3, 3, 3]}
+    assert back.non_tensor_batch["rm"].dtype == object and back.non_tensor_batch["rm"][3] == {
+        "gt": 3,
+        "tags": [3, 3, 3],
+    }
     assert back.meta_info == {"temperature": 0.7, "step": 3}
     # rows still line up after indexing the TensorDict form
     picked = DataProto.from_tensordict(td[torch.tensor([3, 0])])
@@ -40,8 +43,11 @@ def test_to_tensordict_layout_and_round_trip():
 
 def test_from_tensordict_built_by_hand_and_meta_info_argument():
     td = TensorDict(
-        {"x": torch.ones(2, 3), "names": NonTensorStack.from_list([NonTensorData("a"), NonTensorData("b")]),
-         "mode": NonTensorData("train")},
+        {
+            "x": torch.ones(2, 3),
+            "names": NonTensorStack.from_list([NonTensorData("a"), NonTensorData("b")]),
+            "mode": NonTensorData("train"),
+        },
         batch_size=[2],
     )
     dp = DataProto.from_tensordict(td, meta_info={"step": 1})
@@ -110,7 +116,9 @@ def test_misuse_errors_are_clear_value_errors_and_assertion_errors():
     cases = {
         "union batch conflict": lambda: _proto().union(DataProto.from_dict(tensors={"score": torch.zeros(4)})),
         "union non-tensor conflict": lambda: _proto().union(DataProto.from_dict(non_tensors={"uid": list("abcd")})),
-        "union meta conflict": lambda: _proto().union(DataProto.from_dict(tensors={"z": torch.zeros(4)}, meta_info={"step": 4})),
+        "union meta conflict": lambda: _proto().union(
+            DataProto.from_dict(tensors={"z": torch.zeros(4)}, meta_info={"step": 4})
+        ),
         "union length": lambda: _proto().union(_proto(3)),
         "uneven chunk": lambda: dp.chunk(3),
         "concat keys": lambda: DataProto.concat([dp, dp.select(batch_keys=["ids"])]),

@@ -27,16 +27,30 @@ import torch
 
 from hybridflow.rollout.sampling import SamplingParams, model_eos_token_ids
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vllm is not installed (CPU: bash recipes/setup_cpu.sh)")
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vllm is not installed (CPU: bash recipes/setup_cpu.sh)"
+)
 
-QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "Write a haiku about rain.",
-             "What is 7 times 8?", "Translate 'good morning' to Spanish.", "Give me a synonym for happy.",
-             "What does a bee make?", "Say hello in one word."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about rain.",
+    "What is 7 times 8?",
+    "Translate 'good morning' to Spanish.",
+    "Give me a synonym for happy.",
+    "What does a bee make?",
+    "Say hello in one word.",
+]
 N_NEW = 16
 GREEDY = SamplingParams(do_sample=False, temperature=0.0, response_length=N_NEW)
-CALC_SCHEMA = {"type": "function", "function": {"name": "calc", "description": "arithmetic on numbers", "parameters": {
-    "type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}}
+CALC_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "arithmetic on numbers",
+        "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]},
+    },
+}
 
 
 # ------------------------------------------------------------------------------------------ fixtures
@@ -61,10 +75,21 @@ class EngineHost:
         from hybridflow.rollout.server import EngineLoop, ServerSpec
         from hybridflow.workers.rollout.vllm_server import VLLMServer
 
-        config = {"load_format": "auto", "max_model_len": 512, "max_num_seqs": 8, "enforce_eager": True,
-                  "free_cache_engine": True, "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 64 << 20}}}
-        spec = ServerSpec(model_path=model_dir, config=config, pad_token_id=int(tok.pad_token_id),
-                          eos_token_ids=tuple(model_eos_token_ids(model_dir, tok)), dtype="float32")
+        config = {
+            "load_format": "auto",
+            "max_model_len": 512,
+            "max_num_seqs": 8,
+            "enforce_eager": True,
+            "free_cache_engine": True,
+            "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 64 << 20}},
+        }
+        spec = ServerSpec(
+            model_path=model_dir,
+            config=config,
+            pad_token_id=int(tok.pad_token_id),
+            eos_token_ids=tuple(model_eos_token_ids(model_dir, tok)),
+            dtype="float32",
+        )
         self.engine_loop = EngineLoop("real-model-vllm")
 
         async def build():
@@ -97,16 +122,25 @@ def engine(smollm2_dir, tok):
 
 
 def chat_ids(tok, question):
-    return tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True,
-                                   return_dict=False)
+    return tok.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 # ------------------------------------------------------------------------------------------ greedy parity
 def hf_greedy(model, prompt, eos):
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=N_NEW, do_sample=False, top_k=None, top_p=None,
-                             temperature=None, eos_token_id=eos, pad_token_id=eos[0])
-    tokens = out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=N_NEW,
+            do_sample=False,
+            top_k=None,
+            top_p=None,
+            temperature=None,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+        )
+    tokens = out[0, len(prompt) :].tolist()
     for k, t in enumerate(tokens):
         if t in eos:
             return tokens[: k + 1]
@@ -157,12 +191,32 @@ def tool_worker(tmp_path, handle, tok, response_length=64, check="strict"):
 
     tools = os.path.join(str(tmp_path), "tools.yaml")
     with open(tools, "w") as f:
-        yaml.safe_dump({"tools": [{"class_name": "hybridflow.tools.calculator_tool.CalculatorTool",
-                                   "config": {"type": "native"}, "tool_schema": CALC_SCHEMA}]}, f)
-    settings = agent_loop_settings({
-        "prompt_length": 512, "response_length": response_length, "do_sample": False, "temperature": 0.0,
-        "multi_turn": {"format": "hermes", "tool_config_path": tools, "max_assistant_turns": 2,
-                       "tokenization_sanity_check_mode": check}})
+        yaml.safe_dump(
+            {
+                "tools": [
+                    {
+                        "class_name": "hybridflow.tools.calculator_tool.CalculatorTool",
+                        "config": {"type": "native"},
+                        "tool_schema": CALC_SCHEMA,
+                    }
+                ]
+            },
+            f,
+        )
+    settings = agent_loop_settings(
+        {
+            "prompt_length": 512,
+            "response_length": response_length,
+            "do_sample": False,
+            "temperature": 0.0,
+            "multi_turn": {
+                "format": "hermes",
+                "tool_config_path": tools,
+                "max_assistant_turns": 2,
+                "tokenization_sanity_check_mode": check,
+            },
+        }
+    )
     return AgentLoopWorker(settings, [handle], tok, pad_token_id=tok.pad_token_id)
 
 
@@ -180,9 +234,14 @@ def tool_batch(questions, prompt_length=512):
 
     tensors = {k: torch.zeros(n, prompt_length, dtype=torch.long) for k in ("input_ids", "position_ids")}
     tensors["attention_mask"] = torch.ones(n, prompt_length, dtype=torch.long)
-    return DataProto.from_dict(tensors=tensors, non_tensors={
-        "raw_prompt": objects([[{"role": "user", "content": q}] for q in questions]),
-        "agent_name": objects(["tool_agent"] * n)}, meta_info={"do_sample": False})
+    return DataProto.from_dict(
+        tensors=tensors,
+        non_tensors={
+            "raw_prompt": objects([[{"role": "user", "content": q}] for q in questions]),
+            "agent_name": objects(["tool_agent"] * n),
+        },
+        meta_info={"do_sample": False},
+    )
 
 
 def model_segments(out, i=0):
@@ -223,7 +282,7 @@ def non_canonical_ids(tok, text):
         for cut in range(1, len(piece)):
             a, b = piece[:cut], piece[cut:]
             if a in vocab and b in vocab:
-                split = ids[:k] + [vocab[a], vocab[b]] + ids[k + 1:]
+                split = ids[:k] + [vocab[a], vocab[b]] + ids[k + 1 :]
                 if tok.decode(split) == text and tok(text, add_special_tokens=False)["input_ids"] != split:
                     return split
     raise AssertionError(f"no token of {text!r} splits into two vocabulary tokens")
@@ -259,8 +318,8 @@ def test_trajectories_hold_the_generated_ids_not_a_retokenization(tok, tmp_path,
         p = out.batch["prompts"].size(1)
         n = int(out.batch["attention_mask"][0, p:].sum())
         ids = out.batch["responses"][0, :n].tolist()
-        assert ids[: len(turn1)] == turn1 and ids[-len(turn2):] == turn2  # token in, token out
-        tool_part = tok.decode(ids[len(turn1): n - len(turn2)])
+        assert ids[: len(turn1)] == turn1 and ids[-len(turn2) :] == turn2  # token in, token out
+        tool_part = tok.decode(ids[len(turn1) : n - len(turn2)])
         assert "28454" in tool_part and "<|im_start|>" in tool_part  # the call was parsed and run
         if check == "disable":
             assert model_segments(out) == [turn1, turn2]  # trained on: mask 1 on exactly the generated ids
@@ -273,28 +332,53 @@ def test_trajectories_hold_the_generated_ids_not_a_retokenization(tok, tmp_path,
 # ------------------------------------------------------------------------------------------ GRPO step
 @needs_vllm
 def test_grpo_step_with_vllm_on_the_real_model(smollm2_dir, tmp_path):
-    from hybridflow.main_ppo import run_ppo
     from hybridflow.config.loader import load_config
+    from hybridflow.main_ppo import run_ppo
     from tests.trainer.e2e_helpers import base_overrides, read_metrics
 
     data = tmp_path / "data"
     data.mkdir()
-    rows = [{"prompt": [{"role": "user", "content": q}], "data_source": "toy", "reward_model": {"ground_truth": "1"},
-             "extra_info": {"index": i}} for i, q in enumerate(QUESTIONS[3:5])]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": q}],
+            "data_source": "toy",
+            "reward_model": {"ground_truth": "1"},
+            "extra_info": {"index": i},
+        }
+        for i, q in enumerate(QUESTIONS[3:5])
+    ]
     for name in ("train", "test"):
         pq.write_table(pa.Table.from_pylist(rows), str(data / f"{name}.parquet"))
     dump = tmp_path / "dump"
-    overrides = base_overrides(smollm2_dir, str(data), tmp_path, estimator="grpo", n=2, batch=2, steps=1,
-                               response_length=N_NEW, backend="inprocess", mini_batch=2)
-    overrides += ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.load_format=auto",
-                  "actor_rollout_ref.rollout.dtype=float32",
-                  "actor_rollout_ref.rollout.enforce_eager=True", "actor_rollout_ref.rollout.max_model_len=128",
-                  "actor_rollout_ref.actor.optim.lr=1e-6", "data.max_prompt_length=64", "trainer.test_freq=-1",
-                  f"trainer.rollout_data_dir={dump}"]
+    overrides = base_overrides(
+        smollm2_dir,
+        str(data),
+        tmp_path,
+        estimator="grpo",
+        n=2,
+        batch=2,
+        steps=1,
+        response_length=N_NEW,
+        backend="inprocess",
+        mini_batch=2,
+    )
+    overrides += [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.load_format=auto",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.enforce_eager=True",
+        "actor_rollout_ref.rollout.max_model_len=128",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "data.max_prompt_length=64",
+        "trainer.test_freq=-1",
+        f"trainer.rollout_data_dir={dump}",
+    ]
     run_ppo(load_config("ppo_trainer", overrides))
     (m,) = read_metrics(tmp_path)
-    print(f"\nreal model GRPO step: rollout_probs_diff_mean={m['training/rollout_probs_diff_mean']:.2e} "
-          f"max={m['training/rollout_probs_diff_max']:.2e}")
+    print(
+        f"\nreal model GRPO step: rollout_probs_diff_mean={m['training/rollout_probs_diff_mean']:.2e} "
+        f"max={m['training/rollout_probs_diff_max']:.2e}"
+    )
     assert m["training/rollout_probs_diff_mean"] < 5e-3
     files = sorted(os.listdir(dump))
     assert files

@@ -22,19 +22,34 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread"),
-              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
-              pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft is not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("one_torch_thread"),
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
+    pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft is not installed"),
+]
 
-QUESTIONS = ["What is 7 times 8?", "How many legs does a spider have?", "What is 15 plus 27?",
-             "Name a year in the 1990s."]
+QUESTIONS = [
+    "What is 7 times 8?",
+    "How many legs does a spider have?",
+    "What is 15 plus 27?",
+    "Name a year in the 1990s.",
+]
 SEPARATE_POOL = ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1"]
 MODES = {
     "sync": ([], 2),
     "one_step_off": ([*SEPARATE_POOL, "async_training.mode=one_step_off"], 3),
-    "fully_async": ([*SEPARATE_POOL, "async_training.mode=fully_async", "async_training.staleness_threshold=1",
-                     "async_training.trigger_parameter_sync_step=1", "async_training.require_batches=2",
-                     "async_training.partial_rollout=False"], 3),
+    "fully_async": (
+        [
+            *SEPARATE_POOL,
+            "async_training.mode=fully_async",
+            "async_training.staleness_threshold=1",
+            "async_training.trigger_parameter_sync_step=1",
+            "async_training.require_batches=2",
+            "async_training.partial_rollout=False",
+        ],
+        3,
+    ),
 }
 
 
@@ -95,32 +110,59 @@ def _score(module, batch, adapter) -> torch.Tensor:
     with torch.no_grad():
         for name, value in adapter.items():
             params[name].copy_(value)
-        log_probs, _ = forward_response_log_probs(module, batch["input_ids"], batch["attention_mask"],
-                                                  batch["position_ids"], batch["responses"].shape[1])
+        log_probs, _ = forward_response_log_probs(
+            module, batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"].shape[1]
+        )
     return log_probs
 
 
 @pytest.mark.parametrize("merge", [False, True], ids=["adapter", "merged"])
 @pytest.mark.parametrize("mode", list(MODES))
 def test_the_vllm_rollout_generates_with_every_updated_lora(mode, merge, smollm2_dir, tmp_path, monkeypatch):
-    from hybridflow.main_ppo import run_ppo
     from hybridflow.config.loader import load_config
+    from hybridflow.main_ppo import run_ppo
     from tests.trainer.e2e_helpers import base_overrides, read_metrics
 
     data = tmp_path / "data"
     data.mkdir()
-    rows = [{"prompt": [{"role": "user", "content": q}], "data_source": "toy", "reward_model": {"ground_truth": "1"},
-             "extra_info": {"index": i}} for i, q in enumerate(QUESTIONS)]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": q}],
+            "data_source": "toy",
+            "reward_model": {"ground_truth": "1"},
+            "extra_info": {"index": i},
+        }
+        for i, q in enumerate(QUESTIONS)
+    ]
     for name in ("train", "test"):
         pq.write_table(pa.Table.from_pylist(rows), str(data / f"{name}.parquet"))
     extra, steps = MODES[mode]
-    overrides = base_overrides(smollm2_dir, str(data), tmp_path, estimator="grpo", n=4, batch=2, steps=steps,
-                               response_length=16, backend="inprocess", mini_batch=2)
-    overrides += ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=float32",
-                  "actor_rollout_ref.rollout.enforce_eager=True", "actor_rollout_ref.rollout.max_model_len=128",
-                  "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
-                  f"actor_rollout_ref.model.lora.merge={merge}", "actor_rollout_ref.actor.optim.lr=2e-3",
-                  "data.max_prompt_length=64", "trainer.test_freq=-1", "trainer.logger=['file']", *extra]
+    overrides = base_overrides(
+        smollm2_dir,
+        str(data),
+        tmp_path,
+        estimator="grpo",
+        n=4,
+        batch=2,
+        steps=steps,
+        response_length=16,
+        backend="inprocess",
+        mini_batch=2,
+    )
+    overrides += [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.enforce_eager=True",
+        "actor_rollout_ref.rollout.max_model_len=128",
+        "actor_rollout_ref.model.lora_rank=8",
+        "actor_rollout_ref.model.lora_alpha=16",
+        f"actor_rollout_ref.model.lora.merge={merge}",
+        "actor_rollout_ref.actor.optim.lr=2e-3",
+        "data.max_prompt_length=64",
+        "trainer.test_freq=-1",
+        "trainer.logger=['file']",
+        *extra,
+    ]
     recorder = Recorder(monkeypatch)
     run_ppo(load_config("ppo_trainer", overrides))
     assert len(read_metrics(tmp_path)) == steps

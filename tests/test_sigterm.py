@@ -66,7 +66,7 @@ def _terminate_and_check(child: subprocess.Popen, started_marker, what: str, sta
             child.wait()
 
 
-PYTEST_FILE = '''
+PYTEST_FILE = """
 import os, time
 import pytest
 import ray
@@ -88,7 +88,7 @@ def test_busy(ray_up):
 
 def test_never_reached():
     print("NEVER REACHED", flush=True)
-'''
+"""
 
 
 def test_sigterm_stops_the_test_runner_and_its_ray(tmp_path):
@@ -97,9 +97,16 @@ def test_sigterm_stops_the_test_runner_and_its_ray(tmp_path):
     (tmp_path / "test_busy.py").write_text(PYTEST_FILE)
     marker = tmp_path / "busy"
     env = {**os.environ, "PYTHONPATH": TESTS_DIR, "BUSY_MARKER": str(marker)}
-    child = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "graceful_stop", "-p", "no:cacheprovider",
-                              "-s", "-q", "test_busy.py"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_ignore_sigint)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "graceful_stop", "-p", "no:cacheprovider", "-s", "-q", "test_busy.py"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_ignore_sigint,
+    )
     code, took, left = _terminate_and_check(child, marker.exists, "the test run")
     output = child.stdout.read()
     assert took < 30, f"pytest took {took:.1f}s to end after SIGTERM"
@@ -114,16 +121,25 @@ def test_sigterm_stops_a_training_run_and_its_ray(tiny_model_dir, tiny_data_dir,
     seconds with exit code 143, and the Ray processes it started (raylet, GCS, workers) are gone."""
     from hybridflow.main_ppo import EXIT_CODE_SIGTERM
 
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=500,
-                               world=1, backend="ray") + ["ray_kwargs.ray_init.num_cpus=2"]
+    overrides = base_overrides(
+        tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=500, world=1, backend="ray"
+    ) + ["ray_kwargs.ray_init.num_cpus=2"]
     metrics = tmp_path / "ckpt" / "metrics.jsonl"
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
     env.pop("RAY_ADDRESS", None)  # its own Ray, not the test session's
-    child = subprocess.Popen([sys.executable, "-m", "hybridflow.main_ppo", *overrides], cwd=tmp_path, env=env,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             preexec_fn=_ignore_sigint)
-    code, took, left = _terminate_and_check(child, lambda: metrics.exists() and metrics.stat().st_size > 0,
-                                            "the training run")
+    child = subprocess.Popen(
+        [sys.executable, "-m", "hybridflow.main_ppo", *overrides],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_ignore_sigint,
+    )
+    code, took, left = _terminate_and_check(
+        child, lambda: metrics.exists() and metrics.stat().st_size > 0, "the training run"
+    )
     output = child.stdout.read()
     assert took < 30, f"main_ppo took {took:.1f}s to end after SIGTERM"
     assert code == EXIT_CODE_SIGTERM, output[-3000:]

@@ -17,7 +17,11 @@ def test_the_last_execution_of_a_step_is_the_committed_one():
     committed = soak.committed_steps(executions)
     assert committed == REFERENCE
     assert soak.sample_accounting(committed, REFERENCE, steps_per_epoch=2) == {
-        "lost": 0, "repeated": 0, "mismatched_steps": [], "missing_steps": []}
+        "lost": 0,
+        "repeated": 0,
+        "mismatched_steps": [],
+        "missing_steps": [],
+    }
 
 
 def test_a_resume_that_skips_a_batch_loses_it_and_one_that_replays_a_batch_repeats_it():

@@ -31,24 +31,35 @@ def test_verl_style_imports_work():
     from hybridflow.utils.torch_functional import expand_as_nested  # noqa: F401
 
 
-@pytest.mark.parametrize("alias, name, home", [
-    ("hybridflow.utils.metric", "reduce_metrics", "hybridflow.utils.metric.utils"),
-    ("hybridflow.trainer.ppo.metric_utils", "reduce_metrics", "hybridflow.utils.metric.utils"),
-    ("hybridflow.trainer.ppo.metric_utils", "flat_metric_values", "hybridflow.utils.metric.utils"),
-    ("hybridflow.utils.metric", "Metric", "hybridflow.utils.metric.utils"),
-    ("hybridflow.trainer.ppo.metric_utils", "process_validation_metrics", "hybridflow.trainer.ppo.validation_stats"),
-    ("hybridflow.trainer.ppo.metric_utils", "bootstrap_metric", "hybridflow.trainer.ppo.validation_stats"),
-    ("hybridflow.trainer.ppo.metric_utils", "calc_maj_val", "hybridflow.trainer.ppo.validation_stats"),
-    ("hybridflow.utils.seqlen_balancing", "rearrange_micro_batches", "hybridflow.workers.utils.dynamic_batch"),
-    ("hybridflow.utils.seqlen_balancing", "prepare_dynamic_batch", "hybridflow.workers.utils.dynamic_batch"),
-    ("hybridflow.utils.seqlen_balancing", "get_reverse_idx", "hybridflow.workers.utils.micro_batches"),
-    ("hybridflow.utils.seqlen_balancing", "restore_dynamic_batch", "hybridflow.workers.utils.micro_batches"),
-    ("hybridflow.utils.seqlen_balancing", "get_group_balanced_partitions", "hybridflow.trainer.ppo.balance"),
-    ("hybridflow.utils.dataset.rl_dataset", "RLHFDataset", "hybridflow.data.rl_dataset"),
-    ("hybridflow.utils.dataset.rl_dataset", "collate_fn", "hybridflow.data.rl_dataset"),
-    ("hybridflow.utils.dataset", "RLHFDataset", "hybridflow.data.rl_dataset"),
-    ("hybridflow.trainer.ppo.rollout_corr_helper", "SAFETY_BOUND", "hybridflow.algorithms.rollout_correction_metrics"),
-])
+@pytest.mark.parametrize(
+    "alias, name, home",
+    [
+        ("hybridflow.utils.metric", "reduce_metrics", "hybridflow.utils.metric.utils"),
+        ("hybridflow.trainer.ppo.metric_utils", "reduce_metrics", "hybridflow.utils.metric.utils"),
+        ("hybridflow.trainer.ppo.metric_utils", "flat_metric_values", "hybridflow.utils.metric.utils"),
+        ("hybridflow.utils.metric", "Metric", "hybridflow.utils.metric.utils"),
+        (
+            "hybridflow.trainer.ppo.metric_utils",
+            "process_validation_metrics",
+            "hybridflow.trainer.ppo.validation_stats",
+        ),
+        ("hybridflow.trainer.ppo.metric_utils", "bootstrap_metric", "hybridflow.trainer.ppo.validation_stats"),
+        ("hybridflow.trainer.ppo.metric_utils", "calc_maj_val", "hybridflow.trainer.ppo.validation_stats"),
+        ("hybridflow.utils.seqlen_balancing", "rearrange_micro_batches", "hybridflow.workers.utils.dynamic_batch"),
+        ("hybridflow.utils.seqlen_balancing", "prepare_dynamic_batch", "hybridflow.workers.utils.dynamic_batch"),
+        ("hybridflow.utils.seqlen_balancing", "get_reverse_idx", "hybridflow.workers.utils.micro_batches"),
+        ("hybridflow.utils.seqlen_balancing", "restore_dynamic_batch", "hybridflow.workers.utils.micro_batches"),
+        ("hybridflow.utils.seqlen_balancing", "get_group_balanced_partitions", "hybridflow.trainer.ppo.balance"),
+        ("hybridflow.utils.dataset.rl_dataset", "RLHFDataset", "hybridflow.data.rl_dataset"),
+        ("hybridflow.utils.dataset.rl_dataset", "collate_fn", "hybridflow.data.rl_dataset"),
+        ("hybridflow.utils.dataset", "RLHFDataset", "hybridflow.data.rl_dataset"),
+        (
+            "hybridflow.trainer.ppo.rollout_corr_helper",
+            "SAFETY_BOUND",
+            "hybridflow.algorithms.rollout_correction_metrics",
+        ),
+    ],
+)
 def test_alias_names_are_the_implementations(alias, name, home):
     assert getattr(importlib.import_module(alias), name) is getattr(importlib.import_module(home), name)
 
@@ -62,4 +73,6 @@ def test_the_restore_of_the_workers_is_the_verl_restore():
 
     parts = [[1], [2, 0]]
     pieces = [torch.tensor([10]), torch.tensor([20, 0])]
-    assert restore_order(pieces, parts).tolist() == restore_dynamic_batch(torch.cat(pieces), parts).tolist() == [0, 10, 20]
+    assert (
+        restore_order(pieces, parts).tolist() == restore_dynamic_batch(torch.cat(pieces), parts).tolist() == [0, 10, 20]
+    )

@@ -7,8 +7,10 @@ import numpy as np
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 32, 64, 2, 4, 2
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 QUANTIZED = ("ffn_gate", "ffn_up", "ffn_down", "attn_q", "attn_v")  # Q8_0; the rest stay F32
 
 
@@ -25,17 +27,24 @@ def tiny_weights(vocab_size: int, seed: int = 0) -> dict[str, np.ndarray]:
     head_dim = HIDDEN // HEADS
     shapes = {"token_embd.weight": (vocab_size, HIDDEN), "output_norm.weight": (HIDDEN,)}
     for i in range(LAYERS):
-        shapes.update({f"blk.{i}.attn_norm.weight": (HIDDEN,), f"blk.{i}.ffn_norm.weight": (HIDDEN,),
-                       f"blk.{i}.attn_q.weight": (HIDDEN, HIDDEN),
-                       f"blk.{i}.attn_k.weight": (KV_HEADS * head_dim, HIDDEN),
-                       f"blk.{i}.attn_v.weight": (KV_HEADS * head_dim, HIDDEN),
-                       f"blk.{i}.attn_output.weight": (HIDDEN, HIDDEN),
-                       f"blk.{i}.ffn_gate.weight": (FFN, HIDDEN), f"blk.{i}.ffn_up.weight": (FFN, HIDDEN),
-                       f"blk.{i}.ffn_down.weight": (HIDDEN, FFN)})
+        shapes.update(
+            {
+                f"blk.{i}.attn_norm.weight": (HIDDEN,),
+                f"blk.{i}.ffn_norm.weight": (HIDDEN,),
+                f"blk.{i}.attn_q.weight": (HIDDEN, HIDDEN),
+                f"blk.{i}.attn_k.weight": (KV_HEADS * head_dim, HIDDEN),
+                f"blk.{i}.attn_v.weight": (KV_HEADS * head_dim, HIDDEN),
+                f"blk.{i}.attn_output.weight": (HIDDEN, HIDDEN),
+                f"blk.{i}.ffn_gate.weight": (FFN, HIDDEN),
+                f"blk.{i}.ffn_up.weight": (FFN, HIDDEN),
+                f"blk.{i}.ffn_down.weight": (HIDDEN, FFN),
+            }
+        )
     out = {}
     for name, shape in shapes.items():
-        out[name] = (1.0 + 0.1 * rng.standard_normal(shape) if len(shape) == 1
-                     else 0.2 * rng.standard_normal(shape)).astype(np.float32)
+        out[name] = (
+            1.0 + 0.1 * rng.standard_normal(shape) if len(shape) == 1 else 0.2 * rng.standard_normal(shape)
+        ).astype(np.float32)
     return out
 
 

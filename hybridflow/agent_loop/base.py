@@ -54,8 +54,9 @@ class AgentLoopSettings:
     extra: dict = field(default_factory=dict)  # anything else a user's loop may want; "rollout": the section, plain
 
 
-def agent_loop_settings(rollout: RolloutConfig | Mapping, chat_template_kwargs: Mapping | None = None,
-                        run_dir: str | None = None) -> AgentLoopSettings:
+def agent_loop_settings(
+    rollout: RolloutConfig | Mapping, chat_template_kwargs: Mapping | None = None, run_dir: str | None = None
+) -> AgentLoopSettings:
     """The settings of ``rollout`` (a ``RolloutConfig``; a DictConfig or dict is read into one).
     ``run_dir``: given by the one caller that traces (main_ppo, ``trainer.default_local_dir``): with a
     ``rollout.trace.backend`` the trajectories are traced, to the store ``trace_store`` picks there."""
@@ -93,9 +94,14 @@ class AgentLoopOutput:
 
     def __post_init__(self):
         if len(self.response_mask) != len(self.response_ids):
-            raise ValueError(f"response_mask has {len(self.response_mask)} entries for {len(self.response_ids)} response tokens")
+            raise ValueError(
+                f"response_mask has {len(self.response_mask)} entries for {len(self.response_ids)} response tokens"
+            )
         if self.response_logprobs is not None and len(self.response_logprobs) != len(self.response_ids):
-            raise ValueError(f"response_logprobs has {len(self.response_logprobs)} entries for {len(self.response_ids)} response tokens")
+            raise ValueError(
+                f"response_logprobs has {len(self.response_logprobs)} entries for {len(self.response_ids)} response "
+                "tokens"
+            )
 
 
 class AgentLoopBase(ABC):
@@ -117,15 +123,22 @@ class AgentLoopBase(ABC):
 
     @property
     def rollout_config(self):
-        """The rollout section as an attribute-access config (veRL loops read ``self.rollout_config.response_length``)."""
+        """The rollout section as an attribute-access config (veRL loops read
+        ``self.rollout_config.response_length``)."""
         return OmegaConf.create(self.settings.extra.get("rollout", {}))
 
-    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
-                                  add_generation_prompt: bool = True) -> list[int]:
+    async def apply_chat_template(
+        self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True
+    ) -> list[int]:
         """Token ids of ``messages`` rendered with the tokenizer's chat template (and
         ``data.apply_chat_template_kwargs``): the usual first step of a loop's prompt."""
-        text = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=add_generation_prompt,
-                                                  tokenize=False, **self.settings.chat_template_kwargs)
+        text = self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools or None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **self.settings.chat_template_kwargs,
+        )
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     @abstractmethod

@@ -45,8 +45,13 @@ class ChatTokenizer:
 
     # ------------------------------------------------------------------------------ rendering
     def render(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(list(messages), tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt, **self.kwargs)
+        return self.tokenizer.apply_chat_template(
+            list(messages),
+            tools=tools or None,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **self.kwargs,
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -64,7 +69,7 @@ class ChatTokenizer:
         """What the template writes after an assistant message's content (``<|im_end|>\\n`` for ChatML)."""
         if self._closing is None:
             text = self.render(list(_BASE))
-            self._closing = text[text.rindex(SENTINEL) + len(SENTINEL):]
+            self._closing = text[text.rindex(SENTINEL) + len(SENTINEL) :]
         return self._closing
 
     def split_turn(self, model_ids: list[int]) -> tuple[str, str]:
@@ -83,19 +88,30 @@ class ChatTokenizer:
         before = self.render(list(_BASE), tools)
         after = self.render(list(_BASE) + list(new_messages), tools, add_generation_prompt=True)
         if not after.startswith(before):
-            raise ValueError("the chat template renders the earlier turns differently once messages are appended, so "
-                             "the appended turns have no token delta; use a template that renders turns as a prefix")
-        return after[len(before):]
+            raise ValueError(
+                "the chat template renders the earlier turns differently once messages are appended, so "
+                "the appended turns have no token delta; use a template that renders turns as a prefix"
+            )
+        return after[len(before) :]
 
-    def append_ids(self, new_messages: list[dict], last_model_ids: list[int], tools: list[dict] | None = None) -> list[int]:
+    def append_ids(
+        self, new_messages: list[dict], last_model_ids: list[int], tools: list[dict] | None = None
+    ) -> list[int]:
         """Tokens (mask 0) for ``new_messages`` after the model turn ``last_model_ids``: the rest of that
         turn's closing, the new messages, and the next generation prompt."""
         _, rest = self.split_turn(last_model_ids)
         return self.encode(rest + self.delta_text(new_messages, tools))
 
     # ------------------------------------------------------------------------------ sanity check
-    def check(self, ids: list[int], messages: list[dict], tools: list[dict] | None, mode: str,
-              last_model_ids: list[int] | None = None, prompt_length: int = 0) -> bool:
+    def check(
+        self,
+        ids: list[int],
+        messages: list[dict],
+        tools: list[dict] | None,
+        mode: str,
+        last_model_ids: list[int] | None = None,
+        prompt_length: int = 0,
+    ) -> bool:
         """Compare ``ids`` (prompt + response so far) with the template applied to ``messages`` at once.
 
         ``last_model_ids``: the final model turn when the conversation ends with one (its closing is
@@ -111,9 +127,14 @@ class ChatTokenizer:
         full = self.encode(self.render(messages, tools, add_generation_prompt=last_model_ids is None))
         if expected == full:
             return True
-        chunks = [(expected[i1:i2], full[j1:j2]) for op, i1, i2, j1, j2 in
-                  difflib.SequenceMatcher(None, expected, full, autojunk=False).get_opcodes() if op != "equal"]
-        if mode == "ignore_strippable" and all(not self.decode(a).strip() and not self.decode(b).strip() for a, b in chunks):
+        chunks = [
+            (expected[i1:i2], full[j1:j2])
+            for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, expected, full, autojunk=False).get_opcodes()
+            if op != "equal"
+        ]
+        if mode == "ignore_strippable" and all(
+            not self.decode(a).strip() and not self.decode(b).strip() for a, b in chunks
+        ):
             return False
         raise TokenizationMismatch(self._describe(expected, full, mode, prompt_length))
 
@@ -121,10 +142,12 @@ class ChatTokenizer:
         pos = next((i for i, (a, b) in enumerate(zip(expected, full)) if a != b), min(len(expected), len(full)))
         where = f"response token {pos - prompt_length}" if pos >= prompt_length else f"prompt token {pos}"
         lo = max(0, pos - 12)
-        return (f"tokenization sanity check ({mode}) failed: the trajectory's token ids (prompt + sampled + appended, "
-                f"{len(expected)} tokens) and the chat template applied to the whole conversation ({len(full)} tokens) "
-                f"first differ at position {pos} ({where}): trajectory ids {expected[pos:pos + 8]} "
-                f"{self.decode(expected[lo:pos + 12])!r} vs re-templated ids {full[pos:pos + 8]} "
-                f"{self.decode(full[lo:pos + 12])!r} (context from position {lo}). Training uses the trajectory's ids; "
-                "if this difference is expected for your chat template set "
-                "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=ignore_strippable or disable")
+        return (
+            f"tokenization sanity check ({mode}) failed: the trajectory's token ids (prompt + sampled + appended, "
+            f"{len(expected)} tokens) and the chat template applied to the whole conversation ({len(full)} tokens) "
+            f"first differ at position {pos} ({where}): trajectory ids {expected[pos : pos + 8]} "
+            f"{self.decode(expected[lo : pos + 12])!r} vs re-templated ids {full[pos : pos + 8]} "
+            f"{self.decode(full[lo : pos + 12])!r} (context from position {lo}). Training uses the trajectory's ids; "
+            "if this difference is expected for your chat template set "
+            "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=ignore_strippable or disable"
+        )

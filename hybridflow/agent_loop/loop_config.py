@@ -22,7 +22,9 @@ def load_agent_loop_config(path: str) -> dict[str, tuple[type, dict]]:
     """agent name -> (loop class, constructor kwargs)."""
     path = os.path.expanduser(str(path))
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"agent loop config file not found: {path} (actor_rollout_ref.rollout.agent.agent_loop_config_path)")
+        raise FileNotFoundError(
+            f"agent loop config file not found: {path} (actor_rollout_ref.rollout.agent.agent_loop_config_path)"
+        )
     entries = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     if not isinstance(entries, list):
         raise ValueError(f"agent loop config {path}: expected a list of entries with 'name' and '_target_'")

@@ -52,8 +52,16 @@ def _fill_missing_columns(parts: list[DataProto]) -> None:
 
 
 class AgentLoopManager:
-    def __init__(self, settings: AgentLoopSettings, rollout_wg, tokenizer, role: str | None = "actor_rollout",
-                 hybrid_engine: bool = True, loop_kwargs: dict | None = None, resume_on_abort: bool = False):
+    def __init__(
+        self,
+        settings: AgentLoopSettings,
+        rollout_wg,
+        tokenizer,
+        role: str | None = "actor_rollout",
+        hybrid_engine: bool = True,
+        loop_kwargs: dict | None = None,
+        resume_on_abort: bool = False,
+    ):
         """``hybrid_engine``: the rollout shares its processes with the actor (wake/push/sleep around each
         generation); otherwise weights reach the engines from outside (a separate rollout pool).
         ``resume_on_abort``: partial rollouts (aborted requests continue after a weight update)."""
@@ -62,8 +70,9 @@ class AgentLoopManager:
         self.hybrid_engine = hybrid_engine
         servers = server_handles(rollout_wg, role)
         pad = tokenizer.pad_token_id
-        self.workers = rollout_wg.spawn_helpers(AgentLoopWorker, settings.num_workers, settings, servers, tokenizer,
-                                                pad, loop_kwargs, resume_on_abort)
+        self.workers = rollout_wg.spawn_helpers(
+            AgentLoopWorker, settings.num_workers, settings, servers, tokenizer, pad, loop_kwargs, resume_on_abort
+        )
         self._next_worker = 0
 
     # ------------------------------------------------------------------------------------------
@@ -104,8 +113,9 @@ class AgentLoopManager:
             chunks.append(part)
         if not call:
             return self._wait_workers(prompts, chunks)
-        monitor = OverSampleMonitor(target, progress=lambda: self._kept(call[OVER_SAMPLE_ID]),
-                                    cut=lambda: self._cut(call[OVER_SAMPLE_ID]))
+        monitor = OverSampleMonitor(
+            target, progress=lambda: self._kept(call[OVER_SAMPLE_ID]), cut=lambda: self._cut(call[OVER_SAMPLE_ID])
+        )
         try:
             parts = self._wait_workers(prompts, chunks)
         except BaseException:
@@ -119,8 +129,12 @@ class AgentLoopManager:
 
     def _cut(self, call_id: str) -> None:
         """Every worker first (no new request leaves, what comes back ends its trajectory), then the engines."""
-        wait_with_deadline(self.workers.call_all("cut", call_id), None, group=self.rollout_wg,
-                           what="agent loop workers: cut (rollout.over_sample_rate)")
+        wait_with_deadline(
+            self.workers.call_all("cut", call_id),
+            None,
+            group=self.rollout_wg,
+            what="agent loop workers: cut (rollout.over_sample_rate)",
+        )
         self.abort()
 
     def _wait_workers(self, prompts: DataProto, chunks: list[DataProto]) -> list[DataProto]:
@@ -130,8 +144,12 @@ class AgentLoopManager:
         watchdog = getattr(self.rollout_wg, "watchdog", None)
         deadline = watchdog.deadline(rows, progress=self.completed_trajectories) if watchdog is not None else None
         what = f"generate_sequences ({len(prompts)} trajectories over {len(chunks)} agent loop workers)"
-        return wait_with_deadline([self.workers.call(i, "generate_sequences", c) for i, c in enumerate(chunks)],
-                                  deadline, group=self.rollout_wg, what=what)
+        return wait_with_deadline(
+            [self.workers.call(i, "generate_sequences", c) for i, c in enumerate(chunks)],
+            deadline,
+            group=self.rollout_wg,
+            what=what,
+        )
 
     def completed_trajectories(self) -> int:
         """Trajectories finished so far (the watchdog's progress reading: a short bounded ask, never a
@@ -153,8 +171,9 @@ class AgentLoopManager:
 
     def _call_workers(self, method: str) -> list:
         """Every agent loop worker's answer, under the rollout group's watchdog deadline."""
-        return wait_with_deadline(self.workers.call_all(method), None, group=self.rollout_wg,
-                                  what=f"agent loop workers: {method}")
+        return wait_with_deadline(
+            self.workers.call_all(method), None, group=self.rollout_wg, what=f"agent loop workers: {method}"
+        )
 
     def pause(self) -> None:
         """Hold every new request (and re-sent aborted ones) in the agent loop workers."""

@@ -47,8 +47,13 @@ class TrajectoryAborted(Exception):
 
 def padding_output(prompt_ids: list[int], with_logprobs: bool) -> AgentLoopOutput:
     """The sample a cut trajectory leaves: its prompt, no response (so the loss ignores it)."""
-    return AgentLoopOutput(prompt_ids=list(prompt_ids), response_ids=[], response_mask=[],
-                           response_logprobs=[] if with_logprobs else None, num_turns=0)
+    return AgentLoopOutput(
+        prompt_ids=list(prompt_ids),
+        response_ids=[],
+        response_mask=[],
+        response_logprobs=[] if with_logprobs else None,
+        num_turns=0,
+    )
 
 
 class CutServer:
@@ -95,8 +100,9 @@ class OverSampleMonitor:
                 except TimeoutError:  # a busy worker: read again at the next poll
                     continue
                 if done >= self.target:
-                    logger.info("over_sample_rate: %d trajectories finished (target %d): cutting the rest", done,
-                                self.target)
+                    logger.info(
+                        "over_sample_rate: %d trajectories finished (target %d): cutting the rest", done, self.target
+                    )
                     self._cut()
                     self.cut_done = True
                     return

@@ -21,8 +21,9 @@ import torch
 from hybridflow.agent_loop.base import AgentLoopOutput
 
 
-def pad_outputs(outputs: Sequence[AgentLoopOutput], prompt_length: int, response_length: int, pad_token_id: int,
-                ) -> dict[str, torch.Tensor]:
+def pad_outputs(
+    outputs: Sequence[AgentLoopOutput], prompt_length: int, response_length: int, pad_token_id: int
+) -> dict[str, torch.Tensor]:
     """The tensors of the layout above for ``outputs``. A prompt longer than ``prompt_length`` is an
     error (the dataset bounds prompts); a response longer than ``response_length`` is cut."""
     n = len(outputs)
@@ -38,8 +39,8 @@ def pad_outputs(outputs: Sequence[AgentLoopOutput], prompt_length: int, response
         if p > prompt_length:
             raise ValueError(f"sample {i}: prompt of {p} tokens exceeds the rollout prompt length {prompt_length}")
         if p:
-            prompts[i, prompt_length - p:] = torch.tensor(out.prompt_ids)
-            prompt_mask[i, prompt_length - p:] = 1
+            prompts[i, prompt_length - p :] = torch.tensor(out.prompt_ids)
+            prompt_mask[i, prompt_length - p :] = 1
         r = min(len(out.response_ids), response_length)
         if r:
             responses[i, :r] = torch.tensor(out.response_ids[:r])
@@ -90,8 +91,11 @@ def mean_metrics(outputs: Sequence[AgentLoopOutput], prefix: str = "agent/") -> 
     if not outputs:
         return {}
     turns = np.array([o.num_turns for o in outputs], dtype=np.float64)
-    out = {f"{prefix}num_turns/mean": float(turns.mean()), f"{prefix}num_turns/min": float(turns.min()),
-           f"{prefix}num_turns/max": float(turns.max())}
+    out = {
+        f"{prefix}num_turns/mean": float(turns.mean()),
+        f"{prefix}num_turns/min": float(turns.min()),
+        f"{prefix}num_turns/max": float(turns.max()),
+    }
     for key in sorted({k for o in outputs for k in o.metrics}):
         values = [o.metrics[key] for o in outputs if key in o.metrics]
         out[f"{prefix}{key}"] = float(np.mean(values))

@@ -29,8 +29,9 @@ ROLLOUT_CONCURRENCY_GROUP = "rollout"
 
 class ServerHandle(ABC):
     @abstractmethod
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                       logprobs: bool = True) -> TokenOutput: ...
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, logprobs: bool = True
+    ) -> TokenOutput: ...
 
 
 class LocalServerHandle(ServerHandle):
@@ -66,8 +67,9 @@ class RayServerHandle(ServerHandle):
 
 
 # how a rollout worker group hands out its servers: ``rollout_wg.handles(SERVER_HANDLE, role)``
-SERVER_HANDLE = HandleKind(in_process=lambda host, rank: LocalServerHandle(host),
-                           remote=lambda actor, role, rank: RayServerHandle(actor, role))
+SERVER_HANDLE = HandleKind(
+    in_process=lambda host, rank: LocalServerHandle(host), remote=lambda actor, role, rank: RayServerHandle(actor, role)
+)
 
 
 class ServerManager:
@@ -79,8 +81,13 @@ class ServerManager:
     token keeps the weight version that produced it.
     """
 
-    def __init__(self, servers: list[ServerHandle], logprobs: bool = True, resume_on_abort: bool = False,
-                 max_sticky: int = 100_000):
+    def __init__(
+        self,
+        servers: list[ServerHandle],
+        logprobs: bool = True,
+        resume_on_abort: bool = False,
+        max_sticky: int = 100_000,
+    ):
         if not servers:
             raise ValueError("ServerManager needs at least one rollout server")
         self.servers = list(servers)
@@ -117,8 +124,9 @@ class ServerManager:
                 self._sticky.popitem(last=False)
         return server, next(turns)
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams | dict[str, Any],
-                       ) -> TokenOutput:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: SamplingParams | dict[str, Any]
+    ) -> TokenOutput:
         if isinstance(sampling_params, dict):
             sampling_params = SamplingParams().with_overrides(sampling_params)
         await self._gate().wait()
@@ -131,7 +139,8 @@ class ServerManager:
             params = sampling_params
             if tokens:  # a resumed request continues from what it has, within the same budget
                 params = sampling_params.with_overrides(
-                    {"response_length": max(sampling_params.response_length - len(tokens), 0)})
+                    {"response_length": max(sampling_params.response_length - len(tokens), 0)}
+                )
             engine_id = f"{request_id}/{turn}" + (f".{part}" if part else "")
             self.in_flight[server] += 1
             try:
@@ -146,7 +155,9 @@ class ServerManager:
                 versions += [version] * len(out.token_ids)
                 low, high = self.versions.get(request_id, (version, version))
                 self.versions[request_id] = (min(low, version), max(high, version))
-            resumable = out.stop_reason == ABORT and self.resume_on_abort and params.response_length > len(out.token_ids)
+            resumable = (
+                out.stop_reason == ABORT and self.resume_on_abort and params.response_length > len(out.token_ids)
+            )
             if not resumable:
                 extra = dict(out.extra)
                 if versions:

@@ -10,8 +10,11 @@ from hybridflow.rollout.sampling import SamplingParams
 class SingleTurnAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: SamplingParams, **sample) -> AgentLoopOutput:
         prompt_ids = list(sample["prompt_ids"])
-        params = sampling_params.with_overrides({"response_length": self.settings.response_length}) \
-            if sampling_params.response_length > self.settings.response_length else sampling_params
+        params = (
+            sampling_params.with_overrides({"response_length": self.settings.response_length})
+            if sampling_params.response_length > self.settings.response_length
+            else sampling_params
+        )
         out = await self.server_manager.generate(sample["request_id"], prompt_ids, params)
         response = out.token_ids[: self.settings.response_length]
         log_probs = out.log_probs[: len(response)] if out.log_probs is not None else None

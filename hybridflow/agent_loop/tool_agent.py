@@ -35,9 +35,9 @@ from hybridflow.agent_loop.base import AgentLoopBase, AgentLoopOutput, register
 from hybridflow.agent_loop.chat_tokens import ChatTokenizer, TokenizationMismatch
 from hybridflow.agent_loop.tool_calls import ToolCaller
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS, FunctionCall
-from hybridflow.tools.schemas import OpenAIFunctionCallSchema, OpenAIFunctionParsedSchema
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.server import ABORT
+from hybridflow.tools.schemas import OpenAIFunctionCallSchema, OpenAIFunctionParsedSchema
 
 logger = logging.getLogger(__name__)
 _mismatches_logged = 0
@@ -90,8 +90,13 @@ class ToolAgentLoop(AgentLoopBase):
         self.tool_schemas = [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in self.tool_list]
         self.parser = TOOL_PARSERS.get(mt.format)(tokenizer)
         self.chat = ChatTokenizer(tokenizer, settings.chat_template_kwargs)
-        self.caller = ToolCaller(self.tools, mt.max_parallel_calls, mt.max_tool_response_length,
-                                 mt.tool_response_truncate_side, mt.tool_call_timeout)
+        self.caller = ToolCaller(
+            self.tools,
+            mt.max_parallel_calls,
+            mt.max_tool_response_length,
+            mt.tool_response_truncate_side,
+            mt.tool_call_timeout,
+        )
         self.response_length = settings.response_length
 
     # ------------------------------------------------------------------------------------------ run
@@ -99,16 +104,21 @@ class ToolAgentLoop(AgentLoopBase):
         if sample.get("raw_prompt") is None:
             raise ValueError("tool_agent needs the sample's chat messages (raw_prompt); the RL dataset returns them")
         extra_info = sample.get("extra_info") or {}
-        t = Trajectory(request_id=sample["request_id"], messages=[dict(m) for m in sample["raw_prompt"]],
-                       literal=[dict(m) for m in sample["raw_prompt"]],
-                       tools_kwargs=dict(sample.get("tools_kwargs") or extra_info.get("tools_kwargs") or {}),
-                       interaction_kwargs=dict(sample.get("interaction_kwargs") or extra_info.get("interaction_kwargs") or {}))
+        t = Trajectory(
+            request_id=sample["request_id"],
+            messages=[dict(m) for m in sample["raw_prompt"]],
+            literal=[dict(m) for m in sample["raw_prompt"]],
+            tools_kwargs=dict(sample.get("tools_kwargs") or extra_info.get("tools_kwargs") or {}),
+            interaction_kwargs=dict(sample.get("interaction_kwargs") or extra_info.get("interaction_kwargs") or {}),
+        )
         interaction = await self._start_interaction(t)
         try:
             t.prompt_ids = self.chat.prompt_ids(t.messages, self.tool_schemas)
             if len(t.prompt_ids) > self.settings.prompt_length:
-                raise ValueError(f"the prompt with the tool schemas is {len(t.prompt_ids)} tokens, more than the rollout "
-                                 f"prompt length {self.settings.prompt_length}; raise data.max_prompt_length")
+                raise ValueError(
+                    f"the prompt with the tool schemas is {len(t.prompt_ids)} tokens, more than the rollout "
+                    f"prompt length {self.settings.prompt_length}; raise data.max_prompt_length"
+                )
             await self._converse(t, sampling_params, interaction)
         finally:
             if interaction is not None:
@@ -128,7 +138,9 @@ class ToolAgentLoop(AgentLoopBase):
                     return
                 t.user_turns += 1
             elif interaction is not None:
-                done, reply, score, _ = await interaction.generate_response(t.request_id, t.messages, **t.interaction_kwargs)
+                done, reply, score, _ = await interaction.generate_response(
+                    t.request_id, t.messages, **t.interaction_kwargs
+                )
                 t.count("interaction_turns")
                 if score is not None:
                     t.turn_scores.append(float(score))
@@ -145,9 +157,14 @@ class ToolAgentLoop(AgentLoopBase):
         budget = self.response_length - len(t.response_ids)
         overrides: dict[str, Any] = {"response_length": min(budget, params.response_length)}
         if self.parser.stop_token_ids:
-            overrides["stop_token_ids"] = tuple(sorted(set(params.stop_token_ids or ()) | set(self.parser.stop_token_ids)))
-        context = (self.chat.prompt_ids(t.messages, self.tool_schemas) if self.mt.use_inference_chat_template
-                   else t.prompt_ids + t.response_ids)
+            overrides["stop_token_ids"] = tuple(
+                sorted(set(params.stop_token_ids or ()) | set(self.parser.stop_token_ids))
+            )
+        context = (
+            self.chat.prompt_ids(t.messages, self.tool_schemas)
+            if self.mt.use_inference_chat_template
+            else t.prompt_ids + t.response_ids
+        )
         out = await self.server_manager.generate(t.request_id, context, params.with_overrides(overrides))
         ids = list(out.token_ids)
         t.assistant_turns += 1
@@ -200,7 +217,8 @@ class ToolAgentLoop(AgentLoopBase):
         tool_calls = []
         for call in calls[: self.mt.max_parallel_calls]:
             decoded, bad = OpenAIFunctionCallSchema.from_openai_function_parsed_schema(
-                OpenAIFunctionParsedSchema(name=call.name, arguments=call.arguments))
+                OpenAIFunctionParsedSchema(name=call.name, arguments=call.arguments)
+            )
             function = {"name": call.name, "arguments": call.arguments} if bad else decoded.model_dump()
             entry: dict[str, Any] = {"type": "function", "function": function}
             if call.tool_call_id is not None:
@@ -236,8 +254,14 @@ class ToolAgentLoop(AgentLoopBase):
         with every response token masked out, the message (first differing position) is logged and
         ``agent/tokenization_mismatch`` counts it per step."""
         try:
-            exact = self.chat.check(t.prompt_ids + t.response_ids, t.literal, self.tool_schemas,
-                                    self.mt.tokenization_sanity_check_mode, t.last_model_ids, len(t.prompt_ids))
+            exact = self.chat.check(
+                t.prompt_ids + t.response_ids,
+                t.literal,
+                self.tool_schemas,
+                self.mt.tokenization_sanity_check_mode,
+                t.last_model_ids,
+                len(t.prompt_ids),
+            )
         except TokenizationMismatch as e:
             t.failed_check = True
             t.count("tokenization_mismatch")

@@ -52,14 +52,20 @@ def truncate_text(text: str, limit: int, side: str) -> tuple[str, bool]:
     if side == "right":
         return text[:limit] + "...(truncated)", True
     half = limit // 2
-    return text[:half] + "...(truncated)..." + text[len(text) - half:], True
+    return text[:half] + "...(truncated)..." + text[len(text) - half :], True
 
 
 class ToolCaller:
     """Runs calls against the worker's tools (``tools``: name -> BaseTool)."""
 
-    def __init__(self, tools: dict[str, Any], max_parallel_calls: int, max_response_length: int, truncate_side: str,
-                 default_timeout: float):
+    def __init__(
+        self,
+        tools: dict[str, Any],
+        max_parallel_calls: int,
+        max_response_length: int,
+        truncate_side: str,
+        default_timeout: float,
+    ):
         self.tools = tools
         self.max_parallel_calls = int(max_parallel_calls)
         self.max_response_length = int(max_response_length)
@@ -78,39 +84,62 @@ class ToolCaller:
     async def call(self, call: FunctionCall, tools_kwargs: dict, **execute_kwargs) -> ToolCallResult:
         tool = self.tools.get(call.name)
         if tool is None:
-            return ToolCallResult(call.name, f"Unknown function '{call.name}'. Available tools: {sorted(self.tools)}",
-                                  failed=True, tool_call_id=call.tool_call_id)
+            return ToolCallResult(
+                call.name,
+                f"Unknown function '{call.name}'. Available tools: {sorted(self.tools)}",
+                failed=True,
+                tool_call_id=call.tool_call_id,
+            )
         try:
             args = json.loads(call.arguments)
             if not isinstance(args, dict):
                 raise ValueError(f"expected a JSON object, got {type(args).__name__}")
         except (ValueError, TypeError) as e:
-            return ToolCallResult(call.name, f"Invalid JSON in arguments for '{call.name}': {e}", failed=True,
-                                  tool_call_id=call.tool_call_id)
+            return ToolCallResult(
+                call.name,
+                f"Invalid JSON in arguments for '{call.name}': {e}",
+                failed=True,
+                tool_call_id=call.tool_call_id,
+            )
         create_kwargs = (tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
         timeout = self.timeout_of(tool)
         holder: dict = {}
         try:
             response, reward, metrics = await asyncio.wait_for(
-                self._create_and_execute(tool, args, create_kwargs, holder, execute_kwargs), timeout)
+                self._create_and_execute(tool, args, create_kwargs, holder, execute_kwargs), timeout
+            )
         except asyncio.TimeoutError:
-            return ToolCallResult(call.name, f"Error executing tool '{call.name}': timed out after {timeout:g} s",
-                                  failed=True, timed_out=True, tool_call_id=call.tool_call_id)
+            return ToolCallResult(
+                call.name,
+                f"Error executing tool '{call.name}': timed out after {timeout:g} s",
+                failed=True,
+                timed_out=True,
+                tool_call_id=call.tool_call_id,
+            )
         except Exception as e:  # a tool's own bug or bad arguments: the model learns it failed
             logger.debug("tool %s raised", call.name, exc_info=True)
-            return ToolCallResult(call.name, f"Error executing tool '{call.name}': {e}", failed=True,
-                                  tool_call_id=call.tool_call_id)
+            return ToolCallResult(
+                call.name, f"Error executing tool '{call.name}': {e}", failed=True, tool_call_id=call.tool_call_id
+            )
         finally:
             if "instance_id" in holder:
                 await self._release(tool, holder["instance_id"], timeout)
         if not isinstance(response, ToolResponse):
             response = ToolResponse(text=str(response))
         if response.image or response.video:
-            raise NotImplementedError(f"tool {call.name!r} returned an image or video: image tools are not supported "
-                                      "(hybridflow's rollout is text-only)")
+            raise NotImplementedError(
+                f"tool {call.name!r} returned an image or video: image tools are not supported "
+                "(hybridflow's rollout is text-only)"
+            )
         text, truncated = truncate_text(response.text or "", self.max_response_length, self.truncate_side)
-        return ToolCallResult(call.name, text, None if reward is None else float(reward), truncated=truncated,
-                              tool_call_id=call.tool_call_id, metrics=dict(metrics or {}))
+        return ToolCallResult(
+            call.name,
+            text,
+            None if reward is None else float(reward),
+            truncated=truncated,
+            tool_call_id=call.tool_call_id,
+            metrics=dict(metrics or {}),
+        )
 
     @staticmethod
     async def _create_and_execute(tool, args: dict, create_kwargs: dict, holder: dict, execute_kwargs: dict):

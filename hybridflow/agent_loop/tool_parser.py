@@ -56,7 +56,7 @@ class ToolParser:
         return self.parse(self.tokenizer.decode(responses_ids, skip_special_tokens=True))
 
     @classmethod
-    def get_tool_parser(cls, name: str, tokenizer) -> "ToolParser":
+    def get_tool_parser(cls, name: str, tokenizer) -> ToolParser:
         return TOOL_PARSERS.get(name)(tokenizer)
 
     @classmethod

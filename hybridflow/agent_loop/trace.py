@@ -66,15 +66,17 @@ class RolloutTracer(ABC):
 
 
 # a backend is built as backend(trace, tracking_uri): the section and the store trace_store resolved
-TRACE_BACKENDS: Registry[Callable[[TraceConfig, "str | None"], RolloutTracer]] = Registry("rollout trace backend")
+TRACE_BACKENDS: Registry[Callable[[TraceConfig, str | None], RolloutTracer]] = Registry("rollout trace backend")
 
 
 def check_backend(backend: str | None) -> None:
     if backend is None:
         raise ValueError(f"{KEY}.backend is null: nothing is traced")
     if backend in NOT_IMPLEMENTED:
-        raise ValueError(f"{KEY}.backend={backend!r}: the {NOT_IMPLEMENTED[backend]} backend is not implemented; "
-                         f"use mlflow (pip install 'hybridflow[trace]')")
+        raise ValueError(
+            f"{KEY}.backend={backend!r}: the {NOT_IMPLEMENTED[backend]} backend is not implemented; "
+            f"use mlflow (pip install 'hybridflow[trace]')"
+        )
     if backend not in TRACE_BACKENDS:
         raise ValueError(f"{KEY}.backend={backend!r} is not a trace backend; known: {', '.join(TRACE_BACKENDS)}")
 
@@ -94,8 +96,10 @@ def import_mlflow(tracking_uri: str | None = None):
             importlib.import_module(name)
         except ImportError as e:
             why = "" if name == "mlflow" else f" (the sqlite store {tracking_uri} needs sqlalchemy and alembic)"
-            raise ImportError(f"{KEY}.backend=mlflow needs the {name!r} package, which is not installed: "
-                              f"pip install 'hybridflow[trace]'{why}") from e
+            raise ImportError(
+                f"{KEY}.backend=mlflow needs the {name!r} package, which is not installed: "
+                f"pip install 'hybridflow[trace]'{why}"
+            ) from e
     return importlib.import_module("mlflow")
 
 
@@ -119,7 +123,7 @@ class MlflowTracer(RolloutTracer):
         from mlflow.entities.trace_location import MlflowExperimentLocation
 
         if uri and uri.startswith("sqlite:///"):  # sqlite makes the file, not its folder
-            os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
+            os.makedirs(os.path.dirname(uri[len("sqlite:///") :]) or ".", exist_ok=True)
         with MlflowTracer._lock:
             if MlflowTracer._open == 0:
                 MlflowTracer._saved_uri = os.environ.get("MLFLOW_TRACKING_URI")
@@ -139,7 +143,7 @@ class MlflowTracer(RolloutTracer):
             return found.experiment_id
         artifacts = None
         if uri and uri.startswith("sqlite:///"):
-            artifacts = "file://" + os.path.join(os.path.dirname(uri[len("sqlite:///"):]), "mlflow_artifacts")
+            artifacts = "file://" + os.path.join(os.path.dirname(uri[len("sqlite:///") :]), "mlflow_artifacts")
         try:
             return client.create_experiment(name, artifact_location=artifacts)
         except self.mlflow.MlflowException:  # another worker made it in the meantime
@@ -196,8 +200,9 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def with_text(outputs: dict[str, Any], tokenizer, prompt_ids: Sequence[int] | None,
-              response_ids: Sequence[int] | None) -> dict[str, Any]:
+def with_text(
+    outputs: dict[str, Any], tokenizer, prompt_ids: Sequence[int] | None, response_ids: Sequence[int] | None
+) -> dict[str, Any]:
     """``outputs`` plus ``prompt_text`` / ``response_text`` (veRL's token2text: special tokens kept)."""
     if tokenizer is None:
         return outputs

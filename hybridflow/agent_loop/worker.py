@@ -28,15 +28,21 @@ import numpy as np
 
 from hybridflow.agent_loop.base import AGENT_LOOPS, AgentLoopOutput, AgentLoopSettings
 from hybridflow.agent_loop.loop_config import load_agent_loop_config
-from hybridflow.agent_loop.over_sample import ABORTED_METRIC, OVER_SAMPLE_ID, CutServer, TrajectoryAborted, padding_output
+from hybridflow.agent_loop.over_sample import (
+    ABORTED_METRIC,
+    OVER_SAMPLE_ID,
+    CutServer,
+    TrajectoryAborted,
+    padding_output,
+)
 from hybridflow.agent_loop.postprocess import mean_metrics, non_tensor_fields, pad_outputs
 from hybridflow.agent_loop.server_manager import ServerHandle, ServerManager
 from hybridflow.agent_loop.trace import TracedServer, make_tracer, rollout_numbers, traced_rows, with_text
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.protocol import DataProto
-from hybridflow.tools.tool_registry import initialize_tools_from_config
 from hybridflow.rollout.sampling import SamplingParams, resolve_sampling, rollout_sampling
+from hybridflow.tools.tool_registry import initialize_tools_from_config
 
 # non-tensor fields that are not per-sample keyword arguments of a loop
 _NOT_FOR_LOOPS = ("raw_prompt_ids",)
@@ -54,21 +60,32 @@ def prompt_token_ids(batch: DataProto) -> list[list[int]]:
 
 
 class AgentLoopWorker:
-    def __init__(self, settings: AgentLoopSettings, servers: Sequence[ServerHandle], tokenizer,
-                 pad_token_id: int, loop_kwargs: dict | None = None, resume_on_abort: bool = False):
+    def __init__(
+        self,
+        settings: AgentLoopSettings,
+        servers: Sequence[ServerHandle],
+        tokenizer,
+        pad_token_id: int,
+        loop_kwargs: dict | None = None,
+        resume_on_abort: bool = False,
+    ):
         self.settings = settings
         rollout = settings.rollout if settings.rollout is not None else RolloutConfig()
-        self.server_manager = ServerManager(list(servers), logprobs=rollout.calculate_log_probs,
-                                            resume_on_abort=resume_on_abort)
+        self.server_manager = ServerManager(
+            list(servers), logprobs=rollout.calculate_log_probs, resume_on_abort=resume_on_abort
+        )
         self.tokenizer = tokenizer
         self.pad_token_id = int(pad_token_id)
         self.train_params, self.val_params = rollout_sampling(rollout)
         mt = settings.multi_turn
         self.tools = initialize_tools_from_config(mt.tool_config_path) if mt.tool_config_path else []
-        self.interactions = (initialize_interactions_from_config(mt.interaction_config_path)
-                             if mt.interaction_config_path else {})
+        self.interactions = (
+            initialize_interactions_from_config(mt.interaction_config_path) if mt.interaction_config_path else {}
+        )
         # agent name -> (class, constructor kwargs): the config file's loops win over registered ones
-        self.loop_specs = load_agent_loop_config(settings.agent_loop_config_path) if settings.agent_loop_config_path else {}
+        self.loop_specs = (
+            load_agent_loop_config(settings.agent_loop_config_path) if settings.agent_loop_config_path else {}
+        )
         for name, kwargs in (loop_kwargs or {}).items():
             cls = self.loop_specs[name][0] if name in self.loop_specs else AGENT_LOOPS.get(name)
             self.loop_specs[name] = (cls, {**self.loop_specs.get(name, (None, {}))[1], **kwargs})
@@ -91,8 +108,9 @@ class AgentLoopWorker:
         params = self.sampling_params(meta)
         # this call's sizes: prompts keep the batch's padded width, responses get the (possibly
         # overridden) response length
-        settings = dataclasses.replace(self.settings, response_length=params.response_length,
-                                       prompt_length=int(batch.batch["input_ids"].size(1)))
+        settings = dataclasses.replace(
+            self.settings, response_length=params.response_length, prompt_length=int(batch.batch["input_ids"].size(1))
+        )
         if meta.get("apply_chat_template_kwargs") is not None:  # a caller's data.apply_chat_template_kwargs wins
             settings = dataclasses.replace(settings, chat_template_kwargs=dict(meta["apply_chat_template_kwargs"]))
         pad_id = int(meta["pad_token_id"]) if meta.get("pad_token_id") is not None else self.pad_token_id
@@ -134,12 +152,29 @@ class AgentLoopWorker:
         rng = np.random.default_rng([abs(int(step)), offset])  # the same rows when a step is replayed
         rows = traced_rows(index, self.settings.trace.max_samples_per_step_per_worker, rng)
         numbers = rollout_numbers(index)
-        return [{"step": step, "sample_index": index[i], "rollout_n": numbers[i], "validate": validate,
-                 "experiment_name": self.settings.trace.experiment_name} if i in rows else None
-                for i in range(len(batch))]
+        return [
+            {
+                "step": step,
+                "sample_index": index[i],
+                "rollout_n": numbers[i],
+                "validate": validate,
+                "experiment_name": self.settings.trace.experiment_name,
+            }
+            if i in rows
+            else None
+            for i in range(len(batch))
+        ]
 
-    async def _run_one(self, settings: AgentLoopSettings, index: int, name: str, params: SamplingParams, sample: dict,
-                       call_id: str | None = None, trace_tags: dict | None = None) -> tuple[AgentLoopOutput, bool]:
+    async def _run_one(
+        self,
+        settings: AgentLoopSettings,
+        index: int,
+        name: str,
+        params: SamplingParams,
+        sample: dict,
+        call_id: str | None = None,
+        trace_tags: dict | None = None,
+    ) -> tuple[AgentLoopOutput, bool]:
         """The trajectory's output and whether it was cut (then the output is padding: over_sample.py)."""
         if name in self.loop_specs:
             loop_cls, kwargs = self.loop_specs[name]
@@ -147,7 +182,11 @@ class AgentLoopWorker:
             try:
                 loop_cls, kwargs = AGENT_LOOPS.get(name), {}
             except KeyError as e:
-                extra = f" (or in {self.settings.agent_loop_config_path}: {sorted(self.loop_specs)})" if self.loop_specs else ""
+                extra = (
+                    f" (or in {self.settings.agent_loop_config_path}: {sorted(self.loop_specs)})"
+                    if self.loop_specs
+                    else ""
+                )
                 raise KeyError(f"sample {index}: agent_name {name!r}: {e.args[0]}{extra}") from None
         is_cut: Callable[[], bool] | None = None
         server = self.server_manager
@@ -158,7 +197,9 @@ class AgentLoopWorker:
             server = TracedServer(server, self.tracer, self._decoder())
         output, cut = None, False
         try:
-            loop = loop_cls(settings, server, self.tokenizer, tools=self.tools, interactions=self.interactions, **kwargs)
+            loop = loop_cls(
+                settings, server, self.tokenizer, tools=self.tools, interactions=self.interactions, **kwargs
+            )
             output = await self._traced_run(loop, params, sample, trace_tags)
         except TrajectoryAborted:
             cut = True
@@ -182,8 +223,10 @@ class AgentLoopWorker:
     async def _traced_run(self, loop, params: SamplingParams, sample: dict, trace_tags: dict | None) -> AgentLoopOutput:
         if trace_tags is None:
             return await loop.run(params, **sample)
-        with self.tracer.trajectory(trace_tags), \
-                self.tracer.span(f"{type(loop).__name__}.run", {"sampling_params": params, **sample}) as span:
+        with (
+            self.tracer.trajectory(trace_tags),
+            self.tracer.span(f"{type(loop).__name__}.run", {"sampling_params": params, **sample}) as span,
+        ):
             output = await loop.run(params, **sample)
             span.value = with_text(dataclasses.asdict(output), self._decoder(), output.prompt_ids, output.response_ids)
         return output

@@ -28,5 +28,15 @@ from hybridflow.algorithms.policy_loss_ratio import __all__ as _pl_ratio_all
 from hybridflow.algorithms.value_loss import *  # noqa: F401,F403
 from hybridflow.algorithms.value_loss import __all__ as _vl_all
 
-__all__ = [*_adv_all, *_gdpo_all, *_otb_all, *_kl_all, *_agg_all, *_pl_all, *_pl_cov_all, *_pl_logprob_all,
-           *_pl_ratio_all, *_vl_all]
+__all__ = [
+    *_adv_all,
+    *_gdpo_all,
+    *_otb_all,
+    *_kl_all,
+    *_agg_all,
+    *_pl_all,
+    *_pl_cov_all,
+    *_pl_logprob_all,
+    *_pl_ratio_all,
+    *_vl_all,
+]

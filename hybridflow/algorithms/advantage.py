@@ -13,8 +13,9 @@ gdpo (``advantage_gdpo.py``) and the optimal token baselines (``advantage_otb.py
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,7 +117,7 @@ def compute_gae_advantage_return(
     response_mask: torch.Tensor,
     gamma: float = 1.0,
     lam: float = 1.0,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs,
 ):
     """Generalised Advantage Estimation (https://arxiv.org/abs/1506.02438) over response tokens.
@@ -152,7 +153,7 @@ def compute_grpo_outcome_advantage(
     index: np.ndarray,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = True,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs,
 ):
     """GRPO: (score - group mean) / (group std + eps), std unbiased like ``torch.std``.
@@ -178,7 +179,7 @@ def compute_grpo_vectorized_outcome_advantage(
     index: np.ndarray,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = True,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs,
 ):
     """veRL's ``grpo_vectorized`` name. Our ``grpo`` is already vectorised, so the two are the same
@@ -195,7 +196,7 @@ def compute_grpo_passk_outcome_advantage(
     index: np.ndarray,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = True,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs,
 ):
     """Pass@k (https://arxiv.org/abs/2503.19595): only the best response of each group gets an
@@ -228,7 +229,7 @@ def compute_rloo_outcome_advantage(
     response_mask: torch.Tensor,
     index: np.ndarray,
     epsilon: float = 1e-6,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs,
 ):
     """RLOO (https://arxiv.org/abs/2402.14740): score minus the mean of the *other* responses of its
@@ -250,7 +251,7 @@ def compute_rloo_vectorized_outcome_advantage(
     response_mask: torch.Tensor,
     index: np.ndarray,
     epsilon: float = 1e-6,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs,
 ):
     """veRL's ``rloo_vectorized``: the same leave-one-out advantage as ``rloo`` for groups of two or
@@ -272,7 +273,7 @@ def compute_opo_outcome_advantage(
     response_mask: torch.Tensor,
     index: np.ndarray,
     epsilon: float = 1e-6,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs,
 ):
     """OPO (https://arxiv.org/abs/2505.23585): baseline = length-weighted mean score of the group
@@ -296,7 +297,7 @@ def compute_gpg_outcome_advantage(
     epsilon: float = 1e-6,
     f_norm: float = 1.0,
     alpha: float = 1.0,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs,
 ):
     """GPG (https://arxiv.org/abs/2504.02546): alpha * (score - group mean) / f_norm with
@@ -328,7 +329,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     gamma: float = 1.0,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs,
 ):
     """REINFORCE++ (https://arxiv.org/abs/2501.03262): discounted return-to-go over the valid tokens
@@ -349,7 +350,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     response_mask: torch.Tensor,
     index: np.ndarray,
     epsilon: float = 1e-6,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs,
 ):
     """REINFORCE++-baseline: score minus group mean (0 for a group of one), broadcast to the
@@ -368,7 +369,7 @@ def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor,
     reward_baselines: torch.Tensor,
     response_mask: torch.Tensor,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs,
 ):
     """ReMax (https://arxiv.org/abs/2310.10505): undiscounted return-to-go minus the reward of the

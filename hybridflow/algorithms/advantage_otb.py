@@ -16,7 +16,7 @@ beyond the second longest gets baseline 0).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,8 +33,10 @@ __all__ = [
 def path_variance_weights(old_log_probs, sum_pi_squared, response_mask, rollout_is_weights=None) -> torch.Tensor:
     """W_t = cumulative sum over valid tokens of (1 - 2 pi_t + sum pi^2) (* rho_t^2); (B, T)."""
     if sum_pi_squared is None:
-        raise ValueError("the optimal token baseline needs the actor's sum of squared token probabilities: set "
-                         "actor_rollout_ref.actor.calculate_sum_pi_squared=True")
+        raise ValueError(
+            "the optimal token baseline needs the actor's sum of squared token probabilities: set "
+            "actor_rollout_ref.actor.calculate_sum_pi_squared=True"
+        )
     if old_log_probs is None:
         raise ValueError("the optimal token baseline needs old_log_probs (the actor's log-probs of the responses)")
     w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
@@ -79,12 +81,12 @@ def compute_optimal_token_baseline_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: np.ndarray,
-    old_log_probs: Optional[torch.Tensor] = None,
-    sum_pi_squared: Optional[torch.Tensor] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    old_log_probs: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     handle_zero_tail: bool = True,
     epsilon: float = 1e-8,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs,
 ):
     """OTB by token column: A_t = (G_t - b_t) on valid tokens, b_t over the group's rows at
@@ -111,12 +113,12 @@ def compute_multi_turn_optimal_token_baseline_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: np.ndarray,
-    old_log_probs: Optional[torch.Tensor] = None,
-    sum_pi_squared: Optional[torch.Tensor] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    old_log_probs: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     handle_zero_tail: bool = True,
     epsilon: float = 1e-8,
-    config: Optional[Any] = None,
+    config: Any | None = None,
     **kwargs,
 ):
     """OTB by the k-th model token: each row's valid tokens are packed to the left, the baseline is
@@ -132,8 +134,9 @@ def compute_multi_turn_optimal_token_baseline_advantage(
         slot = valid.long().cumsum(-1) - 1  # (B, T): packed position of each valid token
         packed_returns = _compact(returns, valid, slot, width)  # (B, L)
         packed_weights = _compact(weights, valid, slot, width)
-        baselines = _group_baselines(packed_returns, packed_weights, lengths, lengths > 0, index,
-                                     handle_zero_tail, epsilon)
+        baselines = _group_baselines(
+            packed_returns, packed_weights, lengths, lengths > 0, index, handle_zero_tail, epsilon
+        )
         packed_adv = packed_returns - baselines  # (B, L)
         advantages = torch.gather(packed_adv, 1, slot.clamp(min=0, max=max(width - 1, 0))) if width else returns * 0
         advantages = advantages * mask

@@ -13,7 +13,8 @@ Estimators (per token, x = logprob - ref_logprob, i.e. log pi/pi_ref on samples 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -30,7 +30,7 @@ to different lengths.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -105,12 +105,12 @@ def agg_loss(
     loss_mask: torch.Tensor,
     loss_agg_mode: str,
     dp_size: int = 1,
-    batch_num_tokens: Optional[int | torch.Tensor] = None,
-    global_batch_size: Optional[int | torch.Tensor] = None,
-    loss_scale_factor: Optional[float] = None,
+    batch_num_tokens: int | torch.Tensor | None = None,
+    global_batch_size: int | torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
     *,
-    global_token_count: Optional[int | torch.Tensor] = None,
-    global_seq_count: Optional[int | torch.Tensor] = None,
+    global_token_count: int | torch.Tensor | None = None,
+    global_seq_count: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Aggregate ``loss_mat`` (B, T) under ``loss_mask`` (B, T) into a scalar (veRL's signature).
 

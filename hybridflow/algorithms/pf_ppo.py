@@ -30,8 +30,9 @@ def pf_ppo_weights(scores: torch.Tensor, method: str, weight_pow: float = 2.0) -
     return torch.clamp(weights + 1e-8, min=1e-8)
 
 
-def pf_ppo_resample_indices(scores: torch.Tensor, method: str, weight_pow: float,
-                            generator: torch.Generator | None = None) -> torch.Tensor:
+def pf_ppo_resample_indices(
+    scores: torch.Tensor, method: str, weight_pow: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """As many row indices as rows, drawn with replacement in proportion to ``pf_ppo_weights``."""
     weights = pf_ppo_weights(scores.detach().float().cpu(), method, weight_pow)
     return torch.multinomial(weights, len(weights), replacement=True, generator=generator)

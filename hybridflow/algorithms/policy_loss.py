@@ -17,8 +17,8 @@ sapo (``policy_loss_ratio.py``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -119,8 +119,16 @@ def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tens
 
 
 def _clipped_ppo(
-    old_log_prob, log_prob, advantages, response_mask, clip_low, clip_high, clip_ratio_c, loss_agg_mode,
-    weights=None, **agg_kwargs,
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    clip_low,
+    clip_high,
+    clip_ratio_c,
+    loss_agg_mode,
+    weights=None,
+    **agg_kwargs,
 ):
     if clip_low is None or clip_high is None:
         raise ValueError("clipped PPO needs a clip range (cliprange / clip_ratio)")
@@ -154,9 +162,9 @@ def compute_policy_loss(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    cliprange: Optional[float] = None,
-    cliprange_low: Optional[float] = None,
-    cliprange_high: Optional[float] = None,
+    cliprange: float | None = None,
+    cliprange_low: float | None = None,
+    cliprange_high: float | None = None,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     *,
@@ -174,8 +182,16 @@ def compute_policy_loss(
     low = cliprange if cliprange_low is None else cliprange_low
     high = cliprange if cliprange_high is None else cliprange_high
     return _clipped_ppo(
-        old_log_prob, log_prob, advantages, response_mask, low, high, clip_ratio_c, loss_agg_mode,
-        global_token_count=global_token_count, global_seq_count=global_seq_count,
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        low,
+        high,
+        clip_ratio_c,
+        loss_agg_mode,
+        global_token_count=global_token_count,
+        global_seq_count=global_seq_count,
         loss_scale_factor=loss_scale_factor,
     )
 
@@ -192,8 +208,8 @@ def compute_policy_loss_vanilla(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    config: Any | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     *,
     global_token_count=None,
     global_seq_count=None,
@@ -203,8 +219,16 @@ def compute_policy_loss_vanilla(
     Returns (pg_loss, {actor/pg_clipfrac, actor/ppo_kl, actor/pg_clipfrac_lower})."""
     low, high = _clip_range(config)
     pg_loss, clipfrac, ppo_kl, clipfrac_lower = _clipped_ppo(
-        old_log_prob, log_prob, advantages, response_mask, low, high, cfg_get(config, "clip_ratio_c", 3.0),
-        loss_agg_mode, weights=rollout_is_weights, **_agg_kwargs(config, global_token_count, global_seq_count),
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        low,
+        high,
+        cfg_get(config, "clip_ratio_c", 3.0),
+        loss_agg_mode,
+        weights=rollout_is_weights,
+        **_agg_kwargs(config, global_token_count, global_seq_count),
     )
     return pg_loss, _metrics(clipfrac, ppo_kl, clipfrac_lower)
 
@@ -216,8 +240,8 @@ def compute_policy_loss_gspo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    config: Any | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     *,
     global_token_count=None,
     global_seq_count=None,
@@ -240,7 +264,9 @@ def compute_policy_loss_gspo(
     pg_losses = torch.maximum(loss_unclipped, loss_clipped)
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config, global_token_count, global_seq_count))
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config, global_token_count, global_seq_count)
+    )
     pg_clipfrac = masked_mean(torch.gt(loss_clipped, loss_unclipped).float(), response_mask)
     ppo_kl = masked_mean(-log_ratio, response_mask)
     return pg_loss, _metrics(pg_clipfrac, ppo_kl, torch.zeros_like(pg_clipfrac))
@@ -253,8 +279,8 @@ def compute_policy_loss_gpg(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    config: Any | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     *,
     global_token_count=None,
     global_seq_count=None,
@@ -264,7 +290,9 @@ def compute_policy_loss_gpg(
     pg_losses = -log_prob * advantages
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config, global_token_count, global_seq_count))
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config, global_token_count, global_seq_count)
+    )
     return pg_loss, {}  # veRL's gpg reports no ratio statistics (there is no ratio)
 
 
@@ -274,8 +302,8 @@ def compute_policy_loss_reinforce(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-sum",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    config: Any | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
     *,
     global_token_count=None,
     global_seq_count=None,
@@ -289,7 +317,9 @@ def compute_policy_loss_reinforce(
     pg_losses = -advantages * log_prob
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config, global_token_count, global_seq_count))
+    pg_loss = agg_loss(
+        pg_losses, response_mask, loss_agg_mode, **_agg_kwargs(config, global_token_count, global_seq_count)
+    )
     ppo_kl = masked_mean(rollout_log_prob - log_prob, response_mask).detach()
     zero = torch.zeros_like(ppo_kl)
     return pg_loss, _metrics(zero, ppo_kl, zero)

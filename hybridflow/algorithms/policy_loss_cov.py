@@ -9,7 +9,7 @@ gradient of a random few whose covariance lies in (clip_cov_lb, clip_cov_ub); kl
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -38,8 +38,8 @@ def compute_policy_loss_clip_cov(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    config: Any | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ):
     """Clipped PPO (no dual clip, no ratio clamp) where ``max(1, int(clip_cov_ratio * #valid))``
     tokens, drawn uniformly (``torch.randperm`` on the default generator) among the valid tokens that
@@ -84,8 +84,8 @@ def compute_policy_loss_kl_cov(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    config: Any | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ):
     """Unclipped policy gradient -A * ratio, plus ``ppo_kl_coef * |log ratio|`` on the
     ``max(1, int(kl_cov_ratio * #valid))`` valid tokens of largest covariance. ``actor/ppo_kl`` is

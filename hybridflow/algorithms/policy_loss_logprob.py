@@ -9,7 +9,7 @@ the registry's; config keys follow veRL 0.9.1.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -42,8 +42,8 @@ def compute_policy_loss_cispo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    config: Any | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ):
     """CISPO (https://arxiv.org/abs/2506.13585): -sg[clip(ratio, 1 - low, 1 + high)] * A * log π.
     ``actor/pg_clipfrac`` is the share of tokens whose ratio was clipped."""
@@ -51,8 +51,9 @@ def compute_policy_loss_cispo(
     log_ratio = _log_ratio(log_prob, old_log_prob)  # (B, T)
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1 - low, 1 + high)
-    pg_loss = _weighted_log_prob_loss(clipped, log_prob, advantages, response_mask, loss_agg_mode, config,
-                                      rollout_is_weights)
+    pg_loss = _weighted_log_prob_loss(
+        clipped, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
     clipfrac = masked_mean((ratio != clipped).float(), response_mask)
     return pg_loss, _metrics(clipfrac, masked_mean(-log_ratio, response_mask), torch.zeros_like(clipfrac))
 
@@ -75,10 +76,14 @@ def _dppo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, conf
     trusted_pos, trusted_neg = trust(old_log_prob.detach(), log_prob.detach(), low, high)
     trusted = torch.where(advantages > 0, trusted_pos, trusted_neg).float()
     weight = torch.clamp(ratio, max=c) * trusted
-    pg_loss = _weighted_log_prob_loss(weight, log_prob, advantages, response_mask, loss_agg_mode, config,
-                                      rollout_is_weights)
-    return pg_loss, _metrics(masked_mean(1.0 - trusted, response_mask), masked_mean(-log_ratio, response_mask),
-                             masked_mean((ratio > c).float() * trusted, response_mask))
+    pg_loss = _weighted_log_prob_loss(
+        weight, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
+    return pg_loss, _metrics(
+        masked_mean(1.0 - trusted, response_mask),
+        masked_mean(-log_ratio, response_mask),
+        masked_mean((ratio > c).float() * trusted, response_mask),
+    )
 
 
 @register_policy_loss("dppo_tv")
@@ -88,8 +93,8 @@ def compute_policy_loss_dppo_tv(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    config: Any | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ):
     """DPPO-Binary-TV: a token is trusted unless its probability rose by more than clip_ratio_high
     (A > 0) or fell by more than clip_ratio_low (A <= 0). ``actor/pg_clipfrac``: untrusted share;
@@ -109,8 +114,8 @@ def compute_policy_loss_dppo_kl(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    config: Any | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ):
     """DPPO-Binary-KL: a token is untrusted when its binary KL exceeds clip_ratio_high and its
     probability rose (A > 0), or exceeds clip_ratio_low and its probability fell (A <= 0): only a
@@ -131,16 +136,17 @@ def compute_policy_loss_dro(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    config: Any | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ):
     """Direct Reward Optimization: -(A * log π - beta / 2 * (log π - log π_old)^2) with beta =
     ``actor.policy_loss.dro_beta`` (required, > 0): the square keeps the policy near π_old without a
     ratio. Reports ``actor/ppo_kl`` only."""
     beta = cfg_get(cfg_get(config, "policy_loss"), "dro_beta")
     if beta is None or not beta > 0:
-        raise ValueError(f"actor_rollout_ref.actor.policy_loss.dro_beta must be a positive number for "
-                         f"loss_mode=dro, got {beta}")
+        raise ValueError(
+            f"actor_rollout_ref.actor.policy_loss.dro_beta must be a positive number for loss_mode=dro, got {beta}"
+        )
     log_ratio = log_prob - old_log_prob  # (B, T)
     pg_losses = -(advantages * log_prob - 0.5 * beta * log_ratio.square())
     if rollout_is_weights is not None:

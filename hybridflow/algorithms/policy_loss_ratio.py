@@ -7,7 +7,7 @@ on the actor section for sapo).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -26,8 +26,8 @@ def compute_policy_loss_geo_mean(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    config: Any | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ):
     """GMPO (https://arxiv.org/abs/2507.20673): per sequence -Ā * exp(mean_t clip_t(log ratio)),
     where Ā is the mean advantage of the sequence and each token's log ratio is clipped to
@@ -48,7 +48,9 @@ def compute_policy_loss_geo_mean(
     seq_adv = (advantages * response_mask).sum(dim=-1) / lengths  # (B,)
     seq_losses = -seq_adv * seq_ratio
     if rollout_is_weights is not None:
-        seq_losses = seq_losses * torch.exp((torch.log(rollout_is_weights + 1e-10) * response_mask).sum(dim=-1) / lengths)
+        seq_losses = seq_losses * torch.exp(
+            (torch.log(rollout_is_weights + 1e-10) * response_mask).sum(dim=-1) / lengths
+        )
 
     info = _agg_kwargs(config)
     if info.get("global_batch_size") is not None:
@@ -57,9 +59,11 @@ def compute_policy_loss_geo_mean(
         pg_loss = seq_losses.mean()
 
     clipped = (log_ratio != clamped).float()
-    return pg_loss, _metrics(masked_mean(clipped * (advantages > 0), response_mask),
-                             masked_mean(-log_ratio, response_mask),
-                             masked_mean(clipped * (advantages < 0), response_mask))
+    return pg_loss, _metrics(
+        masked_mean(clipped * (advantages > 0), response_mask),
+        masked_mean(-log_ratio, response_mask),
+        masked_mean(clipped * (advantages < 0), response_mask),
+    )
 
 
 def sapo_gate(ratio: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
@@ -75,8 +79,8 @@ def compute_policy_loss_sapo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-mean",
-    config: Optional[Any] = None,
-    rollout_is_weights: Optional[torch.Tensor] = None,
+    config: Any | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ):
     """SAPO (https://arxiv.org/abs/2511.20347): per token -sapo_gate(ratio, tau) * A with
     tau = actor.tau_pos where A > 0, else actor.tau_neg (a larger tau_neg damps negative updates

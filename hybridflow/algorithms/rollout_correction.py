@@ -20,7 +20,7 @@ Everything here is a pure function of tensors; metrics are 0-d tensors (veRL's n
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -32,8 +32,15 @@ from hybridflow.algorithms.rollout_correction_metrics import (
     rejection_option_metrics,
 )
 from hybridflow.config.convert import omega_conf_to_dataclass
-from hybridflow.config.rollout_correction import (IS_LEVELS, LOSS_TYPES, RS_OPTIONS, RejectionOption,
-                                                  RolloutCorrectionConfig, parse_is_threshold, parse_rejection_options)
+from hybridflow.config.rollout_correction import (
+    IS_LEVELS,
+    LOSS_TYPES,
+    RS_OPTIONS,
+    RejectionOption,
+    RolloutCorrectionConfig,
+    parse_is_threshold,
+    parse_rejection_options,
+)
 from hybridflow.utils.torch_functional import masked_mean, masked_sum
 
 __all__ = [
@@ -50,15 +57,21 @@ __all__ = [
     "compute_policy_loss_bypass_mode",
 ]
 
+
 def rollout_correction_config(section: Any, path: str = "algorithm.rollout_correction") -> RolloutCorrectionConfig:
     """The section as a ``RolloutCorrectionConfig`` (which parses and checks it; an empty or missing
     section: metrics only). Raises ConfigError (a ValueError) naming the offending key."""
     return omega_conf_to_dataclass(section or None, RolloutCorrectionConfig, path=path)
 
 
-def compute_is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str, upper: float,
-                       lower: Optional[float] = None, batch_normalize: bool = False
-                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def compute_is_weights(
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    level: str,
+    upper: float,
+    lower: float | None = None,
+    batch_normalize: bool = False,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Truncated importance weights from ``log_ratio`` = log π_train - log π_rollout, (B, T).
 
     token: w_t = exp(log_ratio_t); sequence: every token of row i gets exp(Σ_t log_ratio_t) (the
@@ -101,7 +114,7 @@ def _token_statistic(log_ratio: torch.Tensor, estimator: str) -> torch.Tensor:
     if estimator == "k1":
         return -lr
     if estimator == "k2":
-        return 0.5 * lr ** 2
+        return 0.5 * lr**2
     return torch.exp(lr) - 1.0 - lr
 
 
@@ -115,8 +128,9 @@ def _sequence_statistic(token_stat: torch.Tensor, response_mask: torch.Tensor, a
     return torch.where(torch.isinf(best), torch.zeros_like(best), best)  # an empty row: 0
 
 
-def compute_rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor,
-                           options: tuple[RejectionOption, ...]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def compute_rejection_mask(
+    log_ratio: torch.Tensor, response_mask: torch.Tensor, options: tuple[RejectionOption, ...]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Hard trust region: a token stays only if every option keeps it (sequence options keep or drop
     whole rows). k1 keeps lower <= statistic <= upper (log space); k2/k3 keep statistic <= upper.
     Returns ``response_mask`` with the rejected tokens set to 0, and metrics."""
@@ -147,17 +161,22 @@ def compute_rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor,
     return (response_mask * keep_all).to(response_mask.dtype), metrics
 
 
-def compute_rollout_correction(train_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
-                               response_mask: torch.Tensor, settings: RolloutCorrectionConfig,
-                               ) -> tuple[Optional[torch.Tensor], torch.Tensor, dict[str, torch.Tensor]]:
+def compute_rollout_correction(
+    train_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    settings: RolloutCorrectionConfig,
+) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, torch.Tensor]]:
     """IS weights (None when ``settings.rollout_is`` is None), the response mask after rejection,
     and every metric under ``rollout_corr/`` (weights, rejection, off-policy gap).
 
     ``train_log_prob``: π_old in decoupled mode, π_θ (detached) in bypass mode. (B, T) each.
     """
     if train_log_prob.shape != rollout_log_prob.shape or train_log_prob.shape != response_mask.shape:
-        raise ValueError(f"rollout correction: training log-probs {tuple(train_log_prob.shape)}, rollout log-probs "
-                         f"{tuple(rollout_log_prob.shape)} and response_mask {tuple(response_mask.shape)} differ in shape")
+        raise ValueError(
+            f"rollout correction: training log-probs {tuple(train_log_prob.shape)}, rollout log-probs "
+            f"{tuple(rollout_log_prob.shape)} and response_mask {tuple(response_mask.shape)} differ in shape"
+        )
     if not response_mask.any():
         raise ValueError("rollout correction: response_mask has no valid token in this batch")
     log_ratio = (train_log_prob - rollout_log_prob).detach()  # log(π_train / π_rollout)
@@ -165,8 +184,9 @@ def compute_rollout_correction(train_log_prob: torch.Tensor, rollout_log_prob: t
     weights = None
     if settings.rollout_is is not None:
         upper, lower = settings.is_bounds
-        weights, is_metrics = compute_is_weights(log_ratio, response_mask, settings.rollout_is, upper, lower,
-                                                 settings.rollout_is_batch_normalize)
+        weights, is_metrics = compute_is_weights(
+            log_ratio, response_mask, settings.rollout_is, upper, lower, settings.rollout_is_batch_normalize
+        )
         metrics.update(is_metrics)
     mask = response_mask
     if settings.rejection:
@@ -199,9 +219,11 @@ def compute_policy_loss_bypass_mode(
     weights, mask, metrics = compute_rollout_correction(log_prob.detach(), old_log_prob, response_mask, settings)
     counts = dict(global_token_count=global_token_count, global_seq_count=global_seq_count)
     if settings.loss_type == "reinforce":
-        pg_loss, loss_metrics = compute_policy_loss_reinforce(old_log_prob, log_prob, advantages, mask, loss_agg_mode,
-                                                              config, weights, **counts)
+        pg_loss, loss_metrics = compute_policy_loss_reinforce(
+            old_log_prob, log_prob, advantages, mask, loss_agg_mode, config, weights, **counts
+        )
     else:
-        pg_loss, loss_metrics = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, mask, loss_agg_mode,
-                                                            config, None, **counts)
+        pg_loss, loss_metrics = compute_policy_loss_vanilla(
+            old_log_prob, log_prob, advantages, mask, loss_agg_mode, config, None, **counts
+        )
     return pg_loss, {**loss_metrics, **metrics}

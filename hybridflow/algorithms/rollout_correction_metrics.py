@@ -7,7 +7,6 @@ All values are 0-d tensors (read back once per step by the caller). Masks are 0/
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -36,13 +35,24 @@ def _clamped_std(values: torch.Tensor, mask: torch.Tensor, low: float, high: flo
 def _row_stats(prefix: str, rows: torch.Tensor, ideal: float) -> dict[str, torch.Tensor]:
     """mean / (unbiased) std / max / min / largest |value - ideal| of per-sequence values."""
     std = rows.std() if rows.numel() > 1 else torch.zeros((), dtype=rows.dtype)
-    return {f"{prefix}_seq_mean": rows.mean(), f"{prefix}_seq_std": std, f"{prefix}_seq_max": rows.max(),
-            f"{prefix}_seq_min": rows.min(), f"{prefix}_seq_max_deviation": (rows - ideal).abs().max()}
+    return {
+        f"{prefix}_seq_mean": rows.mean(),
+        f"{prefix}_seq_std": std,
+        f"{prefix}_seq_max": rows.max(),
+        f"{prefix}_seq_min": rows.min(),
+        f"{prefix}_seq_max_deviation": (rows - ideal).abs().max(),
+    }
 
 
-def is_weight_metrics(weights: torch.Tensor, raw: torch.Tensor, log_ratio_for_metrics: torch.Tensor,
-                      response_mask: torch.Tensor, level: str, upper: float, lower: Optional[float]
-                      ) -> dict[str, torch.Tensor]:
+def is_weight_metrics(
+    weights: torch.Tensor,
+    raw: torch.Tensor,
+    log_ratio_for_metrics: torch.Tensor,
+    response_mask: torch.Tensor,
+    level: str,
+    upper: float,
+    lower: float | None,
+) -> dict[str, torch.Tensor]:
     """``rollout_is_*``: mean/max/min of the applied weights, the share of raw ratios outside
     [lower, upper] (lower defaults to 1/upper), std and effective sample size of the weights
     clamped to [0, upper], and per-sequence statistics (mean weight of each row).
@@ -77,8 +87,9 @@ def is_weight_metrics(weights: torch.Tensor, raw: torch.Tensor, log_ratio_for_me
     return m
 
 
-def rejection_option_metrics(option, stat: torch.Tensor, seq_stat: Optional[torch.Tensor],
-                             response_mask: torch.Tensor, valid_rows: torch.Tensor) -> dict[str, torch.Tensor]:
+def rejection_option_metrics(
+    option, stat: torch.Tensor, seq_stat: torch.Tensor | None, response_mask: torch.Tensor, valid_rows: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """``rollout_rs_<option>_*`` of one rejection criterion. ``stat`` (B, T) is the statistic per
     token (a sequence option's value repeated over its row); ``seq_stat`` (B,) for sequence options.
     Thresholds are the option's own (log space for k1; a k2/k3 option has no lower bound, 0 used)."""
@@ -90,14 +101,18 @@ def rejection_option_metrics(option, stat: torch.Tensor, seq_stat: Optional[torc
     if option.level == "sequence":
         m[f"{prefix}_max"], m[f"{prefix}_min"] = rows.max(), rows.min()
         m[f"{prefix}_fraction_high"] = (rows > upper).float().mean()
-        m[f"{prefix}_fraction_low"] = ((rows < lower).float().mean() if option.lower is not None
-                                       else torch.zeros((), dtype=stat.dtype))
+        m[f"{prefix}_fraction_low"] = (
+            (rows < lower).float().mean() if option.lower is not None else torch.zeros((), dtype=stat.dtype)
+        )
     else:
         m[f"{prefix}_max"] = _masked_extreme(stat, response_mask, largest=True)
         m[f"{prefix}_min"] = _masked_extreme(stat, response_mask, largest=False)
         m[f"{prefix}_fraction_high"] = masked_mean((stat > upper).float(), response_mask)
-        m[f"{prefix}_fraction_low"] = (masked_mean((stat < lower).float(), response_mask) if option.lower is not None
-                                       else torch.zeros((), dtype=stat.dtype))
+        m[f"{prefix}_fraction_low"] = (
+            masked_mean((stat < lower).float(), response_mask)
+            if option.lower is not None
+            else torch.zeros((), dtype=stat.dtype)
+        )
     m[f"{prefix}_std"] = _clamped_std(stat, response_mask, lower, upper)
     m.update(_row_stats(prefix, rows, ideal=0.0))
     m[f"{prefix}_seq_fraction_high"] = (rows > upper).float().mean()
@@ -106,8 +121,9 @@ def rejection_option_metrics(option, stat: torch.Tensor, seq_stat: Optional[torc
     return m
 
 
-def offpolicy_metrics(train_log_prob: torch.Tensor, rollout_log_prob: Optional[torch.Tensor],
-                      response_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def offpolicy_metrics(
+    train_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor | None, response_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """The gap between the training and the rollout policy on the sampled tokens.
 
     kl = E[log π_rollout - log π_train] (KL(π_rollout || π_train) estimated on rollout samples),

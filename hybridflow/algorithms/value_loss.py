@@ -37,8 +37,15 @@ def compute_value_loss(
     loss_clipped = (vpred_clipped - returns) ** 2
     vf_losses = torch.maximum(loss_unclipped, loss_clipped)
     vf_loss = 0.5 * agg_loss(
-        vf_losses, response_mask, loss_agg_mode, dp_size, batch_num_tokens, global_batch_size, loss_scale_factor,
-        global_token_count=global_token_count, global_seq_count=global_seq_count,
+        vf_losses,
+        response_mask,
+        loss_agg_mode,
+        dp_size,
+        batch_num_tokens,
+        global_batch_size,
+        loss_scale_factor,
+        global_token_count=global_token_count,
+        global_seq_count=global_seq_count,
     )
     vf_clipfrac = masked_mean(torch.gt(loss_clipped, loss_unclipped).float(), response_mask)
     return vf_loss, vf_clipfrac.detach()
@@ -57,6 +64,10 @@ def compute_entropy_loss(
     subtracts ``entropy_coeff * this`` from its loss)."""
     entropy = entropy_from_logits(logits)  # (B, T)
     return agg_loss(
-        entropy, response_mask, loss_agg_mode, global_token_count=global_token_count,
-        global_seq_count=global_seq_count, loss_scale_factor=loss_scale_factor,
+        entropy,
+        response_mask,
+        loss_agg_mode,
+        global_token_count=global_token_count,
+        global_seq_count=global_seq_count,
+        loss_scale_factor=loss_scale_factor,
     )

@@ -15,42 +15,109 @@ from hybridflow.config.base import BaseConfig, field_doc, to_dict
 from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.convert import CONFIG_CLASSES, omega_conf_to_dataclass, resolve_target
 from hybridflow.config.critic import CriticConfig, FSDPCriticConfig
+from hybridflow.config.data import DataConfig, DataSamplerConfig
+from hybridflow.config.distillation import DistillationConfig, DistillationLossConfig, DistillationTeacherModelConfig
 from hybridflow.config.engine import FSDPEngineConfig, MixedPrecisionConfig, QATConfig, QATEngineConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import CriticModelConfig, HFModelConfig, MtpConfig
-from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
-from hybridflow.config.data import DataConfig, DataSamplerConfig
-from hybridflow.config.distillation import DistillationConfig, DistillationLossConfig, DistillationTeacherModelConfig
 from hybridflow.config.module import ModuleConfig
+from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
 from hybridflow.config.ppo_trainer import ActorRolloutRefConfig, PPOTrainerConfig
-from hybridflow.config.profiler import (GlobalProfilerConfig, NPUToolConfig, NsightToolConfig, PrecisionDebuggerToolConfig,
-                                        ProfilerConfig, TorchMemoryToolConfig, TorchProfilerScheduleConfig,
-                                        TorchProfilerToolConfig)
+from hybridflow.config.profiler import (
+    GlobalProfilerConfig,
+    NPUToolConfig,
+    NsightToolConfig,
+    PrecisionDebuggerToolConfig,
+    ProfilerConfig,
+    TorchMemoryToolConfig,
+    TorchProfilerScheduleConfig,
+    TorchProfilerToolConfig,
+)
 from hybridflow.config.ray import RayInitConfig, RayKwargsConfig
+from hybridflow.config.refused import __getattr__  # noqa: F401  (Megatron's classes: refused by name)
 from hybridflow.config.reward import RewardConfig, RewardManagerConfig, RewardModelConfig, SandboxFusionConfig
+from hybridflow.config.rollout import (
+    AgentLoopConfig,
+    CheckpointEngineConfig,
+    CustomAsyncServerConfig,
+    DisaggregationConfig,
+    MultiTurnConfig,
+    PrometheusConfig,
+    RolloutConfig,
+    SamplingConfig,
+    TraceConfig,
+)
+from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 from hybridflow.config.sft_trainer import SFTTrainerConfig
 from hybridflow.config.skip import SkipManagerConfig
 from hybridflow.config.trainer import AsyncTrainingConfig, HybridRolloutSwitchConfig, TrainerConfig
 from hybridflow.config.transfer_queue import TransferQueueConfig
-from hybridflow.config.refused import __getattr__  # noqa: F401  (Megatron's classes: refused by name)
-from hybridflow.config.rollout import (AgentLoopConfig, CheckpointEngineConfig, CustomAsyncServerConfig,
-                                       DisaggregationConfig, MultiTurnConfig, PrometheusConfig, RolloutConfig,
-                                       SamplingConfig, TraceConfig)
-from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 
 __all__ = [
-    "BaseConfig", "ConfigError", "omega_conf_to_dataclass", "resolve_target", "CONFIG_CLASSES", "field_doc", "to_dict",
-    "AlgoConfig", "KLControlConfig", "FilterGroupsConfig", "PFPPOConfig", "RolloutCorrectionConfig",
-    "ActorConfig", "FSDPActorConfig", "RefConfig", "PolicyLossConfig", "RouterReplayConfig",
-    "CriticConfig", "FSDPCriticConfig", "OptimizerConfig", "FSDPOptimizerConfig",
-    "FSDPEngineConfig", "MixedPrecisionConfig", "QATConfig", "QATEngineConfig", "CheckpointConfig", "ProfilerConfig",
-    "HFModelConfig", "CriticModelConfig", "MtpConfig",
-    "RolloutConfig", "SamplingConfig", "MultiTurnConfig", "AgentLoopConfig", "CustomAsyncServerConfig",
-    "CheckpointEngineConfig", "TraceConfig", "PrometheusConfig", "DisaggregationConfig",
-    "PPOTrainerConfig", "ActorRolloutRefConfig", "DataConfig", "DataSamplerConfig", "ModuleConfig", "TrainerConfig",
-    "AsyncTrainingConfig", "HybridRolloutSwitchConfig", "RewardConfig", "RewardManagerConfig", "RewardModelConfig",
-    "SandboxFusionConfig", "DistillationConfig", "DistillationLossConfig", "DistillationTeacherModelConfig",
-    "RayKwargsConfig", "RayInitConfig", "SkipManagerConfig", "SFTTrainerConfig", "TransferQueueConfig", "GlobalProfilerConfig",
-    "NsightToolConfig", "NPUToolConfig", "TorchProfilerToolConfig", "TorchProfilerScheduleConfig",
-    "TorchMemoryToolConfig", "PrecisionDebuggerToolConfig",
+    "BaseConfig",
+    "ConfigError",
+    "omega_conf_to_dataclass",
+    "resolve_target",
+    "CONFIG_CLASSES",
+    "field_doc",
+    "to_dict",
+    "AlgoConfig",
+    "KLControlConfig",
+    "FilterGroupsConfig",
+    "PFPPOConfig",
+    "RolloutCorrectionConfig",
+    "ActorConfig",
+    "FSDPActorConfig",
+    "RefConfig",
+    "PolicyLossConfig",
+    "RouterReplayConfig",
+    "CriticConfig",
+    "FSDPCriticConfig",
+    "OptimizerConfig",
+    "FSDPOptimizerConfig",
+    "FSDPEngineConfig",
+    "MixedPrecisionConfig",
+    "QATConfig",
+    "QATEngineConfig",
+    "CheckpointConfig",
+    "ProfilerConfig",
+    "HFModelConfig",
+    "CriticModelConfig",
+    "MtpConfig",
+    "RolloutConfig",
+    "SamplingConfig",
+    "MultiTurnConfig",
+    "AgentLoopConfig",
+    "CustomAsyncServerConfig",
+    "CheckpointEngineConfig",
+    "TraceConfig",
+    "PrometheusConfig",
+    "DisaggregationConfig",
+    "PPOTrainerConfig",
+    "ActorRolloutRefConfig",
+    "DataConfig",
+    "DataSamplerConfig",
+    "ModuleConfig",
+    "TrainerConfig",
+    "AsyncTrainingConfig",
+    "HybridRolloutSwitchConfig",
+    "RewardConfig",
+    "RewardManagerConfig",
+    "RewardModelConfig",
+    "SandboxFusionConfig",
+    "DistillationConfig",
+    "DistillationLossConfig",
+    "DistillationTeacherModelConfig",
+    "RayKwargsConfig",
+    "RayInitConfig",
+    "SkipManagerConfig",
+    "SFTTrainerConfig",
+    "TransferQueueConfig",
+    "GlobalProfilerConfig",
+    "NsightToolConfig",
+    "NPUToolConfig",
+    "TorchProfilerToolConfig",
+    "TorchProfilerScheduleConfig",
+    "TorchMemoryToolConfig",
+    "PrecisionDebuggerToolConfig",
 ]

@@ -32,6 +32,8 @@ def require(config: Any, key: str, section: str) -> Any:
     else:
         value = getattr(config, key, _MISSING)
     if value is _MISSING:
-        raise KeyError(f"{section}.{key} is missing: pass the whole validated {section} section "
-                       f"(hybridflow.config.loader.load_config / default_config)")
+        raise KeyError(
+            f"{section}.{key} is missing: pass the whole validated {section} section "
+            f"(hybridflow.config.loader.load_config / default_config)"
+        )
     return value

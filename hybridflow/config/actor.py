@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from hybridflow.config import batch_rules
 from hybridflow.config.base import BaseConfig, doc, section
@@ -38,12 +38,15 @@ def check_strategy(value: str, key: str) -> None:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(STRATEGIES)} (hybridflow's training engines)")
 
 
-def check_micro_batch(mbs: Optional[int], mbs_per_gpu: Optional[int], dynamic: bool, path: str,
-                      key: str = "ppo_micro_batch_size") -> None:
+def check_micro_batch(
+    mbs: int | None, mbs_per_gpu: int | None, dynamic: bool, path: str, key: str = "ppo_micro_batch_size"
+) -> None:
     """veRL's rule: the deprecated global micro-batch size and the per-GPU one are not both set."""
     if not dynamic and mbs is not None and mbs_per_gpu is not None:
-        raise ConfigError(f"{path}.{key} ({mbs}) and {path}.{key}_per_gpu ({mbs_per_gpu}) are both set; "
-                          f"set only {key}_per_gpu ({key} is deprecated)")
+        raise ConfigError(
+            f"{path}.{key} ({mbs}) and {path}.{key}_per_gpu ({mbs_per_gpu}) are both set; "
+            f"set only {key}_per_gpu ({key} is deprecated)"
+        )
 
 
 def model_flag(model_config: Any, key: str, default: Any) -> Any:
@@ -55,7 +58,12 @@ def model_flag(model_config: Any, key: str, default: Any) -> Any:
 
 def _engine_follows(role: str) -> dict:
     """The engine keys that follow the role's own (veRL's dp_actor.yaml / dp_ref.yaml)."""
-    keys = ("entropy_from_logits_with_chunking", "entropy_from_logits_chunk_size", "entropy_checkpointing", "pad_to_length")
+    keys = (
+        "entropy_from_logits_with_chunking",
+        "entropy_from_logits_chunk_size",
+        "entropy_checkpointing",
+        "pad_to_length",
+    )
     return {k: f"${{actor_rollout_ref.{role}.{k}}}" for k in keys}
 
 
@@ -65,16 +73,22 @@ class PolicyLossConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.PolicyLossConfig", "the class this section is read into")
     loss_mode: str = doc("vanilla", "name in the policy-loss registry: vanilla, gspo, gpg, clip_cov, kl_cov, ...")
-    clip_cov_ratio: float = doc(0.0002, "clip_cov: share of the valid tokens whose gradient is dropped",
-        reason=_CLIP_COV)
+    clip_cov_ratio: float = doc(
+        0.0002, "clip_cov: share of the valid tokens whose gradient is dropped", reason=_CLIP_COV
+    )
     clip_cov_lb: float = doc(1.0, "clip_cov: lower covariance bound of the droppable tokens", reason=_CLIP_COV)
     clip_cov_ub: float = doc(5.0, "clip_cov: upper covariance bound of the droppable tokens", reason=_CLIP_COV)
-    kl_cov_ratio: float = doc(0.0002, "kl_cov: share of the valid tokens given the KL penalty",
-        reason="read by policy_loss.loss_mode=kl_cov")
-    ppo_kl_coef: float = doc(0.1, "kl_cov: coefficient of |log ratio| on those tokens",
-        reason="read by policy_loss.loss_mode=kl_cov")
-    dro_beta: Optional[float] = doc(None, "dro: weight of the quadratic log-ratio penalty (required, > 0)",
-        reason="read by policy_loss.loss_mode=dro (required there)")
+    kl_cov_ratio: float = doc(
+        0.0002, "kl_cov: share of the valid tokens given the KL penalty", reason="read by policy_loss.loss_mode=kl_cov"
+    )
+    ppo_kl_coef: float = doc(
+        0.1, "kl_cov: coefficient of |log ratio| on those tokens", reason="read by policy_loss.loss_mode=kl_cov"
+    )
+    dro_beta: float | None = doc(
+        None,
+        "dro: weight of the quadratic log-ratio penalty (required, > 0)",
+        reason="read by policy_loss.loss_mode=dro (required there)",
+    )
 
 
 @dataclass
@@ -83,8 +97,8 @@ class RouterReplayConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.RouterReplayConfig", "the class this section is read into")
     mode: str = doc("disabled", "disabled | R2 | R3")
-    record_file: Optional[str] = doc(None, "where recorded routes go")
-    replay_file: Optional[str] = doc(None, "routes to replay")
+    record_file: str | None = doc(None, "where recorded routes go")
+    replay_file: str | None = doc(None, "routes to replay")
 
     def __post_init__(self):
         if self.mode not in ROUTER_REPLAY_MODES:
@@ -100,37 +114,54 @@ class ActorConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.ActorConfig", "the class this section is read into")
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
-    strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp",
+    strategy: str = doc(
+        "fsdp",
+        "training engine: fsdp | fsdp2 | ddp",
         values=("fsdp", "fsdp2", "ddp"),
-        reason="hybridflow's training engines")
+        reason="hybridflow's training engines",
+    )
     ppo_mini_batch_size: int = doc(256, "prompts per optimizer step (x rollout.n samples, split over ranks)")
-    ppo_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
-    ppo_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per forward/backward on one rank")
+    ppo_micro_batch_size: int | None = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
+    ppo_micro_batch_size_per_gpu: int | None = doc(None, "samples per forward/backward on one rank")
     use_dynamic_bsz: bool = doc(False, "pack micro-batches by token count instead of sample count")
     ppo_max_token_len_per_gpu: int = doc(16384, "token budget per rank and micro-batch when use_dynamic_bsz")
     clip_ratio: float = doc(0.2, "PPO clip range, used for both sides when clip_ratio_low/high are unset")
     clip_ratio_low: float = doc(0.2, "lower PPO clip range")
     clip_ratio_high: float = doc(0.2, "upper PPO clip range")
-    tau_pos: float = doc(1.0, "sapo: gate temperature where the advantage is > 0",
-        reason="read by policy_loss.loss_mode=sapo")
-    tau_neg: float = doc(1.05, "sapo: gate temperature where the advantage is <= 0",
-        reason="read by policy_loss.loss_mode=sapo")
+    tau_pos: float = doc(
+        1.0, "sapo: gate temperature where the advantage is > 0", reason="read by policy_loss.loss_mode=sapo"
+    )
+    tau_neg: float = doc(
+        1.05, "sapo: gate temperature where the advantage is <= 0", reason="read by policy_loss.loss_mode=sapo"
+    )
     freeze_vision_tower: bool = doc(False, "freeze a vision tower (vision models are not supported)", refused=VLM)
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, "the policy loss")
     clip_ratio_c: float = doc(3.0, "dual-clip PPO: lower bound for negative advantages")
     loss_agg_mode: str = doc("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | ...")
-    loss_scale_factor: Optional[float] = doc(None, "seq-mean-token-sum-norm: constant divisor (null: response length)")
+    loss_scale_factor: float | None = doc(None, "seq-mean-token-sum-norm: constant divisor (null: response length)")
     entropy_coeff: float = doc(0.0, "entropy bonus coefficient")
-    calculate_entropy: bool = doc(False, "compute the entropy even when its coefficient is 0 (a metric)",
-        refused="entropy is computed when entropy_coeff != 0")
-    calculate_sum_pi_squared: bool = doc(False, "old log-prob pass also returns sum_v pi_v^2 per token",
-        reason="the old log-prob pass also returns sum_pi_squared (needed by the optimal_token_baseline estimators)")
-    sum_pi_squared_checkpointing: bool = doc(False, "recompute sum_pi_squared in backward to save memory",
-        note=speed_only("recomputing sum_pi_squared in the backward pass"))
+    calculate_entropy: bool = doc(
+        False,
+        "compute the entropy even when its coefficient is 0 (a metric)",
+        refused="entropy is computed when entropy_coeff != 0",
+    )
+    calculate_sum_pi_squared: bool = doc(
+        False,
+        "old log-prob pass also returns sum_v pi_v^2 per token",
+        reason="the old log-prob pass also returns sum_pi_squared (needed by the optimal_token_baseline estimators)",
+    )
+    sum_pi_squared_checkpointing: bool = doc(
+        False,
+        "recompute sum_pi_squared in backward to save memory",
+        note=speed_only("recomputing sum_pi_squared in the backward pass"),
+    )
     use_kl_loss: bool = doc(False, "KL to the reference policy as a loss term (GRPO style)")
-    use_prefix_grouper: bool = doc(False, "one forward of the shared prompt for its samples (no remove-padding, no checkpointing)",
+    use_prefix_grouper: bool = doc(
+        False,
+        "one forward of the shared prompt for its samples (no remove-padding, no checkpointing)",
         reason="true requires the shared-prompt forward (each group's prompt once; padded forwards of an unwrapped "
-               "model) and fails naming what prevents it; false leaves it on where it applies")
+        "model) and fails naming what prevents it; false leaves it on where it applies",
+    )
     use_torch_compile: bool = doc(True, "torch.compile the hot functions", note=_ACTOR_SPEED)
     kl_loss_coef: float = doc(0.001, "coefficient of the KL loss")
     kl_loss_type: str = doc("low_var_kl", "KL estimator of the loss: kl | abs | mse | low_var_kl | full")
@@ -139,19 +170,26 @@ class ActorConfig(BaseConfig):
     data_loader_seed: int = doc(42, "seed of that shuffle")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "what the actor's checkpoints hold")
     optim: OptimizerConfig = section(OptimizerConfig, "the optimizer and lr schedule")
-    use_fused_kernels: bool = doc(False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}",
-        note=_ACTOR_SPEED)
-    profiler: ProfilerConfig = section(ProfilerConfig, "the actor's profiling",
-                                       absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS))
-    qat: QATConfig = section(QATConfig, "quantization-aware training (not implemented)",
-        refused="quantization-aware training is not implemented")
+    use_fused_kernels: bool = doc(
+        False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}", note=_ACTOR_SPEED
+    )
+    profiler: ProfilerConfig = section(
+        ProfilerConfig, "the actor's profiling", absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS)
+    )
+    qat: QATConfig = section(
+        QATConfig,
+        "quantization-aware training (not implemented)",
+        refused="quantization-aware training is not implemented",
+    )
 
     _path = "actor_rollout_ref.actor"  # where the section sits: messages name full keys
     _model_path = "actor_rollout_ref.model"
 
     def __post_init__(self):
         check_strategy(self.strategy, "actor.strategy")
-        check_micro_batch(self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, self._path)
+        check_micro_batch(
+            self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, self._path
+        )
         for key in ("ppo_mini_batch_size", "ppo_epochs", "ppo_max_token_len_per_gpu"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{self._path}.{key} must be >= 1, got {getattr(self, key)}")
@@ -161,7 +199,7 @@ class ActorConfig(BaseConfig):
         """The Ulysses sequence-parallel size the role runs with (1 on engines without it)."""
         return 1
 
-    def per_rank(self, dp_size: int, rollout_n: Optional[int] = None) -> "ActorConfig":
+    def per_rank(self, dp_size: int, rollout_n: int | None = None) -> ActorConfig:
         """A copy with veRL's per-rank batch sizes: ``ppo_mini_batch_size`` in samples on one rank
         (prompts x ``rollout_n``, default the section's, / ``dp_size``), and ``ppo_micro_batch_size_per_gpu``
         from the deprecated global ``ppo_micro_batch_size`` when only that is set."""
@@ -172,8 +210,14 @@ class ActorConfig(BaseConfig):
             out.ppo_micro_batch_size_per_gpu = max(1, self.ppo_micro_batch_size // dp_size)
         return out
 
-    def validate(self, n_gpus: int, train_batch_size: Optional[int], model_config: Optional[Any] = None, *,
-                 max_sequence_length: Optional[int] = None) -> list[str]:
+    def validate(
+        self,
+        n_gpus: int,
+        train_batch_size: int | None,
+        model_config: Any | None = None,
+        *,
+        max_sequence_length: int | None = None,
+    ) -> list[str]:
         """The rules that need the run (veRL's signature): mini-batches split over the data-parallel ranks
         (n_gpus / SP size) and into micro-batches or token budgets, SP divides the world and needs
         remove-padding, prefix grouping needs the padded forward. ``model_config``: the
@@ -182,19 +226,32 @@ class ActorConfig(BaseConfig):
         p = batch_rules.Problems()
         sp = self.sp_size
         batch_rules.check_update_batches(
-            p, self._path, mini=self.ppo_mini_batch_size, micro=self.ppo_micro_batch_size,
-            micro_per_gpu=self.ppo_micro_batch_size_per_gpu, dynamic=self.use_dynamic_bsz,
-            max_token_len=self.ppo_max_token_len_per_gpu, n=self.rollout_n, world=n_gpus, sp=sp,
-            train_batch_size=train_batch_size, longest=max_sequence_length)
+            p,
+            self._path,
+            mini=self.ppo_mini_batch_size,
+            micro=self.ppo_micro_batch_size,
+            micro_per_gpu=self.ppo_micro_batch_size_per_gpu,
+            dynamic=self.use_dynamic_bsz,
+            max_token_len=self.ppo_max_token_len_per_gpu,
+            n=self.rollout_n,
+            world=n_gpus,
+            sp=sp,
+            train_batch_size=train_batch_size,
+            longest=max_sequence_length,
+        )
         remove_padding = model_flag(model_config, "use_remove_padding", getattr(self, "use_remove_padding", False))
         batch_rules.check_sp_needs_remove_padding(p, self._path, sp, self._model_path, remove_padding)
         if self.use_prefix_grouper:
             if remove_padding:
-                p.errors.append(f"{self._path}.use_prefix_grouper=True needs {self._model_path}.use_remove_padding=False "
-                                "(each group's prompt runs once in the padded forward)")
+                p.errors.append(
+                    f"{self._path}.use_prefix_grouper=True needs {self._model_path}.use_remove_padding=False "
+                    "(each group's prompt runs once in the padded forward)"
+                )
             if model_flag(model_config, "enable_gradient_checkpointing", False):
-                p.errors.append(f"{self._path}.use_prefix_grouper=True needs {self._model_path}."
-                                "enable_gradient_checkpointing=False (checkpointing turns off the prompt cache)")
+                p.errors.append(
+                    f"{self._path}.use_prefix_grouper=True needs {self._model_path}."
+                    "enable_gradient_checkpointing=False (checkpointing turns off the prompt cache)"
+                )
         return p.raise_errors()
 
 
@@ -205,19 +262,26 @@ class FSDPActorConfig(ActorConfig):
     _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class this section is read into")
     optim: FSDPOptimizerConfig = section(FSDPOptimizerConfig, "the optimizer and lr schedule")
     fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine", follows=_engine_follows("actor"))
-    grad_clip: Optional[float] = doc(1.0, "before veRL 0.9.1; mapped onto optim.clip_grad at load time")
-    ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size",
-        reason=SP)
-    entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks to save memory",
-        note=_ACTOR_SPEED)
+    grad_clip: float | None = doc(1.0, "before veRL 0.9.1; mapped onto optim.clip_grad at load time")
+    ulysses_sequence_parallel_size: int = doc(
+        1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size", reason=SP
+    )
+    entropy_from_logits_with_chunking: bool = doc(
+        False, "compute the entropy in chunks to save memory", note=_ACTOR_SPEED
+    )
     entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk", note=_ACTOR_SPEED)
-    entropy_checkpointing: bool = doc(False, "recompute the entropy in backward instead of storing it",
-        note=_ACTOR_SPEED)
-    pad_to_length: bool = doc(False, "pad packed micro-batches to fsdp_config.pad_to_length_bucket multiples",
-        note=_ACTOR_SPEED)
-    use_remove_padding: bool = doc(True, "padding-free forward", follows="${actor_rollout_ref.model.use_remove_padding}")
-    router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay (not implemented)",
-        refused="MoE router replay is not implemented")
+    entropy_checkpointing: bool = doc(
+        False, "recompute the entropy in backward instead of storing it", note=_ACTOR_SPEED
+    )
+    pad_to_length: bool = doc(
+        False, "pad packed micro-batches to fsdp_config.pad_to_length_bucket multiples", note=_ACTOR_SPEED
+    )
+    use_remove_padding: bool = doc(
+        True, "padding-free forward", follows="${actor_rollout_ref.model.use_remove_padding}"
+    )
+    router_replay: RouterReplayConfig = section(
+        RouterReplayConfig, "MoE routing replay (not implemented)", refused="MoE router replay is not implemented"
+    )
 
     @property
     def sp_size(self) -> int:
@@ -239,46 +303,77 @@ class RefConfig(BaseConfig):
     renames its log_prob_* keys to the actor's before reading it as an FSDPActorConfig)."""
 
     _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class veRL reads this section into")
-    strategy: str = doc("fsdp", "training engine", follows="${actor_rollout_ref.actor.strategy}",
+    strategy: str = doc(
+        "fsdp",
+        "training engine",
+        follows="${actor_rollout_ref.actor.strategy}",
         values=("fsdp", "fsdp2", "ddp"),
-        reason="hybridflow's training engines")
+        reason="hybridflow's training engines",
+    )
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
-    use_torch_compile: bool = doc(True, "torch.compile the hot functions", follows="${actor_rollout_ref.actor.use_torch_compile}",
-        note=_REF_SPEED)
-    log_prob_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the log-prob pass")
-    log_prob_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per forward on one rank")
-    log_prob_use_dynamic_bsz: bool = doc(False, "pack by token count", follows="${actor_rollout_ref.actor.use_dynamic_bsz}")
-    log_prob_max_token_len_per_gpu: int = doc(16384, "token budget per forward",
-                                              follows="${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}")
-    profiler: ProfilerConfig = section(ProfilerConfig, "the reference policy's profiling",
-                                       absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS))
-    fsdp_config: FSDPEngineConfig = section(_ref_engine, "the forward-only engine", follows={
-        **_engine_follows("ref"), "pad_to_length_bucket": "${actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket}"})
-    ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size",
-                                              follows="${actor_rollout_ref.actor.ulysses_sequence_parallel_size}",
-        reason=SP)
+    use_torch_compile: bool = doc(
+        True, "torch.compile the hot functions", follows="${actor_rollout_ref.actor.use_torch_compile}", note=_REF_SPEED
+    )
+    log_prob_micro_batch_size: int | None = doc(None, "deprecated global micro-batch of the log-prob pass")
+    log_prob_micro_batch_size_per_gpu: int | None = doc(None, "samples per forward on one rank")
+    log_prob_use_dynamic_bsz: bool = doc(
+        False, "pack by token count", follows="${actor_rollout_ref.actor.use_dynamic_bsz}"
+    )
+    log_prob_max_token_len_per_gpu: int = doc(
+        16384, "token budget per forward", follows="${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"
+    )
+    profiler: ProfilerConfig = section(
+        ProfilerConfig, "the reference policy's profiling", absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS)
+    )
+    fsdp_config: FSDPEngineConfig = section(
+        _ref_engine,
+        "the forward-only engine",
+        follows={
+            **_engine_follows("ref"),
+            "pad_to_length_bucket": "${actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket}",
+        },
+    )
+    ulysses_sequence_parallel_size: int = doc(
+        1,
+        "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size",
+        follows="${actor_rollout_ref.actor.ulysses_sequence_parallel_size}",
+        reason=SP,
+    )
     entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks", note=_REF_SPEED)
     entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk", note=_REF_SPEED)
     entropy_checkpointing: bool = doc(False, "recompute the entropy in backward", note=_REF_SPEED)
-    pad_to_length: bool = doc(False, "pad packed micro-batches", follows="${actor_rollout_ref.actor.pad_to_length}",
-        note=_REF_SPEED)
-    router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay (not implemented)",
-        refused="MoE router replay is not implemented")
+    pad_to_length: bool = doc(
+        False, "pad packed micro-batches", follows="${actor_rollout_ref.actor.pad_to_length}", note=_REF_SPEED
+    )
+    router_replay: RouterReplayConfig = section(
+        RouterReplayConfig, "MoE routing replay (not implemented)", refused="MoE router replay is not implemented"
+    )
 
     _path = "actor_rollout_ref.ref"
     _model_path = "actor_rollout_ref.model"
 
     def __post_init__(self):
         check_strategy(self.strategy, "ref.strategy")
-        check_micro_batch(self.log_prob_micro_batch_size, self.log_prob_micro_batch_size_per_gpu,
-                          self.log_prob_use_dynamic_bsz, self._path, "log_prob_micro_batch_size")
+        check_micro_batch(
+            self.log_prob_micro_batch_size,
+            self.log_prob_micro_batch_size_per_gpu,
+            self.log_prob_use_dynamic_bsz,
+            self._path,
+            "log_prob_micro_batch_size",
+        )
 
     @property
     def sp_size(self) -> int:
         return _sp_size(self.ulysses_sequence_parallel_size, self.fsdp_config)
 
-    def validate(self, n_gpus: int, train_batch_size: Optional[int] = None, model_config: Optional[Any] = None, *,
-                 max_sequence_length: Optional[int] = None) -> list[str]:
+    def validate(
+        self,
+        n_gpus: int,
+        train_batch_size: int | None = None,
+        model_config: Any | None = None,
+        *,
+        max_sequence_length: int | None = None,
+    ) -> list[str]:
         """The reference policy's log-prob pass: a micro-batch size or a token budget that holds one
         sequence, SP that divides the world and has remove-padding (arguments as ``ActorConfig.validate``)."""
         p = batch_rules.Problems()
@@ -286,11 +381,23 @@ class RefConfig(BaseConfig):
         dp = batch_rules.data_parallel_size(p, self._path, n_gpus, sp)
         if dp is not None:
             if self.log_prob_use_dynamic_bsz:
-                batch_rules.check_token_budget(p, self._path, "log_prob_max_token_len_per_gpu",
-                                               self.log_prob_max_token_len_per_gpu, sp, max_sequence_length)
+                batch_rules.check_token_budget(
+                    p,
+                    self._path,
+                    "log_prob_max_token_len_per_gpu",
+                    self.log_prob_max_token_len_per_gpu,
+                    sp,
+                    max_sequence_length,
+                )
             else:
-                batch_rules.per_rank_micro_batch(p, self._path, "log_prob_micro_batch_size",
-                                                 self.log_prob_micro_batch_size, self.log_prob_micro_batch_size_per_gpu, dp)
+                batch_rules.per_rank_micro_batch(
+                    p,
+                    self._path,
+                    "log_prob_micro_batch_size",
+                    self.log_prob_micro_batch_size,
+                    self.log_prob_micro_batch_size_per_gpu,
+                    dp,
+                )
         remove_padding = model_flag(model_config, "use_remove_padding", True)
         batch_rules.check_sp_needs_remove_padding(p, self._path, sp, self._model_path, remove_padding)
         return p.raise_errors()

@@ -5,7 +5,6 @@ registries where they are used (users register their own), not here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.errors import ConfigError
@@ -37,15 +36,17 @@ class FilterGroupsConfig(BaseConfig):
 
     _target_: str = doc("verl.trainer.config.FilterGroupsConfig", "the class this section is read into")
     enable: bool = doc(False, "drop prompt groups whose samples all score the same, and generate more")
-    metric: Optional[str] = doc("reward", "what must vary in a group: reward (pre-KL score) or a reward_extra_info key")
+    metric: str | None = doc("reward", "what must vary in a group: reward (pre-KL score) or a reward_extra_info key")
     max_num_gen_batches: int = doc(0, "generation batches per step before giving up; <= 0: no limit")
     max_inflight_gen_batches: int = doc(1, "generation batches in flight at once, in train_batch_size units")
 
     def __post_init__(self):
         p = "algorithm.filter_groups"
         if self.enable and (not isinstance(self.metric, str) or not self.metric):
-            raise ConfigError(f"{p}.metric must name the value groups are compared on when {p}.enable=True "
-                              f"('reward' or a field of the reward's extra info such as 'acc'), got {self.metric!r}")
+            raise ConfigError(
+                f"{p}.metric must name the value groups are compared on when {p}.enable=True "
+                f"('reward' or a field of the reward's extra info such as 'acc'), got {self.metric!r}"
+            )
         if self.max_inflight_gen_batches < 1:
             raise ConfigError(f"{p}.max_inflight_gen_batches must be >= 1, got {self.max_inflight_gen_batches}")
 
@@ -54,9 +55,12 @@ class FilterGroupsConfig(BaseConfig):
 class PFPPOConfig(BaseConfig):
     """``algorithm.pf_ppo``: PF-PPO's sample weights (from each sequence's score)."""
 
-    reweight_method: str = doc("pow", "pow | max_min | max_random",
+    reweight_method: str = doc(
+        "pow",
+        "pow | max_min | max_random",
         values=("pow", "max_min", "max_random"),
-        reason="veRL's PF-PPO reweighting methods")
+        reason="veRL's PF-PPO reweighting methods",
+    )
     weight_pow: float = doc(2.0, "pow: the exponent of the weights")
 
 
@@ -65,19 +69,24 @@ class AlgoConfig(BaseConfig):
     """``algorithm``: how rewards become advantages."""
 
     _target_: str = doc("verl.trainer.config.AlgoConfig", "the class this section is read into")
-    rollout_correction: Optional[RolloutCorrectionConfig] = section(
-        RolloutCorrectionConfig, "off-policy correction between the rollout engine and the trained policy")
+    rollout_correction: RolloutCorrectionConfig | None = section(
+        RolloutCorrectionConfig, "off-policy correction between the rollout engine and the trained policy"
+    )
     gamma: float = doc(1.0, "discount factor")
     lam: float = doc(1.0, "GAE lambda: bias/variance trade-off of the estimator")
     adv_estimator: str = doc("gae", "name in the advantage-estimator registry: gae, grpo, rloo, ...")
     norm_adv_by_std_in_grpo: bool = doc(True, "grpo: divide by the group's reward std")
-    filter_groups: Optional[FilterGroupsConfig] = section(FilterGroupsConfig, "DAPO's dynamic sampling")
+    filter_groups: FilterGroupsConfig | None = section(FilterGroupsConfig, "DAPO's dynamic sampling")
     use_kl_in_reward: bool = doc(False, "subtract a KL penalty to the reference policy from the token rewards")
     kl_penalty: str = doc("kl", "KL estimator of the in-reward penalty: kl, abs, mse, low_var_kl, full")
     kl_ctrl: KLControlConfig = section(KLControlConfig, "the in-reward KL coefficient")
     use_pf_ppo: bool = doc(False, "PF-PPO (policy filtration): redraw the batch with replacement, weighted by reward")
     pf_ppo: PFPPOConfig = section(PFPPOConfig, "PF-PPO's sample weights")
-    gdpo_reward_keys: Optional[list[str]] = doc(None, "gdpo: reward components (keys of the reward dict) normalised one by one",
-        reason="read by adv_estimator=gdpo")
-    gdpo_reward_weights: Optional[list[float]] = doc(None, "gdpo: one weight per component (null: all 1)",
-        reason="read by adv_estimator=gdpo")
+    gdpo_reward_keys: list[str] | None = doc(
+        None,
+        "gdpo: reward components (keys of the reward dict) normalised one by one",
+        reason="read by adv_estimator=gdpo",
+    )
+    gdpo_reward_weights: list[float] | None = doc(
+        None, "gdpo: one weight per component (null: all 1)", reason="read by adv_estimator=gdpo"
+    )

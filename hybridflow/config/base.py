@@ -32,20 +32,32 @@ from __future__ import annotations
 import collections.abc
 import copy
 import dataclasses
+from collections.abc import Callable
 from dataclasses import FrozenInstanceError, dataclass, field, fields
-from typing import Any, Callable, Optional, Union
+from typing import Any
 
 from hybridflow.config.status import KeyStatus, status_from
 
-__all__ = ["BaseConfig", "doc", "section", "undeclared", "field_doc", "field_follows", "field_absent", "field_status",
-           "field_keys", "is_section",
-           "is_undeclared", "to_dict"]
+__all__ = [
+    "BaseConfig",
+    "doc",
+    "section",
+    "undeclared",
+    "field_doc",
+    "field_follows",
+    "field_absent",
+    "field_status",
+    "field_keys",
+    "is_section",
+    "is_undeclared",
+    "to_dict",
+]
 
-Follows = Union[None, str, dict]
-Keys = Optional[dict]
+Follows = None | str | dict
+Keys = dict | None
 
 
-def _meta(text: str, follows: Follows, status: Optional[KeyStatus] = None, keys: Keys = None, **extra: Any) -> dict:
+def _meta(text: str, follows: Follows, status: KeyStatus | None = None, keys: Keys = None, **extra: Any) -> dict:
     meta = {"doc": text, **extra}
     if follows is not None:
         meta["follows"] = follows
@@ -59,8 +71,17 @@ def _meta(text: str, follows: Follows, status: Optional[KeyStatus] = None, keys:
     return meta
 
 
-def doc(default: Any, text: str, *, follows: Follows = None, refused: Optional[str] = None,
-        note: Optional[str] = None, values: Optional[tuple] = None, reason: str = "", keys: Keys = None) -> Any:
+def doc(
+    default: Any,
+    text: str,
+    *,
+    follows: Follows = None,
+    refused: str | None = None,
+    note: str | None = None,
+    values: tuple | None = None,
+    reason: str = "",
+    keys: Keys = None,
+) -> Any:
     """A key with its default, a one-line doc and its status (see the module doc). Mutable defaults
     (lists, dicts) are copied per instance."""
     meta = _meta(text, follows, status_from(refused, note, values, reason), keys)
@@ -69,22 +90,38 @@ def doc(default: Any, text: str, *, follows: Follows = None, refused: Optional[s
     return field(default=default, metadata=meta)
 
 
-def section(factory: Callable[[], Any], text: str, *, follows: Follows = None, absent: tuple[str, ...] = (),
-            refused: Optional[str] = None, note: Optional[str] = None, reason: str = "", keys: Keys = None) -> Any:
+def section(
+    factory: Callable[[], Any],
+    text: str,
+    *,
+    follows: Follows = None,
+    absent: tuple[str, ...] = (),
+    refused: str | None = None,
+    note: str | None = None,
+    reason: str = "",
+    keys: Keys = None,
+) -> Any:
     """A nested section built by ``factory`` (a config class, or a function returning an instance). A
     status here is that of every key below at this place, whatever the nested class declares."""
-    return field(default_factory=factory, metadata=_meta(text, follows, status_from(refused, note, None, reason), keys,
-                                                         section=True, absent=tuple(absent)))
+    return field(
+        default_factory=factory,
+        metadata=_meta(
+            text, follows, status_from(refused, note, None, reason), keys, section=True, absent=tuple(absent)
+        ),
+    )
 
 
-def undeclared(text: str, *, refused: Optional[str] = None, note: Optional[str] = None, reason: str = "",
-               keys: Keys = None) -> Any:
+def undeclared(
+    text: str, *, refused: str | None = None, note: str | None = None, reason: str = "", keys: Keys = None
+) -> Any:
     """A free-form sub-tree (a plain dict): its keys are not declared one by one (yet)."""
-    return field(default_factory=dict, metadata=_meta(text, None, status_from(refused, note, None, reason), keys,
-                                                      undeclared=True))
+    return field(
+        default_factory=dict,
+        metadata=_meta(text, None, status_from(refused, note, None, reason), keys, undeclared=True),
+    )
 
 
-def field_status(f: dataclasses.Field) -> Optional[KeyStatus]:
+def field_status(f: dataclasses.Field) -> KeyStatus | None:
     """The status a field declares (None: honoured, unless a place above says otherwise)."""
     return f.metadata.get("status")
 

@@ -17,16 +17,27 @@ class CheckpointConfig(BaseConfig):
     """``<role>.checkpoint``."""
 
     _target_: str = doc("verl.trainer.config.CheckpointConfig", "the class this section is read into")
-    save_contents: list[str] = doc(["model", "optimizer", "extra"], "what a checkpoint holds; add hf_model for a HF directory")
-    load_contents: list[str] = doc(["model", "optimizer", "extra"], "what is read back on resume",
-                                   follows="${.save_contents}")
-    async_save: bool = doc(False, "save in the background (not implemented)",
-        refused="asynchronous / non-strict checkpoints are not implemented")
-    strict: bool = doc(True, "refuse a checkpoint whose keys do not match the model",
-        refused="asynchronous / non-strict checkpoints are not implemented")
+    save_contents: list[str] = doc(
+        ["model", "optimizer", "extra"], "what a checkpoint holds; add hf_model for a HF directory"
+    )
+    load_contents: list[str] = doc(
+        ["model", "optimizer", "extra"], "what is read back on resume", follows="${.save_contents}"
+    )
+    async_save: bool = doc(
+        False,
+        "save in the background (not implemented)",
+        refused="asynchronous / non-strict checkpoints are not implemented",
+    )
+    strict: bool = doc(
+        True,
+        "refuse a checkpoint whose keys do not match the model",
+        refused="asynchronous / non-strict checkpoints are not implemented",
+    )
 
     def __post_init__(self):
         for key in ("save_contents", "load_contents"):
             unknown = sorted(set(getattr(self, key)) - set(CHECKPOINT_CONTENTS))
             if unknown:
-                raise ConfigError(f"checkpoint.{key} has unknown entries {unknown}; known: {', '.join(CHECKPOINT_CONTENTS)}")
+                raise ConfigError(
+                    f"checkpoint.{key} has unknown entries {unknown}; known: {', '.join(CHECKPOINT_CONTENTS)}"
+                )

@@ -22,26 +22,76 @@ import importlib
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from hybridflow.config import actor, algorithm, checkpoint, critic, data, distillation, engine, legacy, model, module
-from hybridflow.config import optimizer, ppo_trainer, profiler, ray, reward, rollout, rollout_correction, skip, trainer
-from hybridflow.config import evaluation, generation, sft_trainer, transfer_queue
+from hybridflow.config import (
+    actor,
+    algorithm,
+    checkpoint,
+    critic,
+    data,
+    distillation,
+    engine,
+    evaluation,
+    generation,
+    legacy,
+    model,
+    module,
+    optimizer,
+    ppo_trainer,
+    profiler,
+    ray,
+    reward,
+    rollout,
+    rollout_correction,
+    sft_trainer,
+    skip,
+    trainer,
+    transfer_queue,
+)
 from hybridflow.config.base import BaseConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.refused import REFUSED_CLASSES, refusal
 
 __all__ = ["CONFIG_CLASSES", "resolve_target", "omega_conf_to_dataclass"]
 
-_MODULES = (algorithm, rollout_correction, optimizer, engine, profiler, checkpoint, model, actor, critic, rollout, module,
-            data, trainer, reward, distillation, ray, skip, transfer_queue, legacy, ppo_trainer, evaluation, generation,
-            sft_trainer)
+_MODULES = (
+    algorithm,
+    rollout_correction,
+    optimizer,
+    engine,
+    profiler,
+    checkpoint,
+    model,
+    actor,
+    critic,
+    rollout,
+    module,
+    data,
+    trainer,
+    reward,
+    distillation,
+    ray,
+    skip,
+    transfer_queue,
+    legacy,
+    ppo_trainer,
+    evaluation,
+    generation,
+    sft_trainer,
+)
 # hybridflow's config classes by name: what a verl./hybridflow. _target_ resolves to
-CONFIG_CLASSES: dict[str, type] = {"BaseConfig": BaseConfig, **{
-    name: obj for module in _MODULES for name in module.__all__
-    if isinstance(obj := getattr(module, name), type) and issubclass(obj, BaseConfig)}}
+CONFIG_CLASSES: dict[str, type] = {
+    "BaseConfig": BaseConfig,
+    **{
+        name: obj
+        for module in _MODULES
+        for name in module.__all__
+        if isinstance(obj := getattr(module, name), type) and issubclass(obj, BaseConfig)
+    },
+}
 
 _MISSING = object()
 
@@ -69,8 +119,9 @@ def resolve_target(target: str, where: str = "_target_") -> type:
     return obj
 
 
-def omega_conf_to_dataclass(config: DictConfig | dict | Any, dataclass_type: Optional[type] = None, *,
-                            path: Optional[str] = None) -> Any:
+def omega_conf_to_dataclass(
+    config: DictConfig | dict | Any, dataclass_type: type | None = None, *, path: str | None = None
+) -> Any:
     """``config`` (a DictConfig or dict; interpolations resolved) as an instance of ``dataclass_type``,
     or of the class its ``_target_`` names. An empty config gives ``dataclass_type()`` (None without a
     type); anything that is not a mapping (an already built config object) is returned as it is.
@@ -83,8 +134,10 @@ def omega_conf_to_dataclass(config: DictConfig | dict | Any, dataclass_type: Opt
     where = path if path is not None else _full_key(config)
     if dataclass_type is None:
         if not isinstance(data, Mapping) or "_target_" not in data:
-            raise ConfigError(f"{where or 'the config'} has no _target_: pass the dataclass type "
-                              f"(omega_conf_to_dataclass(cfg, FSDPActorConfig)) or add _target_")
+            raise ConfigError(
+                f"{where or 'the config'} has no _target_: pass the dataclass type "
+                f"(omega_conf_to_dataclass(cfg, FSDPActorConfig)) or add _target_"
+            )
         dataclass_type = resolve_target(data["_target_"], f"{where}._target_" if where else "_target_")
     if not dataclasses.is_dataclass(dataclass_type):
         raise ConfigError(f"{dataclass_type} must be a dataclass")
@@ -111,7 +164,7 @@ def _full_key(config: Any) -> str:
         return ""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -221,6 +274,7 @@ def _scalar(tp: type, value: Any, path: str) -> Any:
 
 def _name(tp: Any) -> str:
     if typing.get_origin(tp) in (Union, types.UnionType):
-        return " or ".join(_name(a) for a in typing.get_args(tp) if a is not type(None)) + \
-            (" or null" if type(None) in typing.get_args(tp) else "")
+        return " or ".join(_name(a) for a in typing.get_args(tp) if a is not type(None)) + (
+            " or null" if type(None) in typing.get_args(tp) else ""
+        )
     return getattr(tp, "__name__", str(tp))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Optional
 
 from hybridflow.config import batch_rules
 from hybridflow.config.actor import check_micro_batch, check_strategy
@@ -38,78 +37,113 @@ class CriticConfig(BaseConfig):
     _mutable_fields = {"ppo_mini_batch_size", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu"}
 
     _target_: str = doc("verl.workers.config.CriticConfig", "the class this section is read into")
-    enable: Optional[bool] = doc(None, "train a critic; null: exactly when algorithm.adv_estimator is gae")
-    strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp",
+    enable: bool | None = doc(None, "train a critic; null: exactly when algorithm.adv_estimator is gae")
+    strategy: str = doc(
+        "fsdp",
+        "training engine: fsdp | fsdp2 | ddp",
         values=("fsdp", "fsdp2", "ddp"),
-        reason="hybridflow's training engines")
+        reason="hybridflow's training engines",
+    )
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
     optim: OptimizerConfig = section(_base_critic_optim, "the critic's optimizer and lr schedule")
     ppo_mini_batch_size: int = doc(256, "prompts per optimizer step", follows=f"${{{_A}.ppo_mini_batch_size}}")
-    ppo_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
-    ppo_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per forward/backward on one rank",
-                                                      follows="${oc.select:.ppo_micro_batch_size,null}")
+    ppo_micro_batch_size: int | None = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
+    ppo_micro_batch_size_per_gpu: int | None = doc(
+        None, "samples per forward/backward on one rank", follows="${oc.select:.ppo_micro_batch_size,null}"
+    )
     use_dynamic_bsz: bool = doc(False, "pack micro-batches by token count", follows=f"${{{_A}.use_dynamic_bsz}}")
     ppo_max_token_len_per_gpu: int = doc(32768, "token budget per rank and micro-batch when use_dynamic_bsz")
-    forward_max_token_len_per_gpu: int = doc(32768, "token budget of the value pass",
-                                             follows="${.ppo_max_token_len_per_gpu}")
+    forward_max_token_len_per_gpu: int = doc(
+        32768, "token budget of the value pass", follows="${.ppo_max_token_len_per_gpu}"
+    )
     ppo_epochs: int = doc(1, "passes over the batch per step", follows=f"${{{_A}.ppo_epochs}}")
     shuffle: bool = doc(False, "shuffle before splitting into mini-batches", follows=f"${{{_A}.shuffle}}")
     data_loader_seed: int = doc(42, "seed of that shuffle")
     cliprange_value: float = doc(0.5, "clip range of the value update")
     loss_agg_mode: str = doc("token-mean", "loss aggregation", follows=f"${{{_A}.loss_agg_mode}}")
-    loss_scale_factor: Optional[float] = doc(None, "seq-mean-token-sum-norm divisor", follows=f"${{{_A}.loss_scale_factor}}")
+    loss_scale_factor: float | None = doc(
+        None, "seq-mean-token-sum-norm divisor", follows=f"${{{_A}.loss_scale_factor}}"
+    )
     checkpoint: CheckpointConfig = section(CheckpointConfig, "what the critic's checkpoints hold", absent=("strict",))
-    profiler: ProfilerConfig = section(ProfilerConfig, "the critic's profiling",
-                                       absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS))
-    model: CriticModelConfig = section(CriticModelConfig, "the value model",
+    profiler: ProfilerConfig = section(
+        ProfilerConfig, "the critic's profiling", absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS)
+    )
+    model: CriticModelConfig = section(
+        CriticModelConfig,
+        "the value model",
         keys={
             "tokenizer_path": honoured(),
-            "custom_chat_template": refused("this model never formats a conversation; the policy's template is "
-                                            "actor_rollout_ref.model.custom_chat_template"),
+            "custom_chat_template": refused(
+                "this model never formats a conversation; the policy's template is "
+                "actor_rollout_ref.model.custom_chat_template"
+            ),
             "lora_rank": honoured("LoRA is implemented for the policy only", values=(0,)),
             **dict.fromkeys(("lora_alpha", "target_modules"), honoured("used only when lora_rank > 0")),
-            **dict.fromkeys(("exclude_modules", "lora_adapter_path"),
-                            refused("LoRA is implemented for the policy only")),
-        })
+            **dict.fromkeys(
+                ("exclude_modules", "lora_adapter_path"), refused("LoRA is implemented for the policy only")
+            ),
+        },
+    )
 
     _path = "critic"  # where the section sits: messages name full keys
 
     def __post_init__(self):
         check_strategy(self.strategy, "critic.strategy")
-        check_micro_batch(self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, self._path)
+        check_micro_batch(
+            self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, self._path
+        )
         if self.ppo_micro_batch_size is not None and self.ppo_mini_batch_size % self.ppo_micro_batch_size:
-            raise ConfigError(f"critic.ppo_mini_batch_size ({self.ppo_mini_batch_size}) must be divisible by "
-                              f"critic.ppo_micro_batch_size ({self.ppo_micro_batch_size})")
+            raise ConfigError(
+                f"critic.ppo_mini_batch_size ({self.ppo_mini_batch_size}) must be divisible by "
+                f"critic.ppo_micro_batch_size ({self.ppo_micro_batch_size})"
+            )
 
     @property
     def sp_size(self) -> int:
         """The Ulysses sequence-parallel size the critic runs with (1 on engines without it)."""
         return 1
 
-    def per_rank(self, dp_size: int) -> "CriticConfig":
+    def per_rank(self, dp_size: int) -> CriticConfig:
         """A copy with veRL's per-rank batch sizes (as ``ActorConfig.per_rank``, with the section's rollout_n)."""
         out = copy.deepcopy(self)
-        out.ppo_mini_batch_size = batch_rules.per_rank_mini_batch(self._path, self.ppo_mini_batch_size, self.rollout_n,
-                                                                  dp_size)
+        out.ppo_mini_batch_size = batch_rules.per_rank_mini_batch(
+            self._path, self.ppo_mini_batch_size, self.rollout_n, dp_size
+        )
         if self.ppo_micro_batch_size and not self.ppo_micro_batch_size_per_gpu:
             out.ppo_micro_batch_size_per_gpu = max(1, self.ppo_micro_batch_size // dp_size)
         return out
 
-    def validate(self, n_gpus: int, train_batch_size: Optional[int], *,
-                 max_sequence_length: Optional[int] = None) -> list[str]:
+    def validate(
+        self, n_gpus: int, train_batch_size: int | None, *, max_sequence_length: int | None = None
+    ) -> list[str]:
         """The rules that need the run (veRL's signature; ``max_sequence_length``: max prompt + response
         length, for the token budgets): as ``ActorConfig.validate``, with critic.model's remove-padding.
         Raises ConfigError listing every problem; returns notes."""
         p = batch_rules.Problems()
         sp = self.sp_size
         batch_rules.check_update_batches(
-            p, self._path, mini=self.ppo_mini_batch_size, micro=self.ppo_micro_batch_size,
-            micro_per_gpu=self.ppo_micro_batch_size_per_gpu, dynamic=self.use_dynamic_bsz,
-            max_token_len=self.ppo_max_token_len_per_gpu, n=self.rollout_n, world=n_gpus, sp=sp,
-            train_batch_size=train_batch_size, longest=max_sequence_length)
+            p,
+            self._path,
+            mini=self.ppo_mini_batch_size,
+            micro=self.ppo_micro_batch_size,
+            micro_per_gpu=self.ppo_micro_batch_size_per_gpu,
+            dynamic=self.use_dynamic_bsz,
+            max_token_len=self.ppo_max_token_len_per_gpu,
+            n=self.rollout_n,
+            world=n_gpus,
+            sp=sp,
+            train_batch_size=train_batch_size,
+            longest=max_sequence_length,
+        )
         if self.use_dynamic_bsz:
-            batch_rules.check_token_budget(p, self._path, "forward_max_token_len_per_gpu",
-                                           self.forward_max_token_len_per_gpu, sp, max_sequence_length)
+            batch_rules.check_token_budget(
+                p,
+                self._path,
+                "forward_max_token_len_per_gpu",
+                self.forward_max_token_len_per_gpu,
+                sp,
+                max_sequence_length,
+            )
         batch_rules.check_sp_needs_remove_padding(p, self._path, sp, "critic.model", self.model.use_remove_padding)
         return p.raise_errors()
 
@@ -123,13 +157,16 @@ class FSDPCriticConfig(CriticConfig):
     _target_: str = doc("verl.workers.config.FSDPCriticConfig", "the class this section is read into")
     optim: FSDPOptimizerConfig = section(_critic_optim, "the critic's optimizer and lr schedule")
     fsdp: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine")
-    forward_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the value pass",
-                                                  follows="${oc.select:.ppo_micro_batch_size,null}")
-    forward_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per value forward on one rank",
-                                                          follows="${oc.select:.ppo_micro_batch_size_per_gpu,null}")
-    ulysses_sequence_parallel_size: int = doc(1, "deprecated spelling of fsdp.ulysses_sequence_parallel_size",
-        reason=SP)
-    grad_clip: Optional[float] = doc(1.0, "before veRL 0.9.1; mapped onto critic.optim.clip_grad at load time")
+    forward_micro_batch_size: int | None = doc(
+        None, "deprecated global micro-batch of the value pass", follows="${oc.select:.ppo_micro_batch_size,null}"
+    )
+    forward_micro_batch_size_per_gpu: int | None = doc(
+        None, "samples per value forward on one rank", follows="${oc.select:.ppo_micro_batch_size_per_gpu,null}"
+    )
+    ulysses_sequence_parallel_size: int = doc(
+        1, "deprecated spelling of fsdp.ulysses_sequence_parallel_size", reason=SP
+    )
+    grad_clip: float | None = doc(1.0, "before veRL 0.9.1; mapped onto critic.optim.clip_grad at load time")
 
     @property
     def sp_size(self) -> int:
@@ -137,7 +174,7 @@ class FSDPCriticConfig(CriticConfig):
         top = self.ulysses_sequence_parallel_size
         return top if top > 1 else self.fsdp.ulysses_sequence_parallel_size
 
-    def per_rank(self, dp_size: int) -> "FSDPCriticConfig":
+    def per_rank(self, dp_size: int) -> FSDPCriticConfig:
         """Also the value pass's micro-batch: from the deprecated global ``forward_micro_batch_size``, else
         the update's per-rank size."""
         out = super().per_rank(dp_size)

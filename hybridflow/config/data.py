@@ -4,7 +4,6 @@ how prompts are read and cut, and the batch of prompts drawn per step."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.module import ModuleConfig
@@ -21,64 +20,93 @@ _MT = "actor_rollout_ref.rollout.multi_turn"
 class DataSamplerConfig(BaseConfig):
     """``data.sampler``: a Sampler class of your own (veRL main's key; e.g. a curriculum)."""
 
-    class_path: Optional[str] = doc(None, "file or module of the sampler class")
-    class_name: Optional[str] = doc(None, "the sampler class")
+    class_path: str | None = doc(None, "file or module of the sampler class")
+    class_name: str | None = doc(None, "the sampler class")
 
 
 @dataclass
 class DataConfig(BaseConfig):
     """``data``: the training and validation prompts."""
 
-    tokenizer: Optional[str] = doc(None, "tokenizer directory; null: the tokenizer of actor_rollout_ref.model.path")
+    tokenizer: str | None = doc(None, "tokenizer directory; null: the tokenizer of actor_rollout_ref.model.path")
     use_shm: bool = doc(False, "copy the files to shared memory first (speed only)", note=_LOADER_SPEED)
-    train_files: Union[str, list[str]] = doc("~/data/rlhf/gsm8k/train.parquet", "a parquet path or a list of paths")
-    val_files: Union[str, list[str]] = doc("~/data/rlhf/gsm8k/test.parquet", "validation parquet path(s)")
-    train_max_samples: int = doc(-1, "rows of the training files used; -1: every row",
-        refused="limiting the number of rows is not implemented")
-    val_max_samples: int = doc(-1, "rows of the validation files used; -1: every row",
-        refused="limiting the number of rows is not implemented")
+    train_files: str | list[str] = doc("~/data/rlhf/gsm8k/train.parquet", "a parquet path or a list of paths")
+    val_files: str | list[str] = doc("~/data/rlhf/gsm8k/test.parquet", "validation parquet path(s)")
+    train_max_samples: int = doc(
+        -1, "rows of the training files used; -1: every row", refused="limiting the number of rows is not implemented"
+    )
+    val_max_samples: int = doc(
+        -1, "rows of the validation files used; -1: every row", refused="limiting the number of rows is not implemented"
+    )
     prompt_key: str = doc("prompt", "column holding the chat messages")
     reward_fn_key: str = doc("data_source", "column that selects the reward scorer")
     max_prompt_length: int = doc(512, "prompts are left-padded to this many tokens")
     max_response_length: int = doc(512, "generation stops after this many tokens")
     train_batch_size: int = doc(1024, "prompts per training step")
-    gen_batch_size: Optional[int] = doc(None, "prompts per generation when groups are filtered (algorithm.filter_groups)",
+    gen_batch_size: int | None = doc(
+        None,
+        "prompts per generation when groups are filtered (algorithm.filter_groups)",
         refused="a generation batch of its own size is not implemented; algorithm.filter_groups refills in "
-                "data.train_batch_size batches")
-    val_batch_size: Optional[int] = doc(None, "deprecated in veRL: validation uses the whole set as one batch",
-        note="deprecated in veRL; validation runs the whole validation set as one batch")
-    tool_config_path: Optional[str] = doc(None, "tool schemas counted in the prompt length",
-                                          follows=f"${{{_MT}.tool_config_path}}",
+        "data.train_batch_size batches",
+    )
+    val_batch_size: int | None = doc(
+        None,
+        "deprecated in veRL: validation uses the whole set as one batch",
+        note="deprecated in veRL; validation runs the whole validation set as one batch",
+    )
+    tool_config_path: str | None = doc(
+        None,
+        "tool schemas counted in the prompt length",
+        follows=f"${{{_MT}.tool_config_path}}",
         reason="the tool schemas counted in the prompt length when data.filter_overlong_prompts is set (default: "
-               "the rollout's tools)")
-    function_tool_path: Optional[str] = doc(None, "python-function tools (not implemented)",
-                                            follows=f"${{{_MT}.function_tool_path}}",
-        refused="veRL's @function_tool Python-function tools are not implemented; declare the tool as a BaseTool "
-                "class")
-    return_raw_input_ids: bool = doc(False, "also return the prompt's ids untemplated (a reward model's own tokenizer)",
-        refused="a reward model with its own tokenizer is not supported")
+        "the rollout's tools)",
+    )
+    function_tool_path: str | None = doc(
+        None,
+        "python-function tools (not implemented)",
+        follows=f"${{{_MT}.function_tool_path}}",
+        refused="veRL's @function_tool Python-function tools are not implemented; declare the tool as a BaseTool class",
+    )
+    return_raw_input_ids: bool = doc(
+        False,
+        "also return the prompt's ids untemplated (a reward model's own tokenizer)",
+        refused="a reward model with its own tokenizer is not supported",
+    )
     return_raw_chat: bool = doc(True, "also return the chat messages (the agent loop templates them)")
     return_full_prompt: bool = doc(False, "also return the templated prompt text")
     shuffle: bool = doc(True, "shuffle the training prompts every epoch")
-    seed: Optional[int] = doc(1, "hybridflow: 1 (veRL: null, an unseeded sampler), so runs are reproducible")
+    seed: int | None = doc(1, "hybridflow: 1 (veRL: null, an unseeded sampler), so runs are reproducible")
     dataloader_num_workers: int = doc(8, "processes reading the data", note=_LOADER_SPEED)
     image_patch_size: int = doc(14, "vision models' patch size (vision models are not supported)", refused=VLM)
-    validation_shuffle: bool = doc(False, "shuffle the validation prompts",
-        refused="the validation set is read in file order")
+    validation_shuffle: bool = doc(
+        False, "shuffle the validation prompts", refused="the validation set is read in file order"
+    )
     filter_overlong_prompts: bool = doc(False, "drop prompts longer than max_prompt_length")
     filter_overlong_prompts_workers: int = doc(1, "processes measuring the prompts", note=_LOADER_SPEED)
     truncation: str = doc("error", "error | left | right | middle, for prompts that are too long")
     image_key: str = doc("images", "column of the images (vision models are not supported)", refused=VLM)
     video_key: str = doc("videos", "column of the videos (not supported)", refused=VLM)
     audio_key: str = doc("audios", "column of the audio clips (not supported)", refused=VLM)
-    trust_remote_code: bool = doc(False, "allow the tokenizer's own Python code",
-        reason="the tokenizer trusts remote code when this key or actor_rollout_ref.model.trust_remote_code is true")
+    trust_remote_code: bool = doc(
+        False,
+        "allow the tokenizer's own Python code",
+        reason="the tokenizer trusts remote code when this key or actor_rollout_ref.model.trust_remote_code is true",
+    )
     custom_cls: ModuleConfig = section(ModuleConfig, "a Dataset class of your own: file path + class name")
-    sampler: DataSamplerConfig = section(DataSamplerConfig, "a Sampler class of your own (veRL main's key)",
-        refused="custom sampler and data-generator classes are not implemented")
-    datagen: ModuleConfig = section(ModuleConfig, "a dynamic data generator (veRL main's key)",
-        refused="custom sampler and data-generator classes are not implemented")
-    return_multi_modal_inputs: bool = doc(True, "return the processor's multi-modal inputs (not supported)",
-        note="hybridflow reads text only and never returns multi-modal inputs")
+    sampler: DataSamplerConfig = section(
+        DataSamplerConfig,
+        "a Sampler class of your own (veRL main's key)",
+        refused="custom sampler and data-generator classes are not implemented",
+    )
+    datagen: ModuleConfig = section(
+        ModuleConfig,
+        "a dynamic data generator (veRL main's key)",
+        refused="custom sampler and data-generator classes are not implemented",
+    )
+    return_multi_modal_inputs: bool = doc(
+        True,
+        "return the processor's multi-modal inputs (not supported)",
+        note="hybridflow reads text only and never returns multi-modal inputs",
+    )
     apply_chat_template_kwargs: dict = doc({}, "extra arguments of the tokenizer's apply_chat_template")
     mm_processor_kwargs: dict = doc({}, "extra arguments of the multi-modal processor (not supported)", refused=VLM)

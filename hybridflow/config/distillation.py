@@ -4,7 +4,6 @@ models (not implemented by hybridflow; refused when enabled)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.reward import engine_only
@@ -21,11 +20,11 @@ class DistillationLossConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.DistillationLossConfig", "the class this section is read into")
     loss_mode: str = doc("k3", "divergence estimator: k1, k3, forward_kl_topk, ...")
-    topk: Optional[int] = doc(32, "teacher log-probs kept per token for the top-k losses")
+    topk: int | None = doc(32, "teacher log-probs kept per token for the top-k losses")
     use_task_rewards: bool = doc(True, "add the task rewards to the distillation signal")
     distillation_loss_coef: float = doc(1.0, "weight of the distillation loss")
-    loss_max_clamp: Optional[float] = doc(None, "upper clamp of the per-token loss")
-    log_prob_min_clamp: Optional[float] = doc(None, "lower clamp of the log-probs")
+    loss_max_clamp: float | None = doc(None, "upper clamp of the per-token loss")
+    log_prob_min_clamp: float | None = doc(None, "lower clamp of the log-probs")
     use_policy_gradient: bool = doc(False, "use the divergence as a reward in a policy-gradient loss")
     policy_loss_mode: str = doc("vanilla", "that policy loss")
     clip_ratio: float = doc(0.2, "its clip range")
@@ -34,16 +33,40 @@ class DistillationLossConfig(BaseConfig):
 
 
 _TEACHER_ENGINE_KEYS = (
-    "name", "dtype", "gpu_memory_utilization", "enforce_eager", "cudagraph_capture_sizes", "free_cache_engine",
-    "data_parallel_size", "expert_parallel_size", "tensor_model_parallel_size", "max_num_batched_tokens",
-    "max_model_len", "max_num_seqs", "load_format", "engine_kwargs", "limit_images", "enable_chunked_prefill",
-    "enable_prefix_caching", "disable_log_stats", "skip_tokenizer_init", "prompt_length", "response_length",
-    "temperature")
+    "name",
+    "dtype",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "cudagraph_capture_sizes",
+    "free_cache_engine",
+    "data_parallel_size",
+    "expert_parallel_size",
+    "tensor_model_parallel_size",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "max_num_seqs",
+    "load_format",
+    "engine_kwargs",
+    "limit_images",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "disable_log_stats",
+    "skip_tokenizer_init",
+    "prompt_length",
+    "response_length",
+    "temperature",
+)
 
 
 def _teacher_engine() -> RolloutConfig:
-    return RolloutConfig(dtype="auto", enforce_eager=True, tensor_model_parallel_size=2, max_num_seqs=1024,
-                         load_format="auto", engine_kwargs={})
+    return RolloutConfig(
+        dtype="auto",
+        enforce_eager=True,
+        tensor_model_parallel_size=2,
+        max_num_seqs=1024,
+        load_format="auto",
+        engine_kwargs={},
+    )
 
 
 @dataclass
@@ -51,12 +74,15 @@ class DistillationTeacherModelConfig(BaseConfig):
     """One teacher of ``distillation.teacher_models``."""
 
     _target_: str = doc("verl.workers.config.DistillationTeacherModelConfig", "the class this section is read into")
-    key: Optional[str] = doc(None, "the value of data.teacher_key whose samples this teacher scores")
-    model_path: Optional[str] = doc(None, "the teacher's model directory")
-    num_replicas: Optional[int] = doc(0, "inference replicas of the teacher")
-    inference: RolloutConfig = section(_teacher_engine, "the teacher's inference engine", absent=engine_only(
-        _TEACHER_ENGINE_KEYS), follows={k: f"${{{_R}.{k}}}" for k in
-                                        ("name", "dtype", "prompt_length", "response_length", "temperature")})
+    key: str | None = doc(None, "the value of data.teacher_key whose samples this teacher scores")
+    model_path: str | None = doc(None, "the teacher's model directory")
+    num_replicas: int | None = doc(0, "inference replicas of the teacher")
+    inference: RolloutConfig = section(
+        _teacher_engine,
+        "the teacher's inference engine",
+        absent=engine_only(_TEACHER_ENGINE_KEYS),
+        follows={k: f"${{{_R}.{k}}}" for k in ("name", "dtype", "prompt_length", "response_length", "temperature")},
+    )
 
 
 @dataclass
@@ -69,5 +95,6 @@ class DistillationConfig(BaseConfig):
     n_gpus_per_node: int = doc(8, "devices per node of the teachers' pool")
     nnodes: int = doc(0, "nodes of the teachers' pool")
     teacher_models: dict[str, DistillationTeacherModelConfig] = doc(
-        {"teacher_model": DistillationTeacherModelConfig()}, "the teachers by name")
+        {"teacher_model": DistillationTeacherModelConfig()}, "the teachers by name"
+    )
     teacher_key: str = doc("data_source", "column that selects a sample's teacher")

@@ -4,7 +4,6 @@ engine/fsdp.yaml): sharding, offload, precision and determinism of the FSDP2/DDP
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.reasons import SP, speed_only
@@ -14,15 +13,29 @@ __all__ = ["MixedPrecisionConfig", "QATConfig", "QATEngineConfig", "FSDPEngineCo
 
 _FSDP_SPEED = speed_only("FSDP wrapping/prefetch, torch.compile, chunked entropy, padding buckets")
 _OFFLOAD = "CUDA only; on cpu parameters and optimizer state already live in host memory"
-_DETERMINISM = ("deterministic kernels, cuBLAS/flash-attn/NCCL switches and seeded generators in the worker process "
-                "(seed: used only then); see README, Reproducibility")
+_DETERMINISM = (
+    "deterministic kernels, cuBLAS/flash-attn/NCCL switches and seeded generators in the worker process "
+    "(seed: used only then); see README, Reproducibility"
+)
 _SET_BY_WORKER = "set by veRL's worker; hybridflow's worker decides (strategy: the section's strategy key)"
 
-_TURBO = {"distributed": {"fully_shard_parallel_size": 16, "tensor_parallel_size": 1, "expert_parallel_size": 1,
-                          "expert_fully_shard_parallel_size": 1, "ulysses_parallel_size": 1,
-                          "fsdp_plan": {"param_dtype": "bf16", "reduce_dtype": "fp32", "output_dtype": "bf16",
-                                        "fsdp_implementation": "native", "num_to_forward_prefetch": 1,
-                                        "num_to_backward_prefetch": 1}}}
+_TURBO = {
+    "distributed": {
+        "fully_shard_parallel_size": 16,
+        "tensor_parallel_size": 1,
+        "expert_parallel_size": 1,
+        "expert_fully_shard_parallel_size": 1,
+        "ulysses_parallel_size": 1,
+        "fsdp_plan": {
+            "param_dtype": "bf16",
+            "reduce_dtype": "fp32",
+            "output_dtype": "bf16",
+            "fsdp_implementation": "native",
+            "num_to_forward_prefetch": 1,
+            "num_to_backward_prefetch": 1,
+        },
+    }
+}
 
 
 @dataclass
@@ -31,9 +44,9 @@ class MixedPrecisionConfig(BaseConfig):
 
     param_dtype: str = doc("auto", "compute dtype: auto (bf16 on CUDA, fp32 on cpu), bf16, fp16, fp32")
     reduce_dtype: str = doc("fp32", "dtype of the gradient reduction")
-    buffer_dtype: str = doc("fp32", "dtype of the buffers (hybridflow: fp32)",
-        values=("fp32", "float32"),
-        reason="buffers stay in fp32")
+    buffer_dtype: str = doc(
+        "fp32", "dtype of the buffers (hybridflow: fp32)", values=("fp32", "float32"), reason="buffers stay in fp32"
+    )
 
 
 @dataclass
@@ -45,7 +58,7 @@ class QATConfig(BaseConfig):
     group_size: int = doc(16, "block size of the quantization")
     ignore_patterns: list[str] = doc(["lm_head", "embed_tokens", "re:.*mlp.gate$"], "modules left unquantized")
     activation_observer: str = doc("static_minmax", "w4a4: how activation scales are observed")
-    quantization_config_path: Optional[str] = doc(None, "a quantization config json for the rollout engine")
+    quantization_config_path: str | None = doc(None, "a quantization config json for the rollout engine")
 
 
 @dataclass
@@ -63,45 +76,70 @@ class FSDPEngineConfig(BaseConfig):
     _mutable_fields = {"forward_only", "param_offload", "ulysses_sequence_parallel_size", "strategy"}
 
     _target_: str = doc("verl.workers.config.FSDPEngineConfig", "the class this section is read into")
-    wrap_policy: dict = doc({"min_num_params": 0}, "FSDP auto-wrap policy (speed only in hybridflow)",
-        keys={"min_num_params": noted(_FSDP_SPEED)})
+    wrap_policy: dict = doc(
+        {"min_num_params": 0},
+        "FSDP auto-wrap policy (speed only in hybridflow)",
+        keys={"min_num_params": noted(_FSDP_SPEED)},
+    )
     param_offload: bool = doc(False, "keep parameters in host memory between phases (CUDA)", reason=_OFFLOAD)
     optimizer_offload: bool = doc(False, "keep optimizer state in host memory between phases (CUDA)", reason=_OFFLOAD)
     offload_policy: bool = doc(False, "fsdp2: CPU offload policy of fully_shard", reason=_OFFLOAD)
-    reshard_after_forward: Union[bool, int] = doc(True, "fsdp2: reshard parameters after forward (True, False or a group size)")
-    fsdp_size: int = doc(-1, "hybrid-sharding group size; -1: the whole world",
+    reshard_after_forward: bool | int = doc(
+        True, "fsdp2: reshard parameters after forward (True, False or a group size)"
+    )
+    fsdp_size: int = doc(
+        -1,
+        "hybrid-sharding group size; -1: the whole world",
         reason="hybrid sharding (HSDP): groups of fsdp_size ranks shard the parameters, the groups replicate one "
-               "another; -1: one group")
+        "another; -1: one group",
+    )
     forward_prefetch: bool = doc(False, "prefetch the next layer's parameters in forward", note=_FSDP_SPEED)
-    model_dtype: str = doc("fp32", "dtype the weights are loaded in",
+    model_dtype: str = doc(
+        "fp32",
+        "dtype the weights are loaded in",
         values=("fp32", "float32"),
-        reason="weights are loaded in fp32 (mixed precision comes from mixed_precision.param_dtype)")
+        reason="weights are loaded in fp32 (mixed precision comes from mixed_precision.param_dtype)",
+    )
     use_orig_params: bool = doc(False, "FSDP1's use_orig_params", note=_FSDP_SPEED)
-    seed: int = doc(42, "seed of the worker's generators when full_determinism is on",
-        reason=_DETERMINISM)
-    full_determinism: bool = doc(False, "deterministic kernels and seeded generators in the worker (slower)",
-        reason=_DETERMINISM)
-    ulysses_sequence_parallel_size: int = doc(1, "Ulysses sequence-parallel size: ranks that share one sequence (1: off)",
-        reason=SP)
-    entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks to save memory",
-        note=_FSDP_SPEED)
+    seed: int = doc(42, "seed of the worker's generators when full_determinism is on", reason=_DETERMINISM)
+    full_determinism: bool = doc(
+        False, "deterministic kernels and seeded generators in the worker (slower)", reason=_DETERMINISM
+    )
+    ulysses_sequence_parallel_size: int = doc(
+        1, "Ulysses sequence-parallel size: ranks that share one sequence (1: off)", reason=SP
+    )
+    entropy_from_logits_with_chunking: bool = doc(
+        False, "compute the entropy in chunks to save memory", note=_FSDP_SPEED
+    )
     entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk", note=_FSDP_SPEED)
     use_torch_compile: bool = doc(True, "torch.compile the hot functions", note=_FSDP_SPEED)
-    entropy_checkpointing: bool = doc(False, "recompute the entropy in backward instead of storing it",
-        note=_FSDP_SPEED)
-    use_no_sync_for_gradient_accumulation: bool = doc(False, "defer gradient sync to the last micro-batch",
-        note=_FSDP_SPEED)
-    pad_to_length: bool = doc(False, "pad packed micro-batches to a multiple of pad_to_length_bucket tokens",
-        note=_FSDP_SPEED)
+    entropy_checkpointing: bool = doc(
+        False, "recompute the entropy in backward instead of storing it", note=_FSDP_SPEED
+    )
+    use_no_sync_for_gradient_accumulation: bool = doc(
+        False, "defer gradient sync to the last micro-batch", note=_FSDP_SPEED
+    )
+    pad_to_length: bool = doc(
+        False, "pad packed micro-batches to a multiple of pad_to_length_bucket tokens", note=_FSDP_SPEED
+    )
     pad_to_length_bucket: int = doc(1024, "padding granularity of pad_to_length, in tokens", note=_FSDP_SPEED)
-    forward_only: bool = doc(False, "the engine only runs forward passes (the reference policy)",
-        refused=_SET_BY_WORKER)
-    strategy: str = doc("fsdp", "set by the worker from the role's strategy",
-        refused=_SET_BY_WORKER)
-    dtype: str = doc("bfloat16", "veRL's compute dtype (hybridflow: mixed_precision.param_dtype)",
-        refused="the compute dtype is fsdp_config.mixed_precision.param_dtype (auto: bf16 on CUDA, fp32 on cpu)")
-    mixed_precision: Optional[MixedPrecisionConfig] = section(MixedPrecisionConfig, "compute, reduce and buffer dtypes")
-    qat: QATEngineConfig = section(QATEngineConfig, "quantization-aware training (not implemented)",
-        refused="quantization-aware training is not implemented")
-    turbo_config: dict = doc(_TURBO, "veRL's FSDP-turbo engine settings (not implemented)",
-        refused="veRL's FSDP-turbo engine is not implemented")
+    forward_only: bool = doc(
+        False, "the engine only runs forward passes (the reference policy)", refused=_SET_BY_WORKER
+    )
+    strategy: str = doc("fsdp", "set by the worker from the role's strategy", refused=_SET_BY_WORKER)
+    dtype: str = doc(
+        "bfloat16",
+        "veRL's compute dtype (hybridflow: mixed_precision.param_dtype)",
+        refused="the compute dtype is fsdp_config.mixed_precision.param_dtype (auto: bf16 on CUDA, fp32 on cpu)",
+    )
+    mixed_precision: MixedPrecisionConfig | None = section(MixedPrecisionConfig, "compute, reduce and buffer dtypes")
+    qat: QATEngineConfig = section(
+        QATEngineConfig,
+        "quantization-aware training (not implemented)",
+        refused="quantization-aware training is not implemented",
+    )
+    turbo_config: dict = doc(
+        _TURBO,
+        "veRL's FSDP-turbo engine settings (not implemented)",
+        refused="veRL's FSDP-turbo engine is not implemented",
+    )

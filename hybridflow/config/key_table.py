@@ -13,7 +13,8 @@ hold become rules for keys users add with ``+``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from hybridflow.config.base import field_absent, field_keys, field_status
 from hybridflow.config.errors import ConfigError
@@ -23,10 +24,13 @@ from hybridflow.config.support import KeyRule, KeyTable
 __all__ = ["derive_rules", "derive_table"]
 
 
-def _children(obj: Any) -> list[tuple[str, Any, Optional[dataclasses.Field]]]:
+def _children(obj: Any) -> list[tuple[str, Any, dataclasses.Field | None]]:
     if dataclasses.is_dataclass(obj):
-        return [(f.name, getattr(obj, f.name), f) for f in dataclasses.fields(obj)
-                if not (f.name == "_target_" and getattr(obj, f.name) == "")]
+        return [
+            (f.name, getattr(obj, f.name), f)
+            for f in dataclasses.fields(obj)
+            if not (f.name == "_target_" and getattr(obj, f.name) == "")
+        ]
     return [(str(k), v, None) for k, v in obj.items()]
 
 
@@ -36,7 +40,7 @@ def _is_container(value: Any) -> bool:
 
 def _below(table: dict, name: str) -> dict:
     prefix = name + "."
-    return {k[len(prefix):]: v for k, v in table.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in table.items() if k.startswith(prefix)}
 
 
 class _Rules:
@@ -88,15 +92,14 @@ def _extra(path: str, table: dict, out: _Rules) -> None:
         out.add(f"{path}.{rel}" if path else rel, status, shared=True)
 
 
-def derive_rules(root: Any, keys: Optional[dict] = None) -> tuple[KeyRule, ...]:
+def derive_rules(root: Any, keys: dict | None = None) -> tuple[KeyRule, ...]:
     """Every rule of the config whose top-level instance is ``root``; ``keys``: the root place's own."""
     out = _Rules()
     _walk(root, "", dict(keys or {}), (), True, out)
     return tuple(out.rules.values())
 
 
-def derive_table(name: str, root: Any, keys: Optional[dict] = None,
-                 aliases: Iterable[tuple[str, str]] = ()) -> KeyTable:
+def derive_table(name: str, root: Any, keys: dict | None = None, aliases: Iterable[tuple[str, str]] = ()) -> KeyTable:
     """The table of a config; a legacy spelling (``aliases``) has no rule (its canonical key's applies)."""
     aliases = tuple(aliases)
     probe = KeyTable(name, (), aliases)

@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import NO_SP, PROFILER, speed_only
 
-__all__ = ["LegacyRewardModelModelConfig", "LegacyRewardEngineConfig", "LegacySandboxFusionConfig",
-           "LegacyRewardModelConfig", "LegacyCustomRewardFunctionConfig", "LegacyModuleConfig",
-           "LegacyRewardManagerConfig", "LegacyRayInitConfig"]
+__all__ = [
+    "LegacyRewardModelModelConfig",
+    "LegacyRewardEngineConfig",
+    "LegacySandboxFusionConfig",
+    "LegacyRewardModelConfig",
+    "LegacyCustomRewardFunctionConfig",
+    "LegacyModuleConfig",
+    "LegacyRewardManagerConfig",
+    "LegacyRayInitConfig",
+]
 
 _RM_SPEED = speed_only("the reward model runs unsharded, in fixed micro-batches")
 
@@ -29,100 +35,126 @@ _RM_ENGINE_KEYS = ("_target_", "wrap_policy", "param_offload", "reshard_after_fo
 class LegacyRewardModelModelConfig(BaseConfig):
     """``reward_model.model``: the reward model (path etc. map onto reward.reward_model)."""
 
-    path: Optional[str] = doc(None, "earlier spelling of reward.reward_model.model_path")
-    external_lib: Optional[str] = doc(None, "a module imported first")
-    trust_remote_code: Optional[bool] = doc(None, "allow the model's own Python code")
-    input_tokenizer: Optional[str] = doc(None, "hybridflow: null (the reward model scores the policy's token ids as they are)",
+    path: str | None = doc(None, "earlier spelling of reward.reward_model.model_path")
+    external_lib: str | None = doc(None, "a module imported first")
+    trust_remote_code: bool | None = doc(None, "allow the model's own Python code")
+    input_tokenizer: str | None = doc(
+        None,
+        "hybridflow: null (the reward model scores the policy's token ids as they are)",
         values=(None,),
         reason="the reward model scores the policy's token ids as they are; re-templating for a reward model with "
-               "another tokenizer is not implemented")
-    override_config: dict = doc({}, "entries that replace the model's config.json values",
-        refused="the reward-model worker does not implement it")
+        "another tokenizer is not implemented",
+    )
+    override_config: dict = doc(
+        {},
+        "entries that replace the model's config.json values",
+        refused="the reward-model worker does not implement it",
+    )
     use_shm: bool = doc(False, "copy the model to shared memory first (speed only)", note=_RM_SPEED)
     use_remove_padding: bool = doc(False, "padding-free forward", note=_RM_SPEED)
-    use_fused_kernels: bool = doc(False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}",
-        note=_RM_SPEED)
-    fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the reward model's engine", absent=tuple(
-        f.name for f in dataclasses.fields(FSDPEngineConfig) if f.name not in _RM_ENGINE_KEYS), note=_RM_SPEED)
+    use_fused_kernels: bool = doc(
+        False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}", note=_RM_SPEED
+    )
+    fsdp_config: FSDPEngineConfig = section(
+        FSDPEngineConfig,
+        "the reward model's engine",
+        absent=tuple(f.name for f in dataclasses.fields(FSDPEngineConfig) if f.name not in _RM_ENGINE_KEYS),
+        note=_RM_SPEED,
+    )
 
 
 @dataclass
 class LegacyRewardEngineConfig(BaseConfig):
     """``reward_model.rollout``: earlier spelling of reward.reward_model.rollout (null: not set)."""
 
-    _target_: Optional[str] = doc(None, "the class this section is read into")
-    name: Optional[str] = doc(None, "inference engine")
-    dtype: Optional[str] = doc(None, "engine dtype")
-    gpu_memory_utilization: Optional[float] = doc(None, "share of device memory")
-    enforce_eager: Optional[bool] = doc(None, "no CUDA graphs")
-    cudagraph_capture_sizes: Optional[list[int]] = doc(None, "batch sizes captured as CUDA graphs")
-    free_cache_engine: Optional[bool] = doc(None, "release the KV cache between phases")
-    data_parallel_size: Optional[int] = doc(None, "data parallel size")
-    expert_parallel_size: Optional[int] = doc(None, "expert parallel size")
-    tensor_model_parallel_size: Optional[int] = doc(None, "tensor parallel size")
-    max_num_batched_tokens: Optional[int] = doc(None, "tokens per scheduler step")
-    max_model_len: Optional[int] = doc(None, "context length")
-    max_num_seqs: Optional[int] = doc(None, "sequences at once")
-    load_format: Optional[str] = doc(None, "how initial weights are loaded")
-    engine_kwargs: Optional[dict] = doc(None, "engine arguments")
-    limit_images: Optional[int] = doc(None, "images per prompt")
-    enable_chunked_prefill: Optional[bool] = doc(None, "chunked prefill")
-    enable_prefix_caching: Optional[bool] = doc(None, "prefix caching")
-    disable_log_stats: Optional[bool] = doc(None, "no stats logging")
-    skip_tokenizer_init: Optional[bool] = doc(None, "token ids only")
-    prompt_length: Optional[int] = doc(None, "prompt tokens")
-    response_length: Optional[int] = doc(None, "generated tokens")
+    _target_: str | None = doc(None, "the class this section is read into")
+    name: str | None = doc(None, "inference engine")
+    dtype: str | None = doc(None, "engine dtype")
+    gpu_memory_utilization: float | None = doc(None, "share of device memory")
+    enforce_eager: bool | None = doc(None, "no CUDA graphs")
+    cudagraph_capture_sizes: list[int] | None = doc(None, "batch sizes captured as CUDA graphs")
+    free_cache_engine: bool | None = doc(None, "release the KV cache between phases")
+    data_parallel_size: int | None = doc(None, "data parallel size")
+    expert_parallel_size: int | None = doc(None, "expert parallel size")
+    tensor_model_parallel_size: int | None = doc(None, "tensor parallel size")
+    max_num_batched_tokens: int | None = doc(None, "tokens per scheduler step")
+    max_model_len: int | None = doc(None, "context length")
+    max_num_seqs: int | None = doc(None, "sequences at once")
+    load_format: str | None = doc(None, "how initial weights are loaded")
+    engine_kwargs: dict | None = doc(None, "engine arguments")
+    limit_images: int | None = doc(None, "images per prompt")
+    enable_chunked_prefill: bool | None = doc(None, "chunked prefill")
+    enable_prefix_caching: bool | None = doc(None, "prefix caching")
+    disable_log_stats: bool | None = doc(None, "no stats logging")
+    skip_tokenizer_init: bool | None = doc(None, "token ids only")
+    prompt_length: int | None = doc(None, "prompt tokens")
+    response_length: int | None = doc(None, "generated tokens")
 
 
 @dataclass
 class LegacySandboxFusionConfig(BaseConfig):
     """Earlier spelling of reward.sandbox_fusion (null: not set)."""
 
-    url: Optional[str] = doc(None, "sandbox URL")
-    max_concurrent: Optional[int] = doc(None, "requests in flight at once")
-    memory_limit_mb: Optional[int] = doc(None, "memory per sandbox process, in MB")
+    url: str | None = doc(None, "sandbox URL")
+    max_concurrent: int | None = doc(None, "requests in flight at once")
+    memory_limit_mb: int | None = doc(None, "memory per sandbox process, in MB")
 
 
 @dataclass
 class LegacyRewardModelConfig(BaseConfig):
     """``reward_model``: veRL's earlier reward-model section."""
 
-    num_workers: Optional[int] = doc(None, "earlier spelling of reward.num_workers")
-    reward_manager: Optional[str] = doc(None, "earlier spelling of reward.reward_manager.name")
-    enable: Optional[bool] = doc(None, "earlier spelling of reward.reward_model.enable")
-    enable_resource_pool: Optional[bool] = doc(None, "earlier spelling of reward.reward_model.enable_resource_pool")
-    n_gpus_per_node: Optional[int] = doc(None, "earlier spelling of reward.reward_model.n_gpus_per_node")
-    nnodes: Optional[int] = doc(None, "earlier spelling of reward.reward_model.nnodes")
-    reward_loop_source: Optional[str] = doc(None, "earlier spelling of reward.reward_manager.source")
-    reward_loop_module_path: Optional[str] = doc(None, "earlier spelling of reward.reward_manager.module.path")
-    reward_loop_class_name: Optional[str] = doc(None, "earlier spelling of reward.reward_manager.module.name")
+    num_workers: int | None = doc(None, "earlier spelling of reward.num_workers")
+    reward_manager: str | None = doc(None, "earlier spelling of reward.reward_manager.name")
+    enable: bool | None = doc(None, "earlier spelling of reward.reward_model.enable")
+    enable_resource_pool: bool | None = doc(None, "earlier spelling of reward.reward_model.enable_resource_pool")
+    n_gpus_per_node: int | None = doc(None, "earlier spelling of reward.reward_model.n_gpus_per_node")
+    nnodes: int | None = doc(None, "earlier spelling of reward.reward_model.nnodes")
+    reward_loop_source: str | None = doc(None, "earlier spelling of reward.reward_manager.source")
+    reward_loop_module_path: str | None = doc(None, "earlier spelling of reward.reward_manager.module.path")
+    reward_loop_class_name: str | None = doc(None, "earlier spelling of reward.reward_manager.module.name")
     model: LegacyRewardModelModelConfig = section(LegacyRewardModelModelConfig, "the reward model")
     rollout: LegacyRewardEngineConfig = section(LegacyRewardEngineConfig, "its inference engine")
     strategy: str = doc("fsdp", "the reward model's training engine (forward only)", note=_RM_SPEED)
-    micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the scoring pass")
-    micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per scoring forward on one rank")
-    max_length: Optional[int] = doc(None, "tokens scored per sample; null: no cut",
-        refused="the reward-model worker does not implement it")
+    micro_batch_size: int | None = doc(None, "deprecated global micro-batch of the scoring pass")
+    micro_batch_size_per_gpu: int | None = doc(None, "samples per scoring forward on one rank")
+    max_length: int | None = doc(
+        None, "tokens scored per sample; null: no cut", refused="the reward-model worker does not implement it"
+    )
     ulysses_sequence_parallel_size: int = doc(1, "sequence-parallel size", values=(1,), reason=NO_SP)
     use_dynamic_bsz: bool = doc(False, "pack by token count", follows="${critic.use_dynamic_bsz}", note=_RM_SPEED)
-    forward_max_token_len_per_gpu: int = doc(32768, "token budget per forward",
-                                             follows="${critic.forward_max_token_len_per_gpu}", note=_RM_SPEED)
-    launch_reward_fn_async: bool = doc(False, "compute rule rewards in the background",
-        refused="rewards are computed synchronously in the driver")
+    forward_max_token_len_per_gpu: int = doc(
+        32768, "token budget per forward", follows="${critic.forward_max_token_len_per_gpu}", note=_RM_SPEED
+    )
+    launch_reward_fn_async: bool = doc(
+        False, "compute rule rewards in the background", refused="rewards are computed synchronously in the driver"
+    )
     use_reward_loop: bool = doc(True, "veRL's reward loop (hybridflow scores in its reward workers)", note=_RM_SPEED)
-    sandbox_fusion: LegacySandboxFusionConfig = section(LegacySandboxFusionConfig, "earlier spelling of reward.sandbox_fusion")
-    profiler: ProfilerConfig = section(ProfilerConfig, "the reward model's profiling", follows={
-        "tool_config": "${actor_rollout_ref.actor.profiler.tool_config}"}, absent=(
-        "relocate_results", "finish_hook_cmd", "finish_hook_all_ranks", "finish_hook_ranks", *TOKEN_RANGE_KEYS,
-        *TOOL_NAME_KEYS), refused=PROFILER)
+    sandbox_fusion: LegacySandboxFusionConfig = section(
+        LegacySandboxFusionConfig, "earlier spelling of reward.sandbox_fusion"
+    )
+    profiler: ProfilerConfig = section(
+        ProfilerConfig,
+        "the reward model's profiling",
+        follows={"tool_config": "${actor_rollout_ref.actor.profiler.tool_config}"},
+        absent=(
+            "relocate_results",
+            "finish_hook_cmd",
+            "finish_hook_all_ranks",
+            "finish_hook_ranks",
+            *TOKEN_RANGE_KEYS,
+            *TOOL_NAME_KEYS,
+        ),
+        refused=PROFILER,
+    )
 
 
 @dataclass
 class LegacyCustomRewardFunctionConfig(BaseConfig):
     """``custom_reward_function``: earlier spelling of reward.custom_reward_function (null: not set)."""
 
-    path: Optional[str] = doc(None, "a .py file")
-    name: Optional[str] = doc(None, "the function in it")
+    path: str | None = doc(None, "a .py file")
+    name: str | None = doc(None, "the function in it")
     reward_kwargs: dict = doc({}, "extra keyword arguments bound to the function")
 
 
@@ -130,18 +162,18 @@ class LegacyCustomRewardFunctionConfig(BaseConfig):
 class LegacyModuleConfig(BaseConfig):
     """``reward_manager.module`` (null: not set)."""
 
-    _target_: Optional[str] = doc(None, "the class this section is read into")
-    path: Optional[str] = doc(None, "file of the reward manager")
-    name: Optional[str] = doc(None, "the class in it")
+    _target_: str | None = doc(None, "the class this section is read into")
+    path: str | None = doc(None, "file of the reward manager")
+    name: str | None = doc(None, "the class in it")
 
 
 @dataclass
 class LegacyRewardManagerConfig(BaseConfig):
     """``reward_manager``: veRL main's spelling of reward.reward_manager (null: not set)."""
 
-    _target_: Optional[str] = doc(None, "the class this section is read into")
-    source: Optional[str] = doc(None, "register | importlib")
-    name: Optional[str] = doc(None, "name in the registry, or the class in module")
+    _target_: str | None = doc(None, "the class this section is read into")
+    source: str | None = doc(None, "register | importlib")
+    name: str | None = doc(None, "name in the registry, or the class in module")
     module: LegacyModuleConfig = section(LegacyModuleConfig, "the file of an importlib reward manager")
 
 
@@ -149,9 +181,7 @@ class LegacyRewardManagerConfig(BaseConfig):
 class LegacyRayInitConfig(BaseConfig):
     """``ray_init``: earlier spelling of ray_kwargs.ray_init (timeline_json_file: ray_kwargs's)."""
 
-    num_cpus: Optional[int] = doc(None, "CPUs Ray may use")
-    timeline_json_file: Optional[str] = doc(None, "earlier spelling of ray_kwargs.timeline_json_file")
-    address: Optional[str] = doc(None, "Ray address")
-    include_dashboard: Optional[bool] = doc(None, "start the dashboard")
-
-
+    num_cpus: int | None = doc(None, "CPUs Ray may use")
+    timeline_json_file: str | None = doc(None, "earlier spelling of ray_kwargs.timeline_json_file")
+    address: str | None = doc(None, "Ray address")
+    include_dashboard: bool | None = doc(None, "start the dashboard")

@@ -4,7 +4,6 @@ Hugging Face model and tokenizer, how it is loaded, and LoRA."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.errors import ConfigError
@@ -14,19 +13,50 @@ __all__ = ["MtpConfig", "HFModelConfig", "CriticModelConfig"]
 
 _KERNELS_SPEED = speed_only("fused CUDA/Triton kernels, tiled MLP")
 
-_MEGATRON_LORA = {"type": "lora", "merge": False, "rank": 0, "alpha": 32, "dropout": 0.0,
-                  "target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], "exclude_modules": [],
-                  "dropout_position": "pre", "lora_A_init_method": "xavier", "lora_B_init_method": "zero",
-                  "a2a_experimental": False, "dtype": None, "adapter_path": None, "freeze_vision_model": True,
-                  "freeze_vision_projection": True, "freeze_language_model": True}
+_MEGATRON_LORA = {
+    "type": "lora",
+    "merge": False,
+    "rank": 0,
+    "alpha": 32,
+    "dropout": 0.0,
+    "target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+    "exclude_modules": [],
+    "dropout_position": "pre",
+    "lora_A_init_method": "xavier",
+    "lora_B_init_method": "zero",
+    "a2a_experimental": False,
+    "dtype": None,
+    "adapter_path": None,
+    "freeze_vision_model": True,
+    "freeze_vision_projection": True,
+    "freeze_language_model": True,
+}
 
 # the pre-0.9.1 spelling of critic.fsdp: every key null (not set)
 _LEGACY_FSDP = {
-    **dict.fromkeys(("_target_",)), "wrap_policy": {"min_num_params": None},
-    **dict.fromkeys(("param_offload", "optimizer_offload", "offload_policy", "reshard_after_forward", "fsdp_size",
-                     "forward_prefetch", "model_dtype", "use_orig_params", "seed", "full_determinism",
-                     "ulysses_sequence_parallel_size", "entropy_from_logits_with_chunking", "use_torch_compile",
-                     "entropy_checkpointing", "forward_only", "strategy", "dtype")),
+    **dict.fromkeys(("_target_",)),
+    "wrap_policy": {"min_num_params": None},
+    **dict.fromkeys(
+        (
+            "param_offload",
+            "optimizer_offload",
+            "offload_policy",
+            "reshard_after_forward",
+            "fsdp_size",
+            "forward_prefetch",
+            "model_dtype",
+            "use_orig_params",
+            "seed",
+            "full_determinism",
+            "ulysses_sequence_parallel_size",
+            "entropy_from_logits_with_chunking",
+            "use_torch_compile",
+            "entropy_checkpointing",
+            "forward_only",
+            "strategy",
+            "dtype",
+        )
+    ),
     "mixed_precision": dict.fromkeys(("param_dtype", "reduce_dtype", "buffer_dtype")),
 }
 
@@ -55,38 +85,61 @@ class HFModelConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.HFModelConfig", "the class this section is read into")
     path: str = doc("~/models/deepseek-llm-7b-chat", "model directory (or hub name) of the weights")
-    hf_config_path: Optional[str] = doc(None, "config.json from another directory (hybridflow: the model's)",
-        refused="the model's config.json is read from model.path")
-    tokenizer_path: Optional[str] = doc(None, "tokenizer directory; null: the model path",
-        refused="the tokenizer comes from data.tokenizer or the model path")
-    use_shm: bool = doc(False, "copy the model to shared memory first (speed only)",
-        note="copying the model to shared memory only speeds up loading; hybridflow loads from the path")
+    hf_config_path: str | None = doc(
+        None,
+        "config.json from another directory (hybridflow: the model's)",
+        refused="the model's config.json is read from model.path",
+    )
+    tokenizer_path: str | None = doc(
+        None,
+        "tokenizer directory; null: the model path",
+        refused="the tokenizer comes from data.tokenizer or the model path",
+    )
+    use_shm: bool = doc(
+        False,
+        "copy the model to shared memory first (speed only)",
+        note="copying the model to shared memory only speeds up loading; hybridflow loads from the path",
+    )
     trust_remote_code: bool = doc(False, "allow the model's own Python code")
-    custom_chat_template: Optional[str] = doc(None, "a chat template replacing the tokenizer's",
-        reason="replaces the tokenizer's chat template (prompts, multi-turn messages, saved checkpoints), as veRL "
-               "does")
-    external_lib: Optional[str] = doc(None, "a module imported first, e.g. to register a custom architecture")
+    custom_chat_template: str | None = doc(
+        None,
+        "a chat template replacing the tokenizer's",
+        reason="replaces the tokenizer's chat template (prompts, multi-turn messages, saved checkpoints), as veRL does",
+    )
+    external_lib: str | None = doc(None, "a module imported first, e.g. to register a custom architecture")
     override_config: dict = doc({}, "entries that replace the model's config.json values")
     enable_gradient_checkpointing: bool = doc(True, "recompute activations in backward to save memory")
-    enable_activation_offload: bool = doc(False, "offload activations to host memory (CUDA)",
-        reason="CUDA only; on cpu activations already live in host memory")
+    enable_activation_offload: bool = doc(
+        False,
+        "offload activations to host memory (CUDA)",
+        reason="CUDA only; on cpu activations already live in host memory",
+    )
     use_remove_padding: bool = doc(True, "pack sequences without padding in forward passes")
     lora_rank: int = doc(0, "LoRA rank; > 0 turns LoRA on (needs peft)", reason="LoRA needs the [lora] extra (peft)")
     lora_alpha: int = doc(16, "LoRA scaling", reason="LoRA needs the [lora] extra (peft)")
-    target_modules: Union[str, list[str]] = doc("all-linear", "LoRA target modules: all-linear or a list of names",
-        reason="LoRA needs the [lora] extra (peft)")
-    exclude_modules: Optional[str] = doc(None, "modules LoRA leaves out", reason="LoRA needs the [lora] extra (peft)")
-    lora_adapter_path: Optional[str] = doc(None, "start from a saved LoRA adapter",
-        reason="a saved peft adapter to continue training (its own rank, alpha and targets)")
+    target_modules: str | list[str] = doc(
+        "all-linear", "LoRA target modules: all-linear or a list of names", reason="LoRA needs the [lora] extra (peft)"
+    )
+    exclude_modules: str | None = doc(None, "modules LoRA leaves out", reason="LoRA needs the [lora] extra (peft)")
+    lora_adapter_path: str | None = doc(
+        None,
+        "start from a saved LoRA adapter",
+        reason="a saved peft adapter to continue training (its own rank, alpha and targets)",
+    )
     use_liger: bool = doc(False, "Liger kernels (CUDA)", note=_KERNELS_SPEED)
     use_fused_kernels: bool = doc(False, "fused log-prob/entropy kernels (CUDA)", note=_KERNELS_SPEED)
     fused_kernel_options: dict = doc({"impl_backend": "torch"}, "options of the fused kernels", note=_KERNELS_SPEED)
-    tiled_mlp: dict = doc({"enabled": False, "num_shards": 4}, "tiled MLP to save activation memory",
-        note=_KERNELS_SPEED)
-    mtp: MtpConfig = section(MtpConfig, "multi-token prediction",
-        refused="multi-token prediction (MTP) is not implemented")
-    lora: dict = doc(_MEGATRON_LORA, "Megatron's LoRA settings (merge: how LoRA weights reach a vllm rollout)",
-        refused=MEGATRON + "; LoRA is configured with model.lora_rank/lora_alpha/target_modules")
+    tiled_mlp: dict = doc(
+        {"enabled": False, "num_shards": 4}, "tiled MLP to save activation memory", note=_KERNELS_SPEED
+    )
+    mtp: MtpConfig = section(
+        MtpConfig, "multi-token prediction", refused="multi-token prediction (MTP) is not implemented"
+    )
+    lora: dict = doc(
+        _MEGATRON_LORA,
+        "Megatron's LoRA settings (merge: how LoRA weights reach a vllm rollout)",
+        refused=MEGATRON + "; LoRA is configured with model.lora_rank/lora_alpha/target_modules",
+    )
 
     def __post_init__(self):
         modules = self.target_modules

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from hybridflow.config.base import BaseConfig, doc
 
@@ -14,9 +13,15 @@ __all__ = ["ModuleConfig"]
 class ModuleConfig(BaseConfig):
     """A user's code: ``path`` (a .py file or module) and ``name`` (the attribute in it)."""
 
-    path: Optional[str] = doc(None, "a .py file or an importable module; null: none",
+    path: str | None = doc(
+        None,
+        "a .py file or an importable module; null: none",
         reason="a torch Dataset class from a Python file, built as veRL builds it (data_files, tokenizer, "
-               "processor, config)")
-    name: Optional[str] = doc(None, "the class or function in it",
+        "processor, config)",
+    )
+    name: str | None = doc(
+        None,
+        "the class or function in it",
         reason="a torch Dataset class from a Python file, built as veRL builds it (data_files, tokenizer, "
-               "processor, config)")
+        "processor, config)",
+    )

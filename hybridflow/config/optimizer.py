@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from hybridflow.config.base import BaseConfig, doc
 from hybridflow.config.errors import ConfigError
@@ -26,9 +26,9 @@ class OptimizerConfig(BaseConfig):
     lr_warmup_steps_ratio: float = doc(0.0, "warmup steps as a fraction of total_training_steps")
     total_training_steps: int = doc(-1, "steps of the schedule; filled in by the trainer at run time")
     weight_decay: float = doc(0.01, "AdamW weight decay")
-    lr_warmup_steps: Optional[int] = doc(-1, "warmup steps; >= 0 wins over lr_warmup_steps_ratio")
+    lr_warmup_steps: int | None = doc(-1, "warmup steps; >= 0 wins over lr_warmup_steps_ratio")
     betas: list[float] = doc([0.9, 0.999], "AdamW betas")
-    clip_grad: Optional[float] = doc(1.0, "gradient-norm clip (null or 0: none)")
+    clip_grad: float | None = doc(1.0, "gradient-norm clip (null or 0: none)")
 
     def __post_init__(self):
         if self.lr < 0:
@@ -46,36 +46,49 @@ class FSDPOptimizerConfig(OptimizerConfig):
     lr_schedulers: ClassVar[tuple[str, ...]] = LR_SCHEDULERS
 
     _target_: str = doc("verl.workers.config.FSDPOptimizerConfig", "the class this section is read into")
-    optimizer: str = doc("AdamW", "optimizer class name in optimizer_impl (hybridflow: AdamW)",
+    optimizer: str = doc(
+        "AdamW",
+        "optimizer class name in optimizer_impl (hybridflow: AdamW)",
         values=("AdamW",),
-        reason="hybridflow trains with torch.optim.AdamW")
-    optimizer_impl: str = doc("torch.optim", "module the optimizer class comes from (hybridflow: torch.optim)",
+        reason="hybridflow trains with torch.optim.AdamW",
+    )
+    optimizer_impl: str = doc(
+        "torch.optim",
+        "module the optimizer class comes from (hybridflow: torch.optim)",
         values=("torch.optim",),
-        reason="hybridflow trains with torch.optim.AdamW")
-    min_lr_ratio: Optional[float] = doc(0.0, "cosine: the floor of the schedule, as a fraction of lr")
+        reason="hybridflow trains with torch.optim.AdamW",
+    )
+    min_lr_ratio: float | None = doc(0.0, "cosine: the floor of the schedule, as a fraction of lr")
     num_cycles: float = doc(0.5, "cosine: number of cosine cycles over the decay (0.5: one half-wave down)")
     lr_scheduler_type: str = doc("constant", "constant | cosine (after the warmup)", values=("constant", "cosine"))
-    zero_indexed_step: bool = doc(True, "the schedule counts steps from 0",
-        values=(True,),
-        reason="the schedule counts steps from 0")
-    warmup_style: Optional[str] = doc(None, "deprecated spelling of lr_scheduler_type (wins when set)")
-    override_optimizer_config: Optional[dict] = doc(None, "extra optimizer constructor arguments",
-        refused="extra optimizer arguments are not implemented")
+    zero_indexed_step: bool = doc(
+        True, "the schedule counts steps from 0", values=(True,), reason="the schedule counts steps from 0"
+    )
+    warmup_style: str | None = doc(None, "deprecated spelling of lr_scheduler_type (wins when set)")
+    override_optimizer_config: dict | None = doc(
+        None, "extra optimizer constructor arguments", refused="extra optimizer arguments are not implemented"
+    )
 
     def __post_init__(self):
         super().__post_init__()
         if self.warmup_style is not None and self.warmup_style != self.lr_scheduler_type:
             if self.warmup_style not in self.lr_schedulers:
-                raise ConfigError(f"optim.warmup_style={self.warmup_style!r} (deprecated spelling of "
-                                  f"optim.lr_scheduler_type) is not one of {', '.join(self.lr_schedulers)}")
+                raise ConfigError(
+                    f"optim.warmup_style={self.warmup_style!r} (deprecated spelling of "
+                    f"optim.lr_scheduler_type) is not one of {', '.join(self.lr_schedulers)}"
+                )
             if self.lr_scheduler_type != "constant":
-                raise ConfigError(f"optim.warmup_style={self.warmup_style!r} and optim.lr_scheduler_type="
-                                  f"{self.lr_scheduler_type!r} disagree; set only lr_scheduler_type")
-            warnings.warn("optim.warmup_style is deprecated; use optim.lr_scheduler_type", DeprecationWarning,
-                          stacklevel=3)
+                raise ConfigError(
+                    f"optim.warmup_style={self.warmup_style!r} and optim.lr_scheduler_type="
+                    f"{self.lr_scheduler_type!r} disagree; set only lr_scheduler_type"
+                )
+            warnings.warn(
+                "optim.warmup_style is deprecated; use optim.lr_scheduler_type", DeprecationWarning, stacklevel=3
+            )
             self.lr_scheduler_type = self.warmup_style
         if self.lr_scheduler_type not in self.lr_schedulers:
-            raise ConfigError(f"optim.lr_scheduler_type={self.lr_scheduler_type!r} is not one of "
-                              f"{', '.join(self.lr_schedulers)}")
+            raise ConfigError(
+                f"optim.lr_scheduler_type={self.lr_scheduler_type!r} is not one of {', '.join(self.lr_schedulers)}"
+            )
         if self.min_lr_ratio is not None and not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")

@@ -12,8 +12,13 @@ from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.critic import FSDPCriticConfig
 from hybridflow.config.data import DataConfig
 from hybridflow.config.distillation import DistillationConfig
-from hybridflow.config.legacy import (LegacyCustomRewardFunctionConfig, LegacyRayInitConfig, LegacyRewardManagerConfig,
-                                      LegacyRewardModelConfig, LegacySandboxFusionConfig)
+from hybridflow.config.legacy import (
+    LegacyCustomRewardFunctionConfig,
+    LegacyRayInitConfig,
+    LegacyRewardManagerConfig,
+    LegacyRewardModelConfig,
+    LegacySandboxFusionConfig,
+)
 from hybridflow.config.model import HFModelConfig
 from hybridflow.config.profiler import GlobalProfilerConfig
 from hybridflow.config.ray import RayKwargsConfig
@@ -36,7 +41,7 @@ _ROLLOUT_FOLLOWS = {
     "log_prob_use_dynamic_bsz": f"${{{_A}.use_dynamic_bsz}}",
     "log_prob_max_token_len_per_gpu": f"${{{_A}.ppo_max_token_len_per_gpu}}",
     "mtp": "${actor_rollout_ref.model.mtp}",
-    "qat": "${oc.select:actor_rollout_ref.actor.fsdp_config.qat,${oc.select:actor_rollout_ref.actor.megatron.qat,null}}",
+    "qat": "${oc.select:actor_rollout_ref.actor.fsdp_config.qat,${oc.select:actor_rollout_ref.actor.megatron.qat,null}}",  # noqa: E501
 }
 
 
@@ -44,32 +49,45 @@ _ROLLOUT_FOLLOWS = {
 class ActorRolloutRefConfig(BaseConfig):
     """``actor_rollout_ref``: the policy (trained, sampled and frozen as the reference), in one worker group."""
 
-    hybrid_engine: bool = doc(True, "actor, rollout and ref share the same worker processes",
+    hybrid_engine: bool = doc(
+        True,
+        "actor, rollout and ref share the same worker processes",
         values=(True,),
-        reason="actor and rollout share their workers; separate pools are not implemented yet")
-    nccl_timeout: int = doc(600, "seconds of the collective-communication timeout",
-        note="hybridflow's process groups use torch.distributed's default timeout")
-    model: HFModelConfig = section(HFModelConfig, "the policy model (veRL's hf_model.yaml)",
+        reason="actor and rollout share their workers; separate pools are not implemented yet",
+    )
+    nccl_timeout: int = doc(
+        600,
+        "seconds of the collective-communication timeout",
+        note="hybridflow's process groups use torch.distributed's default timeout",
+    )
+    model: HFModelConfig = section(
+        HFModelConfig,
+        "the policy model (veRL's hf_model.yaml)",
         keys={
-            "lora.merge": honoured("how a LoRA policy reaches a vllm rollout: false (veRL's default) base weights "
-                                   "once + the adapter at every sync, true merged weights; the hf rollout always "
-                                   "gets merged weights"),
-        })
-    actor: FSDPActorConfig = section(FSDPActorConfig, "the policy's training",
+            "lora.merge": honoured(
+                "how a LoRA policy reaches a vllm rollout: false (veRL's default) base weights "
+                "once + the adapter at every sync, true merged weights; the hf rollout always "
+                "gets merged weights"
+            )
+        },
+    )
+    actor: FSDPActorConfig = section(FSDPActorConfig, "the policy's training", keys={"megatron.**": refused(MEGATRON)})
+    ref: RefConfig = section(RefConfig, "the reference policy's log-prob pass", keys={"megatron.**": refused(MEGATRON)})
+    rollout: RolloutConfig = section(
+        RolloutConfig,
+        "the inference engine and its sampling",
+        follows=_ROLLOUT_FOLLOWS,
+        absent=("limit_images",),
         keys={
-            "megatron.**": refused(MEGATRON),
-        })
-    ref: RefConfig = section(RefConfig, "the reference policy's log-prob pass",
-        keys={
-            "megatron.**": refused(MEGATRON),
-        })
-    rollout: RolloutConfig = section(RolloutConfig, "the inference engine and its sampling",
-                                     follows=_ROLLOUT_FOLLOWS, absent=("limit_images",),
-        keys={
-            **dict.fromkeys(("server.**", "sglang_rollout_mode"),
-                            refused("an SGLang-only option (SGLang's HTTP server mode); SGLang is not a hybridflow "
-                                    "rollout engine (use rollout.name=vllm or hf)")),
-        })
+            **dict.fromkeys(
+                ("server.**", "sglang_rollout_mode"),
+                refused(
+                    "an SGLang-only option (SGLang's HTTP server mode); SGLang is not a hybridflow "
+                    "rollout engine (use rollout.name=vllm or hf)"
+                ),
+            )
+        },
+    )
 
 
 @dataclass
@@ -78,42 +96,63 @@ class PPOTrainerConfig(BaseConfig):
 
     data: DataConfig = section(DataConfig, "the training and validation prompts")
     actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, "the policy: actor, rollout, reference")
-    critic: FSDPCriticConfig = section(FSDPCriticConfig, "the value model (used when algorithm.adv_estimator is gae)",
+    critic: FSDPCriticConfig = section(
+        FSDPCriticConfig,
+        "the value model (used when algorithm.adv_estimator is gae)",
+        keys={"megatron.**": refused(MEGATRON)},
+    )
+    reward: RewardConfig = section(
+        RewardConfig,
+        "rewards (veRL 0.9.1's section; the earlier spellings are at the end)",
         keys={
-            "megatron.**": refused(MEGATRON),
-        })
-    reward: RewardConfig = section(RewardConfig, "rewards (veRL 0.9.1's section; the earlier spellings are at the end)",
-        keys={
-            "reward_kwargs.**": honoured("keyword arguments of the reward manager, e.g. dapo's max_resp_len and "
-                                         "overlong_buffer_cfg, genrm's template, template_path, parser, "
-                                         "unparsable_score and chat_template"),
-        })
+            "reward_kwargs.**": honoured(
+                "keyword arguments of the reward manager, e.g. dapo's max_resp_len and "
+                "overlong_buffer_cfg, genrm's template, template_path, parser, "
+                "unparsable_score and chat_template"
+            )
+        },
+    )
     algorithm: AlgoConfig = section(AlgoConfig, "how rewards become advantages")
     trainer: TrainerConfig = section(TrainerConfig, "the run: steps, devices, logging, checkpoints, validation")
-    async_training: AsyncTrainingConfig = section(AsyncTrainingConfig, "hybridflow: veRL's fully async keys, plus "
-                                                  "the mode of the one driver")
+    async_training: AsyncTrainingConfig = section(
+        AsyncTrainingConfig, "hybridflow: veRL's fully async keys, plus the mode of the one driver"
+    )
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray start-up (ray_init at the end is the earlier spelling)")
-    global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig, "profiling: the tool, the steps, defaults "
-                                                    "of every role's profiler")
-    distillation: DistillationConfig = section(DistillationConfig, "on-policy distillation (not implemented)",
-        refused="on-policy distillation is not implemented")
-    transfer_queue: TransferQueueConfig = section(TransferQueueConfig, "veRL's TransferQueue (not implemented)",
-        refused="the TransferQueue data plane is not implemented")
-    skip: SkipManagerConfig = section(SkipManagerConfig, "replay cached rollouts instead of generating",
+    global_profiler: GlobalProfilerConfig = section(
+        GlobalProfilerConfig, "profiling: the tool, the steps, defaults of every role's profiler"
+    )
+    distillation: DistillationConfig = section(
+        DistillationConfig,
+        "on-policy distillation (not implemented)",
+        refused="on-policy distillation is not implemented",
+    )
+    transfer_queue: TransferQueueConfig = section(
+        TransferQueueConfig,
+        "veRL's TransferQueue (not implemented)",
+        refused="the TransferQueue data plane is not implemented",
+    )
+    skip: SkipManagerConfig = section(
+        SkipManagerConfig,
+        "replay cached rollouts instead of generating",
         refused="replaying dumped rollouts is implemented for skip.rollout only",
-        keys={
-            **dict.fromkeys(("rollout.enable", "rollout.dump_dir", "rollout.steps", "rollout.action"),
-                            honoured()),
-        })
-    model_engine: str = doc("dp", "veRL's choice of training backend (dp = FSDP/DDP); hybridflow has dp only",
+        keys={**dict.fromkeys(("rollout.enable", "rollout.dump_dir", "rollout.steps", "rollout.action"), honoured())},
+    )
+    model_engine: str = doc(
+        "dp",
+        "veRL's choice of training backend (dp = FSDP/DDP); hybridflow has dp only",
         values=("dp",),
-        reason="FSDP2/DDP is hybridflow's only training backend")
-    reward_model: LegacyRewardModelConfig = section(LegacyRewardModelConfig, "legacy: veRL's earlier reward-model "
-                                                    "section (moved keys map onto reward.*)")
+        reason="FSDP2/DDP is hybridflow's only training backend",
+    )
+    reward_model: LegacyRewardModelConfig = section(
+        LegacyRewardModelConfig, "legacy: veRL's earlier reward-model section (moved keys map onto reward.*)"
+    )
     custom_reward_function: LegacyCustomRewardFunctionConfig = section(
-        LegacyCustomRewardFunctionConfig, "legacy: earlier spelling of reward.custom_reward_function")
-    sandbox_fusion: LegacySandboxFusionConfig = section(LegacySandboxFusionConfig,
-                                                        "legacy: earlier spelling of reward.sandbox_fusion")
-    reward_manager: LegacyRewardManagerConfig = section(LegacyRewardManagerConfig,
-                                                        "legacy: veRL main's spelling of reward.reward_manager")
+        LegacyCustomRewardFunctionConfig, "legacy: earlier spelling of reward.custom_reward_function"
+    )
+    sandbox_fusion: LegacySandboxFusionConfig = section(
+        LegacySandboxFusionConfig, "legacy: earlier spelling of reward.sandbox_fusion"
+    )
+    reward_manager: LegacyRewardManagerConfig = section(
+        LegacyRewardManagerConfig, "legacy: veRL main's spelling of reward.reward_manager"
+    )
     ray_init: LegacyRayInitConfig = section(LegacyRayInitConfig, "legacy: earlier spelling of ray_kwargs.ray_init")

@@ -5,17 +5,29 @@ roles follow). hybridflow implements the torch tool; the others are refused when
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.reasons import NPU, PROFILER_TOOLS
 from hybridflow.config.status import honoured, refused
 
-__all__ = ["TORCH_CONTENTS", "TOOL_NAME_KEYS", "NsightToolConfig", "NPUToolConfig", "TorchProfilerScheduleConfig",
-           "TorchProfilerToolConfig", "TorchMemoryToolConfig", "PrecisionDebuggerToolConfig", "ProfilerToolConfig",
-           "ProfilerConfig", "GlobalNsightToolConfig", "GlobalTorchMemoryConfig", "GlobalToolConfig",
-           "GlobalProfilerConfig", "TOKEN_RANGE_KEYS"]
+__all__ = [
+    "TORCH_CONTENTS",
+    "TOOL_NAME_KEYS",
+    "NsightToolConfig",
+    "NPUToolConfig",
+    "TorchProfilerScheduleConfig",
+    "TorchProfilerToolConfig",
+    "TorchMemoryToolConfig",
+    "PrecisionDebuggerToolConfig",
+    "ProfilerToolConfig",
+    "ProfilerConfig",
+    "GlobalNsightToolConfig",
+    "GlobalTorchMemoryConfig",
+    "GlobalToolConfig",
+    "GlobalProfilerConfig",
+    "TOKEN_RANGE_KEYS",
+]
 
 _NO_HOOKS = "traces are written in save_path directly; no finish hook runs"
 _TORCH_ONLY = "only the torch tool is implemented; traces are written in save_path, no hooks run"
@@ -29,7 +41,7 @@ class NsightToolConfig(BaseConfig):
     """``tool_config.nsys``: Nsight Systems (not implemented)."""
 
     _target_: str = doc("verl.utils.profiler.config.NsightToolConfig", "the class this section is read into")
-    discrete: Optional[bool] = doc(False, "one database per task (else one per step)")
+    discrete: bool | None = doc(False, "one database per task (else one per step)")
     name: str = doc("nsight", "the tool's name (veRL's tag; fixed)")
 
 
@@ -42,8 +54,8 @@ class NPUToolConfig(NsightToolConfig):
     level: str = doc("level0", "collection level: level_none, level0, level1, level2")
     analysis: bool = doc(True, "parse the data after collection")
     discrete: bool = doc(False, "one database per task (else one per step)")
-    profile_token_start: Optional[int] = doc(None, "rollout: collect from this response-token index")
-    profile_token_end: Optional[int] = doc(None, "rollout: stop at this response-token index (exclusive)")
+    profile_token_start: int | None = doc(None, "rollout: collect from this response-token index")
+    profile_token_end: int | None = doc(None, "rollout: stop at this response-token index (exclusive)")
     name: str = doc("npu", "the tool's name (veRL's tag; fixed)")
 
 
@@ -66,16 +78,19 @@ class TorchProfilerToolConfig(BaseConfig):
     _target_: str = doc("verl.utils.profiler.config.TorchProfilerToolConfig", "the class this section is read into")
     contents: list[str] = doc([], "what is added to the trace: cuda, cpu, memory, shapes, stack ([]: everything)")
     discrete: bool = doc(False, "one trace per stage (hybridflow: false only)")
-    profile_token_start: Optional[int] = doc(None, "rollout: collect from this response-token index")
-    profile_token_end: Optional[int] = doc(None, "rollout: stop at this response-token index (exclusive)")
-    schedule: Optional[TorchProfilerScheduleConfig] = section(TorchProfilerScheduleConfig, "sub-sampling of the update loop")
+    profile_token_start: int | None = doc(None, "rollout: collect from this response-token index")
+    profile_token_end: int | None = doc(None, "rollout: stop at this response-token index (exclusive)")
+    schedule: TorchProfilerScheduleConfig | None = section(
+        TorchProfilerScheduleConfig, "sub-sampling of the update loop"
+    )
     name: str = doc("torch", "the tool's name (veRL's tag; fixed)")
 
     def __post_init__(self):
         unknown = sorted(set(self.contents) - set(TORCH_CONTENTS))
         if unknown:
-            raise ConfigError(f"profiler.tool_config.torch.contents: unknown entries {unknown}; "
-                              f"choose from {list(TORCH_CONTENTS)}")
+            raise ConfigError(
+                f"profiler.tool_config.torch.contents: unknown entries {unknown}; choose from {list(TORCH_CONTENTS)}"
+            )
 
 
 @dataclass
@@ -94,9 +109,9 @@ class PrecisionDebuggerToolConfig(BaseConfig):
     """``tool_config.precision_debugger``: msprobe (not implemented)."""
 
     _target_: str = doc("verl.utils.profiler.config.PrecisionDebuggerToolConfig", "the class this section is read into")
-    config_path: Optional[str] = doc(None, "msprobe config json")
-    steps: Optional[list[int]] = doc(None, "deprecated and ignored (global_profiler.steps decides)")
-    stages: Optional[list[str]] = doc(None, "stages profiled: actor_update, actor_compute_log_prob, ...")
+    config_path: str | None = doc(None, "msprobe config json")
+    steps: list[int] | None = doc(None, "deprecated and ignored (global_profiler.steps decides)")
+    stages: list[str] | None = doc(None, "stages profiled: actor_update, actor_compute_log_prob, ...")
     strict: bool = doc(False, "fail on an unknown stage or a missing msprobe")
     name: str = doc("precision_debugger", "the tool's name (veRL's tag; fixed)")
 
@@ -105,23 +120,28 @@ class PrecisionDebuggerToolConfig(BaseConfig):
 TORCH_CONTENTS = ("cuda", "cpu", "memory", "shapes", "stack")
 
 # the rollout's tool settings have a token range, the training roles' do not
-TOKEN_RANGE_KEYS = ("tool_config.npu.profile_token_start", "tool_config.npu.profile_token_end",
-                    "tool_config.torch.profile_token_start", "tool_config.torch.profile_token_end")
+TOKEN_RANGE_KEYS = (
+    "tool_config.npu.profile_token_start",
+    "tool_config.npu.profile_token_end",
+    "tool_config.torch.profile_token_start",
+    "tool_config.torch.profile_token_end",
+)
 # veRL's tool classes carry a fixed ``name`` that its profiler.yaml writes (the SFT config has them) and its
 # ppo_trainer tree leaves out
-TOOL_NAME_KEYS = tuple(f"tool_config.{tool}.name" for tool in ("nsys", "npu", "torch", "torch_memory",
-                                                                  "precision_debugger"))
+TOOL_NAME_KEYS = tuple(
+    f"tool_config.{tool}.name" for tool in ("nsys", "npu", "torch", "torch_memory", "precision_debugger")
+)
 
 
 @dataclass
 class ProfilerToolConfig(BaseConfig):
     """``<role>.profiler.tool_config``: per-tool settings (veRL reads it as a plain mapping)."""
 
-    nsys: Optional[NsightToolConfig] = section(NsightToolConfig, "Nsight Systems")
-    npu: Optional[NPUToolConfig] = section(NPUToolConfig, "Ascend profiler")
-    torch: Optional[TorchProfilerToolConfig] = section(TorchProfilerToolConfig, "torch.profiler")
-    torch_memory: Optional[TorchMemoryToolConfig] = section(TorchMemoryToolConfig, "memory snapshots")
-    precision_debugger: Optional[PrecisionDebuggerToolConfig] = section(PrecisionDebuggerToolConfig, "msprobe")
+    nsys: NsightToolConfig | None = section(NsightToolConfig, "Nsight Systems")
+    npu: NPUToolConfig | None = section(NPUToolConfig, "Ascend profiler")
+    torch: TorchProfilerToolConfig | None = section(TorchProfilerToolConfig, "torch.profiler")
+    torch_memory: TorchMemoryToolConfig | None = section(TorchMemoryToolConfig, "memory snapshots")
+    precision_debugger: PrecisionDebuggerToolConfig | None = section(PrecisionDebuggerToolConfig, "msprobe")
 
 
 @dataclass
@@ -129,34 +149,64 @@ class ProfilerConfig(BaseConfig):
     """``<role>.profiler``: the role's profiling switch; steps and the tool come from global_profiler."""
 
     _target_: str = doc("verl.utils.profiler.ProfilerConfig", "the class this section is read into")
-    tool: Optional[str] = doc(None, "profiler tool: torch, or null for none", follows="${global_profiler.tool}",
+    tool: str | None = doc(
+        None,
+        "profiler tool: torch, or null for none",
+        follows="${global_profiler.tool}",
         values=(None, "torch"),
-        reason=PROFILER_TOOLS)
+        reason=PROFILER_TOOLS,
+    )
     enable: bool = doc(False, "profile this role")
     all_ranks: bool = doc(False, "profile every rank of the role (else only those in ranks)")
     ranks: list[int] = doc([], "the ranks to profile when all_ranks is false")
-    save_path: Optional[str] = doc("outputs/profile", "directory of the traces", follows=f"${{{_G}.save_path}}")
-    relocate_results: bool = doc(False, "move the traces after the run (not implemented)",
-                                 follows=f"${{{_G}.relocate_results}}", refused=_TORCH_ONLY)
-    finish_hook_cmd: Optional[str] = doc(None, "a command run when profiling ends (not implemented)",
-                                         follows=f"${{{_G}.finish_hook_cmd}}", refused=_TORCH_ONLY)
-    finish_hook_all_ranks: bool = doc(False, "run finish_hook_cmd on every rank (not implemented)",
-                                      follows=f"${{{_G}.finish_hook_all_ranks}}", refused=_TORCH_ONLY)
-    finish_hook_ranks: list[int] = doc([], "ranks that run finish_hook_cmd (not implemented)",
-                                       follows=f"${{{_G}.finish_hook_ranks}}", refused=_TORCH_ONLY)
-    tool_config: ProfilerToolConfig = section(ProfilerToolConfig, "per-tool settings", follows={
-        "nsys.discrete": f"${{{_GT}.nsys.discrete}}",
-        **{f"torch_memory.{k}": f"${{{_GT}.torch_memory.{k}}}"
-           for k in ("trace_alloc_max_entries", "stack_depth", "memory_snapshot_num_steps")},
-        **{f"precision_debugger.{k}": f"${{{_GT}.precision_debugger.{k}}}" for k in ("config_path", "stages", "strict")},
-    },
+    save_path: str | None = doc("outputs/profile", "directory of the traces", follows=f"${{{_G}.save_path}}")
+    relocate_results: bool = doc(
+        False,
+        "move the traces after the run (not implemented)",
+        follows=f"${{{_G}.relocate_results}}",
+        refused=_TORCH_ONLY,
+    )
+    finish_hook_cmd: str | None = doc(
+        None,
+        "a command run when profiling ends (not implemented)",
+        follows=f"${{{_G}.finish_hook_cmd}}",
+        refused=_TORCH_ONLY,
+    )
+    finish_hook_all_ranks: bool = doc(
+        False,
+        "run finish_hook_cmd on every rank (not implemented)",
+        follows=f"${{{_G}.finish_hook_all_ranks}}",
+        refused=_TORCH_ONLY,
+    )
+    finish_hook_ranks: list[int] = doc(
+        [],
+        "ranks that run finish_hook_cmd (not implemented)",
+        follows=f"${{{_G}.finish_hook_ranks}}",
+        refused=_TORCH_ONLY,
+    )
+    tool_config: ProfilerToolConfig = section(
+        ProfilerToolConfig,
+        "per-tool settings",
+        follows={
+            "nsys.discrete": f"${{{_GT}.nsys.discrete}}",
+            **{
+                f"torch_memory.{k}": f"${{{_GT}.torch_memory.{k}}}"
+                for k in ("trace_alloc_max_entries", "stack_depth", "memory_snapshot_num_steps")
+            },
+            **{
+                f"precision_debugger.{k}": f"${{{_GT}.precision_debugger.{k}}}"
+                for k in ("config_path", "stages", "strict")
+            },
+        },
         refused=_TORCH_ONLY,
         keys={
             "npu": refused("Ascend NPU profiler settings; " + NPU),
             "torch.contents": honoured(),
-            "torch.discrete": honoured("one trace per profiled step (discrete per-phase traces are not implemented)",
-                                       values=(False,)),
-        })
+            "torch.discrete": honoured(
+                "one trace per profiled step (discrete per-phase traces are not implemented)", values=(False,)
+            ),
+        },
+    )
 
 
 def _nsight_options(worker: bool) -> dict:
@@ -200,17 +250,25 @@ class GlobalProfilerConfig(BaseConfig):
     """``global_profiler``: the run's profiling tool and steps (veRL reads it as a ProfilerConfig)."""
 
     _target_: str = doc("verl.utils.profiler.ProfilerConfig", "the class this section is read into")
-    tool: Optional[str] = doc(None, "the tool: torch (hybridflow), nsys, npu, torch_memory, precision_debugger",
+    tool: str | None = doc(
+        None,
+        "the tool: torch (hybridflow), nsys, npu, torch_memory, precision_debugger",
         values=(None, "torch"),
-        reason=PROFILER_TOOLS)
-    steps: Optional[list[int]] = doc(None, "the training steps profiled (null: none)")
+        reason=PROFILER_TOOLS,
+    )
+    steps: list[int] | None = doc(None, "the training steps profiled (null: none)")
     profile_continuous_steps: bool = doc(False, "consecutive profiled steps share one trace")
-    save_path: Optional[str] = doc("outputs/profile", "directory of the traces (every role follows it)")
-    relocate_results: bool = doc(False, "move framework-placed traces into save_path (not implemented)",
-        refused=_NO_HOOKS)
-    finish_hook_cmd: Optional[str] = doc(None, "a command run once after the last profiled step (not implemented)",
-        refused=_NO_HOOKS)
+    save_path: str | None = doc("outputs/profile", "directory of the traces (every role follows it)")
+    relocate_results: bool = doc(
+        False, "move framework-placed traces into save_path (not implemented)", refused=_NO_HOOKS
+    )
+    finish_hook_cmd: str | None = doc(
+        None, "a command run once after the last profiled step (not implemented)", refused=_NO_HOOKS
+    )
     finish_hook_all_ranks: bool = doc(False, "run finish_hook_cmd on every rank (not implemented)", refused=_NO_HOOKS)
     finish_hook_ranks: list[int] = doc([], "ranks that run finish_hook_cmd (not implemented)", refused=_NO_HOOKS)
-    global_tool_config: GlobalToolConfig = section(GlobalToolConfig, "tool settings every role follows",
-        refused="settings of the nsys, torch_memory and precision_debugger tools, which hybridflow does not drive")
+    global_tool_config: GlobalToolConfig = section(
+        GlobalToolConfig,
+        "tool settings every role follows",
+        refused="settings of the nsys, torch_memory and precision_debugger tools, which hybridflow does not drive",
+    )

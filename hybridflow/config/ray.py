@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.status import refused
@@ -16,12 +15,13 @@ __all__ = ["RayInitConfig", "RayKwargsConfig"]
 class RayInitConfig(BaseConfig):
     """``ray_kwargs.ray_init``: the arguments of ray.init."""
 
-    num_cpus: Optional[int] = doc(None, "CPUs Ray may use; null: all (set it under SLURM or in containers)")
-    runtime_env: dict = doc({"py_executable": None}, "Ray runtime_env (py_executable: the workers' interpreter)",
-        keys={
-            "py_executable": refused("hybridflow passes only address, num_cpus and include_dashboard to ray.init"),
-        })
-    address: Optional[str] = doc(None, "hybridflow: null starts a local Ray unless RAY_ADDRESS is set")
+    num_cpus: int | None = doc(None, "CPUs Ray may use; null: all (set it under SLURM or in containers)")
+    runtime_env: dict = doc(
+        {"py_executable": None},
+        "Ray runtime_env (py_executable: the workers' interpreter)",
+        keys={"py_executable": refused("hybridflow passes only address, num_cpus and include_dashboard to ray.init")},
+    )
+    address: str | None = doc(None, "hybridflow: null starts a local Ray unless RAY_ADDRESS is set")
     include_dashboard: bool = doc(False, "hybridflow: start the dashboard (it listens on 127.0.0.1 only)")
 
 
@@ -29,9 +29,11 @@ class RayInitConfig(BaseConfig):
 class RayKwargsConfig(BaseConfig):
     """``ray_kwargs``: Ray start-up."""
 
-    ray_init: RayInitConfig = section(RayInitConfig, "arguments of ray.init",
-        keys={
-            "**": refused("hybridflow passes only address, num_cpus and include_dashboard to ray.init"),
-        })
-    timeline_json_file: Optional[str] = doc(None, "write a Ray timeline (chrome://tracing) here",
-        refused="writing a Ray timeline is not implemented")
+    ray_init: RayInitConfig = section(
+        RayInitConfig,
+        "arguments of ray.init",
+        keys={"**": refused("hybridflow passes only address, num_cpus and include_dashboard to ray.init")},
+    )
+    timeline_json_file: str | None = doc(
+        None, "write a Ray timeline (chrome://tracing) here", refused="writing a Ray timeline is not implemented"
+    )

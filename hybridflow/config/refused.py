@@ -16,11 +16,32 @@ OTHER_ENGINES = "TorchTitan, VeOmni and Automodel are not hybridflow training en
 
 # veRL 0.9.1's config classes of those engines -> why hybridflow has no such class
 REFUSED_CLASSES: dict[str, str] = {
-    **dict.fromkeys(("McoreActorConfig", "McoreCriticConfig", "McoreEngineConfig", "McoreOptimizerConfig",
-                     "McoreCheckpointConfig", "MegatronPeftConfig"), MEGATRON),
-    **dict.fromkeys(("TorchTitanActorConfig", "TorchTitanCriticConfig", "TorchtitanEngineConfig",
-                     "TorchtitanOptimizerConfig", "VeOmniActorConfig", "VeOmniCriticConfig", "VeOmniEngineConfig",
-                     "VeOmniOptimizerConfig", "AutomodelEngineConfig", "AutomodelOptimizerConfig"), OTHER_ENGINES),
+    **dict.fromkeys(
+        (
+            "McoreActorConfig",
+            "McoreCriticConfig",
+            "McoreEngineConfig",
+            "McoreOptimizerConfig",
+            "McoreCheckpointConfig",
+            "MegatronPeftConfig",
+        ),
+        MEGATRON,
+    ),
+    **dict.fromkeys(
+        (
+            "TorchTitanActorConfig",
+            "TorchTitanCriticConfig",
+            "TorchtitanEngineConfig",
+            "TorchtitanOptimizerConfig",
+            "VeOmniActorConfig",
+            "VeOmniCriticConfig",
+            "VeOmniEngineConfig",
+            "VeOmniOptimizerConfig",
+            "AutomodelEngineConfig",
+            "AutomodelOptimizerConfig",
+        ),
+        OTHER_ENGINES,
+    ),
 }
 
 

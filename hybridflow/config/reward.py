@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.module import ModuleConfig
@@ -14,8 +13,14 @@ from hybridflow.config.reasons import JUDGE, JUDGE_VLLM, speed_only
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.config.status import honoured, refused
 
-__all__ = ["CustomRewardFunctionConfig", "RewardManagerConfig", "SandboxFusionConfig", "RewardModelConfig",
-           "RewardConfig", "engine_only"]
+__all__ = [
+    "CustomRewardFunctionConfig",
+    "RewardManagerConfig",
+    "SandboxFusionConfig",
+    "RewardModelConfig",
+    "RewardConfig",
+    "engine_only",
+]
 
 _RM_POOL = "a separate reward-model pool is not implemented; the reward model runs on the trainer's devices"
 
@@ -29,7 +34,7 @@ def engine_only(keep: tuple[str, ...]) -> tuple[str, ...]:
 class CustomRewardFunctionConfig(BaseConfig):
     """``reward.custom_reward_function``: a scoring function of yours."""
 
-    path: Optional[str] = doc(None, "a .py file; null uses the built-in scorers")
+    path: str | None = doc(None, "a .py file; null uses the built-in scorers")
     name: str = doc("compute_score", "the function in it")
     reward_kwargs: dict = doc({}, "hybridflow: extra keyword arguments bound to the function")
 
@@ -43,12 +48,18 @@ class RewardManagerConfig(BaseConfig):
     """``reward.reward_manager``: how scores are computed from the samples."""
 
     _target_: str = doc("verl.workers.config.reward.RewardManagerConfig", "the class this section is read into")
-    source: str = doc("register", "register (by name from the registry) | importlib (module.path)",
+    source: str = doc(
+        "register",
+        "register (by name from the registry) | importlib (module.path)",
         values=("register",),
-        reason="reward managers come from hybridflow's registry (hybridflow.rewards.register_reward_manager)")
+        reason="reward managers come from hybridflow's registry (hybridflow.rewards.register_reward_manager)",
+    )
     name: str = doc("naive", "name in the reward-manager registry, or the class in module")
-    module: Optional[ModuleConfig] = section(_manager_module, "the file of an importlib reward manager",
-        refused="loading a reward manager from a file is not implemented; register it by name instead")
+    module: ModuleConfig | None = section(
+        _manager_module,
+        "the file of an importlib reward manager",
+        refused="loading a reward manager from a file is not implemented; register it by name instead",
+    )
 
 
 @dataclass
@@ -56,25 +67,66 @@ class SandboxFusionConfig(BaseConfig):
     """``reward.sandbox_fusion``: a code-execution sandbox for code rewards."""
 
     _target_: str = doc("verl.workers.config.SandboxFusionConfig", "the class this section is read into")
-    url: Optional[str] = doc(None, "sandbox URL; null: none")
+    url: str | None = doc(None, "sandbox URL; null: none")
     max_concurrent: int = doc(64, "requests in flight at once")
     memory_limit_mb: int = doc(1024, "memory per sandbox process, in MB")
 
 
 _RM_ENGINE_KEYS = (
-    "name", "dtype", "gpu_memory_utilization", "enforce_eager", "cudagraph_capture_sizes", "free_cache_engine",
-    "data_parallel_size", "expert_parallel_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-    "max_num_batched_tokens", "max_model_len", "max_num_seqs", "load_format", "layered_summon", "scheduling_policy",
-    "full_determinism", "seed", "multi_stage_wake_up", "engine_kwargs", "limit_images", "enable_chunked_prefill",
-    "enable_prefix_caching", "disable_log_stats", "skip_tokenizer_init", "ignore_eos", "temperature", "top_k", "top_p",
-    "do_sample", "n", "prompt_length", "response_length", "quantization", "quantization_config_file", "mtp",
-    "disaggregation")
+    "name",
+    "dtype",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "cudagraph_capture_sizes",
+    "free_cache_engine",
+    "data_parallel_size",
+    "expert_parallel_size",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "max_num_seqs",
+    "load_format",
+    "layered_summon",
+    "scheduling_policy",
+    "full_determinism",
+    "seed",
+    "multi_stage_wake_up",
+    "engine_kwargs",
+    "limit_images",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "disable_log_stats",
+    "skip_tokenizer_init",
+    "ignore_eos",
+    "temperature",
+    "top_k",
+    "top_p",
+    "do_sample",
+    "n",
+    "prompt_length",
+    "response_length",
+    "quantization",
+    "quantization_config_file",
+    "mtp",
+    "disaggregation",
+)
 
 
 def _reward_engine() -> RolloutConfig:
-    return RolloutConfig(name=None, dtype="bfloat16", enforce_eager=True, tensor_model_parallel_size=2,
-                         max_num_seqs=1024, load_format="auto", engine_kwargs={}, skip_tokenizer_init=False,
-                         prompt_length=2048, response_length=2048, mtp=None)
+    return RolloutConfig(
+        name=None,
+        dtype="bfloat16",
+        enforce_eager=True,
+        tensor_model_parallel_size=2,
+        max_num_seqs=1024,
+        load_format="auto",
+        engine_kwargs={},
+        skip_tokenizer_init=False,
+        prompt_length=2048,
+        response_length=2048,
+        mtp=None,
+    )
 
 
 @dataclass
@@ -87,28 +139,61 @@ class RewardModelConfig(BaseConfig):
     enable_resource_pool: bool = doc(False, "the reward model gets devices of its own", refused=_RM_POOL)
     n_gpus_per_node: int = doc(8, "devices per node of that pool", refused=_RM_POOL)
     nnodes: int = doc(0, "nodes of that pool", refused=_RM_POOL)
-    model_path: Optional[str] = doc(None, "a sequence classifier (scored with FSDP), or the judge's causal LM (genrm)")
-    rollout: RolloutConfig = section(_reward_engine, "the engine serving a generative reward model (genrm: hf | vllm)",
-                                     follows={"mtp": None}, absent=engine_only(_RM_ENGINE_KEYS),
+    model_path: str | None = doc(None, "a sequence classifier (scored with FSDP), or the judge's causal LM (genrm)")
+    rollout: RolloutConfig = section(
+        _reward_engine,
+        "the engine serving a generative reward model (genrm: hf | vllm)",
+        follows={"mtp": None},
+        absent=engine_only(_RM_ENGINE_KEYS),
         keys={
-            "name": honoured(JUDGE + "; null: no engine (hybridflow's default, veRL's ??? requires a value)",
-                             values=(None, "hf", "vllm")),
-            **dict.fromkeys(("temperature", "top_k", "top_p", "seed", "prompt_length", "response_length", "dtype",
-                             "ignore_eos", "max_num_seqs", "do_sample"),
-                            honoured(JUDGE +
-                                     "; a judge prompt longer than prompt_length is not sent (it scores "
-                                     "reward.reward_kwargs.unparsable_score and counts in genrm/prompt_too_long)")),
-            **dict.fromkeys(("gpu_memory_utilization", "enforce_eager", "free_cache_engine",
-                             "tensor_model_parallel_size", "max_num_batched_tokens", "max_model_len",
-                             "enable_chunked_prefill", "load_format", "disable_log_stats", "engine_kwargs",
-                             "engine_kwargs.vllm.**"),
-                            honoured(JUDGE_VLLM)),
+            "name": honoured(
+                JUDGE + "; null: no engine (hybridflow's default, veRL's ??? requires a value)",
+                values=(None, "hf", "vllm"),
+            ),
+            **dict.fromkeys(
+                (
+                    "temperature",
+                    "top_k",
+                    "top_p",
+                    "seed",
+                    "prompt_length",
+                    "response_length",
+                    "dtype",
+                    "ignore_eos",
+                    "max_num_seqs",
+                    "do_sample",
+                ),
+                honoured(
+                    JUDGE + "; a judge prompt longer than prompt_length is not sent (it scores "
+                    "reward.reward_kwargs.unparsable_score and counts in genrm/prompt_too_long)"
+                ),
+            ),
+            **dict.fromkeys(
+                (
+                    "gpu_memory_utilization",
+                    "enforce_eager",
+                    "free_cache_engine",
+                    "tensor_model_parallel_size",
+                    "max_num_batched_tokens",
+                    "max_model_len",
+                    "enable_chunked_prefill",
+                    "load_format",
+                    "disable_log_stats",
+                    "engine_kwargs",
+                    "engine_kwargs.vllm.**",
+                ),
+                honoured(JUDGE_VLLM),
+            ),
             "n": honoured("one verdict per response", values=(1,)),
-            "skip_tokenizer_init": honoured("veRL requires the reward model's tokenizer; hybridflow's judge client "
-                                            "tokenizes", values=(False,)),
-            **dict.fromkeys(("engine_kwargs.sglang.**", "engine_kwargs.trtllm.**"),
-                            refused("sglang and TensorRT-LLM are not hybridflow rollout engines")),
-        })
+            "skip_tokenizer_init": honoured(
+                "veRL requires the reward model's tokenizer; hybridflow's judge client tokenizes", values=(False,)
+            ),
+            **dict.fromkeys(
+                ("engine_kwargs.sglang.**", "engine_kwargs.trtllm.**"),
+                refused("sglang and TensorRT-LLM are not hybridflow rollout engines"),
+            ),
+        },
+    )
 
 
 @dataclass
@@ -116,10 +201,16 @@ class RewardConfig(BaseConfig):
     """``reward``: how samples are scored."""
 
     _target_: str = doc("verl.workers.config.RewardConfig", "the class this section is read into")
-    num_workers: int = doc(8, "reward workers the scoring is spread over",
-        note=speed_only("reward workers (the driver scores every batch)"))
-    custom_reward_function: CustomRewardFunctionConfig = section(CustomRewardFunctionConfig, "a scoring function of yours")
+    num_workers: int = doc(
+        8,
+        "reward workers the scoring is spread over",
+        note=speed_only("reward workers (the driver scores every batch)"),
+    )
+    custom_reward_function: CustomRewardFunctionConfig = section(
+        CustomRewardFunctionConfig, "a scoring function of yours"
+    )
     reward_manager: RewardManagerConfig = section(RewardManagerConfig, "how scores are computed")
     reward_model: RewardModelConfig = section(RewardModelConfig, "a reward model")
-    sandbox_fusion: SandboxFusionConfig = section(SandboxFusionConfig, "a code sandbox",
-        refused="sandboxed code execution (Sandbox Fusion) is not implemented")
+    sandbox_fusion: SandboxFusionConfig = section(
+        SandboxFusionConfig, "a code sandbox", refused="sandboxed code execution (Sandbox Fusion) is not implemented"
+    )

@@ -5,7 +5,6 @@ reach the engine."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.engine import QATEngineConfig
@@ -15,8 +14,17 @@ from hybridflow.config.profiler import TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import TARGET, VLLM_ENGINE, VLM, speed_only
 from hybridflow.config.status import honoured, refused
 
-__all__ = ["SamplingConfig", "MultiTurnConfig", "CustomAsyncServerConfig", "AgentLoopConfig", "CheckpointEngineConfig",
-           "TraceConfig", "PrometheusConfig", "DisaggregationConfig", "RolloutConfig"]
+__all__ = [
+    "SamplingConfig",
+    "MultiTurnConfig",
+    "CustomAsyncServerConfig",
+    "AgentLoopConfig",
+    "CheckpointEngineConfig",
+    "TraceConfig",
+    "PrometheusConfig",
+    "DisaggregationConfig",
+    "RolloutConfig",
+]
 
 _BOTH_ROLLOUTS = "read by both rollouts (hf: the per-request sampling seed's base / the largest decode batch)"
 _ENGINE_SPEED = speed_only("CUDA graphs, prefix caching, staged weight loading")
@@ -33,13 +41,26 @@ _AP = "actor_rollout_ref.actor.profiler"
 _GT = "global_profiler.global_tool_config"
 # the rollout profiles when the actor does: its switches follow the actor's
 _ROLLOUT_PROFILER = {
-    **{k: f"${{{_AP}.{k}}}" for k in ("enable", "all_ranks", "ranks", "relocate_results", "finish_hook_cmd",
-                                      "finish_hook_all_ranks", "finish_hook_ranks")},
-    **{f"tool_config.npu.{k}": f"${{{_AP}.tool_config.npu.{k}}}" for k in ("contents", "level", "analysis", "discrete")},
+    **{
+        k: f"${{{_AP}.{k}}}"
+        for k in (
+            "enable",
+            "all_ranks",
+            "ranks",
+            "relocate_results",
+            "finish_hook_cmd",
+            "finish_hook_all_ranks",
+            "finish_hook_ranks",
+        )
+    },
+    **{
+        f"tool_config.npu.{k}": f"${{{_AP}.tool_config.npu.{k}}}" for k in ("contents", "level", "analysis", "discrete")
+    },
     **{f"tool_config.torch.{k}": f"${{{_AP}.tool_config.torch.{k}}}" for k in ("contents", "discrete")},
-    **{f"tool_config.precision_debugger.{k}":
-       f"${{oc.select:{_AP}.tool_config.precision_debugger.{k},${{{_GT}.precision_debugger.{k}}}}}"
-       for k in ("config_path", "stages", "strict")},
+    **{
+        f"tool_config.precision_debugger.{k}": f"${{oc.select:{_AP}.tool_config.precision_debugger.{k},${{{_GT}.precision_debugger.{k}}}}}"  # noqa: E501
+        for k in ("config_path", "stages", "strict")
+    },
 }
 
 
@@ -63,28 +84,39 @@ class MultiTurnConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.MultiTurnConfig", "the class this section is read into")
     enable: bool = doc(False, "this run is multi-turn (the start-up checks require something multi-turn configured)")
-    max_assistant_turns: Optional[int] = doc(None, "model turns per trajectory (null: no limit)")
-    tool_config_path: Optional[str] = doc(None, "veRL-format tool yaml (tools: [{class_name, config, tool_schema}])")
-    function_tool_path: Optional[str] = doc(None, "veRL's python-function tools (not implemented)",
+    max_assistant_turns: int | None = doc(None, "model turns per trajectory (null: no limit)")
+    tool_config_path: str | None = doc(None, "veRL-format tool yaml (tools: [{class_name, config, tool_schema}])")
+    function_tool_path: str | None = doc(
+        None,
+        "veRL's python-function tools (not implemented)",
         refused="veRL's @function_tool Python-function tools are not implemented; declare the tool as a BaseTool "
-                "class in multi_turn.tool_config_path")
-    max_user_turns: Optional[int] = doc(None, "tool-result and interaction turns per trajectory (null: no limit)")
-    interaction_config_path: Optional[str] = doc(None, "veRL-format interaction yaml")
+        "class in multi_turn.tool_config_path",
+    )
+    max_user_turns: int | None = doc(None, "tool-result and interaction turns per trajectory (null: no limit)")
+    interaction_config_path: str | None = doc(None, "veRL-format interaction yaml")
     max_parallel_calls: int = doc(1, "tool calls of one model turn that run; the rest are dropped")
     max_tool_response_length: int = doc(256, "characters of a tool's answer kept")
     tool_response_truncate_side: str = doc("middle", "left (keep the end) | middle | right (keep the start)")
     use_inference_chat_template: bool = doc(False, "re-apply the chat template to each turn's engine prompt")
-    tokenization_sanity_check_mode: str = doc("strict", "strict | ignore_strippable | disable: compare with a full re-templating")
-    format: str = doc("hermes", "tool-call format: a registered parser",
-        reason="a registered tool-call parser (built in: hermes); the start-up checks refuse other names")
-    num_repeat_rollouts: Optional[int] = doc(None, "declared by veRL 0.9.1, read by neither",
-        note="veRL 0.9.1 declares it but does not read it either")
+    tokenization_sanity_check_mode: str = doc(
+        "strict", "strict | ignore_strippable | disable: compare with a full re-templating"
+    )
+    format: str = doc(
+        "hermes",
+        "tool-call format: a registered parser",
+        reason="a registered tool-call parser (built in: hermes); the start-up checks refuse other names",
+    )
+    num_repeat_rollouts: int | None = doc(
+        None, "declared by veRL 0.9.1, read by neither", note="veRL 0.9.1 declares it but does not read it either"
+    )
     tool_call_timeout: float = doc(60, "seconds one tool call may take before the model gets a timeout message")
 
     def __post_init__(self):
         p = "actor_rollout_ref.rollout.multi_turn"
-        for key, allowed in (("tool_response_truncate_side", TRUNCATE_SIDES),
-                             ("tokenization_sanity_check_mode", SANITY_CHECK_MODES)):
+        for key, allowed in (
+            ("tool_response_truncate_side", TRUNCATE_SIDES),
+            ("tokenization_sanity_check_mode", SANITY_CHECK_MODES),
+        ):
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"{p}.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
         for key in ("max_parallel_calls", "max_tool_response_length"):
@@ -102,8 +134,8 @@ class CustomAsyncServerConfig(BaseConfig):
     """``rollout.agent.custom_async_server`` (not implemented)."""
 
     _target_: str = doc("verl.workers.config.CustomAsyncServerConfig", "the class this section is read into")
-    path: Optional[str] = doc(None, "file of a custom async rollout server")
-    name: Optional[str] = doc(None, "its class name")
+    path: str | None = doc(None, "file of a custom async rollout server")
+    name: str | None = doc(None, "its class name")
 
 
 @dataclass
@@ -113,10 +145,13 @@ class AgentLoopConfig(BaseConfig):
     _target_: str = doc("verl.workers.config.AgentLoopConfig", "the class this section is read into")
     num_workers: int = doc(2, "hybridflow: 2 (veRL: 8); agent-loop workers (one process each) the batch is spread over")
     default_agent_loop: str = doc("single_turn_agent", "loop of a sample without agent_name")
-    agent_loop_config_path: Optional[str] = doc(None, "your loops: a yaml list of {name, _target_, **kwargs}")
-    custom_async_server: CustomAsyncServerConfig = section(CustomAsyncServerConfig, "a custom server (not implemented)",
+    agent_loop_config_path: str | None = doc(None, "your loops: a yaml list of {name, _target_, **kwargs}")
+    custom_async_server: CustomAsyncServerConfig = section(
+        CustomAsyncServerConfig,
+        "a custom server (not implemented)",
         refused="custom async rollout servers / agent loop managers are not implemented (hybridflow's server is "
-                "the hf or vllm engine)")
+        "the hf or vllm engine)",
+    )
 
     def __post_init__(self):
         if self.num_workers < 1:
@@ -130,10 +165,10 @@ class CheckpointEngineConfig(BaseConfig):
     _mutable_fields = {"backend"}
 
     _target_: str = doc("verl.workers.config.CheckpointEngineConfig", "the class this section is read into")
-    backend: Optional[str] = doc("naive", "naive (in process or through Ray's object store)")
+    backend: str | None = doc("naive", "naive (in process or through Ray's object store)")
     update_weights_bucket_megabytes: int = doc(2048, "size of one weight bucket")
     engine_kwargs: dict = doc({}, "backend arguments")
-    custom_backend_module: Optional[str] = doc(None, "a module of your own backend (not implemented)")
+    custom_backend_module: str | None = doc(None, "a module of your own backend (not implemented)")
 
 
 # veRL's trace backends hybridflow does not implement
@@ -145,25 +180,33 @@ class TraceConfig(BaseConfig):
     """``rollout.trace``: each agent-loop trajectory recorded in a tracing store (hybridflow/agent_loop/trace.py)."""
 
     _target_: str = doc("verl.workers.config.TraceConfig", "the class this section is read into")
-    project_name: Optional[str] = doc("hybridflow_examples", "mlflow experiment of the traces",
-                                      follows="${trainer.project_name}")
-    experiment_name: Optional[str] = doc("gsm8k", "tag of every trace", follows="${trainer.experiment_name}")
-    backend: Optional[str] = doc(None, "null (no tracing) | mlflow (extra [trace]; store $MLFLOW_TRACKING_URI or "
-                                       "sqlite:///<trainer.default_local_dir>/mlflow.db)",
+    project_name: str | None = doc(
+        "hybridflow_examples", "mlflow experiment of the traces", follows="${trainer.project_name}"
+    )
+    experiment_name: str | None = doc("gsm8k", "tag of every trace", follows="${trainer.experiment_name}")
+    backend: str | None = doc(
+        None,
+        "null (no tracing) | mlflow (extra [trace]; store $MLFLOW_TRACKING_URI or "
+        "sqlite:///<trainer.default_local_dir>/mlflow.db)",
         reason="null or mlflow (extra [trace]): one trace per trajectory in $MLFLOW_TRACKING_URI or "
-               "sqlite:///<trainer.default_local_dir>/mlflow.db; weave and trackio are not implemented")
+        "sqlite:///<trainer.default_local_dir>/mlflow.db; weave and trackio are not implemented",
+    )
     token2text: bool = doc(False, "traces also hold the decoded prompt_text and response_text")
-    max_samples_per_step_per_worker: Optional[int] = doc(None, "prompts traced per call and agent-loop worker "
-                                                               "(all their samples); null: every sample")
+    max_samples_per_step_per_worker: int | None = doc(
+        None, "prompts traced per call and agent-loop worker (all their samples); null: every sample"
+    )
 
     def __post_init__(self):
         p = "actor_rollout_ref.rollout.trace"
         if self.backend in UNIMPLEMENTED_TRACE_BACKENDS:
-            raise ConfigError(f"{p}.backend={self.backend!r}: the {UNIMPLEMENTED_TRACE_BACKENDS[self.backend]} "
-                              f"backend is not implemented; use mlflow (pip install 'hybridflow[trace]')")
+            raise ConfigError(
+                f"{p}.backend={self.backend!r}: the {UNIMPLEMENTED_TRACE_BACKENDS[self.backend]} "
+                f"backend is not implemented; use mlflow (pip install 'hybridflow[trace]')"
+            )
         if self.max_samples_per_step_per_worker is not None and self.max_samples_per_step_per_worker < 0:
-            raise ConfigError(f"{p}.max_samples_per_step_per_worker must be >= 0 or null, "
-                              f"got {self.max_samples_per_step_per_worker}")
+            raise ConfigError(
+                f"{p}.max_samples_per_step_per_worker must be >= 0 or null, got {self.max_samples_per_step_per_worker}"
+            )
 
 
 @dataclass
@@ -174,8 +217,9 @@ class PrometheusConfig(BaseConfig):
     enable: bool = doc(False, "export the engines' metrics")
     port: int = doc(9090, "exporter port")
     file: str = doc("/tmp/ray/session_latest/metrics/prometheus/prometheus.yml", "Prometheus configuration file")
-    served_model_name: Optional[str] = doc("~/models/deepseek-llm-7b-chat", "model name in the metrics",
-                                           follows="${actor_rollout_ref.model.path}")
+    served_model_name: str | None = doc(
+        "~/models/deepseek-llm-7b-chat", "model name in the metrics", follows="${actor_rollout_ref.model.path}"
+    )
 
 
 @dataclass
@@ -185,10 +229,10 @@ class DisaggregationConfig(BaseConfig):
     enabled: bool = doc(False, "split prefill and decode over separate replicas")
     prefill_replicas: int = doc(1, "prefill replicas")
     decode_replicas: int = doc(1, "decode replicas")
-    decode_tensor_model_parallel_size: Optional[int] = doc(None, "tensor parallel size of decode")
+    decode_tensor_model_parallel_size: int | None = doc(None, "tensor parallel size of decode")
     transfer_backend: str = doc("nixl", "KV transfer backend")
-    bootstrap_port: Optional[int] = doc(None, "bootstrap port")
-    ib_device: Optional[str] = doc(None, "InfiniBand device")
+    bootstrap_port: int | None = doc(None, "bootstrap port")
+    ib_device: str | None = doc(None, "InfiniBand device")
 
 
 @dataclass
@@ -196,18 +240,32 @@ class RolloutConfig(BaseConfig):
     """``actor_rollout_ref.rollout``: the inference engine and how it samples."""
 
     # the worker sizes the engine for the model it serves (veRL's mutable fields)
-    _mutable_fields = {"max_model_len", "load_format", "engine_kwargs", "prompt_length", "response_length",
-                       "expert_parallel_size", "full_determinism", "max_num_seqs"}
+    _mutable_fields = {
+        "max_model_len",
+        "load_format",
+        "engine_kwargs",
+        "prompt_length",
+        "response_length",
+        "expert_parallel_size",
+        "full_determinism",
+        "max_num_seqs",
+    }
 
     _target_: str = doc("verl.workers.config.RolloutConfig", "the class this section is read into")
-    name: Optional[str] = doc("hf", "hybridflow: hf (transformers generate, cpu and GPU; veRL requires a value) | vllm (the [vllm] extra)",
+    name: str | None = doc(
+        "hf",
+        "hybridflow: hf (transformers generate, cpu and GPU; veRL requires a value) | vllm (the [vllm] extra)",
         values=("hf", "vllm"),
         reason="hybridflow's rollout engines are hf (transformers) and vllm; SGLang is not a hybridflow rollout "
-               "engine, nor TensorRT-LLM (veRL's sglang_multiturn examples run their multi-turn tool and "
-               "interaction rollouts on vllm or hf through the agent loop)")
-    mode: str = doc("async", "async (veRL 0.9.1's only mode) | sync: hybridflow runs one pipeline for both",
+        "engine, nor TensorRT-LLM (veRL's sglang_multiturn examples run their multi-turn tool and "
+        "interaction rollouts on vllm or hf through the agent loop)",
+    )
+    mode: str = doc(
+        "async",
+        "async (veRL 0.9.1's only mode) | sync: hybridflow runs one pipeline for both",
         values=("async", "sync"),
-        reason="both run the asynchronous server + agent loop pipeline (veRL 0.9.1 removed sync)")
+        reason="both run the asynchronous server + agent loop pipeline (veRL 0.9.1 removed sync)",
+    )
     nnodes: int = doc(0, "> 0: the engines get a pool of their own; 0: colocated with the actor")
     n_gpus_per_node: int = doc(1, "devices per node of that pool (follows trainer.n_gpus_per_node)")
     temperature: float = doc(1.0, "sampling temperature")
@@ -217,99 +275,140 @@ class RolloutConfig(BaseConfig):
     seed: int = doc(42, "base of the per-request sampling seeds", reason=_BOTH_ROLLOUTS)
     prompt_length: int = doc(512, "prompt tokens (follows data.max_prompt_length)")
     response_length: int = doc(512, "generated tokens at most (follows data.max_response_length)")
-    dtype: str = doc("auto", "engine dtype; hybridflow: auto (bf16 on CUDA, fp32 on cpu; veRL: bfloat16), bfloat16, float16, float32")
-    gpu_memory_utilization: float = doc(0.5, "vllm: share of device memory for weights and KV cache",
-        reason=VLLM_ENGINE)
+    dtype: str = doc(
+        "auto", "engine dtype; hybridflow: auto (bf16 on CUDA, fp32 on cpu; veRL: bfloat16), bfloat16, float16, float32"
+    )
+    gpu_memory_utilization: float = doc(
+        0.5, "vllm: share of device memory for weights and KV cache", reason=VLLM_ENGINE
+    )
     ignore_eos: bool = doc(False, "keep generating after EOS")
     enforce_eager: bool = doc(False, "vllm: no CUDA graphs", reason=VLLM_ENGINE)
-    cudagraph_capture_sizes: Optional[list[int]] = doc(None, "vllm: batch sizes captured as CUDA graphs",
-        note=_ENGINE_SPEED)
+    cudagraph_capture_sizes: list[int] | None = doc(
+        None, "vllm: batch sizes captured as CUDA graphs", note=_ENGINE_SPEED
+    )
     free_cache_engine: bool = doc(True, "release the KV cache between generation phases", reason=VLLM_ENGINE)
-    tensor_model_parallel_size: int = doc(1, "vllm: tensor parallel size of one engine (hybridflow: 1, veRL: 2, to fit one device)",
-        reason=VLLM_ENGINE)
+    tensor_model_parallel_size: int = doc(
+        1, "vllm: tensor parallel size of one engine (hybridflow: 1, veRL: 2, to fit one device)", reason=VLLM_ENGINE
+    )
     data_parallel_size: int = doc(1, "data parallel size inside an engine (hybridflow: 1)", refused=_TP_ONLY)
     expert_parallel_size: int = doc(1, "expert parallel size inside an engine (hybridflow: 1)", refused=_TP_ONLY)
-    pipeline_model_parallel_size: int = doc(1, "pipeline parallel size inside an engine (hybridflow: 1)",
-        refused=_TP_ONLY)
+    pipeline_model_parallel_size: int = doc(
+        1, "pipeline parallel size inside an engine (hybridflow: 1)", refused=_TP_ONLY
+    )
     max_num_batched_tokens: int = doc(8192, "vllm: tokens per scheduler step", reason=VLLM_ENGINE)
-    max_model_len: Optional[int] = doc(None, "vllm: context length (null: prompt + response length)",
-        reason=VLLM_ENGINE)
+    max_model_len: int | None = doc(None, "vllm: context length (null: prompt + response length)", reason=VLLM_ENGINE)
     max_num_seqs: int = doc(256, "sequences decoded at once", reason=_BOTH_ROLLOUTS)
     enable_chunked_prefill: bool = doc(True, "vllm: chunked prefill", reason=VLLM_ENGINE)
     enable_prefix_caching: bool = doc(True, "vllm: prefix caching", note=_ENGINE_SPEED)
-    logprobs_mode: Optional[str] = doc("processed_logprobs", "log-probs of the sampling distribution (after temperature)",
+    logprobs_mode: str | None = doc(
+        "processed_logprobs",
+        "log-probs of the sampling distribution (after temperature)",
         values=("processed_logprobs",),
-        reason="the engines return log softmax(logits / temperature) of the sampled token")
-    scheduling_policy: Optional[str] = doc("fcfs", "engine scheduling (hybridflow: fcfs)", refused=_NOT_IMPLEMENTED)
-    load_format: str = doc("dummy", "vllm: how initial weights are loaded (dummy: pushed from the trainer)",
-        reason=VLLM_ENGINE)
+        reason="the engines return log softmax(logits / temperature) of the sampled token",
+    )
+    scheduling_policy: str | None = doc("fcfs", "engine scheduling (hybridflow: fcfs)", refused=_NOT_IMPLEMENTED)
+    load_format: str = doc(
+        "dummy", "vllm: how initial weights are loaded (dummy: pushed from the trainer)", reason=VLLM_ENGINE
+    )
     layered_summon: bool = doc(False, "gather FSDP weights layer by layer (speed only)", note=_ENGINE_SPEED)
-    log_prob_micro_batch_size: Optional[int] = doc(None, "deprecated global micro-batch of the old log-prob pass")
-    log_prob_micro_batch_size_per_gpu: Optional[int] = doc(None, "samples per forward of the old log-prob pass")
+    log_prob_micro_batch_size: int | None = doc(None, "deprecated global micro-batch of the old log-prob pass")
+    log_prob_micro_batch_size_per_gpu: int | None = doc(None, "samples per forward of the old log-prob pass")
     log_prob_use_dynamic_bsz: bool = doc(False, "pack by token count (follows actor.use_dynamic_bsz)")
-    log_prob_max_token_len_per_gpu: int = doc(16384, "token budget per forward (follows actor.ppo_max_token_len_per_gpu)")
+    log_prob_max_token_len_per_gpu: int = doc(
+        16384, "token budget per forward (follows actor.ppo_max_token_len_per_gpu)"
+    )
     disable_log_stats: bool = doc(True, "vllm: no periodic stats logging", reason=VLLM_ENGINE)
     do_sample: bool = doc(True, "sample (else greedy)")
     n: int = doc(1, "responses sampled per prompt; > 1 for grpo and rloo")
-    over_sample_rate: float = doc(0.0, "training: keep the first int(N*(1-rate)) trajectories to finish, pad the "
-                                       "rest (response_mask 0); 0: keep all",
+    over_sample_rate: float = doc(
+        0.0,
+        "training: keep the first int(N*(1-rate)) trajectories to finish, pad the rest (response_mask 0); 0: keep all",
         reason="training batches of the synchronous trainer: the first int(N*(1-rate)) trajectories to finish are "
-               "kept, the rest aborted and padded (empty response, response_mask 0), as veRL's SGLang rollout did "
-               "(veRL 0.9.1 declares the key but reads it nowhere)")
+        "kept, the rest aborted and padded (empty response, response_mask 0), as veRL's SGLang rollout did "
+        "(veRL 0.9.1 declares the key but reads it nowhere)",
+    )
     multi_stage_wake_up: bool = doc(False, "wake weights and KV cache in stages (speed only)", note=_ENGINE_SPEED)
-    engine_kwargs: dict = doc({"vllm": {"kv_cache_memory_bytes": None}, "sglang": {}, "trtllm": {}},
-                              "engine arguments as they are (hybridflow: vllm.kv_cache_memory_bytes null on cpu: "
-                              "enough for max_num_seqs, <= 512 MiB)",
+    engine_kwargs: dict = doc(
+        {"vllm": {"kv_cache_memory_bytes": None}, "sglang": {}, "trtllm": {}},
+        "engine arguments as they are (hybridflow: vllm.kv_cache_memory_bytes null on cpu: "
+        "enough for max_num_seqs, <= 512 MiB)",
         keys={
             "vllm": honoured(VLLM_ENGINE),
-            **dict.fromkeys(("sglang", "trtllm"),
-                            refused("sglang and TensorRT-LLM are not hybridflow rollout engines")),
-        })
-    limit_images: Optional[int] = doc(None, "images per prompt (vision models are not supported)", refused=VLM)
+            **dict.fromkeys(
+                ("sglang", "trtllm"), refused("sglang and TensorRT-LLM are not hybridflow rollout engines")
+            ),
+        },
+    )
+    limit_images: int | None = doc(None, "images per prompt (vision models are not supported)", refused=VLM)
     val_kwargs: SamplingConfig = section(SamplingConfig, "sampling for validation")
-    router_config_path: Optional[str] = doc(None, "a router config (not implemented)", refused=_NOT_IMPLEMENTED)
-    multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn rollouts with tools and interactions",
+    router_config_path: str | None = doc(None, "a router config (not implemented)", refused=_NOT_IMPLEMENTED)
+    multi_turn: MultiTurnConfig = section(
+        MultiTurnConfig,
+        "multi-turn rollouts with tools and interactions",
         keys={
             "_target_": refused(TARGET),
             "**": refused("this multi-turn option of veRL's (SGLang rollout) is not implemented"),
-        })
+        },
+    )
     calculate_log_probs: bool = doc(True, "the engine returns its log-probs of the sampled tokens", reason=VLLM_ENGINE)
-    agent: AgentLoopConfig = section(AgentLoopConfig, "the agent-loop workers",
+    agent: AgentLoopConfig = section(
+        AgentLoopConfig,
+        "the agent-loop workers",
         keys={
-            "agent_loop_manager_class": refused("custom async rollout servers / agent loop managers are not "
-                                                "implemented (hybridflow's server is the hf or vllm engine)"),
+            "agent_loop_manager_class": refused(
+                "custom async rollout servers / agent loop managers are not "
+                "implemented (hybridflow's server is the hf or vllm engine)"
+            ),
             "_target_": refused(TARGET),
             "**": refused("this agent loop option is not implemented"),
-        })
-    checkpoint_engine: CheckpointEngineConfig = section(CheckpointEngineConfig, "weight transfer to the engines",
+        },
+    )
+    checkpoint_engine: CheckpointEngineConfig = section(
+        CheckpointEngineConfig,
+        "weight transfer to the engines",
         refused="custom checkpoint engines are not implemented",
         keys={
-            "backend": honoured("weights travel in buckets through the worker process (colocated) or Ray's object "
-                                "store (a separate rollout pool); nccl/nixl/hccl checkpoint engines are not "
-                                "implemented", values=("naive",)),
+            "backend": honoured(
+                "weights travel in buckets through the worker process (colocated) or Ray's object "
+                "store (a separate rollout pool); nccl/nixl/hccl checkpoint engines are not "
+                "implemented",
+                values=("naive",),
+            ),
             "update_weights_bucket_megabytes": honoured(),
-        })
+        },
+    )
     trace: TraceConfig = section(TraceConfig, "agent-loop trajectories logged to a tracing store")
     skip_tokenizer_init: bool = doc(True, "vllm: the engine works on token ids only", note=_ENGINE_SPEED)
     skip_rollout: bool = doc(False, "veRL main's spelling of skip.rollout.enable (mapped onto it)")
     skip_dump_dir: str = doc("/tmp/rollout_dump", "veRL main's spelling of skip.rollout.dump_dir (mapped onto it)")
-    enable_rollout_routing_replay: bool = doc(False, "record MoE routes in the rollout (not implemented)",
-        refused=_NOT_IMPLEMENTED)
-    moe_load_balance_metrics_interval: int = doc(0, "MoE load-balance metrics every this many steps (not implemented)",
-        refused=_NOT_IMPLEMENTED)
-    profiler: ProfilerConfig = section(ProfilerConfig, "the rollout's profiling (follows the actor's)",
-                                       follows=_ROLLOUT_PROFILER, absent=("tool_config.nsys", "tool_config.torch_memory",
-                                                                          "tool_config.torch.schedule", *TOOL_NAME_KEYS))
-    prometheus: PrometheusConfig = section(PrometheusConfig, "metrics exporter (not implemented)",
-        refused="the Prometheus exporter is not implemented")
-    quantization: Optional[str] = doc(None, "quantized rollout (not implemented)", refused=_QUANTIZED)
-    quantization_config_file: Optional[str] = doc(None, "its config file", refused=_QUANTIZED)
-    mtp: Optional[MtpConfig] = section(MtpConfig, "speculative decoding with MTP layers (follows model.mtp)",
-        refused=_QUANTIZED)
-    qat: Optional[QATEngineConfig] = section(QATEngineConfig, "the trainer's QAT settings (follows actor.fsdp_config.qat)",
-        refused=_QUANTIZED)
-    disaggregation: DisaggregationConfig = section(DisaggregationConfig, "prefill/decode disaggregation",
-        refused="prefill/decode disaggregation is not implemented")
+    enable_rollout_routing_replay: bool = doc(
+        False, "record MoE routes in the rollout (not implemented)", refused=_NOT_IMPLEMENTED
+    )
+    moe_load_balance_metrics_interval: int = doc(
+        0, "MoE load-balance metrics every this many steps (not implemented)", refused=_NOT_IMPLEMENTED
+    )
+    profiler: ProfilerConfig = section(
+        ProfilerConfig,
+        "the rollout's profiling (follows the actor's)",
+        follows=_ROLLOUT_PROFILER,
+        absent=("tool_config.nsys", "tool_config.torch_memory", "tool_config.torch.schedule", *TOOL_NAME_KEYS),
+    )
+    prometheus: PrometheusConfig = section(
+        PrometheusConfig, "metrics exporter (not implemented)", refused="the Prometheus exporter is not implemented"
+    )
+    quantization: str | None = doc(None, "quantized rollout (not implemented)", refused=_QUANTIZED)
+    quantization_config_file: str | None = doc(None, "its config file", refused=_QUANTIZED)
+    mtp: MtpConfig | None = section(
+        MtpConfig, "speculative decoding with MTP layers (follows model.mtp)", refused=_QUANTIZED
+    )
+    qat: QATEngineConfig | None = section(
+        QATEngineConfig, "the trainer's QAT settings (follows actor.fsdp_config.qat)", refused=_QUANTIZED
+    )
+    disaggregation: DisaggregationConfig = section(
+        DisaggregationConfig,
+        "prefill/decode disaggregation",
+        refused="prefill/decode disaggregation is not implemented",
+    )
 
     def __post_init__(self):
         if self.mode not in ROLLOUT_MODES:

@@ -16,19 +16,39 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any
 
 from hybridflow.config.base import BaseConfig, doc
 from hybridflow.config.errors import ConfigError
 
-__all__ = ["IS_LEVELS", "RS_OPTIONS", "RS_ALIASES", "LOSS_TYPES", "RejectionOption", "parse_is_threshold",
-           "normalise_rs_options", "parse_rejection_options", "RolloutCorrectionConfig"]
+__all__ = [
+    "IS_LEVELS",
+    "RS_OPTIONS",
+    "RS_ALIASES",
+    "LOSS_TYPES",
+    "RejectionOption",
+    "parse_is_threshold",
+    "normalise_rs_options",
+    "parse_rejection_options",
+    "RolloutCorrectionConfig",
+]
 
 IS_LEVELS = ("token", "sequence")
 LOSS_TYPES = ("ppo_clip", "reinforce")
 # <aggregation>_<estimator>: token-level, or a sequence's sum / mean / max of the token statistic
-RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+RS_OPTIONS = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
 # veRL <= 0.6 named the ratio-bound rejections by level: the per-token ratio, the sequence's product of
 # ratios (exp of the summed log ratio) and its geometric mean (exp of the mean log ratio)
 RS_ALIASES = {"token": "token_k1", "sequence": "seq_sum_k1", "geometric": "seq_mean_k1"}
@@ -47,7 +67,7 @@ def _number(text: str, what: str) -> float:
         raise ConfigError(f"{what}: {text!r} is not a number") from None
 
 
-def parse_is_threshold(spec: Any, key: str = "rollout_is_threshold") -> tuple[float, Optional[float]]:
+def parse_is_threshold(spec: Any, key: str = "rollout_is_threshold") -> tuple[float, float | None]:
     """(upper, lower) of an IS threshold: a number (or numeric string) is the truncation bound of
     TIS (lower None); ``"lower_upper"`` is IcePop's band, weights outside it become 0."""
     if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
@@ -75,7 +95,7 @@ class RejectionOption:
     aggregation: str  # token | sum | mean | max
     estimator: str  # k1 | k2 | k3
     upper: float
-    lower: Optional[float] = None
+    lower: float | None = None
 
     @property
     def level(self) -> str:
@@ -96,7 +116,9 @@ def normalise_rs_options(rollout_rs: Any, key: str = "rollout_rs") -> str:
     return ",".join(dict.fromkeys(names))
 
 
-def parse_rejection_options(rollout_rs: str, threshold_spec: Any, key: str = "rollout_rs") -> tuple[RejectionOption, ...]:
+def parse_rejection_options(
+    rollout_rs: str, threshold_spec: Any, key: str = "rollout_rs"
+) -> tuple[RejectionOption, ...]:
     """``rollout_rs`` ("token_k1,seq_mean_k3") with ``rollout_rs_threshold``: one value shared by all
     options, or one per option (comma separated). k1 options take ratio bounds ``"lower_upper"`` (a
     single number u means [1/u, u]); k2/k3 a single positive upper bound."""
@@ -106,11 +128,16 @@ def parse_rejection_options(rollout_rs: str, threshold_spec: Any, key: str = "ro
         raise ConfigError(f"{key}={rollout_rs!r} needs {tkey} (rejection has no default bound)")
     if isinstance(threshold_spec, bool) or not isinstance(threshold_spec, (int, float, str)):
         raise ConfigError(f"{tkey} must be a number or a string, got {threshold_spec!r}")
-    specs = [str(threshold_spec)] if not isinstance(threshold_spec, str) else \
-        [s.strip() for s in threshold_spec.split(",") if s.strip()]
+    specs = (
+        [str(threshold_spec)]
+        if not isinstance(threshold_spec, str)
+        else [s.strip() for s in threshold_spec.split(",") if s.strip()]
+    )
     if len(specs) not in (1, len(names)):
-        raise ConfigError(f"{tkey}={threshold_spec!r}: give one threshold for all {len(names)} options of {key} "
-                          f"or exactly one per option")
+        raise ConfigError(
+            f"{tkey}={threshold_spec!r}: give one threshold for all {len(names)} options of {key} "
+            f"or exactly one per option"
+        )
     specs = specs * len(names) if len(specs) == 1 else specs
     options = []
     for name, spec in zip(names, specs):
@@ -141,37 +168,52 @@ class RolloutCorrectionConfig(BaseConfig):
     """``algorithm.rollout_correction``: off-policy correction between π_rollout and π_train (decoupled
     PPO weights, rejection masks, or bypass mode), with veRL's preset factories."""
 
-    rollout_is: Optional[str] = doc(None, "IS weight level: null (metrics only), token or sequence")
-    rollout_is_threshold: Optional[Union[float, str]] = doc(
-        2.0, "IS bound: a number truncates the weights there; 'lower_upper' (IcePop) zeroes weights outside")
-    rollout_rs: Optional[str] = doc(None, "rejection options, comma separated (token_k1, seq_mean_k3, ...); null: none")
-    rollout_rs_threshold: Optional[Union[float, str]] = doc(
-        None, "rejection bounds: one for all options or one per option (k1: 'lower_upper' ratios; k2/k3: upper)")
+    rollout_is: str | None = doc(None, "IS weight level: null (metrics only), token or sequence")
+    rollout_is_threshold: float | str | None = doc(
+        2.0, "IS bound: a number truncates the weights there; 'lower_upper' (IcePop) zeroes weights outside"
+    )
+    rollout_rs: str | None = doc(None, "rejection options, comma separated (token_k1, seq_mean_k3, ...); null: none")
+    rollout_rs_threshold: float | str | None = doc(
+        None, "rejection bounds: one for all options or one per option (k1: 'lower_upper' ratios; k2/k3: upper)"
+    )
     bypass_mode: bool = doc(False, "pi_old is the rollout's log-probs (no recomputation); weights per micro-batch")
     loss_type: str = doc("ppo_clip", "bypass mode's loss: ppo_clip or reinforce")
     rollout_is_batch_normalize: bool = doc(False, "divide the IS weights by their batch mean")
 
     def __post_init__(self):
         if self.rollout_is is not None and self.rollout_is not in IS_LEVELS:
-            raise ConfigError(f"algorithm.rollout_correction.rollout_is={self.rollout_is!r} is not one of null, "
-                              f"{', '.join(IS_LEVELS)}")
+            raise ConfigError(
+                f"algorithm.rollout_correction.rollout_is={self.rollout_is!r} is not one of null, "
+                f"{', '.join(IS_LEVELS)}"
+            )
         if self.rollout_is is not None and self.rollout_is_threshold is None:
-            raise ConfigError(f"algorithm.rollout_correction.rollout_is={self.rollout_is} needs algorithm.rollout_correction.rollout_is_threshold "
-                              "(e.g. 2.0 for truncation, '0.5_5.0' for IcePop)")
+            raise ConfigError(
+                f"algorithm.rollout_correction.rollout_is={self.rollout_is} needs "
+                "algorithm.rollout_correction.rollout_is_threshold "
+                "(e.g. 2.0 for truncation, '0.5_5.0' for IcePop)"
+            )
         if self.rollout_is_threshold is not None:
             parse_is_threshold(self.rollout_is_threshold, "algorithm.rollout_correction.rollout_is_threshold")
         if self.rollout_rs is not None:
-            object.__setattr__(self, "rollout_rs", normalise_rs_options(self.rollout_rs, "algorithm.rollout_correction.rollout_rs"))
-            parse_rejection_options(self.rollout_rs, self.rollout_rs_threshold, "algorithm.rollout_correction.rollout_rs")
+            object.__setattr__(
+                self, "rollout_rs", normalise_rs_options(self.rollout_rs, "algorithm.rollout_correction.rollout_rs")
+            )
+            parse_rejection_options(
+                self.rollout_rs, self.rollout_rs_threshold, "algorithm.rollout_correction.rollout_rs"
+            )
         if self.loss_type not in LOSS_TYPES:
-            raise ConfigError(f"algorithm.rollout_correction.loss_type={self.loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
+            raise ConfigError(
+                f"algorithm.rollout_correction.loss_type={self.loss_type!r} is not one of {', '.join(LOSS_TYPES)}"
+            )
         for key in ("bypass_mode", "rollout_is_batch_normalize"):
             if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"algorithm.rollout_correction.{key} must be true or false, got {getattr(self, key)!r}")
+                raise ConfigError(
+                    f"algorithm.rollout_correction.{key} must be true or false, got {getattr(self, key)!r}"
+                )
 
     # ---- parsed values (the section was checked when built)
     @property
-    def is_bounds(self) -> tuple[float, Optional[float]]:
+    def is_bounds(self) -> tuple[float, float | None]:
         """(upper, lower) of the IS weights; lower is set for IcePop."""
         if self.rollout_is_threshold is None:
             return 2.0, None
@@ -181,113 +223,158 @@ class RolloutCorrectionConfig(BaseConfig):
     def rejection(self) -> tuple[RejectionOption, ...]:
         if self.rollout_rs is None:
             return ()
-        return parse_rejection_options(self.rollout_rs, self.rollout_rs_threshold, "algorithm.rollout_correction.rollout_rs")
+        return parse_rejection_options(
+            self.rollout_rs, self.rollout_rs_threshold, "algorithm.rollout_correction.rollout_rs"
+        )
 
     # ---- veRL's presets: decoupled_* keep pi_old (three policies), bypass_* use the rollout's log-probs
     @classmethod
-    def disabled(cls) -> "RolloutCorrectionConfig":
+    def disabled(cls) -> RolloutCorrectionConfig:
         """Metrics only: no weights, no rejection."""
         return cls(rollout_is=None, rollout_rs=None)
 
     @classmethod
-    def decoupled_token_is(cls, threshold: float = 2.0) -> "RolloutCorrectionConfig":
+    def decoupled_token_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
         """Token-level truncated IS (Token-TIS)."""
         return cls(rollout_is="token", rollout_is_threshold=threshold)
 
     @classmethod
-    def decoupled_seq_is(cls, threshold: float = 2.0) -> "RolloutCorrectionConfig":
+    def decoupled_seq_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
         """Sequence-level truncated IS (Seq-TIS)."""
         return cls(rollout_is="sequence", rollout_is_threshold=threshold)
 
     @classmethod
-    def decoupled_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> "RolloutCorrectionConfig":
+    def decoupled_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:
         """Token-level IcePop: weights outside [threshold_lower, threshold] become 0."""
         return cls(rollout_is="token", rollout_is_threshold=f"{threshold_lower}_{threshold}")
 
     @classmethod
-    def decoupled_seq_is_rs(cls, is_threshold: float = 2.0,
-                            rs_threshold: Optional[Union[str, float]] = "0.5_2.0") -> "RolloutCorrectionConfig":
+    def decoupled_seq_is_rs(
+        cls, is_threshold: float = 2.0, rs_threshold: str | float | None = "0.5_2.0"
+    ) -> RolloutCorrectionConfig:
         """Seq-TIS plus rejection on the sequence's ratio product (Seq-MIS)."""
-        return cls(rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_sum_k1",
-                   rollout_rs_threshold=rs_threshold)
+        return cls(
+            rollout_is="sequence",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_sum_k1",
+            rollout_rs_threshold=rs_threshold,
+        )
 
     @classmethod
-    def decoupled_geo_rs(cls, rs_threshold: Optional[Union[str, float]] = "0.999_1.001") -> "RolloutCorrectionConfig":
+    def decoupled_geo_rs(cls, rs_threshold: str | float | None = "0.999_1.001") -> RolloutCorrectionConfig:
         """Rejection on the geometric-mean ratio (Geo-RS), no weights."""
         return cls(rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold)
 
     @classmethod
-    def decoupled_geo_rs_seq_tis(cls, is_threshold: float = 2.0,
-                                 rs_threshold: Optional[Union[str, float]] = "0.999_1.001") -> "RolloutCorrectionConfig":
+    def decoupled_geo_rs_seq_tis(
+        cls, is_threshold: float = 2.0, rs_threshold: str | float | None = "0.999_1.001"
+    ) -> RolloutCorrectionConfig:
         """Geo-RS plus Seq-TIS."""
-        return cls(rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
-                   rollout_rs_threshold=rs_threshold)
+        return cls(
+            rollout_is="sequence",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold,
+        )
 
     @classmethod
-    def decoupled_geo_rs_token_tis(cls, is_threshold: float = 2.0,
-                                   rs_threshold: Optional[Union[str, float]] = "0.999_1.001") -> "RolloutCorrectionConfig":
+    def decoupled_geo_rs_token_tis(
+        cls, is_threshold: float = 2.0, rs_threshold: str | float | None = "0.999_1.001"
+    ) -> RolloutCorrectionConfig:
         """Geo-RS plus Token-TIS."""
-        return cls(rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
-                   rollout_rs_threshold=rs_threshold)
+        return cls(
+            rollout_is="token",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold,
+        )
 
     @classmethod
-    def decoupled_k3_rs(cls, rs_threshold: float = 0.01) -> "RolloutCorrectionConfig":
+    def decoupled_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
         """Rejection on the sequence-mean K3 divergence, no weights."""
         return cls(rollout_rs="seq_mean_k3", rollout_rs_threshold=rs_threshold)
 
     @classmethod
-    def decoupled_k3_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: float = 0.01) -> "RolloutCorrectionConfig":
+    def decoupled_k3_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
         """K3 rejection plus Seq-TIS."""
-        return cls(rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k3",
-                   rollout_rs_threshold=rs_threshold)
+        return cls(
+            rollout_is="sequence",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k3",
+            rollout_rs_threshold=rs_threshold,
+        )
 
     @classmethod
-    def decoupled_k3_rs_token_tis(cls, is_threshold: float = 2.0, rs_threshold: float = 0.01) -> "RolloutCorrectionConfig":
+    def decoupled_k3_rs_token_tis(
+        cls, is_threshold: float = 2.0, rs_threshold: float = 0.01
+    ) -> RolloutCorrectionConfig:
         """K3 rejection plus Token-TIS."""
-        return cls(rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k3",
-                   rollout_rs_threshold=rs_threshold)
+        return cls(
+            rollout_is="token",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k3",
+            rollout_rs_threshold=rs_threshold,
+        )
 
     @classmethod
-    def bypass_ppo_clip(cls) -> "RolloutCorrectionConfig":
+    def bypass_ppo_clip(cls) -> RolloutCorrectionConfig:
         """Bypass mode, PPO clip on pi_theta/pi_rollout (the ratio is the correction)."""
         return cls(bypass_mode=True, loss_type="ppo_clip")
 
     @classmethod
-    def bypass_ppo_clip_geo_rs(cls, rs_threshold: Optional[Union[str, float]] = "0.999_1.001") -> "RolloutCorrectionConfig":
+    def bypass_ppo_clip_geo_rs(cls, rs_threshold: str | float | None = "0.999_1.001") -> RolloutCorrectionConfig:
         """Bypass PPO clip plus Geo-RS."""
         return cls(rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="ppo_clip")
 
     @classmethod
-    def bypass_ppo_clip_k3_rs(cls, rs_threshold: float = 0.01) -> "RolloutCorrectionConfig":
+    def bypass_ppo_clip_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
         """Bypass PPO clip plus K3 rejection."""
         return cls(rollout_rs="seq_mean_k3", rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="ppo_clip")
 
     @classmethod
-    def bypass_pg_is(cls, threshold: float = 2.0) -> "RolloutCorrectionConfig":
+    def bypass_pg_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE with Seq-TIS weights."""
         return cls(rollout_is="sequence", rollout_is_threshold=threshold, bypass_mode=True, loss_type="reinforce")
 
     @classmethod
-    def bypass_pg_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> "RolloutCorrectionConfig":
+    def bypass_pg_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE with token-level IcePop weights."""
-        return cls(rollout_is="token", rollout_is_threshold=f"{threshold_lower}_{threshold}", bypass_mode=True,
-                   loss_type="reinforce")
+        return cls(
+            rollout_is="token",
+            rollout_is_threshold=f"{threshold_lower}_{threshold}",
+            bypass_mode=True,
+            loss_type="reinforce",
+        )
 
     @classmethod
-    def bypass_pg_geo_rs(cls, rs_threshold: Optional[Union[str, float]] = "0.999_1.001") -> "RolloutCorrectionConfig":
+    def bypass_pg_geo_rs(cls, rs_threshold: str | float | None = "0.999_1.001") -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE plus Geo-RS."""
         return cls(rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="reinforce")
 
     @classmethod
-    def bypass_pg_geo_rs_seq_tis(cls, is_threshold: float = 2.0,
-                                 rs_threshold: Optional[Union[str, float]] = "0.999_1.001") -> "RolloutCorrectionConfig":
+    def bypass_pg_geo_rs_seq_tis(
+        cls, is_threshold: float = 2.0, rs_threshold: str | float | None = "0.999_1.001"
+    ) -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE plus Geo-RS and Seq-TIS."""
-        return cls(rollout_is="sequence", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
-                   rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="reinforce")
+        return cls(
+            rollout_is="sequence",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold,
+            bypass_mode=True,
+            loss_type="reinforce",
+        )
 
     @classmethod
-    def bypass_pg_geo_rs_token_tis(cls, is_threshold: float = 2.0,
-                                   rs_threshold: Optional[Union[str, float]] = "0.999_1.001") -> "RolloutCorrectionConfig":
+    def bypass_pg_geo_rs_token_tis(
+        cls, is_threshold: float = 2.0, rs_threshold: str | float | None = "0.999_1.001"
+    ) -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE plus Geo-RS and Token-TIS."""
-        return cls(rollout_is="token", rollout_is_threshold=is_threshold, rollout_rs="seq_mean_k1",
-                   rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="reinforce")
+        return cls(
+            rollout_is="token",
+            rollout_is_threshold=is_threshold,
+            rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold,
+            bypass_mode=True,
+            loss_type="reinforce",
+        )

@@ -6,8 +6,9 @@ yaml's resolved value, every yaml key is a field), so the two cannot drift apart
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from hybridflow.config.base import field_absent, field_follows, is_section
 from hybridflow.config.ppo_trainer import ActorRolloutRefConfig, PPOTrainerConfig
@@ -33,17 +34,27 @@ def _sections(owner: type, prefix: str) -> tuple[Section, ...]:
         if not is_section(f):
             continue
         follows = field_follows(f)
-        out.append(Section(f"{prefix}{f.name}", type(f.default_factory()), f.default_factory, field_absent(f),
-                           follows if isinstance(follows, dict) else {}))
+        out.append(
+            Section(
+                f"{prefix}{f.name}",
+                type(f.default_factory()),
+                f.default_factory,
+                field_absent(f),
+                follows if isinstance(follows, dict) else {},
+            )
+        )
     return tuple(out)
 
 
-PPO_TRAINER_SECTIONS: tuple[Section, ...] = (_sections(PPOTrainerConfig, "")
-                                             + _sections(ActorRolloutRefConfig, "actor_rollout_ref."))
+PPO_TRAINER_SECTIONS: tuple[Section, ...] = _sections(PPOTrainerConfig, "") + _sections(
+    ActorRolloutRefConfig, "actor_rollout_ref."
+)
 
 
 def section_at(path: str) -> Section:
     for s in PPO_TRAINER_SECTIONS:
         if s.path == path:
             return s
-    raise KeyError(f"no section class is declared at {path!r}; declared: {', '.join(s.path for s in PPO_TRAINER_SECTIONS)}")
+    raise KeyError(
+        f"no section class is declared at {path!r}; declared: {', '.join(s.path for s in PPO_TRAINER_SECTIONS)}"
+    )

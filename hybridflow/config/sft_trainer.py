@@ -11,8 +11,9 @@ The trainer reads the whole tree as one ``SFTTrainerConfig`` and calls ``validat
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import ClassVar, Collection, Optional, Union
+from typing import ClassVar
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.checkpoint import CheckpointConfig
@@ -25,9 +26,19 @@ from hybridflow.config.profiler import NsightToolConfig, ProfilerConfig, Profile
 from hybridflow.config.reasons import MEGATRON, NO_SP, NPU, PROFILER, THINKING, speed_only
 from hybridflow.config.status import honoured, noted, refused
 
-__all__ = ["SFT_LR_SCHEDULERS", "SFT_STRATEGIES", "SFTMultiturnConfig", "SFTDataConfig", "LegacySFTFSDPConfig",
-           "SFTModelConfig", "SFTOptimizerConfig", "SFTCheckpointConfig", "LegacySFTCheckpointConfig", "SFTRunConfig",
-           "SFTTrainerConfig"]
+__all__ = [
+    "SFT_LR_SCHEDULERS",
+    "SFT_STRATEGIES",
+    "SFTMultiturnConfig",
+    "SFTDataConfig",
+    "LegacySFTFSDPConfig",
+    "SFTModelConfig",
+    "SFTOptimizerConfig",
+    "SFTCheckpointConfig",
+    "LegacySFTCheckpointConfig",
+    "SFTRunConfig",
+    "SFTTrainerConfig",
+]
 
 _SFT_DATA_SPEED = speed_only("packing, token balancing, loader processes, shared memory")
 
@@ -40,9 +51,9 @@ class SFTMultiturnConfig(BaseConfig):
     """``data.multiturn``: veRL's earlier multi-turn keys."""
 
     enable: bool = doc(False, "the rows are conversations (else: single-turn, unless the data has no prompt column)")
-    messages_key: Optional[str] = doc(None, "earlier spelling of data.messages_key (null: not set)")
-    tools_key: Optional[str] = doc(None, "earlier spelling of data.tools_key (null: not set)")
-    enable_thinking_key: Optional[str] = doc(None, "earlier spelling of data.enable_thinking_key (null: not set)")
+    messages_key: str | None = doc(None, "earlier spelling of data.messages_key (null: not set)")
+    tools_key: str | None = doc(None, "earlier spelling of data.tools_key (null: not set)")
+    enable_thinking_key: str | None = doc(None, "earlier spelling of data.enable_thinking_key (null: not set)")
 
 
 @dataclass
@@ -50,54 +61,76 @@ class SFTDataConfig(BaseConfig):
     """``data``: the training and validation rows and how they are batched (no veRL class)."""
 
     train_batch_size: int = doc(256, "global batch (samples per optimizer step)")
-    micro_batch_size_per_gpu: Optional[int] = doc(4, "samples per forward/backward on one rank; also the validation "
-                                                     "batch size")
-    micro_batch_size: Optional[int] = doc(None, "deprecated; use micro_batch_size_per_gpu")
-    max_token_len_per_gpu: int = doc(8192, "tokens per micro-batch under use_dynamic_bsz",
-        note="used only with data.use_dynamic_bsz, which the SFT trainer does not do")
-    use_dynamic_bsz: bool = doc(False, "hybridflow: False (veRL 0.9.1: True); the SFT trainer batches by sample count",
+    micro_batch_size_per_gpu: int | None = doc(
+        4, "samples per forward/backward on one rank; also the validation batch size"
+    )
+    micro_batch_size: int | None = doc(None, "deprecated; use micro_batch_size_per_gpu")
+    max_token_len_per_gpu: int = doc(
+        8192,
+        "tokens per micro-batch under use_dynamic_bsz",
+        note="used only with data.use_dynamic_bsz, which the SFT trainer does not do",
+    )
+    use_dynamic_bsz: bool = doc(
+        False,
+        "hybridflow: False (veRL 0.9.1: True); the SFT trainer batches by sample count",
         values=(False,),
-        reason="the SFT trainer batches by sample count")
-    train_files: Union[str, list[str]] = doc("~/data/gsm8k/train.parquet", "a path or a list of paths")
-    val_files: Optional[Union[str, list[str]]] = doc(None, "validation parquet(s); null: no validation")
-    train_max_samples: int = doc(-1, "rows read from the training files; -1: all",
-        refused="limiting the number of rows is not implemented")
-    val_max_samples: int = doc(-1, "rows read from the validation files; -1: all",
-        refused="limiting the number of rows is not implemented")
+        reason="the SFT trainer batches by sample count",
+    )
+    train_files: str | list[str] = doc("~/data/gsm8k/train.parquet", "a path or a list of paths")
+    val_files: str | list[str] | None = doc(None, "validation parquet(s); null: no validation")
+    train_max_samples: int = doc(
+        -1, "rows read from the training files; -1: all", refused="limiting the number of rows is not implemented"
+    )
+    val_max_samples: int = doc(
+        -1, "rows read from the validation files; -1: all", refused="limiting the number of rows is not implemented"
+    )
     prompt_key: str = doc("question", "hybridflow (veRL's earlier single-turn key): the prompt column")
     response_key: str = doc("answer", "hybridflow (veRL's earlier single-turn key): the response column")
-    prompt_dict_keys: Optional[list[str]] = doc(None, "when the column holds a dict: the keys to read inside it")
-    response_dict_keys: Optional[list[str]] = doc(None, "the same for the response column")
+    prompt_dict_keys: list[str] | None = doc(None, "when the column holds a dict: the keys to read inside it")
+    response_dict_keys: list[str] | None = doc(None, "the same for the response column")
     messages_key: str = doc("messages", "conversations: the column of chat messages")
-    tools_key: str = doc("tools", "conversations: OpenAI tool schemas the chat template shows (a list, or its JSON "
-                                  "text)")
-    enable_thinking_key: str = doc("enable_thinking", "conversations: the column switching thinking on per row",
-        refused=THINKING)
-    enable_thinking_default: str = doc("none", "conversations: the thinking switch of a row without that column",
-        refused=THINKING)
-    pad_mode: str = doc("no_padding", "veRL packs sequences (no_padding); hybridflow cuts each micro-batch after its "
-                                      "longest row: same loss", note=_SFT_DATA_SPEED)
+    tools_key: str = doc(
+        "tools", "conversations: OpenAI tool schemas the chat template shows (a list, or its JSON text)"
+    )
+    enable_thinking_key: str = doc(
+        "enable_thinking", "conversations: the column switching thinking on per row", refused=THINKING
+    )
+    enable_thinking_default: str = doc(
+        "none", "conversations: the thinking switch of a row without that column", refused=THINKING
+    )
+    pad_mode: str = doc(
+        "no_padding",
+        "veRL packs sequences (no_padding); hybridflow cuts each micro-batch after its longest row: same loss",
+        note=_SFT_DATA_SPEED,
+    )
     max_length: int = doc(1024, "prompt + response tokens")
     truncation: str = doc("error", "error | left | right")
-    balance_dp_token: bool = doc(False, "balance tokens over the data-parallel ranks (speed only)",
-        note=_SFT_DATA_SPEED)
-    custom_cls: ModuleConfig = section(ModuleConfig, "a Dataset class of your own: file path + class name",
-        keys={
-            **dict.fromkeys(("path", "name"), honoured()),
-        })
+    balance_dp_token: bool = doc(
+        False, "balance tokens over the data-parallel ranks (speed only)", note=_SFT_DATA_SPEED
+    )
+    custom_cls: ModuleConfig = section(
+        ModuleConfig,
+        "a Dataset class of your own: file path + class name",
+        keys={**dict.fromkeys(("path", "name"), honoured())},
+    )
     use_shm: bool = doc(False, "copy the data to shared memory first (speed only)", note=_SFT_DATA_SPEED)
     apply_chat_template_kwargs: dict = doc({}, "extra arguments of the tokenizer's chat template")
     num_workers: int = doc(8, "data-loader processes (speed only)", note=_SFT_DATA_SPEED)
-    ignore_input_ids_mismatch: bool = doc(False, "conversations: accept turn-by-turn tokens that differ from the "
-                                                 "whole conversation's",
+    ignore_input_ids_mismatch: bool = doc(
+        False,
+        "conversations: accept turn-by-turn tokens that differ from the whole conversation's",
         refused="the multi-turn SFT dataset tokenizes each turn as a suffix of the rendered conversation and fails "
-                "on a template that does not allow it; no mismatch to ignore")
-    multiturn: SFTMultiturnConfig = section(SFTMultiturnConfig, "veRL's earlier multi-turn switch (True: the rows are "
-                                            "conversations); the *_key entries map onto data.messages_key & co")
-    chat_template: Optional[str] = doc(None, "veRL's earlier spelling of model.custom_chat_template (null: not set)")
+        "on a template that does not allow it; no mismatch to ignore",
+    )
+    multiturn: SFTMultiturnConfig = section(
+        SFTMultiturnConfig,
+        "veRL's earlier multi-turn switch (True: the rows are "
+        "conversations); the *_key entries map onto data.messages_key & co",
+    )
+    chat_template: str | None = doc(None, "veRL's earlier spelling of model.custom_chat_template (null: not set)")
 
     @property
-    def micro_batch_rows(self) -> Optional[int]:
+    def micro_batch_rows(self) -> int | None:
         """Rows per forward/backward on one rank: micro_batch_size_per_gpu, else the deprecated micro_batch_size."""
         return self.micro_batch_size_per_gpu or self.micro_batch_size
 
@@ -106,18 +139,18 @@ class SFTDataConfig(BaseConfig):
 class LegacySFTFSDPConfig(BaseConfig):
     """``model.fsdp_config``: veRL's earlier spelling of the engine section (every key null: not set)."""
 
-    model_dtype: Optional[str] = doc(None, "earlier spelling of engine.model_dtype")
+    model_dtype: str | None = doc(None, "earlier spelling of engine.model_dtype")
     wrap_policy: dict = doc({"min_num_params": None}, "earlier spelling of engine.wrap_policy")
-    cpu_offload: Optional[bool] = doc(None, "earlier spelling of engine.param_offload")
-    offload_params: Optional[bool] = doc(None, "earlier spelling of engine.offload_policy")
+    cpu_offload: bool | None = doc(None, "earlier spelling of engine.param_offload")
+    offload_params: bool | None = doc(None, "earlier spelling of engine.offload_policy")
 
 
 @dataclass
 class SFTModelConfig(HFModelConfig):
     """``model``: the model trained (veRL's HFModelConfig) plus the earlier fsdp_sft_trainer spellings."""
 
-    partial_pretrain: Optional[str] = doc(None, "earlier spelling of model.path (null: not set)")
-    strategy: Optional[str] = doc(None, "earlier spelling of engine.strategy (null: not set)")
+    partial_pretrain: str | None = doc(None, "earlier spelling of model.path (null: not set)")
+    strategy: str | None = doc(None, "earlier spelling of engine.strategy (null: not set)")
     fsdp_config: LegacySFTFSDPConfig = section(LegacySFTFSDPConfig, "earlier spelling of the engine section")
 
 
@@ -128,71 +161,100 @@ class SFTOptimizerConfig(FSDPOptimizerConfig):
 
     lr_schedulers: ClassVar[tuple[str, ...]] = SFT_LR_SCHEDULERS
 
-    lr: float = doc(1e-5, "hybridflow: 1e-5 (veRL 0.9.1: 1e-3, its generic optimizer default; veRL's earlier SFT "
-                          "trainer: 1e-5)")
-    lr_scheduler_type: str = doc("constant", "constant | cosine | wsd (hybridflow: wsd = warmup-stable-decay)",
-        values=("constant", "cosine", "wsd"))
-    warmup_steps_ratio: Optional[float] = doc(None, "earlier spelling of lr_warmup_steps_ratio (null: not set)")
-    lr_scheduler: Optional[str] = doc(None, "earlier spelling of lr_scheduler_type (null: not set)")
+    lr: float = doc(
+        1e-5, "hybridflow: 1e-5 (veRL 0.9.1: 1e-3, its generic optimizer default; veRL's earlier SFT trainer: 1e-5)"
+    )
+    lr_scheduler_type: str = doc(
+        "constant",
+        "constant | cosine | wsd (hybridflow: wsd = warmup-stable-decay)",
+        values=("constant", "cosine", "wsd"),
+    )
+    warmup_steps_ratio: float | None = doc(None, "earlier spelling of lr_warmup_steps_ratio (null: not set)")
+    lr_scheduler: str | None = doc(None, "earlier spelling of lr_scheduler_type (null: not set)")
 
 
 @dataclass
 class SFTCheckpointConfig(CheckpointConfig):
     """``checkpoint``: a Hugging Face model directory per checkpoint."""
 
-    save_contents: list[str] = doc(["hf_model"], "hybridflow: [hf_model] (veRL: [model, optimizer, extra]): the SFT "
-                                                 "trainer writes a Hugging Face model directory per checkpoint and "
-                                                 "cannot resume from one yet",
+    save_contents: list[str] = doc(
+        ["hf_model"],
+        "hybridflow: [hf_model] (veRL: [model, optimizer, extra]): the SFT "
+        "trainer writes a Hugging Face model directory per checkpoint and "
+        "cannot resume from one yet",
         values=(["hf_model"],),
-        reason="the SFT trainer writes a Hugging Face model directory per checkpoint (no optimizer state)")
-    load_contents: list[str] = doc(["hf_model"], "what is read back on resume", follows="${checkpoint.save_contents}",
+        reason="the SFT trainer writes a Hugging Face model directory per checkpoint (no optimizer state)",
+    )
+    load_contents: list[str] = doc(
+        ["hf_model"],
+        "what is read back on resume",
+        follows="${checkpoint.save_contents}",
         values=(["hf_model"],),
-        reason="the SFT trainer writes a Hugging Face model directory per checkpoint (no optimizer state)")
+        reason="the SFT trainer writes a Hugging Face model directory per checkpoint (no optimizer state)",
+    )
 
 
 @dataclass
 class LegacySFTCheckpointConfig(BaseConfig):
     """``trainer.checkpoint``: veRL main's spelling of the top-level checkpoint section."""
 
-    save_contents: Optional[list[str]] = doc(None, "earlier spelling of checkpoint.save_contents (null: not set)")
-    load_contents: Optional[list[str]] = doc(None, "earlier spelling of checkpoint.load_contents (null: not set)")
+    save_contents: list[str] | None = doc(None, "earlier spelling of checkpoint.save_contents (null: not set)")
+    load_contents: list[str] | None = doc(None, "earlier spelling of checkpoint.load_contents (null: not set)")
 
 
 @dataclass
 class SFTRunConfig(BaseConfig):
     """``trainer``: the run (steps, devices, logging, checkpoints; no veRL class)."""
 
-    default_local_dir: str = doc("checkpoints/gsm8k-sft/test", "where global_step_N (Hugging Face directories) go",
-                                 follows="checkpoints/${trainer.project_name}/${trainer.experiment_name}")
-    default_hdfs_dir: Optional[str] = doc(None, "a copy of the checkpoints on HDFS (not implemented)",
-        refused="copying checkpoints to HDFS is not implemented")
+    default_local_dir: str = doc(
+        "checkpoints/gsm8k-sft/test",
+        "where global_step_N (Hugging Face directories) go",
+        follows="checkpoints/${trainer.project_name}/${trainer.experiment_name}",
+    )
+    default_hdfs_dir: str | None = doc(
+        None,
+        "a copy of the checkpoints on HDFS (not implemented)",
+        refused="copying checkpoints to HDFS is not implemented",
+    )
     project_name: str = doc("gsm8k-sft", "experiment tracking project")
     experiment_name: str = doc("test", "run name in the tracking tools")
     total_epochs: int = doc(4, "passes over the training data")
-    total_training_steps: Optional[int] = doc(None, "null: total_epochs x steps per epoch")
-    logger: Union[str, list[str]] = doc(["console"], "hybridflow: console only (veRL: console + wandb), so no default "
-                                                     "reaches the network")
+    total_training_steps: int | None = doc(None, "null: total_epochs x steps per epoch")
+    logger: str | list[str] = doc(
+        ["console"], "hybridflow: console only (veRL: console + wandb), so no default reaches the network"
+    )
     seed: int = doc(1, "seed of the data order and the model's initialisation")
     save_freq: int = doc(-1, "steps between checkpoints; -1: at the end only")
     test_freq: int = doc(-1, "steps between validations; -1: at the end only")
-    max_ckpt_to_keep: Optional[int] = doc(None, "checkpoints kept; null: all")
-    balance_batch: bool = doc(True, "balance tokens over ranks (speed only)",
-        note=speed_only("token balancing across ranks"))
-    resume_mode: str = doc("disable", "hybridflow: disable (veRL: auto); resuming SFT is not implemented yet",
+    max_ckpt_to_keep: int | None = doc(None, "checkpoints kept; null: all")
+    balance_batch: bool = doc(
+        True, "balance tokens over ranks (speed only)", note=speed_only("token balancing across ranks")
+    )
+    resume_mode: str = doc(
+        "disable",
+        "hybridflow: disable (veRL: auto); resuming SFT is not implemented yet",
         values=("disable",),
-        reason="resuming SFT is not implemented yet")
-    resume_from_path: Optional[str] = doc(None, "the checkpoint to resume from (not implemented)",
+        reason="resuming SFT is not implemented yet",
+    )
+    resume_from_path: str | None = doc(
+        None,
+        "the checkpoint to resume from (not implemented)",
         refused="resuming SFT is not implemented yet; to continue from saved weights set "
-                "model.path=<.../global_step_N>")
-    resume_path: Optional[str] = doc(None, "earlier spelling of resume_from_path (null: not set)")
-    device: str = doc("auto", "hybridflow: auto | cpu | cuda (veRL: cuda)",
+        "model.path=<.../global_step_N>",
+    )
+    resume_path: str | None = doc(None, "earlier spelling of resume_from_path (null: not set)")
+    device: str = doc(
+        "auto",
+        "hybridflow: auto | cpu | cuda (veRL: cuda)",
         values=("auto", "cpu", "cuda", "gpu"),
-        reason="auto, cpu or cuda; " + NPU)
+        reason="auto, cpu or cuda; " + NPU,
+    )
     nnodes: int = doc(1, "nodes of the run")
     n_gpus_per_node: int = doc(1, "processes per node (torchrun's --nproc_per_node decides)")
     profile_interval: list[int] = doc([-1, -1], "steps profiled, [start, end] (not implemented)", refused=PROFILER)
-    checkpoint: LegacySFTCheckpointConfig = section(LegacySFTCheckpointConfig, "veRL main's spelling of the "
-                                                    "top-level checkpoint section (null: not set)")
+    checkpoint: LegacySFTCheckpointConfig = section(
+        LegacySFTCheckpointConfig, "veRL main's spelling of the top-level checkpoint section (null: not set)"
+    )
 
     @property
     def loggers(self) -> tuple[str, ...]:
@@ -213,13 +275,18 @@ def _profiler() -> ProfilerConfig:
 _GT = "global_profiler.global_tool_config"
 # veRL's profiler.yaml interpolations, written as they are (this tree has no global_profiler)
 _PROFILER_FOLLOWS = {
-    **dict.fromkeys(("tool", "save_path", "relocate_results", "finish_hook_cmd", "finish_hook_all_ranks",
-                     "finish_hook_ranks")),
+    **dict.fromkeys(
+        ("tool", "save_path", "relocate_results", "finish_hook_cmd", "finish_hook_all_ranks", "finish_hook_ranks")
+    ),
     "tool_config.nsys.discrete": f"${{oc.select:{_GT}.nsys.discrete}}",
-    **{f"tool_config.torch_memory.{k}": f"${{oc.select:{_GT}.torch_memory.{k},{v}}}"
-       for k, v in (("trace_alloc_max_entries", 100000), ("stack_depth", 32), ("memory_snapshot_num_steps", 1))},
-    **{f"tool_config.precision_debugger.{k}": f"${{oc.select:{_GT}.precision_debugger.{k},null}}"
-       for k in ("config_path", "stages")},
+    **{
+        f"tool_config.torch_memory.{k}": f"${{oc.select:{_GT}.torch_memory.{k},{v}}}"
+        for k, v in (("trace_alloc_max_entries", 100000), ("stack_depth", 32), ("memory_snapshot_num_steps", 1))
+    },
+    **{
+        f"tool_config.precision_debugger.{k}": f"${{oc.select:{_GT}.precision_debugger.{k},null}}"
+        for k in ("config_path", "stages")
+    },
 }
 
 
@@ -227,59 +294,102 @@ _PROFILER_FOLLOWS = {
 class SFTTrainerConfig(BaseConfig):
     """configs/sft_trainer.yaml: veRL 0.9.1's sft_trainer_engine tree, key for key, plus the earlier spellings."""
 
-    data: SFTDataConfig = section(SFTDataConfig, "the training and validation rows: single-turn (prompt_key, "
-                                  "response_key) or conversations (messages_key, tools_key; loss on the assistant "
-                                  "turns)")
-    model: SFTModelConfig = section(SFTModelConfig, "the model trained (veRL's hf_model.yaml)",
+    data: SFTDataConfig = section(
+        SFTDataConfig,
+        "the training and validation rows: single-turn (prompt_key, "
+        "response_key) or conversations (messages_key, tools_key; loss on the assistant "
+        "turns)",
+    )
+    model: SFTModelConfig = section(
+        SFTModelConfig,
+        "the model trained (veRL's hf_model.yaml)",
         keys={
-            **dict.fromkeys(("hf_config_path", "tokenizer_path", "override_config", "exclude_modules",
-                             "lora_adapter_path"),
-                            refused("the SFT trainer loads config, tokenizer and weights from model.path")),
+            **dict.fromkeys(
+                ("hf_config_path", "tokenizer_path", "override_config", "exclude_modules", "lora_adapter_path"),
+                refused("the SFT trainer loads config, tokenizer and weights from model.path"),
+            ),
             "use_shm": noted("copying the model to shared memory only speeds up loading"),
             "custom_chat_template": honoured(),
-            **dict.fromkeys(("enable_activation_offload", "use_liger", "use_fused_kernels", "fused_kernel_options",
-                             "tiled_mlp"),
-                            noted(speed_only("fused kernels, tiled MLP, activation offload"))),
-            "use_remove_padding": noted("each micro-batch is cut after its longest row instead of packed; the loss "
-                                        "is the same"),
+            **dict.fromkeys(
+                ("enable_activation_offload", "use_liger", "use_fused_kernels", "fused_kernel_options", "tiled_mlp"),
+                noted(speed_only("fused kernels, tiled MLP, activation offload")),
+            ),
+            "use_remove_padding": noted(
+                "each micro-batch is cut after its longest row instead of packed; the loss is the same"
+            ),
             "lora_rank": honoured("LoRA is not implemented in the SFT trainer yet", values=(0,)),
             **dict.fromkeys(("lora_alpha", "target_modules"), honoured("used only when lora_rank > 0")),
             "lora": refused(MEGATRON),
-        })
-    engine: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine (veRL's engine/fsdp.yaml)",
-                                       absent=("mixed_precision",),
+        },
+    )
+    engine: FSDPEngineConfig = section(
+        FSDPEngineConfig,
+        "the training engine (veRL's engine/fsdp.yaml)",
+        absent=("mixed_precision",),
         keys={
-            **dict.fromkeys(("wrap_policy.min_num_params", "forward_prefetch", "use_orig_params",
-                             "entropy_from_logits_with_chunking", "entropy_from_logits_chunk_size",
-                             "use_torch_compile", "entropy_checkpointing", "use_no_sync_for_gradient_accumulation",
-                             "pad_to_length", "pad_to_length_bucket"),
-                            noted(speed_only("FSDP wrapping/prefetch, torch.compile, padding buckets"))),
-            **dict.fromkeys(("param_offload", "optimizer_offload", "offload_policy", "fsdp_size", "seed",
-                             "full_determinism", "forward_only", "dtype"),
-                            refused("the SFT trainer does not implement this FSDP engine option (no offload, mixed "
-                                    "precision or hybrid sharding)")),
+            **dict.fromkeys(
+                (
+                    "wrap_policy.min_num_params",
+                    "forward_prefetch",
+                    "use_orig_params",
+                    "entropy_from_logits_with_chunking",
+                    "entropy_from_logits_chunk_size",
+                    "use_torch_compile",
+                    "entropy_checkpointing",
+                    "use_no_sync_for_gradient_accumulation",
+                    "pad_to_length",
+                    "pad_to_length_bucket",
+                ),
+                noted(speed_only("FSDP wrapping/prefetch, torch.compile, padding buckets")),
+            ),
+            **dict.fromkeys(
+                (
+                    "param_offload",
+                    "optimizer_offload",
+                    "offload_policy",
+                    "fsdp_size",
+                    "seed",
+                    "full_determinism",
+                    "forward_only",
+                    "dtype",
+                ),
+                refused(
+                    "the SFT trainer does not implement this FSDP engine option (no offload, mixed "
+                    "precision or hybrid sharding)"
+                ),
+            ),
             "reshard_after_forward": honoured("FSDP2 reshards after every forward", values=(True,)),
             "model_dtype": honoured(),
             "ulysses_sequence_parallel_size": honoured(NO_SP, values=(1,)),
             "strategy": honoured("hybridflow's training engines", values=("fsdp", "fsdp2", "ddp", "none")),
-        })
-    optim: SFTOptimizerConfig = section(SFTOptimizerConfig, "AdamW and the learning-rate schedule (veRL's "
-                                        "optim/fsdp.yaml)",
+        },
+    )
+    optim: SFTOptimizerConfig = section(
+        SFTOptimizerConfig,
+        "AdamW and the learning-rate schedule (veRL's optim/fsdp.yaml)",
         keys={
-            "total_training_steps": refused("the schedule length is trainer.total_training_steps (or epochs x "
-                                            "steps per epoch)"),
+            "total_training_steps": refused(
+                "the schedule length is trainer.total_training_steps (or epochs x steps per epoch)"
+            ),
             "optimizer": honoured("the SFT trainer uses torch.optim.AdamW", values=("AdamW",)),
             "optimizer_impl": honoured("the SFT trainer uses torch.optim.AdamW", values=("torch.optim",)),
-        })
-    checkpoint: SFTCheckpointConfig = section(SFTCheckpointConfig, "what a checkpoint holds",
-                                              absent=("async_save", "strict"))
+        },
+    )
+    checkpoint: SFTCheckpointConfig = section(
+        SFTCheckpointConfig, "what a checkpoint holds", absent=("async_save", "strict")
+    )
     trainer: SFTRunConfig = section(SFTRunConfig, "the run: steps, devices, logging, checkpoints")
-    profiler: ProfilerConfig = section(_profiler, "veRL's profiler.yaml (the SFT trainer does not profile)",
-                                       follows=_PROFILER_FOLLOWS, absent=("tool_config.precision_debugger.strict",),
-        refused=PROFILER)
-    ulysses_sequence_parallel_size: Optional[int] = doc(None, "earlier spelling of "
-                                                        "engine.ulysses_sequence_parallel_size (null: not set)")
-    use_remove_padding: Optional[bool] = doc(None, "earlier spelling of model.use_remove_padding (null: not set)")
+    profiler: ProfilerConfig = section(
+        _profiler,
+        "veRL's profiler.yaml (the SFT trainer does not profile)",
+        follows=_PROFILER_FOLLOWS,
+        absent=("tool_config.precision_debugger.strict",),
+        refused=PROFILER,
+    )
+    ulysses_sequence_parallel_size: int | None = doc(
+        None, "earlier spelling of engine.ulysses_sequence_parallel_size (null: not set)"
+    )
+    use_remove_padding: bool | None = doc(None, "earlier spelling of model.use_remove_padding (null: not set)")
 
     def validate(self, world_size: int, loggers: Collection[str]) -> list[str]:
         """Checks for a run of ``world_size`` processes whose tracking backends are ``loggers``: returns the
@@ -288,23 +398,28 @@ class SFTTrainerConfig(BaseConfig):
         errors, notes = [], []
         if data.micro_batch_size is not None:
             notes.append("data.micro_batch_size is deprecated; use data.micro_batch_size_per_gpu")
-        for key, value in (("data.train_batch_size", data.train_batch_size),
-                           ("data.micro_batch_size_per_gpu", data.micro_batch_rows)):
+        for key, value in (
+            ("data.train_batch_size", data.train_batch_size),
+            ("data.micro_batch_size_per_gpu", data.micro_batch_rows),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 errors.append(f"{key} must be a positive integer, got {value!r}")
         if isinstance(data.train_batch_size, int) and data.train_batch_size > 0 and data.train_batch_size % world_size:
             errors.append(f"data.train_batch_size={data.train_batch_size} does not split over {world_size} processes")
         if self.optim.lr_scheduler_type not in SFT_LR_SCHEDULERS:
-            errors.append(f"optim.lr_scheduler_type must be one of {SFT_LR_SCHEDULERS}, "
-                          f"got {self.optim.lr_scheduler_type!r}")
+            errors.append(
+                f"optim.lr_scheduler_type must be one of {SFT_LR_SCHEDULERS}, got {self.optim.lr_scheduler_type!r}"
+            )
         if self.engine.strategy not in SFT_STRATEGIES:
             errors.append(f"engine.strategy must be one of {SFT_STRATEGIES}, got {self.engine.strategy!r}")
         if set(trainer.loggers) - set(loggers):
             errors.append(f"trainer.logger: the SFT trainer supports {tuple(loggers)}, got {list(trainer.loggers)}")
         expected = trainer.nnodes * trainer.n_gpus_per_node
         if expected != world_size:
-            notes.append(f"trainer.nnodes * trainer.n_gpus_per_node = {expected}, but {world_size} process(es) "
-                         f"run: the process count comes from torchrun (--nproc_per_node)")
+            notes.append(
+                f"trainer.nnodes * trainer.n_gpus_per_node = {expected}, but {world_size} process(es) "
+                f"run: the process count comes from torchrun (--nproc_per_node)"
+            )
         if errors:
             raise ConfigError("invalid SFT config:\n  " + "\n  ".join(errors))
         return notes

@@ -35,8 +35,10 @@ class RolloutSkipConfig(BaseConfig):
         if not self.dump_dir:
             raise ConfigError(f"{at}.enable=True needs {at}.dump_dir (a directory of <step>.jsonl dumps)")
         if not self.steps:
-            raise ConfigError(f"{at}.enable=True with {at}.steps=[] would replay no step (veRL's meaning); list the "
-                              f"steps to replay, e.g. {at}.steps=[1,2,3]")
+            raise ConfigError(
+                f"{at}.enable=True with {at}.steps=[] would replay no step (veRL's meaning); list the "
+                f"steps to replay, e.g. {at}.steps=[1,2,3]"
+            )
 
 
 @dataclass

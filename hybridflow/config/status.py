@@ -15,8 +15,8 @@ with ``+`` (see ``hybridflow.config.keys``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
 
 __all__ = ["HONOURED", "NOT_SUPPORTED", "NOTE", "KeyStatus", "honoured", "refused", "noted", "status_from"]
 
@@ -32,7 +32,7 @@ class KeyStatus:
 
     status: str = HONOURED
     reason: str = ""
-    values: Optional[tuple] = None
+    values: tuple | None = None
 
     def __post_init__(self):
         if self.status not in (HONOURED, NOT_SUPPORTED, NOTE):
@@ -43,7 +43,7 @@ class KeyStatus:
             raise ValueError(f"a {self.status!r} key must say why (reason)")
 
 
-def honoured(reason: str = "", values: Optional[Iterable] = None) -> KeyStatus:
+def honoured(reason: str = "", values: Iterable | None = None) -> KeyStatus:
     return KeyStatus(HONOURED, reason, tuple(values) if values is not None else None)
 
 
@@ -55,8 +55,9 @@ def noted(reason: str) -> KeyStatus:
     return KeyStatus(NOTE, reason)
 
 
-def status_from(refused: Optional[str] = None, note: Optional[str] = None, values: Optional[Iterable] = None,
-                reason: str = "") -> Optional[KeyStatus]:
+def status_from(
+    refused: str | None = None, note: str | None = None, values: Iterable | None = None, reason: str = ""
+) -> KeyStatus | None:
     """The status ``doc``/``section`` keyword arguments declare (None: none declared)."""
     if refused is not None and note is not None:
         raise ValueError("a key is either refused or noted, not both")

@@ -17,7 +17,8 @@ canonical keys). This module is the machinery that applies it:
   follows an interpolation (``${actor_rollout_ref.actor.use_dynamic_bsz}``) is not set by itself.
 
 Rule patterns are dotted keys where ``*`` matches one component, a trailing ``.**`` matches the key
-itself and everything below it, and a leading ``**.`` matches the key at any depth. When several rules match, the most specific wins (more literal
+itself and everything below it, and a leading ``**.`` matches the key at any depth. When several rules match, the
+most specific wins (more literal
 components, then the longer pattern).
 """
 
@@ -25,16 +26,25 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from hybridflow.config.status import HONOURED, NOT_SUPPORTED, NOTE
 from hybridflow.utils.nested_dict import leaf_items
 
 __all__ = [
-    "HONOURED", "NOT_SUPPORTED", "NOTE", "ALIAS", "STATUSES",
-    "KeyRule", "KeyTable",
-    "apply_aliases", "mirror_aliases", "check_support", "SupportError",
+    "HONOURED",
+    "NOT_SUPPORTED",
+    "NOTE",
+    "ALIAS",
+    "STATUSES",
+    "KeyRule",
+    "KeyTable",
+    "apply_aliases",
+    "mirror_aliases",
+    "check_support",
+    "SupportError",
 ]
 
 ALIAS = "alias"
@@ -83,7 +93,9 @@ def _compile(pattern: str) -> re.Pattern:
         pattern, tail = pattern[:-3], r"(?:\..+)?"
     if "**" in pattern:
         raise ValueError(f"pattern {pattern!r}: '**' is only allowed as the first or last component")
-    body = r"\.".join("[^.]+" if part == "*" else re.escape(part).replace(r"\*", "[^.]*") for part in pattern.split("."))
+    body = r"\.".join(
+        "[^.]+" if part == "*" else re.escape(part).replace(r"\*", "[^.]*") for part in pattern.split(".")
+    )
     return re.compile(f"^{head}{body}{tail}$")
 
 
@@ -119,7 +131,7 @@ def _alias_target(aliases: tuple[tuple[str, str], ...], key: str) -> str | None:
     for legacy, canonical in aliases:
         if (key == legacy or key.startswith(legacy + ".")) and (best is None or len(legacy) > len(best[0])):
             best = (legacy, canonical)
-    return None if best is None else best[1] + key[len(best[0]):]
+    return None if best is None else best[1] + key[len(best[0]) :]
 
 
 # --------------------------------------------------------------------------- trees
@@ -151,8 +163,9 @@ def _show(value: Any) -> str:
 # --------------------------------------------------------------------------- aliases
 
 
-def apply_aliases(table: KeyTable, raw: dict, defaults: dict, explicit: Iterable[str] = (),
-                  origins: dict[str, str] | None = None) -> dict[str, Any]:
+def apply_aliases(
+    table: KeyTable, raw: dict, defaults: dict, explicit: Iterable[str] = (), origins: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Copy every set legacy key of ``raw`` (unresolved tree, changed in place) onto its canonical key.
 
     A key is set when its value differs from its default, or when it (or a section above it) was
@@ -174,8 +187,10 @@ def apply_aliases(table: KeyTable, raw: dict, defaults: dict, explicit: Iterable
             continue
         current = _get(raw, target)
         if current is not _MISSING and is_set(target, current) and current != value:
-            errors.append(f"{key}={_show(value)} and {target}={_show(current)} set the same thing to different "
-                          f"values ({key} is the earlier spelling of {target}); set only one of them")
+            errors.append(
+                f"{key}={_show(value)} and {target}={_show(current)} set the same thing to different "
+                f"values ({key} is the earlier spelling of {target}); set only one of them"
+            )
             continue
         _set(raw, target, value)
         moved[target] = value
@@ -202,8 +217,9 @@ def mirror_aliases(table: KeyTable, resolved: dict) -> dict[str, Any]:
 # --------------------------------------------------------------------------- support
 
 
-def check_support(table: KeyTable, raw: dict, defaults: dict, resolved: dict,
-                  origins: dict[str, str] | None = None) -> list[str]:
+def check_support(
+    table: KeyTable, raw: dict, defaults: dict, resolved: dict, origins: dict[str, str] | None = None
+) -> list[str]:
     """Notes for the keys of ``raw`` that print one; raises SupportError listing every refused key.
 
     ``raw``: the composed tree after ``apply_aliases``, unresolved; ``defaults``: the yaml's tree,

@@ -4,15 +4,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.reasons import NPU
 from hybridflow.config.status import honoured
 
-__all__ = ["HybridRolloutSwitchConfig", "ColocateAsyncConfig", "SeparateAsyncConfig", "ReplaySamplerConfig",
-           "TrainerV1Config", "TrainerConfig", "AsyncTrainingConfig"]
+__all__ = [
+    "HybridRolloutSwitchConfig",
+    "ColocateAsyncConfig",
+    "SeparateAsyncConfig",
+    "ReplaySamplerConfig",
+    "TrainerV1Config",
+    "TrainerConfig",
+    "AsyncTrainingConfig",
+]
 
 
 @dataclass
@@ -49,7 +55,7 @@ class SeparateAsyncConfig(BaseConfig):
 class ReplaySamplerConfig(BaseConfig):
     """``trainer.v1.sampler``: the V1 trainer's replay-buffer sampling."""
 
-    max_off_policy_threshold: Optional[int] = doc(8, "model versions a trajectory may span; null: no limit")
+    max_off_policy_threshold: int | None = doc(8, "model versions a trajectory may span; null: no limit")
     max_off_policy_strategy: str = doc("drop", "drop | wait: what happens to a trajectory beyond the threshold")
     sync_refill_failed_groups: bool = doc(False, "sync trainers replace groups without trajectories")
     custom_sampler: ModuleConfig = section(ModuleConfig, "a sampler class of your own")
@@ -73,60 +79,94 @@ class TrainerConfig(BaseConfig):
 
     balance_batch: bool = doc(True, "reorder samples so every rank gets a similar token count")
     total_epochs: int = doc(30, "passes over the training data")
-    total_training_steps: Optional[int] = doc(None, "null: derived from total_epochs and the dataset size")
+    total_training_steps: int | None = doc(None, "null: derived from total_epochs and the dataset size")
     project_name: str = doc("hybridflow_examples", "experiment tracking project (hybridflow: hybridflow_examples)")
     experiment_name: str = doc("gsm8k", "run name in the tracking tools")
-    logger: Union[str, list[str]] = doc(["console"], "hybridflow: console only (veRL: console, wandb); a name or a list")
+    logger: str | list[str] = doc(["console"], "hybridflow: console only (veRL: console, wandb); a name or a list")
     log_val_generations: int = doc(0, "validation samples logged")
-    rollout_data_dir: Optional[str] = doc(None, "write every step's samples to <dir>/<step>.jsonl (replayable)")
-    validation_data_dir: Optional[str] = doc(None, "write every validation's samples to <dir>/<step>.jsonl")
+    rollout_data_dir: str | None = doc(None, "write every step's samples to <dir>/<step>.jsonl (replayable)")
+    validation_data_dir: str | None = doc(None, "write every validation's samples to <dir>/<step>.jsonl")
     nnodes: int = doc(1, "nodes of the run")
     n_gpus_per_node: int = doc(1, "hybridflow: 1 (veRL: 8); devices per node on CUDA, worker processes per node on cpu")
     save_freq: int = doc(-1, "steps between checkpoints; -1: never")
-    esi_redundant_time: int = doc(0, "extra seconds of the save-before-shutdown margin of an elastic instance",
-        note="applies to Volcengine's elastic instances, which hybridflow does not use")
+    esi_redundant_time: int = doc(
+        0,
+        "extra seconds of the save-before-shutdown margin of an elastic instance",
+        note="applies to Volcengine's elastic instances, which hybridflow does not use",
+    )
     resume_mode: str = doc("auto", "auto | disable | resume_path")
-    resume_from_path: Optional[str] = doc(None, "the checkpoint of resume_mode=resume_path")
-    checkpoint_callback_class: Optional[str] = doc(None, "dotted class whose on_save runs after each checkpoint",
-        refused="checkpoint callbacks are not implemented")
+    resume_from_path: str | None = doc(None, "the checkpoint of resume_mode=resume_path")
+    checkpoint_callback_class: str | None = doc(
+        None,
+        "dotted class whose on_save runs after each checkpoint",
+        refused="checkpoint callbacks are not implemented",
+    )
     val_before_train: bool = doc(True, "validate before the first step")
     val_only: bool = doc(False, "validate, then stop", refused="a validation-only run is not implemented")
     rollout_only: bool = doc(False, "hybridflow: generate and score every step, train nothing")
     test_freq: int = doc(-1, "steps between validations; -1: never")
     critic_warmup: int = doc(0, "the actor trains from step critic_warmup on (steps count from 1)")
-    default_hdfs_dir: Optional[str] = doc(None, "a copy of the checkpoints on HDFS (not implemented)",
-        refused="copying checkpoints to HDFS is not implemented; they stay in trainer.default_local_dir")
-    del_local_ckpt_after_load: bool = doc(False, "delete the local checkpoint once loaded",
-        refused="copying checkpoints to HDFS is not implemented; they stay in trainer.default_local_dir")
-    default_local_dir: str = doc("checkpoints/hybridflow_examples/gsm8k", "checkpoint directory",
-                                 follows="checkpoints/${trainer.project_name}/${trainer.experiment_name}")
-    max_actor_ckpt_to_keep: Optional[int] = doc(None, "actor checkpoints kept; null: all")
-    max_critic_ckpt_to_keep: Optional[int] = doc(None, "critic checkpoints kept; null: all")
-    ray_wait_register_center_timeout: int = doc(300, "seconds the workers wait for the register center",
-        note="hybridflow's workers do not wait on a register center")
-    watchdog_timeout: Optional[float] = doc(1800.0, "hybridflow: seconds without progress before a worker call is "
-                                            "declared stuck (stacks dumped, run stopped); null: off")
-    device: str = doc("auto", "hybridflow: auto | cpu | cuda (veRL: cuda); auto picks cuda when torch sees a GPU",
+    default_hdfs_dir: str | None = doc(
+        None,
+        "a copy of the checkpoints on HDFS (not implemented)",
+        refused="copying checkpoints to HDFS is not implemented; they stay in trainer.default_local_dir",
+    )
+    del_local_ckpt_after_load: bool = doc(
+        False,
+        "delete the local checkpoint once loaded",
+        refused="copying checkpoints to HDFS is not implemented; they stay in trainer.default_local_dir",
+    )
+    default_local_dir: str = doc(
+        "checkpoints/hybridflow_examples/gsm8k",
+        "checkpoint directory",
+        follows="checkpoints/${trainer.project_name}/${trainer.experiment_name}",
+    )
+    max_actor_ckpt_to_keep: int | None = doc(None, "actor checkpoints kept; null: all")
+    max_critic_ckpt_to_keep: int | None = doc(None, "critic checkpoints kept; null: all")
+    ray_wait_register_center_timeout: int = doc(
+        300,
+        "seconds the workers wait for the register center",
+        note="hybridflow's workers do not wait on a register center",
+    )
+    watchdog_timeout: float | None = doc(
+        1800.0,
+        "hybridflow: seconds without progress before a worker call is "
+        "declared stuck (stacks dumped, run stopped); null: off",
+    )
+    device: str = doc(
+        "auto",
+        "hybridflow: auto | cpu | cuda (veRL: cuda); auto picks cuda when torch sees a GPU",
         values=("auto", "cpu", "cuda", "gpu"),
-        reason="auto, cpu or cuda; " + NPU)
+        reason="auto, cpu or cuda; " + NPU,
+    )
     backend: str = doc("ray", "hybridflow: ray | inprocess (workers inside the driver, world size 1)")
-    use_v1: bool = doc(True, "veRL's V1 trainer switch (hybridflow has one trainer)",
-        note="chooses between veRL's trainer/worker implementations; hybridflow has one of each")
-    use_legacy_worker_impl: str = doc("auto", "veRL main's switch between worker implementations; hybridflow has one",
-        note="chooses between veRL's trainer/worker implementations; hybridflow has one of each")
-    v1: TrainerV1Config = section(TrainerV1Config, "veRL's V1 trainer modes",
+    use_v1: bool = doc(
+        True,
+        "veRL's V1 trainer switch (hybridflow has one trainer)",
+        note="chooses between veRL's trainer/worker implementations; hybridflow has one of each",
+    )
+    use_legacy_worker_impl: str = doc(
+        "auto",
+        "veRL main's switch between worker implementations; hybridflow has one",
+        note="chooses between veRL's trainer/worker implementations; hybridflow has one of each",
+    )
+    v1: TrainerV1Config = section(
+        TrainerV1Config,
+        "veRL's V1 trainer modes",
         refused="asynchronous training modes are not implemented yet",
-        keys={
-            "trainer_mode": honoured("asynchronous training modes are not implemented yet", values=("sync",)),
-        })
+        keys={"trainer_mode": honoured("asynchronous training modes are not implemented yet", values=("sync",))},
+    )
 
 
 @dataclass
 class AsyncTrainingConfig(BaseConfig):
     """``async_training``: veRL's fully async keys (its recipe) plus the mode of hybridflow's one driver."""
 
-    mode: str = doc("sync", "sync | one_step_off | fully_async; the asynchronous modes need rollout.nnodes > 0",
-        values=("sync", "one_step_off", "fully_async"))
+    mode: str = doc(
+        "sync",
+        "sync | one_step_off | fully_async; the asynchronous modes need rollout.nnodes > 0",
+        values=("sync", "one_step_off", "fully_async"),
+    )
     staleness_threshold: float = doc(0.1, "fully_async: generate at most (1 + this) x a sync period's prompts ahead")
     trigger_parameter_sync_step: int = doc(4, "fully_async: trainer steps between weight syncs to the rollout")
     require_batches: int = doc(1, "fully_async: ppo_mini_batch_size groups of prompts per step")

@@ -7,8 +7,13 @@ from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, section
 
-__all__ = ["TransferQueueMetricsConfig", "SimpleStorageConfig", "MooncakeStoreConfig", "TransferQueueBackendConfig",
-           "TransferQueueConfig"]
+__all__ = [
+    "TransferQueueMetricsConfig",
+    "SimpleStorageConfig",
+    "MooncakeStoreConfig",
+    "TransferQueueBackendConfig",
+    "TransferQueueConfig",
+]
 
 
 @dataclass

@@ -6,9 +6,11 @@ tests resolve the tree and compare it with the declared defaults."""
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from hybridflow.config.base import field_absent, field_follows
 from hybridflow.config.errors import ConfigError
@@ -31,10 +33,10 @@ class Entry:
 
 def _sub(table: dict, name: str) -> dict:
     prefix = name + "."
-    return {k[len(prefix):]: v for k, v in table.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in table.items() if k.startswith(prefix)}
 
 
-def _children(obj: Any) -> list[tuple[str, Any, Optional[dataclasses.Field]]]:
+def _children(obj: Any) -> list[tuple[str, Any, dataclasses.Field | None]]:
     if dataclasses.is_dataclass(obj):
         out = []
         for f in dataclasses.fields(obj):
@@ -51,8 +53,11 @@ def _check(obj: Any, table: dict, what: str, path: str) -> None:
     for key in table:
         node = obj
         for part in key.split("."):
-            names = {n for n, _, _ in _children(node)} if (dataclasses.is_dataclass(node) or isinstance(node, dict)) \
+            names = (
+                {n for n, _, _ in _children(node)}
+                if (dataclasses.is_dataclass(node) or isinstance(node, dict))
                 else set()
+            )
             if dataclasses.is_dataclass(node) and part == "_target_":
                 names.add("_target_")
             if part not in names:
@@ -60,8 +65,14 @@ def _check(obj: Any, table: dict, what: str, path: str) -> None:
             node = getattr(node, part) if dataclasses.is_dataclass(node) else node[part]
 
 
-def entries(obj: Any, follows: Optional[dict] = None, absent: tuple[str, ...] = (), path: str = "",
-            depth: int = 0, interpolate: bool = True) -> Iterator[Entry]:
+def entries(
+    obj: Any,
+    follows: dict | None = None,
+    absent: tuple[str, ...] = (),
+    path: str = "",
+    depth: int = 0,
+    interpolate: bool = True,
+) -> Iterator[Entry]:
     """The entries of ``obj`` (a config instance or a dict). ``follows``/``absent``: what the enclosing
     places say about its keys (relative dotted keys; they win over the fields' own). ``interpolate``
     False: every key holds its default, interpolations are left out (what they should resolve to)."""
@@ -100,13 +111,13 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def raw_tree(obj: Any, follows: Optional[dict] = None, absent: tuple[str, ...] = (), interpolate: bool = True) -> dict:
+def raw_tree(obj: Any, follows: dict | None = None, absent: tuple[str, ...] = (), interpolate: bool = True) -> dict:
     """The yaml tree of ``obj`` as nested dicts, interpolations unresolved (``interpolate`` False:
     the defaults they stand for)."""
     root: dict = {}
     stack = [root]
     for e in entries(obj, follows, absent, interpolate=interpolate):
-        del stack[e.depth + 1:]
+        del stack[e.depth + 1 :]
         leaf = e.path.rsplit(".", 1)[-1]
         if e.nested:
             stack[e.depth][leaf] = {}
@@ -119,11 +130,11 @@ def raw_tree(obj: Any, follows: Optional[dict] = None, absent: tuple[str, ...] =
 _SCALAR_KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
 
 
-def _kinds(annotation: Any) -> Optional[tuple[str, ...]]:
+def _kinds(annotation: Any) -> tuple[str, ...] | None:
     """The value kinds a field's annotation allows (``Optional`` drops None; a list/tuple is "list", a
     dict "dict"); None when it allows anything (``Any``, a class)."""
     origin = typing.get_origin(annotation)
-    if origin is typing.Union:
+    if origin in (typing.Union, types.UnionType):
         out: list[str] = []
         for arg in typing.get_args(annotation):
             if arg is type(None):

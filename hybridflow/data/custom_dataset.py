@@ -37,5 +37,4 @@ def rl_dataset_class(data_config) -> type:
 
 def build_rl_dataset(data_files, tokenizer, data_config) -> Dataset:
     """The RL dataset of ``data_files`` with the configured class (veRL's keyword arguments)."""
-    return rl_dataset_class(data_config)(data_files=data_files, tokenizer=tokenizer, processor=None,
-                                         config=data_config)
+    return rl_dataset_class(data_config)(data_files=data_files, tokenizer=tokenizer, processor=None, config=data_config)

@@ -16,7 +16,8 @@ Items follow ``SFTDataset``'s layout (right-padded, ``loss_mask`` 1 on target to
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -42,12 +43,13 @@ def _column(value: Any) -> Any:
     return drop_none(value) if value is not None else None
 
 
-def conversation_ids(chat: ChatTokenizer, messages: list[dict], tools: list[dict] | None = None,
-                     ) -> tuple[list[int], list[int]]:
+def conversation_ids(
+    chat: ChatTokenizer, messages: list[dict], tools: list[dict] | None = None
+) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of a whole conversation; loss 1 on assistant content + end-of-turn token."""
     eos = chat.tokenizer.eos_token or ""
     closing = chat.assistant_closing
-    rest = closing[len(eos):] if eos and closing.startswith(eos) else ""
+    rest = closing[len(eos) :] if eos and closing.startswith(eos) else ""
     ids: list[int] = []
     mask: list[int] = []
     pos = 0
@@ -63,10 +65,12 @@ def conversation_ids(chat: ChatTokenizer, messages: list[dict], tools: list[dict
         start = chat.render(messages[:i], tools, add_generation_prompt=True)
         upto = chat.render(messages[: i + 1], tools)
         if not upto.startswith(start) or len(upto) < pos:
-            raise ValueError(f"the chat template does not render assistant turn {i} after the earlier turns as a suffix")
+            raise ValueError(
+                f"the chat template does not render assistant turn {i} after the earlier turns as a suffix"
+            )
         end = len(upto) - len(rest)
-        add(upto[pos:len(start)], 0)
-        add(upto[len(start):end], 1)
+        add(upto[pos : len(start)], 0)
+        add(upto[len(start) : end], 1)
         pos = end
     add(chat.render(messages, tools)[pos:], 0)
     return ids, mask
@@ -97,7 +101,9 @@ class MultiTurnSFTDataset(Dataset):
         self.tools = [_column(r.get(self.tools_key)) or None for r in rows]
         for i, conv in enumerate(self.conversations):
             if not isinstance(conv, list) or not any(m.get("role") == "assistant" for m in conv):
-                raise ValueError(f"SFT row {i}: {self.messages_key!r} must be a list of chat messages with an assistant turn")
+                raise ValueError(
+                    f"SFT row {i}: {self.messages_key!r} must be a list of chat messages with an assistant turn"
+                )
 
     def __len__(self) -> int:
         return len(self.conversations)
@@ -106,12 +112,18 @@ class MultiTurnSFTDataset(Dataset):
         ids, is_target = conversation_ids(self.chat, self.conversations[idx], self.tools[idx])
         if len(ids) > self.max_length:
             if self.truncation == "error":
-                raise ValueError(f"SFT row {idx} has {len(ids)} tokens > max_length={self.max_length}; "
-                                 "set data.truncation to left or right")
+                raise ValueError(
+                    f"SFT row {idx} has {len(ids)} tokens > max_length={self.max_length}; "
+                    "set data.truncation to left or right"
+                )
             cut = slice(len(ids) - self.max_length, None) if self.truncation == "left" else slice(0, self.max_length)
             ids, is_target = ids[cut], is_target[cut]
         input_ids, attention_mask = pad_ids(ids, self.max_length, self.tokenizer.pad_token_id, left=False)
         loss_mask = torch.zeros(self.max_length, dtype=torch.long)
         loss_mask[: len(is_target)] = torch.tensor(is_target, dtype=torch.long)
-        return {"input_ids": input_ids, "attention_mask": attention_mask,
-                "position_ids": position_ids_from_mask(attention_mask), "loss_mask": loss_mask}
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids_from_mask(attention_mask),
+            "loss_mask": loss_mask,
+        }

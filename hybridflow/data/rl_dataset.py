@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -132,8 +133,10 @@ def data_config(config: Mapping | DataConfig | None) -> DataConfig:
 
 def tool_schemas(tool_config_path: str) -> list[dict]:
     """The OpenAI schemas of a tool yaml's tools, as the chat template receives them."""
-    return [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
-            for t in initialize_tools_from_config(tool_config_path)]
+    return [
+        t.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
+        for t in initialize_tools_from_config(tool_config_path)
+    ]
 
 
 # --- dataset
@@ -182,8 +185,13 @@ class RLHFDataset(Dataset):
                 "raise data.max_prompt_length"
             )
         if dropped:
-            logger.info("RLHFDataset: filtered out %d of %d prompts longer than max_prompt_length=%d (longest: %d tokens)",
-                        dropped, len(self.rows), self.max_prompt_length, max(lengths))
+            logger.info(
+                "RLHFDataset: filtered out %d of %d prompts longer than max_prompt_length=%d (longest: %d tokens)",
+                dropped,
+                len(self.rows),
+                self.max_prompt_length,
+                max(lengths),
+            )
         self.rows = keep
 
     def __len__(self) -> int:

@@ -5,7 +5,7 @@ batches an uninterrupted run would have seen.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -64,8 +64,15 @@ class StatefulDataLoader:
     """Iterates batches (dicts from ``collate_fn``) of the current epoch; one ``for`` loop is one epoch
     (the remainder of it after a resume). ``state_dict`` counts batches the caller has received."""
 
-    def __init__(self, dataset: Dataset, batch_size: int, sampler: ResumableRandomSampler, collate_fn,
-                 drop_last: bool = True, num_workers: int = 0):
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        sampler: ResumableRandomSampler,
+        collate_fn,
+        drop_last: bool = True,
+        num_workers: int = 0,
+    ):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if drop_last and len(dataset) < batch_size:
@@ -88,9 +95,15 @@ class StatefulDataLoader:
         self.sampler.set_epoch(self.epoch, self.batches_in_epoch * self.batch_size)
         # an own generator: DataLoader draws a base seed per iterator, which must not advance the
         # global torch RNG (in-process workers sample with it; a resume would shift their stream)
-        loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=self.sampler,
-                            collate_fn=self.collate_fn, drop_last=self.drop_last, num_workers=self.num_workers,
-                            generator=torch.Generator().manual_seed(self.sampler.seed))
+        loader = DataLoader(
+            self.dataset,
+            batch_size=self.batch_size,
+            sampler=self.sampler,
+            collate_fn=self.collate_fn,
+            drop_last=self.drop_last,
+            num_workers=self.num_workers,
+            generator=torch.Generator().manual_seed(self.sampler.seed),
+        )
         for batch in loader:
             # count the batch before handing it out: a checkpoint taken while the caller holds the
             # epoch's last batch must resume at the next epoch
@@ -102,22 +115,40 @@ class StatefulDataLoader:
                 return
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.batches_in_epoch * self.batch_size,
-                "batches": self.batches_in_epoch, "seed": self.sampler.seed, "batch_size": self.batch_size}
+        return {
+            "epoch": self.epoch,
+            "position": self.batches_in_epoch * self.batch_size,
+            "batches": self.batches_in_epoch,
+            "seed": self.sampler.seed,
+            "batch_size": self.batch_size,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if int(state.get("batch_size", self.batch_size)) != self.batch_size:
-            raise ValueError(f"loader state was saved with batch_size={state['batch_size']}, this loader uses {self.batch_size}")
+            raise ValueError(
+                f"loader state was saved with batch_size={state['batch_size']}, this loader uses {self.batch_size}"
+            )
         if int(state["seed"]) != self.sampler.seed:
-            raise ValueError(f"loader state has seed {state['seed']} but this loader was built with seed {self.sampler.seed}")
+            raise ValueError(
+                f"loader state has seed {state['seed']} but this loader was built with seed {self.sampler.seed}"
+            )
         self.epoch, self.batches_in_epoch = int(state["epoch"]), int(state["batches"])
 
 
-def create_rl_dataloader(dataset: Dataset, batch_size: int, seed: int = 0, shuffle: bool = True,
-                         drop_last: bool = True, num_workers: int = 0, collate_fn=None) -> StatefulDataLoader:
+def create_rl_dataloader(
+    dataset: Dataset,
+    batch_size: int,
+    seed: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = True,
+    num_workers: int = 0,
+    collate_fn=None,
+) -> StatefulDataLoader:
     """A resumable loader over an ``RLHFDataset`` (or any dataset whose items ``collate_fn`` stacks)."""
     sampler = ResumableRandomSampler(len(dataset), seed=seed, shuffle=shuffle)
-    return StatefulDataLoader(dataset, batch_size, sampler, collate_fn or default_collate_fn, drop_last=drop_last, num_workers=num_workers)
+    return StatefulDataLoader(
+        dataset, batch_size, sampler, collate_fn or default_collate_fn, drop_last=drop_last, num_workers=num_workers
+    )
 
 
 __all__ = ["ResumableRandomSampler", "StatefulDataLoader", "create_rl_dataloader", "epoch_order"]

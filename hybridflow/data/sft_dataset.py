@@ -10,7 +10,8 @@ with ``loss_mask[:, 1:]``. (veRL's SFTDataset stores the mask shifted one to the
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -47,8 +48,9 @@ class SFTDataset(Dataset):
     """(prompt, response) pairs for SFT. ``config`` is the ``data`` section: an ``SFTDataConfig``, or a
     DictConfig / dict read into one. ``use_chat_template=False``: the prompt column's text as it is."""
 
-    def __init__(self, parquet_files, tokenizer, config: Mapping | SFTDataConfig | None = None,
-                 use_chat_template: bool = True):
+    def __init__(
+        self, parquet_files, tokenizer, config: Mapping | SFTDataConfig | None = None, use_chat_template: bool = True
+    ):
         self.config = sft_data_config(config)
         self.use_chat_template = use_chat_template
         self.tokenizer = tokenizer
@@ -62,10 +64,14 @@ class SFTDataset(Dataset):
                 f"SFT data {parquet_files} has no column {self.config.response_key!r} (response_key); "
                 f"its columns are: {list(rows[0])}"
             )
-        self.prompts = [lookup(r, self.config.prompt_key, self.config.prompt_dict_keys or (), "prompt", i)
-                        for i, r in enumerate(rows)]
-        self.responses = [lookup(r, self.config.response_key, self.config.response_dict_keys or (), "response", i)
-                          for i, r in enumerate(rows)]
+        self.prompts = [
+            lookup(r, self.config.prompt_key, self.config.prompt_dict_keys or (), "prompt", i)
+            for i, r in enumerate(rows)
+        ]
+        self.responses = [
+            lookup(r, self.config.response_key, self.config.response_dict_keys or (), "response", i)
+            for i, r in enumerate(rows)
+        ]
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -74,8 +80,9 @@ class SFTDataset(Dataset):
         if not self.use_chat_template:
             return str(prompt)
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                  **dict(self.config.apply_chat_template_kwargs))
+        return self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **dict(self.config.apply_chat_template_kwargs)
+        )
 
     def __getitem__(self, idx: int) -> dict:
         encode = lambda text: self.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731

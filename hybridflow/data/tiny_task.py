@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 DATA_SOURCE = "openai/gsm8k"
 # every character is a token for the tiny tokenizer, so the instruction is short
@@ -124,8 +124,9 @@ def write_parquet(rows: list[dict], path: str) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def write_tiny_task(data_dir: str, seed: int = 0, train_size: int = 2048, test_size: int = 256,
-                    style: str = "direct") -> dict[str, str]:
+def write_tiny_task(
+    data_dir: str, seed: int = 0, train_size: int = 2048, test_size: int = 256, style: str = "direct"
+) -> dict[str, str]:
     """Write train/test (RL) and sft_train/sft_test parquet files; returns name -> path."""
     if style not in SOLUTION_STYLES:
         raise ValueError(f"unknown solution style {style!r}; known: {', '.join(SOLUTION_STYLES)}")
@@ -145,15 +146,21 @@ def write_tiny_task(data_dir: str, seed: int = 0, train_size: int = 2048, test_s
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="Write the built-in 2-digit arithmetic task (and optionally the tiny model).")
+    p = argparse.ArgumentParser(
+        description="Write the built-in 2-digit arithmetic task (and optionally the tiny model)."
+    )
     p.add_argument("--data_dir", required=True)
     p.add_argument("--model_dir", default=None, help="also write the tiny model + tokenizer here")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train_size", type=int, default=2048)
     p.add_argument("--test_size", type=int, default=256)
     p.add_argument("--arch", default="qwen2")
-    p.add_argument("--style", choices=SOLUTION_STYLES, default="steps",
-                   help="worked solutions: 'steps' (column arithmetic digit by digit, the quickstart's) or 'direct' (56+19=75)")
+    p.add_argument(
+        "--style",
+        choices=SOLUTION_STYLES,
+        default="steps",
+        help="worked solutions: 'steps' (column arithmetic digit by digit, the quickstart's) or 'direct' (56+19=75)",
+    )
     a = p.parse_args(argv)
     paths = write_tiny_task(a.data_dir, seed=a.seed, train_size=a.train_size, test_size=a.test_size, style=a.style)
     print(f"wrote {a.train_size} train / {a.test_size} test rows: {', '.join(paths.values())}")

@@ -21,15 +21,21 @@ import argparse
 import json
 import os
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 import yaml
 
 from hybridflow.data.tiny_task import DATA_SOURCE, write_parquet
 
 TOOL_NAME = "calc"
-TOOL_SCHEMA = {"type": "function", "function": {"name": TOOL_NAME, "description": "arithmetic", "parameters": {
-    "type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}}
+TOOL_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": "arithmetic",
+        "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]},
+    },
+}
 INTERACTION_NAME = "gsm8k"
 
 
@@ -43,9 +49,16 @@ def demonstration(question: str, expression: str, product: int, use_tool: bool) 
     """The conversation a demonstration shows (veRL's message layout: tool_calls with dict arguments)."""
     messages = [{"role": "user", "content": question}]
     if use_tool:
-        messages += [{"role": "assistant", "content": "", "tool_calls": [
-                         {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"expr": expression}}}]},
-                     {"role": "tool", "content": str(product)}]
+        messages += [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"expr": expression}}}
+                ],
+            },
+            {"role": "tool", "content": str(product)},
+        ]
     messages.append({"role": "assistant", "content": f"#### {product}"})
     return messages
 
@@ -54,27 +67,61 @@ def rl_row(question: str, product: int, split: str, index: int, interaction: boo
     extra = {"split": split, "index": index, "question": question}  # the calculator needs no tools_kwargs
     if interaction:
         extra["interaction_kwargs"] = {"name": INTERACTION_NAME, "ground_truth": str(product)}
-    return {"data_source": DATA_SOURCE, "agent_name": "tool_agent", "prompt": [{"role": "user", "content": question}],
-            "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(product)}, "extra_info": extra}
+    return {
+        "data_source": DATA_SOURCE,
+        "agent_name": "tool_agent",
+        "prompt": [{"role": "user", "content": question}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(product)},
+        "extra_info": extra,
+    }
 
 
 def write_tool_yaml(path: str) -> str:
     with open(path, "w") as f:
-        yaml.safe_dump({"tools": [{"class_name": "hybridflow.tools.calculator_tool.CalculatorTool",
-                                   "config": {"type": "native"}, "tool_schema": TOOL_SCHEMA}]}, f, sort_keys=False)
+        yaml.safe_dump(
+            {
+                "tools": [
+                    {
+                        "class_name": "hybridflow.tools.calculator_tool.CalculatorTool",
+                        "config": {"type": "native"},
+                        "tool_schema": TOOL_SCHEMA,
+                    }
+                ]
+            },
+            f,
+            sort_keys=False,
+        )
     return path
 
 
 def write_interaction_yaml(path: str) -> str:
     with open(path, "w") as f:
-        yaml.safe_dump({"interaction": [{"name": INTERACTION_NAME,
-                                         "class_name": "hybridflow.interactions.gsm8k_interaction.Gsm8kInteraction",
-                                         "config": {}}]}, f, sort_keys=False)
+        yaml.safe_dump(
+            {
+                "interaction": [
+                    {
+                        "name": INTERACTION_NAME,
+                        "class_name": "hybridflow.interactions.gsm8k_interaction.Gsm8kInteraction",
+                        "config": {},
+                    }
+                ]
+            },
+            f,
+            sort_keys=False,
+        )
     return path
 
 
-def write_tiny_tool_task(data_dir: str, seed: int = 0, sft_size: int = 400, train_size: int = 1024,
-                         test_size: int = 200, tool_share: float = 0.4, interaction: bool = False) -> dict[str, str]:
+def write_tiny_tool_task(
+    data_dir: str,
+    seed: int = 0,
+    sft_size: int = 400,
+    train_size: int = 1024,
+    test_size: int = 200,
+    tool_share: float = 0.4,
+    interaction: bool = False,
+) -> dict[str, str]:
     """Disjoint SFT / RL-train / test problems (test drawn first); returns name -> path."""
     os.makedirs(data_dir, exist_ok=True)
     rng = random.Random(seed)
@@ -94,8 +141,13 @@ def write_tiny_tool_task(data_dir: str, seed: int = 0, sft_size: int = 400, trai
     for split in ("train", "test"):
         paths[split] = os.path.join(data_dir, f"{split}.parquet")
         write_parquet([rl_row(q, p, split, i, interaction) for i, (q, _, p) in enumerate(splits[split])], paths[split])
-    sft = [{"messages": json.dumps(demonstration(q, e, p, use_tool=rng.random() < tool_share)),
-            "tools": json.dumps([TOOL_SCHEMA])} for q, e, p in splits["sft"]]
+    sft = [
+        {
+            "messages": json.dumps(demonstration(q, e, p, use_tool=rng.random() < tool_share)),
+            "tools": json.dumps([TOOL_SCHEMA]),
+        }
+        for q, e, p in splits["sft"]
+    ]
     paths["sft_train"] = os.path.join(data_dir, "sft_train.parquet")
     write_parquet(sft, paths["sft_train"])
     return paths
@@ -109,7 +161,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--train_size", type=int, default=1024)
     p.add_argument("--test_size", type=int, default=200)
     p.add_argument("--tool_share", type=float, default=0.4)
-    p.add_argument("--interaction", action="store_true", help="rows name the gsm8k interaction (hint after a wrong answer)")
+    p.add_argument(
+        "--interaction", action="store_true", help="rows name the gsm8k interaction (hint after a wrong answer)"
+    )
     a = p.parse_args(argv)
     paths = write_tiny_tool_task(a.data_dir, a.seed, a.sft_size, a.train_size, a.test_size, a.tool_share, a.interaction)
     print("wrote " + ", ".join(paths.values()))

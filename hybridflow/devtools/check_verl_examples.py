@@ -66,7 +66,7 @@ def find_commands(path: Path, cwd: Path | None = None) -> list[tuple[int, list[s
         if MODULE not in command.words:
             continue
         args = []
-        for word in command.words[command.words.index(MODULE) + 1:]:
+        for word in command.words[command.words.index(MODULE) + 1 :]:
             if _REDIRECT.match(word):
                 break
             args.append(word)
@@ -97,7 +97,7 @@ def _config_path(value: str, script: Path, examples: Path) -> str:
             return str((base / path).resolve())
     parts = path.parts
     if "examples" in parts:  # e.g. verl/examples/x/config from a checkout cloned as ./verl
-        inside = examples.joinpath(*parts[parts.index("examples") + 1:])
+        inside = examples.joinpath(*parts[parts.index("examples") + 1 :])
         if inside.is_dir():
             return str(inside.resolve())
     return value
@@ -155,8 +155,14 @@ def judge_with_verl(commands: list[list[str]], python: str, timeout: float = 180
         return []
     # -I: neither this checkout nor the user's PYTHONPATH leaks into veRL's interpreter
     code = f"import runpy; runpy.run_path({str(Path(verl_reference.__file__))!r}, run_name='__main__')"
-    done = subprocess.run([python, "-I", "-c", code], input=json.dumps(commands), capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    done = subprocess.run(
+        [python, "-I", "-c", code],
+        input=json.dumps(commands),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{python} could not judge the commands with veRL:\n{done.stderr[-3000:]}")
     verdicts = json.loads(done.stdout.strip().splitlines()[-1])
@@ -190,8 +196,9 @@ def check_examples(examples: Path, reference_python: str | None = None) -> list[
 
 
 def _refused_keys(message: str) -> list[str]:
-    return re.findall(r"^\s*([\w.\-]+)=.*? is not supported", message, re.M) + \
-        re.findall(r"config '([\w\-]+)' \(veRL's\) is not supported", message)
+    return re.findall(r"^\s*([\w.\-]+)=.*? is not supported", message, re.M) + re.findall(
+        r"config '([\w\-]+)' \(veRL's\) is not supported", message
+    )
 
 
 def _first_line(message: str) -> str:
@@ -203,20 +210,27 @@ def summary(results: list[Result]) -> list[str]:
     """The report's closing lines: counts, and the keys that refused most often (among the lines
     veRL accepts, when veRL judged them)."""
     counts = Counter(r.verdict for r in results)
-    out = [f"{len(results)} main_ppo command lines in {len({r.script for r in results})} files: " +
-           ", ".join(f"{counts.get(v, 0)} {v}" for v in ("OK", "REFUSED", "ERROR"))]
+    out = [
+        f"{len(results)} main_ppo command lines in {len({r.script for r in results})} files: "
+        + ", ".join(f"{counts.get(v, 0)} {v}" for v in ("OK", "REFUSED", "ERROR"))
+    ]
     pool = results
     if any(r.verl for r in results):
         pool = [r for r in results if r.verl == "ACCEPTS"]
         ok = sum(r.verdict == "OK" for r in pool)
-        out.append(f"veRL accepts {len(pool)} of {len(results)}; hybridflow composes {ok} of the {len(pool)} "
-                   "that veRL accepts")
+        out.append(
+            f"veRL accepts {len(pool)} of {len(results)}; hybridflow composes {ok} of the {len(pool)} that veRL accepts"
+        )
         rejected = Counter(_first_line(r.verl_message)[:160] for r in results if r.verl == "REJECTS")
         out += [f"  veRL rejects ({n}): {m}" for m, n in rejected.most_common()]
     keys = Counter(k for r in pool if r.verdict == "REFUSED" for k in set(_refused_keys(r.message)))
     if keys:
-        out.append("keys that refused" + (" (among those veRL accepts)" if pool is not results else "") +
-                   ", most often first: " + ", ".join(f"{k} ({n})" for k, n in keys.most_common()))
+        out.append(
+            "keys that refused"
+            + (" (among those veRL accepts)" if pool is not results else "")
+            + ", most often first: "
+            + ", ".join(f"{k} ({n})" for k, n in keys.most_common())
+        )
     errors = Counter(_first_line(r.message)[:160] for r in pool if r.verdict == "ERROR")
     out += [f"  ERROR ({n}): {m}" for m, n in errors.most_common()]
     return out
@@ -227,9 +241,12 @@ def main(argv=None) -> int:
     parser.add_argument("examples", type=Path, help="a local copy of veRL's examples/ directory")
     parser.add_argument("--verbose", action="store_true", help="print every message in full")
     parser.add_argument("--json", type=Path, help="also write every result as JSON here")
-    parser.add_argument("--reference-python", metavar="PYTHON",
-                        help="an interpreter that imports verl: judge every line with veRL's own config too "
-                             "(hybridflow/devtools/verl_reference.py says what 'veRL accepts' means)")
+    parser.add_argument(
+        "--reference-python",
+        metavar="PYTHON",
+        help="an interpreter that imports verl: judge every line with veRL's own config too "
+        "(hybridflow/devtools/verl_reference.py says what 'veRL accepts' means)",
+    )
     args = parser.parse_args(argv)
     results = check_examples(args.examples.resolve(), args.reference_python)
     for r in results:

@@ -37,11 +37,11 @@ REFERENCES = {
 
 _SOURCES = {
     "ppo_trainer": "veRL 0.9.1's composed `ppo_trainer` (899 keys), plus the spellings of veRL main (Jan 2026) "
-                   "that 0.9.1 moved",
+    "that 0.9.1 moved",
     "generation": "veRL main's `generation.yaml` (Jan 2026; veRL 0.9.1 has none)",
     "evaluation": "veRL 0.9.1's `evaluation.yaml`",
     "sft_trainer": "veRL 0.9.1's `sft_trainer_engine.yaml` (the config of its SFT trainer), plus the keys of "
-                   "veRL's earlier `fsdp_sft_trainer` (veRL main's `sft_trainer.yaml`)",
+    "veRL's earlier `fsdp_sft_trainer` (veRL main's `sft_trainer.yaml`)",
 }
 
 
@@ -76,8 +76,15 @@ def key_rows(name: str) -> list[dict]:
                 reason = f"supported: {', '.join(_show(v) for v in rule.values)}" + (f"; {reason}" if reason else "")
         else:
             status, reason = "", ""
-        row = {"key": key, "default": resolved.get(key), "status": status, "reason": reason,
-               "in_verl": key in verl, "verl_default": None, "differs": False}
+        row = {
+            "key": key,
+            "default": resolved.get(key),
+            "status": status,
+            "reason": reason,
+            "in_verl": key in verl,
+            "verl_default": None,
+            "differs": False,
+        }
         if key in verl and verl[key]["default"] != resolved.get(key):
             row["differs"], row["verl_default"] = True, verl[key]["default"]
         rows.append(row)
@@ -110,10 +117,14 @@ def render() -> str:
     for name in TABLES:
         rows = key_rows(name)
         counts = {s: sum(r["status"] == s for r in rows) for s in (HONOURED, NOT_SUPPORTED, NOTE, ALIAS)}
-        out += [f"## {name} (`configs/{name}.yaml`)", "",
-                f"Reference: {_SOURCES[name]}. {len(rows)} keys: " +
-                ", ".join(f"{n} {s}" for s, n in counts.items()) + ".", "",
-                "| key | default | status | why / notes |", "|---|---|---|---|"]
+        out += [
+            f"## {name} (`configs/{name}.yaml`)",
+            "",
+            f"Reference: {_SOURCES[name]}. {len(rows)} keys: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ".",
+            "",
+            "| key | default | status | why / notes |",
+            "|---|---|---|---|",
+        ]
         for r in rows:
             default = _show(r["default"])
             if r["differs"]:

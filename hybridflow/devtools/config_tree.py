@@ -21,7 +21,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -49,41 +49,62 @@ class Part:
     file: str
     source: str
     defaults: tuple = ()
-    keys: Optional[tuple[str, ...]] = None
+    keys: tuple[str, ...] | None = None
     exclude: tuple[str, ...] = ()
-    target: Optional[type] = None
-    package: Optional[str] = None  # a `# @package` header
+    target: type | None = None
+    package: str | None = None  # a `# @package` header
 
 
 # veRL 0.9.1's layout for the FSDP engine (model_engine: dp); Megatron's and the other engines' files
 # are not written (their configs are refused by name)
 PARTS: tuple[Part, ...] = (
-    Part("ppo_trainer.yaml", "", defaults=(
-        {"model_engine": "dp"},
-        {"actor@actor_rollout_ref.actor": "${model_engine}_actor"},
-        {"data@data": "legacy_data"},
-        {"ref@actor_rollout_ref.ref": "${model_engine}_ref"},
-        {"rollout@actor_rollout_ref.rollout": "rollout"},
-        {"model@actor_rollout_ref.model": "hf_model"},
-        {"critic@critic": "${model_engine}_critic"},
-        {"model@critic.model": "hf_model"},
-        "legacy_reward_impl",
-        {"reward@reward": "reward"},
-        {"algorithm@algorithm.rollout_correction": "rollout_correction"},
-        {"distillation@distillation": "distillation"},
-        {"transfer_queue@transfer_queue": "transfer_queue"},
-    )),
+    Part(
+        "ppo_trainer.yaml",
+        "",
+        defaults=(
+            {"model_engine": "dp"},
+            {"actor@actor_rollout_ref.actor": "${model_engine}_actor"},
+            {"data@data": "legacy_data"},
+            {"ref@actor_rollout_ref.ref": "${model_engine}_ref"},
+            {"rollout@actor_rollout_ref.rollout": "rollout"},
+            {"model@actor_rollout_ref.model": "hf_model"},
+            {"critic@critic": "${model_engine}_critic"},
+            {"model@critic.model": "hf_model"},
+            "legacy_reward_impl",
+            {"reward@reward": "reward"},
+            {"algorithm@algorithm.rollout_correction": "rollout_correction"},
+            {"distillation@distillation": "distillation"},
+            {"transfer_queue@transfer_queue": "transfer_queue"},
+        ),
+    ),
     Part("model_engine/dp.yaml", "", keys=("model_engine",), package="_global_"),
-    Part("actor/dp_actor.yaml", "actor_rollout_ref.actor",
-         defaults=({"../optim@optim": "fsdp"}, {"../engine@fsdp_config": "fsdp"}, "actor")),
+    Part(
+        "actor/dp_actor.yaml",
+        "actor_rollout_ref.actor",
+        defaults=({"../optim@optim": "fsdp"}, {"../engine@fsdp_config": "fsdp"}, "actor"),
+    ),
     Part("actor/actor.yaml", "actor_rollout_ref.actor", keys=_keys(ActorConfig, "optim"), target=ActorConfig),
     Part("ref/dp_ref.yaml", "actor_rollout_ref.ref", defaults=("ref", {"../engine@fsdp_config": "fsdp"})),
-    Part("ref/ref.yaml", "actor_rollout_ref.ref",
-         keys=("rollout_n", "strategy", "use_torch_compile", "log_prob_micro_batch_size",
-               "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu",
-               "profiler")),
-    Part("critic/dp_critic.yaml", "critic", defaults=({"../optim@optim": "fsdp"}, {"../engine@fsdp": "fsdp"}, "critic"),
-         exclude=("model",)),
+    Part(
+        "ref/ref.yaml",
+        "actor_rollout_ref.ref",
+        keys=(
+            "rollout_n",
+            "strategy",
+            "use_torch_compile",
+            "log_prob_micro_batch_size",
+            "log_prob_micro_batch_size_per_gpu",
+            "log_prob_use_dynamic_bsz",
+            "log_prob_max_token_len_per_gpu",
+            "profiler",
+        ),
+    ),
+    Part(
+        "critic/dp_critic.yaml",
+        "critic",
+        defaults=({"../optim@optim": "fsdp"}, {"../engine@fsdp": "fsdp"}, "critic"),
+        exclude=("model",),
+    ),
     Part("critic/critic.yaml", "critic", keys=_keys(CriticConfig, "optim", "model"), target=CriticConfig),
     Part("optim/fsdp.yaml", "actor_rollout_ref.actor.optim"),
     Part("engine/fsdp.yaml", "critic.fsdp"),  # the copy without the actor's interpolations
@@ -152,7 +173,7 @@ def _child(part: Part, entry: Any) -> tuple[Part, str]:
     group_dir = part.file.rsplit("/", 1)[0] if "/" in part.file else ""
     if isinstance(entry, str):  # a config of the same group (or of the root)
         return _BY_FILE[f"{group_dir}/{entry}.yaml" if group_dir else f"{entry}.yaml"], ""
-    (spec, choice), = entry.items()
+    ((spec, choice),) = entry.items()
     group, _, package = spec.partition("@")
     group = group.removeprefix("../")
     choice = choice.replace("${model_engine}", "dp")
@@ -162,7 +183,7 @@ def _child(part: Part, entry: Any) -> tuple[Part, str]:
     return child, package or group
 
 
-def build(tree: Optional[dict] = None) -> dict[str, dict]:
+def build(tree: dict | None = None) -> dict[str, dict]:
     """Every file's body (without its defaults list), checked to compose back to ``tree`` (configs/
     ppo_trainer.yaml's raw defaults unless given)."""
     tree = copy.deepcopy(raw_default_config("ppo_trainer") if tree is None else tree)
@@ -181,7 +202,9 @@ def build(tree: Optional[dict] = None) -> dict[str, dict]:
             return bodies[part.file]
         source = _at(tree, part.source)
         if part.keys is not None and set(part.keys) - set(source):
-            raise TreeError(f"{part.file}: {sorted(set(part.keys) - set(source))} are not keys of {part.source or 'the root'}")
+            raise TreeError(
+                f"{part.file}: {sorted(set(part.keys) - set(source))} are not keys of {part.source or 'the root'}"
+            )
         selected = part.keys if part.keys is not None else ([] if part.defaults else list(source))
         own = {k: copy.deepcopy(source[k]) for k in selected}
         if part.target is not None:
@@ -194,15 +217,16 @@ def build(tree: Optional[dict] = None) -> dict[str, dict]:
 
     composed = produced(_BY_FILE["ppo_trainer.yaml"])
     if composed != tree:
-        raise TreeError("the parts do not compose back to configs/ppo_trainer.yaml: "
-                        f"{sorted(_diff(tree, composed, missing=True))}")
+        raise TreeError(
+            f"the parts do not compose back to configs/ppo_trainer.yaml: {sorted(_diff(tree, composed, missing=True))}"
+        )
     unused = set(_BY_FILE) - set(bodies)
     if unused:
         raise TreeError(f"parts no defaults list includes: {sorted(unused)}")
     return bodies
 
 
-def render(bodies: Optional[dict[str, dict]] = None) -> dict[str, str]:
+def render(bodies: dict[str, dict] | None = None) -> dict[str, str]:
     """File name -> yaml text."""
     bodies = build() if bodies is None else bodies
     out = {}
@@ -222,11 +246,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=TREE_DIR)
     args = parser.parse_args(argv)
     files = render()
-    stale = [name for name, text in files.items()
-             if not (args.out / name).is_file() or (args.out / name).read_text() != text]
+    stale = [
+        name for name, text in files.items() if not (args.out / name).is_file() or (args.out / name).read_text() != text
+    ]
     if args.check:
         if stale:
-            sys.stderr.write(f"stale in {args.out}: {', '.join(stale)}; run python -m hybridflow.devtools.config_tree\n")
+            sys.stderr.write(
+                f"stale in {args.out}: {', '.join(stale)}; run python -m hybridflow.devtools.config_tree\n"
+            )
             return 1
         return 0
     for name in stale:

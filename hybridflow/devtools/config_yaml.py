@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -96,7 +97,7 @@ CONFIGS: dict[str, tuple[Callable[[], Any], str]] = {
 
 def _scalar(value: Any) -> str:
     """``value`` as a yaml scalar or flow sequence/mapping that reads back as the same value."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=10 ** 6, sort_keys=False).strip()
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False).strip()
     text = text.removesuffix("\n...").strip()
     if yaml.safe_load(text) != value:
         raise ValueError(f"cannot write {value!r} as one yaml line")

@@ -57,8 +57,10 @@ def main(argv=None) -> None:
     parser.add_argument("--label", required=True, help="where the tree comes from, e.g. 'veRL 0.9.1 wheel'")
     args = parser.parse_args(argv)
     rows = extract(args.config_dir, args.config_name)
-    header = (f"# {args.label}: config {args.config_name!r}, composed with Hydra; {len(rows)} leaf keys.\n"
-              f"# Written by python -m hybridflow.devtools.extract_verl_keys; one JSON object per line.\n")
+    header = (
+        f"# {args.label}: config {args.config_name!r}, composed with Hydra; {len(rows)} leaf keys.\n"
+        f"# Written by python -m hybridflow.devtools.extract_verl_keys; one JSON object per line.\n"
+    )
     Path(args.out_file).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out_file).write_text(header + "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     print(f"{args.out_file}: {len(rows)} keys")

@@ -23,9 +23,9 @@ which set variables and call Python.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 __all__ = ["ShellReader", "UNSET", "Command"]
 
@@ -118,7 +118,7 @@ class ShellReader:
                 i += 1
                 continue
             op = next((o for o in _OPERATORS if text.startswith(o, i)), None)
-            if op is not None and not (op == "&" and text[i - 1:i] == ">"):  # 2>&1 is not an operator
+            if op is not None and not (op == "&" and text[i - 1 : i] == ">"):  # 2>&1 is not an operator
                 if has_word:
                     words.extend(self._finish(word))
                     word, has_word = [], False
@@ -130,7 +130,7 @@ class ShellReader:
             if c == "'":
                 end = text.find("'", i + 1)
                 end = len(text) if end < 0 else end
-                word.append(("q", text[i + 1:end]))
+                word.append(("q", text[i + 1 : end]))
                 i = end + 1
             elif c == '"':
                 j, chunk = i + 1, []
@@ -157,7 +157,7 @@ class ShellReader:
             elif c == "`":
                 end = text.find("`", i + 1)
                 end = len(text) if end < 0 else end
-                word.append(("q", self._substitute(text[i + 1:end])))
+                word.append(("q", self._substitute(text[i + 1 : end])))
                 i = end + 1
             elif c == "\\" and i + 1 < len(text):
                 word.append(("q", text[i + 1]))
@@ -196,10 +196,10 @@ class ShellReader:
         """The expansion starting at text[i] == '$' and the index after it."""
         if text.startswith("$((", i):
             end = self._matching(text, i + 1)
-            return self._arithmetic(text[i + 3:end - 1]), end + 1
+            return self._arithmetic(text[i + 3 : end - 1]), end + 1
         if text.startswith("$(", i):
             end = self._matching(text, i + 1)
-            return self._substitute(text[i + 2:end]), end + 1
+            return self._substitute(text[i + 2 : end]), end + 1
         if text.startswith("${", i):
             end = text.find("}", i)
             depth = 1
@@ -213,7 +213,7 @@ class ShellReader:
                     depth -= 1
                 j += 1
             end = j - 1
-            return self._parameter(text[i + 2:end]), end + 1
+            return self._parameter(text[i + 2 : end]), end + 1
         m = re.match(rf"\$({_NAME}|[0-9@*#?$!])", text[i:])
         if not m:
             return "$", i + 1
@@ -376,5 +376,8 @@ class ShellReader:
 
 def read_script(path: str | Path, cwd: str | Path | None = None) -> ShellReader:
     path = Path(path)
-    return ShellReader(path.read_text(errors="replace"), script_dir=str(path.parent.resolve()),
-                       cwd=str(Path(cwd or path.parent).resolve()))
+    return ShellReader(
+        path.read_text(errors="replace"),
+        script_dir=str(path.parent.resolve()),
+        cwd=str(Path(cwd or path.parent).resolve()),
+    )

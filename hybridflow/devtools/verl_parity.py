@@ -4,7 +4,8 @@
 
 veRL is not a dependency: install it in a venv of its own (``pip install --no-deps verl==0.9.1`` plus
 ``codetiming``, with torch and omegaconf visible; docs/verl_parity.md has the commands and the latest
-table) and pass that venv's python; the script then re-runs itself there with this checkout on PYTHONPATH. Run under a python that imports ``verl`` it compares
+table) and pass that venv's python; the script then re-runs itself there with this checkout on PYTHONPATH. Run under
+a python that imports ``verl`` it compares
 in process. Each name runs on the same random inputs on both sides (several seeds, every
 aggregation mode, with and without rollout IS weights and global batch info; estimators on
 single-turn and multi-turn masks); the table gives the largest absolute difference over the loss,
@@ -23,8 +24,9 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,17 +37,38 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 TOLERANCE = 1e-5  # float64 inputs: anything above this is a different formula, not rounding
 
 ACTOR = {  # the actor keys the losses read; the cov thresholds are set so that those branches run
-    "clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0,
-    "tau_pos": 1.0, "tau_neg": 1.05,
-    "policy_loss": {"clip_cov_ratio": 0.05, "clip_cov_lb": 0.0, "clip_cov_ub": 5.0, "kl_cov_ratio": 0.05,
-                    "ppo_kl_coef": 0.1, "dro_beta": 0.5},
+    "clip_ratio": 0.2,
+    "clip_ratio_low": 0.2,
+    "clip_ratio_high": 0.28,
+    "clip_ratio_c": 3.0,
+    "tau_pos": 1.0,
+    "tau_neg": 1.05,
+    "policy_loss": {
+        "clip_cov_ratio": 0.05,
+        "clip_cov_lb": 0.0,
+        "clip_cov_ub": 5.0,
+        "kl_cov_ratio": 0.05,
+        "ppo_kl_coef": 0.1,
+        "dro_beta": 0.5,
+    },
 }
-ALGORITHM = {"gamma": 0.9, "lam": 0.8, "norm_adv_by_std_in_grpo": True,
-             "gdpo_reward_keys": ["acc", "fmt"], "gdpo_reward_weights": [1.0, 0.5]}
+ALGORITHM = {
+    "gamma": 0.9,
+    "lam": 0.8,
+    "norm_adv_by_std_in_grpo": True,
+    "gdpo_reward_keys": ["acc", "fmt"],
+    "gdpo_reward_weights": [1.0, 0.5],
+}
 
 
-def random_case(seed: int, batch: int = 12, width: int = 10, multi_turn: bool = False, singleton: bool = True,
-                dtype: torch.dtype = torch.float64) -> dict[str, Any]:
+def random_case(
+    seed: int,
+    batch: int = 12,
+    width: int = 10,
+    multi_turn: bool = False,
+    singleton: bool = True,
+    dtype: torch.dtype = torch.float64,
+) -> dict[str, Any]:
     """Inputs for losses and estimators: log-probs of real probabilities, a ratio spread that hits
     every clip branch, right-padded (or, ``multi_turn``, holed) masks, groups of 2..4 rows (and,
     ``singleton``, one prompt with a single response)."""
@@ -77,26 +100,48 @@ def random_case(seed: int, batch: int = 12, width: int = 10, multi_turn: bool = 
     pi = torch.exp(old)
     prompts = torch.ones(batch, 3, dtype=torch.long)
     return {
-        "old_log_prob": old, "log_prob": new, "advantages": token_adv * mask, "seq_advantages": seq_adv * mask,
-        "response_mask": mask, "rollout_is_weights": torch.rand(batch, width, generator=g, dtype=dtype) * 1.5 + 0.25,
-        "token_level_rewards": rewards, "values": torch.randn(batch, width, generator=g, dtype=dtype) * mask,
-        "index": index, "reward_baselines": torch.rand(batch, generator=g, dtype=dtype),
+        "old_log_prob": old,
+        "log_prob": new,
+        "advantages": token_adv * mask,
+        "seq_advantages": seq_adv * mask,
+        "response_mask": mask,
+        "rollout_is_weights": torch.rand(batch, width, generator=g, dtype=dtype) * 1.5 + 0.25,
+        "token_level_rewards": rewards,
+        "values": torch.randn(batch, width, generator=g, dtype=dtype) * mask,
+        "index": index,
+        "reward_baselines": torch.rand(batch, generator=g, dtype=dtype),
         # sum_v pi_v^2 >= pi^2 for the sampled token; the rest of the mass spread at random
         "sum_pi_squared": pi**2 + (1 - pi) ** 2 * torch.rand(batch, width, generator=g, dtype=dtype),
-        "non_tensor_batch": {"acc": rng.integers(0, 2, batch).astype(float).astype(object),
-                             "fmt": rng.random(batch).astype(object)},
+        "non_tensor_batch": {
+            "acc": rng.integers(0, 2, batch).astype(float).astype(object),
+            "fmt": rng.random(batch).astype(object),
+        },
         "batch": {"prompts": prompts, "attention_mask": torch.cat([prompts, mask.long()], dim=1)},
     }
 
 
-def loss_outputs(fn: Callable, case: dict, config: Any, loss_agg_mode: str, weights: bool, seed: int = 0,
-                 advantages: str = "advantages") -> dict[str, Any]:
+def loss_outputs(
+    fn: Callable,
+    case: dict,
+    config: Any,
+    loss_agg_mode: str,
+    weights: bool,
+    seed: int = 0,
+    advantages: str = "advantages",
+) -> dict[str, Any]:
     """{"loss", "grad" (d loss / d log_prob), metric name: float} of one policy-loss call; the torch
     RNG is seeded first (clip_cov draws tokens at random)."""
     log_prob = case["log_prob"].clone().requires_grad_(True)
     torch.manual_seed(seed)
-    loss, metrics = fn(case["old_log_prob"], log_prob, case[advantages], case["response_mask"], loss_agg_mode,
-                       config, case["rollout_is_weights"] if weights else None)
+    loss, metrics = fn(
+        case["old_log_prob"],
+        log_prob,
+        case[advantages],
+        case["response_mask"],
+        loss_agg_mode,
+        config,
+        case["rollout_is_weights"] if weights else None,
+    )
     loss.backward()
     out = {"loss": loss.detach(), "grad": log_prob.grad}
     out.update({f"metric {k}": float(v) for k, v in metrics.items()})
@@ -108,11 +153,15 @@ def estimator_outputs(name: str, fn: Callable, case: dict, config: Any) -> dict[
     to it (compute_advantage in ray_trainer.py)."""
     c = case
     if name == "gae":
-        adv, ret = fn(token_level_rewards=c["token_level_rewards"], values=c["values"],
-                      response_mask=c["response_mask"], gamma=config["gamma"], lam=config["lam"])
+        adv, ret = fn(
+            token_level_rewards=c["token_level_rewards"],
+            values=c["values"],
+            response_mask=c["response_mask"],
+            gamma=config["gamma"],
+            lam=config["lam"],
+        )
         return {"advantages": adv, "returns": ret}
-    kwargs = {"token_level_rewards": c["token_level_rewards"], "response_mask": c["response_mask"],
-              "index": c["index"]}
+    kwargs = {"token_level_rewards": c["token_level_rewards"], "response_mask": c["response_mask"], "index": c["index"]}
     if name == "grpo":
         kwargs["norm_adv_by_std_in_grpo"] = config["norm_adv_by_std_in_grpo"]
     else:
@@ -122,8 +171,11 @@ def estimator_outputs(name: str, fn: Callable, case: dict, config: Any) -> dict[
     if name == "gdpo":
         kwargs.update(non_tensor_batch=c["non_tensor_batch"], batch=c["batch"])
     if name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
-        kwargs.update(sum_pi_squared=c["sum_pi_squared"], old_log_probs=c["old_log_prob"],
-                      rollout_is_weights=c["rollout_is_weights"])
+        kwargs.update(
+            sum_pi_squared=c["sum_pi_squared"],
+            old_log_probs=c["old_log_prob"],
+            rollout_is_weights=c["rollout_is_weights"],
+        )
     adv, ret = fn(**kwargs)
     return {"advantages": adv, "returns": ret}
 
@@ -154,8 +206,15 @@ def _loss_runs(seeds: Iterable[int]):
             tokens, seqs = int(case["response_mask"].sum()), int((case["response_mask"].sum(-1) > 0).sum())
             for mode in AGG_MODES:
                 for weights in (False, True):
-                    for info in (None, {"dp_size": 2, "batch_num_tokens": 3 * tokens, "global_batch_size": 3 * seqs,
-                                        "loss_scale_factor": None}):
+                    for info in (
+                        None,
+                        {
+                            "dp_size": 2,
+                            "batch_num_tokens": 3 * tokens,
+                            "global_batch_size": 3 * seqs,
+                            "loss_scale_factor": None,
+                        },
+                    ):
                         for adv in ("advantages", "seq_advantages"):
                             yield seed, case, mode, weights, info, adv
 
@@ -171,13 +230,19 @@ def _outputs_or_error(fn, *args):
 KNOWN_DEVIATIONS = {
     ("geo_mean", "global batch info"): "veRL takes the mean over the micro-batch's sequences whatever "
     "global_batch_info says (k accumulated micro-batches scale the gradient by k); hybridflow divides the "
-    "sequence sum by global_batch_size (x dp_size), so accumulation gives the full-batch gradient",
+    "sequence sum by global_batch_size (x dp_size), so accumulation gives the full-batch gradient"
 }
 
 
-def compare(ours_losses: dict, theirs_losses: dict, ours_estimators: dict, theirs_estimators: dict,
-            loss_config: Callable[[Optional[dict]], tuple[Any, Any]], algo_config: Callable[[], tuple[Any, Any]],
-            seeds: Iterable[int] = range(3)) -> list[tuple[str, str, float]]:
+def compare(
+    ours_losses: dict,
+    theirs_losses: dict,
+    ours_estimators: dict,
+    theirs_estimators: dict,
+    loss_config: Callable[[dict | None], tuple[Any, Any]],
+    algo_config: Callable[[], tuple[Any, Any]],
+    seeds: Iterable[int] = range(3),
+) -> list[tuple[str, str, float]]:
     """[(kind, name, max abs diff)] for every name in either registry (nan: only one side has it).
     ``loss_config(global_batch_info)`` / ``algo_config()`` return the (ours, theirs) config objects.
     A loss with a ``KNOWN_DEVIATIONS`` entry gets a second row, ``name (variant)``, for those runs."""
@@ -238,8 +303,13 @@ def _verl_configs():
     def loss_config(info):
         ours = {**ACTOR, "global_batch_info": dict(info or {})}
         fields = {k: v for k, v in ACTOR.items() if k != "policy_loss"}
-        theirs = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
-                             policy_loss=PolicyLossConfig(**ACTOR["policy_loss"]), **fields)
+        theirs = ActorConfig(
+            strategy="fsdp",
+            rollout_n=1,
+            ppo_micro_batch_size_per_gpu=1,
+            policy_loss=PolicyLossConfig(**ACTOR["policy_loss"]),
+            **fields,
+        )
         theirs.global_batch_info.update(info or {})
         return ours, theirs
 
@@ -255,9 +325,15 @@ def run_in_process(seeds: int) -> str:
     from hybridflow.trainer.ppo import core_algos as ours
 
     loss_config, algo_config = _verl_configs()
-    rows = compare(dict(ours.POLICY_LOSS_REGISTRY.items()), dict(verl_algos.POLICY_LOSS_REGISTRY),
-                   dict(ours.ADV_ESTIMATOR_REGISTRY.items()), dict(verl_algos.ADV_ESTIMATOR_REGISTRY),
-                   loss_config, algo_config, range(seeds))
+    rows = compare(
+        dict(ours.POLICY_LOSS_REGISTRY.items()),
+        dict(verl_algos.POLICY_LOSS_REGISTRY),
+        dict(ours.ADV_ESTIMATOR_REGISTRY.items()),
+        dict(verl_algos.ADV_ESTIMATOR_REGISTRY),
+        loss_config,
+        algo_config,
+        range(seeds),
+    )
     return format_table(rows)
 
 
@@ -274,8 +350,9 @@ def main(argv=None) -> int:
             return 2
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        return subprocess.run([args.verl_python, "-m", "hybridflow.devtools.verl_parity", "--seeds", str(args.seeds)],
-                              env=env).returncode
+        return subprocess.run(
+            [args.verl_python, "-m", "hybridflow.devtools.verl_parity", "--seeds", str(args.seeds)], env=env
+        ).returncode
     print(run_in_process(args.seeds))
     return 0
 

@@ -80,6 +80,7 @@ def _vllm_lora_rank_check() -> None:
     vLLM package cannot be imported (vLLM missing or a CPU build): the same rule on the fallback ranks."""
     try:
         import verl.workers.rollout.vllm_rollout.utils  # noqa: F401
+
         return
     except Exception:  # noqa: BLE001 - any import failure of the backend: check the rank without it
         pass
@@ -128,8 +129,9 @@ def judge(args: list[str]) -> tuple[bool, str]:
             warnings.simplefilter("ignore")
             with initialize_config_dir(config_dir=config_dir, version_base=None):
                 config = compose(config_name=(name or "ppo_trainer").removesuffix(".yaml"), overrides=overrides)
-            validate_config(config, use_reference_policy=_need_reference_policy(config),
-                            use_critic=_need_critic(config))
+            validate_config(
+                config, use_reference_policy=_need_reference_policy(config), use_critic=_need_critic(config)
+            )
     except Exception as e:  # noqa: BLE001 - every failure is a verdict on the command line
         if _needs_the_model(e):
             return True, "accepted up to loading the model's files (not on this machine)"

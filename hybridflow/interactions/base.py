@@ -27,8 +27,9 @@ class BaseInteraction:
     async def start_interaction(self, instance_id: str | None = None, **kwargs) -> str:
         return instance_id or str(uuid4())
 
-    async def generate_response(self, instance_id: str, messages: list[dict[str, Any]], **kwargs
-                                ) -> tuple[bool, str, float, dict[str, Any]]:
+    async def generate_response(
+        self, instance_id: str, messages: list[dict[str, Any]], **kwargs
+    ) -> tuple[bool, str, float, dict[str, Any]]:
         return False, "Your current result seems acceptable.", 0.8, {}
 
     async def calculate_score(self, *args, **kwargs) -> float:

@@ -26,8 +26,9 @@ class Gsm8kInteraction(BaseInteraction):
         self._instances[instance_id] = {"response": "", "ground_truth": ground_truth, "reward": 0.0}
         return instance_id
 
-    async def generate_response(self, instance_id: str, messages: list[dict[str, Any]], **kwargs
-                                ) -> tuple[bool, str, float, dict]:
+    async def generate_response(
+        self, instance_id: str, messages: list[dict[str, Any]], **kwargs
+    ) -> tuple[bool, str, float, dict]:
         content = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), "")
         self._instances[instance_id]["response"] = content
         reward = await self.calculate_score(instance_id)
@@ -39,8 +40,9 @@ class Gsm8kInteraction(BaseInteraction):
         state = self._instances[instance_id]
         if state["ground_truth"] is None:
             return 0.0
-        return gsm8k.compute_score(state["response"], str(state["ground_truth"]), method="strict",
-                                   format_score=0.0, score=1.0)
+        return gsm8k.compute_score(
+            state["response"], str(state["ground_truth"]), method="strict", format_score=0.0, score=1.0
+        )
 
     async def finalize_interaction(self, instance_id: str, **kwargs) -> None:
         self._instances.pop(instance_id, None)

@@ -7,7 +7,7 @@ import hashlib
 import importlib.util
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 def get_custom_reward_fn(
@@ -41,7 +41,8 @@ def get_custom_reward_fn(
 
     if not hasattr(module, name):
         defined = sorted(
-            attr for attr, value in vars(module).items()
+            attr
+            for attr, value in vars(module).items()
             if callable(value) and not attr.startswith("_") and getattr(value, "__module__", None) == module_name
         )
         raise AttributeError(

@@ -26,7 +26,7 @@ writes it), else the last user message of ``raw_prompt``, else the decoded promp
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from hybridflow.rewards.judge_template import load_template
 from hybridflow.rewards.manager import _RuleRewardManager, register_reward_manager
@@ -34,7 +34,7 @@ from hybridflow.rewards.verdict_parsers import get_verdict_parser
 
 logger = logging.getLogger(__name__)
 
-Judge = Callable[..., Sequence[Optional[str]]]  # judge(prompts, chat_template=bool)
+Judge = Callable[..., Sequence[str | None]]  # judge(prompts, chat_template=bool)
 
 
 class JudgeNotAttachedError(RuntimeError):
@@ -47,16 +47,30 @@ class GenRMRewardManager(_RuleRewardManager):
 
     needs_judge = True  # the trainer serves reward.reward_model on a rollout engine for this manager
 
-    def __init__(self, tokenizer, num_examine: int, compute_score: Callable | None = None,
-                 reward_fn_key: str = "data_source", template: str | None = None, template_path: str | None = None,
-                 parser: str = "boxed", unparsable_score: float = 0.0, chat_template: bool = True,
-                 judge: Judge | None = None, **unknown):
+    def __init__(
+        self,
+        tokenizer,
+        num_examine: int,
+        compute_score: Callable | None = None,
+        reward_fn_key: str = "data_source",
+        template: str | None = None,
+        template_path: str | None = None,
+        parser: str = "boxed",
+        unparsable_score: float = 0.0,
+        chat_template: bool = True,
+        judge: Judge | None = None,
+        **unknown,
+    ):
         if compute_score is not None:
-            raise ValueError("reward.reward_manager.name=genrm scores with the judge; reward.custom_reward_function."
-                             "path must be null (use another reward manager for a rule-based custom function)")
+            raise ValueError(
+                "reward.reward_manager.name=genrm scores with the judge; reward.custom_reward_function."
+                "path must be null (use another reward manager for a rule-based custom function)"
+            )
         if unknown:
-            raise ValueError(f"reward.reward_kwargs.{sorted(unknown)[0]} is not a setting of the genrm reward manager "
-                             "(its settings: template, template_path, parser, unparsable_score, chat_template)")
+            raise ValueError(
+                f"reward.reward_kwargs.{sorted(unknown)[0]} is not a setting of the genrm reward manager "
+                "(its settings: template, template_path, parser, unparsable_score, chat_template)"
+            )
         super().__init__(tokenizer, num_examine, compute_score=None, reward_fn_key=reward_fn_key)
         self.template = load_template(template, template_path)
         self.parser_name = str(parser)
@@ -87,9 +101,12 @@ class GenRMRewardManager(_RuleRewardManager):
             raise JudgeNotAttachedError(
                 "the genrm reward manager has no judge: it needs reward.reward_model.enable=True, "
                 "reward.reward_model.model_path and reward.reward_model.rollout.name (hf or vllm), and the trainer "
-                "attaches the judge when its workers start (outside the trainer, pass judge= or call attach_judge)")
-        prompts = [self.template.fill(info["question"], text, truth)
-                   for info, text, truth in zip(extra_infos, solution_strs, ground_truths)]
+                "attaches the judge when its workers start (outside the trainer, pass judge= or call attach_judge)"
+            )
+        prompts = [
+            self.template.fill(info["question"], text, truth)
+            for info, text, truth in zip(extra_infos, solution_strs, ground_truths)
+        ]
         verdicts = list(self.judge(prompts, chat_template=self.chat_template))
         if len(verdicts) != len(prompts):
             raise ValueError(f"the judge returned {len(verdicts)} verdicts for {len(prompts)} prompts")
@@ -98,15 +115,29 @@ class GenRMRewardManager(_RuleRewardManager):
             value = None if verdict is None else self.parse(verdict)
             too_long += verdict is None
             unparsable += verdict is not None and value is None
-            results.append({"score": self.unparsable_score if value is None else float(value),
-                            "genrm_parsed": float(value is not None),
-                            "genrm_verdict": "" if verdict is None else verdict})
+            results.append(
+                {
+                    "score": self.unparsable_score if value is None else float(value),
+                    "genrm_parsed": float(value is not None),
+                    "genrm_verdict": "" if verdict is None else verdict,
+                }
+            )
         if unparsable or too_long:
-            logger.warning("genrm: %d of %d verdicts unparsable by parser %r, %d prompts too long for the judge; "
-                           "they score %s", unparsable, len(prompts), self.parser_name, too_long, self.unparsable_score)
+            logger.warning(
+                "genrm: %d of %d verdicts unparsable by parser %r, %d prompts too long for the judge; they score %s",
+                unparsable,
+                len(prompts),
+                self.parser_name,
+                too_long,
+                self.unparsable_score,
+            )
         n = max(len(prompts), 1)
-        self.last_metrics = {"genrm/judged": float(len(prompts)), "genrm/unparsable": float(unparsable),
-                             "genrm/unparsable_ratio": unparsable / n, "genrm/prompt_too_long": float(too_long)}
+        self.last_metrics = {
+            "genrm/judged": float(len(prompts)),
+            "genrm/unparsable": float(unparsable),
+            "genrm/unparsable_ratio": unparsable / n,
+            "genrm/prompt_too_long": float(too_long),
+        }
         return results
 
 

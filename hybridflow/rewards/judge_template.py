@@ -31,13 +31,18 @@ class JudgeTemplate:
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"reward.reward_kwargs.template must be non-empty text, got {text!r}")
         if "{response}" not in text:
-            raise ValueError("reward.reward_kwargs.template has no {response} placeholder: the judge would never see "
-                             f"the response it grades (placeholders: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
+            raise ValueError(
+                "reward.reward_kwargs.template has no {response} placeholder: the judge would never see "
+                f"the response it grades (placeholders: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})"
+            )
         self.text = text
 
     def fill(self, question: str, response: str, ground_truth) -> str:
-        values = {"question": str(question), "response": str(response),
-                  "ground_truth": "" if ground_truth is None else str(ground_truth)}
+        values = {
+            "question": str(question),
+            "response": str(response),
+            "ground_truth": "" if ground_truth is None else str(ground_truth),
+        }
         return _PLACEHOLDER.sub(lambda m: values[m.group(1)], self.text)
 
 

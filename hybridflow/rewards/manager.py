@@ -19,7 +19,8 @@ import logging
 import math
 import numbers
 from collections import defaultdict
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,8 +79,14 @@ def _column(data, key: str, what: str) -> np.ndarray:
 class _RuleRewardManager:
     """Shared decoding, score placement, validation and the examined samples; subclasses produce raw scores."""
 
-    def __init__(self, tokenizer, num_examine: int, compute_score: Callable | None = None,
-                 reward_fn_key: str = "data_source", **reward_kwargs):
+    def __init__(
+        self,
+        tokenizer,
+        num_examine: int,
+        compute_score: Callable | None = None,
+        reward_fn_key: str = "data_source",
+        **reward_kwargs,
+    ):
         self.tokenizer = tokenizer
         self.num_examine = num_examine
         self.compute_score = compute_score or default_compute_score
@@ -147,7 +154,9 @@ class _RuleRewardManager:
         given = data.non_tensor_batch.get("reward_score")
         todo = [i for i in range(len(data_sources)) if given is None or given[i] is None]
         pick = lambda values: [values[i] for i in todo]  # noqa: E731
-        scored = self._score(pick(data_sources), pick(solution_strs), pick(ground_truths), pick(extra_infos)) if todo else []
+        scored = (
+            self._score(pick(data_sources), pick(solution_strs), pick(ground_truths), pick(extra_infos)) if todo else []
+        )
         if len(scored) != len(todo):
             raise ValueError(f"compute_score returned {len(scored)} scores for a batch of {len(todo)}")
         raw = [None if given is None else given[i] for i in range(len(data_sources))]
@@ -163,11 +172,11 @@ class _RuleRewardManager:
             if shown[source] >= self.num_examine:
                 continue
             shown[source] += 1
-            ids = prompts[i, prompt_len - prompt_lens[i]:].tolist()
+            ids = prompts[i, prompt_len - prompt_lens[i] :].tolist()
             logger.info("[prompt] %s", self.tokenizer.decode(ids, skip_special_tokens=True))
             logger.info("[response] %s", solution_strs[i])
             logger.info("[ground_truth] %s", ground_truths[i])
-            for key, value in (raw[i].items() if isinstance(raw[i], dict) else [("score", raw[i])]):
+            for key, value in raw[i].items() if isinstance(raw[i], dict) else [("score", raw[i])]:
                 logger.info("[%s] %s", key, value)
 
 
@@ -197,9 +206,15 @@ class NaiveRewardManager(_RuleRewardManager):
         out = []
         for i, (source, text, truth, extra) in enumerate(zip(data_sources, solution_strs, ground_truths, extra_infos)):
             try:
-                out.append(self.compute_score(
-                    data_source=source, solution_str=text, ground_truth=truth, extra_info=extra, **self.reward_kwargs
-                ))
+                out.append(
+                    self.compute_score(
+                        data_source=source,
+                        solution_str=text,
+                        ground_truth=truth,
+                        extra_info=extra,
+                        **self.reward_kwargs,
+                    )
+                )
             except Exception as err:
                 raise RewardComputationError(
                     f"compute_score failed on sample {i} (data_source={source!r}): {type(err).__name__}: {err}"
@@ -219,16 +234,27 @@ class BatchRewardManager(_RuleRewardManager):
     """One ``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)`` call per
     batch, for scorers that batch (an LLM judge, a remote sandbox); returns one result per row."""
 
-    def __init__(self, tokenizer, num_examine: int, compute_score: Callable | None = None,
-                 reward_fn_key: str = "data_source", **reward_kwargs):
+    def __init__(
+        self,
+        tokenizer,
+        num_examine: int,
+        compute_score: Callable | None = None,
+        reward_fn_key: str = "data_source",
+        **reward_kwargs,
+    ):
         super().__init__(tokenizer, num_examine, compute_score or _default_batch_score, reward_fn_key, **reward_kwargs)
 
     def _score(self, data_sources, solution_strs, ground_truths, extra_infos) -> list:
         try:
-            return list(self.compute_score(
-                data_sources=data_sources, solution_strs=solution_strs, ground_truths=ground_truths,
-                extra_infos=extra_infos, **self.reward_kwargs,
-            ))
+            return list(
+                self.compute_score(
+                    data_sources=data_sources,
+                    solution_strs=solution_strs,
+                    ground_truths=ground_truths,
+                    extra_infos=extra_infos,
+                    **self.reward_kwargs,
+                )
+            )
         except Exception as err:
             sources = sorted(set(map(str, data_sources)))
             raise RewardComputationError(
@@ -237,8 +263,9 @@ class BatchRewardManager(_RuleRewardManager):
             ) from err
 
 
-def load_reward_manager(reward_manager_name: str, tokenizer, num_examine: int,
-                        compute_score: Callable | None = None, **kwargs):
+def load_reward_manager(
+    reward_manager_name: str, tokenizer, num_examine: int, compute_score: Callable | None = None, **kwargs
+):
     """Build the registered manager ``reward_manager_name`` (config: reward_model.reward_manager)."""
     cls = get_reward_manager_cls(reward_manager_name)
     return cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=compute_score, **kwargs)
@@ -260,5 +287,4 @@ def reward_metrics(rewards: torch.Tensor | Sequence[float], data_sources: Sequen
     return {f"reward/{s}/mean": float(values[sources == s].mean()) for s in sorted(set(sources))}
 
 
-from hybridflow.rewards import dapo  # noqa: E402,F401  (registers "dapo"; it builds on NaiveRewardManager)
-from hybridflow.rewards import genrm  # noqa: E402,F401  (registers "genrm", the LLM judge)
+from hybridflow.rewards import dapo, genrm  # noqa: E402,F401  (register "dapo" and "genrm"; a cycle, issue 34.7)

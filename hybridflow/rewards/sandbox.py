@@ -114,8 +114,11 @@ def _preexec(layers: _Layers, limits: Limits, box: str, uid: int | None):
         if flags and layers.userns:
             real_uid, real_gid = os.getuid(), os.getgid()
             _check(_LIBC.unshare(flags | _CLONE_NEWUSER), "unshare")
-            for name, text in (("setgroups", "deny"), ("uid_map", f"{real_uid} {real_uid} 1"),
-                               ("gid_map", f"{real_gid} {real_gid} 1")):
+            for name, text in (
+                ("setgroups", "deny"),
+                ("uid_map", f"{real_uid} {real_uid} 1"),
+                ("gid_map", f"{real_gid} {real_gid} 1"),
+            ):
                 fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
                 try:
                     os.write(fd, text.encode())
@@ -191,13 +194,22 @@ def _spawn(layers: _Layers, code: str, stdin: str, limits: Limits, fn_name: str 
         with open(os.path.join(root, "stdin"), "w", encoding="utf-8") as f:
             f.write(stdin)
         argv = [layers.python, "-I", "-S", "-c", BOOTSTRAP, code_path, fn_name or "", "1" if layers.audit_hook else "0"]
-        with open(os.path.join(root, "stdin"), "rb") as fin, open(os.path.join(root, "stdout"), "wb") as fout, open(
-            os.path.join(root, "stderr"), "wb"
-        ) as ferr:
+        with (
+            open(os.path.join(root, "stdin"), "rb") as fin,
+            open(os.path.join(root, "stdout"), "wb") as fout,
+            open(os.path.join(root, "stderr"), "wb") as ferr,
+        ):
             start = time.monotonic()
             proc = subprocess.Popen(
-                argv, stdin=fin, stdout=fout, stderr=ferr, cwd=box, env={}, close_fds=True,
-                start_new_session=True, preexec_fn=_preexec(layers, limits, box, uid),
+                argv,
+                stdin=fin,
+                stdout=fout,
+                stderr=ferr,
+                cwd=box,
+                env={},
+                close_fds=True,
+                start_new_session=True,
+                preexec_fn=_preexec(layers, limits, box, uid),
             )
             timed_out = False
             try:
@@ -288,7 +300,8 @@ def isolation(limits: Limits | None = None) -> str:
         f"nproc={limits.max_processes} {nproc}, fsize={limits.max_file_mb}MB, nofile={limits.max_open_files})",
         f"wall timeout {limits.timeout_s}s with process-group kill",
         "empty env, python -I -S, empty temp cwd",
-        ("network namespace" + (" (in a user namespace)" if layers.userns else "")) if layers.netns
+        ("network namespace" + (" (in a user namespace)" if layers.userns else ""))
+        if layers.netns
         else "NO network namespace",
         "read-only filesystem outside cwd" if layers.readonly_fs else "filesystem writable where the user may write",
         "/proc hidden" if layers.hide_proc else "/proc visible",
@@ -318,5 +331,10 @@ def run_python(
 def kernel_layers() -> dict[str, bool]:
     """Which kernel layers are in force here (for tests and reports)."""
     layers = _detect()
-    return {"netns": layers.netns, "readonly_fs": layers.readonly_fs, "drop_uid": layers.drop_uid,
-            "userns": layers.userns, "hide_proc": layers.hide_proc}
+    return {
+        "netns": layers.netns,
+        "readonly_fs": layers.readonly_fs,
+        "drop_uid": layers.drop_uid,
+        "userns": layers.userns,
+        "hide_proc": layers.hide_proc,
+    }

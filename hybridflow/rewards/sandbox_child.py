@@ -12,7 +12,7 @@ from __future__ import annotations
 EXIT_MEMORY = 86  # the code raised MemoryError (RLIMIT_AS reached)
 RESULT_MARKER = "\x00hybridflow-result:"  # fn_name mode: the line carrying the JSON return value
 
-BOOTSTRAP = r'''
+BOOTSTRAP = r"""
 import builtins, json, os, sys
 _code_path, _fn_name, _use_hook = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 with open(_code_path, encoding="utf-8") as _f:
@@ -99,4 +99,4 @@ except MemoryError:
         sys.stderr.flush()
     finally:
         os._exit(__EXIT_MEMORY__)
-'''.replace("__MARKER__", repr(RESULT_MARKER)).replace("__EXIT_MEMORY__", str(EXIT_MEMORY))
+""".replace("__MARKER__", repr(RESULT_MARKER)).replace("__EXIT_MEMORY__", str(EXIT_MEMORY))

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from hybridflow.utils.registry import Registry
 
-VerdictParser = Callable[[str], Optional[float]]
+VerdictParser = Callable[[str], float | None]
 VERDICT_PARSERS: Registry[VerdictParser] = Registry("verdict parser")
 
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"

@@ -17,5 +17,12 @@ from hybridflow.rollout.server import (
     register_rollout_server,
 )
 
-__all__ = ["ROLLOUT_SERVERS", "AsyncRolloutServer", "EngineLoop", "SamplingParams", "ServerSpec", "TokenOutput",
-           "register_rollout_server"]
+__all__ = [
+    "ROLLOUT_SERVERS",
+    "AsyncRolloutServer",
+    "EngineLoop",
+    "SamplingParams",
+    "ServerSpec",
+    "TokenOutput",
+    "register_rollout_server",
+]

@@ -38,7 +38,7 @@ class SamplingParams:
     def greedy(self) -> bool:
         return not self.do_sample or self.temperature <= 0
 
-    def with_overrides(self, overrides: Mapping[str, Any]) -> "SamplingParams":
+    def with_overrides(self, overrides: Mapping[str, Any]) -> SamplingParams:
         """A copy with the known keys of ``overrides`` applied (``None`` values are ignored)."""
         known = {f.name for f in fields(self)}
         picked = {k: overrides[k] for k in known if k in overrides and overrides[k] is not None}
@@ -58,8 +58,9 @@ def _coerce(p: SamplingParams) -> SamplingParams:
     )
 
 
-def rollout_sampling(rollout: RolloutConfig | Mapping[str, Any],
-                     path: str = "actor_rollout_ref.rollout") -> tuple[SamplingParams, SamplingParams]:
+def rollout_sampling(
+    rollout: RolloutConfig | Mapping[str, Any], path: str = "actor_rollout_ref.rollout"
+) -> tuple[SamplingParams, SamplingParams]:
     """(train, validation) parameters of a rollout section (a ``RolloutConfig``; a DictConfig or dict,
     veRL's callers, is read into one; ``path`` names it in errors).
 
@@ -67,17 +68,23 @@ def rollout_sampling(rollout: RolloutConfig | Mapping[str, Any],
     ``response_length`` and ``ignore_eos``.
     """
     rollout = omega_conf_to_dataclass(rollout, RolloutConfig, path=path)
-    train = _coerce(SamplingParams(do_sample=rollout.do_sample, temperature=rollout.temperature, top_k=rollout.top_k,
-                                   top_p=rollout.top_p, response_length=rollout.response_length,
-                                   ignore_eos=rollout.ignore_eos))
+    train = _coerce(
+        SamplingParams(
+            do_sample=rollout.do_sample,
+            temperature=rollout.temperature,
+            top_k=rollout.top_k,
+            top_p=rollout.top_p,
+            response_length=rollout.response_length,
+            ignore_eos=rollout.ignore_eos,
+        )
+    )
     val = rollout.val_kwargs
-    return train, train.with_overrides({"do_sample": val.do_sample, "temperature": val.temperature,
-                                        "top_k": val.top_k, "top_p": val.top_p})
+    return train, train.with_overrides(
+        {"do_sample": val.do_sample, "temperature": val.temperature, "top_k": val.top_k, "top_p": val.top_p}
+    )
 
 
-def resolve_sampling(
-    train: SamplingParams, val: SamplingParams, meta_info: Mapping[str, Any]
-) -> SamplingParams:
+def resolve_sampling(train: SamplingParams, val: SamplingParams, meta_info: Mapping[str, Any]) -> SamplingParams:
     """Parameters for one ``generate_sequences`` call: validation or training, then meta_info overrides
     (``eos_token_id`` in meta_info, veRL's spelling, sets the stop ids)."""
     base = val if meta_info.get("validate", False) else train
@@ -119,5 +126,7 @@ def model_eos_token_ids(model_path: str | None, tokenizer) -> list[int]:
         if t not in ids:
             ids.append(t)
     if not ids:
-        raise ValueError(f"no EOS token id for {model_path!r}: neither generation_config.json nor the tokenizer names one")
+        raise ValueError(
+            f"no EOS token id for {model_path!r}: neither generation_config.json nor the tokenizer names one"
+        )
     return ids

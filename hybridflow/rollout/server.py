@@ -70,8 +70,9 @@ class AsyncRolloutServer(ABC):
     """Token-in-token-out generation with many requests in flight (see the module docstring)."""
 
     @abstractmethod
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                       logprobs: bool = True) -> TokenOutput:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, logprobs: bool = True
+    ) -> TokenOutput:
         """Continue ``prompt_ids`` by at most ``params.response_length`` tokens; stop at an EOS id
         unless ``params.ignore_eos``. The EOS that ends a response is part of ``token_ids``."""
 
@@ -134,7 +135,7 @@ class EngineLoop:
             raise RuntimeError("EngineLoop.run called from the engine loop itself (would deadlock); await instead")
         return self.submit(coro).result(timeout)
 
-    def wrap(self, coro: Coroutine[Any, Any, T]) -> "asyncio.Future[T]":
+    def wrap(self, coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
         return asyncio.wrap_future(self.submit(coro))
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ questions the same way (``handles``, ``spawn_helpers``, ``shutdown``; base/worke
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, WorkerGroup
 from hybridflow.utils.environ import restore_environ, snapshot_environ
@@ -57,8 +57,10 @@ def check_pools_fit(backend: str, pools: dict[str, list[int]], use_gpu: bool = F
     for name, sizes in pools.items():
         problem = pool_size_problem(backend, sum(sizes))
         if problem:
-            raise ValueError(f"resource pool {name!r} asks for {sum(sizes)} workers ({'+'.join(map(str, sizes))} "
-                             f"per node): {problem}")
+            raise ValueError(
+                f"resource pool {name!r} asks for {sum(sizes)} workers ({'+'.join(map(str, sizes))} "
+                f"per node): {problem}"
+            )
     if backend == "inprocess":
         return
     from hybridflow.single_controller.ray.placement import check_cluster_fits
@@ -66,9 +68,16 @@ def check_pools_fit(backend: str, pools: dict[str, list[int]], use_gpu: bool = F
     check_cluster_fits(pools, use_gpu)
 
 
-def build_worker_group(backend: str, workers: ClassWithInitArgs | dict[str, ClassWithInitArgs],
-                       process_on_nodes: list[int], *, name: str = "workers", use_gpu: bool = False,
-                       max_colocate_count: int = 10, concurrency_groups: dict[str, int] | None = None) -> WorkerGroup:
+def build_worker_group(
+    backend: str,
+    workers: ClassWithInitArgs | dict[str, ClassWithInitArgs],
+    process_on_nodes: list[int],
+    *,
+    name: str = "workers",
+    use_gpu: bool = False,
+    max_colocate_count: int = 10,
+    concurrency_groups: dict[str, int] | None = None,
+) -> WorkerGroup:
     """A group of ``workers`` over a new resource pool of ``process_on_nodes`` processes per node.
 
     ``workers``: one class with its arguments, or {role: class with arguments} fused into one worker
@@ -95,8 +104,12 @@ def build_worker_group(backend: str, workers: ClassWithInitArgs | dict[str, Clas
     else:
         remote = ray.remote(**options)(workers.user_cls) if options else ray.remote(workers.user_cls)
         cls = RayClassWithInitArgs(remote, *workers.args, **workers.kwargs)
-    pool = RayResourcePool(process_on_nodes=list(process_on_nodes), use_gpu=use_gpu,
-                           max_colocate_count=max_colocate_count, name_prefix=f"hf_{name}_pool")
+    pool = RayResourcePool(
+        process_on_nodes=list(process_on_nodes),
+        use_gpu=use_gpu,
+        max_colocate_count=max_colocate_count,
+        name_prefix=f"hf_{name}_pool",
+    )
     group = RayWorkerGroup(pool, cls)
     group.owns_resource_pool = True
     return group

@@ -20,8 +20,11 @@ import traceback
 from concurrent.futures import Future
 from functools import partial
 
-from hybridflow.single_controller.base.colocated import build_colocated_class, fused_class_with_init_args
-from hybridflow.single_controller.base.colocated import create_colocated_worker_raw_cls  # noqa: F401
+from hybridflow.single_controller.base.colocated import (
+    build_colocated_class,
+    create_colocated_worker_raw_cls,  # noqa: F401
+    fused_class_with_init_args,
+)
 from hybridflow.single_controller.base.direct import HandleKind
 from hybridflow.single_controller.base.errors import WorkerError
 from hybridflow.single_controller.base.helpers import HelperPool
@@ -118,7 +121,9 @@ class InProcessWorkerGroup(WorkerGroup):
 
     def __init__(self, cls_with_init: ClassWithInitArgs, name_prefix: str | None = None, resource_pool=None):
         if resource_pool is not None and resource_pool.world_size != 1:
-            raise ValueError(f"the in-process backend runs exactly one worker; the resource pool asks for {resource_pool.world_size}")
+            raise ValueError(
+                f"the in-process backend runs exactly one worker; the resource pool asks for {resource_pool.world_size}"
+            )
         super().__init__(name=name_prefix or "inprocess", world_size=1)
         if not isinstance(cls_with_init, ClassWithInitArgs):
             cls_with_init = ClassWithInitArgs(cls_with_init)
@@ -128,8 +133,9 @@ class InProcessWorkerGroup(WorkerGroup):
         try:
             # built in the group's thread, like every call after it (thread-local state stays put)
             built = self._host.thread.submit(cls_with_init)
-            self.workers = wait_with_deadline([built], self._deadline(), group=self, what="__init__",
-                                              threads=[self._host.thread.ident])
+            self.workers = wait_with_deadline(
+                [built], self._deadline(), group=self, what="__init__", threads=[self._host.thread.ident]
+            )
         except BaseException:
             self._host.close("its worker could not be built")
             raise
@@ -189,14 +195,23 @@ class InProcessWorkerGroup(WorkerGroup):
 
     def _resolve(self, method, ranks, handles):
         deadline = self._deadline(getattr(handles, "rows", 0))
-        return wait_with_deadline(list(handles), deadline, group=self, what=method, ranks=ranks,
-                                  threads=[self._host.thread.ident])
+        return wait_with_deadline(
+            list(handles), deadline, group=self, what=method, ranks=ranks, threads=[self._host.thread.ident]
+        )
 
     def _collect_stacks(self, ranks):
         """The worker is this process: its threads' stacks, the group's own thread first."""
         text = format_own_stacks(first=self._host.thread.ident)
-        return {r: {"pid": os.getpid(), "state": "running", "tool": "traceback", "text": text,
-                    "location": "the driver's process"} for r in ranks}
+        return {
+            r: {
+                "pid": os.getpid(),
+                "state": "running",
+                "tool": "traceback",
+                "text": text,
+                "location": "the driver's process",
+            }
+            for r in ranks
+        }
 
     def shutdown(self):
         """No process to kill: the group stops taking calls and gives back what it set in the process
@@ -222,8 +237,7 @@ class LocalHelpers(HelperPool):
     """Helpers as objects in this process; their coroutine methods run on an event loop thread of the
     pool's own (each Ray helper actor would run them on its own loop), so the driver never blocks."""
 
-    def __init__(self, cls, count: int, args: tuple = (), kwargs: dict | None = None,
-                 name: str = "hybridflow-helpers"):
+    def __init__(self, cls, count: int, args: tuple = (), kwargs: dict | None = None, name: str = "hybridflow-helpers"):
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()

@@ -17,11 +17,18 @@ from typing import Any
 from hybridflow.tools.base_tool import BaseTool
 from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 MAX_EXPONENT = 64
-MAX_MAGNITUDE = 10 ** 30
+MAX_MAGNITUDE = 10**30
 MAX_EXPRESSION_CHARS = 200
 
 

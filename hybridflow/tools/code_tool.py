@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from hybridflow.rewards.sandbox import Limits, run_python
 from hybridflow.tools.base_tool import BaseTool
 from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
-from hybridflow.rewards.sandbox import Limits, run_python
 
 
 class CodeInterpreterTool(BaseTool):
@@ -25,7 +25,9 @@ class CodeInterpreterTool(BaseTool):
         self.memory_limit_mb = int(self.config.get("memory_limit_mb", 1024))
         language = str(self.config.get("default_language", "python"))
         if language != "python":
-            raise ValueError(f"{type(self).__name__}: default_language={language!r}: only python runs in the local sandbox")
+            raise ValueError(
+                f"{type(self).__name__}: default_language={language!r}: only python runs in the local sandbox"
+            )
         self._slots = asyncio.Semaphore(max(1, int(self.config.get("num_workers", 4))))
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
@@ -42,4 +44,8 @@ class CodeInterpreterTool(BaseTool):
         if result.reason == "ok" and result.returncode == 0:
             return ToolResponse(text=result.stdout), 0.0, {"reason": "ok", "wall_s": result.wall_s}
         text = (result.stdout + result.stderr).strip()
-        return ToolResponse(text=f"{text}\n[{result.reason}]".strip()), 0.0, {"reason": result.reason, "wall_s": result.wall_s}
+        return (
+            ToolResponse(text=f"{text}\n[{result.reason}]".strip()),
+            0.0,
+            {"reason": result.reason, "wall_s": result.wall_s},
+        )

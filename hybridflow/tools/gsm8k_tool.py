@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 from uuid import uuid4
 
+from hybridflow.rewards.scorers import gsm8k
 from hybridflow.tools.base_tool import BaseTool
 from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
-from hybridflow.rewards.scorers import gsm8k
 
 NO_IMPROVEMENT_PENALTY = -0.05
 
@@ -21,8 +21,9 @@ class Gsm8kTool(BaseTool):
         super().__init__(config, tool_schema)
         self._instances: dict[str, dict] = {}
 
-    async def create(self, instance_id: str | None = None, ground_truth: str | None = None, **kwargs
-                     ) -> tuple[str, ToolResponse]:
+    async def create(
+        self, instance_id: str | None = None, ground_truth: str | None = None, **kwargs
+    ) -> tuple[str, ToolResponse]:
         instance_id = instance_id or str(uuid4())
         if ground_truth is None:
             ground_truth = (kwargs.get("create_kwargs") or {}).get("ground_truth")
@@ -42,8 +43,9 @@ class Gsm8kTool(BaseTool):
         state = self._instances[instance_id]
         if state["ground_truth"] is None:
             return 0.0
-        return gsm8k.compute_score(state["response"], str(state["ground_truth"]), method="flexible",
-                                   format_score=0.0, score=1.0)
+        return gsm8k.compute_score(
+            state["response"], str(state["ground_truth"]), method="flexible", format_score=0.0, score=1.0
+        )
 
     async def release(self, instance_id: str, **kwargs) -> None:
         self._instances.pop(instance_id, None)

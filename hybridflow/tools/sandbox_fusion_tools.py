@@ -23,5 +23,9 @@ class SandboxFusionTool(CodeInterpreterTool):
         super().__init__(config, tool_schema)
         unused = [k for k in REMOTE_ONLY_KEYS if self.config.get(k) not in (None, "")]
         if unused:
-            logger.warning("SandboxFusionTool %r: %s configure veRL's remote SandboxFusion service and are not used; "
-                           "hybridflow runs the code in its local sandbox", self.name, ", ".join(unused))
+            logger.warning(
+                "SandboxFusionTool %r: %s configure veRL's remote SandboxFusion service and are not used; "
+                "hybridflow runs the code in its local sandbox",
+                self.name,
+                ", ".join(unused),
+            )

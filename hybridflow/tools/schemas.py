@@ -45,7 +45,8 @@ class OpenAIFunctionSchema(BaseModel):
     name: str
     description: str
     parameters: OpenAIFunctionParametersSchema = Field(
-        default_factory=lambda: OpenAIFunctionParametersSchema(type="object", properties={}, required=[]))
+        default_factory=lambda: OpenAIFunctionParametersSchema(type="object", properties={}, required=[])
+    )
     strict: bool = False
 
 
@@ -68,8 +69,7 @@ class OpenAIFunctionCallSchema(BaseModel):
     arguments: dict[str, Any]
 
     @staticmethod
-    def from_openai_function_parsed_schema(parsed: OpenAIFunctionParsedSchema,
-                                           ) -> tuple["OpenAIFunctionCallSchema", bool]:
+    def from_openai_function_parsed_schema(parsed: OpenAIFunctionParsedSchema) -> tuple[OpenAIFunctionCallSchema, bool]:
         """(call, has_decode_error): arguments that are not a JSON object decode to ``{}`` and flag the error."""
         try:
             arguments = json.loads(parsed.arguments)
@@ -100,8 +100,10 @@ class ToolResponse(BaseModel):
         if isinstance(values, dict):
             for key in ("image", "video"):
                 if values.get(key) is not None and not isinstance(values[key], list):
-                    raise ValueError(f"ToolResponse.{key} must be a list (wrap a single item as [item]), "
-                                     f"got {type(values[key]).__name__}")
+                    raise ValueError(
+                        f"ToolResponse.{key} must be a list (wrap a single item as [item]), "
+                        f"got {type(values[key]).__name__}"
+                    )
         return values
 
     def is_empty(self) -> bool:

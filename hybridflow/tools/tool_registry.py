@@ -26,9 +26,9 @@ UNSUPPORTED_VERL_TOOLS = {
     "MCPBaseTool": "MCP tools are not supported by hybridflow",
     "MCPSearchTool": "MCP tools are not supported by hybridflow",
     "ImageZoomInTool": "image tools are not supported: hybridflow's rollout is text-only",
-    "Geo3kTool": "geo3k is a vision-language task and image inputs are not supported: hybridflow's rollout is text-only",
+    "Geo3kTool": "geo3k is a vision-language task and image inputs are not supported: hybridflow's rollout is text-only",  # noqa: E501
     "SearchTool": "veRL's SearchTool calls a retrieval server that hybridflow does not provide; "
-                  "write a BaseTool subclass that calls your service",
+    "write a BaseTool subclass that calls your service",
 }
 TOOL_TYPES = ("native",)
 
@@ -36,7 +36,9 @@ TOOL_TYPES = ("native",)
 def _entries(tools_config_file: str) -> list:
     path = os.path.expanduser(str(tools_config_file))
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"tool config file not found: {path} (actor_rollout_ref.rollout.multi_turn.tool_config_path)")
+        raise FileNotFoundError(
+            f"tool config file not found: {path} (actor_rollout_ref.rollout.multi_turn.tool_config_path)"
+        )
     cfg = OmegaConf.load(path)
     tools = cfg.get("tools") if OmegaConf.is_dict(cfg) else None
     if tools is None:
@@ -51,7 +53,9 @@ def check_tool_entry(entry, path: str, index: int) -> None:
         raise ValueError(f"{where}: no class_name")
     tool_type = str((entry.get("config") or {}).get("type", "native"))
     if tool_type == "mcp":
-        raise NotImplementedError(f"{where} ({entry.class_name}): config.type=mcp: MCP tools are not supported by hybridflow")
+        raise NotImplementedError(
+            f"{where} ({entry.class_name}): config.type=mcp: MCP tools are not supported by hybridflow"
+        )
     if tool_type not in TOOL_TYPES:
         raise ValueError(f"{where} ({entry.class_name}): config.type={tool_type!r} is not one of {TOOL_TYPES}")
     short = str(entry.class_name).rsplit(".", 1)[-1].rsplit(":", 1)[-1]
@@ -72,7 +76,9 @@ def check_tool_config(tools_config_file: str) -> list[str]:
         get_tool_class(entry.class_name, os.path.dirname(os.path.abspath(path)))
         schema = entry.get("tool_schema")
         if schema is not None:
-            names.append(OpenAIFunctionToolSchema.model_validate(OmegaConf.to_container(schema, resolve=True)).function.name)
+            names.append(
+                OpenAIFunctionToolSchema.model_validate(OmegaConf.to_container(schema, resolve=True)).function.name
+            )
     return names
 
 
@@ -84,12 +90,17 @@ def initialize_tools_from_config(tools_config_file: str) -> list[Any]:
         check_tool_entry(entry, path, i)
         cls = get_tool_class(entry.class_name, os.path.dirname(os.path.abspath(path)))
         schema_cfg = entry.get("tool_schema")
-        schema = (OpenAIFunctionToolSchema.model_validate(OmegaConf.to_container(schema_cfg, resolve=True))
-                  if schema_cfg is not None else None)
+        schema = (
+            OpenAIFunctionToolSchema.model_validate(OmegaConf.to_container(schema_cfg, resolve=True))
+            if schema_cfg is not None
+            else None
+        )
         config = OmegaConf.to_container(entry.get("config") or OmegaConf.create({}), resolve=True)
         tool = cls(config=config, tool_schema=schema)
         if tool.name in seen:
-            raise ValueError(f"tool config {path}: tool name {tool.name!r} is used by tools[{seen[tool.name]}] and tools[{i}]")
+            raise ValueError(
+                f"tool config {path}: tool name {tool.name!r} is used by tools[{seen[tool.name]}] and tools[{i}]"
+            )
         seen[tool.name] = i
         tools.append(tool)
     return tools

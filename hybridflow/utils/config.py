@@ -1,8 +1,18 @@
 """veRL's ``verl.utils.config`` import path: the config loader lives in ``hybridflow.config.loader``."""
 
-from hybridflow.config.loader import (ConfigError, available_configs, check_overrides, config_dir, default_config,
-                                      load_config, main_entry, omega_conf_to_dataclass, parse_cli, raw_default_config,
-                                      suggest_keys)
+from hybridflow.config.loader import (
+    ConfigError,
+    available_configs,
+    check_overrides,
+    config_dir,
+    default_config,
+    load_config,
+    main_entry,
+    omega_conf_to_dataclass,
+    parse_cli,
+    raw_default_config,
+    suggest_keys,
+)
 
 __all__ = [
     "ConfigError",

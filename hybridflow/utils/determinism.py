@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any, Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ def enable_full_determinism(seed: int) -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def apply_full_determinism(fsdp_configs: Iterable[Optional[Mapping[str, Any]]]) -> Optional[int]:
+def apply_full_determinism(fsdp_configs: Iterable[Mapping[str, Any] | None]) -> int | None:
     """Enable full determinism if one of this worker's engine sections asks for it, with that
     section's ``seed``; returns the seed used, or None when none asks."""
     for section in fsdp_configs:

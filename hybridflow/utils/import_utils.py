@@ -28,7 +28,9 @@ def load_module_from_file(path: str) -> Any:
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(path):
         raise ImportError(f"no such Python file: {path}")
-    name = f"hybridflow_user_{os.path.splitext(os.path.basename(path))[0]}_{hashlib.sha1(path.encode()).hexdigest()[:10]}"
+    name = (
+        f"hybridflow_user_{os.path.splitext(os.path.basename(path))[0]}_{hashlib.sha1(path.encode()).hexdigest()[:10]}"
+    )
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -82,13 +84,15 @@ def load_class(reference: str, what: str = "class", base_dir: str | None = None)
     except ModuleNotFoundError as e:
         if not (module_name.startswith("verl.") and e.name and e.name.split(".")[0] == "verl"):
             raise ImportError(f"{what} {reference!r}: cannot import module {module_name!r} ({e})") from e
-        alias = "hybridflow." + module_name[len("verl."):]
+        alias = "hybridflow." + module_name[len("verl.") :]
         tried.append(alias)
         try:
             module = importlib.import_module(alias)
         except ModuleNotFoundError:
-            raise ImportError(f"{what} {reference!r}: veRL is not installed and hybridflow has no {alias!r} "
-                              f"(tried {', '.join(tried)})") from None
+            raise ImportError(
+                f"{what} {reference!r}: veRL is not installed and hybridflow has no {alias!r} "
+                f"(tried {', '.join(tried)})"
+            ) from None
     if not hasattr(module, attr):
         raise ImportError(f"{what} {reference!r}: module {module.__name__!r} defines no {attr!r}")
     return getattr(module, attr)

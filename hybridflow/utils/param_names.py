@@ -17,7 +17,7 @@ def strip_wrapper_prefixes(name: str, peft: bool = False) -> str:
     """
     prefixes = WRAPPER_PREFIXES + ((PEFT_PREFIX,) if peft else ())
     while name.startswith(prefixes):
-        name = name[len(next(p for p in prefixes if name.startswith(p))):]
+        name = name[len(next(p for p in prefixes if name.startswith(p))) :]
     previous = None
     while previous != name:
         previous = name

@@ -16,7 +16,7 @@ import json
 import math
 import os
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["PLOT_EXTRA_HINT", "read_metrics_jsonl", "curves_from_rows", "build_figure", "draw_curves", "CurveRecorder"]
 
@@ -34,7 +34,9 @@ def read_metrics_jsonl(path: str) -> list[dict]:
     if os.path.isdir(path):
         candidate = os.path.join(path, "metrics.jsonl")
         if not os.path.isfile(candidate):
-            raise FileNotFoundError(f"{path!r} is a directory without a metrics.jsonl (write one with trainer.logger=[...,file])")
+            raise FileNotFoundError(
+                f"{path!r} is a directory without a metrics.jsonl (write one with trainer.logger=[...,file])"
+            )
         path = candidate
     rows = []
     with open(path, encoding="utf-8") as f:

@@ -32,7 +32,9 @@ def progress_mode(stream: TextIO | None = None) -> str:
 class Progress:
     """``Progress(total, initial=0, desc="training")``; ``update(n=1, **postfix)`` after each unit of work."""
 
-    def __init__(self, total: int, initial: int = 0, desc: str = "training", unit: str = "step", stream: TextIO | None = None):
+    def __init__(
+        self, total: int, initial: int = 0, desc: str = "training", unit: str = "step", stream: TextIO | None = None
+    ):
         self.total, self.done, self.desc, self.unit = int(total), int(initial), desc, unit
         self.stream = stream or sys.stderr
         self.mode = progress_mode(self.stream)
@@ -44,7 +46,9 @@ class Progress:
             except ImportError:  # tqdm is a base requirement; a stripped environment gets lines
                 self.mode = "lines"
             else:
-                self.bar = tqdm(total=self.total, initial=self.done, desc=desc, unit=unit, dynamic_ncols=True, file=self.stream)
+                self.bar = tqdm(
+                    total=self.total, initial=self.done, desc=desc, unit=unit, dynamic_ncols=True, file=self.stream
+                )
 
     def update(self, n: int = 1, **postfix) -> None:
         self.done += n
@@ -63,8 +67,10 @@ class Progress:
         left = max(self.total - self.done, 0) * rate
         pct = 100.0 * self.done / self.total if self.total else 100.0
         extras = "".join(f" {k}={v}" for k, v in shown.items())
-        return (f"[{self.desc}] {self.done}/{self.total} {self.unit}s ({pct:.0f}%){extras} "
-                f"{rate:.2f} s/{self.unit} eta {_duration(left)}")
+        return (
+            f"[{self.desc}] {self.done}/{self.total} {self.unit}s ({pct:.0f}%){extras} "
+            f"{rate:.2f} s/{self.unit} eta {_duration(left)}"
+        )
 
     def close(self) -> None:
         if self.bar is not None:

@@ -17,8 +17,8 @@ working: ``len``, ``keys``, ``items``, ``[]``, ``in``, ``clear``, ``pop``, ``del
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-from typing import Generic, Iterator, TypeVar
+from collections.abc import Iterator, MutableMapping
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

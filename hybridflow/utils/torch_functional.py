@@ -117,7 +117,9 @@ def expand_as_nested(tensor: torch.Tensor, nested_tensor: torch.Tensor) -> torch
     if not nested_tensor.is_nested:
         raise ValueError("expand_as_nested: nested_tensor must be a (jagged) nested tensor")
     if tensor.dim() != 1:
-        raise ValueError(f"expand_as_nested: tensor must be 1-D (one value per sequence), got shape {tuple(tensor.shape)}")
+        raise ValueError(
+            f"expand_as_nested: tensor must be 1-D (one value per sequence), got shape {tuple(tensor.shape)}"
+        )
     if nested_tensor.dim() != 2:
         raise ValueError(f"expand_as_nested: nested_tensor must be (batch, jagged), got {nested_tensor.dim()} dims")
     if tensor.shape[0] != nested_tensor.size(0):

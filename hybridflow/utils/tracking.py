@@ -21,7 +21,8 @@ import json
 import math
 import os
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hybridflow.utils.nested_dict import leaf_items
 from hybridflow.utils.plotting import CurveRecorder
@@ -36,8 +37,10 @@ def require(module: str, backend: str, extra: str):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"trainer.logger backend {backend!r} needs the {module.split('.')[0]!r} package, which is "
-                          f"not installed: pip install 'hybridflow[{extra}]'") from e
+        raise ImportError(
+            f"trainer.logger backend {backend!r} needs the {module.split('.')[0]!r} package, which is "
+            f"not installed: pip install 'hybridflow[{extra}]'"
+        ) from e
 
 
 def _fmt(v):
@@ -118,8 +121,11 @@ class _Mlflow:
         self.mlflow.set_tracking_uri(uri)
         client = self.mlflow.MlflowClient()
         experiment = client.get_experiment_by_name(project)
-        experiment_id = experiment.experiment_id if experiment is not None else \
-            client.create_experiment(project, artifact_location=artifacts)
+        experiment_id = (
+            experiment.experiment_id
+            if experiment is not None
+            else client.create_experiment(project, artifact_location=artifacts)
+        )
         self.mlflow.start_run(experiment_id=experiment_id, run_name=name)
         params = {mlflow_key(k): str(v)[:500] for k, v in leaf_items(config or {}, sep="/") if not isinstance(v, dict)}
         if params:
@@ -143,8 +149,13 @@ class _Swanlab:
         if key:
             self.swanlab.login(api_key=key)
         mode = os.environ.get("SWANLAB_MODE") or ("cloud" if key else "offline")  # no account needed offline
-        self.swanlab.init(project=project, experiment_name=name, config={"FRAMEWORK": "hybridflow", **(config or {})},
-                          logdir=os.environ.get("SWANLAB_LOG_DIR") or os.path.join(log_dir, "swanlog"), mode=mode)
+        self.swanlab.init(
+            project=project,
+            experiment_name=name,
+            config={"FRAMEWORK": "hybridflow", **(config or {})},
+            logdir=os.environ.get("SWANLAB_LOG_DIR") or os.path.join(log_dir, "swanlog"),
+            mode=mode,
+        )
 
     def log(self, data, step):
         self.swanlab.log(data, step=step)
@@ -158,8 +169,9 @@ def _plot(project, name, config, log_dir):
         path = os.environ.get("HYBRIDFLOW_PLOT_PATH") or os.path.join(log_dir, "curves.png")
         return CurveRecorder(path, title=f"{project} / {name}")
     except ImportError as e:
-        raise ImportError("trainer.logger backend 'plot' needs matplotlib, which is not installed: "
-                          "pip install 'hybridflow[plot]'") from e
+        raise ImportError(
+            "trainer.logger backend 'plot' needs matplotlib, which is not installed: pip install 'hybridflow[plot]'"
+        ) from e
 
 
 def _file(project, name, config, log_dir):
@@ -169,8 +181,12 @@ def _file(project, name, config, log_dir):
 LOGGER_BACKENDS.register("console", lambda project, name, config, log_dir: _Console())
 LOGGER_BACKENDS.register("file", _file)
 LOGGER_BACKENDS.register("jsonl", _file)
-LOGGER_BACKENDS.register("tensorboard", lambda project, name, config, log_dir: _TensorBoard(
-    os.environ.get("TENSORBOARD_DIR") or os.path.join(log_dir, "tensorboard")))
+LOGGER_BACKENDS.register(
+    "tensorboard",
+    lambda project, name, config, log_dir: _TensorBoard(
+        os.environ.get("TENSORBOARD_DIR") or os.path.join(log_dir, "tensorboard")
+    ),
+)
 LOGGER_BACKENDS.register("wandb", lambda project, name, config, log_dir: _Wandb(project, name, config or {}))
 LOGGER_BACKENDS.register("mlflow", _Mlflow)
 LOGGER_BACKENDS.register("swanlab", _Swanlab)
@@ -182,8 +198,14 @@ SUPPORTED = tuple(LOGGER_BACKENDS.names())
 class Tracking:
     """``Tracking(project_name, experiment_name, default_backend=["console", "file"], config={}, log_dir=".")``."""
 
-    def __init__(self, project_name: str, experiment_name: str, default_backend="console", config: dict | None = None,
-                 log_dir: str = "."):
+    def __init__(
+        self,
+        project_name: str,
+        experiment_name: str,
+        default_backend="console",
+        config: dict | None = None,
+        log_dir: str = ".",
+    ):
         backends = [default_backend] if isinstance(default_backend, str) else list(default_backend)
         unknown = [b for b in backends if b not in LOGGER_BACKENDS]
         if unknown:

@@ -66,8 +66,9 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
         # before the process group and any CUDA handle: NCCL and cuBLAS read their switches at creation
-        apply_full_determinism([self.config[s]["fsdp_config"] for s, on in (("actor", self._is_actor),
-                                                                            ("ref", self._is_ref)) if on])
+        apply_full_determinism(
+            [self.config[s]["fsdp_config"] for s, on in (("actor", self._is_actor), ("ref", self._is_ref)) if on]
+        )
         self.init_process_group()
         self.device, _ = default_device_backend()
         trains = self._is_actor or self._is_ref  # a rollout-only worker (main_generation) gets model + rollout
@@ -98,24 +99,33 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         """The dp x sp rank layout of the actor and of the reference policy (Ulysses sequence
         parallelism; one group when both use the same size), and the mesh-aware dispatch info: the
         ranks of an SP group get the same data and only the group's first rank answers."""
-        sizes = {"actor": self.actor_config.sp_size if self._is_actor else 1,
-                 "ref": self.ref_config.sp_size if self._is_ref else 1}
+        sizes = {
+            "actor": self.actor_config.sp_size if self._is_actor else 1,
+            "ref": self.ref_config.sp_size if self._is_ref else 1,
+        }
         if self._is_actor and self._is_ref and self.lora is not None and sizes["actor"] != sizes["ref"]:
-            raise ValueError(f"actor_rollout_ref.ref.ulysses_sequence_parallel_size ({sizes['ref']}) must equal the "
-                             f"actor's ({sizes['actor']}) with LoRA: the reference policy runs on the actor's model")
+            raise ValueError(
+                f"actor_rollout_ref.ref.ulysses_sequence_parallel_size ({sizes['ref']}) must equal the "
+                f"actor's ({sizes['actor']}) with LoRA: the reference policy runs on the actor's model"
+            )
         layouts = {}
         for role, size in sizes.items():
             key = f"actor_rollout_ref.{role}.ulysses_sequence_parallel_size"
             if size not in layouts:
                 layouts[size] = build_layout(size, key)
             setattr(self, f"{role}_layout", layouts[size])
-            self._register_dispatch_collect_info(role, dp_rank=layouts[size].dp_rank, is_collect=layouts[size].is_collect)
+            self._register_dispatch_collect_info(
+                role, dp_rank=layouts[size].dp_rank, is_collect=layouts[size].is_collect
+            )
 
     def _profiler_sections(self) -> list[ProfilerConfig]:
         """The ``profiler`` sections of this worker's roles, typed (global_profiler.tool=torch; profiler.py)."""
         roles = (("actor", self._is_actor), ("ref", self._is_ref), ("rollout", self._is_rollout))
-        return [role_profiler(self.config[name].get("profiler"), f"actor_rollout_ref.{name}.profiler")
-                for name, on in roles if on]
+        return [
+            role_profiler(self.config[name].get("profiler"), f"actor_rollout_ref.{name}.profiler")
+            for name, on in roles
+            if on
+        ]
 
     # ----------------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -124,7 +134,9 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         import_external_lib(model_cfg["external_lib"])
         path = local_model_path(model_cfg["path"], "actor_rollout_ref.model.path")
         trust = bool(model_cfg["trust_remote_code"])
-        self.tokenizer = load_tokenizer(path, trust, chat_template=model_cfg.get("custom_chat_template"))  # main_generation has none
+        self.tokenizer = load_tokenizer(
+            path, trust, chat_template=model_cfg.get("custom_chat_template")
+        )  # main_generation has none
         override = model_cfg["override_config"]
         torch.manual_seed(0)
 
@@ -133,26 +145,41 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
             module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
             self.hf_config = module.config
             self._use_sp_attention(module, "actor")
-            spec = engine_spec(self.actor_config.fsdp_config, self.actor_config.strategy, self.device,
-                               bool(model_cfg["enable_gradient_checkpointing"]), lora=self.lora,
-                               activation_offload=bool(model_cfg["enable_activation_offload"]))
+            spec = engine_spec(
+                self.actor_config.fsdp_config,
+                self.actor_config.strategy,
+                self.device,
+                bool(model_cfg["enable_gradient_checkpointing"]),
+                lora=self.lora,
+                activation_offload=bool(model_cfg["enable_activation_offload"]),
+            )
             self.actor_engine = TrainEngine(module, spec)
             optim = actor["optim"]
             total = max(1, int(optim["total_training_steps"]))  # -1 until main_ppo fills it in
             self.actor_engine.setup_optimizer(optim, total)
-            self.actor = DataParallelPPOActor(self.actor_config, self.actor_engine.module,
-                                              self.actor_engine.optimizer, self.actor_engine.lr_scheduler,
-                                              dp_group=self.actor_layout.dp_group, sp=self.actor_layout.sp)
+            self.actor = DataParallelPPOActor(
+                self.actor_config,
+                self.actor_engine.module,
+                self.actor_engine.optimizer,
+                self.actor_engine.lr_scheduler,
+                dp_group=self.actor_layout.dp_group,
+                sp=self.actor_layout.sp,
+            )
         if self._ref_in_actor:
-            self.ref_policy = DataParallelPPOActor(self.actor_config, self.actor_engine.module,  # run with adapters off
-                                                   dp_group=self.ref_layout.dp_group, sp=self.ref_layout.sp)
+            self.ref_policy = DataParallelPPOActor(
+                self.actor_config,
+                self.actor_engine.module,  # run with adapters off
+                dp_group=self.ref_layout.dp_group,
+                sp=self.ref_layout.sp,
+            )
         elif self._is_ref:
             ref_module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
             self._use_sp_attention(ref_module, "ref")
             ref_spec = engine_spec(self.ref_config.fsdp_config, self.ref_config.strategy, self.device)
             self.ref_engine = TrainEngine(ref_module, ref_spec, trainable=False)
-            self.ref_policy = DataParallelPPOActor(self.actor_config, self.ref_engine.module,
-                                                   dp_group=self.ref_layout.dp_group, sp=self.ref_layout.sp)
+            self.ref_policy = DataParallelPPOActor(
+                self.actor_config, self.ref_engine.module, dp_group=self.ref_layout.dp_group, sp=self.ref_layout.sp
+            )
         if self._is_rollout:
             self._build_rollout(path, trust)
             # the first generation uses the trainer's weights, whatever the engine loaded (dummy formats,
@@ -184,13 +211,13 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         # actor.calculate_sum_pi_squared: sum_v pi_v^2 per token, for the optimal-token-baseline estimators
         with_sum_pi_squared = self.actor_config.calculate_sum_pi_squared
         log_probs, entropys, *sum_pi_squared = self.actor.compute_log_prob(
-            on_device(data, self.device), calculate_entropy=True, calculate_sum_pi_squared=with_sum_pi_squared)
+            on_device(data, self.device), calculate_entropy=True, calculate_sum_pi_squared=with_sum_pi_squared
+        )
         tensors = {"old_log_probs": log_probs.cpu(), "entropys": entropys.cpu()}
         if with_sum_pi_squared:
             tensors["sum_pi_squared"] = sum_pi_squared[0].float().cpu()
         return DataProto.from_dict(
-            tensors=tensors,
-            meta_info={"metrics": {"timing_s/worker_old_log_prob": [time.perf_counter() - start]}},
+            tensors=tensors, meta_info={"metrics": {"timing_s/worker_old_log_prob": [time.perf_counter() - start]}}
         )
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("ref"))
@@ -223,8 +250,9 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
     # ----------------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep=None, extra_state=None):
-        save_engine_checkpoint(self.actor_engine, local_path, hf_config=self.hf_config, tokenizer=self.tokenizer,
-                               extra_state=extra_state)
+        save_engine_checkpoint(
+            self.actor_engine, local_path, hf_config=self.hf_config, tokenizer=self.tokenizer, extra_state=extra_state
+        )
         if self.lora is not None and self.rank == 0:  # the merger folds the adapters in with it
             self.actor_engine.save_adapter_config(os.path.join(local_path, "huggingface"))
 

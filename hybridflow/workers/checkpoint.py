@@ -22,7 +22,8 @@ import os
 import random
 import re
 import warnings
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -108,7 +109,9 @@ def _config_for_save(hf_config, module: torch.nn.Module):
     return config
 
 
-def write_hf_model(state_dict: dict[str, torch.Tensor], config, target_dir: str, dtype: torch.dtype | None = None) -> None:
+def write_hf_model(
+    state_dict: dict[str, torch.Tensor], config, target_dir: str, dtype: torch.dtype | None = None
+) -> None:
     """Write ``config.json`` + safetensors for ``state_dict`` (full, unwrapped names) into ``target_dir``.
 
     The model is built on the meta device (no random init of a large model) and takes the given
@@ -128,14 +131,15 @@ def write_hf_model(state_dict: dict[str, torch.Tensor], config, target_dir: str,
     if len(float_dtypes) == 1:  # loaders default to the config's dtype: make it the stored one
         config.dtype = next(iter(float_dtypes))
     with torch.device("meta"):
-        model = (model_cls.from_config(config) if model_cls is transformers.AutoModelForCausalLM
-                 else model_cls(config))
+        model = model_cls.from_config(config) if model_cls is transformers.AutoModelForCausalLM else model_cls(config)
     result = model.load_state_dict(state_dict, strict=False, assign=True)
     model.tie_weights()
     missing = [k for k, v in model.state_dict().items() if v.is_meta]  # not given and not tied to a given one
     if missing or result.unexpected_keys:
-        raise ValueError(f"checkpoint does not match {model_cls.__name__}: missing {missing[:5]}, "
-                         f"unexpected {list(result.unexpected_keys)[:5]}")
+        raise ValueError(
+            f"checkpoint does not match {model_cls.__name__}: missing {missing[:5]}, "
+            f"unexpected {list(result.unexpected_keys)[:5]}"
+        )
     os.makedirs(target_dir, exist_ok=True)
     model.save_pretrained(target_dir, safe_serialization=True)
 
@@ -152,8 +156,14 @@ def _save_hf_files(local_path: str, config, tokenizer, generation_config) -> Non
 
 
 # --- save / load ----------------------------------------------------------------------------------
-def save_engine_checkpoint(engine, local_path: str, hf_config=None, tokenizer=None, extra_state: dict | None = None,
-                           save_contents: Iterable[str] = DEFAULT_CONTENTS) -> None:
+def save_engine_checkpoint(
+    engine,
+    local_path: str,
+    hf_config=None,
+    tokenizer=None,
+    extra_state: dict | None = None,
+    save_contents: Iterable[str] = DEFAULT_CONTENTS,
+) -> None:
     """Save ``engine`` (a TrainEngine) under ``local_path``. Every rank must call it."""
     contents = _check_contents(save_contents, "save_contents")
     rank, world = _rank_world()
@@ -170,8 +180,10 @@ def save_engine_checkpoint(engine, local_path: str, hf_config=None, tokenizer=No
 
     if "extra" in contents:
         scheduler = engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None
-        torch.save({"lr_scheduler": scheduler, "rng": get_rng_state(), "extra_state": extra_state},
-                   extra_state_path(local_path, world, rank))
+        torch.save(
+            {"lr_scheduler": scheduler, "rng": get_rng_state(), "extra_state": extra_state},
+            extra_state_path(local_path, world, rank),
+        )
 
     module = engine.module
     if hf_config is None:
@@ -203,7 +215,9 @@ def _find_extra_state(local_path: str, rank: int, world: int) -> str | None:
             found[int(m.group(2))] = p
     if not found:
         return None
-    logger.warning("no extra state for world size %d in %s; using one saved with a different world size", world, local_path)
+    logger.warning(
+        "no extra state for world size %d in %s; using one saved with a different world size", world, local_path
+    )
     return found.get(rank, found.get(0, next(iter(found.values()))))
 
 
@@ -228,14 +242,17 @@ def load_engine_checkpoint(engine, local_path: str, load_contents: Iterable[str]
             raise FileNotFoundError(f"{local_path!r} holds no model checkpoint ({DCP_DIR}/.metadata is missing)")
         if "optimizer" in contents and engine.optimizer is not None:
             if not _has_optimizer_state(dcp_path):
-                raise ValueError(f"{local_path!r} was saved without optimizer state; "
-                                 "leave 'optimizer' out of load_contents to load the weights only")
+                raise ValueError(
+                    f"{local_path!r} was saved without optimizer state; "
+                    "leave 'optimizer' out of load_contents to load the weights only"
+                )
             model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
             state = {"model": model_sd, "optimizer": optim_sd}
             with quiet_no_pg():
                 dcp.load(state, checkpoint_id=dcp_path)
-            set_state_dict(engine.module, engine.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"])
+            set_state_dict(
+                engine.module, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            )
         else:
             state = {"model": get_model_state_dict(engine.module)}
             with quiet_no_pg():

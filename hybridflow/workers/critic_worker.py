@@ -48,34 +48,48 @@ class CriticWorker(ProfilerHost, Worker):
     def init_model(self):
         model_cfg = self.config["model"]
         if int(model_cfg["lora_rank"]) > 0:  # refuse rather than silently train the full critic
-            raise NotImplementedError("critic.model.lora_rank > 0: LoRA is supported for the actor only; "
-                                      "set critic.model.lora_rank=0")
+            raise NotImplementedError(
+                "critic.model.lora_rank > 0: LoRA is supported for the actor only; set critic.model.lora_rank=0"
+            )
         import_external_lib(model_cfg["external_lib"])
         path = local_model_path(model_cfg["path"], "critic.model.path")
         trust = bool(model_cfg["trust_remote_code"])
         self.tokenizer = load_tokenizer(model_cfg["tokenizer_path"] or path, trust)
         # no dropout on the value head (HF defaults to 0.1): values and updates must be deterministic
         override = {"classifier_dropout": 0.0, **model_cfg["override_config"]}
-        module = load_model(path, "token_classification", override_config=override,
-                            trust_remote_code=trust, num_labels=1)
+        module = load_model(
+            path, "token_classification", override_config=override, trust_remote_code=trust, num_labels=1
+        )
         self.hf_config = module.config
         if self.layout.sp is not None:
             use_ulysses_attention(module, self.layout.sp_size, "critic.ulysses_sequence_parallel_size")
-        spec = engine_spec(self.critic_config.fsdp, self.critic_config.strategy, self.device,
-                           bool(model_cfg["enable_gradient_checkpointing"]),
-                           activation_offload=bool(model_cfg["enable_activation_offload"]))
+        spec = engine_spec(
+            self.critic_config.fsdp,
+            self.critic_config.strategy,
+            self.device,
+            bool(model_cfg["enable_gradient_checkpointing"]),
+            activation_offload=bool(model_cfg["enable_activation_offload"]),
+        )
         self.engine = TrainEngine(module, spec)
         optim = self.config["optim"]
         self.engine.setup_optimizer(optim, max(1, int(optim["total_training_steps"])))  # -1 until main_ppo fills it
-        self.critic = DataParallelPPOCritic(self.critic_config, self.engine.module, self.engine.optimizer,
-                                            self.engine.lr_scheduler, dp_group=self.layout.dp_group, sp=self.layout.sp)
+        self.critic = DataParallelPPOCritic(
+            self.critic_config,
+            self.engine.module,
+            self.engine.optimizer,
+            self.engine.lr_scheduler,
+            dp_group=self.layout.dp_group,
+            sp=self.layout.sp,
+        )
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))
     def compute_values(self, data: DataProto) -> DataProto:
         start = time.perf_counter()
         values = self.critic.compute_values(on_device(data, self.device))
-        return DataProto.from_dict(tensors={"values": values.cpu()},
-                                   meta_info={"metrics": {"timing_s/worker_values": [time.perf_counter() - start]}})
+        return DataProto.from_dict(
+            tensors={"values": values.cpu()},
+            meta_info={"metrics": {"timing_s/worker_values": [time.perf_counter() - start]}},
+        )
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))
     def update_critic(self, data: DataProto) -> DataProto:
@@ -88,7 +102,9 @@ class CriticWorker(ProfilerHost, Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep=None, extra_state=None):
-        save_engine_checkpoint(self.engine, local_path, hf_config=self.hf_config, tokenizer=self.tokenizer, extra_state=extra_state)
+        save_engine_checkpoint(
+            self.engine, local_path, hf_config=self.hf_config, tokenizer=self.tokenizer, extra_state=extra_state
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, del_local_after_load: bool = False):

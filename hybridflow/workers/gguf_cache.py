@@ -33,8 +33,10 @@ def find_gguf(path: str, key: str = "model.path") -> str | None:
         return None
     found = sorted(name for name in os.listdir(path) if name.endswith(".gguf"))
     if len(found) > 1:
-        raise ValueError(f"{key}={path!r}: the folder holds {len(found)} GGUF files and no config.json; "
-                         f"name one of them: {', '.join(os.path.join(path, n) for n in found)}")
+        raise ValueError(
+            f"{key}={path!r}: the folder holds {len(found)} GGUF files and no config.json; "
+            f"name one of them: {', '.join(os.path.join(path, n) for n in found)}"
+        )
     return os.path.join(path, found[0]) if found else None
 
 
@@ -76,6 +78,7 @@ def hf_folder_for_gguf(gguf_path: str, key: str = "model.path") -> str:
         start = time.monotonic()
         with folder_written_atomically(target) as tmp:
             write_hf_folder_from_gguf(gguf_path, tmp, key=key)
-        logger.warning("converted GGUF %s to a Hugging Face folder %s in %.1f s", gguf_path, target,
-                       time.monotonic() - start)
+        logger.warning(
+            "converted GGUF %s to a Hugging Face folder %s in %.1f s", gguf_path, target, time.monotonic() - start
+        )
     return target

@@ -15,8 +15,13 @@ import torch
 GGUF_MAGIC = b"GGUF"
 INSTALL_HINT = "pip install 'hybridflow[gguf]' (or: pip install gguf accelerate)"
 # general.architecture spellings transformers' legacy GGUF loader renames before its table lookup
-_LEGACY_RENAMES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss",
-                   "minimax-m2": "minimax_m2", "t5encoder": "t5"}
+_LEGACY_RENAMES = {
+    "qwen2moe": "qwen2_moe",
+    "qwen3moe": "qwen3_moe",
+    "gpt-oss": "gpt_oss",
+    "minimax-m2": "minimax_m2",
+    "t5encoder": "t5",
+}
 
 
 def is_gguf_file(path: str) -> bool:
@@ -32,7 +37,9 @@ def _import_gguf(path: str, key: str):
     try:
         import gguf
     except ImportError as err:
-        raise ImportError(f"{key}={path!r} is a GGUF file; reading it needs the `gguf` package: {INSTALL_HINT}") from err
+        raise ImportError(
+            f"{key}={path!r} is a GGUF file; reading it needs the `gguf` package: {INSTALL_HINT}"
+        ) from err
     return gguf
 
 
@@ -96,23 +103,28 @@ def check_gguf(path: str, key: str = "model.path") -> str:
     fast = _fast_path_support(architecture)
     legacy = _LEGACY_RENAMES.get(architecture, architecture) in _legacy_architectures()
     if fast is None and not legacy:
-        raise ValueError(f"{key}={path!r}: GGUF file {path} has architecture {architecture!r}, which transformers "
-                         f"{transformers.__version__} cannot read; it reads: "
-                         f"{', '.join(_readable_architectures())}")
+        raise ValueError(
+            f"{key}={path!r}: GGUF file {path} has architecture {architecture!r}, which transformers "
+            f"{transformers.__version__} cannot read; it reads: "
+            f"{', '.join(_readable_architectures())}"
+        )
     checked: dict[int, bool] = {}
     for tensor in reader.tensors:
         qtype = tensor.tensor_type
         if qtype not in checked:
             checked[qtype] = int(qtype) in fast if fast is not None else _legacy_can_dequantize(gguf, qtype)
         if not checked[qtype]:
-            raise ValueError(f"{key}={path!r}: GGUF file {path}: tensor {tensor.name!r} has tensor type "
-                             f"{gguf.GGMLQuantizationType(qtype).name}, which transformers "
-                             f"{transformers.__version__} cannot dequantize (architecture {architecture!r})")
+            raise ValueError(
+                f"{key}={path!r}: GGUF file {path}: tensor {tensor.name!r} has tensor type "
+                f"{gguf.GGMLQuantizationType(qtype).name}, which transformers "
+                f"{transformers.__version__} cannot dequantize (architecture {architecture!r})"
+            )
     return architecture
 
 
-def write_hf_folder_from_gguf(gguf_path: str, target_dir: str, dtype: torch.dtype = torch.float32,
-                              key: str = "gguf_file") -> str:
+def write_hf_folder_from_gguf(
+    gguf_path: str, target_dir: str, dtype: torch.dtype = torch.float32, key: str = "gguf_file"
+) -> str:
     """Dequantize ``gguf_path`` (a .gguf file) into ``target_dir`` as safetensors + tokenizer + generation
     config; returns ``target_dir``. Checks the header first (see ``check_gguf``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
@@ -122,13 +134,16 @@ def write_hf_folder_from_gguf(gguf_path: str, target_dir: str, dtype: torch.dtyp
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         # dequantize=True: plain dense weights even where GGUF matmul kernels are installed
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype,
-                                                      quantization_config=GgufConfig(dequantize=True))
+        loaded = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
+        )
     except ImportError:
         raise
     except Exception as err:
-        raise ValueError(f"{key}={gguf_path!r}: transformers could not load GGUF file {gguf_path} "
-                         f"(architecture {architecture!r}): {err}") from err
+        raise ValueError(
+            f"{key}={gguf_path!r}: transformers could not load GGUF file {gguf_path} "
+            f"(architecture {architecture!r}): {err}"
+        ) from err
     # the loaded module is marked as quantized (GGUF) and refuses save_pretrained: rebuild it plainly
     config = loaded.config
     if hasattr(config, "quantization_config"):

@@ -4,7 +4,8 @@ Each prompt becomes one request to the judge's rollout servers (the ``JudgeWorke
 least-loaded by the agent loop's ``ServerManager``, all in flight at once; the answers are decoded
 with the judge's own tokenizer. With ``chat_template`` (the default) a prompt is wrapped in the judge
 tokenizer's chat template as one user message, as veRL's GenRM example sends a chat request (a
-tokenizer without a template encodes it as it is); without, the raw text is the judge's prompt. A prompt longer than ``rollout.prompt_length`` tokens is not sent: its verdict is None.
+tokenizer without a template encodes it as it is); without, the raw text is the judge's prompt. A prompt longer than
+``rollout.prompt_length`` tokens is not sent: its verdict is None.
 
 The requests run on an event loop thread of the client's own; the driver waits under the judge
 group's watchdog deadline, so a judge that stops answering is reported like any stuck worker.
@@ -14,8 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping
-from typing import Sequence
+from collections.abc import Mapping, Sequence
 
 from hybridflow.agent_loop.server_manager import SERVER_HANDLE, ServerHandle, ServerManager
 from hybridflow.config.convert import omega_conf_to_dataclass
@@ -30,8 +30,15 @@ ROLLOUT_PATH = "reward.reward_model.rollout"
 class RolloutJudge:
     """``servers``: one handle per judge engine; ``group``: the judge workers (wake/sleep, watchdog)."""
 
-    def __init__(self, servers: Sequence[ServerHandle], tokenizer, sampling: SamplingParams, prompt_length: int,
-                 group=None, free_cache_engine: bool = False):
+    def __init__(
+        self,
+        servers: Sequence[ServerHandle],
+        tokenizer,
+        sampling: SamplingParams,
+        prompt_length: int,
+        group=None,
+        free_cache_engine: bool = False,
+    ):
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.prompt_length = int(prompt_length)
@@ -42,19 +49,26 @@ class RolloutJudge:
         self._loop = EngineLoop("hybridflow-genrm-judge")
 
     @classmethod
-    def from_group(cls, group, role: str | None, tokenizer, rollout: RolloutConfig | Mapping) -> "RolloutJudge":
+    def from_group(cls, group, role: str | None, tokenizer, rollout: RolloutConfig | Mapping) -> RolloutJudge:
         """A judge over every rank of ``group`` (JudgeWorkers; ``role`` inside a fused worker), sampling as
         ``rollout`` says (the typed ``reward.reward_model.rollout``; a DictConfig or dict is read into one)."""
         rollout = omega_conf_to_dataclass(rollout, RolloutConfig, path=ROLLOUT_PATH)
         sampling, _ = rollout_sampling(rollout)
-        return cls(group.handles(SERVER_HANDLE, role), tokenizer, sampling, rollout.prompt_length, group=group,
-                   free_cache_engine=rollout.free_cache_engine)
+        return cls(
+            group.handles(SERVER_HANDLE, role),
+            tokenizer,
+            sampling,
+            rollout.prompt_length,
+            group=group,
+            free_cache_engine=rollout.free_cache_engine,
+        )
 
     def encode(self, prompt: str, chat_template: bool = True) -> list[int]:
         tok = self.tokenizer
         if chat_template and getattr(tok, "chat_template", None):
-            prompt = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                             tokenize=False)
+            prompt = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            )
         return list(tok.encode(prompt, add_special_tokens=False))
 
     def __call__(self, prompts: Sequence[str], chat_template: bool = True) -> list[str | None]:
@@ -78,8 +92,9 @@ class RolloutJudge:
             self.group.wake_judge()
         try:
             future = self._loop.submit(run_all())
-            return list(wait_with_deadline([future], None, group=self.group,
-                                           what=f"genrm judge: {len(prompts)} verdicts")[0])
+            return list(
+                wait_with_deadline([future], None, group=self.group, what=f"genrm judge: {len(prompts)} verdicts")[0]
+            )
         finally:
             if self.free_cache_engine:
                 self.group.sleep_judge()

@@ -58,11 +58,21 @@ class JudgeWorker(Worker):
         dtype = resolve_dtype(rollout.get("dtype"), str(self.device))
         module = None
         if name == "hf":
-            module = load_model(path, "causal_lm", trust_remote_code=trust).to(
-                device=self.device, dtype=getattr(torch, dtype)).eval()
-        spec = ServerSpec(model_path=path, config=rollout, pad_token_id=int(eos[0] if pad is None else pad),
-                          eos_token_ids=eos, device=str(self.device), dtype=dtype, trust_remote_code=trust,
-                          module=module)
+            module = (
+                load_model(path, "causal_lm", trust_remote_code=trust)
+                .to(device=self.device, dtype=getattr(torch, dtype))
+                .eval()
+            )
+        spec = ServerSpec(
+            model_path=path,
+            config=rollout,
+            pad_token_id=int(eos[0] if pad is None else pad),
+            eos_token_ids=eos,
+            device=str(self.device),
+            dtype=dtype,
+            trust_remote_code=trust,
+            module=module,
+        )
         self.engine_loop = EngineLoop(f"judge-engine-rank{self.rank}")
 
         async def build():

@@ -30,8 +30,9 @@ def import_external_lib(name: str | None) -> None:
         importlib.import_module(name)
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str = "left",
-                   chat_template: str | None = None):
+def load_tokenizer(
+    path: str, trust_remote_code: bool = False, padding_side: str = "left", chat_template: str | None = None
+):
     """The tokenizer at ``path``; ``chat_template`` (``model.custom_chat_template``) replaces its own, as
     veRL's model config does, so prompts, multi-turn messages and saved checkpoints all use it."""
     from transformers import AutoTokenizer
@@ -53,8 +54,14 @@ _AUTO_CLASSES = {
 }
 
 
-def load_model(path: str, kind: str = "causal_lm", dtype: torch.dtype = torch.float32, override_config=None,
-               trust_remote_code: bool = False, num_labels: int | None = None):
+def load_model(
+    path: str,
+    kind: str = "causal_lm",
+    dtype: torch.dtype = torch.float32,
+    override_config=None,
+    trust_remote_code: bool = False,
+    num_labels: int | None = None,
+):
     """A model from a local directory. ``kind`` picks the head: causal_lm (actor, ref, rollout),
     token_classification with one label (critic: a value per position), sequence_classification (RM)."""
     import transformers

@@ -13,7 +13,8 @@ activity is always recorded.
 from __future__ import annotations
 
 import os
-from typing import Any, Collection, Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 import torch
 
@@ -46,10 +47,14 @@ def merge_profilers(sections: Sequence[ProfilerConfig]) -> ProfilerConfig:
     if not enabled:
         return ProfilerConfig()
     contents = sorted({c for s in enabled for c in _torch_contents(s)})
-    return ProfilerConfig(tool="torch", enable=True, all_ranks=any(s.all_ranks for s in enabled),
-                          ranks=sorted({int(r) for s in enabled for r in s.ranks}),
-                          save_path=enabled[0].save_path or DEFAULT_SAVE_PATH,
-                          tool_config=ProfilerToolConfig(torch=TorchProfilerToolConfig(contents=contents)))
+    return ProfilerConfig(
+        tool="torch",
+        enable=True,
+        all_ranks=any(s.all_ranks for s in enabled),
+        ranks=sorted({int(r) for s in enabled for r in s.ranks}),
+        save_path=enabled[0].save_path or DEFAULT_SAVE_PATH,
+        tool_config=ProfilerToolConfig(torch=TorchProfilerToolConfig(contents=contents)),
+    )
 
 
 def records(plan: ProfilerConfig, rank: int) -> bool:
@@ -62,8 +67,12 @@ def profiler_kwargs(contents: Collection[str], cuda_available: bool) -> dict:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda_available and (not contents or "cuda" in contents):
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    return {"activities": activities, "with_stack": "stack" in contents, "record_shapes": "shapes" in contents,
-            "profile_memory": "memory" in contents}
+    return {
+        "activities": activities,
+        "with_stack": "stack" in contents,
+        "record_shapes": "shapes" in contents,
+        "profile_memory": "memory" in contents,
+    }
 
 
 def trace_path(save_path: str, step: int, role: str, rank: int) -> str:

@@ -19,7 +19,9 @@ from hybridflow.workers.model_loading import import_external_lib, load_model, lo
 from hybridflow.workers.utils.micro_batches import split_fixed
 
 
-def scores_on_last_response_token(scores: torch.Tensor, attention_mask: torch.Tensor, response_length: int) -> torch.Tensor:
+def scores_on_last_response_token(
+    scores: torch.Tensor, attention_mask: torch.Tensor, response_length: int
+) -> torch.Tensor:
     """(B,) scores → (B, R) with each score on the row's last valid response token."""
     response_mask = attention_mask[:, -response_length:]
     last = (response_mask.sum(-1) - 1).clamp(min=0)  # (B,)
@@ -46,8 +48,9 @@ class RewardModelWorker(Worker):
         path = local_model_path(model_cfg["path"], "reward.reward_model.model_path")
         trust = bool(model_cfg["trust_remote_code"])
         self.tokenizer = load_tokenizer(path, trust)
-        self.module = load_model(path, "sequence_classification", num_labels=1,
-                                 trust_remote_code=trust).to(self.device).eval()
+        self.module = (
+            load_model(path, "sequence_classification", num_labels=1, trust_remote_code=trust).to(self.device).eval()
+        )
         # micro_batch_size_per_gpu, or the deprecated global micro_batch_size split over the ranks
         # (config checks make sure one of them is set)
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -62,10 +65,14 @@ class RewardModelWorker(Worker):
         with torch.no_grad():
             for micro in split_fixed(data.select(batch_keys=keys), self.micro_batch_size):
                 b = micro.batch
-                out = self.module(input_ids=b["input_ids"].to(self.device), attention_mask=b["attention_mask"].to(self.device),
-                                  position_ids=b["position_ids"].to(self.device))
+                out = self.module(
+                    input_ids=b["input_ids"].to(self.device),
+                    attention_mask=b["attention_mask"].to(self.device),
+                    position_ids=b["position_ids"].to(self.device),
+                )
                 scores.append(out.logits[:, 0].float().cpu())  # HF pools at the last non-pad token
         scores = torch.cat(scores)
         rm = scores_on_last_response_token(scores, data.batch["attention_mask"], data.batch["responses"].shape[-1])
-        return DataProto.from_dict(tensors={"rm_scores": rm},
-                                   meta_info={"metrics": {"timing_s/worker_rm": [time.perf_counter() - start]}})
+        return DataProto.from_dict(
+            tensors={"rm_scores": rm}, meta_info={"metrics": {"timing_s/worker_rm": [time.perf_counter() - start]}}
+        )

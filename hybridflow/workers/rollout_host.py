@@ -27,18 +27,19 @@ from hybridflow.agent_loop.base import agent_loop_settings
 from hybridflow.agent_loop.server_manager import LocalServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker
 from hybridflow.protocol import DataProto
+from hybridflow.rollout.sampling import model_eos_token_ids
+from hybridflow.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
 from hybridflow.single_controller.base import Dispatch, register
 from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.workers.engine.lora import lora_spec, rollout_gets_adapter
 from hybridflow.workers.model_loading import load_model
-from hybridflow.rollout.sampling import model_eos_token_ids
-from hybridflow.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
 from hybridflow.workers.rollout.weight_transfer import WeightTarget, push_weights
 from hybridflow.workers.rollout.weights import buckets
 
 
 class RolloutHost:
-    """Needs from the host class: ``config`` (actor_rollout_ref section, plain), ``model_config`` (its typed model section), ``tokenizer``, ``device``,
+    """Needs from the host class: ``config`` (actor_rollout_ref section, plain), ``model_config`` (its typed model
+    section), ``tokenizer``, ``device``,
     ``rank``, ``_is_actor`` / ``_is_rollout``, ``actor_engine`` and ``lora`` (actors), ``_rollout_stale``,
     ``_rollout_has_base`` (the engine has received the base weights once), ``weight_version``."""
 
@@ -50,14 +51,30 @@ class RolloutHost:
         module = None
         if name == "hf":
             # a separate inference copy: generation never all-gathers sharded weights token by token
-            module = load_model(path, "causal_lm", override_config=self.config["model"]["override_config"] or {},
-                                trust_remote_code=trust).to(device=self.device, dtype=getattr(torch, dtype)).eval()
+            module = (
+                load_model(
+                    path,
+                    "causal_lm",
+                    override_config=self.config["model"]["override_config"] or {},
+                    trust_remote_code=trust,
+                )
+                .to(device=self.device, dtype=getattr(torch, dtype))
+                .eval()
+            )
         adapter = rollout_gets_adapter(self.model_config, name)
         lora = lora_spec(self.model_config) if adapter else None  # a saved adapter's own rank/alpha
-        spec = ServerSpec(model_path=path, config=rollout_cfg, pad_token_id=int(self.tokenizer.pad_token_id),
-                          eos_token_ids=tuple(model_eos_token_ids(path, self.tokenizer)),
-                          device=str(self.device), dtype=dtype, trust_remote_code=trust, module=module,
-                          lora_rank=lora.rank if lora else 0, lora_alpha=lora.alpha if lora else 16.0)
+        spec = ServerSpec(
+            model_path=path,
+            config=rollout_cfg,
+            pad_token_id=int(self.tokenizer.pad_token_id),
+            eos_token_ids=tuple(model_eos_token_ids(path, self.tokenizer)),
+            device=str(self.device),
+            dtype=dtype,
+            trust_remote_code=trust,
+            module=module,
+            lora_rank=lora.rank if lora else 0,
+            lora_alpha=lora.alpha if lora else 16.0,
+        )
         self.engine_loop = EngineLoop(f"rollout-engine-rank{self.rank}")
         server_cls = ROLLOUT_SERVERS.get(name)
 
@@ -109,8 +126,11 @@ class RolloutHost:
         self._rollout_stale = False
         self._rollout_has_base = True
         self.weight_version = self.weight_version + 1 if version is None else int(version)
-        return {"timing_s/update_weights": time.perf_counter() - start, "rollout/weight_sync_mb": n_bytes / (1 << 20),
-                "rollout/weight_sync_tensors": n_tensors}
+        return {
+            "timing_s/update_weights": time.perf_counter() - start,
+            "rollout/weight_sync_mb": n_bytes / (1 << 20),
+            "rollout/weight_sync_tensors": n_tensors,
+        }
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def prepare_rollout(self, version: int | None = None) -> dict:
@@ -149,23 +169,30 @@ class RolloutHost:
             raise RuntimeError(f"generate_sequences needs the rollout; this worker's role is {self.role!r}")
         prepared = self.prepare_rollout()
         start = time.perf_counter()
-        worker = AgentLoopWorker(self.agent_settings, [LocalServerHandle(self)], self.tokenizer,
-                                 self.tokenizer.pad_token_id)
+        worker = AgentLoopWorker(
+            self.agent_settings, [LocalServerHandle(self)], self.tokenizer, self.tokenizer.pad_token_id
+        )
         # every rank gets the caller's meta_info; this slice's samples start rank x rows after the
         # caller's offset (the seeds of its requests). The offset names the request, not the result:
         # outputs keep the caller's meta_info without it, so the ranks' outputs concatenate.
         caller_meta = {k: v for k, v in prompts.meta_info.items() if k != "sample_offset"}
         offset = int(prompts.meta_info.get("sample_offset", 0)) + self.rank * len(prompts)
-        request = DataProto(batch=prompts.batch, non_tensor_batch=prompts.non_tensor_batch,
-                            meta_info={**caller_meta, "sample_offset": offset})
+        request = DataProto(
+            batch=prompts.batch,
+            non_tensor_batch=prompts.non_tensor_batch,
+            meta_info={**caller_meta, "sample_offset": offset},
+        )
         try:
             output = self.engine_loop.run(worker.generate_sequences(request))
         finally:
             self.release_rollout()
         metrics = output.meta_info.pop("metrics", {})
         output.meta_info = caller_meta
-        output.meta_info["metrics"] = {**metrics, "timing_s/update_weights": [prepared["timing_s/update_weights"]],
-                                       "timing_s/generate_sequences": [time.perf_counter() - start]}
+        output.meta_info["metrics"] = {
+            **metrics,
+            "timing_s/update_weights": [prepared["timing_s/update_weights"]],
+            "timing_s/generate_sequences": [time.perf_counter() - start],
+        }
         return output
 
     # ---------------------------------------------------------------------- weights from another process
@@ -184,7 +211,8 @@ class RolloutHost:
         Every rank walks the parameters (sharded ones are gathered); rank 0 sends."""
         if not self._is_actor:
             raise RuntimeError(f"send_weights needs the actor; this worker's role is {self.role!r}")
-        metrics = push_weights(self._weights_for_rollout(), targets, version, self._bucket_bytes,
-                               timeout_s=timeout_s, send=self.rank == 0)
+        metrics = push_weights(
+            self._weights_for_rollout(), targets, version, self._bucket_bytes, timeout_s=timeout_s, send=self.rank == 0
+        )
         self._rollout_has_base = True
         return metrics

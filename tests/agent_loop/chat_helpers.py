@@ -17,8 +17,14 @@ from hybridflow.rollout.server import STOP, TokenOutput
 
 TOK = build_tiny_tokenizer()
 EOS = TOK.eos_token_id
-CALC_SCHEMA = {"type": "function", "function": {"name": "calc", "description": "arithmetic", "parameters": {
-    "type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}}
+CALC_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "arithmetic",
+        "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]},
+    },
+}
 
 
 def ids(text: str) -> list[int]:
@@ -28,7 +34,7 @@ def ids(text: str) -> list[int]:
 def call_text(name: str, **arguments) -> str:
     import json
 
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 class ScriptedChat(ServerHandle):
@@ -58,13 +64,13 @@ def calc_entry(class_name: str = "hybridflow.tools.calculator_tool.CalculatorToo
     return {"class_name": class_name, "config": {"type": "native", **config}, "tool_schema": schema or CALC_SCHEMA}
 
 
-def settings(tmp_path=None, tools: list[dict] | None = None, prompt_length: int = 512, response_length: int = 256,
-             **multi_turn) -> AgentLoopSettings:
+def settings(
+    tmp_path=None, tools: list[dict] | None = None, prompt_length: int = 512, response_length: int = 256, **multi_turn
+) -> AgentLoopSettings:
     mt = dict(multi_turn)
     if tools is not None:
         mt["tool_config_path"] = write_tools_yaml(os.path.join(str(tmp_path), "tools.yaml"), tools)
-    return agent_loop_settings({"prompt_length": prompt_length, "response_length": response_length,
-                                                  "multi_turn": mt})
+    return agent_loop_settings({"prompt_length": prompt_length, "response_length": response_length, "multi_turn": mt})
 
 
 def objects(values) -> np.ndarray:
@@ -76,13 +82,17 @@ def objects(values) -> np.ndarray:
 def batch_of(samples: list[dict], prompt_length: int = 512, meta=None) -> DataProto:
     """tool_agent samples: dicts with 'messages' and optional tools_kwargs / interaction_kwargs / agent_name."""
     n = len(samples)
-    tensors = {"input_ids": torch.zeros(n, prompt_length, dtype=torch.long),
-               "attention_mask": torch.ones(n, prompt_length, dtype=torch.long),
-               "position_ids": torch.zeros(n, prompt_length, dtype=torch.long)}
-    cols = {"raw_prompt": objects([s["messages"] for s in samples]),
-            "agent_name": objects([s.get("agent_name", "tool_agent") for s in samples]),
-            "tools_kwargs": objects([s.get("tools_kwargs", {}) for s in samples]),
-            "interaction_kwargs": objects([s.get("interaction_kwargs", {}) for s in samples])}
+    tensors = {
+        "input_ids": torch.zeros(n, prompt_length, dtype=torch.long),
+        "attention_mask": torch.ones(n, prompt_length, dtype=torch.long),
+        "position_ids": torch.zeros(n, prompt_length, dtype=torch.long),
+    }
+    cols = {
+        "raw_prompt": objects([s["messages"] for s in samples]),
+        "agent_name": objects([s.get("agent_name", "tool_agent") for s in samples]),
+        "tools_kwargs": objects([s.get("tools_kwargs", {}) for s in samples]),
+        "interaction_kwargs": objects([s.get("interaction_kwargs", {}) for s in samples]),
+    }
     return DataProto.from_dict(tensors=tensors, non_tensors=cols, meta_info=meta or {})
 
 

@@ -4,8 +4,8 @@ engine's switches, weight receiving), without a model. Importable by Ray workers
 
 from __future__ import annotations
 
-from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.rollout.server import STOP, EngineLoop, TokenOutput
+from hybridflow.single_controller.base import Dispatch, Worker, register
 
 
 class ScriptedServer:

@@ -36,8 +36,14 @@ class ScriptedServer(ServerHandle):
 
 
 def settings(**kw):
-    rollout = {"prompt_length": 4, "response_length": 6, "temperature": 1.0, "calculate_log_probs": True,
-               "val_kwargs": {"do_sample": False, "temperature": 0}, **kw}
+    rollout = {
+        "prompt_length": 4,
+        "response_length": 6,
+        "temperature": 1.0,
+        "calculate_log_probs": True,
+        "val_kwargs": {"do_sample": False, "temperature": 0},
+        **kw,
+    }
     return agent_loop_settings(rollout)
 
 
@@ -46,11 +52,14 @@ def prompt_batch(rows, meta=None, **non_tensors):
     ids = torch.zeros((len(rows), 4), dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, r in enumerate(rows):
-        ids[i, 4 - len(r):] = torch.tensor(r)
-        mask[i, 4 - len(r):] = 1
+        ids[i, 4 - len(r) :] = torch.tensor(r)
+        mask[i, 4 - len(r) :] = 1
     cols = {k: np.array(v, dtype=object) for k, v in non_tensors.items()}
-    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1)},
-                               non_tensors=cols, meta_info=meta or {})
+    return DataProto.from_dict(
+        tensors={"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1)},
+        non_tensors=cols,
+        meta_info=meta or {},
+    )
 
 
 def test_single_turn_batch_request_ids_and_layout():
@@ -93,15 +102,20 @@ class EchoTwice(AgentLoopBase):
         second = await self.server_manager.generate(sample["request_id"], ids, sampling_params)
         resp = first.token_ids + [99] + second.token_ids
         mask = [1] * len(first.token_ids) + [0] + [1] * len(second.token_ids)
-        return AgentLoopOutput(sample["prompt_ids"], resp[:6], mask[:6], None, num_turns=4,
-                               extra_fields={"tag": sample["extra_info"]["tag"]})
+        return AgentLoopOutput(
+            sample["prompt_ids"],
+            resp[:6],
+            mask[:6],
+            None,
+            num_turns=4,
+            extra_fields={"tag": sample["extra_info"]["tag"]},
+        )
 
 
 def test_agent_name_per_sample_sticky_routing_and_extra_fields():
     servers = [ScriptedServer("a", length=2), ScriptedServer("b", length=2)]
     worker = AgentLoopWorker(settings(), servers, tokenizer=None, pad_token_id=0)
-    batch = prompt_batch([[5], [7]], agent_name=["echo_twice_test", None],
-                         extra_info=[{"tag": "x"}, {"tag": "y"}])
+    batch = prompt_batch([[5], [7]], agent_name=["echo_twice_test", None], extra_info=[{"tag": "x"}, {"tag": "y"}])
     out = asyncio.run(worker.generate_sequences(batch))
     # sample 0 (echo_twice_test): 6,7 | tool 99 | 100,101 ; sample 1 (default single turn): 8, 9
     assert out.batch["responses"][0].tolist() == [6, 7, 99, 100, 101, 0]
@@ -125,7 +139,9 @@ def test_unknown_agent_and_failing_loop_name_the_sample():
 
     try:
         with pytest.raises(RuntimeError, match="tool exploded") as e:
-            asyncio.run(worker.generate_sequences(prompt_batch([[5]], {"sample_offset": 3}, agent_name=["raises_test"])))
+            asyncio.run(
+                worker.generate_sequences(prompt_batch([[5]], {"sample_offset": 3}, agent_name=["raises_test"]))
+            )
         assert any("sample 3" in n for n in e.value.__notes__)
     finally:
         AGENT_LOOPS._entries.pop("raises_test", None)
@@ -153,8 +169,13 @@ def test_manager_on_each_backend(backend):
     """The same AgentLoopManager code over a rollout group of either backend: slices spread over the agent
     loop workers and come back in order with the hybrid switches around them; weights pushed through the
     group's receivers stamp the next samples; streaming submit, pause/resume and in_flight work."""
-    group = build_worker_group(backend, ClassWithInitArgs(ScriptedRolloutWorker), [1], name="scripted",
-                               concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: 8})
+    group = build_worker_group(
+        backend,
+        ClassWithInitArgs(ScriptedRolloutWorker),
+        [1],
+        name="scripted",
+        concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: 8},
+    )
     manager = None
 
     class Tok:
@@ -162,7 +183,9 @@ def test_manager_on_each_backend(backend):
 
     try:
         manager = AgentLoopManager(settings(agent={"num_workers": 2}), group, Tok(), role=None)
-        out = manager.generate_sequences(prompt_batch([[1], [2], [3], [4], [5]], {"global_steps": 2, "weight_version": 7}))
+        out = manager.generate_sequences(
+            prompt_batch([[1], [2], [3], [4], [5]], {"global_steps": 2, "weight_version": 7})
+        )
         assert out.batch["responses"][:, 0].tolist() == [2, 3, 4, 5, 6]  # order kept across the slices
         assert out.meta_info["metrics"]["timing_s/update_weights"] == [0.5]
         assert out.non_tensor_batch["min_weight_version"].tolist() == [0] * 5
@@ -170,7 +193,9 @@ def test_manager_on_each_backend(backend):
         # a separate rollout pool's update: buckets, then the version the next samples carry
         push_weights([("w", torch.ones(2))], group.handles(WEIGHT_RECEIVER), version=3, bucket_bytes=1 << 20)
         late = manager.submit(prompt_batch([[9]], {"global_steps": 3})).result(timeout=60)
-        assert late.batch["responses"][0, 0].item() == 10 and late.non_tensor_batch["min_weight_version"].tolist() == [3]
+        assert late.batch["responses"][0, 0].item() == 10 and late.non_tensor_batch["min_weight_version"].tolist() == [
+            3
+        ]
         manager.pause()
         assert manager.in_flight() == 0 and manager.completed_trajectories() == 6
         manager.resume()

@@ -21,10 +21,13 @@ def test_closing_split_and_deltas_by_hand():
     assert chat.split_turn(ids("#### 5") + [EOS]) == ("#### 5", "\n")
     assert chat.split_turn(ids("#### 5")) == ("#### 5", "<|im_end|>\n")  # cut by length: the whole closing
     tool = [{"role": "tool", "content": "5"}, {"role": "tool", "content": "6"}]
-    assert chat.delta_text(tool) == ("<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n6\n"
-                                     "</tool_response><|im_end|>\n<|im_start|>assistant\n")
-    assert chat.append_ids([{"role": "user", "content": "no"}], ids("x") + [EOS]) == \
-        ids("\n<|im_start|>user\nno<|im_end|>\n<|im_start|>assistant\n")
+    assert chat.delta_text(tool) == (
+        "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n6\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert chat.append_ids([{"role": "user", "content": "no"}], ids("x") + [EOS]) == ids(
+        "\n<|im_start|>user\nno<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def incremental(chat, turns, tools=None):
@@ -47,9 +50,11 @@ def incremental(chat, turns, tools=None):
 def test_incremental_ids_equal_the_whole_conversation_templated():
     chat = ChatTokenizer(TOK)
     tools = [calc_entry()["tool_schema"]]
-    turns = [("model", ids('<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>') + [EOS]),
-             ("append", [{"role": "tool", "content": "5"}]),
-             ("model", ids("#### 5") + [EOS])]
+    turns = [
+        ("model", ids('<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call>') + [EOS]),
+        ("append", [{"role": "tool", "content": "5"}]),
+        ("model", ids("#### 5") + [EOS]),
+    ]
     built, messages, last = incremental(chat, turns, tools)
     assert chat.check(built, messages, tools, "strict", last) is True
     # ending on appended turns: compared with the generation prompt on
@@ -80,14 +85,17 @@ def trimming_tokenizer():
     tok = copy.deepcopy(TOK)
     tok.chat_template = tok.chat_template.replace(
         "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}",
-        "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] | trim) + '<|im_end|>' + '\\n' }}")
+        "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] | trim) + '<|im_end|>' + '\\n' }}",
+    )
     assert tok.chat_template != TOK.chat_template
     return tok
 
 
 def test_whitespace_only_differences_pass_ignore_strippable_only():
     chat = ChatTokenizer(trimming_tokenizer())
-    built, messages, last = incremental(chat, [("model", ids("#### 5 ") + [EOS])])  # trailing space, trimmed on re-render
+    built, messages, last = incremental(
+        chat, [("model", ids("#### 5 ") + [EOS])]
+    )  # trailing space, trimmed on re-render
     with pytest.raises(TokenizationMismatch, match=r"\(strict\) failed"):
         chat.check(built, messages, None, "strict", last)
     assert chat.check(built, messages, None, "ignore_strippable", last) is False  # whitespace only: passes, flagged
@@ -96,8 +104,12 @@ def test_whitespace_only_differences_pass_ignore_strippable_only():
 def test_tool_agent_trains_the_sampled_tokens_and_fails_strict_samples(tmp_path, caplog):
     sampled = ids("#### ") + ids("<") + ids("|im_end|>") + [EOS]
     for mode in ("strict", "disable"):
-        worker = AgentLoopWorker(settings(tmp_path, [calc_entry()], tokenization_sanity_check_mode=mode),
-                                 [ScriptedChat([sampled])], TOK, pad_token_id=0)
+        worker = AgentLoopWorker(
+            settings(tmp_path, [calc_entry()], tokenization_sanity_check_mode=mode),
+            [ScriptedChat([sampled])],
+            TOK,
+            pad_token_id=0,
+        )
         out = run(worker, [{"messages": QUESTION}])
         # the trained response is exactly what was sampled, char tokens and all
         got, mask = response_of(out)

@@ -12,19 +12,22 @@ from hybridflow.agent_loop import agent_loop_settings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.agent_loop.over_sample import over_sample_target
 from hybridflow.agent_loop.server_manager import ROLLOUT_CONCURRENCY_GROUP
+from hybridflow.config.loader import ConfigError, load_config
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.single_controller.factory import build_worker_group
 from hybridflow.trainer.config_checks import validate_ppo_config
-from hybridflow.config.loader import ConfigError, load_config
 from tests.agent_loop.latency_rollout import PAD, LatencyRolloutWorker, PadOnlyTokenizer
 
 
 def prompts(last_tokens, meta):
     ids = torch.tensor([[7, t] for t in last_tokens])
     mask = torch.ones_like(ids)
-    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1},
-                               non_tensors={"index": np.arange(len(last_tokens))}, meta_info=meta)
+    return DataProto.from_dict(
+        tensors={"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1},
+        non_tensors={"index": np.arange(len(last_tokens))},
+        meta_info=meta,
+    )
 
 
 @pytest.fixture
@@ -32,10 +35,21 @@ def manager_for():
     made = []
 
     def make(rate, slow_s, backend="inprocess"):
-        group = build_worker_group(backend, ClassWithInitArgs(LatencyRolloutWorker, slow_s=slow_s), [1],
-                                   name="latency", concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: 16})
-        rollout = {"prompt_length": 2, "response_length": 4, "calculate_log_probs": True, "over_sample_rate": rate,
-                   "agent": {"num_workers": 2}, "val_kwargs": {"do_sample": False, "temperature": 0}}
+        group = build_worker_group(
+            backend,
+            ClassWithInitArgs(LatencyRolloutWorker, slow_s=slow_s),
+            [1],
+            name="latency",
+            concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: 16},
+        )
+        rollout = {
+            "prompt_length": 2,
+            "response_length": 4,
+            "calculate_log_probs": True,
+            "over_sample_rate": rate,
+            "agent": {"num_workers": 2},
+            "val_kwargs": {"do_sample": False, "temperature": 0},
+        }
         manager = AgentLoopManager(agent_loop_settings(rollout), group, PadOnlyTokenizer(), role=None)
         made.append((manager, group))
         return manager, group
@@ -93,10 +107,18 @@ def test_target_is_verl_formula_with_at_least_one():
 
 def test_config_refuses_bad_rates_and_async_modes():
     with pytest.raises(ConfigError, match=r"over_sample_rate must be in \[0, 1\).*got 1.0"):
-        validate_ppo_config(load_config("ppo_trainer", ["actor_rollout_ref.rollout.over_sample_rate=1.0",
-                                                        "trainer.device=cpu"]))
-    cfg = load_config("ppo_trainer", ["actor_rollout_ref.rollout.over_sample_rate=0.2", "async_training.mode=one_step_off",
-                                      "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
-                                      "trainer.device=cpu"])
+        validate_ppo_config(
+            load_config("ppo_trainer", ["actor_rollout_ref.rollout.over_sample_rate=1.0", "trainer.device=cpu"])
+        )
+    cfg = load_config(
+        "ppo_trainer",
+        [
+            "actor_rollout_ref.rollout.over_sample_rate=0.2",
+            "async_training.mode=one_step_off",
+            "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=1",
+            "trainer.device=cpu",
+        ],
+    )
     with pytest.raises(ConfigError, match="over_sample_rate=0.2 cuts the slowest trajectories"):
         validate_ppo_config(cfg)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from hybridflow.agent_loop.base import AgentLoopOutput
 from hybridflow.agent_loop.postprocess import mean_metrics, non_tensor_fields, pad_outputs
@@ -54,15 +53,28 @@ def test_mismatched_mask_is_refused():
 
 
 def test_non_tensor_fields_and_metrics():
-    outs = [AgentLoopOutput([1], [2], [1], num_turns=2, reward_score=1.0, metrics={"tool_calls": 2.0},
-                            extra_fields={"turn_scores": [0.5]}),
-            AgentLoopOutput([1], [2], [1], num_turns=4, metrics={"tool_calls": 0.0})]
+    outs = [
+        AgentLoopOutput(
+            [1],
+            [2],
+            [1],
+            num_turns=2,
+            reward_score=1.0,
+            metrics={"tool_calls": 2.0},
+            extra_fields={"turn_scores": [0.5]},
+        ),
+        AgentLoopOutput([1], [2], [1], num_turns=4, metrics={"tool_calls": 0.0}),
+    ]
     f = non_tensor_fields(outs)
     assert f["num_turns"].tolist() == [2, 4]
     assert list(f["reward_score"]) == [1.0, None]
     assert list(f["turn_scores"]) == [[0.5], None]
     m = mean_metrics(outs)
-    assert m == {"agent/num_turns/mean": 3.0, "agent/num_turns/min": 2.0, "agent/num_turns/max": 4.0,
-                 "agent/tool_calls": 1.0}
+    assert m == {
+        "agent/num_turns/mean": 3.0,
+        "agent/num_turns/min": 2.0,
+        "agent/num_turns/max": 4.0,
+        "agent/tool_calls": 1.0,
+    }
     assert "reward_score" not in non_tensor_fields(outs[1:])
     assert isinstance(f["reward_score"], np.ndarray) and f["reward_score"].dtype == object

@@ -16,6 +16,7 @@ from hybridflow.agent_loop import agent_loop_settings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.agent_loop.server_manager import ROLLOUT_CONCURRENCY_GROUP
 from hybridflow.agent_loop.trace import make_tracer, trace_store
+from hybridflow.config.loader import ConfigError, load_config
 from hybridflow.config.rollout import TraceConfig
 from hybridflow.models.tiny import build_tiny_tokenizer
 from hybridflow.protocol import DataProto
@@ -23,9 +24,10 @@ from hybridflow.rollout.server import STOP, EngineLoop, TokenOutput
 from hybridflow.single_controller.base import ClassWithInitArgs, Dispatch, Worker, register
 from hybridflow.single_controller.factory import build_worker_group
 from hybridflow.trainer.config_checks import validate_ppo_config
-from hybridflow.config.loader import ConfigError, load_config
 
-MLFLOW_MISSING = "the [trace] extra (mlflow-skinny, sqlalchemy, alembic) is not installed: pip install 'hybridflow[trace]'"
+MLFLOW_MISSING = (
+    "the [trace] extra (mlflow-skinny, sqlalchemy, alembic) is not installed: pip install 'hybridflow[trace]'"
+)
 
 
 class CountingServer:
@@ -72,18 +74,33 @@ def run_traced(store, tmp_path, last_tokens, index, limit=None):
     (tmp_path / "run").mkdir()
     shutil.copy(store, tmp_path / "run" / "mlflow.db")
     uri = f"sqlite:///{tmp_path}/run/mlflow.db"
-    trace = TraceConfig(backend="mlflow", project_name="proj", experiment_name="exp1", token2text=True,
-                        max_samples_per_step_per_worker=limit)
+    trace = TraceConfig(
+        backend="mlflow",
+        project_name="proj",
+        experiment_name="exp1",
+        token2text=True,
+        max_samples_per_step_per_worker=limit,
+    )
     rollout = {"prompt_length": 2, "response_length": 4, "calculate_log_probs": True, "agent": {"num_workers": 2}}
-    group = build_worker_group("inprocess", ClassWithInitArgs(CountingRolloutWorker), [1], name="counting",
-                               concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: 16})
+    group = build_worker_group(
+        "inprocess",
+        ClassWithInitArgs(CountingRolloutWorker),
+        [1],
+        name="counting",
+        concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: 16},
+    )
     manager = None
     try:
-        manager = AgentLoopManager(dataclasses.replace(agent_loop_settings(rollout), trace=trace, trace_uri=uri), group, tok, role=None)
+        manager = AgentLoopManager(
+            dataclasses.replace(agent_loop_settings(rollout), trace=trace, trace_uri=uri), group, tok, role=None
+        )
         ids = torch.tensor([[40, t] for t in last_tokens])
         mask = torch.ones_like(ids)
-        batch = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1},
-                                    non_tensors={"index": np.array(index)}, meta_info={"global_steps": 3})
+        batch = DataProto.from_dict(
+            tensors={"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1},
+            non_tensors={"index": np.array(index)},
+            meta_info={"global_steps": 3},
+        )
         out = manager.generate_sequences(batch)
     finally:
         if manager is not None:
@@ -99,7 +116,7 @@ def read_traces(uri):
     client = mlflow.MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("proj")
     # the spans live beside the store, not in ./mlruns of the directory the tests run in
-    store_dir = os.path.dirname(uri[len("sqlite:///"):])
+    store_dir = os.path.dirname(uri[len("sqlite:///") :])
     assert experiment.artifact_location == "file://" + os.path.join(store_dir, "mlflow_artifacts")
     return client.search_traces(locations=[experiment.experiment_id], max_results=100)
 
@@ -119,7 +136,12 @@ def test_mlflow_traces_hold_the_decoded_trajectories(empty_store, tmp_path):
     for row, (index, p) in enumerate(zip([7, 8, 9], [30, 50, 70])):
         trace = by_index[index]
         tags = trace.info.tags
-        assert (tags["step"], tags["rollout_n"], tags["validate"], tags["experiment_name"]) == ("3", "0", "False", "exp1")
+        assert (tags["step"], tags["rollout_n"], tags["validate"], tags["experiment_name"]) == (
+            "3",
+            "0",
+            "False",
+            "exp1",
+        )
         spans = spans_by_name(trace)
         assert set(spans) == {"agent_loop", "SingleTurnAgentLoop.run", "ServerManager.generate"}
         response_ids = out.batch["responses"][row][out.batch["response_mask"][row].bool()].tolist()
@@ -137,8 +159,9 @@ def test_mlflow_traces_hold_the_decoded_trajectories(empty_store, tmp_path):
 
 def test_max_samples_per_step_per_worker_traces_whole_prompt_groups(empty_store, tmp_path):
     # 4 prompts x 2 samples over 2 workers (2 prompts each); 1 prompt per worker traced, both its samples
-    _, _, uri = run_traced(empty_store, tmp_path, last_tokens=[30, 31, 40, 41, 50, 51, 60, 61], index=[0, 0, 1, 1, 2, 2, 3, 3],
-                           limit=1)
+    _, _, uri = run_traced(
+        empty_store, tmp_path, last_tokens=[30, 31, 40, 41, 50, 51, 60, 61], index=[0, 0, 1, 1, 2, 2, 3, 3], limit=1
+    )
     tags = [t.info.tags for t in read_traces(uri)]
     assert len(tags) == 4
     traced = sorted((int(t["sample_index"]), int(t["rollout_n"])) for t in tags)
@@ -149,7 +172,9 @@ def test_max_samples_per_step_per_worker_traces_whole_prompt_groups(empty_store,
 
 def test_missing_mlflow_names_the_key_and_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed
-    with pytest.raises(ImportError, match=r"rollout.trace.backend=mlflow needs the 'mlflow' package.*hybridflow\[trace\]"):
+    with pytest.raises(
+        ImportError, match=r"rollout.trace.backend=mlflow needs the 'mlflow' package.*hybridflow\[trace\]"
+    ):
         make_tracer(TraceConfig(backend="mlflow", project_name="p"), f"sqlite:///{tmp_path}/m.db")
     cfg = load_config("ppo_trainer", ["actor_rollout_ref.rollout.trace.backend=mlflow", "trainer.device=cpu"])
     with pytest.raises(ConfigError, match=r"trace.backend=mlflow needs the 'mlflow' package"):
@@ -158,7 +183,10 @@ def test_missing_mlflow_names_the_key_and_the_extra(monkeypatch, tmp_path):
 
 def test_weave_and_unknown_backends_are_refused_by_name(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    for backend, message in (("weave", "Weave backend is not implemented"), ("nope", "is not a trace backend; known: mlflow")):
+    for backend, message in (
+        ("weave", "Weave backend is not implemented"),
+        ("nope", "is not a trace backend; known: mlflow"),
+    ):
         with pytest.raises(ValueError, match=message):
             trace_store(TraceConfig(backend=backend), run_dir=str(tmp_path))
         cfg = load_config("ppo_trainer", [f"actor_rollout_ref.rollout.trace.backend={backend}", "trainer.device=cpu"])

@@ -11,18 +11,7 @@ import pytest
 from hybridflow.agent_loop import AgentLoopWorker
 from hybridflow.tools.base_tool import BaseTool
 from hybridflow.tools.schemas import ToolResponse
-from tests.agent_loop.chat_helpers import (
-    CALC_SCHEMA,
-    EOS,
-    TOK,
-    ScriptedChat,
-    calc_entry,
-    call_text,
-    ids,
-    response_of,
-    run,
-    settings,
-)
+from tests.agent_loop.chat_helpers import EOS, TOK, ScriptedChat, calc_entry, call_text, ids, response_of, run, settings
 
 QUESTION = [{"role": "user", "content": "What is 347*82?"}]
 # the template's tools block, written out: the system turn the prompt starts with (a tool as name(params))
@@ -54,7 +43,7 @@ def test_tool_turn_layout_by_hand_and_engine_sees_the_trained_tokens(tmp_path):
     assert logp == [-0.5] * len(turn1) + [0.0] * len(tool) + [-0.5] * len(turn2)
     prompt = ids(TOOLS_BLOCK + "<|im_start|>user\nWhat is 347*82?<|im_end|>\n<|im_start|>assistant\n")
     p = out.batch["prompts"].size(1)
-    assert out.batch["prompts"][0, p - len(prompt):].tolist() == prompt
+    assert out.batch["prompts"][0, p - len(prompt) :].tolist() == prompt
     # token-in-token-out: turn 2 was generated from exactly prompt + turn 1 + tool tokens (no re-tokenization)
     assert server.requests[1][1] == prompt + turn1 + tool
     assert [r[0] for r in server.requests] == ["train0:0/0", "train0:0/1"]
@@ -118,14 +107,19 @@ class Hangs(BaseTool):
 
 
 def schema(name):
-    return {"type": "function", "function": {"name": name, "description": name,
-                                             "parameters": {"type": "object", "properties": {}}}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": name, "parameters": {"type": "object", "properties": {}}},
+    }
 
 
 def test_failing_hanging_unknown_and_malformed_calls_become_messages_not_errors(tmp_path):
     here = __file__
-    tools = [calc_entry(), {"class_name": f"{here}:Raises", "config": {"type": "native"}, "tool_schema": schema("raises")},
-             {"class_name": f"{here}:Hangs", "config": {"type": "native", "timeout": 0.2}, "tool_schema": schema("hangs")}]
+    tools = [
+        calc_entry(),
+        {"class_name": f"{here}:Raises", "config": {"type": "native"}, "tool_schema": schema("raises")},
+        {"class_name": f"{here}:Hangs", "config": {"type": "native", "timeout": 0.2}, "tool_schema": schema("hangs")},
+    ]
     cases = {
         "raises": (call_text("raises"), "Error executing tool 'raises': boom"),
         "hangs": (call_text("hangs"), "Error executing tool 'hangs': timed out after 0.2 s"),
@@ -164,8 +158,14 @@ class Slow(BaseTool):
 def test_parallel_calls_are_bounded_and_results_truncated(tmp_path):
     tools = [{"class_name": f"{__file__}:Slow", "config": {"type": "native"}, "tool_schema": schema("slow")}]
     three = "".join(call_text("slow") for _ in range(3))
-    worker, server = worker_for(tmp_path, [three, "#### 1"], tools=tools, max_parallel_calls=2,
-                                max_tool_response_length=8, tool_response_truncate_side="right")
+    worker, server = worker_for(
+        tmp_path,
+        [three, "#### 1"],
+        tools=tools,
+        max_parallel_calls=2,
+        max_tool_response_length=8,
+        tool_response_truncate_side="right",
+    )
     out = run(worker, [{"messages": QUESTION}])
     assert type(worker.tools[0]).peak == 2  # two calls ran, at the same time; the third was dropped
     m = out.meta_info["metrics"]
@@ -177,9 +177,17 @@ def test_parallel_calls_are_bounded_and_results_truncated(tmp_path):
 
 
 def test_gsm8k_tool_gets_create_kwargs_and_step_rewards(tmp_path):
-    gsm8k_schema = {"type": "function", "function": {"name": "calc_gsm8k_reward", "description": "d", "parameters": {
-        "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
-    tools = [{"class_name": "verl.tools.gsm8k_tool.Gsm8kTool", "config": {"type": "native"}, "tool_schema": gsm8k_schema}]
+    gsm8k_schema = {
+        "type": "function",
+        "function": {
+            "name": "calc_gsm8k_reward",
+            "description": "d",
+            "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+        },
+    }
+    tools = [
+        {"class_name": "verl.tools.gsm8k_tool.Gsm8kTool", "config": {"type": "native"}, "tool_schema": gsm8k_schema}
+    ]
     replies = [call_text("calc_gsm8k_reward", answer="71"), call_text("calc_gsm8k_reward", answer="72"), "#### 72"]
     worker, server = worker_for(tmp_path, replies, tools=tools)
     kwargs = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "72"}}}
@@ -207,8 +215,10 @@ def test_gsm8k_tool_gets_create_kwargs_and_step_rewards(tmp_path):
 
 def test_interaction_hint_after_a_wrong_answer(tmp_path):
     path = tmp_path / "interaction.yaml"
-    path.write_text("interaction:\n  - name: gsm8k\n    class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction\n"
-                    "    config: {}\n")
+    path.write_text(
+        "interaction:\n  - name: gsm8k\n    class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction\n"
+        "    config: {}\n"
+    )
     worker, server = worker_for(tmp_path, ["#### 71", "#### 72"], tools=[], interaction_config_path=str(path))
     out = run(worker, [{"messages": QUESTION, "interaction_kwargs": {"name": "gsm8k", "ground_truth": "72"}}])
     resp, mask = response_of(out)
@@ -228,7 +238,9 @@ def test_interaction_kwargs_without_an_interaction_config_are_ignored_and_bad_na
     out = run(worker, [{"messages": QUESTION, "interaction_kwargs": {"query": "q", "ground_truth": "2"}}])
     assert len(server.requests) == 1 and out.non_tensor_batch["num_turns"].tolist() == [2]
     path = tmp_path / "interaction.yaml"
-    path.write_text("interaction:\n  - {name: gsm8k, class_name: hybridflow.interactions.gsm8k_interaction.Gsm8kInteraction}\n")
+    path.write_text(
+        "interaction:\n  - {name: gsm8k, class_name: hybridflow.interactions.gsm8k_interaction.Gsm8kInteraction}\n"
+    )
     worker, _ = worker_for(tmp_path, ["#### 1"], tools=[], interaction_config_path=str(path))
     with pytest.raises(ValueError, match="interaction 'other' is not configured; known: \\['gsm8k'\\]"):
         run(worker, [{"messages": QUESTION, "interaction_kwargs": {"name": "other"}}])
@@ -238,8 +250,9 @@ def test_interaction_kwargs_without_an_interaction_config_are_ignored_and_bad_na
 
 def test_use_inference_chat_template_sends_the_retemplated_conversation(tmp_path):
     call = '<tool_call>\n{"name":"calc","arguments":{"expr":"2*3"}}\n</tool_call>'  # compact JSON: renders differently
-    worker, server = worker_for(tmp_path, [call, "#### 6"], use_inference_chat_template=True,
-                                tokenization_sanity_check_mode="disable")
+    worker, server = worker_for(
+        tmp_path, [call, "#### 6"], use_inference_chat_template=True, tokenization_sanity_check_mode="disable"
+    )
     out = run(worker, [{"messages": QUESTION}])
     second_prompt = TOK.decode(server.requests[1][1])
     # the engine saw the conversation re-rendered (calls as the template writes them) ...

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from hybridflow.agent_loop import AgentLoopWorker
+from hybridflow.models.tiny import build_tiny_config, build_tiny_model
 from hybridflow.rewards import load_reward_manager
 from hybridflow.trainer.ppo import core_algos
-from hybridflow.models.tiny import build_tiny_config, build_tiny_model
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.utils.logprob import forward_response_log_probs
 from tests.agent_loop.chat_helpers import TOK, ScriptedChat, batch_of, calc_entry, call_text, objects, settings
@@ -24,12 +24,19 @@ QUESTION = [{"role": "user", "content": "What is 12*34?"}]
 def tool_batch(tmp_path):
     """Two samples of one prompt: both call the calculator; one answers right (408), one wrong."""
     replies = [call_text("calc", expr="12*34"), call_text("calc", expr="12*34"), "#### 408", "#### 407"]
-    worker = AgentLoopWorker(settings(tmp_path, [calc_entry()], prompt_length=320, response_length=160),
-                             [ScriptedChat(replies)], TOK, pad_token_id=0)
+    worker = AgentLoopWorker(
+        settings(tmp_path, [calc_entry()], prompt_length=320, response_length=160),
+        [ScriptedChat(replies)],
+        TOK,
+        pad_token_id=0,
+    )
     batch = batch_of([{"messages": QUESTION}] * 2, prompt_length=320)
     out = asyncio.run(worker.generate_sequences(batch))
-    out.non_tensor_batch.update(data_source=objects(["openai/gsm8k"] * 2), uid=objects(["u0", "u0"]),
-                                reward_model=objects([{"ground_truth": "408"}] * 2))
+    out.non_tensor_batch.update(
+        data_source=objects(["openai/gsm8k"] * 2),
+        uid=objects(["u0", "u0"]),
+        reward_model=objects([{"ground_truth": "408"}] * 2),
+    )
     return out
 
 
@@ -37,7 +44,7 @@ def test_tool_tokens_get_no_advantage_and_no_gradient(tmp_path):
     data = tool_batch(tmp_path)
     b = data.batch
     mask = b["response_mask"]  # (B, R)
-    real = b["attention_mask"][:, b["prompts"].size(1):]  # (B, R): model + tool tokens
+    real = b["attention_mask"][:, b["prompts"].size(1) :]  # (B, R): model + tool tokens
     tool = (real == 1) & (mask == 0)
     assert tool.sum(-1).tolist()[0] > 40 and (tool.sum(-1) == tool[0].sum()).all()  # a tool turn in both rows
 
@@ -50,21 +57,34 @@ def test_tool_tokens_get_no_advantage_and_no_gradient(tmp_path):
     assert torch.allclose(adv[0][mask[0] == 1], torch.tensor(0.5 / 0.7071), atol=1e-3)
 
     # a real update of a tiny Qwen2 over the tiny vocabulary
-    config = build_tiny_config(len(TOK), hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                               num_kv_heads=2, tie_word_embeddings=False, pad_token_id=None, eos_token_id=None)
+    config = build_tiny_config(
+        len(TOK),
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        tie_word_embeddings=False,
+        pad_token_id=None,
+        eos_token_id=None,
+    )
     base = build_tiny_model(config, seed=0)
     torch.manual_seed(0)  # the noise on the old log-probs below
     with torch.no_grad():
-        logp, _ = forward_response_log_probs(base, b["input_ids"], b["attention_mask"], b["position_ids"],
-                                             b["responses"].size(1), 1.0)
+        logp, _ = forward_response_log_probs(
+            base, b["input_ids"], b["attention_mask"], b["position_ids"], b["responses"].size(1), 1.0
+        )
     b["old_log_probs"] = logp + 0.2 * torch.randn(logp.shape)  # ratios differ from 1
     b["advantages"] = adv
     data.meta_info["temperature"] = 1.0
 
     def step(batch):
         model = copy.deepcopy(base)
-        actor = DataParallelPPOActor(actor_config(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2), model,
-                                     torch.optim.SGD(model.parameters(), lr=0.5))
+        actor = DataParallelPPOActor(
+            actor_config(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2),
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+        )
         actor.update_policy(batch)
         return flat_params(model)
 

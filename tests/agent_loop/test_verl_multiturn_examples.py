@@ -34,7 +34,10 @@ from hybridflow.trainer.config_checks import validate_ppo_config
 LOCAL_EXAMPLES = Path(__file__).parent / "verl_format_examples"
 # the examples: veRL's sglang_multiturn scripts, plus the two trainers' scripts that set a multi-turn key
 SCRIPTS_GLOB = ("examples/sglang_multiturn/*.sh", "examples/sglang_multiturn/*/*.sh")
-EXTRA_SCRIPTS = ("examples/grpo_trainer/run_qwen2-7b_seq_balance.sh", "examples/ppo_trainer/run_qwen2-7b_seq_balance.sh")
+EXTRA_SCRIPTS = (
+    "examples/grpo_trainer/run_qwen2-7b_seq_balance.sh",
+    "examples/ppo_trainer/run_qwen2-7b_seq_balance.sh",
+)
 # keys of the multi-turn scope: never set aside, they must exist in hybridflow's tree
 IN_SCOPE = ("actor_rollout_ref.rollout.multi_turn.", "actor_rollout_ref.rollout.agent.", "data.")
 # why an example cannot run here, by what its message must say
@@ -82,8 +85,10 @@ def real_verl_root(tmp_path_factory) -> Path:
         return Path(given)
     repo = os.environ.get("HYBRIDFLOW_VERL_REPO")
     if not repo:
-        pytest.skip("optional: set HYBRIDFLOW_VERL_EXAMPLES (veRL's examples/ parent) or HYBRIDFLOW_VERL_REPO "
-                    "(a veRL git repository) to check a real veRL checkout's examples")
+        pytest.skip(
+            "optional: set HYBRIDFLOW_VERL_EXAMPLES (veRL's examples/ parent) or HYBRIDFLOW_VERL_REPO "
+            "(a veRL git repository) to check a real veRL checkout's examples"
+        )
     if not (shutil.which("git") and os.path.isdir(repo)):
         pytest.fail(f"HYBRIDFLOW_VERL_REPO={repo} is not a directory (or git is missing)")
     root = tmp_path_factory.mktemp("verl")
@@ -115,11 +120,16 @@ def scripts(root: Path) -> list[Path]:
 def command_line(root: Path, script: Path, tmp_path: Path) -> list[str]:
     """The arguments the script passes to ``python3 -m verl.trainer.main_ppo``."""
     out = tmp_path / "args.bin"
-    env = {"PATH": os.environ["PATH"], "HOME": "/home/verl", "HF_ARGS_OUT": str(out), "HF_ROOT": str(root),
-           "HF_SCRIPT": str(script),
-           # run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh passes use_kl_loss=${use_kl_loss} without ever setting the
-           # variable (an empty value, refused by veRL's typed config as well); it sets use_kl_loss=True above
-           "use_kl_loss": "True"}
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": "/home/verl",
+        "HF_ARGS_OUT": str(out),
+        "HF_ROOT": str(root),
+        "HF_SCRIPT": str(script),
+        # run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh passes use_kl_loss=${use_kl_loss} without ever setting the
+        # variable (an empty value, refused by veRL's typed config as well); it sets use_kl_loss=True above
+        "use_kl_loss": "True",
+    }
     subprocess.run(["bash", "-c", STUBS], env=env, capture_output=True, timeout=60)
     assert out.is_file(), f"{script}: no main_ppo command found"
     return [a for a in out.read_bytes().decode().split("\0") if a]
@@ -186,9 +196,12 @@ def _swap_engine(argv: list[str]) -> list[str]:
 def test_each_example_composes_or_is_refused_for_its_own_reason(local_command_lines):
     assert sorted(local_command_lines) == sorted(LOCAL_OUTCOMES)  # every script found, each has a main_ppo line
     for script, argv in local_command_lines.items():
-        assert argv[:2] == ["--config-path=" + str(LOCAL_EXAMPLES / "examples/sglang_multiturn/config"),
-                            "--config-name=gsm8k_multiturn_grpo" if "megatron" not in script
-                            else "--config-name=gsm8k_multiturn_megatron_grpo"], (script, argv[:2])
+        assert argv[:2] == [
+            "--config-path=" + str(LOCAL_EXAMPLES / "examples/sglang_multiturn/config"),
+            "--config-name=gsm8k_multiturn_grpo"
+            if "megatron" not in script
+            else "--config-name=gsm8k_multiturn_megatron_grpo",
+        ], (script, argv[:2])
         message, aside = outcome(argv)
         want = LOCAL_OUTCOMES[script]
         if want == "ok":
@@ -240,9 +253,11 @@ def test_the_sglang_example_composes_once_the_engine_is_swapped(local_command_li
 def _assert_mcp_tools_refused(examples_root: Path) -> None:
     config = examples_root / "examples/sglang_multiturn/config"
     mcp = config / "tool_config/mcp_tool_config.yaml"
-    cfg = load_config("gsm8k_multiturn_grpo", ["actor_rollout_ref.rollout.name=vllm",
-                                               f"actor_rollout_ref.rollout.multi_turn.tool_config_path={mcp}"],
-                      config_path=str(config))
+    cfg = load_config(
+        "gsm8k_multiturn_grpo",
+        ["actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={mcp}"],
+        config_path=str(config),
+    )
     with pytest.raises(ConfigError, match="MCP tools are not supported"):
         validate_ppo_config(cfg)
 
@@ -266,13 +281,18 @@ def test_real_checkout_every_multiturn_example_composes_or_says_why_not(real_com
         assert "unknown config key 'actor_rollout_ref.rollout.agent" not in message, (script, message)
         assert not any(a.split("=", 1)[0].startswith(IN_SCOPE) for a in aside)
         if message != "ok":  # refused: only for a reason hybridflow names
-            assert any(why in message for why in EXPECTED.values()), f"{script}: refused without a named reason:\n{message}"
+            assert any(why in message for why in EXPECTED.values()), (
+                f"{script}: refused without a named reason:\n{message}"
+            )
     # the examples that run on hybridflow's engines compose and validate (vllm: the ones that name it)
     vllm = [s for s in results if "vllm" in s]
     assert vllm and all(results[s] == "ok" for s in vllm), {s: results[s] for s in vllm}
     # the sglang ones that compose (not the Megatron ones) are refused for the engine, by name
-    sglang = [s for s, m in results.items() if EXPECTED["megatron"] not in m
-              and "actor_rollout_ref.rollout.name=sglang" in command_lines[s]]
+    sglang = [
+        s
+        for s, m in results.items()
+        if EXPECTED["megatron"] not in m and "actor_rollout_ref.rollout.name=sglang" in command_lines[s]
+    ]
     assert len(sglang) >= 10 and all(EXPECTED["sglang"] in results[s] for s in sglang)
     assert sum(EXPECTED["megatron"] in m for m in results.values()) == 2
 

@@ -84,8 +84,11 @@ def test_the_check_names_a_default_that_drifted():
     assert "algorithm.kl_ctrl.kl_coef: default 0.001" in found
     assert "algorithm.brand_new_key: a yaml key that AlgoConfig does not declare" in found
     assert "algorithm.gamma: declared by AlgoConfig" in found
-    assert differences(defaults_of(section), {**node_at(default_config("ppo_trainer"), "algorithm"),
-                                              "use_kl_in_reward": 0}, "algorithm")  # 0 is not False
+    assert differences(
+        defaults_of(section),
+        {**node_at(default_config("ppo_trainer"), "algorithm"), "use_kl_in_reward": 0},
+        "algorithm",
+    )  # 0 is not False
 
 
 def test_an_interpolation_to_another_value_is_caught():
@@ -113,8 +116,12 @@ def test_the_yaml_reads_into_the_defaults(section: Section, loaded):
 
 
 def test_every_key_has_a_one_line_doc():
-    missing = [f"{cls.__name__}.{f.name}" for cls in CONFIG_CLASSES.values() for f in dataclasses.fields(cls)
-               if not f.metadata.get("doc") or "\n" in f.metadata["doc"]]
+    missing = [
+        f"{cls.__name__}.{f.name}"
+        for cls in CONFIG_CLASSES.values()
+        for f in dataclasses.fields(cls)
+        if not f.metadata.get("doc") or "\n" in f.metadata["doc"]
+    ]
     assert missing == []
 
 

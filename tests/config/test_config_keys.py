@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from yaml_comments import key_comments
 
 from hybridflow.config import keys as config_keys
 from hybridflow.config.keys import TABLES
@@ -13,8 +14,6 @@ from hybridflow.config.loader import ConfigError, config_dir, default_config, lo
 from hybridflow.config.support import HONOURED, NOT_SUPPORTED, KeyTable
 from hybridflow.devtools import config_table
 from hybridflow.utils.nested_dict import leaf_items
-
-from yaml_comments import key_comments
 
 NAMES = list(TABLES)
 
@@ -112,7 +111,8 @@ def test_defaults_are_veRLs_unless_the_yaml_says_why(name):
 
 def test_the_status_table_is_current():
     assert config_table.DOC_PATH.read_text() == config_table.render(), (
-        "docs/config_keys.md is stale: run python -m hybridflow.devtools.config_table")
+        "docs/config_keys.md is stale: run python -m hybridflow.devtools.config_table"
+    )
 
 
 def test_the_table_lists_every_key_with_its_status():
@@ -143,7 +143,9 @@ def test_not_supported_is_accepted_at_its_default_and_refused_when_set():
 
 def test_honoured_keys_with_values_refuse_the_others():
     load_config("ppo_trainer", ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.strategy=fsdp2"])
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.name='sglang' is not supported.*supported: 'hf', 'vllm'"):
+    with pytest.raises(
+        ConfigError, match=r"actor_rollout_ref.rollout.name='sglang' is not supported.*supported: 'hf', 'vllm'"
+    ):
         load_config("ppo_trainer", ["actor_rollout_ref.rollout.name=sglang"])
 
 
@@ -167,23 +169,33 @@ def test_notes_for_settings_that_do_not_apply_here():
 
 def test_an_added_key_that_nothing_reads_is_refused_and_megatron_keys_say_why():
     with pytest.raises(ConfigError) as e:
-        load_config("ppo_trainer", ["+trainer.my_flag=1",
-                                    "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform"])
+        load_config(
+            "ppo_trainer",
+            [
+                "+trainer.my_flag=1",
+                "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform",
+            ],
+        )
     msg = str(e.value)
     assert "trainer.my_flag is not a ppo_trainer key (it was added with +)" in msg
-    assert "megatron.override_transformer_config.recompute_method='uniform' is not supported" in msg and "Megatron" in msg
+    assert (
+        "megatron.override_transformer_config.recompute_method='uniform' is not supported" in msg and "Megatron" in msg
+    )
 
 
-@pytest.mark.parametrize("legacy,canonical,value", [
-    ("reward_model.enable", "reward.reward_model.enable", True),
-    ("reward_model.model.path", "reward.reward_model.model_path", "/rm"),
-    ("reward_model.reward_manager", "reward.reward_manager.name", "naive"),
-    ("custom_reward_function.path", "reward.custom_reward_function.path", "/f.py"),
-    ("ray_init.num_cpus", "ray_kwargs.ray_init.num_cpus", 3),
-    ("actor_rollout_ref.actor.grad_clip", "actor_rollout_ref.actor.optim.clip_grad", 0.5),
-    ("actor_rollout_ref.actor.optim.warmup_style", "actor_rollout_ref.actor.optim.lr_scheduler_type", "cosine"),
-    ("critic.model.fsdp_config.param_offload", "critic.fsdp.param_offload", True),
-])
+@pytest.mark.parametrize(
+    "legacy,canonical,value",
+    [
+        ("reward_model.enable", "reward.reward_model.enable", True),
+        ("reward_model.model.path", "reward.reward_model.model_path", "/rm"),
+        ("reward_model.reward_manager", "reward.reward_manager.name", "naive"),
+        ("custom_reward_function.path", "reward.custom_reward_function.path", "/f.py"),
+        ("ray_init.num_cpus", "ray_kwargs.ray_init.num_cpus", 3),
+        ("actor_rollout_ref.actor.grad_clip", "actor_rollout_ref.actor.optim.clip_grad", 0.5),
+        ("actor_rollout_ref.actor.optim.warmup_style", "actor_rollout_ref.actor.optim.lr_scheduler_type", "cosine"),
+        ("critic.model.fsdp_config.param_offload", "critic.fsdp.param_offload", True),
+    ],
+)
 def test_both_spellings_reach_the_canonical_key(legacy, canonical, value):
     text = str(value).lower() if isinstance(value, bool) else value
     for written in (legacy, canonical):
@@ -200,7 +212,10 @@ def _select(cfg, key):
 
 
 def test_ray_init_timeline_goes_to_ray_kwargs_not_ray_init():
-    with pytest.raises(ConfigError, match="ray_kwargs.timeline_json_file='/t.json' is not supported.*set as ray_init.timeline_json_file"):
+    with pytest.raises(
+        ConfigError,
+        match="ray_kwargs.timeline_json_file='/t.json' is not supported.*set as ray_init.timeline_json_file",
+    ):
         load_config("ppo_trainer", ["ray_init.timeline_json_file=/t.json"])
 
 
@@ -209,12 +224,25 @@ def test_two_different_values_for_one_setting_are_an_error():
         load_config("ppo_trainer", ["reward_model.enable=True", "reward.reward_model.enable=False"])
     assert "reward_model.enable=True and reward.reward_model.enable=False" in str(e.value)
     # the same value twice is fine
-    assert load_config("ppo_trainer", ["ray_init.num_cpus=2", "ray_kwargs.ray_init.num_cpus=2"]).ray_kwargs.ray_init.num_cpus == 2
+    assert (
+        load_config(
+            "ppo_trainer", ["ray_init.num_cpus=2", "ray_kwargs.ray_init.num_cpus=2"]
+        ).ray_kwargs.ray_init.num_cpus
+        == 2
+    )
 
 
 def test_earlier_sft_spellings():
-    cfg = load_config("sft_trainer", ["model.partial_pretrain=/m", "optim.lr_scheduler=cosine", "optim.warmup_steps_ratio=0.1",
-                                      "model.strategy=ddp", "trainer.checkpoint.save_contents=[hf_model]"])
+    cfg = load_config(
+        "sft_trainer",
+        [
+            "model.partial_pretrain=/m",
+            "optim.lr_scheduler=cosine",
+            "optim.warmup_steps_ratio=0.1",
+            "model.strategy=ddp",
+            "trainer.checkpoint.save_contents=[hf_model]",
+        ],
+    )
     assert cfg.model.path == "/m" and cfg.optim.lr_scheduler_type == "cosine" and cfg.optim.lr_warmup_steps_ratio == 0.1
     assert cfg.engine.strategy == "ddp" and list(cfg.checkpoint.save_contents) == ["hf_model"]
 
@@ -223,8 +251,11 @@ def test_flipping_a_status_is_a_data_change(monkeypatch):
     table = TABLES["ppo_trainer"]
     old = table.rule_for("trainer.val_only")
     assert old.status == NOT_SUPPORTED
-    flipped = KeyTable(table.name, tuple(dataclasses.replace(r, status=HONOURED, reason="") if r is old else r
-                                         for r in table.rules), table.aliases)
+    flipped = KeyTable(
+        table.name,
+        tuple(dataclasses.replace(r, status=HONOURED, reason="") if r is old else r for r in table.rules),
+        table.aliases,
+    )
     monkeypatch.setitem(config_keys.TABLES, "ppo_trainer", flipped)
     assert load_config("ppo_trainer", ["trainer.val_only=True"]).trainer.val_only is True
 
@@ -233,12 +264,17 @@ def test_user_config_extending_ppo_trainer_the_verl_way(tmp_path):
     (tmp_path / "mine.yaml").write_text(
         "hydra:\n  searchpath:\n    - pkg://verl.trainer.config\ndefaults:\n  - ppo_trainer\n  - _self_\n"
         "data:\n  train_batch_size: 7\nactor_rollout_ref:\n  rollout:\n    multi_turn:\n      enable: true\n"
-        "      function_tool_path: my_tools.py\n")
+        "      function_tool_path: my_tools.py\n"
+    )
     # the file's own keys are checked like command-line ones: an unimplemented one is refused by name
     with pytest.raises(ConfigError, match="multi_turn.function_tool_path='my_tools.py' is not supported"):
         load_config("mine", [], config_path=tmp_path, kind="ppo_trainer")
-    cfg = load_config("mine", ["actor_rollout_ref.rollout.multi_turn.function_tool_path=null"], config_path=tmp_path,
-                      kind="ppo_trainer")
+    cfg = load_config(
+        "mine",
+        ["actor_rollout_ref.rollout.multi_turn.function_tool_path=null"],
+        config_path=tmp_path,
+        kind="ppo_trainer",
+    )
     assert cfg.data.train_batch_size == 7 and cfg.trainer.backend == "ray"
     assert cfg.actor_rollout_ref.rollout.multi_turn.enable is True
     (tmp_path / "mega.yaml").write_text("defaults:\n  - ppo_megatron_trainer\n  - _self_\n")

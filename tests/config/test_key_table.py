@@ -28,8 +28,11 @@ class Engine(BaseConfig):
 @dataclass
 class Root(BaseConfig):
     actor: Engine = section(Engine, "the actor's engine", keys={"megatron.**": refused("no Megatron")})
-    critic: Engine = section(Engine, "the critic's engine",
-                             keys={"offload": honoured(), "lr": refused("fixed lr"), "kwargs.bad": refused("bad")})
+    critic: Engine = section(
+        Engine,
+        "the critic's engine",
+        keys={"offload": honoured(), "lr": refused("fixed lr"), "kwargs.bad": refused("bad")},
+    )
     teacher: Engine = section(Engine, "not implemented", refused="no teacher")
     extra: dict = undeclared("free-form", note="ignored")
     seed: int = doc(1, "seed")
@@ -112,7 +115,9 @@ def test_check_support_applies_the_derived_statuses():
     with pytest.raises(SupportError) as e:
         check_support(t, raw, defaults, raw)
     assert "actor.offload=True is not supported by hybridflow (default: False): no offload" in str(e.value)
-    assert "actor.kind='c' is not supported by hybridflow (supported: 'a', 'b'): a and b are implemented" in str(e.value)
+    assert "actor.kind='c' is not supported by hybridflow (supported: 'a', 'b'): a and b are implemented" in str(
+        e.value
+    )
 
 
 def test_literal_rules_for_keys_the_tree_lacks_are_the_known_veRL_keys():
@@ -121,8 +126,9 @@ def test_literal_rules_for_keys_the_tree_lacks_are_the_known_veRL_keys():
     veRL 0.9.1 has the key)."""
     from hybridflow.config.keys import TABLES
 
-    found = {(name, r.pattern) for name, table in TABLES.items() for r in table.rules
-             if r.shared and "*" not in r.pattern}
+    found = {
+        (name, r.pattern) for name, table in TABLES.items() for r in table.rules if r.shared and "*" not in r.pattern
+    }
     assert found == {
         ("ppo_trainer", "actor_rollout_ref.rollout.agent.agent_loop_manager_class"),
         ("ppo_trainer", "actor_rollout_ref.rollout.sglang_rollout_mode"),

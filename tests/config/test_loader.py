@@ -139,8 +139,12 @@ def test_type_leniency_that_veRL_users_rely_on():
 def test_add_delete_and_force_add():
     cfg = load_config(
         "ppo_trainer",
-        ["+actor_rollout_ref.model.override_config.attention_dropout=0.1", "~data.video_key",
-         "++trainer.total_epochs=2", "++actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4"],
+        [
+            "+actor_rollout_ref.model.override_config.attention_dropout=0.1",
+            "~data.video_key",
+            "++trainer.total_epochs=2",
+            "++actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
+        ],
     )
     assert cfg.actor_rollout_ref.model.override_config.attention_dropout == pytest.approx(0.1)
     assert "video_key" not in cfg.data
@@ -148,15 +152,18 @@ def test_add_delete_and_force_add():
     # a key that nothing reads is not added silently: each one is named
     with pytest.raises(ConfigError) as e:
         load_config("ppo_trainer", ["+new.key=1", "++trainer.brand_new=x"])
-    assert "new.key is not a ppo_trainer key" in str(e.value) and "trainer.brand_new is not a ppo_trainer key" in str(e.value)
+    assert "new.key is not a ppo_trainer key" in str(e.value) and "trainer.brand_new is not a ppo_trainer key" in str(
+        e.value
+    )
     # a config of the user's own, without a key table, takes any key
     assert load_config("evaluation", ["+new.key=1"], kind="no-table").new.key == 1
 
 
 def test_adding_an_existing_key_sets_it():
     # hybridflow's tree holds keys veRL users must add with + (fsdp_config.mixed_precision, ...): + sets them
-    cfg = load_config("ppo_trainer", ["+trainer.nnodes=2",
-                                      "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"])
+    cfg = load_config(
+        "ppo_trainer", ["+trainer.nnodes=2", "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"]
+    )
     assert cfg.trainer.nnodes == 2 and cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "bf16"
     with pytest.raises(ConfigError, match="expects int"):  # still type-checked
         load_config("ppo_trainer", ["+trainer.nnodes=two"])
@@ -196,9 +203,9 @@ def test_config_is_read_only_and_struct():
     cfg = load_config("ppo_trainer", [])
     with pytest.raises(ReadonlyConfigError):
         cfg.data.train_batch_size = 2
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017  (omegaconf's error class differs by version)
         cfg.data.not_a_key = 1
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017
         _ = cfg.data.not_a_key
     assert OmegaConf.is_readonly(cfg.actor_rollout_ref.actor.optim)
 
@@ -237,7 +244,12 @@ def test_parse_cli_flags(capsys, tmp_path):
     cfg = parse_cli("ppo_trainer", ["trainer.nnodes=2"])
     assert cfg.trainer.nnodes == 2
     (tmp_path / "other.yaml").write_text("trainer:\n  nnodes: 1\n")
-    assert parse_cli("ppo_trainer", ["--config-path", str(tmp_path), "--config-name=other", "trainer.nnodes=3"]).trainer.nnodes == 3
+    assert (
+        parse_cli(
+            "ppo_trainer", ["--config-path", str(tmp_path), "--config-name=other", "trainer.nnodes=3"]
+        ).trainer.nnodes
+        == 3
+    )
     # main_ppo's key statuses apply to the user's file too
     (tmp_path / "other.yaml").write_text("trainer:\n  nnodes: 1\n  val_only: true\n")
     with pytest.raises(SystemExit):
@@ -272,22 +284,27 @@ def test_an_override_is_checked_against_the_keys_declared_type():
 
 def test_value_kinds_read_the_field_annotations():
     from dataclasses import dataclass, field
-    from typing import Any, Optional, Union
+    from typing import Any
 
     from hybridflow.config.tree import value_kinds
 
     @dataclass
     class Inner:
-        files: Union[str, list[str]] = "a"
+        files: str | list[str] = "a"
         anything: Any = None
 
     @dataclass
     class Outer:
         n: int = 1
-        lr: Optional[float] = None
+        lr: float | None = None
         flag: bool = False
         mapping: dict = field(default_factory=dict)
         inner: Inner = field(default_factory=Inner)
 
-    assert value_kinds(Outer()) == {"n": ("int",), "lr": ("float",), "flag": ("bool",), "mapping": ("dict",),
-                                    "inner.files": ("str", "list")}
+    assert value_kinds(Outer()) == {
+        "n": ("int",),
+        "lr": ("float",),
+        "flag": ("bool",),
+        "mapping": ("dict",),
+        "inner.files": ("str", "list"),
+    }

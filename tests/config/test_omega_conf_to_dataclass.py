@@ -9,8 +9,15 @@ import textwrap
 import pytest
 from omegaconf import OmegaConf
 
-from hybridflow.config import (ActorConfig, AlgoConfig, ConfigError, FSDPActorConfig, FSDPCriticConfig,
-                               FSDPOptimizerConfig, RolloutCorrectionConfig)
+from hybridflow.config import (
+    ActorConfig,
+    AlgoConfig,
+    ConfigError,
+    FSDPActorConfig,
+    FSDPCriticConfig,
+    FSDPOptimizerConfig,
+    RolloutCorrectionConfig,
+)
 from hybridflow.config.reasons import MEGATRON as MEGATRON_TEXT
 from hybridflow.utils import omega_conf_to_dataclass
 from hybridflow.utils.config import omega_conf_to_dataclass as from_utils_config
@@ -23,9 +30,16 @@ def test_both_veRL_paths_give_the_same_function():
 
 
 def test_target_picks_the_class_and_nested_sections_are_typed():
-    cfg = OmegaConf.create({"actor": {"_target_": "verl.workers.config.FSDPActorConfig", "ppo_epochs": 2,
-                                      "optim": {"lr": 3e-6, "lr_scheduler_type": "cosine"},
-                                      "fsdp_config": {"param_offload": True}}})
+    cfg = OmegaConf.create(
+        {
+            "actor": {
+                "_target_": "verl.workers.config.FSDPActorConfig",
+                "ppo_epochs": 2,
+                "optim": {"lr": 3e-6, "lr_scheduler_type": "cosine"},
+                "fsdp_config": {"param_offload": True},
+            }
+        }
+    )
     actor = omega_conf_to_dataclass(cfg.actor)
     assert type(actor) is FSDPActorConfig and actor.ppo_epochs == 2
     assert type(actor.optim) is FSDPOptimizerConfig and actor.optim.lr == 3e-6
@@ -36,7 +50,10 @@ def test_target_picks_the_class_and_nested_sections_are_typed():
 def test_hybridflow_paths_and_a_more_specific_target_under_a_typed_field():
     assert type(omega_conf_to_dataclass({"_target_": "hybridflow.workers.config.FSDPCriticConfig"})) is FSDPCriticConfig
     # the field type is ActorConfig; the section's _target_ names a subclass, which wins
-    assert type(omega_conf_to_dataclass({"_target_": "verl.workers.config.FSDPActorConfig"}, ActorConfig)) is FSDPActorConfig
+    assert (
+        type(omega_conf_to_dataclass({"_target_": "verl.workers.config.FSDPActorConfig"}, ActorConfig))
+        is FSDPActorConfig
+    )
 
 
 def test_a_partial_section_keeps_its_per_place_defaults():
@@ -46,8 +63,9 @@ def test_a_partial_section_keeps_its_per_place_defaults():
 
 
 def test_interpolations_resolve_against_the_whole_config():
-    cfg = OmegaConf.create({"rollout": {"n": 5},
-                            "actor": {"_target_": "verl.workers.config.FSDPActorConfig", "rollout_n": "${rollout.n}"}})
+    cfg = OmegaConf.create(
+        {"rollout": {"n": 5}, "actor": {"_target_": "verl.workers.config.FSDPActorConfig", "rollout_n": "${rollout.n}"}}
+    )
     assert omega_conf_to_dataclass(cfg.actor).rollout_n == 5
 
 
@@ -63,7 +81,9 @@ def test_values_are_converted_as_omegaconf_would_and_checked():
     assert algo.gamma == 1.0 and isinstance(algo.gamma, float) and algo.lam == 0.95 and algo.kl_ctrl.kl_coef == 0.001
     # a float-or-string key keeps '3_2' a string (Python's float() would read 32.0), so its own check sees it
     with pytest.raises(ConfigError, match="lower bound exceeds the upper bound"):
-        omega_conf_to_dataclass({"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "3_2"}}, AlgoConfig)
+        omega_conf_to_dataclass(
+            {"rollout_correction": {"rollout_is": "token", "rollout_is_threshold": "3_2"}}, AlgoConfig
+        )
     with pytest.raises(ConfigError, match=r"ppo_epochs must be an integer, got str 'two'"):
         omega_conf_to_dataclass({"ppo_epochs": "two"}, FSDPActorConfig)
     with pytest.raises(ConfigError, match=r"use_kl_loss must be true or false, got int 1"):
@@ -79,18 +99,27 @@ def test_a_plain_dict_is_named_by_the_path_given():
 
 def test_a_plain_dict_holding_omegaconf_nodes_reads_them_as_their_values():
     """``dict(cfg.section)`` keeps its nested DictConfig / ListConfig values (a shallow copy)."""
-    cfg = OmegaConf.create({"actor": {"ppo_epochs": 3, "checkpoint": {"save_contents": ["model"]},
-                                      "optim": {"lr": 2e-6}}})
+    cfg = OmegaConf.create(
+        {"actor": {"ppo_epochs": 3, "checkpoint": {"save_contents": ["model"]}, "optim": {"lr": 2e-6}}}
+    )
     actor = omega_conf_to_dataclass({**dict(cfg.actor), "ppo_epochs": 4}, FSDPActorConfig, path="actor")
     assert (actor.ppo_epochs, actor.checkpoint.save_contents, actor.optim.lr) == (4, ["model"], 2e-6)
     assert type(actor.checkpoint.save_contents) is list
 
 
 def test_an_unknown_key_is_named_with_its_path_and_the_closest_keys():
-    cfg = OmegaConf.create({"actor_rollout_ref": {"actor": {"_target_": "verl.workers.config.FSDPActorConfig",
-                                                            "optim": {"lr_sheduler_type": "cosine"}}}})
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.optim\.lr_sheduler_type is not a key of "
-                                          r"FSDPOptimizerConfig; did you mean lr_scheduler_type"):
+    cfg = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "actor": {"_target_": "verl.workers.config.FSDPActorConfig", "optim": {"lr_sheduler_type": "cosine"}}
+            }
+        }
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"actor_rollout_ref\.actor\.optim\.lr_sheduler_type is not a key of "
+        r"FSDPOptimizerConfig; did you mean lr_scheduler_type",
+    ):
         omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
 
 
@@ -113,10 +142,11 @@ def test_megatron_classes_are_refused_by_name_with_the_megatron_keys_reason(name
     with pytest.raises(ImportError, match=f"{name}.*{MEGATRON}"):
         exec(f"from hybridflow.workers.config import {name}")
     import hybridflow.workers.config as workers_config
+
     with pytest.raises(ImportError, match=MEGATRON):
         getattr(workers_config, name)
     with pytest.raises(AttributeError):
-        workers_config.NoSuchConfig
+        _ = workers_config.NoSuchConfig
 
 
 def test_megatron_as_a_strategy_is_refused_the_same_way():
@@ -125,7 +155,8 @@ def test_megatron_as_a_strategy_is_refused_the_same_way():
 
 
 def test_a_target_of_your_own_is_imported(tmp_path, monkeypatch):
-    (tmp_path / "my_configs.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_configs.py").write_text(
+        textwrap.dedent("""
         from dataclasses import dataclass, field
         from hybridflow.base_config import BaseConfig
         from hybridflow.config import KLControlConfig
@@ -134,7 +165,8 @@ def test_a_target_of_your_own_is_imported(tmp_path, monkeypatch):
         class MyConfig(BaseConfig):
             width: int = 1
             kl: KLControlConfig = field(default_factory=KLControlConfig)
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     mine = omega_conf_to_dataclass({"_target_": "my_configs.MyConfig", "width": 3, "kl": {"type": "adaptive"}})
     assert type(mine).__name__ == "MyConfig" and mine.width == 3 and mine.kl.type == "adaptive"
@@ -143,14 +175,16 @@ def test_a_target_of_your_own_is_imported(tmp_path, monkeypatch):
 
 
 def test_the_algorithm_section_of_a_verl_yaml():
-    cfg = OmegaConf.create(textwrap.dedent("""
+    cfg = OmegaConf.create(
+        textwrap.dedent("""
         algorithm:
           _target_: verl.trainer.config.AlgoConfig
           adv_estimator: grpo
           kl_ctrl: {_target_: verl.trainer.config.KLControlConfig, type: adaptive, kl_coef: 0.01}
           rollout_correction: {rollout_is: token, rollout_is_threshold: 2.5, rollout_rs: geometric,
                                rollout_rs_threshold: 0.99_1.01, bypass_mode: true}
-    """))
+    """)
+    )
     algo = omega_conf_to_dataclass(cfg.algorithm)
     assert type(algo) is AlgoConfig and algo.adv_estimator == "grpo" and algo.kl_ctrl.type == "adaptive"
     rc = algo.rollout_correction
@@ -173,6 +207,7 @@ def test_every_target_of_the_yaml_resolves_or_is_listed_as_undeclared():
                     yield value
                 else:
                     yield from targets(value)
+
     names = {t: t.rsplit(".", 1)[-1] for t in targets(raw_default_config("ppo_trainer"))}
     assert {n for n in names.values() if n not in CONFIG_CLASSES} == UNDECLARED_TARGETS
     for target, name in names.items():

@@ -6,8 +6,19 @@ import math
 
 import pytest
 
-from hybridflow.config import (ConfigError, CriticModelConfig, FilterGroupsConfig, FSDPActorConfig, FSDPCriticConfig,
-                               FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, KLControlConfig, MultiTurnConfig, RolloutCorrectionConfig)
+from hybridflow.config import (
+    ConfigError,
+    CriticModelConfig,
+    FilterGroupsConfig,
+    FSDPActorConfig,
+    FSDPCriticConfig,
+    FSDPEngineConfig,
+    FSDPOptimizerConfig,
+    HFModelConfig,
+    KLControlConfig,
+    MultiTurnConfig,
+    RolloutCorrectionConfig,
+)
 
 
 def test_lr_scheduler_type_and_its_deprecated_alias():
@@ -29,24 +40,38 @@ def test_lr_scheduler_type_and_its_deprecated_alias():
 
 
 def test_actor_micro_batch_rules_and_validate():
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.ppo_micro_batch_size \(8\) and "
-                                          r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu \(2\) are both set"):
+    with pytest.raises(
+        ConfigError,
+        match=r"actor_rollout_ref.actor.ppo_micro_batch_size \(8\) and "
+        r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu \(2\) are both set",
+    ):
         FSDPActorConfig(ppo_micro_batch_size=8, ppo_micro_batch_size_per_gpu=2)
     FSDPActorConfig(ppo_micro_batch_size=8, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=True)  # token budget rules
     actor = FSDPActorConfig(ppo_mini_batch_size=64, ppo_micro_batch_size=16)
     notes = actor.validate(n_gpus=8, train_batch_size=128)
-    assert notes == ["actor_rollout_ref.actor.ppo_micro_batch_size is deprecated: set "
-                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = ppo_micro_batch_size / data-parallel size"]
-    with pytest.raises(ConfigError, match=r"data.train_batch_size \(32\) must be >= "
-                                          r"actor_rollout_ref.actor.ppo_mini_batch_size \(64\)"):
+    assert notes == [
+        "actor_rollout_ref.actor.ppo_micro_batch_size is deprecated: set "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = ppo_micro_batch_size / data-parallel size"
+    ]
+    with pytest.raises(
+        ConfigError,
+        match=r"data.train_batch_size \(32\) must be >= "
+        r"actor_rollout_ref.actor.ppo_mini_batch_size \(64\)",
+    ):
         actor.validate(n_gpus=8, train_batch_size=32)
-    with pytest.raises(ConfigError, match=r"ppo_micro_batch_size \(16\) x ulysses_sequence_parallel_size \(1\) must be "
-                                          r">= the number of devices \(32\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"ppo_micro_batch_size \(16\) x ulysses_sequence_parallel_size \(1\) must be "
+        r">= the number of devices \(32\)",
+    ):
         actor.validate(n_gpus=32, train_batch_size=128)
     # 64 samples on one rank do not split into micro-batches of 24
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.ppo_mini_batch_size \(64\) \* rollout.n \(1\) / 1 "
-                                          r"data-parallel ranks = 64 samples per rank is not divisible by "
-                                          r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu \(24\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"actor_rollout_ref.actor.ppo_mini_batch_size \(64\) \* rollout.n \(1\) / 1 "
+        r"data-parallel ranks = 64 samples per rank is not divisible by "
+        r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu \(24\)",
+    ):
         FSDPActorConfig(ppo_mini_batch_size=64, ppo_micro_batch_size=24).validate(n_gpus=1, train_batch_size=64)
     with pytest.raises(ConfigError, match="actor.strategy='deepspeed' is not one of fsdp, fsdp2, ddp"):
         FSDPActorConfig(strategy="deepspeed")
@@ -55,31 +80,51 @@ def test_actor_micro_batch_rules_and_validate():
 def test_actor_validate_cross_key_rules_name_the_keys():
     # 16 prompts x n=3 = 48 samples over 8 ranks = 6 per rank, 6 % 4 != 0
     actor = FSDPActorConfig(ppo_mini_batch_size=16, ppo_micro_batch_size_per_gpu=4, rollout_n=3)
-    with pytest.raises(ConfigError, match=r"= 6 samples per rank is not divisible by "
-                                          r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu \(4\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"= 6 samples per rank is not divisible by "
+        r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu \(4\)",
+    ):
         actor.validate(8, 64)
     assert actor.validate(4, 64) == []  # 12 per rank
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.ppo_mini_batch_size \(16\) \* rollout.n \(3\) = 48 "
-                                          r"samples per optimizer step do not split evenly over 5 data-parallel ranks"):
+    with pytest.raises(
+        ConfigError,
+        match=r"actor_rollout_ref.actor.ppo_mini_batch_size \(16\) \* rollout.n \(3\) = 48 "
+        r"samples per optimizer step do not split evenly over 5 data-parallel ranks",
+    ):
         actor.validate(5, 64)
     with pytest.raises(ConfigError, match="set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
         FSDPActorConfig(ppo_mini_batch_size=16).validate(1, 64)
     # Ulysses: the SP size divides the world, needs remove-padding; the token budget holds a sequence x SP
-    sp = FSDPActorConfig(ppo_mini_batch_size=16, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=100,
-                         fsdp_config=FSDPEngineConfig(ulysses_sequence_parallel_size=2))
+    sp = FSDPActorConfig(
+        ppo_mini_batch_size=16,
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=100,
+        fsdp_config=FSDPEngineConfig(ulysses_sequence_parallel_size=2),
+    )
     assert sp.sp_size == 2
     assert sp.validate(4, 64, {"use_remove_padding": True}, max_sequence_length=200) == []
     with pytest.raises(ConfigError) as e:
         sp.validate(3, 64, {"use_remove_padding": False}, max_sequence_length=201)
     lines = str(e.value).splitlines()  # every problem, one a line
-    assert lines == ["world size 3 is not divisible by actor_rollout_ref.actor.ulysses_sequence_parallel_size (2)",
-                     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 needs "
-                     "actor_rollout_ref.model.use_remove_padding=True"]
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.ppo_max_token_len_per_gpu \(100\) \* "
-                                          r"ulysses_sequence_parallel_size \(2\) is smaller than one sequence: .* = 201"):
+    assert lines == [
+        "world size 3 is not divisible by actor_rollout_ref.actor.ulysses_sequence_parallel_size (2)",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 needs "
+        "actor_rollout_ref.model.use_remove_padding=True",
+    ]
+    with pytest.raises(
+        ConfigError,
+        match=r"actor_rollout_ref.actor.ppo_max_token_len_per_gpu \(100\) \* "
+        r"ulysses_sequence_parallel_size \(2\) is smaller than one sequence: .* = 201",
+    ):
         sp.validate(4, 64, {"use_remove_padding": True}, max_sequence_length=201)
     # the deprecated top-level spelling wins when > 1, as veRL 0.9.1 reads it
-    assert FSDPActorConfig(ulysses_sequence_parallel_size=4, fsdp_config=FSDPEngineConfig(ulysses_sequence_parallel_size=2)).sp_size == 4
+    assert (
+        FSDPActorConfig(
+            ulysses_sequence_parallel_size=4, fsdp_config=FSDPEngineConfig(ulysses_sequence_parallel_size=2)
+        ).sp_size
+        == 4
+    )
 
 
 def test_per_rank_sizes_are_a_copy():
@@ -104,12 +149,16 @@ def test_ref_validate():
     assert RefConfig(log_prob_micro_batch_size_per_gpu=4).validate(2) == []
     with pytest.raises(ConfigError, match="set actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
         RefConfig().validate(2)
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref.ref.log_prob_micro_batch_size \(6\) is not divisible by "
-                                          r"the data-parallel size \(4\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"actor_rollout_ref.ref.log_prob_micro_batch_size \(6\) is not divisible by "
+        r"the data-parallel size \(4\)",
+    ):
         RefConfig(log_prob_micro_batch_size=6).validate(4)
     with pytest.raises(ConfigError, match="actor_rollout_ref.ref.ulysses_sequence_parallel_size=2 needs"):
         RefConfig(log_prob_micro_batch_size_per_gpu=4, ulysses_sequence_parallel_size=2).validate(
-            2, model_config={"use_remove_padding": False})
+            2, model_config={"use_remove_padding": False}
+        )
 
 
 def test_critic_validate():
@@ -119,13 +168,24 @@ def test_critic_validate():
         critic.validate(n_gpus=4, train_batch_size=16)
     with pytest.raises(ConfigError, match=r"critic.ppo_micro_batch_size \(4\) x"):
         critic.validate(n_gpus=8, train_batch_size=32)
-    with pytest.raises(ConfigError, match=r"critic.ulysses_sequence_parallel_size=2 needs "
-                                          r"critic.model.use_remove_padding=True"):
-        FSDPCriticConfig(ppo_mini_batch_size=32, ppo_micro_batch_size_per_gpu=4, fsdp=FSDPEngineConfig(ulysses_sequence_parallel_size=2),
-                         model=CriticModelConfig(use_remove_padding=False)).validate(2, 32)
+    with pytest.raises(
+        ConfigError,
+        match=r"critic.ulysses_sequence_parallel_size=2 needs "
+        r"critic.model.use_remove_padding=True",
+    ):
+        FSDPCriticConfig(
+            ppo_mini_batch_size=32,
+            ppo_micro_batch_size_per_gpu=4,
+            fsdp=FSDPEngineConfig(ulysses_sequence_parallel_size=2),
+            model=CriticModelConfig(use_remove_padding=False),
+        ).validate(2, 32)
     with pytest.raises(ConfigError, match=r"critic.forward_max_token_len_per_gpu \(50\)"):
-        FSDPCriticConfig(ppo_mini_batch_size=32, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=100,
-                         forward_max_token_len_per_gpu=50).validate(1, 32, max_sequence_length=80)
+        FSDPCriticConfig(
+            ppo_mini_batch_size=32,
+            use_dynamic_bsz=True,
+            ppo_max_token_len_per_gpu=100,
+            forward_max_token_len_per_gpu=50,
+        ).validate(1, 32, max_sequence_length=80)
 
 
 def test_small_checks_name_their_key():
@@ -147,26 +207,42 @@ class TestRolloutCorrection:
         assert RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold="0.5_5.0").is_bounds == (5.0, 0.5)
         (opt,) = RolloutCorrectionConfig(rollout_rs="seq_mean_k1", rollout_rs_threshold=2.0).rejection
         # a single k1 bound u means ratios in [1/u, u], kept in log space: [-log 2, log 2]
-        assert opt.aggregation == "mean" and math.isclose(opt.upper, math.log(2)) and math.isclose(opt.lower, -math.log(2))
-        k1, k3 = RolloutCorrectionConfig(rollout_rs="token_k1,seq_max_k3", rollout_rs_threshold="0.8_1.25,0.02").rejection
+        assert (
+            opt.aggregation == "mean" and math.isclose(opt.upper, math.log(2)) and math.isclose(opt.lower, -math.log(2))
+        )
+        k1, k3 = RolloutCorrectionConfig(
+            rollout_rs="token_k1,seq_max_k3", rollout_rs_threshold="0.8_1.25,0.02"
+        ).rejection
         assert (k1.level, k3.level, k3.upper, k3.lower) == ("token", "sequence", 0.02, None)
 
     def test_option_aliases_and_duplicates_are_normalised(self):
         rc = RolloutCorrectionConfig(rollout_rs=" token, geometric ,token_k1,sequence", rollout_rs_threshold=2.0)
         assert rc.rollout_rs == "token_k1,seq_mean_k1,seq_sum_k1"
-        assert RolloutCorrectionConfig(rollout_rs=["seq_mean_k3", "seq_mean_k3"], rollout_rs_threshold=0.1).rollout_rs == "seq_mean_k3"
+        assert (
+            RolloutCorrectionConfig(rollout_rs=["seq_mean_k3", "seq_mean_k3"], rollout_rs_threshold=0.1).rollout_rs
+            == "seq_mean_k3"
+        )
 
-    @pytest.mark.parametrize("kwargs, message", [
-        ({"rollout_is": "batch"}, "algorithm.rollout_correction.rollout_is='batch' is not one of null, token, sequence"),
-        ({"rollout_is": "token", "rollout_is_threshold": None}, "needs algorithm.rollout_correction.rollout_is_threshold"),
-        ({"rollout_is": "token", "rollout_is_threshold": "5_0.5"}, "the lower bound exceeds the upper bound"),
-        ({"rollout_is": "token", "rollout_is_threshold": -1.0}, "upper bound must be positive"),
-        ({"rollout_rs": "token_k4", "rollout_rs_threshold": 1.0}, "unknown option 'token_k4'"),
-        ({"rollout_rs": "seq_mean_k3"}, "needs algorithm.rollout_correction.rollout_rs_threshold"),
-        ({"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": "0.1_0.2"}, "takes a single upper bound"),
-        ({"rollout_rs": "token_k1,token_k2", "rollout_rs_threshold": "1,2,3"}, "exactly one per option"),
-        ({"loss_type": "dpo"}, "loss_type='dpo' is not one of ppo_clip, reinforce"),
-    ])
+    @pytest.mark.parametrize(
+        "kwargs, message",
+        [
+            (
+                {"rollout_is": "batch"},
+                "algorithm.rollout_correction.rollout_is='batch' is not one of null, token, sequence",
+            ),
+            (
+                {"rollout_is": "token", "rollout_is_threshold": None},
+                "needs algorithm.rollout_correction.rollout_is_threshold",
+            ),
+            ({"rollout_is": "token", "rollout_is_threshold": "5_0.5"}, "the lower bound exceeds the upper bound"),
+            ({"rollout_is": "token", "rollout_is_threshold": -1.0}, "upper bound must be positive"),
+            ({"rollout_rs": "token_k4", "rollout_rs_threshold": 1.0}, "unknown option 'token_k4'"),
+            ({"rollout_rs": "seq_mean_k3"}, "needs algorithm.rollout_correction.rollout_rs_threshold"),
+            ({"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": "0.1_0.2"}, "takes a single upper bound"),
+            ({"rollout_rs": "token_k1,token_k2", "rollout_rs_threshold": "1,2,3"}, "exactly one per option"),
+            ({"loss_type": "dpo"}, "loss_type='dpo' is not one of ppo_clip, reinforce"),
+        ],
+    )
     def test_bad_values_name_the_key(self, kwargs, message):
         with pytest.raises(ConfigError, match=message):
             RolloutCorrectionConfig(**kwargs)
@@ -181,7 +257,9 @@ class TestRolloutCorrection:
         assert RolloutCorrectionConfig.bypass_ppo_clip_k3_rs().rejection[0].upper == 0.01
         assert RolloutCorrectionConfig.decoupled_seq_is_rs().rollout_rs == "seq_sum_k1"
         assert RolloutCorrectionConfig.disabled() == RolloutCorrectionConfig()
-        presets = [n for n, v in vars(RolloutCorrectionConfig).items() if isinstance(v, classmethod) and n != "disabled"]
+        presets = [
+            n for n, v in vars(RolloutCorrectionConfig).items() if isinstance(v, classmethod) and n != "disabled"
+        ]
         assert len(presets) == 18
         for name in presets:  # every preset builds a checked config
             assert isinstance(getattr(RolloutCorrectionConfig, name)(), RolloutCorrectionConfig)

@@ -17,7 +17,7 @@ def _inline_comment(line: str) -> str:
         elif c in "'\"":
             quote = c
         elif c == "#" and (i == 0 or line[i - 1] in " \t"):
-            return line[i + 1:].strip()
+            return line[i + 1 :].strip()
     return ""
 
 

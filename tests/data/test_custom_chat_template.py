@@ -37,8 +37,13 @@ def _first_prompt(monkeypatch, tiny_model_dir, tiny_data_dir, tmp_path, *extra) 
 def test_custom_chat_template_formats_main_ppos_prompts(monkeypatch, tiny_model_dir, tiny_data_dir, tmp_path):
     own, content = _first_prompt(monkeypatch, tiny_model_dir, tiny_data_dir, tmp_path)
     assert own != f"[[{content}]]"  # the tiny tokenizer's own template looks different
-    custom, content = _first_prompt(monkeypatch, tiny_model_dir, tiny_data_dir, tmp_path,
-                                    f'actor_rollout_ref.model.custom_chat_template="{TEMPLATE}"')
+    custom, content = _first_prompt(
+        monkeypatch,
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        f'actor_rollout_ref.model.custom_chat_template="{TEMPLATE}"',
+    )
     assert custom == f"[[{content}]]"
 
 

@@ -39,9 +39,9 @@ def write_custom(tmp_path) -> tuple[str, str]:
 
 
 def test_main_ppo_trains_on_the_custom_class(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    from hybridflow.config.loader import load_config
     from hybridflow.main_ppo import run_ppo
     from hybridflow.trainer.ppo import ray_trainer
-    from hybridflow.config.loader import load_config
     from tests.trainer.e2e_helpers import base_overrides
 
     path, mark = write_custom(tmp_path)
@@ -54,19 +54,31 @@ def test_main_ppo_trains_on_the_custom_class(tiny_model_dir, tiny_data_dir, tmp_
 
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "compute_reward", recording_reward)
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, steps=1, backend="inprocess")
-    run_ppo(load_config("ppo_trainer", [*overrides, "trainer.test_freq=-1", f"data.custom_cls.path={path}",
-                                        "data.custom_cls.name=RelabelledDataset"]))
+    run_ppo(
+        load_config(
+            "ppo_trainer",
+            [
+                *overrides,
+                "trainer.test_freq=-1",
+                f"data.custom_cls.path={path}",
+                "data.custom_cls.name=RelabelledDataset",
+            ],
+        )
+    )
     built = [json.loads(line) for line in open(mark)]
     assert [b["files"][0].rsplit("/", 1)[-1] for b in built] == ["train.parquet", "test.parquet"]
     assert seen and set(seen) == {"7"}  # the training batch came from the custom class's rows
 
 
-@pytest.mark.parametrize("custom, match", [
-    ({"path": "PATH", "name": None}, "needs data.custom_cls.name"),
-    ({"path": "PATH", "name": "Missing"}, "data.custom_cls.name='Missing': no such class"),
-    ({"path": "PATH", "name": "NotADataset"}, "is not a torch.utils.data.Dataset subclass"),
-    ({"path": "/nowhere/x.py", "name": "X"}, "data.custom_cls.path='/nowhere/x.py'"),
-])
+@pytest.mark.parametrize(
+    "custom, match",
+    [
+        ({"path": "PATH", "name": None}, "needs data.custom_cls.name"),
+        ({"path": "PATH", "name": "Missing"}, "data.custom_cls.name='Missing': no such class"),
+        ({"path": "PATH", "name": "NotADataset"}, "is not a torch.utils.data.Dataset subclass"),
+        ({"path": "/nowhere/x.py", "name": "X"}, "data.custom_cls.path='/nowhere/x.py'"),
+    ],
+)
 def test_bad_custom_class_names_the_key(tmp_path, custom, match):
     path, _ = write_custom(tmp_path)
     custom = {k: (path if v == "PATH" else v) for k, v in custom.items()}

@@ -19,8 +19,11 @@ from tests.agent_loop.test_tool_agent import QUESTION, TOOLS_BLOCK, worker_for
 
 CONVERSATION = [
     {"role": "user", "content": "What is 347*82?"},
-    {"role": "assistant", "content": "",
-     "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": {"expr": "347*82"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": {"expr": "347*82"}}}],
+    },
     {"role": "tool", "content": "28454"},
     {"role": "assistant", "content": "#### 28454"},
 ]
@@ -54,7 +57,7 @@ def test_layout_by_hand_loss_on_the_assistant_turns_only(tmp_path):
     tail = ids("\n")
     assert got == prompt + turn1 + tool + turn2 + tail
     assert loss == [0] * len(prompt) + [1] * len(turn1) + [0] * len(tool) + [1] * len(turn2) + [0] * len(tail)
-    assert item["input_ids"].shape[0] == 400 and item["loss_mask"][len(got):].sum() == 0  # right padding
+    assert item["input_ids"].shape[0] == 400 and item["loss_mask"][len(got) :].sum() == 0  # right padding
 
 
 def test_the_sft_tokens_are_the_tokens_tool_agent_builds(tmp_path):
@@ -64,7 +67,7 @@ def test_the_sft_tokens_are_the_tokens_tool_agent_builds(tmp_path):
     resp, mask = response_of(out)
     p = out.batch["prompts"].size(1)
     prompt_len = int(out.batch["attention_mask"][0, :p].sum())
-    prompt = out.batch["prompts"][0, p - prompt_len:].tolist()
+    prompt = out.batch["prompts"][0, p - prompt_len :].tolist()
     got, loss = unpadded(MultiTurnSFTDataset(conversation_file(tmp_path), TOK, {"max_length": 400})[0])
     assert got[: prompt_len + len(resp)] == prompt + resp
     assert loss[: prompt_len + len(resp)] == [0] * prompt_len + mask

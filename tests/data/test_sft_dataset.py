@@ -8,7 +8,6 @@ from omegaconf import OmegaConf
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.models.tiny import build_tiny_tokenizer
 
-
 KEYS = {"prompt_key": "prompt", "response_key": "response"}  # the columns these tests write
 
 
@@ -59,8 +58,15 @@ def test_truncation_left_right_and_error(tmp_path, tok):
 
 
 def test_dict_keys_read_nested_fields_like_verl_gsm8k_sft(tiny_data_dir, tok):
-    cfg = OmegaConf.create({"prompt_key": "extra_info", "prompt_dict_keys": ["question"],
-                            "response_key": "extra_info", "response_dict_keys": ["answer"], "max_length": 128})
+    cfg = OmegaConf.create(
+        {
+            "prompt_key": "extra_info",
+            "prompt_dict_keys": ["question"],
+            "response_key": "extra_info",
+            "response_dict_keys": ["answer"],
+            "max_length": 128,
+        }
+    )
     path = os.path.join(tiny_data_dir, "sft_train.parquet")
     ds = SFTDataset(path, tok, cfg)
     row = pq.read_table(path).to_pylist()[3]

@@ -67,7 +67,12 @@ def test_sft_files_have_question_and_answer_columns(tmp_path):
     rl = pq.read_table(paths["train"]).to_pylist()
     assert [r["prompt"] for r in rl] == [r["prompt"] for r in rows]
     assert set(pq.read_table(paths["train"]).column_names) == {
-        "data_source", "prompt", "ability", "reward_model", "extra_info"}
+        "data_source",
+        "prompt",
+        "ability",
+        "reward_model",
+        "extra_info",
+    }
 
 
 def test_cli_writes_data_and_model(tmp_path, capsys):

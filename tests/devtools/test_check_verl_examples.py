@@ -7,9 +7,16 @@ import textwrap
 
 import pytest
 
-from hybridflow.devtools.check_verl_examples import Result, check_examples, find_commands, judge_with_verl, main, summary
-from hybridflow.devtools.verl_reference import split_args
+from hybridflow.devtools.check_verl_examples import (
+    Result,
+    check_examples,
+    find_commands,
+    judge_with_verl,
+    main,
+    summary,
+)
 from hybridflow.devtools.shell_words import ShellReader
+from hybridflow.devtools.verl_reference import split_args
 
 
 def _words(script: str, **kw) -> list[list[str]]:
@@ -17,7 +24,8 @@ def _words(script: str, **kw) -> list[list[str]]:
 
 
 def test_variables_arrays_and_quotes_expand_as_in_bash():
-    words = _words("""
+    words = _words(
+        """
         A=${A:-x}                      # a default
         B="a b"
         ARR=(one "two three"
@@ -27,11 +35,30 @@ def test_variables_arrays_and_quotes_expand_as_in_bash():
           k2=2"
         T="${S//k2/K2}"
         python -m m "${ARR[@]}" $B "$B" "$@" ${@:1} $T $UNKNOWN $((2*3)) 2>&1 | tee log
-    """, cwd="/repo")
+    """,
+        cwd="/repo",
+    )
     # "${ARR[@]}": one word per element; $B unquoted splits, "$B" does not; "$@" and ${@:1} give nothing;
     # an unset variable becomes a marker; arithmetic is evaluated; | starts the next command
-    assert words == [["python", "-m", "m", "one", "two three", "four", "a", "b", "a b", "k1=x", "K2=2",
-                      "UNSET_UNKNOWN", "6", "2>&1"], ["tee", "log"]]
+    assert words == [
+        [
+            "python",
+            "-m",
+            "m",
+            "one",
+            "two three",
+            "four",
+            "a",
+            "b",
+            "a b",
+            "k1=x",
+            "K2=2",
+            "UNSET_UNKNOWN",
+            "6",
+            "2>&1",
+        ],
+        ["tee", "log"],
+    ]
 
 
 def test_if_follows_the_branch_whose_test_holds():
@@ -57,7 +84,8 @@ def test_script_location_idioms_and_the_working_directory(tmp_path):
 def _examples(tmp_path):
     ex = tmp_path / "verl" / "examples"
     (ex / "grpo").mkdir(parents=True)
-    (ex / "grpo" / "run_ok.sh").write_text(textwrap.dedent("""\
+    (ex / "grpo" / "run_ok.sh").write_text(
+        textwrap.dedent("""\
         set -x
         train=$HOME/data/gsm8k/train.parquet
         NNODES=${NNODES:-1}
@@ -73,20 +101,26 @@ def _examples(tmp_path):
             trainer.n_gpus_per_node=$GPUS_PER_NODE \\
             actor_rollout_ref.actor.entropy_coeff=0.001 \\
             trainer.total_epochs=2 $@ 2>&1 | tee log.txt
-        """))
-    (ex / "grpo" / "run_sglang.sh").write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=sglang\n")
+        """)
+    )
+    (ex / "grpo" / "run_sglang.sh").write_text(
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=sglang\n"
+    )
     (ex / "grpo" / "run_typo.sh").write_text("python3 -m verl.trainer.main_ppo data.train_batch_sizee=3\n")
     (ex / "grpo" / "prepare.sh").write_text("python3 examples/data_preprocess/gsm8k.py\n")  # no main_ppo: skipped
     (ex / "mega").mkdir()
     (ex / "mega" / "run.sh").write_text(
-        "python3 -m verl.trainer.main_ppo --config-path=config --config-name='ppo_megatron_trainer' trainer.nnodes=1\n")
+        "python3 -m verl.trainer.main_ppo --config-path=config --config-name='ppo_megatron_trainer' trainer.nnodes=1\n"
+    )
     (ex / "multiturn" / "config").mkdir(parents=True)
     (ex / "multiturn" / "config" / "mt_grpo.yaml").write_text(
         "hydra:\n  searchpath:\n    - file://verl/trainer/config\ndefaults:\n  - ppo_trainer\n  - _self_\n"
-        "actor_rollout_ref:\n  rollout:\n    multi_turn:\n      enable: true\n")
+        "actor_rollout_ref:\n  rollout:\n    multi_turn:\n      enable: true\n"
+    )
     (ex / "multiturn" / "run.sh").write_text(
         'PROJECT_DIR="$(pwd)"\npython3 -m verl.trainer.main_ppo --config-path="$PROJECT_DIR/examples/multiturn/config" '
-        "--config-name='mt_grpo' data.train_batch_size=8\n")
+        "--config-name='mt_grpo' data.train_batch_size=8\n"
+    )
     return ex
 
 
@@ -98,7 +132,13 @@ def test_verdicts_of_example_command_lines(tmp_path):
     assert "data.train_batch_size=16" in args and "2>&1" not in args
 
     results = {r.script: r for r in check_examples(ex)}
-    assert set(results) == {"grpo/run_ok.sh", "grpo/run_sglang.sh", "grpo/run_typo.sh", "mega/run.sh", "multiturn/run.sh"}
+    assert set(results) == {
+        "grpo/run_ok.sh",
+        "grpo/run_sglang.sh",
+        "grpo/run_typo.sh",
+        "mega/run.sh",
+        "multiturn/run.sh",
+    }
     ok = results["grpo/run_ok.sh"]
     assert ok.verdict == "OK", ok.message
     # $GPUS_PER_NODE is never set: the override is left out, so the key keeps hybridflow's default
@@ -127,11 +167,13 @@ def test_newly_honoured_keys_compose_and_kept_refusals_name_the_missing_backend(
     # a user yaml over ppo_trainer carrying a chat template, as veRL's geo3k multi-turn configs do
     (ex / "goal" / "config" / "templated.yaml").write_text(
         "hydra:\n  searchpath:\n    - file://verl/trainer/config\ndefaults:\n  - ppo_trainer\n  - _self_\n"
-        "actor_rollout_ref:\n  model:\n    custom_chat_template: \"{% for m in messages %}{{ m['content'] }}{% endfor %}\"\n")
+        "actor_rollout_ref:\n  model:\n    custom_chat_template: "
+        "\"{% for m in messages %}{{ m['content'] }}{% endfor %}\"\n"
+    )
     run = "python3 -m verl.trainer.main_ppo"
     scripts = {
-        "hsdp.sh": f"{run} actor_rollout_ref.actor.fsdp_config.fsdp_size=2 actor_rollout_ref.ref.fsdp_config.fsdp_size=2 "
-                   "critic.model.fsdp_config.fsdp_size=4",
+        "hsdp.sh": f"{run} actor_rollout_ref.actor.fsdp_config.fsdp_size=2 actor_rollout_ref.ref.fsdp_config.fsdp_size=2 "  # noqa: E501
+        "critic.model.fsdp_config.fsdp_size=4",
         "template.sh": f'{run} --config-path="$(pwd)/examples/goal/config" --config-name=templated',
         "npu.sh": f"{run} trainer.device=npu",
         "npu_prof.sh": f"{run} actor_rollout_ref.actor.profiler.tool_config.npu.contents=['npu','cpu']",
@@ -145,10 +187,19 @@ def test_newly_honoured_keys_compose_and_kept_refusals_name_the_missing_backend(
     results = {r.script.removeprefix("goal/"): r for r in check_examples(ex)}
     assert results["hsdp.sh"].verdict == "OK", results["hsdp.sh"].message
     assert results["template.sh"].verdict == "OK", results["template.sh"].message
-    named = {"npu.sh": "Ascend NPU", "npu_prof.sh": "Ascend NPU", "sglang.sh": "SGLang", "trtllm.sh": "TensorRT-LLM",
-             "vlm.sh": "vision-language", "mega.sh": "Megatron"}
+    named = {
+        "npu.sh": "Ascend NPU",
+        "npu_prof.sh": "Ascend NPU",
+        "sglang.sh": "SGLang",
+        "trtllm.sh": "TensorRT-LLM",
+        "vlm.sh": "vision-language",
+        "mega.sh": "Megatron",
+    }
     for script, name in named.items():
-        assert results[script].verdict == "REFUSED" and name in results[script].message, (script, results[script].message)
+        assert results[script].verdict == "REFUSED" and name in results[script].message, (
+            script,
+            results[script].message,
+        )
 
 
 def test_summary_counts_against_the_lines_verl_accepts():
@@ -156,9 +207,13 @@ def test_summary_counts_against_the_lines_verl_accepts():
         return Result("s.sh", 1, verdict, message, [], verl, verl_message)
 
     sglang = "error:\n  actor_rollout_ref.rollout.name='sglang' is not supported by hybridflow: SGLang ..."
-    results = [result("OK", "ACCEPTS"), result("OK", "REJECTS", verl_message="ConfigCompositionException: x"),
-               result("REFUSED", "ACCEPTS", sglang), result("REFUSED", "REJECTS", sglang, "ValueError: y"),
-               result("ERROR", "ACCEPTS", "error: invalid overrides:\n  unknown config key 'a.b'")]
+    results = [
+        result("OK", "ACCEPTS"),
+        result("OK", "REJECTS", verl_message="ConfigCompositionException: x"),
+        result("REFUSED", "ACCEPTS", sglang),
+        result("REFUSED", "REJECTS", sglang, "ValueError: y"),
+        result("ERROR", "ACCEPTS", "error: invalid overrides:\n  unknown config key 'a.b'"),
+    ]
     lines = summary(results)
     assert lines[0] == "5 main_ppo command lines in 1 files: 2 OK, 2 REFUSED, 1 ERROR"
     # veRL accepts lines 1, 3 and 5; of those only the first composes in hybridflow
@@ -171,7 +226,10 @@ def test_summary_counts_against_the_lines_verl_accepts():
 
 def test_verl_reference_reads_hydras_command_line_flags():
     assert split_args(["--config-path=config", "--config-name", "ppo_megatron_trainer.yaml", "a=1", "+b=2"]) == (
-        "config", "ppo_megatron_trainer.yaml", ["a=1", "+b=2"])
+        "config",
+        "ppo_megatron_trainer.yaml",
+        ["a=1", "+b=2"],
+    )
     assert split_args(["-cp", "/abs", "-cn='x'", "c=3"]) == ("/abs", "x", ["c=3"])
     assert split_args(["a=1"]) == (None, None, ["a=1"])
 
@@ -183,13 +241,20 @@ VERL_PYTHON = os.environ.get("HYBRIDFLOW_VERL_PYTHON", "/work/verl_venv/bin/pyth
 @pytest.mark.skipif(not os.path.exists(VERL_PYTHON), reason="needs an interpreter with verl installed")
 def test_verl_judges_with_its_own_config():
     # veRL wants the micro-batch sizes set (null by default) and a mini-batch within the batch
-    base = ["actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"]
-    verdicts = judge_with_verl([
-        base + ["data.train_batch_size=16"],
-        base + ["data.train_batch_sizee=16"],  # not a veRL key
-        base + ["data.train_batch_size=3"],  # 3 prompts x 1 sample over veRL's default 8 GPUs: validate_config refuses
-        ["--config-path=config", "--config-name=ppo_megatron_trainer.yaml"] + base,  # relative to verl/trainer/
-    ], VERL_PYTHON)
+    base = [
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    ]
+    verdicts = judge_with_verl(
+        [
+            base + ["data.train_batch_size=16"],
+            base + ["data.train_batch_sizee=16"],  # not a veRL key
+            base
+            + ["data.train_batch_size=3"],  # 3 prompts x 1 sample over veRL's default 8 GPUs: validate_config refuses
+            ["--config-path=config", "--config-name=ppo_megatron_trainer.yaml"] + base,  # relative to verl/trainer/
+        ],
+        VERL_PYTHON,
+    )
     assert [accepted for accepted, _ in verdicts] == [True, False, False, True]
     assert "data.train_batch_sizee" in verdicts[1][1] and "real_train_batch_size (3)" in verdicts[2][1]

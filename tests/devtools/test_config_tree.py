@@ -54,8 +54,11 @@ def hydra_compose(config_dir: Path, name: str):
 
 
 def test_the_committed_tree_is_what_the_generator_writes():
-    stale = [name for name, text in config_tree.render().items()
-             if not (config_tree.TREE_DIR / name).is_file() or (config_tree.TREE_DIR / name).read_text() != text]
+    stale = [
+        name
+        for name, text in config_tree.render().items()
+        if not (config_tree.TREE_DIR / name).is_file() or (config_tree.TREE_DIR / name).read_text() != text
+    ]
     assert stale == [], "run python -m hybridflow.devtools.config_tree"
     assert config_tree.main(["--check"]) == 0
 
@@ -64,8 +67,10 @@ def test_the_files_have_verls_names_and_defaults():
     dp_actor = yaml.safe_load((config_tree.TREE_DIR / "actor/dp_actor.yaml").read_text())
     assert dp_actor["defaults"] == [{"../optim@optim": "fsdp"}, {"../engine@fsdp_config": "fsdp"}, "actor", "_self_"]
     assert dp_actor["_target_"] == "verl.workers.config.FSDPActorConfig"
-    assert yaml.safe_load((config_tree.TREE_DIR / "actor/actor.yaml").read_text())["_target_"] == \
-        "verl.workers.config.ActorConfig"
+    assert (
+        yaml.safe_load((config_tree.TREE_DIR / "actor/actor.yaml").read_text())["_target_"]
+        == "verl.workers.config.ActorConfig"
+    )
     dp_ref = yaml.safe_load((config_tree.TREE_DIR / "ref/dp_ref.yaml").read_text())
     assert dp_ref["fsdp_config"]["forward_only"] is True  # what makes the ref's engine differ from the shared one
     root = yaml.safe_load((config_tree.TREE_DIR / "ppo_trainer.yaml").read_text())
@@ -95,7 +100,9 @@ def test_a_verl_example_config_composes_through_the_search_path(tmp_path, monkey
     cfg = load_config("gsm8k_multiturn_grpo", [], config_path=tmp_path, kind="ppo_trainer", notes=[])
     resolved = OmegaConf.to_container(OmegaConf.create(composed), resolve=True)
     assert cfg.data.train_batch_size == resolved["data"]["train_batch_size"] == 128
-    assert cfg.actor_rollout_ref.rollout.prompt_length == resolved["actor_rollout_ref"]["rollout"]["prompt_length"] == 768
+    assert (
+        cfg.actor_rollout_ref.rollout.prompt_length == resolved["actor_rollout_ref"]["rollout"]["prompt_length"] == 768
+    )
     assert cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 4
     assert set(OmegaConf.to_container(cfg)) == set(resolved)
 

@@ -74,6 +74,7 @@ def test_a_follows_that_names_no_key_is_refused():
 def test_every_value_survives_the_round_trip(name):
     """The text reads back (yaml, no resolution) as the declared tree, interpolation strings included."""
     from hybridflow.config.tree import raw_tree
+
     factory = config_yaml.CONFIGS[name][0]
     assert yaml.safe_load(config_yaml.render(factory(), "")) == raw_tree(factory())
 
@@ -84,6 +85,7 @@ def test_interpolations_resolve_to_the_declared_defaults(name):
     from omegaconf import OmegaConf
 
     from hybridflow.config.tree import raw_tree
+
     factory = config_yaml.CONFIGS[name][0]
     resolved = OmegaConf.to_container(OmegaConf.create(raw_tree(factory())), resolve=True)
     assert resolved == raw_tree(factory(), interpolate=False)

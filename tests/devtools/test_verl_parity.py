@@ -21,8 +21,9 @@ ESTIMATORS = {name: core_algos.get_adv_estimator_fn(name) for name in ("grpo", "
 
 def test_a_function_against_itself_is_exact_and_the_table_lists_one_sided_names():
     theirs = {**LOSSES, "bypass_mode": LOSSES["vanilla"]}
-    rows = vp.compare(LOSSES, theirs, ESTIMATORS, ESTIMATORS, _ours_both_sides, lambda: (vp.ALGORITHM, vp.ALGORITHM),
-                      seeds=[0])
+    rows = vp.compare(
+        LOSSES, theirs, ESTIMATORS, ESTIMATORS, _ours_both_sides, lambda: (vp.ALGORITHM, vp.ALGORITHM), seeds=[0]
+    )
     diffs = {name: diff for _, name, diff in rows}
     assert math.isnan(diffs.pop("bypass_mode"))  # registered on one side only
     assert diffs.pop("geo_mean (global batch info)") == 0.0  # its own row (a deviation from veRL on purpose)
@@ -56,6 +57,7 @@ def test_random_cases_hit_the_branches_the_losses_have():
     assert (mask.sum(-1) < mask.shape[-1]).any() and (mask[:, 2:4] == 0).any()  # padding and tool spans
     groups = {uid: (case["index"] == uid).sum() for uid in case["index"]}
     assert 1 in groups.values() and max(groups.values()) > 1
-    out = vp.estimator_outputs("optimal_token_baseline", core_algos.get_adv_estimator_fn("optimal_token_baseline"),
-                               case, vp.ALGORITHM)
+    out = vp.estimator_outputs(
+        "optimal_token_baseline", core_algos.get_adv_estimator_fn("optimal_token_baseline"), case, vp.ALGORITHM
+    )
     assert out["advantages"].abs().sum() > 0

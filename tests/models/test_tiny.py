@@ -4,13 +4,7 @@ import os
 import pytest
 import torch
 
-from hybridflow.models.tiny import (
-    CHARACTERS,
-    build_tiny_config,
-    build_tiny_model,
-    build_tiny_tokenizer,
-    main,
-)
+from hybridflow.models.tiny import CHARACTERS, build_tiny_config, build_tiny_model, build_tiny_tokenizer, main
 
 
 def char_id(c: str) -> int:
@@ -93,13 +87,24 @@ def test_same_seed_same_weights_and_rng_untouched():
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
 
 
-@pytest.mark.parametrize("head, cls_name, out_shape", [
-    ("token_classification", "Qwen2ForTokenClassification", (1, 3, 1)),  # a critic's value per token
-    ("sequence_classification", "Qwen2ForSequenceClassification", (1, 1)),  # a reward model's score
-])
+@pytest.mark.parametrize(
+    "head, cls_name, out_shape",
+    [
+        ("token_classification", "Qwen2ForTokenClassification", (1, 3, 1)),  # a critic's value per token
+        ("sequence_classification", "Qwen2ForSequenceClassification", (1, 1)),  # a reward model's score
+    ],
+)
 def test_value_and_reward_heads_share_the_body_of_the_same_seed(head, cls_name, out_shape):
-    cfg = build_tiny_config(100, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
-                            num_labels=1, classifier_dropout=0.0)
+    cfg = build_tiny_config(
+        100,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+        num_labels=1,
+        classifier_dropout=0.0,
+    )
     model = build_tiny_model(cfg, seed=0, head=head)
     assert type(model).__name__ == cls_name and model.config.num_labels == 1
     assert model(input_ids=torch.tensor([[5, 20, 21]])).logits.shape == out_shape
@@ -127,21 +132,42 @@ def test_cli_writes_a_llama_directory(tmp_path):
 
 def test_chat_template_renders_tools_and_tool_turns_hermes_style():
     tok = build_tiny_tokenizer()
-    tools = [{"type": "function", "function": {"name": "calc", "description": "d", "parameters": {
-        "type": "object", "properties": {"expr": {"type": "string"}, "digits": {"type": "integer"}}}}},
-             {"type": "function", "function": {"name": "now", "description": "no parameters"}}]
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"type": "function", "function": {"name": "calc", "arguments": {"expr": "1+2"}}}]},
-            {"role": "tool", "content": "3"}, {"role": "tool", "content": "4"},
-            {"role": "assistant", "content": "#### 3"}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "calc",
+                "description": "d",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"expr": {"type": "string"}, "digits": {"type": "integer"}},
+                },
+            },
+        },
+        {"type": "function", "function": {"name": "now", "description": "no parameters"}},
+    ]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": {"expr": "1+2"}}}],
+        },
+        {"role": "tool", "content": "3"},
+        {"role": "tool", "content": "4"},
+        {"role": "assistant", "content": "#### 3"},
+    ]
     text = tok.apply_chat_template(msgs, tools=tools, tokenize=False)
     assert text == (
         "<|im_start|>system\nBe brief.\n\n# Tools\n<tools>\ncalc(expr, digits)\nnow()\n</tools><|im_end|>\n"
         "<|im_start|>user\nq<|im_end|>\n"
         '<|im_start|>assistant\n<tool_call>\n{"name": "calc", "arguments": {"expr": "1+2"}}\n</tool_call><|im_end|>\n'
         "<|im_start|>user\n<tool_response>\n3\n</tool_response>\n<tool_response>\n4\n</tool_response><|im_end|>\n"
-        "<|im_start|>assistant\n#### 3<|im_end|>\n")
+        "<|im_start|>assistant\n#### 3<|im_end|>\n"
+    )
     # without tools a system message is an ordinary turn, exactly as before
-    assert tok.apply_chat_template(msgs[:2], tokenize=False) == \
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nq<|im_end|>\n"
+    assert (
+        tok.apply_chat_template(msgs[:2], tokenize=False)
+        == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nq<|im_end|>\n"
+    )

@@ -11,9 +11,9 @@ import sys
 import genrm_grpo  # recipes/genrm_grpo.py (recipes/ is on pytest.ini's pythonpath)
 import pytest
 
+from hybridflow.config.loader import load_config
 from hybridflow.trainer.config_checks import validate_ppo_config
 from hybridflow.trainer.ppo.judge_setup import uses_judge
-from hybridflow.config.loader import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,8 +30,12 @@ def test_overrides_compose_and_validate(engine, tmp_path):
 @pytest.mark.slow
 def test_one_step_end_to_end(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
-    subprocess.run([sys.executable, os.path.join(REPO, "recipes", "genrm_grpo.py"), "--workdir", str(tmp_path),
-                    "--steps", "1"], check=True, env=env, timeout=600)
+    subprocess.run(
+        [sys.executable, os.path.join(REPO, "recipes", "genrm_grpo.py"), "--workdir", str(tmp_path), "--steps", "1"],
+        check=True,
+        env=env,
+        timeout=600,
+    )
     with open(tmp_path / "genrm_result.json") as f:
         steps = json.load(f)["steps"]
     assert len(steps) == 1 and steps[0]["genrm/judged"] == 16  # 4 prompts x 4 samples

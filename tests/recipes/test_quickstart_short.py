@@ -36,9 +36,11 @@ def test_choose_checkpoint_prefers_first_in_band():
 
 
 def test_curves_read_reward_and_validation_from_jsonl_rows():
-    rows = [{"step": 0, "val-core/openai/gsm8k/reward/mean@1": 0.3},
-            {"step": 1, "critic/score/mean": 0.25},
-            {"step": 2, "critic/score/mean": 0.5, "val-core/openai/gsm8k/reward/mean@1": 0.4}]
+    rows = [
+        {"step": 0, "val-core/openai/gsm8k/reward/mean@1": 0.3},
+        {"step": 1, "critic/score/mean": 0.25},
+        {"step": 2, "critic/score/mean": 0.5, "val-core/openai/gsm8k/reward/mean@1": 0.4},
+    ]
     assert quickstart.curves(rows) == ([(1, 0.25), (2, 0.5)], [(0, 0.3), (2, 0.4)])
 
 
@@ -63,9 +65,20 @@ def test_rl_overrides_come_last_and_sizes_follow_batch_and_n(tmp_path):
     from hybridflow.config.loader import load_config
 
     paths = {"train": "t.parquet", "heldout": "h.parquet"}
-    args = quickstart.parse(["--batch", "32", "--n", "4", "--lr_schedule", "constant",
-                             "--rl_override", "algorithm.norm_adv_by_std_in_grpo=False",
-                             "--rl_override", "trainer.test_freq=5"])
+    args = quickstart.parse(
+        [
+            "--batch",
+            "32",
+            "--n",
+            "4",
+            "--lr_schedule",
+            "constant",
+            "--rl_override",
+            "algorithm.norm_adv_by_std_in_grpo=False",
+            "--rl_override",
+            "trainer.test_freq=5",
+        ]
+    )
     sizes = quickstart.recipe_sizes(args)
     assert (sizes["batch"], sizes["n"], sizes["response_length"]) == (32, 4, 40)
     assert quickstart.recipe_sizes(quickstart.parse(["--task_style", "direct"]))["response_length"] == 24
@@ -82,8 +95,21 @@ def test_rl_overrides_come_last_and_sizes_follow_batch_and_n(tmp_path):
 def test_quickstart_quick_writes_json_and_png(tmp_path):
     work = tmp_path / "qs"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
-    out = subprocess.run([sys.executable, os.path.join(REPO, "recipes", "quickstart.py"), "--quick", "--workdir", str(work),
-                          "--backend", "inprocess"], capture_output=True, text=True, env=env, timeout=900)
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "recipes", "quickstart.py"),
+            "--quick",
+            "--workdir",
+            str(work),
+            "--backend",
+            "inprocess",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads((work / "quickstart_result.json").read_text())
     for key in ("accuracy_before", "accuracy_after", "wall_seconds"):
@@ -106,9 +132,25 @@ def test_quickstart_quick_on_cuda(tmp_path, algo):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     work = tmp_path / algo
-    out = subprocess.run([sys.executable, os.path.join(REPO, "recipes", "quickstart.py"), "--quick", "--algo", algo,
-                          "--device", "cuda", "--backend", "inprocess", "--workdir", str(work)],
-                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO), timeout=900)
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "recipes", "quickstart.py"),
+            "--quick",
+            "--algo",
+            algo,
+            "--device",
+            "cuda",
+            "--backend",
+            "inprocess",
+            "--workdir",
+            str(work),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=REPO),
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads((work / "quickstart_result.json").read_text())
     assert result["steps"] == 2 and math.isfinite(result["accuracy_after"])
@@ -116,14 +158,17 @@ def test_quickstart_quick_on_cuda(tmp_path, algo):
 
 @pytest.mark.parametrize("script", ["gsm8k_grpo.sh", "gsm8k_ppo.sh"])
 def test_gpu_recipes_use_only_known_config_keys(script):
-    from hybridflow.devtools.shell_words import read_script
     from hybridflow.config.loader import load_config
+    from hybridflow.devtools.shell_words import read_script
 
     # the script's own variables expanded as bash would (ROLLOUT=${ROLLOUT:-vllm}, MODEL_PATH=...)
-    commands = [c.words for c in read_script(os.path.join(REPO, "recipes", script), cwd=REPO).commands()
-                if "hybridflow.main_ppo" in c.words]
+    commands = [
+        c.words
+        for c in read_script(os.path.join(REPO, "recipes", script), cwd=REPO).commands()
+        if "hybridflow.main_ppo" in c.words
+    ]
     assert len(commands) == 1
-    overrides = [w for w in commands[0][commands[0].index("hybridflow.main_ppo") + 1:] if "=" in w]
+    overrides = [w for w in commands[0][commands[0].index("hybridflow.main_ppo") + 1 :] if "=" in w]
     assert len(overrides) > 20
     cfg = load_config("ppo_trainer", overrides)
     assert cfg.algorithm.adv_estimator == ("grpo" if "grpo" in script else "gae")

@@ -40,7 +40,9 @@ def test_word_problems_are_gsm8k_rows_with_right_answers_and_a_disjoint_heldout(
     paths = word_problems.write_word_problems(str(tmp_path), seed=3, train_size=300, test_size=100)
     train, heldout = pd.read_parquet(paths["train"]), pd.read_parquet(paths["heldout"])
     assert len(train) == 300 and len(heldout) == 100
-    assert not set(train["extra_info"].map(lambda e: e["question"])) & set(heldout["extra_info"].map(lambda e: e["question"]))
+    assert not set(train["extra_info"].map(lambda e: e["question"])) & set(
+        heldout["extra_info"].map(lambda e: e["question"])
+    )
     for frame in (train, heldout):
         for row in frame.itertuples():
             question, truth = row.extra_info["question"], row.reward_model["ground_truth"]
@@ -49,7 +51,11 @@ def test_word_problems_are_gsm8k_rows_with_right_answers_and_a_disjoint_heldout(
             # the gsm8k rule scorer grades it: the right number after '#### ' scores 1, a wrong one 0
             assert default_compute_score(row.data_source, f"so\n#### {truth}", truth) == 1.0
             assert default_compute_score(row.data_source, f"so\n#### {int(truth) + 1}", truth) == 0.0
-    kinds = {k for k in ("gets", "gives", "bags with") if any(k in q for q in train["extra_info"].map(lambda e: e["question"]))}
+    kinds = {
+        k
+        for k in ("gets", "gives", "bags with")
+        if any(k in q for q in train["extra_info"].map(lambda e: e["question"]))
+    }
     assert kinds == {"gets", "gives", "bags with"}
     again = word_problems.write_word_problems(str(tmp_path / "again"), seed=3, train_size=300, test_size=100)
     assert pd.read_parquet(again["train"]).equals(train)  # the same seed gives the same problems
@@ -73,11 +79,34 @@ def test_the_recipe_command_line_uses_only_known_keys(tmp_path):
 def test_one_step_on_the_real_model(smollm2_gguf, tmp_path):
     """The whole recipe, tiny: convert, data, eval, one GRPO step through main_ppo, export, eval, JSON."""
     work = tmp_path / "run"
-    out = subprocess.run([sys.executable, os.path.join(REPO, "recipes", "real_model.py"), "--steps", "1", "--batch", "2",
-                          "--n", "2", "--heldout", "4", "--response_length", "8", "--test_freq", "1", "--rollout", "hf",
-                          "--gguf", smollm2_gguf, "--workdir", str(work)],
-                         capture_output=True, text=True, timeout=900,
-                         env=dict(os.environ, PYTHONPATH=REPO, HYBRIDFLOW_CACHE=str(tmp_path / "cache")))
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "recipes", "real_model.py"),
+            "--steps",
+            "1",
+            "--batch",
+            "2",
+            "--n",
+            "2",
+            "--heldout",
+            "4",
+            "--response_length",
+            "8",
+            "--test_freq",
+            "1",
+            "--rollout",
+            "hf",
+            "--gguf",
+            smollm2_gguf,
+            "--workdir",
+            str(work),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, PYTHONPATH=REPO, HYBRIDFLOW_CACHE=str(tmp_path / "cache")),
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert len(os.listdir(tmp_path / "cache" / "gguf")) >= 1  # the recipe converted through the library's GGUF cache
     result = json.loads((work / "real_model_result.json").read_text())

@@ -4,7 +4,7 @@ import pytest
 
 from hybridflow.rewards import NaiveRewardManager, get_custom_reward_fn
 
-SOURCE = '''
+SOURCE = """
 import math
 
 THRESHOLD = 3
@@ -19,7 +19,7 @@ class Judge:
     pass
 
 _private = lambda: 0
-'''
+"""
 
 
 @pytest.fixture

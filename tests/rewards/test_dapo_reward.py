@@ -37,11 +37,17 @@ def test_dapo_without_the_buffer_is_the_naive_manager():
     torch.testing.assert_close(dapo(batch), naive(batch))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"overlong_buffer_cfg": {"enable": True, "len": 4}}, "needs reward.reward_kwargs.max_resp_len"),
-    ({"max_resp_len": 10, "overlong_buffer_cfg": {"enable": True, "len": 0}}, "overlong_buffer_cfg.len=0 must be > 0"),
-    ({"max_resp_len": 3, "overlong_buffer_cfg": {"enable": True, "len": 4}}, "max_resp_len=3 must be at least"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"overlong_buffer_cfg": {"enable": True, "len": 4}}, "needs reward.reward_kwargs.max_resp_len"),
+        (
+            {"max_resp_len": 10, "overlong_buffer_cfg": {"enable": True, "len": 0}},
+            "overlong_buffer_cfg.len=0 must be > 0",
+        ),
+        ({"max_resp_len": 3, "overlong_buffer_cfg": {"enable": True, "len": 4}}, "max_resp_len=3 must be at least"),
+    ],
+)
 def test_bad_buffer_settings_name_the_key(kwargs, match):
     with pytest.raises(ValueError, match=match):
         load_reward_manager("dapo", TOK, num_examine=0, **kwargs)
@@ -49,18 +55,24 @@ def test_bad_buffer_settings_name_the_key(kwargs, match):
 
 def test_main_ppo_passes_verl_reward_kwargs_to_the_manager(tiny_model_dir, tiny_data_dir, tmp_path):
     """veRL's DAPO script spelling (reward_model.* aliases, + for keys the yaml lacks) reaches the manager."""
-    from hybridflow.main_ppo import build_reward_fns
     from hybridflow.config.loader import load_config
+    from hybridflow.main_ppo import build_reward_fns
     from tests.trainer.e2e_helpers import base_overrides
 
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, backend="inprocess")
     overrides = [o for o in overrides if not o.startswith("custom_reward_function")]
-    config = load_config("ppo_trainer", overrides + [
-        "reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.max_resp_len=10",
-        "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
-        "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4",
-        "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
-        "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False"])
+    config = load_config(
+        "ppo_trainer",
+        overrides
+        + [
+            "reward_model.reward_manager=dapo",
+            "+reward_model.reward_kwargs.max_resp_len=10",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False",
+        ],
+    )
     reward_fn, val_reward_fn = build_reward_fns(config, TOK)
     for fn in (reward_fn, val_reward_fn):
         assert type(fn).__name__ == "DAPORewardManager" and fn.overlong

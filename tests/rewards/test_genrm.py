@@ -4,8 +4,6 @@ server behind the real client and server interface)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 import torch
@@ -35,15 +33,23 @@ def make_batch(rows, extra_info=None, raw_prompt=None, reward_score=None):
         prompts.append([PAD] * (P - len(p)) + p)
         responses.append(r + [PAD] * (R - len(r)))
         masks.append([0] * (P - len(p)) + [1] * len(p) + [1] * len(r) + [0] * (R - len(r)))
-    non_tensors = {"data_source": np.array(["tiny"] * len(rows), dtype=object),
-                   "reward_model": np.array([{"ground_truth": g} for _, _, g in rows], dtype=object)}
+    non_tensors = {
+        "data_source": np.array(["tiny"] * len(rows), dtype=object),
+        "reward_model": np.array([{"ground_truth": g} for _, _, g in rows], dtype=object),
+    }
     for key, value in (("extra_info", extra_info), ("raw_prompt", raw_prompt), ("reward_score", reward_score)):
         if value is not None:
             column = np.empty(len(value), dtype=object)
             column[:] = value
             non_tensors[key] = column
-    return DataProto.from_dict(tensors={"prompts": torch.tensor(prompts), "responses": torch.tensor(responses),
-                                        "attention_mask": torch.tensor(masks)}, non_tensors=non_tensors)
+    return DataProto.from_dict(
+        tensors={
+            "prompts": torch.tensor(prompts),
+            "responses": torch.tensor(responses),
+            "attention_mask": torch.tensor(masks),
+        },
+        non_tensors=non_tensors,
+    )
 
 
 # ------------------------------------------------------------------------------------------- template
@@ -73,22 +79,25 @@ def test_template_needs_the_response_and_reads_files(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- parsers
-@pytest.mark.parametrize("name, text, expected", [
-    ("boxed", "I think \\boxed{0} no wait \\boxed{ 1 }.", 1.0),
-    ("boxed", "score \\boxed{0.75}", 0.75),
-    ("boxed", "\\boxed{-2e1}", -20.0),
-    ("boxed", "\\boxed{yes}", None),
-    ("boxed", "no verdict", None),
-    ("boxed", "\\boxed{1e999}", None),  # not finite
-    ("score", "Score: 7\nreasoning... final score = 8.5", 8.5),
-    ("score", "SCORE:3", 3.0),
-    ("score", "scored 9 points", None),
-    ("last_number", "between 3 and 10, say 7.", 7.0),
-    ("last_number", "none", None),
-    ("yes_no", "Yes, it is correct. No doubt.", 1.0),
-    ("yes_no", "no; yes", 0.0),
-    ("yes_no", "Yesterday nothing", None),
-])
+@pytest.mark.parametrize(
+    "name, text, expected",
+    [
+        ("boxed", "I think \\boxed{0} no wait \\boxed{ 1 }.", 1.0),
+        ("boxed", "score \\boxed{0.75}", 0.75),
+        ("boxed", "\\boxed{-2e1}", -20.0),
+        ("boxed", "\\boxed{yes}", None),
+        ("boxed", "no verdict", None),
+        ("boxed", "\\boxed{1e999}", None),  # not finite
+        ("score", "Score: 7\nreasoning... final score = 8.5", 8.5),
+        ("score", "SCORE:3", 3.0),
+        ("score", "scored 9 points", None),
+        ("last_number", "between 3 and 10, say 7.", 7.0),
+        ("last_number", "none", None),
+        ("yes_no", "Yes, it is correct. No doubt.", 1.0),
+        ("yes_no", "no; yes", 0.0),
+        ("yes_no", "Yesterday nothing", None),
+    ],
+)
 def test_parsers_on_hand_written_verdicts(name, text, expected):
     assert get_verdict_parser(name)(text) == expected
 
@@ -117,8 +126,9 @@ ROWS = [("1+1", "2", "2"), ("2+2", "5", "4"), ("3+3", "6", "6"), ("4+4", "8", "8
 
 def test_manager_scores_are_the_parsed_verdicts_on_the_last_response_token():
     judge = ScriptedJudge({"A:2": "\\boxed{1}", "A:5": "\\boxed{0}", "A:6": "hmm"})  # "A:8" -> "no idea"
-    manager = load_reward_manager("genrm", TOK, num_examine=0, judge=judge, template="Q:{question} A:{response}",
-                                  unparsable_score=-0.5)
+    manager = load_reward_manager(
+        "genrm", TOK, num_examine=0, judge=judge, template="Q:{question} A:{response}", unparsable_score=-0.5
+    )
     out = manager(make_batch(ROWS), return_dict=True)
     assert judge.prompts == ["Q:1+1 A:2", "Q:2+2 A:5", "Q:3+3 A:6", "Q:4+4 A:8"]  # the decoded prompt as question
     scores = out["reward_tensor"]
@@ -128,18 +138,29 @@ def test_manager_scores_are_the_parsed_verdicts_on_the_last_response_token():
     assert torch.equal(scores.nonzero()[:, 1], (lengths - 1)[expected != 0])
     assert out["reward_extra_info"]["genrm_parsed"] == [1.0, 1.0, 0.0, 0.0]
     assert out["reward_extra_info"]["genrm_verdict"] == ["\\boxed{1}", "\\boxed{0}", "hmm", "no idea"]
-    assert out["reward_metrics"] == {"genrm/judged": 4.0, "genrm/unparsable": 2.0, "genrm/unparsable_ratio": 0.5,
-                                     "genrm/prompt_too_long": 0.0}
+    assert out["reward_metrics"] == {
+        "genrm/judged": 4.0,
+        "genrm/unparsable": 2.0,
+        "genrm/unparsable_ratio": 0.5,
+        "genrm/prompt_too_long": 0.0,
+    }
 
 
 def test_question_comes_from_extra_info_then_raw_prompt_and_agent_scores_are_kept():
     judge = ScriptedJudge({"": "score: 3"})
-    manager = GenRMRewardManager(TOK, 0, judge=judge, template="{question}|{response}|{ground_truth}", parser="score",
-                                 chat_template=False)
-    batch = make_batch(ROWS[:3], extra_info=[{"question": "What is 1+1?"}, None, {"other": 1}],
-                       raw_prompt=[[{"role": "user", "content": "x"}], [{"role": "system", "content": "s"},
-                                   {"role": "user", "content": "chat 2+2"}], None],
-                       reward_score=[None, None, 9.0])
+    manager = GenRMRewardManager(
+        TOK, 0, judge=judge, template="{question}|{response}|{ground_truth}", parser="score", chat_template=False
+    )
+    batch = make_batch(
+        ROWS[:3],
+        extra_info=[{"question": "What is 1+1?"}, None, {"other": 1}],
+        raw_prompt=[
+            [{"role": "user", "content": "x"}],
+            [{"role": "system", "content": "s"}, {"role": "user", "content": "chat 2+2"}],
+            None,
+        ],
+        reward_score=[None, None, 9.0],
+    )
     out = manager(batch, return_dict=True)
     assert judge.prompts == ["What is 1+1?|2|2", "chat 2+2|5|4"]  # the row with an agent-loop score is not judged
     assert judge.chat_template == [False]
@@ -192,8 +213,10 @@ def test_stub_server_through_the_rollout_judge_client_gives_the_parsed_scores():
     from hybridflow.rollout.sampling import SamplingParams
     from hybridflow.workers.judge_client import RolloutJudge
 
-    servers = [FixedVerdictServer(TOK, {"A:2": "Score: 0.9", "A:5": "score = 0.1"}),
-               FixedVerdictServer(TOK, {"A:2": "Score: 0.9", "A:5": "score = 0.1"})]
+    servers = [
+        FixedVerdictServer(TOK, {"A:2": "Score: 0.9", "A:5": "score = 0.1"}),
+        FixedVerdictServer(TOK, {"A:2": "Score: 0.9", "A:5": "score = 0.1"}),
+    ]
     hosts = [_Host(s) for s in servers]
     sampling = SamplingParams(do_sample=False, response_length=16)
     judge = RolloutJudge([LocalServerHandle(h) for h in hosts], TOK, sampling, prompt_length=30)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from hybridflow.models.tiny import build_tiny_tokenizer
 from hybridflow.protocol import DataProto
 from hybridflow.rewards import (
     BatchRewardManager,
@@ -15,7 +16,6 @@ from hybridflow.rewards import (
     load_reward_manager,
     reward_metrics,
 )
-from hybridflow.models.tiny import build_tiny_tokenizer
 
 TOK = build_tiny_tokenizer()  # the shared character tokenizer (hybridflow/models/tiny.py)
 PAD, EOS = TOK.pad_token_id, TOK.eos_token_id  # specials, dropped by skip_special_tokens
@@ -237,13 +237,16 @@ def test_agent_loop_scores_and_turn_level_fields_reach_the_reward_function(manag
     batch = make_batch(ROWS[:3], extra_info=[{"i": 0}, {"i": 1}, {"i": 2}])
     batch.non_tensor_batch["reward_score"] = np.array([None, 0.75, None], dtype=object)
     batch.non_tensor_batch["tool_extra_fields"] = np.array(
-        [{"turn_scores": [0.5], "tool_rewards": [-0.05]}, {"turn_scores": [9.0]}, {"turn_scores": []}], dtype=object)
+        [{"turn_scores": [0.5], "tool_rewards": [-0.05]}, {"turn_scores": [9.0]}, {"turn_scores": []}], dtype=object
+    )
     batch.non_tensor_batch["num_turns"] = np.array([4, 2, 2], dtype=np.int32)
     fn = naive if manager == "naive" else batched
     out = load_reward_manager(manager, TOK, num_examine=0, compute_score=fn)(batch)
-    # row 0: 0.25 + 0.5 on its last valid token (index 6); row 1: the loop's 0.75 (index 9); row 2: 0.25 (index 6: "#### 3" + EOS)
+    # row 0: 0.25 + 0.5 on its last valid token (index 6); row 1: the loop's 0.75 (index 9); row 2: 0.25 (index 6: "#### 3" + EOS)  # noqa: E501
     assert out.sum(-1).tolist() == [0.75, 0.75, 0.25]
     assert out[0, 6] == 0.75 and out[1, 9] == 0.75 and out[2, 6] == 0.25
-    assert seen == [{"i": 0, "turn_scores": [0.5], "tool_rewards": [-0.05], "num_turns": 4},
-                    {"i": 2, "turn_scores": [], "num_turns": 2}]
+    assert seen == [
+        {"i": 0, "turn_scores": [0.5], "tool_rewards": [-0.05], "num_turns": 4},
+        {"i": 2, "turn_scores": [], "num_turns": 2},
+    ]
     assert batch.non_tensor_batch["extra_info"][0] == {"i": 0}  # the dataset's dicts are untouched

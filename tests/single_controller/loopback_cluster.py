@@ -25,15 +25,17 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--cpus", type=int, default=2)
     args = parser.parse_args()
-    cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-        "node_ip_address": "127.0.0.1", "num_cpus": args.cpus, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args={"node_ip_address": "127.0.0.1", "num_cpus": args.cpus, "include_dashboard": False},
+    )
     nodes = {cluster.head_node.node_id: cluster.head_node}
     for _ in range(args.nodes - 1):
         node = cluster.add_node(node_ip_address="127.0.0.1", num_cpus=args.cpus)
         nodes[node.node_id] = node
     cluster.wait_for_nodes()
-    print(json.dumps({"address": cluster.address, "head": cluster.head_node.node_id, "nodes": list(nodes)}),
-          flush=True)
+    print(json.dumps({"address": cluster.address, "head": cluster.head_node.node_id, "nodes": list(nodes)}), flush=True)
     try:
         for line in sys.stdin:
             cmd, *rest = line.split()

@@ -13,8 +13,10 @@ from hybridflow.single_controller.base import ClassWithInitArgs, Dispatch, Worke
 from hybridflow.single_controller.base.direct import HandleKind
 from hybridflow.single_controller.factory import build_worker_group, check_backend, pool_size_problem, start_backend
 
-KIND = HandleKind(in_process=lambda worker, rank: ("here", worker, rank),
-                  remote=lambda actor, role, rank: ("there", actor, role, rank))
+KIND = HandleKind(
+    in_process=lambda worker, rank: ("here", worker, rank),
+    remote=lambda actor, role, rank: ("there", actor, role, rank),
+)
 
 
 class RoleA(Worker):
@@ -65,9 +67,9 @@ def test_handles_reach_the_role_inside_a_colocated_worker():
     try:
         views = group.spawn(["a", "b"])
         assert views["b"].name() == ["b"]
-        (where, worker, rank), = views["b"].handles(KIND, role="b")
+        ((where, worker, rank),) = views["b"].handles(KIND, role="b")
         assert (where, rank, worker.name()) == ("here", 0, "b")  # the role's own object, not the colocated one
-        (_, whole, _), = group.handles(KIND)
+        ((_, whole, _),) = group.handles(KIND)
         assert whole is group.workers[0]
     finally:
         group.shutdown()

@@ -6,7 +6,6 @@ import os
 import numpy as np
 import pytest
 import torch
-
 import workers_for_tests as W
 
 from hybridflow.protocol import DataProto, DataProtoFuture
@@ -78,7 +77,9 @@ def test_error_names_method_and_rank(group):
 
 
 def test_colocated_in_process(inprocess_group):
-    fused = inprocess_group(create_colocated_worker_cls({"actor": ClassWithInitArgs(W.EchoWorker), "critic": W.CriticLikeWorker}))
+    fused = inprocess_group(
+        create_colocated_worker_cls({"actor": ClassWithInitArgs(W.EchoWorker), "critic": W.CriticLikeWorker})
+    )
     views = fused.spawn(prefix_set=["actor", "critic"])
     assert views["actor"].pid() == views["critic"].pid()
     out = views["critic"].values(make_batch(3))

@@ -25,16 +25,28 @@ REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 def _env(address: str) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, HERE, env.get("PYTHONPATH", "")) if p)
-    env.update({"RAY_ADDRESS": address, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-                "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
+    env.update(
+        {
+            "RAY_ADDRESS": address,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
     return env
 
 
 class LoopbackCluster:
     def __init__(self, nodes: int = 2, cpus: int = 2):
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "loopback_cluster.py"), "--nodes", str(nodes),
-                                      "--cpus", str(cpus)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=_env(""))
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "loopback_cluster.py"), "--nodes", str(nodes), "--cpus", str(cpus)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_env(""),
+        )
         info = json.loads(self.proc.stdout.readline())
         self.address, self.head, self.nodes = info["address"], info["head"], info["nodes"]
 
@@ -60,13 +72,19 @@ def cluster():
 
 
 def _driver(code: str, cluster: LoopbackCluster, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=_env(cluster.address), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=_env(cluster.address),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **popen,
+    )
 
 
 def _result(out: str) -> dict:
     line = next(line for line in out.splitlines() if line.startswith("RESULT"))
-    return json.loads(line[len("RESULT"):])
+    return json.loads(line[len("RESULT") :])
 
 
 @pytest.mark.slow
@@ -74,12 +92,18 @@ def test_grpo_on_two_nodes(cluster, tiny_model_dir, tiny_data_dir, tmp_path):
     """`python -m hybridflow.main_ppo trainer.nnodes=2` on the cluster: trains 2 steps, one rank per node."""
     from tests.trainer.e2e_helpers import base_overrides, read_metrics
 
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=2,
-                               world=2)
+    overrides = base_overrides(
+        tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=2, world=2
+    )
     overrides += ["trainer.nnodes=2", "trainer.n_gpus_per_node=1"]  # after world=2's n_gpus_per_node=2
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "hybridflow.main_ppo", *overrides], env=_env(cluster.address),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hybridflow.main_ppo", *overrides],
+        env=_env(cluster.address),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     steps = read_metrics(tmp_path)
     assert [m["step"] for m in steps] == [1, 2]
@@ -126,7 +150,7 @@ def test_two_nodes_placement_rendezvous_and_a_lost_node(cluster):
     for line in proc.stdout:
         lines.append(line)
         if line.startswith("READY"):
-            got = json.loads(line[len("READY"):])
+            got = json.loads(line[len("READY") :])
             break
     else:
         pytest.fail("".join(lines)[-3000:])

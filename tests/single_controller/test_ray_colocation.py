@@ -29,8 +29,10 @@ def make_batch(n):
 def test_colocated_roles_share_a_process(ray_session):
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)
     cls = create_colocated_worker_cls(
-        {"actor_rollout": RayClassWithInitArgs(cls=ray.remote(W.EchoWorker), scale=3.0),
-         "critic": RayClassWithInitArgs(cls=ray.remote(W.CriticLikeWorker))}
+        {
+            "actor_rollout": RayClassWithInitArgs(cls=ray.remote(W.EchoWorker), scale=3.0),
+            "critic": RayClassWithInitArgs(cls=ray.remote(W.CriticLikeWorker)),
+        }
     )
     fused = RayWorkerGroup(pool, cls)
     groups = fused.spawn(prefix_set={"actor_rollout", "critic"})
@@ -53,7 +55,9 @@ def test_named_actors_and_attach(ray_session):
     wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(W.EchoWorker)), name_prefix="named_test")
     try:
         assert wg.worker_names == ["named_test_0", "named_test_1"]
-        again = RayWorkerGroup.from_detached("named_test", wg.worker_names, RayClassWithInitArgs(cls=ray.remote(W.EchoWorker)))
+        again = RayWorkerGroup.from_detached(
+            "named_test", wg.worker_names, RayClassWithInitArgs(cls=ray.remote(W.EchoWorker))
+        )
         assert again.pid() == wg.pid()
     finally:
         wg.shutdown()

@@ -64,10 +64,12 @@ def _is_loopback(ip: str) -> bool:
 def probe():
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "NCCL_DEBUG")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
     assert proc.returncode == 0 and lines, f"probe failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(lines[-1][len("RESULT"):])
+    return json.loads(lines[-1][len("RESULT") :])
 
 
 def test_local_ray_listens_on_loopback_only(probe):

@@ -117,8 +117,12 @@ def test_a_full_pool_fails_at_once_saying_so(ray_session):
 def test_fused_workers_on_ray(pool, parity_group):
     # also a second worker group on the default pool next to parity_group (veRL's max_colocate_count 10;
     # with 1 it would wait forever for the share parity_group holds)
-    cls = create_colocated_worker_cls_fused({"actor": RayClassWithInitArgs(ray.remote(P.ActorRole), lr=0.25),
-                                             "critic": RayClassWithInitArgs(ray.remote(P.CriticRole))})
+    cls = create_colocated_worker_cls_fused(
+        {
+            "actor": RayClassWithInitArgs(ray.remote(P.ActorRole), lr=0.25),
+            "critic": RayClassWithInitArgs(ray.remote(P.CriticRole)),
+        }
+    )
     wg = RayWorkerGroup(pool, cls)
     try:
         assert wg.fused_worker_used

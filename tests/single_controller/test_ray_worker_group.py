@@ -9,12 +9,7 @@ ray = pytest.importorskip("ray")
 import workers_for_tests as W  # noqa: E402
 
 from hybridflow.protocol import DataProto, DataProtoFuture  # noqa: E402
-from hybridflow.single_controller.ray import (  # noqa: E402
-    RayClassWithInitArgs,
-    RayResourcePool,
-    RayWorkerGroup,
-    create_colocated_worker_cls,
-)
+from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(W)  # test workers travel by value: no install needed
 

@@ -20,7 +20,6 @@ from hybridflow.single_controller.base.decorator import (
 )
 from hybridflow.single_controller.inprocess import create_colocated_worker_cls_fused, create_colocated_worker_raw_cls
 
-
 # ----------------------------------------------------------------------------- dispatch registry
 
 
@@ -163,13 +162,15 @@ def test_get_and_set_dispatch_collect(monkeypatch):
 
 
 def test_fused_worker_class_and_groups(inprocess_group):
-    raw = create_colocated_worker_raw_cls({"actor": ClassWithInitArgs(P.ActorRole, lr=0.5),
-                                           "critic": ClassWithInitArgs(P.CriticRole)})
+    raw = create_colocated_worker_raw_cls(
+        {"actor": ClassWithInitArgs(P.ActorRole, lr=0.5), "critic": ClassWithInitArgs(P.CriticRole)}
+    )
     assert raw.__name__ == "FusedWorker_actor_critic" and raw.is_fused_worker
     assert raw.raw_cls_dict == {"actor": P.ActorRole, "critic": P.CriticRole}
 
-    cls = create_colocated_worker_cls_fused({"actor": ClassWithInitArgs(P.ActorRole, lr=0.5),
-                                             "critic": ClassWithInitArgs(P.CriticRole)})
+    cls = create_colocated_worker_cls_fused(
+        {"actor": ClassWithInitArgs(P.ActorRole, lr=0.5), "critic": ClassWithInitArgs(P.CriticRole)}
+    )
     assert cls.fused_worker_used
     wg = inprocess_group(cls)
     assert wg.fused_worker_used
@@ -182,4 +183,7 @@ def test_fused_worker_class_and_groups(inprocess_group):
     wg.fuse({"actor", "critic"})
     assert wg.actor.get_lr() == [0.5] and wg.critic.get_lr() == ["critic"]
     worker = wg.workers[0]
-    assert set(worker.fused_worker_dict) == {"actor", "critic"} and worker.actor.fused_worker_dict is worker.fused_worker_dict
+    assert (
+        set(worker.fused_worker_dict) == {"actor", "critic"}
+        and worker.actor.fused_worker_dict is worker.fused_worker_dict
+    )

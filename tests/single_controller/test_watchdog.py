@@ -8,8 +8,8 @@ import os
 import time
 
 import pytest
-
 import workers_for_tests as W
+
 from hybridflow.single_controller.base import (
     Deadline,
     Watchdog,
@@ -53,7 +53,7 @@ def test_deadline_reads_progress_and_a_changed_reading_counts():
     clock.now += 7.0
     assert not d.expired()  # t=14: 7 s idle < 8, reading unchanged
     clock.now += 1.0
-    assert d.expired()      # t=15: 8 s idle
+    assert d.expired()  # t=15: 8 s idle
 
 
 def test_watchdog_scales_with_rows_per_rank_and_can_be_off():
@@ -194,8 +194,12 @@ def test_dump_stacks_of_a_live_and_of_a_stopped_process(freeze, monkeypatch):
     from hybridflow.single_controller.base.stacks import STACK_TOOL_ENV, dump_stacks, stack_file_of
 
     monkeypatch.setenv(STACK_TOOL_ENV, "faulthandler")
-    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "STACKS_PY": stacks.__file__})
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "STACKS_PY": stacks.__file__},
+    )
     try:
         assert child.stdout.readline().strip() == "ready"
         if freeze:
@@ -257,8 +261,14 @@ def test_a_hang_in_a_background_launch_raises_and_the_process_lives_on(tmp_path)
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(tests_dir))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests_dir, root])}
-    out = subprocess.run([sys.executable, "-c", BACKGROUND_DRIVER, str(tmp_path)], capture_output=True, text=True,
-                         timeout=240, env=env, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        [sys.executable, "-c", BACKGROUND_DRIVER, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "caught WorkerHangError after" in out.stdout
     assert "'sleep' gave no answer" in out.stderr and "stuck in sleep (" in out.stderr  # the report, printed

@@ -20,7 +20,7 @@ from hybridflow.tools.calculator_tool import CalculatorTool, evaluate, format_nu
 from hybridflow.tools.gsm8k_tool import Gsm8kTool
 from hybridflow.tools.tool_registry import check_tool_config, initialize_tools_from_config
 from hybridflow.utils.import_utils import load_class
-from tests.agent_loop.chat_helpers import CALC_SCHEMA, TOK, ScriptedChat, calc_entry, run, settings, write_tools_yaml
+from tests.agent_loop.chat_helpers import CALC_SCHEMA, TOK, ScriptedChat, calc_entry, settings, write_tools_yaml
 
 VERL_GSM8K_TOOL = """
 tools:
@@ -47,7 +47,9 @@ def test_verl_tool_yaml_loads_with_verl_class_names(tmp_path):
     path.write_text(VERL_GSM8K_TOOL)
     (tool,) = initialize_tools_from_config(str(path))
     assert isinstance(tool, Gsm8kTool) and tool.name == "calc_gsm8k_reward"
-    assert tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)["function"]["parameters"]["required"] == ["answer"]
+    assert tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True)["function"]["parameters"]["required"] == [
+        "answer"
+    ]
     assert check_tool_config(str(path)) == ["calc_gsm8k_reward"]
     from hybridflow.tools.base_tool import BaseTool as Base  # veRL's import path: hybridflow.tools.base_tool.BaseTool
 
@@ -56,19 +58,29 @@ def test_verl_tool_yaml_loads_with_verl_class_names(tmp_path):
 
 def test_tool_classes_from_files_and_refusals(tmp_path):
     module = tmp_path / "my_tools.py"
-    module.write_text(textwrap.dedent("""
+    module.write_text(
+        textwrap.dedent("""
         from hybridflow.tools.base_tool import BaseTool
         from hybridflow.tools.schemas import ToolResponse
 
         class Echo(BaseTool):
             async def execute(self, instance_id, parameters, **kwargs):
                 return ToolResponse(text=parameters["text"] * self.config["times"]), 0.0, {}
-    """))
-    schema = {"type": "function", "function": {"name": "echo", "description": "d", "parameters": {
-        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+    """)
+    )
+    schema = {
+        "type": "function",
+        "function": {
+            "name": "echo",
+            "description": "d",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        },
+    }
     # relative file path: resolved against the yaml's folder
-    path = write_tools_yaml(str(tmp_path / "tools.yaml"), [
-        {"class_name": "my_tools.py:Echo", "config": {"type": "native", "times": 2}, "tool_schema": schema}])
+    path = write_tools_yaml(
+        str(tmp_path / "tools.yaml"),
+        [{"class_name": "my_tools.py:Echo", "config": {"type": "native", "times": 2}, "tool_schema": schema}],
+    )
     (echo,) = initialize_tools_from_config(path)
     assert asyncio.run(echo.execute("i", {"text": "ab"}))[0].text == "abab"
 
@@ -79,8 +91,9 @@ def test_tool_classes_from_files_and_refusals(tmp_path):
         "verl.tools.search_tool.SearchTool": ("native", "retrieval server"),
     }
     for class_name, (kind, reason) in refusals.items():
-        bad = write_tools_yaml(str(tmp_path / "bad.yaml"), [{"class_name": class_name, "config": {"type": kind},
-                                                             "tool_schema": schema}])
+        bad = write_tools_yaml(
+            str(tmp_path / "bad.yaml"), [{"class_name": class_name, "config": {"type": kind}, "tool_schema": schema}]
+        )
         with pytest.raises(NotImplementedError, match=reason):
             check_tool_config(bad)
     dup = write_tools_yaml(str(tmp_path / "dup.yaml"), [calc_entry(), calc_entry()])
@@ -94,14 +107,18 @@ def test_tool_classes_from_files_and_refusals(tmp_path):
 
 def test_interactions_from_yaml_names_and_gsm8k_scoring(tmp_path):
     path = tmp_path / "i.yaml"
-    path.write_text("interaction:\n  - class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction\n    config: {}\n"
-                    "  - name: other\n    class_name: hybridflow.interactions.base.BaseInteraction\n    config: {a: 1}\n")
+    path.write_text(
+        "interaction:\n  - class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction\n    config: {}\n"
+        "  - name: other\n    class_name: hybridflow.interactions.base.BaseInteraction\n    config: {a: 1}\n"
+    )
     found = initialize_interactions_from_config(str(path))
     assert set(found) == {"gsm8k", "other"}  # no name: class name without 'Interaction', lower case
     assert isinstance(found["gsm8k"], Gsm8kInteraction) and found["other"].config == {"a": 1, "name": "other"}
     assert isinstance(found["gsm8k"], BaseInteraction)
-    path.write_text("interaction:\n  - {name: x, class_name: hybridflow.interactions.base.BaseInteraction}\n"
-                    "  - {name: x, class_name: hybridflow.interactions.base.BaseInteraction}\n")
+    path.write_text(
+        "interaction:\n  - {name: x, class_name: hybridflow.interactions.base.BaseInteraction}\n"
+        "  - {name: x, class_name: hybridflow.interactions.base.BaseInteraction}\n"
+    )
     with pytest.raises(ValueError, match="duplicate interaction name 'x'"):
         initialize_interactions_from_config(str(path))
 
@@ -110,7 +127,9 @@ def test_interactions_from_yaml_names_and_gsm8k_scoring(tmp_path):
     async def talk():
         iid = await gsm.start_interaction("r1", ground_truth="72")
         wrong = await gsm.generate_response(iid, [{"role": "assistant", "content": "#### 71"}])
-        right = await gsm.generate_response(iid, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "#### 72"}])
+        right = await gsm.generate_response(
+            iid, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "#### 72"}]
+        )
         await gsm.finalize_interaction(iid)
         return wrong, right
 
@@ -123,8 +142,14 @@ def test_calculator_by_hand():
     assert format_number(evaluate("347*82")) == "28454"  # 347 * 82 = 27760 + 694
     assert format_number(evaluate("(12+3)/4")) == "3.75" and format_number(evaluate("7/7")) == "1"
     assert format_number(evaluate("-2**3 + 10 % 4")) == "-6"  # -(2**3) + 2
-    for bad, why in [("__import__('os')", "unsupported element"), ("2**1000", "exponent"), ("1/0", "division by zero"),
-                     ("x+1", "unsupported element"), ("2+", "not an arithmetic expression"), ("9" * 300, "longer than")]:
+    for bad, why in [
+        ("__import__('os')", "unsupported element"),
+        ("2**1000", "exponent"),
+        ("1/0", "division by zero"),
+        ("x+1", "unsupported element"),
+        ("2+", "not an arithmetic expression"),
+        ("9" * 300, "longer than"),
+    ]:
         with pytest.raises(ValueError, match=why):
             evaluate(bad)
     from hybridflow.tools.schemas import OpenAIFunctionToolSchema
@@ -137,9 +162,16 @@ def test_code_tool_runs_in_the_sandbox():
     from hybridflow.tools.code_tool import CodeInterpreterTool
     from hybridflow.tools.schemas import OpenAIFunctionToolSchema
 
-    schema = OpenAIFunctionToolSchema.model_validate({"type": "function", "function": {
-        "name": "code_interpreter", "description": "run", "parameters": {
-            "type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}})
+    schema = OpenAIFunctionToolSchema.model_validate(
+        {
+            "type": "function",
+            "function": {
+                "name": "code_interpreter",
+                "description": "run",
+                "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+            },
+        }
+    )
     tool = CodeInterpreterTool({"default_timeout": 2}, schema)
     ok = asyncio.run(tool.execute("i", {"code": "print(6*7)"}))
     assert ok[0].text == "42\n" and ok[2]["reason"] == "ok"
@@ -149,8 +181,10 @@ def test_code_tool_runs_in_the_sandbox():
 
 def test_hermes_parser_and_parser_registry():
     parser = TOOL_PARSERS.get("hermes")(TOK)
-    text = ('I will compute.<tool_call>\n{"name": "calc", "arguments": {"expr": "1+2"}}\n</tool_call>'
-            '<tool_call>\nnot json\n</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>')
+    text = (
+        'I will compute.<tool_call>\n{"name": "calc", "arguments": {"expr": "1+2"}}\n</tool_call>'
+        '<tool_call>\nnot json\n</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>'
+    )
     parsed = parser.parse(text)
     assert [(c.name, c.arguments) for c in parsed.calls] == [("calc", '{"expr": "1+2"}'), ("b", "{}")]
     assert parsed.malformed == 1 and parsed.content == "I will compute."
@@ -182,7 +216,8 @@ def test_truncation_sides_by_hand():
 
 def test_agent_loop_config_file_registers_user_loops(tmp_path):
     module = tmp_path / "my_loop.py"
-    module.write_text(textwrap.dedent("""
+    module.write_text(
+        textwrap.dedent("""
         from hybridflow.agent_loop import AgentLoopBase, AgentLoopOutput
 
         class Fixed(AgentLoopBase):
@@ -193,7 +228,8 @@ def test_agent_loop_config_file_registers_user_loops(tmp_path):
             async def run(self, sampling_params, **sample):
                 ids = [int(c) for c in str(self.answer)]
                 return AgentLoopOutput(sample["prompt_ids"], ids, [1] * len(ids), None, num_turns=2)
-    """))
+    """)
+    )
     (tmp_path / "loops.yaml").write_text("- name: fixed\n  _target_: my_loop.py:Fixed\n  answer: 123\n")
     specs = load_agent_loop_config(str(tmp_path / "loops.yaml"))
     assert specs["fixed"][1] == {"answer": 123} and issubclass(specs["fixed"][0], AgentLoopBase)

@@ -19,11 +19,24 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 # every metric the issue asks a PPO/GRPO step to log
 REQUIRED_STEP_METRICS = (
-    "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm",
-    "critic/score/mean", "critic/advantages/mean", "response_length/mean", "response_length/clip_ratio",
-    "timing_s/gen", "timing_s/update_actor", "timing_s/step", "perf/throughput",
-    "timing_s/update_weights", "training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
-    "training/rollout_probs_diff_std", "agent/num_turns/mean",
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/entropy",
+    "actor/grad_norm",
+    "critic/score/mean",
+    "critic/advantages/mean",
+    "response_length/mean",
+    "response_length/clip_ratio",
+    "timing_s/gen",
+    "timing_s/update_actor",
+    "timing_s/step",
+    "perf/throughput",
+    "timing_s/update_weights",
+    "training/rollout_probs_diff_mean",
+    "training/rollout_probs_diff_max",
+    "training/rollout_probs_diff_std",
+    "agent/num_turns/mean",
 )
 
 
@@ -34,9 +47,20 @@ def write_toy_reward(tmp_path) -> str:
     return path
 
 
-def base_overrides(model_dir: str, data_dir: str, tmp_path, *, estimator: str = "grpo", n: int = 2,
-                   batch: int = 4, steps: int = 2, response_length: int = 8, world: int = 1,
-                   backend: str = "ray", mini_batch: int | None = None) -> list[str]:
+def base_overrides(
+    model_dir: str,
+    data_dir: str,
+    tmp_path,
+    *,
+    estimator: str = "grpo",
+    n: int = 2,
+    batch: int = 4,
+    steps: int = 2,
+    response_length: int = 8,
+    world: int = 1,
+    backend: str = "ray",
+    mini_batch: int | None = None,
+) -> list[str]:
     """A small run: `batch` prompts × `n` samples, `steps` steps, jsonl metrics under tmp_path/ckpt.
 
     ``mini_batch`` (prompts, default batch // 2) gives two optimizer steps per update, so the second

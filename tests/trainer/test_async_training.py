@@ -20,15 +20,26 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # in-process runs comp
 
 SEPARATE_POOL = ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1"]
 # metrics that depend on the sampled tokens and on the weights they were sampled with
-COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/entropy", "response_length/mean", "actor/grad_norm",
-            "training/rollout_probs_diff_mean")
+COMPARED = (
+    "critic/score/mean",
+    "actor/pg_loss",
+    "actor/entropy",
+    "response_length/mean",
+    "actor/grad_norm",
+    "training/rollout_probs_diff_mean",
+)
 
 
 def fully_async(staleness, trigger=1, partial=True):
     # prompts per step = require_batches × ppo_mini_batch_size = 2 × 2 = train_batch_size, as in sync
-    return [*SEPARATE_POOL, "async_training.mode=fully_async", f"async_training.staleness_threshold={staleness}",
-            f"async_training.trigger_parameter_sync_step={trigger}", "async_training.require_batches=2",
-            f"async_training.partial_rollout={partial}"]
+    return [
+        *SEPARATE_POOL,
+        "async_training.mode=fully_async",
+        f"async_training.staleness_threshold={staleness}",
+        f"async_training.trigger_parameter_sync_step={trigger}",
+        "async_training.require_batches=2",
+        f"async_training.partial_rollout={partial}",
+    ]
 
 
 def run(model, data, out, *extra, steps=3):
@@ -97,11 +108,14 @@ def test_crash_and_resume_in_fully_async_mode(tiny_model_dir, tiny_data_dir, tmp
     assert os.path.isdir(out / "ckpt" / "global_step_4")
 
 
-@pytest.mark.parametrize("mode,extra,lags", [
-    ("separate_sync", SEPARATE_POOL, [0, 0, 0, 0]),
-    ("one_step_off", [*SEPARATE_POOL, "async_training.mode=one_step_off"], [0, 1, 1, 1]),
-    ("fully_async_s2_t2", fully_async(0.5, trigger=2), None),
-])
+@pytest.mark.parametrize(
+    "mode,extra,lags",
+    [
+        ("separate_sync", SEPARATE_POOL, [0, 0, 0, 0]),
+        ("one_step_off", [*SEPARATE_POOL, "async_training.mode=one_step_off"], [0, 1, 1, 1]),
+        ("fully_async_s2_t2", fully_async(0.5, trigger=2), None),
+    ],
+)
 def test_version_lag_per_mode(tiny_model_dir, tiny_data_dir, tmp_path, mode, extra, lags):
     rows = run(tiny_model_dir, tiny_data_dir, tmp_path, *extra, steps=4)
     seen = [r["async/staleness/max"] for r in rows]
@@ -114,6 +128,7 @@ def test_version_lag_per_mode(tiny_model_dir, tiny_data_dir, tmp_path, mode, ext
 
 def test_use_rollout_log_probs_takes_pi_old_from_the_rollout(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
     """veRL's fully async key: no recomputation of π_old by the actor; the batch trains on the rollout's log-probs."""
+
     def must_not_recompute(trainer, batch, metrics):
         raise AssertionError("old log-probs were recomputed")
 
@@ -126,6 +141,13 @@ def test_use_rollout_log_probs_takes_pi_old_from_the_rollout(tiny_model_dir, tin
 
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_compute_old_log_prob", must_not_recompute)
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_rollout_log_probs_as_old", as_old)
-    rows = run(tiny_model_dir, tiny_data_dir, tmp_path, *SEPARATE_POOL, "async_training.mode=one_step_off",
-               "async_training.use_rollout_log_probs=True", steps=2)
+    rows = run(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        *SEPARATE_POOL,
+        "async_training.mode=one_step_off",
+        "async_training.use_rollout_log_probs=True",
+        steps=2,
+    )
     assert len(rows) == 2 and seen == [True, True]

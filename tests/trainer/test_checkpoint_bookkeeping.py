@@ -114,7 +114,9 @@ def test_resume_modes(tmp_path, monkeypatch):
     _save(root, 7)
     assert resolve_resume("auto", root) == os.path.join(root, "global_step_7")
     assert resolve_resume("disable", root) is None
-    assert resolve_resume("resume_path", root, os.path.join(root, "global_step_1")) == os.path.join(root, "global_step_1")
+    assert resolve_resume("resume_path", root, os.path.join(root, "global_step_1")) == os.path.join(
+        root, "global_step_1"
+    )
     monkeypatch.chdir(root)  # a relative path is taken from the working directory, as in veRL
     assert resolve_resume("resume_path", "elsewhere", "global_step_1/") == os.path.join(root, "global_step_1")
 

@@ -86,14 +86,20 @@ def test_train_batch_must_split_over_the_world():
 
 def test_good_multi_rank_combo_passes():
     # 256*3 = 768 samples over 2 ranks; mini 64*3/2 = 96 per rank; 96 % 8 == 0 (actor), 96 % 4 == 0 (critic)
-    check("trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.n=3",
-          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8")
+    check(
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.n=3",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    )
 
 
 def test_mini_batch_per_rank_must_divide_by_micro_batch():
     # 64 * 3 / 2 ranks = 96 samples per rank; 96 % 5 = 1
-    msg = error_of("trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.n=3",
-                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5")
+    msg = error_of(
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.n=3",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5",
+    )
     assert "= 96 samples per rank" in msg and "ppo_micro_batch_size_per_gpu (5)" in msg
 
 
@@ -115,36 +121,48 @@ def test_micro_batch_sizes_are_mutually_exclusive():
 
 def test_deprecated_global_micro_batch_is_divided_by_dp():
     # global micro 8 over 2 ranks = 4 per rank; 64*1/2 = 32 per rank; 32 % 4 == 0
-    notes = check("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
-                  "actor_rollout_ref.actor.ppo_micro_batch_size=8")
+    notes = check(
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=8",
+    )
     assert any("actor_rollout_ref.actor.ppo_micro_batch_size is deprecated" in n for n in notes)
     # global micro 6 over 2 ranks = 3 per rank; 32 % 3 = 2
-    msg = error_of("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
-                   "actor_rollout_ref.actor.ppo_micro_batch_size=6")
+    msg = error_of(
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=6",
+    )
     assert "= 32 samples per rank is not divisible by actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (3)" in msg
 
 
 def test_unset_micro_batch_sizes_are_named():
-    msg = error_of("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null",
-                   "critic.ppo_micro_batch_size_per_gpu=null")
+    msg = error_of(
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null", "critic.ppo_micro_batch_size_per_gpu=null"
+    )
     assert "set actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu" in msg
     assert "set critic.ppo_micro_batch_size_per_gpu" in msg
 
 
 def test_reference_micro_batch_needed_only_with_a_reference_policy():
     check("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null")  # no KL: no reference model
-    msg = error_of("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null",
-                   "actor_rollout_ref.actor.use_kl_loss=True")
+    msg = error_of(
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null", "actor_rollout_ref.actor.use_kl_loss=True"
+    )
     assert "set actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu" in msg
 
 
 def test_dynamic_batch_size_replaces_micro_batches_by_a_token_budget():
-    check("actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
-          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null",
-          "critic.ppo_micro_batch_size_per_gpu=null")
+    check(
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null",
+        "critic.ppo_micro_batch_size_per_gpu=null",
+    )
     # one sequence is 512 + 256 = 768 tokens; a budget of 700 cannot hold it
-    msg = error_of("actor_rollout_ref.actor.use_dynamic_bsz=True",
-                   "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=700")
+    msg = error_of(
+        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=700"
+    )
     assert "ppo_max_token_len_per_gpu (700)" in msg and "= 768" in msg
 
 
@@ -178,18 +196,26 @@ def test_rollout_mode_sync_runs_the_same_pipeline_and_says_so():
 
 
 def test_gpu_only_settings_on_cpu_are_explained():
-    notes = "\n".join(check(
-        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
-        "critic.fsdp.optimizer_offload=True",
-        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
-        "actor_rollout_ref.rollout.dtype=bfloat16",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-        "actor_rollout_ref.rollout.enforce_eager=True",
-        "actor_rollout_ref.rollout.free_cache_engine=False",
-    ))
-    for key in ("actor.fsdp_config.param_offload", "critic.fsdp.optimizer_offload",
-                "mixed_precision.param_dtype=bf16", "rollout.dtype=bfloat16",
-                "tensor_model_parallel_size=2", "enforce_eager=True", "free_cache_engine=False"):
+    notes = "\n".join(
+        check(
+            "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+            "critic.fsdp.optimizer_offload=True",
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+            "actor_rollout_ref.rollout.dtype=bfloat16",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "actor_rollout_ref.rollout.enforce_eager=True",
+            "actor_rollout_ref.rollout.free_cache_engine=False",
+        )
+    )
+    for key in (
+        "actor.fsdp_config.param_offload",
+        "critic.fsdp.optimizer_offload",
+        "mixed_precision.param_dtype=bf16",
+        "rollout.dtype=bfloat16",
+        "tensor_model_parallel_size=2",
+        "enforce_eager=True",
+        "free_cache_engine=False",
+    ):
         assert key in notes
 
 
@@ -198,8 +224,12 @@ def test_cuda_checks(monkeypatch):
     check("trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm", n_devices=1)
     msg = error_of("trainer.device=cuda", "trainer.n_gpus_per_node=2", n_devices=1)
     assert "n_gpus_per_node=2 but only 1 CUDA device" in msg
-    msg = error_of("trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm",
-                   "actor_rollout_ref.rollout.tensor_model_parallel_size=2", n_devices=1)
+    msg = error_of(
+        "trainer.device=cuda",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        n_devices=1,
+    )
     assert "tensor_model_parallel_size (2)" in msg
 
 
@@ -212,21 +242,36 @@ def test_other_value_checks():
     assert "resume_from_path" in error_of("trainer.resume_mode=resume_path")
     assert "data.truncation='cut'" in error_of("data.truncation=cut")
     assert "val_kwargs.temperature > 0" in error_of("actor_rollout_ref.rollout.val_kwargs.do_sample=True")
-    assert "use_remove_padding" in error_of("actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
-                                            "critic.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2",
-                                            "critic.model.use_remove_padding=False")
+    assert "use_remove_padding" in error_of(
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+        "critic.ulysses_sequence_parallel_size=2",
+        "trainer.n_gpus_per_node=2",
+        "critic.model.use_remove_padding=False",
+    )
 
 
 def test_sequence_parallel_checks_read_both_spellings():
     # the engine spelling counts as veRL 0.9.1 reads it (the top-level key only wins when > 1)
-    msg = error_of("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2",
-                   "actor_rollout_ref.model.use_remove_padding=False")
-    assert "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 needs actor_rollout_ref.model.use_remove_padding" in msg
+    msg = error_of(
+        "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.model.use_remove_padding=False",
+    )
+    assert (
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 needs actor_rollout_ref.model.use_remove_padding"
+        in msg
+    )
     assert "not divisible by critic.ulysses_sequence_parallel_size (3)" in error_of(
-        "algorithm.adv_estimator=gae", "critic.fsdp.ulysses_sequence_parallel_size=3", "trainer.n_gpus_per_node=2")
+        "algorithm.adv_estimator=gae", "critic.fsdp.ulysses_sequence_parallel_size=3", "trainer.n_gpus_per_node=2"
+    )
     # a token budget below one sequence (128 + 8 here) is fine once multiplied by the SP size, as in veRL
-    sp_budget = ("actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100",
-                 "data.max_prompt_length=128", "data.max_response_length=8", "trainer.n_gpus_per_node=2")
+    sp_budget = (
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100",
+        "data.max_prompt_length=128",
+        "data.max_response_length=8",
+        "trainer.n_gpus_per_node=2",
+    )
     assert "smaller than one sequence" in error_of(*sp_budget)
     check(*sp_budget, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2")
 
@@ -258,22 +303,35 @@ def test_use_rollout_log_probs_is_refused_where_it_would_change_nothing():
     # sync mode never reads it: refused by name, pointing at the synchronous equivalent
     assert "bypass_mode=True" in error_of("async_training.use_rollout_log_probs=True")
     # an asynchronous mode reads it; without the rollout's log-probs it cannot work
-    separate = ("actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
-                "async_training.mode=one_step_off", "async_training.use_rollout_log_probs=True")
+    separate = (
+        "actor_rollout_ref.rollout.nnodes=1",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        "async_training.mode=one_step_off",
+        "async_training.use_rollout_log_probs=True",
+    )
     assert "calculate_log_probs=True" in error_of(*separate, "actor_rollout_ref.rollout.calculate_log_probs=False")
 
 
 def test_fully_async_knobs_are_refused_in_the_modes_that_fix_them():
     separate = ("actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1")
     for mode in ("sync", "one_step_off"):
-        for knob in ("staleness_threshold=1", "trigger_parameter_sync_step=2", "require_batches=2",
-                     "partial_rollout=False"):
+        for knob in (
+            "staleness_threshold=1",
+            "trigger_parameter_sync_step=2",
+            "require_batches=2",
+            "partial_rollout=False",
+        ):
             msg = error_of(*separate, f"async_training.mode={mode}", f"async_training.{knob}")
             assert f"async_training.{knob}" in msg and "fully_async only" in msg
     # at their defaults they are not in the way, and fully_async reads every one of them
     check(*separate, "async_training.mode=one_step_off")
-    check(*separate, "async_training.mode=fully_async", "async_training.staleness_threshold=1",
-          "async_training.trigger_parameter_sync_step=2", "async_training.partial_rollout=False")
+    check(
+        *separate,
+        "async_training.mode=fully_async",
+        "async_training.staleness_threshold=1",
+        "async_training.trigger_parameter_sync_step=2",
+        "async_training.partial_rollout=False",
+    )
 
 
 def test_remax_is_refused_until_the_loop_makes_its_baseline():
@@ -283,12 +341,18 @@ def test_remax_is_refused_until_the_loop_makes_its_baseline():
 
 
 def test_prefix_grouper_needs_the_padded_forward_without_checkpointing():
-    msg = error_of("actor_rollout_ref.actor.use_prefix_grouper=True", "actor_rollout_ref.model.use_remove_padding=True",
-                   "actor_rollout_ref.model.enable_gradient_checkpointing=True")
+    msg = error_of(
+        "actor_rollout_ref.actor.use_prefix_grouper=True",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    )
     assert "use_prefix_grouper=True needs actor_rollout_ref.model.use_remove_padding=False" in msg
     assert "needs actor_rollout_ref.model.enable_gradient_checkpointing=False" in msg
-    check("actor_rollout_ref.actor.use_prefix_grouper=True", "actor_rollout_ref.model.use_remove_padding=False",
-          "actor_rollout_ref.model.enable_gradient_checkpointing=False")
+    check(
+        "actor_rollout_ref.actor.use_prefix_grouper=True",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+    )
 
 
 def test_prefix_grouper_refuses_an_actor_that_cannot_share_prompts():
@@ -297,7 +361,8 @@ def test_prefix_grouper_refuses_an_actor_that_cannot_share_prompts():
 
     model = tiny_causal_lm()
     model.gradient_checkpointing_enable()
-    section = dict(OmegaConf.to_container(build([]).actor_rollout_ref.actor), use_prefix_grouper=True,
-                   use_remove_padding=False)
+    section = dict(
+        OmegaConf.to_container(build([]).actor_rollout_ref.actor), use_prefix_grouper=True, use_remove_padding=False
+    )
     with pytest.raises(ValueError, match="use_prefix_grouper=True: this actor cannot run a group's prompt once"):
         DataParallelPPOActor(section, model)

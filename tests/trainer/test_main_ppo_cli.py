@@ -20,8 +20,14 @@ def _run(args: list[str], timeout: float, cwd: str | None = None) -> subprocess.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
     env.pop("RAY_ADDRESS", None)
-    return subprocess.run([sys.executable, "-m", "hybridflow.main_ppo", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "hybridflow.main_ppo", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+    )
 
 
 def _verl_quickstart(train: str, test: str, model: str) -> list[str]:

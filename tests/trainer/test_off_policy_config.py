@@ -17,25 +17,38 @@ def _check(*overrides):
 def test_defaults_pass_and_are_veRLs():
     cfg = load_config("ppo_trainer", QUICKSTART)
     assert dict(cfg.algorithm.rollout_correction) == {
-        "rollout_is": None, "rollout_is_threshold": 2.0, "rollout_rs": None, "rollout_rs_threshold": None,
-        "bypass_mode": False, "loss_type": "ppo_clip", "rollout_is_batch_normalize": False}
-    assert dict(cfg.algorithm.filter_groups) == {"_target_": "verl.trainer.config.FilterGroupsConfig", "enable": False,
-                                                 "metric": "reward", "max_num_gen_batches": 0,
-                                                 "max_inflight_gen_batches": 1}
+        "rollout_is": None,
+        "rollout_is_threshold": 2.0,
+        "rollout_rs": None,
+        "rollout_rs_threshold": None,
+        "bypass_mode": False,
+        "loss_type": "ppo_clip",
+        "rollout_is_batch_normalize": False,
+    }
+    assert dict(cfg.algorithm.filter_groups) == {
+        "_target_": "verl.trainer.config.FilterGroupsConfig",
+        "enable": False,
+        "metric": "reward",
+        "max_num_gen_batches": 0,
+        "max_inflight_gen_batches": 1,
+    }
     validate_ppo_config(cfg)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ([f"{RC}.rollout_rs=seq_mean_k3"], f"{RC}.rollout_rs='seq_mean_k3' needs {RC}.rollout_rs_threshold"),
-    ([f"{RC}.rollout_is=tok"], f"{RC}.rollout_is='tok'"),
-    ([f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=abc"], "'abc' is not a number"),
-    ([f"{RC}.bypass_mode=True", "actor_rollout_ref.rollout.calculate_log_probs=False"], "calculate_log_probs=True"),
-    ([f"{RC}.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=False"], "calculate_log_probs=True"),
-    ([f"{RC}.bypass_mode=True", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"], "loss_mode=gspo"),
-    (["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"], "set that instead"),
-    (["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=null"], "filter_groups.metric must"),
-    (["algorithm.filter_groups.max_inflight_gen_batches=0"], "max_inflight_gen_batches must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ([f"{RC}.rollout_rs=seq_mean_k3"], f"{RC}.rollout_rs='seq_mean_k3' needs {RC}.rollout_rs_threshold"),
+        ([f"{RC}.rollout_is=tok"], f"{RC}.rollout_is='tok'"),
+        ([f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=abc"], "'abc' is not a number"),
+        ([f"{RC}.bypass_mode=True", "actor_rollout_ref.rollout.calculate_log_probs=False"], "calculate_log_probs=True"),
+        ([f"{RC}.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=False"], "calculate_log_probs=True"),
+        ([f"{RC}.bypass_mode=True", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"], "loss_mode=gspo"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"], "set that instead"),
+        (["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=null"], "filter_groups.metric must"),
+        (["algorithm.filter_groups.max_inflight_gen_batches=0"], "max_inflight_gen_batches must be >= 1"),
+    ],
+)
 def test_refused_with_the_key(overrides, message):
     with pytest.raises(ConfigError) as err:
         _check(*overrides)

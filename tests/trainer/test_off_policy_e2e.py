@@ -44,15 +44,34 @@ class Recorder:
             if gap:
                 noise = torch.randn(b["rollout_log_probs"].shape, generator=gen) * GAP_STD
                 b["rollout_log_probs"] = b["rollout_log_probs"] + noise * b["response_mask"]
-            rec.generated.append({"uid": list(out.non_tensor_batch["uid"]), "response_mask": b["response_mask"].clone(),
-                                  "ground_truth": [r["ground_truth"] for r in out.non_tensor_batch["reward_model"]]})
+            rec.generated.append(
+                {
+                    "uid": list(out.non_tensor_batch["uid"]),
+                    "response_mask": b["response_mask"].clone(),
+                    "ground_truth": [r["ground_truth"] for r in out.non_tensor_batch["reward_model"]],
+                }
+            )
             return out
 
         def wrapped_update(trainer, batch, metrics):
-            keys = [k for k in ("response_mask", "old_log_probs", "rollout_log_probs", "rollout_is_weights",
-                                "token_level_scores") if k in batch.batch.keys()]
-            rec.updates.append({**{k: batch.batch[k].clone() for k in keys}, "uid": list(batch.non_tensor_batch["uid"]),
-                                "ground_truth": [r["ground_truth"] for r in batch.non_tensor_batch["reward_model"]]})
+            keys = [
+                k
+                for k in (
+                    "response_mask",
+                    "old_log_probs",
+                    "rollout_log_probs",
+                    "rollout_is_weights",
+                    "token_level_scores",
+                )
+                if k in batch.batch.keys()
+            ]
+            rec.updates.append(
+                {
+                    **{k: batch.batch[k].clone() for k in keys},
+                    "uid": list(batch.non_tensor_batch["uid"]),
+                    "ground_truth": [r["ground_truth"] for r in batch.non_tensor_batch["reward_model"]],
+                }
+            )
             update(trainer, batch, metrics)
             rec.updates[-1]["meta"] = dict(batch.meta_info)  # as sent to the worker
 
@@ -63,8 +82,11 @@ class Recorder:
         def wrapped_reward(trainer, batch, metrics):
             reward(trainer, batch, metrics)
             groups: dict = {}
-            for uid, row, score in zip(batch.non_tensor_batch["uid"], batch.non_tensor_batch["reward_model"],
-                                       batch.batch["token_level_scores"].sum(-1).tolist()):
+            for uid, row, score in zip(
+                batch.non_tensor_batch["uid"],
+                batch.non_tensor_batch["reward_model"],
+                batch.batch["token_level_scores"].sum(-1).tolist(),
+            ):
                 groups.setdefault(uid, []).append((int(row["ground_truth"]), score))
             rec.scored.append(groups)
 
@@ -75,8 +97,17 @@ class Recorder:
 
 
 def _overrides(tiny_model_dir, tiny_data_dir, tmp_path, steps=2):
-    return base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=steps,
-                          world=1, backend="inprocess") + ["trainer.test_freq=-1", "trainer.balance_batch=False"]
+    return base_overrides(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        estimator="grpo",
+        n=2,
+        batch=4,
+        steps=steps,
+        world=1,
+        backend="inprocess",
+    ) + ["trainer.test_freq=-1", "trainer.balance_batch=False"]
 
 
 def test_decoupled_rollout_correction_weights_and_rejects(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
@@ -84,8 +115,11 @@ def test_decoupled_rollout_correction_weights_and_rejects(tiny_model_dir, tiny_d
     and a response mask without the tokens whose ratio left [1/4, 4]; rollout_corr/* is logged."""
     rec = Recorder(monkeypatch)
     overrides = _overrides(tiny_model_dir, tiny_data_dir, tmp_path) + [
-        "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=1.5",
-        "algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=4.0"]
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=1.5",
+        "algorithm.rollout_correction.rollout_rs=token_k1",
+        "algorithm.rollout_correction.rollout_rs_threshold=4.0",
+    ]
     run_ppo(load_config("ppo_trainer", overrides))
 
     steps = read_metrics(tmp_path)
@@ -128,8 +162,11 @@ def test_bypass_mode_reinforce_skips_the_old_log_prob_pass(tiny_model_dir, tiny_
     monkeypatch.setattr(dp_actor.DataParallelPPOActor, "update_policy", wrapped)
     rec = Recorder(monkeypatch)
     overrides = _overrides(tiny_model_dir, tiny_data_dir, tmp_path) + [
-        "algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.loss_type=reinforce",
-        "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0"]
+        "algorithm.rollout_correction.bypass_mode=True",
+        "algorithm.rollout_correction.loss_type=reinforce",
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_threshold=2.0",
+    ]
     run_ppo(load_config("ppo_trainer", overrides))
 
     steps = read_metrics(tmp_path)
@@ -165,8 +202,11 @@ def test_filter_groups_trains_only_informative_groups(tiny_model_dir, tiny_data_
     with open(reward, "w") as f:
         f.write(INFORMATIVE_REWARD)
     overrides = _overrides(tiny_model_dir, tiny_data_dir, tmp_path, steps=3) + [
-        f"custom_reward_function.path={reward}", "algorithm.filter_groups.enable=True",
-        "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=20"]
+        f"custom_reward_function.path={reward}",
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=acc",
+        "algorithm.filter_groups.max_num_gen_batches=20",
+    ]
     run_ppo(load_config("ppo_trainer", overrides))
 
     steps = read_metrics(tmp_path)
@@ -176,7 +216,7 @@ def test_filter_groups_trains_only_informative_groups(tiny_model_dir, tiny_data_
     first = 0
     for m, sent, count in zip(steps, rec.updates, generations, strict=True):
         assert_finite(m)
-        scored = rec.scored[first:first + count]
+        scored = rec.scored[first : first + count]
         first += count
         # even answers are uniform (the reward says 0.5 for all); a step keeps generating while fewer
         # than 4 groups with differing scores are held, and stops at the batch that completes them
@@ -185,8 +225,9 @@ def test_filter_groups_trains_only_informative_groups(tiny_model_dir, tiny_data_
         assert sum(informative[:-1]) < 4 <= sum(informative), informative
         # exactly 4 groups × n=2 trained, each with differing scores, none with an even answer
         groups: dict = {}
-        for uid, gt, score in zip(sent["uid"], sent["ground_truth"], sent["token_level_scores"].sum(-1).tolist(),
-                                  strict=True):
+        for uid, gt, score in zip(
+            sent["uid"], sent["ground_truth"], sent["token_level_scores"].sum(-1).tolist(), strict=True
+        ):
             groups.setdefault(uid, []).append((int(gt), score))
         assert len(groups) == 4 and all(len(v) == 2 for v in groups.values())
         for members in groups.values():

@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 
 from hybridflow.agent_loop import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput, register
-from hybridflow.main_ppo import run_ppo
 from hybridflow.config.loader import load_config
+from hybridflow.main_ppo import run_ppo
 from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
 
-MLFLOW_MISSING = "the [trace] extra (mlflow-skinny, sqlalchemy, alembic) is not installed: pip install 'hybridflow[trace]'"
+MLFLOW_MISSING = (
+    "the [trace] extra (mlflow-skinny, sqlalchemy, alembic) is not installed: pip install 'hybridflow[trace]'"
+)
 LOOP = "odd_samples_dawdle_test"
 
 
@@ -28,8 +30,13 @@ def _register_dawdling_loop():
             for _ in range(turns):
                 out = await self.server_manager.generate(request_id, prompt_ids, sampling_params)
             response = out.token_ids[: self.settings.response_length]
-            return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=response, response_mask=[1] * len(response),
-                                   response_logprobs=out.log_probs[: len(response)], num_turns=2)
+            return AgentLoopOutput(
+                prompt_ids=prompt_ids,
+                response_ids=response,
+                response_mask=[1] * len(response),
+                response_logprobs=out.log_probs[: len(response)],
+                num_turns=2,
+            )
 
 
 @pytest.mark.slow
@@ -41,12 +48,17 @@ def test_over_sampled_traced_grpo_run(tiny_model_dir, tiny_data_dir, tiny_tokeni
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the default store: under the run's directory
     _register_dawdling_loop()
     try:
-        overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=2,
-                                   backend="inprocess")
-        overrides += ["actor_rollout_ref.rollout.over_sample_rate=0.5",
-                      f"actor_rollout_ref.rollout.agent.default_agent_loop={LOOP}",
-                      "actor_rollout_ref.rollout.trace.backend=mlflow", "actor_rollout_ref.rollout.trace.token2text=True",
-                      "trainer.project_name=oversample_proj", "trainer.experiment_name=e2e"]
+        overrides = base_overrides(
+            tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=2, backend="inprocess"
+        )
+        overrides += [
+            "actor_rollout_ref.rollout.over_sample_rate=0.5",
+            f"actor_rollout_ref.rollout.agent.default_agent_loop={LOOP}",
+            "actor_rollout_ref.rollout.trace.backend=mlflow",
+            "actor_rollout_ref.rollout.trace.token2text=True",
+            "trainer.project_name=oversample_proj",
+            "trainer.experiment_name=e2e",
+        ]
         run_ppo(load_config("ppo_trainer", overrides))
     finally:
         AGENT_LOOPS.pop(LOOP, None)

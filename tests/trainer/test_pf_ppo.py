@@ -32,9 +32,9 @@ def test_draws_follow_the_weights():
 
 
 def test_updates_see_only_the_best_and_worst_groups_with_max_min(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    from hybridflow.config.loader import load_config
     from hybridflow.main_ppo import run_ppo
     from hybridflow.trainer.ppo import ray_trainer
-    from hybridflow.config.loader import load_config
     from tests.trainer.e2e_helpers import base_overrides
 
     seen = []
@@ -50,10 +50,20 @@ def test_updates_see_only_the_best_and_worst_groups_with_max_min(tiny_model_dir,
 
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_compute_advantage", recording_advantage)
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_update_actor", recording_update)
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, n=4, batch=4, steps=2, response_length=12,
-                               backend="inprocess")
-    run_ppo(load_config("ppo_trainer", [*overrides, "trainer.test_freq=-1", "algorithm.use_pf_ppo=True",
-                                        "algorithm.pf_ppo.reweight_method=max_min"]))
+    overrides = base_overrides(
+        tiny_model_dir, tiny_data_dir, tmp_path, n=4, batch=4, steps=2, response_length=12, backend="inprocess"
+    )
+    run_ppo(
+        load_config(
+            "ppo_trainer",
+            [
+                *overrides,
+                "trainer.test_freq=-1",
+                "algorithm.use_pf_ppo=True",
+                "algorithm.pf_ppo.reweight_method=max_min",
+            ],
+        )
+    )
     assert [kind for kind, _ in seen] == ["generated", "updated"] * 2
     assert any(len(set(g.tolist())) > 2 for _, g in seen[::2])  # some step had middle scores to filter out
     for (_, generated), (_, updated) in zip(seen[::2], seen[1::2]):

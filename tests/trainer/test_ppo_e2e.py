@@ -63,6 +63,7 @@ class _Capture:
             update(trainer, batch, metrics)
             # one list per rank (DataProto.concat, veRL's shape), one value per optimizer step
             self.optimizer_steps[role].append(len(flat_metric_values(metrics[f"{role}/grad_norm"])))
+
         return wrapped
 
     def record(self):
@@ -81,8 +82,9 @@ def _free_cpus(ray) -> float:
 def test_grpo_two_workers_three_steps(tiny_model_dir, tiny_data_dir, ray_session, tmp_path, monkeypatch):
     """The default-suite e2e run: GRPO, 2 Ray workers (gloo FSDP2), 3 steps, validation at the end."""
     capture = _Capture(monkeypatch)
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=3,
-                               world=2)
+    overrides = base_overrides(
+        tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=3, world=2
+    )
     free_before = _free_cpus(ray_session)
     last = run_ppo(load_config("ppo_trainer", overrides))
 
@@ -124,17 +126,30 @@ def test_gae_critic_warmup_adaptive_kl_two_workers(tiny_model_dir, tiny_data_dir
     """PPO with a critic: critic_warmup=2 (veRL rule: step 1 trains only the critic), KL in the reward with an
     adaptive controller, 2 Ray workers, 2 steps."""
     capture = _Capture(monkeypatch)
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="gae", n=2, batch=4, steps=2,
-                               world=2)
-    overrides += ["trainer.critic_warmup=2", "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive",
-                  "algorithm.kl_ctrl.kl_coef=0.01", "algorithm.kl_ctrl.horizon=10", "algorithm.kl_ctrl.target_kl=0.1"]
+    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="gae", n=2, batch=4, steps=2, world=2)
+    overrides += [
+        "trainer.critic_warmup=2",
+        "algorithm.use_kl_in_reward=True",
+        "algorithm.kl_ctrl.type=adaptive",
+        "algorithm.kl_ctrl.kl_coef=0.01",
+        "algorithm.kl_ctrl.horizon=10",
+        "algorithm.kl_ctrl.target_kl=0.1",
+    ]
     run_ppo(load_config("ppo_trainer", overrides))
 
     step1, step2 = read_metrics(tmp_path)
     for m in (step1, step2):
         assert_finite(m)
-        for key in ("critic/vf_loss", "critic/values/mean", "critic/advantages/mean", "actor/reward_kl_penalty",
-                    "actor/reward_kl_penalty_coeff", "timing_s/update_critic", "timing_s/values", "timing_s/ref"):
+        for key in (
+            "critic/vf_loss",
+            "critic/values/mean",
+            "critic/advantages/mean",
+            "actor/reward_kl_penalty",
+            "actor/reward_kl_penalty_coeff",
+            "timing_s/update_critic",
+            "timing_s/values",
+            "timing_s/ref",
+        ):
             assert key in m, key
     # warmup: no actor update at step 1, an actor update at step 2
     assert "actor/pg_loss" not in step1 and "timing_s/update_actor" not in step1
@@ -199,13 +214,26 @@ def test_inprocess_grpo_batch_sizes(tiny_model_dir, tiny_data_dir, tmp_path, mon
     """
     calls = _count_actor_calls(monkeypatch)
     capture = _Capture(monkeypatch)
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=2,
-                               world=1, backend="inprocess", mini_batch=2)
-    overrides += ["actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-                  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-                  "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null",
-                  "actor_rollout_ref.ref.log_prob_micro_batch_size=2",
-                  "actor_rollout_ref.actor.use_kl_loss=True"]
+    overrides = base_overrides(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        estimator="grpo",
+        n=2,
+        batch=4,
+        steps=2,
+        world=1,
+        backend="inprocess",
+        mini_batch=2,
+    )
+    overrides += [
+        "actor_rollout_ref.actor.ppo_epochs=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size=2",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+    ]
     run_ppo(load_config("ppo_trainer", overrides))
 
     steps = read_metrics(tmp_path)
@@ -231,7 +259,9 @@ def _save_tiny_reward_model(model_dir: str, out_dir: str) -> str:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     config.pad_token_id = tokenizer.pad_token_id
     model = build_tiny_model(config, seed=1, head="sequence_classification")
-    torch.nn.init.normal_(model.score.weight, std=1.0, generator=torch.Generator().manual_seed(1))  # a visible spread of scores
+    torch.nn.init.normal_(
+        model.score.weight, std=1.0, generator=torch.Generator().manual_seed(1)
+    )  # a visible spread of scores
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
@@ -251,15 +281,25 @@ def test_inprocess_reward_model_scores_are_the_rewards(tiny_model_dir, tiny_data
     @functools.wraps(original)  # keeps the @register marker: the worker group binds it
     def wrapped(self, data):
         out = original(self, data)
-        seen.append((data.batch["input_ids"].clone(), data.batch["attention_mask"].clone(),
-                     data.batch["position_ids"].clone(), out.batch["rm_scores"].clone()))
+        seen.append(
+            (
+                data.batch["input_ids"].clone(),
+                data.batch["attention_mask"].clone(),
+                data.batch["position_ids"].clone(),
+                out.batch["rm_scores"].clone(),
+            )
+        )
         return out
 
     monkeypatch.setattr(reward_model_worker.RewardModelWorker, "compute_rm_score", wrapped)
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=2,
-                               world=1, backend="inprocess")
-    overrides += ["reward_model.enable=True", f"reward_model.model.path={rm_dir}",
-                  "reward_model.micro_batch_size_per_gpu=3"]
+    overrides = base_overrides(
+        tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=2, world=1, backend="inprocess"
+    )
+    overrides += [
+        "reward_model.enable=True",
+        f"reward_model.model.path={rm_dir}",
+        "reward_model.micro_batch_size_per_gpu=3",
+    ]
     run_ppo(load_config("ppo_trainer", overrides))
 
     steps = read_metrics(tmp_path)
@@ -270,7 +310,7 @@ def test_inprocess_reward_model_scores_are_the_rewards(tiny_model_dir, tiny_data
             expected = rm(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, 0]
         torch.testing.assert_close(rm_scores.sum(-1), expected, rtol=1e-4, atol=1e-5)
         # exactly one non-zero per row, on the last valid response token
-        response_mask = mask[:, -rm_scores.shape[-1]:]
+        response_mask = mask[:, -rm_scores.shape[-1] :]
         last = response_mask.sum(-1) - 1
         assert torch.equal(rm_scores.nonzero()[:, 1], last[rm_scores.abs().sum(-1) > 0])
         assert m["critic/score/mean"] == pytest.approx(expected.mean().item(), rel=1e-4, abs=1e-5)
@@ -292,14 +332,19 @@ def test_inprocess_gae_dynamic_bsz_and_sampled_validation(tiny_model_dir, tiny_d
 
     monkeypatch.setattr(dp_actor.DataParallelPPOActor, "_forward_micro_batch", wrapped)
     capture = _Capture(monkeypatch)
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="gae", n=2, batch=4, steps=1,
-                               world=1, backend="inprocess")
-    overrides += ["actor_rollout_ref.actor.use_dynamic_bsz=True",
-                  f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}",
-                  f"critic.ppo_max_token_len_per_gpu={budget}",
-                  "trainer.val_before_train=True", "trainer.test_freq=-1",
-                  "actor_rollout_ref.rollout.val_kwargs.n=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
-                  "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"]
+    overrides = base_overrides(
+        tiny_model_dir, tiny_data_dir, tmp_path, estimator="gae", n=2, batch=4, steps=1, world=1, backend="inprocess"
+    )
+    overrides += [
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={budget}",
+        f"critic.ppo_max_token_len_per_gpu={budget}",
+        "trainer.val_before_train=True",
+        "trainer.test_freq=-1",
+        "actor_rollout_ref.rollout.val_kwargs.n=2",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+    ]
     run_ppo(load_config("ppo_trainer", overrides))
 
     val, step1 = read_metrics(tmp_path)
@@ -333,17 +378,23 @@ def test_reward_model_two_workers(tiny_model_dir, tiny_data_dir, ray_session, tm
         seen.append({k: b[k].clone() for k in ("input_ids", "attention_mask", "position_ids", "token_level_scores")})
 
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "compute_reward", wrapped)
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=1,
-                               world=2)
-    overrides += ["reward_model.enable=True", f"reward_model.model.path={rm_dir}", "trainer.test_freq=-1",
-                  "reward_model.micro_batch_size_per_gpu=3"]
+    overrides = base_overrides(
+        tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=1, world=2
+    )
+    overrides += [
+        "reward_model.enable=True",
+        f"reward_model.model.path={rm_dir}",
+        "trainer.test_freq=-1",
+        "reward_model.micro_batch_size_per_gpu=3",
+    ]
     run_ppo(load_config("ppo_trainer", overrides))
 
     (m,) = read_metrics(tmp_path)
     (b,) = seen
     rm = AutoModelForSequenceClassification.from_pretrained(rm_dir).eval()
     with torch.no_grad():
-        expected = rm(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                      position_ids=b["position_ids"]).logits[:, 0]
+        expected = rm(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits[:, 0]
     torch.testing.assert_close(b["token_level_scores"].sum(-1), expected, rtol=1e-4, atol=1e-5)
     assert m["critic/score/mean"] == pytest.approx(expected.mean().item(), rel=1e-4, abs=1e-5)

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from hybridflow.trainer.ppo.profiling import profile_span, profiled_steps
 from hybridflow.config import ConfigError, ProfilerConfig
+from hybridflow.trainer.ppo.profiling import profile_span, profiled_steps
 from hybridflow.workers.profiler import merge_profilers, profiler_kwargs, records, role_profiler, trace_path
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -17,26 +17,45 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def test_profile_spans_per_step_and_continuous():
     steps = frozenset({2, 3, 5})
-    assert [profile_span(s, steps, False) for s in (1, 2, 3, 5)] == [(False, False), (True, True), (True, True),
-                                                                    (True, True)]
+    assert [profile_span(s, steps, False) for s in (1, 2, 3, 5)] == [
+        (False, False),
+        (True, True),
+        (True, True),
+        (True, True),
+    ]
     # continuous: 2-3 is one span (start before 2, stop after 3); 5 alone
-    assert [profile_span(s, steps, True) for s in (1, 2, 3, 4, 5)] == [(False, False), (True, False), (False, True),
-                                                                      (False, False), (True, True)]
-    assert profiled_steps({"tool": "torch", "steps": [1, 4], "profile_continuous_steps": True}) == (frozenset({1, 4}), True)
+    assert [profile_span(s, steps, True) for s in (1, 2, 3, 4, 5)] == [
+        (False, False),
+        (True, False),
+        (False, True),
+        (False, False),
+        (True, True),
+    ]
+    assert profiled_steps({"tool": "torch", "steps": [1, 4], "profile_continuous_steps": True}) == (
+        frozenset({1, 4}),
+        True,
+    )
     assert profiled_steps({"tool": None, "steps": [1]}) == (frozenset(), False)  # no tool: nothing recorded
     assert profiled_steps({"tool": "torch", "steps": None}) == (frozenset(), False)
 
 
 def test_role_sections_merge_and_select_ranks():
-    off = merge_profilers([role_profiler({"enable": False, "all_ranks": True}, "actor.profiler"),
-                           role_profiler(None, "ref.profiler")])  # a role without the section: off
+    off = merge_profilers(
+        [role_profiler({"enable": False, "all_ranks": True}, "actor.profiler"), role_profiler(None, "ref.profiler")]
+    )  # a role without the section: off
     assert not records(off, 0)
-    sections = [role_profiler({"enable": True, "ranks": [1], "save_path": "/a",
-                               "tool_config": {"torch": {"contents": ["shapes"]}}}, "actor.profiler"),
-                role_profiler({"enable": True, "ranks": [3], "tool_config": {"torch": {"contents": ["stack"]}}},
-                              "ref.profiler"),
-                role_profiler({"enable": False, "ranks": [2], "tool_config": {"torch": {"contents": ["memory"]}}},
-                              "rollout.profiler")]
+    sections = [
+        role_profiler(
+            {"enable": True, "ranks": [1], "save_path": "/a", "tool_config": {"torch": {"contents": ["shapes"]}}},
+            "actor.profiler",
+        ),
+        role_profiler(
+            {"enable": True, "ranks": [3], "tool_config": {"torch": {"contents": ["stack"]}}}, "ref.profiler"
+        ),
+        role_profiler(
+            {"enable": False, "ranks": [2], "tool_config": {"torch": {"contents": ["memory"]}}}, "rollout.profiler"
+        ),
+    ]
     assert all(isinstance(s, ProfilerConfig) for s in sections)
     plan = merge_profilers(sections)
     assert [records(plan, r) for r in range(4)] == [False, True, False, True] and plan.save_path == "/a"
@@ -56,16 +75,21 @@ def test_unknown_torch_contents_are_refused_by_the_typed_section():
 
 
 def test_listed_steps_write_a_trace_per_rank(tiny_model_dir, tiny_data_dir, tmp_path):
-    from hybridflow.main_ppo import run_ppo
     from hybridflow.config.loader import load_config
+    from hybridflow.main_ppo import run_ppo
     from tests.trainer.e2e_helpers import base_overrides
 
     save = tmp_path / "profile"
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", steps=3, backend="inprocess")
-    overrides += ["trainer.test_freq=-1", "global_profiler.tool=torch", "global_profiler.steps=[2]",
-                  f"global_profiler.save_path={save}", "actor_rollout_ref.actor.profiler.enable=True",
-                  "actor_rollout_ref.actor.profiler.all_ranks=True",
-                  "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[shapes]"]
+    overrides += [
+        "trainer.test_freq=-1",
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2]",
+        f"global_profiler.save_path={save}",
+        "actor_rollout_ref.actor.profiler.enable=True",
+        "actor_rollout_ref.actor.profiler.all_ranks=True",
+        "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[shapes]",
+    ]
     run_ppo(load_config("ppo_trainer", overrides))
     assert sorted(os.listdir(save)) == ["step_2"]  # steps 1 and 3 were not recorded
     (name,) = os.listdir(save / "step_2")

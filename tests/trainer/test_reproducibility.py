@@ -28,16 +28,22 @@ WALL_CLOCK_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/")
 COUNTS_UNDER_PERF = ("perf/total_num_tokens",)
 # a sample of what must be compared: rollout, reward, advantage and every part of the update
 # computed from the rollout engine's own log-probs (batch-shape dependent unless max_num_seqs=1)
-ENGINE_LOGPROB_PREFIXES = ("training/rollout_probs_diff_", "training/rollout_actor_probs_pearson_corr",
-                           "rollout_corr/")
-MUST_COMPARE = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl", "critic/score/mean",
-                "critic/advantages/max", "response_length/mean", "perf/total_num_tokens",
-                "training/rollout_probs_diff_max")
+ENGINE_LOGPROB_PREFIXES = ("training/rollout_probs_diff_", "training/rollout_actor_probs_pearson_corr", "rollout_corr/")
+MUST_COMPARE = (
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "actor/entropy",
+    "actor/ppo_kl",
+    "critic/score/mean",
+    "critic/advantages/max",
+    "response_length/mean",
+    "perf/total_num_tokens",
+    "training/rollout_probs_diff_max",
+)
 
 
 def _deterministic_part(step: dict) -> dict:
-    return {k: v for k, v in step.items()
-            if k in COUNTS_UNDER_PERF or not k.startswith(WALL_CLOCK_PREFIXES)}
+    return {k: v for k, v in step.items() if k in COUNTS_UNDER_PERF or not k.startswith(WALL_CLOCK_PREFIXES)}
 
 
 def _run(tmp_path, name: str, model_dir: str, data_dir: str, steps: int, extra=(), **kwargs) -> list[dict]:
@@ -83,8 +89,15 @@ def test_same_seed_bit_identical_metrics_and_other_seed_differs(tiny_model_dir, 
     second = _run(tmp_path, "b", tiny_model_dir, tiny_data_dir, steps=2, backend="inprocess")
     _assert_reproduced(first, second, steps=2, engine_logprob_tol=1e-6)
 
-    other = _run(tmp_path, "c", tiny_model_dir, tiny_data_dir, steps=1, backend="inprocess",
-                 extra=["actor_rollout_ref.rollout.seed=43"])  # one step shows it
+    other = _run(
+        tmp_path,
+        "c",
+        tiny_model_dir,
+        tiny_data_dir,
+        steps=1,
+        backend="inprocess",
+        extra=["actor_rollout_ref.rollout.seed=43"],
+    )  # one step shows it
     diffs = _differences(first[:1], other)
     assert any("actor/pg_loss" in d for d in diffs), diffs
     assert any("critic/score/mean" in d or "response_length/mean" in d for d in diffs), diffs
@@ -93,8 +106,9 @@ def test_same_seed_bit_identical_metrics_and_other_seed_differs(tiny_model_dir, 
 
 
 @pytest.mark.slow
-def test_same_seed_bit_identical_with_two_ray_workers_and_data_seed_matters(tiny_model_dir, tiny_data_dir,
-                                                                            ray_session, tmp_path):
+def test_same_seed_bit_identical_with_two_ray_workers_and_data_seed_matters(
+    tiny_model_dir, tiny_data_dir, ray_session, tmp_path
+):
     """Two data-parallel Ray workers (gloo all-reduce of the gradients) and two rollout servers, 2
     steps, shuffled mini-batches, one request per rollout batch: every metric bit-identical; another
     data.seed draws other prompts."""

@@ -47,13 +47,21 @@ class StepRecorder:
 
 def _config(tiny_model_dir, tiny_data_dir, tmp_path, ckpt_dir, *extra):
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, steps=4, backend="inprocess")
-    overrides += [f"trainer.default_local_dir={ckpt_dir}", "trainer.save_freq=2", "trainer.test_freq=-1",
-                  "trainer.logger=['console']", "actor_rollout_ref.actor.use_kl_loss=True",
-                  "actor_rollout_ref.model.enable_gradient_checkpointing=False", *extra]
+    overrides += [
+        f"trainer.default_local_dir={ckpt_dir}",
+        "trainer.save_freq=2",
+        "trainer.test_freq=-1",
+        "trainer.logger=['console']",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        *extra,
+    ]
     return load_config("ppo_trainer", overrides)
 
 
-def test_resume_continues_exactly_like_the_uninterrupted_run(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch, caplog):
+def test_resume_continues_exactly_like_the_uninterrupted_run(
+    tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch, caplog
+):
     caplog.set_level(logging.INFO, logger="hybridflow")
     # 1) uninterrupted: 4 steps, checkpoints at 2 and 4; keep only the newest one
     full = StepRecorder(monkeypatch)
@@ -86,7 +94,9 @@ def test_resume_continues_exactly_like_the_uninterrupted_run(tiny_model_dir, tin
     assert ckpt.read_latest_step(str(part_dir)) == 4
 
 
-def test_resume_ignores_interrupted_saves_and_a_dangling_latest(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch, caplog):
+def test_resume_ignores_interrupted_saves_and_a_dangling_latest(
+    tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch, caplog
+):
     """A tmp save dir and a latest file naming a missing step are never taken (integration check)."""
     root = tmp_path / "ckpt_dir"
     run_ppo(_config(tiny_model_dir, tiny_data_dir, tmp_path, root, "trainer.total_training_steps=2"))
@@ -100,8 +110,9 @@ def test_resume_ignores_interrupted_saves_and_a_dangling_latest(tiny_model_dir, 
 
     recorder = StepRecorder(monkeypatch)
     caplog.set_level(logging.INFO, logger="hybridflow")
-    run_ppo(_config(tiny_model_dir, tiny_data_dir, tmp_path, root, "trainer.total_training_steps=3",
-                    "trainer.save_freq=-1"))
+    run_ppo(
+        _config(tiny_model_dir, tiny_data_dir, tmp_path, root, "trainer.total_training_steps=3", "trainer.save_freq=-1")
+    )
     out = caplog.text
     assert f"resumed from {root / 'global_step_2'} (global step 2)" in out
     assert sorted(recorder.steps) == [3]
@@ -112,7 +123,13 @@ def test_resume_ignores_interrupted_saves_and_a_dangling_latest(tiny_model_dir, 
 def test_resume_path_must_name_a_complete_checkpoint(tiny_model_dir, tiny_data_dir, tmp_path):
     bad = tmp_path / "global_step_3"
     bad.mkdir()
-    config = _config(tiny_model_dir, tiny_data_dir, tmp_path, tmp_path / "c", "trainer.resume_mode=resume_path",
-                     f"trainer.resume_from_path={bad}")
+    config = _config(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        tmp_path / "c",
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={bad}",
+    )
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         run_ppo(config)

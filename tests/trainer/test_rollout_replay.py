@@ -57,12 +57,19 @@ def recorder(monkeypatch):
 
 def _run(tiny_model_dir, tiny_data_dir, tmp_path, name, *extra, steps=2):
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, steps=steps, backend="inprocess")
-    overrides += [f"trainer.default_local_dir={tmp_path}/{name}", "trainer.test_freq=-1", "trainer.logger=['console']",
-                  "trainer.resume_mode=disable", *extra]
+    overrides += [
+        f"trainer.default_local_dir={tmp_path}/{name}",
+        "trainer.test_freq=-1",
+        "trainer.logger=['console']",
+        "trainer.resume_mode=disable",
+        *extra,
+    ]
     return run_ppo(load_config("ppo_trainer", overrides))
 
 
-def test_replayed_step_trains_on_exactly_the_dumped_tokens_and_scores(tiny_model_dir, tiny_data_dir, tmp_path, recorder, caplog):
+def test_replayed_step_trains_on_exactly_the_dumped_tokens_and_scores(
+    tiny_model_dir, tiny_data_dir, tmp_path, recorder, caplog
+):
     caplog.set_level(logging.INFO, logger="hybridflow")
     dump_dir = tmp_path / "rollouts"
     _run(tiny_model_dir, tiny_data_dir, tmp_path, "a", f"trainer.rollout_data_dir={dump_dir}")
@@ -74,15 +81,24 @@ def test_replayed_step_trains_on_exactly_the_dumped_tokens_and_scores(tiny_model
     assert len(rows) == 8 and {r["step"] for r in rows} == {1}
     assert [r["score"] for r in rows] == pytest.approx(a[1]["token_level_scores"].sum(-1).tolist())
     for i, r in enumerate(rows):
-        length = int(a[1]["attention_mask"][i, -a[1]["responses"].shape[-1]:].sum())
+        length = int(a[1]["attention_mask"][i, -a[1]["responses"].shape[-1] :].sum())
         assert r["response_ids"] == a[1]["responses"][i, :length].tolist()
         assert len(r["advantages"]) == len(r["response_mask"]) == length
         assert r["non_tensor"]["index"] == a[1]["index"][i]
 
     recorder.clear()
     caplog.clear()
-    _run(tiny_model_dir, tiny_data_dir, tmp_path, "b", "data.seed=12345", "skip.rollout.enable=True",
-         f"skip.rollout.dump_dir={dump_dir}", "skip.rollout.steps=[1]", steps=1)
+    _run(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        "b",
+        "data.seed=12345",
+        "skip.rollout.enable=True",
+        f"skip.rollout.dump_dir={dump_dir}",
+        "skip.rollout.steps=[1]",
+        steps=1,
+    )
     b = dict(recorder)
     out = caplog.text
     assert "[skip.rollout] step 1: replayed 8 samples" in out
@@ -95,15 +111,26 @@ def test_replayed_step_trains_on_exactly_the_dumped_tokens_and_scores(tiny_model
         assert b[1]["metrics"][key] == a[1]["metrics"][key], key
 
 
-def test_cache_miss_generates_and_writes_the_step_for_the_next_run(tiny_model_dir, tiny_data_dir, tmp_path, recorder, caplog):
+def test_cache_miss_generates_and_writes_the_step_for_the_next_run(
+    tiny_model_dir, tiny_data_dir, tmp_path, recorder, caplog
+):
     caplog.set_level(logging.INFO, logger="hybridflow")
     skip_dir = tmp_path / "skip"
-    _run(tiny_model_dir, tiny_data_dir, tmp_path, "c", "skip.rollout.enable=True", f"skip.rollout.dump_dir={skip_dir}",
-         "skip.rollout.steps=[1]", steps=1)
+    _run(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        "c",
+        "skip.rollout.enable=True",
+        f"skip.rollout.dump_dir={skip_dir}",
+        "skip.rollout.steps=[1]",
+        steps=1,
+    )
     assert "step 1: no dump in" in caplog.text
     rows = rollout_dump.read_rows(os.path.join(skip_dir, "1.jsonl"))
     assert [r["response_ids"] for r in rows] == [
-        recorder[1]["responses"][i, :len(r["response_ids"])].tolist() for i, r in enumerate(rows)]
+        recorder[1]["responses"][i, : len(r["response_ids"])].tolist() for i, r in enumerate(rows)
+    ]
 
 
 def test_rollout_only_scores_and_dumps_without_training(tiny_model_dir, tiny_data_dir, tmp_path, recorder, monkeypatch):
@@ -111,8 +138,16 @@ def test_rollout_only_scores_and_dumps_without_training(tiny_model_dir, tiny_dat
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_update_actor", lambda *a: updates.append("actor"))
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_compute_old_log_prob", lambda *a: updates.append("old_log_prob"))
     dump_dir, val_dir = tmp_path / "ro", tmp_path / "val"
-    last = _run(tiny_model_dir, tiny_data_dir, tmp_path, "d", "trainer.rollout_only=True", f"trainer.rollout_data_dir={dump_dir}",
-                f"trainer.validation_data_dir={val_dir}", "trainer.test_freq=2")
+    last = _run(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        "d",
+        "trainer.rollout_only=True",
+        f"trainer.rollout_data_dir={dump_dir}",
+        f"trainer.validation_data_dir={val_dir}",
+        "trainer.test_freq=2",
+    )
     assert updates == []
     assert sorted(recorder) == [1, 2] and "actor/pg_loss" not in last
     assert last["critic/score/mean"] == pytest.approx(recorder[2]["token_level_scores"].sum(-1).mean().item())
@@ -126,8 +161,9 @@ def test_rollout_only_scores_and_dumps_without_training(tiny_model_dir, tiny_dat
 
 
 @pytest.mark.slow
-def test_replay_is_exact_through_batch_balancing_on_two_ray_workers(tiny_model_dir, tiny_data_dir, tmp_path, recorder,
-                                                                    ray_session):
+def test_replay_is_exact_through_batch_balancing_on_two_ray_workers(
+    tiny_model_dir, tiny_data_dir, tmp_path, recorder, ray_session
+):
     """Two ranks: trainer.balance_batch reorders each step's rows; the dump undoes that order, so the
     replay is balanced into the same order and the update is the same (~1-2 min: two Ray runs).
 
@@ -137,10 +173,14 @@ def test_replay_is_exact_through_batch_balancing_on_two_ray_workers(tiny_model_d
 
 
 def _two_ray_runs(tiny_model_dir, tiny_data_dir, tmp_path, recorder):
-    ray2 = ["trainer.backend=ray", "trainer.n_gpus_per_node=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=2"]
+    ray2 = [
+        "trainer.backend=ray",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+    ]
     dump_dir = tmp_path / "rollouts"
     _run(tiny_model_dir, tiny_data_dir, tmp_path, "a", *ray2, f"trainer.rollout_data_dir={dump_dir}", steps=1)
     a = dict(recorder)
@@ -151,8 +191,18 @@ def _two_ray_runs(tiny_model_dir, tiny_data_dir, tmp_path, recorder):
     assert order is not None and order != sorted(order)
     assert dumped == sorted(dumped) == a[1]["uid"]
     recorder.clear()
-    _run(tiny_model_dir, tiny_data_dir, tmp_path, "b", *ray2, "data.seed=12345", "skip.rollout.enable=True",
-         f"skip.rollout.dump_dir={dump_dir}", "skip.rollout.steps=[1]", steps=1)
+    _run(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        "b",
+        *ray2,
+        "data.seed=12345",
+        "skip.rollout.enable=True",
+        f"skip.rollout.dump_dir={dump_dir}",
+        "skip.rollout.steps=[1]",
+        steps=1,
+    )
     b = dict(recorder)
     assert b[1]["balance_order"] == order  # the replay is balanced into the same order
     for key in SEEN_BY_REWARD:

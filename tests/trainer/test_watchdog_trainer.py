@@ -73,15 +73,29 @@ def test_stuck_phase_in_a_background_launch_raises_and_the_process_trains_on(tin
 
     def overrides(name, extra=()):
         (tmp_path / name).mkdir()
-        return base_overrides(tiny_model_dir, tiny_data_dir, tmp_path / name, estimator="grpo", n=2, batch=4, steps=1,
-                              world=1, backend="inprocess") + list(extra)
+        return base_overrides(
+            tiny_model_dir,
+            tiny_data_dir,
+            tmp_path / name,
+            estimator="grpo",
+            n=2,
+            batch=4,
+            steps=1,
+            world=1,
+            backend="inprocess",
+        ) + list(extra)
 
     first = overrides("stuck", ["trainer.watchdog_timeout=4"])
     second = overrides("healthy")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run([sys.executable, "-c", BACKGROUND_RUN, json.dumps(first), json.dumps(second)],
-                         capture_output=True, text=True, timeout=400, stdin=subprocess.DEVNULL,
-                         env={**os.environ, "PYTHONPATH": root})
+    out = subprocess.run(
+        [sys.executable, "-c", BACKGROUND_RUN, json.dumps(first), json.dumps(second)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": root},
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     hang = json.loads(next(line[5:] for line in out.stdout.splitlines() if line.startswith("HANG ")))
     assert hang["method"] == "actor_rollout_compute_log_prob"

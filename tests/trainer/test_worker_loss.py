@@ -30,8 +30,12 @@ KILL_AFTER_S = 0.3  # into step 2; a 2-worker step on this machine takes well ov
 
 def _config(tiny_model_dir, tiny_data_dir, tmp_path):
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, steps=2, world=2, backend="ray")
-    overrides += ["trainer.save_freq=1", "trainer.test_freq=-1", "trainer.logger=['console']",
-                  "actor_rollout_ref.model.enable_gradient_checkpointing=False"]
+    overrides += [
+        "trainer.save_freq=1",
+        "trainer.test_freq=-1",
+        "trainer.logger=['console']",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+    ]
     return load_config("ppo_trainer", overrides)
 
 
@@ -76,8 +80,9 @@ class Recorder:
 
 
 @pytest.mark.slow  # two Ray runs with 2 workers: ~1-2 minutes on 2 shared cores
-def test_killed_worker_stops_the_driver_and_resume_loses_no_prompt(tiny_model_dir, tiny_data_dir, tiny_tokenizer,
-                                                                    ray_session, tmp_path, monkeypatch):
+def test_killed_worker_stops_the_driver_and_resume_loses_no_prompt(
+    tiny_model_dir, tiny_data_dir, tiny_tokenizer, ray_session, tmp_path, monkeypatch
+):
     config = _config(tiny_model_dir, tiny_data_dir, tmp_path)
     root = config.trainer.default_local_dir
     expected = _expected_order(config, tiny_tokenizer, steps=2)

@@ -18,8 +18,12 @@ def restore_torch_switches(monkeypatch, restore_env):
     restore_env(*DETERMINISM_ENV)
     for key in DETERMINISM_ENV:
         monkeypatch.delenv(key, raising=False)  # start from unset
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
     yield
     torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
@@ -42,16 +46,25 @@ def test_apply_uses_the_first_section_that_asks(restore_torch_switches):
     torch.use_deterministic_algorithms(False)
     assert apply_full_determinism([{"full_determinism": False, "seed": 1}, None]) is None
     assert not torch.are_deterministic_algorithms_enabled()
-    assert apply_full_determinism([{"full_determinism": False, "seed": 1}, {"full_determinism": True, "seed": 7},
-                                   {"full_determinism": True, "seed": 9}]) == 7
+    assert (
+        apply_full_determinism(
+            [
+                {"full_determinism": False, "seed": 1},
+                {"full_determinism": True, "seed": 7},
+                {"full_determinism": True, "seed": 9},
+            ]
+        )
+        == 7
+    )
     assert torch.are_deterministic_algorithms_enabled()
 
 
-def test_a_run_with_full_determinism_turns_it_on_in_the_worker(tiny_model_dir, tiny_data_dir, tmp_path,
-                                                               restore_torch_switches, one_torch_thread):
+def test_a_run_with_full_determinism_turns_it_on_in_the_worker(
+    tiny_model_dir, tiny_data_dir, tmp_path, restore_torch_switches, one_torch_thread
+):
     """In-process GRPO, 1 step, actor full_determinism on (refused as not implemented before)."""
-    from hybridflow.main_ppo import run_ppo
     from hybridflow.config.loader import load_config
+    from hybridflow.main_ppo import run_ppo
     from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
 
     torch.use_deterministic_algorithms(False)

@@ -9,8 +9,9 @@ import torch
 from hybridflow.utils.metric import AggregationType, Metric, reduce_metrics
 
 
-@pytest.mark.parametrize("aggregation, expected", [("mean", 2.0), ("sum", 6.0), ("min", 1.0), ("max", 3.0),
-                                                   (AggregationType.SUM, 6.0)])
+@pytest.mark.parametrize(
+    "aggregation, expected", [("mean", 2.0), ("sum", 6.0), ("min", 1.0), ("max", 3.0), (AggregationType.SUM, 6.0)]
+)
 def test_each_aggregation_type(aggregation, expected):
     metric = Metric(aggregation, 1.0)
     metric.append(torch.tensor(2.0))  # a scalar tensor is read back
@@ -62,16 +63,18 @@ def test_aggregate_dp():
 
 
 def test_reduce_metrics_honours_metric_and_key_names():
-    out = reduce_metrics({
-        "loss": [1.0, 2.0, 3.0],  # mean
-        "x/max": [[1.0, 5.0], [3.0]],  # nested per rank; a key naming max takes the max
-        "x/min": [4.0, 2.0],
-        "summed": Metric("sum", [1.0, 2.0]),
-        "per_rank": [Metric("sum", [1.0, 3.0]), Metric("sum", [3.0, 5.0])],  # gathered from two ranks
-        "tensor": torch.tensor(0.5),
-        "number": 2,
-        "empty": [],
-    })
+    out = reduce_metrics(
+        {
+            "loss": [1.0, 2.0, 3.0],  # mean
+            "x/max": [[1.0, 5.0], [3.0]],  # nested per rank; a key naming max takes the max
+            "x/min": [4.0, 2.0],
+            "summed": Metric("sum", [1.0, 2.0]),
+            "per_rank": [Metric("sum", [1.0, 3.0]), Metric("sum", [3.0, 5.0])],  # gathered from two ranks
+            "tensor": torch.tensor(0.5),
+            "number": 2,
+            "empty": [],
+        }
+    )
     assert list(out)[:3] == ["loss", "x/max", "x/min"]  # the caller's order
     assert out["loss"] == 2.0 and out["x/max"] == 5.0 and out["x/min"] == 2.0
     assert out["summed"] == 3.0 and out["per_rank"] == 6.0

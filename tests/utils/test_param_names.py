@@ -6,18 +6,21 @@ import pytest
 from hybridflow.utils.param_names import strip_wrapper_prefixes
 
 
-@pytest.mark.parametrize("name, plain", [
-    ("_orig_mod.model.norm.weight", "model.norm.weight"),  # torch.compile
-    ("module._orig_mod.model.norm.weight", "model.norm.weight"),  # DDP around a compiled model
-    ("module._fsdp_wrapped_module.lm_head.weight", "lm_head.weight"),  # FSDP1 inside DDP
-    ("_checkpoint_wrapped_module.lm_head.weight", "lm_head.weight"),
-    ("model.layers.0._fsdp_wrapped_module.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"),
-    ("model.layers.0._checkpoint_wrapped_module.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"),
-    ("model.layers.0._fsdp_wrapped_module._checkpoint_wrapped_module.mlp.w", "model.layers.0.mlp.w"),
-    ("model.layers.0._orig_mod.mlp.w", "model.layers.0.mlp.w"),
-    ("model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"),  # already plain
-    ("model.submodule.x", "model.submodule.x"),  # "module." inside a word is not a wrapper
-])
+@pytest.mark.parametrize(
+    "name, plain",
+    [
+        ("_orig_mod.model.norm.weight", "model.norm.weight"),  # torch.compile
+        ("module._orig_mod.model.norm.weight", "model.norm.weight"),  # DDP around a compiled model
+        ("module._fsdp_wrapped_module.lm_head.weight", "lm_head.weight"),  # FSDP1 inside DDP
+        ("_checkpoint_wrapped_module.lm_head.weight", "lm_head.weight"),
+        ("model.layers.0._fsdp_wrapped_module.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"),
+        ("model.layers.0._checkpoint_wrapped_module.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"),
+        ("model.layers.0._fsdp_wrapped_module._checkpoint_wrapped_module.mlp.w", "model.layers.0.mlp.w"),
+        ("model.layers.0._orig_mod.mlp.w", "model.layers.0.mlp.w"),
+        ("model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"),  # already plain
+        ("model.submodule.x", "model.submodule.x"),  # "module." inside a word is not a wrapper
+    ],
+)
 def test_wrapper_parts_are_removed(name, plain):
     assert strip_wrapper_prefixes(name) == plain
     assert strip_wrapper_prefixes(name, peft=True) == plain

@@ -16,7 +16,11 @@ ROWS = [
     {"step": 0, "val-core/openai/gsm8k/reward/mean@1": 0.3},
     {"step": 1, "critic/score/mean": 0.25, "actor/pg_loss": 1.0},
     {"step": 2, "critic/score/mean": "nan"},  # the file logger writes non-finite values as strings
-    {"step": 2, "critic/score/mean": 0.5, "val-core/openai/gsm8k/reward/mean@1": 0.4},  # a resumed run logs step 2 again
+    {
+        "step": 2,
+        "critic/score/mean": 0.5,
+        "val-core/openai/gsm8k/reward/mean@1": 0.4,
+    },  # a resumed run logs step 2 again
 ]
 
 
@@ -35,8 +39,12 @@ def test_a_scorer_reporting_acc_draws_its_core_acc():
 
 def test_sft_logs_give_loss_curves_and_rl_logs_hide_them():
     assert curves_from_rows([{"step": 1, "train/loss": 2.0}, {"step": 2, "train/loss": 1.5, "val/loss": 1.7}]) == {
-        "training loss": [(1, 2.0), (2, 1.5)], "validation loss": [(2, 1.7)]}
-    assert list(curves_from_rows([{"step": 1, "train/loss": 2.0, "critic/score/mean": 0.1}])) == ["training reward (mean)"]
+        "training loss": [(1, 2.0), (2, 1.5)],
+        "validation loss": [(2, 1.7)],
+    }
+    assert list(curves_from_rows([{"step": 1, "train/loss": 2.0, "critic/score/mean": 0.1}])) == [
+        "training reward (mean)"
+    ]
 
 
 def test_figure_has_axes_labels_legend_and_the_points():
@@ -45,9 +53,17 @@ def test_figure_has_axes_labels_legend_and_the_points():
 
     fig = build_figure(curves_from_rows(ROWS), title="run")
     (ax,) = fig.axes
-    assert ax.get_xlabel() == "training step" and ax.get_ylabel() == "score (mean per sample)" and ax.get_title() == "run"
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["validation openai/gsm8k (mean@1)", "training reward (mean)"]
-    assert [list(zip(line.get_xdata(), line.get_ydata())) for line in ax.get_lines()] == [[(0, 0.3), (2, 0.4)], [(1, 0.25), (2, 0.5)]]
+    assert (
+        ax.get_xlabel() == "training step" and ax.get_ylabel() == "score (mean per sample)" and ax.get_title() == "run"
+    )
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "validation openai/gsm8k (mean@1)",
+        "training reward (mean)",
+    ]
+    assert [list(zip(line.get_xdata(), line.get_ydata())) for line in ax.get_lines()] == [
+        [(0, 0.3), (2, 0.4)],
+        [(1, 0.25), (2, 0.5)],
+    ]
     assert ax.get_ylim() == pytest.approx((-0.02, 1.02))  # scores in [0, 1]: the full range, so runs compare
 
 

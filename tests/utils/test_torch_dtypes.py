@@ -10,6 +10,11 @@ def test_auto_depends_on_the_device():
 
 def test_aliases_and_plain_names():
     assert [resolve_dtype(n, "cpu") for n in ("bf16", "fp16", "half", "fp32", "float")] == [
-        "bfloat16", "float16", "float16", "float32", "float32"]
+        "bfloat16",
+        "float16",
+        "float16",
+        "float32",
+        "float32",
+    ]
     assert resolve_dtype("fp32", "cuda") == "float32"  # an explicit choice wins over the device
     assert resolve_dtype("BFloat16", "cpu") == "bfloat16"

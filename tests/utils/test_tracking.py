@@ -55,12 +55,14 @@ def test_unknown_backend_names_the_supported_ones():
 def test_importing_tracking_imports_no_optional_backend():
     # a fresh interpreter: no optional backend (nor matplotlib) may be imported by the module (which the
     # trainers import), the progress display, the plot entry point, or by console/file
-    code = ("import sys, os, tempfile; import hybridflow.utils.tracking as t; import hybridflow.plot; "
-            "import hybridflow.utils.progress; "
-            "d = tempfile.mkdtemp(); t.Tracking('p', 'e', ['console', 'file'], log_dir=d).log({'x': 1.0}, 1); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'tensorboard', 'tensorboardX', "
-            "'mlflow', 'swanlab', 'matplotlib') "
-            "or m.startswith('torch.utils.tensorboard')))")
+    code = (
+        "import sys, os, tempfile; import hybridflow.utils.tracking as t; import hybridflow.plot; "
+        "import hybridflow.utils.progress; "
+        "d = tempfile.mkdtemp(); t.Tracking('p', 'e', ['console', 'file'], log_dir=d).log({'x': 1.0}, 1); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'tensorboard', 'tensorboardX', "
+        "'mlflow', 'swanlab', 'matplotlib') "
+        "or m.startswith('torch.utils.tensorboard')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -151,12 +153,16 @@ def test_log_val_generations_logs_k_samples(tiny_tokenizer, caplog):
     ids = [tiny_tokenizer(t, add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id] for t in texts]
     width = max(map(len, ids))
     responses = torch.tensor([row + [tiny_tokenizer.pad_token_id] * (width - len(row)) for row in ids])
-    batch = DataProto.from_dict(tensors={"responses": responses},
-                                non_tensors={"data_source": np.array(["openai/gsm8k"] * 3, dtype=object)})
+    batch = DataProto.from_dict(
+        tensors={"responses": responses}, non_tensors={"data_source": np.array(["openai/gsm8k"] * 3, dtype=object)}
+    )
     caplog.set_level(logging.INFO, logger="hybridflow")
     _trainer_with(2, tiny_tokenizer)._log_val_generations(batch, [1.0, 0.0, 1.0])
     lines = [m for m in caplog.messages if m.startswith("[val sample]")]
-    assert lines == [f"[val sample] score=1.000 response={texts[0]!r}", f"[val sample] score=0.000 response={texts[1]!r}"]
+    assert lines == [
+        f"[val sample] score=1.000 response={texts[0]!r}",
+        f"[val sample] score=0.000 response={texts[1]!r}",
+    ]
     caplog.clear()
     _trainer_with(0, tiny_tokenizer)._log_val_generations(batch, [1.0, 0.0, 1.0])
     assert not [m for m in caplog.messages if "[val sample]" in m]
@@ -184,10 +190,16 @@ def test_jsonl_is_the_file_backend_and_both_write_one_file(tmp_path, monkeypatch
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == ['{"step": 1, "a": 1.0}']
 
 
-@pytest.mark.parametrize("backend,module,extra", [("wandb", "wandb", "wandb"), ("mlflow", "mlflow", "mlflow"),
-                                                  ("swanlab", "swanlab", "swanlab"),
-                                                  ("tensorboard", "torch.utils.tensorboard", "tensorboard"),
-                                                  ("plot", "matplotlib", "plot")])
+@pytest.mark.parametrize(
+    "backend,module,extra",
+    [
+        ("wandb", "wandb", "wandb"),
+        ("mlflow", "mlflow", "mlflow"),
+        ("swanlab", "swanlab", "swanlab"),
+        ("tensorboard", "torch.utils.tensorboard", "tensorboard"),
+        ("plot", "matplotlib", "plot"),
+    ],
+)
 def test_missing_optional_package_names_its_extra(backend, module, extra, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
     with pytest.raises(ImportError, match=rf"trainer.logger backend '{backend}'.*pip install 'hybridflow\[{extra}\]'"):
@@ -240,8 +252,13 @@ def test_swanlab_is_offline_without_api_key(monkeypatch, tmp_path):
     tracker = Tracking("proj", "exp", ["swanlab"], config={"x": 1}, log_dir=str(tmp_path))
     tracker.log({"a": 1.0}, step=2)
     tracker.finish()
-    assert seen["init"] == {"project": "proj", "experiment_name": "exp", "config": {"FRAMEWORK": "hybridflow", "x": 1},
-                            "logdir": str(tmp_path / "swanlog"), "mode": "offline"}
+    assert seen["init"] == {
+        "project": "proj",
+        "experiment_name": "exp",
+        "config": {"FRAMEWORK": "hybridflow", "x": 1},
+        "logdir": str(tmp_path / "swanlog"),
+        "mode": "offline",
+    }
     assert "login" not in seen and seen["log"] == [({"a": 1.0}, 2)] and seen["finished"]
 
 
@@ -251,14 +268,19 @@ def test_plot_backend_redraws_after_each_validation(monkeypatch, tmp_path):
 
     drawn = []
     real = plotting.draw_curves
-    monkeypatch.setattr(plotting, "draw_curves", lambda path, curves, title="": drawn.append(curves) or real(path, curves, title))
+    monkeypatch.setattr(
+        plotting, "draw_curves", lambda path, curves, title="": drawn.append(curves) or real(path, curves, title)
+    )
     monkeypatch.delenv("HYBRIDFLOW_PLOT_PATH", raising=False)
     tracker = Tracking("proj", "exp", ["plot"], log_dir=str(tmp_path))
     tracker.log({"val-core/toy/reward/mean@1": 0.2}, step=0)  # validation before training: drawn
     tracker.log({"critic/score/mean": 0.1, "actor/pg_loss": 3.0}, step=1)  # no validation: not drawn yet
     assert len(drawn) == 1
     tracker.log({"critic/score/mean": 0.3, "val-core/toy/reward/mean@1": 0.4}, step=2)
-    assert drawn[-1] == {"validation toy (mean@1)": [(0, 0.2), (2, 0.4)], "training reward (mean)": [(1, 0.1), (2, 0.3)]}
+    assert drawn[-1] == {
+        "validation toy (mean@1)": [(0, 0.2), (2, 0.4)],
+        "training reward (mean)": [(1, 0.1), (2, 0.3)],
+    }
     tracker.log({"critic/score/mean": 0.5}, step=3)
     tracker.finish()  # the last training point since the last validation
     assert len(drawn) == 3 and drawn[-1]["training reward (mean)"][-1] == (3, 0.5)

@@ -27,8 +27,15 @@ OPTIM = optim(lr=1e-2, lr_warmup_steps=4, weight_decay=0.01)
 
 
 def _engine(seed: int, trainable: bool = True) -> TrainEngine:
-    config = build_tiny_config(VOCAB, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                               intermediate_size=64, max_position_embeddings=32)
+    config = build_tiny_config(
+        VOCAB,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     engine = TrainEngine(build_tiny_model(config, seed=seed), EngineSpec(strategy="fsdp", device="cpu"), trainable)
     if trainable:
         engine.setup_optimizer(OPTIM, total_steps=10)
@@ -58,8 +65,9 @@ def _full_params(engine: TrainEngine) -> dict:
 
 def _full_optim(engine: TrainEngine) -> dict:
     # a copy: the returned tensors are the optimizer's live state
-    return copy.deepcopy(get_optimizer_state_dict(engine.module, engine.optimizer,
-                                                  options=StateDictOptions(full_state_dict=True)))
+    return copy.deepcopy(
+        get_optimizer_state_dict(engine.module, engine.optimizer, options=StateDictOptions(full_state_dict=True))
+    )
 
 
 def _assert_same_optim(a: dict, b: dict) -> None:
@@ -164,7 +172,9 @@ def test_two_fsdp2_ranks_round_trip_and_reshard_to_one_process(tmp_path):
     assert ranks[0]["before"]["losses"] != ranks[1]["before"]["losses"]  # ranks saw different data
     ckpt = str(tmp_path / "ckpt")
     assert sorted(f for f in os.listdir(ckpt) if f.startswith("extra")) == [
-        "extra_state_world_size_2_rank_0.pt", "extra_state_world_size_2_rank_1.pt"]
+        "extra_state_world_size_2_rank_0.pt",
+        "extra_state_world_size_2_rank_1.pt",
+    ]
     assert len([f for f in os.listdir(os.path.join(ckpt, "dcp")) if f.endswith(".distcp")]) == 2  # one per rank
 
     # the 2-rank sharded checkpoint loads into one unsharded process (DCP reshards on load)

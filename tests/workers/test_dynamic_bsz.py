@@ -16,7 +16,6 @@ from hybridflow.workers.critic import DataParallelPPOCritic
 from hybridflow.workers.utils import micro_batches
 from tests.workers.actor.ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm, tiny_value_model
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
@@ -44,7 +43,7 @@ def test_balanced_order_random_batches_are_near_equal():
         seqlens = [int(x) for x in gen.integers(1, 512, size=64)]
         order = balanced_order(seqlens, k)
         size = 64 // k
-        loads = [sum(seqlens[i] for i in order[r * size:(r + 1) * size]) for r in range(k)]
+        loads = [sum(seqlens[i] for i in order[r * size : (r + 1) * size]) for r in range(k)]
         # Karmarkar-Karp on 64 items: spread far below one average item
         assert max(loads) - min(loads) <= max(seqlens) // 4, loads
 
@@ -54,8 +53,10 @@ def test_trainer_balance_batch_reorders_rows_and_logs():
 
     seqlens = [10, 10, 8, 5, 5, 2, 1, 1]
     mask = torch.tensor([[1] * n + [0] * (10 - n) for n in seqlens])
-    batch = DataProto.from_dict(tensors={"attention_mask": mask, "row": torch.arange(8)},
-                                non_tensors={"uid": np.array([f"u{i}" for i in range(8)], dtype=object)})
+    batch = DataProto.from_dict(
+        tensors={"attention_mask": mask, "row": torch.arange(8)},
+        non_tensors={"uid": np.array([f"u{i}" for i in range(8)], dtype=object)},
+    )
     trainer_like = SimpleNamespace(actor_rollout_wg=SimpleNamespace(world_size=2))
     metrics = {}
     RayPPOTrainer._balance_batch(trainer_like, batch, metrics)
@@ -73,15 +74,21 @@ def test_trainer_balance_batch_reorders_rows_and_logs():
 
 
 def test_config_keys_reach_the_worker_settings():
-    from hybridflow.config.loader import load_config
     from hybridflow.config import FSDPCriticConfig
+    from hybridflow.config.loader import load_config
     from hybridflow.workers.actor.dp_actor import actor_section
     from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker, _plain
 
-    cfg = load_config("ppo_trainer", ["actor_rollout_ref.actor.use_dynamic_bsz=True",
-                                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=777",
-                                      "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                                      "critic.ppo_max_token_len_per_gpu=999", "critic.ppo_mini_batch_size=4"])
+    cfg = load_config(
+        "ppo_trainer",
+        [
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=777",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "critic.ppo_max_token_len_per_gpu=999",
+            "critic.ppo_mini_batch_size=4",
+        ],
+    )
     arr = _plain(cfg.actor_rollout_ref)
     fake_worker = SimpleNamespace(dp_size=2, config=arr)
     data = DataProto.from_dict(tensors={"x": torch.zeros(8)})
@@ -124,16 +131,21 @@ def test_actor_update_and_log_probs_same_however_cut(remove_padding, monkeypatch
     base = tiny_causal_lm()
     data = ppo_batch(base, batch_size=8, temperature=0.9)
     results = {}
-    cuts = {"fixed 8": {"ppo_micro_batch_size_per_gpu": 8}, "fixed 3": {"ppo_micro_batch_size_per_gpu": 3},
-            "budget 11": {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 11},  # rows hold up to 11 tokens
-            "budget 30": {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 30}}
+    cuts = {
+        "fixed 8": {"ppo_micro_batch_size_per_gpu": 8},
+        "fixed 3": {"ppo_micro_batch_size_per_gpu": 3},
+        "budget 11": {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 11},  # rows hold up to 11 tokens
+        "budget 30": {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 30},
+    }
     for name, cut in cuts.items():
         model = copy.deepcopy(base)
         config = actor_config(entropy_coeff=0.01, use_kl_loss=True, use_remove_padding=remove_padding, **cut)
         actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=0.5))
-        data.meta_info.update(micro_batch_size=cut.get("ppo_micro_batch_size_per_gpu", 8),
-                              use_dynamic_bsz=cut.get("use_dynamic_bsz", False),
-                              max_token_len=cut.get("ppo_max_token_len_per_gpu", 0))
+        data.meta_info.update(
+            micro_batch_size=cut.get("ppo_micro_batch_size_per_gpu", 8),
+            use_dynamic_bsz=cut.get("use_dynamic_bsz", False),
+            max_token_len=cut.get("ppo_max_token_len_per_gpu", 0),
+        )
         log_probs, _ = actor.compute_log_prob(data)
         metrics = actor.update_policy(data)
         results[name] = (log_probs, flat_params(model), metrics["actor/pg_loss"][0])
@@ -157,11 +169,15 @@ def test_critic_values_same_however_cut_and_in_order():
 
     base_cfg = critic(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, forward_micro_batch_size_per_gpu=8)
     fixed = DataParallelPPOCritic(dict(base_cfg, forward_micro_batch_size_per_gpu=8), model).compute_values(data)
-    one_by_one = torch.cat([DataParallelPPOCritic(base_cfg, model).compute_values(data[i:i + 1]) for i in range(8)])
+    one_by_one = torch.cat([DataParallelPPOCritic(base_cfg, model).compute_values(data[i : i + 1]) for i in range(8)])
     torch.testing.assert_close(fixed, one_by_one, atol=1e-5, rtol=0)
     for packed in (False, True):
-        cfg = dict(base_cfg, use_dynamic_bsz=True, forward_max_token_len_per_gpu=12,
-                   model={**base_cfg["model"], "use_remove_padding": packed})
+        cfg = dict(
+            base_cfg,
+            use_dynamic_bsz=True,
+            forward_max_token_len_per_gpu=12,
+            model={**base_cfg["model"], "use_remove_padding": packed},
+        )
         critic = DataParallelPPOCritic(cfg, model)
         assert critic.use_remove_padding is packed
         torch.testing.assert_close(critic.compute_values(data), fixed, atol=1e-5, rtol=0)

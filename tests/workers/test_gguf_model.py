@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("gguf")
 
-from hybridflow.workers import gguf_cache, gguf_model  # noqa: E402
+from hybridflow.workers import gguf_model  # noqa: E402
 from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path  # noqa: E402
 from tests.tiny_gguf import HIDDEN, write_tiny_gguf  # noqa: E402
 
@@ -70,15 +70,17 @@ def test_converted_weights_match_transformers_gguf_load_and_the_quantized_values
     for name, tensor in direct.items():
         torch.testing.assert_close(converted[name], tensor, rtol=0, atol=0, msg=name)
     # tensors no permutation touches, against our own numbers: F32 exactly, Q8_0 as gguf dequantizes it
-    for hf_name, gguf_name in [("model.embed_tokens.weight", "token_embd.weight"),
-                               ("model.layers.0.mlp.up_proj.weight", "blk.0.ffn_up.weight"),
-                               ("model.layers.1.mlp.down_proj.weight", "blk.1.ffn_down.weight"),
-                               ("model.layers.1.post_attention_layernorm.weight", "blk.1.ffn_norm.weight")]:
+    for hf_name, gguf_name in [
+        ("model.embed_tokens.weight", "token_embd.weight"),
+        ("model.layers.0.mlp.up_proj.weight", "blk.0.ffn_up.weight"),
+        ("model.layers.1.mlp.down_proj.weight", "blk.1.ffn_down.weight"),
+        ("model.layers.1.post_attention_layernorm.weight", "blk.1.ffn_norm.weight"),
+    ]:
         np.testing.assert_array_equal(converted[hf_name].numpy(), stored[gguf_name], err_msg=hf_name)
     # Q8_0: each 32-value block within half a step (max|w| / 127) of the original, plus the fp16 rounding of that step
     up, orig = converted["model.layers.0.mlp.up_proj.weight"].numpy(), original["blk.0.ffn_up.weight"]
     step = np.abs(orig.reshape(-1, 32)).max(axis=1, keepdims=True) / 127
-    assert (np.abs(up - orig).reshape(-1, 32) <= step * (0.5 + 127 * 2.0 ** -11) + 1e-6).all()
+    assert (np.abs(up - orig).reshape(-1, 32) <= step * (0.5 + 127 * 2.0**-11) + 1e-6).all()
     assert 0 < np.abs(up - orig).max()  # it was really quantized
 
 
@@ -151,8 +153,9 @@ def test_unsupported_tensor_type_names_file_tensor_and_type(tmp_path, monkeypatc
     monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path / "cache"))
     path = str(tmp_path / "q8k.gguf")
     q8_k = gguf.GGMLQuantizationType.Q8_K  # gguf can write it, no dequantizer reads it
-    write_tiny_gguf(path, extra_tensors={"blk.0.extra.weight": (np.zeros((1, gguf.GGML_QUANT_SIZES[q8_k][1]),
-                                                                         np.uint8), q8_k)})
+    write_tiny_gguf(
+        path, extra_tensors={"blk.0.extra.weight": (np.zeros((1, gguf.GGML_QUANT_SIZES[q8_k][1]), np.uint8), q8_k)}
+    )
     with pytest.raises(ValueError, match="tensor type Q8_K") as err:
         local_model_path(path, KEY)
     assert path in str(err.value) and "blk.0.extra.weight" in str(err.value)
@@ -185,7 +188,9 @@ def test_model_merger_gguf_writes_a_plain_hf_folder(tiny_gguf, tmp_path, capsys)
     model = AutoModelForCausalLM.from_pretrained(target)
     assert model.dtype == torch.bfloat16
     tokenizer = AutoTokenizer.from_pretrained(target)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     with pytest.raises(SystemExit):  # not empty now: refused, nothing overwritten
         main(["gguf", "--gguf_file", tiny_gguf[0], "--target_dir", str(target)])
@@ -201,19 +206,37 @@ def test_main_generation_takes_a_gguf_model_path(tiny_gguf, cache, tmp_path):
     prompts = [[{"role": "user", "content": "what is 1+2?"}], [{"role": "user", "content": "hello"}]]
     data = str(tmp_path / "in.parquet")
     pq.write_table(pa.Table.from_pylist([{"prompt": p, "data_source": "x"} for p in prompts]), data)
-    out = gen_main([f"model.path={tiny_gguf[0]}", f"data.path={data}", f"data.output_path={tmp_path / 'out.parquet'}",
-                    "data.batch_size=2", "data.n_samples=1", "rollout.prompt_length=64", "rollout.response_length=5",
-                    "rollout.do_sample=False", "trainer.backend=inprocess", "trainer.device=cpu"])
+    out = gen_main(
+        [
+            f"model.path={tiny_gguf[0]}",
+            f"data.path={data}",
+            f"data.output_path={tmp_path / 'out.parquet'}",
+            "data.batch_size=2",
+            "data.n_samples=1",
+            "rollout.prompt_length=64",
+            "rollout.response_length=5",
+            "rollout.do_sample=False",
+            "trainer.backend=inprocess",
+            "trainer.device=cpu",
+        ]
+    )
     rows = pq.read_table(out).to_pylist()
     folder = local_model_path(tiny_gguf[0])
     tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder).eval()
     for prompt, row in zip(prompts, rows, strict=True):
-        ids = torch.tensor([tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
-                                                    return_dict=True)["input_ids"]])
+        ids = torch.tensor(
+            [tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]]
+        )
         with torch.no_grad():
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        assert row["responses"] == [tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)]
+            gen = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=5,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
+        assert row["responses"] == [tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True)]
 
 
 @pytest.mark.slow  # ~50 s on 2 cores: 35 s converting (mostly the tokenizer), 15 s loading the GGUF again + generating
@@ -225,15 +248,33 @@ def test_real_smollm2_gguf_converts_with_chat_template_and_same_greedy(smollm2_g
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     assert "<|im_start|>" in (tok.chat_template or "") and tok.eos_token == "<|im_end|>"
     assert os.path.isfile(os.path.join(smollm2_dir, "generation_config.json"))
-    ids = torch.tensor([tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                                add_generation_prompt=True, tokenize=True,
-                                                return_dict=True)["input_ids"]])
+    ids = torch.tensor(
+        [
+            tok.apply_chat_template(
+                [{"role": "user", "content": "What is the capital of France?"}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+            )["input_ids"]
+        ]
+    )
     folder, name = os.path.split(smollm2_gguf)
     outputs = []
-    for model in (AutoModelForCausalLM.from_pretrained(smollm2_dir),
-                  AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)):
+    for model in (
+        AutoModelForCausalLM.from_pretrained(smollm2_dir),
+        AutoModelForCausalLM.from_pretrained(folder, gguf_file=name),
+    ):
         with torch.no_grad():
-            outputs.append(model.eval().generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
-                                                 do_sample=False, pad_token_id=tok.pad_token_id)[0].tolist())
+            outputs.append(
+                model.eval()
+                .generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=8,
+                    do_sample=False,
+                    pad_token_id=tok.pad_token_id,
+                )[0]
+                .tolist()
+            )
         del model
     assert outputs[0] == outputs[1]

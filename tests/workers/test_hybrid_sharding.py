@@ -37,8 +37,15 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        config = build_tiny_config(100, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
-                                   intermediate_size=64, max_position_embeddings=32)
+        config = build_tiny_config(
+            100,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=2,
+            num_kv_heads=1,
+            intermediate_size=64,
+            max_position_embeddings=32,
+        )
         out = {}
         for fsdp_size in (-1, 1):
             spec = engine_spec(fsdp_engine(fsdp_size=fsdp_size), "fsdp", "cpu")

@@ -9,8 +9,6 @@ template every prompt ends in the same "assistant\\n" and every verdict is the s
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -26,9 +24,21 @@ RESPONSE_LENGTH = 6
 
 
 def judge_rollout(**overrides) -> dict:
-    rollout = {"name": "hf", "dtype": "float32", "do_sample": False, "temperature": 1.0, "top_k": -1, "top_p": 1.0,
-               "prompt_length": 60, "response_length": RESPONSE_LENGTH, "ignore_eos": False, "seed": 0,
-               "max_num_seqs": 64, "free_cache_engine": True, "max_model_len": None}
+    rollout = {
+        "name": "hf",
+        "dtype": "float32",
+        "do_sample": False,
+        "temperature": 1.0,
+        "top_k": -1,
+        "top_p": 1.0,
+        "prompt_length": 60,
+        "response_length": RESPONSE_LENGTH,
+        "ignore_eos": False,
+        "seed": 0,
+        "max_num_seqs": 64,
+        "free_cache_engine": True,
+        "max_model_len": None,
+    }
     rollout.update(overrides)
     return rollout
 
@@ -44,9 +54,14 @@ def judge_dir(tmp_path_factory) -> str:
 def judge(judge_dir, one_torch_thread):
     from transformers import AutoTokenizer
 
-    group = build_worker_group("inprocess", ClassWithInitArgs(
-        JudgeWorker, config={"model_path": judge_dir, "trust_remote_code": False, "rollout": judge_rollout()}),
-        [1], name="judge")
+    group = build_worker_group(
+        "inprocess",
+        ClassWithInitArgs(
+            JudgeWorker, config={"model_path": judge_dir, "trust_remote_code": False, "rollout": judge_rollout()}
+        ),
+        [1],
+        name="judge",
+    )
     client = None
     try:
         group.init_model()
@@ -69,13 +84,20 @@ def hf_greedy(model_dir: str, prompts: list[str], chat_template: bool) -> list[s
     out = []
     for prompt in prompts:
         if chat_template:
-            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                   tokenize=False)
+            prompt = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            )
         ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
         with torch.no_grad():
-            tokens = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                    max_new_tokens=RESPONSE_LENGTH, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
-        out.append(tokenizer.decode(tokens[0, ids.shape[1]:], skip_special_tokens=True))
+            tokens = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=RESPONSE_LENGTH,
+                eos_token_id=eos,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        out.append(tokenizer.decode(tokens[0, ids.shape[1] :], skip_special_tokens=True))
     return out
 
 
@@ -90,8 +112,15 @@ def test_hf_judge_verdicts_are_greedy_generate(judge, judge_dir):
 def test_genrm_scores_are_the_parsed_verdicts_of_the_hf_judge(judge, judge_dir):
     rows = [("1+1", "2", "2"), ("2+2", "5", "4"), ("3+3", "x", "6")]
     template = "Grade: {question}={response}"
-    manager = GenRMRewardManager(judge.tokenizer, 0, judge=judge, template=template, parser="last_number",
-                                 unparsable_score=-1.0, chat_template=False)
+    manager = GenRMRewardManager(
+        judge.tokenizer,
+        0,
+        judge=judge,
+        template=template,
+        parser="last_number",
+        unparsable_score=-1.0,
+        chat_template=False,
+    )
     out = manager(make_batch(rows), return_dict=True)
     verdicts = hf_greedy(judge_dir, [template.format(question=q, response=r) for q, r, _ in rows], False)
     parse = get_verdict_parser("last_number")

@@ -22,8 +22,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _lora_engine(base, rank=4, alpha=8.0, target="all-linear"):
-    engine = TrainEngine(copy.deepcopy(base), EngineSpec(strategy="none", device="cpu",
-                                                         lora=LoraSpec(rank=rank, alpha=alpha, target_modules=target)))
+    engine = TrainEngine(
+        copy.deepcopy(base),
+        EngineSpec(strategy="none", device="cpu", lora=LoraSpec(rank=rank, alpha=alpha, target_modules=target)),
+    )
     for name, p in engine.module.named_parameters():
         if "lora_B" in name:  # peft starts B at 0; give the adapters a visible effect
             torch.nn.init.normal_(p, std=0.1)
@@ -32,8 +34,9 @@ def _lora_engine(base, rank=4, alpha=8.0, target="all-linear"):
 
 def _model(**changes) -> HFModelConfig:
     """actor_rollout_ref.model (the yaml's defaults) with ``changes``, typed."""
-    return omega_conf_to_dataclass(section("actor_rollout_ref.model", **changes), HFModelConfig,
-                                   path="actor_rollout_ref.model")
+    return omega_conf_to_dataclass(
+        section("actor_rollout_ref.model", **changes), HFModelConfig, path="actor_rollout_ref.model"
+    )
 
 
 def test_spec_of_the_typed_model_section():
@@ -102,8 +105,11 @@ def test_only_adapters_train_and_merged_weights_match_peft():
 
 def test_merge_is_pure_and_rejects_embedding_adapters():
     w, a, b = torch.randn(3, 2), torch.randn(1, 2), torch.randn(3, 1)
-    sd = {"base_model.model.lin.base_layer.weight": w, "base_model.model.lin.lora_A.default.weight": a,
-          "base_model.model.lin.lora_B.default.weight": b}
+    sd = {
+        "base_model.model.lin.base_layer.weight": w,
+        "base_model.model.lin.lora_A.default.weight": a,
+        "base_model.model.lin.lora_B.default.weight": b,
+    }
     out = merge_lora_weights(sd, scaling=2.0)
     torch.testing.assert_close(out["lin.weight"], w + 2.0 * b @ a)  # W + (alpha / r) * B @ A
     assert sd["base_model.model.lin.base_layer.weight"] is w and list(out) == ["lin.weight"]
@@ -126,10 +132,10 @@ def test_adapters_disabled_is_the_base_model():
 
 def test_lora_grpo_run_trains_adapters_only_ref_is_base(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
     """In-process GRPO, 2 steps, LoRA rank 4 + padding-free + dynamic batch size."""
+    from hybridflow.config.loader import load_config
     from hybridflow.main_ppo import run_ppo
     from hybridflow.model_merger import merge_checkpoint
     from hybridflow.trainer.ppo import ray_trainer
-    from hybridflow.config.loader import load_config
     from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
     from hybridflow.workers.model_loading import load_model
     from hybridflow.workers.utils.logprob import forward_response_log_probs
@@ -154,12 +160,18 @@ def test_lora_grpo_run_trains_adapters_only_ref_is_base(tiny_model_dir, tiny_dat
     monkeypatch.setattr(ActorRolloutRefWorker, "compute_ref_log_prob", keep_ref)
     # keep the in-process engine after the run: the test pushes the final weights into it below
     monkeypatch.setattr(ActorRolloutRefWorker, "shutdown_rollout", lambda worker: None)
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=2,
-                               world=1, backend="inprocess")
-    overrides += ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
-                  "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.use_dynamic_bsz=True",
-                  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=256", "actor_rollout_ref.actor.use_kl_loss=True",
-                  "actor_rollout_ref.actor.optim.lr=1e-2"]
+    overrides = base_overrides(
+        tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=2, world=1, backend="inprocess"
+    )
+    overrides += [
+        "actor_rollout_ref.model.lora_rank=4",
+        "actor_rollout_ref.model.lora_alpha=8",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=256",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.optim.lr=1e-2",
+    ]
     run_ppo(load_config("ppo_trainer", overrides))
     steps = read_metrics(tmp_path)
     assert len(steps) == 2
@@ -190,8 +202,9 @@ def test_lora_grpo_run_trains_adapters_only_ref_is_base(tiny_model_dir, tiny_dat
     for batch, ref in captured["ref"]:
         R = batch["responses"].shape[1]
         with torch.no_grad():
-            expected, _ = forward_response_log_probs(base, batch["input_ids"], batch["attention_mask"],
-                                                     batch["position_ids"], R)
+            expected, _ = forward_response_log_probs(
+                base, batch["input_ids"], batch["attention_mask"], batch["position_ids"], R
+            )
         mask = batch["attention_mask"][:, -R:].bool()
         torch.testing.assert_close(ref[mask], expected[mask], atol=1e-5, rtol=0)
 
@@ -220,14 +233,16 @@ def test_main_ppo_starts_from_the_saved_adapter(tiny_model_dir, tiny_data_dir, t
     is the saved one (veRL turns LoRA on for a saved adapter too)."""
     from peft import LoraConfig, get_peft_model
 
-    from hybridflow.main_ppo import run_ppo
     from hybridflow.config.loader import load_config
+    from hybridflow.main_ppo import run_ppo
     from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
     from hybridflow.workers.model_loading import load_model
     from tests.trainer.e2e_helpers import base_overrides
 
-    peft_model = get_peft_model(load_model(tiny_model_dir, "causal_lm"),
-                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    peft_model = get_peft_model(
+        load_model(tiny_model_dir, "causal_lm"),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
             if "lora_B" in name:
@@ -240,14 +255,19 @@ def test_main_ppo_starts_from_the_saved_adapter(tiny_model_dir, tiny_data_dir, t
     @functools.wraps(update)
     def snapshot_update(worker, data):
         if not before:
-            before.update({n: p.detach().clone() for n, p in worker.actor_engine.module.named_parameters()
-                           if ".lora_" in n})
+            before.update(
+                {n: p.detach().clone() for n, p in worker.actor_engine.module.named_parameters() if ".lora_" in n}
+            )
         return update(worker, data)
 
     monkeypatch.setattr(ActorRolloutRefWorker, "update_actor", snapshot_update)
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, steps=1, backend="inprocess")
-    run_ppo(load_config("ppo_trainer", [*overrides, "trainer.test_freq=-1",
-                                        f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'adapter'}"]))
+    run_ppo(
+        load_config(
+            "ppo_trainer",
+            [*overrides, "trainer.test_freq=-1", f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'adapter'}"],
+        )
+    )
     assert set(before) == set(saved)
     for name, value in saved.items():
         torch.testing.assert_close(before[name], value, msg=name)

@@ -11,7 +11,6 @@ from hybridflow.workers.engine.fsdp import is_activation_checkpointing
 from tests.workers.actor.ppo_batch import padded_rows, tiny_causal_lm
 from tests.yaml_sections import fsdp_engine, optim
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
@@ -25,11 +24,13 @@ def test_gradient_checkpointing_is_on_recomputes_and_gives_the_same_gradients():
     rows = padded_rows(4, seed=1)
     grads, layer_calls = {}, {}
     for ckpt in (False, True):
-        engine = TrainEngine(copy.deepcopy(base), EngineSpec(strategy="none", device="cpu", gradient_checkpointing=ckpt))
+        engine = TrainEngine(
+            copy.deepcopy(base), EngineSpec(strategy="none", device="cpu", gradient_checkpointing=ckpt)
+        )
         model = engine.module.train()
         assert is_activation_checkpointing(model) is ckpt
         calls = []
-        model.model.layers[0].mlp.register_forward_pre_hook(lambda *a: calls.append(1))
+        model.model.layers[0].mlp.register_forward_pre_hook(lambda *a, calls=calls: calls.append(1))
         _loss(model, rows).backward()
         grads[ckpt] = {n: p.grad for n, p in model.named_parameters()}
         layer_calls[ckpt] = len(calls)
@@ -40,15 +41,17 @@ def test_gradient_checkpointing_is_on_recomputes_and_gives_the_same_gradients():
 
 
 def test_frozen_engine_does_not_checkpoint():
-    engine = TrainEngine(tiny_causal_lm(), EngineSpec(strategy="none", device="cpu", gradient_checkpointing=True),
-                         trainable=False)
+    engine = TrainEngine(
+        tiny_causal_lm(), EngineSpec(strategy="none", device="cpu", gradient_checkpointing=True), trainable=False
+    )
     assert not is_activation_checkpointing(engine.module)
     assert not any(p.requires_grad for p in engine.module.parameters())
 
 
 def test_offload_and_mixed_precision_are_cuda_only_in_the_spec():
-    config = fsdp_engine(param_offload=True, optimizer_offload=True,
-                         mixed_precision={"param_dtype": "bf16", "reduce_dtype": "fp32"})
+    config = fsdp_engine(
+        param_offload=True, optimizer_offload=True, mixed_precision={"param_dtype": "bf16", "reduce_dtype": "fp32"}
+    )
     cpu = engine_spec(config, "fsdp", "cpu")
     assert (cpu.param_offload, cpu.param_dtype, cpu.reduce_dtype, cpu.needs_fsdp) == (False, None, None, False)
     cuda = engine_spec(config, "fsdp", "cuda")
@@ -65,16 +68,22 @@ def test_offload_and_mixed_precision_are_cuda_only_in_the_spec():
 
 
 def test_offload_on_cpu_is_accepted_and_explained():
-    from hybridflow.trainer.config_checks import validate_ppo_config
     from hybridflow.config.loader import load_config
+    from hybridflow.trainer.config_checks import validate_ppo_config
 
-    cfg = load_config("ppo_trainer", ["trainer.device=cpu", "actor_rollout_ref.model.path=/nonexistent",
-                                      "actor_rollout_ref.actor.fsdp_config.param_offload=True",
-                                      "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
-                                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-                                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-                                      "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
-                                      "critic.ppo_micro_batch_size_per_gpu=2"])
+    cfg = load_config(
+        "ppo_trainer",
+        [
+            "trainer.device=cpu",
+            "actor_rollout_ref.model.path=/nonexistent",
+            "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+            "critic.ppo_micro_batch_size_per_gpu=2",
+        ],
+    )
     notes = validate_ppo_config(cfg, n_devices=0)
     offload_notes = [n for n in notes if "offload" in n and "no effect on cpu" in n]
     assert any("param_offload" in n for n in offload_notes) and any("optimizer_offload" in n for n in offload_notes)
@@ -88,9 +97,13 @@ def test_fsdp2_one_rank_mixed_precision_and_offload_on_cuda(tmp_path):
     if created:
         dist.init_process_group("nccl", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:
-        spec = engine_spec(fsdp_engine(param_offload=True,
-                                                                  mixed_precision={"param_dtype": "bf16", "reduce_dtype": "fp32"}), "fsdp", "cuda",
-                                      gradient_checkpointing=True, activation_offload=True)
+        spec = engine_spec(
+            fsdp_engine(param_offload=True, mixed_precision={"param_dtype": "bf16", "reduce_dtype": "fp32"}),
+            "fsdp",
+            "cuda",
+            gradient_checkpointing=True,
+            activation_offload=True,
+        )
         engine = TrainEngine(tiny_causal_lm(), spec)
         assert engine.sharded
         engine.setup_optimizer(optim(lr=1e-3), total_steps=1)

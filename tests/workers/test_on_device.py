@@ -8,8 +8,11 @@ from hybridflow.workers.utils.device import on_device
 def test_on_device_moves_a_copy_and_leaves_the_callers_batch_alone():
     # the in-process backend hands a worker the driver's own object: moving it in place would leave
     # the driver holding GPU tensors. "meta" stands in for a GPU here (no data, a different device).
-    data = DataProto.from_dict(tensors={"input_ids": torch.arange(6).view(2, 3)},
-                               non_tensors={"uid": np.array(["a", "b"], dtype=object)}, meta_info={"temperature": 0.7})
+    data = DataProto.from_dict(
+        tensors={"input_ids": torch.arange(6).view(2, 3)},
+        non_tensors={"uid": np.array(["a", "b"], dtype=object)},
+        meta_info={"temperature": 0.7},
+    )
     moved = on_device(data, "meta")
     assert moved.batch["input_ids"].device.type == "meta"
     assert data.batch["input_ids"].device.type == "cpu"

@@ -12,8 +12,16 @@ from hybridflow.workers.utils.logprob import (
     forward_response_token_stats,
 )
 from hybridflow.workers.utils.remove_padding import check_packed_attention, pack_for, pack_rows, unpack
-from tests.workers.actor.ppo_batch import PROMPT, RESPONSE, actor_config, flat_params, padded_rows, ppo_batch, tiny_causal_lm, tiny_value_model
-
+from tests.workers.actor.ppo_batch import (
+    PROMPT,
+    RESPONSE,
+    actor_config,
+    flat_params,
+    padded_rows,
+    ppo_batch,
+    tiny_causal_lm,
+    tiny_value_model,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
@@ -88,8 +96,14 @@ def test_log_probs_entropy_and_gradients_match_padded(attn):
     for packed in (False, True):
         model = copy.deepcopy(base)
         log_probs, entropy = forward_response_log_probs(
-            model, rows["input_ids"], rows["attention_mask"], rows["position_ids"], RESPONSE,
-            temperature=0.7, calculate_entropy=True, use_remove_padding=packed,
+            model,
+            rows["input_ids"],
+            rows["attention_mask"],
+            rows["position_ids"],
+            RESPONSE,
+            temperature=0.7,
+            calculate_entropy=True,
+            use_remove_padding=packed,
         )
         # a loss that touches every valid response token (log prob and entropy)
         ((log_probs + 0.1 * entropy) * weights * mask).sum().backward()
@@ -115,7 +129,8 @@ def test_sum_pi_squared_packed_equals_padded_and_the_softmax():
         expected = (probs * probs).sum(-1)
         for packed in (False, True):
             log_probs, entropy, sum_pi_sq = forward_response_token_stats(
-                *args, temperature=0.7, calculate_sum_pi_squared=True, use_remove_padding=packed)
+                *args, temperature=0.7, calculate_sum_pi_squared=True, use_remove_padding=packed
+            )
             assert entropy is None and log_probs.shape == sum_pi_sq.shape
             torch.testing.assert_close(sum_pi_sq[mask], expected[mask], atol=1e-6, rtol=0)
     assert float(expected[mask].min()) > 1 / probs.shape[-1] - 1e-6  # >= 1/V: not trivially zero
@@ -128,8 +143,9 @@ def test_critic_values_and_gradients_match_padded():
     out = {}
     for packed in (False, True):
         model = copy.deepcopy(base)
-        values = forward_response_logits(model, rows["input_ids"], rows["attention_mask"], rows["position_ids"],
-                                         RESPONSE, use_remove_padding=packed).squeeze(-1)  # (B, R)
+        values = forward_response_logits(
+            model, rows["input_ids"], rows["attention_mask"], rows["position_ids"], RESPONSE, use_remove_padding=packed
+        ).squeeze(-1)  # (B, R)
         (values * mask).pow(2).sum().backward()
         out[packed] = (values.detach(), {n: p.grad for n, p in model.named_parameters()})
     torch.testing.assert_close(out[True][0][mask], out[False][0][mask], atol=1e-5, rtol=0)
@@ -144,8 +160,9 @@ def test_actor_update_with_remove_padding_equals_padded_update():
     models = {}
     for packed in (False, True):
         model = copy.deepcopy(base)
-        config = actor_config(ppo_micro_batch_size_per_gpu=3, entropy_coeff=0.01, use_kl_loss=True,
-                              use_remove_padding=packed)
+        config = actor_config(
+            ppo_micro_batch_size_per_gpu=3, entropy_coeff=0.01, use_kl_loss=True, use_remove_padding=packed
+        )
         DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=0.5)).update_policy(data)
         models[packed] = model
     assert (flat_params(models[False]) - flat_params(base)).abs().max() > 1e-3  # the step moved the weights
@@ -170,6 +187,12 @@ def test_a_model_that_attends_across_packed_sequences_is_refused():
         check_packed_attention(_DropsPositionIds(tiny_causal_lm()))
     rows = _rows()
     with pytest.raises(RuntimeError, match="attends across packed sequences"):
-        forward_response_log_probs(_DropsPositionIds(tiny_causal_lm()), rows["input_ids"], rows["attention_mask"],
-                                   rows["position_ids"], RESPONSE, use_remove_padding=True)
+        forward_response_log_probs(
+            _DropsPositionIds(tiny_causal_lm()),
+            rows["input_ids"],
+            rows["attention_mask"],
+            rows["position_ids"],
+            RESPONSE,
+            use_remove_padding=True,
+        )
     assert PROMPT + RESPONSE == rows["input_ids"].shape[1]

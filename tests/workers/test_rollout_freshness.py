@@ -22,28 +22,42 @@ def _shutdown(groups: dict) -> None:
 
 
 def _prompts(tokenizer, texts):
-    ids = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False) for t in texts]
+    ids = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for t in texts
+    ]
     width = max(map(len, ids))
     input_ids = torch.zeros((len(ids), width), dtype=torch.long)
     mask = torch.zeros_like(input_ids)
     for i, row in enumerate(ids):
-        input_ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
+        input_ids[i, width - len(row) :] = torch.tensor(row)
+        mask[i, width - len(row) :] = 1
     raw = np.empty(len(ids), dtype=object)
     raw[:] = ids
-    return DataProto.from_dict(tensors={"input_ids": input_ids, "attention_mask": mask,
-                                        "position_ids": position_ids_from_mask(mask)},
-                               non_tensors={"raw_prompt_ids": raw})
+    return DataProto.from_dict(
+        tensors={"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids_from_mask(mask)},
+        non_tensors={"raw_prompt_ids": raw},
+    )
 
 
 def test_first_generation_is_the_checkpoint_and_updates_reach_the_engine(tiny_model_dir, one_torch_thread):
-    config = load_config("ppo_trainer", [
-        f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.backend=inprocess", "trainer.device=cpu",
-        "actor_rollout_ref.rollout.response_length=10", "data.max_prompt_length=64",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "data.train_batch_size=4"])
+    config = load_config(
+        "ppo_trainer",
+        [
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "trainer.backend=inprocess",
+            "trainer.device=cpu",
+            "actor_rollout_ref.rollout.response_length=10",
+            "data.max_prompt_length=64",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+            "data.train_batch_size=4",
+        ],
+    )
     groups = build_worker_groups(config, use_critic=False, use_ref=False, use_rm=False)
     wg = groups["actor_rollout"]
     manager = None
@@ -51,16 +65,26 @@ def test_first_generation_is_the_checkpoint_and_updates_reach_the_engine(tiny_mo
         wg.init_model()
         tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
         rollout = dict(config.actor_rollout_ref.rollout)
-        manager = AgentLoopManager(agent_loop_settings(
-            {**rollout, "val_kwargs": dict(rollout["val_kwargs"]), "agent": {"num_workers": 2}}), wg, tokenizer)
+        manager = AgentLoopManager(
+            agent_loop_settings({**rollout, "val_kwargs": dict(rollout["val_kwargs"]), "agent": {"num_workers": 2}}),
+            wg,
+            tokenizer,
+        )
         prompts = _prompts(tokenizer, ["hi", "what is 2+3?", "count: 1 2 3", "x"])
 
         # 1. greedy first generation == transformers generate on the checkpoint
         out = manager.generate_sequences(_with_meta(prompts, validate=True))
         hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
         for i, ids in enumerate(prompts.non_tensor_batch["raw_prompt_ids"]):
-            ref = hf.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False, eos_token_id=tokenizer.eos_token_id,
-                              pad_token_id=tokenizer.pad_token_id, top_k=None, top_p=None)[0, len(ids):]
+            ref = hf.generate(
+                torch.tensor([ids]),
+                max_new_tokens=10,
+                do_sample=False,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+                top_k=None,
+                top_p=None,
+            )[0, len(ids) :]
             n = int(out.batch["response_mask"][i].sum())
             assert out.batch["responses"][i, :n].tolist() == ref.tolist()[:n] and n == len(ref)
 
@@ -92,8 +116,11 @@ def _with_meta(prompts: DataProto, **meta) -> DataProto:
 @torch.no_grad()
 def _log_probs(model, data: DataProto) -> torch.Tensor:
     R = data.batch["responses"].size(1)
-    logits = model(input_ids=data.batch["input_ids"], attention_mask=data.batch["attention_mask"],
-                   position_ids=data.batch["position_ids"]).logits[:, -R - 1:-1]
+    logits = model(
+        input_ids=data.batch["input_ids"],
+        attention_mask=data.batch["attention_mask"],
+        position_ids=data.batch["position_ids"],
+    ).logits[:, -R - 1 : -1]
     return torch.log_softmax(logits.float(), -1).gather(-1, data.batch["responses"].unsqueeze(-1)).squeeze(-1)
 
 
@@ -101,12 +128,21 @@ def test_worker_level_generate_sequences_seeds_by_offset_and_outputs_concatenate
     """``wg.generate_sequences`` (veRL's worker-level call): a slice sent with ``sample_offset`` samples
     what the same rows sample inside the whole batch, and the outputs carry the caller's meta_info
     without the offset, so the slices (or the ranks' parts) concatenate."""
-    config = load_config("ppo_trainer", [
-        f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.backend=inprocess", "trainer.device=cpu",
-        "actor_rollout_ref.rollout.response_length=8", "data.max_prompt_length=64",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "data.train_batch_size=4",
-        "actor_rollout_ref.rollout.max_num_seqs=1"])  # one request per engine batch: exact sampling
+    config = load_config(
+        "ppo_trainer",
+        [
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "trainer.backend=inprocess",
+            "trainer.device=cpu",
+            "actor_rollout_ref.rollout.response_length=8",
+            "data.max_prompt_length=64",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.rollout.max_num_seqs=1",
+        ],
+    )  # one request per engine batch: exact sampling
     groups = build_worker_groups(config, use_critic=False, use_ref=False, use_rm=False)
     wg = groups["actor_rollout"]
     try:
@@ -114,8 +150,10 @@ def test_worker_level_generate_sequences_seeds_by_offset_and_outputs_concatenate
         tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
         prompts = _prompts(tokenizer, ["hi", "what is 2+3?", "count: 1 2 3", "x"])
         whole = wg.generate_sequences(_with_meta(prompts, global_steps=3, tag="t"))
-        halves = [wg.generate_sequences(_with_meta(prompts[a:b], global_steps=3, tag="t", sample_offset=a))
-                  for a, b in ((0, 2), (2, 4))]
+        halves = [
+            wg.generate_sequences(_with_meta(prompts[a:b], global_steps=3, tag="t", sample_offset=a))
+            for a, b in ((0, 2), (2, 4))
+        ]
         wrong = wg.generate_sequences(_with_meta(prompts[2:4], global_steps=3, tag="t"))  # offset 0: other seeds
     finally:
         _shutdown(groups)

@@ -8,8 +8,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from hybridflow.config import (ConfigError, CriticModelConfig, FSDPActorConfig, FSDPCriticConfig, FSDPOptimizerConfig,
-                               PolicyLossConfig)
+from hybridflow.config import (
+    ConfigError,
+    CriticModelConfig,
+    FSDPActorConfig,
+    FSDPCriticConfig,
+    FSDPOptimizerConfig,
+    PolicyLossConfig,
+)
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.critic import DataParallelPPOCritic
 from tests.workers.actor.ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm, tiny_value_model
@@ -21,10 +27,17 @@ CLIP = 1e-3  # far below the gradient norm: every step is clipped to it
 
 
 def _typed_actor(**changes) -> FSDPActorConfig:
-    return FSDPActorConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4, use_remove_padding=False,
-                           entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1,
-                           optim=FSDPOptimizerConfig(clip_grad=CLIP), policy_loss=PolicyLossConfig(loss_mode="vanilla"),
-                           **changes)
+    return FSDPActorConfig(
+        ppo_mini_batch_size=8,
+        ppo_micro_batch_size_per_gpu=4,
+        use_remove_padding=False,
+        entropy_coeff=0.01,
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        optim=FSDPOptimizerConfig(clip_grad=CLIP),
+        policy_loss=PolicyLossConfig(loss_mode="vanilla"),
+        **changes,
+    )
 
 
 def test_verl_style_construction_with_a_typed_section():
@@ -32,8 +45,9 @@ def test_verl_style_construction_with_a_typed_section():
     data = ppo_batch(base)
     config = _typed_actor()
     model = copy.deepcopy(base)
-    actor = DataParallelPPOActor(config=config, actor_module=model,
-                                 actor_optimizer=torch.optim.SGD(model.parameters(), lr=LR))
+    actor = DataParallelPPOActor(
+        config=config, actor_module=model, actor_optimizer=torch.optim.SGD(model.parameters(), lr=LR)
+    )
     assert actor.config is config  # used as it is, not re-read
     before = flat_params(model)
     metrics = actor.update_policy(data)
@@ -49,8 +63,9 @@ def test_verl_style_construction_with_a_typed_section():
 def test_a_mapping_is_read_into_the_typed_section(form):
     base = tiny_causal_lm()
     data = ppo_batch(base)
-    section = actor_config(ppo_micro_batch_size_per_gpu=4, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1,
-                           grad_clip=CLIP)
+    section = actor_config(
+        ppo_micro_batch_size_per_gpu=4, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1, grad_clip=CLIP
+    )
     if form == "DictConfig":
         section = OmegaConf.create(section)
     results = []
@@ -66,8 +81,11 @@ def test_a_mapping_is_read_into_the_typed_section(form):
 
 def test_a_mapping_with_a_typo_names_the_key():
     section = OmegaConf.create(actor_config(ppo_mini_batchsize=8))
-    with pytest.raises(ConfigError, match="actor_rollout_ref.actor.ppo_mini_batchsize is not a key of FSDPActorConfig; "
-                                          "did you mean ppo_mini_batch_size"):
+    with pytest.raises(
+        ConfigError,
+        match="actor_rollout_ref.actor.ppo_mini_batchsize is not a key of FSDPActorConfig; "
+        "did you mean ppo_mini_batch_size",
+    ):
         DataParallelPPOActor(section, tiny_causal_lm())
     with pytest.raises(TypeError, match="ActorConfig"):
         DataParallelPPOActor(42, tiny_causal_lm())
@@ -83,23 +101,33 @@ def test_an_actor_without_optimizer_needs_no_update_schedule():
     assert log_probs.shape == data.batch["responses"].shape
     with pytest.raises(RuntimeError, match="needs an optimizer"):
         ref.update_policy(data)
-    with pytest.raises(ValueError, match="set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, or "
-                                         "actor_rollout_ref.actor.use_dynamic_bsz=True"):
+    with pytest.raises(
+        ValueError,
+        match="set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, or "
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+    ):
         DataParallelPPOActor(FSDPActorConfig(), model, torch.optim.SGD(model.parameters(), lr=LR))
 
 
 def test_verl_style_critic_with_a_typed_section():
     model = tiny_value_model()
     data = ppo_batch(tiny_causal_lm())
-    config = FSDPCriticConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2, forward_micro_batch_size_per_gpu=3,
-                              cliprange_value=10.0, optim=FSDPOptimizerConfig(clip_grad=0.0),
-                              model=CriticModelConfig(use_remove_padding=False))
-    critic = DataParallelPPOCritic(config=config, critic_module=model,
-                                   critic_optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    config = FSDPCriticConfig(
+        ppo_mini_batch_size=8,
+        ppo_micro_batch_size_per_gpu=2,
+        forward_micro_batch_size_per_gpu=3,
+        cliprange_value=10.0,
+        optim=FSDPOptimizerConfig(clip_grad=0.0),
+        model=CriticModelConfig(use_remove_padding=False),
+    )
+    critic = DataParallelPPOCritic(
+        config=config, critic_module=model, critic_optimizer=torch.optim.SGD(model.parameters(), lr=0.1)
+    )
     assert critic.config is config and critic.forward_micro_batch_size == 3
     data.batch["values"] = critic.compute_values(data)
     data.batch["returns"] = data.batch["values"] + torch.linspace(-1, 1, data.batch["values"].numel()).reshape(
-        data.batch["values"].shape)
+        data.batch["values"].shape
+    )
     metrics = critic.update_critic(data)
     # before the step the predictions are the values: vf_loss = 0.5 * token-mean (values - returns)^2
     mask = data.batch["response_mask"].float()
@@ -107,7 +135,11 @@ def test_verl_style_critic_with_a_typed_section():
     assert metrics["critic/vf_loss"][0] == pytest.approx(expected.item(), rel=1e-5)
 
     # the same section as a DictConfig (critic.model.use_remove_padding in its place)
-    plain = DataParallelPPOCritic(OmegaConf.create({"ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 2,
-                                                    "model": {"use_remove_padding": True}}), model)
+    plain = DataParallelPPOCritic(
+        OmegaConf.create(
+            {"ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 2, "model": {"use_remove_padding": True}}
+        ),
+        model,
+    )
     assert isinstance(plain.config, FSDPCriticConfig) and plain.use_remove_padding
     assert plain.forward_micro_batch_size == 2  # falls back to the update's micro-batch

@@ -35,19 +35,36 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _actor_config(**overrides):
-    return actor_config(ppo_mini_batch_size=8, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1,
-                        use_remove_padding=True, **overrides)
+    return actor_config(
+        ppo_mini_batch_size=8,
+        entropy_coeff=0.01,
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        use_remove_padding=True,
+        **overrides,
+    )
 
 
 def _critic_config(**overrides):
     from tests.yaml_sections import critic
 
-    return critic(**{
-        "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 3, "forward_micro_batch_size_per_gpu": 3,
-        "use_dynamic_bsz": False, "ppo_max_token_len_per_gpu": 16, "forward_max_token_len_per_gpu": 16,
-        "ppo_epochs": 1, "shuffle": False, "grad_clip": None, "cliprange_value": 10.0, "loss_agg_mode": "token-mean",
-        "use_remove_padding": True, **overrides,
-    })
+    return critic(
+        **{
+            "ppo_mini_batch_size": 8,
+            "ppo_micro_batch_size_per_gpu": 3,
+            "forward_micro_batch_size_per_gpu": 3,
+            "use_dynamic_bsz": False,
+            "ppo_max_token_len_per_gpu": 16,
+            "forward_max_token_len_per_gpu": 16,
+            "ppo_epochs": 1,
+            "shuffle": False,
+            "grad_clip": None,
+            "cliprange_value": 10.0,
+            "loss_agg_mode": "token-mean",
+            "use_remove_padding": True,
+            **overrides,
+        }
+    )
 
 
 class RecordingSGD(torch.optim.SGD):
@@ -68,8 +85,12 @@ class RecordingSGD(torch.optim.SGD):
 
 def _log_prob_meta(data, variant):
     data = copy.copy(data)
-    data.meta_info = {**data.meta_info, "micro_batch_size": 3, "use_dynamic_bsz": variant == "dynamic",
-                      "max_token_len": 12}
+    data.meta_info = {
+        **data.meta_info,
+        "micro_batch_size": 3,
+        "use_dynamic_bsz": variant == "dynamic",
+        "max_token_len": 12,
+    }
     return data
 
 
@@ -81,9 +102,9 @@ def _exchanges(sp, rank: int) -> dict:
     y = all_to_all(x, sp, scatter_dim=1, gather_dim=2)  # (1, heads/2, 2*local, 1)
     w = (1000 * rank + 10 * torch.arange(heads // SP)[:, None] + torch.arange(SP * local)[None]).float()
     (y * w.reshape(y.shape)).sum().backward()
-    z = (torch.arange(3.) + 10 * rank).requires_grad_()
+    z = (torch.arange(3.0) + 10 * rank).requires_grad_()
     g = gather_seq(z, sp, dim=0)
-    (g * torch.arange(6.)).sum().backward()
+    (g * torch.arange(6.0)).sum().backward()
     return {"a2a": y.detach(), "a2a_grad": x.grad, "gather": g.detach(), "gather_grad": z.grad}
 
 
@@ -106,8 +127,13 @@ def _actor_runs(layout) -> dict:
         for name, runner in (("sp1", ref), ("sp2", actor)):
             log_probs, entropy = runner.compute_log_prob(_log_prob_meta(data, variant), calculate_entropy=True)
             metrics = runner.update_policy(data)
-            out[f"{variant}/{name}"] = {"log_probs": log_probs, "entropy": entropy, "grads": runner.actor_optimizer.grads,
-                                        "pg_loss": metrics["actor/pg_loss"], "kl_loss": metrics["actor/kl_loss"]}
+            out[f"{variant}/{name}"] = {
+                "log_probs": log_probs,
+                "entropy": entropy,
+                "grads": runner.actor_optimizer.grads,
+                "pg_loss": metrics["actor/pg_loss"],
+                "kl_loss": metrics["actor/kl_loss"],
+            }
         del sp_model, actor
     # key/value heads that do not divide by SP (1 here) are repeated to 2
     config = build_tiny_config(VOCAB, tie_word_embeddings=False, **{**SIZE, "num_kv_heads": 1})
@@ -115,8 +141,9 @@ def _actor_runs(layout) -> dict:
     plain = DataParallelPPOActor(_actor_config(ppo_micro_batch_size_per_gpu=3), one_kv, dp_group=layout.dp_group)
     sp_module = copy.deepcopy(one_kv)
     use_ulysses_attention(sp_module, SP, "actor_rollout_ref.actor.ulysses_sequence_parallel_size")
-    sharded = DataParallelPPOActor(_actor_config(ppo_micro_batch_size_per_gpu=3), sp_module, dp_group=layout.dp_group,
-                                   sp=layout.sp)
+    sharded = DataParallelPPOActor(
+        _actor_config(ppo_micro_batch_size_per_gpu=3), sp_module, dp_group=layout.dp_group, sp=layout.sp
+    )
     out["one_kv_head"] = [runner.compute_log_prob(_log_prob_meta(data, "fixed"))[0] for runner in (plain, sharded)]
     return out
 
@@ -133,13 +160,13 @@ def _critic_runs(layout) -> dict:
             use_ulysses_attention(module, SP, "critic.ulysses_sequence_parallel_size")
             module = DistributedDataParallel(module)
         optimizer = RecordingSGD(getattr(module, "module", module))
-        critic = DataParallelPPOCritic(_critic_config(), module, optimizer, dp_group=layout.dp_group,
-                                       sp=layout.sp if name == "sp2" else None)
+        critic = DataParallelPPOCritic(
+            _critic_config(), module, optimizer, dp_group=layout.dp_group, sp=layout.sp if name == "sp2" else None
+        )
         values = critic.compute_values(data)
         data.batch["values"] = values + 0.1  # the same old values for both (set by sp1 first)
         metrics = critic.update_critic(data)
-        out[name] = {"values": values, "grads": optimizer.grads,
-                     "vf_loss": metrics["critic/vf_loss"]}
+        out[name] = {"values": values, "grads": optimizer.grads, "vf_loss": metrics["critic/vf_loss"]}
         data.batch.pop("values")
         del critic, module
     return out
@@ -151,9 +178,12 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         layout = build_layout(SP, "test.ulysses_sequence_parallel_size")
-        results = {"layout": (layout.dp_rank, layout.dp_size, layout.sp_rank, layout.sp_size, layout.is_collect),
-                   "exchanges": _exchanges(layout.sp, rank), "actor": _actor_runs(layout),
-                   "critic": _critic_runs(layout)}
+        results = {
+            "layout": (layout.dp_rank, layout.dp_size, layout.sp_rank, layout.sp_size, layout.is_collect),
+            "exchanges": _exchanges(layout.sp, rank),
+            "actor": _actor_runs(layout),
+            "critic": _critic_runs(layout),
+        }
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.barrier()  # see test_dp_actor_distributed.py: DDP models go before the group
         gc.collect()
@@ -205,7 +235,7 @@ def test_all_to_all_backward_is_the_reverse_exchange(ranks):
 
 def test_gather_concatenates_in_rank_order_and_scales_the_gradient_by_sp(ranks):
     for r, result in enumerate(ranks):
-        assert torch.equal(result["exchanges"]["gather"], torch.tensor([0., 1, 2, 10, 11, 12]))
+        assert torch.equal(result["exchanges"]["gather"], torch.tensor([0.0, 1, 2, 10, 11, 12]))
         assert torch.equal(result["exchanges"]["gather_grad"], 2 * torch.arange(3 * r, 3 * r + 3).float())
 
 

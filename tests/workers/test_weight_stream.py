@@ -41,7 +41,9 @@ def test_single_process_stream_equals_the_state_dict_with_tied_weights_once():
 def test_lora_stream_equals_the_full_merge():
     pytest.importorskip("peft")
     base = tiny_causal_lm()
-    engine = TrainEngine(base, EngineSpec(strategy="none", device="cpu", lora=LoraSpec(rank=4, alpha=8, target_modules="all-linear")))
+    engine = TrainEngine(
+        base, EngineSpec(strategy="none", device="cpu", lora=LoraSpec(rank=4, alpha=8, target_modules="all-linear"))
+    )
     with torch.no_grad():  # non-zero adapters, so the merge matters
         for name, p in engine.module.named_parameters():
             if "lora_B" in name:
@@ -108,7 +110,9 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
             loader.load(bucket)
             n_buckets += 1
         count = loader.finish()
-        torch.save({"sd": target.state_dict(), "buckets": n_buckets, "count": count}, os.path.join(out_dir, f"rank{rank}.pt"))
+        torch.save(
+            {"sd": target.state_dict(), "buckets": n_buckets, "count": count}, os.path.join(out_dir, f"rank{rank}.pt")
+        )
     finally:
         dist.destroy_process_group()
 

@@ -49,8 +49,12 @@ __all__ = ["TABLES", "ROOT_KEYS", "ROOTS", "KINDS"]
 ROOT_KEYS = {"**._target_": refused(TARGET)}
 
 # the declaration each config file is generated from
-ROOTS = {"ppo_trainer": PPOTrainerConfig(), "generation": GenerationConfig(), "evaluation": EvaluationConfig(),
-         "sft_trainer": SFTTrainerConfig()}
+ROOTS = {
+    "ppo_trainer": PPOTrainerConfig(),
+    "generation": GenerationConfig(),
+    "evaluation": EvaluationConfig(),
+    "sft_trainer": SFTTrainerConfig(),
+}
 
 TABLES: dict[str, KeyTable] = {
     "ppo_trainer": derive_table("ppo_trainer", ROOTS["ppo_trainer"], ROOT_KEYS, aliases.PPO_TRAINER),

@@ -7,10 +7,7 @@ from __future__ import annotations
 __all__ = ["PPO_TRAINER", "GENERATION", "EVALUATION", "SFT_TRAINER"]
 
 _A, _C, _R = "actor_rollout_ref.actor", "critic", "actor_rollout_ref.rollout"
-_RAY_INIT = (
-    ("ray_init", "ray_kwargs.ray_init"),
-    ("ray_init.timeline_json_file", "ray_kwargs.timeline_json_file"),
-)
+_RAY_INIT = (("ray_init", "ray_kwargs.ray_init"), ("ray_init.timeline_json_file", "ray_kwargs.timeline_json_file"))
 
 PPO_TRAINER = (
     ("reward_model.enable", "reward.reward_model.enable"),

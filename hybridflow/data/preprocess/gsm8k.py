@@ -9,7 +9,7 @@ or holds ``train.jsonl`` / ``test.jsonl``; rows have ``question`` and ``answer``
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from hybridflow.data.preprocess.local_io import preprocess_main
 
@@ -44,7 +44,9 @@ def make_map_fn(split: str):
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, str]:
-    return preprocess_main(argv, __doc__.splitlines()[0], "openai/gsm8k", "~/data/gsm8k", make_map_fn, ("question", "answer"))
+    return preprocess_main(
+        argv, __doc__.splitlines()[0], "openai/gsm8k", "~/data/gsm8k", make_map_fn, ("question", "answer")
+    )
 
 
 if __name__ == "__main__":

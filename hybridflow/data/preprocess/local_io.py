@@ -10,7 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -54,8 +54,9 @@ def require_columns(rows: list[dict], columns: Sequence[str], source: str) -> No
         raise KeyError(f"{source}: expected columns {list(columns)}, found {list(rows[0])}")
 
 
-def convert_split(local_dir: str, split: str, process: Callable[[dict, int], dict],
-                  columns: Sequence[str]) -> list[dict]:
+def convert_split(
+    local_dir: str, split: str, process: Callable[[dict, int], dict], columns: Sequence[str]
+) -> list[dict]:
     paths = find_split_files(local_dir, split)
     rows = read_records(paths)
     require_columns(rows, columns, ", ".join(paths))
@@ -67,14 +68,25 @@ def write_rows(rows: list[dict], path: str) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def preprocess_main(argv, description: str, dataset: str, default_save_dir: str,
-                    make_map_fn: Callable[[str], Callable[[dict, int], dict]], columns: Sequence[str]) -> dict[str, str]:
+def preprocess_main(
+    argv,
+    description: str,
+    dataset: str,
+    default_save_dir: str,
+    make_map_fn: Callable[[str], Callable[[dict, int], dict]],
+    columns: Sequence[str],
+) -> dict[str, str]:
     """The shared command line of the preprocessing scripts: a local copy in, train/test parquet out."""
     import argparse
 
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--local_dir", "--local_dataset_path", dest="local_dir", required=True,
-                   help=f"local copy of {dataset} (hub layout or train/test .jsonl)")
+    p.add_argument(
+        "--local_dir",
+        "--local_dataset_path",
+        dest="local_dir",
+        required=True,
+        help=f"local copy of {dataset} (hub layout or train/test .jsonl)",
+    )
     p.add_argument("--local_save_dir", default=default_save_dir, help="where train.parquet / test.parquet go")
     a = p.parse_args(argv)
     out_dir = os.path.expanduser(a.local_save_dir)

@@ -9,7 +9,7 @@ or holds ``train.jsonl`` / ``test.jsonl``; rows have ``problem``, ``solution`` (
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from hybridflow.data.preprocess.local_io import preprocess_main
 from hybridflow.rewards.scorers.math import last_boxed_only_string, remove_boxed
@@ -51,7 +51,9 @@ def make_map_fn(split: str):
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, str]:
-    return preprocess_main(argv, __doc__.splitlines()[0], "the MATH data set", "~/data/math", make_map_fn, ("problem", "solution"))
+    return preprocess_main(
+        argv, __doc__.splitlines()[0], "the MATH data set", "~/data/math", make_map_fn, ("problem", "solution")
+    )
 
 
 if __name__ == "__main__":

@@ -21,5 +21,13 @@ from hybridflow.experimental.agent_loop.agent_loop import (
 from hybridflow.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 from hybridflow.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
-__all__ = ["AgentLoopBase", "AgentLoopManager", "AgentLoopOutput", "AgentLoopWorker", "SingleTurnAgentLoop",
-           "ToolAgentLoop", "get_trajectory_info", "register"]
+__all__ = [
+    "AgentLoopBase",
+    "AgentLoopManager",
+    "AgentLoopOutput",
+    "AgentLoopWorker",
+    "SingleTurnAgentLoop",
+    "ToolAgentLoop",
+    "get_trajectory_info",
+    "register",
+]

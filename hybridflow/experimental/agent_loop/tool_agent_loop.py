@@ -1,3 +1,3 @@
 """``verl.experimental.agent_loop.tool_agent_loop`` names."""
 
-from hybridflow.agent_loop.tool_agent import ToolAgentLoop, Trajectory as AgentData  # noqa: F401
+from hybridflow.agent_loop.tool_agent import ToolAgentLoop  # noqa: F401

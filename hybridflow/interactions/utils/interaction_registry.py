@@ -2,7 +2,8 @@
 
     interaction:
       - name: gsm8k                      # optional: default is the class name without "Interaction", lower case
-        class_name: hybridflow.interactions.gsm8k_interaction.Gsm8kInteraction   # or verl.interactions..., file.py:Class
+        # or verl.interactions..., or file.py:Class
+        class_name: hybridflow.interactions.gsm8k_interaction.Gsm8kInteraction
         config: {}
 
 Each entry becomes ``cls(config={**config, "name": name})``; a sample picks one by
@@ -30,8 +31,9 @@ def default_interaction_name(cls_name: str) -> str:
 
 def _entries(path: str) -> list:
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"interaction config file not found: {path} "
-                                "(actor_rollout_ref.rollout.multi_turn.interaction_config_path)")
+        raise FileNotFoundError(
+            f"interaction config file not found: {path} (actor_rollout_ref.rollout.multi_turn.interaction_config_path)"
+        )
     cfg = OmegaConf.load(path)
     entries = cfg.get("interaction") if OmegaConf.is_dict(cfg) else None
     if entries is None:

@@ -15,11 +15,12 @@ Lookup: an exact registered name first, then (for the built-in families) any nam
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from hybridflow.utils.registry import Registry
 from hybridflow.rewards.scorers import code_sandbox, gsm8k
 from hybridflow.rewards.scorers import math as math_score
+from hybridflow.utils.registry import Registry
 
 Scorer = Callable[..., Any]
 

@@ -13,8 +13,15 @@ import re
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
-__all__ = ["last_boxed_only_string", "remove_boxed", "extract_boxed_answer", "normalize_answer", "numeric_value",
-           "is_equiv", "compute_score"]
+__all__ = [
+    "last_boxed_only_string",
+    "remove_boxed",
+    "extract_boxed_answer",
+    "normalize_answer",
+    "numeric_value",
+    "is_equiv",
+    "compute_score",
+]
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 

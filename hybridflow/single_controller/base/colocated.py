@@ -80,7 +80,8 @@ def create_colocated_worker_raw_cls(class_dict: dict[str, ClassWithInitArgs]) ->
     raw_cls_dict = {role: spec.user_cls for role, spec in specs.items()}
     any_async = any(
         inspect.iscoroutinefunction(getattr(cls, name))
-        for cls in raw_cls_dict.values() for name in registered_methods(cls)
+        for cls in raw_cls_dict.values()
+        for name in registered_methods(cls)
     )
 
     class FusedWorker(Worker):
@@ -97,7 +98,9 @@ def create_colocated_worker_raw_cls(class_dict: dict[str, ClassWithInitArgs]) ->
         def _fused_target(self, method_name: str):
             role, sep, method = method_name.partition(FUSED_SEPARATOR)
             if not sep or role not in self.fused_worker_dict:
-                raise KeyError(f"calling {method_name!r}: no role {role!r} in this fused worker ({list(self.fused_worker_dict)})")
+                raise KeyError(
+                    f"calling {method_name!r}: no role {role!r} in this fused worker ({list(self.fused_worker_dict)})"
+                )
             return getattr(self.fused_worker_dict[role], method)
 
     if any_async:

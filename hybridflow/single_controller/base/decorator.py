@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 from hybridflow.protocol import DataProtoFuture
 from hybridflow.single_controller.base import dispatch_fns as F
@@ -61,7 +62,7 @@ class _DynamicEnumMeta(type):
 class Dispatch(metaclass=_DynamicEnumMeta):
     """The dispatch modes: an enumeration users can extend (``register_dispatch_mode``)."""
 
-    _members: dict[str, "Dispatch"] = {}
+    _members: dict[str, Dispatch] = {}
 
     def __init__(self, name: str, value: int):
         self.name, self.value = name, value
@@ -73,7 +74,7 @@ class Dispatch(metaclass=_DynamicEnumMeta):
         return _lookup_member, ("Dispatch", self.name)
 
     @classmethod
-    def register(cls, name: str) -> "Dispatch":
+    def register(cls, name: str) -> Dispatch:
         key = name.upper()
         if key in cls._members:
             raise DispatchError(f"dispatch mode {key} is already registered")
@@ -83,7 +84,7 @@ class Dispatch(metaclass=_DynamicEnumMeta):
         return member
 
     @classmethod
-    def remove(cls, name: str) -> "Dispatch":
+    def remove(cls, name: str) -> Dispatch:
         key = name.upper()
         member = cls._members.pop(key)
         delattr(cls, key)
@@ -94,8 +95,16 @@ class Dispatch(metaclass=_DynamicEnumMeta):
         return cls._members.get(name.upper())
 
 
-for _name in ("RANK_ZERO", "ONE_TO_ALL", "ALL_TO_ALL", "DP_COMPUTE", "DP_COMPUTE_PROTO",
-              "DP_COMPUTE_PROTO_WITH_FUNC", "DP_COMPUTE_METRIC", "DIRECT_ROLLOUT_METHOD"):
+for _name in (
+    "RANK_ZERO",
+    "ONE_TO_ALL",
+    "ALL_TO_ALL",
+    "DP_COMPUTE",
+    "DP_COMPUTE_PROTO",
+    "DP_COMPUTE_PROTO_WITH_FUNC",
+    "DP_COMPUTE_METRIC",
+    "DIRECT_ROLLOUT_METHOD",
+):
     Dispatch.register(_name)
 
 
@@ -109,13 +118,19 @@ DISPATCH_MODE_FN_REGISTRY: dict[Dispatch, dict[str, Callable]] = {
     Dispatch.ONE_TO_ALL: {"dispatch_fn": F.dispatch_one_to_all, "collect_fn": F.collect_all_to_all},
     Dispatch.ALL_TO_ALL: {"dispatch_fn": F.dispatch_all_to_all, "collect_fn": F.collect_all_to_all},
     Dispatch.DP_COMPUTE: {"dispatch_fn": F.dispatch_dp_compute, "collect_fn": F.collect_dp_compute},
-    Dispatch.DP_COMPUTE_PROTO: {"dispatch_fn": F.dispatch_dp_compute_data_proto,
-                                "collect_fn": F.collect_dp_compute_data_proto},
-    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: {"dispatch_fn": F.dispatch_dp_compute_data_proto_with_func,
-                                          "collect_fn": F.collect_dp_compute_data_proto},
+    Dispatch.DP_COMPUTE_PROTO: {
+        "dispatch_fn": F.dispatch_dp_compute_data_proto,
+        "collect_fn": F.collect_dp_compute_data_proto,
+    },
+    Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: {
+        "dispatch_fn": F.dispatch_dp_compute_data_proto_with_func,
+        "collect_fn": F.collect_dp_compute_data_proto,
+    },
     Dispatch.DP_COMPUTE_METRIC: {"dispatch_fn": F.dispatch_dp_compute_data_proto, "collect_fn": F.collect_dp_compute},
-    Dispatch.DIRECT_ROLLOUT_METHOD: {"dispatch_fn": F.dummy_direct_rollout_call,
-                                     "collect_fn": F.dummy_direct_rollout_call},
+    Dispatch.DIRECT_ROLLOUT_METHOD: {
+        "dispatch_fn": F.dummy_direct_rollout_call,
+        "collect_fn": F.dummy_direct_rollout_call,
+    },
 }
 
 
@@ -127,7 +142,9 @@ def _check_dispatch_mode(dispatch_mode) -> None:
         if missing:
             raise DispatchError(f"a custom dispatch mode needs keys dispatch_fn and collect_fn; missing {missing}")
         return
-    raise DispatchError(f"dispatch_mode must be a Dispatch or a dict with dispatch_fn/collect_fn, got {dispatch_mode!r}")
+    raise DispatchError(
+        f"dispatch_mode must be a Dispatch or a dict with dispatch_fn/collect_fn, got {dispatch_mode!r}"
+    )
 
 
 def get_predefined_dispatch_fn(dispatch_mode: Dispatch) -> dict[str, Callable]:
@@ -155,8 +172,10 @@ def update_dispatch_mode(dispatch_mode: Dispatch, dispatch_fn: Callable, collect
 
 
 def get_predefined_execute_fn(execute_mode: Execute) -> dict[str, str]:
-    return {Execute.ALL: {"execute_fn_name": "execute_all"},
-            Execute.RANK_ZERO: {"execute_fn_name": "execute_rank_zero"}}[execute_mode]
+    return {
+        Execute.ALL: {"execute_fn_name": "execute_all"},
+        Execute.RANK_ZERO: {"execute_fn_name": "execute_rank_zero"},
+    }[execute_mode]
 
 
 def get_dispatch_fns(dispatch_mode) -> tuple[Callable, Callable, bool]:

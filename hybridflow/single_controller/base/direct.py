@@ -9,8 +9,9 @@ which backend it has.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class HandleKind:
     role inside a colocated worker (reached through its ``call_role``), None for a plain one."""
 
     in_process: Callable[[Any, int], Any]
-    remote: Callable[[Any, "str | None", int], Any]
+    remote: Callable[[Any, str | None, int], Any]
 
 
 __all__ = ["HandleKind"]

@@ -12,7 +12,7 @@ TensorDict) to a multiple of it before dispatch and unpads the collected answer.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict
@@ -69,7 +69,9 @@ def chunk_batch(value, n: int, name) -> list:
         return value.chunk(chunks=n)
     if isinstance(value, TensorDict):
         if len(value) % n:
-            raise DispatchError(f"argument {name!r}: a TensorDict of length {len(value)} does not split into {n} chunks")
+            raise DispatchError(
+                f"argument {name!r}: a TensorDict of length {len(value)} does not split into {n} chunks"
+            )
         return list(value.chunk(n, dim=0))
     raise DispatchError(
         f"argument {name!r} must be a DataProto, DataProtoFuture or TensorDict to be split across ranks, "

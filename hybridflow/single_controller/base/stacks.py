@@ -47,7 +47,11 @@ def install_stack_dump_handler() -> bool:
 
     Skipped (False) when the process already has its own SIGUSR1 handler: it is the user's."""
     global _installed_file
-    if _installed_file is not None and not _installed_file.closed and _installed_file.name == stack_file_of(os.getpid()):
+    if (
+        _installed_file is not None
+        and not _installed_file.closed
+        and _installed_file.name == stack_file_of(os.getpid())
+    ):
         return True
     if signal.getsignal(STACK_SIGNAL) not in (signal.SIG_DFL, None):
         return False
@@ -87,8 +91,12 @@ def _py_spy(pid: int, timeout_s: float) -> str | None:
     if exe is None or os.environ.get(STACK_TOOL_ENV, "auto") == "faulthandler":
         return None
     try:
-        out = subprocess.run([exe, "dump", "--pid", str(pid), "--nonblocking", "--full-filenames"], capture_output=True, text=True,
-                             timeout=timeout_s)
+        out = subprocess.run(
+            [exe, "dump", "--pid", str(pid), "--nonblocking", "--full-filenames"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except (subprocess.TimeoutExpired, OSError):
         return None
     return out.stdout if out.returncode == 0 and out.stdout.strip() else None
@@ -134,8 +142,10 @@ def dump_stacks(pid: int, timeout_s: float = 5.0) -> dict:
         if text:
             info.update(tool="faulthandler", text=text)
         else:
-            info["text"] = ("(no stack: py-spy is not on PATH and the process has no faulthandler answering "
-                            "(not registered yet: still importing or starting?))")
+            info["text"] = (
+                "(no stack: py-spy is not on PATH and the process has no faulthandler answering "
+                "(not registered yet: still importing or starting?))"
+            )
     except Exception as e:  # a report with a hole beats no report
         info["text"] = f"(taking the stack failed: {type(e).__name__}: {e})"
     return info
@@ -192,7 +202,11 @@ def busy_thread(threads: list[Thread], method: str | None) -> Thread | None:
         return None
     if method:
         for t in threads:
-            if any(f.func == method or method.endswith("_" + f.func) for f in t.frames if f.func not in ("inner", "forward")):
+            if any(
+                f.func == method or method.endswith("_" + f.func)
+                for f in t.frames
+                if f.func not in ("inner", "forward")
+            ):
                 return t
     for t in threads:
         if any(not _is_library(f.file) for f in t.frames):

@@ -34,8 +34,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from hybridflow.single_controller.base.errors import WorkerHangError
 from hybridflow.single_controller.base.stacks import format_own_stacks, where
@@ -159,13 +160,21 @@ def _rank_line(rank, info: dict, pending: bool, method: str) -> str:
 
 def _stuck_order(stacks: dict, pending: list) -> list:
     frozen = [r for r, i in stacks.items() if i.get("state") == "stopped"]
-    gone = [r for r in pending if stacks.get(r, {}).get("state") in ("gone", "zombie") or stacks.get(r, {}).get("error")]
+    gone = [
+        r for r in pending if stacks.get(r, {}).get("state") in ("gone", "zombie") or stacks.get(r, {}).get("error")
+    ]
     rest = [r for r in pending if r not in frozen and r not in gone]
     return frozen + [r for r in gone if r not in frozen] + rest
 
 
-def build_hang_error(what: str, deadline: Deadline, group=None, pending_ranks=None,
-                     watchdog: Watchdog | None = None, shutdown: bool = True) -> WorkerHangError:
+def build_hang_error(
+    what: str,
+    deadline: Deadline,
+    group=None,
+    pending_ranks=None,
+    watchdog: Watchdog | None = None,
+    shutdown: bool = True,
+) -> WorkerHangError:
     """Take the stacks, write the report, log the summary (ERROR), shut the group down; return the error."""
     wd = _watchdog_of(group, watchdog)
     name = getattr(group, "name", "driver")
@@ -179,8 +188,10 @@ def build_hang_error(what: str, deadline: Deadline, group=None, pending_ranks=No
         pending = ["driver"]
         stacks = {"driver": {"pid": os.getpid(), "state": "running", "tool": "traceback", "text": format_own_stacks()}}
     order = _stuck_order(stacks, pending)
-    lines = [f"hybridflow watchdog: worker group {name!r}, {what!r} gave no answer and reported no progress "
-             f"for {deadline.timeout_s:.1f}s (waited {deadline.waited_s:.1f}s in all; trainer.watchdog_timeout)"]
+    lines = [
+        f"hybridflow watchdog: worker group {name!r}, {what!r} gave no answer and reported no progress "
+        f"for {deadline.timeout_s:.1f}s (waited {deadline.waited_s:.1f}s in all; trainer.watchdog_timeout)"
+    ]
     if group is not None:
         lines.append(f"waiting on ranks {pending}; answered: {[r for r in stacks if r not in pending]}")
     lines += [_rank_line(r, stacks[r], r in pending, method) for r in order]
@@ -195,8 +206,14 @@ def build_hang_error(what: str, deadline: Deadline, group=None, pending_ranks=No
             group.shutdown()  # a deadlocked collective cannot be undone: free the devices
         summary += "\nthe group's workers were shut down"
     first = order[0] if order else (pending[0] if pending else -1)
-    return WorkerHangError(name, method, first if isinstance(first, int) else -1, summary,
-                           stuck_ranks=[r for r in order if isinstance(r, int)], report_path=path)
+    return WorkerHangError(
+        name,
+        method,
+        first if isinstance(first, int) else -1,
+        summary,
+        stuck_ranks=[r for r in order if isinstance(r, int)],
+        report_path=path,
+    )
 
 
 def _write_report(directory: str, group: str, method: str, lines: list[str], stacks: dict) -> str | None:
@@ -208,8 +225,10 @@ def _write_report(directory: str, group: str, method: str, lines: list[str], sta
         with open(path, "w") as f:
             f.write("\n".join(lines) + "\n")
             for rank, info in stacks.items():
-                f.write(f"\n===== rank {rank}: pid {info.get('pid')} {info.get('location', '')} state={info.get('state')} "
-                        f"via {info.get('tool')} =====\n{info.get('error') or info.get('text') or '(no stack)'}\n")
+                f.write(
+                    f"\n===== rank {rank}: pid {info.get('pid')} {info.get('location', '')} state={info.get('state')} "
+                    f"via {info.get('tool')} =====\n{info.get('error') or info.get('text') or '(no stack)'}\n"
+                )
         return path
     except OSError:
         return None
@@ -226,8 +245,15 @@ def _ref_type():
     return ray.ObjectRef
 
 
-def wait_with_deadline(futures: list, deadline=None, group=None, what: str = "wait", ranks: list | None = None,
-                       watchdog: Watchdog | None = None, threads: list | None = None) -> list:
+def wait_with_deadline(
+    futures: list,
+    deadline=None,
+    group=None,
+    what: str = "wait",
+    ranks: list | None = None,
+    watchdog: Watchdog | None = None,
+    threads: list | None = None,
+) -> list:
     """Values of ``futures`` (Ray ObjectRefs, concurrent Futures or plain values), in order.
 
     A future that fails raises at once. When the deadline passes, the stacks of ``group`` (or of the
@@ -255,8 +281,9 @@ def wait_with_deadline(futures: list, deadline=None, group=None, what: str = "wa
             if ready:
                 ray.get(ready)  # fail fast: a failed rank's peers may be stuck waiting for it
         if other_pending:
-            done, _ = concurrent.futures.wait(other_pending, timeout=poll if not ref_pending else 0.05,
-                                              return_when=concurrent.futures.FIRST_EXCEPTION)
+            done, _ = concurrent.futures.wait(
+                other_pending, timeout=poll if not ref_pending else 0.05, return_when=concurrent.futures.FIRST_EXCEPTION
+            )
             for f in done:
                 f.result()
         if d is not None and any(_debugger_active(t) for t in threads):
@@ -342,8 +369,9 @@ class CallThread:
         self._jobs.put(None)
 
 
-def call_with_deadline(fn: Callable, *args, deadline=None, group=None, what: str = "call",
-                       watchdog: Watchdog | None = None, **kwargs):
+def call_with_deadline(
+    fn: Callable, *args, deadline=None, group=None, what: str = "call", watchdog: Watchdog | None = None, **kwargs
+):
     """``fn(*args, **kwargs)`` under a deadline: it runs in a thread of its own while the calling
     thread waits in bounded steps; past the deadline the calling thread gets ``WorkerHangError`` (the
     stuck thread is left behind, a daemon). Time ``fn`` spends in a debugger does not count."""
@@ -355,8 +383,9 @@ def call_with_deadline(fn: Callable, *args, deadline=None, group=None, what: str
         runner.close()
 
 
-async def await_with_deadline(awaitable, deadline=None, group=None, what: str = "await",
-                              watchdog: Watchdog | None = None):
+async def await_with_deadline(
+    awaitable, deadline=None, group=None, what: str = "await", watchdog: Watchdog | None = None
+):
     """``await awaitable`` under a deadline; on expiry it is cancelled and ``WorkerHangError`` raised
     (the report is built off the event loop)."""
     d = _as_deadline(deadline, group, watchdog)

@@ -111,7 +111,9 @@ class Worker:
     def _query_dispatch_info(self, mesh_name: str) -> int:
         """This rank's data-parallel shard for ``mesh_name``."""
         if mesh_name not in self._dispatch_dp_rank:
-            raise KeyError(f"rank {self._rank} ({type(self).__name__}) did not register dispatch info for mesh {mesh_name!r}")
+            raise KeyError(
+                f"rank {self._rank} ({type(self).__name__}) did not register dispatch info for mesh {mesh_name!r}"
+            )
         return self._dispatch_dp_rank[mesh_name]
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -121,7 +123,9 @@ class Worker:
     def query_collect_info(self, mesh_name: str) -> bool:
         """Whether this rank's output is collected for ``mesh_name``."""
         if mesh_name not in self._collect_dp_rank:
-            raise KeyError(f"rank {self._rank} ({type(self).__name__}) did not register collect info for mesh {mesh_name!r}")
+            raise KeyError(
+                f"rank {self._rank} ({type(self).__name__}) did not register collect info for mesh {mesh_name!r}"
+            )
         return self._collect_dp_rank[mesh_name]
 
     def get_dispatch_collect(self) -> dict[str, dict]:

@@ -9,7 +9,8 @@ above the single controller would otherwise ask by backend: ``handles`` (reach o
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from tensordict import TensorDict
@@ -17,13 +18,13 @@ from tensordict import TensorDict
 from hybridflow.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor, unpad_dataproto
 from hybridflow.single_controller.base.decorator import Execute, get_dispatch_fns, registered_methods
 from hybridflow.single_controller.base.dispatch_fns import joins_batches
+from hybridflow.single_controller.base.heartbeat import read_progress
+from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, default_watchdog
 
 # the method a fused worker (create_colocated_worker_raw_cls) routes its roles' calls through, and
 # the separator of "<role>_fwmn_<method>" (veRL's names)
 FUSED_EXECUTE = "_fuw_execute"
 FUSED_SEPARATOR = "_fwmn_"
-from hybridflow.single_controller.base.heartbeat import read_progress
-from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, default_watchdog
 
 
 class ClassWithInitArgs:
@@ -86,7 +87,9 @@ def _pad_proto_args(args, kwargs, divisor: int):
     start); return the pad size (the same for all)."""
     lengths = {_batch_len(v) for v in list(args) + list(kwargs.values())} - {None}
     if len(lengths) > 1:
-        raise ValueError(f"all batch arguments must have the same length to be split across ranks, got {sorted(lengths)}")
+        raise ValueError(
+            f"all batch arguments must have the same length to be split across ranks, got {sorted(lengths)}"
+        )
     if not lengths or next(iter(lengths)) % divisor == 0 or next(iter(lengths)) == 0:
         return args, kwargs, 0
     n = next(iter(lengths))
@@ -106,6 +109,8 @@ def _with_rows(td: TensorDict, extra_rows) -> TensorDict:
     import torch
 
     return torch.cat([td, td[torch.as_tensor(extra_rows, dtype=torch.long)]], dim=0)
+
+
 class WatchedFuture(DataProtoFuture):
     """The answer of a ``blocking=False`` call: ``get()`` on the driver waits through the group's
     ``_resolve`` (watchdog deadline, errors naming the rank). Sent to a worker, or chunked for one,
@@ -292,7 +297,7 @@ class WorkerGroup:
         for name, info in registered_methods(user_cls).items():
             if prefix and not name.startswith(prefix):
                 continue
-            plain = name[len(prefix):]
+            plain = name[len(prefix) :]
             if hasattr(type(self), plain):
                 continue  # never shadow the WorkerGroup's own API (execute_all_sync, world_size, ...)
             setattr(self, plain, self._make_method(name, info))
@@ -346,7 +351,7 @@ class WorkerGroup:
         view.wg_dict, view.method_names = None, []
         return view
 
-    def spawn(self, prefix_set) -> dict[str, "WorkerGroup"]:
+    def spawn(self, prefix_set) -> dict[str, WorkerGroup]:
         """One view per role of a colocated worker class, with the role's plain method names.
 
         The views share this group's worker processes. For a ``create_colocated_worker_cls`` class the
@@ -363,7 +368,7 @@ class WorkerGroup:
             views[role] = view
         return views
 
-    def spawn_fused(self, prefix_set) -> dict[str, "WorkerGroup"]:
+    def spawn_fused(self, prefix_set) -> dict[str, WorkerGroup]:
         """One group per role of a fused worker, each with the role class's methods bound."""
         raw = getattr(self._user_cls, "raw_cls_dict", None)
         if raw is None:

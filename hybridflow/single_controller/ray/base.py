@@ -38,8 +38,15 @@ class RayResourcePool(ResourcePool):
     fails at once, saying so, instead of waiting forever for a share that cannot free up.
     """
 
-    def __init__(self, process_on_nodes=None, use_gpu: bool = True, name_prefix: str | None = None,
-                 max_colocate_count: int = 10, detached: bool = False, accelerator_type: str | None = None):
+    def __init__(
+        self,
+        process_on_nodes=None,
+        use_gpu: bool = True,
+        name_prefix: str | None = None,
+        max_colocate_count: int = 10,
+        detached: bool = False,
+        accelerator_type: str | None = None,
+    ):
         super().__init__(process_on_nodes, max_colocate_count)
         self.use_gpu = use_gpu
         self.name_prefix = name_prefix or f"hf_pool_{uuid.uuid4().hex[:6]}"
@@ -75,7 +82,8 @@ class RayResourcePool(ResourcePool):
             raise RuntimeError(
                 f"resource pool {self.name_prefix!r} spans {len(self.store)} nodes (process_on_nodes={self.store}, "
                 f"one node per entry) but the Ray cluster has {nodes} alive node(s). Lower trainer.nnodes or add "
-                "nodes to the cluster (ray start --address=<head> on each).")
+                "nodes to the cluster (ray start --address=<head> on each)."
+            )
         need = {k: v * self.world_size for k, v in self.bundle().items()}
         have = ray.cluster_resources()
         short = {k: (v, have.get(k, 0)) for k, v in need.items() if have.get(k, 0) < v}
@@ -83,7 +91,8 @@ class RayResourcePool(ResourcePool):
             detail = ", ".join(f"{k}: asked {a:g}, cluster has {h:g}" for k, (a, h) in short.items())
             raise RuntimeError(
                 f"resource pool {self.name_prefix!r} asks for {self.world_size} worker(s) "
-                f"(process_on_nodes={self.store}, one {self.bundle()} bundle each) but the Ray cluster is too small ({detail}). "
+                f"(process_on_nodes={self.store}, one {self.bundle()} bundle each) but the Ray cluster is too small "
+                f"({detail}). "
                 "Lower trainer.nnodes / trainer.n_gpus_per_node or start Ray with more resources."
             )
 
@@ -93,8 +102,9 @@ class RayResourcePool(ResourcePool):
         self._check_capacity()
         lifetime = "detached" if self.detached else None
         try:
-            pgs = place_one_group_per_node([[self.bundle()] * n for n in self.store], self.name_prefix, lifetime,
-                                           PLACEMENT_TIMEOUT_S)
+            pgs = place_one_group_per_node(
+                [[self.bundle()] * n for n in self.store], self.name_prefix, lifetime, PLACEMENT_TIMEOUT_S
+            )
         except GetTimeoutError:
             raise RuntimeError(
                 f"resource pool {self.name_prefix!r} could not place {self.store} processes with {self.bundle()} each "
@@ -128,9 +138,13 @@ class RayClassWithInitArgs(ClassWithInitArgs):
     def remote_cls(self):
         return self.cls if hasattr(self.cls, "__ray_actor_class__") else ray.remote(self.cls)
 
-    def create_actor(self, pg, bundle_index: int, env_vars: dict, name: str, num_cpus: float, num_gpus: float, detached: bool):
+    def create_actor(
+        self, pg, bundle_index: int, env_vars: dict, name: str, num_cpus: float, num_gpus: float, detached: bool
+    ):
         options = {
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle_index),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=bundle_index
+            ),
             "runtime_env": {"env_vars": env_vars},
             "name": name,
             "num_cpus": num_cpus,
@@ -150,10 +164,19 @@ class RayClassWithInitArgs(ClassWithInitArgs):
 
 
 # The variables every worker gets from its group; worker_env may not override them (veRL refuses too).
-PROTECTED_WORKER_ENV = frozenset({
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WG_PREFIX", "WG_BACKEND", "RAY_LOCAL_WORLD_SIZE",
-    "MASTER_ADDR", "MASTER_PORT",
-})
+PROTECTED_WORKER_ENV = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "WG_PREFIX",
+        "WG_BACKEND",
+        "RAY_LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
+)
 
 
 def _check_worker_env(worker_env) -> dict[str, str]:
@@ -178,9 +201,16 @@ class RayWorkerGroup(WorkerGroup):
 
     owns_resource_pool = False  # set by the factory, which builds one pool per group
 
-    def __init__(self, resource_pool: RayResourcePool | None = None, ray_cls_with_init: RayClassWithInitArgs | None = None,
-                 name_prefix: str | None = None, detached: bool = False, worker_names: list[str] | None = None,
-                 worker_env: dict | None = None, **kwargs):
+    def __init__(
+        self,
+        resource_pool: RayResourcePool | None = None,
+        ray_cls_with_init: RayClassWithInitArgs | None = None,
+        name_prefix: str | None = None,
+        detached: bool = False,
+        worker_names: list[str] | None = None,
+        worker_env: dict | None = None,
+        **kwargs,
+    ):
         name_prefix = name_prefix or f"hf_wg_{uuid.uuid4().hex[:6]}"
         if not isinstance(ray_cls_with_init, ClassWithInitArgs):
             raise TypeError("ray_cls_with_init must be a RayClassWithInitArgs")
@@ -191,16 +221,18 @@ class RayWorkerGroup(WorkerGroup):
             super().__init__(name_prefix, len(worker_names))
             self._workers = [ray.get_actor(n) for n in worker_names]
             self._worker_names = list(worker_names)
-            self._locations = self._get([w.__ray_call__.remote(health.locate) for w in self._workers],
-                                        "__init__", list(range(self.world_size)))
+            self._locations = self._get(
+                [w.__ray_call__.remote(health.locate) for w in self._workers], "__init__", list(range(self.world_size))
+            )
         else:
             super().__init__(name_prefix, resource_pool.world_size)
             self._create_workers(resource_pool, ray_cls_with_init, detached)
             # pid and node of every rank, read once all ranks are built: lets a failure be pinned on a
             # killed process at once, before Ray's own death notice arrives, and the watchdog take
             # stacks from outside the processes (this also installs the stack-dump handler)
-            self._locations = self._get([w.__ray_call__.remote(health.locate) for w in self._workers],
-                                        "__init__", list(range(self.world_size)))
+            self._locations = self._get(
+                [w.__ray_call__.remote(health.locate) for w in self._workers], "__init__", list(range(self.world_size))
+            )
         self.resource_pool = resource_pool
         self.ray_cls_with_init = ray_cls_with_init
         self.fused_worker_used = bool(ray_cls_with_init.fused_worker_used)
@@ -223,17 +255,24 @@ class RayWorkerGroup(WorkerGroup):
         # join torch.distributed inside __init__ without waiting on each other.
         master = _pick_rendezvous(pgs[0])
         rank = 0
-        for node, (pg, n_local) in enumerate(zip(pgs, pool.store)):
+        for _node, (pg, n_local) in enumerate(zip(pgs, pool.store)):
             for local_rank in range(n_local):
                 env = {
                     **self._worker_env,
-                    "RANK": str(rank), "WORLD_SIZE": str(pool.world_size),
-                    "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(n_local),
-                    "WG_PREFIX": self.name, "WG_BACKEND": "ray", "RAY_LOCAL_WORLD_SIZE": str(n_local),
-                    "MASTER_ADDR": master[0], "MASTER_PORT": master[1],
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(pool.world_size),
+                    "LOCAL_RANK": str(local_rank),
+                    "LOCAL_WORLD_SIZE": str(n_local),
+                    "WG_PREFIX": self.name,
+                    "WG_BACKEND": "ray",
+                    "RAY_LOCAL_WORLD_SIZE": str(n_local),
+                    "MASTER_ADDR": master[0],
+                    "MASTER_PORT": master[1],
                 }
                 name = f"{self.name}_{rank}"
-                self._workers.append(cls.create_actor(pg, local_rank, env, name, frac, frac if pool.use_gpu else 0, detached))
+                self._workers.append(
+                    cls.create_actor(pg, local_rank, env, name, frac, frac if pool.use_gpu else 0, detached)
+                )
                 self._worker_names.append(name)
                 rank += 1
 
@@ -268,10 +307,15 @@ class RayWorkerGroup(WorkerGroup):
                 return shared[id(v)]
             return v
 
-        return _Handles([
-            getattr(self._workers[r], method).remote(*[once(a) for a in args], **{k: once(v) for k, v in kwargs.items()})
-            for r, args, kwargs in zip(ranks, per_rank_args, per_rank_kwargs)
-        ], rows_per_rank(per_rank_args, per_rank_kwargs))
+        return _Handles(
+            [
+                getattr(self._workers[r], method).remote(
+                    *[once(a) for a in args], **{k: once(v) for k, v in kwargs.items()}
+                )
+                for r, args, kwargs in zip(ranks, per_rank_args, per_rank_kwargs)
+            ],
+            rows_per_rank(per_rank_args, per_rank_kwargs),
+        )
 
     def _resolve(self, method, ranks, handles):
         return self._get(handles, method, ranks)
@@ -311,7 +355,9 @@ class RayWorkerGroup(WorkerGroup):
         procs = getattr(self, "_locations", None) or []
         for rank in ranks:
             if rank != err.rank and rank < len(procs) and not _process_alive(procs[rank].pid, procs[rank].node_id):
-                died = WorkerDiedError(self.name, method, rank, f"the process of rank {rank} is gone (killed or exited)")
+                died = WorkerDiedError(
+                    self.name, method, rank, f"the process of rank {rank} is gone (killed or exited)"
+                )
                 died.add_note(f"rank {err.rank} failed as a consequence: {str(err).splitlines()[-1][:500]}")
                 return died
         if not pending:
@@ -421,8 +467,9 @@ def _as_ray_cls(c: ClassWithInitArgs) -> RayClassWithInitArgs:
     return RayClassWithInitArgs(c.cls, *c.args, **c.kwargs)
 
 
-def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs], remote_options: dict | None = None,
-                                ) -> RayClassWithInitArgs:
+def create_colocated_worker_cls(
+    class_dict: dict[str, ClassWithInitArgs], remote_options: dict | None = None
+) -> RayClassWithInitArgs:
     """Fuse several roles into one actor class (one process per device); see ``WorkerGroup.spawn``.
 
     ``remote_options`` go to ``ray.remote`` (e.g. ``concurrency_groups``, which only it accepts).

@@ -72,7 +72,9 @@ def collect_stacks(locations: list[WorkerLocation | None], ranks: list[int]) -> 
     for node, node_ranks in by_node.items():
         if node != here:
             strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-            remote[node] = _dump_on_node.options(scheduling_strategy=strategy).remote([locations[r].pid for r in node_ranks])
+            remote[node] = _dump_on_node.options(scheduling_strategy=strategy).remote(
+                [locations[r].pid for r in node_ranks]
+            )
     for node, node_ranks in by_node.items():
         if node == here:
             infos = [dump_stacks(locations[r].pid) for r in node_ranks]
@@ -81,8 +83,14 @@ def collect_stacks(locations: list[WorkerLocation | None], ranks: list[int]) -> 
                 infos = ray.get(remote[node], timeout=COLLECT_TIMEOUT_S)
             except Exception as e:
                 lost = "" if node_alive(node) else "; the node is lost"
-                infos = [{"pid": locations[r].pid, "state": "unknown",
-                          "error": f"stacks not taken on {locations[r]}{lost} ({type(e).__name__})"} for r in node_ranks]
+                infos = [
+                    {
+                        "pid": locations[r].pid,
+                        "state": "unknown",
+                        "error": f"stacks not taken on {locations[r]}{lost} ({type(e).__name__})",
+                    }
+                    for r in node_ranks
+                ]
         for r, info in zip(node_ranks, infos):
             out[r] = {**info, "location": str(locations[r])}
     return {r: out[r] for r in sorted(out)}

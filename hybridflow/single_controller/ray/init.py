@@ -16,7 +16,8 @@ import ipaddress
 import os
 import signal
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["init_ray", "LOOPBACK", "DEFAULT_WORKER_ENV"]
 

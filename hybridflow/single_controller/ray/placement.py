@@ -22,8 +22,9 @@ def alive_nodes() -> list[dict]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
-def place_one_group_per_node(bundles_per_node: list[list[dict]], name_prefix: str, lifetime: str | None,
-                             timeout_s: float) -> list:
+def place_one_group_per_node(
+    bundles_per_node: list[list[dict]], name_prefix: str, lifetime: str | None, timeout_s: float
+) -> list:
     """Placement groups, the i-th holding ``bundles_per_node[i]`` on a node no other group uses.
 
     Raises GetTimeoutError (after removing what it placed) when a group cannot be placed in time."""
@@ -32,8 +33,13 @@ def place_one_group_per_node(bundles_per_node: list[list[dict]], name_prefix: st
     try:
         for i, bundles in enumerate(bundles_per_node):
             selector = [{NODE_ID_LABEL: f"!in({','.join(used)})"}] * len(bundles) if used else None
-            pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{name_prefix}_{i}", lifetime=lifetime,
-                                 bundle_label_selector=selector)
+            pg = placement_group(
+                bundles,
+                strategy="STRICT_PACK",
+                name=f"{name_prefix}_{i}",
+                lifetime=lifetime,
+                bundle_label_selector=selector,
+            )
             pgs.append(pg)
             ray.get(pg.ready(), timeout=max(0.1, deadline - time.monotonic()))
             if len(bundles_per_node) > 1:
@@ -56,6 +62,8 @@ def check_cluster_fits(pools: dict[str, list[int]], use_gpu: bool) -> None:
     have = ray.cluster_resources().get(kind, 0)
     if need > have:
         detail = ", ".join(f"{pool}: {sum(s)} ({'+'.join(map(str, s))} per node)" for pool, s in pools.items())
-        raise RuntimeError(f"the resource pools need {need} {kind}s in total ({detail}) but the Ray cluster has "
-                           f"{have:g}: lower trainer.nnodes / n_gpus_per_node (or rollout.nnodes / n_gpus_per_node) "
-                           "or start Ray with more resources")
+        raise RuntimeError(
+            f"the resource pools need {need} {kind}s in total ({detail}) but the Ray cluster has "
+            f"{have:g}: lower trainer.nnodes / n_gpus_per_node (or rollout.nnodes / n_gpus_per_node) "
+            "or start Ray with more resources"
+        )

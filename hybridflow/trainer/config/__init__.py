@@ -8,5 +8,12 @@ from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 from hybridflow.trainer.config import algorithm, config
 
-__all__ = ["AlgoConfig", "FilterGroupsConfig", "KLControlConfig", "RolloutCorrectionConfig", "CheckpointConfig",
-           "algorithm", "config"]
+__all__ = [
+    "AlgoConfig",
+    "FilterGroupsConfig",
+    "KLControlConfig",
+    "RolloutCorrectionConfig",
+    "CheckpointConfig",
+    "algorithm",
+    "config",
+]

@@ -7,7 +7,7 @@ rows, then partition 1's, ...; each partition has exactly B / k rows (Karmarkar-
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from hybridflow.workers.utils.micro_batches import balance_partitions
 
@@ -36,26 +36,33 @@ def get_group_balanced_partitions(seqlen_list: Sequence[int], uid_list: Sequence
         else:
             groups.append([i])
     if len(groups) < k_partitions or len(groups) % k_partitions:
-        raise ValueError(f"{len(groups)} uid groups cannot be split evenly over {k_partitions} partitions; "
-                         "the number of prompts must be a multiple of the number of ranks")
+        raise ValueError(
+            f"{len(groups)} uid groups cannot be split evenly over {k_partitions} partitions; "
+            "the number of prompts must be a multiple of the number of ranks"
+        )
     loads = [sum(seqlen_list[i] for i in g) for g in groups]
-    return [sorted(i for g in part for i in groups[g]) for part in balance_partitions(loads, k_partitions, equal_size=True)]
+    return [
+        sorted(i for g in part for i in groups[g]) for part in balance_partitions(loads, k_partitions, equal_size=True)
+    ]
 
 
 def _chunk_loads(seqlens: Sequence[int], k: int) -> list[int]:
     size = len(seqlens) // k
-    return [sum(seqlens[r * size:(r + 1) * size]) for r in range(k)]
+    return [sum(seqlens[r * size : (r + 1) * size]) for r in range(k)]
 
 
-def seqlen_balance_metrics(seqlens: Sequence[int], k: int, order: Sequence[int] | None,
-                           prefix: str = "global_seqlen") -> dict[str, float]:
+def seqlen_balance_metrics(
+    seqlens: Sequence[int], k: int, order: Sequence[int] | None, prefix: str = "global_seqlen"
+) -> dict[str, float]:
     """veRL's metrics: ``min``/``max``/``minmax_diff`` of the tokens per rank as the batch arrived,
     ``balanced_min``/``balanced_max`` after reordering, and the ``mean`` per rank."""
     before = _chunk_loads(seqlens, k)
     after = _chunk_loads([seqlens[i] for i in order], k) if order is not None else before
     return {
-        f"{prefix}/min": float(min(before)), f"{prefix}/max": float(max(before)),
+        f"{prefix}/min": float(min(before)),
+        f"{prefix}/max": float(max(before)),
         f"{prefix}/minmax_diff": float(max(before) - min(before)),
-        f"{prefix}/balanced_min": float(min(after)), f"{prefix}/balanced_max": float(max(after)),
+        f"{prefix}/balanced_min": float(min(after)),
+        f"{prefix}/balanced_max": float(max(after)),
         f"{prefix}/mean": float(sum(before)) / k,
     }

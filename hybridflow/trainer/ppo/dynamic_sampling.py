@@ -14,7 +14,7 @@ batch is full), ``prompt_batches_for_next_round`` (how much to generate next), a
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -43,14 +43,18 @@ def group_metric_values(batch: DataProto, metric: str) -> np.ndarray:
         return batch.batch["token_level_scores"].sum(-1).double().numpy()
     if metric not in batch.non_tensor_batch:
         known = sorted(k for k in batch.non_tensor_batch if k not in ("uid",))
-        raise KeyError(f"algorithm.filter_groups.metric={metric!r}: the scored batch has no such field; use "
-                       f"'{REWARD_METRIC}' or a key of the reward function's extra info (non-tensor fields "
-                       f"present: {known})")
+        raise KeyError(
+            f"algorithm.filter_groups.metric={metric!r}: the scored batch has no such field; use "
+            f"'{REWARD_METRIC}' or a key of the reward function's extra info (non-tensor fields "
+            f"present: {known})"
+        )
     try:
         return np.asarray(batch.non_tensor_batch[metric], dtype=np.float64)
     except (TypeError, ValueError):
-        raise ValueError(f"algorithm.filter_groups.metric={metric!r}: values are not numbers: "
-                         f"{list(batch.non_tensor_batch[metric][:4])}") from None
+        raise ValueError(
+            f"algorithm.filter_groups.metric={metric!r}: values are not numbers: "
+            f"{list(batch.non_tensor_batch[metric][:4])}"
+        ) from None
 
 
 def informative_rows(uids, values) -> np.ndarray:
@@ -112,8 +116,10 @@ class GroupAccumulator:
         uids = batch.non_tensor_batch["uid"]
         already = set(self._uids).intersection(uids)
         if already:
-            raise ValueError(f"GroupAccumulator.add: groups {sorted(already)[:3]} were added before; every "
-                             "generated batch needs its own uids")
+            raise ValueError(
+                f"GroupAccumulator.add: groups {sorted(already)[:3]} were added before; every "
+                "generated batch needs its own uids"
+            )
         keep = informative_rows(uids, group_metric_values(batch, self.metric))
         seen = list(dict.fromkeys(uids))
         kept = list(dict.fromkeys(uids[keep]))
@@ -148,8 +154,9 @@ class GroupAccumulator:
         }
 
 
-def prompt_batches_for_next_round(missing_groups: int, batch_size: int, max_inflight: int,
-                                  generated: int, max_num_gen_batches: int) -> int:
+def prompt_batches_for_next_round(
+    missing_groups: int, batch_size: int, max_inflight: int, generated: int, max_num_gen_batches: int
+) -> int:
     """How many prompt batches (of ``batch_size`` prompts) the next refill generates at once.
 
     Like veRL's synchronous DAPO: ask for twice the missing groups (about half of the groups of a
@@ -169,9 +176,9 @@ class EpochCycler:
 
     def __init__(self, loader):
         self.loader = loader
-        self._epoch: Optional[Iterator] = None
+        self._epoch: Iterator | None = None
 
-    def __iter__(self) -> "EpochCycler":
+    def __iter__(self) -> EpochCycler:
         return self
 
     def __next__(self):
@@ -197,8 +204,13 @@ class DynamicSampling:
     phase: ``phase(prompts, timing, metrics) -> scored batch`` of exactly ``target_groups`` groups.
     """
 
-    def __init__(self, settings: FilterGroupsConfig, target_groups: int, generate_and_score: ScoreFn,
-                 next_prompts: Callable[[], DataProto]):
+    def __init__(
+        self,
+        settings: FilterGroupsConfig,
+        target_groups: int,
+        generate_and_score: ScoreFn,
+        next_prompts: Callable[[], DataProto],
+    ):
         self.settings = settings
         self.target_groups = target_groups
         self.generate_and_score = generate_and_score
@@ -218,15 +230,17 @@ class DynamicSampling:
             first_uid += len(batch)
             if acc.full:
                 break
-            count = prompt_batches_for_next_round(acc.missing, len(prompts), s.max_inflight_gen_batches,
-                                                  generated, s.max_num_gen_batches)
+            count = prompt_batches_for_next_round(
+                acc.missing, len(prompts), s.max_inflight_gen_batches, generated, s.max_num_gen_batches
+            )
             if count == 0:
                 raise RuntimeError(
                     f"dynamic sampling: {generated} prompt batches generated (algorithm.filter_groups."
                     f"max_num_gen_batches={s.max_num_gen_batches}) but only {acc.groups_kept} of "
                     f"{self.target_groups} groups have differing '{s.metric}' values; {acc.groups_dropped} of "
                     f"{acc.groups_seen} groups were uniform. The data may be too easy or too hard for the "
-                    "model; raise max_num_gen_batches, or set it to 0 for no limit")
+                    "model; raise max_num_gen_batches, or set it to 0 for no limit"
+                )
             pending = [self.next_prompts() for _ in range(count)]
         batch = acc.take()
         metrics.update(merge_round_metrics(rounds))

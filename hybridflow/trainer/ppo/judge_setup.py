@@ -36,8 +36,11 @@ def judge_worker_config(config) -> dict:
     """What each JudgeWorker is built from."""
     rm = config.reward.reward_model
     trust = config.reward_model.model.get("trust_remote_code")  # the earlier section's key, honoured as before
-    return {"model_path": rm.model_path, "trust_remote_code": bool(trust),
-            "rollout": OmegaConf.to_container(rm.rollout, resolve=True)}
+    return {
+        "model_path": rm.model_path,
+        "trust_remote_code": bool(trust),
+        "rollout": OmegaConf.to_container(rm.rollout, resolve=True),
+    }
 
 
 def start_judge(judge_wg, config, reward_fns) -> RolloutJudge:

@@ -13,9 +13,19 @@ from hybridflow.trainer.ppo.validation_stats import bootstrap_metric, calc_maj_v
 from hybridflow.utils.metric import flat_metric_values, reduce_metrics
 
 __all__ = [
-    "timer", "compute_data_metrics", "gdpo_component_metrics", "compute_timing_metrics", "compute_throughput_metrics",
-    "compute_throughout_metrics", "rollout_probs_diff_metrics", "flat_metric_values", "reduce_metrics",
-    "bootstrap_metric", "calc_maj_val", "process_validation_metrics", "validation_metrics",
+    "timer",
+    "compute_data_metrics",
+    "gdpo_component_metrics",
+    "compute_timing_metrics",
+    "compute_throughput_metrics",
+    "compute_throughout_metrics",
+    "rollout_probs_diff_metrics",
+    "flat_metric_values",
+    "reduce_metrics",
+    "bootstrap_metric",
+    "calc_maj_val",
+    "process_validation_metrics",
+    "validation_metrics",
 ]
 
 
@@ -65,8 +75,14 @@ def gdpo_component_metrics(non_tensor_batch: dict, keys) -> dict[str, float]:
     for key in keys or ():
         if key in non_tensor_batch:
             values = np.asarray(non_tensor_batch[key], dtype=np.float64)
-            metrics.update({f"gdpo/{key}/mean": float(values.mean()), f"gdpo/{key}/std": float(values.std()),
-                            f"gdpo/{key}/max": float(values.max()), f"gdpo/{key}/min": float(values.min())})
+            metrics.update(
+                {
+                    f"gdpo/{key}/mean": float(values.mean()),
+                    f"gdpo/{key}/std": float(values.std()),
+                    f"gdpo/{key}/max": float(values.max()),
+                    f"gdpo/{key}/min": float(values.min()),
+                }
+            )
     return metrics
 
 
@@ -76,10 +92,18 @@ def compute_timing_metrics(batch: DataProto, timing_raw: dict[str, float]) -> di
     response_length = b["responses"].shape[-1]
     n_prompt = float(b["attention_mask"][:, :-response_length].sum())
     n_resp = float(b["response_mask"].sum())
-    tokens = {"gen": n_resp, "ref": n_prompt + n_resp, "values": n_prompt + n_resp, "update_critic": n_prompt + n_resp,
-              "update_actor": n_prompt + n_resp, "old_log_prob": n_prompt + n_resp}
+    tokens = {
+        "gen": n_resp,
+        "ref": n_prompt + n_resp,
+        "values": n_prompt + n_resp,
+        "update_critic": n_prompt + n_resp,
+        "update_actor": n_prompt + n_resp,
+        "old_log_prob": n_prompt + n_resp,
+    }
     out = {f"timing_s/{k}": v for k, v in timing_raw.items()}
-    out.update({f"timing_per_token_ms/{k}": timing_raw[k] * 1000 / max(tokens[k], 1) for k in tokens if k in timing_raw})
+    out.update(
+        {f"timing_per_token_ms/{k}": timing_raw[k] * 1000 / max(tokens[k], 1) for k in tokens if k in timing_raw}
+    )
     return out
 
 
@@ -100,12 +124,15 @@ def compute_throughout_metrics(batch: DataProto, timing_raw: dict[str, float], n
     """veRL's name and signature (sic: "throughout") for ``compute_throughput_metrics``: the step time
     is ``timing_raw["step"]``."""
     if "step" not in timing_raw:
-        raise KeyError(f"compute_throughout_metrics needs timing_raw['step'] (the step's seconds); got {sorted(timing_raw)}")
+        raise KeyError(
+            f"compute_throughout_metrics needs timing_raw['step'] (the step's seconds); got {sorted(timing_raw)}"
+        )
     return compute_throughput_metrics(batch, timing_raw["step"], n_gpus)
 
 
-def rollout_probs_diff_metrics(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor,
-                               response_mask: torch.Tensor) -> dict[str, torch.Tensor | float]:
+def rollout_probs_diff_metrics(
+    rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, torch.Tensor | float]:
     """How far the rollout engine's token probabilities are from the trainer's recomputation
     (veRL's ``training/rollout_probs_diff_*``): |exp(rollout) - exp(old)| over the model's tokens.
 
@@ -115,17 +142,24 @@ def rollout_probs_diff_metrics(rollout_log_probs: torch.Tensor, old_log_probs: t
     mask = response_mask.bool()
     if not mask.any():
         nan = float("nan")
-        return {"training/rollout_probs_diff_valid": 0.0, "training/rollout_probs_diff_max": nan,
-                "training/rollout_probs_diff_mean": nan, "training/rollout_probs_diff_std": nan,
-                "training/rollout_actor_probs_pearson_corr": nan}
+        return {
+            "training/rollout_probs_diff_valid": 0.0,
+            "training/rollout_probs_diff_max": nan,
+            "training/rollout_probs_diff_mean": nan,
+            "training/rollout_probs_diff_std": nan,
+            "training/rollout_actor_probs_pearson_corr": nan,
+        }
     rollout_p = torch.exp(rollout_log_probs.float())[mask]  # (T,) the model's tokens only
     actor_p = torch.exp(old_log_probs.float())[mask]
     diff = (rollout_p - actor_p).abs()
     corr = torch.corrcoef(torch.stack([actor_p, rollout_p]))[0, 1] if diff.numel() > 1 else torch.tensor(float("nan"))
-    return {"training/rollout_probs_diff_valid": 1.0, "training/rollout_probs_diff_max": diff.max(),
-            "training/rollout_probs_diff_mean": diff.mean(),
-            "training/rollout_probs_diff_std": diff.std() if diff.numel() > 1 else torch.tensor(0.0),
-            "training/rollout_actor_probs_pearson_corr": corr}
+    return {
+        "training/rollout_probs_diff_valid": 1.0,
+        "training/rollout_probs_diff_max": diff.max(),
+        "training/rollout_probs_diff_mean": diff.mean(),
+        "training/rollout_probs_diff_std": diff.std() if diff.numel() > 1 else torch.tensor(0.0),
+        "training/rollout_actor_probs_pearson_corr": corr,
+    }
 
 
 def _n_of(metric_name: str) -> int:

@@ -58,8 +58,9 @@ _OPTIONAL_ADV_TENSORS = ("old_log_probs", "sum_pi_squared", "rollout_is_weights"
 
 def watchdog_of(trainer_cfg) -> Watchdog:
     """``trainer.watchdog_timeout`` seconds; hang reports go next to the run's logs and checkpoints."""
-    return Watchdog(timeout_s=trainer_cfg.watchdog_timeout,
-                    report_dir=os.path.join(str(trainer_cfg.default_local_dir), "watchdog"))
+    return Watchdog(
+        timeout_s=trainer_cfg.watchdog_timeout, report_dir=os.path.join(str(trainer_cfg.default_local_dir), "watchdog")
+    )
 
 
 class RayPPOTrainer:
@@ -80,8 +81,11 @@ class RayPPOTrainer:
         algo = config.algorithm
         # veRL's rule: critic.enable decides when set, else a critic exactly for GAE
         enable_critic = config.critic.enable
-        self.use_critic = (algo.adv_estimator == core_algos.AdvantageEstimator.GAE.value if enable_critic is None
-                           else bool(enable_critic))
+        self.use_critic = (
+            algo.adv_estimator == core_algos.AdvantageEstimator.GAE.value
+            if enable_critic is None
+            else bool(enable_critic)
+        )
         actor = config.actor_rollout_ref.actor
         self.use_reference_policy = bool(algo.use_kl_in_reward or actor.use_kl_loss)
         # a generative reward model (genrm) is served on rollout engines; any other is a sequence classifier
@@ -98,18 +102,24 @@ class RayPPOTrainer:
         self.hybrid_engine = not separated_rollout(config)  # colocated: the actor's process also generates
         # rollout dumps (trainer.rollout_data_dir / validation_data_dir) and replay (trainer.skip)
         self.rollout_recorder = RolloutRecorder(
-            tokenizer, omega_conf_to_dataclass(config.trainer, TrainerConfig, path="trainer"),
-            omega_conf_to_dataclass((config.get("skip") or {}).get("rollout") or None, RolloutSkipConfig,
-                                    path="skip.rollout"),
-            int(config.actor_rollout_ref.rollout.n))
+            tokenizer,
+            omega_conf_to_dataclass(config.trainer, TrainerConfig, path="trainer"),
+            omega_conf_to_dataclass(
+                (config.get("skip") or {}).get("rollout") or None, RolloutSkipConfig, path="skip.rollout"
+            ),
+            int(config.actor_rollout_ref.rollout.n),
+        )
         # one stream of prompt batches, epoch after epoch: the loop and dynamic sampling's refills share it
         self.prompt_batches = EpochCycler(train_dataloader)
         # off-policy correction (algorithm.rollout_correction): bypass mode reuses the rollout's
         # log-probs as π_old and lets the actor weight/mask per micro-batch
         self.rollout_correction = rollout_correction_config(algo.get("rollout_correction"))
-        self._actor_update_meta = {"rollout_correction": self.rollout_correction} if self.rollout_correction.bypass_mode else {}
-        self.filter_groups = omega_conf_to_dataclass(algo.get("filter_groups") or None, FilterGroupsConfig,
-                                                    path="algorithm.filter_groups")
+        self._actor_update_meta = (
+            {"rollout_correction": self.rollout_correction} if self.rollout_correction.bypass_mode else {}
+        )
+        self.filter_groups = omega_conf_to_dataclass(
+            algo.get("filter_groups") or None, FilterGroupsConfig, path="algorithm.filter_groups"
+        )
         self._choose_phases()
         self.watchdog = watchdog_of(config.trainer)
 
@@ -130,22 +140,31 @@ class RayPPOTrainer:
         if config.async_training.mode != "sync":
             self._sample_phase = self._sample_from_source
         elif self.filter_groups.enable:
-            self._sample_phase = DynamicSampling(self.filter_groups, int(config.data.train_batch_size),
-                                                 self.generate_and_score, self._next_prompt_batch)
+            self._sample_phase = DynamicSampling(
+                self.filter_groups, int(config.data.train_batch_size), self.generate_and_score, self._next_prompt_batch
+            )
         else:
             self._sample_phase = self.generate_and_score
         rollout_as_old = self.rollout_correction.bypass_mode or (
-            config.async_training.mode != "sync" and bool(config.async_training.get("use_rollout_log_probs", False)))
+            config.async_training.mode != "sync" and bool(config.async_training.get("use_rollout_log_probs", False))
+        )
         self._old_log_prob_phase = self._rollout_log_probs_as_old if rollout_as_old else self._compute_old_log_prob
 
     def _total_steps(self) -> int:
         t = self.config.trainer
-        return int(t.total_training_steps) if t.total_training_steps else len(self.train_dataloader) * int(t.total_epochs)
+        return (
+            int(t.total_training_steps) if t.total_training_steps else len(self.train_dataloader) * int(t.total_epochs)
+        )
 
     # --------------------------------------------------------------------------------- workers
     def init_workers(self):
-        groups = build_worker_groups(self.config, use_critic=self.use_critic, use_ref=self.use_reference_policy,
-                                     use_rm=self.use_rm, use_judge=self.use_judge)
+        groups = build_worker_groups(
+            self.config,
+            use_critic=self.use_critic,
+            use_ref=self.use_reference_policy,
+            use_rm=self.use_rm,
+            use_judge=self.use_judge,
+        )
         for group in groups.values():
             group.set_watchdog(self.watchdog)  # every wait on these workers now has the run's deadline
         self.actor_rollout_wg = groups["actor_rollout"]
@@ -165,12 +184,17 @@ class RayPPOTrainer:
         template_kwargs = self.config.data.get("apply_chat_template_kwargs")
         template_kwargs = OmegaConf.to_container(template_kwargs, resolve=True) if template_kwargs is not None else {}
         async_cfg = self.config.async_training
-        settings = agent_loop_settings(self.config.actor_rollout_ref.rollout, template_kwargs,
-                                       run_dir=self.config.trainer.default_local_dir)
+        settings = agent_loop_settings(
+            self.config.actor_rollout_ref.rollout, template_kwargs, run_dir=self.config.trainer.default_local_dir
+        )
         self.async_rollout_manager = AgentLoopManager(
-            settings, self.rollout_wg, self.tokenizer,
-            role=rollout_role_name(self.config), hybrid_engine=self.hybrid_engine,
-            resume_on_abort=async_cfg.mode == "fully_async" and bool(async_cfg.partial_rollout))
+            settings,
+            self.rollout_wg,
+            self.tokenizer,
+            role=rollout_role_name(self.config),
+            hybrid_engine=self.hybrid_engine,
+            resume_on_abort=async_cfg.mode == "fully_async" and bool(async_cfg.partial_rollout),
+        )
         self.rollout_source = make_rollout_source(self)
 
     def push_weights_to_rollout(self, version: int) -> dict:
@@ -214,8 +238,11 @@ class RayPPOTrainer:
     def rollout(self, batch: DataProto, meta_info: dict) -> tuple[DataProto, dict]:
         """Prompts (tensors + every non-tensor field the agent loops may read) through the agent loop
         manager; returns the batch with the rollout's tensors added, and the rollout's metrics."""
-        gen_batch = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"],
-                                 non_tensor_batch_keys=list(batch.non_tensor_batch), deepcopy=False)
+        gen_batch = batch.select(
+            batch_keys=["input_ids", "attention_mask", "position_ids"],
+            non_tensor_batch_keys=list(batch.non_tensor_batch),
+            deepcopy=False,
+        )
         gen_batch.meta_info = meta_info
         gen_out = self.async_rollout_manager.generate_sequences(gen_batch)
         metrics = gen_out.meta_info.pop("metrics", {})
@@ -273,20 +300,27 @@ class RayPPOTrainer:
         out = self.actor_rollout_wg.compute_log_prob(batch)
         out.meta_info.pop("metrics", None)
         entropy = out.batch["entropys"]
-        metrics["actor/entropy"] = core_algos.agg_loss(entropy, batch.batch["response_mask"],
-                                                       self.config.actor_rollout_ref.actor.loss_agg_mode)
+        metrics["actor/entropy"] = core_algos.agg_loss(
+            entropy, batch.batch["response_mask"], self.config.actor_rollout_ref.actor.loss_agg_mode
+        )
         batch.batch["old_log_probs"] = out.batch["old_log_probs"]
         if "sum_pi_squared" in out.batch.keys():  # actor.calculate_sum_pi_squared (optimal token baseline)
             batch.batch["sum_pi_squared"] = out.batch["sum_pi_squared"]
         if "rollout_log_probs" in batch.batch.keys():  # the engine's own log-probs: is it sampling the trained policy?
-            metrics.update(rollout_probs_diff_metrics(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
-                                                      batch.batch["response_mask"]))
+            metrics.update(
+                rollout_probs_diff_metrics(
+                    batch.batch["rollout_log_probs"], batch.batch["old_log_probs"], batch.batch["response_mask"]
+                )
+            )
 
     def _rollout_log_probs_as_old(self, batch: DataProto, metrics: dict) -> None:
-        """Bypass mode / async_training.use_rollout_log_probs: π_old is the rollout engine's policy, no recomputation."""
+        """Bypass mode / async_training.use_rollout_log_probs: π_old is the rollout engine's policy, no
+        recomputation."""
         if "rollout_log_probs" not in batch.batch.keys():
-            raise ValueError("algorithm.rollout_correction.bypass_mode=True or async_training.use_rollout_log_probs=True "
-                             "needs the rollout's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=True")
+            raise ValueError(
+                "algorithm.rollout_correction.bypass_mode=True or async_training.use_rollout_log_probs=True "
+                "needs the rollout's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=True"
+            )
         batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
 
     def _apply_rollout_correction(self, batch: DataProto, metrics: dict) -> None:
@@ -297,7 +331,8 @@ class RayPPOTrainer:
         if self.rollout_correction.bypass_mode or "rollout_log_probs" not in b.keys():
             return
         weights, b["response_mask"], corr_metrics = compute_rollout_correction(
-            b["old_log_probs"], b["rollout_log_probs"], b["response_mask"], self.rollout_correction)
+            b["old_log_probs"], b["rollout_log_probs"], b["response_mask"], self.rollout_correction
+        )
         if weights is not None:
             b["rollout_is_weights"] = weights
         metrics.update(corr_metrics)
@@ -314,8 +349,13 @@ class RayPPOTrainer:
             b["token_level_rewards"] = b["token_level_scores"]
             return
         rewards, kl_metrics = core_algos.apply_kl_penalty_to_rewards(
-            b["token_level_scores"], b["old_log_probs"], b["ref_log_prob"], b["response_mask"],
-            self.kl_ctrl_in_reward, self.config.algorithm.kl_penalty)
+            b["token_level_scores"],
+            b["old_log_probs"],
+            b["ref_log_prob"],
+            b["response_mask"],
+            self.kl_ctrl_in_reward,
+            self.config.algorithm.kl_penalty,
+        )
         b["token_level_rewards"] = rewards
         metrics.update(kl_metrics)
 
@@ -332,10 +372,16 @@ class RayPPOTrainer:
         if "batch" in self._adv_params:
             extra["batch"] = b
         advantages, returns = self.adv_fn(
-            token_level_rewards=b["token_level_rewards"], response_mask=b["response_mask"],
-            values=b["values"] if "values" in b.keys() else None, index=batch.non_tensor_batch["uid"],
+            token_level_rewards=b["token_level_rewards"],
+            response_mask=b["response_mask"],
+            values=b["values"] if "values" in b.keys() else None,
+            index=batch.non_tensor_batch["uid"],
             reward_baselines=b["reward_baselines"] if "reward_baselines" in b.keys() else None,
-            gamma=algo.gamma, lam=algo.lam, config=algo, **extra)
+            gamma=algo.gamma,
+            lam=algo.lam,
+            config=algo,
+            **extra,
+        )
         b["advantages"], b["returns"] = advantages, returns
 
     def _pf_ppo_resample(self, batch: DataProto, metrics: dict) -> None:
@@ -367,24 +413,24 @@ class RayPPOTrainer:
         metrics: dict = {}
         timing: dict = {}
         with timer("step", timing):
-            batch = self._sample_phase(batch, timing, metrics)                     # rollout + rule / RM scores
-            if self.config.trainer.balance_batch:                                  # (filter_groups: until full)
+            batch = self._sample_phase(batch, timing, metrics)  # rollout + rule / RM scores
+            if self.config.trainer.balance_batch:  # (filter_groups: until full)
                 self._balance_batch(batch, metrics)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
             with timer("old_log_prob", timing):
-                self._old_log_prob_phase(batch, metrics)                           # π_old (bypass: π_rollout)
+                self._old_log_prob_phase(batch, metrics)  # π_old (bypass: π_rollout)
             if self.use_reference_policy:
                 with timer("ref", timing):
-                    self._compute_ref_log_prob(batch)                              # π_ref
+                    self._compute_ref_log_prob(batch)  # π_ref
             if self.use_critic:
                 with timer("values", timing):
-                    self._compute_values(batch)                                    # V(s)
+                    self._compute_values(batch)  # V(s)
             with timer("adv", timing):
-                self._apply_reward_kl(batch, metrics)                              # r - β·KL
-                self._apply_rollout_correction(batch, metrics)                     # IS weights, rejection
-                self._compute_advantage(batch)                                     # A, R on the driver
+                self._apply_reward_kl(batch, metrics)  # r - β·KL
+                self._apply_rollout_correction(batch, metrics)  # IS weights, rejection
+                self._compute_advantage(batch)  # A, R on the driver
                 if self.config.algorithm.use_pf_ppo:
-                    self._pf_ppo_resample(batch, metrics)                          # PF-PPO: rows by reward
+                    self._pf_ppo_resample(batch, metrics)  # PF-PPO: rows by reward
             if self.use_critic:
                 with timer("update_critic", timing):
                     self._update_critic(batch, metrics)
@@ -434,10 +480,14 @@ class RayPPOTrainer:
         batch = DataProto.from_single_dict(self.collate_fn([self.val_dataset[i] for i in range(len(self.val_dataset))]))
         batch = batch.repeat(repeat_times=n, interleave=True)
         # one id per prompt, shared by its n responses (rows r // n): the groups of best@N / maj@N
-        uids = list(batch.non_tensor_batch["uid"]) if "uid" in batch.non_tensor_batch else \
-            [r // n for r in range(len(batch))]
-        batch, rollout_metrics = self.rollout(batch, {"validate": True, "do_sample": bool(val_kwargs.do_sample),
-                                                       "global_steps": self.global_steps})
+        uids = (
+            list(batch.non_tensor_batch["uid"])
+            if "uid" in batch.non_tensor_batch
+            else [r // n for r in range(len(batch))]
+        )
+        batch, rollout_metrics = self.rollout(
+            batch, {"validate": True, "do_sample": bool(val_kwargs.do_sample), "global_steps": self.global_steps}
+        )
         result = self.val_reward_fn(batch, return_dict=True)
         scores = result["reward_tensor"].sum(-1).tolist()
         self._log_val_generations(batch, scores)
@@ -450,8 +500,13 @@ class RayPPOTrainer:
         out.update(reduce_metrics({f"val-aux/{k}": v for k, v in rollout_metrics.items() if k.startswith("agent/")}))
         if "num_turns" in batch.non_tensor_batch:  # veRL's names for the same turn counts
             turns = np.asarray(batch.non_tensor_batch["num_turns"], dtype=np.float64)
-            out.update({"val-aux/num_turns/min": float(turns.min()), "val-aux/num_turns/max": float(turns.max()),
-                        "val-aux/num_turns/mean": float(turns.mean())})
+            out.update(
+                {
+                    "val-aux/num_turns/min": float(turns.min()),
+                    "val-aux/num_turns/max": float(turns.max()),
+                    "val-aux/num_turns/mean": float(turns.mean()),
+                }
+            )
         return out
 
     def _log_val_generations(self, batch: DataProto, scores) -> None:
@@ -466,8 +521,11 @@ class RayPPOTrainer:
     def _for_each_group(self, method: str, *args) -> list:
         """Call a registered method once on every distinct role group (a shared group once; the fused
         groups behind the role views are skipped)."""
-        groups = {id(g): g for name, g in (getattr(self, "_all_groups", {}) or {}).items()
-                  if g is not None and not name.startswith("_")}
+        groups = {
+            id(g): g
+            for name, g in (getattr(self, "_all_groups", {}) or {}).items()
+            if g is not None and not name.startswith("_")
+        }
         return [getattr(g, method)(*args) for g in groups.values()]
 
     def _ckpt_to_keep(self) -> int | None:
@@ -486,7 +544,8 @@ class RayPPOTrainer:
             raise FloatingPointError(
                 f"refusing to save the checkpoint of step {self.global_steps}: the actor's weights contain NaN/inf "
                 f"(|w| sums per rank: {sums}). The last complete checkpoint under "
-                f"{self.config.trainer.default_local_dir!r} is kept.")
+                f"{self.config.trainer.default_local_dir!r} is kept."
+            )
 
     def save_checkpoint(self) -> str:
         """Workers write into a tmp dir; it becomes ``global_step_N`` (and ``latest``) only when whole."""
@@ -498,9 +557,16 @@ class RayPPOTrainer:
             self.actor_rollout_wg.save_checkpoint(ckpt.role_dir(tmp, "actor"), self.global_steps)
             if self.use_critic:
                 self.critic_wg.save_checkpoint(ckpt.role_dir(tmp, "critic"), self.global_steps)
-            ckpt.save_dataloader_state(tmp, {
-                **self.rollout_source.data_state(), "global_steps": self.global_steps, "actor_version": self.actor_version,
-                "kl_ctrl": getattr(self.kl_ctrl_in_reward, "value", None), "driver_rng": get_rng_state()})
+            ckpt.save_dataloader_state(
+                tmp,
+                {
+                    **self.rollout_source.data_state(),
+                    "global_steps": self.global_steps,
+                    "actor_version": self.actor_version,
+                    "kl_ctrl": getattr(self.kl_ctrl_in_reward, "value", None),
+                    "driver_rng": get_rng_state(),
+                },
+            )
             final = ckpt.commit_save(root, self.global_steps, tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -544,8 +610,13 @@ class RayPPOTrainer:
         save in progress is removed, the workers are shut down and the error re-raised with the step
         and the checkpoint a ``resume_mode=auto`` rerun would continue from."""
         t = self.config.trainer
-        tracking = Tracking(t.project_name, t.experiment_name, list(t.logger),
-                          OmegaConf.to_container(self.config, resolve=True), log_dir=t.default_local_dir)
+        tracking = Tracking(
+            t.project_name,
+            t.experiment_name,
+            list(t.logger),
+            OmegaConf.to_container(self.config, resolve=True),
+            log_dir=t.default_local_dir,
+        )
         try:
             return self._fit(tracking)
         except BaseException as e:
@@ -599,6 +670,11 @@ class RayPPOTrainer:
         except Exception:  # best effort: the original error is what matters
             pass
         resume = ckpt.find_latest_checkpoint(self.config.trainer.default_local_dir)
-        error.add_note(f"hybridflow: training stopped at global step {self.global_steps}; workers shut down; "
-                       + (f"a rerun with trainer.resume_mode=auto continues from {resume}" if resume
-                          else "no complete checkpoint to resume from"))
+        error.add_note(
+            f"hybridflow: training stopped at global step {self.global_steps}; workers shut down; "
+            + (
+                f"a rerun with trainer.resume_mode=auto continues from {resume}"
+                if resume
+                else "no complete checkpoint to resume from"
+            )
+        )

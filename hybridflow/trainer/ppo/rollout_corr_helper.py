@@ -6,8 +6,6 @@ plain floats (read back in one host sync), IS weights wrapped in a DataProto.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from hybridflow.algorithms.rollout_correction import (
@@ -40,9 +38,13 @@ TOKEN_LEVEL_ROLLOUT_RS_OPTIONS: frozenset[str] = frozenset(o for o in RS_OPTIONS
 
 def _settings(rollout_is, rollout_is_threshold, rollout_is_batch_normalize, rollout_rs, rollout_rs_threshold):
     # veRL skips the weights when either the level or the threshold is None
-    section = {"rollout_is": rollout_is if rollout_is_threshold is not None else None,
-               "rollout_is_threshold": rollout_is_threshold, "rollout_is_batch_normalize": bool(rollout_is_batch_normalize),
-               "rollout_rs": rollout_rs, "rollout_rs_threshold": rollout_rs_threshold}
+    section = {
+        "rollout_is": rollout_is if rollout_is_threshold is not None else None,
+        "rollout_is_threshold": rollout_is_threshold,
+        "rollout_is_batch_normalize": bool(rollout_is_batch_normalize),
+        "rollout_rs": rollout_rs,
+        "rollout_rs_threshold": rollout_rs_threshold,
+    }
     return rollout_correction_config(section, path="rollout_correction")
 
 
@@ -50,12 +52,12 @@ def compute_rollout_correction_and_rejection_mask(
     old_log_prob: torch.Tensor,
     rollout_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
-    rollout_is: Optional[str] = None,
-    rollout_is_threshold: Optional[str | float] = 2.0,
+    rollout_is: str | None = None,
+    rollout_is_threshold: str | float | None = 2.0,
     rollout_is_batch_normalize: bool = False,
-    rollout_rs: Optional[str] = None,
-    rollout_rs_threshold: Optional[str | float] = None,
-) -> tuple[Optional[DataProto], torch.Tensor, dict[str, float]]:
+    rollout_rs: str | None = None,
+    rollout_rs_threshold: str | float | None = None,
+) -> tuple[DataProto | None, torch.Tensor, dict[str, float]]:
     """(DataProto holding ``rollout_is_weights`` or None, the response mask after rejection, the
     ``rollout_corr/*`` metrics as floats) for π_old = ``old_log_prob`` against π_rollout."""
     settings = _settings(rollout_is, rollout_is_threshold, rollout_is_batch_normalize, rollout_rs, rollout_rs_threshold)
@@ -73,7 +75,9 @@ def compute_rollout_correction_weights(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated (or IcePop) IS weights from log π_train - log π_rollout, and their metrics (no prefix)."""
     upper, lower = parse_is_threshold(rollout_is_threshold)
-    weights, metrics = compute_is_weights(log_ratio, response_mask, rollout_is, upper, lower, rollout_is_batch_normalize)
+    weights, metrics = compute_is_weights(
+        log_ratio, response_mask, rollout_is, upper, lower, rollout_is_batch_normalize
+    )
     return weights, reduce_metrics(metrics)
 
 
@@ -81,7 +85,7 @@ def compute_rollout_rejection_mask(
     log_ratio: torch.Tensor,
     response_mask: torch.Tensor,
     rollout_rs: str = "token_k1",
-    rollout_rs_threshold: Optional[str | float] = None,
+    rollout_rs_threshold: str | float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The response mask with the tokens / sequences that fail any ``rollout_rs`` option zeroed, and metrics."""
     options = parse_rejection_options(rollout_rs, rollout_rs_threshold)
@@ -90,9 +94,7 @@ def compute_rollout_rejection_mask(
 
 
 def compute_offpolicy_metrics(
-    old_log_prob: torch.Tensor,
-    rollout_log_prob: Optional[torch.Tensor],
-    response_mask: torch.Tensor,
+    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor | None, response_mask: torch.Tensor
 ) -> dict[str, float]:
     """KL, perplexities and χ² between π_old and π_rollout (only the training perplexity when
     ``rollout_log_prob`` is None), as floats without prefix."""
@@ -102,9 +104,9 @@ def compute_offpolicy_metrics(
 
 
 def compute_rollout_corr_metrics_from_logprobs(
-    log_prob: torch.Tensor,
-    rollout_log_prob: torch.Tensor,
-    response_mask: torch.Tensor,
+    log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor
 ) -> dict[str, float]:
     """``compute_offpolicy_metrics`` for the current policy, under ``rollout_corr/``."""
-    return {f"rollout_corr/{k}": v for k, v in compute_offpolicy_metrics(log_prob, rollout_log_prob, response_mask).items()}
+    return {
+        f"rollout_corr/{k}": v for k, v in compute_offpolicy_metrics(log_prob, rollout_log_prob, response_mask).items()
+    }

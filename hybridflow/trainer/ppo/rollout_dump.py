@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,8 +37,15 @@ import torch
 from hybridflow.protocol import DataProto
 
 __all__ = [
-    "GENERATED_TENSORS", "GENERATED_PER_TOKEN", "step_file", "batch_to_rows", "rows_to_batch", "write_rows",
-    "read_rows", "dumped_steps", "pad_token_id_of",
+    "GENERATED_TENSORS",
+    "GENERATED_PER_TOKEN",
+    "step_file",
+    "batch_to_rows",
+    "rows_to_batch",
+    "write_rows",
+    "read_rows",
+    "dumped_steps",
+    "pad_token_id_of",
 ]
 
 # what the generate phase produces: rebuilt from prompt_ids/response_ids (+ padded overrides) ...
@@ -111,7 +119,9 @@ def batch_to_rows(batch: DataProto, tokenizer, step: int, scores: Sequence[float
         for key in per_token:
             row[key] = b[key][r, :length].tolist()
         row["non_tensor"] = non_tensor
-        row["dtypes"] = {k: str(b[k].dtype).removeprefix("torch.") for k in (*GENERATED_TENSORS, *per_token) if k in b.keys()}
+        row["dtypes"] = {
+            k: str(b[k].dtype).removeprefix("torch.") for k in (*GENERATED_TENSORS, *per_token) if k in b.keys()
+        }
         rows.append(row)
     _add_padded_overrides(batch, rows, pad_token_id=pad_token_id_of(tokenizer))
     order = _generation_order(batch)
@@ -138,7 +148,9 @@ def _add_padded_overrides(batch: DataProto, rows: list[dict], pad_token_id: int)
         if mine is None or mine.shape != actual.shape:
             mismatched = range(len(rows))
         else:
-            mismatched = (~(mine.to(actual.dtype) == actual).reshape(len(rows), -1).all(-1)).nonzero().flatten().tolist()
+            mismatched = (
+                (~(mine.to(actual.dtype) == actual).reshape(len(rows), -1).all(-1)).nonzero().flatten().tolist()
+            )
         for r in mismatched:
             rows[r].setdefault("padded", {})[key] = actual[r].tolist()
 
@@ -160,25 +172,30 @@ def _rebuild_generated(rows: list[dict], pad_token_id: int) -> dict[str, torch.T
     for i, row in enumerate(rows):
         p, resp = row["prompt_ids"], row["response_ids"]
         if len(p) > width_p or len(resp) > width_r:
-            raise ValueError(f"dump row {i}: {len(p)} prompt / {len(resp)} response tokens exceed the widths "
-                             f"{width_p} / {width_r} it declares")
+            raise ValueError(
+                f"dump row {i}: {len(p)} prompt / {len(resp)} response tokens exceed the widths "
+                f"{width_p} / {width_r} it declares"
+            )
         if p:
-            prompts[i, width_p - len(p):] = torch.tensor(p)
-            prompt_attn[i, width_p - len(p):] = 1
+            prompts[i, width_p - len(p) :] = torch.tensor(p)
+            prompt_attn[i, width_p - len(p) :] = 1
         if resp:
-            responses[i, :len(resp)] = torch.tensor(resp)
-            response_attn[i, :len(resp)] = 1
+            responses[i, : len(resp)] = torch.tensor(resp)
+            response_attn[i, : len(resp)] = 1
         for key, tensor in per_token.items():
             values = row[key]
-            tensor[i, :len(values)] = torch.tensor(values, dtype=torch.float64)
+            tensor[i, : len(values)] = torch.tensor(values, dtype=torch.float64)
     positions = torch.clip(torch.cumsum(prompt_attn, dim=-1) - 1, min=0)  # (n, P)
     response_positions = positions[:, -1:] + torch.arange(1, width_r + 1)  # (n, R)
-    out.update({
-        "prompts": prompts, "responses": responses,
-        "input_ids": torch.cat([prompts, responses], dim=-1),
-        "attention_mask": torch.cat([prompt_attn, response_attn], dim=-1),
-        "position_ids": torch.cat([positions, response_positions], dim=-1),
-    })
+    out.update(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=-1),
+            "attention_mask": torch.cat([prompt_attn, response_attn], dim=-1),
+            "position_ids": torch.cat([positions, response_positions], dim=-1),
+        }
+    )
     out.update(per_token)
     return out
 
@@ -190,7 +207,9 @@ def rows_to_batch(rows: list[dict], pad_token_id: int, source: str = "dump") -> 
         raise ValueError(f"{source}: no rows")
     widths = {(row.get("prompt_width"), row.get("response_width")) for row in rows}
     if len(widths) != 1 or None in next(iter(widths)):
-        raise ValueError(f"{source}: rows disagree on (prompt_width, response_width) or lack them: {sorted(widths, key=str)}")
+        raise ValueError(
+            f"{source}: rows disagree on (prompt_width, response_width) or lack them: {sorted(widths, key=str)}"
+        )
     tensors = _rebuild_generated(rows, pad_token_id)
     dtypes = rows[0].get("dtypes", {})
     for key in list(tensors):
@@ -239,6 +258,8 @@ def read_rows(path: str) -> list[dict]:
                 raise ValueError(f"{path}:{n}: not a JSON line ({e})") from None
     missing = [k for k in ("prompt_ids", "response_ids", "prompt_width", "response_width") if rows and k not in rows[0]]
     if missing:
-        raise ValueError(f"{path}: rows lack {missing}; only dumps written by hybridflow (trainer.rollout_data_dir) "
-                         "carry the token ids a replay needs")
+        raise ValueError(
+            f"{path}: rows lack {missing}; only dumps written by hybridflow (trainer.rollout_data_dir) "
+            "carry the token ids a replay needs"
+        )
     return rows

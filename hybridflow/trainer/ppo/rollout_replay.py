@@ -34,6 +34,7 @@ __all__ = ["RolloutRecorder", "find_replay_file"]
 
 logger = logging.getLogger(__name__)
 
+
 def find_replay_file(dump_dir: str, step: int, action: str) -> str | None:
     """The dump a step replays: its own (cache); its own, else the nearest earlier, else the nearest
     later one (repeat); None when there is none."""
@@ -53,15 +54,21 @@ class RolloutRecorder:
     """The trainer's dump/replay hooks: ``replay`` (in the generate phase), ``after_step`` (end of every
     training step) and ``after_validation``."""
 
-    def __init__(self, tokenizer, trainer: TrainerConfig | None = None, skip: RolloutSkipConfig | None = None,
-                 samples_per_prompt: int = 1):
+    def __init__(
+        self,
+        tokenizer,
+        trainer: TrainerConfig | None = None,
+        skip: RolloutSkipConfig | None = None,
+        samples_per_prompt: int = 1,
+    ):
         """``trainer``: the typed trainer section (``rollout_data_dir``, ``validation_data_dir``); ``skip``: the
         typed ``skip.rollout`` (absent: nothing replayed); ``samples_per_prompt``: ``actor_rollout_ref.rollout.n``."""
         trainer = trainer or TrainerConfig()
         self.tokenizer = tokenizer
         self.rollout_data_dir = os.path.expanduser(trainer.rollout_data_dir) if trainer.rollout_data_dir else None
-        self.validation_data_dir = (os.path.expanduser(trainer.validation_data_dir) if trainer.validation_data_dir
-                                    else None)
+        self.validation_data_dir = (
+            os.path.expanduser(trainer.validation_data_dir) if trainer.validation_data_dir else None
+        )
         self.skip = skip or RolloutSkipConfig()
         self.skip_dir = os.path.expanduser(self.skip.dump_dir)
         self.samples_per_prompt = int(samples_per_prompt)
@@ -89,17 +96,26 @@ class RolloutRecorder:
     def load(self, path: str, expected_rows: int, dataloader_batch: DataProto | None = None) -> DataProto:
         rows = rollout_dump.read_rows(path)
         if len(rows) != expected_rows:
-            raise ValueError(f"{path} holds {len(rows)} samples but a step here takes {expected_rows} "
-                             "(data.train_batch_size × actor_rollout_ref.rollout.n): it was dumped with other sizes")
+            raise ValueError(
+                f"{path} holds {len(rows)} samples but a step here takes {expected_rows} "
+                "(data.train_batch_size × actor_rollout_ref.rollout.n): it was dumped with other sizes"
+            )
         batch = rollout_dump.rows_to_batch(rows, rollout_dump.pad_token_id_of(self.tokenizer), source=path)
         if "response_mask" not in batch.batch.keys():  # a dump of a batch that had none: the rollout layout's
-            batch.batch["response_mask"] = batch.batch["attention_mask"][:, -batch.batch["responses"].shape[-1]:]
-        if dataloader_batch is not None and "index" in dataloader_batch.non_tensor_batch and "index" in batch.non_tensor_batch:
+            batch.batch["response_mask"] = batch.batch["attention_mask"][:, -batch.batch["responses"].shape[-1] :]
+        if (
+            dataloader_batch is not None
+            and "index" in dataloader_batch.non_tensor_batch
+            and "index" in batch.non_tensor_batch
+        ):
             ours = sorted(map(str, dataloader_batch.non_tensor_batch["index"]))
             theirs = sorted(set(map(str, batch.non_tensor_batch["index"])))
             if ours != theirs and self.skip.action == "cache":
-                logger.warning("[skip.rollout] note: %s holds other prompts than this step's dataloader batch "
-                               "(another seed or data set); training on the dumped ones", path)
+                logger.warning(
+                    "[skip.rollout] note: %s holds other prompts than this step's dataloader batch "
+                    "(another seed or data set); training on the dumped ones",
+                    path,
+                )
         return batch
 
     # ------------------------------------------------------------------------------ dumps

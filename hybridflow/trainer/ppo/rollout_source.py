@@ -47,8 +47,11 @@ def staleness_metrics(batch: DataProto, actor_version: int) -> dict[str, float]:
     if versions is None or any(v is None for v in versions):
         return {}
     lag = actor_version - np.asarray(versions, dtype=np.float64)
-    return {"async/staleness/min": float(lag.min()), "async/staleness/mean": float(lag.mean()),
-            "async/staleness/max": float(lag.max())}
+    return {
+        "async/staleness/min": float(lag.min()),
+        "async/staleness/mean": float(lag.mean()),
+        "async/staleness/max": float(lag.max()),
+    }
 
 
 def weight_targets(rollout_wg, role: str | None) -> list[WeightTarget]:
@@ -77,12 +80,19 @@ class SyncRolloutSource:
         add_uids(batch, t.global_steps, first_uid)
         batch = batch.repeat(repeat_times=n, interleave=True)
         start = time.perf_counter()
-        batch, gen_metrics = t.rollout(batch, {"do_sample": bool(t.config.actor_rollout_ref.rollout.do_sample),
-                                                "global_steps": t.global_steps, "sample_offset": first_uid * n,
-                                                "weight_version": t.actor_version})
+        batch, gen_metrics = t.rollout(
+            batch,
+            {
+                "do_sample": bool(t.config.actor_rollout_ref.rollout.do_sample),
+                "global_steps": t.global_steps,
+                "sample_offset": first_uid * n,
+                "weight_version": t.actor_version,
+            },
+        )
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
         timing["update_weights"] = timing.get("update_weights", 0.0) + float(
-            np.max(flat_metric_values(gen_metrics.pop("timing_s/update_weights", [0.0]))))
+            np.max(flat_metric_values(gen_metrics.pop("timing_s/update_weights", [0.0])))
+        )
         metrics.update({k: v for k, v in gen_metrics.items() if k.startswith(("agent/", "rollout/"))})
         metrics["training/epoch"] = self.epoch
         metrics.update(staleness_metrics(batch, t.actor_version))
@@ -120,8 +130,10 @@ class PromptStream:
             batch = DataProto.from_single_dict(next(self.batches))
             epoch = self.dataloader.state_dict().get("epoch", 0)
             add_uids(batch, self.gen_index)
-            self._buffer = [PromptGroup(self.gen_index, i, epoch, batch[i:i + 1].repeat(self.n, interleave=True))
-                            for i in range(len(batch))]
+            self._buffer = [
+                PromptGroup(self.gen_index, i, epoch, batch[i : i + 1].repeat(self.n, interleave=True))
+                for i in range(len(batch))
+            ]
             self.gen_index += 1
         return self._buffer.pop(0)
 
@@ -143,7 +155,11 @@ class AsyncRolloutSource:
         if mode == "one_step_off":
             staleness, trigger, partial = 1.0, 1, False
         else:
-            staleness, trigger, partial = float(a.staleness_threshold), int(a.trigger_parameter_sync_step), bool(a.partial_rollout)
+            staleness, trigger, partial = (
+                float(a.staleness_threshold),
+                int(a.trigger_parameter_sync_step),
+                bool(a.partial_rollout),
+            )
         self.trigger = trigger
         self.partial = partial
         self.staleness = staleness
@@ -155,11 +171,20 @@ class AsyncRolloutSource:
     def _start(self) -> None:
         t = self.trainer
         rollout = t.config.actor_rollout_ref.rollout
-        self.stream = PromptStream(t.prompt_batches, t.train_dataloader, int(rollout.n),
-                                   first_gen_index=t.global_steps + 1 + self._gen_offset)
-        self.rollouter = Rollouter(t.async_rollout_manager, self.stream, self.prompts_per_step, self.staleness,
-                                   self.trigger, self.partial, sampling_meta={"do_sample": bool(rollout.do_sample)},
-                                   watchdog=getattr(t.rollout_wg, "watchdog", None), group=t.rollout_wg)
+        self.stream = PromptStream(
+            t.prompt_batches, t.train_dataloader, int(rollout.n), first_gen_index=t.global_steps + 1 + self._gen_offset
+        )
+        self.rollouter = Rollouter(
+            t.async_rollout_manager,
+            self.stream,
+            self.prompts_per_step,
+            self.staleness,
+            self.trigger,
+            self.partial,
+            sampling_meta={"do_sample": bool(rollout.do_sample)},
+            watchdog=getattr(t.rollout_wg, "watchdog", None),
+            group=t.rollout_wg,
+        )
         self.rollouter.version = t.actor_version
         self.rollouter.start(pending=self._pending_restart)
 
@@ -171,8 +196,9 @@ class AsyncRolloutSource:
         while True:
             yield DataProto(meta_info={"async_rollout": True})
 
-    def generate(self, ticket: DataProto, timing: dict, metrics: dict, first_uid: int = 0, count: int | None = None,
-                 ) -> DataProto:
+    def generate(
+        self, ticket: DataProto, timing: dict, metrics: dict, first_uid: int = 0, count: int | None = None
+    ) -> DataProto:
         """The next ``count`` (default: a step's) finished groups, in prompt order; waiting is the
         trainer's idle time, logged as timing_s/gen."""
         start = time.perf_counter()
@@ -202,8 +228,10 @@ class AsyncRolloutSource:
             if 0 < settings.max_num_gen_batches <= rounds:
                 raise RuntimeError(
                     f"dynamic sampling: {rounds} rounds of groups taken (algorithm.filter_groups.max_num_gen_batches="
-                    f"{settings.max_num_gen_batches}) but only {acc.groups_kept} of {self.prompts_per_step} groups have "
-                    f"differing '{settings.metric}' values; raise max_num_gen_batches, or set it to 0 for no limit")
+                    f"{settings.max_num_gen_batches}) but only {acc.groups_kept} of {self.prompts_per_step} groups "
+                    "have "
+                    f"differing '{settings.metric}' values; raise max_num_gen_batches, or set it to 0 for no limit"
+                )
             batch = self.generate(ticket, timing, metrics, count=acc.missing if rounds else self.prompts_per_step)
             with timer("reward", timing):
                 t.compute_reward(batch, metrics)
@@ -226,8 +254,11 @@ class AsyncRolloutSource:
         else:
             pending = self.rollouter.pending() + self.stream.buffered()
         gen_index = self.stream.gen_index if self.stream else self.trainer.global_steps + 1
-        return {"dataloader": self.trainer.train_dataloader.state_dict(), "pending_groups": pending,
-                "next_gen_index": gen_index}
+        return {
+            "dataloader": self.trainer.train_dataloader.state_dict(),
+            "pending_groups": pending,
+            "next_gen_index": gen_index,
+        }
 
     def load_data_state(self, state: dict) -> None:
         self.trainer.train_dataloader.load_state_dict(state["dataloader"])
@@ -248,5 +279,13 @@ def make_rollout_source(trainer):
     return SyncRolloutSource(trainer) if mode == "sync" else AsyncRolloutSource(trainer, mode)
 
 
-__all__ = ["MODES", "AsyncRolloutSource", "PromptStream", "SyncRolloutSource", "add_uids", "make_rollout_source",
-           "staleness_metrics", "weight_targets"]
+__all__ = [
+    "MODES",
+    "AsyncRolloutSource",
+    "PromptStream",
+    "SyncRolloutSource",
+    "add_uids",
+    "make_rollout_source",
+    "staleness_metrics",
+    "weight_targets",
+]

@@ -65,15 +65,26 @@ def staleness_bound(staleness_threshold: float, trigger_parameter_sync_step: int
 
 
 class Rollouter:
-    def __init__(self, manager, groups: Iterator[PromptGroup], prompts_per_step: int, staleness_threshold: float,
-                 trigger_parameter_sync_step: int, partial_rollout: bool, sampling_meta: dict | None = None,
-                 watchdog: Watchdog | None = None, group=None):
+    def __init__(
+        self,
+        manager,
+        groups: Iterator[PromptGroup],
+        prompts_per_step: int,
+        staleness_threshold: float,
+        trigger_parameter_sync_step: int,
+        partial_rollout: bool,
+        sampling_meta: dict | None = None,
+        watchdog: Watchdog | None = None,
+        group=None,
+    ):
         """``watchdog`` bounds the trainer's waits on the rollout workers (``group``, whose stacks a hang
         report shows); None: the process default."""
         if staleness_threshold < 0:
             raise ValueError(f"async_training.staleness_threshold must be >= 0, got {staleness_threshold}")
         if trigger_parameter_sync_step < 1:
-            raise ValueError(f"async_training.trigger_parameter_sync_step must be >= 1, got {trigger_parameter_sync_step}")
+            raise ValueError(
+                f"async_training.trigger_parameter_sync_step must be >= 1, got {trigger_parameter_sync_step}"
+            )
         self.manager = manager
         self.watchdog = watchdog if watchdog is not None else default_watchdog()
         self.group = group
@@ -116,8 +127,9 @@ class Rollouter:
         try:
             while True:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._stopped or (not self._holding
-                                                                  and self._started_in_period < self.budget))
+                    self._cond.wait_for(
+                        lambda: self._stopped or (not self._holding and self._started_in_period < self.budget)
+                    )
                     if self._stopped:
                         return
                     group = self._unconsumed_start.pop(0) if self._unconsumed_start else next(self._groups, None)
@@ -132,9 +144,15 @@ class Rollouter:
 
     def _launch(self, group: PromptGroup) -> None:
         """Start one group (called with the lock held)."""
-        meta = {**self.sampling_meta, "global_steps": group.gen_index, "sample_offset": group.position * len(group.prompts)}
-        request = group.prompts.select(batch_keys=["input_ids", "attention_mask", "position_ids"],
-                                       non_tensor_batch_keys=list(group.prompts.non_tensor_batch))
+        meta = {
+            **self.sampling_meta,
+            "global_steps": group.gen_index,
+            "sample_offset": group.position * len(group.prompts),
+        }
+        request = group.prompts.select(
+            batch_keys=["input_ids", "attention_mask", "position_ids"],
+            non_tensor_batch_keys=list(group.prompts.non_tensor_batch),
+        )
         request.meta_info = meta
         future: Future = self.manager.submit(request)
         if self._idle_since is not None:
@@ -185,16 +203,21 @@ class Rollouter:
             return None
         return self.watchdog.deadline(groups, progress=lambda: self.finished_total)
 
-    def take(self, count: int, timeout_s: float | None = None, actor_version: int | None = None,
-             ) -> tuple[list[FinishedGroup], dict[str, float]]:
+    def take(
+        self, count: int, timeout_s: float | None = None, actor_version: int | None = None
+    ) -> tuple[list[FinishedGroup], dict[str, float]]:
         """Wait until ``count`` groups are finished (and, given the trainer's ``actor_version``, no group
         that is due now is still generating); return the oldest-weight ones in prompt order and the wait
         metrics. ``timeout_s`` (else the watchdog's deadline) bounds the wait."""
         start = time.perf_counter()
         with self._cond:
+
             def ready() -> bool:
-                return (self._error is not None or (len(self._ready) >= count and not self._due_in_flight(actor_version))
-                        or (self._thread is not None and not self._thread.is_alive() and not self._in_flight))
+                return (
+                    self._error is not None
+                    or (len(self._ready) >= count and not self._due_in_flight(actor_version))
+                    or (self._thread is not None and not self._thread.is_alive() and not self._in_flight)
+                )
 
             if timeout_s is not None:
                 ok = self._cond.wait_for(ready, timeout=timeout_s)
@@ -204,8 +227,10 @@ class Rollouter:
             if self._error is not None:
                 raise RuntimeError("asynchronous rollout failed") from self._error
             if not ok or len(self._ready) < count:
-                raise TimeoutError(f"the rollouter produced {len(self._ready)} of {count} groups "
-                                   f"({len(self._in_flight)} in flight) within {timeout_s} s")
+                raise TimeoutError(
+                    f"the rollouter produced {len(self._ready)} of {count} groups "
+                    f"({len(self._in_flight)} in flight) within {timeout_s} s"
+                )
             self._ready.sort(key=lambda g: (g.started_at_version, g.finished_at))  # oldest weights first
             taken, self._ready = self._ready[:count], self._ready[count:]
             now = time.perf_counter()
@@ -214,9 +239,12 @@ class Rollouter:
             self._idle_s, self._window_start = 0.0, now
             if self._idle_since is not None:
                 self._idle_since = now
-            metrics = {"async/rollout_idle_fraction": idle / window, "async/queue_size": float(len(self._ready)),
-                       "async/in_flight_groups": float(len(self._in_flight)),
-                       "timing_s/wait_for_rollout": now - start}
+            metrics = {
+                "async/rollout_idle_fraction": idle / window,
+                "async/queue_size": float(len(self._ready)),
+                "async/in_flight_groups": float(len(self._in_flight)),
+                "timing_s/wait_for_rollout": now - start,
+            }
         taken.sort(key=lambda g: (g.group.gen_index, g.group.position))
         return taken, metrics
 
@@ -230,8 +258,11 @@ class Rollouter:
             self.manager.abort()  # ...and what runs returns its tokens (it resumes after the sync)
         else:
             with self._cond:  # let the groups in flight finish with the weights they started with
-                self._wait(lambda: not self._in_flight or self._error is not None, self._deadline,
-                           f"the {len(self._in_flight)} rollout groups in flight before a weight sync")
+                self._wait(
+                    lambda: not self._in_flight or self._error is not None,
+                    self._deadline,
+                    f"the {len(self._in_flight)} rollout groups in flight before a weight sync",
+                )
         drained = time.perf_counter()
         try:
             metrics = dict(push() or {})
@@ -252,5 +283,7 @@ class Rollouter:
         """Groups pulled from the dataloader but not taken by the trainer (in flight, finished, or queued
         for a restart): a checkpoint saves them so that a resumed run generates them again."""
         with self._cond:
-            groups = [g.group for g in self._ready] + [g for g, _ in self._in_flight.values()] + list(self._unconsumed_start)
+            groups = (
+                [g.group for g in self._ready] + [g for g, _ in self._in_flight.values()] + list(self._unconsumed_start)
+            )
         return sorted(groups, key=lambda g: (g.gen_index, g.position))

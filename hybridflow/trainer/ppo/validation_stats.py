@@ -13,8 +13,9 @@ taken from a private ``RandomState`` so the global numpy state is left alone.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from numbers import Real
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,8 +35,13 @@ def _object_array(data: Sequence[Any]) -> np.ndarray:
     return arr
 
 
-def bootstrap_metric(data: Sequence[Any], subset_size: int, reduce_fns: Sequence[Callable[[np.ndarray], float]],
-                     n_bootstrap: int = N_BOOTSTRAP, seed: int = 42) -> list[tuple[float, float]]:
+def bootstrap_metric(
+    data: Sequence[Any],
+    subset_size: int,
+    reduce_fns: Sequence[Callable[[np.ndarray], float]],
+    n_bootstrap: int = N_BOOTSTRAP,
+    seed: int = 42,
+) -> list[tuple[float, float]]:
     """(mean, std) over ``n_bootstrap`` random subsets of ``subset_size`` items (with replacement) of
     each ``reduce_fn(subset)``; every function sees the same subsets."""
     if len(data) == 0:
@@ -111,8 +117,11 @@ def _prompt_stats(values: list, preds: list | None, seed: int, cache: dict) -> d
 def _fill_failed_sessions(groups: dict, expected_acc_counts: dict) -> None:
     """Sources that report ``acc``: sessions that never produced a result count as acc 0;
     ``acc_success_only`` keeps the mean over the sessions that did."""
-    acc_sources = {src for src, by_uid in groups.items()
-                   if any(v is not None for var2vals in by_uid.values() for v in var2vals.get("acc", []))}
+    acc_sources = {
+        src
+        for src, by_uid in groups.items()
+        if any(v is not None for var2vals in by_uid.values() for v in var2vals.get("acc", []))
+    }
     for (source, uid), expected in expected_acc_counts.items():
         if source not in acc_sources:
             continue
@@ -122,10 +131,13 @@ def _fill_failed_sessions(groups: dict, expected_acc_counts: dict) -> None:
         var2vals["acc"] = observed + [0.0] * max(expected - len(observed), 0)
 
 
-def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequence[Any],
-                               infos_dict: dict[str, Sequence[Any]], seed: int = 42,
-                               expected_acc_counts: dict[tuple[str, Any], int] | None = None,
-                               ) -> dict[str, dict[str, dict[str, float]]]:
+def process_validation_metrics(
+    data_sources: Sequence[str],
+    sample_uids: Sequence[Any],
+    infos_dict: dict[str, Sequence[Any]],
+    seed: int = 42,
+    expected_acc_counts: dict[tuple[str, Any], int] | None = None,
+) -> dict[str, dict[str, dict[str, float]]]:
     """``{data_source: {variable: {metric: value}}}`` averaged over prompts (one ``uid`` per prompt).
 
     ``infos_dict`` maps each variable to one value per sample (aligned with ``data_sources`` and
@@ -153,10 +165,16 @@ def process_validation_metrics(data_sources: Sequence[str], sample_uids: Sequenc
                 values = [v for v in raw if v is not None]
                 if not values or not all(_is_number(v) for v in values):
                     continue
-                usable_preds = preds if (preds is not None and len(preds) == len(values)
-                                         and all(p is not None for p in preds)) else None
+                usable_preds = (
+                    preds
+                    if (preds is not None and len(preds) == len(values) and all(p is not None for p in preds))
+                    else None
+                )
                 for name, value in _prompt_stats(values, usable_preds, seed, cache).items():
                     per_prompt[source][var][name].append(value)
-    return {source: {var: {name: float(np.mean(vals)) for name, vals in metrics.items()}
-                     for var, metrics in var2metrics.items()}
-            for source, var2metrics in per_prompt.items()}
+    return {
+        source: {
+            var: {name: float(np.mean(vals)) for name, vals in metrics.items()} for var, metrics in var2metrics.items()
+        }
+        for source, var2metrics in per_prompt.items()
+    }

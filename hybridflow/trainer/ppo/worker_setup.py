@@ -46,13 +46,19 @@ def pool_sizes(config) -> dict[str, list[int]]:
     return pools
 
 
-def role_classes(config, use_critic: bool, use_ref: bool, use_rm: bool,
-                 use_judge: bool = False) -> dict[str, dict[str, tuple[type, tuple, dict]]]:
+def role_classes(
+    config, use_critic: bool, use_ref: bool, use_rm: bool, use_judge: bool = False
+) -> dict[str, dict[str, tuple[type, tuple, dict]]]:
     """pool name -> {role name -> (worker class, args, kwargs)}."""
     aref = config.actor_rollout_ref
     if separated_rollout(config):
-        trainer = {"actor_rollout": (ActorRolloutRefWorker, (), {"config": aref, "role": "actor_ref" if use_ref else "actor"})}
-        pools = {"trainer": trainer, "rollout": {"rollout": (ActorRolloutRefWorker, (), {"config": aref, "role": "rollout"})}}
+        trainer = {
+            "actor_rollout": (ActorRolloutRefWorker, (), {"config": aref, "role": "actor_ref" if use_ref else "actor"})
+        }
+        pools = {
+            "trainer": trainer,
+            "rollout": {"rollout": (ActorRolloutRefWorker, (), {"config": aref, "role": "rollout"})},
+        }
     else:
         role = "actor_rollout_ref" if use_ref else "actor_rollout"
         trainer = {"actor_rollout": (ActorRolloutRefWorker, (), {"config": aref, "role": role})}
@@ -78,8 +84,15 @@ def build_worker_groups(config, use_critic: bool, use_ref: bool, use_rm: bool, u
         # the rollout server's per-request endpoint runs in its own concurrency group: many requests in
         # flight on one worker, while the driver's calls still run one at a time
         classes = {name: ClassWithInitArgs(cls, *a, **kw) for name, (cls, a, kw) in roles.items()}
-        group = build_worker_group(backend, classes, sizes[pool], name=pool, use_gpu=use_gpu, max_colocate_count=1,
-                                   concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: ROLLOUT_MAX_IN_FLIGHT})
+        group = build_worker_group(
+            backend,
+            classes,
+            sizes[pool],
+            name=pool,
+            use_gpu=use_gpu,
+            max_colocate_count=1,
+            concurrency_groups={ROLLOUT_CONCURRENCY_GROUP: ROLLOUT_MAX_IN_FLIGHT},
+        )
         groups.update(group.spawn(prefix_set=list(roles)))
         groups["_fused" if pool == "trainer" else f"_fused_{pool}"] = group
     if "rollout" not in groups:

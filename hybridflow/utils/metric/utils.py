@@ -8,8 +8,9 @@ combine: a loss summed over gradient-accumulation steps must not be averaged lik
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
-from typing import Any, Iterable, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,11 +27,15 @@ class AggregationType(Enum):
     MAX = "max"
 
 
-_REDUCERS = {AggregationType.MEAN: np.mean, AggregationType.SUM: np.sum,
-             AggregationType.MIN: np.min, AggregationType.MAX: np.max}
+_REDUCERS = {
+    AggregationType.MEAN: np.mean,
+    AggregationType.SUM: np.sum,
+    AggregationType.MIN: np.min,
+    AggregationType.MAX: np.max,
+}
 
 
-def _as_aggregation(aggregation: Union[str, AggregationType]) -> AggregationType:
+def _as_aggregation(aggregation: str | AggregationType) -> AggregationType:
     if isinstance(aggregation, AggregationType):
         return aggregation
     try:
@@ -56,7 +61,7 @@ class Metric:
     """Values of one metric with the rule that combines them: ``Metric("sum", loss)``, then
     ``append`` / ``extend`` more, ``aggregate()`` for the number."""
 
-    def __init__(self, aggregation: Union[str, AggregationType], value: Any = None) -> None:
+    def __init__(self, aggregation: str | AggregationType, value: Any = None) -> None:
         self.aggregation = _as_aggregation(aggregation)
         self.values: list = []
         if isinstance(value, (list, tuple)):
@@ -77,7 +82,7 @@ class Metric:
             return
         self.values.append(_as_number(value))
 
-    def extend(self, values: Union["Metric", Iterable]) -> None:
+    def extend(self, values: Metric | Iterable) -> None:
         """Add several values; a Metric must have the same aggregation (a sum is not a mean)."""
         if isinstance(values, Metric):
             if values.aggregation != self.aggregation:
@@ -92,7 +97,7 @@ class Metric:
         return float(_REDUCERS[self.aggregation](self.values))
 
     @classmethod
-    def aggregate_dp(cls, metrics: list["Metric"]) -> float:
+    def aggregate_dp(cls, metrics: list[Metric]) -> float:
         """One number from the same metric on several data-parallel ranks, each holding one value per
         accumulation step: sum/mean average the ranks step by step first (every rank saw a share of
         the same batch), then combine the steps; min/max take the extreme of all values."""
@@ -100,7 +105,9 @@ class Metric:
             raise ValueError("cannot aggregate an empty list of metrics")
         aggregation = metrics[0].aggregation
         if any(m.aggregation != aggregation for m in metrics):
-            raise ValueError(f"aggregation type mismatch across ranks: {sorted({m.aggregation.value for m in metrics})}")
+            raise ValueError(
+                f"aggregation type mismatch across ranks: {sorted({m.aggregation.value for m in metrics})}"
+            )
         lengths = [len(m.values) for m in metrics]
         if len(set(lengths)) != 1:
             raise ValueError(f"every rank must hold the same number of values for dp aggregation, got {lengths}")
@@ -110,11 +117,11 @@ class Metric:
         return float(_REDUCERS[aggregation](values))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], aggregation: Union[str, AggregationType]) -> dict[str, "Metric"]:
+    def from_dict(cls, data: dict[str, Any], aggregation: str | AggregationType) -> dict[str, Metric]:
         """``{key: Metric(aggregation, value)}`` for a dict of plain values."""
         return {key: cls(aggregation, value) for key, value in data.items()}
 
-    def init_list(self) -> "Metric":
+    def init_list(self) -> Metric:
         """An empty Metric with the same aggregation, to collect values into."""
         return Metric(self.aggregation)
 

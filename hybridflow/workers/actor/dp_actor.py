@@ -9,7 +9,6 @@ micro-batch size, token budget or data-parallel size (see ``workers/utils/micro_
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Optional, Union
 
 import torch
 
@@ -29,12 +28,14 @@ __all__ = ["DataParallelPPOActor", "actor_section"]
 _PATH = "actor_rollout_ref.actor"
 
 
-def actor_section(config: Union[ActorConfig, Mapping]) -> ActorConfig:
+def actor_section(config: ActorConfig | Mapping) -> ActorConfig:
     """The typed actor section: an ``ActorConfig`` as it is; a DictConfig or dict (veRL users pass the
     ``actor_rollout_ref.actor`` node) read into its ``_target_`` class, ``FSDPActorConfig`` by default."""
     section = omega_conf_to_dataclass(config, FSDPActorConfig, path=_PATH)
     if not isinstance(section, ActorConfig):
-        raise TypeError(f"config must be an ActorConfig or the {_PATH} section as a mapping, got {type(config).__name__}")
+        raise TypeError(
+            f"config must be an ActorConfig or the {_PATH} section as a mapping, got {type(config).__name__}"
+        )
     return section
 
 
@@ -55,8 +56,13 @@ def _policy_loss_output(out, loss_mode: str) -> tuple[torch.Tensor, dict]:
     )
 
 
-def _cut_shared_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                        response_length: int, cut_right: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+def _cut_shared_padding(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    cut_right: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
     """Drop the leading and trailing columns that are padding in every row: prompts are left-padded
     to max_prompt_length and responses right-padded to the response length, both usually wider than
     the micro-batch's longest. No row attends to those columns and the position ids are explicit, so
@@ -73,8 +79,13 @@ def _cut_shared_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor, p
     if first == 0 and right == 0:
         return input_ids, attention_mask, position_ids, response_length, 0
     end = width - right
-    return (input_ids[:, first:end], attention_mask[:, first:end], position_ids[..., first:end],
-            response_length - right, right)
+    return (
+        input_ids[:, first:end],
+        attention_mask[:, first:end],
+        position_ids[..., first:end],
+        response_length - right,
+        right,
+    )
 
 
 def _meta(data, key: str):
@@ -98,36 +109,57 @@ class DataParallelPPOActor:
     An actor without an optimizer only computes log-probs (the reference policy).
     """
 
-    def __init__(self, config: Union[ActorConfig, Mapping], actor_module: torch.nn.Module, actor_optimizer=None,
-                 lr_scheduler=None, dp_group=None, sp: Optional[SequenceParallel] = None):
+    def __init__(
+        self,
+        config: ActorConfig | Mapping,
+        actor_module: torch.nn.Module,
+        actor_optimizer=None,
+        lr_scheduler=None,
+        dp_group=None,
+        sp: SequenceParallel | None = None,
+    ):
         self.config = actor_section(config)
         # use_remove_padding follows actor_rollout_ref.model (FSDPActorConfig); engines without it pad
         self.use_remove_padding = bool(self.config.get("use_remove_padding", False))
         self.sp = sp
         if sp is not None and not self.use_remove_padding:
-            raise ValueError(f"{_PATH}.ulysses_sequence_parallel_size > 1 needs "
-                             "actor_rollout_ref.model.use_remove_padding=True")
+            raise ValueError(
+                f"{_PATH}.ulysses_sequence_parallel_size > 1 needs actor_rollout_ref.model.use_remove_padding=True"
+            )
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.lr_scheduler = lr_scheduler
         self.dp_group = dp_group
         self.policy_loss_fn = get_policy_loss_fn(self.config.policy_loss.loss_mode)  # fails early on a bad name
         # an SP group shares each packed micro-batch: its token budget is the sum of its ranks' (veRL)
-        self.update_loop = None if actor_optimizer is None else UpdateLoop(
-            self.config, actor_module, actor_optimizer, dp_group, prefix="actor", path=_PATH,
-            max_token_len=self.config.ppo_max_token_len_per_gpu * (sp.size if sp else 1))
+        self.update_loop = (
+            None
+            if actor_optimizer is None
+            else UpdateLoop(
+                self.config,
+                actor_module,
+                actor_optimizer,
+                dp_group,
+                prefix="actor",
+                path=_PATH,
+                max_token_len=self.config.ppo_max_token_len_per_gpu * (sp.size if sp else 1),
+            )
+        )
         self._shared_prefix = shared_prefix.usable(actor_module)  # on wherever it is exact and possible
         if self.config.use_prefix_grouper and not self._shared_prefix:
-            raise ValueError(f"{_PATH}.use_prefix_grouper=True: this actor cannot run a group's prompt "
-                             "once (it needs an unwrapped transformers causal LM with a KV cache: world size 1, "
-                             "no gradient checkpointing)")
+            raise ValueError(
+                f"{_PATH}.use_prefix_grouper=True: this actor cannot run a group's prompt "
+                "once (it needs an unwrapped transformers causal LM with a KV cache: world size 1, "
+                "no gradient checkpointing)"
+            )
 
     # ----------------------------------------------------------------------------------------
     # forward
     # ----------------------------------------------------------------------------------------
 
-    def _forward_micro_batch(self, micro_batch, temperature: float, calculate_entropy: bool = False,
-                             calculate_sum_pi_squared: bool = False):
+    def _forward_micro_batch(
+        self, micro_batch, temperature: float, calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False
+    ):
         """(log_probs (B, R), entropy (B, R) or None, sum_pi_squared (B, R) or None). Padded forwards
         skip the padding columns every row shares. Where the micro-batch repeats its prompts (GRPO's n
         samples) each distinct prompt runs once (``shared_prefix.py``); the values at response padding
@@ -135,18 +167,34 @@ class DataParallelPPOActor:
         batch = micro_batch.batch
         response_length = batch["responses"].shape[-1]
         input_ids, attention_mask, position_ids = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
-        stats = {"temperature": temperature, "calculate_entropy": calculate_entropy,
-                 "calculate_sum_pi_squared": calculate_sum_pi_squared}
+        stats = {
+            "temperature": temperature,
+            "calculate_entropy": calculate_entropy,
+            "calculate_sum_pi_squared": calculate_sum_pi_squared,
+        }
         if self.use_remove_padding:
-            return forward_response_token_stats(self.actor_module, input_ids, attention_mask, position_ids,
-                                                response_length=response_length, use_remove_padding=True, sp=self.sp,
-                                                **stats)
+            return forward_response_token_stats(
+                self.actor_module,
+                input_ids,
+                attention_mask,
+                position_ids,
+                response_length=response_length,
+                use_remove_padding=True,
+                sp=self.sp,
+                **stats,
+            )
         if self._shared_prefix:
-            cut_ids, cut_mask, cut_pos, kept, cut = _cut_shared_padding(input_ids, attention_mask, position_ids,
-                                                                        response_length)
+            cut_ids, cut_mask, cut_pos, kept, cut = _cut_shared_padding(
+                input_ids, attention_mask, position_ids, response_length
+            )
             groups = shared_prefix.prompt_groups(cut_ids, cut_mask, cut_ids.size(1) - kept)
-            out = None if groups is None else shared_prefix.response_log_probs(
-                self.actor_module, cut_ids, cut_mask, cut_pos, kept, groups=groups, **stats)
+            out = (
+                None
+                if groups is None
+                else shared_prefix.response_log_probs(
+                    self.actor_module, cut_ids, cut_mask, cut_pos, kept, groups=groups, **stats
+                )
+            )
             if out is not None:
                 if not cut:
                     return out
@@ -154,10 +202,12 @@ class DataParallelPPOActor:
                 return tuple(None if t is None else torch.nn.functional.pad(t, (0, cut)) for t in out)
         # the ordinary padded forward: only the left padding shared by all rows is cut (the values at
         # response padding stay the model's, as without the cut)
-        input_ids, attention_mask, position_ids, _, _ = _cut_shared_padding(input_ids, attention_mask, position_ids,
-                                                                            response_length, cut_right=False)
-        return forward_response_token_stats(self.actor_module, input_ids, attention_mask, position_ids,
-                                            response_length=response_length, **stats)
+        input_ids, attention_mask, position_ids, _, _ = _cut_shared_padding(
+            input_ids, attention_mask, position_ids, response_length, cut_right=False
+        )
+        return forward_response_token_stats(
+            self.actor_module, input_ids, attention_mask, position_ids, response_length=response_length, **stats
+        )
 
     def compute_log_prob(self, data, calculate_entropy: bool = False, calculate_sum_pi_squared: bool = False):
         """(log_probs (B, R), entropys (B, R) or None) of ``data.batch['responses']``; with
@@ -170,7 +220,8 @@ class DataParallelPPOActor:
         data = data.select(batch_keys=["responses", "input_ids", "attention_mask", "position_ids"])
         use_dynamic_bsz = data.meta_info.get("use_dynamic_bsz", False)
         micro_batches, indices = split_for_forward(
-            data, use_dynamic_bsz,
+            data,
+            use_dynamic_bsz,
             max_token_len=_meta(data, "max_token_len") * (self.sp.size if self.sp else 1) if use_dynamic_bsz else None,
             micro_batch_size=None if use_dynamic_bsz else _meta(data, "micro_batch_size"),
             dp_group=self.dp_group,
@@ -180,9 +231,12 @@ class DataParallelPPOActor:
         outputs = []  # per micro-batch (log_probs, entropy, sum_pi_squared)
         with torch.no_grad():
             for micro in micro_batches:
-                outputs.append(self._forward_micro_batch(micro, temperature, calculate_entropy, calculate_sum_pi_squared))
+                outputs.append(
+                    self._forward_micro_batch(micro, temperature, calculate_entropy, calculate_sum_pi_squared)
+                )
         log_probs, entropys, sum_pi_squared = (
-            restore_order(list(column), indices) if column[0] is not None else None for column in zip(*outputs))
+            restore_order(list(column), indices) if column[0] is not None else None for column in zip(*outputs)
+        )
         return (log_probs, entropys, sum_pi_squared) if calculate_sum_pi_squared else (log_probs, entropys)
 
     # ----------------------------------------------------------------------------------------
@@ -195,7 +249,7 @@ class DataParallelPPOActor:
         weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None
         return self.policy_loss_fn(rollout_is_weights=weights, **kwargs)
 
-    def _pg_loss_fn(self, correction: Optional[RolloutCorrectionConfig]):
+    def _pg_loss_fn(self, correction: RolloutCorrectionConfig | None):
         """Chosen once per update: bypass-mode rollout correction replaces the configured loss (its
         weights and masks need the current log-probs, so they are made here, per micro-batch)."""
         if correction is None or not correction.bypass_mode:
@@ -211,15 +265,18 @@ class DataParallelPPOActor:
         agg = ctx.agg_kwargs()  # veRL's global_batch_info
 
         log_prob, entropy, _ = self._forward_micro_batch(micro, temperature, calculate_entropy=c.entropy_coeff != 0)
-        pg_loss, pg_metrics = _policy_loss_output(pg_loss_fn(
-            batch,
-            old_log_prob=batch["old_log_probs"],
-            log_prob=log_prob,
-            advantages=batch["advantages"],
-            response_mask=response_mask,
-            loss_agg_mode=c.loss_agg_mode,
-            config=ConfigWithBatchInfo(c, agg),
-        ), c.policy_loss.loss_mode)
+        pg_loss, pg_metrics = _policy_loss_output(
+            pg_loss_fn(
+                batch,
+                old_log_prob=batch["old_log_probs"],
+                log_prob=log_prob,
+                advantages=batch["advantages"],
+                response_mask=response_mask,
+                loss_agg_mode=c.loss_agg_mode,
+                config=ConfigWithBatchInfo(c, agg),
+            ),
+            c.policy_loss.loss_mode,
+        )
         policy_loss = pg_loss
         ctx.add("actor/pg_loss", pg_loss)
         for key, value in pg_metrics.items():  # ratio-type statistics: token-weighted over the rank's mini-batch
@@ -258,7 +315,9 @@ class DataParallelPPOActor:
         def loss(micro, ctx: MiniBatchContext) -> torch.Tensor:
             return self._micro_batch_loss(micro, ctx, temperature, pg_loss_fn)
 
-        buffer = self.update_loop.run(data, loss, step_constants={"actor/kl_coef": c.kl_loss_coef} if c.use_kl_loss else None)
+        buffer = self.update_loop.run(
+            data, loss, step_constants={"actor/kl_coef": c.kl_loss_coef} if c.use_kl_loss else None
+        )
         if self.lr_scheduler is not None:
             buffer.add("actor/lr", self.lr_scheduler.get_last_lr()[0])
         return buffer.to_floats()

@@ -35,7 +35,9 @@ def usable(module: torch.nn.Module) -> bool:
     without gradient checkpointing (which turns the cache off in training)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    if isinstance(module, DistributedDataParallel) or type(module).__name__.startswith(("FSDP", "FullyShardedDataParallel")):
+    if isinstance(module, DistributedDataParallel) or type(module).__name__.startswith(
+        ("FSDP", "FullyShardedDataParallel")
+    ):
         return False
     if getattr(module, "is_gradient_checkpointing", False):
         return False
@@ -45,8 +47,9 @@ def usable(module: torch.nn.Module) -> bool:
     return _accepts(module, "past_key_values") and _accepts(module, "logits_to_keep")
 
 
-def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
-                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+def prompt_groups(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(first row of each distinct prompt (G,), group of each row (B,)) when the rows repeat their
     prompts often enough (prompt ids and mask both equal), else None."""
     key = torch.cat([input_ids[:, :prompt_length], attention_mask[:, :prompt_length]], dim=1)
@@ -65,10 +68,17 @@ def _plain_cache(cache) -> bool:
     return all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))
 
 
-def response_log_probs(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       position_ids: torch.Tensor, response_length: int, temperature: float,
-                       calculate_entropy: bool, groups: tuple[torch.Tensor, torch.Tensor],
-                       calculate_sum_pi_squared: bool = False) -> TokenStats | None:
+def response_log_probs(
+    module: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    temperature: float,
+    calculate_entropy: bool,
+    groups: tuple[torch.Tensor, torch.Tensor],
+    calculate_sum_pi_squared: bool = False,
+) -> TokenStats | None:
     """(log_probs, entropy or None, sum_pi_squared or None), each (B, R), as
     ``forward_response_token_stats`` computes them,
     through the prompts' shared cache; None when the model's cache is not a plain one (the caller
@@ -78,15 +88,25 @@ def response_log_probs(module: torch.nn.Module, input_ids: torch.Tensor, attenti
     first, inverse = groups
     prompt_length = input_ids.size(1) - response_length
     cache = DynamicCache()
-    prefix = module(input_ids=input_ids[first, :prompt_length], attention_mask=attention_mask[first, :prompt_length],
-                    position_ids=position_ids[first, ..., :prompt_length], past_key_values=cache, use_cache=True,
-                    logits_to_keep=1)
+    prefix = module(
+        input_ids=input_ids[first, :prompt_length],
+        attention_mask=attention_mask[first, :prompt_length],
+        position_ids=position_ids[first, ..., :prompt_length],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     if not _plain_cache(cache):
         return None
     cache.batch_select_indices(inverse)  # every row its prompt's keys/values (differentiable copies)
     responses = input_ids[:, prompt_length:]
-    out = module(input_ids=responses, attention_mask=attention_mask, position_ids=position_ids[..., prompt_length:],
-                 past_key_values=cache, use_cache=True)
+    out = module(
+        input_ids=responses,
+        attention_mask=attention_mask,
+        position_ids=position_ids[..., prompt_length:],
+        past_key_values=cache,
+        use_cache=True,
+    )
     # the last prompt position predicts the first response token, response position j the token j + 1
     logits = torch.cat([prefix.logits[:, -1:, :][inverse], out.logits[:, :-1, :]], dim=1)  # (B, R, V)
     return token_stats(logits / temperature, responses, calculate_entropy, calculate_sum_pi_squared)

@@ -10,14 +10,44 @@ from hybridflow.config.model import CriticModelConfig, HFModelConfig, MtpConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
 from hybridflow.config.profiler import ProfilerConfig
 from hybridflow.config.refused import __getattr__  # noqa: F401
-from hybridflow.config.rollout import (AgentLoopConfig, CheckpointEngineConfig, CustomAsyncServerConfig,
-                                       DisaggregationConfig, MultiTurnConfig, PrometheusConfig, RolloutConfig,
-                                       SamplingConfig, TraceConfig)
+from hybridflow.config.rollout import (
+    AgentLoopConfig,
+    CheckpointEngineConfig,
+    CustomAsyncServerConfig,
+    DisaggregationConfig,
+    MultiTurnConfig,
+    PrometheusConfig,
+    RolloutConfig,
+    SamplingConfig,
+    TraceConfig,
+)
 
 __all__ = [
-    "ActorConfig", "FSDPActorConfig", "RefConfig", "PolicyLossConfig", "RouterReplayConfig", "CheckpointConfig",
-    "CriticConfig", "FSDPCriticConfig", "OptimizerConfig", "FSDPOptimizerConfig", "FSDPEngineConfig",
-    "MixedPrecisionConfig", "QATConfig", "QATEngineConfig", "HFModelConfig", "CriticModelConfig", "MtpConfig",
-    "ProfilerConfig", "RolloutConfig", "SamplingConfig", "MultiTurnConfig", "AgentLoopConfig",
-    "CustomAsyncServerConfig", "CheckpointEngineConfig", "TraceConfig", "PrometheusConfig", "DisaggregationConfig",
+    "ActorConfig",
+    "FSDPActorConfig",
+    "RefConfig",
+    "PolicyLossConfig",
+    "RouterReplayConfig",
+    "CheckpointConfig",
+    "CriticConfig",
+    "FSDPCriticConfig",
+    "OptimizerConfig",
+    "FSDPOptimizerConfig",
+    "FSDPEngineConfig",
+    "MixedPrecisionConfig",
+    "QATConfig",
+    "QATEngineConfig",
+    "HFModelConfig",
+    "CriticModelConfig",
+    "MtpConfig",
+    "ProfilerConfig",
+    "RolloutConfig",
+    "SamplingConfig",
+    "MultiTurnConfig",
+    "AgentLoopConfig",
+    "CustomAsyncServerConfig",
+    "CheckpointEngineConfig",
+    "TraceConfig",
+    "PrometheusConfig",
+    "DisaggregationConfig",
 ]

@@ -9,7 +9,6 @@ of the state made of the tokens up to t, so the value before response token j si
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Optional, Union
 
 import torch
 
@@ -25,12 +24,14 @@ from hybridflow.workers.utils.update_loop import MiniBatchContext, UpdateLoop
 __all__ = ["DataParallelPPOCritic", "critic_section"]
 
 
-def critic_section(config: Union[CriticConfig, Mapping]) -> CriticConfig:
+def critic_section(config: CriticConfig | Mapping) -> CriticConfig:
     """The typed critic section: a ``CriticConfig`` as it is; a DictConfig or dict read into its
     ``_target_`` class, ``FSDPCriticConfig`` by default."""
     section = omega_conf_to_dataclass(config, FSDPCriticConfig, path="critic")
     if not isinstance(section, CriticConfig):
-        raise TypeError(f"config must be a CriticConfig or the critic section as a mapping, got {type(config).__name__}")
+        raise TypeError(
+            f"config must be a CriticConfig or the critic section as a mapping, got {type(config).__name__}"
+        )
     return section
 
 
@@ -44,8 +45,15 @@ class DataParallelPPOCritic:
     ``critic/lr``; the worker steps it. ``sp``: the Ulysses sequence-parallel group, as for the actor
     (token budgets grow by its size)."""
 
-    def __init__(self, config: Union[CriticConfig, Mapping], critic_module: torch.nn.Module, critic_optimizer=None,
-                 lr_scheduler=None, dp_group=None, sp: Optional[SequenceParallel] = None):
+    def __init__(
+        self,
+        config: CriticConfig | Mapping,
+        critic_module: torch.nn.Module,
+        critic_optimizer=None,
+        lr_scheduler=None,
+        dp_group=None,
+        sp: SequenceParallel | None = None,
+    ):
         self.config = critic_section(config)
         c = self.config
         self.use_remove_padding = bool(c.model.use_remove_padding)
@@ -60,9 +68,19 @@ class DataParallelPPOCritic:
         self.critic_optimizer = critic_optimizer
         self.lr_scheduler = lr_scheduler
         self.dp_group = dp_group
-        self.update_loop = None if critic_optimizer is None else UpdateLoop(
-            c, critic_module, critic_optimizer, dp_group, prefix="critic", path="critic",
-            max_token_len=c.ppo_max_token_len_per_gpu * sp_size)
+        self.update_loop = (
+            None
+            if critic_optimizer is None
+            else UpdateLoop(
+                c,
+                critic_module,
+                critic_optimizer,
+                dp_group,
+                prefix="critic",
+                path="critic",
+                max_token_len=c.ppo_max_token_len_per_gpu * sp_size,
+            )
+        )
 
     def _forward_micro_batch(self, micro_batch) -> torch.Tensor:
         batch = micro_batch.batch
@@ -89,8 +107,11 @@ class DataParallelPPOCritic:
         micro_batches, indices = split_for_forward(
             data,
             use_dynamic_bsz=data.meta_info.get("use_dynamic_bsz", self.config.use_dynamic_bsz),
-            max_token_len=(data.meta_info["max_token_len"] * (self.sp.size if self.sp else 1)
-                           if "max_token_len" in data.meta_info else self.forward_max_token_len),
+            max_token_len=(
+                data.meta_info["max_token_len"] * (self.sp.size if self.sp else 1)
+                if "max_token_len" in data.meta_info
+                else self.forward_max_token_len
+            ),
             micro_batch_size=data.meta_info.get("micro_batch_size", self.forward_micro_batch_size),
             dp_group=self.dp_group,
         )

@@ -69,8 +69,14 @@ class EngineSpec:
         return self.param_offload or self.param_dtype is not None
 
 
-def engine_spec(engine: FSDPEngineConfig, strategy: str, device: str, gradient_checkpointing: bool = False,
-                lora: LoraSpec | None = None, activation_offload: bool = False) -> EngineSpec:
+def engine_spec(
+    engine: FSDPEngineConfig,
+    strategy: str,
+    device: str,
+    gradient_checkpointing: bool = False,
+    lora: LoraSpec | None = None,
+    activation_offload: bool = False,
+) -> EngineSpec:
     """The spec of a role's engine section (``fsdp_config``; the critic's ``fsdp``) on ``device``:
     mixed precision and offload only act on CUDA (config checks explain this on cpu)."""
     mp = engine.mixed_precision
@@ -99,8 +105,10 @@ def fsdp_mesh_shape(world_size: int, fsdp_size: int) -> tuple[tuple[int, ...], t
     if fsdp_size < 0 or fsdp_size >= world_size:
         return (world_size,), ("fsdp",)
     if fsdp_size == 0 or world_size % fsdp_size:
-        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must divide the number of training ranks "
-                         f"({world_size}), or be -1 to shard over all of them")
+        raise ValueError(
+            f"fsdp_config.fsdp_size={fsdp_size} must divide the number of training ranks "
+            f"({world_size}), or be -1 to shard over all of them"
+        )
     return (world_size // fsdp_size, fsdp_size), ("ddp", "fsdp")
 
 
@@ -109,8 +117,14 @@ def _dtype(name):
         return None
     if name == "auto":  # only asked on CUDA
         return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else None
-    return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-            "fp32": torch.float32, "float32": torch.float32}[str(name)]
+    return {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+    }[str(name)]
 
 
 def _enable_activation_checkpointing(module: nn.Module, offload: bool = False) -> None:
@@ -169,10 +183,12 @@ class TrainEngine:
         if self.lora is not None:
             module = apply_lora(module, self.lora)  # base weights frozen; adapters trainable
         self.sharded = spec.strategy in ("fsdp", "fsdp2") and (
-            self.world_size > 1 or (spec.needs_fsdp and dist.is_initialized()))
+            self.world_size > 1 or (spec.needs_fsdp and dist.is_initialized())
+        )
         if spec.needs_fsdp and not self.sharded:
-            logger.warning("mixed precision / CPU offload need FSDP2 over torch.distributed (strategy=fsdp); "
-                           "training without them")
+            logger.warning(
+                "mixed precision / CPU offload need FSDP2 over torch.distributed (strategy=fsdp); training without them"
+            )
         if not (self.sharded and spec.param_offload):  # with CPUOffloadPolicy FSDP2 keeps params on the host
             module.to(spec.device)
         self.module = self._wrap(module)
@@ -197,7 +213,9 @@ class TrainEngine:
             kwargs = {
                 "mesh": mesh,
                 "reshard_after_forward": self.spec.reshard_after_forward,
-                "mp_policy": MixedPrecisionPolicy(param_dtype=self.spec.param_dtype, reduce_dtype=self.spec.reduce_dtype),
+                "mp_policy": MixedPrecisionPolicy(
+                    param_dtype=self.spec.param_dtype, reduce_dtype=self.spec.reduce_dtype
+                ),
                 "offload_policy": CPUOffloadPolicy() if self.spec.param_offload else OffloadPolicy(),
             }
             layer_types = _layer_classes(module)
@@ -265,8 +283,9 @@ class TrainEngine:
         if self.lora is None:
             yield from self._full_tensors()
         else:
-            yield from merge_lora_stream(self._full_tensors(), lora_scaling(self.lora.alpha, self.lora.rank),
-                                         self.lora.adapter_name)
+            yield from merge_lora_stream(
+                self._full_tensors(), lora_scaling(self.lora.alpha, self.lora.rank), self.lora.adapter_name
+            )
 
     def iter_adapter_params(self, with_base: bool) -> Iterator[tuple[str, torch.Tensor]]:
         """LoRA, unmerged: the frozen base weights under plain Hugging Face names (``with_base``), then
@@ -282,4 +301,3 @@ class TrainEngine:
         peft_model = peft_model_of(self.module)
         if peft_model is not None:
             peft_model.peft_config[self.lora.adapter_name].save_pretrained(directory)
-

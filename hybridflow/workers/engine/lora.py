@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,8 +27,19 @@ from torch import nn
 
 from hybridflow.config.model import HFModelConfig
 
-__all__ = ["LoraSpec", "lora_spec", "apply_lora", "adapters_disabled", "merge_lora_weights", "lora_scaling", "peft_model_of",
-           "ADAPTER_CONFIG", "is_adapter_tensor", "split_lora_stream", "rollout_gets_adapter"]
+__all__ = [
+    "LoraSpec",
+    "lora_spec",
+    "apply_lora",
+    "adapters_disabled",
+    "merge_lora_weights",
+    "lora_scaling",
+    "peft_model_of",
+    "ADAPTER_CONFIG",
+    "is_adapter_tensor",
+    "split_lora_stream",
+    "rollout_gets_adapter",
+]
 
 ADAPTER_CONFIG = "adapter_config.json"
 _PEFT_PREFIX = "base_model.model."
@@ -51,14 +62,19 @@ def lora_spec(model: HFModelConfig) -> LoraSpec | None:
     path, exclude = model.lora_adapter_path, model.exclude_modules
     if path:
         saved = read_adapter_config(str(path))
-        return LoraSpec(rank=int(saved["r"]), alpha=float(saved["lora_alpha"]),
-                        target_modules=saved.get("target_modules") or "all-linear", exclude_modules=exclude,
-                        adapter_path=str(path))
+        return LoraSpec(
+            rank=int(saved["r"]),
+            alpha=float(saved["lora_alpha"]),
+            target_modules=saved.get("target_modules") or "all-linear",
+            exclude_modules=exclude,
+            adapter_path=str(path),
+        )
     if model.lora_rank <= 0:
         return None
     target = model.target_modules if isinstance(model.target_modules, str) else list(model.target_modules)
-    return LoraSpec(rank=int(model.lora_rank), alpha=float(model.lora_alpha), target_modules=target,
-                    exclude_modules=exclude)
+    return LoraSpec(
+        rank=int(model.lora_rank), alpha=float(model.lora_alpha), target_modules=target, exclude_modules=exclude
+    )
 
 
 def read_adapter_config(path: str) -> dict:
@@ -68,14 +84,18 @@ def read_adapter_config(path: str) -> dict:
 
     config_file = os.path.join(os.path.expanduser(path), ADAPTER_CONFIG)
     if not os.path.isfile(config_file):
-        raise FileNotFoundError(f"actor_rollout_ref.model.lora_adapter_path={path!r}: no {ADAPTER_CONFIG} there "
-                                "(a folder written by peft's save_pretrained)")
+        raise FileNotFoundError(
+            f"actor_rollout_ref.model.lora_adapter_path={path!r}: no {ADAPTER_CONFIG} there "
+            "(a folder written by peft's save_pretrained)"
+        )
     with open(config_file) as f:
         saved = json.load(f)
     if saved.get("peft_type", "LORA") != "LORA" or saved.get("use_dora") or saved.get("use_rslora"):
-        raise ValueError(f"actor_rollout_ref.model.lora_adapter_path={path!r}: only plain LoRA adapters are supported "
-                         f"(peft_type={saved.get('peft_type')!r}, use_dora={saved.get('use_dora')}, "
-                         f"use_rslora={saved.get('use_rslora')})")
+        raise ValueError(
+            f"actor_rollout_ref.model.lora_adapter_path={path!r}: only plain LoRA adapters are supported "
+            f"(peft_type={saved.get('peft_type')!r}, use_dora={saved.get('use_dora')}, "
+            f"use_rslora={saved.get('use_rslora')})"
+        )
     return saved
 
 
@@ -103,8 +123,14 @@ def apply_lora(module: nn.Module, spec: LoraSpec) -> nn.Module:
         from peft import PeftModel
 
         return PeftModel.from_pretrained(module, spec.adapter_path, adapter_name=spec.adapter_name, is_trainable=True)
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=spec.target_modules,
-                        exclude_modules=spec.exclude_modules, bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        target_modules=spec.target_modules,
+        exclude_modules=spec.exclude_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(module, config, adapter_name=spec.adapter_name)
 
 
@@ -130,8 +156,9 @@ def lora_scaling(alpha: float, rank: int, use_rslora: bool = False) -> float:
     return alpha / math.sqrt(rank) if use_rslora else alpha / rank
 
 
-def merge_lora_weights(state_dict: dict[str, torch.Tensor], scaling: float, adapter_name: str = "default",
-                       ) -> dict[str, torch.Tensor]:
+def merge_lora_weights(
+    state_dict: dict[str, torch.Tensor], scaling: float, adapter_name: str = "default"
+) -> dict[str, torch.Tensor]:
     """peft-named full weights -> plain Hugging Face names with each adapter folded into its base layer.
 
     ``...q_proj.base_layer.weight`` + ``scaling * lora_B @ lora_A`` -> ``...q_proj.weight``. Pure: the
@@ -161,8 +188,9 @@ def merge_lora_weights(state_dict: dict[str, torch.Tensor], scaling: float, adap
     return merged
 
 
-def merge_lora_stream(named_tensors: Iterable[tuple[str, torch.Tensor]], scaling: float, adapter_name: str = "default",
-                      ) -> Iterator[tuple[str, torch.Tensor]]:
+def merge_lora_stream(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], scaling: float, adapter_name: str = "default"
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Streaming ``merge_lora_weights``: peft-named (name, tensor) pairs in, plain Hugging Face names out,
     each adapted layer emitted as soon as its base weight, lora_A and lora_B have all been seen."""
     a_suffix, b_suffix = f"lora_A.{adapter_name}.weight", f"lora_B.{adapter_name}.weight"
@@ -196,8 +224,9 @@ def is_adapter_tensor(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
-def split_lora_stream(named_tensors: Iterable[tuple[str, torch.Tensor]], adapter_name: str = "default",
-                      with_base: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+def split_lora_stream(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], adapter_name: str = "default", with_base: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
     """peft-named (name, tensor) pairs -> the base weights under plain Hugging Face names (only when
     ``with_base``) and the adapter's A/B matrices under the names peft saves them with
     (``...q_proj.lora_A.weight``, adapter name dropped), unmerged."""
@@ -215,5 +244,5 @@ def split_lora_stream(named_tensors: Iterable[tuple[str, torch.Tensor]], adapter
 
 def _hf_name(key: str) -> str:
     if key.startswith(_PEFT_PREFIX):
-        key = key[len(_PEFT_PREFIX):]
+        key = key[len(_PEFT_PREFIX) :]
     return key.replace(".base_layer.", ".")

@@ -12,8 +12,14 @@ def build_optimizer(params, lr: float, betas=(0.9, 0.999), weight_decay: float =
     return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, eps=eps)
 
 
-def lr_multiplier(step: int, warmup_steps: int, total_steps: int, style: str = "constant",
-                  min_lr_ratio: float = 0.0, num_cycles: float = 0.5) -> float:
+def lr_multiplier(
+    step: int,
+    warmup_steps: int,
+    total_steps: int,
+    style: str = "constant",
+    min_lr_ratio: float = 0.0,
+    num_cycles: float = 0.5,
+) -> float:
     """Linear warmup over ``warmup_steps``, then constant or cosine decay to ``min_lr_ratio``."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps

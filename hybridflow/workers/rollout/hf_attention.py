@@ -28,15 +28,28 @@ def _register() -> None:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-    def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
-                  **kwargs):
+    def attention(
+        module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs
+    ):
         grouped = getattr(module, "num_key_value_groups", 1) > 1
-        plain = not any(kwargs.get(k) is not None for k in ("position_bias", "cache")) and not kwargs.get("output_attentions")
+        plain = not any(kwargs.get(k) is not None for k in ("position_bias", "cache")) and not kwargs.get(
+            "output_attentions"
+        )
         if attention_mask is None or not grouped or not plain or query.device.type != "cpu":
-            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                          is_causal=is_causal, **kwargs)
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                               dropout_p=dropout, scale=scaling, enable_gqa=True)
+            return sdpa_attention_forward(
+                module,
+                query,
+                key,
+                value,
+                attention_mask,
+                dropout=dropout,
+                scaling=scaling,
+                is_causal=is_causal,
+                **kwargs,
+            )
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+        )
         return out.transpose(1, 2).contiguous(), None
 
     AttentionInterface.register(NAME, attention)

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from hybridflow.protocol import DataProto
-from hybridflow.workers.rollout.hf_server import HFServer
 from hybridflow.rollout.sampling import as_id_list
 from hybridflow.rollout.server import EngineLoop, ServerSpec
+from hybridflow.workers.rollout.hf_server import HFServer
 
 
 class HFRollout:
@@ -33,8 +33,15 @@ class HFRollout:
             ``apply_chat_template_kwargs`` overrides them per call).
     """
 
-    def __init__(self, module: torch.nn.Module, config: Mapping[str, Any], pad_token_id: int,
-                 eos_token_id: int | list[int], tokenizer=None, chat_template_kwargs: Mapping | None = None):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        config: Mapping[str, Any],
+        pad_token_id: int,
+        eos_token_id: int | list[int],
+        tokenizer=None,
+        chat_template_kwargs: Mapping | None = None,
+    ):
         from hybridflow.agent_loop.base import agent_loop_settings
         from hybridflow.agent_loop.server_manager import LocalServerHandle
         from hybridflow.agent_loop.worker import AgentLoopWorker
@@ -44,28 +51,49 @@ class HFRollout:
         config.setdefault("prompt_length", 0)  # every call pads prompts to its batch's width
         config.setdefault("response_length", 512)
         self.engine_loop = EngineLoop("hf-rollout")
-        spec = ServerSpec(model_path="", config=config, pad_token_id=int(pad_token_id),
-                          eos_token_ids=tuple(as_id_list(eos_token_id)), module=module)
+        spec = ServerSpec(
+            model_path="",
+            config=config,
+            pad_token_id=int(pad_token_id),
+            eos_token_ids=tuple(as_id_list(eos_token_id)),
+            module=module,
+        )
         self.server = self.engine_loop.run(_build(spec))
         # veRL's HFRollout reads micro_batch_size (here the engine batches by max_num_seqs); every call
         # sets prompt_length to its batch's width
         section = {k: v for k, v in config.items() if k != "micro_batch_size"}
         section["prompt_length"] = section["prompt_length"] or 1
-        self._worker = AgentLoopWorker(agent_loop_settings(section, chat_template_kwargs),
-                                       [LocalServerHandle(self)],
-                                       tokenizer=tokenizer, pad_token_id=pad_token_id)
+        self._worker = AgentLoopWorker(
+            agent_loop_settings(section, chat_template_kwargs),
+            [LocalServerHandle(self)],
+            tokenizer=tokenizer,
+            pad_token_id=pad_token_id,
+        )
 
     @classmethod
-    def from_pretrained(cls, model_path: str, config: Mapping[str, Any], pad_token_id: int,
-                        eos_token_id: int | list[int], dtype: torch.dtype | None = None,
-                        device: str | torch.device = "cpu", tokenizer=None,
-                        chat_template_kwargs: Mapping | None = None) -> "HFRollout":
+    def from_pretrained(
+        cls,
+        model_path: str,
+        config: Mapping[str, Any],
+        pad_token_id: int,
+        eos_token_id: int | list[int],
+        dtype: torch.dtype | None = None,
+        device: str | torch.device = "cpu",
+        tokenizer=None,
+        chat_template_kwargs: Mapping | None = None,
+    ) -> HFRollout:
         """Load a separate inference copy of the model from a Hugging Face directory (or a GGUF file)."""
         from hybridflow.workers.model_loading import load_model, local_model_path
 
         module = load_model(local_model_path(model_path, "model_path"), "causal_lm").to(device=device, dtype=dtype)
-        return cls(module.eval(), config, pad_token_id, eos_token_id, tokenizer=tokenizer,
-                   chat_template_kwargs=chat_template_kwargs)
+        return cls(
+            module.eval(),
+            config,
+            pad_token_id,
+            eos_token_id,
+            tokenizer=tokenizer,
+            chat_template_kwargs=chat_template_kwargs,
+        )
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         was_training = self.module.training

@@ -25,13 +25,12 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import torch
 
-from hybridflow.workers.rollout.hf_attention import restore_attention, use_grouped_sdpa
 from hybridflow.rollout.sampling import SamplingParams, request_seed
 from hybridflow.rollout.server import (
     ABORT,
@@ -42,6 +41,7 @@ from hybridflow.rollout.server import (
     TokenOutput,
     register_rollout_server,
 )
+from hybridflow.workers.rollout.hf_attention import restore_attention, use_grouped_sdpa
 from hybridflow.workers.rollout.weights import StrictWeightLoader
 
 logger = logging.getLogger(__name__)
@@ -72,8 +72,9 @@ def _filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return scaled
 
 
-def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_rows(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of (B, V) logits; returns tokens (B,) and their log-probs (B,) under
     softmax(logits / T). Greedy rows take the argmax; sampling rows a Gumbel-max draw from their own
     generator, after their top-k / top-p filter."""
@@ -83,15 +84,18 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: 
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:
         rows = torch.tensor(sampled, device=logits.device)
-        noise = torch.stack([torch.rand(logits.size(-1), generator=generators[i], device=logits.device) for i in sampled])
+        noise = torch.stack(
+            [torch.rand(logits.size(-1), generator=generators[i], device=logits.device) for i in sampled]
+        )
         gumbel = -torch.log(-torch.log(noise.clamp_(min=1e-20)))  # (b, V)
         filters = {(params[i].top_k, params[i].top_p) for i in sampled}
         filtered = scaled[rows]
         if len(filters) == 1:
             filtered = _filter_logits(filtered, *filters.pop())
         else:  # rare: rows with different filters in one batch
-            filtered = torch.cat([_filter_logits(filtered[j:j + 1], params[i].top_k, params[i].top_p)
-                                  for j, i in enumerate(sampled)])
+            filtered = torch.cat(
+                [_filter_logits(filtered[j : j + 1], params[i].top_k, params[i].top_p) for j, i in enumerate(sampled)]
+            )
         tokens[rows] = (filtered + gumbel).argmax(-1)
     log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
     return tokens, log_probs
@@ -136,7 +140,7 @@ class _Batch:
         self.rows, self.cache, self.mask, self.positions, self.logits = rows, cache, mask, positions, logits
         self.mergeable = _mergeable(cache)
 
-    def add(self, other: "_Batch") -> None:
+    def add(self, other: _Batch) -> None:
         """Newcomers join: both sides are left-padded to the same cache length, then concatenated."""
         width, theirs = self.mask.size(1), other.mask.size(1)
         _left_pad_cache(self.cache, theirs - width if theirs > width else 0)
@@ -287,8 +291,9 @@ class HFServer(AsyncRolloutServer):
                     batch.add(fresh)
                 if batch is None:
                     continue
-            tokens, log_probs = sample_rows(batch.logits, [r.req.params for r in batch.rows],
-                                            [r.generator for r in batch.rows])
+            tokens, log_probs = sample_rows(
+                batch.logits, [r.req.params for r in batch.rows], [r.generator for r in batch.rows]
+            )
             keep = []
             for j, (row, token, logp) in enumerate(zip(batch.rows, tokens.tolist(), log_probs.tolist())):
                 req = row.req
@@ -308,9 +313,17 @@ class HFServer(AsyncRolloutServer):
                 tokens = tokens[torch.tensor(keep, device=tokens.device)]
                 batch.keep(keep)
             batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], dim=1)
-            batch.logits = self.module(input_ids=tokens[:, None], attention_mask=batch.mask,
-                                       position_ids=batch.positions, past_key_values=batch.cache,
-                                       use_cache=True).logits[:, -1, :].float()
+            batch.logits = (
+                self.module(
+                    input_ids=tokens[:, None],
+                    attention_mask=batch.mask,
+                    position_ids=batch.positions,
+                    past_key_values=batch.cache,
+                    use_cache=True,
+                )
+                .logits[:, -1, :]
+                .float()
+            )
             batch.positions = batch.positions + 1
 
     def _prefill(self, requests: list[_Request]) -> _Batch:
@@ -328,20 +341,30 @@ class HFServer(AsyncRolloutServer):
         ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P), as transformers' generate builds them
         cache = DynamicCache()
-        logits = self.module(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                             use_cache=True).logits[:, -1, :].float()  # (B, V)
+        logits = (
+            self.module(
+                input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            )
+            .logits[:, -1, :]
+            .float()
+        )  # (B, V)
         if len(prompts) < len(requests):  # one row per request again (copies: rows diverge from here)
             index = torch.tensor(source, device=self.device)
             cache.batch_select_indices(index)
             logits, mask, positions = logits[index], mask[index], positions[index]
-        rows = [_Row(r, torch.Generator(device=self.device).manual_seed(request_seed(self.seed, r.request_id)),
-                     set(r.params.stop_token_ids if r.params.stop_token_ids is not None else self.eos_token_ids))
-                for r in requests]
+        rows = [
+            _Row(
+                r,
+                torch.Generator(device=self.device).manual_seed(request_seed(self.seed, r.request_id)),
+                set(r.params.stop_token_ids if r.params.stop_token_ids is not None else self.eos_token_ids),
+            )
+            for r in requests
+        ]
         return _Batch(rows, cache, mask, positions[:, -1:] + 1, logits)
 
     def _fail(self, loop: asyncio.AbstractEventLoop, requests: list[_Request], error: Exception) -> None:

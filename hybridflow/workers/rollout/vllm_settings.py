@@ -62,7 +62,7 @@ class ModelFacts:
     head_dim: int | None = None
 
     @classmethod
-    def from_model_dir(cls, model_path: str) -> "ModelFacts":
+    def from_model_dir(cls, model_path: str) -> ModelFacts:
         path = os.path.join(model_path, "config.json")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"vllm rollout: no config.json in model_path {model_path!r}")
@@ -101,8 +101,15 @@ class VLLMSettings:
     unset_env: tuple[str, ...] = ()  # variables removed from the environment vLLM's processes start with
 
 
-def vllm_settings(model_path: str, rollout: RolloutConfig, device: str, facts: ModelFacts,
-                  trust_remote_code: bool = False, cuda_devices: int = 0, lora_rank: int = 0) -> VLLMSettings:
+def vllm_settings(
+    model_path: str,
+    rollout: RolloutConfig,
+    device: str,
+    facts: ModelFacts,
+    trust_remote_code: bool = False,
+    cuda_devices: int = 0,
+    lora_rank: int = 0,
+) -> VLLMSettings:
     """Check the rollout section for this device and build vLLM's engine arguments.
 
     Raises ConfigError naming the key (``rollout.<key>``) for anything this device cannot do.
@@ -112,27 +119,36 @@ def vllm_settings(model_path: str, rollout: RolloutConfig, device: str, facts: M
 
     tp = rollout.tensor_model_parallel_size
     if tp > 1 and device == "cpu":
-        raise ConfigError(f"rollout.tensor_model_parallel_size={tp}: the vllm rollout on cpu runs one engine "
-                          "process per worker; use tensor_model_parallel_size=1 on cpu")
+        raise ConfigError(
+            f"rollout.tensor_model_parallel_size={tp}: the vllm rollout on cpu runs one engine "
+            "process per worker; use tensor_model_parallel_size=1 on cpu"
+        )
     if tp > 1 and tp > cuda_devices:
-        raise ConfigError(f"rollout.tensor_model_parallel_size={tp} needs {tp} GPUs visible to the rollout worker, "
-                          f"but it sees {cuda_devices}")
+        raise ConfigError(
+            f"rollout.tensor_model_parallel_size={tp} needs {tp} GPUs visible to the rollout worker, "
+            f"but it sees {cuda_devices}"
+        )
     if device == "cpu" and extra.get("enable_sleep_mode"):
-        raise ConfigError("rollout.engine_kwargs.vllm.enable_sleep_mode=True: vLLM has no sleep mode on cpu "
-                          "(free_cache_engine is a no-op there)")
+        raise ConfigError(
+            "rollout.engine_kwargs.vllm.enable_sleep_mode=True: vLLM has no sleep mode on cpu "
+            "(free_cache_engine is a no-op there)"
+        )
 
     dtype = resolve_dtype(rollout.dtype, device)
     max_pos = facts.max_position_embeddings
     max_model_len = rollout.max_model_len
     if max_model_len is None:
         if not max_pos:
-            raise ConfigError(f"rollout.max_model_len is null and {model_path}/config.json has no "
-                              "max_position_embeddings; set rollout.max_model_len")
+            raise ConfigError(
+                f"rollout.max_model_len is null and {model_path}/config.json has no "
+                "max_position_embeddings; set rollout.max_model_len"
+            )
         max_model_len = int(max_pos)
     max_model_len = int(max_model_len)
     if max_pos and max_model_len > max_pos:
-        raise ConfigError(f"rollout.max_model_len={max_model_len} is larger than the model's "
-                          f"max_position_embeddings ({max_pos})")
+        raise ConfigError(
+            f"rollout.max_model_len={max_model_len} is larger than the model's max_position_embeddings ({max_pos})"
+        )
 
     max_num_seqs = rollout.max_num_seqs
     max_batched = rollout.max_num_batched_tokens
@@ -183,10 +199,17 @@ def vllm_settings(model_path: str, rollout: RolloutConfig, device: str, facts: M
     if kv_bytes is not None:
         args["kv_cache_memory_bytes"] = kv_bytes
     if lora_rank > 0:  # one adapter (the policy's), rank rounded up to one vLLM compiles kernels for
-        args.update(enable_lora=True, max_loras=1,
-                    max_lora_rank=next((r for r in LORA_RANKS if r >= lora_rank), lora_rank))
+        args.update(
+            enable_lora=True, max_loras=1, max_lora_rank=next((r for r in LORA_RANKS if r >= lora_rank), lora_rank)
+        )
     args.update(extra)
-    return VLLMSettings(device=device, dtype=args["dtype"], max_model_len=max_model_len,
-                        sleep_mode=bool(args["enable_sleep_mode"]), dummy_weights=dummy,
-                        kv_cache_bytes=args.get("kv_cache_memory_bytes"), engine_args=args,
-                        unset_env=CPU_ENGINE_UNSET_ENV if device == "cpu" else ())
+    return VLLMSettings(
+        device=device,
+        dtype=args["dtype"],
+        max_model_len=max_model_len,
+        sleep_mode=bool(args["enable_sleep_mode"]),
+        dummy_weights=dummy,
+        kv_cache_bytes=args.get("kv_cache_memory_bytes"),
+        engine_args=args,
+        unset_env=CPU_ENGINE_UNSET_ENV if device == "cpu" else (),
+    )

@@ -84,15 +84,16 @@ class PackedBucket:
                 offsets[key] = total
                 parts.append((total, flat))
                 total += flat.numel() + (-flat.numel() % ALIGN)
-            table.append((name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offsets[key],
-                          flat.numel()))
+            table.append(
+                (name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offsets[key], flat.numel())
+            )
         self.path = _write_shared_file(shared_dir, parts, total) if shared_dir and total else None
         if self.path is not None:
             self.payload = {"table": table, "path": self.path, "nbytes": total}
         else:
             buffer = torch.empty(total, dtype=torch.uint8)
             for offset, flat in parts:
-                buffer[offset:offset + flat.numel()].copy_(flat)
+                buffer[offset : offset + flat.numel()].copy_(flat)
             self.payload = {"table": table, "data": memoryview(buffer.numpy())}
 
     def close(self) -> None:
@@ -100,7 +101,7 @@ class PackedBucket:
             os.unlink(self.path)  # a worker's mapping stays valid until it drops the tensors
             self.path = None
 
-    def __enter__(self) -> "PackedBucket":
+    def __enter__(self) -> PackedBucket:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -156,7 +157,7 @@ def unpack_bucket(payload: dict[str, Any], copy: bool = False) -> Iterator[tuple
         if copy:
             buffer = buffer.clone()
     for name, dtype, shape, start, nbytes in payload["table"]:
-        yield name, buffer[start:start + nbytes].view(getattr(torch, dtype)).reshape(shape)
+        yield name, buffer[start : start + nbytes].view(getattr(torch, dtype)).reshape(shape)
 
 
 class WeightSyncExtension:

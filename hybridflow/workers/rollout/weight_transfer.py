@@ -43,7 +43,7 @@ class WeightTarget(ABC):
 
     @staticmethod
     @abstractmethod
-    def wait(targets: list["WeightTarget"], handles: list, timeout_s: float, what: str) -> list: ...
+    def wait(targets: list[WeightTarget], handles: list, timeout_s: float, what: str) -> list: ...
 
     def prepare(self, bucket: list[tuple[str, torch.Tensor]]):
         """What crosses to the receivers for one bucket (Ray: one object-store copy for all)."""
@@ -94,18 +94,28 @@ class RayWeightTarget(WeightTarget):
         ready, pending = ray.wait(list(handles), num_returns=len(handles), timeout=timeout_s)
         if pending:
             late = [t.rank for t, h in zip(targets, handles) if h in pending]
-            raise WeightSyncTimeout(f"weight sync: rollout rank(s) {late} did not acknowledge {what} within "
-                                    f"{timeout_s:.0f} s (the trainer side is done with it); see their logs")
+            raise WeightSyncTimeout(
+                f"weight sync: rollout rank(s) {late} did not acknowledge {what} within "
+                f"{timeout_s:.0f} s (the trainer side is done with it); see their logs"
+            )
         return ray.get(list(handles))
 
 
 # how a rollout worker group hands out its weight receivers: ``rollout_wg.handles(WEIGHT_RECEIVER, role)``
-WEIGHT_RECEIVER = HandleKind(in_process=lambda host, rank: LocalWeightTarget(host, rank=rank),
-                             remote=lambda actor, role, rank: RayWeightTarget(actor, role, rank=rank))
+WEIGHT_RECEIVER = HandleKind(
+    in_process=lambda host, rank: LocalWeightTarget(host, rank=rank),
+    remote=lambda actor, role, rank: RayWeightTarget(actor, role, rank=rank),
+)
 
 
-def push_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], targets: list[WeightTarget], version: int,
-                 bucket_bytes: int, timeout_s: float = 600.0, send: bool = True) -> dict[str, float]:
+def push_weights(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    targets: list[WeightTarget],
+    version: int,
+    bucket_bytes: int,
+    timeout_s: float = 600.0,
+    send: bool = True,
+) -> dict[str, float]:
     """Stream ``named_tensors`` to ``targets`` in buckets, then finish with ``version``.
 
     ``send=False`` (trainer ranks other than 0) only walks the stream, taking part in the gathers.
@@ -132,5 +142,8 @@ def push_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], targets: lis
             type(targets[0]).wait(targets, done, timeout_s, f"weight bucket {done_index} (version {version})")
         finish = [t.send(FINISH_METHOD, version) for t in targets]
         type(targets[0]).wait(targets, finish, timeout_s, f"the end of weight update {version}")
-    return {"timing_s/update_weights": time.perf_counter() - start, "rollout/weight_sync_mb": n_bytes / (1 << 20),
-            "rollout/weight_sync_buckets": float(n_buckets)}
+    return {
+        "timing_s/update_weights": time.perf_counter() - start,
+        "rollout/weight_sync_mb": n_bytes / (1 << 20),
+        "rollout/weight_sync_buckets": float(n_buckets),
+    }

@@ -15,7 +15,10 @@ import torch
 
 from hybridflow.utils.param_names import strip_wrapper_prefixes
 
-def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+
+def buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Group a stream of (name, tensor) into lists of at most ``bucket_bytes`` (a larger tensor goes
     alone in its own bucket). The stream is consumed lazily: one bucket is materialised at a time."""
     if bucket_bytes <= 0:
@@ -52,8 +55,10 @@ class StrictWeightLoader:
                 key = _resolve(name, targets)
                 target = targets[key]
                 if target.shape != tensor.shape:
-                    raise ValueError(f"weight update: shape mismatch for {name!r}: model {tuple(target.shape)}, "
-                                     f"given {tuple(tensor.shape)}")
+                    raise ValueError(
+                        f"weight update: shape mismatch for {name!r}: model {tuple(target.shape)}, "
+                        f"given {tuple(tensor.shape)}"
+                    )
                 target.copy_(tensor)
                 self._loaded.add(target.data_ptr())
                 n += 1
@@ -69,7 +74,9 @@ class StrictWeightLoader:
         missing = [k for k, t in targets.items() if t.data_ptr() not in self._loaded]
         count, self._loaded, self.count = self.count, set(), 0
         if missing:
-            raise KeyError(f"weight update gave no tensor for {len(missing)} entries of the rollout model, e.g. {missing[:5]}")
+            raise KeyError(
+                f"weight update gave no tensor for {len(missing)} entries of the rollout model, e.g. {missing[:5]}"
+            )
         return count
 
 

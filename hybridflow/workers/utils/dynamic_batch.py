@@ -20,8 +20,14 @@ from hybridflow.workers.utils.micro_batches import (
     token_budget_partitions,
 )
 
-__all__ = ["rearrange_micro_batches", "prepare_dynamic_batch", "restore_dynamic_batch", "get_reverse_idx",
-           "get_seqlen_balanced_partitions", "micro_batch_partitions"]
+__all__ = [
+    "rearrange_micro_batches",
+    "prepare_dynamic_batch",
+    "restore_dynamic_batch",
+    "get_reverse_idx",
+    "get_seqlen_balanced_partitions",
+    "micro_batch_partitions",
+]
 
 
 def get_seqlen_balanced_partitions(seqlen_list: list[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
@@ -44,43 +50,83 @@ def _pipeline_friendly(parts: list[list[int]], weights: list[int]) -> list[list[
     return ordered[::2][::-1] + ordered[1::2]
 
 
-def micro_batch_partitions(seqlens: list[int], max_token_len: int, dp_group=None, num_batches_divided_by=None,
-                           same_micro_num_in_dp: bool = True, min_num_micro_batch=None,
-                           use_dynamic_bsz_balance: bool = True, force_group_size: int = 1) -> list[list[int]]:
+def micro_batch_partitions(
+    seqlens: list[int],
+    max_token_len: int,
+    dp_group=None,
+    num_batches_divided_by=None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch=None,
+    use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
+) -> list[list[int]]:
     """Row indices of each micro-batch, with veRL's options: ``force_group_size`` consecutive rows
     stay together (pairs of a reward model's chosen / rejected answers), ``num_batches_divided_by``
     rounds the count up to a multiple (pipeline stages), ``min_num_micro_batch`` is a floor, and
     with ``same_micro_num_in_dp`` every rank of ``dp_group`` gets the same count."""
     if force_group_size < 1 or len(seqlens) % force_group_size:
         raise ValueError(f"batch size {len(seqlens)} must be divisible by force_group_size {force_group_size}")
-    group_lens = [sum(seqlens[g:g + force_group_size]) for g in range(0, len(seqlens), force_group_size)]
+    group_lens = [sum(seqlens[g : g + force_group_size]) for g in range(0, len(seqlens), force_group_size)]
     if max(group_lens, default=0) > max_token_len:
-        raise ValueError(f"a group of {force_group_size} rows has {max(group_lens)} tokens, more than "
-                         f"max_token_len={max_token_len}; raise the budget")
-    group_parts = token_budget_partitions(group_lens, max_token_len, dp_group if same_micro_num_in_dp else None,
-                                          min_micro_batches=min_num_micro_batch or 1,
-                                          multiple_of=num_batches_divided_by or 1)
+        raise ValueError(
+            f"a group of {force_group_size} rows has {max(group_lens)} tokens, more than "
+            f"max_token_len={max_token_len}; raise the budget"
+        )
+    group_parts = token_budget_partitions(
+        group_lens,
+        max_token_len,
+        dp_group if same_micro_num_in_dp else None,
+        min_micro_batches=min_num_micro_batch or 1,
+        multiple_of=num_batches_divided_by or 1,
+    )
     if use_dynamic_bsz_balance:
         group_parts = _pipeline_friendly(group_parts, group_lens)
     return [[g * force_group_size + j for g in part for j in range(force_group_size)] for part in group_parts]
 
 
-def rearrange_micro_batches(batch, max_token_len: int, dp_group=None, num_batches_divided_by=None,
-                            same_micro_num_in_dp: bool = True, min_num_micro_batch=None,
-                            use_dynamic_bsz_balance: bool = True, force_group_size: int = 1):
+def rearrange_micro_batches(
+    batch,
+    max_token_len: int,
+    dp_group=None,
+    num_batches_divided_by=None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch=None,
+    use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
+):
     """(micro-batches of ``batch`` (a TensorDict), the original row indices of each): see
     ``micro_batch_partitions``. Undo the order of results with ``restore_dynamic_batch``."""
-    parts = micro_batch_partitions(_row_token_counts(batch), max_token_len, dp_group, num_batches_divided_by,
-                                   same_micro_num_in_dp, min_num_micro_batch, use_dynamic_bsz_balance,
-                                   force_group_size)
+    parts = micro_batch_partitions(
+        _row_token_counts(batch),
+        max_token_len,
+        dp_group,
+        num_batches_divided_by,
+        same_micro_num_in_dp,
+        min_num_micro_batch,
+        use_dynamic_bsz_balance,
+        force_group_size,
+    )
     return [batch[torch.as_tensor(p, dtype=torch.long)] for p in parts], parts
 
 
-def prepare_dynamic_batch(data, max_token_len: int, dp_group=None, num_batches_divided_by=None,
-                          same_micro_num_in_dp: bool = True, min_num_micro_batch=None,
-                          use_dynamic_bsz_balance: bool = True):
+def prepare_dynamic_batch(
+    data,
+    max_token_len: int,
+    dp_group=None,
+    num_batches_divided_by=None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch=None,
+    use_dynamic_bsz_balance: bool = True,
+):
     """``rearrange_micro_batches`` for a DataProto: (micro-batch DataProtos with their non-tensor rows
     and meta_info, the original row indices of each)."""
-    parts = micro_batch_partitions(_row_token_counts(data.batch), max_token_len, dp_group, num_batches_divided_by,
-                                   same_micro_num_in_dp, min_num_micro_batch, use_dynamic_bsz_balance)
+    parts = micro_batch_partitions(
+        _row_token_counts(data.batch),
+        max_token_len,
+        dp_group,
+        num_batches_divided_by,
+        same_micro_num_in_dp,
+        min_num_micro_batch,
+        use_dynamic_bsz_balance,
+    )
     return [take_rows(data, p) for p in parts], parts

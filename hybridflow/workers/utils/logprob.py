@@ -13,8 +13,6 @@ token onto the vocabulary (``logits_to_keep``).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from hybridflow.utils.torch_functional import entropy_from_logits, logprobs_from_logits, sum_pi_squared_from_logits
@@ -30,29 +28,39 @@ from hybridflow.workers.utils.ulysses_attention import KWARG, UlyssesAttentionAr
 
 __all__ = ["forward_response_logits", "forward_response_log_probs", "forward_response_token_stats", "token_stats"]
 
-TokenStats = tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]
+TokenStats = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
 
-def token_stats(logits: torch.Tensor, targets: torch.Tensor, calculate_entropy: bool,
-                calculate_sum_pi_squared: bool = False) -> TokenStats:
+def token_stats(
+    logits: torch.Tensor, targets: torch.Tensor, calculate_entropy: bool, calculate_sum_pi_squared: bool = False
+) -> TokenStats:
     """(log p(target), entropy or None, sum_v p_v^2 or None) per position of temperature-scaled
     ``logits`` (..., V)."""
-    return (logprobs_from_logits(logits, targets),
-            entropy_from_logits(logits) if calculate_entropy else None,
-            sum_pi_squared_from_logits(logits) if calculate_sum_pi_squared else None)
+    return (
+        logprobs_from_logits(logits, targets),
+        entropy_from_logits(logits) if calculate_entropy else None,
+        sum_pi_squared_from_logits(logits) if calculate_sum_pi_squared else None,
+    )
 
 
 def _sp_forward(module: torch.nn.Module, packed, sp: SequenceParallel):
     """``module`` over this rank's slice of the packed rows (Ulysses attention sees all of them);
     returns the model output ((R, W/sp, ...) per-slot outputs). Every SP rank calls it together."""
     check_packed_attention(module)
-    return module(input_ids=slice_seq(packed.input_ids, sp), position_ids=slice_seq(packed.position_ids, sp),
-                  attention_mask=None, use_cache=False, **{KWARG: UlyssesAttentionArgs(sp, packed.position_ids)})
+    return module(
+        input_ids=slice_seq(packed.input_ids, sp),
+        position_ids=slice_seq(packed.position_ids, sp),
+        attention_mask=None,
+        use_cache=False,
+        **{KWARG: UlyssesAttentionArgs(sp, packed.position_ids)},
+    )
 
 
-def _check_sp(sp: Optional[SequenceParallel], use_remove_padding: bool) -> None:
+def _check_sp(sp: SequenceParallel | None, use_remove_padding: bool) -> None:
     if sp is not None and not use_remove_padding:
-        raise ValueError("Ulysses sequence parallelism runs on packed sequences: it needs model.use_remove_padding=True")
+        raise ValueError(
+            "Ulysses sequence parallelism runs on packed sequences: it needs model.use_remove_padding=True"
+        )
 
 
 def forward_response_logits(
@@ -62,7 +70,7 @@ def forward_response_logits(
     position_ids: torch.Tensor,
     response_length: int,
     use_remove_padding: bool = False,
-    sp: Optional[SequenceParallel] = None,
+    sp: SequenceParallel | None = None,
 ) -> torch.Tensor:
     """One forward over the batch; (B, R, V) outputs at the positions that predict the response
     tokens (for a value head V = 1: the value of the state before each response token). Packed:
@@ -83,8 +91,17 @@ def forward_response_logits(
     return output.logits[:, -response_length - 1 : -1, :]  # (B, R, V)
 
 
-def _packed_response_log_probs(module, input_ids, attention_mask, position_ids, response_length, temperature,
-                               calculate_entropy, calculate_sum_pi_squared=False, sp=None) -> TokenStats:
+def _packed_response_log_probs(
+    module,
+    input_ids,
+    attention_mask,
+    position_ids,
+    response_length,
+    temperature,
+    calculate_entropy,
+    calculate_sum_pi_squared=False,
+    sp=None,
+) -> TokenStats:
     """Packed forward; only the positions whose next token is a valid response token are scored.
     With ``sp`` every slot of this rank's slice is scored locally and the scores are gathered (the
     logits are never gathered)."""
@@ -105,8 +122,9 @@ def _packed_response_log_probs(module, input_ids, attention_mask, position_ids, 
         slot_targets = packed.input_ids.new_zeros(packed.input_ids.numel())  # unscored slots: token 0
         slot_targets[packed.slots[keep]] = targets
         logits = _sp_forward(module, packed, sp).logits / temperature  # (R, W/sp, V)
-        local = token_stats(logits, slice_seq(slot_targets.view_as(packed.input_ids), sp), calculate_entropy,
-                            calculate_sum_pi_squared)
+        local = token_stats(
+            logits, slice_seq(slot_targets.view_as(packed.input_ids), sp), calculate_entropy, calculate_sum_pi_squared
+        )
         return tuple(None if t is None else scatter(packed.tokens(gather_seq(t, sp, dim=1))[keep]) for t in local)
 
     if packed.input_ids.size(0) == 1 and accepts_logits_to_keep(module):  # one row: project only what is scored
@@ -114,8 +132,10 @@ def _packed_response_log_probs(module, input_ids, attention_mask, position_ids, 
     else:
         logits = packed.tokens(packed_forward(module, packed).logits)[keep]  # (N, V)
     logits = logits / temperature
-    return tuple(None if t is None else scatter(t)
-                 for t in token_stats(logits, targets, calculate_entropy, calculate_sum_pi_squared))
+    return tuple(
+        None if t is None else scatter(t)
+        for t in token_stats(logits, targets, calculate_entropy, calculate_sum_pi_squared)
+    )
 
 
 def forward_response_token_stats(
@@ -128,15 +148,24 @@ def forward_response_token_stats(
     calculate_entropy: bool = False,
     calculate_sum_pi_squared: bool = False,
     use_remove_padding: bool = False,
-    sp: Optional[SequenceParallel] = None,
+    sp: SequenceParallel | None = None,
 ) -> TokenStats:
     """(log_probs (B, R), entropy (B, R) or None, sum_pi_squared (B, R) or None) of the response
     tokens ``input_ids[:, -R:]`` under the policy at ``temperature`` (logits divided by it, as the
     sampler did). ``sp``: the sequence-parallel group (``forward_response_logits``)."""
     _check_sp(sp, use_remove_padding)
     if use_remove_padding:
-        return _packed_response_log_probs(module, input_ids, attention_mask, position_ids, response_length,
-                                          temperature, calculate_entropy, calculate_sum_pi_squared, sp=sp)
+        return _packed_response_log_probs(
+            module,
+            input_ids,
+            attention_mask,
+            position_ids,
+            response_length,
+            temperature,
+            calculate_entropy,
+            calculate_sum_pi_squared,
+            sp=sp,
+        )
     logits = forward_response_logits(module, input_ids, attention_mask, position_ids, response_length)
     logits = logits / temperature  # (B, R, V)
     return token_stats(logits, input_ids[:, -response_length:], calculate_entropy, calculate_sum_pi_squared)
@@ -151,7 +180,15 @@ def forward_response_log_probs(
     temperature: float = 1.0,
     calculate_entropy: bool = False,
     use_remove_padding: bool = False,
-) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log_probs (B, R), entropy (B, R) or None): ``forward_response_token_stats`` without sum_pi_squared."""
-    return forward_response_token_stats(module, input_ids, attention_mask, position_ids, response_length, temperature,
-                                        calculate_entropy, use_remove_padding=use_remove_padding)[:2]
+    return forward_response_token_stats(
+        module,
+        input_ids,
+        attention_mask,
+        position_ids,
+        response_length,
+        temperature,
+        calculate_entropy,
+        use_remove_padding=use_remove_padding,
+    )[:2]

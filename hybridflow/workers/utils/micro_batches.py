@@ -23,7 +23,7 @@ import contextlib
 import heapq
 import itertools
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -136,8 +136,10 @@ def _fitting_partition(seqlens: list[int], max_token_len: int, k: int, step: int
         parts = balance_partitions(seqlens, k_try, equal_size=False)
         if max(sum(seqlens[i] for i in p) for p in parts) <= max_token_len:
             return k_try, parts
-    raise ValueError(f"cannot cut {len(seqlens)} rows into {k} or more micro-batches (a multiple of {step}) "
-                     f"of at most {max_token_len} tokens each; every micro-batch needs a row")
+    raise ValueError(
+        f"cannot cut {len(seqlens)} rows into {k} or more micro-batches (a multiple of {step}) "
+        f"of at most {max_token_len} tokens each; every micro-batch needs a row"
+    )
 
 
 def _collective_device(group) -> torch.device:
@@ -153,8 +155,9 @@ def _all_reduce_max(value: int, group) -> int:
     return int(t.item())
 
 
-def token_budget_partitions(seqlens: Sequence[int], max_token_len: int, dp_group=None, min_micro_batches: int = 1,
-                            multiple_of: int = 1) -> list[list[int]]:
+def token_budget_partitions(
+    seqlens: Sequence[int], max_token_len: int, dp_group=None, min_micro_batches: int = 1, multiple_of: int = 1
+) -> list[list[int]]:
     """Row indices of as few micro-batches as possible (at least ``min_micro_batches``, a multiple of
     ``multiple_of``: pipeline stages) of at most ``max_token_len`` tokens each, with nearly equal
     token totals; heaviest micro-batch first.
@@ -203,8 +206,9 @@ def split_by_token_budget(data, max_token_len: int, dp_group=None) -> tuple[list
     return [take_rows(data, p) for p in parts], parts
 
 
-def split_for_forward(data, use_dynamic_bsz: bool, max_token_len: Optional[int], micro_batch_size: Optional[int],
-                      dp_group=None) -> tuple[list, Optional[list[list[int]]]]:
+def split_for_forward(
+    data, use_dynamic_bsz: bool, max_token_len: int | None, micro_batch_size: int | None, dp_group=None
+) -> tuple[list, list[list[int]] | None]:
     """Micro-batches for a no-grad forward pass (log-probs, values): by token budget, with the same
     count on every rank of the group (FSDP all-gathers inside each forward must pair up), or
     ``micro_batch_size`` rows each. Returns (micro-batches, indices or None); pass both results'
@@ -214,8 +218,9 @@ def split_for_forward(data, use_dynamic_bsz: bool, max_token_len: Optional[int],
     return split_fixed(data, micro_batch_size), None
 
 
-def split_for_update(mini_batch, use_dynamic_bsz: bool, max_token_len: Optional[int],
-                     micro_batch_size: Optional[int], dp_group=None) -> list:
+def split_for_update(
+    mini_batch, use_dynamic_bsz: bool, max_token_len: int | None, micro_batch_size: int | None, dp_group=None
+) -> list:
     """The micro-batches of one optimizer step: ``max_token_len`` tokens each (same count on every
     rank: collectives inside forward/backward) when ``use_dynamic_bsz``, else ``micro_batch_size`` rows each."""
     if use_dynamic_bsz:
@@ -244,8 +249,9 @@ def restore_dynamic_batch(data: torch.Tensor, batch_idx_list: Sequence[Sequence[
     return data[torch.as_tensor(inverse, dtype=torch.long, device=data.device)]
 
 
-def restore_order(tensors_in_micro_order: Sequence[torch.Tensor],
-                  indices: Optional[Sequence[Sequence[int]]]) -> torch.Tensor:
+def restore_order(
+    tensors_in_micro_order: Sequence[torch.Tensor], indices: Sequence[Sequence[int]] | None
+) -> torch.Tensor:
     """Concatenate per-micro-batch results and put the rows back in the original order (``indices``
     None: the micro-batches were consecutive, concatenation is the order)."""
     stacked = torch.cat(list(tensors_in_micro_order), dim=0)
@@ -321,7 +327,9 @@ def global_batch_info(response_mask: torch.Tensor, dp_group=None) -> GlobalBatch
     return GlobalBatchInfo(counts[0], counts[1], dp_size)
 
 
-def clip_grad_and_step(module: torch.nn.Module, optimizer, grad_clip: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
+def clip_grad_and_step(
+    module: torch.nn.Module, optimizer, grad_clip: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Clip gradients, step unless the gradient norm is not finite, zero the gradients.
 
     Returns (grad_norm, skipped) as 0-d tensors; grad_norm is NaN for a skipped step. A NaN/inf

@@ -31,8 +31,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PackedRows", "pack_rows", "pack_for", "unpack", "packed_forward", "check_packed_attention",
-           "hf_config_of", "uses_varlen_attention"]
+__all__ = [
+    "PackedRows",
+    "pack_rows",
+    "pack_for",
+    "unpack",
+    "packed_forward",
+    "check_packed_attention",
+    "hf_config_of",
+    "uses_varlen_attention",
+]
 
 _CHECKED_ATTR = "_hybridflow_packed_attention_ok"
 
@@ -73,8 +81,13 @@ def _first_fit(seqlens: list[int], width: int) -> list[list[int]]:
     return rows
 
 
-def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-              one_row: bool = True, width_multiple: int = 1) -> PackedRows:
+def pack_rows(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    one_row: bool = True,
+    width_multiple: int = 1,
+) -> PackedRows:
     """Pack the tokens with ``attention_mask == 1`` (each row's valid tokens must be contiguous, as
     with left-padded prompts + right-padded responses): into one row (``one_row``, for a
     variable-length kernel) or bin-packed into rows as wide as the longest sequence. The row width is
@@ -112,7 +125,7 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_id
     true_starts = torch.zeros(n_rows * width, dtype=torch.bool, device=device)
     for r, n in enumerate(used):
         if n < width:
-            flat_pos[r * width + n:(r + 1) * width] = torch.arange(width - n, device=device)
+            flat_pos[r * width + n : (r + 1) * width] = torch.arange(width - n, device=device)
             true_starts[r * width + n] = True
     flat_ids[slots] = input_ids.reshape(-1)[indices]
     flat_pos[slots] = position_ids.reshape(-1)[indices]
@@ -133,11 +146,17 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_id
     return PackedRows(flat_ids.view(n_rows, width), pos, indices, slots, cu_seqlens, max_seqlen, batch_size, seqlen)
 
 
-def pack_for(module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-             position_ids: torch.Tensor, width_multiple: int = 1) -> PackedRows:
+def pack_for(
+    module: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    width_multiple: int = 1,
+) -> PackedRows:
     """``pack_rows`` with the layout ``module``'s attention kernel runs fastest (module docstring)."""
-    return pack_rows(input_ids, attention_mask, position_ids, one_row=uses_varlen_attention(module),
-                     width_multiple=width_multiple)
+    return pack_rows(
+        input_ids, attention_mask, position_ids, one_row=uses_varlen_attention(module), width_multiple=width_multiple
+    )
 
 
 def unpack(values: torch.Tensor, packed: PackedRows) -> torch.Tensor:
@@ -176,10 +195,15 @@ def packed_forward(module: torch.nn.Module, packed: PackedRows, **kwargs):
     """``module`` over the packed rows; returns the model output ((R, W, ...) per-slot outputs)."""
     check_packed_attention(module)
     if packed.input_ids.size(0) == 1 and uses_varlen_attention(module):
-        kwargs.update(cu_seq_lens_q=packed.cu_seqlens, cu_seq_lens_k=packed.cu_seqlens,
-                      max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen)
-    return module(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                  use_cache=False, **kwargs)
+        kwargs.update(
+            cu_seq_lens_q=packed.cu_seqlens,
+            cu_seq_lens_k=packed.cu_seqlens,
+            max_length_q=packed.max_seqlen,
+            max_length_k=packed.max_seqlen,
+        )
+    return module(
+        input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False, **kwargs
+    )
 
 
 def check_packed_attention(module: torch.nn.Module) -> None:
@@ -200,8 +224,16 @@ def check_packed_attention(module: torch.nn.Module) -> None:
     total = sum(lengths)
     ids = torch.randint(1, vocab, (total,), generator=gen).to(device)
     positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0).to(device)
-    packed = PackedRows(ids.unsqueeze(0), positions, torch.arange(total, device=device), torch.arange(total, device=device),
-                        torch.tensor([0, lengths[0], total], dtype=torch.int32, device=device), max(lengths), 1, total)
+    packed = PackedRows(
+        ids.unsqueeze(0),
+        positions,
+        torch.arange(total, device=device),
+        torch.arange(total, device=device),
+        torch.tensor([0, lengths[0], total], dtype=torch.int32, device=device),
+        max(lengths),
+        1,
+        total,
+    )
     was_training = module.training
     module.eval()
     try:
@@ -210,8 +242,11 @@ def check_packed_attention(module: torch.nn.Module) -> None:
             together = packed_forward(module, packed).logits[0].float()  # (8, V)
             alone = []
             for start, n in ((0, lengths[0]), (lengths[0], lengths[1])):
-                out = module(input_ids=ids[start:start + n].unsqueeze(0), position_ids=torch.arange(n, device=device)[None],
-                             use_cache=False)
+                out = module(
+                    input_ids=ids[start : start + n].unsqueeze(0),
+                    position_ids=torch.arange(n, device=device)[None],
+                    use_cache=False,
+                )
                 alone.append(out.logits[0].float())
             alone = torch.cat(alone)
     finally:
@@ -219,7 +254,7 @@ def check_packed_attention(module: torch.nn.Module) -> None:
         module.train(was_training)
     scale = alone.abs().max().clamp(min=1e-6)
     tol = 1e-3 if next(module.parameters()).dtype == torch.float32 else 5e-2  # bf16/fp16: rounding noise
-    err = float(((together - alone).abs().max() / scale))
+    err = float((together - alone).abs().max() / scale)
     if err > tol:
         impl = getattr(config, "_attn_implementation", None)
         raise RuntimeError(

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["SequenceParallel", "ParallelLayout", "all_to_all", "gather_seq", "slice_seq", "build_layout",
-           "layout_of"]
+__all__ = ["SequenceParallel", "ParallelLayout", "all_to_all", "gather_seq", "slice_seq", "build_layout", "layout_of"]
 
 
 @dataclass(frozen=True)
@@ -94,8 +93,10 @@ def slice_seq(x: torch.Tensor, sp: SequenceParallel, dim: int = 1) -> torch.Tens
 # --- collectives with autograd -----------------------------------------------------------------------------
 def _all_to_all(x: torch.Tensor, sp: SequenceParallel, scatter_dim: int, gather_dim: int) -> torch.Tensor:
     if x.size(scatter_dim) % sp.size:
-        raise ValueError(f"dimension {scatter_dim} of size {x.size(scatter_dim)} does not divide by the "
-                         f"sequence-parallel size {sp.size}")
+        raise ValueError(
+            f"dimension {scatter_dim} of size {x.size(scatter_dim)} does not divide by the "
+            f"sequence-parallel size {sp.size}"
+        )
     send = torch.stack(x.chunk(sp.size, dim=scatter_dim)).contiguous()  # (sp, ...): chunk i goes to rank i
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=sp.group)

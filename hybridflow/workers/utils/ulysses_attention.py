@@ -64,8 +64,9 @@ def _dense_attention(query, key, value, mask, scaling, dropout):
     """(B, Hq, S, D) x (B, Hk, S, D) under a bool mask -> (B, S, Hq, D)."""
     groups = query.size(1) // key.size(1)
     key, value = _repeat_kv_heads(key, groups), _repeat_kv_heads(value, groups)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
-                                                           scale=scaling)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+    )
     return out.transpose(1, 2)
 
 
@@ -88,8 +89,9 @@ def _make_attention(base: str):
     def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
         args = kwargs.pop(KWARG, None)
         if args is None:
-            return _base_function(base, module)(module, query, key, value, attention_mask, dropout=dropout,
-                                                scaling=scaling, **kwargs)
+            return _base_function(base, module)(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+            )
         bad = _unsupported(kwargs)
         if bad is not None:
             raise NotImplementedError(f"Ulysses sequence parallelism: attention with {bad} is not implemented")
@@ -103,8 +105,9 @@ def _make_attention(base: str):
             for name in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
                 kwargs.pop(name, None)  # the full rows' boundaries come from their position ids
             kwargs["position_ids"] = args.position_ids
-            out, _ = _base_function(base, module)(module, query, key, value, None, dropout=dropout, scaling=scaling,
-                                                  **kwargs)
+            out, _ = _base_function(base, module)(
+                module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs
+            )
         else:
             out = _dense_attention(query, key, value, packed_causal_mask(args.position_ids), scaling, dropout)
         # (B, S, H/sp, D) -> (B, S/sp, H, D)
@@ -137,13 +140,17 @@ def use_ulysses_attention(model: torch.nn.Module, sp_size: int, key: str) -> Non
     config = getattr(model, "config", None)
     base = getattr(config, "_attn_implementation", None)
     if base is None or not hasattr(model, "set_attn_implementation"):
-        raise ValueError(f"{key}={sp_size}: {type(model).__name__} is not a transformers model with a "
-                         "switchable attention implementation")
+        raise ValueError(
+            f"{key}={sp_size}: {type(model).__name__} is not a transformers model with a "
+            "switchable attention implementation"
+        )
     if base.startswith(_PREFIX):
         return
     if base not in ("sdpa", "eager") and "flash" not in base:
-        raise ValueError(f"{key}={sp_size}: attention implementation {base!r} is not supported with Ulysses "
-                         "sequence parallelism (sdpa, eager or flash_attention_*)")
+        raise ValueError(
+            f"{key}={sp_size}: attention implementation {base!r} is not supported with Ulysses "
+            "sequence parallelism (sdpa, eager or flash_attention_*)"
+        )
     heads, kv_heads = _head_counts(config)
     if heads % sp_size:
         raise ValueError(f"{key}={sp_size} must divide the model's number of attention heads ({heads})")

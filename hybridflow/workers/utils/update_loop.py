@@ -14,8 +14,9 @@ whatever the micro-batch size, token budget or data-parallel size (see ``micro_b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -40,7 +41,7 @@ class MiniBatchContext:
 
     batch_info: GlobalBatchInfo  # totals over all micro-batches and data-parallel ranks
     local_tokens: torch.Tensor  # valid response tokens of this rank's mini-batch (>= 1)
-    loss_scale_factor: Optional[float]
+    loss_scale_factor: float | None
     metrics: dict = field(default_factory=dict)  # summed over the micro-batches of the step
 
     def agg_kwargs(self) -> dict:
@@ -75,11 +76,14 @@ class UpdateLoop:
     reproducible permutations.
     """
 
-    def __init__(self, config, module: torch.nn.Module, optimizer, dp_group, prefix: str, path: str,
-                 max_token_len: int):
+    def __init__(
+        self, config, module: torch.nn.Module, optimizer, dp_group, prefix: str, path: str, max_token_len: int
+    ):
         if not config.use_dynamic_bsz and not config.ppo_micro_batch_size_per_gpu:
-            raise ValueError(f"set {path}.ppo_micro_batch_size_per_gpu, or {path}.use_dynamic_bsz=True with "
-                             f"{path}.ppo_max_token_len_per_gpu")
+            raise ValueError(
+                f"set {path}.ppo_micro_batch_size_per_gpu, or {path}.use_dynamic_bsz=True with "
+                f"{path}.ppo_max_token_len_per_gpu"
+            )
         self.config = config
         self.module = module
         self.optimizer = optimizer
@@ -88,7 +92,7 @@ class UpdateLoop:
         self.max_token_len = max_token_len
         self.shuffle_generator = torch.Generator().manual_seed(config.data_loader_seed)
 
-    def run(self, data, loss: MicroBatchLoss, step_constants: Optional[dict] = None) -> MetricBuffer:
+    def run(self, data, loss: MicroBatchLoss, step_constants: dict | None = None) -> MetricBuffer:
         """All epochs and mini-batches of ``data``; ``step_constants`` are logged once per step."""
         c = self.config
         self.module.train()
@@ -110,8 +114,9 @@ class UpdateLoop:
             local_tokens=response_mask.sum().clamp(min=1),
             loss_scale_factor=c.loss_scale_factor,
         )
-        micro_batches = split_for_update(mini_batch, c.use_dynamic_bsz, self.max_token_len,
-                                         c.ppo_micro_batch_size_per_gpu, self.dp_group)
+        micro_batches = split_for_update(
+            mini_batch, c.use_dynamic_bsz, self.max_token_len, c.ppo_micro_batch_size_per_gpu, self.dp_group
+        )
         self.optimizer.zero_grad(set_to_none=True)
         for i, micro in enumerate(micro_batches):
             # DDP: all-reduce only after the last micro-batch's backward

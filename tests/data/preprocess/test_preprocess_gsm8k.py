@@ -44,7 +44,7 @@ def test_map_fn_builds_the_rl_row():
         "reward_model": {"style": "rule", "ground_truth": "1234"},
         "extra_info": {"split": "train", "index": 7, "answer": TRAIN[1]["answer"], "question": TRAIN[1]["question"]},
     }
-    assert INSTRUCTION == "Let's think step by step and output the final answer after \"####\"."
+    assert INSTRUCTION == 'Let\'s think step by step and output the final answer after "####".'
 
 
 @pytest.mark.parametrize("layout", [write_hub_layout, write_jsonl])

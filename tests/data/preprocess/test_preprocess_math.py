@@ -1,5 +1,4 @@
 import json
-import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -8,10 +7,18 @@ import pytest
 from hybridflow.data.preprocess.math import INSTRUCTION, extract_solution, main, make_map_fn
 
 TRAIN = [
-    {"problem": "What is $1/2 + 0$?", "solution": "We get $\\boxed{\\frac{1}{2}}$.", "level": "Level 1",
-     "type": "Algebra"},
-    {"problem": "Solve x+1=3.", "solution": "First \\boxed{1}? No: $x = \\boxed{2}$.", "level": "Level 2",
-     "type": "Algebra"},
+    {
+        "problem": "What is $1/2 + 0$?",
+        "solution": "We get $\\boxed{\\frac{1}{2}}$.",
+        "level": "Level 1",
+        "type": "Algebra",
+    },
+    {
+        "problem": "Solve x+1=3.",
+        "solution": "First \\boxed{1}? No: $x = \\boxed{2}$.",
+        "level": "Level 2",
+        "type": "Algebra",
+    },
 ]
 TEST = [{"problem": "Compute 2^3.", "solution": "$2^3 = \\boxed 8$", "level": "Level 1", "type": "Prealgebra"}]
 

@@ -73,8 +73,9 @@ def test_fork_bomb_is_bounded_by_rlimit_nproc_without_the_hook():
         "import os\nn = 0\ntry:\n    while True:\n        os.fork(); n += 1\nexcept OSError:\n    pass\n"
         "print('alive', flush=True)\nos._exit(0)"
     )
-    run = sandbox.run_python(code, limits=sandbox.Limits(timeout_s=2.0, memory_mb=256, max_processes=4),
-                             audit_hook=False)
+    run = sandbox.run_python(
+        code, limits=sandbox.Limits(timeout_s=2.0, memory_mb=256, max_processes=4), audit_hook=False
+    )
     # every process of the tree prints once: at most max_processes of them could exist
     assert 1 <= run.stdout.count("alive") <= 4
 
@@ -91,8 +92,11 @@ def test_writing_outside_the_directory_fails(hook):
     if not hook and not sandbox.kernel_layers()["readonly_fs"]:
         pytest.skip("no read-only mount namespace here; the audit hook is the only write barrier")
     target = f"/tmp/hf_escape_{uuid.uuid4().hex}"
-    run = sandbox.run_python(_write_outside(target) + "\nopen('inside.txt', 'w').write('ok')\nprint('INSIDE')",
-                             limits=LIMITS, audit_hook=hook)
+    run = sandbox.run_python(
+        _write_outside(target) + "\nopen('inside.txt', 'w').write('ok')\nprint('INSIDE')",
+        limits=LIMITS,
+        audit_hook=hook,
+    )
     assert "DENIED" in run.stdout and "WROTE" not in run.stdout
     assert "INSIDE" in run.stdout  # the run's own directory stays writable
     assert not os.path.exists(target)

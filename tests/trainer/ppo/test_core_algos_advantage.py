@@ -110,8 +110,14 @@ def test_grpo_two_groups_by_hand():
     eps = 1e-6
     sa, sb = math.sqrt(1 / 3), math.sqrt(0.5)
     adv, ret = core_algos.compute_grpo_outcome_advantage(rewards, mask, GROUP_INDEX, epsilon=eps)
-    expected = [(1 - 2 / 3) / (sa + eps), (0.5 - 1) / (sb + eps), (0 - 2 / 3) / (sa + eps),
-                (1.5 - 1) / (sb + eps), (1 - 2 / 3) / (sa + eps), 2.0 / (1 + eps)]
+    expected = [
+        (1 - 2 / 3) / (sa + eps),
+        (0.5 - 1) / (sb + eps),
+        (0 - 2 / 3) / (sa + eps),
+        (1.5 - 1) / (sb + eps),
+        (1 - 2 / 3) / (sa + eps),
+        2.0 / (1 + eps),
+    ]
     _check_outcome(adv, mask, expected)
     assert ret is adv or torch.equal(ret, adv)
     # Dr. GRPO: no division by std

@@ -14,9 +14,7 @@ T = torch.tensor
 # logprob = ln 0.5, ref = ln 0.25 -> x = log(pi/pi_ref) = ln 2 = 0.693147
 #   k1 = x = 0.693147;  abs = 0.693147;  k2 = x^2/2 = 0.240227;  k3 = exp(-x) + x - 1 = 0.5 + 0.693147 - 1 = 0.193147
 X = math.log(2.0)
-KL_CASES = {
-    "kl": X, "k1": X, "abs": X, "mse": X * X / 2, "k2": X * X / 2, "low_var_kl": 0.5 + X - 1, "k3": 0.5 + X - 1,
-}
+KL_CASES = {"kl": X, "k1": X, "abs": X, "mse": X * X / 2, "k2": X * X / 2, "low_var_kl": 0.5 + X - 1, "k3": 0.5 + X - 1}
 
 
 @pytest.mark.parametrize("name", list(KL_CASES))
@@ -67,7 +65,9 @@ def test_adaptive_controller_by_hand():
 def test_get_kl_controller_from_object_or_mapping(wrap):
     fixed = core_algos.get_kl_controller(wrap({"type": "fixed", "kl_coef": 0.2}))
     assert isinstance(fixed, core_algos.FixedKLController) and fixed.value == 0.2
-    adaptive = core_algos.get_kl_controller(wrap({"type": "adaptive", "kl_coef": 0.1, "target_kl": 0.5, "horizon": 100}))
+    adaptive = core_algos.get_kl_controller(
+        wrap({"type": "adaptive", "kl_coef": 0.1, "target_kl": 0.5, "horizon": 100})
+    )
     assert isinstance(adaptive, core_algos.AdaptiveKLController)
     assert (adaptive.value, adaptive.target, adaptive.horizon) == (0.1, 0.5, 100)
     with pytest.raises(ValueError):

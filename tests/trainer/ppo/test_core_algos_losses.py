@@ -150,8 +150,13 @@ AGG_MASK = T([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
 
 @pytest.mark.parametrize(
     "mode,expected",
-    [("token-mean", 3.4), ("token-sum", 17.0), ("seq-mean-token-sum", 8.5), ("seq-mean-token-mean", 3.75),
-     ("seq-mean-token-sum-norm", 2.125)],
+    [
+        ("token-mean", 3.4),
+        ("token-sum", 17.0),
+        ("seq-mean-token-sum", 8.5),
+        ("seq-mean-token-mean", 3.75),
+        ("seq-mean-token-sum-norm", 2.125),
+    ],
 )
 def test_agg_loss_modes(mode, expected):
     torch.testing.assert_close(core_algos.agg_loss(AGG_LOSS, AGG_MASK, mode), T(expected))

@@ -80,7 +80,9 @@ def test_gae_config_supplies_gamma_lam(wrap):
     for a, b in zip(ref, got, strict=True):
         torch.testing.assert_close(a, b)
     # the config wins over the positional values (veRL: the config supplies them)
-    got = core_algos.compute_gae_advantage_return(rewards, values, mask, 0.1, 0.1, config=wrap({"gamma": 0.9, "lam": 0.7}))
+    got = core_algos.compute_gae_advantage_return(
+        rewards, values, mask, 0.1, 0.1, config=wrap({"gamma": 0.9, "lam": 0.7})
+    )
     torch.testing.assert_close(got[1], ref[1])
     other = core_algos.compute_gae_advantage_return(rewards, values, mask, 0.1, 0.1)
     assert not torch.allclose(other[1], ref[1])
@@ -111,6 +113,7 @@ def test_policy_loss_config_object_or_mapping(wrap):
     new = torch.log(T([[1.5, 0.5]]))
     adv = T([[1.0, -1.0]])
     # clip 0.2 both ways: token 1 (A=+1, ratio 1.5) -> -1.2; token 2 (A=-1, ratio 0.5) -> 0.8; mean -0.2
-    loss, *_ = core_algos.get_policy_loss_fn("vanilla")(old, new, adv, torch.ones(1, 2), "token-mean",
-                                                         wrap({"clip_ratio": 0.2, "clip_ratio_c": 3.0}))
+    loss, *_ = core_algos.get_policy_loss_fn("vanilla")(
+        old, new, adv, torch.ones(1, 2), "token-mean", wrap({"clip_ratio": 0.2, "clip_ratio_c": 3.0})
+    )
     torch.testing.assert_close(loss, T(-0.2))

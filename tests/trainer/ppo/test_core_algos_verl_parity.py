@@ -25,7 +25,9 @@ def test_seq_mean_token_sum_norm_is_the_batch_mean_of_token_sums_over_the_horizo
     # 4 -> 2.125 (not the whole-batch sum 17 / 4 = 4.25, which is a factor batch size off).
     torch.testing.assert_close(core_algos.agg_loss(LOSS, MASK, "seq-mean-token-sum-norm"), T(2.125))
     # loss_scale_factor replaces the horizon: 8.5 / 10
-    torch.testing.assert_close(core_algos.agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", loss_scale_factor=10), T(0.85))
+    torch.testing.assert_close(
+        core_algos.agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", loss_scale_factor=10), T(0.85)
+    )
     # ... and the global batch size replaces the local sequence count: 17 / 4 sequences / 4 columns
     torch.testing.assert_close(
         core_algos.agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", global_batch_size=4), T(17 / 4 / 4)
@@ -52,7 +54,9 @@ def test_policy_and_value_loss_follow_seq_mean_token_sum_norm():
     # Ratio 1 everywhere (log_prob == old_log_prob): the vanilla per-token loss is -A.
     # A = -LOSS -> per-token loss = LOSS -> same aggregate as above: 2.125.
     lp = torch.zeros_like(LOSS)
-    loss, metrics = core_algos.get_policy_loss_fn("vanilla")(lp, lp, -LOSS, MASK, "seq-mean-token-sum-norm", {"clip_ratio": 0.2})
+    loss, metrics = core_algos.get_policy_loss_fn("vanilla")(
+        lp, lp, -LOSS, MASK, "seq-mean-token-sum-norm", {"clip_ratio": 0.2}
+    )
     torch.testing.assert_close(loss, T(2.125))
     torch.testing.assert_close(metrics["actor/pg_clipfrac"], T(0.0))
     # value loss: vpreds == values (no clipping), returns = vpreds - sqrt(2 * LOSS) -> per-token
@@ -63,7 +67,9 @@ def test_policy_and_value_loss_follow_seq_mean_token_sum_norm():
     torch.testing.assert_close(vf_loss, T(2.125))
     # veRL's positional extras on the value loss: dp_size 2, global batch 4 sequences, scale 2
     #   -> 17 / 4 * 2 / 2 = 4.25
-    vf_loss, _ = core_algos.compute_value_loss(vpreds, returns, vpreds, MASK, 0.5, "seq-mean-token-sum-norm", 2, None, 4, 2)
+    vf_loss, _ = core_algos.compute_value_loss(
+        vpreds, returns, vpreds, MASK, 0.5, "seq-mean-token-sum-norm", 2, None, 4, 2
+    )
     torch.testing.assert_close(vf_loss, T(4.25))
 
 
@@ -87,8 +93,9 @@ def test_policy_loss_reads_global_batch_info_from_the_config():
     # mutating the config. Ratio 1, A = -LOSS -> per-token LOSS; token-mean over a global 34 tokens
     # on 2 ranks: 17 / 34 * 2 = 1.0
     config = {"clip_ratio": 0.2}
-    view = core_algos.ConfigWithBatchInfo(config, {"dp_size": 2, "batch_num_tokens": 34, "global_batch_size": None,
-                                                   "loss_scale_factor": None})
+    view = core_algos.ConfigWithBatchInfo(
+        config, {"dp_size": 2, "batch_num_tokens": 34, "global_batch_size": None, "loss_scale_factor": None}
+    )
     lp = torch.zeros_like(LOSS)
     loss, _ = core_algos.get_policy_loss_fn("vanilla")(lp, lp, -LOSS, MASK, "token-mean", view)
     torch.testing.assert_close(loss, T(1.0))
@@ -149,8 +156,11 @@ def _random_groups(seed, min_size=2, max_size=6, n_groups=7):
 def test_grpo_vectorized_equals_the_loop(seed, norm):
     rewards, mask, index = _random_groups(seed, min_size=1)
     expected = torch.tensor(_loop_grpo(rewards.sum(-1).tolist(), index, norm=norm), dtype=torch.float64)
-    for fn in (core_algos.compute_grpo_outcome_advantage, core_algos.compute_grpo_vectorized_outcome_advantage,
-               core_algos.get_adv_estimator_fn("grpo_vectorized")):
+    for fn in (
+        core_algos.compute_grpo_outcome_advantage,
+        core_algos.compute_grpo_vectorized_outcome_advantage,
+        core_algos.get_adv_estimator_fn("grpo_vectorized"),
+    ):
         adv, ret = fn(rewards, mask, index, norm_adv_by_std_in_grpo=norm)
         torch.testing.assert_close(adv, expected.unsqueeze(-1) * mask)
         torch.testing.assert_close(ret, adv)
@@ -160,8 +170,11 @@ def test_grpo_vectorized_equals_the_loop(seed, norm):
 def test_rloo_vectorized_equals_the_loop(seed):
     rewards, mask, index = _random_groups(seed, min_size=2)
     expected = torch.tensor(_loop_rloo(rewards.sum(-1).tolist(), index), dtype=torch.float64).unsqueeze(-1) * mask
-    for fn in (core_algos.compute_rloo_outcome_advantage, core_algos.compute_rloo_vectorized_outcome_advantage,
-               core_algos.get_adv_estimator_fn("rloo_vectorized")):
+    for fn in (
+        core_algos.compute_rloo_outcome_advantage,
+        core_algos.compute_rloo_vectorized_outcome_advantage,
+        core_algos.get_adv_estimator_fn("rloo_vectorized"),
+    ):
         adv, ret = fn(rewards, mask, index)
         torch.testing.assert_close(adv, expected)
         torch.testing.assert_close(ret, adv)
@@ -173,7 +186,9 @@ def test_rloo_singleton_groups_as_verl():
     mask = torch.ones(3, 1)
     index = np.array(["a", "b", "b"], dtype=object)
     # rloo: a alone -> 2; b: 1 - 3 = -2, 3 - 1 = 2
-    torch.testing.assert_close(core_algos.compute_rloo_outcome_advantage(rewards, mask, index)[0], T([[2.0], [-2.0], [2.0]]))
+    torch.testing.assert_close(
+        core_algos.compute_rloo_outcome_advantage(rewards, mask, index)[0], T([[2.0], [-2.0], [2.0]])
+    )
     torch.testing.assert_close(
         core_algos.compute_rloo_vectorized_outcome_advantage(rewards, mask, index)[0], T([[0.0], [-2.0], [2.0]])
     )

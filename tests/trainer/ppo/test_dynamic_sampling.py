@@ -65,8 +65,10 @@ def test_accumulator_keeps_informative_groups_in_order_and_trims_the_surplus():
     assert out.non_tensor_batch["uid"].tolist() == ["g1", "g1", "g2", "g2", "g3", "g3"]
     assert out.batch["token_level_scores"].sum(-1).tolist() == [0, 1, 0, 2, 3, 1]
     assert acc.metrics() == {
-        "training/filter_groups/num_gen_batches": 3.0, "training/filter_groups/groups_seen": 6.0,
-        "training/filter_groups/evicted_samples": 2.0, "training/filter_groups/discarded_surplus_samples": 1.0,
+        "training/filter_groups/num_gen_batches": 3.0,
+        "training/filter_groups/groups_seen": 6.0,
+        "training/filter_groups/evicted_samples": 2.0,
+        "training/filter_groups/discarded_surplus_samples": 1.0,
         "training/filter_groups/kept_groups": 4.0,
     }
     with pytest.raises(RuntimeError, match="0 of 3 groups held"):
@@ -80,24 +82,30 @@ def test_accumulator_refuses_a_group_seen_twice():
         acc.add(scored(["s_0", "s_0"], [1, 0]))
 
 
-@pytest.mark.parametrize("missing, batch, inflight, generated, limit, expected", [
-    (1, 8, 4, 1, 0, 1),   # 2 × 1 missing = 2 prompts: one batch
-    (8, 8, 4, 1, 0, 2),   # 16 prompts: two batches
-    (8, 8, 1, 1, 0, 1),   # at most max_inflight_gen_batches
-    (30, 8, 4, 1, 0, 4),  # ceil(60 / 8) = 8, capped at 4
-    (30, 8, 4, 3, 5, 2),  # budget 5, 3 used: 2 left
-    (1, 8, 4, 5, 5, 0),   # budget spent
-])
+@pytest.mark.parametrize(
+    "missing, batch, inflight, generated, limit, expected",
+    [
+        (1, 8, 4, 1, 0, 1),  # 2 × 1 missing = 2 prompts: one batch
+        (8, 8, 4, 1, 0, 2),  # 16 prompts: two batches
+        (8, 8, 1, 1, 0, 1),  # at most max_inflight_gen_batches
+        (30, 8, 4, 1, 0, 4),  # ceil(60 / 8) = 8, capped at 4
+        (30, 8, 4, 3, 5, 2),  # budget 5, 3 used: 2 left
+        (1, 8, 4, 5, 5, 0),  # budget spent
+    ],
+)
 def test_prompt_batches_for_next_round(missing, batch, inflight, generated, limit, expected):
     assert prompt_batches_for_next_round(missing, batch, inflight, generated, limit) == expected
 
 
-@pytest.mark.parametrize("section, message", [
-    ({"enable": True, "metric": None}, "metric must name"),
-    ({"enable": "yes"}, "enable must be true or false"),
-    ({"max_num_gen_batches": 1.5}, "max_num_gen_batches must be an integer"),
-    ({"max_inflight_gen_batches": 0}, "max_inflight_gen_batches must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"enable": True, "metric": None}, "metric must name"),
+        ({"enable": "yes"}, "enable must be true or false"),
+        ({"max_num_gen_batches": 1.5}, "max_num_gen_batches must be an integer"),
+        ({"max_inflight_gen_batches": 0}, "max_inflight_gen_batches must be >= 1"),
+    ],
+)
 def test_settings_refuse_bad_values(section, message):
     with pytest.raises(ValueError, match="algorithm.filter_groups") as err:
         omega_conf_to_dataclass(section, FilterGroupsConfig, path="algorithm.filter_groups")
@@ -154,8 +162,9 @@ def test_dynamic_sampling_generates_until_full_and_trims():
 
 def test_dynamic_sampling_in_flight_refills_several_batches_at_once():
     rollout = FakeRollout({p: (0.0, 1.0) if p >= 8 else 2.0 for p in range(100)})
-    phase = DynamicSampling(FilterGroupsConfig(enable=True, max_inflight_gen_batches=3), 4, rollout,
-                            prompt_stream(4, start=4))
+    phase = DynamicSampling(
+        FilterGroupsConfig(enable=True, max_inflight_gen_batches=3), 4, rollout, prompt_stream(4, start=4)
+    )
     out = phase(DataProto.from_dict(tensors={"p": torch.arange(4)}), {}, metrics := {})
     # round 1 keeps nothing: 2 × 4 missing = 8 prompts = 2 batches in one round (4-11); 8-11 fill it
     assert rollout.calls == [[0, 1, 2, 3], list(range(4, 12))]
@@ -165,8 +174,9 @@ def test_dynamic_sampling_in_flight_refills_several_batches_at_once():
 
 def test_dynamic_sampling_fails_after_max_num_gen_batches():
     rollout = FakeRollout({p: 1.0 for p in range(100)})  # every group uniform
-    phase = DynamicSampling(FilterGroupsConfig(enable=True, max_num_gen_batches=3), 4, rollout,
-                            prompt_stream(4, start=4))
+    phase = DynamicSampling(
+        FilterGroupsConfig(enable=True, max_num_gen_batches=3), 4, rollout, prompt_stream(4, start=4)
+    )
     with pytest.raises(RuntimeError, match=r"3 prompt batches generated.*max_num_gen_batches=3.*0 of 4 groups"):
         phase(DataProto.from_dict(tensors={"p": torch.arange(4)}), {}, {})
     assert len(rollout.calls) == 3
@@ -187,6 +197,7 @@ def test_epoch_cycler_continues_into_the_next_epoch():
 
 
 def test_merge_round_metrics():
-    merged = merge_round_metrics([{"timing_s/x": 1.0, "a/b": [1.0, 3.0], "rollout/w_mb": [4.0]},
-                                  {"timing_s/x": 2.0, "a/b": [5.0], "c": 7.0}])
+    merged = merge_round_metrics(
+        [{"timing_s/x": 1.0, "a/b": [1.0, 3.0], "rollout/w_mb": [4.0]}, {"timing_s/x": 2.0, "a/b": [5.0], "c": 7.0}]
+    )
     assert merged == {"timing_s/x": 3.0, "a/b": [1.0, 3.0, 5.0], "rollout/w_mb": 4.0, "c": [7.0]}

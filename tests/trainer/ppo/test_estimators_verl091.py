@@ -19,8 +19,11 @@ D = torch.float64
 
 
 def test_new_names_resolve():
-    for est in (AdvantageEstimator.GDPO, AdvantageEstimator.OPTIMAL_TOKEN_BASELINE,
-                AdvantageEstimator.TIR_OPTIMAL_TOKEN_BASELINE):
+    for est in (
+        AdvantageEstimator.GDPO,
+        AdvantageEstimator.OPTIMAL_TOKEN_BASELINE,
+        AdvantageEstimator.TIR_OPTIMAL_TOKEN_BASELINE,
+    ):
         assert callable(core_algos.get_adv_estimator_fn(est)) and callable(core_algos.get_adv_estimator_fn(est.value))
 
 
@@ -61,8 +64,9 @@ def _gdpo_inputs():
 def test_gdpo_normalises_each_component_before_summing():
     rewards, mask, index, non_tensor = _gdpo_inputs()
     config = {"gdpo_reward_keys": ["acc", "fmt"], "norm_adv_by_std_in_grpo": True}
-    adv, ret = core_algos.compute_gdpo_outcome_advantage(rewards, mask, index, config=config,
-                                                          non_tensor_batch=non_tensor, batch={})
+    adv, ret = core_algos.compute_gdpo_outcome_advantage(
+        rewards, mask, index, config=config, non_tensor_batch=non_tensor, batch={}
+    )
     # acc -> (-0.577, 1.155, -0.577), fmt -> (1.155, -0.577, -0.577): sum (0.577, 0.577, -1.155); the
     # first response (right format, wrong answer) is above average. GRPO on the sum (1, 10, 0) puts it
     # below: the large component drowns the small one there.
@@ -83,11 +87,17 @@ def test_gdpo_weights_masks_and_groups_as_a_loop():
     comps = {"x": rng.integers(0, 2, n).astype(float), "y": rng.random(n), "z": rng.normal(size=n)}
     weights = [1.0, 0.5, 2.0]
     config = OmegaConf.create({"gdpo_reward_keys": ["x", "y", "z"], "gdpo_reward_weights": weights})
-    adv, _ = core_algos.get_adv_estimator_fn("gdpo")(torch.zeros(n, 4, dtype=D), mask, index, config=config,
-                                                      non_tensor_batch={k: v.astype(object) for k, v in comps.items()},
-                                                      batch={})
-    total = [sum(w * g[i] for w, g in zip(weights, [_grpo_loop(list(comps[k]), index) for k in "xyz"]))
-             for i in range(n)]
+    adv, _ = core_algos.get_adv_estimator_fn("gdpo")(
+        torch.zeros(n, 4, dtype=D),
+        mask,
+        index,
+        config=config,
+        non_tensor_batch={k: v.astype(object) for k, v in comps.items()},
+        batch={},
+    )
+    total = [
+        sum(w * g[i] for w, g in zip(weights, [_grpo_loop(list(comps[k]), index) for k in "xyz"])) for i in range(n)
+    ]
     expected = _whiten_loop(T(total, dtype=D).unsqueeze(-1) * mask, mask) * mask
     torch.testing.assert_close(adv, expected, atol=1e-6, rtol=0)
 
@@ -103,8 +113,14 @@ def test_gdpo_without_components_is_grpo_then_whitening_and_errors_name_the_key(
     with pytest.raises(ValueError, match="'len'"):
         fn(rewards, mask, index, config={"gdpo_reward_keys": ["len"]}, non_tensor_batch=non_tensor, batch={})
     with pytest.raises(ValueError, match="gdpo_reward_weights has 1 entries for 2"):
-        fn(rewards, mask, index, config={"gdpo_reward_keys": ["acc", "fmt"], "gdpo_reward_weights": [1.0]},
-           non_tensor_batch=non_tensor, batch={})
+        fn(
+            rewards,
+            mask,
+            index,
+            config={"gdpo_reward_keys": ["acc", "fmt"], "gdpo_reward_weights": [1.0]},
+            non_tensor_batch=non_tensor,
+            batch={},
+        )
 
 
 # ----------------------------------------------------------------------------- optimal token baseline
@@ -131,11 +147,15 @@ def test_otb_hand_computed_with_and_without_zero_tail():
     adv, ret = core_algos.compute_optimal_token_baseline_advantage(rewards, mask, index, old, spsq)
     torch.testing.assert_close(ret, T([[1.0, 1.0, 0.0], [2.0, 2.0, 2.0]], dtype=D))
     torch.testing.assert_close(adv, T([[1 - b0, 1 - b1, 0.0], [2 - b0, 2 - b1, 2.0]], dtype=D))
-    adv, _ = core_algos.compute_optimal_token_baseline_advantage(rewards, mask, index, old, spsq, handle_zero_tail=False)
+    adv, _ = core_algos.compute_optimal_token_baseline_advantage(
+        rewards, mask, index, old, spsq, handle_zero_tail=False
+    )
     torch.testing.assert_close(adv, T([[1 - b0, 1 - b1, 0.0], [2 - b0, 2 - b1, 0.0]], dtype=D), atol=1e-7, rtol=0)
     # rollout IS weights scale each w by rho^2: rho = 2 on row 0 -> W row 0 = (2, 4)
     rho = T([[2.0, 2.0, 2.0], [1.0, 1.0, 1.0]], dtype=D)
-    adv, _ = core_algos.compute_optimal_token_baseline_advantage(rewards, mask, index, old, spsq, rollout_is_weights=rho)
+    adv, _ = core_algos.compute_optimal_token_baseline_advantage(
+        rewards, mask, index, old, spsq, rollout_is_weights=rho
+    )
     b0, b1 = (1 * 2 + 2 * 1.3) / 3.3, (1 * 4 + 2 * 2.6) / 6.6
     torch.testing.assert_close(adv[:, :2], T([[1 - b0, 1 - b1], [2 - b0, 2 - b1]], dtype=D))
 
@@ -231,17 +251,20 @@ def _trainer_view(estimator, **algorithm):
     import inspect
 
     algo = OmegaConf.create({"gamma": 1.0, "lam": 1.0, "adv_estimator": estimator, **algorithm})
-    return SimpleNamespace(adv_fn=fn, _adv_params=set(inspect.signature(fn).parameters),
-                           config=OmegaConf.create({"algorithm": algo}))
+    return SimpleNamespace(
+        adv_fn=fn, _adv_params=set(inspect.signature(fn).parameters), config=OmegaConf.create({"algorithm": algo})
+    )
 
 
 def test_trainer_passes_reward_components_and_sum_pi_squared():
     rewards, mask, index, non_tensor = _gdpo_inputs()
-    batch = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask},
-                                non_tensors={"uid": index, **non_tensor})
+    batch = DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": mask}, non_tensors={"uid": index, **non_tensor}
+    )
     RayPPOTrainer._compute_advantage(_trainer_view("gdpo", gdpo_reward_keys=["acc", "fmt"]), batch)
     expected, _ = core_algos.compute_gdpo_outcome_advantage(
-        rewards, mask, index, config={"gdpo_reward_keys": ["acc", "fmt"]}, non_tensor_batch=non_tensor, batch={})
+        rewards, mask, index, config={"gdpo_reward_keys": ["acc", "fmt"]}, non_tensor_batch=non_tensor, batch={}
+    )
     torch.testing.assert_close(batch.batch["advantages"], expected)
 
     rewards, mask, index, old, spsq = _otb_hand_case()

@@ -23,7 +23,19 @@ def _call(name, old, new, adv, mask, config, mode="token-mean", weights=None):
 
 
 def test_every_verl_loss_mode_is_registered():
-    for name in ("vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "sapo", "dppo_tv", "dppo_kl", "dro"):
+    for name in (
+        "vanilla",
+        "gspo",
+        "gpg",
+        "clip_cov",
+        "kl_cov",
+        "geo_mean",
+        "cispo",
+        "sapo",
+        "dppo_tv",
+        "dppo_kl",
+        "dro",
+    ):
         assert callable(core_algos.get_policy_loss_fn(name))
 
 
@@ -43,7 +55,12 @@ def test_cispo_clips_the_detached_weight_not_the_gradient():
 
 
 def _probs_case(p_old, p, adv):
-    return torch.log(T([p_old], dtype=D)), torch.log(T([p], dtype=D)), T([adv], dtype=D), torch.ones(1, len(adv), dtype=D)
+    return (
+        torch.log(T([p_old], dtype=D)),
+        torch.log(T([p], dtype=D)),
+        T([adv], dtype=D),
+        torch.ones(1, len(adv), dtype=D),
+    )
 
 
 def test_dppo_tv_masks_tokens_whose_probability_moved_too_far():
@@ -58,8 +75,9 @@ def test_dppo_tv_masks_tokens_whose_probability_moved_too_far():
     torch.testing.assert_close(grad, -T([weight], dtype=D) * adv / 5)
     assert m["actor/pg_clipfrac"] == pytest.approx(2 / 5)  # untrusted share
     assert m["actor/pg_clipfrac_lower"] == pytest.approx(1 / 5)  # trusted with ratio > c
-    assert m["actor/ppo_kl"] == pytest.approx(-sum(math.log(p / q) for p, q in
-                                                    zip([0.9, 0.6, 0.2, 0.2, 0.2], [0.5, 0.5, 0.5, 0.3, 0.01])) / 5)
+    assert m["actor/ppo_kl"] == pytest.approx(
+        -sum(math.log(p / q) for p, q in zip([0.9, 0.6, 0.2, 0.2, 0.2], [0.5, 0.5, 0.5, 0.3, 0.01])) / 5
+    )
 
 
 def _binary_kl(p_old, p):
@@ -122,7 +140,9 @@ def test_sapo_gate_value_slope_and_sequence_mean():
     for mode in ("token-mean", "seq-mean-token-sum"):  # the mode passed is not used
         loss, _, m = _call("sapo", old, new, adv, mask, config, mode)
         assert loss.item() == pytest.approx((row0 + row1) / 2)
-    assert m["actor/pg_clipfrac"] == 0.0 and m["actor/ppo_kl"] == pytest.approx(-(math.log(1.5) + math.log(0.5) + math.log(2)) / 3)
+    assert m["actor/pg_clipfrac"] == 0.0 and m["actor/ppo_kl"] == pytest.approx(
+        -(math.log(1.5) + math.log(0.5) + math.log(2)) / 3
+    )
 
 
 def test_geo_mean_one_ratio_per_sequence():
@@ -152,14 +172,28 @@ def test_geo_mean_zero_advantage_tokens_add_no_log_ratio():
     # A = (0, 2): the first token's log ratio 0.15 is dropped from the sum but counts in the length:
     # ratio exp((0 + 0.1) / 2), mean advantage 1 -> loss -exp(0.05)
     old = torch.zeros(1, 2, dtype=D)
-    loss, _, _ = _call("geo_mean", old, T([[0.15, 0.1]], dtype=D), T([[0.0, 2.0]], dtype=D), torch.ones(1, 2, dtype=D),
-                       {"clip_ratio": 0.2})
+    loss, _, _ = _call(
+        "geo_mean",
+        old,
+        T([[0.15, 0.1]], dtype=D),
+        T([[0.0, 2.0]], dtype=D),
+        torch.ones(1, 2, dtype=D),
+        {"clip_ratio": 0.2},
+    )
     assert loss.item() == pytest.approx(-math.exp(0.05))
 
 
 def _cov_config(**policy_loss):
-    return {**CONFIG, "policy_loss": {"clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "kl_cov_ratio": 0.0002,
-                                      "ppo_kl_coef": 1.0, **policy_loss}}
+    return {
+        **CONFIG,
+        "policy_loss": {
+            "clip_cov_lb": 1.0,
+            "clip_cov_ub": 5.0,
+            "kl_cov_ratio": 0.0002,
+            "ppo_kl_coef": 1.0,
+            **policy_loss,
+        },
+    }
 
 
 def test_clip_cov_drops_the_tokens_with_covariance_in_the_band():

@@ -30,13 +30,15 @@ def test_offpolicy_metrics_by_hand():
     assert all(type(v) is float for v in m.values())
     assert m["kl"] == pytest.approx(-LN2 / 2)  # mean of log π_rollout - log π_old = (-ln 2 + 0) / 2
     assert m["k3_kl"] == pytest.approx((2 - LN2 - 1) / 2)  # r - log r - 1 per token
-    assert m["training_ppl"] == pytest.approx(2 ** 1.5)  # exp(-(ln 0.5 + ln 0.25) / 2)
+    assert m["training_ppl"] == pytest.approx(2**1.5)  # exp(-(ln 0.5 + ln 0.25) / 2)
     assert m["rollout_ppl"] == pytest.approx(4.0)
     assert m["chi2_token"] == pytest.approx((4 + 1) / 2 - 1)
     assert m["chi2_seq"] == pytest.approx((2 * 1) ** 2 - 1)
     # without rollout log-probs only the training perplexity is known
-    assert compute_offpolicy_metrics(OLD, None, MASK) == {"training_ppl": pytest.approx(2 ** 1.5),
-                                                         "training_log_ppl": pytest.approx(1.5 * LN2)}
+    assert compute_offpolicy_metrics(OLD, None, MASK) == {
+        "training_ppl": pytest.approx(2**1.5),
+        "training_log_ppl": pytest.approx(1.5 * LN2),
+    }
     with pytest.raises(ValueError, match="no valid token"):
         compute_offpolicy_metrics(OLD, ROLLOUT, torch.zeros(1, 2))
     prefixed = compute_rollout_corr_metrics_from_logprobs(OLD, ROLLOUT, MASK)
@@ -46,7 +48,14 @@ def test_offpolicy_metrics_by_hand():
 def test_weights_and_rejection_in_one_call():
     # token TIS at 1.5: weights min(r, 1.5) = (1.5, 1); token_k2 = (ln r)² / 2 = (0.240, 0) > 0.2 rejects token 0
     proto, mask, m = compute_rollout_correction_and_rejection_mask(
-        OLD, ROLLOUT, MASK, rollout_is="token", rollout_is_threshold=1.5, rollout_rs="token_k2", rollout_rs_threshold=0.2)
+        OLD,
+        ROLLOUT,
+        MASK,
+        rollout_is="token",
+        rollout_is_threshold=1.5,
+        rollout_rs="token_k2",
+        rollout_rs_threshold=0.2,
+    )
     assert isinstance(proto, DataProto)
     assert proto.batch["rollout_is_weights"].tolist() == [[1.5, 1.0]]
     assert mask.tolist() == [[0.0, 1.0]]
@@ -58,15 +67,18 @@ def test_weights_and_rejection_in_one_call():
 def test_no_weights_without_level_or_threshold_and_rejection_needs_a_threshold():
     proto, mask, m = compute_rollout_correction_and_rejection_mask(OLD, ROLLOUT, MASK)
     assert proto is None and torch.equal(mask, MASK) and "rollout_corr/chi2_token" in m
-    proto, _, _ = compute_rollout_correction_and_rejection_mask(OLD, ROLLOUT, MASK, rollout_is="token",
-                                                                rollout_is_threshold=None)
+    proto, _, _ = compute_rollout_correction_and_rejection_mask(
+        OLD, ROLLOUT, MASK, rollout_is="token", rollout_is_threshold=None
+    )
     assert proto is None  # veRL: no threshold, no weights
     with pytest.raises(ValueError, match="threshold"):
         compute_rollout_correction_and_rejection_mask(OLD, ROLLOUT, MASK, rollout_rs="token_k1")
 
 
 def test_weights_and_mask_helpers():
-    weights, m = compute_rollout_correction_weights(OLD - ROLLOUT, MASK, rollout_is="sequence", rollout_is_threshold=1.5)
+    weights, m = compute_rollout_correction_weights(
+        OLD - ROLLOUT, MASK, rollout_is="sequence", rollout_is_threshold=1.5
+    )
     assert weights.tolist() == [[1.5, 1.5]]  # the sequence ratio 2 · 1 = 2, truncated at 1.5
     assert type(m["rollout_is_mean"]) is float
     mask, m = compute_rollout_rejection_mask(OLD - ROLLOUT, MASK, rollout_rs="seq_max_k2", rollout_rs_threshold=0.2)

@@ -47,8 +47,8 @@ def test_token_tis_weights_and_metrics():
     assert m["rollout_is_ratio_fraction_high"] == pytest.approx(2 / 5)
     assert m["rollout_is_ratio_fraction_low"] == pytest.approx(1 / 5)
     # E[w²] = (2.25 + 4 + 0.0625 + 0.64 + 4) / 5 = 2.1905; std = sqrt(2.1905 - 1.31²); ESS = 1.31² / 2.1905
-    assert m["rollout_is_std"] == pytest.approx(math.sqrt(2.1905 - 1.31 ** 2))
-    assert m["rollout_is_eff_sample_size"] == pytest.approx(1.31 ** 2 / 2.1905, rel=1e-6)
+    assert m["rollout_is_std"] == pytest.approx(math.sqrt(2.1905 - 1.31**2))
+    assert m["rollout_is_eff_sample_size"] == pytest.approx(1.31**2 / 2.1905, rel=1e-6)
     # row means of the weights: (1.5 + 2 + 0.25) / 3 = 1.25 and (0.8 + 2) / 2 = 1.4
     assert m["rollout_is_seq_mean"] == pytest.approx(1.325)
     assert m["rollout_is_seq_std"] == pytest.approx(0.15 / math.sqrt(2))
@@ -69,8 +69,8 @@ def test_sequence_tis_weights_and_metrics():
     assert (m["rollout_is_max"], m["rollout_is_min"]) == pytest.approx((2.88, 1.5))
     assert m["rollout_is_ratio_fraction_high"] == 0.5 and m["rollout_is_ratio_fraction_low"] == 0.0
     # E[w²] = (3 * 2.25 + 2 * 4) / 5 = 2.95; mean 1.7
-    assert m["rollout_is_std"] == pytest.approx(math.sqrt(2.95 - 1.7 ** 2))
-    assert m["rollout_is_eff_sample_size"] == pytest.approx(1.7 ** 2 / 2.95, rel=1e-6)
+    assert m["rollout_is_std"] == pytest.approx(math.sqrt(2.95 - 1.7**2))
+    assert m["rollout_is_eff_sample_size"] == pytest.approx(1.7**2 / 2.95, rel=1e-6)
     assert m["rollout_is_seq_max_deviation"] == pytest.approx(1.0)  # |2 - 1|
     assert m["rollout_is_seq_fraction_high"] == 0.5  # raw row means 1.5 and 2.88
 
@@ -161,8 +161,8 @@ def test_offpolicy_metrics_and_prefix():
     m = {k.removeprefix("rollout_corr/"): float(v) for k, v in m.items()}
     assert m["kl"] == pytest.approx(-math.log(4.32) / 5)  # mean of log π_rollout - log π_train
     assert m["k3_kl"] == pytest.approx((k3(1.5) + k3(4.0) + k3(0.25) + k3(0.8) + k3(3.6)) / 5)
-    assert m["chi2_token"] == pytest.approx((1.5 ** 2 + 16 + 0.25 ** 2 + 0.8 ** 2 + 3.6 ** 2) / 5 - 1)
-    assert m["chi2_seq"] == pytest.approx((1.5 ** 2 + 2.88 ** 2) / 2 - 1)
+    assert m["chi2_token"] == pytest.approx((1.5**2 + 16 + 0.25**2 + 0.8**2 + 3.6**2) / 5 - 1)
+    assert m["chi2_seq"] == pytest.approx((1.5**2 + 2.88**2) / 2 - 1)
     # rollout mean log-probs per row: -7/6 and -1; ppl = mean of exp(-mean log-prob)
     assert m["rollout_ppl"] == pytest.approx((math.exp(7 / 6) + math.e) / 2)
     assert m["rollout_log_ppl"] == pytest.approx((7 / 6 + 1) / 2)
@@ -170,7 +170,7 @@ def test_offpolicy_metrics_and_prefix():
     d0, d1 = -math.log(1.5) / 3, -math.log(2.88) / 2
     assert m["log_ppl_diff"] == pytest.approx((d0 + d1) / 2)
     assert (m["log_ppl_diff_max"], m["log_ppl_diff_min"]) == pytest.approx((d0, d1))
-    assert m["ppl_ratio"] == pytest.approx((1.5 ** (-1 / 3) + 2.88 ** -0.5) / 2)
+    assert m["ppl_ratio"] == pytest.approx((1.5 ** (-1 / 3) + 2.88**-0.5) / 2)
     # training log-ppl per row = rollout log-ppl + log_ppl_diff
     assert m["training_log_ppl"] == pytest.approx(((7 / 6 + d0) + (1 + d1)) / 2)
 
@@ -179,10 +179,18 @@ def test_bypass_reinforce_weights_the_policy_gradient():
     # π_θ/π_rollout = [3, 1.5] on one row; token TIS at 2 -> w = [2, 1.5]; A = [1, -2]
     rollout = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
     log_prob = (rollout + torch.log(torch.tensor([[3.0, 1.5]], dtype=torch.float64))).requires_grad_()
-    settings = RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=2.0, bypass_mode=True, loss_type="reinforce")
+    settings = RolloutCorrectionConfig(
+        rollout_is="token", rollout_is_threshold=2.0, bypass_mode=True, loss_type="reinforce"
+    )
     loss, m = compute_policy_loss_bypass_mode(
-        rollout, log_prob, torch.tensor([[1.0, -2.0]], dtype=torch.float64), torch.ones(1, 2), "token-mean", {},
-        settings)
+        rollout,
+        log_prob,
+        torch.tensor([[1.0, -2.0]], dtype=torch.float64),
+        torch.ones(1, 2),
+        "token-mean",
+        {},
+        settings,
+    )
     kl = m["actor/ppo_kl"]
     loss.backward()
     # loss = -(2 * 1 * lp0 + 1.5 * (-2) * lp1) / 2 -> d/dlp = [-1, 1.5]
@@ -199,26 +207,39 @@ def test_bypass_ppo_clip_rejected_tokens_leave_only_the_numerator():
     settings = RolloutCorrectionConfig(rollout_rs="token_k1", rollout_rs_threshold=2.0, bypass_mode=True)
     assert settings.rejection == parse_rejection_options("token_k1", 2.0)
     loss, m = compute_policy_loss_bypass_mode(
-        rollout, log_prob, torch.tensor([[5.0, -2.0]], dtype=torch.float64), torch.ones(1, 2), "token-mean",
-        {"clip_ratio": 0.2}, settings, global_token_count=torch.tensor(2.0))
+        rollout,
+        log_prob,
+        torch.tensor([[5.0, -2.0]], dtype=torch.float64),
+        torch.ones(1, 2),
+        "token-mean",
+        {"clip_ratio": 0.2},
+        settings,
+        global_token_count=torch.tensor(2.0),
+    )
     clipfrac = m["actor/pg_clipfrac"]
     assert float(loss) == pytest.approx(1.5)
     assert float(clipfrac) == 0.0
     assert float(m["rollout_corr/rollout_rs_masked_fraction"]) == 0.5
 
 
-@pytest.mark.parametrize("section, message", [
-    ({"rollout_is": "tokens"}, "rollout_is='tokens'"),
-    ({"rollout_is": "token", "rollout_is_threshold": None}, "needs algorithm.rollout_correction.rollout_is_threshold"),
-    ({"rollout_is": "token", "rollout_is_threshold": "3_2"}, "lower bound exceeds"),
-    ({"rollout_is": "token", "rollout_is_threshold": -1.0}, "must be positive"),
-    ({"rollout_rs": "token_k4", "rollout_rs_threshold": 1.0}, "unknown option 'token_k4'"),
-    ({"rollout_rs": "token_k1"}, "needs algorithm.rollout_correction.rollout_rs_threshold"),
-    ({"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": "0.1_0.2"}, "single upper bound"),
-    ({"rollout_rs": "token_k1,seq_mean_k3", "rollout_rs_threshold": "1,2,3"}, "exactly one per option"),
-    ({"loss_type": "ppo"}, "loss_type='ppo'"),
-    ({"bypass_mode": "yes"}, "bypass_mode must be true or false"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"rollout_is": "tokens"}, "rollout_is='tokens'"),
+        (
+            {"rollout_is": "token", "rollout_is_threshold": None},
+            "needs algorithm.rollout_correction.rollout_is_threshold",
+        ),
+        ({"rollout_is": "token", "rollout_is_threshold": "3_2"}, "lower bound exceeds"),
+        ({"rollout_is": "token", "rollout_is_threshold": -1.0}, "must be positive"),
+        ({"rollout_rs": "token_k4", "rollout_rs_threshold": 1.0}, "unknown option 'token_k4'"),
+        ({"rollout_rs": "token_k1"}, "needs algorithm.rollout_correction.rollout_rs_threshold"),
+        ({"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": "0.1_0.2"}, "single upper bound"),
+        ({"rollout_rs": "token_k1,seq_mean_k3", "rollout_rs_threshold": "1,2,3"}, "exactly one per option"),
+        ({"loss_type": "ppo"}, "loss_type='ppo'"),
+        ({"bypass_mode": "yes"}, "bypass_mode must be true or false"),
+    ],
+)
 def test_settings_refuse_bad_values_naming_the_key(section, message):
     with pytest.raises(ValueError, match="algorithm.rollout_correction") as err:
         rollout_correction_config(section)
@@ -226,8 +247,14 @@ def test_settings_refuse_bad_values_naming_the_key(section, message):
 
 
 def test_settings_parse_thresholds():
-    s = rollout_correction_config({"rollout_is": "sequence", "rollout_is_threshold": "0.5_5.0",
-                                               "rollout_rs": "token_k1,seq_max_k3", "rollout_rs_threshold": "0.2_5,0.01"})
+    s = rollout_correction_config(
+        {
+            "rollout_is": "sequence",
+            "rollout_is_threshold": "0.5_5.0",
+            "rollout_rs": "token_k1,seq_max_k3",
+            "rollout_rs_threshold": "0.2_5,0.01",
+        }
+    )
     assert s.is_bounds == (5.0, 0.5)
     k1, k3_max = s.rejection
     assert (k1.lower, k1.upper) == pytest.approx((math.log(0.2), math.log(5)))  # log space

@@ -13,10 +13,10 @@ from omegaconf import OmegaConf
 from hybridflow.config import ConfigError, omega_conf_to_dataclass
 from hybridflow.config.skip import RolloutSkipConfig, RolloutTqSkipConfig
 from hybridflow.config.trainer import TrainerConfig
+from hybridflow.models.tiny import build_tiny_tokenizer
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo import rollout_dump
 from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder, find_replay_file
-from hybridflow.models.tiny import build_tiny_tokenizer
 
 TOK = build_tiny_tokenizer()  # the shared character tokenizer (hybridflow/models/tiny.py)
 PAD, EOS = TOK.pad_token_id, TOK.eos_token_id  # specials, skipped when decoding
@@ -40,14 +40,25 @@ def _batch() -> DataProto:
     positions = torch.tensor([[0, 0, 0, 1, 2, 3, 4], [0, 0, 1, 2, 3, 4, 5]])
     scores = torch.tensor([[0.0, 0.5, 0.0], [0.0, 0.0, 0.25]])
     return DataProto.from_dict(
-        tensors={"prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], -1),
-                 "attention_mask": attention, "position_ids": positions,
-                 "response_mask": attention[:, 4:].clone(),
-                 "rollout_log_probs": torch.tensor([[-0.1, -0.2, 0.0], [-1.5, -0.3, -0.7]]),
-                 "token_level_scores": scores, "advantages": torch.tensor([[0.7, 0.7, 0.0], [-0.7, -0.7, -0.7]])},
-        non_tensors={"uid": _obj(["1_0", "1_1"]), "index": _obj([11, 12]), "data_source": _obj(["toy", "toy"]),
-                     "reward_model": _obj([{"ground_truth": "5"}, {"ground_truth": "7"}]),
-                     "raw_prompt_ids": _obj([[C, D], [A, B, C]])})
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], -1),
+            "attention_mask": attention,
+            "position_ids": positions,
+            "response_mask": attention[:, 4:].clone(),
+            "rollout_log_probs": torch.tensor([[-0.1, -0.2, 0.0], [-1.5, -0.3, -0.7]]),
+            "token_level_scores": scores,
+            "advantages": torch.tensor([[0.7, 0.7, 0.0], [-0.7, -0.7, -0.7]]),
+        },
+        non_tensors={
+            "uid": _obj(["1_0", "1_1"]),
+            "index": _obj([11, 12]),
+            "data_source": _obj(["toy", "toy"]),
+            "reward_model": _obj([{"ground_truth": "5"}, {"ground_truth": "7"}]),
+            "raw_prompt_ids": _obj([[C, D], [A, B, C]]),
+        },
+    )
 
 
 def test_rows_carry_verl_fields_and_compact_token_ids():
@@ -61,8 +72,13 @@ def test_rows_carry_verl_fields_and_compact_token_ids():
     assert (r0["prompt_width"], r0["response_width"]) == (4, 3)
     assert r0["response_mask"] == [1, 1] and r0["advantages"] == pytest.approx([0.7, 0.7])
     assert r1["response_ids"] == [F, G, H] and r1["token_level_scores"] == [0.0, 0.0, 0.25]
-    assert r0["non_tensor"] == {"uid": "1_0", "index": 11, "data_source": "toy", "reward_model": {"ground_truth": "5"},
-                                "raw_prompt_ids": [C, D]}
+    assert r0["non_tensor"] == {
+        "uid": "1_0",
+        "index": 11,
+        "data_source": "toy",
+        "reward_model": {"ground_truth": "5"},
+        "raw_prompt_ids": [C, D],
+    }
     assert "padded" not in r0 and "padded" not in r1  # the rollout layout rebuilds both rows exactly
     json.dumps(rows)  # plain JSON
 

@@ -33,8 +33,10 @@ class HandManager:
 
     def finish(self, pos: int, version: int = 0) -> None:
         future = dict(self.submitted)[pos]
-        out = DataProto.from_dict(tensors={"responses": torch.full((N, 1), pos)},
-                                  non_tensors={"min_weight_version": np.array([version] * N, dtype=object)})
+        out = DataProto.from_dict(
+            tensors={"responses": torch.full((N, 1), pos)},
+            non_tensors={"min_weight_version": np.array([version] * N, dtype=object)},
+        )
         future.set_result(out)
 
     def pause(self):
@@ -50,10 +52,14 @@ class HandManager:
 def groups(count: int = 100):
     for pos in range(count):
         batch_size = 2
-        prompts = DataProto.from_dict(tensors={"input_ids": torch.zeros((N, 1), dtype=torch.long),
-                                               "attention_mask": torch.ones((N, 1), dtype=torch.long),
-                                               "position_ids": torch.zeros((N, 1), dtype=torch.long)},
-                                      non_tensors={"pos": np.array([pos] * N, dtype=object)})
+        prompts = DataProto.from_dict(
+            tensors={
+                "input_ids": torch.zeros((N, 1), dtype=torch.long),
+                "attention_mask": torch.ones((N, 1), dtype=torch.long),
+                "position_ids": torch.zeros((N, 1), dtype=torch.long),
+            },
+            non_tensors={"pos": np.array([pos] * N, dtype=object)},
+        )
         yield PromptGroup(gen_index=pos // batch_size + 1, position=pos % batch_size, epoch=0, prompts=prompts)
 
 
@@ -190,8 +196,9 @@ def test_a_failed_group_surfaces_in_take():
 
 def test_a_resumed_runs_pending_groups_start_first():
     m = HandManager()
-    r = Rollouter(m, groups(3), prompts_per_step=2, staleness_threshold=1, trigger_parameter_sync_step=1,
-                  partial_rollout=False)
+    r = Rollouter(
+        m, groups(3), prompts_per_step=2, staleness_threshold=1, trigger_parameter_sync_step=1, partial_rollout=False
+    )
     restart = next(groups(1))
     restart.gen_index, restart.position = 0, 0
     r.start(pending=[restart])  # a resumed run's pending group starts before new ones
@@ -210,8 +217,15 @@ def test_the_trainers_wait_ends_at_the_watchdog_deadline_and_groups_that_finish_
     from hybridflow.single_controller.base import Watchdog, WorkerHangError
 
     m = HandManager()
-    r = Rollouter(m, groups(100), prompts_per_step=2, staleness_threshold=1, trigger_parameter_sync_step=1,
-                  partial_rollout=False, watchdog=Watchdog(timeout_s=1.0, report_dir=str(tmp_path), poll_s=0.1))
+    r = Rollouter(
+        m,
+        groups(100),
+        prompts_per_step=2,
+        staleness_threshold=1,
+        trigger_parameter_sync_step=1,
+        partial_rollout=False,
+        watchdog=Watchdog(timeout_s=1.0, report_dir=str(tmp_path), poll_s=0.1),
+    )
     r.start()
     try:
         assert started(m, 4) == 4

@@ -69,13 +69,13 @@ def test_process_validation_metrics_by_hand_and_by_loop():
         assert a[f"best@{k}/mean"] == pytest.approx(np.mean(best))
         assert a[f"worst@{k}/mean"] == pytest.approx(np.mean(worst))
         assert a[f"maj@{k}/mean"] == pytest.approx(np.mean(maj))
-    assert set(a) == {"mean@4", "std@4"} | {f"{m}@{k}/{s}" for m in ("best", "worst", "maj") for k in (2, 4)
-                                              for s in ("mean", "std")}
+    assert set(a) == {"mean@4", "std@4"} | {
+        f"{m}@{k}/{s}" for m in ("best", "worst", "maj") for k in (2, 4) for s in ("mean", "std")
+    }
 
 
 def test_missing_sessions_count_as_failures_for_acc():
-    out = process_validation_metrics(["s", "s"], ["u", "u"], {"acc": [1.0, None]},
-                                     expected_acc_counts={("s", "u"): 4})
+    out = process_validation_metrics(["s", "s"], ["u", "u"], {"acc": [1.0, None]}, expected_acc_counts={("s", "u"): 4})
     assert out["s"]["acc"]["mean@4"] == pytest.approx(0.25)  # 1 success of 4 expected sessions
     assert out["s"]["acc_success_only"]["mean@1"] == 1.0
 
@@ -89,9 +89,13 @@ def test_validation_metrics_sections_follow_verl():
     sources, uids = ["gsm8k"] * 4, ["p0", "p0", "p1", "p1"]
     out = validation_metrics(sources, uids, {"reward": [1.0, 0.0, 1.0, 1.0], "pred": ["1", "2", "3", "3"]})
     core = sorted(k for k in out if k.startswith("val-core/"))
-    assert core == ["val-core/gsm8k/reward/best@2/mean", "val-core/gsm8k/reward/best@2/std",
-                    "val-core/gsm8k/reward/maj@2/mean", "val-core/gsm8k/reward/maj@2/std",
-                    "val-core/gsm8k/reward/mean@2"]
+    assert core == [
+        "val-core/gsm8k/reward/best@2/mean",
+        "val-core/gsm8k/reward/best@2/std",
+        "val-core/gsm8k/reward/maj@2/mean",
+        "val-core/gsm8k/reward/maj@2/std",
+        "val-core/gsm8k/reward/mean@2",
+    ]
     assert out["val-core/gsm8k/reward/mean@2"] == 0.75
     assert "val-aux/gsm8k/reward/std@2" in out and "val-aux/gsm8k/reward/worst@2/mean" in out
     # a scorer that reports acc: acc is the core variable, the reward moves to val-aux

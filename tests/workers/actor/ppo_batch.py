@@ -3,14 +3,22 @@ tests.workers.actor.ppo_batch)."""
 
 import torch
 
-from hybridflow.protocol import DataProto
 from hybridflow.models.tiny import build_tiny_config, build_tiny_model
+from hybridflow.protocol import DataProto
 
 VOCAB, PROMPT, RESPONSE = 16, 6, 5
 # the shared tiny model (hybridflow/models/tiny.py) at this file's small size: vocab 16, hidden 32,
 # 2 layers, 4 heads (2 KV), no pad or EOS id in the config (the rows' pad id 0 is an ordinary token)
-SIZE = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-            max_position_embeddings=64, pad_token_id=None, eos_token_id=None)
+SIZE = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    max_position_embeddings=64,
+    pad_token_id=None,
+    eos_token_id=None,
+)
 
 
 def tiny_causal_lm(seed: int = 0):
@@ -53,16 +61,31 @@ def actor_config(**overrides) -> dict:
     """The yaml's actor section with the values these tests rely on."""
     from tests.yaml_sections import actor
 
-    return actor(**{
-        "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 8, "use_dynamic_bsz": False,
-        "ppo_max_token_len_per_gpu": 64, "ppo_epochs": 1, "shuffle": False, "grad_clip": None,
-        "clip_ratio": 0.2, "clip_ratio_c": 3.0, "loss_agg_mode": "token-mean", "entropy_coeff": 0.0,
-        "use_kl_loss": False, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl",
-        "policy_loss": {"loss_mode": "vanilla"}, **overrides,
-    })
+    return actor(
+        **{
+            "ppo_mini_batch_size": 8,
+            "ppo_micro_batch_size_per_gpu": 8,
+            "use_dynamic_bsz": False,
+            "ppo_max_token_len_per_gpu": 64,
+            "ppo_epochs": 1,
+            "shuffle": False,
+            "grad_clip": None,
+            "clip_ratio": 0.2,
+            "clip_ratio_c": 3.0,
+            "loss_agg_mode": "token-mean",
+            "entropy_coeff": 0.0,
+            "use_kl_loss": False,
+            "kl_loss_coef": 0.1,
+            "kl_loss_type": "low_var_kl",
+            "policy_loss": {"loss_mode": "vanilla"},
+            **overrides,
+        }
+    )
 
 
-def ppo_batch(model, batch_size: int = 8, seed: int = 0, temperature: float = 1.0, noise: float = 0.3, **lens) -> DataProto:
+def ppo_batch(
+    model, batch_size: int = 8, seed: int = 0, temperature: float = 1.0, noise: float = 0.3, **lens
+) -> DataProto:
     """Rows + old_log_probs (current policy's, perturbed by ``noise`` so ratios differ from 1),
     ref_log_prob and advantages."""
     from hybridflow.workers.utils.logprob import forward_response_log_probs

@@ -54,7 +54,9 @@ def test_update_equals_full_batch_step_for_any_micro_batching(loss_agg_mode):
     }
     for name, split in splits.items():
         model = copy.deepcopy(base)
-        config = actor_config(loss_agg_mode=loss_agg_mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1, **split)
+        config = actor_config(
+            loss_agg_mode=loss_agg_mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1, **split
+        )
         actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=LR))
         metrics = actor.update_policy(data)
 
@@ -103,11 +105,26 @@ def test_metrics_per_step_and_lr_once():
     data = ppo_batch(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)
-    config = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, ppo_epochs=2, shuffle=True,
-                          entropy_coeff=0.01, use_kl_loss=True)
+    config = actor_config(
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=2,
+        ppo_epochs=2,
+        shuffle=True,
+        entropy_coeff=0.01,
+        use_kl_loss=True,
+    )
     metrics = DataParallelPPOActor(config, model, optimizer, scheduler).update_policy(data)
-    per_step = ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/entropy",
-                "actor/kl_loss", "actor/kl_coef", "actor/grad_norm", "actor/skipped_steps"]
+    per_step = [
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/pg_clipfrac_lower",
+        "actor/entropy",
+        "actor/kl_loss",
+        "actor/kl_coef",
+        "actor/grad_norm",
+        "actor/skipped_steps",
+    ]
     assert sorted(metrics) == sorted(per_step + ["actor/lr"])
     assert all(len(metrics[k]) == 4 for k in per_step)  # 2 epochs x 2 mini-batches
     assert metrics["actor/lr"] == [0.05] and metrics["actor/kl_coef"] == [0.1] * 4
@@ -121,8 +138,9 @@ def test_compute_log_prob_any_split_same_result_in_order():
     data.meta_info.update(micro_batch_size=3)
     fixed, entropy, sum_pi_sq = actor.compute_log_prob(data, calculate_entropy=True, calculate_sum_pi_squared=True)
     data.meta_info.update(use_dynamic_bsz=True, max_token_len=16)
-    dynamic, entropy_dynamic, sum_pi_sq_dynamic = actor.compute_log_prob(data, calculate_entropy=True,
-                                                                         calculate_sum_pi_squared=True)
+    dynamic, entropy_dynamic, sum_pi_sq_dynamic = actor.compute_log_prob(
+        data, calculate_entropy=True, calculate_sum_pi_squared=True
+    )
     # actor.calculate_sum_pi_squared: sum_v pi_v^2 >= pi_sampled^2 (one of its terms), <= 1, split-independent
     mask = data.batch["response_mask"].bool()
     assert (sum_pi_sq[mask] >= torch.exp(fixed[mask]) ** 2 - 1e-6).all() and (sum_pi_sq[mask] <= 1 + 1e-6).all()
@@ -144,11 +162,22 @@ def test_verl_style_custom_policy_loss_gets_global_batch_info():
     from hybridflow.trainer.ppo import core_algos
 
     @core_algos.register_policy_loss("test_verl_style_plain_pg")
-    def plain_pg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-                 rollout_is_weights=None):
+    def plain_pg(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode="token-mean",
+        config=None,
+        rollout_is_weights=None,
+    ):
         ratio = torch.exp(log_prob - old_log_prob)
-        loss = core_algos.agg_loss(loss_mat=-advantages * ratio, loss_mask=response_mask, loss_agg_mode=loss_agg_mode,
-                                   **config.global_batch_info)
+        loss = core_algos.agg_loss(
+            loss_mat=-advantages * ratio,
+            loss_mask=response_mask,
+            loss_agg_mode=loss_agg_mode,
+            **config.global_batch_info,
+        )
         return loss, {"actor/test_ratio_mean": core_algos.masked_mean(ratio, response_mask).detach().item()}
 
     try:
@@ -157,8 +186,12 @@ def test_verl_style_custom_policy_loss_gets_global_batch_info():
         # reference: one full-batch SGD step on token-mean(-A * ratio), written from the formula
         reference = copy.deepcopy(base)
         b = data.batch
-        logits = reference(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
-        logp = torch.log_softmax(logits[:, PROMPT - 1 : -1], dim=-1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
+        logits = reference(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits
+        logp = (
+            torch.log_softmax(logits[:, PROMPT - 1 : -1], dim=-1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
+        )
         mask = b["response_mask"].float()
         ref_loss = ((-b["advantages"] * torch.exp(logp - b["old_log_probs"])) * mask).sum() / mask.sum()
         ref_loss.backward()
@@ -167,7 +200,9 @@ def test_verl_style_custom_policy_loss_gets_global_batch_info():
                 p -= LR * p.grad
         for micro in (8, 1, 3):
             model = copy.deepcopy(base)
-            config = actor_config(ppo_micro_batch_size_per_gpu=micro, policy_loss={"loss_mode": "test_verl_style_plain_pg"})
+            config = actor_config(
+                ppo_micro_batch_size_per_gpu=micro, policy_loss={"loss_mode": "test_verl_style_plain_pg"}
+            )
             actor = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=LR))
             metrics = actor.update_policy(data)
             assert (flat_params(model) - flat_params(reference)).abs().max().item() < 1e-5, micro

@@ -26,13 +26,23 @@ VARIANTS = {
     "token-mean": {"loss_agg_mode": "token-mean"},
     "seq-mean-token-mean": {"loss_agg_mode": "seq-mean-token-mean"},
     # rank 0 needs 2 micro-batches per mini-batch at this budget, rank 1 only 1: they must agree
-    "token-mean/token-budget": {"loss_agg_mode": "token-mean", "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 12},
+    "token-mean/token-budget": {
+        "loss_agg_mode": "token-mean",
+        "use_dynamic_bsz": True,
+        "ppo_max_token_len_per_gpu": 12,
+    },
 }
 
 
 def _config(**overrides):
-    return actor_config(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=1, entropy_coeff=0.01,
-                        use_kl_loss=True, kl_loss_coef=0.1, **overrides)
+    return actor_config(
+        ppo_mini_batch_size=2,
+        ppo_micro_batch_size_per_gpu=1,
+        entropy_coeff=0.01,
+        use_kl_loss=True,
+        kl_loss_coef=0.1,
+        **overrides,
+    )
 
 
 def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -85,8 +95,14 @@ def test_two_ddp_ranks_equal_single_process_full_batch(tmp_path):
     for name, overrides in VARIANTS.items():
         model = copy.deepcopy(base)
         overrides = {**overrides, "use_dynamic_bsz": False}
-        config = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, entropy_coeff=0.01,
-                              use_kl_loss=True, kl_loss_coef=0.1, **overrides)
+        config = actor_config(
+            ppo_mini_batch_size=4,
+            ppo_micro_batch_size_per_gpu=4,
+            entropy_coeff=0.01,
+            use_kl_loss=True,
+            kl_loss_coef=0.1,
+            **overrides,
+        )
         expected = DataParallelPPOActor(config, model, torch.optim.SGD(model.parameters(), lr=LR)).update_policy(data)
         for rank in ranks:
             params, metrics = rank[name]

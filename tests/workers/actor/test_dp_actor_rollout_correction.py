@@ -50,17 +50,23 @@ def test_decoupled_weights_scale_each_tokens_loss():
 
     reference = copy.deepcopy(base)  # token-mean of w * clipped-PPO loss
     mask = data.batch["response_mask"].float()
-    per_token = weights * _clipped_ppo(_log_probs(reference, data), data.batch["old_log_probs"], data.batch["advantages"])
+    per_token = weights * _clipped_ppo(
+        _log_probs(reference, data), data.batch["old_log_probs"], data.batch["advantages"]
+    )
     _sgd(reference, (per_token * mask).sum() / mask.sum())
 
     unweighted = copy.deepcopy(base)
     plain = copy.deepcopy(data)
     plain.batch.pop("rollout_is_weights")
-    DataParallelPPOActor(actor_config(), unweighted, torch.optim.SGD(unweighted.parameters(), lr=LR)).update_policy(plain)
+    DataParallelPPOActor(actor_config(), unweighted, torch.optim.SGD(unweighted.parameters(), lr=LR)).update_policy(
+        plain
+    )
 
     for name, split in _splits().items():
         model = copy.deepcopy(base)
-        DataParallelPPOActor(actor_config(**split), model, torch.optim.SGD(model.parameters(), lr=LR)).update_policy(data)
+        DataParallelPPOActor(actor_config(**split), model, torch.optim.SGD(model.parameters(), lr=LR)).update_policy(
+            data
+        )
         assert (flat_params(model) - flat_params(reference)).abs().max() < 1e-5, name
     assert (flat_params(unweighted) - flat_params(reference)).abs().max() > 1e-3  # the weights mattered
 
@@ -70,8 +76,14 @@ def test_bypass_mode_weights_and_masks_from_the_current_policy(loss_type):
     base = tiny_causal_lm()
     data = ppo_batch(base, noise=0.5)  # old_log_probs play π_rollout: the engine's, never recomputed
     rollout = data.batch["old_log_probs"]
-    settings = RolloutCorrectionConfig(rollout_is="token", rollout_is_threshold=1.5, bypass_mode=True, loss_type=loss_type,
-                                       rollout_rs="token_k1", rollout_rs_threshold=3.0)
+    settings = RolloutCorrectionConfig(
+        rollout_is="token",
+        rollout_is_threshold=1.5,
+        bypass_mode=True,
+        loss_type=loss_type,
+        rollout_rs="token_k1",
+        rollout_rs_threshold=3.0,
+    )
     data.meta_info["rollout_correction"] = settings
 
     reference = copy.deepcopy(base)

@@ -36,16 +36,26 @@ def _grpo_batch(prompt_lens, n, response_lens, seed=0, interleave=True) -> DataP
     attention_mask = torch.cat([rows.batch["prompt_mask"], response_mask], 1)
     input_ids = torch.cat([rows.batch["prompt_ids"], responses], 1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return DataProto.from_dict(tensors={"input_ids": input_ids, "attention_mask": attention_mask,
-                                        "position_ids": position_ids, "responses": responses,
-                                        "response_mask": response_mask})
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "responses": responses,
+            "response_mask": response_mask,
+        }
+    )
 
 
 def _reference(model, data, weights):
     """Full-width forward, log-softmax at the positions that predict the responses; and the loss."""
     b = data.batch
-    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                   position_ids=b["position_ids"]).logits[:, PROMPT - 1:-1] / TEMPERATURE
+    logits = (
+        model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits[
+            :, PROMPT - 1 : -1
+        ]
+        / TEMPERATURE
+    )
     logp_all = torch.log_softmax(logits.float(), -1)
     logp = logp_all.gather(-1, b["responses"][..., None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
@@ -59,8 +69,9 @@ def _loss(logp, entropy, data, weights):
 
 def _run(actor, data, weights):
     actor.actor_module.zero_grad()
-    logp, entropy, sum_pi_sq = actor._forward_micro_batch(data, TEMPERATURE, calculate_entropy=True,
-                                                          calculate_sum_pi_squared=True)
+    logp, entropy, sum_pi_sq = actor._forward_micro_batch(
+        data, TEMPERATURE, calculate_entropy=True, calculate_sum_pi_squared=True
+    )
     _loss(logp, entropy, data, weights).backward()
     grads = [p.grad.detach().clone() for p in actor.actor_module.parameters()]
     return logp.detach(), entropy.detach(), grads, sum_pi_sq.detach()
@@ -94,8 +105,10 @@ def _compare(data, expect_shared: bool, monkeypatch):
     _loss(ref_logp, ref_ent, data, weights).backward()
     ref_grads = [p.grad for p in ref_model.parameters()]
 
-    for name, (logp, ent, grads, sq) in {"shared": (fast_logp, fast_ent, fast_grads, fast_sq),
-                                         "plain": (plain_logp, plain_ent, plain_grads, plain_sq)}.items():
+    for name, (logp, ent, grads, sq) in {
+        "shared": (fast_logp, fast_ent, fast_grads, fast_sq),
+        "plain": (plain_logp, plain_ent, plain_grads, plain_sq),
+    }.items():
         assert logp.shape == ent.shape == sq.shape == mask.shape, name
         torch.testing.assert_close(sq[mask], ref_sq.detach()[mask], atol=1e-6, rtol=0, msg=name)
         torch.testing.assert_close(logp[mask], ref_logp.detach()[mask], atol=1e-5, rtol=0, msg=name)

@@ -36,12 +36,22 @@ def _data(seed=0):
 def _config(**overrides):
     from tests.yaml_sections import critic
 
-    return critic(**{
-        "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 8, "forward_micro_batch_size_per_gpu": 3,
-        "use_dynamic_bsz": False, "ppo_max_token_len_per_gpu": 16, "forward_max_token_len_per_gpu": 16,
-        "ppo_epochs": 1, "shuffle": False, "grad_clip": None, "cliprange_value": 10.0, "loss_agg_mode": "token-mean",
-        **overrides,
-    })
+    return critic(
+        **{
+            "ppo_mini_batch_size": 8,
+            "ppo_micro_batch_size_per_gpu": 8,
+            "forward_micro_batch_size_per_gpu": 3,
+            "use_dynamic_bsz": False,
+            "ppo_max_token_len_per_gpu": 16,
+            "forward_max_token_len_per_gpu": 16,
+            "ppo_epochs": 1,
+            "shuffle": False,
+            "grad_clip": None,
+            "cliprange_value": 10.0,
+            "loss_agg_mode": "token-mean",
+            **overrides,
+        }
+    )
 
 
 def test_values_are_the_value_before_each_response_token():
@@ -69,12 +79,23 @@ def test_update_reduces_value_loss_and_is_micro_batch_invariant():
     data.batch["values"] = DataParallelPPOCritic(_config(), base).compute_values(data)
 
     finals = []
-    for split in ({"ppo_micro_batch_size_per_gpu": 8}, {"ppo_micro_batch_size_per_gpu": 1},
-                  {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 12}):
+    for split in (
+        {"ppo_micro_batch_size_per_gpu": 8},
+        {"ppo_micro_batch_size_per_gpu": 1},
+        {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 12},
+    ):
         model = copy.deepcopy(base)
-        critic = DataParallelPPOCritic(_config(ppo_epochs=2, **split), model, torch.optim.SGD(model.parameters(), lr=0.1))
+        critic = DataParallelPPOCritic(
+            _config(ppo_epochs=2, **split), model, torch.optim.SGD(model.parameters(), lr=0.1)
+        )
         metrics = critic.update_critic(data)
-        assert sorted(metrics) == ["critic/grad_norm", "critic/skipped_steps", "critic/vf_clipfrac", "critic/vf_loss", "critic/vpred_mean"]
+        assert sorted(metrics) == [
+            "critic/grad_norm",
+            "critic/skipped_steps",
+            "critic/vf_clipfrac",
+            "critic/vf_loss",
+            "critic/vpred_mean",
+        ]
         finals.append((torch.cat([p.detach().reshape(-1) for p in model.parameters()]), metrics))
     for params, metrics in finals[1:]:
         assert (params - finals[0][0]).abs().max() < 1e-5

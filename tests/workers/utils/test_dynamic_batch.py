@@ -71,8 +71,11 @@ def test_balanced_order_puts_light_micro_batches_at_both_ends():
 
 def test_prepare_dynamic_batch_keeps_rows_aligned():
     td = _tensordict(LENGTHS)
-    data = DataProto.from_dict({"attention_mask": td["attention_mask"], "row_id": td["row_id"]},
-                               non_tensors={"tag": [f"r{i}" for i in range(6)]}, meta_info={"temperature": 0.7})
+    data = DataProto.from_dict(
+        {"attention_mask": td["attention_mask"], "row_id": td["row_id"]},
+        non_tensors={"tag": [f"r{i}" for i in range(6)]},
+        meta_info={"temperature": 0.7},
+    )
     micro, parts = prepare_dynamic_batch(data, 12)
     for m, p in zip(micro, parts):
         assert m.batch["row_id"].tolist() == p and list(m.non_tensor_batch["tag"]) == [f"r{i}" for i in p]

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from hybridflow.algorithms import agg_loss
-from hybridflow.protocol import DataProto
 from hybridflow.config import FSDPActorConfig, FSDPOptimizerConfig
+from hybridflow.protocol import DataProto
 from hybridflow.workers.utils.update_loop import UpdateLoop
 
 LR = 0.1
@@ -17,22 +17,39 @@ MASK = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]])
 
 def _settings(seed: int = 0, **overrides) -> FSDPActorConfig:
     """The schedule keys the loop reads, in the typed section it is handed (no gradient clipping)."""
-    fields = dict(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=1, use_dynamic_bsz=False,
-                  ppo_max_token_len_per_gpu=64, ppo_epochs=1, shuffle=False, data_loader_seed=seed,
-                  optim=FSDPOptimizerConfig(clip_grad=None), loss_agg_mode="token-mean", loss_scale_factor=None)
+    fields = dict(
+        ppo_mini_batch_size=2,
+        ppo_micro_batch_size_per_gpu=1,
+        use_dynamic_bsz=False,
+        ppo_max_token_len_per_gpu=64,
+        ppo_epochs=1,
+        shuffle=False,
+        data_loader_seed=seed,
+        optim=FSDPOptimizerConfig(clip_grad=None),
+        loss_agg_mode="token-mean",
+        loss_scale_factor=None,
+    )
     return FSDPActorConfig(**{**fields, **overrides})
 
 
 def _data() -> DataProto:
-    return DataProto.from_dict(tensors={"x": X, "y": Y, "response_mask": MASK, "attention_mask": MASK,
-                                          "row": torch.arange(4)})
+    return DataProto.from_dict(
+        tensors={"x": X, "y": Y, "response_mask": MASK, "attention_mask": MASK, "row": torch.arange(4)}
+    )
 
 
 def _run(settings, seen_rows=None, step_constants=None):
     model = torch.nn.Linear(1, 1, bias=False)
     torch.nn.init.zeros_(model.weight)
-    loop = UpdateLoop(settings, model, torch.optim.SGD(model.parameters(), lr=LR), dp_group=None, prefix="toy",
-                      path="toy", max_token_len=settings.ppo_max_token_len_per_gpu)
+    loop = UpdateLoop(
+        settings,
+        model,
+        torch.optim.SGD(model.parameters(), lr=LR),
+        dp_group=None,
+        prefix="toy",
+        path="toy",
+        max_token_len=settings.ppo_max_token_len_per_gpu,
+    )
 
     def loss(micro, ctx):
         if seen_rows is not None:
@@ -59,8 +76,9 @@ def _hand_sgd(row_groups) -> float:
 
 @pytest.mark.parametrize("micro", [1, 2])
 def test_one_step_per_mini_batch_equals_the_full_mini_batch_gradient(micro):
-    w, metrics, _ = _run(_settings(ppo_micro_batch_size_per_gpu=micro, ppo_epochs=2),
-                         step_constants={"toy/constant": 7.0})
+    w, metrics, _ = _run(
+        _settings(ppo_micro_batch_size_per_gpu=micro, ppo_epochs=2), step_constants={"toy/constant": 7.0}
+    )
     # 4 rows / mini-batch 2 = 2 steps per epoch, 2 epochs, rows in order (no shuffle)
     assert w == pytest.approx(_hand_sgd([[0, 1], [2, 3]] * 2), rel=1e-6)
     assert len(metrics["toy/grad_norm"]) == len(metrics["toy/skipped_steps"]) == 4
@@ -78,13 +96,14 @@ def test_token_budget_cut_gives_the_same_step():
 def test_shuffle_is_seeded_and_continues_across_updates():
     def order(seed):
         rows = []
-        settings = _settings(shuffle=True, seed=seed, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4,
-                             ppo_epochs=3)
+        settings = _settings(
+            shuffle=True, seed=seed, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, ppo_epochs=3
+        )
         _run(settings, rows)
         return rows
 
     a, b, c = order(0), order(0), order(1)
     assert a == b and a != c
-    epochs = [a[i:i + 4] for i in range(0, 12, 4)]
+    epochs = [a[i : i + 4] for i in range(0, 12, 4)]
     assert all(sorted(e) == [0, 1, 2, 3] for e in epochs)  # each epoch is a permutation
     assert len({tuple(e) for e in epochs}) > 1  # one generator for the loop's life, not reseeded per epoch
