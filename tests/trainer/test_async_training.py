@@ -60,9 +60,8 @@ class TrainedPrompts:
         train_step = getattr(ray_trainer.RayPPOTrainer.train_step, "unwrapped", ray_trainer.RayPPOTrainer.train_step)
         recorder = self
 
-        def recording_generate(source, ticket, timing, metrics, first_uid=0, count=None):
-            batch = generate(source, ticket, timing, metrics, first_uid, count)
-            step = source.trainer.global_steps
+        def recording_generate(source, ticket, timing, metrics, step, version, count=None):
+            batch = generate(source, ticket, timing, metrics, step, version, count)
             recorder.steps.setdefault(step, []).extend(int(i) for i in batch.non_tensor_batch["index"][::2])
             return batch
 
@@ -135,8 +134,8 @@ def test_use_rollout_log_probs_takes_pi_old_from_the_rollout(tiny_model_dir, tin
     seen = []
     original = ray_trainer.RayPPOTrainer._rollout_log_probs_as_old
 
-    def as_old(trainer, batch, metrics):
-        original(trainer, batch, metrics)
+    def as_old(trainer, batch):
+        original(trainer, batch)
         seen.append(bool((batch.batch["old_log_probs"] == batch.batch["rollout_log_probs"]).all()))
 
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_compute_old_log_prob", must_not_recompute)
