@@ -46,7 +46,12 @@ from hybridflow.trainer.ppo.metric_utils import (
 )
 from hybridflow.trainer.ppo.profiling import profile_span, profiled_steps
 from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
-from hybridflow.trainer.ppo.rollout_source import generate_sequences, make_rollout_source, weight_targets
+from hybridflow.trainer.ppo.rollout_source import (
+    make_rollout_source,
+    rollout_request,
+    weight_targets,
+    without_prompt_tensors,
+)
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups, rollout_role_name, separated_rollout
 from hybridflow.utils.progress import Progress
 from hybridflow.utils.tracking import Tracking
@@ -475,11 +480,10 @@ class RayPPOTrainer:
             if "uid" in batch.non_tensor_batch
             else [r // n for r in range(len(batch))]
         )
-        batch, rollout_metrics = generate_sequences(
-            self.async_rollout_manager,
-            batch,
-            {"validate": True, "do_sample": bool(val_kwargs.do_sample), "global_steps": self.global_steps},
-        )
+        meta = {"validate": True, "do_sample": bool(val_kwargs.do_sample), "global_steps": self.global_steps}
+        out = self.async_rollout_manager.generate_sequences(rollout_request(batch, meta))
+        rollout_metrics = out.meta_info.pop("metrics", {})
+        batch = without_prompt_tensors(batch).union(out)
         result = self.val_reward_fn(batch, return_dict=True)
         scores = result["reward_tensor"].sum(-1).tolist()
         self._log_val_generations(batch, scores)

@@ -99,16 +99,10 @@ class SyncRolloutSource:
         add_uids(prompts, step, first_uid)
         prompts = prompts.repeat(repeat_times=self.n, interleave=True)
         start = time.perf_counter()
-        batch, gen_metrics = generate_sequences(
-            self.manager,
-            prompts,
-            {
-                "do_sample": self.do_sample,
-                "global_steps": step,
-                "sample_offset": first_uid * self.n,
-                "weight_version": version,
-            },
-        )
+        meta = {"do_sample": self.do_sample, "global_steps": step, "sample_offset": first_uid * self.n}
+        out = self.manager.generate_sequences(rollout_request(prompts, {**meta, "weight_version": version}))
+        gen_metrics = out.meta_info.pop("metrics", {})
+        batch = without_prompt_tensors(prompts).union(out)
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
         timing["update_weights"] = timing.get("update_weights", 0.0) + float(
             np.max(flat_metric_values(gen_metrics.pop("timing_s/update_weights", [0.0])))
@@ -144,19 +138,21 @@ class SyncRolloutSource:
         pass
 
 
-def generate_sequences(manager, batch: DataProto, meta_info: dict) -> tuple[DataProto, dict]:
-    """Prompts (tensors + every non-tensor field the agent loops may read) through the agent loop
-    manager; returns the batch with the rollout's tensors added, and the rollout's metrics."""
-    prompts = batch.select(
+def rollout_request(batch: DataProto, meta_info: dict) -> DataProto:
+    """What the agent loop manager takes: the prompt tensors and every non-tensor field the agent loops
+    may read, with the call's ``meta_info``."""
+    request = batch.select(
         batch_keys=["input_ids", "attention_mask", "position_ids"],
         non_tensor_batch_keys=list(batch.non_tensor_batch),
         deepcopy=False,
     )
-    prompts.meta_info = meta_info
-    out = manager.generate_sequences(prompts)
-    metrics = out.meta_info.pop("metrics", {})
-    batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))  # drop prompt tensors
-    return batch.union(out), metrics
+    request.meta_info = meta_info
+    return request
+
+
+def without_prompt_tensors(batch: DataProto) -> DataProto:
+    """The batch's non-tensor fields, to which the rollout's output (prompts included) is joined."""
+    return batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))
 
 
 class PromptStream:
@@ -335,7 +331,8 @@ __all__ = [
     "PromptStream",
     "SyncRolloutSource",
     "add_uids",
-    "generate_sequences",
+    "rollout_request",
+    "without_prompt_tensors",
     "make_rollout_source",
     "staleness_metrics",
     "weight_targets",
