@@ -24,7 +24,8 @@ def _step_frames():
     return module
 
 
-def test_a_step_reaches_the_decode_step_and_the_loss_in_few_frames():
+def test_a_step_reaches_the_decode_step_and_the_loss_in_few_frames(restore_env):
+    restore_env("HYBRIDFLOW_DEVICE", "MKL_NUM_THREADS")  # the in-process run sets them for its workers
     frames = _step_frames()
     chains = frames.measure()
     assert set(chains) == {"decode", "loss"}
