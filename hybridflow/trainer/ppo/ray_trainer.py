@@ -45,6 +45,7 @@ from hybridflow.trainer.ppo.metric_utils import (
 from hybridflow.trainer.ppo.profiling import profile_span, profiled_steps
 from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
 from hybridflow.trainer.ppo.rollout_source import make_rollout_source, weight_targets
+from hybridflow.trainer.ppo.rollouter import CHECKPOINT_TYPES
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups, rollout_role_name, separated_rollout
 from hybridflow.utils.progress import Progress
 from hybridflow.utils.tracking import Tracking
@@ -581,12 +582,12 @@ class RayPPOTrainer:
         returns the step to continue from (0 when starting fresh)."""
         t = self.config.trainer
         ckpt.cleanup_partial_saves(t.default_local_dir)
-        path = ckpt.resolve_resume(t.resume_mode, t.default_local_dir, t.resume_from_path)
+        path = ckpt.resumable_checkpoint(t, ["actor"] + (["critic"] if self.use_critic else []))
         if path is None:
             if not self.hybrid_engine:  # a separate pool's engine may hold random (load_format=dummy) or base
                 self.push_weights_to_rollout(self.actor_version)  # (LoRA) weights: give it the trainer's
             return 0
-        state = ckpt.load_dataloader_state(path)
+        state = ckpt.load_dataloader_state(path, restorable=CHECKPOINT_TYPES)
         if state is None:
             raise FileNotFoundError(f"checkpoint {path!r} has no {ckpt.DATA_FILE} (driver state): cannot resume")
         if state.get("driver_rng") is not None:
