@@ -155,7 +155,8 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def run(args) -> dict:
+def run(args, r: dict) -> dict:
+    """Fills ``r`` as it goes (what was measured survives a failure further on)."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -167,8 +168,8 @@ def run(args) -> dict:
     shape = "tiny" if args.quick else "qwen2.5-0.5b"
     cuda = device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
-    r = {"device": torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores)", "shape": shape,
-         "torch": torch.__version__, "transformers": transformers.__version__, "workload": w}
+    r.update(device=torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores)", shape=shape,
+             torch=torch.__version__, transformers=transformers.__version__, workload=w)
     r["matmul_flops_before"] = matmul_peak(device, w["matmul"], dtype)
     print(f"{r['device']}: {dtype} torch.mm {w['matmul']}^3: {r['matmul_flops_before'] / 1e12:.1f} TFLOP/s", flush=True)
 
@@ -194,6 +195,9 @@ def run(args) -> dict:
             r["state_bytes"] = 2 * tensor_bytes(params) + tensor_bytes(
                 t for s in engine.optimizer.state.values() for t in s.values() if torch.is_tensor(t))
             r["rollout_copy_bytes"] = tensor_bytes(worker.server.module.parameters())
+            print(f"memory: peak {r.get('peak_allocated_bytes', 0) / 2**30:.2f} GiB allocated during the updates; "
+                  f"weights + grads + AdamW {r['state_bytes'] / 2**30:.2f} GiB, "
+                  f"rollout copy {r['rollout_copy_bytes'] / 2**30:.2f} GiB", flush=True)
 
             prompts = prompt_batch(w["gen_prompts"], w["gen_prompt"], len(worker.tokenizer),
                                    worker.tokenizer.pad_token_id)
@@ -309,7 +313,15 @@ def main(argv=None) -> dict:
     p.add_argument("--quick", action="store_true", help="tiny model and workload (pipeline check)")
     p.add_argument("--out", default=os.environ.get("OUT"), help="folder for gpu_check.json and gpu_check.md")
     args = p.parse_args(argv)
-    r = run(args)
+    r: dict = {}
+    try:
+        run(args, r)
+    except BaseException:
+        if args.out:  # what was measured before the failure
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
+                json.dump(dict(r, failed=True), f, indent=1, default=str)
+        raise
     table = markdown(r)
     print("\n" + table + "\n")
     print(f"  actor update: MFU {100 * r['mfu']:.1f} % -> {'meets' if r['mfu'] >= MFU_GOAL else 'MISSES'} the goal "
