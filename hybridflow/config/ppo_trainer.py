@@ -104,6 +104,7 @@ class PPOTrainerConfig(BaseConfig):
     reward: RewardConfig = section(
         RewardConfig,
         "rewards (veRL 0.9.1's section; the earlier spellings are at the end)",
+        absent=("reward_kwargs",),
         keys={
             "reward_kwargs.**": honoured(
                 "keyword arguments of the reward manager, e.g. dapo's max_resp_len and "

@@ -32,7 +32,7 @@ _NOT_IMPLEMENTED = "this rollout-engine feature is not implemented"
 _QUANTIZED = "quantized / speculative rollout is not implemented"
 _TP_ONLY = "only tensor parallelism is implemented inside a rollout engine"
 
-ROLLOUT_MODES = ("async", "sync")
+ROLLOUT_MODES = ("sync", "async")
 TRUNCATE_SIDES = ("left", "middle", "right")
 SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 
