@@ -235,6 +235,17 @@ class DisaggregationConfig(BaseConfig):
     ib_device: str | None = doc(None, "InfiniBand device")
 
 
+def cpu_tensor_parallel_error(tp: int, key: str = "rollout.tensor_model_parallel_size") -> str | None:
+    """The rule's one home (start-up checks and the vllm engine's settings ask it): tensor parallelism
+    needs GPUs; on cpu each rollout worker runs its own engine."""
+    if tp <= 1:
+        return None
+    return (
+        f"{key}={tp}: tensor parallelism needs GPUs; the vllm rollout on cpu runs one engine process per "
+        "worker; use tensor_model_parallel_size=1 on cpu"
+    )
+
+
 @dataclass
 class RolloutConfig(BaseConfig):
     """``actor_rollout_ref.rollout``: the inference engine and how it samples."""

