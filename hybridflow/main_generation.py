@@ -47,6 +47,7 @@ def worker_config(config: GenerationConfig) -> ActorRolloutRefConfig:
 
 def build_rollout_group(config):
     """(worker group, shutdown callable) for the rollout role on the configured backend."""
+    config = as_section(config, GenerationConfig)
     t = config.trainer
     device = resolve_device(t.device)
     stop_backend = start_backend(t.backend, config.ray_kwargs.ray_init, worker_env={"HYBRIDFLOW_DEVICE": device})

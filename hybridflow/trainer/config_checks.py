@@ -25,10 +25,7 @@ from hybridflow.agent_loop.trace import check_backend as check_trace_backend
 from hybridflow.agent_loop.trace import default_tracking_uri, import_mlflow
 from hybridflow.algorithms.rollout_correction import rollout_correction_config
 from hybridflow.config import batch_rules
-from hybridflow.config.actor import FSDPActorConfig, RefConfig
-from hybridflow.config.algorithm import FilterGroupsConfig
 from hybridflow.config.convert import as_section
-from hybridflow.config.critic import FSDPCriticConfig
 from hybridflow.config.loader import ConfigError, default_config
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.config.rollout import cpu_tensor_parallel_error
@@ -164,16 +161,6 @@ def _check_world(r: _Report, device: str, n_devices: int | None) -> int | None:
     return world
 
 
-def _typed(r: _Report, path: str, cls: type):
-    """The section at ``path`` read into ``cls`` (as the workers read it); None, with the error recorded,
-    when it does not build."""
-    try:
-        return as_section(r.get(path), cls, path)
-    except ConfigError as e:
-        r.errors.append(str(e))
-        return None
-
-
 def _validate(r: _Report, validate, *args, **kwargs) -> None:
     """A section's ``validate``: its errors (one per line) and notes go to the report."""
     try:
@@ -237,13 +224,13 @@ def _check_batches(r: _Report, world: int, n: int, train_bs: int) -> None:
         )
     longest = (r.get("data.max_prompt_length") or 0) + (r.get("data.max_response_length") or 0)
     model = r.get("actor_rollout_ref.model")
-    actor = _typed(r, "actor_rollout_ref.actor", FSDPActorConfig)
+    actor = r.get("actor_rollout_ref.actor")
     if actor is not None:
         _validate(r, actor.validate, world, train_bs, model, max_sequence_length=longest)
         # the old policy's log-probs run on the actor's ranks with the rollout section's micro-batching
         _check_log_prob_pass(r, "actor_rollout_ref.rollout", world, actor.sp_size, longest)
     if r.get("actor_rollout_ref.actor.use_kl_loss") or r.get("algorithm.use_kl_in_reward"):
-        ref = _typed(r, "actor_rollout_ref.ref", RefConfig)
+        ref = r.get("actor_rollout_ref.ref")
         if ref is not None:
             _validate(r, ref.validate, world, train_bs, model, max_sequence_length=longest)
 
@@ -253,7 +240,7 @@ def _check_batches(r: _Report, world: int, n: int, train_bs: int) -> None:
             r.errors.append(
                 f"critic.rollout_n ({critic_n}) differs from actor_rollout_ref.rollout.n ({n}); leave it unset"
             )
-        critic = _typed(r, "critic", FSDPCriticConfig)
+        critic = r.get("critic")
         if critic is not None:
             _validate(r, critic.validate, world, train_bs, max_sequence_length=longest)
 
@@ -317,11 +304,7 @@ def _check_off_policy(r: _Report, n: int | None) -> None:
                 f"{section}.bypass_mode=True with loss_type=ppo_clip: the rollout_is weights are logged, "
                 "not applied (the PPO ratio already is π_θ/π_rollout); loss_type=reinforce applies them"
             )
-    try:
-        fg = as_section(r.get("algorithm.filter_groups"), FilterGroupsConfig, "algorithm.filter_groups")
-    except ValueError as e:
-        r.errors.append(str(e))
-        fg = None
+    fg = r.get("algorithm.filter_groups")  # typed: its own rules ran when the tree was read in
     if fg is not None and fg.enable and n == 1:
         r.notes.append(
             "algorithm.filter_groups.enable=True with actor_rollout_ref.rollout.n=1: a group of one "
