@@ -51,11 +51,11 @@ from hybridflow.config import (
     trainer,
     transfer_queue,
 )
-from hybridflow.config.base import BaseConfig, to_dict
+from hybridflow.config.base import BaseConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.refused import REFUSED_CLASSES, refusal
 
-__all__ = ["CONFIG_CLASSES", "resolve_target", "omega_conf_to_dataclass", "as_section", "plain_data", "read_yaml_file"]
+__all__ = ["CONFIG_CLASSES", "resolve_target", "omega_conf_to_dataclass", "as_section", "read_yaml_file"]
 
 _MODULES = (
     algorithm,
@@ -148,11 +148,6 @@ def as_section(value: Any, cls: type, path: str | None = None) -> Any:
     """A door of veRL's surface that takes a DictConfig: ``value`` (a ``cls``, a DictConfig, a dict or
     nothing) as ``cls``, so the code behind the door reads attributes only (and imports no omegaconf)."""
     return value if isinstance(value, cls) else omega_conf_to_dataclass(value or None, cls, path=path)
-
-
-def plain_data(value: Any) -> Any:
-    """A free-form value (a DictConfig, a typed section, a dict) as plain dicts and lists (resolved)."""
-    return to_dict(_plain(value))
 
 
 def read_yaml_file(path: str) -> Any:
