@@ -145,7 +145,9 @@ class PPOTrainerConfig(BaseConfig):
         reason="FSDP2/DDP is hybridflow's only training backend",
     )
     reward_model: LegacyRewardModelConfig = section(
-        LegacyRewardModelConfig, "legacy: veRL's earlier reward-model section (moved keys map onto reward.*)"
+        LegacyRewardModelConfig,
+        "legacy: veRL's earlier reward-model section (moved keys map onto reward.*)",
+        absent=("reward_kwargs",),
     )
     custom_reward_function: LegacyCustomRewardFunctionConfig = section(
         LegacyCustomRewardFunctionConfig, "legacy: earlier spelling of reward.custom_reward_function"
