@@ -103,6 +103,21 @@ def test_async_throughput_all_modes():
     assert len(_verdicts(out)) == 1
 
 
+def test_gpu_check_quick_on_cpu(tmp_path):
+    """benchmarks/gpu_check.py's pipeline with a tiny model on the CPU (~10 s): table, verdicts, JSON."""
+    import json
+
+    out = _run("gpu_check.py", "--device", "cpu", "--out", str(tmp_path))
+    assert re.search(
+        r"^\| hf rollout \(4 prompts x 8 new tokens\) \| \d+ tokens/s \| generate \d+ tokens/s", out, re.M
+    ), out
+    assert len(_verdicts(out)) == 2
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    # ignore_eos: both generators made every token; an update trains 4 full rows of 8 + 8 tokens
+    assert result["rollout_tokens"] == result["generate_tokens"] == 32 and result["update_tokens"] == 64
+    assert (tmp_path / "gpu_check.md").read_text().startswith("**cpu")
+
+
 def test_prefix_grouper_paths_agree():
     out = _run("prefix_grouper.py")
     assert re.search(r"speed-up \d+\.\d+x; max \|log-prob difference\| (\d\.\d+e[-+]\d+)", out)

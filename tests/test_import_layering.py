@@ -188,6 +188,41 @@ def test_the_config_package_imports_only_generic_helpers():
     )
 
 
+# where a composed OmegaConf tree may be read: the config package (the loader, the doors' converter), the entry
+# points (they compose the yaml and read it into their typed tree once) and the maintainers' devtools
+OMEGACONF_READERS = ("config", "main_ppo", "main_sft", "main_generation", "main_eval", "devtools")
+
+
+def omegaconf_importers(package_dir: Path = PACKAGE_ROOT) -> list[str]:
+    """``path:line`` of every import of omegaconf outside OMEGACONF_READERS."""
+    bad = []
+    for path in sorted(package_dir.rglob("*.py")):
+        rel = path.relative_to(package_dir.parent)
+        if rel.parts[1].removesuffix(".py") in OMEGACONF_READERS:
+            continue
+        name = ".".join(rel.with_suffix("").parts)
+        bad += [
+            f"{rel}:{line}"
+            for line, module in imported_modules(path.read_text(), name)
+            if module == "omegaconf" or module.startswith("omegaconf.")
+        ]
+    return bad
+
+
+def test_below_the_entry_points_nothing_imports_omegaconf():
+    """The trainer, the workers, the agent loop, the datasets... take typed sections; veRL's doors that accept
+    a DictConfig convert it with hybridflow.config's ``as_section`` (omegaconf stays in config/)."""
+    assert omegaconf_importers() == []
+
+
+def test_the_omegaconf_check_sees_an_import(tmp_path):
+    module = tmp_path / "hybridflow" / "workers" / "sneaky.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("def f():\n    from omegaconf import OmegaConf\n")
+    (tmp_path / "hybridflow" / "main_ppo.py").write_text("import omegaconf\n")
+    assert omegaconf_importers(tmp_path / "hybridflow") == ["hybridflow/workers/sneaky.py:2"]
+
+
 def test_algorithms_import_nothing_above_utils():
     above = (
         "hybridflow.trainer",

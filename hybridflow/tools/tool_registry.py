@@ -16,8 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from omegaconf import OmegaConf
-
+from hybridflow.config.convert import read_yaml_file
 from hybridflow.tools.schemas import OpenAIFunctionToolSchema
 from hybridflow.utils.import_utils import load_class
 
@@ -39,8 +38,8 @@ def _entries(tools_config_file: str) -> list:
         raise FileNotFoundError(
             f"tool config file not found: {path} (actor_rollout_ref.rollout.multi_turn.tool_config_path)"
         )
-    cfg = OmegaConf.load(path)
-    tools = cfg.get("tools") if OmegaConf.is_dict(cfg) else None
+    cfg = read_yaml_file(path)
+    tools = cfg.get("tools") if isinstance(cfg, dict) else None
     if tools is None:
         raise ValueError(f"tool config {path}: expected a top-level 'tools:' list")
     return list(tools)
@@ -49,18 +48,18 @@ def _entries(tools_config_file: str) -> list:
 def check_tool_entry(entry, path: str, index: int) -> None:
     """Refuse what hybridflow does not implement, naming the file and the entry."""
     where = f"tool config {path}, tools[{index}]"
-    if "class_name" not in entry:
+    if not isinstance(entry, dict) or "class_name" not in entry:
         raise ValueError(f"{where}: no class_name")
     tool_type = str((entry.get("config") or {}).get("type", "native"))
     if tool_type == "mcp":
         raise NotImplementedError(
-            f"{where} ({entry.class_name}): config.type=mcp: MCP tools are not supported by hybridflow"
+            f"{where} ({entry['class_name']}): config.type=mcp: MCP tools are not supported by hybridflow"
         )
     if tool_type not in TOOL_TYPES:
-        raise ValueError(f"{where} ({entry.class_name}): config.type={tool_type!r} is not one of {TOOL_TYPES}")
-    short = str(entry.class_name).rsplit(".", 1)[-1].rsplit(":", 1)[-1]
-    if str(entry.class_name).startswith("verl.") and short in UNSUPPORTED_VERL_TOOLS:
-        raise NotImplementedError(f"{where} ({entry.class_name}): {UNSUPPORTED_VERL_TOOLS[short]}")
+        raise ValueError(f"{where} ({entry['class_name']}): config.type={tool_type!r} is not one of {TOOL_TYPES}")
+    short = str(entry["class_name"]).rsplit(".", 1)[-1].rsplit(":", 1)[-1]
+    if str(entry["class_name"]).startswith("verl.") and short in UNSUPPORTED_VERL_TOOLS:
+        raise NotImplementedError(f"{where} ({entry['class_name']}): {UNSUPPORTED_VERL_TOOLS[short]}")
 
 
 def get_tool_class(cls_name: str, base_dir: str | None = None) -> type:
@@ -73,12 +72,10 @@ def check_tool_config(tools_config_file: str) -> list[str]:
     names = []
     for i, entry in enumerate(_entries(path)):
         check_tool_entry(entry, path, i)
-        get_tool_class(entry.class_name, os.path.dirname(os.path.abspath(path)))
+        get_tool_class(entry["class_name"], os.path.dirname(os.path.abspath(path)))
         schema = entry.get("tool_schema")
         if schema is not None:
-            names.append(
-                OpenAIFunctionToolSchema.model_validate(OmegaConf.to_container(schema, resolve=True)).function.name
-            )
+            names.append(OpenAIFunctionToolSchema.model_validate(schema).function.name)
     return names
 
 
@@ -88,14 +85,10 @@ def initialize_tools_from_config(tools_config_file: str) -> list[Any]:
     tools, seen = [], {}
     for i, entry in enumerate(_entries(path)):
         check_tool_entry(entry, path, i)
-        cls = get_tool_class(entry.class_name, os.path.dirname(os.path.abspath(path)))
+        cls = get_tool_class(entry["class_name"], os.path.dirname(os.path.abspath(path)))
         schema_cfg = entry.get("tool_schema")
-        schema = (
-            OpenAIFunctionToolSchema.model_validate(OmegaConf.to_container(schema_cfg, resolve=True))
-            if schema_cfg is not None
-            else None
-        )
-        config = OmegaConf.to_container(entry.get("config") or OmegaConf.create({}), resolve=True)
+        schema = OpenAIFunctionToolSchema.model_validate(schema_cfg) if schema_cfg is not None else None
+        config = dict(entry.get("config") or {})
         tool = cls(config=config, tool_schema=schema)
         if tool.name in seen:
             raise ValueError(

@@ -15,16 +15,15 @@ import shutil
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from hybridflow.agent_loop.base import agent_loop_settings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.algorithms.pf_ppo import pf_ppo_resample_indices
 from hybridflow.algorithms.rollout_correction import compute_rollout_correction, rollout_correction_config
 from hybridflow.config.algorithm import FilterGroupsConfig
-from hybridflow.config.convert import omega_conf_to_dataclass
-from hybridflow.config.skip import RolloutSkipConfig
-from hybridflow.config.trainer import TrainerConfig
+from hybridflow.config.base import to_dict
+from hybridflow.config.convert import as_section
+from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Watchdog, WorkerDiedError, WorkerHangError
 from hybridflow.trainer import checkpoint as ckpt
@@ -67,12 +66,13 @@ def watchdog_of(trainer_cfg) -> Watchdog:
 class RayPPOTrainer:
     """``RayPPOTrainer(config, tokenizer, train_dataloader, val_dataset, reward_fn, val_reward_fn)``.
 
-    ``config`` is the validated, read-only ppo_trainer tree. The dataloader is resumable
+    ``config`` is the validated ``PPOTrainerConfig`` (veRL's composed DictConfig is read into one here,
+    the door; below it everything reads typed sections). The dataloader is resumable
     (``state_dict``/``load_state_dict``) so a resumed run sees exactly the prompts it would have seen.
     """
 
     def __init__(self, config, tokenizer, train_dataloader, val_dataset, reward_fn, val_reward_fn, collate_fn=None):
-        self.config = config
+        self.config = config = as_section(config, PPOTrainerConfig)
         self.tokenizer = tokenizer
         self.train_dataloader = train_dataloader
         self.val_dataset = val_dataset
@@ -104,24 +104,17 @@ class RayPPOTrainer:
         self.hybrid_engine = not separated_rollout(config)  # colocated: the actor's process also generates
         # rollout dumps (trainer.rollout_data_dir / validation_data_dir) and replay (trainer.skip)
         self.rollout_recorder = RolloutRecorder(
-            tokenizer,
-            omega_conf_to_dataclass(config.trainer, TrainerConfig, path="trainer"),
-            omega_conf_to_dataclass(
-                (config.get("skip") or {}).get("rollout") or None, RolloutSkipConfig, path="skip.rollout"
-            ),
-            int(config.actor_rollout_ref.rollout.n),
+            tokenizer, config.trainer, config.skip.rollout, int(config.actor_rollout_ref.rollout.n)
         )
         # one stream of prompt batches, epoch after epoch: the loop and dynamic sampling's refills share it
         self.prompt_batches = EpochCycler(train_dataloader)
         # off-policy correction (algorithm.rollout_correction): bypass mode reuses the rollout's
         # log-probs as π_old and lets the actor weight/mask per micro-batch
-        self.rollout_correction = rollout_correction_config(algo.get("rollout_correction"))
+        self.rollout_correction = rollout_correction_config(algo.rollout_correction)
         self._actor_update_meta = (
             {"rollout_correction": self.rollout_correction} if self.rollout_correction.bypass_mode else {}
         )
-        self.filter_groups = omega_conf_to_dataclass(
-            algo.get("filter_groups") or None, FilterGroupsConfig, path="algorithm.filter_groups"
-        )
+        self.filter_groups = algo.filter_groups or FilterGroupsConfig()
         self._choose_phases()
         self.watchdog = watchdog_of(config.trainer)
 
@@ -148,7 +141,7 @@ class RayPPOTrainer:
         else:
             self._sample_phase = self.generate_and_score
         rollout_as_old = self.rollout_correction.bypass_mode or (
-            config.async_training.mode != "sync" and bool(config.async_training.get("use_rollout_log_probs", False))
+            config.async_training.mode != "sync" and config.async_training.use_rollout_log_probs
         )
         self._old_log_prob_phase = self._rollout_log_probs_as_old if rollout_as_old else self._compute_old_log_prob
 
@@ -183,8 +176,7 @@ class RayPPOTrainer:
         self.actor_rollout_wg.init_model()
         if self.rollout_wg is not self.actor_rollout_wg:
             self.rollout_wg.init_model()
-        template_kwargs = self.config.data.get("apply_chat_template_kwargs")
-        template_kwargs = OmegaConf.to_container(template_kwargs, resolve=True) if template_kwargs is not None else {}
+        template_kwargs = self.config.data.apply_chat_template_kwargs or {}
         async_cfg = self.config.async_training
         settings = agent_loop_settings(
             self.config.actor_rollout_ref.rollout, template_kwargs, run_dir=self.config.trainer.default_local_dir
@@ -638,11 +630,7 @@ class RayPPOTrainer:
         and the checkpoint a ``resume_mode=auto`` rerun would continue from."""
         t = self.config.trainer
         tracking = Tracking(
-            t.project_name,
-            t.experiment_name,
-            list(t.logger),
-            OmegaConf.to_container(self.config, resolve=True),
-            log_dir=t.default_local_dir,
+            t.project_name, t.experiment_name, list(t.logger), to_dict(self.config), log_dir=t.default_local_dir
         )
         try:
             return self._fit(tracking)
