@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.config.rollout import RolloutConfig
-from hybridflow.rewards.manager import REWARD_MANAGERS
+from hybridflow.rewards.registry import REWARD_MANAGERS
 from hybridflow.workers.judge_client import ROLLOUT_PATH, RolloutJudge
 from hybridflow.workers.judge_worker import MODEL_PATH_KEY
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
