@@ -27,7 +27,7 @@ install_requires = [
     "numpy>=1.26",
     "psutil>=5.9",
     "tqdm>=4.60",
-    "pydantic>=2",  # OpenAI tool schemas (hybridflow.tools.schemas, veRL's types)
+    "pydantic>=2",  # OpenAI tool schemas (hybridflow.utils.tool_schemas; veRL's verl.tools.schemas)
 ]
 
 extras_require = {

@@ -39,6 +39,12 @@ for _name, _cls in BUILT_IN.items():
     REWARD_MANAGERS.register(_name, _cls)
 
 
+def manager_needs_judge(name) -> bool:
+    """Whether the registered reward manager ``name`` scores with a judge (unknown names: no)."""
+    cls = REWARD_MANAGERS.get(str(name), None) if name is not None else None
+    return bool(getattr(cls, "needs_judge", False))
+
+
 def load_reward_manager(
     reward_manager_name: str, tokenizer, num_examine: int, compute_score: Callable | None = None, **kwargs
 ):

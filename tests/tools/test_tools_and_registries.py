@@ -18,8 +18,8 @@ from hybridflow.interactions.utils.interaction_registry import initialize_intera
 from hybridflow.tools.base_tool import BaseTool
 from hybridflow.tools.calculator_tool import CalculatorTool, evaluate, format_number
 from hybridflow.tools.gsm8k_tool import Gsm8kTool
-from hybridflow.tools.tool_registry import check_tool_config, initialize_tools_from_config
 from hybridflow.utils.import_utils import load_class
+from hybridflow.utils.tool_config import check_tool_config, initialize_tools_from_config
 from tests.agent_loop.chat_helpers import CALC_SCHEMA, TOK, ScriptedChat, calc_entry, settings, write_tools_yaml
 
 VERL_GSM8K_TOOL = """

@@ -13,18 +13,12 @@ from omegaconf import OmegaConf
 
 from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.config.rollout import RolloutConfig
-from hybridflow.rewards.registry import REWARD_MANAGERS
+from hybridflow.rewards.registry import manager_needs_judge
 from hybridflow.workers.judge_client import ROLLOUT_PATH, RolloutJudge
 from hybridflow.workers.judge_worker import MODEL_PATH_KEY
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
 
 JUDGE_ROLE = "judge"
-
-
-def manager_needs_judge(name) -> bool:
-    """Whether the registered reward manager ``name`` scores with a judge (unknown names: no)."""
-    cls = REWARD_MANAGERS.get(str(name), None) if name is not None else None
-    return bool(getattr(cls, "needs_judge", False))
 
 
 def uses_judge(config) -> bool:

@@ -1,4 +1,5 @@
-"""Tools from a veRL-format yaml file (``actor_rollout_ref.rollout.multi_turn.tool_config_path``)::
+"""Tools from a veRL-format yaml file (``actor_rollout_ref.rollout.multi_turn.tool_config_path``); in utils
+because the tools, the agent loop and the datasets all read it::
 
     tools:
       - class_name: hybridflow.tools.calculator_tool.CalculatorTool   # or verl.tools..., or file.py:Class
@@ -18,8 +19,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from hybridflow.tools.schemas import OpenAIFunctionToolSchema
 from hybridflow.utils.import_utils import load_class
+from hybridflow.utils.tool_schemas import OpenAIFunctionToolSchema
 
 # veRL tool classes hybridflow does not provide, and why
 UNSUPPORTED_VERL_TOOLS = {

@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from hybridflow.agent_loop import AgentLoopWorker
-from hybridflow.agent_loop.chat_tokens import ChatTokenizer, TokenizationMismatch
+from hybridflow.utils.chat_tokens import ChatTokenizer, TokenizationMismatch
 from tests.agent_loop.chat_helpers import EOS, TOK, ScriptedChat, calc_entry, ids, response_of, run, settings
 
 QUESTION = [{"role": "user", "content": "2+3?"}]
