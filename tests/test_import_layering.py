@@ -293,6 +293,8 @@ def test_reward_scorers_and_the_sandbox_are_leaves():
         "hybridflow.protocol",
         "hybridflow.data",
         "hybridflow.rewards.manager",
+        "hybridflow.rewards.rule_manager",
+        "hybridflow.rewards.registry",
         "hybridflow.rewards.custom",
         "hybridflow.algorithms",
         "torch",
