@@ -30,11 +30,11 @@ from hybridflow.config.loader import ConfigError, default_config
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.config.rollout import cpu_tensor_parallel_error
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
+from hybridflow.rewards.registry import manager_needs_judge
 from hybridflow.single_controller.factory import BACKENDS, pool_size_problem
-from hybridflow.tools.tool_registry import check_tool_config
 from hybridflow.trainer.algorithm_checks import check_loss_and_estimator_keys
-from hybridflow.trainer.ppo.judge_setup import manager_needs_judge
 from hybridflow.trainer.reward_checks import check_reward_model
+from hybridflow.utils.tool_config import check_tool_config
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTIMATORS", "GPU_ONLY_ROLLOUTS"]

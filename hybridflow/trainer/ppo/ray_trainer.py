@@ -16,6 +16,7 @@ import shutil
 import numpy as np
 import torch
 
+from hybridflow import algorithms as core_algos  # veRL's name for the RL math
 from hybridflow.agent_loop.base import agent_loop_settings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.algorithms.pf_ppo import pf_ppo_resample_indices
@@ -27,7 +28,6 @@ from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Watchdog, WorkerDiedError, WorkerHangError
 from hybridflow.trainer import checkpoint as ckpt
-from hybridflow.trainer.ppo import core_algos
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
 from hybridflow.trainer.ppo.dynamic_sampling import DynamicSampling, EpochCycler
 from hybridflow.trainer.ppo.judge_setup import JUDGE_ROLE, start_judge, uses_judge
