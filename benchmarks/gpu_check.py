@@ -13,7 +13,12 @@ the same run:
 - memory: peak allocated during the updates vs fp32 weights + grads + AdamW's state (read from the
   optimizer), the rollout's bf16 copy shown beside it.
 
-    python benchmarks/gpu_check.py [--device cuda|cpu] [--quick] [--out DIR]
+    python benchmarks/gpu_check.py [--device cuda|cpu] [--quick] [--out DIR] [--profile]
+
+``--profile`` skips the rollout and asks where one update's time goes instead (``_gpu_profile.py``): a phase
+breakdown (forward with the log-prob over the vocabulary, backward, optimizer step, other), ``torch.profiler``'s
+top ops, the vocabulary's share, and the update again at other micro-batch sizes and with gradient
+checkpointing; results in ``gpu_profile.md`` / ``gpu_profile.json``.
 
 ``--device cpu --quick`` runs a tiny model through the same steps, so the pipeline is checked where there
 is no GPU (its numbers mean nothing). Results also go to ``--out`` (default ``$OUT``) as JSON and markdown.
@@ -31,7 +36,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+HERE = os.path.dirname(os.path.abspath(__file__))
+for _path in (os.path.dirname(HERE), HERE):  # run from a checkout: hybridflow, then _gpu_profile
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 MFU_GOAL, ROLLOUT_GOAL = 0.35, 0.9
 SHAPES = {  # Qwen2.5-0.5B's (494M parameters, tied embeddings); tiny: plumbing only
@@ -207,6 +215,7 @@ def run(args, r: dict) -> dict:
     dtype = torch.bfloat16 if cuda else torch.float32
     r.update(
         device=torch.cuda.get_device_name() if cuda else f"cpu ({os.cpu_count()} cores)",
+        device_kind=device,
         shape=shape,
         torch=torch.__version__,
         transformers=transformers.__version__,
@@ -236,7 +245,14 @@ def run(args, r: dict) -> dict:
                 flush=True,
             )
             vocab = worker.hf_config.vocab_size
-            r.update(time_updates(wg, update_batch(w["rows"], w["prompt"], w["response"], vocab), w, device))
+            data = update_batch(w["rows"], w["prompt"], w["response"], vocab)
+            if args.profile:
+                from _gpu_profile import profile_update_actor
+                from _gpu_profile_report import print_section
+
+                profile_update_actor(wg, worker, data, w, device, r, report=print_section)
+                return finish(r, device, w, dtype)
+            r.update(time_updates(wg, data, w, device))
             r["state_bytes"] = 2 * tensor_bytes(params) + tensor_bytes(
                 t for s in engine.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
             )
@@ -255,10 +271,16 @@ def run(args, r: dict) -> dict:
             r.update(time_rollout(wg, baseline, prompts, w, device, worker.tokenizer.pad_token_id))
         finally:
             wg.shutdown()
+    finish(r, device, w, dtype)
+    r["rollout_ratio"] = r["rollout_tokens_per_s"] / r["generate_tokens_per_s"]
+    return r
+
+
+def finish(r: dict, device: str, w: dict, dtype: torch.dtype) -> dict:
+    """The matmul peak again after the workload, and the MFU against the higher of the two."""
     r["matmul_flops_after"] = matmul_peak(device, w["matmul"], dtype)
     r["matmul_flops"] = max(r["matmul_flops_before"], r["matmul_flops_after"])
     r["mfu"] = 6 * r["params"] * r["update_tokens_per_s"] / r["matmul_flops"]
-    r["rollout_ratio"] = r["rollout_tokens_per_s"] / r["generate_tokens_per_s"]
     return r
 
 
@@ -391,16 +413,27 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     p.add_argument("--quick", action="store_true", help="tiny model and workload (pipeline check)")
     p.add_argument("--out", default=os.environ.get("OUT"), help="folder for gpu_check.json and gpu_check.md")
+    p.add_argument(
+        "--profile", action="store_true", help="no rollout: where one update's time goes (gpu_profile.md/.json)"
+    )
     args = p.parse_args(argv)
+    name = "gpu_profile" if args.profile else "gpu_check"
     r: dict = {}
     try:
         run(args, r)
     except BaseException:
         if args.out:  # what was measured before the failure
             os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
+            with open(os.path.join(args.out, f"{name}.json"), "w") as f:
                 json.dump(dict(r, failed=True), f, indent=1, default=str)
         raise
+    if args.profile:
+        from _gpu_profile_report import markdown as profile_markdown
+
+        table = profile_markdown(r)
+        print("\n" + table + "\n")
+        save(args.out, name, r, table)
+        return r
     table = markdown(r)
     print("\n" + table + "\n")
     print(
@@ -411,13 +444,17 @@ def main(argv=None) -> dict:
         f"  hf rollout: {r['rollout_ratio']:.2f}x generate -> "
         f"{'meets' if r['rollout_ratio'] >= ROLLOUT_GOAL else 'MISSES'} the goal (>= {ROLLOUT_GOAL})"
     )
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
-            json.dump(r, f, indent=1, default=str)
-        with open(os.path.join(args.out, "gpu_check.md"), "w") as f:
-            f.write(table + "\n")
+    save(args.out, name, r, table)
     return r
+
+
+def save(out: str | None, name: str, r: dict, table: str) -> None:
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, f"{name}.json"), "w") as f:
+            json.dump(r, f, indent=1, default=str)
+        with open(os.path.join(out, f"{name}.md"), "w") as f:
+            f.write(table + "\n")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu_check.sh [gpu_check.py's arguments]    # PYTHON=... picks the interpreter (python3)
 #   PYTHON=.venv/bin/python bash benchmarks/gpu_check.sh --device cpu --quick   # the pipeline, here, on a CPU
 #     (wheels for that Python: bash benchmarks/gpu_wheels.sh 3.11)
+#   bash benchmarks/gpu_check.sh --profile    # where one update's time goes (gpu_profile.md/.json); no pytest
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -27,6 +28,9 @@ print('python', sys.version.split()[0], '| torch', torch.__version__, '| transfo
 timeout -k 10 270 "$PY" benchmarks/gpu_check.py --out "$OUT" "$@" 2>&1 | tee "$OUT/gpu_check.log"
 bench=${PIPESTATUS[0]}
 echo "gpu_check.py: exit $bench after $((SECONDS - start)) s"
+for arg in "$@"; do  # the profile is a benchmark-only run: it skips the tests
+  [ "$arg" = --profile ] && { cp "$OUT/gpu_check.log" "$OUT/gpu_profile.log"; exit "$bench"; }
+done
 left=$((460 - (SECONDS - start)))  # pytest gets what the benchmark left of the 8 minutes (it took 144 s on an H100)
 timeout -k 10 "$left" "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
 tests=${PIPESTATUS[0]}
