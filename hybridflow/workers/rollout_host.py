@@ -26,6 +26,7 @@ import torch
 from hybridflow.agent_loop.base import agent_loop_settings
 from hybridflow.agent_loop.server_manager import LocalServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker
+from hybridflow.config.rollout import RolloutConfig
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.sampling import model_eos_token_ids
 from hybridflow.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
@@ -35,18 +36,18 @@ from hybridflow.workers.model_loading import load_model
 from hybridflow.workers.rollout.weights import buckets
 
 
-def bucket_bytes(rollout_config: dict) -> int:
+def bucket_bytes(rollout_config: RolloutConfig) -> int:
     """The size of one bucket of a weight update (``rollout.checkpoint_engine.update_weights_bucket_megabytes``)."""
-    return int(float(rollout_config["checkpoint_engine"]["update_weights_bucket_megabytes"]) * (1 << 20))
+    return int(float(rollout_config.checkpoint_engine.update_weights_bucket_megabytes) * (1 << 20))
 
 
 class RolloutHost:
-    """``config``: the ``actor_rollout_ref.rollout`` section (plain); ``model_path``: the local model;
+    """``config``: the typed ``actor_rollout_ref.rollout`` section; ``model_path``: the local model;
     ``adapter``: the LoRA adapter the engine serves on top of its base weights (None: merged weights)."""
 
     def __init__(
         self,
-        config: dict,
+        config: RolloutConfig,
         model_path: str,
         tokenizer,
         device,
@@ -56,8 +57,8 @@ class RolloutHost:
         adapter: LoraSpec | None = None,
     ):
         self.config, self.tokenizer, self.rank = config, tokenizer, rank
-        name = config["name"]
-        dtype = resolve_dtype(config["dtype"], str(device))
+        name = config.name
+        dtype = resolve_dtype(config.dtype, str(device))
         module = None
         if name == "hf":
             # a separate inference copy: generation never all-gathers sharded weights token by token
