@@ -39,17 +39,9 @@ from hybridflow.workers.utils.device import on_device
 from hybridflow.workers.utils.ulysses import build_layout
 from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
 
-# the parts each role combines; actor_ref: the trainer pool's worker when the rollout has a pool of its
-# own (asynchronous modes)
-ROLE_PARTS = {
-    "actor": ("actor",),
-    "rollout": ("rollout",),
-    "ref": ("ref",),
-    "actor_ref": ("actor", "ref"),
-    "actor_rollout": ("actor", "rollout"),
-    "actor_rollout_ref": ("actor", "rollout", "ref"),
-}
-ROLES = tuple(ROLE_PARTS)
+# a role names the parts it combines; actor_ref: the trainer pool's worker when the rollout has a pool
+# of its own (asynchronous modes)
+ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 
 
 def log_prob_micro_batch_size(section, dp_size: int) -> int | None:
@@ -72,8 +64,9 @@ class ActorRolloutRefWorker(Worker):
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self.config = as_section(config, ActorRolloutRefConfig, "actor_rollout_ref")
         self.role = role
-        parts = ROLE_PARTS[role]
-        self._is_actor, self._is_rollout, self._is_ref = "actor" in parts, "rollout" in parts, "ref" in parts
+        self._is_actor, self._is_rollout, self._is_ref = (
+            part in role.split("_") for part in ("actor", "rollout", "ref")
+        )
         # before the process group and any CUDA handle: NCCL and cuBLAS read their switches at creation
         apply_full_determinism(
             [
@@ -108,7 +101,7 @@ class ActorRolloutRefWorker(Worker):
 
     def _require(self, part: str, method: str) -> None:
         """The one role guard: ``method`` runs only on a worker whose role includes ``part``."""
-        if part not in ROLE_PARTS[self.role]:
+        if part not in self.role.split("_"):
             what = "the ref role" if part == "ref" else f"the {part}"
             raise RuntimeError(f"{method} needs {what}; this worker's role is {self.role!r}")
 

@@ -3,7 +3,8 @@
 Per step: generate → reward → old log-prob → ref log-prob → values → (KL in reward) → advantages
 (on the driver) → update critic → update actor → metrics; validation every ``test_freq``, checkpoint
 every ``save_freq``. ``fit`` is the loop; ``train_step`` reads top to bottom as the named phases,
-a variant (dynamic sampling, bypass mode, a replayed step) as a plain ``if`` where it applies. The
+a variant (dynamic sampling, bypass mode, a replayed step, rollout_only) as a plain ``if`` where it
+applies. The
 trajectories come from the rollout source (``rollout_source.py``: sync, one-step-off, fully async).
 """
 
@@ -45,17 +46,13 @@ from hybridflow.trainer.ppo.metric_utils import (
 )
 from hybridflow.trainer.ppo.profiling import profile_span, profiled_steps
 from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
-from hybridflow.trainer.ppo.rollout_source import (
-    make_rollout_source,
-    rollout_request,
-    weight_targets,
-    without_prompt_tensors,
-)
+from hybridflow.trainer.ppo.rollout_source import make_rollout_source, rollout_request, without_prompt_tensors
 from hybridflow.trainer.ppo.rollouter import CHECKPOINT_TYPES
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups, rollout_role_name, separated_rollout
 from hybridflow.utils.progress import Progress
 from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.checkpoint import get_rng_state, set_rng_state
+from hybridflow.workers.rollout.weight_transfer import WEIGHT_RECEIVER
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +174,6 @@ class RayPPOTrainer:
             self.config,
             self.async_rollout_manager,
             self.prompt_batches,
-            self.train_dataloader,
             self.rollout_wg,
             push_weights=None if self.hybrid_engine else self.push_weights_to_rollout,
             max_inflight_batches=self.filter_groups.max_inflight_gen_batches,
@@ -185,7 +181,7 @@ class RayPPOTrainer:
 
     def push_weights_to_rollout(self, version: int) -> dict:
         """Send the actor's weights to the rollout pool (separate pools only), stamped ``version``."""
-        targets = weight_targets(self.rollout_wg, rollout_role_name(self.config))
+        targets = self.rollout_wg.handles(WEIGHT_RECEIVER, rollout_role_name(self.config))  # per backend
         per_rank = self.actor_rollout_wg.send_weights(targets, version)
         return per_rank[0]  # rank 0 sent; the others only took part in the gathers
 
@@ -387,7 +383,12 @@ class RayPPOTrainer:
     # --------------------------------------------------------------------------------- one step
     def train_step(self, prompts: DataProto) -> dict[str, float]:
         """One PPO/GRPO step, every phase timed as ``timing_s/<phase>``. ``prompts``: what the rollout
-        source's ``inputs`` gave (a dataloader batch; a ticket in the asynchronous modes)."""
+        source's ``inputs`` gave (a dataloader batch; a ticket in the asynchronous modes).
+
+        ``trainer.rollout_only=True`` (hybridflow's key; veRL's ``trainer.val_only`` only validates):
+        generate, score, values and advantages, no log-probs and no update: to look at what a policy
+        produces on the training prompts or to write dumps for later replay."""
+        training = not self.config.trainer.rollout_only
         metrics: dict = {}
         timing: dict = {}
         with timer("step", timing):
@@ -396,33 +397,37 @@ class RayPPOTrainer:
                 batch = self.rollout_source.generate(prompts, timing, metrics, self.global_steps, self.actor_version)
             with timer("reward", timing):
                 self.compute_reward(batch, metrics)  # rule / RM scores
-            if self.filter_groups.enable:
+            if training and self.filter_groups.enable:
                 batch = self._fill_with_informative_groups(batch, timing, metrics)
-            if self.config.trainer.balance_batch:
+            if training and self.config.trainer.balance_batch:
                 self._balance_batch(batch, metrics)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            with timer("old_log_prob", timing):
-                if self.rollout_is_old_policy:
-                    self._rollout_log_probs_as_old(batch)  # π_old = π_rollout
-                else:
-                    self._compute_old_log_prob(batch, metrics)  # π_old
-            if self.use_reference_policy:
+            if training:
+                with timer("old_log_prob", timing):
+                    if self.rollout_is_old_policy:
+                        self._rollout_log_probs_as_old(batch)  # π_old = π_rollout
+                    else:
+                        self._compute_old_log_prob(batch, metrics)  # π_old
+            if training and self.use_reference_policy:
                 with timer("ref", timing):
                     self._compute_ref_log_prob(batch)  # π_ref
             if self.use_critic:
                 with timer("values", timing):
                     self._compute_values(batch)  # V(s)
             with timer("adv", timing):
-                self._apply_reward_kl(batch, metrics)  # r - β·KL
-                self._apply_rollout_correction(batch, metrics)  # IS weights, rejection
+                if training:
+                    self._apply_reward_kl(batch, metrics)  # r - β·KL
+                    self._apply_rollout_correction(batch, metrics)  # IS weights, rejection
+                else:
+                    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]  # no reference pass
                 self._compute_advantage(batch)  # A, R on the driver
-                if self.config.algorithm.use_pf_ppo:
+                if training and self.config.algorithm.use_pf_ppo:
                     self._pf_ppo_resample(batch, metrics)  # PF-PPO: rows by reward
-            if self.use_critic:
+            if training and self.use_critic:
                 with timer("update_critic", timing):
                     self._update_critic(batch, metrics)
             # veRL's rule (steps count from 1): the actor trains once global_steps >= critic_warmup
-            if int(self.config.trainer.critic_warmup) <= self.global_steps:
+            if training and int(self.config.trainer.critic_warmup) <= self.global_steps:
                 with timer("update_actor", timing):
                     self._update_actor(batch, metrics)
         metrics.update(compute_data_metrics(batch, self.use_critic))
@@ -431,32 +436,6 @@ class RayPPOTrainer:
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing["step"], self.n_devices))
         metrics.update(self.rollout_recorder.after_step(batch, self.global_steps))  # trainer.rollout_data_dir
-        return reduce_metrics(metrics)
-
-    def rollout_only_step(self, prompts: DataProto) -> dict[str, float]:
-        """``trainer.rollout_only=True``: generate and score, train nothing (hybridflow's key; veRL's
-        ``trainer.val_only`` only validates). To look at what a policy produces on the training prompts
-        (scores, lengths, the advantages a group would get) or to write dumps for later replay without
-        paying for log-probs or updates: generate → reward → values (critic estimators) → advantages."""
-        metrics: dict = {}
-        timing: dict = {}
-        with timer("step", timing):
-            batch = self.rollout_recorder.replay(prompts, self.global_steps, timing)  # trainer.skip: a dump
-            if batch is None:
-                batch = self.rollout_source.generate(prompts, timing, metrics, self.global_steps, self.actor_version)
-            batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            with timer("reward", timing):
-                self.compute_reward(batch, metrics)
-            if self.use_critic:
-                with timer("values", timing):
-                    self._compute_values(batch)
-            with timer("adv", timing):
-                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]  # no KL: no reference pass
-                self._compute_advantage(batch)
-        metrics.update(compute_data_metrics(batch, self.use_critic))
-        metrics.update(compute_timing_metrics(batch, timing))
-        metrics.update(compute_throughput_metrics(batch, timing["step"], self.n_devices))
-        metrics.update(self.rollout_recorder.after_step(batch, self.global_steps))
         return reduce_metrics(metrics)
 
     # --------------------------------------------------------------------------------- validation
@@ -652,10 +631,7 @@ class RayPPOTrainer:
             start_profile, stop_profile = profile_span(self.global_steps, profiled, continuous)
             if start_profile:
                 self._for_each_group("start_profile", self.global_steps)
-            if t.rollout_only:
-                metrics = self.rollout_only_step(prompts)
-            else:
-                metrics = self.train_step(prompts)
+            metrics = self.train_step(prompts)
             if stop_profile:
                 traces = [p for paths in self._for_each_group("stop_profile") for p in paths if p]
                 logging.getLogger(__name__).info("step %d: torch.profiler traces %s", self.global_steps, traces)

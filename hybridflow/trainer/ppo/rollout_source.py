@@ -4,8 +4,8 @@
 the same for all: ``for item in source.inputs(step, version): train_step(item)``, whose first phase is
 ``source.generate(item, ...)`` (dynamic sampling asks ``source.refill`` for more), and which calls
 ``source.after_update`` once the actor has trained. A source gets what it uses, never the trainer: the
-agent loop manager, the stream of prompt batches and its dataloader (whose state is the source's
-checkpoint), and ``push_weights(version)`` (the trainer's weights to a separate rollout pool).
+agent loop manager, the stream of prompt batches (whose loader's state is the source's checkpoint), and
+``push_weights(version)`` (the trainer's weights to a separate rollout pool).
 
 - ``sync`` (default): a step's prompts are generated when the step starts, with the newest weights.
   Colocated, the hybrid engine pushes the weights at the next generation; with a separate rollout
@@ -30,10 +30,9 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.ppo.dynamic_sampling import prompt_batches_for_next_round
+from hybridflow.trainer.ppo.dynamic_sampling import EpochCycler, prompt_batches_for_next_round
 from hybridflow.trainer.ppo.metric_utils import flat_metric_values
 from hybridflow.trainer.ppo.rollouter import PromptGroup, Rollouter
-from hybridflow.workers.rollout.weight_transfer import WEIGHT_RECEIVER, WeightTarget
 
 MODES = ("sync", "one_step_off", "fully_async")
 
@@ -57,11 +56,6 @@ def staleness_metrics(batch: DataProto, actor_version: int) -> dict[str, float]:
     }
 
 
-def weight_targets(rollout_wg, role: str | None) -> list[WeightTarget]:
-    """The rollout workers as receivers of the trainer's weights (the group builds them for its backend)."""
-    return rollout_wg.handles(WEIGHT_RECEIVER, role)
-
-
 class SyncRolloutSource:
     """Generate each step's prompts when the step starts, with the newest weights.
 
@@ -71,15 +65,14 @@ class SyncRolloutSource:
     def __init__(
         self,
         manager,
-        prompt_batches: Iterator,
-        dataloader,
+        prompt_batches: EpochCycler,
         n: int,
         do_sample: bool,
         push_weights: Callable[[int], dict] | None,
         prompts_per_step: int,
         max_inflight_batches: int = 1,
     ):
-        self.manager, self.prompt_batches, self.dataloader = manager, prompt_batches, dataloader
+        self.manager, self.prompt_batches, self.dataloader = manager, prompt_batches, prompt_batches.loader
         self.n, self.do_sample, self.push_weights = n, do_sample, push_weights
         self.prompts_per_step = prompts_per_step  # a dataloader batch
         self.max_inflight_batches = max_inflight_batches  # dynamic sampling: prompt batches per refill
@@ -191,8 +184,7 @@ class AsyncRolloutSource:
     def __init__(
         self,
         manager,
-        prompt_batches: Iterator,
-        dataloader,
+        prompt_batches: EpochCycler,
         n: int,
         do_sample: bool,
         push_weights: Callable[[int], dict],
@@ -202,7 +194,7 @@ class AsyncRolloutSource:
         trigger: int,
         partial: bool,
     ):
-        self.manager, self.prompt_batches, self.dataloader = manager, prompt_batches, dataloader
+        self.manager, self.prompt_batches, self.dataloader = manager, prompt_batches, prompt_batches.loader
         self.n, self.do_sample, self.push_weights, self.group = n, do_sample, push_weights, group
         self.prompts_per_step = prompts_per_step
         self.staleness, self.trigger, self.partial = staleness, trigger, partial
@@ -237,7 +229,7 @@ class AsyncRolloutSource:
             yield DataProto(meta_info={"async_rollout": True})
 
     def generate(
-        self, ticket: DataProto, timing: dict, metrics: dict, step: int, version: int, count: int | None = None
+        self, ticket: DataProto | None, timing: dict, metrics: dict, step: int, version: int, count: int | None = None
     ) -> DataProto:
         """The next ``count`` (default: a step's) finished groups, in prompt order; waiting is the
         trainer's idle time, logged as timing_s/gen. The wait has the rollout group's watchdog
@@ -256,8 +248,7 @@ class AsyncRolloutSource:
         self, missing_groups: int, batches_so_far: int, max_batches: int, timing: dict, metrics: dict, step, version
     ) -> tuple[DataProto, int]:
         """Dynamic sampling: the next ``missing_groups`` finished groups (one round counts as one batch)."""
-        ticket = DataProto(meta_info={"async_rollout": True})
-        return self.generate(ticket, timing, metrics, step, version, count=missing_groups), 1
+        return self.generate(None, timing, metrics, step, version, count=missing_groups), 1
 
     def after_update(self, version: int, metrics: dict) -> None:
         if version % self.trigger:
@@ -292,8 +283,7 @@ class AsyncRolloutSource:
 def make_rollout_source(
     config,
     manager,
-    prompt_batches: Iterator,
-    dataloader,
+    prompt_batches: EpochCycler,
     rollout_wg,
     push_weights: Callable[[int], dict] | None,
     max_inflight_batches: int = 1,
@@ -305,7 +295,7 @@ def make_rollout_source(
     if mode not in MODES:
         raise ValueError(f"async_training.mode={mode!r} is not one of {', '.join(MODES)}")
     rollout = config.actor_rollout_ref.rollout
-    common = (manager, prompt_batches, dataloader, int(rollout.n), bool(rollout.do_sample))
+    common = (manager, prompt_batches, int(rollout.n), bool(rollout.do_sample))
     a = config.async_training
     prompts_per_step = int(config.data.train_batch_size)
     if mode == "sync":
@@ -335,5 +325,4 @@ __all__ = [
     "without_prompt_tensors",
     "make_rollout_source",
     "staleness_metrics",
-    "weight_targets",
 ]

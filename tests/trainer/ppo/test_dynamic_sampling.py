@@ -127,15 +127,18 @@ class FakeManager:
 
 
 class Loader:
+    """Prompt batches of one-token prompts whose token is the prompt id: 0, 1, 2, ..."""
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+
+    def __iter__(self):
+        for start in range(0, 10_000, self.batch_size):
+            ids = torch.arange(start, start + self.batch_size)[:, None]
+            yield {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.zeros_like(ids)}
+
     def state_dict(self) -> dict:
         return {"epoch": 0}
-
-
-def prompt_batches(batch_size: int):
-    """The endless stream of prompt batches: prompt ids 0, 1, 2, ... as one-token prompts."""
-    for start in range(0, 10_000, batch_size):
-        ids = torch.arange(start, start + batch_size)[:, None]
-        yield {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.zeros_like(ids)}
 
 
 def run_dynamic_sampling(scores: dict, settings: FilterGroupsConfig, batch_size: int = 4):
@@ -143,7 +146,7 @@ def run_dynamic_sampling(scores: dict, settings: FilterGroupsConfig, batch_size:
     score of both responses of prompt p is ``scores[p]`` (a pair, or one number for a uniform group)."""
     manager = FakeManager()
     source = SyncRolloutSource(
-        manager, prompt_batches(batch_size), Loader(), 2, True, None, batch_size, settings.max_inflight_gen_batches
+        manager, EpochCycler(Loader(batch_size)), 2, True, None, batch_size, settings.max_inflight_gen_batches
     )
 
     def score(batch: DataProto) -> DataProto:
