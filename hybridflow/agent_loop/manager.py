@@ -101,9 +101,8 @@ class AgentLoopManager:
         return out
 
     def _run_workers(self, prompts: DataProto) -> list[DataProto]:
-        """The batch in slices over the agent loop workers, waited for under the rollout group's watchdog
-        deadline (finished trajectories count as progress, so a long generation that keeps finishing
-        samples is never declared stuck); over-sampled calls are cut by a monitor thread."""
+        """The batch in slices over the agent loop workers, under the rollout group's watchdog deadline
+        (finished trajectories are progress); over-sampled calls are cut by a monitor thread."""
         slices = split_indices(len(prompts), len(self.workers))
         target = len(prompts)
         if not prompts.meta_info.get("validate", False) and self.settings.over_sample_rate > 0:

@@ -5,10 +5,8 @@ actor_rollout / actor_rollout_ref. In the hybrid engine the same process trains 
 generates with it: after an update the trainer's weights are pushed into the rollout engine (a named,
 timed step, ``timing_s/update_weights``) before the next generation.
 
-Composition: the worker holds its parts as members built with explicit arguments (the training
-engines and ``actor`` / ``ref_policy``, ``rollout_host`` (rollout_host.py, rollout roles only) and
-``profiler`` (profiler.py)); its registered methods, which the WorkerGroup binds by scanning this
-class, delegate to them. What a role may do is decided in one place, ``_require``.
+Its parts are members built with explicit arguments (engines, ``actor`` / ``ref_policy``, ``rollout_host``,
+``profiler``); the registered methods (bound by the WorkerGroup from this class) delegate to them.
 """
 
 from __future__ import annotations
@@ -64,9 +62,8 @@ class ActorRolloutRefWorker(Worker):
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self.config = as_section(config, ActorRolloutRefConfig, "actor_rollout_ref")
         self.role = role
-        self._is_actor, self._is_rollout, self._is_ref = (
-            part in role.split("_") for part in ("actor", "rollout", "ref")
-        )
+        parts = role.split("_")  # the roles it combines
+        self._is_actor, self._is_rollout, self._is_ref = ("actor" in parts, "rollout" in parts, "ref" in parts)
         # before the process group and any CUDA handle: NCCL and cuBLAS read their switches at creation
         apply_full_determinism(
             [
@@ -91,19 +88,13 @@ class ActorRolloutRefWorker(Worker):
         # the rollout engine lags the actor's weights: pushed at the next prepare_rollout (colocated)
         self._rollout_stale = False
         self._rollout_has_base = False  # LoRA adapter sync: the first one carries the base weights too
-        roles = (("actor", self._is_actor), ("ref", self._is_ref), ("rollout", self._is_rollout))
-        sections = [
-            role_profiler(getattr(self.config, name).profiler, f"actor_rollout_ref.{name}.profiler")
-            for name, on in roles
-            if on
-        ]
+        sections = [role_profiler(getattr(self.config, p).profiler, f"actor_rollout_ref.{p}.profiler") for p in parts]
         self.profiler = WorkerProfiler(merge_profilers(sections), self.rank, role)
 
     def _require(self, part: str, method: str) -> None:
         """The one role guard: ``method`` runs only on a worker whose role includes ``part``."""
         if part not in self.role.split("_"):
-            what = "the ref role" if part == "ref" else f"the {part}"
-            raise RuntimeError(f"{method} needs {what}; this worker's role is {self.role!r}")
+            raise RuntimeError(f"{method} needs the {part} role; this worker's role is {self.role!r}")
 
     def _build_typed_sections(self, trains: bool) -> None:
         """The typed actor and ref sections, built once (the reference policy runs the actor's class on
@@ -322,17 +313,14 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_rollout(self) -> None:
-        """Release the engine (its processes, its memory); idempotent."""
         if self.rollout_host is not None:
             self.rollout_host.shutdown()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def abort_rollout(self) -> int:
-        """Stop every request in flight on this engine; each returns the tokens it has (partial rollouts)."""
         return self.rollout_host.abort() if self.rollout_host is not None else 0
 
-    def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):
-        """One request to this process's engine (agent loop workers in other processes call it per turn)."""
+    def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):  # remote handles' call
         return self.rollout_host.generate(prompt_ids, params, request_id, logprobs)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -355,7 +343,6 @@ class ActorRolloutRefWorker(Worker):
 
     # ---------------------------------------------------------------------- weights from another process
     def receive_weights(self, bucket) -> int:
-        """One bucket of a weight update sent by the trainer's group (``send_weights``)."""
         return self.rollout_host.receive_weights(bucket)
 
     def finish_weight_sync(self, version: int) -> int:
@@ -366,13 +353,7 @@ class ActorRolloutRefWorker(Worker):
         """Trainer side: push the actor's full weights to the rollout workers ``targets`` as ``version``.
         Every rank walks the parameters (sharded ones are gathered); rank 0 sends."""
         self._require("actor", "send_weights")
-        metrics = push_weights(
-            self._weights_for_rollout(),
-            targets,
-            version,
-            bucket_bytes(self.config.rollout),
-            timeout_s=timeout_s,
-            send=self.rank == 0,
-        )
+        weights, size = self._weights_for_rollout(), bucket_bytes(self.config.rollout)
+        metrics = push_weights(weights, targets, version, size, timeout_s=timeout_s, send=self.rank == 0)
         self._rollout_has_base = True
         return metrics

@@ -224,22 +224,16 @@ class RayPPOTrainer:
 
         def refill(missing_groups: int, batches_so_far: int) -> tuple[DataProto, int]:
             rounds.append(round_metrics := {})
+            request = (missing_groups, batches_so_far, self.filter_groups.max_num_gen_batches)
             more, prompt_batches = self.rollout_source.refill(
-                missing_groups,
-                batches_so_far,
-                self.filter_groups.max_num_gen_batches,
-                timing,
-                round_metrics,
-                self.global_steps,
-                self.actor_version,
+                *request, timing, round_metrics, self.global_steps, self.actor_version
             )
             with timer("reward", timing):
                 self.compute_reward(more, round_metrics)
             return more, prompt_batches
 
-        batch, fill_metrics = fill_with_informative_groups(
-            batch, self.rollout_source.prompts_per_step, self.filter_groups, refill
-        )
+        target = self.rollout_source.prompts_per_step
+        batch, fill_metrics = fill_with_informative_groups(batch, target, self.filter_groups, refill)
         if rounds:  # one step's metrics over its rounds: times and sizes add up, the rest is averaged
             metrics.update(merge_round_metrics([first_round, *rounds]))
         metrics.update(fill_metrics)

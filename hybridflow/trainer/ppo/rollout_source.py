@@ -57,10 +57,8 @@ def staleness_metrics(batch: DataProto, actor_version: int) -> dict[str, float]:
 
 
 class SyncRolloutSource:
-    """Generate each step's prompts when the step starts, with the newest weights.
-
-    ``push_weights(version)``: sends the trainer's weights to a separate rollout pool (None: the hybrid
-    engine pushes them itself when the next generation starts)."""
+    """Generate each step's prompts when the step starts, with the newest weights (``push_weights`` None:
+    the hybrid engine pushes them itself when the next generation starts)."""
 
     def __init__(
         self,
@@ -176,10 +174,8 @@ class PromptStream:
 
 
 class AsyncRolloutSource:
-    """One-step-off and fully asynchronous training over a ``Rollouter`` (see the module docstring).
-
-    ``push_weights(version)`` sends the trainer's weights to the rollout pool; ``group``: the rollout
-    workers (whose watchdog bounds the waits and whose stacks a hang report shows)."""
+    """One-step-off and fully asynchronous training over a ``Rollouter`` (see the module docstring);
+    ``group``: the rollout workers (whose watchdog bounds the waits and whose stacks a hang report shows)."""
 
     def __init__(
         self,
@@ -204,27 +200,23 @@ class AsyncRolloutSource:
         self.epoch = 0
         self._gen_offset = 0  # dataloader batches pulled beyond the step count when the run (re)started
 
-    def _start(self, step: int, version: int) -> None:
-        self.stream = PromptStream(
-            self.prompt_batches, self.dataloader, self.n, first_gen_index=step + 1 + self._gen_offset
-        )
-        self.rollouter = Rollouter(
-            self.manager,
-            self.stream,
-            self.prompts_per_step,
-            self.staleness,
-            self.trigger,
-            self.partial,
-            sampling_meta={"do_sample": self.do_sample},
-            watchdog=getattr(self.group, "watchdog", None),
-            group=self.group,
-        )
-        self.rollouter.version = version
-        self.rollouter.start(pending=self._pending_restart)
-
     def inputs(self, step: int, version: int) -> Iterator[DataProto]:
-        if self.rollouter is None:
-            self._start(step, version)
+        if self.rollouter is None:  # generation starts at the first step's batch (after a resume: the saved one)
+            first = step + 1 + self._gen_offset
+            self.stream = PromptStream(self.prompt_batches, self.dataloader, self.n, first_gen_index=first)
+            self.rollouter = Rollouter(
+                self.manager,
+                self.stream,
+                self.prompts_per_step,
+                self.staleness,
+                self.trigger,
+                self.partial,
+                sampling_meta={"do_sample": self.do_sample},
+                watchdog=getattr(self.group, "watchdog", None),
+                group=self.group,
+            )
+            self.rollouter.version = version
+            self.rollouter.start(pending=self._pending_restart)
         while True:
             yield DataProto(meta_info={"async_rollout": True})
 
@@ -304,15 +296,8 @@ def make_rollout_source(
         return AsyncRolloutSource(*common, push_weights, rollout_wg, prompts_per_step, 1.0, 1, False)
     # veRL: a fully asynchronous step takes require_batches mini-batches of prompts
     prompts_per_step = int(a.require_batches) * int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
-    return AsyncRolloutSource(
-        *common,
-        push_weights,
-        rollout_wg,
-        prompts_per_step,
-        float(a.staleness_threshold),
-        int(a.trigger_parameter_sync_step),
-        bool(a.partial_rollout),
-    )
+    schedule = (float(a.staleness_threshold), int(a.trigger_parameter_sync_step), bool(a.partial_rollout))
+    return AsyncRolloutSource(*common, push_weights, rollout_wg, prompts_per_step, *schedule)
 
 
 __all__ = [
