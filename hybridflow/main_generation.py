@@ -33,7 +33,7 @@ from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.single_controller.factory import build_worker_group, start_backend
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.utils.logging_utils import setup_cli_logging
-from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker
+from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The whole of configs/ppo_trainer.yaml as one declaration: ``PPOTrainerConfig``'s fields are its
-top-level sections, in the yaml's order. ``python -m hybridflow.devtools.config_yaml`` writes the yaml
+top-level sections, in the yaml's order. ``python -m devtools.config_yaml`` writes the yaml
 from it (values, interpolations, a comment per key from its doc); a test fails when they drift."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from hybridflow.config.convert import as_section
 from hybridflow.config.data import DataConfig
-from hybridflow.tools.tool_registry import initialize_tools_from_config
+from hybridflow.utils.tool_config import initialize_tools_from_config
 
 logger = logging.getLogger(__name__)
 

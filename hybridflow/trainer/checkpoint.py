@@ -94,6 +94,18 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 # --- save ------------------------------------------------------------------------------------------
+class CheckpointSaveError(RuntimeError):
+    """A write of a checkpoint failed (e.g. ENOSPC); the step's tmp directory was removed and the previous
+    complete checkpoint is still the latest."""
+
+    def __init__(self, step: int, writer: str, cause: BaseException):
+        self.step, self.writer = step, writer
+        super().__init__(
+            f"saving the checkpoint of step {step} failed in {writer}: {type(cause).__name__}: {cause}; "
+            "the previous complete checkpoint stays the latest"
+        )
+
+
 def begin_save(default_local_dir: str, step: int) -> str:
     """Create and return a fresh temporary directory for step ``step``; workers save into it."""
     os.makedirs(default_local_dir, exist_ok=True)

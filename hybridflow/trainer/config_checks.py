@@ -21,9 +21,9 @@ from hybridflow.config.convert import as_section
 from hybridflow.config.loader import ConfigError
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
+from hybridflow.rewards.registry import manager_needs_judge
 from hybridflow.single_controller.factory import check_pool_size
-from hybridflow.tools.tool_registry import check_tool_config
-from hybridflow.trainer.ppo.judge_setup import manager_needs_judge
+from hybridflow.utils.tool_config import check_tool_config
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype"]

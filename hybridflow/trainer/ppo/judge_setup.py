@@ -9,18 +9,12 @@ the reward model worker for sequence-classification models is not started.
 
 from __future__ import annotations
 
-from hybridflow.rewards.manager import REWARD_MANAGERS
+from hybridflow.rewards.registry import manager_needs_judge
 from hybridflow.workers.judge_client import RolloutJudge
 from hybridflow.workers.judge_worker import MODEL_PATH_KEY
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
 
 JUDGE_ROLE = "judge"
-
-
-def manager_needs_judge(name) -> bool:
-    """Whether the registered reward manager ``name`` scores with a judge (unknown names: no)."""
-    cls = REWARD_MANAGERS.get(str(name), None) if name is not None else None
-    return bool(getattr(cls, "needs_judge", False))
 
 
 def uses_judge(config) -> bool:

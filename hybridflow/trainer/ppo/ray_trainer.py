@@ -16,6 +16,7 @@ import shutil
 import numpy as np
 import torch
 
+from hybridflow import algorithms as core_algos  # veRL's name for the RL math
 from hybridflow.agent_loop.base import agent_loop_settings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.algorithms.pf_ppo import pf_ppo_resample_indices
@@ -25,9 +26,8 @@ from hybridflow.config.base import to_dict
 from hybridflow.config.convert import as_section
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.protocol import DataProto
-from hybridflow.single_controller.base import Watchdog
+from hybridflow.single_controller.base import Watchdog, WorkerDiedError, WorkerHangError
 from hybridflow.trainer import checkpoint as ckpt
-from hybridflow.trainer.ppo import core_algos
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
 from hybridflow.trainer.ppo.dynamic_sampling import DynamicSampling, EpochCycler
 from hybridflow.trainer.ppo.judge_setup import JUDGE_ROLE, start_judge, uses_judge
@@ -100,6 +100,7 @@ class RayPPOTrainer:
         self.total_training_steps = self._total_steps()
         self.global_steps = 0
         self.actor_version = 0  # actor updates so far: the weight version the rollout should be at
+        self.failed_saves = 0  # saves that failed and were let pass (trainer.continue_after_failed_save)
         self.hybrid_engine = not separated_rollout(config)  # colocated: the actor's process also generates
         # rollout dumps (trainer.rollout_data_dir / validation_data_dir) and replay (trainer.skip)
         self.rollout_recorder = RolloutRecorder(
@@ -541,15 +542,23 @@ class RayPPOTrainer:
             )
 
     def save_checkpoint(self) -> str:
-        """Workers write into a tmp dir; it becomes ``global_step_N`` (and ``latest``) only when whole."""
+        """Workers write into a tmp dir; it becomes ``global_step_N`` (and ``latest``) only when whole.
+
+        A failed write (a full disk, a lost mount: any writer, driver or worker) removes the tmp dir, so
+        the previous complete checkpoint stays the latest, and raises ``CheckpointSaveError`` naming the
+        writer and the path. A hang or a dead worker is raised as it is."""
         root = self.config.trainer.default_local_dir
         self._check_finite_weights()
         tmp = ckpt.begin_save(root, self.global_steps)
         self._saving_tmp = tmp
+        writer = f"the driver into {tmp}"
         try:
+            writer = f"the actor workers into {ckpt.role_dir(tmp, 'actor')}"
             self.actor_rollout_wg.save_checkpoint(ckpt.role_dir(tmp, "actor"), self.global_steps)
             if self.use_critic:
+                writer = f"the critic workers into {ckpt.role_dir(tmp, 'critic')}"
                 self.critic_wg.save_checkpoint(ckpt.role_dir(tmp, "critic"), self.global_steps)
+            writer = f"the driver into {os.path.join(tmp, ckpt.DATA_FILE)}"
             ckpt.save_dataloader_state(
                 tmp,
                 {
@@ -560,14 +569,31 @@ class RayPPOTrainer:
                     "driver_rng": get_rng_state(),
                 },
             )
+            writer = f"the driver committing {tmp}"
             final = ckpt.commit_save(root, self.global_steps, tmp)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, Exception) and not isinstance(e, (WorkerHangError, WorkerDiedError)):
+                raise ckpt.CheckpointSaveError(self.global_steps, writer, e) from e
             raise
         finally:
             self._saving_tmp = None
         ckpt.prune_checkpoints(root, self._ckpt_to_keep())
         return final
+
+    def _save_or_note_failure(self, metrics: dict) -> None:
+        """A save that fails ends the run, unless ``trainer.continue_after_failed_save`` lets the next
+        save try again (the failure is logged and counted in ``checkpoint/failed_saves``)."""
+        with timer("save_checkpoint", timings := {}):
+            try:
+                self.save_checkpoint()
+            except ckpt.CheckpointSaveError as e:
+                if not self.config.trainer.continue_after_failed_save:
+                    raise
+                self.failed_saves += 1
+                logger.error("%s; training goes on (trainer.continue_after_failed_save=True)", e)
+        metrics["timing_s/save_checkpoint"] = timings["save_checkpoint"]
+        metrics["checkpoint/failed_saves"] = self.failed_saves
 
     def load_checkpoint(self) -> int:
         """Restore weights, optimizer, LR schedule, RNG (workers and driver) and the data position;
@@ -640,9 +666,7 @@ class RayPPOTrainer:
                     metrics.update(self.validate())
                 metrics["timing_s/testing"] = timings["testing"]
             if t.save_freq > 0 and (is_last or self.global_steps % t.save_freq == 0):
-                with timer("save_checkpoint", timings := {}):
-                    self.save_checkpoint()
-                metrics["timing_s/save_checkpoint"] = timings["save_checkpoint"]
+                self._save_or_note_failure(metrics)
             metrics["training/global_step"] = self.global_steps
             tracking.log(metrics, step=self.global_steps)
             progress.update(score=metrics.get("critic/score/mean", float("nan")))
