@@ -14,13 +14,9 @@ rank; with dynamic batch size a token budget per rank replaces the micro-batch s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from hybridflow.config.errors import ConfigError
 from hybridflow.utils.torch_dtypes import resolve_dtype
-
-if TYPE_CHECKING:
-    from hybridflow.config.ppo_trainer import PPOTrainerConfig
 
 __all__ = [
     "Problems",
@@ -199,10 +195,9 @@ def check_sp_needs_remove_padding(p: Problems, path: str, sp: int, model_path: s
 # --------------------------------------------------------------------------- the run's rules
 
 
-def check_ppo_trainer(
-    cfg: PPOTrainerConfig, device: str, visible_devices: int | None = None, judge_scored: bool = False
-) -> list[str]:
-    """Every section's ``validate`` and the rules across sections. ``device``: cpu or cuda (resolved);
+def check_ppo_trainer(cfg, device: str, visible_devices: int | None = None, judge_scored: bool = False) -> list[str]:
+    """Every section's ``validate`` and the rules across sections of ``cfg``, a ``PPOTrainerConfig`` (not
+    imported: it imports this module). ``device``: cpu or cuda (resolved);
     ``visible_devices``: CUDA devices on this node; ``judge_scored``: reward.reward_manager.name grades with a
     judge model (its registry says so). Raises ConfigError listing every error; returns notes."""
     p = Problems()
@@ -238,7 +233,7 @@ def _is_positive(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _check_batches(p: Problems, cfg: PPOTrainerConfig, world: int, train_bs: int, judge_scored: bool) -> None:
+def _check_batches(p: Problems, cfg, world: int, train_bs: int, judge_scored: bool) -> None:
     """Batch arithmetic: each role's own rules live in its section's ``validate`` (actor, ref, critic)."""
     aref, n = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout.n
     if (train_bs * n) % world:
@@ -285,7 +280,7 @@ def _forward_pass(p, path, budget_key, micro_key, dynamic, budget, micro, micro_
         per_rank_micro_batch(p, path, micro_key, micro, micro_per_gpu, dp)
 
 
-def _check_algorithm(p: Problems, cfg: PPOTrainerConfig) -> None:
+def _check_algorithm(p: Problems, cfg) -> None:
     """The estimator, the policy loss and the off-policy correction against the rollout and the actor."""
     algo, actor, rollout = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     estimator, n, a = algo.adv_estimator, rollout.n, f"{_AREF}.actor"
@@ -343,7 +338,7 @@ def _check_algorithm(p: Problems, cfg: PPOTrainerConfig) -> None:
         )
 
 
-def _check_async(p: Problems, cfg: PPOTrainerConfig) -> None:
+def _check_async(p: Problems, cfg) -> None:
     """The asynchronous modes against the rollout: a pool of its own, its log-probs, no over-sampling.
     (async_training's own keys: ``AsyncTrainingConfig.validate``.)"""
     mode, rollout = cfg.async_training.mode, cfg.actor_rollout_ref.rollout
@@ -371,7 +366,7 @@ def _check_async(p: Problems, cfg: PPOTrainerConfig) -> None:
         )
 
 
-def _explain_gpu_only(p: Problems, cfg: PPOTrainerConfig) -> None:
+def _explain_gpu_only(p: Problems, cfg) -> None:
     """Settings that only act on a GPU: accepted on cpu, with a note saying what happens."""
     aref, critic = cfg.actor_rollout_ref, cfg.critic
     for path, model in ((f"{_AREF}.model", aref.model), ("critic.model", critic.model)):
