@@ -93,22 +93,20 @@ class PolicyLossConfig(BaseConfig):
     def validate(self) -> list[str]:
         """The knobs the selected loss reads: missing or contradictory ones fail at start-up, not after the
         first rollout. Raises ConfigError listing every problem."""
-        p, errors, mode = "actor_rollout_ref.actor.policy_loss", [], self.loss_mode
+        p, key, mode = rules.Problems(), "actor_rollout_ref.actor.policy_loss", self.loss_mode
         if mode == "dro" and not _positive_number(self.dro_beta):
-            errors.append(
-                f"{p}.loss_mode=dro needs {p}.dro_beta > 0 (the weight of its quadratic log-ratio penalty), "
+            p.errors.append(
+                f"{key}.loss_mode=dro needs {key}.dro_beta > 0 (the weight of its quadratic log-ratio penalty), "
                 f"got {self.dro_beta!r}"
             )
-        for name, key in (("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio")):
-            value = getattr(self, key)
+        for name, ratio in (("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio")):
+            value = getattr(self, ratio)
             if mode == name and value is not None and not _positive_number(value):
-                errors.append(f"{p}.{key} must be > 0 for loss_mode={name}, got {value!r}")
+                p.errors.append(f"{key}.{ratio} must be > 0 for loss_mode={name}, got {value!r}")
         lb, ub = self.clip_cov_lb, self.clip_cov_ub
         if mode == "clip_cov" and lb is not None and ub is not None and not lb < ub:
-            errors.append(f"{p}.clip_cov_lb ({lb}) must be below clip_cov_ub ({ub}): no token could be dropped")
-        if errors:
-            raise ConfigError("\n".join(errors))
-        return []
+            p.errors.append(f"{key}.clip_cov_lb ({lb}) must be below clip_cov_ub ({ub}): no token could be dropped")
+        return p.raise_errors()
 
 
 def _positive_number(value: Any) -> bool:

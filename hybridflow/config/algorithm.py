@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
+from hybridflow.config.rules import Problems
 
 __all__ = ["KLControlConfig", "FilterGroupsConfig", "PFPPOConfig", "AlgoConfig"]
 
@@ -99,27 +100,22 @@ class AlgoConfig(BaseConfig):
     def validate(self) -> list[str]:
         """The keys one estimator reads, and the estimators the driver loop cannot feed yet (the rules that
         read the rollout or the actor too: ``hybridflow.config.rules``). Raises ConfigError; returns notes."""
-        errors, estimator = [], self.adv_estimator
+        p, estimator = Problems(), self.adv_estimator
         if estimator == "remax":  # the estimator is there (algorithms/), the loop's greedy-baseline phase is not
-            errors.append(
+            p.errors.append(
                 "algorithm.adv_estimator=remax needs a greedy baseline response per prompt (veRL generates one "
                 "each step); hybridflow's driver loop does not generate it yet: use grpo, rloo or reinforce_plus_plus"
             )
         keys, weights = self.gdpo_reward_keys, self.gdpo_reward_weights
         if estimator == "gdpo" and not keys:
-            errors.append(
+            p.errors.append(
                 "algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward components "
                 "your reward function returns in its dict, e.g. "
                 "+algorithm.gdpo_reward_keys=[format_reward,accuracy_reward]"
             )
         elif estimator == "gdpo" and weights is not None and len(weights) != len(keys):
-            errors.append(
+            p.errors.append(
                 f"algorithm.gdpo_reward_weights has {len(weights)} entries for {len(keys)} algorithm.gdpo_reward_keys"
             )
-        try:
-            self.kl_ctrl.validate()
-        except ConfigError as e:
-            errors.append(str(e))
-        if errors:
-            raise ConfigError("\n".join(errors))
-        return []
+        p.run(self.kl_ctrl.validate)
+        return p.raise_errors()

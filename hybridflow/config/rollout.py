@@ -12,6 +12,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import MtpConfig
 from hybridflow.config.profiler import TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import TARGET, VLLM_ENGINE, VLM, speed_only
+from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, refused
 
 __all__ = [
@@ -446,40 +447,34 @@ class RolloutConfig(BaseConfig):
     def validate(self, device: str, path: str = "actor_rollout_ref.rollout") -> list[str]:
         """The engine and sampling keys against each other and the ``device`` (cpu or cuda), and the
         agent-loop settings that would do nothing. Raises ConfigError listing every problem; returns notes."""
-        errors, notes, tp = [], [], self.tensor_model_parallel_size
-        if (
-            self.name == "vllm"
-            and device == "cpu"
-            and (error := cpu_tensor_parallel_error(tp, f"{path}.tensor_model_parallel_size"))
-        ):
-            errors.append(error)
+        p, tp = Problems(), self.tensor_model_parallel_size
+        if self.name == "vllm" and device == "cpu" and tp > 1:
+            p.errors.append(cpu_tensor_parallel_error(tp, f"{path}.tensor_model_parallel_size"))
         if self.name == "hf":
             if tp > 1:
-                notes.append(f"{path}.tensor_model_parallel_size={tp} is ignored: the hf rollout does not shard")
+                p.notes.append(f"{path}.tensor_model_parallel_size={tp} is ignored: the hf rollout does not shard")
             defaults = {f.name: f.default for f in fields(RolloutConfig)}
-            notes += [
+            p.notes += [
                 f"{path}.{key}={getattr(self, key)} only configures vLLM; the hf rollout ignores it"
                 for key in _VLLM_ONLY_KEYS
                 if getattr(self, key) != defaults[key]
             ]
             if self.do_sample and self.temperature <= 0:
-                errors.append(f"{path}.do_sample=True needs {path}.temperature > 0; for greedy use do_sample=False")
+                p.errors.append(f"{path}.do_sample=True needs {path}.temperature > 0; for greedy use do_sample=False")
         if self.val_kwargs.do_sample and self.val_kwargs.temperature <= 0:
-            errors.append(
+            p.errors.append(
                 f"{path}.val_kwargs.do_sample=True needs {path}.val_kwargs.temperature > 0 "
                 f"(got {self.val_kwargs.temperature})"
             )
         if self.mode == "sync":
-            notes.append(
+            p.notes.append(
                 f"{path}.mode=sync: generation always runs through the asynchronous rollout server and "
                 "the agent loop (single_turn_agent for plain prompts), as with mode=async; veRL 0.9.1 removed sync"
             )
         if self.nnodes and self.n_gpus_per_node <= 0:
-            errors.append(f"{path}.n_gpus_per_node must be > 0 when {path}.nnodes > 0")
-        notes += self._multi_turn_notes(path)
-        if errors:
-            raise ConfigError("\n".join(errors))
-        return notes
+            p.errors.append(f"{path}.n_gpus_per_node must be > 0 when {path}.nnodes > 0")
+        p.notes += self._multi_turn_notes(path)
+        return p.raise_errors()
 
     def _multi_turn_notes(self, path: str) -> list[str]:
         """Tools, interactions and agent loops configured so that they would act otherwise than asked."""

@@ -61,14 +61,14 @@ class Problems:
 
     def positive(self, key: str, value) -> int | None:
         """``value`` when it is a positive integer, else None with an error naming ``key``."""
-        return _positive(self, key, value)
-
-
-def _positive(p: Problems, key: str, value) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        p.errors.append(f"{key} must be a positive integer, got {value!r}")
+        if _is_positive(value):
+            return value
+        self.errors.append(f"{key} must be a positive integer, got {value!r}")
         return None
-    return value
+
+
+def _is_positive(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def data_parallel_size(p: Problems, path: str, world: int, sp: int) -> int | None:
@@ -112,8 +112,8 @@ def per_rank_micro_batch(
         )
         return None
     if per_gpu is not None:
-        return _positive(p, f"{path}.{name}_per_gpu", per_gpu)
-    if _positive(p, f"{path}.{name}", total) is None:
+        return p.positive(f"{path}.{name}_per_gpu", per_gpu)
+    if p.positive(f"{path}.{name}", total) is None:
         return None
     p.notes.append(f"{path}.{name} is deprecated: set {path}.{name}_per_gpu = {name} / data-parallel size")
     if total < dp and world is not None:  # veRL's rule, in its words
@@ -131,7 +131,7 @@ def per_rank_micro_batch(
 def check_token_budget(p: Problems, path: str, key: str, budget: int, sp: int, longest: int | None) -> None:
     """With dynamic batch size one sequence must still fit in the per-device token budget times the SP
     size (an SP group shares each sequence). ``longest``: data.max_prompt_length + data.max_response_length."""
-    if _positive(p, f"{path}.{key}", budget) is None or not longest:
+    if p.positive(f"{path}.{key}", budget) is None or not longest:
         return
     if budget * sp < longest:
         p.errors.append(
@@ -158,7 +158,7 @@ def check_update_batches(
     """Mini-batches (one optimizer step each) and micro-batches (one forward/backward each) of an
     actor or critic update."""
     dp = data_parallel_size(p, path, world, sp)
-    if dp is None or _positive(p, f"{path}.ppo_mini_batch_size", mini) is None:
+    if dp is None or p.positive(f"{path}.ppo_mini_batch_size", mini) is None:
         return
     if train_batch_size is not None:
         if train_batch_size < mini:
@@ -227,10 +227,6 @@ def check_ppo_trainer(cfg, device: str, visible_devices: int | None = None, judg
     if device == "cpu":
         _explain_gpu_only(p, cfg)
     return p.raise_errors()
-
-
-def _is_positive(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _check_batches(p: Problems, cfg, world: int, train_bs: int, judge_scored: bool) -> None:
