@@ -372,3 +372,11 @@ def test_prefix_grouper_refuses_an_actor_that_cannot_share_prompts():
     )
     with pytest.raises(ValueError, match="use_prefix_grouper=True: this actor cannot run a group's prompt once"):
         DataParallelPPOActor(section, model)
+
+
+def test_registry_lookups_name_the_full_key():
+    # the checks that ask a registry above config/ live beside it and still report with the rest
+    msg = error_of("actor_rollout_ref.rollout.agent.default_agent_loop=nope", "trainer.backend=slurm")
+    assert "actor_rollout_ref.rollout.agent.default_agent_loop='nope' is not a registered agent loop" in msg
+    assert "single_turn_agent" in msg  # the known loops are listed
+    assert "trainer.backend must be 'ray' or 'inprocess', got 'slurm'" in msg
