@@ -96,13 +96,9 @@ def run_generation(config) -> str:
     """Generate for every row of data.path; write data.output_path; return its path."""
     config = as_section(config, GenerationConfig)  # the composed tree, read into its typed tree once
     d = config.data
+    for note in config.validate():  # validated once, here
+        logger.warning("[config] %s", note)
     n_samples, batch_size = int(d.n_samples), int(d.batch_size)
-    if n_samples < 1 or batch_size < 1:
-        raise ValueError(f"data.n_samples and data.batch_size must be >= 1, got {n_samples}, {batch_size}")
-    if not config.rollout.do_sample and n_samples > 1:
-        logger.warning(
-            "[config] rollout.do_sample=False with data.n_samples=%d: the responses will be identical", n_samples
-        )
     model_path = local_model_path(config.model.path, "model.path")
     tokenizer = load_tokenizer(model_path, bool(config.model.trust_remote_code))
     rows = read_parquet_rows(os.path.expanduser(d.path), required_column=d.prompt_key)

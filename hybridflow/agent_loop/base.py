@@ -22,6 +22,7 @@ from typing import Any
 from hybridflow.agent_loop.trace import trace_store
 from hybridflow.config.base import to_dict
 from hybridflow.config.convert import as_section
+from hybridflow.config.errors import ConfigError
 from hybridflow.config.rollout import MultiTurnConfig, RolloutConfig, TraceConfig
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.utils.registry import Registry
@@ -146,6 +147,16 @@ class AgentLoopBase(ABC):
 
 
 AGENT_LOOPS: Registry[type[AgentLoopBase]] = Registry("agent loop")
+
+
+def check_agent_loop(name: str, key: str, configured=()) -> None:
+    """Start-up check: ConfigError naming ``key`` unless ``name`` is a registered agent loop or one of the
+    ``configured`` ones (agent.agent_loop_config_path's)."""
+    if name not in AGENT_LOOPS and name not in configured:
+        raise ConfigError(
+            f"{key}={name!r} is not a registered agent loop; known: {', '.join(AGENT_LOOPS.names())} "
+            "(or add it to agent.agent_loop_config_path)"
+        )
 
 
 def register(agent_name: str):

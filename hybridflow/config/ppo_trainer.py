@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow.config import rules
 from hybridflow.config.actor import FSDPActorConfig, RefConfig
 from hybridflow.config.algorithm import AlgoConfig
 from hybridflow.config.base import BaseConfig, doc, section
@@ -159,3 +160,8 @@ class PPOTrainerConfig(BaseConfig):
         LegacyRewardManagerConfig, "legacy: veRL main's spelling of reward.reward_manager"
     )
     ray_init: LegacyRayInitConfig = section(LegacyRayInitConfig, "legacy: earlier spelling of ray_kwargs.ray_init")
+
+    def validate(self, device: str, visible_devices: int | None = None, judge_scored: bool = False) -> list[str]:
+        """Every cross-key rule of the run, each section's and those across sections (``hybridflow.config.rules``).
+        Raises ConfigError listing every error; returns notes (settings ignored here, doubtful combinations)."""
+        return rules.check_ppo_trainer(self, device, visible_devices, judge_scored)

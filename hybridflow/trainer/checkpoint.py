@@ -28,6 +28,7 @@ import uuid
 import numpy as np
 import torch
 
+from hybridflow.config.trainer import RESUME_MODES
 from hybridflow.protocol import DataProto
 from hybridflow.utils.safe_load import CheckpointFileError, DamagedCheckpointError, load_torch_file, read_dcp_metadata
 
@@ -36,7 +37,6 @@ logger = logging.getLogger(__name__)
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 COMPLETE_MARKER = "COMPLETE"
 DATA_FILE = "data.pt"
-RESUME_MODES = ("auto", "disable", "resume_path")
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 _TMP_DIR = re.compile(r"^global_step_(\d+)\.tmp-[0-9a-f]+$")
 
