@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -50,9 +51,16 @@ def own_frames(frames, start: str | None = None) -> list[str]:
     return out
 
 
-def main_thread_frames() -> list[str]:
-    frame = sys._current_frames()[threading.main_thread().ident]
-    return own_frames(traceback.extract_stack(frame), start="train_step")
+def main_thread_frames(timeout_s: float = 5.0) -> list[str]:
+    """The driver's frames from ``train_step`` once it waits for the work (the first decode step may
+    start while the driver is still handing out the rest of the batch)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        frame = sys._current_frames()[threading.main_thread().ident]
+        frames = own_frames(traceback.extract_stack(frame), start="train_step")
+        if (frames and frames[-1].endswith(":wait_with_deadline")) or time.monotonic() > deadline:
+            return frames
+        time.sleep(0.001)
 
 
 def depth(parts: dict[str, list[str]], machinery: bool = True) -> int:
