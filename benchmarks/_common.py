@@ -90,13 +90,11 @@ def build_trainer(overrides: list[str], ray_num_cpus: int | None = None):
     from hybridflow.config.loader import load_config
     from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
     from hybridflow.data.sampler import create_rl_dataloader
-    from hybridflow.main_ppo import build_reward_fns, with_runtime_values
-    from hybridflow.trainer.config_checks import validate_ppo_config
+    from hybridflow.main_ppo import build_reward_fns, checked_config, with_runtime_values
     from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
     from hybridflow.workers.model_loading import load_tokenizer
 
-    config = load_config("ppo_trainer", overrides)
-    validate_ppo_config(config)
+    config = checked_config(load_config("ppo_trainer", overrides))  # the typed, validated tree
     tokenizer = load_tokenizer(config.actor_rollout_ref.model.path, False)
     train = RLHFDataset(config.data.train_files, tokenizer, config.data)
     loader = create_rl_dataloader(train, batch_size=int(config.data.train_batch_size), seed=0, shuffle=True)

@@ -297,7 +297,7 @@ def main(argv=None) -> dict:
         trainer, loader = C.build_trainer(trainer_overrides(recipe, model, work, args))
         batches = iter(loader)
         manager = trainer.async_rollout_manager
-        host = manager.workers[0].server_manager.servers[0].host  # the in-process rollout worker
+        host = manager.workers[0].server_manager.servers[0].host  # the in-process rollout worker's engine host
         settings = host.server.settings
         start_s = {"trainer (actor + vLLM engine)": time.perf_counter() - t0}
         t0 = time.perf_counter()
@@ -395,16 +395,21 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
 
     # weight sync after the update vs a raw copy of the same tensors, alternating; the push's parts are
     # timed inside it (the actor's full params as the push draws them, the packing into /dev/shm)
+    worker = next(  # the actor worker that holds this engine host (the in-process backend)
+        w
+        for w in getattr(trainer.actor_rollout_wg.workers[0], "_roles", {}).values()
+        if getattr(w, "rollout_host", None) is host
+    )
     sync, sync_mb, copies, gathers, packs = [], 0.0, [], [], []
     for _ in range(max(2, args.repeats)):
-        with timed_push_parts(host) as parts:
-            host._rollout_stale = True  # the first push is the update's; later ones push the same weights again
+        with timed_push_parts(worker) as parts:
+            worker._rollout_stale = True  # the first push is the update's; later ones push the same weights again
             out = trainer.actor_rollout_wg.prepare_rollout()[0]
         sync.append(out["timing_s/update_weights"])
         sync_mb = out["rollout/weight_sync_mb"]
         gathers.append(parts["gather"])
         packs.append(parts["pack"])
-        named = list(host.actor_engine.iter_full_params())
+        named = list(worker.actor_engine.iter_full_params())
         t0 = time.perf_counter()
         cloned = [(k, t.detach().clone()) for k, t in named]
         copies.append(time.perf_counter() - t0)

@@ -101,6 +101,8 @@ class AgentLoopManager:
         return out
 
     def _run_workers(self, prompts: DataProto) -> list[DataProto]:
+        """The batch in slices over the agent loop workers, under the rollout group's watchdog deadline
+        (finished trajectories are progress); over-sampled calls are cut by a monitor thread."""
         slices = split_indices(len(prompts), len(self.workers))
         target = len(prompts)
         if not prompts.meta_info.get("validate", False) and self.settings.over_sample_rate > 0:
@@ -111,17 +113,27 @@ class AgentLoopManager:
             part = prompts[start:end]
             part.meta_info = {**prompts.meta_info, "sample_offset": start, **call}
             chunks.append(part)
-        if not call:
-            return self._wait_workers(prompts, chunks)
-        monitor = OverSampleMonitor(
-            target, progress=lambda: self._kept(call[OVER_SAMPLE_ID]), cut=lambda: self._cut(call[OVER_SAMPLE_ID])
-        )
+        monitor = None
+        if call:
+            monitor = OverSampleMonitor(
+                target, progress=lambda: self._kept(call[OVER_SAMPLE_ID]), cut=lambda: self._cut(call[OVER_SAMPLE_ID])
+            )
+        rows = max((len(c) for c in chunks), default=0)
+        watchdog = getattr(self.rollout_wg, "watchdog", None)
+        deadline = watchdog.deadline(rows, progress=self.completed_trajectories) if watchdog is not None else None
         try:
-            parts = self._wait_workers(prompts, chunks)
+            parts = wait_with_deadline(
+                [self.workers.call(i, "generate_sequences", c) for i, c in enumerate(chunks)],
+                deadline,
+                group=self.rollout_wg,
+                what=f"generate_sequences ({len(prompts)} trajectories over {len(chunks)} agent loop workers)",
+            )
         except BaseException:
-            monitor.stop(reraise=False)  # the generation's own error is the one to see
+            if monitor is not None:
+                monitor.stop(reraise=False)  # the generation's own error is the one to see
             raise
-        monitor.stop()
+        if monitor is not None:
+            monitor.stop()
         return parts
 
     def _kept(self, call_id: str) -> int:
@@ -136,20 +148,6 @@ class AgentLoopManager:
             what="agent loop workers: cut (rollout.over_sample_rate)",
         )
         self.abort()
-
-    def _wait_workers(self, prompts: DataProto, chunks: list[DataProto]) -> list[DataProto]:
-        # every wait has the rollout group's watchdog deadline; finished trajectories count as progress,
-        # so a long generation that keeps finishing samples is never declared stuck
-        rows = max((len(c) for c in chunks), default=0)
-        watchdog = getattr(self.rollout_wg, "watchdog", None)
-        deadline = watchdog.deadline(rows, progress=self.completed_trajectories) if watchdog is not None else None
-        what = f"generate_sequences ({len(prompts)} trajectories over {len(chunks)} agent loop workers)"
-        return wait_with_deadline(
-            [self.workers.call(i, "generate_sequences", c) for i, c in enumerate(chunks)],
-            deadline,
-            group=self.rollout_wg,
-            what=what,
-        )
 
     def completed_trajectories(self) -> int:
         """Trajectories finished so far (the watchdog's progress reading: a short bounded ask, never a

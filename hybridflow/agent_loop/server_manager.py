@@ -35,13 +35,14 @@ class ServerHandle(ABC):
 
 
 class LocalServerHandle(ServerHandle):
-    """A server in this process: ``host`` has ``.server`` and ``.engine_loop`` (the rollout worker)."""
+    """A server in this process: ``host`` has ``.server`` and ``.engine_loop`` (a worker's ``rollout_host``,
+    or a worker that holds its engine itself, as the judge worker)."""
 
     def __init__(self, host):
         self.host = host
 
     async def generate(self, prompt_ids, params, request_id, logprobs=True):
-        version = getattr(self.host, "weight_version", None)  # as RolloutHost.server_generate stamps it
+        version = getattr(self.host, "weight_version", None)  # as RolloutHost.generate stamps it
         out = await self.host.engine_loop.wrap(self.host.server.generate(prompt_ids, params, request_id, logprobs))
         if version is not None:
             out.extra["weight_version"] = version
@@ -68,7 +69,8 @@ class RayServerHandle(ServerHandle):
 
 # how a rollout worker group hands out its servers: ``rollout_wg.handles(SERVER_HANDLE, role)``
 SERVER_HANDLE = HandleKind(
-    in_process=lambda host, rank: LocalServerHandle(host), remote=lambda actor, role, rank: RayServerHandle(actor, role)
+    in_process=lambda host, rank: LocalServerHandle(getattr(host, "rollout_host", None) or host),
+    remote=lambda actor, role, rank: RayServerHandle(actor, role),
 )
 
 

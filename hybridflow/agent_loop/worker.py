@@ -200,7 +200,17 @@ class AgentLoopWorker:
             loop = loop_cls(
                 settings, server, self.tokenizer, tools=self.tools, interactions=self.interactions, **kwargs
             )
-            output = await self._traced_run(loop, params, sample, trace_tags)
+            if trace_tags is None:
+                output = await loop.run(params, **sample)
+            else:
+                with (
+                    self.tracer.trajectory(trace_tags),
+                    self.tracer.span(f"{type(loop).__name__}.run", {"sampling_params": params, **sample}) as span,
+                ):
+                    output = await loop.run(params, **sample)
+                    span.value = with_text(
+                        dataclasses.asdict(output), self._decoder(), output.prompt_ids, output.response_ids
+                    )
         except TrajectoryAborted:
             cut = True
         except Exception as e:
@@ -219,17 +229,6 @@ class AgentLoopWorker:
             output.extra_fields.setdefault("min_weight_version", versions[0])
             output.extra_fields.setdefault("max_weight_version", versions[1])
         return output, cut
-
-    async def _traced_run(self, loop, params: SamplingParams, sample: dict, trace_tags: dict | None) -> AgentLoopOutput:
-        if trace_tags is None:
-            return await loop.run(params, **sample)
-        with (
-            self.tracer.trajectory(trace_tags),
-            self.tracer.span(f"{type(loop).__name__}.run", {"sampling_params": params, **sample}) as span,
-        ):
-            output = await loop.run(params, **sample)
-            span.value = with_text(dataclasses.asdict(output), self._decoder(), output.prompt_ids, output.response_ids)
-        return output
 
     def _decoder(self):
         """The tokenizer when traces carry decoded text (rollout.trace.token2text), else None."""

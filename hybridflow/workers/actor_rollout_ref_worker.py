@@ -4,6 +4,9 @@ Roles: actor (trains), rollout (generates), ref (frozen reference log-probs), an
 actor_rollout / actor_rollout_ref. In the hybrid engine the same process trains the policy and
 generates with it: after an update the trainer's weights are pushed into the rollout engine (a named,
 timed step, ``timing_s/update_weights``) before the next generation.
+
+Its parts are members built with explicit arguments (engines, ``actor`` / ``ref_policy``, ``rollout_host``,
+``profiler``); the registered methods (bound by the WorkerGroup from this class) delegate to them.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import torch
 
 from hybridflow.config.convert import as_section
 from hybridflow.config.ppo_trainer import ActorRolloutRefConfig
-from hybridflow.config.profiler import ProfilerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.dispatch_fns import make_nd_compute_dataproto_dispatch_fn
@@ -26,15 +28,17 @@ from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.engine import TrainEngine, engine_spec
-from hybridflow.workers.engine.lora import adapters_disabled, lora_spec
+from hybridflow.workers.engine.lora import adapters_disabled, lora_spec, rollout_gets_adapter
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
-from hybridflow.workers.profiler import ProfilerHost, role_profiler
-from hybridflow.workers.rollout_host import RolloutHost
+from hybridflow.workers.profiler import WorkerProfiler, merge_profilers, role_profiler
+from hybridflow.workers.rollout.weight_transfer import WeightTarget, push_weights
+from hybridflow.workers.rollout_host import RolloutHost, bucket_bytes
 from hybridflow.workers.utils.device import on_device
 from hybridflow.workers.utils.ulysses import build_layout
 from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
 
-# actor_ref: the trainer pool's worker when the rollout has a pool of its own (asynchronous modes)
+# a role names the parts it combines; actor_ref: the trainer pool's worker when the rollout has a pool
+# of its own (asynchronous modes)
 ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 
 
@@ -47,10 +51,10 @@ def log_prob_micro_batch_size(section, dp_size: int) -> int | None:
     return max(1, int(total) // dp_size) if total else None
 
 
-class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
+class ActorRolloutRefWorker(Worker):
     """``config`` is the typed ``actor_rollout_ref`` section (veRL's DictConfig or a dict is read into
-    ``ActorRolloutRefConfig`` here, the door); ``role`` one of ROLES. The rollout side (the
-    engine as a server, weight pushes, generation endpoints) is ``RolloutHost``'s."""
+    ``ActorRolloutRefConfig`` here, the door); ``role`` one of ROLES. The rollout engine (a server, its
+    weight loading, its generation endpoints) is the ``rollout_host`` member's."""
 
     def __init__(self, config, role: str):
         super().__init__()
@@ -58,9 +62,8 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self.config = as_section(config, ActorRolloutRefConfig, "actor_rollout_ref")
         self.role = role
-        self._is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
-        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self._is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
+        parts = role.split("_")  # the roles it combines
+        self._is_actor, self._is_rollout, self._is_ref = ("actor" in parts, "rollout" in parts, "ref" in parts)
         # before the process group and any CUDA handle: NCCL and cuBLAS read their switches at creation
         apply_full_determinism(
             [
@@ -81,9 +84,17 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
             self.actor_config = self.actor_config.per_rank(self.dp_size, rollout_n=self.config.rollout.n)
         # LoRA: the reference policy is the actor's base model (adapters off), not a second copy
         self._ref_in_actor = self._is_ref and self._is_actor and self.lora is not None
+        self.rollout_host: RolloutHost | None = None  # built by init_model (rollout roles)
+        # the rollout engine lags the actor's weights: pushed at the next prepare_rollout (colocated)
         self._rollout_stale = False
         self._rollout_has_base = False  # LoRA adapter sync: the first one carries the base weights too
-        self.weight_version = 0  # updates the rollout engine has received (stamped on what it generates)
+        sections = [role_profiler(getattr(self.config, p).profiler, f"actor_rollout_ref.{p}.profiler") for p in parts]
+        self.profiler = WorkerProfiler(merge_profilers(sections), self.rank, role)
+
+    def _require(self, part: str, method: str) -> None:
+        """The one role guard: ``method`` runs only on a worker whose role includes ``part``."""
+        if part not in self.role.split("_"):
+            raise RuntimeError(f"{method} needs the {part} role; this worker's role is {self.role!r}")
 
     def _build_typed_sections(self, trains: bool) -> None:
         """The typed actor and ref sections, built once (the reference policy runs the actor's class on
@@ -117,15 +128,6 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
             self._register_dispatch_collect_info(
                 role, dp_rank=layouts[size].dp_rank, is_collect=layouts[size].is_collect
             )
-
-    def _profiler_sections(self) -> list[ProfilerConfig]:
-        """The ``profiler`` sections of this worker's roles, typed (global_profiler.tool=torch; profiler.py)."""
-        roles = (("actor", self._is_actor), ("ref", self._is_ref), ("rollout", self._is_rollout))
-        return [
-            role_profiler(getattr(self.config, name).profiler, f"actor_rollout_ref.{name}.profiler")
-            for name, on in roles
-            if on
-        ]
 
     # ----------------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -178,7 +180,17 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
                 self.actor_config, self.ref_engine.module, dp_group=self.ref_layout.dp_group, sp=self.ref_layout.sp
             )
         if self._is_rollout:
-            self._build_rollout(path, trust)
+            adapter = rollout_gets_adapter(self.model_config, self.config.rollout.name)
+            self.rollout_host = RolloutHost(
+                self.config.rollout,
+                path,
+                self.tokenizer,
+                self.device,
+                self.rank,
+                trust,
+                override_config=override,
+                adapter=lora_spec(self.model_config) if adapter else None,  # a saved adapter's own rank/alpha
+            )
             # the first generation uses the trainer's weights, whatever the engine loaded (dummy formats,
             # a checkpoint restored into the actor): pushed in prepare_rollout like after every update
             self._rollout_stale = self._is_actor
@@ -199,8 +211,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        if not self._is_actor:
-            raise RuntimeError(f"compute_log_prob needs the actor; this worker's role is {self.role!r}")
+        self._require("actor", "compute_log_prob")
         start = time.perf_counter()
         meta = self._log_prob_meta(data, self.config.rollout, self.actor_layout.dp_size)
         meta.update({k: v for k, v in data.meta_info.items() if k == "temperature"})
@@ -219,8 +230,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("ref"))
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        if not self._is_ref:
-            raise RuntimeError(f"compute_ref_log_prob needs the ref role; this worker's role is {self.role!r}")
+        self._require("ref", "compute_ref_log_prob")
         start = time.perf_counter()
         data.meta_info.update(self._log_prob_meta(data, self.ref_config, self.ref_layout.dp_size))
         with adapters_disabled(self.actor_engine.module) if self._ref_in_actor else contextlib.nullcontext():
@@ -232,8 +242,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
     def update_actor(self, data: DataProto) -> DataProto:
-        if not self._is_actor:
-            raise RuntimeError(f"update_actor needs the actor; this worker's role is {self.role!r}")
+        self._require("actor", "update_actor")
         start = time.perf_counter()
         data.meta_info.setdefault("temperature", float(self.config.rollout.temperature))
         metrics = self.actor.update_policy(on_device(data, self.device))
@@ -264,3 +273,87 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         """Sum of |params| of the full actor weights (tests and sanity checks: did training move them?)."""
         sd = self.actor_engine.full_state_dict()
         return float(sum(v.double().abs().sum() for v in sd.values()))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def start_profile(self, profile_step: int) -> bool:
+        return self.profiler.start(profile_step)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stop_profile(self) -> str | None:
+        return self.profiler.stop()
+
+    # ---------------------------------------------------------------------- the rollout engine
+    def _weights_for_rollout(self):
+        """The actor's weights as the rollout engine takes them: merged, or (LoRA adapter mode) the base
+        weights until one sync has succeeded, then the adapter alone."""
+        if self.lora is not None and rollout_gets_adapter(self.model_config, self.config.rollout.name):
+            return self.actor_engine.iter_adapter_params(with_base=not self._rollout_has_base)
+        return self.actor_engine.iter_full_params()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def prepare_rollout(self, version: int | None = None) -> dict:
+        """Training -> generation: wake the engine and, colocated, stream the actor's new weights into it
+        bucket by bucket (veRL's wake_up + update). Every rank takes part: gathering a sharded parameter
+        is a collective."""
+        if self.rollout_host is None:
+            return {}
+        self.rollout_host.wake_up()
+        if not (self._is_actor and self._rollout_stale):
+            return {"timing_s/update_weights": 0.0}
+        metrics = self.rollout_host.load_weights(self._weights_for_rollout(), version)
+        self._rollout_stale = False
+        self._rollout_has_base = True
+        return metrics
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def release_rollout(self) -> None:
+        """Generation -> training: let the engine free its memory (veRL's free_cache_engine)."""
+        if self.rollout_host is not None:
+            self.rollout_host.sleep()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown_rollout(self) -> None:
+        if self.rollout_host is not None:
+            self.rollout_host.shutdown()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def abort_rollout(self) -> int:
+        return self.rollout_host.abort() if self.rollout_host is not None else 0
+
+    def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):  # remote handles' call
+        return self.rollout_host.generate(prompt_ids, params, request_id, logprobs)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """A batch through the agent loop on this rank's own engine (veRL's worker-level API; the trainer
+        goes through AgentLoopManager, which spreads trajectories over every rank's engine)."""
+        self._require("rollout", "generate_sequences")
+        prepared = self.prepare_rollout()
+        start = time.perf_counter()
+        try:
+            output = self.rollout_host.generate_sequences(prompts)
+        finally:
+            self.release_rollout()
+        output.meta_info["metrics"] = {
+            **output.meta_info["metrics"],
+            "timing_s/update_weights": [prepared["timing_s/update_weights"]],
+            "timing_s/generate_sequences": [time.perf_counter() - start],
+        }
+        return output
+
+    # ---------------------------------------------------------------------- weights from another process
+    def receive_weights(self, bucket) -> int:
+        return self.rollout_host.receive_weights(bucket)
+
+    def finish_weight_sync(self, version: int) -> int:
+        return self.rollout_host.finish_weight_sync(version)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def send_weights(self, targets: list[WeightTarget], version: int, timeout_s: float = 600.0) -> dict:
+        """Trainer side: push the actor's full weights to the rollout workers ``targets`` as ``version``.
+        Every rank walks the parameters (sharded ones are gathered); rank 0 sends."""
+        self._require("actor", "send_weights")
+        weights, size = self._weights_for_rollout(), bucket_bytes(self.config.rollout)
+        metrics = push_weights(weights, targets, version, size, timeout_s=timeout_s, send=self.rank == 0)
+        self._rollout_has_base = True
+        return metrics

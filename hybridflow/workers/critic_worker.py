@@ -6,7 +6,6 @@ import time
 
 from hybridflow.config.convert import as_section
 from hybridflow.config.critic import FSDPCriticConfig
-from hybridflow.config.profiler import ProfilerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.dispatch_fns import make_nd_compute_dataproto_dispatch_fn
@@ -16,20 +15,17 @@ from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_ch
 from hybridflow.workers.critic import DataParallelPPOCritic
 from hybridflow.workers.engine import TrainEngine, engine_spec
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
-from hybridflow.workers.profiler import ProfilerHost, role_profiler
+from hybridflow.workers.profiler import WorkerProfiler, merge_profilers, role_profiler
 from hybridflow.workers.utils.device import on_device
 from hybridflow.workers.utils.ulysses import build_layout
 from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
 
 
-class CriticWorker(ProfilerHost, Worker):
+class CriticWorker(Worker):
     """``config`` is the typed ``critic`` section (FSDP settings in ``critic.fsdp``, veRL 0.9.1's place); veRL's
     DictConfig or a dict is read into ``FSDPCriticConfig`` here, the door."""
 
     role = "critic"
-
-    def _profiler_sections(self) -> list[ProfilerConfig]:
-        return [role_profiler(self.config.profiler, "critic.profiler")]
 
     def __init__(self, config):
         super().__init__()
@@ -42,6 +38,8 @@ class CriticWorker(ProfilerHost, Worker):
         self._register_dispatch_collect_info("critic", dp_rank=self.layout.dp_rank, is_collect=self.layout.is_collect)
         self.dp_size = self.layout.dp_size
         self.critic_config = critic_config.per_rank(self.dp_size)  # veRL's normalisation: sizes on one rank
+        plan = merge_profilers([role_profiler(self.config.profiler, "critic.profiler")])
+        self.profiler = WorkerProfiler(plan, self.rank, self.role)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
@@ -108,6 +106,14 @@ class CriticWorker(ProfilerHost, Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, del_local_after_load: bool = False):
         return load_engine_checkpoint(self.engine, local_path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def start_profile(self, profile_step: int) -> bool:
+        return self.profiler.start(profile_step)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stop_profile(self) -> str | None:
+        return self.profiler.stop()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def parameter_checksum(self) -> float:

@@ -20,9 +20,8 @@ import torch
 
 from hybridflow.config.convert import as_section
 from hybridflow.config.profiler import TORCH_CONTENTS, ProfilerConfig, ProfilerToolConfig, TorchProfilerToolConfig
-from hybridflow.single_controller.base import Dispatch, register
 
-__all__ = ["CONTENTS", "role_profiler", "merge_profilers", "records", "profiler_kwargs", "trace_path", "ProfilerHost"]
+__all__ = ["CONTENTS", "role_profiler", "merge_profilers", "records", "profiler_kwargs", "trace_path", "WorkerProfiler"]
 
 CONTENTS = TORCH_CONTENTS
 DEFAULT_SAVE_PATH = ProfilerConfig().save_path
@@ -108,28 +107,28 @@ class _ProcessProfile:
         return path
 
 
-class ProfilerHost:
-    """Mixed into role workers. Needs from the host: ``rank``, ``role`` (names the file) and
-    ``_profiler_sections()`` (its roles' ``profiler`` sections, typed: ``role_profiler``)."""
+class WorkerProfiler:
+    """A worker's torch.profiler recorder, held as a member. ``plan``: its roles' ``profiler`` sections
+    merged (``merge_profilers``); ``role`` names the trace file; ``rank``: this worker's rank. The worker's
+    registered ``start_profile`` / ``stop_profile`` delegate here."""
 
-    _recording = False
+    def __init__(self, plan: ProfilerConfig, rank: int, role: str):
+        self.plan, self.rank, self.role = plan, rank, role
+        self.recording = False
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def start_profile(self, profile_step: int) -> bool:
+    def start(self, profile_step: int) -> bool:
         """Start recording (on selected ranks); True where this rank records."""
-        plan = merge_profilers(self._profiler_sections())
-        if not records(plan, self.rank):
+        if not records(self.plan, self.rank):
             return False
-        if self._recording:
+        if self.recording:
             raise RuntimeError(f"start_profile(step {profile_step}) while this worker is still recording")
-        _ProcessProfile.join(plan, int(profile_step), str(getattr(self, "role", "worker")), self.rank)
-        self._recording = True
+        _ProcessProfile.join(self.plan, int(profile_step), self.role, self.rank)
+        self.recording = True
         return True
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stop_profile(self) -> str | None:
+    def stop(self) -> str | None:
         """Stop recording; the trace's path where this call wrote it (None elsewhere)."""
-        if not self._recording:
+        if not self.recording:
             return None
-        self._recording = False
+        self.recording = False
         return _ProcessProfile.leave()

@@ -60,9 +60,8 @@ class TrainedPrompts:
         train_step = getattr(ray_trainer.RayPPOTrainer.train_step, "unwrapped", ray_trainer.RayPPOTrainer.train_step)
         recorder = self
 
-        def recording_generate(source, ticket, timing, metrics, first_uid=0, count=None):
-            batch = generate(source, ticket, timing, metrics, first_uid, count)
-            step = source.trainer.global_steps
+        def recording_generate(source, ticket, timing, metrics, step, version, count=None):
+            batch = generate(source, ticket, timing, metrics, step, version, count)
             recorder.steps.setdefault(step, []).extend(int(i) for i in batch.non_tensor_batch["index"][::2])
             return batch
 
@@ -135,8 +134,8 @@ def test_use_rollout_log_probs_takes_pi_old_from_the_rollout(tiny_model_dir, tin
     seen = []
     original = ray_trainer.RayPPOTrainer._rollout_log_probs_as_old
 
-    def as_old(trainer, batch, metrics):
-        original(trainer, batch, metrics)
+    def as_old(trainer, batch):
+        original(trainer, batch)
         seen.append(bool((batch.batch["old_log_probs"] == batch.batch["rollout_log_probs"]).all()))
 
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_compute_old_log_prob", must_not_recompute)
@@ -151,3 +150,50 @@ def test_use_rollout_log_probs_takes_pi_old_from_the_rollout(tiny_model_dir, tin
         steps=2,
     )
     assert len(rows) == 2 and seen == [True, True]
+
+
+def test_dynamic_sampling_takes_the_missing_groups_from_the_rollouter(
+    tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch
+):
+    """algorithm.filter_groups in fully async mode: the one dynamic-sampling loop (the synchronous mode's)
+    takes the missing groups from the rollouter until a step holds 4 groups with differing scores. The
+    staleness budget (here (1 + 4) × 4 groups between weight syncs) must cover the groups a step drops:
+    the rollouter starts no more before the step's update."""
+    from tests.trainer.test_off_policy_e2e import INFORMATIVE_REWARD  # even answers: uniform groups
+
+    reward = tmp_path / "informative_reward.py"
+    reward.write_text(INFORMATIVE_REWARD)
+    trained: list[dict] = []
+    update = ray_trainer.RayPPOTrainer._update_actor
+
+    def recording_update(trainer, batch, metrics):
+        groups: dict = {}
+        for uid, row, score in zip(
+            batch.non_tensor_batch["uid"],
+            batch.non_tensor_batch["reward_model"],
+            batch.batch["token_level_scores"].sum(-1).tolist(),
+            strict=True,
+        ):
+            groups.setdefault(uid, []).append((int(row["ground_truth"]), score))
+        trained.append(groups)
+        update(trainer, batch, metrics)
+
+    monkeypatch.setattr(ray_trainer.RayPPOTrainer, "_update_actor", recording_update)
+    rows = run(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        *fully_async(4),
+        f"custom_reward_function.path={reward}",
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=acc",
+        "algorithm.filter_groups.max_num_gen_batches=20",
+        steps=2,
+    )
+    assert len(rows) == len(trained) == 2
+    for groups in trained:
+        assert len(groups) == 4 and all(len(members) == 2 for members in groups.values())
+        for members in groups.values():  # odd answers only, and the two responses scored differently
+            assert members[0][0] % 2 == 1 and members[0][1] != members[1][1], members
+    rounds = [int(r["training/filter_groups/num_gen_batches"]) for r in rows]
+    assert max(rounds) >= 2, rounds  # half the answers are even: some step took more groups

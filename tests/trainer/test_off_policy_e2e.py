@@ -16,6 +16,7 @@ import torch
 from hybridflow.config.loader import load_config
 from hybridflow.main_ppo import run_ppo
 from hybridflow.trainer.ppo import ray_trainer
+from hybridflow.trainer.ppo.rollout_source import SyncRolloutSource
 from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
 
 GAP_STD = 1.0  # std of the log-prob gap added to the rollout's log-probs
@@ -34,12 +35,13 @@ class Recorder:
         self.scored: list[dict] = []  # uid -> [(answer, score), ...] per scored generation
         self.old_log_prob_calls = 0
         cls = ray_trainer.RayPPOTrainer
-        generate, update, old, reward = cls._generate, cls._update_actor, cls._compute_old_log_prob, cls.compute_reward
+        generate = SyncRolloutSource.generate  # every generation of the step, dynamic sampling's refills too
+        update, old, reward = cls._update_actor, cls._compute_old_log_prob, cls.compute_reward
         gen = torch.Generator().manual_seed(0)
         rec = self
 
-        def wrapped_generate(trainer, batch, timing, metrics, first_uid=0):
-            out = generate(trainer, batch, timing, metrics, first_uid)
+        def wrapped_generate(source, prompts, timing, metrics, step, version):
+            out = generate(source, prompts, timing, metrics, step, version)
             b = out.batch
             if gap:
                 noise = torch.randn(b["rollout_log_probs"].shape, generator=gen) * GAP_STD
@@ -91,7 +93,7 @@ class Recorder:
             rec.scored.append(groups)
 
         monkeypatch.setattr(cls, "compute_reward", wrapped_reward)
-        monkeypatch.setattr(cls, "_generate", wrapped_generate)
+        monkeypatch.setattr(SyncRolloutSource, "generate", wrapped_generate)
         monkeypatch.setattr(cls, "_update_actor", wrapped_update)
         monkeypatch.setattr(cls, "_compute_old_log_prob", counting_old)
 

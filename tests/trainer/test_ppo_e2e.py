@@ -170,12 +170,13 @@ def test_gae_critic_warmup_adaptive_kl_two_workers(tiny_model_dir, tiny_data_dir
 def _count_actor_calls(monkeypatch) -> list[tuple[str, int]]:
     """Records (phase, rows) for every forward micro-batch and every optimizer mini-batch of the actor."""
     from hybridflow.workers.actor import dp_actor
-    from hybridflow.workers.utils.update_loop import UpdateLoop
+    from hybridflow.workers.utils import update_loop
 
     calls: list[tuple[str, int]] = []
     cls = dp_actor.DataParallelPPOActor
-    fwd, logp, mini = cls._forward_micro_batch, cls.compute_log_prob, UpdateLoop.step
-    phase = {"now": None}
+    fwd, logp = cls._forward_micro_batch, cls.compute_log_prob
+    run, split = update_loop.UpdateLoop.run, update_loop.split_for_update
+    phase = {"now": None, "loop": None}
 
     def wrapped_fwd(self, micro, *a, **kw):
         calls.append((phase["now"], len(micro)))
@@ -188,19 +189,23 @@ def _count_actor_calls(monkeypatch) -> list[tuple[str, int]]:
         finally:
             phase["now"] = None
 
-    def wrapped_mini(self, mini_batch, *a, **kw):
-        if self.prefix != "actor":
-            return mini(self, mini_batch, *a, **kw)
-        calls.append(("mini", len(mini_batch)))
-        phase["now"] = "update"
+    def wrapped_run(self, data, *a, **kw):
+        phase["loop"] = self.prefix
         try:
-            return mini(self, mini_batch, *a, **kw)
+            return run(self, data, *a, **kw)
         finally:
-            phase["now"] = None
+            phase["now"] = phase["loop"] = None
+
+    def wrapped_split(mini_batch, *a, **kw):  # once per mini-batch (optimizer step) of the update loop
+        if phase["loop"] == "actor":
+            calls.append(("mini", len(mini_batch)))
+            phase["now"] = "update"
+        return split(mini_batch, *a, **kw)
 
     monkeypatch.setattr(cls, "_forward_micro_batch", wrapped_fwd)
     monkeypatch.setattr(cls, "compute_log_prob", wrapped_logp)
-    monkeypatch.setattr(UpdateLoop, "step", wrapped_mini)
+    monkeypatch.setattr(update_loop.UpdateLoop, "run", wrapped_run)
+    monkeypatch.setattr(update_loop, "split_for_update", wrapped_split)
     return calls
 
 

@@ -210,8 +210,8 @@ def test_lora_grpo_run_trains_adapters_only_ref_is_base(tiny_model_dir, tiny_dat
 
     # the rollout engine gets the merged weights
     worker._rollout_stale = True
-    worker._sync_rollout_weights()
-    rollout_sd = worker.server.module.state_dict()
+    worker.prepare_rollout()
+    rollout_sd = worker.rollout_host.server.module.state_dict()
     for key, value in merged_now.items():
         torch.testing.assert_close(rollout_sd[key], value, msg=key)
 

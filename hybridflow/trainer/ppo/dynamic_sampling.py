@@ -5,10 +5,9 @@ the same metric value (all right, all wrong), its group-relative advantages are 
 dilutes the batch. After the rewards, such groups are dropped and new prompt batches are generated
 until ``data.train_batch_size`` groups are collected; the surplus of the last batch is trimmed.
 
-The parts are separate so that a synchronous trainer and an asynchronous rollout source can share
-them: ``informative_rows`` (pure filter), ``GroupAccumulator`` (takes scored groups, says when a
-batch is full), ``prompt_batches_for_next_round`` (how much to generate next), and
-``DynamicSampling``, the synchronous phase that loops generate + score until full.
+One loop serves every rollout source (``fill_with_informative_groups``); its parts:
+``informative_rows`` (pure filter), ``GroupAccumulator`` (takes scored groups, says when a batch is
+full) and ``prompt_batches_for_next_round`` (how much the synchronous source generates next).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ __all__ = [
     "informative_rows",
     "GroupAccumulator",
     "prompt_batches_for_next_round",
-    "DynamicSampling",
+    "fill_with_informative_groups",
     "EpochCycler",
 ]
 
@@ -192,60 +191,30 @@ class EpochCycler:
         raise RuntimeError("the training dataloader yields no batch")
 
 
-ScoreFn = Callable[[DataProto, dict, dict, int], DataProto]
+Refill = Callable[[int, int], tuple[DataProto, int]]
 
 
-class DynamicSampling:
-    """The synchronous trainer's generate + reward phase with group filtering.
-
-    ``generate_and_score(prompts, timing, metrics, first_uid)`` runs one rollout and its rewards
-    (uids numbered from ``first_uid`` so that groups of different batches never share one);
-    ``next_prompts()`` returns the next prompt batch of the training stream. Called like the plain
-    phase: ``phase(prompts, timing, metrics) -> scored batch`` of exactly ``target_groups`` groups.
-    """
-
-    def __init__(
-        self,
-        settings: FilterGroupsConfig,
-        target_groups: int,
-        generate_and_score: ScoreFn,
-        next_prompts: Callable[[], DataProto],
-    ):
-        self.settings = settings
-        self.target_groups = target_groups
-        self.generate_and_score = generate_and_score
-        self.next_prompts = next_prompts
-
-    def __call__(self, prompts: DataProto, timing: dict, metrics: dict) -> DataProto:
-        s = self.settings
-        acc = GroupAccumulator(self.target_groups, s.metric)
-        pending, generated, first_uid = [prompts], 0, 0
-        rounds: list[dict] = []
-        while True:
-            batch = DataProto.concat(pending) if len(pending) > 1 else pending[0]
-            round_metrics: dict = {}
-            acc.add(self.generate_and_score(batch, timing, round_metrics, first_uid), prompt_batches=len(pending))
-            rounds.append(round_metrics)
-            generated += len(pending)
-            first_uid += len(batch)
-            if acc.full:
-                break
-            count = prompt_batches_for_next_round(
-                acc.missing, len(prompts), s.max_inflight_gen_batches, generated, s.max_num_gen_batches
+def fill_with_informative_groups(
+    scored: DataProto, target_groups: int, settings: FilterGroupsConfig, refill: Refill
+) -> tuple[DataProto, dict[str, float]]:
+    """Dynamic sampling's one loop, for every rollout source: keep ``scored``'s informative groups and
+    call ``refill(missing_groups, prompt_batches_so_far) -> (scored groups, prompt batches they took)``
+    until ``target_groups`` are held (at most ``max_num_gen_batches`` prompt batches; <= 0: no limit).
+    Returns exactly ``target_groups`` groups and the step's filter metrics."""
+    acc = GroupAccumulator(target_groups, settings.metric)
+    acc.add(scored)
+    while not acc.full:
+        if 0 < settings.max_num_gen_batches <= acc.batches_added:
+            raise RuntimeError(
+                f"dynamic sampling: {acc.batches_added} prompt batches generated (algorithm.filter_groups."
+                f"max_num_gen_batches={settings.max_num_gen_batches}) but only {acc.groups_kept} of "
+                f"{target_groups} groups have differing '{settings.metric}' values; {acc.groups_dropped} of "
+                f"{acc.groups_seen} groups were uniform. The data may be too easy or too hard for the "
+                "model; raise max_num_gen_batches, or set it to 0 for no limit"
             )
-            if count == 0:
-                raise RuntimeError(
-                    f"dynamic sampling: {generated} prompt batches generated (algorithm.filter_groups."
-                    f"max_num_gen_batches={s.max_num_gen_batches}) but only {acc.groups_kept} of "
-                    f"{self.target_groups} groups have differing '{s.metric}' values; {acc.groups_dropped} of "
-                    f"{acc.groups_seen} groups were uniform. The data may be too easy or too hard for the "
-                    "model; raise max_num_gen_batches, or set it to 0 for no limit"
-                )
-            pending = [self.next_prompts() for _ in range(count)]
-        batch = acc.take()
-        metrics.update(merge_round_metrics(rounds))
-        metrics.update(acc.metrics())
-        return batch
+        batch, prompt_batches = refill(acc.missing, acc.batches_added)
+        acc.add(batch, prompt_batches=prompt_batches)
+    return acc.take(), acc.metrics()
 
 
 def merge_round_metrics(rounds: list[dict]) -> dict:

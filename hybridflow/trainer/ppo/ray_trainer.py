@@ -2,7 +2,10 @@
 
 Per step: generate → reward → old log-prob → ref log-prob → values → (KL in reward) → advantages
 (on the driver) → update critic → update actor → metrics; validation every ``test_freq``, checkpoint
-every ``save_freq``. ``fit`` is the loop; ``train_step`` reads as the named phases.
+every ``save_freq``. ``fit`` is the loop; ``train_step`` reads top to bottom as the named phases,
+a variant (dynamic sampling, bypass mode, a replayed step, rollout_only) as a plain ``if`` where it
+applies. The
+trajectories come from the rollout source (``rollout_source.py``: sync, one-step-off, fully async).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Watchdog, WorkerDiedError, WorkerHangError
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
-from hybridflow.trainer.ppo.dynamic_sampling import DynamicSampling, EpochCycler
+from hybridflow.trainer.ppo.dynamic_sampling import EpochCycler, fill_with_informative_groups, merge_round_metrics
 from hybridflow.trainer.ppo.judge_setup import JUDGE_ROLE, start_judge, uses_judge
 from hybridflow.trainer.ppo.metric_utils import (
     compute_data_metrics,
@@ -43,12 +46,13 @@ from hybridflow.trainer.ppo.metric_utils import (
 )
 from hybridflow.trainer.ppo.profiling import profile_span, profiled_steps
 from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
-from hybridflow.trainer.ppo.rollout_source import make_rollout_source, weight_targets
+from hybridflow.trainer.ppo.rollout_source import make_rollout_source, rollout_request, without_prompt_tensors
 from hybridflow.trainer.ppo.rollouter import CHECKPOINT_TYPES
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups, rollout_role_name, separated_rollout
 from hybridflow.utils.progress import Progress
 from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.checkpoint import get_rng_state, set_rng_state
+from hybridflow.workers.rollout.weight_transfer import WEIGHT_RECEIVER
 
 logger = logging.getLogger(__name__)
 
@@ -115,35 +119,12 @@ class RayPPOTrainer:
             {"rollout_correction": self.rollout_correction} if self.rollout_correction.bypass_mode else {}
         )
         self.filter_groups = algo.filter_groups or FilterGroupsConfig()
-        self._choose_phases()
-        self.watchdog = watchdog_of(config.trainer)
-
-    def _choose_phases(self) -> None:
-        """The one place where the configuration picks how a step runs; ``train_step`` reads the result.
-
-        - the step: ``train_step``, or ``rollout_only_step`` (trainer.rollout_only: generate and score,
-          no update);
-        - sample, prompts -> scored trajectories: ``generate_and_score`` (sync); the same repeated until
-          the batch is full (algorithm.filter_groups: ``DynamicSampling``); or the asynchronous rollout
-          source's scored groups (async_training.mode one_step_off / fully_async: ``_sample_from_source``).
-          Inside ``_generate`` a step listed in trainer.skip replays its dump instead of generating;
-        - π_old: recomputed by the actor (``_compute_old_log_prob``), or the rollout's own log-probs
-          (bypass mode, async_training.use_rollout_log_probs: ``_rollout_log_probs_as_old``).
-        """
-        config = self.config
-        self._step = self.rollout_only_step if config.trainer.rollout_only else self.train_step
-        if config.async_training.mode != "sync":
-            self._sample_phase = self._sample_from_source
-        elif self.filter_groups.enable:
-            self._sample_phase = DynamicSampling(
-                self.filter_groups, int(config.data.train_batch_size), self.generate_and_score, self._next_prompt_batch
-            )
-        else:
-            self._sample_phase = self.generate_and_score
-        rollout_as_old = self.rollout_correction.bypass_mode or (
+        # π_old: the rollout engine's own log-probs (bypass mode, async_training.use_rollout_log_probs),
+        # else recomputed by the actor
+        self.rollout_is_old_policy = self.rollout_correction.bypass_mode or (
             config.async_training.mode != "sync" and config.async_training.use_rollout_log_probs
         )
-        self._old_log_prob_phase = self._rollout_log_probs_as_old if rollout_as_old else self._compute_old_log_prob
+        self.watchdog = watchdog_of(config.trainer)
 
     def _total_steps(self) -> int:
         t = self.config.trainer
@@ -189,11 +170,18 @@ class RayPPOTrainer:
             hybrid_engine=self.hybrid_engine,
             resume_on_abort=async_cfg.mode == "fully_async" and bool(async_cfg.partial_rollout),
         )
-        self.rollout_source = make_rollout_source(self)
+        self.rollout_source = make_rollout_source(
+            self.config,
+            self.async_rollout_manager,
+            self.prompt_batches,
+            self.rollout_wg,
+            push_weights=None if self.hybrid_engine else self.push_weights_to_rollout,
+            max_inflight_batches=self.filter_groups.max_inflight_gen_batches,
+        )
 
     def push_weights_to_rollout(self, version: int) -> dict:
         """Send the actor's weights to the rollout pool (separate pools only), stamped ``version``."""
-        targets = weight_targets(self.rollout_wg, rollout_role_name(self.config))
+        targets = self.rollout_wg.handles(WEIGHT_RECEIVER, rollout_role_name(self.config))  # per backend
         per_rank = self.actor_rollout_wg.send_weights(targets, version)
         return per_rank[0]  # rank 0 sent; the others only took part in the gathers
 
@@ -229,43 +217,27 @@ class RayPPOTrainer:
         self._all_groups = {}
 
     # --------------------------------------------------------------------------------- phases
-    def rollout(self, batch: DataProto, meta_info: dict) -> tuple[DataProto, dict]:
-        """Prompts (tensors + every non-tensor field the agent loops may read) through the agent loop
-        manager; returns the batch with the rollout's tensors added, and the rollout's metrics."""
-        gen_batch = batch.select(
-            batch_keys=["input_ids", "attention_mask", "position_ids"],
-            non_tensor_batch_keys=list(batch.non_tensor_batch),
-            deepcopy=False,
-        )
-        gen_batch.meta_info = meta_info
-        gen_out = self.async_rollout_manager.generate_sequences(gen_batch)
-        metrics = gen_out.meta_info.pop("metrics", {})
-        batch = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))  # drop prompt tensors
-        return batch.union(gen_out), metrics
+    def _fill_with_informative_groups(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:
+        """algorithm.filter_groups (DAPO): drop the groups whose metric is uniform and generate and
+        score more from the same rollout source until the step is full."""
+        first_round, rounds = dict(metrics), []
 
-    def _generate(self, batch: DataProto, timing: dict, metrics: dict, first_uid: int = 0) -> DataProto:
-        """The generate phase: the rollout source's (sync, one-step-off or fully async; rollout_source.py),
-        or this step's dump when trainer.skip replays it. ``first_uid``: the step's prompts generated
-        before this batch (dynamic sampling's refills)."""
-        replayed = self.rollout_recorder.replay(batch, self.global_steps, timing)
-        if replayed is not None:
-            return replayed
-        return self.rollout_source.generate(batch, timing, metrics, first_uid)
+        def refill(missing_groups: int, batches_so_far: int) -> tuple[DataProto, int]:
+            rounds.append(round_metrics := {})
+            request = (missing_groups, batches_so_far, self.filter_groups.max_num_gen_batches)
+            more, prompt_batches = self.rollout_source.refill(
+                *request, timing, round_metrics, self.global_steps, self.actor_version
+            )
+            with timer("reward", timing):
+                self.compute_reward(more, round_metrics)
+            return more, prompt_batches
 
-    def generate_and_score(self, batch: DataProto, timing: dict, metrics: dict, first_uid: int = 0) -> DataProto:
-        """Rollout, then rewards: the unit dynamic sampling repeats."""
-        batch = self._generate(batch, timing, metrics, first_uid)
-        with timer("reward", timing):
-            self.compute_reward(batch, metrics)
+        target = self.rollout_source.prompts_per_step
+        batch, fill_metrics = fill_with_informative_groups(batch, target, self.filter_groups, refill)
+        if rounds:  # one step's metrics over its rounds: times and sizes add up, the rest is averaged
+            metrics.update(merge_round_metrics([first_round, *rounds]))
+        metrics.update(fill_metrics)
         return batch
-
-    def _sample_from_source(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:
-        """Asynchronous modes: the rollout source hands out scored (and filtered) groups."""
-        return self.rollout_source.sample(batch, timing, metrics)
-
-    def _next_prompt_batch(self) -> DataProto:
-        """Dynamic sampling's refill: the next dataloader batch."""
-        return DataProto.from_single_dict(next(self.prompt_batches))
 
     def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
         """Reorder rows so every data-parallel rank gets a similar number of tokens."""
@@ -307,7 +279,7 @@ class RayPPOTrainer:
                 )
             )
 
-    def _rollout_log_probs_as_old(self, batch: DataProto, metrics: dict) -> None:
+    def _rollout_log_probs_as_old(self, batch: DataProto) -> None:
         """Bypass mode / async_training.use_rollout_log_probs: π_old is the rollout engine's policy, no
         recomputation."""
         if "rollout_log_probs" not in batch.batch.keys():
@@ -403,33 +375,53 @@ class RayPPOTrainer:
         self.rollout_source.after_update(self.actor_version, metrics)  # new weights to a separate rollout pool
 
     # --------------------------------------------------------------------------------- one step
-    def train_step(self, batch: DataProto) -> dict[str, float]:
+    def train_step(self, prompts: DataProto) -> dict[str, float]:
+        """One PPO/GRPO step, every phase timed as ``timing_s/<phase>``. ``prompts``: what the rollout
+        source's ``inputs`` gave (a dataloader batch; a ticket in the asynchronous modes).
+
+        ``trainer.rollout_only=True`` (hybridflow's key; veRL's ``trainer.val_only`` only validates):
+        generate, score, values and advantages, no log-probs and no update: to look at what a policy
+        produces on the training prompts or to write dumps for later replay."""
+        training = not self.config.trainer.rollout_only
         metrics: dict = {}
         timing: dict = {}
         with timer("step", timing):
-            batch = self._sample_phase(batch, timing, metrics)  # rollout + rule / RM scores
-            if self.config.trainer.balance_batch:  # (filter_groups: until full)
+            batch = self.rollout_recorder.replay(prompts, self.global_steps, timing)  # trainer.skip: a dump
+            if batch is None:
+                batch = self.rollout_source.generate(prompts, timing, metrics, self.global_steps, self.actor_version)
+            with timer("reward", timing):
+                self.compute_reward(batch, metrics)  # rule / RM scores
+            if training and self.filter_groups.enable:
+                batch = self._fill_with_informative_groups(batch, timing, metrics)
+            if training and self.config.trainer.balance_batch:
                 self._balance_batch(batch, metrics)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            with timer("old_log_prob", timing):
-                self._old_log_prob_phase(batch, metrics)  # π_old (bypass: π_rollout)
-            if self.use_reference_policy:
+            if training:
+                with timer("old_log_prob", timing):
+                    if self.rollout_is_old_policy:
+                        self._rollout_log_probs_as_old(batch)  # π_old = π_rollout
+                    else:
+                        self._compute_old_log_prob(batch, metrics)  # π_old
+            if training and self.use_reference_policy:
                 with timer("ref", timing):
                     self._compute_ref_log_prob(batch)  # π_ref
             if self.use_critic:
                 with timer("values", timing):
                     self._compute_values(batch)  # V(s)
             with timer("adv", timing):
-                self._apply_reward_kl(batch, metrics)  # r - β·KL
-                self._apply_rollout_correction(batch, metrics)  # IS weights, rejection
+                if training:
+                    self._apply_reward_kl(batch, metrics)  # r - β·KL
+                    self._apply_rollout_correction(batch, metrics)  # IS weights, rejection
+                else:
+                    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]  # no reference pass
                 self._compute_advantage(batch)  # A, R on the driver
-                if self.config.algorithm.use_pf_ppo:
+                if training and self.config.algorithm.use_pf_ppo:
                     self._pf_ppo_resample(batch, metrics)  # PF-PPO: rows by reward
-            if self.use_critic:
+            if training and self.use_critic:
                 with timer("update_critic", timing):
                     self._update_critic(batch, metrics)
             # veRL's rule (steps count from 1): the actor trains once global_steps >= critic_warmup
-            if int(self.config.trainer.critic_warmup) <= self.global_steps:
+            if training and int(self.config.trainer.critic_warmup) <= self.global_steps:
                 with timer("update_actor", timing):
                     self._update_actor(batch, metrics)
         metrics.update(compute_data_metrics(batch, self.use_critic))
@@ -438,30 +430,6 @@ class RayPPOTrainer:
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing["step"], self.n_devices))
         metrics.update(self.rollout_recorder.after_step(batch, self.global_steps))  # trainer.rollout_data_dir
-        return reduce_metrics(metrics)
-
-    def rollout_only_step(self, batch: DataProto) -> dict[str, float]:
-        """``trainer.rollout_only=True``: generate and score, train nothing (hybridflow's key; veRL's
-        ``trainer.val_only`` only validates). To look at what a policy produces on the training prompts
-        (scores, lengths, the advantages a group would get) or to write dumps for later replay without
-        paying for log-probs or updates: generate → reward → values (critic estimators) → advantages."""
-        metrics: dict = {}
-        timing: dict = {}
-        with timer("step", timing):
-            batch = self._generate(batch, timing, metrics)
-            batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
-            with timer("reward", timing):
-                self.compute_reward(batch, metrics)
-            if self.use_critic:
-                with timer("values", timing):
-                    self._compute_values(batch)
-            with timer("adv", timing):
-                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]  # no KL: no reference pass
-                self._compute_advantage(batch)
-        metrics.update(compute_data_metrics(batch, self.use_critic))
-        metrics.update(compute_timing_metrics(batch, timing))
-        metrics.update(compute_throughput_metrics(batch, timing["step"], self.n_devices))
-        metrics.update(self.rollout_recorder.after_step(batch, self.global_steps))
         return reduce_metrics(metrics)
 
     # --------------------------------------------------------------------------------- validation
@@ -479,9 +447,10 @@ class RayPPOTrainer:
             if "uid" in batch.non_tensor_batch
             else [r // n for r in range(len(batch))]
         )
-        batch, rollout_metrics = self.rollout(
-            batch, {"validate": True, "do_sample": bool(val_kwargs.do_sample), "global_steps": self.global_steps}
-        )
+        meta = {"validate": True, "do_sample": bool(val_kwargs.do_sample), "global_steps": self.global_steps}
+        out = self.async_rollout_manager.generate_sequences(rollout_request(batch, meta))
+        rollout_metrics = out.meta_info.pop("metrics", {})
+        batch = without_prompt_tensors(batch).union(out)
         result = self.val_reward_fn(batch, return_dict=True)
         scores = result["reward_tensor"].sum(-1).tolist()
         self._log_val_generations(batch, scores)
@@ -562,7 +531,7 @@ class RayPPOTrainer:
             ckpt.save_dataloader_state(
                 tmp,
                 {
-                    **self.rollout_source.data_state(),
+                    **self.rollout_source.data_state(self.global_steps),
                     "global_steps": self.global_steps,
                     "actor_version": self.actor_version,
                     "kl_ctrl": getattr(self.kl_ctrl_in_reward, "value", None),
@@ -615,7 +584,7 @@ class RayPPOTrainer:
             self.critic_wg.load_checkpoint(ckpt.role_dir(path, "critic"))
         self.global_steps = int(state["global_steps"])
         self.actor_version = int(state.get("actor_version", self.global_steps))
-        self.rollout_source.load_data_state(state)
+        self.rollout_source.load_data_state(state, self.global_steps)
         if not self.hybrid_engine:  # a separate rollout pool loaded the base model: give it the resumed weights
             self.push_weights_to_rollout(self.actor_version)
         if self.kl_ctrl_in_reward is not None and state.get("kl_ctrl") is not None:
@@ -649,14 +618,14 @@ class RayPPOTrainer:
             tracking.log(last, step=0)
         progress = Progress(self.total_training_steps, self.global_steps, desc="training")
         profiled, continuous = profiled_steps(self.config.global_profiler)
-        for step_input in self.rollout_source.inputs():
+        for prompts in self.rollout_source.inputs(self.global_steps, self.actor_version):
             if self.global_steps >= self.total_training_steps:
                 break
             self.global_steps += 1
             start_profile, stop_profile = profile_span(self.global_steps, profiled, continuous)
             if start_profile:
                 self._for_each_group("start_profile", self.global_steps)
-            metrics = self._step(step_input)  # train_step, or rollout_only_step (_choose_phases)
+            metrics = self.train_step(prompts)
             if stop_profile:
                 traces = [p for paths in self._for_each_group("stop_profile") for p in paths if p]
                 logging.getLogger(__name__).info("step %d: torch.profiler traces %s", self.global_steps, traces)

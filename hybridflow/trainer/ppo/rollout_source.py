@@ -1,8 +1,11 @@
 """Where a training step's trajectories come from: the three modes of one driver.
 
-``async_training.mode`` picks one source at start-up; the trainer's loop is the same for all:
-``for item in source.inputs(): train_step(item)``, whose first phase is ``source.generate(item)`` and
-which calls ``source.after_update`` once the actor has trained.
+``async_training.mode`` picks one source at start-up (``make_rollout_source``); the trainer's loop is
+the same for all: ``for item in source.inputs(step, version): train_step(item)``, whose first phase is
+``source.generate(item, ...)`` (dynamic sampling asks ``source.refill`` for more), and which calls
+``source.after_update`` once the actor has trained. A source gets what it uses, never the trainer: the
+agent loop manager, the stream of prompt batches (whose loader's state is the source's checkpoint), and
+``push_weights(version)`` (the trainer's weights to a separate rollout pool).
 
 - ``sync`` (default): a step's prompts are generated when the step starts, with the newest weights.
   Colocated, the hybrid engine pushes the weights at the next generation; with a separate rollout
@@ -22,15 +25,14 @@ Requests are named by the dataloader batch and row they came from, in every mode
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.ppo.dynamic_sampling import GroupAccumulator
-from hybridflow.trainer.ppo.metric_utils import flat_metric_values, timer
+from hybridflow.trainer.ppo.dynamic_sampling import EpochCycler, prompt_batches_for_next_round
+from hybridflow.trainer.ppo.metric_utils import flat_metric_values
 from hybridflow.trainer.ppo.rollouter import PromptGroup, Rollouter
-from hybridflow.workers.rollout.weight_transfer import WEIGHT_RECEIVER, WeightTarget
 
 MODES = ("sync", "one_step_off", "fully_async")
 
@@ -54,64 +56,94 @@ def staleness_metrics(batch: DataProto, actor_version: int) -> dict[str, float]:
     }
 
 
-def weight_targets(rollout_wg, role: str | None) -> list[WeightTarget]:
-    """The rollout workers as receivers of the trainer's weights (the group builds them for its backend)."""
-    return rollout_wg.handles(WEIGHT_RECEIVER, role)
-
-
 class SyncRolloutSource:
-    """Generate each step's prompts when the step starts."""
+    """Generate each step's prompts when the step starts, with the newest weights (``push_weights`` None:
+    the hybrid engine pushes them itself when the next generation starts)."""
 
-    def __init__(self, trainer):
-        self.trainer = trainer
+    def __init__(
+        self,
+        manager,
+        prompt_batches: EpochCycler,
+        n: int,
+        do_sample: bool,
+        push_weights: Callable[[int], dict] | None,
+        prompts_per_step: int,
+        max_inflight_batches: int = 1,
+    ):
+        self.manager, self.prompt_batches, self.dataloader = manager, prompt_batches, prompt_batches.loader
+        self.n, self.do_sample, self.push_weights = n, do_sample, push_weights
+        self.prompts_per_step = prompts_per_step  # a dataloader batch
+        self.max_inflight_batches = max_inflight_batches  # dynamic sampling: prompt batches per refill
         self.epoch = 0
+        self._step_prompts = 0  # prompts of this step generated so far: the next uid's number
 
-    def inputs(self) -> Iterator[DataProto]:
-        t = self.trainer
-        for batch_dict in t.prompt_batches:  # endless; dynamic sampling draws its refills here too
-            self.epoch = t.train_dataloader.state_dict().get("epoch", 0)
+    def inputs(self, step: int, version: int) -> Iterator[DataProto]:
+        for batch_dict in self.prompt_batches:  # endless; dynamic sampling draws its refills here too
+            self.epoch = self.dataloader.state_dict().get("epoch", 0)
+            self._step_prompts = 0
             yield DataProto.from_single_dict(batch_dict)
 
-    def generate(self, batch: DataProto, timing: dict, metrics: dict, first_uid: int = 0) -> DataProto:
-        """``first_uid``: prompts of this step generated before (dynamic sampling's refills), so that
-        uids and request ids of a refill never repeat the step's earlier ones."""
-        t = self.trainer
-        n = int(t.config.actor_rollout_ref.rollout.n)
-        add_uids(batch, t.global_steps, first_uid)
-        batch = batch.repeat(repeat_times=n, interleave=True)
+    def generate(self, prompts: DataProto, timing: dict, metrics: dict, step: int, version: int) -> DataProto:
+        """The prompts' ``n`` trajectories each, through the agent loop. uids and request ids continue
+        the step's earlier prompts (dynamic sampling's refills), so they never repeat within a step."""
+        first_uid, self._step_prompts = self._step_prompts, self._step_prompts + len(prompts)
+        add_uids(prompts, step, first_uid)
+        prompts = prompts.repeat(repeat_times=self.n, interleave=True)
         start = time.perf_counter()
-        batch, gen_metrics = t.rollout(
-            batch,
-            {
-                "do_sample": bool(t.config.actor_rollout_ref.rollout.do_sample),
-                "global_steps": t.global_steps,
-                "sample_offset": first_uid * n,
-                "weight_version": t.actor_version,
-            },
-        )
+        meta = {"do_sample": self.do_sample, "global_steps": step, "sample_offset": first_uid * self.n}
+        out = self.manager.generate_sequences(rollout_request(prompts, {**meta, "weight_version": version}))
+        gen_metrics = out.meta_info.pop("metrics", {})
+        batch = without_prompt_tensors(prompts).union(out)
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
         timing["update_weights"] = timing.get("update_weights", 0.0) + float(
             np.max(flat_metric_values(gen_metrics.pop("timing_s/update_weights", [0.0])))
         )
         metrics.update({k: v for k, v in gen_metrics.items() if k.startswith(("agent/", "rollout/"))})
         metrics["training/epoch"] = self.epoch
-        metrics.update(staleness_metrics(batch, t.actor_version))
+        metrics.update(staleness_metrics(batch, version))
         return batch  # response_mask is the rollout's (1 = the model's own tokens), never rebuilt here
 
-    def after_update(self, actor_version: int, metrics: dict) -> None:
-        t = self.trainer
-        if t.hybrid_engine:
-            return  # the hybrid engine pushes the new weights when the next generation starts
-        metrics.update(t.push_weights_to_rollout(actor_version))
+    def refill(
+        self, missing_groups: int, batches_so_far: int, max_batches: int, timing: dict, metrics: dict, step, version
+    ) -> tuple[DataProto, int]:
+        """Dynamic sampling: the next prompt batches of the stream, generated at once (how many:
+        ``prompt_batches_for_next_round``); returns the trajectories and the prompt batches they took."""
+        count = prompt_batches_for_next_round(
+            missing_groups, self.prompts_per_step, self.max_inflight_batches, batches_so_far, max_batches
+        )
+        batches = [DataProto.from_single_dict(next(self.prompt_batches)) for _ in range(count)]
+        prompts = DataProto.concat(batches) if count > 1 else batches[0]
+        return self.generate(prompts, timing, metrics, step, version), count
 
-    def data_state(self) -> dict:
-        return {"dataloader": self.trainer.train_dataloader.state_dict()}
+    def after_update(self, version: int, metrics: dict) -> None:
+        if self.push_weights is not None:  # the hybrid engine pushes the new weights when the next generation starts
+            metrics.update(self.push_weights(version))
 
-    def load_data_state(self, state: dict) -> None:
-        self.trainer.train_dataloader.load_state_dict(state["dataloader"])
+    def data_state(self, step: int) -> dict:
+        return {"dataloader": self.dataloader.state_dict()}
+
+    def load_data_state(self, state: dict, step: int) -> None:
+        self.dataloader.load_state_dict(state["dataloader"])
 
     def close(self) -> None:
         pass
+
+
+def rollout_request(batch: DataProto, meta_info: dict) -> DataProto:
+    """What the agent loop manager takes: the prompt tensors and every non-tensor field the agent loops
+    may read, with the call's ``meta_info``."""
+    request = batch.select(
+        batch_keys=["input_ids", "attention_mask", "position_ids"],
+        non_tensor_batch_keys=list(batch.non_tensor_batch),
+        deepcopy=False,
+    )
+    request.meta_info = meta_info
+    return request
+
+
+def without_prompt_tensors(batch: DataProto) -> DataProto:
+    """The batch's non-tensor fields, to which the rollout's output (prompts included) is joined."""
+    return batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch))
 
 
 class PromptStream:
@@ -142,141 +174,130 @@ class PromptStream:
 
 
 class AsyncRolloutSource:
-    """One-step-off and fully asynchronous training over a ``Rollouter`` (see the module docstring)."""
+    """One-step-off and fully asynchronous training over a ``Rollouter`` (see the module docstring);
+    ``group``: the rollout workers (whose watchdog bounds the waits and whose stacks a hang report shows)."""
 
-    def __init__(self, trainer, mode: str):
-        self.trainer = trainer
-        cfg = trainer.config
-        a = cfg.async_training
-        self.mode = mode
-        self.prompts_per_step = int(cfg.data.train_batch_size)
-        if mode == "fully_async":  # veRL: a step takes require_batches mini-batches of prompts
-            self.prompts_per_step = int(a.require_batches) * int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
-        if mode == "one_step_off":
-            staleness, trigger, partial = 1.0, 1, False
-        else:
-            staleness, trigger, partial = (
-                float(a.staleness_threshold),
-                int(a.trigger_parameter_sync_step),
-                bool(a.partial_rollout),
-            )
-        self.trigger = trigger
-        self.partial = partial
-        self.staleness = staleness
+    def __init__(
+        self,
+        manager,
+        prompt_batches: EpochCycler,
+        n: int,
+        do_sample: bool,
+        push_weights: Callable[[int], dict],
+        group,
+        prompts_per_step: int,
+        staleness: float,
+        trigger: int,
+        partial: bool,
+    ):
+        self.manager, self.prompt_batches, self.dataloader = manager, prompt_batches, prompt_batches.loader
+        self.n, self.do_sample, self.push_weights, self.group = n, do_sample, push_weights, group
+        self.prompts_per_step = prompts_per_step
+        self.staleness, self.trigger, self.partial = staleness, trigger, partial
         self._pending_restart: list[PromptGroup] = []
         self.stream: PromptStream | None = None
         self.rollouter: Rollouter | None = None
         self.epoch = 0
+        self._gen_offset = 0  # dataloader batches pulled beyond the step count when the run (re)started
 
-    def _start(self) -> None:
-        t = self.trainer
-        rollout = t.config.actor_rollout_ref.rollout
-        self.stream = PromptStream(
-            t.prompt_batches, t.train_dataloader, int(rollout.n), first_gen_index=t.global_steps + 1 + self._gen_offset
-        )
-        self.rollouter = Rollouter(
-            t.async_rollout_manager,
-            self.stream,
-            self.prompts_per_step,
-            self.staleness,
-            self.trigger,
-            self.partial,
-            sampling_meta={"do_sample": bool(rollout.do_sample)},
-            watchdog=getattr(t.rollout_wg, "watchdog", None),
-            group=t.rollout_wg,
-        )
-        self.rollouter.version = t.actor_version
-        self.rollouter.start(pending=self._pending_restart)
-
-    _gen_offset = 0  # dataloader batches pulled beyond global_steps when the run (re)started
-
-    def inputs(self) -> Iterator[DataProto]:
-        if self.rollouter is None:
-            self._start()
+    def inputs(self, step: int, version: int) -> Iterator[DataProto]:
+        if self.rollouter is None:  # generation starts at the first step's batch (after a resume: the saved one)
+            first = step + 1 + self._gen_offset
+            self.stream = PromptStream(self.prompt_batches, self.dataloader, self.n, first_gen_index=first)
+            self.rollouter = Rollouter(
+                self.manager,
+                self.stream,
+                self.prompts_per_step,
+                self.staleness,
+                self.trigger,
+                self.partial,
+                sampling_meta={"do_sample": self.do_sample},
+                watchdog=getattr(self.group, "watchdog", None),
+                group=self.group,
+            )
+            self.rollouter.version = version
+            self.rollouter.start(pending=self._pending_restart)
         while True:
             yield DataProto(meta_info={"async_rollout": True})
 
     def generate(
-        self, ticket: DataProto, timing: dict, metrics: dict, first_uid: int = 0, count: int | None = None
+        self, ticket: DataProto | None, timing: dict, metrics: dict, step: int, version: int, count: int | None = None
     ) -> DataProto:
         """The next ``count`` (default: a step's) finished groups, in prompt order; waiting is the
-        trainer's idle time, logged as timing_s/gen."""
+        trainer's idle time, logged as timing_s/gen. The wait has the rollout group's watchdog
+        deadline; every finished group is progress."""
         start = time.perf_counter()
-        count = count or self.prompts_per_step
-        # the wait has the rollout group's watchdog deadline; every finished group is progress
-        t = self.trainer
-        finished, wait_metrics = self.rollouter.take(count, actor_version=t.actor_version)
+        finished, wait_metrics = self.rollouter.take(count or self.prompts_per_step, actor_version=version)
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
         batch = DataProto.concat([f.output for f in finished])
         metrics.update(wait_metrics)
-        metrics.update(staleness_metrics(batch, self.trainer.actor_version))
+        metrics.update(staleness_metrics(batch, version))
         self.epoch = finished[-1].group.epoch
         metrics["training/epoch"] = self.epoch
         return batch
 
-    def sample(self, ticket: DataProto, timing: dict, metrics: dict) -> DataProto:
-        """The step's scored batch: groups taken from the rollouter and scored; with
-        algorithm.filter_groups, groups whose metric is uniform are dropped and more are taken until
-        the step is full (at most max_num_gen_batches steps' worth)."""
-        t = self.trainer
-        settings = t.filter_groups
-        if not settings.enable:
-            return t.generate_and_score(ticket, timing, metrics)
-        acc = GroupAccumulator(self.prompts_per_step, settings.metric)
-        rounds = 0
-        while not acc.full:
-            if 0 < settings.max_num_gen_batches <= rounds:
-                raise RuntimeError(
-                    f"dynamic sampling: {rounds} rounds of groups taken (algorithm.filter_groups.max_num_gen_batches="
-                    f"{settings.max_num_gen_batches}) but only {acc.groups_kept} of {self.prompts_per_step} groups "
-                    "have "
-                    f"differing '{settings.metric}' values; raise max_num_gen_batches, or set it to 0 for no limit"
-                )
-            batch = self.generate(ticket, timing, metrics, count=acc.missing if rounds else self.prompts_per_step)
-            with timer("reward", timing):
-                t.compute_reward(batch, metrics)
-            acc.add(batch, prompt_batches=1)
-            rounds += 1
-        metrics.update(acc.metrics())
-        return acc.take()
+    def refill(
+        self, missing_groups: int, batches_so_far: int, max_batches: int, timing: dict, metrics: dict, step, version
+    ) -> tuple[DataProto, int]:
+        """Dynamic sampling: the next ``missing_groups`` finished groups (one round counts as one batch)."""
+        return self.generate(None, timing, metrics, step, version, count=missing_groups), 1
 
-    def after_update(self, actor_version: int, metrics: dict) -> None:
-        if actor_version % self.trigger:
+    def after_update(self, version: int, metrics: dict) -> None:
+        if version % self.trigger:
             return
-        t = self.trainer
-        metrics.update(self.rollouter.sync_weights(lambda: t.push_weights_to_rollout(actor_version), actor_version))
+        metrics.update(self.rollouter.sync_weights(lambda: self.push_weights(version), version))
 
-    def data_state(self) -> dict:
+    def data_state(self, step: int) -> dict:
         """The dataloader at the generation frontier plus every group pulled but not trained: a resumed
         run generates those again first, so no group is lost or trained twice."""
         if self.rollouter is None:  # saved before generation started (or right after a resume)
             pending = list(self._pending_restart)
         else:
             pending = self.rollouter.pending() + self.stream.buffered()
-        gen_index = self.stream.gen_index if self.stream else self.trainer.global_steps + 1
         return {
-            "dataloader": self.trainer.train_dataloader.state_dict(),
+            "dataloader": self.dataloader.state_dict(),
             "pending_groups": pending,
-            "next_gen_index": gen_index,
+            "next_gen_index": self.stream.gen_index if self.stream else step + 1,
         }
 
-    def load_data_state(self, state: dict) -> None:
-        self.trainer.train_dataloader.load_state_dict(state["dataloader"])
+    def load_data_state(self, state: dict, step: int) -> None:
+        self.dataloader.load_state_dict(state["dataloader"])
         self._pending_restart = list(state.get("pending_groups") or [])
         next_index = state.get("next_gen_index")
         if next_index is not None:
-            self._gen_offset = int(next_index) - (self.trainer.global_steps + 1)
+            self._gen_offset = int(next_index) - (step + 1)
 
     def close(self) -> None:
         if self.rollouter is not None:
             self.rollouter.stop()
 
 
-def make_rollout_source(trainer):
-    mode = str(trainer.config.async_training.mode)
+def make_rollout_source(
+    config,
+    manager,
+    prompt_batches: EpochCycler,
+    rollout_wg,
+    push_weights: Callable[[int], dict] | None,
+    max_inflight_batches: int = 1,
+):
+    """The source ``async_training.mode`` names. ``config``: the ppo_trainer tree (read here only);
+    ``push_weights(version)``: the trainer's weights to a separate rollout pool (None: the hybrid engine);
+    ``max_inflight_batches``: dynamic sampling's prompt batches per refill (synchronous mode)."""
+    mode = str(config.async_training.mode)
     if mode not in MODES:
         raise ValueError(f"async_training.mode={mode!r} is not one of {', '.join(MODES)}")
-    return SyncRolloutSource(trainer) if mode == "sync" else AsyncRolloutSource(trainer, mode)
+    rollout = config.actor_rollout_ref.rollout
+    common = (manager, prompt_batches, int(rollout.n), bool(rollout.do_sample))
+    a = config.async_training
+    prompts_per_step = int(config.data.train_batch_size)
+    if mode == "sync":
+        return SyncRolloutSource(*common, push_weights, prompts_per_step, max_inflight_batches)
+    if mode == "one_step_off":
+        return AsyncRolloutSource(*common, push_weights, rollout_wg, prompts_per_step, 1.0, 1, False)
+    # veRL: a fully asynchronous step takes require_batches mini-batches of prompts
+    prompts_per_step = int(a.require_batches) * int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
+    schedule = (float(a.staleness_threshold), int(a.trigger_parameter_sync_step), bool(a.partial_rollout))
+    return AsyncRolloutSource(*common, push_weights, rollout_wg, prompts_per_step, *schedule)
 
 
 __all__ = [
@@ -285,7 +306,8 @@ __all__ = [
     "PromptStream",
     "SyncRolloutSource",
     "add_uids",
+    "rollout_request",
+    "without_prompt_tensors",
     "make_rollout_source",
     "staleness_metrics",
-    "weight_targets",
 ]

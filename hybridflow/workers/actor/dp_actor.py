@@ -8,6 +8,7 @@ micro-batch size, token budget or data-parallel size (see ``workers/utils/micro_
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import torch
@@ -243,40 +244,32 @@ class DataParallelPPOActor:
     # update
     # ----------------------------------------------------------------------------------------
 
-    def _registered_pg_loss(self, batch, **kwargs):
-        """The configured ``policy_loss.loss_mode``, with the driver's importance weights (decoupled
-        rollout correction) when the batch carries them."""
-        weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None
-        return self.policy_loss_fn(rollout_is_weights=weights, **kwargs)
-
-    def _pg_loss_fn(self, correction: RolloutCorrectionConfig | None):
-        """Chosen once per update: bypass-mode rollout correction replaces the configured loss (its
-        weights and masks need the current log-probs, so they are made here, per micro-batch)."""
-        if correction is None or not correction.bypass_mode:
-            return self._registered_pg_loss
-        return lambda batch, **kwargs: compute_policy_loss_bypass_mode(settings=correction, **kwargs)
-
-    def _micro_batch_loss(self, micro, ctx: MiniBatchContext, temperature: float, pg_loss_fn) -> torch.Tensor:
+    def _micro_batch_loss(
+        self, micro, ctx: MiniBatchContext, temperature: float, correction: RolloutCorrectionConfig | None
+    ) -> torch.Tensor:
         """This micro-batch's share of the mini-batch loss (times dp size): policy loss, minus the
-        entropy bonus, plus the KL loss; its metrics go to ``ctx``."""
+        entropy bonus, plus the KL loss; its metrics go to ``ctx``. ``correction``: the driver's rollout
+        correction settings in bypass mode (else None)."""
         c = self.config
         batch = micro.batch
         response_mask = response_mask_of(batch)
         agg = ctx.agg_kwargs()  # veRL's global_batch_info
 
         log_prob, entropy, _ = self._forward_micro_batch(micro, temperature, calculate_entropy=c.entropy_coeff != 0)
-        pg_loss, pg_metrics = _policy_loss_output(
-            pg_loss_fn(
-                batch,
-                old_log_prob=batch["old_log_probs"],
-                log_prob=log_prob,
-                advantages=batch["advantages"],
-                response_mask=response_mask,
-                loss_agg_mode=c.loss_agg_mode,
-                config=ConfigWithBatchInfo(c, agg),
-            ),
-            c.policy_loss.loss_mode,
-        )
+        loss_inputs = {
+            "old_log_prob": batch["old_log_probs"],
+            "log_prob": log_prob,
+            "advantages": batch["advantages"],
+            "response_mask": response_mask,
+            "loss_agg_mode": c.loss_agg_mode,
+            "config": ConfigWithBatchInfo(c, agg),
+        }
+        if correction is not None:  # bypass mode replaces the configured loss: its weights and masks need
+            output = compute_policy_loss_bypass_mode(settings=correction, **loss_inputs)  # the current log-probs
+        else:  # the configured policy_loss.loss_mode, with the driver's importance weights when it sent them
+            weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None
+            output = self.policy_loss_fn(rollout_is_weights=weights, **loss_inputs)
+        pg_loss, pg_metrics = _policy_loss_output(output, c.policy_loss.loss_mode)
         policy_loss = pg_loss
         ctx.add("actor/pg_loss", pg_loss)
         for key, value in pg_metrics.items():  # ratio-type statistics: token-weighted over the rank's mini-batch
@@ -303,7 +296,9 @@ class DataParallelPPOActor:
         c = self.config
         temperature = _meta(data, "temperature")
         # meta_info["rollout_correction"]: the driver's settings when bypass mode is on (else absent)
-        pg_loss_fn = self._pg_loss_fn(data.meta_info.get("rollout_correction"))
+        correction = data.meta_info.get("rollout_correction")
+        if correction is not None and not correction.bypass_mode:
+            correction = None
         keys = ["responses", "input_ids", "attention_mask", "position_ids", "old_log_probs", "advantages"]
         for optional in ("response_mask", "rollout_is_weights"):
             if optional in data.batch.keys():
@@ -312,9 +307,7 @@ class DataParallelPPOActor:
             keys.append("ref_log_prob")
         data = data.select(batch_keys=keys)
 
-        def loss(micro, ctx: MiniBatchContext) -> torch.Tensor:
-            return self._micro_batch_loss(micro, ctx, temperature, pg_loss_fn)
-
+        loss = functools.partial(self._micro_batch_loss, temperature=temperature, correction=correction)
         buffer = self.update_loop.run(
             data, loss, step_constants={"actor/kl_coef": c.kl_loss_coef} if c.use_kl_loss else None
         )

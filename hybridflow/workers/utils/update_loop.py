@@ -101,31 +101,25 @@ class UpdateLoop:
             epoch_data = data
             if c.shuffle:
                 epoch_data = take_rows(data, torch.randperm(len(data), generator=self.shuffle_generator))
-            for mini_batch in epoch_data.split(c.ppo_mini_batch_size):
-                self.step(mini_batch, loss, buffer, step_constants or {})
+            for mini_batch in epoch_data.split(c.ppo_mini_batch_size):  # one optimizer step each
+                response_mask = response_mask_of(mini_batch.batch)
+                ctx = MiniBatchContext(
+                    batch_info=global_batch_info(response_mask, self.dp_group),
+                    local_tokens=response_mask.sum().clamp(min=1),
+                    loss_scale_factor=c.loss_scale_factor,
+                )
+                micro_batches = split_for_update(
+                    mini_batch, c.use_dynamic_bsz, self.max_token_len, c.ppo_micro_batch_size_per_gpu, self.dp_group
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                for i, micro in enumerate(micro_batches):
+                    # DDP: all-reduce only after the last micro-batch's backward
+                    with grad_sync(self.module, sync=i == len(micro_batches) - 1):
+                        loss(micro, ctx).backward()
+                grad_norm, skipped = clip_grad_and_step(self.module, self.optimizer, c.optim.clip_grad)
+                buffer.add_all(ctx.metrics)
+                for key, value in (step_constants or {}).items():
+                    buffer.add(key, value)
+                buffer.add(f"{self.prefix}/grad_norm", grad_norm)
+                buffer.add(f"{self.prefix}/skipped_steps", skipped)
         return buffer
-
-    def step(self, mini_batch, loss: MicroBatchLoss, buffer: MetricBuffer, step_constants: dict) -> None:
-        """One optimizer step from one mini-batch, accumulated over its micro-batches."""
-        c = self.config
-        response_mask = response_mask_of(mini_batch.batch)
-        ctx = MiniBatchContext(
-            batch_info=global_batch_info(response_mask, self.dp_group),
-            local_tokens=response_mask.sum().clamp(min=1),
-            loss_scale_factor=c.loss_scale_factor,
-        )
-        micro_batches = split_for_update(
-            mini_batch, c.use_dynamic_bsz, self.max_token_len, c.ppo_micro_batch_size_per_gpu, self.dp_group
-        )
-        self.optimizer.zero_grad(set_to_none=True)
-        for i, micro in enumerate(micro_batches):
-            # DDP: all-reduce only after the last micro-batch's backward
-            with grad_sync(self.module, sync=i == len(micro_batches) - 1):
-                loss(micro, ctx).backward()
-        grad_norm, skipped = clip_grad_and_step(self.module, self.optimizer, c.optim.clip_grad)
-
-        buffer.add_all(ctx.metrics)
-        for key, value in step_constants.items():
-            buffer.add(key, value)
-        buffer.add(f"{self.prefix}/grad_norm", grad_norm)
-        buffer.add(f"{self.prefix}/skipped_steps", skipped)

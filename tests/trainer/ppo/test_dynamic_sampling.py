@@ -1,5 +1,5 @@
 """Dynamic sampling (algorithm.filter_groups): the group filter, the accumulator, the refill size and
-the synchronous generate-until-full phase, on hand-made batches."""
+the generate-until-full loop over the synchronous rollout source, on hand-made batches."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from hybridflow.config.algorithm import FilterGroupsConfig
 from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo.dynamic_sampling import (
-    DynamicSampling,
     EpochCycler,
     GroupAccumulator,
+    fill_with_informative_groups,
     group_metric_values,
     informative_rows,
     merge_round_metrics,
     prompt_batches_for_next_round,
 )
+from hybridflow.trainer.ppo.rollout_source import SyncRolloutSource
 
 
 def scored(uids, scores, **extra) -> DataProto:
@@ -112,74 +113,87 @@ def test_settings_refuse_bad_values(section, message):
     assert message in str(err.value)
 
 
-class FakeRollout:
-    """generate_and_score for prompt batches of ``prompts`` rows (field 'p', the prompt id) with n=2:
-    the score of both responses of prompt p is ``scores[p]`` (a pair, or one number for a uniform group)."""
+class FakeManager:
+    """The agent loop manager for prompts whose one token is the prompt id: every trajectory answers
+    with its prompt id as field 'p'."""
 
-    def __init__(self, scores: dict):
-        self.scores = scores
+    def __init__(self):
         self.calls: list[list[int]] = []
 
-    def __call__(self, prompts: DataProto, timing: dict, metrics: dict, first_uid: int) -> DataProto:
-        ids = prompts.batch["p"].tolist()
-        self.calls.append(ids)
-        metrics["agent/num_turns/mean"] = [1.0]
-        metrics["rollout/weight_sync_mb"] = [2.0 if len(self.calls) == 1 else 0.0]
-        uids, values = [], []
-        for i, p in enumerate(ids):
-            pair = self.scores[p] if isinstance(self.scores[p], tuple) else (self.scores[p],) * 2
-            uids += [f"s_{first_uid + i}"] * 2
-            values += list(pair)
-        out = scored(uids, values)
-        out.batch["p"] = torch.tensor(ids).repeat_interleave(2)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        ids = prompts.batch["input_ids"][:, 0]
+        self.calls.append(ids[::2].tolist())  # n = 2 rows per prompt
+        return DataProto.from_dict(tensors={"p": ids.clone()}, meta_info={"metrics": {}})
+
+
+class Loader:
+    """Prompt batches of one-token prompts whose token is the prompt id: 0, 1, 2, ..."""
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+
+    def __iter__(self):
+        for start in range(0, 10_000, self.batch_size):
+            ids = torch.arange(start, start + self.batch_size)[:, None]
+            yield {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.zeros_like(ids)}
+
+    def state_dict(self) -> dict:
+        return {"epoch": 0}
+
+
+def run_dynamic_sampling(scores: dict, settings: FilterGroupsConfig, batch_size: int = 4):
+    """The synchronous source and the one dynamic-sampling loop, wired as ``train_step`` wires them; the
+    score of both responses of prompt p is ``scores[p]`` (a pair, or one number for a uniform group)."""
+    manager = FakeManager()
+    source = SyncRolloutSource(
+        manager, EpochCycler(Loader(batch_size)), 2, True, None, batch_size, settings.max_inflight_gen_batches
+    )
+
+    def score(batch: DataProto) -> DataProto:
+        values = []
+        for p in batch.batch["p"].tolist()[::2]:
+            values += list(scores[p] if isinstance(scores[p], tuple) else (scores[p],) * 2)
+        out = scored(list(batch.non_tensor_batch["uid"]), values)
+        out.batch["p"] = batch.batch["p"]
         return out
 
+    def refill(missing_groups: int, batches_so_far: int):
+        more, count = source.refill(missing_groups, batches_so_far, settings.max_num_gen_batches, {}, {}, 1, 0)
+        return score(more), count
 
-def prompt_stream(batch_size: int, start: int = 0):
-    nxt = iter(range(start, 10_000, batch_size))
-    return lambda: DataProto.from_dict(tensors={"p": torch.arange(b := next(nxt), b + batch_size)})
+    first = score(source.generate(next(source.inputs(1, 0)), {}, {}, 1, 0))
+    out, metrics = fill_with_informative_groups(first, batch_size, settings, refill)
+    return out, metrics, manager.calls
 
 
 def test_dynamic_sampling_generates_until_full_and_trims():
     # prompts 0-3: 1 informative (0); 4-7: 2 informative (5, 6); 8-11: all informative
     informative = {0, 5, 6, 8, 9, 10, 11}
-    rollout = FakeRollout({p: (0.0, 1.0) if p in informative else 1.0 for p in range(100)})
-    next_prompts = prompt_stream(4, start=4)
-    phase = DynamicSampling(FilterGroupsConfig(enable=True), 4, rollout, next_prompts)
-    metrics: dict = {}
-    out = phase(DataProto.from_dict(tensors={"p": torch.arange(4)}), {}, metrics)
+    scores = {p: (0.0, 1.0) if p in informative else 1.0 for p in range(100)}
+    out, metrics, calls = run_dynamic_sampling(scores, FilterGroupsConfig(enable=True))
     # round 1: 1 kept, 3 missing -> ceil(6/4) = 2 batches wanted, max_inflight 1 -> one batch (4-7);
     # round 2: 3 kept, 1 missing -> one batch (8-11): full with 7, first 4 groups taken
-    assert rollout.calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert out.batch["p"].tolist() == [0, 0, 5, 5, 6, 6, 8, 8]
     assert len(set(out.non_tensor_batch["uid"])) == 4  # uids numbered across rounds: never shared
     assert metrics["training/filter_groups/num_gen_batches"] == 3.0
     assert metrics["training/filter_groups/evicted_samples"] == 5.0  # 3 + 2 uniform groups
     assert metrics["training/filter_groups/discarded_surplus_samples"] == 3.0  # 9, 10, 11
-    assert metrics["rollout/weight_sync_mb"] == 2.0  # sizes add up over rounds (only the first pushed)
-    assert metrics["agent/num_turns/mean"] == [1.0, 1.0, 1.0]
 
 
 def test_dynamic_sampling_in_flight_refills_several_batches_at_once():
-    rollout = FakeRollout({p: (0.0, 1.0) if p >= 8 else 2.0 for p in range(100)})
-    phase = DynamicSampling(
-        FilterGroupsConfig(enable=True, max_inflight_gen_batches=3), 4, rollout, prompt_stream(4, start=4)
-    )
-    out = phase(DataProto.from_dict(tensors={"p": torch.arange(4)}), {}, metrics := {})
+    scores = {p: (0.0, 1.0) if p >= 8 else 2.0 for p in range(100)}
+    out, metrics, calls = run_dynamic_sampling(scores, FilterGroupsConfig(enable=True, max_inflight_gen_batches=3))
     # round 1 keeps nothing: 2 × 4 missing = 8 prompts = 2 batches in one round (4-11); 8-11 fill it
-    assert rollout.calls == [[0, 1, 2, 3], list(range(4, 12))]
+    assert calls == [[0, 1, 2, 3], list(range(4, 12))]
     assert out.batch["p"].tolist() == [8, 8, 9, 9, 10, 10, 11, 11]
     assert metrics["training/filter_groups/num_gen_batches"] == 3.0  # prompt batches, over 2 rounds
 
 
 def test_dynamic_sampling_fails_after_max_num_gen_batches():
-    rollout = FakeRollout({p: 1.0 for p in range(100)})  # every group uniform
-    phase = DynamicSampling(
-        FilterGroupsConfig(enable=True, max_num_gen_batches=3), 4, rollout, prompt_stream(4, start=4)
-    )
+    scores = {p: 1.0 for p in range(100)}  # every group uniform
     with pytest.raises(RuntimeError, match=r"3 prompt batches generated.*max_num_gen_batches=3.*0 of 4 groups"):
-        phase(DataProto.from_dict(tensors={"p": torch.arange(4)}), {}, {})
-    assert len(rollout.calls) == 3
+        run_dynamic_sampling(scores, FilterGroupsConfig(enable=True, max_num_gen_batches=3))
 
 
 def test_epoch_cycler_continues_into_the_next_epoch():
