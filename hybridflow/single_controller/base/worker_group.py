@@ -5,6 +5,10 @@ name that dispatches the arguments, executes on all ranks (or rank zero) and col
 Backends (Ray, in-process) implement ``_execute`` and ``_resolve``, and answer the questions callers
 above the single controller would otherwise ask by backend: ``handles`` (reach one rank directly),
 ``spawn_helpers`` (driver-side helper objects) and ``shutdown``.
+
+A group that was shut down (``shutdown(reason)``, or by the watchdog after a hang) says so:
+``is_shut_down`` is True for it and every role view sharing its workers, and a call on it raises
+``WorkerGroupShutDownError`` naming the group, the reason and the method.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from tensordict import TensorDict
 from hybridflow.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor, unpad_dataproto
 from hybridflow.single_controller.base.decorator import Execute, get_dispatch_fns, registered_methods
 from hybridflow.single_controller.base.dispatch_fns import joins_batches
+from hybridflow.single_controller.base.errors import WorkerGroupShutDownError
 from hybridflow.single_controller.base.heartbeat import read_progress
 from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, default_watchdog
 
@@ -157,6 +162,16 @@ def _unpad(result, pad: int):
     return result
 
 
+class _Lifecycle:
+    """Whether the workers behind a group were shut down, and why: one object shared by the group and
+    its role views (``_view`` copies the reference), so a view the watchdog shut down downs them all."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self):
+        self.reason: str | None = None
+
+
 class WorkerGroup:
     """Backend-independent part: method binding, dispatch, collect, padding, fused-worker routing."""
 
@@ -175,6 +190,7 @@ class WorkerGroup:
         self.wg_dict = None
         self._watchdog: Watchdog | None = None
         self._progress_key = name  # the workers' WG_PREFIX: views of a fused group keep the fused name
+        self._lifecycle = _Lifecycle()
 
     @property
     def world_size(self) -> int:
@@ -209,9 +225,28 @@ class WorkerGroup:
         """Wait for the handles; raise WorkerError/WorkerDiedError naming the failing rank."""
         raise NotImplementedError
 
-    def shutdown(self) -> None:
-        """Stop the workers and give back what the group holds."""
+    def shutdown(self, reason: str = "shutdown() was called") -> None:
+        """Stop the workers and give back what the group holds; ``reason`` is what a later call is told.
+        Backends call ``_mark_shut_down(reason)`` first; calling ``shutdown`` again is harmless."""
         raise NotImplementedError
+
+    # --- shut down -----------------------------------------------------------------------------------
+    @property
+    def is_shut_down(self) -> bool:
+        """True once the group's workers were shut down (cleanup after a failure skips such a group)."""
+        return self.shutdown_reason is not None
+
+    @property
+    def shutdown_reason(self) -> str | None:
+        lifecycle = getattr(self, "_lifecycle", None)
+        return lifecycle.reason if lifecycle is not None else None
+
+    def _mark_shut_down(self, reason: str) -> None:
+        """Record why the workers went down (the first reason stays)."""
+        if getattr(self, "_lifecycle", None) is None:
+            self._lifecycle = _Lifecycle()
+        if self._lifecycle.reason is None:
+            self._lifecycle.reason = reason
 
     # --- direct access: the same question, answered by each backend ----------------------------------
     def handles(self, kind, role: str | None = None) -> list:
@@ -231,7 +266,9 @@ class WorkerGroup:
     # --- generic execution -----------------------------------------------------------------------
     def _call(self, method: str, ranks, per_args, per_kwargs) -> list:
         """``_execute``, routing a role's method through the fused worker when this group is a role
-        view of one (``<role>_fwmn_<method>``, veRL's convention)."""
+        view of one (``<role>_fwmn_<method>``, veRL's convention). A shut-down group refuses by name."""
+        if self.is_shut_down:
+            raise WorkerGroupShutDownError(self.name, method, self.shutdown_reason)
         if self.fused_worker_used and self.sub_cls_name and method not in self.method_names:
             routed = f"{self.sub_cls_name}{FUSED_SEPARATOR}{method}"
             return self._execute(FUSED_EXECUTE, ranks, [(routed, *a) for a in per_args], per_kwargs)
