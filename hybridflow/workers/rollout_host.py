@@ -18,7 +18,9 @@ request started, so each sample knows which policy produced it.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import logging
 import time
 
 import torch
@@ -35,6 +37,10 @@ from hybridflow.workers.engine.lora import lora_spec, rollout_gets_adapter
 from hybridflow.workers.model_loading import load_model
 from hybridflow.workers.rollout.weight_transfer import WeightTarget, push_weights
 from hybridflow.workers.rollout.weights import buckets
+
+logger = logging.getLogger(__name__)
+
+EXIT_PROBE_S = 5.0  # how long the engine loop may take to answer at exit before it counts as stuck
 
 
 class RolloutHost:
@@ -85,7 +91,7 @@ class RolloutHost:
         self.agent_settings = agent_loop_settings(rollout_cfg)
         # at exit, before the engine loop stops (atexit runs last-registered first): engines with processes
         # of their own (vllm) shut them down instead of leaving it to garbage collection
-        atexit.register(self.shutdown_rollout)
+        atexit.register(self._shutdown_rollout_at_exit)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_rollout(self) -> None:
@@ -96,7 +102,16 @@ class RolloutHost:
                 self.engine_loop.run(server.shutdown(), timeout=60)
             finally:
                 self.engine_loop.close()
-            atexit.unregister(self.shutdown_rollout)
+            atexit.unregister(self._shutdown_rollout_at_exit)
+
+    def _shutdown_rollout_at_exit(self) -> None:
+        """At exit nothing may raise or wait long: an engine loop that gives no answer within seconds is
+        stuck (in process, a hang the watchdog already reported), and its server is left to the process's end."""
+        try:
+            self.engine_loop.run(asyncio.sleep(0), timeout=EXIT_PROBE_S)
+            self.shutdown_rollout()
+        except Exception as e:  # noqa: BLE001 - the run's own error, printed before, is the one that counts
+            logger.warning("rollout engine of rank %s not shut down at exit: %s", self.rank, type(e).__name__)
 
     @property
     def _bucket_bytes(self) -> int:
