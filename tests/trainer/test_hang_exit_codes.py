@@ -38,7 +38,7 @@ PHASES = {
     "values": ("compute_values", GAE, "compute_values'"),
     "update_critic": ("update_critic", GAE, "update_critic'"),
     "update_actor": ("update_actor", [], "update_actor'"),
-    "weight_push": ("send_weights", SEPARATE_POOL, "send_weights'"),
+    "weight_push": ("send_weights#2", SEPARATE_POOL, "send_weights'"),  # after the update (#1: the initial push)
     "save_checkpoint": ("save_checkpoint", SAVE, "save_checkpoint'"),
 }
 FAST = {("ray", "generate_colocated"), ("ray", "update_actor"), ("inprocess", "old_log_prob")}

@@ -1,9 +1,9 @@
 """Test-only: freeze one worker of a ``python -m hybridflow.main_ppo`` run at a named phase.
 
-On PYTHONPATH with ``HYBRIDFLOW_TEST_FREEZE=<phase>@<rank>[:kill]`` set, Python imports this file at
-start-up in every process of the run; it patches the driver only (the process running main_ppo.py):
-the first time the driver calls ``<phase>`` on a worker group (a registered method such as
-``update_actor``, matched by the end of its remote name) or, for ``generate``, right after the
+On PYTHONPATH with ``HYBRIDFLOW_TEST_FREEZE=<phase>[#<n>]@<rank>[:kill]`` set, Python imports this file
+at start-up in every process of the run; it patches the driver only (the process running main_ppo.py):
+the ``n``-th time (default: first) the driver calls ``<phase>`` on a worker group (a registered method
+such as ``update_actor``, matched by the end of its remote name) or, for ``generate``, right after the
 engines were prepared for a generation, rank ``<rank>`` of that group is frozen before the call:
 
 - Ray: the worker process gets SIGSTOP (``:kill``: SIGKILL, a dead worker);
@@ -20,23 +20,29 @@ import sys
 import threading
 
 SPEC = os.environ.get("HYBRIDFLOW_TEST_FREEZE")
-_fired = False
+_seen = 0  # calls of the phase so far
 
 
 def _is_driver() -> bool:
     return os.path.basename(sys.argv[0] if sys.argv else "") == "main_ppo.py"
 
 
+def _phase() -> str:
+    return SPEC.split("@")[0].split("#")[0]
+
+
 def _wanted(method: str) -> bool:
-    phase = SPEC.split("@")[0]
-    return method == phase or method.endswith("_" + phase)
+    return method == _phase() or method.endswith("_" + _phase())
 
 
 def _freeze(group, what: str, engines: bool = False) -> None:
-    global _fired
-    if _fired or not _is_driver():
+    global _seen
+    if not _is_driver():
         return
-    _fired = True
+    _seen += 1
+    nth = SPEC.split("@")[0].partition("#")[2]
+    if _seen != int(nth or 1):
+        return
     rank_part = SPEC.split("@")[1]
     rank, _, action = rank_part.partition(":")
     rank = int(rank)
@@ -72,7 +78,7 @@ def _patch_manager(module) -> None:
     original = module.AgentLoopManager._run_workers
 
     def _run_workers(self, prompts):
-        if SPEC.split("@")[0] == "generate":
+        if _phase() == "generate":
             _freeze(self.rollout_wg, "generate", engines=True)
         return original(self, prompts)
 
