@@ -150,9 +150,9 @@ def _stop_on_sigterm(signum, frame):
     raise SystemExit(EXIT_CODE_SIGTERM)
 
 
-def _print_error(e: BaseException) -> None:
+def _error_text(e: BaseException) -> str:
     notes = "".join(f"\n{n}" for n in getattr(e, "__notes__", []))
-    print(f"error: {type(e).__name__}: {e}{notes}", file=sys.stderr, flush=True)
+    return f"error: {type(e).__name__}: {e}{notes}"
 
 
 def main(argv=None) -> None:
@@ -169,10 +169,10 @@ def main(argv=None) -> None:
     try:
         run_ppo(config)
     except WorkerHangError as e:  # the report is written and the workers are down: say so, exit non-zero
-        _print_error(e)
+        print(_error_text(e), file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CODE_HANG) from None
     except WorkerDiedError as e:  # the message names the group, rank and method; the traceback is the driver's
-        _print_error(e)
+        print(_error_text(e), file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CODE_WORKER_DIED) from None
     finally:
         signal.signal(signal.SIGTERM, previous)  # main() called from Python leaves its caller's handler

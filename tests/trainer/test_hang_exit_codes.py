@@ -130,3 +130,19 @@ def test_a_killed_worker_ends_main_ppo_with_the_dead_worker_code(tiny_model_dir,
     assert proc.returncode == EXIT_CODE_WORKER_DIED, f"exit {proc.returncode}\n{proc.stderr[-6000:]}"
     tail = _last_error(proc.stderr, "WorkerDiedError")
     assert "rank 1 died while running 'actor_rollout_update_actor'" in tail.splitlines()[0], tail[:2000]
+
+
+def test_main_turns_a_dead_worker_into_its_exit_code(monkeypatch, capsys):
+    from hybridflow import main_ppo
+    from hybridflow.single_controller.base import WorkerDiedError
+
+    def died(config):
+        raise WorkerDiedError("trainer:actor_rollout", "actor_rollout_update_actor", 1, "process killed")
+
+    monkeypatch.setattr(main_ppo, "run_ppo", died)
+    monkeypatch.setattr(main_ppo, "validate_ppo_config", lambda cfg: [])
+    with pytest.raises(SystemExit) as info:
+        main_ppo.main([])
+    assert info.value.code == EXIT_CODE_WORKER_DIED not in (0, 1, EXIT_CODE_HANG)
+    err = capsys.readouterr().err
+    assert err.startswith("error: WorkerDiedError: worker group 'trainer:actor_rollout', rank 1 died while running")
