@@ -235,6 +235,14 @@ def rollout_numbers(index: Sequence) -> list[int]:
     return out
 
 
+async def get_trajectory_info(step: int, index: list, validate: bool) -> list[dict]:
+    """Per sample: step, its dataset index, which of the ``n`` samples of that index it is, validate (veRL's helper)."""
+    return [
+        {"step": step, "sample_index": idx, "rollout_n": n, "validate": validate}
+        for idx, n in zip(index, rollout_numbers(index))
+    ]
+
+
 class TracedServer:
     """The server manager a traced trajectory's loop sees: each request is a span."""
 

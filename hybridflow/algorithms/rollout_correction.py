@@ -31,7 +31,7 @@ from hybridflow.algorithms.rollout_correction_metrics import (
     offpolicy_metrics,
     rejection_option_metrics,
 )
-from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.convert import as_section
 from hybridflow.config.rollout_correction import (
     IS_LEVELS,
     LOSS_TYPES,
@@ -61,7 +61,7 @@ __all__ = [
 def rollout_correction_config(section: Any, path: str = "algorithm.rollout_correction") -> RolloutCorrectionConfig:
     """The section as a ``RolloutCorrectionConfig`` (which parses and checks it; an empty or missing
     section: metrics only). Raises ConfigError (a ValueError) naming the offending key."""
-    return omega_conf_to_dataclass(section or None, RolloutCorrectionConfig, path=path)
+    return as_section(section, RolloutCorrectionConfig, path)
 
 
 def compute_is_weights(

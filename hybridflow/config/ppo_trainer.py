@@ -1,5 +1,5 @@
 """The whole of configs/ppo_trainer.yaml as one declaration: ``PPOTrainerConfig``'s fields are its
-top-level sections, in the yaml's order. ``python -m hybridflow.devtools.config_yaml`` writes the yaml
+top-level sections, in the yaml's order. ``python -m devtools.config_yaml`` writes the yaml
 from it (values, interpolations, a comment per key from its doc); a test fails when they drift."""
 
 from __future__ import annotations
@@ -104,6 +104,7 @@ class PPOTrainerConfig(BaseConfig):
     reward: RewardConfig = section(
         RewardConfig,
         "rewards (veRL 0.9.1's section; the earlier spellings are at the end)",
+        absent=("reward_kwargs",),
         keys={
             "reward_kwargs.**": honoured(
                 "keyword arguments of the reward manager, e.g. dapo's max_resp_len and "
@@ -144,7 +145,9 @@ class PPOTrainerConfig(BaseConfig):
         reason="FSDP2/DDP is hybridflow's only training backend",
     )
     reward_model: LegacyRewardModelConfig = section(
-        LegacyRewardModelConfig, "legacy: veRL's earlier reward-model section (moved keys map onto reward.*)"
+        LegacyRewardModelConfig,
+        "legacy: veRL's earlier reward-model section (moved keys map onto reward.*)",
+        absent=("reward_kwargs",),
     )
     custom_reward_function: LegacyCustomRewardFunctionConfig = section(
         LegacyCustomRewardFunctionConfig, "legacy: earlier spelling of reward.custom_reward_function"

@@ -214,3 +214,4 @@ class RewardConfig(BaseConfig):
     sandbox_fusion: SandboxFusionConfig = section(
         SandboxFusionConfig, "a code sandbox", refused="sandboxed code execution (Sandbox Fusion) is not implemented"
     )
+    reward_kwargs: dict = doc({}, "keyword arguments of the reward manager (added with +reward.reward_kwargs.<key>)")

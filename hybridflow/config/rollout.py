@@ -32,7 +32,7 @@ _NOT_IMPLEMENTED = "this rollout-engine feature is not implemented"
 _QUANTIZED = "quantized / speculative rollout is not implemented"
 _TP_ONLY = "only tensor parallelism is implemented inside a rollout engine"
 
-ROLLOUT_MODES = ("async", "sync")
+ROLLOUT_MODES = ("sync", "async")
 TRUNCATE_SIDES = ("left", "middle", "right")
 SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 
@@ -233,6 +233,17 @@ class DisaggregationConfig(BaseConfig):
     transfer_backend: str = doc("nixl", "KV transfer backend")
     bootstrap_port: int | None = doc(None, "bootstrap port")
     ib_device: str | None = doc(None, "InfiniBand device")
+
+
+def cpu_tensor_parallel_error(tp: int, key: str = "rollout.tensor_model_parallel_size") -> str | None:
+    """The rule's one home (start-up checks and the vllm engine's settings ask it): tensor parallelism
+    needs GPUs; on cpu each rollout worker runs its own engine."""
+    if tp <= 1:
+        return None
+    return (
+        f"{key}={tp}: tensor parallelism needs GPUs; the vllm rollout on cpu runs one engine process per "
+        "worker; use tensor_model_parallel_size=1 on cpu"
+    )
 
 
 @dataclass

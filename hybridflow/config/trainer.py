@@ -96,6 +96,16 @@ class TrainerConfig(BaseConfig):
     )
     resume_mode: str = doc("auto", "auto | disable | resume_path")
     resume_from_path: str | None = doc(None, "the checkpoint of resume_mode=resume_path")
+    continue_after_failed_save: bool = doc(
+        False,
+        "hybridflow: a failed checkpoint save (full disk, lost mount) is logged and counted "
+        "(checkpoint/failed_saves) and training goes on to the next save; default: the run stops with it",
+    )
+    resume_skip_damaged: bool = doc(
+        False,
+        "hybridflow: auto mode resumes from the newest whole checkpoint when the latest is damaged or "
+        "foreign (default: refuse, naming the file)",
+    )
     checkpoint_callback_class: str | None = doc(
         None,
         "dotted class whose on_save runs after each checkpoint",

