@@ -3,8 +3,9 @@
 The config is validated before anything expensive starts (an unknown key fails before Ray does).
 ``run_ppo`` is the library call: it raises (``WorkerHangError`` for a hang, with its report) and
 never ends the process. ``main`` is the command line: it turns errors into exit codes
-(2: a bad config, ``EXIT_CODE_HANG``: a hang, after printing the report) and SIGTERM into an orderly
-stop (workers and the Ray processes it started are shut down, exit code 143).
+(2: a bad config, ``EXIT_CODE_HANG``: a hang, ``EXIT_CODE_WORKER_DIED``: a dead worker, each after printing
+the error as the last thing on stderr) and SIGTERM into an orderly stop (workers and the Ray processes it
+started are shut down, exit code 143).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hybridflow.data.custom_dataset import build_rl_dataset
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
 from hybridflow.data.sampler import create_rl_dataloader
 from hybridflow.rewards import get_custom_reward_fn, load_reward_manager
-from hybridflow.single_controller.base import WorkerHangError
+from hybridflow.single_controller.base import WorkerDiedError, WorkerHangError
 from hybridflow.single_controller.factory import start_backend
 from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
@@ -32,6 +33,7 @@ from hybridflow.workers.model_loading import load_tokenizer, local_model_path
 logger = logging.getLogger(__name__)
 
 EXIT_CODE_HANG = 3  # the command line's exit code when the watchdog reported a hang
+EXIT_CODE_WORKER_DIED = 4  # ... when a worker process died (killed, out of memory, node lost)
 EXIT_CODE_SIGTERM = 128 + signal.SIGTERM
 
 
@@ -156,6 +158,11 @@ def _stop_on_sigterm(signum, frame):
     raise SystemExit(EXIT_CODE_SIGTERM)
 
 
+def _error_text(e: BaseException) -> str:
+    notes = "".join(f"\n{n}" for n in getattr(e, "__notes__", []))
+    return f"error: {type(e).__name__}: {e}{notes}"
+
+
 def main(argv=None) -> None:
     setup_cli_logging()
     config = parse_cli("ppo_trainer", sys.argv[1:] if argv is None else argv)
@@ -168,9 +175,11 @@ def main(argv=None) -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except WorkerHangError as e:  # the report is written and the workers are down: say so, exit non-zero
-        notes = "".join(f"\n{n}" for n in getattr(e, "__notes__", []))
-        print(f"error: {e}{notes}", file=sys.stderr)
+        print(_error_text(e), file=sys.stderr, flush=True)
         raise SystemExit(EXIT_CODE_HANG) from None
+    except WorkerDiedError as e:  # the message names the group, rank and method; the traceback is the driver's
+        print(_error_text(e), file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CODE_WORKER_DIED) from None
     finally:
         signal.signal(signal.SIGTERM, previous)  # main() called from Python leaves its caller's handler
 

@@ -30,6 +30,7 @@ from hybridflow.agent_loop.over_sample import ABORTED_METRIC, OVER_SAMPLE_ID, Ov
 from hybridflow.agent_loop.server_manager import SERVER_HANDLE, ServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker, split_indices
 from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base.cleanup import cleanup_after_failure, is_shut_down
 from hybridflow.single_controller.base.watchdog import wait_with_deadline
 
 PROGRESS_ASK_S = 10.0  # how long a progress reading may take before it counts as no reading
@@ -85,9 +86,12 @@ class AgentLoopManager:
         start = time.perf_counter()
         try:
             parts = self._run_workers(prompts)
-        finally:
-            if self.hybrid_engine:
-                self.rollout_wg.release_rollout()
+        except BaseException:
+            if self.hybrid_engine:  # best effort, skipped on a group the watchdog shut down: the error stays
+                cleanup_after_failure(self.rollout_wg, "release_rollout")
+            raise
+        if self.hybrid_engine:
+            self.rollout_wg.release_rollout()
         metrics["timing_s/generate_sequences"] = time.perf_counter() - start
         aborted = [p.meta_info.get("metrics", {}).pop(ABORTED_METRIC, None) for p in parts]
         if any(a is not None for a in aborted):  # an over-sampled call: the share of the batch cut
@@ -189,6 +193,8 @@ class AgentLoopManager:
         self.rollout_wg.abort_rollout()
 
     def shutdown(self) -> None:
-        if self.settings.trace is not None:  # what the tracers buffered reaches the store
+        # what the tracers buffered reaches the store (not after the watchdog shut the rollout group down:
+        # the wait would run under the deadline of workers that are gone)
+        if self.settings.trace is not None and not is_shut_down(self.rollout_wg):
             self._call_workers("close_tracer")
         self.workers.close()

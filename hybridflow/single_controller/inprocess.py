@@ -22,7 +22,7 @@ from functools import partial
 
 from hybridflow.single_controller.base.colocated import build_colocated_class
 from hybridflow.single_controller.base.direct import HandleKind
-from hybridflow.single_controller.base.errors import WorkerError
+from hybridflow.single_controller.base.errors import WorkerError, WorkerGroupShutDownError
 from hybridflow.single_controller.base.helpers import HelperPool
 from hybridflow.single_controller.base.stacks import format_own_stacks
 from hybridflow.single_controller.base.watchdog import CallThread, wait_with_deadline
@@ -138,8 +138,8 @@ class InProcessWorkerGroup(WorkerGroup):
 
     def _execute(self, method, ranks, per_rank_args, per_rank_kwargs):
         """Hands the calls to the group's thread; ``_resolve`` waits for them under the deadline."""
-        if self._host.closed is not None:
-            raise WorkerError(self.name, method, 0, f"the in-process group was shut down ({self._host.closed})")
+        if self._host.closed is not None:  # (a view made before the shutdown of the group it shares the host with)
+            raise WorkerGroupShutDownError(self.name, method, self._host.closed)
         handles = _Handles()
         handles.rows = rows_per_rank(per_rank_args, per_rank_kwargs)
         for rank, args, kwargs in zip(ranks, per_rank_args, per_rank_kwargs):
@@ -208,10 +208,11 @@ class InProcessWorkerGroup(WorkerGroup):
             for r in ranks
         }
 
-    def shutdown(self):
+    def shutdown(self, reason: str = "shutdown() was called"):
         """No process to kill: the group stops taking calls and gives back what it set in the process
         (the last group to go restores the rendezvous variables and closes the process group)."""
-        self._host.close("shutdown() was called")
+        self._mark_shut_down(reason)
+        self._host.close(reason)
 
     # --- direct access (see base/direct.py, base/helpers.py) ------------------------------------------
     def handles(self, kind: HandleKind, role: str | None = None) -> list:

@@ -17,7 +17,9 @@ request started, so each sample knows which policy produced it.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import logging
 import time
 from collections.abc import Iterable
 
@@ -34,6 +36,10 @@ from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.workers.engine.lora import LoraSpec
 from hybridflow.workers.model_loading import load_model
 from hybridflow.workers.rollout.weights import buckets
+
+logger = logging.getLogger(__name__)
+
+EXIT_PROBE_S = 5.0  # how long the engine loop may take to answer at exit before it counts as stuck
 
 
 def bucket_bytes(rollout_config: RolloutConfig) -> int:
@@ -92,7 +98,7 @@ class RolloutHost:
         self.weight_version = 0  # updates the engine has received (stamped on what it generates)
         # at exit, before the engine loop stops (atexit runs last-registered first): engines with processes
         # of their own (vllm) shut them down instead of leaving it to garbage collection
-        atexit.register(self.shutdown)
+        atexit.register(self._shutdown_at_exit)
 
     def shutdown(self) -> None:
         """Release the engine (its processes, its memory); idempotent."""
@@ -102,7 +108,16 @@ class RolloutHost:
                 self.engine_loop.run(server.shutdown(), timeout=60)
             finally:
                 self.engine_loop.close()
-            atexit.unregister(self.shutdown)
+            atexit.unregister(self._shutdown_at_exit)
+
+    def _shutdown_at_exit(self) -> None:
+        """At exit nothing may raise or wait long: an engine loop that gives no answer within seconds is
+        stuck (in process, a hang the watchdog already reported), and its server is left to the process's end."""
+        try:
+            self.engine_loop.run(asyncio.sleep(0), timeout=EXIT_PROBE_S)
+            self.shutdown()
+        except Exception as e:  # noqa: BLE001 - the run's own error, printed before, is the one that counts
+            logger.warning("rollout engine of rank %s not shut down at exit: %s", self.rank, type(e).__name__)
 
     # ---------------------------------------------------------------------- phases and weights
     def wake_up(self) -> None:

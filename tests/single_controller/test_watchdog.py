@@ -274,5 +274,5 @@ def test_a_hang_in_a_background_launch_raises_and_the_process_lives_on(tmp_path)
     assert "'sleep' gave no answer" in out.stderr and "stuck in sleep (" in out.stderr  # the report, printed
     assert os.listdir(tmp_path)  # ... and written
     assert "fresh group answers [3]" in out.stdout
-    assert "hung group refuses: WorkerError" in out.stdout
+    assert "hung group refuses: WorkerGroupShutDownError" in out.stdout
     assert out.stdout.rstrip().endswith("clean end")

@@ -1,5 +1,11 @@
+from hybridflow.single_controller.base.cleanup import cleanup_after_failure, is_shut_down
 from hybridflow.single_controller.base.decorator import Dispatch, Execute, register
-from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError, WorkerHangError
+from hybridflow.single_controller.base.errors import (
+    WorkerDiedError,
+    WorkerError,
+    WorkerGroupShutDownError,
+    WorkerHangError,
+)
 from hybridflow.single_controller.base.heartbeat import report_progress
 from hybridflow.single_controller.base.watchdog import (
     CallThread,
@@ -23,10 +29,13 @@ __all__ = [
     "Worker",
     "WorkerDiedError",
     "WorkerError",
+    "WorkerGroupShutDownError",
     "WorkerHangError",
     "WorkerGroup",
     "await_with_deadline",
     "call_with_deadline",
+    "cleanup_after_failure",
+    "is_shut_down",
     "register",
     "report_progress",
     "wait_with_deadline",

@@ -32,3 +32,14 @@ class WorkerHangError(WorkerError):
         self.group, self.method, self.rank = group, method, rank
         self.stuck_ranks = list(stuck_ranks)
         self.report_path = report_path
+
+
+class WorkerGroupShutDownError(WorkerError):
+    """A call on a worker group that was shut down (by ``shutdown()``, or by the watchdog after a hang).
+
+    ``reason`` says why the group went down; ``method`` is the call that was refused."""
+
+    def __init__(self, group: str, method: str, reason: str):
+        RuntimeError.__init__(self, f"worker group {group!r} was shut down ({reason}) and cannot run {method!r}")
+        self.group, self.method, self.rank = group, method, -1
+        self.reason = reason

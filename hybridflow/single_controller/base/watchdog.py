@@ -202,8 +202,8 @@ def build_hang_error(
     summary = "\n".join(lines)
     logger.error(summary)
     if group is not None and shutdown:
-        with contextlib.suppress(Exception):
-            group.shutdown()  # a deadlocked collective cannot be undone: free the devices
+        with contextlib.suppress(Exception):  # a deadlocked collective cannot be undone: free the devices
+            _shut_down(group, f"the watchdog found {method!r} hung; report: {path}")
         summary += "\nthe group's workers were shut down"
     first = order[0] if order else (pending[0] if pending else -1)
     return WorkerHangError(
@@ -214,6 +214,14 @@ def build_hang_error(
         stuck_ranks=[r for r in order if isinstance(r, int)],
         report_path=path,
     )
+
+
+def _shut_down(group, reason: str) -> None:
+    """``group.shutdown(reason=...)``; a user's group whose ``shutdown`` takes no reason is shut down all the same."""
+    try:
+        group.shutdown(reason=reason)
+    except TypeError:
+        group.shutdown()
 
 
 def _write_report(directory: str, group: str, method: str, lines: list[str], stacks: dict) -> str | None:

@@ -5,6 +5,10 @@ name that dispatches the arguments, executes on all ranks (or rank zero) and col
 Backends (Ray, in-process) implement ``_execute`` and ``_resolve``, and answer the questions callers
 above the single controller would otherwise ask by backend: ``handles`` (reach one rank directly),
 ``spawn_helpers`` (driver-side helper objects) and ``shutdown``.
+
+A group that was shut down (``shutdown(reason)``, or by the watchdog after a hang) says so:
+``is_shut_down`` is True for it and every role view sharing its workers, and a call on it raises
+``WorkerGroupShutDownError`` naming the group, the reason and the method.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from tensordict import TensorDict
 from hybridflow.protocol import DataProto, DataProtoFuture, pad_dataproto_to_divisor, unpad_dataproto
 from hybridflow.single_controller.base.decorator import Execute, get_dispatch_fns, registered_methods
 from hybridflow.single_controller.base.dispatch_fns import joins_batches
+from hybridflow.single_controller.base.errors import WorkerGroupShutDownError
 from hybridflow.single_controller.base.heartbeat import read_progress
 from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, default_watchdog
 
@@ -149,6 +154,16 @@ def _unpad(result, pad: int):
     return result
 
 
+class _Lifecycle:
+    """Whether the workers behind a group were shut down, and why: one object shared by the group and
+    its role views (``_view`` copies the reference), so a view the watchdog shut down downs them all."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self):
+        self.reason: str | None = None
+
+
 class WorkerGroup:
     """Backend-independent part: method binding, dispatch, collect, padding."""
 
@@ -161,6 +176,7 @@ class WorkerGroup:
         self._user_cls = None
         self._watchdog: Watchdog | None = None
         self._progress_key = name  # the workers' WG_PREFIX: views of a fused group keep the fused name
+        self._lifecycle = _Lifecycle()
 
     @property
     def world_size(self) -> int:
@@ -195,9 +211,28 @@ class WorkerGroup:
         """Wait for the handles; raise WorkerError/WorkerDiedError naming the failing rank."""
         raise NotImplementedError
 
-    def shutdown(self) -> None:
-        """Stop the workers and give back what the group holds."""
+    def shutdown(self, reason: str = "shutdown() was called") -> None:
+        """Stop the workers and give back what the group holds; ``reason`` is what a later call is told.
+        Backends call ``_mark_shut_down(reason)`` first; calling ``shutdown`` again is harmless."""
         raise NotImplementedError
+
+    # --- shut down -----------------------------------------------------------------------------------
+    @property
+    def is_shut_down(self) -> bool:
+        """True once the group's workers were shut down (cleanup after a failure skips such a group)."""
+        return self.shutdown_reason is not None
+
+    @property
+    def shutdown_reason(self) -> str | None:
+        lifecycle = getattr(self, "_lifecycle", None)
+        return lifecycle.reason if lifecycle is not None else None
+
+    def _mark_shut_down(self, reason: str) -> None:
+        """Record why the workers went down (the first reason stays)."""
+        if getattr(self, "_lifecycle", None) is None:
+            self._lifecycle = _Lifecycle()
+        if self._lifecycle.reason is None:
+            self._lifecycle.reason = reason
 
     # --- direct access: the same question, answered by each backend ----------------------------------
     def handles(self, kind, role: str | None = None) -> list:
@@ -215,6 +250,12 @@ class WorkerGroup:
         return future
 
     # --- generic execution -----------------------------------------------------------------------
+    def _call(self, method: str, ranks, per_args, per_kwargs) -> list:
+        """``_execute``; a shut-down group refuses by name instead (its workers are gone)."""
+        if self.is_shut_down:
+            raise WorkerGroupShutDownError(self.name, method, self.shutdown_reason)
+        return self._execute(method, ranks, per_args, per_kwargs)
+
     def _split_per_rank(self, ranks, args, kwargs):
         """Lists of length world_size are scattered; everything else is broadcast (veRL semantics)."""
         n = self.world_size
@@ -236,7 +277,7 @@ class WorkerGroup:
     def execute_all_async(self, method_name: str, *args, **kwargs) -> list:
         ranks = list(range(self.world_size))
         per_args, per_kwargs = self._split_per_rank(ranks, args, kwargs)
-        return self._execute(method_name, ranks, per_args, per_kwargs)
+        return self._call(method_name, ranks, per_args, per_kwargs)
 
     def execute_all_sync(self, method_name: str, *args, **kwargs) -> list:
         handles = self.execute_all_async(method_name, *args, **kwargs)
@@ -246,7 +287,7 @@ class WorkerGroup:
 
     def execute_rank_zero_async(self, method_name: str, *args, **kwargs):
         per_args, per_kwargs = self._split_per_rank([0], args, kwargs)
-        return self._execute(method_name, [0], per_args, per_kwargs)[0]
+        return self._call(method_name, [0], per_args, per_kwargs)[0]
 
     def execute_rank_zero_sync(self, method_name: str, *args, **kwargs):
         handle = self.execute_rank_zero_async(method_name, *args, **kwargs)
@@ -298,7 +339,7 @@ class WorkerGroup:
             else:  # rank zero: its own share of per-rank lists, other arguments unsplit (veRL)
                 ranks = [0]
                 per_args, per_kwargs = group._split_per_rank(ranks, args, kwargs)
-            handles = group._execute(remote_name, ranks, per_args, per_kwargs)
+            handles = group._call(remote_name, ranks, per_args, per_kwargs)
 
             def collect(outputs):
                 if execute_mode is Execute.RANK_ZERO:

@@ -408,9 +408,11 @@ class RayWorkerGroup(WorkerGroup):
         """``count`` async Ray actors of ``cls`` beside the driver (no CPU reserved)."""
         return RayHelpers(cls, count, args, kwargs)
 
-    def shutdown(self):
+    def shutdown(self, reason: str = "shutdown() was called"):
         """Kill the workers; a group that owns its resource pool (the factory's) also frees the pool's
-        placement groups, so a later run in the same Ray session gets the devices back."""
+        placement groups, so a later run in the same Ray session gets the devices back. Later calls on
+        the group (and its role views) raise ``WorkerGroupShutDownError`` with ``reason``."""
+        self._mark_shut_down(reason)
         for w in getattr(self, "_workers", []):
             try:
                 ray.kill(w)

@@ -29,7 +29,7 @@ from hybridflow.config.base import to_dict
 from hybridflow.config.convert import as_section
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.protocol import DataProto
-from hybridflow.single_controller.base import Watchdog, WorkerDiedError, WorkerHangError
+from hybridflow.single_controller.base import Watchdog, WorkerDiedError, WorkerHangError, cleanup_after_failure
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
 from hybridflow.trainer.ppo.dynamic_sampling import EpochCycler, fill_with_informative_groups, merge_round_metrics
@@ -187,34 +187,26 @@ class RayPPOTrainer:
 
     def shutdown_workers(self) -> None:
         """Kill the worker processes and free their placement groups: a later run in the same Ray
-        session (a notebook, a test session, a sweep) gets the CPUs/GPUs back."""
-        source = getattr(self, "rollout_source", None)
+        session (a notebook, a test session, a sweep) gets the CPUs/GPUs back. Each piece is let go
+        before it is stopped, so a second call (``run_ppo``'s, after ``fit`` shut down on a failure)
+        never repeats a step that failed; groups the watchdog shut down are skipped."""
+        source, self.rollout_source = getattr(self, "rollout_source", None), None
         if source is not None:
             source.close()
-            self.rollout_source = None
-        judge = getattr(self, "judge", None)
+        judge, self.judge = getattr(self, "judge", None), None
         if judge is not None:
             judge.close()
-            self.judge = None
-            try:  # engines with processes of their own (vllm) stop them cleanly
-                self._all_groups[JUDGE_ROLE].shutdown_judge()
-            except Exception:  # a dead worker: killing the group below is all that is left to do
-                pass
-        manager = getattr(self, "async_rollout_manager", None)
+            # engines with processes of their own (vllm) stop them cleanly; a dead worker: killing the group
+            # below is all that is left to do
+            cleanup_after_failure((getattr(self, "_all_groups", {}) or {}).get(JUDGE_ROLE), "shutdown_judge")
+        manager, self.async_rollout_manager = getattr(self, "async_rollout_manager", None), None
         if manager is not None:
             manager.shutdown()
-            self.async_rollout_manager = None
-        rollout_wg = getattr(self, "rollout_wg", None)
-        if rollout_wg is not None:
-            try:  # engines with processes of their own (vllm) stop them cleanly
-                rollout_wg.shutdown_rollout()
-            except Exception:  # a dead worker: killing the group below is all that is left to do
-                pass
-            self.rollout_wg = None
-        groups = getattr(self, "_all_groups", {}) or {}
+        rollout_wg, self.rollout_wg = getattr(self, "rollout_wg", None), None
+        cleanup_after_failure(rollout_wg, "shutdown_rollout")  # engines with processes of their own (vllm) stop cleanly
+        groups, self._all_groups = getattr(self, "_all_groups", {}) or {}, {}
         for group in {id(g): g for g in groups.values() if g is not None}.values():
-            group.shutdown()  # its workers, and the resource pool it owns
-        self._all_groups = {}
+            group.shutdown()  # its workers, and the resource pool it owns (again, for one the watchdog shut down)
 
     # --------------------------------------------------------------------------------- phases
     def _fill_with_informative_groups(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:

@@ -34,6 +34,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base.cleanup import cleanup_after_failure
 from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, build_hang_error, default_watchdog
 
 POLL_S = 0.5  # the trainer's waits on the rollouter check their deadline this often
@@ -270,18 +271,25 @@ class Rollouter:
         drained = time.perf_counter()
         try:
             metrics = dict(push() or {})
-        finally:
-            with self._cond:
-                self.version = version
-                # groups in flight or not yet taken count against the new period (veRL's rule)
-                self._started_in_period = len(self._in_flight) + len(self._ready)
-                self._holding = False
-                self._cond.notify_all()
-            if self.partial_rollout:
-                self.manager.resume()
+        except BaseException:
+            self._end_hold(version)
+            if self.partial_rollout:  # best effort: the push's error is the one to see
+                cleanup_after_failure(self.manager, "resume")
+            raise
+        self._end_hold(version)
+        if self.partial_rollout:
+            self.manager.resume()
         metrics["timing_s/rollout_hold"] = drained - start
         metrics["timing_s/sync_weights_total"] = time.perf_counter() - start
         return metrics
+
+    def _end_hold(self, version: int) -> None:
+        with self._cond:
+            self.version = version
+            # groups in flight or not yet taken count against the new period (veRL's rule)
+            self._started_in_period = len(self._in_flight) + len(self._ready)
+            self._holding = False
+            self._cond.notify_all()
 
     def pending(self) -> list[PromptGroup]:
         """Groups pulled from the dataloader but not taken by the trainer (in flight, finished, or queued
