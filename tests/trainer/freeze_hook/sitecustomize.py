@@ -49,10 +49,15 @@ def _freeze(group, what: str, engines: bool = False) -> None:
     if hasattr(group, "_host"):  # in-process: the worker is this process; occupy its thread for good
         if engines:
             worker = group.workers[rank]
-            for role in getattr(worker, "_roles", {"": worker}).values():
-                loop = getattr(role, "engine_loop", None)
-                if loop is not None:
-                    loop.loop.call_soon_threadsafe(threading.Event().wait)
+            loops = [
+                getattr(getattr(role, "rollout_host", None), "engine_loop", None)  # the host is a member
+                for role in getattr(worker, "_roles", {"": worker}).values()
+            ]
+            loops = [loop for loop in loops if loop is not None]
+            if not loops:  # a hook that freezes nothing would let the test pass for the wrong reason
+                raise RuntimeError(f"freeze hook: no rollout engine loop on rank {rank} of {group.name!r}")
+            for loop in loops:
+                loop.loop.call_soon_threadsafe(threading.Event().wait)
         else:
             group._host.thread.submit(threading.Event().wait)
         how = "blocked"
