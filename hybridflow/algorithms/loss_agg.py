@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import torch
 
+from hybridflow.config.actor import LOSS_AGG_MODES
 from hybridflow.utils.registry import Registry
 from hybridflow.utils.torch_functional import masked_sum
 
@@ -49,7 +50,8 @@ LOSS_AGG_REGISTRY: Registry[LossAggFn] = Registry("loss_agg_mode")
 
 
 def register_loss_agg_mode(name: str):
-    """Decorator adding a loss aggregation mode under ``name``."""
+    """Decorator adding a loss aggregation mode under ``name`` (an actor config may then name it)."""
+    LOSS_AGG_MODES.add(name)
     return LOSS_AGG_REGISTRY.register(name)
 
 

@@ -51,7 +51,7 @@ from hybridflow.config import (
     trainer,
     transfer_queue,
 )
-from hybridflow.config.base import BaseConfig
+from hybridflow.config.base import BaseConfig, part_of_tree
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.refused import REFUSED_CLASSES, refusal
 
@@ -127,7 +127,10 @@ def omega_conf_to_dataclass(
     type); anything that is not a mapping (an already built config object) is returned as it is.
     ``path``: where the section sits, for messages (a DictConfig node knows it; a plain dict does not)."""
     if not config:
-        return None if dataclass_type is None else dataclass_type()
+        if dataclass_type is None:
+            return None
+        with part_of_tree():
+            return _checked(dataclass_type())
     if not isinstance(config, (DictConfig, ListConfig, dict, list)):
         return config
     data = _plain(config)
@@ -141,7 +144,15 @@ def omega_conf_to_dataclass(
         dataclass_type = resolve_target(data["_target_"], f"{where}._target_" if where else "_target_")
     if not dataclasses.is_dataclass(dataclass_type):
         raise ConfigError(f"{dataclass_type} must be a dataclass")
-    return _build(dataclass_type, data, where, None)
+    with part_of_tree():  # rules that need the whole run wait for its validation (see part_of_tree)
+        return _build(dataclass_type, data, where, None)
+
+
+def _checked(obj: Any) -> Any:
+    """``obj`` after the checks veRL makes when it uses the section (``BaseConfig.check_values``)."""
+    if isinstance(obj, BaseConfig):
+        obj.check_values()
+    return obj
 
 
 def _plain(value: Any) -> Any:
@@ -202,7 +213,7 @@ def _build(cls: type, data: Any, path: str, base: Any) -> Any:
         elif default is not _MISSING:
             kwargs[name] = default
     try:
-        return cls(**kwargs)
+        return _checked(cls(**kwargs))
     except ConfigError:
         raise
     except (TypeError, ValueError, AssertionError) as e:

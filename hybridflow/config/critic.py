@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hybridflow.config import batch_rules
 from hybridflow.config.actor import check_micro_batch, check_strategy
-from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.base import BaseConfig, built_alone, doc, section
 from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.config.errors import ConfigError
@@ -92,10 +92,17 @@ class CriticConfig(BaseConfig):
         check_micro_batch(
             self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, self._path
         )
-        if self.ppo_micro_batch_size is not None and self.ppo_mini_batch_size % self.ppo_micro_batch_size:
+        no_micro_batch = self.ppo_micro_batch_size is None and self.ppo_micro_batch_size_per_gpu is None
+        if built_alone() and not self.use_dynamic_bsz and no_micro_batch:  # veRL's check and wording
             raise ConfigError(
-                f"critic.ppo_mini_batch_size ({self.ppo_mini_batch_size}) must be divisible by "
-                f"critic.ppo_micro_batch_size ({self.ppo_micro_batch_size})"
+                "[critic] Please set at least one of 'critic.ppo_micro_batch_size' or "
+                "'critic.ppo_micro_batch_size_per_gpu'."
+            )
+        mbs = self.ppo_micro_batch_size
+        if not self.use_dynamic_bsz and mbs is not None and self.ppo_mini_batch_size % mbs:
+            raise ConfigError(
+                f"[critic] ppo_mini_batch_size ({self.ppo_mini_batch_size}) must be divisible by "
+                f"ppo_micro_batch_size ({self.ppo_micro_batch_size})"
             )
 
     @property

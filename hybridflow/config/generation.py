@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from hybridflow.config.actor import FSDPActorConfig
+from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.legacy import LegacyRayInitConfig
 from hybridflow.config.model import HFModelConfig
@@ -139,7 +140,7 @@ class GenerationConfig(BaseConfig):
             ),
             *(
                 f"fsdp_config.{k}"
-                for k in _all_but(FSDPActorConfig().fsdp_config.__class__, "fsdp_size", "forward_prefetch")
+                for k in _all_but(FSDPEngineConfig, "fsdp_size", "forward_prefetch")
             ),
         ),
         note="main_generation does not train (veRL keeps this section for backward compatibility)",

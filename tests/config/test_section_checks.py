@@ -19,6 +19,7 @@ from hybridflow.config import (
     MultiTurnConfig,
     RolloutCorrectionConfig,
 )
+from hybridflow.config.base import part_of_tree
 
 
 def test_lr_scheduler_type_and_its_deprecated_alias():
@@ -42,10 +43,23 @@ def test_lr_scheduler_type_and_its_deprecated_alias():
 def test_actor_micro_batch_rules_and_validate():
     with pytest.raises(
         ConfigError,
-        match=r"actor_rollout_ref.actor.ppo_micro_batch_size \(8\) and "
-        r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu \(2\) are both set",
+        match=r"\[actor\] You have set both 'actor.ppo_micro_batch_size' AND 'actor.ppo_micro_batch_size_per_gpu'"
+        r".*\(actor_rollout_ref.actor.ppo_micro_batch_size=8, actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2\)",
     ):
         FSDPActorConfig(ppo_micro_batch_size=8, ppo_micro_batch_size_per_gpu=2)
+    # veRL asserts a micro-batch size (or dynamic batching) when the section is built alone
+    with pytest.raises(AssertionError, match=r"\[actor\] Please set at least one of 'actor.ppo_micro_batch_size'"):
+        FSDPActorConfig(ppo_mini_batch_size=16)
+    with pytest.raises(ConfigError, match=r"\[critic\] Please set at least one of 'critic.ppo_micro_batch_size'"):
+        FSDPCriticConfig()
+    FSDPActorConfig(use_dynamic_bsz=True)
+    with part_of_tree():  # inside a config tree the rule waits for validate, which names the full keys
+        unset = FSDPActorConfig(ppo_mini_batch_size=16)
+        FSDPCriticConfig()
+    with pytest.raises(ConfigError, match="set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
+        unset.validate(1, 64)
+    with pytest.raises(ValueError, match="Invalid loss_agg_mode: seq-sum"):
+        FSDPActorConfig(ppo_micro_batch_size_per_gpu=2, loss_agg_mode="seq-sum")
     FSDPActorConfig(ppo_micro_batch_size=8, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=True)  # token budget rules
     actor = FSDPActorConfig(ppo_mini_batch_size=64, ppo_micro_batch_size=16)
     notes = actor.validate(n_gpus=8, train_batch_size=128)
@@ -93,8 +107,6 @@ def test_actor_validate_cross_key_rules_name_the_keys():
         r"samples per optimizer step do not split evenly over 5 data-parallel ranks",
     ):
         actor.validate(5, 64)
-    with pytest.raises(ConfigError, match="set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
-        FSDPActorConfig(ppo_mini_batch_size=16).validate(1, 64)
     # Ulysses: the SP size divides the world, needs remove-padding; the token budget holds a sequence x SP
     sp = FSDPActorConfig(
         ppo_mini_batch_size=16,
@@ -121,7 +133,7 @@ def test_actor_validate_cross_key_rules_name_the_keys():
     # the deprecated top-level spelling wins when > 1, as veRL 0.9.1 reads it
     assert (
         FSDPActorConfig(
-            ulysses_sequence_parallel_size=4, fsdp_config=FSDPEngineConfig(ulysses_sequence_parallel_size=2)
+            ulysses_sequence_parallel_size=4, ppo_micro_batch_size_per_gpu=1, fsdp_config=FSDPEngineConfig(ulysses_sequence_parallel_size=2)
         ).sp_size
         == 4
     )
