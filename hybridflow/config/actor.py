@@ -21,7 +21,16 @@ from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, Profile
 from hybridflow.config.reasons import SP, VLM, speed_only
 from hybridflow.config.refused import MEGATRON
 
-__all__ = ["STRATEGIES", "LOSS_AGG_MODES", "MicroBatchUnsetError", "PolicyLossConfig", "RouterReplayConfig", "ActorConfig", "FSDPActorConfig", "RefConfig"]
+__all__ = [
+    "STRATEGIES",
+    "LOSS_AGG_MODES",
+    "MicroBatchUnsetError",
+    "PolicyLossConfig",
+    "RouterReplayConfig",
+    "ActorConfig",
+    "FSDPActorConfig",
+    "RefConfig",
+]
 
 _ACTOR_SPEED = speed_only("fused kernels, torch.compile, chunked entropy, padding buckets")
 _CLIP_COV = "read by policy_loss.loss_mode=clip_cov"

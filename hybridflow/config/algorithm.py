@@ -25,7 +25,7 @@ class KLControlConfig(BaseConfig):
     horizon: int = doc(10000, "adaptive: steps over which the coefficient adapts")
     target_kl: float = doc(0.1, "adaptive: the KL the coefficient steers towards")
 
-    def __post_init__(self):
+    def check_values(self) -> None:  # veRL's KLControlConfig checks nothing when built
         if self.type not in KL_CONTROLLERS:
             raise ConfigError(f"algorithm.kl_ctrl.type={self.type!r} is not one of {', '.join(KL_CONTROLLERS)}")
 
@@ -40,7 +40,7 @@ class FilterGroupsConfig(BaseConfig):
     max_num_gen_batches: int = doc(0, "generation batches per step before giving up; <= 0: no limit")
     max_inflight_gen_batches: int = doc(1, "generation batches in flight at once, in train_batch_size units")
 
-    def __post_init__(self):
+    def check_values(self) -> None:  # veRL's FilterGroupsConfig checks nothing when built
         p = "algorithm.filter_groups"
         if self.enable and (not isinstance(self.metric, str) or not self.metric):
             raise ConfigError(

@@ -30,7 +30,7 @@ class OptimizerConfig(BaseConfig):
     betas: list[float] = doc([0.9, 0.999], "AdamW betas")
     clip_grad: float | None = doc(1.0, "gradient-norm clip (null or 0: none)")
 
-    def __post_init__(self):
+    def check_values(self) -> None:  # veRL's OptimizerConfig only needs lr set when built
         if self.lr < 0:
             raise ConfigError(f"optim.lr must be >= 0, got {self.lr}")
         if len(self.betas) != 2:
@@ -70,25 +70,25 @@ class FSDPOptimizerConfig(OptimizerConfig):
     )
 
     def __post_init__(self):
-        super().__post_init__()
-        if self.warmup_style is not None and self.warmup_style != self.lr_scheduler_type:
+        """veRL's checks when built: the deprecated ``warmup_style``, when set, is a known schedule and
+        replaces ``lr_scheduler_type`` (with a DeprecationWarning); the schedule is one this engine has."""
+        if self.warmup_style is not None:
             if self.warmup_style not in self.lr_schedulers:
                 raise ConfigError(
                     f"optim.warmup_style={self.warmup_style!r} (deprecated spelling of "
                     f"optim.lr_scheduler_type) is not one of {', '.join(self.lr_schedulers)}"
                 )
-            if self.lr_scheduler_type != "constant":
-                raise ConfigError(
-                    f"optim.warmup_style={self.warmup_style!r} and optim.lr_scheduler_type="
-                    f"{self.lr_scheduler_type!r} disagree; set only lr_scheduler_type"
+            if self.warmup_style != self.lr_scheduler_type:
+                warnings.warn(
+                    "optim.warmup_style is deprecated; use optim.lr_scheduler_type", DeprecationWarning, stacklevel=3
                 )
-            warnings.warn(
-                "optim.warmup_style is deprecated; use optim.lr_scheduler_type", DeprecationWarning, stacklevel=3
-            )
-            self.lr_scheduler_type = self.warmup_style
+                self.lr_scheduler_type = self.warmup_style
         if self.lr_scheduler_type not in self.lr_schedulers:
             raise ConfigError(
                 f"optim.lr_scheduler_type={self.lr_scheduler_type!r} is not one of {', '.join(self.lr_schedulers)}"
             )
+
+    def check_values(self) -> None:
+        super().check_values()
         if self.min_lr_ratio is not None and not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")

@@ -111,7 +111,7 @@ class MultiTurnConfig(BaseConfig):
     )
     tool_call_timeout: float = doc(60, "seconds one tool call may take before the model gets a timeout message")
 
-    def __post_init__(self):
+    def check_values(self) -> None:  # veRL's MultiTurnConfig checks nothing when built
         p = "actor_rollout_ref.rollout.multi_turn"
         for key, allowed in (
             ("tool_response_truncate_side", TRUNCATE_SIDES),
@@ -153,7 +153,7 @@ class AgentLoopConfig(BaseConfig):
         "the hf or vllm engine)",
     )
 
-    def __post_init__(self):
+    def check_values(self) -> None:  # veRL's AgentLoopConfig checks nothing when built
         if self.num_workers < 1:
             raise ConfigError(f"rollout.agent.num_workers must be >= 1, got {self.num_workers}")
 
@@ -198,14 +198,17 @@ class TraceConfig(BaseConfig):
 
     def __post_init__(self):
         p = "actor_rollout_ref.rollout.trace"
+        if self.max_samples_per_step_per_worker is not None and self.max_samples_per_step_per_worker < 0:
+            raise ConfigError(  # veRL's check when built
+                f"{p}.max_samples_per_step_per_worker must be >= 0 or null, got {self.max_samples_per_step_per_worker}"
+            )
+
+    def check_values(self) -> None:
+        p = "actor_rollout_ref.rollout.trace"
         if self.backend in UNIMPLEMENTED_TRACE_BACKENDS:
             raise ConfigError(
                 f"{p}.backend={self.backend!r}: the {UNIMPLEMENTED_TRACE_BACKENDS[self.backend]} "
                 f"backend is not implemented; use mlflow (pip install 'hybridflow[trace]')"
-            )
-        if self.max_samples_per_step_per_worker is not None and self.max_samples_per_step_per_worker < 0:
-            raise ConfigError(
-                f"{p}.max_samples_per_step_per_worker must be >= 0 or null, got {self.max_samples_per_step_per_worker}"
             )
 
 

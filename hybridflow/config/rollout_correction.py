@@ -14,6 +14,7 @@ the algorithms (``hybridflow.algorithms.rollout_correction``) receive numbers:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -181,6 +182,13 @@ class RolloutCorrectionConfig(BaseConfig):
     rollout_is_batch_normalize: bool = doc(False, "divide the IS weights by their batch mean")
 
     def __post_init__(self):
+        """veRL checks nothing when the section is built (``check_values`` does, when a yaml is read, and
+        the parsed values below when they are used); a valid ``rollout_rs`` is written canonically."""
+        if self.rollout_rs is not None:
+            with contextlib.suppress(ConfigError):
+                object.__setattr__(self, "rollout_rs", normalise_rs_options(self.rollout_rs))
+
+    def check_values(self) -> None:
         if self.rollout_is is not None and self.rollout_is not in IS_LEVELS:
             raise ConfigError(
                 f"algorithm.rollout_correction.rollout_is={self.rollout_is!r} is not one of null, "
