@@ -61,7 +61,9 @@ __all__ = [
 def rollout_correction_config(section: Any, path: str = "algorithm.rollout_correction") -> RolloutCorrectionConfig:
     """The section as a ``RolloutCorrectionConfig`` (which parses and checks it; an empty or missing
     section: metrics only). Raises ConfigError (a ValueError) naming the offending key."""
-    return omega_conf_to_dataclass(section or None, RolloutCorrectionConfig, path=path)
+    if not section:
+        return RolloutCorrectionConfig.disabled()
+    return omega_conf_to_dataclass(section, RolloutCorrectionConfig, path=path)
 
 
 def compute_is_weights(

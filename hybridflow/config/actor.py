@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.config import batch_rules
-from hybridflow.config.base import BaseConfig, built_alone, doc, section
+from hybridflow.config.base import BaseConfig, built_alone, doc, placed, section
 from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.engine import FSDPEngineConfig, QATConfig
 from hybridflow.config.errors import ConfigError
@@ -195,7 +195,7 @@ class ActorConfig(BaseConfig):
     shuffle: bool = doc(False, "shuffle the batch before splitting it into mini-batches")
     data_loader_seed: int = doc(42, "seed of that shuffle")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "what the actor's checkpoints hold")
-    optim: OptimizerConfig = section(OptimizerConfig, "the optimizer and lr schedule")
+    optim: OptimizerConfig = section(placed(OptimizerConfig, lr=1e-6), "the optimizer and lr schedule")
     use_fused_kernels: bool = doc(
         False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}", note=_ACTOR_SPEED
     )
@@ -296,7 +296,9 @@ class FSDPActorConfig(ActorConfig):
     """``actor_rollout_ref.actor`` on the FSDP2/DDP engine (veRL's dp_actor.yaml)."""
 
     _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class this section is read into")
-    optim: FSDPOptimizerConfig = section(FSDPOptimizerConfig, "the optimizer and lr schedule")
+    optim: FSDPOptimizerConfig = section(
+        placed(FSDPOptimizerConfig, lr=1e-6, min_lr_ratio=0.0), "the optimizer and lr schedule"
+    )
     fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine", follows=_engine_follows("actor"))
     grad_clip: float | None = doc(1.0, "before veRL 0.9.1; mapped onto optim.clip_grad at load time")
     ulysses_sequence_parallel_size: int = doc(

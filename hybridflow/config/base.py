@@ -34,6 +34,7 @@ import contextlib
 import contextvars
 import copy
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, dataclass, field, fields
 from typing import Any
@@ -53,6 +54,7 @@ __all__ = [
     "is_section",
     "is_undeclared",
     "to_dict",
+    "placed",
     "part_of_tree",
     "built_alone",
 ]
@@ -123,6 +125,13 @@ def _as_part_of_tree(factory: Callable[[], Any]) -> Callable[[], Any]:
             return factory()
 
     return build
+
+
+def placed(cls: type, **values: Any) -> Callable[[], Any]:
+    """A ``section`` factory: ``cls`` with this place's defaults. A config class keeps veRL's dataclass
+    defaults (what ``cls()`` gives a user); where veRL's yaml holds other values at a place, the place
+    says so here (``section(placed(FSDPOptimizerConfig, lr=1e-6), ...)``)."""
+    return functools.partial(cls, **values)
 
 
 def section(

@@ -23,7 +23,7 @@ _A = "actor_rollout_ref.actor"
 
 
 def _critic_optim() -> FSDPOptimizerConfig:
-    return FSDPOptimizerConfig(lr=1e-5)
+    return FSDPOptimizerConfig(lr=1e-5, min_lr_ratio=0.0)
 
 
 def _base_critic_optim() -> OptimizerConfig:

@@ -22,7 +22,7 @@ class OptimizerConfig(BaseConfig):
     # the trainer fills in the step counts once it knows the dataset size
     _mutable_fields = {"clip_grad", "total_training_steps", "lr_warmup_steps"}
 
-    lr: float = doc(1e-6, "learning rate")
+    lr: float = doc(1e-3, "learning rate")
     lr_warmup_steps_ratio: float = doc(0.0, "warmup steps as a fraction of total_training_steps")
     total_training_steps: int = doc(-1, "steps of the schedule; filled in by the trainer at run time")
     weight_decay: float = doc(0.01, "AdamW weight decay")
@@ -58,7 +58,7 @@ class FSDPOptimizerConfig(OptimizerConfig):
         values=("torch.optim",),
         reason="hybridflow trains with torch.optim.AdamW",
     )
-    min_lr_ratio: float | None = doc(0.0, "cosine: the floor of the schedule, as a fraction of lr")
+    min_lr_ratio: float | None = doc(None, "cosine: the floor of the schedule, as a fraction of lr")
     num_cycles: float = doc(0.5, "cosine: number of cosine cycles over the decay (0.5: one half-wave down)")
     lr_scheduler_type: str = doc("constant", "constant | cosine (after the warmup)", values=("constant", "cosine"))
     zero_indexed_step: bool = doc(

@@ -15,7 +15,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.base import placed, BaseConfig, doc, section
 from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.config.errors import ConfigError
@@ -365,7 +365,7 @@ class SFTTrainerConfig(BaseConfig):
         },
     )
     optim: SFTOptimizerConfig = section(
-        SFTOptimizerConfig,
+        placed(SFTOptimizerConfig, min_lr_ratio=0.0),
         "AdamW and the learning-rate schedule (veRL's optim/fsdp.yaml)",
         keys={
             "total_training_steps": refused(

@@ -285,7 +285,8 @@ class TestRolloutCorrection:
         assert (pg.rollout_is, pg.is_bounds, pg.bypass_mode, pg.loss_type) == ("token", (5.0, 0.5), True, "reinforce")
         assert RolloutCorrectionConfig.bypass_ppo_clip_k3_rs().rejection[0].upper == 0.01
         assert RolloutCorrectionConfig.decoupled_seq_is_rs().rollout_rs == "seq_sum_k1"
-        assert RolloutCorrectionConfig.disabled() == RolloutCorrectionConfig()
+        assert RolloutCorrectionConfig.disabled() == RolloutCorrectionConfig(rollout_is=None)
+        assert RolloutCorrectionConfig().rollout_is == "sequence"  # veRL's dataclass default (its yaml: null)
         presets = [
             n for n, v in vars(RolloutCorrectionConfig).items() if isinstance(v, classmethod) and n != "disabled"
         ]

@@ -145,7 +145,7 @@ def test_dynamic_sampling_generates_until_full_and_trims():
     informative = {0, 5, 6, 8, 9, 10, 11}
     rollout = FakeRollout({p: (0.0, 1.0) if p in informative else 1.0 for p in range(100)})
     next_prompts = prompt_stream(4, start=4)
-    phase = DynamicSampling(FilterGroupsConfig(enable=True), 4, rollout, next_prompts)
+    phase = DynamicSampling(FilterGroupsConfig(enable=True, metric="reward"), 4, rollout, next_prompts)
     metrics: dict = {}
     out = phase(DataProto.from_dict(tensors={"p": torch.arange(4)}), {}, metrics)
     # round 1: 1 kept, 3 missing -> ceil(6/4) = 2 batches wanted, max_inflight 1 -> one batch (4-7);
@@ -163,7 +163,10 @@ def test_dynamic_sampling_generates_until_full_and_trims():
 def test_dynamic_sampling_in_flight_refills_several_batches_at_once():
     rollout = FakeRollout({p: (0.0, 1.0) if p >= 8 else 2.0 for p in range(100)})
     phase = DynamicSampling(
-        FilterGroupsConfig(enable=True, max_inflight_gen_batches=3), 4, rollout, prompt_stream(4, start=4)
+        FilterGroupsConfig(enable=True, metric="reward", max_inflight_gen_batches=3),
+        4,
+        rollout,
+        prompt_stream(4, start=4),
     )
     out = phase(DataProto.from_dict(tensors={"p": torch.arange(4)}), {}, metrics := {})
     # round 1 keeps nothing: 2 × 4 missing = 8 prompts = 2 batches in one round (4-11); 8-11 fill it
@@ -175,7 +178,7 @@ def test_dynamic_sampling_in_flight_refills_several_batches_at_once():
 def test_dynamic_sampling_fails_after_max_num_gen_batches():
     rollout = FakeRollout({p: 1.0 for p in range(100)})  # every group uniform
     phase = DynamicSampling(
-        FilterGroupsConfig(enable=True, max_num_gen_batches=3), 4, rollout, prompt_stream(4, start=4)
+        FilterGroupsConfig(enable=True, metric="reward", max_num_gen_batches=3), 4, rollout, prompt_stream(4, start=4)
     )
     with pytest.raises(RuntimeError, match=r"3 prompt batches generated.*max_num_gen_batches=3.*0 of 4 groups"):
         phase(DataProto.from_dict(tensors={"p": torch.arange(4)}), {}, {})
