@@ -15,7 +15,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hybridflow.config.base import placed, BaseConfig, doc, section
+from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.config.errors import ConfigError
