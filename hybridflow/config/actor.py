@@ -48,15 +48,21 @@ def check_strategy(value: str, key: str) -> None:
 
 
 def check_micro_batch(
-    mbs: int | None, mbs_per_gpu: int | None, dynamic: bool, path: str, key: str = "ppo_micro_batch_size"
+    mbs: int | None,
+    mbs_per_gpu: int | None,
+    dynamic: bool,
+    path: str,
+    key: str = "ppo_micro_batch_size",
+    verl_word: str | None = None,
 ) -> None:
     """veRL's rule: the deprecated global micro-batch size and the per-GPU one are not both set (veRL's
-    message, which its users match on, then the full keys)."""
+    message, which its users match on, then the full keys). ``verl_word``: the key as veRL's message
+    spells it, where it differs (the critic's says micro_batch_size)."""
     if not dynamic and mbs is not None and mbs_per_gpu is not None:
-        role = path.rsplit(".", 1)[-1]
+        role, word = path.rsplit(".", 1)[-1], verl_word or key
         raise ConfigError(
-            f"[{role}] You have set both '{role}.{key}' AND '{role}.{key}_per_gpu'. Please remove "
-            f"'{role}.{key}' because only '*_{key}_per_gpu' is supported (the former is deprecated). "
+            f"[{role}] You have set both '{role}.{word}' AND '{role}.{word}_per_gpu'. Please remove "
+            f"'{role}.{word}' because only '*_{word}_per_gpu' is supported (the former is deprecated). "
             f"({path}.{key}={mbs}, {path}.{key}_per_gpu={mbs_per_gpu})"
         )
 

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationKeyError, MissingMandatoryValue
 
 from hybridflow.config import (
     actor,
@@ -157,14 +158,36 @@ def _checked(obj: Any) -> Any:
 
 def _plain(value: Any) -> Any:
     """``value`` with the OmegaConf nodes in it, at any depth, as plain dicts and lists (resolved): a dict
-    made by ``dict(cfg.section)`` still holds DictConfig / ListConfig values."""
+    made by ``dict(cfg.section)`` still holds DictConfig / ListConfig values. A component of veRL's config
+    tree composed on its own (``actor/dp_actor.yaml``) follows keys of the whole tree that it does not
+    hold; those keys take their defaults at this place (veRL writes them as ``${oc.select:key,default}``)."""
     if isinstance(value, (DictConfig, ListConfig)):
+        if value._get_root() is value:
+            return _resolved_alone(value)
         return OmegaConf.to_container(value, resolve=True)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
+
+
+def _resolved_alone(node: Any) -> Any:
+    """A config composed on its own as plain containers: an interpolation of a key it does not hold is
+    left out (the field's default applies)."""
+    if isinstance(node, DictConfig):
+        out = {}
+        for key in node.keys():
+            try:
+                out[key] = _resolved_alone(node[key])
+            except InterpolationKeyError:
+                continue
+            except MissingMandatoryValue:
+                out[key] = "???"
+        return out
+    if isinstance(node, ListConfig):
+        return [_resolved_alone(node[i]) for i in range(len(node))]
+    return node
 
 
 def _full_key(config: Any) -> str:

@@ -90,13 +90,17 @@ class CriticConfig(BaseConfig):
     def __post_init__(self):
         check_strategy(self.strategy, "critic.strategy")
         check_micro_batch(
-            self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, self._path
+            self.ppo_micro_batch_size,
+            self.ppo_micro_batch_size_per_gpu,
+            self.use_dynamic_bsz,
+            self._path,
+            verl_word="micro_batch_size",
         )
         no_micro_batch = self.ppo_micro_batch_size is None and self.ppo_micro_batch_size_per_gpu is None
         if built_alone() and not self.use_dynamic_bsz and no_micro_batch:  # veRL's check and wording
             raise ConfigError(
-                "[critic] Please set at least one of 'critic.ppo_micro_batch_size' or "
-                "'critic.ppo_micro_batch_size_per_gpu'."
+                "[critic] Please set at least one of 'critic.micro_batch_size' or 'critic.micro_batch_size_per_gpu'. "
+                "(critic.ppo_micro_batch_size, critic.ppo_micro_batch_size_per_gpu)"
             )
         mbs = self.ppo_micro_batch_size
         if not self.use_dynamic_bsz and mbs is not None and self.ppo_mini_batch_size % mbs:

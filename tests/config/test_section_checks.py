@@ -52,7 +52,7 @@ def test_actor_micro_batch_rules_and_validate():
     # veRL asserts a micro-batch size (or dynamic batching) when the section is built alone
     with pytest.raises(AssertionError, match=r"\[actor\] Please set at least one of 'actor.ppo_micro_batch_size'"):
         FSDPActorConfig(ppo_mini_batch_size=16)
-    with pytest.raises(ConfigError, match=r"\[critic\] Please set at least one of 'critic.ppo_micro_batch_size'"):
+    with pytest.raises(ConfigError, match=r"\[critic\] Please set at least one of 'critic.micro_batch_size' or"):
         FSDPCriticConfig()
     FSDPActorConfig(use_dynamic_bsz=True)
     with part_of_tree():  # inside a config tree the rule waits for validate, which names the full keys
