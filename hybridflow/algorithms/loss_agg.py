@@ -56,7 +56,7 @@ def register_loss_agg_mode(name: str):
 
 
 def get_loss_agg_fn(name: str) -> LossAggFn:
-    return LOSS_AGG_REGISTRY.get(name)
+    return LOSS_AGG_REGISTRY[name]
 
 
 def _valid_seqs(loss_mask: torch.Tensor) -> torch.Tensor:

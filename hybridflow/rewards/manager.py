@@ -30,7 +30,7 @@ from hybridflow.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
 
-REWARD_MANAGERS: Registry[type] = Registry("reward manager")
+REWARD_MANAGERS: Registry[type] = Registry("Reward manager", unknown="Unknown reward manager: {name}")
 REWARD_MANAGER_REGISTRY = REWARD_MANAGERS  # veRL's name (verl.workers.reward_manager.registry)
 
 

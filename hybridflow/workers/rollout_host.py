@@ -76,7 +76,7 @@ class RolloutHost:
             lora_alpha=lora.alpha if lora else 16.0,
         )
         self.engine_loop = EngineLoop(f"rollout-engine-rank{self.rank}")
-        server_cls = ROLLOUT_SERVERS.get(name)
+        server_cls = ROLLOUT_SERVERS[name]
 
         async def build():
             return server_cls(spec)
