@@ -37,6 +37,7 @@ _CLIP_COV = "read by policy_loss.loss_mode=clip_cov"
 _REF_SPEED = speed_only("torch.compile, chunked entropy, padding buckets")
 
 STRATEGIES = ("fsdp", "fsdp2", "ddp")
+_NO_GRAD_CLIP = ("grad_clip",)  # optim.grad_clip: veRL's dataclass takes it, its yaml does not hold it
 ROUTER_REPLAY_MODES = ("disabled", "R2", "R3")
 
 
@@ -201,7 +202,9 @@ class ActorConfig(BaseConfig):
     shuffle: bool = doc(False, "shuffle the batch before splitting it into mini-batches")
     data_loader_seed: int = doc(42, "seed of that shuffle")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "what the actor's checkpoints hold")
-    optim: OptimizerConfig = section(placed(OptimizerConfig, lr=1e-6), "the optimizer and lr schedule")
+    optim: OptimizerConfig = section(
+        placed(OptimizerConfig, lr=1e-6), "the optimizer and lr schedule", absent=_NO_GRAD_CLIP
+    )
     use_fused_kernels: bool = doc(
         False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}", note=_ACTOR_SPEED
     )
@@ -303,7 +306,7 @@ class FSDPActorConfig(ActorConfig):
 
     _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class this section is read into")
     optim: FSDPOptimizerConfig = section(
-        placed(FSDPOptimizerConfig, lr=1e-6, min_lr_ratio=0.0), "the optimizer and lr schedule"
+        placed(FSDPOptimizerConfig, lr=1e-6, min_lr_ratio=0.0), "the optimizer and lr schedule", absent=_NO_GRAD_CLIP
     )
     fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine", follows=_engine_follows("actor"))
     grad_clip: float | None = doc(1.0, "before veRL 0.9.1; mapped onto optim.clip_grad at load time")

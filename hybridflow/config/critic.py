@@ -45,7 +45,9 @@ class CriticConfig(BaseConfig):
         reason="hybridflow's training engines",
     )
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
-    optim: OptimizerConfig = section(_base_critic_optim, "the critic's optimizer and lr schedule")
+    optim: OptimizerConfig = section(
+        _base_critic_optim, "the critic's optimizer and lr schedule", absent=("grad_clip",)
+    )
     ppo_mini_batch_size: int = doc(256, "prompts per optimizer step", follows=f"${{{_A}.ppo_mini_batch_size}}")
     ppo_micro_batch_size: int | None = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
     ppo_micro_batch_size_per_gpu: int | None = doc(
@@ -166,7 +168,7 @@ class FSDPCriticConfig(CriticConfig):
     _mutable_fields = CriticConfig._mutable_fields | {"forward_micro_batch_size", "forward_micro_batch_size_per_gpu"}
 
     _target_: str = doc("verl.workers.config.FSDPCriticConfig", "the class this section is read into")
-    optim: FSDPOptimizerConfig = section(_critic_optim, "the critic's optimizer and lr schedule")
+    optim: FSDPOptimizerConfig = section(_critic_optim, "the critic's optimizer and lr schedule", absent=("grad_clip",))
     fsdp: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine")
     forward_micro_batch_size: int | None = doc(
         None, "deprecated global micro-batch of the value pass", follows="${oc.select:.ppo_micro_batch_size,null}"

@@ -29,6 +29,12 @@ class OptimizerConfig(BaseConfig):
     lr_warmup_steps: int | None = doc(-1, "warmup steps; >= 0 wins over lr_warmup_steps_ratio")
     betas: list[float] = doc([0.9, 0.999], "AdamW betas")
     clip_grad: float | None = doc(1.0, "gradient-norm clip (null or 0: none)")
+    grad_clip: float | None = doc(None, "deprecated spelling of clip_grad, which it replaces when set (veRL)")
+
+    def __post_init__(self):
+        if self.grad_clip is not None:  # veRL: the deprecated key wins, with a warning
+            warnings.warn("`grad_clip` is deprecated, use `clip_grad` instead.", DeprecationWarning, stacklevel=3)
+            self.clip_grad = self.grad_clip
 
     def check_values(self) -> None:  # veRL's OptimizerConfig only needs lr set when built
         if self.lr < 0:
@@ -72,6 +78,7 @@ class FSDPOptimizerConfig(OptimizerConfig):
     def __post_init__(self):
         """veRL's checks when built: the deprecated ``warmup_style``, when set, is a known schedule and
         replaces ``lr_scheduler_type`` (with a DeprecationWarning); the schedule is one this engine has."""
+        super().__post_init__()
         if self.warmup_style is not None:
             if self.warmup_style not in self.lr_schedulers:
                 raise ConfigError(

@@ -367,6 +367,7 @@ class SFTTrainerConfig(BaseConfig):
     optim: SFTOptimizerConfig = section(
         placed(SFTOptimizerConfig, min_lr_ratio=0.0),
         "AdamW and the learning-rate schedule (veRL's optim/fsdp.yaml)",
+        absent=("grad_clip",),
         keys={
             "total_training_steps": refused(
                 "the schedule length is trainer.total_training_steps (or epochs x steps per epoch)"

@@ -37,6 +37,9 @@ def test_lr_scheduler_type_and_its_deprecated_alias():
         FSDPOptimizerConfig(warmup_style="linear")
     with pytest.raises(ConfigError, match="optim.lr_scheduler_type='step' is not one of constant, cosine"):
         FSDPOptimizerConfig(lr_scheduler_type="step")
+    with pytest.warns(DeprecationWarning, match="grad_clip"):  # veRL's deprecated spelling replaces clip_grad
+        assert FSDPOptimizerConfig(grad_clip=0.5).clip_grad == 0.5
+    assert (FSDPOptimizerConfig().lr, FSDPOptimizerConfig().min_lr_ratio) == (1e-3, None)  # veRL's defaults
     assert FSDPOptimizerConfig(min_lr_ratio=1.5).min_lr_ratio == 1.5  # veRL checks it when the schedule is built
     with pytest.raises(ConfigError, match=r"optim.min_lr_ratio must be in \[0, 1\]"):
         omega_conf_to_dataclass({"min_lr_ratio": 1.5}, FSDPOptimizerConfig)
