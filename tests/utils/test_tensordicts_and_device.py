@@ -112,3 +112,13 @@ def test_device_helpers_name_this_machines_accelerator(monkeypatch):
     from hybridflow.utils.device import get_device_name  # veRL's path: verl.utils.device
 
     assert get_device_name() == "cpu"
+
+
+def test_a_batch_built_by_the_helpers_reads_into_a_dataproto():
+    from hybridflow.protocol import DataProto
+
+    ids = torch.nested.as_nested_tensor([torch.arange(2), torch.arange(3)], layout=torch.jagged)
+    td = tu.get_tensordict({"x": torch.arange(2.0), "ids": ids, "uid": ["p", "q"]}, {"temperature": 0.5})
+    data = DataProto.from_tensordict(td, meta_info={"step": 1})
+    assert sorted(data.batch.keys()) == ["ids", "x"] and list(data.non_tensor_batch["uid"]) == ["p", "q"]
+    assert data.meta_info == {"step": 1, "temperature": 0.5} and len(data) == 2
