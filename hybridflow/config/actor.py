@@ -14,7 +14,7 @@ from typing import Any
 from hybridflow.config import batch_rules
 from hybridflow.config.base import BaseConfig, built_alone, doc, placed, section
 from hybridflow.config.checkpoint import CheckpointConfig
-from hybridflow.config.engine import FSDPEngineConfig, QATConfig
+from hybridflow.config.engine import FSDPEngineConfig, QATConfig, engine_as_in_yaml
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
 from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
@@ -308,7 +308,7 @@ class FSDPActorConfig(ActorConfig):
     optim: FSDPOptimizerConfig = section(
         placed(FSDPOptimizerConfig, lr=1e-6, min_lr_ratio=0.0), "the optimizer and lr schedule", absent=_NO_GRAD_CLIP
     )
-    fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine", follows=_engine_follows("actor"))
+    fsdp_config: FSDPEngineConfig = section(engine_as_in_yaml, "the training engine", follows=_engine_follows("actor"))
     grad_clip: float | None = doc(1.0, "before veRL 0.9.1; mapped onto optim.clip_grad at load time")
     ulysses_sequence_parallel_size: int = doc(
         1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size", reason=SP
@@ -341,7 +341,7 @@ def _sp_size(top_level: int, engine: FSDPEngineConfig) -> int:
 
 
 def _ref_engine() -> FSDPEngineConfig:
-    return FSDPEngineConfig(forward_only=True)
+    return engine_as_in_yaml(forward_only=True)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from hybridflow.config import batch_rules
 from hybridflow.config.actor import check_micro_batch, check_strategy
 from hybridflow.config.base import BaseConfig, built_alone, doc, section
 from hybridflow.config.checkpoint import CheckpointConfig
-from hybridflow.config.engine import FSDPEngineConfig
+from hybridflow.config.engine import FSDPEngineConfig, engine_as_in_yaml
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import CriticModelConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
@@ -169,7 +169,7 @@ class FSDPCriticConfig(CriticConfig):
 
     _target_: str = doc("verl.workers.config.FSDPCriticConfig", "the class this section is read into")
     optim: FSDPOptimizerConfig = section(_critic_optim, "the critic's optimizer and lr schedule", absent=("grad_clip",))
-    fsdp: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine")
+    fsdp: FSDPEngineConfig = section(engine_as_in_yaml, "the training engine")
     forward_micro_batch_size: int | None = doc(
         None, "deprecated global micro-batch of the value pass", follows="${oc.select:.ppo_micro_batch_size,null}"
     )

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.checkpoint import CheckpointConfig
-from hybridflow.config.engine import FSDPEngineConfig
+from hybridflow.config.engine import FSDPEngineConfig, engine_as_in_yaml
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import HFModelConfig
 from hybridflow.config.module import ModuleConfig
@@ -323,7 +323,7 @@ class SFTTrainerConfig(BaseConfig):
         },
     )
     engine: FSDPEngineConfig = section(
-        FSDPEngineConfig,
+        engine_as_in_yaml,
         "the training engine (veRL's engine/fsdp.yaml)",
         absent=("mixed_precision",),
         keys={

@@ -8,6 +8,7 @@ from hybridflow.config import (
     AgentLoopConfig,
     AlgoConfig,
     FilterGroupsConfig,
+    FSDPEngineConfig,
     FSDPOptimizerConfig,
     OptimizerConfig,
     PPOTrainerConfig,
@@ -26,6 +27,8 @@ def test_classes_have_verls_dataclass_defaults():
     assert (TraceConfig().project_name, TraceConfig().experiment_name) == (None, None)
     assert PrometheusConfig().served_model_name is None
     assert FilterGroupsConfig().metric is None
+    engine = FSDPEngineConfig()
+    assert (engine.wrap_policy, engine.use_no_sync_for_gradient_accumulation, engine.turbo_config) == ({}, True, {})
     assert RolloutCorrectionConfig().rollout_is == "sequence"
     algo = AlgoConfig()  # nested sections stay unset unless configured
     assert (algo.rollout_correction, algo.filter_groups, algo.pf_ppo) == (None, None, None)
@@ -37,6 +40,9 @@ def test_the_tree_keeps_the_yamls_values_at_their_places():
     actor, rollout = tree.actor_rollout_ref.actor, tree.actor_rollout_ref.rollout
     assert (actor.optim.lr, actor.optim.min_lr_ratio) == (1e-6, 0.0)
     assert (tree.critic.optim.lr, tree.critic.optim.min_lr_ratio) == (1e-5, 0.0)
+    for engine in (actor.fsdp_config, tree.actor_rollout_ref.ref.fsdp_config, tree.critic.fsdp):
+        assert engine.wrap_policy == {"min_num_params": 0} and engine.use_no_sync_for_gradient_accumulation is False
+    assert tree.actor_rollout_ref.ref.fsdp_config.forward_only is True
     assert (rollout.val_kwargs.temperature, rollout.val_kwargs.do_sample) == (0.0, False)
     assert rollout.agent.num_workers == 2 and rollout.trace.project_name == "hybridflow_examples"
     algo = tree.algorithm
