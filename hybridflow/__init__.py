@@ -1,6 +1,10 @@
 """hybridflow: reinforcement fine-tuning of language models, the HybridFlow way."""
 
+from hybridflow.compat.finder import install as _install_verl_paths
+
 __version__ = "0.1.0"
+
+_install_verl_paths()  # veRL's import paths (hybridflow.workers.config, ...), served by hybridflow.compat
 
 
 def __getattr__(name):

@@ -18,8 +18,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from omegaconf import OmegaConf
-
+from hybridflow.config.convert import as_section
+from hybridflow.config.evaluation import EvaluationConfig
 from hybridflow.config.loader import parse_cli
 from hybridflow.data.rl_dataset import read_parquet_rows
 from hybridflow.rewards import get_custom_reward_fn
@@ -36,11 +36,10 @@ def _ground_truth(row: dict, key: str, index: int):
 
 def run_eval(config) -> dict[str, float]:
     """Scores of every response of data.path; returns {"<data_source>/mean_score": .., "<data_source>/pass@k": ..}."""
+    config = as_section(config, EvaluationConfig)  # the composed tree, read into its typed tree once
     d = config.data
     crf = config.custom_reward_function
-    kwargs = crf.reward_kwargs
-    kwargs = OmegaConf.to_container(kwargs) if OmegaConf.is_config(kwargs) else dict(kwargs)
-    compute_score = get_custom_reward_fn(crf.path, crf.name, kwargs)
+    compute_score = get_custom_reward_fn(crf.path, crf.name, dict(crf.reward_kwargs))
     rows = read_parquet_rows(os.path.expanduser(d.path), required_column=d.response_key)
     sources, scores = [], []
     for i, row in enumerate(rows):

@@ -13,6 +13,7 @@ parquet holds every input column plus ``responses``: a list of n_samples strings
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -21,31 +22,32 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from omegaconf import OmegaConf
 
+from hybridflow.config.convert import as_section
+from hybridflow.config.generation import GenerationConfig
 from hybridflow.config.loader import parse_cli
+from hybridflow.config.ppo_trainer import ActorRolloutRefConfig
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn, read_parquet_rows
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.single_controller.factory import build_worker_group, start_backend
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.utils.logging_utils import setup_cli_logging
-from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker
+from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
 
 logger = logging.getLogger(__name__)
 
 
-def worker_config(config) -> dict:
-    """The ``actor_rollout_ref``-shaped section the worker reads (model + rollout; one response per row)."""
-    tree = OmegaConf.to_container(config, resolve=True)
-    rollout = dict(tree["rollout"])
-    rollout["n"] = 1  # the driver repeats prompts n_samples times; the engine answers each row once
-    return {"model": tree["model"], "rollout": rollout, "actor": tree["actor"]}
+def worker_config(config: GenerationConfig) -> ActorRolloutRefConfig:
+    """The ``actor_rollout_ref`` section the worker reads (model + rollout; one response per row)."""
+    rollout = dataclasses.replace(config.rollout, n=1)  # the driver repeats prompts n_samples times
+    return ActorRolloutRefConfig(model=config.model, rollout=rollout, actor=config.actor)
 
 
 def build_rollout_group(config):
     """(worker group, shutdown callable) for the rollout role on the configured backend."""
+    config = as_section(config, GenerationConfig)
     t = config.trainer
     device = resolve_device(t.device)
     stop_backend = start_backend(t.backend, config.ray_kwargs.ray_init, worker_env={"HYBRIDFLOW_DEVICE": device})
@@ -92,19 +94,15 @@ def generate_responses(
 
 def run_generation(config) -> str:
     """Generate for every row of data.path; write data.output_path; return its path."""
+    config = as_section(config, GenerationConfig)  # the composed tree, read into its typed tree once
     d = config.data
+    for note in config.validate():  # validated once, here
+        logger.warning("[config] %s", note)
     n_samples, batch_size = int(d.n_samples), int(d.batch_size)
-    if n_samples < 1 or batch_size < 1:
-        raise ValueError(f"data.n_samples and data.batch_size must be >= 1, got {n_samples}, {batch_size}")
-    if not config.rollout.do_sample and n_samples > 1:
-        logger.warning(
-            "[config] rollout.do_sample=False with data.n_samples=%d: the responses will be identical", n_samples
-        )
     model_path = local_model_path(config.model.path, "model.path")
     tokenizer = load_tokenizer(model_path, bool(config.model.trust_remote_code))
     rows = read_parquet_rows(os.path.expanduser(d.path), required_column=d.prompt_key)
-    raw_kwargs = d.get("apply_chat_template_kwargs")
-    template_kwargs = OmegaConf.to_container(raw_kwargs, resolve=True) if raw_kwargs is not None else {}
+    template_kwargs = dict(d.apply_chat_template_kwargs or {})
     dataset = RLHFDataset(
         os.path.expanduser(d.path),
         tokenizer,

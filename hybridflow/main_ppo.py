@@ -9,13 +9,14 @@ stop (workers and the Ray processes it started are shut down, exit code 143).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import sys
 
-from omegaconf import OmegaConf
-
+from hybridflow.config.convert import as_section
 from hybridflow.config.loader import ConfigError, parse_cli
+from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.data.custom_dataset import build_rl_dataset
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
 from hybridflow.data.sampler import create_rl_dataloader
@@ -34,28 +35,26 @@ EXIT_CODE_HANG = 3  # the command line's exit code when the watchdog reported a 
 EXIT_CODE_SIGTERM = 128 + signal.SIGTERM
 
 
-def with_runtime_values(config, total_training_steps: int):
-    """A new read-only config with the values only known at start-up (the LR schedule length)."""
-    tree = OmegaConf.to_container(config, resolve=True)
-    tree["actor_rollout_ref"]["actor"]["optim"]["total_training_steps"] = total_training_steps
-    tree["critic"]["optim"]["total_training_steps"] = total_training_steps
-    out = OmegaConf.create(tree)
-    OmegaConf.set_readonly(out, True)
-    return out
+def with_runtime_values(config: PPOTrainerConfig, total_training_steps: int) -> PPOTrainerConfig:
+    """A new config with the values only known at start-up (the LR schedule length)."""
+
+    def steps(section):  # a section whose optim gets the schedule length
+        return dataclasses.replace(
+            section, optim=dataclasses.replace(section.optim, total_training_steps=total_training_steps)
+        )
+
+    aref = config.actor_rollout_ref
+    return dataclasses.replace(
+        config, actor_rollout_ref=dataclasses.replace(aref, actor=steps(aref.actor)), critic=steps(config.critic)
+    )
 
 
 def build_reward_fns(config, tokenizer):
+    config = as_section(config, PPOTrainerConfig)
     crf = config.reward.custom_reward_function
-    kwargs = crf.reward_kwargs
-    kwargs = OmegaConf.to_container(kwargs) if OmegaConf.is_config(kwargs) else dict(kwargs or {})
-    compute_score = get_custom_reward_fn(crf.path, crf.name, kwargs)
+    compute_score = get_custom_reward_fn(crf.path, crf.name, dict(crf.reward_kwargs))
     name = config.reward.reward_manager.name
-    manager_kwargs = config.reward.get("reward_kwargs") or {}  # e.g. DAPO's max_resp_len, overlong_buffer_cfg
-    manager_kwargs = (
-        OmegaConf.to_container(manager_kwargs, resolve=True)
-        if OmegaConf.is_config(manager_kwargs)
-        else dict(manager_kwargs)
-    )
+    manager_kwargs = dict(config.reward.reward_kwargs)  # e.g. DAPO's max_resp_len, overlong_buffer_cfg
     reward_fn = load_reward_manager(
         name,
         tokenizer,
@@ -87,10 +86,17 @@ def check_prompts_fit(dataset: RLHFDataset, key: str) -> None:
             raise ValueError(f"{key}={dataset.data_files}: {e}") from None
 
 
-def build_trainer(config) -> RayPPOTrainer:
-    """Data, rewards and the trainer from a validated config (workers not started yet)."""
+def checked_config(config) -> PPOTrainerConfig:
+    """The run's one typed configuration: a composed tree read into ``PPOTrainerConfig`` and validated (once
+    per launch; the notes are logged). Raises ConfigError listing every error."""
+    config = as_section(config, PPOTrainerConfig)
     for note in validate_ppo_config(config):
         logger.warning("[config] %s", note)
+    return config
+
+
+def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
+    """Data, rewards and the trainer from a validated config (workers not started yet)."""
     device = resolve_device(config.trainer.device)
     model_path = local_model_path(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
     trust = bool(config.data.trust_remote_code or config.actor_rollout_ref.model.trust_remote_code)
@@ -132,9 +138,11 @@ def build_trainer(config) -> RayPPOTrainer:
 
 
 def run_ppo(config) -> dict:
-    """Build data, rewards and workers from a validated config and train; returns the last metrics.
+    """Build data, rewards and workers from a config (a composed tree or a ``PPOTrainerConfig``; checked
+    here) and train; returns the last metrics.
 
     Raises on failure (``WorkerHangError`` when the watchdog reports a hang); never ends the process."""
+    config = checked_config(config)
     with restored_environ(["HYBRIDFLOW_DEVICE"]):
         trainer = build_trainer(config)
         trainer.init_workers()
@@ -151,16 +159,14 @@ def _stop_on_sigterm(signum, frame):
 def main(argv=None) -> None:
     setup_cli_logging()
     config = parse_cli("ppo_trainer", sys.argv[1:] if argv is None else argv)
-    try:
-        validate_ppo_config(config)  # inconsistent values: a message with the numbers, not a traceback
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
     # SIGTERM unwinds the run like an error: workers shut down, then Ray's processes (Ray's own
     # handler, installed when it starts, does the same with exit code 15)
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        run_ppo(config)
+        run_ppo(config)  # the config is checked first, once
+    except ConfigError as e:  # inconsistent values: a message with the numbers, not a traceback
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     except WorkerHangError as e:  # the report is written and the workers are down: say so, exit non-zero
         notes = "".join(f"\n{n}" for n in getattr(e, "__notes__", []))
         print(f"error: {e}{notes}", file=sys.stderr)

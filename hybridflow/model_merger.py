@@ -24,7 +24,6 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from transformers import AutoConfig
 
@@ -32,6 +31,7 @@ from hybridflow.trainer.checkpoint import complete_steps, step_dir_name
 from hybridflow.utils.atomic_folder import folder_written_atomically
 from hybridflow.utils.logging_utils import setup_cli_logging
 from hybridflow.utils.param_names import strip_wrapper_prefixes
+from hybridflow.utils.safe_load import SafeMetadataReader
 from hybridflow.workers.checkpoint import DCP_DIR, HF_DIR, quiet_no_pg, write_hf_model
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def load_dcp_model_state(local_dir: str) -> dict[str, torch.Tensor]:
 
     Only the ``model.*`` entries are read (the optimizer state, ~2x the model, stays on disk).
     """
-    reader = FileSystemReader(_require_checkpoint(local_dir))
+    reader = SafeMetadataReader(_require_checkpoint(local_dir))
     metadata = reader.read_metadata()
     state = {}
     for key, meta in metadata.state_dict_metadata.items():

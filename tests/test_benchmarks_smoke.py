@@ -103,6 +103,47 @@ def test_async_throughput_all_modes():
     assert len(_verdicts(out)) == 1
 
 
+def test_gpu_check_quick_on_cpu(tmp_path):
+    """benchmarks/gpu_check.py's pipeline with a tiny model on the CPU (~10 s): table, verdicts, JSON."""
+    import json
+
+    out = _run("gpu_check.py", "--device", "cpu", "--out", str(tmp_path))
+    assert re.search(
+        r"^\| hf rollout \(4 prompts x 8 new tokens\) \| \d+ tokens/s \| generate \d+ tokens/s", out, re.M
+    ), out
+    assert len(_verdicts(out)) == 2
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    # ignore_eos: both generators made every token; an update trains 4 full rows of 8 + 8 tokens
+    assert result["rollout_tokens"] == result["generate_tokens"] == 32 and result["update_tokens"] == 64
+    assert (tmp_path / "gpu_check.md").read_text().startswith("**cpu")
+
+
+def test_gpu_check_profile_quick_on_cpu(tmp_path):
+    """``--profile``: the phase breakdown, the profiler's tables and the levers, end to end on the CPU."""
+    import json
+
+    out = _run("gpu_check.py", "--device", "cpu", "--profile", "--out", str(tmp_path))
+    assert "hf rollout" not in out  # the rollout is skipped
+    result = json.loads((tmp_path / "gpu_profile.json").read_text())
+    assert result["checkpointing"] is False and result["micro_batches"] == 2  # 4 rows, micro-batch 2
+    assert result["micro_batch_shapes"] == [[2, 16]]
+    phases = result["phases_s"]
+    assert result["backward_split"] and phases["backward: lm_head"] > 0 and phases["forward: lm_head"] > 0
+    # the parts of the forward and of the backward add up to their phase
+    forward_parts = ("forward: model body", "forward: lm_head", "forward: log-prob over vocab")
+    assert abs(sum(phases[k] for k in forward_parts) - phases["forward"]) < 1e-6
+    backward_parts = ("backward: loss + log-prob over vocab", "backward: lm_head", "backward: model body")
+    assert sum(phases[k] for k in backward_parts) <= phases["backward"] + 1e-6
+    profile = result["profile"]
+    assert profile["rows"] == 2  # one micro-batch
+    assert profile["top_ops"] and any(op["name"] == "aten::mm" for op in profile["vocab_ops"])
+    variants = result["variants"]
+    assert [(v["micro"], v["checkpointing"]) for v in variants] == [(4, False), (1, False), (2, True), (4, True)]
+    assert all("error" not in v and v["checkpointing_read_back"] == v["checkpointing"] for v in variants)
+    assert re.search(r"^\| \*\*backward\*\* \| \d+\.\d+ \| \d+\.\d %", out, re.M), out
+    assert (tmp_path / "gpu_profile.md").read_text().startswith("**cpu")
+
+
 def test_prefix_grouper_paths_agree():
     out = _run("prefix_grouper.py")
     assert re.search(r"speed-up \d+\.\d+x; max \|log-prob difference\| (\d\.\d+e[-+]\d+)", out)

@@ -1,6 +1,7 @@
 """Imports flow one way, down the layers of ``LAYERS`` (drawn in docs/architecture.md): no module imports
-a package of its own layer or above, except the alias modules that offer veRL's import paths, which hold
-re-exports only. Read from the source (AST), so an import inside a function counts too."""
+a package of its own layer or above, and no two modules or packages import each other. veRL's import paths
+are not files of the core but the table of ``hybridflow.compat``, which nothing of the core imports through.
+Read from the source (AST), so an import inside a function counts too."""
 
 from __future__ import annotations
 
@@ -73,10 +74,7 @@ def test_the_checker_sees_absolute_relative_and_nested_imports():
 # the same list.
 LAYERS = (
     ("utils", "protocol_layout"),  # generic helpers, the DataProto wire layout
-    (
-        "config",
-        "base_config",
-    ),  # the typed config sections, keys and loader (only generic helpers below); veRL's BaseConfig path
+    ("config",),  # the typed config sections, keys and loader (only generic helpers below)
     ("protocol", "protocol_keys"),  # DataProto; the meta_info keys it carries between driver and workers
     ("algorithms", "rewards", "models"),  # pure RL math, scorers and the code sandbox, the tiny model
     ("tools", "interactions"),  # tool/user APIs (the gsm8k tool and interaction score with rewards.scorers)
@@ -84,22 +82,10 @@ LAYERS = (
     ("rollout",),  # what the agent loop knows of an engine: requests, answers, the server interface
     ("agent_loop",),  # trajectories over rollout servers
     ("workers", "data"),  # role workers with their engines (training, rollout servers); datasets
-    ("trainer", "experimental"),  # the driver loop; veRL's experimental paths
+    ("trainer",),  # the driver loop
+    ("compat",),  # veRL's import paths: a table of what serves each, above everything it names
     ("main_ppo", "main_generation", "main_eval", "main_sft", "model_merger", "plot", "devtools", "__init__"),
 )
-# modules that exist to offer veRL's import paths: they may point up, and hold re-exports only
-ALIASES: tuple[str, ...] = (
-    "hybridflow.base_config",
-    "hybridflow.trainer.config",
-    "hybridflow.workers.config",
-    "hybridflow.utils.seqlen_balancing",
-    "hybridflow.utils.dataset",
-    "hybridflow.utils.reward_score",
-    "hybridflow.utils.config",
-)
-# alias modules that are a package's __init__ only (veRL's ``verl.utils.omega_conf_to_dataclass``): the rest of
-# the package is not an alias
-PACKAGE_INIT_ALIASES: tuple[str, ...] = ("hybridflow.utils",)
 
 
 def layer_of(module: str) -> int | None:
@@ -115,10 +101,6 @@ def top_level_names() -> set[str]:
     }
 
 
-def is_alias(module: str) -> bool:
-    return module in PACKAGE_INIT_ALIASES or any(module == a or module.startswith(a + ".") for a in ALIASES)
-
-
 def upward_imports() -> list[str]:
     """``path:line: A (layer i) imports B (layer j >= i)`` for every import that does not point down."""
     bad = []
@@ -126,8 +108,6 @@ def upward_imports() -> list[str]:
         rel = path.relative_to(PACKAGE_ROOT.parent)
         name = ".".join(rel.with_suffix("").parts)
         own_top = name.split(".")[1]
-        if is_alias(name.replace(".__init__", "")):
-            continue
         mine = layer_of(name)
         for line, module in imported_modules(path.read_text(), name):
             if not module.startswith("hybridflow.") or module.split(".")[1] == own_top:
@@ -150,30 +130,131 @@ def test_imports_only_point_down_the_layers():
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
 
 
-def test_alias_modules_hold_re_exports_only():
-    """veRL's import paths (ALIASES) hold imports and ``__all__``, no logic."""
-    for alias in ALIASES:
-        base = PACKAGE_ROOT.parent / alias.replace(".", "/")
-        files = sorted(base.rglob("*.py")) if base.is_dir() else [base.with_suffix(".py")]
-        for path in files:
-            if not path.exists():
-                continue
-            for node in ast.parse(path.read_text()).body:
-                ok = (
-                    isinstance(node, (ast.Import, ast.ImportFrom))
-                    or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
-                    or (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"])
-                )
-                assert ok, (
-                    f"{path.relative_to(PACKAGE_ROOT.parent)}:{node.lineno}: an alias module holds re-exports only"
-                )
-
-
 def test_the_layer_check_catches_a_back_arrow():
     """The rule is not vacuous: the check names an import of a higher layer (workers -> trainer)."""
     found = imported_modules("from hybridflow.trainer.ppo import ray_trainer\n", "hybridflow.workers.x")
     ((line, module),) = found
     assert layer_of(module) > layer_of("hybridflow.workers.x")
+
+
+# ----------------------------------------------------------------------------- no cycles
+# An edge A -> B for every import statement in A that names module B (``from pkg import name`` names
+# ``pkg.name`` where that is a module); imports inside functions and under TYPE_CHECKING count too, since
+# they tie the two modules together as much as a top-level one. Importing ``a.b.c`` is no edge to the
+# packages ``a`` and ``a.b`` (their __init__ runs, but that is the package holding its parts, not a use).
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted name -> file of every module of hybridflow (a package under its own name)."""
+    out = {}
+    for path in PACKAGE_ROOT.rglob("*.py"):
+        parts = path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imports_of(source: str, name: str, is_package: bool, files) -> set[str]:
+    """The hybridflow modules (names in ``files``) that the module ``name`` with this ``source`` imports."""
+
+    def known(target: str) -> str | None:
+        while target and target not in files:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    package = name if is_package else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{anchor}.{base}" if base else anchor
+            targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names}
+    return {t for t in map(known, (t for t in targets if t.startswith("hybridflow"))) if t and t != name}
+
+
+def import_graph(files: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the hybridflow modules it imports (see above)."""
+    return {name: imports_of(p.read_text(), name, p.name == "__init__.py", files) for name, p in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def package_graphs(graph: dict[str, set[str]]) -> dict[str, dict[str, set[str]]]:
+    """Per package, the graph of its children (subpackages and modules): child A -> child B when anything
+    in A imports anything in B."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for a, targets in graph.items():
+        for b in targets:
+            pa, pb = a.split("."), b.split(".")
+            k = 0
+            while k < min(len(pa), len(pb)) and pa[k] == pb[k]:
+                k += 1
+            if k < len(pa) and k < len(pb):  # neither contains the other
+                out.setdefault(".".join(pa[:k]), {}).setdefault(".".join(pa[: k + 1]), set()).add(".".join(pb[: k + 1]))
+    return out
+
+
+def test_the_cycle_check_sees_module_and_package_cycles():
+    graph = {"p.a.x": {"p.b.y"}, "p.b.y": {"p.b.z"}, "p.b.z": {"p.a.w"}, "p.a.w": set(), "p.c": {"p.c.d"}}
+    assert cycles(graph) == []  # x -> y -> z -> w: no module cycle ...
+    assert cycles(package_graphs(graph)["p"]) == [["p.a", "p.b"]]  # ... but a and b import each other
+    assert cycles({**graph, "p.a.w": {"p.a.x"}}) == [["p.a.w", "p.a.x", "p.b.y", "p.b.z"]]
+    source = "def f():\n    from hybridflow.rewards import dapo\n"  # lazy, and a module named by from-import
+    files = {"hybridflow.rewards", "hybridflow.rewards.dapo", "hybridflow.rewards.manager"}
+    assert imports_of(source, "hybridflow.rewards.manager", False, files) == {"hybridflow.rewards.dapo"}
+
+
+def test_no_two_modules_import_each_other():
+    found = cycles(import_graph(module_files()))
+    assert not found, "import cycles between modules:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_two_packages_import_each_other():
+    found = [
+        f"in {parent}: " + " <-> ".join(c)
+        for parent, children in sorted(package_graphs(import_graph(module_files())).items())
+        for c in cycles(children)
+    ]
+    assert not found, "import cycles between packages:\n" + "\n".join(found)
+
+
+def test_data_imports_neither_the_agent_loop_nor_the_tools():
+    """What datasets share with them (the chat template's token deltas, the tool yaml) sits in utils."""
+    assert not violations(PACKAGE_ROOT / "data", ("hybridflow.agent_loop", "hybridflow.tools"))
 
 
 def test_workers_do_not_import_the_trainer():
@@ -186,6 +267,41 @@ def test_the_config_package_imports_only_generic_helpers():
     assert not violations(
         PACKAGE_ROOT / "config", others + ("hybridflow.utils.config", "hybridflow.utils.reward_score")
     )
+
+
+# where a composed OmegaConf tree may be read: the config package (the loader, the doors' converter), the entry
+# points (they compose the yaml and read it into their typed tree once) and the maintainers' devtools
+OMEGACONF_READERS = ("config", "main_ppo", "main_sft", "main_generation", "main_eval", "devtools")
+
+
+def omegaconf_importers(package_dir: Path = PACKAGE_ROOT) -> list[str]:
+    """``path:line`` of every import of omegaconf outside OMEGACONF_READERS."""
+    bad = []
+    for path in sorted(package_dir.rglob("*.py")):
+        rel = path.relative_to(package_dir.parent)
+        if rel.parts[1].removesuffix(".py") in OMEGACONF_READERS:
+            continue
+        name = ".".join(rel.with_suffix("").parts)
+        bad += [
+            f"{rel}:{line}"
+            for line, module in imported_modules(path.read_text(), name)
+            if module == "omegaconf" or module.startswith("omegaconf.")
+        ]
+    return bad
+
+
+def test_below_the_entry_points_nothing_imports_omegaconf():
+    """The trainer, the workers, the agent loop, the datasets... take typed sections; veRL's doors that accept
+    a DictConfig convert it with hybridflow.config's ``as_section`` (omegaconf stays in config/)."""
+    assert omegaconf_importers() == []
+
+
+def test_the_omegaconf_check_sees_an_import(tmp_path):
+    module = tmp_path / "hybridflow" / "workers" / "sneaky.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("def f():\n    from omegaconf import OmegaConf\n")
+    (tmp_path / "hybridflow" / "main_ppo.py").write_text("import omegaconf\n")
+    assert omegaconf_importers(tmp_path / "hybridflow") == ["hybridflow/workers/sneaky.py:2"]
 
 
 def test_algorithms_import_nothing_above_utils():
@@ -212,6 +328,8 @@ def test_reward_scorers_and_the_sandbox_are_leaves():
         "hybridflow.protocol",
         "hybridflow.data",
         "hybridflow.rewards.manager",
+        "hybridflow.rewards.rule_manager",
+        "hybridflow.rewards.registry",
         "hybridflow.rewards.custom",
         "hybridflow.algorithms",
         "torch",

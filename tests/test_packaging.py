@@ -53,6 +53,9 @@ _CHECK = textwrap.dedent(
     """
     import json, sys
     import hybridflow, hybridflow.protocol, hybridflow.single_controller.ray
+    import hybridflow.devtools.check_verl_examples  # what users run ships
+    from hybridflow.trainer.config import AlgoConfig  # veRL's paths: served by hybridflow.compat
+    from hybridflow.workers.config import FSDPActorConfig
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
     from hybridflow.config.loader import config_dir, load_config, raw_default_config
@@ -97,7 +100,9 @@ def test_wheel_contains_configs_and_package(wheel):
         assert f"hybridflow/configs/{name}" in names
     assert "hybridflow/protocol.py" in names
     assert "hybridflow/single_controller/ray/base.py" in names
-    assert not [n for n in names if n.startswith(("tests/", "configs/"))]  # only the package is shipped
+    assert not [n for n in names if n.startswith(("tests/", "configs/", "devtools/"))]  # only the package is shipped
+    assert "hybridflow/compat/paths.py" in names and "hybridflow/devtools/check_verl_examples.py" in names
+    assert not [n for n in names if "config_yaml" in n or "verl_keys" in n]  # maintainers' tools stay behind
     tree = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "hybridflow/trainer/config").rglob("*.yaml"))
     assert "hybridflow/trainer/config/actor/dp_actor.yaml" in tree
     assert [n for n in tree if n not in names] == []  # veRL's config tree, for hydra.searchpath

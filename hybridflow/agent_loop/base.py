@@ -19,11 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from hybridflow.agent_loop.trace import trace_store
 from hybridflow.config.base import to_dict
-from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.convert import as_section
+from hybridflow.config.errors import ConfigError
 from hybridflow.config.rollout import MultiTurnConfig, RolloutConfig, TraceConfig
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.utils.registry import Registry
@@ -32,7 +31,7 @@ from hybridflow.utils.registry import Registry
 def multi_turn_config(section: Any) -> MultiTurnConfig:
     """``actor_rollout_ref.rollout.multi_turn`` as its typed section (checked on construction; absent: the
     defaults). ``max_assistant_turns`` / ``max_user_turns``: None or 0 = no limit."""
-    return omega_conf_to_dataclass(section or None, MultiTurnConfig, path="actor_rollout_ref.rollout.multi_turn")
+    return as_section(section, MultiTurnConfig, "actor_rollout_ref.rollout.multi_turn")
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ def agent_loop_settings(
     """The settings of ``rollout`` (a ``RolloutConfig``; a DictConfig or dict is read into one).
     ``run_dir``: given by the one caller that traces (main_ppo, ``trainer.default_local_dir``): with a
     ``rollout.trace.backend`` the trajectories are traced, to the store ``trace_store`` picks there."""
-    rollout = omega_conf_to_dataclass(rollout, RolloutConfig, path="actor_rollout_ref.rollout")
+    rollout = as_section(rollout, RolloutConfig, "actor_rollout_ref.rollout")
     traced = run_dir is not None and rollout.trace.backend is not None
     return AgentLoopSettings(
         prompt_length=rollout.prompt_length,
@@ -123,9 +122,9 @@ class AgentLoopBase(ABC):
 
     @property
     def rollout_config(self):
-        """The rollout section as an attribute-access config (veRL loops read
-        ``self.rollout_config.response_length``)."""
-        return OmegaConf.create(self.settings.extra.get("rollout", {}))
+        """The typed rollout section (veRL loops read ``self.rollout_config.response_length``)."""
+        rollout = self.settings.rollout
+        return rollout if rollout is not None else as_section(self.settings.extra.get("rollout"), RolloutConfig)
 
     async def apply_chat_template(
         self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True
@@ -148,6 +147,16 @@ class AgentLoopBase(ABC):
 
 
 AGENT_LOOPS: Registry[type[AgentLoopBase]] = Registry("agent loop")
+
+
+def check_agent_loop(name: str, key: str, configured=()) -> None:
+    """Start-up check: ConfigError naming ``key`` unless ``name`` is a registered agent loop or one of the
+    ``configured`` ones (agent.agent_loop_config_path's)."""
+    if name not in AGENT_LOOPS and name not in configured:
+        raise ConfigError(
+            f"{key}={name!r} is not a registered agent loop; known: {', '.join(AGENT_LOOPS.names())} "
+            "(or add it to agent.agent_loop_config_path)"
+        )
 
 
 def register(agent_name: str):

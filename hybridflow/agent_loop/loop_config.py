@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import os
 
-from omegaconf import OmegaConf
-
 from hybridflow.agent_loop.base import AgentLoopBase
+from hybridflow.config.convert import read_yaml_file
 from hybridflow.utils.import_utils import load_class
 
 
@@ -25,7 +24,7 @@ def load_agent_loop_config(path: str) -> dict[str, tuple[type, dict]]:
         raise FileNotFoundError(
             f"agent loop config file not found: {path} (actor_rollout_ref.rollout.agent.agent_loop_config_path)"
         )
-    entries = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    entries = read_yaml_file(path)
     if not isinstance(entries, list):
         raise ValueError(f"agent loop config {path}: expected a list of entries with 'name' and '_target_'")
     out: dict[str, tuple[type, dict]] = {}

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.agent_loop.base import AgentLoopBase, AgentLoopOutput, register
-from hybridflow.agent_loop.chat_tokens import ChatTokenizer, TokenizationMismatch
 from hybridflow.agent_loop.tool_calls import ToolCaller
 from hybridflow.agent_loop.tool_parser import TOOL_PARSERS, FunctionCall
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.server import ABORT
-from hybridflow.tools.schemas import OpenAIFunctionCallSchema, OpenAIFunctionParsedSchema
+from hybridflow.utils.chat_tokens import ChatTokenizer, TokenizationMismatch
+from hybridflow.utils.tool_schemas import OpenAIFunctionCallSchema, OpenAIFunctionParsedSchema
 
 logger = logging.getLogger(__name__)
 _mismatches_logged = 0

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.agent_loop.tool_parser import FunctionCall
-from hybridflow.tools.schemas import ToolResponse
+from hybridflow.utils.tool_schemas import ToolResponse
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from hybridflow.config.errors import ConfigError
 from hybridflow.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,16 @@ class ToolParser:
 
 
 TOOL_PARSERS: Registry[type[ToolParser]] = Registry("tool-call format (rollout.multi_turn.format)")
+
+
+def check_tool_parser(name: str, key: str) -> None:
+    """Start-up check: ConfigError naming ``key`` unless ``name`` is a registered tool-call format."""
+    if name not in TOOL_PARSERS:
+        raise ConfigError(
+            f"{key}={name!r} is not a registered tool-call format; known: {', '.join(TOOL_PARSERS.names())} "
+            "(veRL's other parsers are not implemented; a parser registers with "
+            "hybridflow.agent_loop.tool_parser.register_tool_parser)"
+        )
 
 
 def register_tool_parser(name: str):

@@ -32,7 +32,6 @@ from hybridflow.config.rollout import TraceConfig
 from hybridflow.utils.registry import Registry
 
 KEY = "actor_rollout_ref.rollout.trace"
-NOT_IMPLEMENTED = {"weave": "Weights & Biases Weave", "trackio": "Trackio"}
 
 
 def trace_store(trace: TraceConfig, run_dir: str) -> str | None:
@@ -72,13 +71,17 @@ TRACE_BACKENDS: Registry[Callable[[TraceConfig, str | None], RolloutTracer]] = R
 def check_backend(backend: str | None) -> None:
     if backend is None:
         raise ValueError(f"{KEY}.backend is null: nothing is traced")
-    if backend in NOT_IMPLEMENTED:
-        raise ValueError(
-            f"{KEY}.backend={backend!r}: the {NOT_IMPLEMENTED[backend]} backend is not implemented; "
-            f"use mlflow (pip install 'hybridflow[trace]')"
-        )
+    # (veRL's backends hybridflow does not implement are refused by TraceConfig, which names them)
     if backend not in TRACE_BACKENDS:
         raise ValueError(f"{KEY}.backend={backend!r} is not a trace backend; known: {', '.join(TRACE_BACKENDS)}")
+
+
+def check_trace(trace: TraceConfig, run_dir: str) -> None:
+    """Start-up check: a backend that is registered and whose packages are installed (null: nothing traced)."""
+    if trace.backend is not None:
+        uri = trace_store(trace, run_dir)
+        if trace.backend == "mlflow":
+            import_mlflow(uri)
 
 
 def make_tracer(trace: TraceConfig, tracking_uri: str | None = None) -> RolloutTracer:
@@ -233,6 +236,14 @@ def rollout_numbers(index: Sequence) -> list[int]:
     for i, value in enumerate(index):
         out.append(out[-1] + 1 if i and index[i - 1] == value else 0)
     return out
+
+
+async def get_trajectory_info(step: int, index: list, validate: bool) -> list[dict]:
+    """Per sample: step, its dataset index, which of the ``n`` samples of that index it is, validate (veRL's helper)."""
+    return [
+        {"step": step, "sample_index": idx, "rollout_n": n, "validate": validate}
+        for idx, n in zip(index, rollout_numbers(index))
+    ]
 
 
 class TracedServer:

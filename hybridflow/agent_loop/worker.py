@@ -42,7 +42,7 @@ from hybridflow.config.rollout import RolloutConfig
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.sampling import SamplingParams, resolve_sampling, rollout_sampling
-from hybridflow.tools.tool_registry import initialize_tools_from_config
+from hybridflow.utils.tool_config import initialize_tools_from_config
 
 # non-tensor fields that are not per-sample keyword arguments of a loop
 _NOT_FOR_LOOPS = ("raw_prompt_ids",)

@@ -31,7 +31,7 @@ from hybridflow.algorithms.rollout_correction_metrics import (
     offpolicy_metrics,
     rejection_option_metrics,
 )
-from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.convert import as_section
 from hybridflow.config.rollout_correction import (
     IS_LEVELS,
     LOSS_TYPES,
@@ -63,7 +63,7 @@ def rollout_correction_config(section: Any, path: str = "algorithm.rollout_corre
     section: metrics only). Raises ConfigError (a ValueError) naming the offending key."""
     if not section:
         return RolloutCorrectionConfig.disabled()
-    return omega_conf_to_dataclass(section, RolloutCorrectionConfig, path=path)
+    return as_section(section, RolloutCorrectionConfig, path)
 
 
 def compute_is_weights(

@@ -1,12 +1,12 @@
 """hybridflow's configuration declared as typed sections: every key once, with its type, its default and a
-one-line doc. configs/*.yaml are generated from these declarations (``python -m
-hybridflow.devtools.config_yaml``; tests fail when a file drifts).
+one-line doc. configs/*.yaml are generated from these declarations (``python -m devtools.config_yaml`` in a
+source checkout; tests fail when a file drifts).
 
 The bottom layer of the package: it imports nothing of hybridflow, so every other layer can take the
-typed section it needs. veRL's import paths re-export these classes: ``hybridflow.base_config``,
-``hybridflow.trainer.config``, ``hybridflow.workers.config``; ``omega_conf_to_dataclass`` is also in
-``hybridflow.utils`` and ``hybridflow.utils.config``. Megatron's (and other engines') classes are
-refused by name.
+typed section it needs. veRL's import paths serve these classes (``hybridflow.base_config``,
+``hybridflow.trainer.config``, ``hybridflow.workers.config``; ``omega_conf_to_dataclass`` also at
+``hybridflow.utils`` and ``hybridflow.utils.config``: the table of ``hybridflow.compat``). Megatron's (and
+other engines') classes are refused by name.
 """
 
 from hybridflow.config.actor import ActorConfig, FSDPActorConfig, PolicyLossConfig, RefConfig, RouterReplayConfig

@@ -11,7 +11,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.config import batch_rules
+from hybridflow.config import rules
 from hybridflow.config.base import BaseConfig, built_alone, doc, placed, section
 from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.engine import FSDPEngineConfig, QATConfig, engine_as_in_yaml
@@ -122,6 +122,28 @@ class PolicyLossConfig(BaseConfig):
         "dro: weight of the quadratic log-ratio penalty (required, > 0)",
         reason="read by policy_loss.loss_mode=dro (required there)",
     )
+
+    def validate(self) -> list[str]:
+        """The knobs the selected loss reads: missing or contradictory ones fail at start-up, not after the
+        first rollout. Raises ConfigError listing every problem."""
+        p, key, mode = rules.Problems(), "actor_rollout_ref.actor.policy_loss", self.loss_mode
+        if mode == "dro" and not _positive_number(self.dro_beta):
+            p.errors.append(
+                f"{key}.loss_mode=dro needs {key}.dro_beta > 0 (the weight of its quadratic log-ratio penalty), "
+                f"got {self.dro_beta!r}"
+            )
+        for name, ratio in (("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio")):
+            value = getattr(self, ratio)
+            if mode == name and value is not None and not _positive_number(value):
+                p.errors.append(f"{key}.{ratio} must be > 0 for loss_mode={name}, got {value!r}")
+        lb, ub = self.clip_cov_lb, self.clip_cov_ub
+        if mode == "clip_cov" and lb is not None and ub is not None and not lb < ub:
+            p.errors.append(f"{key}.clip_cov_lb ({lb}) must be below clip_cov_ub ({ub}): no token could be dropped")
+        return p.raise_errors()
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 @dataclass
@@ -250,7 +272,7 @@ class ActorConfig(BaseConfig):
         from the deprecated global ``ppo_micro_batch_size`` when only that is set."""
         n = self.rollout_n if rollout_n is None else rollout_n
         out = copy.deepcopy(self)
-        out.ppo_mini_batch_size = batch_rules.per_rank_mini_batch(self._path, self.ppo_mini_batch_size, n, dp_size)
+        out.ppo_mini_batch_size = rules.per_rank_mini_batch(self._path, self.ppo_mini_batch_size, n, dp_size)
         if self.ppo_micro_batch_size and not self.ppo_micro_batch_size_per_gpu:
             out.ppo_micro_batch_size_per_gpu = max(1, self.ppo_micro_batch_size // dp_size)
         return out
@@ -268,9 +290,9 @@ class ActorConfig(BaseConfig):
         remove-padding, prefix grouping needs the padded forward. ``model_config``: the
         actor_rollout_ref.model section; ``max_sequence_length``: max prompt + response length (for the
         token budget). Raises ConfigError listing every problem; returns notes (valid but doubtful)."""
-        p = batch_rules.Problems()
+        p = rules.Problems()
         sp = self.sp_size
-        batch_rules.check_update_batches(
+        rules.check_update_batches(
             p,
             self._path,
             mini=self.ppo_mini_batch_size,
@@ -285,7 +307,7 @@ class ActorConfig(BaseConfig):
             longest=max_sequence_length,
         )
         remove_padding = model_flag(model_config, "use_remove_padding", getattr(self, "use_remove_padding", False))
-        batch_rules.check_sp_needs_remove_padding(p, self._path, sp, self._model_path, remove_padding)
+        rules.check_sp_needs_remove_padding(p, self._path, sp, self._model_path, remove_padding)
         if self.use_prefix_grouper:
             if remove_padding:
                 p.errors.append(
@@ -423,12 +445,12 @@ class RefConfig(BaseConfig):
     ) -> list[str]:
         """The reference policy's log-prob pass: a micro-batch size or a token budget that holds one
         sequence, SP that divides the world and has remove-padding (arguments as ``ActorConfig.validate``)."""
-        p = batch_rules.Problems()
+        p = rules.Problems()
         sp = self.sp_size
-        dp = batch_rules.data_parallel_size(p, self._path, n_gpus, sp)
+        dp = rules.data_parallel_size(p, self._path, n_gpus, sp)
         if dp is not None:
             if self.log_prob_use_dynamic_bsz:
-                batch_rules.check_token_budget(
+                rules.check_token_budget(
                     p,
                     self._path,
                     "log_prob_max_token_len_per_gpu",
@@ -437,7 +459,7 @@ class RefConfig(BaseConfig):
                     max_sequence_length,
                 )
             else:
-                batch_rules.per_rank_micro_batch(
+                rules.per_rank_micro_batch(
                     p,
                     self._path,
                     "log_prob_micro_batch_size",
@@ -446,5 +468,5 @@ class RefConfig(BaseConfig):
                     dp,
                 )
         remove_padding = model_flag(model_config, "use_remove_padding", True)
-        batch_rules.check_sp_needs_remove_padding(p, self._path, sp, self._model_path, remove_padding)
+        rules.check_sp_needs_remove_padding(p, self._path, sp, self._model_path, remove_padding)
         return p.raise_errors()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
+from hybridflow.config.rules import Problems
 
 __all__ = ["KLControlConfig", "FilterGroupsConfig", "PFPPOConfig", "AlgoConfig", "algorithm_as_in_yaml"]
 
@@ -28,6 +29,11 @@ class KLControlConfig(BaseConfig):
     def check_values(self) -> None:  # veRL's KLControlConfig checks nothing when built
         if self.type not in KL_CONTROLLERS:
             raise ConfigError(f"algorithm.kl_ctrl.type={self.type!r} is not one of {', '.join(KL_CONTROLLERS)}")
+
+    def validate(self) -> list[str]:
+        if self.type == "adaptive" and not self.horizon > 0:
+            raise ConfigError("algorithm.kl_ctrl.type=adaptive needs algorithm.kl_ctrl.horizon > 0")
+        return []
 
 
 @dataclass
@@ -95,6 +101,29 @@ class AlgoConfig(BaseConfig):
     gdpo_reward_weights: list[float] | None = doc(
         None, "gdpo: one weight per component (null: all 1)", reason="read by adv_estimator=gdpo"
     )
+
+    def validate(self) -> list[str]:
+        """The keys one estimator reads, and the estimators the driver loop cannot feed yet (the rules that
+        read the rollout or the actor too: ``hybridflow.config.rules``). Raises ConfigError; returns notes."""
+        p, estimator = Problems(), self.adv_estimator
+        if estimator == "remax":  # the estimator is there (algorithms/), the loop's greedy-baseline phase is not
+            p.errors.append(
+                "algorithm.adv_estimator=remax needs a greedy baseline response per prompt (veRL generates one "
+                "each step); hybridflow's driver loop does not generate it yet: use grpo, rloo or reinforce_plus_plus"
+            )
+        keys, weights = self.gdpo_reward_keys, self.gdpo_reward_weights
+        if estimator == "gdpo" and not keys:
+            p.errors.append(
+                "algorithm.adv_estimator=gdpo needs algorithm.gdpo_reward_keys: the reward components "
+                "your reward function returns in its dict, e.g. "
+                "+algorithm.gdpo_reward_keys=[format_reward,accuracy_reward]"
+            )
+        elif estimator == "gdpo" and weights is not None and len(weights) != len(keys):
+            p.errors.append(
+                f"algorithm.gdpo_reward_weights has {len(weights)} entries for {len(keys)} algorithm.gdpo_reward_keys"
+            )
+        p.run(self.kl_ctrl.validate)
+        return p.raise_errors()
 
 
 def algorithm_as_in_yaml() -> AlgoConfig:

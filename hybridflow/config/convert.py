@@ -56,7 +56,7 @@ from hybridflow.config.base import BaseConfig, part_of_tree
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.refused import REFUSED_CLASSES, refusal
 
-__all__ = ["CONFIG_CLASSES", "resolve_target", "omega_conf_to_dataclass"]
+__all__ = ["CONFIG_CLASSES", "resolve_target", "omega_conf_to_dataclass", "as_section", "read_yaml_file"]
 
 _MODULES = (
     algorithm,
@@ -154,6 +154,18 @@ def _checked(obj: Any) -> Any:
     if isinstance(obj, BaseConfig):
         obj.check_values()
     return obj
+
+
+def as_section(value: Any, cls: type, path: str | None = None) -> Any:
+    """A door of veRL's surface that takes a DictConfig: ``value`` (a ``cls``, a DictConfig, a dict or
+    nothing) as ``cls``, so the code behind the door reads attributes only (and imports no omegaconf)."""
+    return value if isinstance(value, cls) else omega_conf_to_dataclass(value or None, cls, path=path)
+
+
+def read_yaml_file(path: str) -> Any:
+    """A user's yaml file (tool, interaction, agent-loop configs) as plain data, read as veRL reads it
+    (OmegaConf: interpolations resolved)."""
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
 
 
 def _plain(value: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from hybridflow.config import batch_rules
+from hybridflow.config import rules
 from hybridflow.config.actor import check_micro_batch, check_strategy
 from hybridflow.config.base import BaseConfig, built_alone, doc, section
 from hybridflow.config.checkpoint import CheckpointConfig
@@ -119,7 +119,7 @@ class CriticConfig(BaseConfig):
     def per_rank(self, dp_size: int) -> CriticConfig:
         """A copy with veRL's per-rank batch sizes (as ``ActorConfig.per_rank``, with the section's rollout_n)."""
         out = copy.deepcopy(self)
-        out.ppo_mini_batch_size = batch_rules.per_rank_mini_batch(
+        out.ppo_mini_batch_size = rules.per_rank_mini_batch(
             self._path, self.ppo_mini_batch_size, self.rollout_n, dp_size
         )
         if self.ppo_micro_batch_size and not self.ppo_micro_batch_size_per_gpu:
@@ -132,9 +132,9 @@ class CriticConfig(BaseConfig):
         """The rules that need the run (veRL's signature; ``max_sequence_length``: max prompt + response
         length, for the token budgets): as ``ActorConfig.validate``, with critic.model's remove-padding.
         Raises ConfigError listing every problem; returns notes."""
-        p = batch_rules.Problems()
+        p = rules.Problems()
         sp = self.sp_size
-        batch_rules.check_update_batches(
+        rules.check_update_batches(
             p,
             self._path,
             mini=self.ppo_mini_batch_size,
@@ -149,7 +149,7 @@ class CriticConfig(BaseConfig):
             longest=max_sequence_length,
         )
         if self.use_dynamic_bsz:
-            batch_rules.check_token_budget(
+            rules.check_token_budget(
                 p,
                 self._path,
                 "forward_max_token_len_per_gpu",
@@ -157,7 +157,7 @@ class CriticConfig(BaseConfig):
                 sp,
                 max_sequence_length,
             )
-        batch_rules.check_sp_needs_remove_padding(p, self._path, sp, "critic.model", self.model.use_remove_padding)
+        rules.check_sp_needs_remove_padding(p, self._path, sp, "critic.model", self.model.use_remove_padding)
         return p.raise_errors()
 
 

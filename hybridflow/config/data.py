@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.reasons import VLM, speed_only
+from hybridflow.config.rules import Problems
 
 __all__ = ["DataSamplerConfig", "DataConfig"]
 
 _LOADER_SPEED = speed_only("shared-memory copies, loader/filter processes")
 
 _MT = "actor_rollout_ref.rollout.multi_turn"
+TRUNCATIONS = ("error", "left", "right", "middle")
 
 
 @dataclass
@@ -110,3 +112,10 @@ class DataConfig(BaseConfig):
     )
     apply_chat_template_kwargs: dict = doc({}, "extra arguments of the tokenizer's apply_chat_template")
     mm_processor_kwargs: dict = doc({}, "extra arguments of the multi-modal processor (not supported)", refused=VLM)
+
+    def validate(self) -> list[str]:
+        p = Problems()
+        if self.truncation not in TRUNCATIONS:
+            p.errors.append(f"data.truncation={self.truncation!r} is not one of {', '.join(TRUNCATIONS)}")
+        p.positive("data.train_batch_size", self.train_batch_size)
+        return p.raise_errors()

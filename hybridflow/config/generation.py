@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from hybridflow.config.actor import FSDPActorConfig
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.engine import FSDPEngineConfig
+from hybridflow.config.errors import ConfigError
 from hybridflow.config.legacy import LegacyRayInitConfig
 from hybridflow.config.model import HFModelConfig
 from hybridflow.config.ray import RayKwargsConfig
@@ -144,3 +145,12 @@ class GenerationConfig(BaseConfig):
     )
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray start-up", absent=("ray_init.runtime_env",))
     ray_init: LegacyRayInitConfig = section(LegacyRayInitConfig, "earlier spelling of ray_kwargs (null: not set)")
+
+    def validate(self) -> list[str]:
+        """Raises ConfigError for sizes below 1; returns notes."""
+        d = self.data
+        if d.n_samples < 1 or d.batch_size < 1:
+            raise ConfigError(f"data.n_samples and data.batch_size must be >= 1, got {d.n_samples}, {d.batch_size}")
+        if not self.rollout.do_sample and d.n_samples > 1:
+            return [f"rollout.do_sample=False with data.n_samples={d.n_samples}: the responses will be identical"]
+        return []

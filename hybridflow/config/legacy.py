@@ -118,6 +118,9 @@ class LegacyRewardModelConfig(BaseConfig):
     strategy: str = doc("fsdp", "the reward model's training engine (forward only)", note=_RM_SPEED)
     micro_batch_size: int | None = doc(None, "deprecated global micro-batch of the scoring pass")
     micro_batch_size_per_gpu: int | None = doc(None, "samples per scoring forward on one rank")
+    reward_kwargs: dict = doc(
+        {}, "earlier spelling of reward.reward_kwargs (added with +reward_model.reward_kwargs.<key>)"
+    )
     max_length: int | None = doc(
         None, "tokens scored per sample; null: no cut", refused="the reward-model worker does not implement it"
     )

@@ -1,11 +1,12 @@
 """The whole of configs/ppo_trainer.yaml as one declaration: ``PPOTrainerConfig``'s fields are its
-top-level sections, in the yaml's order. ``python -m hybridflow.devtools.config_yaml`` writes the yaml
+top-level sections, in the yaml's order. ``python -m devtools.config_yaml`` writes the yaml
 from it (values, interpolations, a comment per key from its doc); a test fails when they drift."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow.config import rules
 from hybridflow.config.actor import FSDPActorConfig, RefConfig
 from hybridflow.config.algorithm import AlgoConfig, algorithm_as_in_yaml
 from hybridflow.config.base import BaseConfig, doc, section
@@ -104,6 +105,7 @@ class PPOTrainerConfig(BaseConfig):
     reward: RewardConfig = section(
         RewardConfig,
         "rewards (veRL 0.9.1's section; the earlier spellings are at the end)",
+        absent=("reward_kwargs",),
         keys={
             "reward_kwargs.**": honoured(
                 "keyword arguments of the reward manager, e.g. dapo's max_resp_len and "
@@ -144,7 +146,9 @@ class PPOTrainerConfig(BaseConfig):
         reason="FSDP2/DDP is hybridflow's only training backend",
     )
     reward_model: LegacyRewardModelConfig = section(
-        LegacyRewardModelConfig, "legacy: veRL's earlier reward-model section (moved keys map onto reward.*)"
+        LegacyRewardModelConfig,
+        "legacy: veRL's earlier reward-model section (moved keys map onto reward.*)",
+        absent=("reward_kwargs",),
     )
     custom_reward_function: LegacyCustomRewardFunctionConfig = section(
         LegacyCustomRewardFunctionConfig, "legacy: earlier spelling of reward.custom_reward_function"
@@ -156,3 +160,8 @@ class PPOTrainerConfig(BaseConfig):
         LegacyRewardManagerConfig, "legacy: veRL main's spelling of reward.reward_manager"
     )
     ray_init: LegacyRayInitConfig = section(LegacyRayInitConfig, "legacy: earlier spelling of ray_kwargs.ray_init")
+
+    def validate(self, device: str, visible_devices: int | None = None, judge_scored: bool = False) -> list[str]:
+        """Every cross-key rule of the run, each section's and those across sections (``hybridflow.config.rules``).
+        Raises ConfigError listing every error; returns notes (settings ignored here, doubtful combinations)."""
+        return rules.check_ppo_trainer(self, device, visible_devices, judge_scored)

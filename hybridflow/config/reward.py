@@ -11,6 +11,7 @@ from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.reasons import JUDGE, JUDGE_VLLM, speed_only
 from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, refused
 
 __all__ = [
@@ -214,3 +215,57 @@ class RewardConfig(BaseConfig):
     sandbox_fusion: SandboxFusionConfig = section(
         SandboxFusionConfig, "a code sandbox", refused="sandboxed code execution (Sandbox Fusion) is not implemented"
     )
+    reward_kwargs: dict = doc({}, "keyword arguments of the reward manager (added with +reward.reward_kwargs.<key>)")
+
+    def validate(self, judge_scored: bool) -> list[str]:
+        """The reward model's settings for the manager chosen; ``judge_scored``: reward_manager.name grades
+        with a judge model (the registry's answer). A judge needs a model and an engine to serve it; a
+        discriminative model is scored by the FSDP worker, which veRL's engine keys (``reward_model.rollout.*``,
+        set by veRL's reward-loop examples) do not reach. Raises ConfigError listing every problem."""
+        p, rm, ro = Problems(), "reward.reward_model", "reward.reward_model.rollout"
+        model, engine, function = self.reward_model, self.reward_model.rollout, self.custom_reward_function.path
+        if not judge_scored:
+            if model.enable and engine.name is not None and function:
+                p.errors.append(
+                    f"{rm}.enable=True with {ro}.name={engine.name} and reward.custom_reward_function.path: veRL's "
+                    "GenRM pattern, where the function posts to the reward model's HTTP router "
+                    "(reward_router_address); hybridflow serves no HTTP router. Use reward.reward_manager.name=genrm "
+                    "(its template and verdict parser in reward.reward_kwargs) and no custom function"
+                )
+            elif model.enable and engine.name is not None:
+                p.notes.append(
+                    f"{ro}.name={engine.name}: {rm}.model_path is scored as a discriminative (sequence-classification) "
+                    f"reward model by hybridflow's FSDP worker, which does not read {ro}.*; an engine serves a "
+                    f"generative reward model only (reward.reward_manager.name=genrm)"
+                )
+            return p.raise_errors()
+        where, tp = f"reward.reward_manager.name={self.reward_manager.name}", engine.tensor_model_parallel_size
+        if not model.enable:
+            p.errors.append(
+                f"{where} grades with a judge model: set {rm}.enable=True, {rm}.model_path and {ro}.name (hf or vllm)"
+            )
+        if not model.model_path:
+            p.errors.append(f"{where} needs {rm}.model_path: the judge's model (a causal LM directory)")
+        if engine.name not in ("hf", "vllm"):
+            p.errors.append(
+                f"{where} needs {ro}.name set to an engine that serves the judge: hf or vllm (got {engine.name!r})"
+            )
+        if function:
+            p.errors.append(f"{where} scores with the judge: reward.custom_reward_function.path must be null")
+        if engine.name == "vllm" and tp > 1:
+            p.errors.append(
+                f"{ro}.tensor_model_parallel_size={tp}: the judge runs one engine in each trainer "
+                "worker, which sees one device; set it to 1"
+            )
+        elif engine.name == "hf" and tp != _reward_engine().tensor_model_parallel_size:
+            p.notes.append(f"{ro}.tensor_model_parallel_size={tp} is ignored: the hf engine does not shard")
+        if str(engine.load_format or "").startswith("dummy"):
+            p.errors.append(
+                f"{ro}.load_format={engine.load_format}: the judge never receives weights, "
+                "so it must load its own (auto)"
+            )
+        if engine.do_sample and engine.temperature <= 0:
+            p.errors.append(
+                f"{ro}.do_sample=True needs {ro}.temperature > 0; for a greedy judge set {ro}.do_sample=False"
+            )
+        return p.raise_errors()

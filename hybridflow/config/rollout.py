@@ -4,7 +4,7 @@ reach the engine."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.engine import QATEngineConfig
@@ -12,6 +12,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import MtpConfig
 from hybridflow.config.profiler import TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import TARGET, VLLM_ENGINE, VLM, speed_only
+from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, refused
 
 __all__ = [
@@ -32,9 +33,22 @@ _NOT_IMPLEMENTED = "this rollout-engine feature is not implemented"
 _QUANTIZED = "quantized / speculative rollout is not implemented"
 _TP_ONLY = "only tensor parallelism is implemented inside a rollout engine"
 
-ROLLOUT_MODES = ("async", "sync")
+ROLLOUT_MODES = ("sync", "async")
 TRUNCATE_SIDES = ("left", "middle", "right")
 SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
+# Settings the hf rollout does not read (they configure vLLM's engine); not seed (the hf rollout's sampling
+# seeds derive from it) nor max_num_seqs (its largest batch)
+_VLLM_ONLY_KEYS = (
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "free_cache_engine",
+    "load_format",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "enable_chunked_prefill",
+    "disable_log_stats",
+    "calculate_log_probs",
+)
 
 
 _AP = "actor_rollout_ref.actor.profiler"
@@ -234,6 +248,17 @@ class DisaggregationConfig(BaseConfig):
     ib_device: str | None = doc(None, "InfiniBand device")
 
 
+def cpu_tensor_parallel_error(tp: int, key: str = "rollout.tensor_model_parallel_size") -> str | None:
+    """The rule's one home (start-up checks and the vllm engine's settings ask it): tensor parallelism
+    needs GPUs; on cpu each rollout worker runs its own engine."""
+    if tp <= 1:
+        return None
+    return (
+        f"{key}={tp}: tensor parallelism needs GPUs; the vllm rollout on cpu runs one engine process per "
+        "worker; use tensor_model_parallel_size=1 on cpu"
+    )
+
+
 @dataclass
 class RolloutConfig(BaseConfig):
     """``actor_rollout_ref.rollout``: the inference engine and how it samples."""
@@ -424,3 +449,58 @@ class RolloutConfig(BaseConfig):
                 raise ConfigError(f"rollout.{key} must be >= 1, got {getattr(self, key)}")
         if not 0 <= self.over_sample_rate < 1:
             raise ConfigError(f"rollout.over_sample_rate must be in [0, 1), got {self.over_sample_rate}")
+
+    def validate(self, device: str, path: str = "actor_rollout_ref.rollout") -> list[str]:
+        """The engine and sampling keys against each other and the ``device`` (cpu or cuda), and the
+        agent-loop settings that would do nothing. Raises ConfigError listing every problem; returns notes."""
+        p, tp = Problems(), self.tensor_model_parallel_size
+        if self.name == "vllm" and device == "cpu" and tp > 1:
+            p.errors.append(cpu_tensor_parallel_error(tp, f"{path}.tensor_model_parallel_size"))
+        if self.name == "hf":
+            if tp > 1:
+                p.notes.append(f"{path}.tensor_model_parallel_size={tp} is ignored: the hf rollout does not shard")
+            defaults = {f.name: f.default for f in fields(RolloutConfig)}
+            p.notes += [
+                f"{path}.{key}={getattr(self, key)} only configures vLLM; the hf rollout ignores it"
+                for key in _VLLM_ONLY_KEYS
+                if getattr(self, key) != defaults[key]
+            ]
+            if self.do_sample and self.temperature <= 0:
+                p.errors.append(f"{path}.do_sample=True needs {path}.temperature > 0; for greedy use do_sample=False")
+        if self.val_kwargs.do_sample and self.val_kwargs.temperature <= 0:
+            p.errors.append(
+                f"{path}.val_kwargs.do_sample=True needs {path}.val_kwargs.temperature > 0 "
+                f"(got {self.val_kwargs.temperature})"
+            )
+        if self.mode == "sync":
+            p.notes.append(
+                f"{path}.mode=sync: generation always runs through the asynchronous rollout server and "
+                "the agent loop (single_turn_agent for plain prompts), as with mode=async; veRL 0.9.1 removed sync"
+            )
+        if self.nnodes and self.n_gpus_per_node <= 0:
+            p.errors.append(f"{path}.n_gpus_per_node must be > 0 when {path}.nnodes > 0")
+        p.notes += self._multi_turn_notes(path)
+        return p.raise_errors()
+
+    def _multi_turn_notes(self, path: str) -> list[str]:
+        """Tools, interactions and agent loops configured so that they would act otherwise than asked."""
+        mt, agent, notes = self.multi_turn, self.agent, []
+        tools = mt.tool_config_path or mt.interaction_config_path
+        single_turn = agent.default_agent_loop in (None, "single_turn_agent")
+        if mt.enable and not (tools or not single_turn or agent.agent_loop_config_path):
+            notes.append(
+                f"{path}.multi_turn.enable=True with no tool_config_path, interaction_config_path or agent "
+                "loop configured: samples whose agent_name is tool_agent run multi-turn without tools"
+            )
+        if tools and single_turn:
+            notes.append(
+                f"tools / interactions are configured and {path}.agent.default_agent_loop=single_turn_agent: "
+                "only samples whose agent_name is tool_agent use them (veRL's sglang_multiturn data sets have "
+                f"no agent_name column: set {path}.agent.default_agent_loop=tool_agent for them)"
+            )
+        if tools and not mt.enable:
+            notes.append(
+                f"{path}.multi_turn.enable=False but tools / interactions are configured: they are used by "
+                "samples whose agent_name is tool_agent (as in veRL 0.9.1, the sample's agent_name decides)"
+            )
+        return notes

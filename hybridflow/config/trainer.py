@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.reasons import NPU
+from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured
 
 __all__ = [
@@ -19,6 +21,8 @@ __all__ = [
     "TrainerConfig",
     "AsyncTrainingConfig",
 ]
+
+RESUME_MODES = ("auto", "disable", "resume_path")
 
 
 @dataclass
@@ -96,6 +100,16 @@ class TrainerConfig(BaseConfig):
     )
     resume_mode: str = doc("auto", "auto | disable | resume_path")
     resume_from_path: str | None = doc(None, "the checkpoint of resume_mode=resume_path")
+    continue_after_failed_save: bool = doc(
+        False,
+        "hybridflow: a failed checkpoint save (full disk, lost mount) is logged and counted "
+        "(checkpoint/failed_saves) and training goes on to the next save; default: the run stops with it",
+    )
+    resume_skip_damaged: bool = doc(
+        False,
+        "hybridflow: auto mode resumes from the newest whole checkpoint when the latest is damaged or "
+        "foreign (default: refuse, naming the file)",
+    )
     checkpoint_callback_class: str | None = doc(
         None,
         "dotted class whose on_save runs after each checkpoint",
@@ -157,6 +171,39 @@ class TrainerConfig(BaseConfig):
         keys={"trainer_mode": honoured("asynchronous training modes are not implemented yet", values=("sync",))},
     )
 
+    def validate(self, device: str, visible_devices: int | None = None) -> list[str]:
+        """The run's length, resumption and watchdog, and the devices per node against ``visible_devices``
+        (CUDA devices on this node; ``device``: cpu or cuda). Raises ConfigError listing every problem."""
+        p = Problems()
+        nnodes, per_node = (
+            p.positive("trainer.nnodes", self.nnodes),
+            p.positive("trainer.n_gpus_per_node", self.n_gpus_per_node),
+        )
+        if nnodes and per_node and device == "cuda" and visible_devices is not None and per_node > visible_devices:
+            p.errors.append(f"trainer.n_gpus_per_node={per_node} but only {visible_devices} CUDA device(s) are visible")
+        elif nnodes and per_node and device == "cpu" and per_node > (os.cpu_count() or 1):
+            p.notes.append(
+                f"trainer.n_gpus_per_node={per_node} worker processes per node on cpu, more than the "
+                f"{os.cpu_count()} CPU cores: they will share cores"
+            )
+        if self.resume_mode not in RESUME_MODES:
+            p.errors.append(f"trainer.resume_mode={self.resume_mode!r} is not one of {', '.join(RESUME_MODES)}")
+        if self.resume_mode == "resume_path" and not self.resume_from_path:
+            p.errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path")
+        if self.total_training_steps is None:
+            p.positive("trainer.total_epochs", self.total_epochs)
+        else:
+            p.positive("trainer.total_training_steps", self.total_training_steps)
+        timeout = self.watchdog_timeout
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+            p.errors.append(
+                f"trainer.watchdog_timeout must be a positive number of seconds (or null to turn the "
+                f"watchdog off), got {timeout!r}"
+            )
+        if self.critic_warmup < 0:
+            p.errors.append(f"trainer.critic_warmup must be >= 0, got {self.critic_warmup}")
+        return p.raise_errors()
+
 
 @dataclass
 class AsyncTrainingConfig(BaseConfig):
@@ -172,3 +219,28 @@ class AsyncTrainingConfig(BaseConfig):
     require_batches: int = doc(1, "fully_async: ppo_mini_batch_size groups of prompts per step")
     partial_rollout: bool = doc(True, "fully_async: requests in flight at a sync continue on the new weights")
     use_rollout_log_probs: bool = doc(False, "asynchronous modes: pi_old is the engine's log-probs (no recomputation)")
+
+    def validate(self) -> list[str]:
+        """The knobs of the mode chosen: fully_async's are fixed by the other modes (sync: no overlap;
+        one_step_off: one step ahead, a sync every step, no partial rollouts), so a value changed from its
+        default would change nothing there. (The rules that read the rollout: ``hybridflow.config.rules``.)"""
+        p, mode = Problems(), self.mode
+        if mode != "fully_async":
+            defaults = {f.name: f.default for f in fields(AsyncTrainingConfig)}
+            for key in ("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout"):
+                if getattr(self, key) != defaults[key]:
+                    p.errors.append(
+                        f"async_training.{key}={getattr(self, key)} acts in async_training.mode=fully_async only; "
+                        f"mode={mode} fixes it (leave it at {defaults[key]}, or use mode=fully_async)"
+                    )
+        if mode == "sync" and self.use_rollout_log_probs:
+            p.errors.append(
+                "async_training.use_rollout_log_probs=True acts in the asynchronous modes only; with "
+                "async_training.mode=sync use algorithm.rollout_correction.bypass_mode=True for the same effect"
+            )
+        if mode != "sync" and self.staleness_threshold < 0:
+            p.errors.append(f"async_training.staleness_threshold must be >= 0, got {self.staleness_threshold}")
+        if mode == "fully_async":
+            p.positive("async_training.trigger_parameter_sync_step", self.trigger_parameter_sync_step)
+            p.positive("async_training.require_batches", self.require_batches)
+        return p.raise_errors()

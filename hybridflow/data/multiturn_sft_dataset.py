@@ -5,7 +5,7 @@ with results) and optionally the OpenAI tool schemas the chat template shows. Th
 the tokens the model would sample in the multi-turn rollout: each assistant message's content and its
 end-of-turn token; the prompt, tool results, user turns and the template's text around them
 (``<|im_start|>assistant\\n``, the ``\\n`` after ``<|im_end|>``) are context only. The token ids are built
-segment by segment the way the rollout builds them (``hybridflow.agent_loop.chat_tokens``), so a
+segment by segment the way the rollout builds them (``hybridflow.utils.chat_tokens``), so a
 model trained here sees, at RL time, the same tokens it was trained on.
 
 Columns may hold lists of dicts or JSON strings; ``None`` entries (parquet fills absent struct fields
@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from hybridflow.agent_loop.chat_tokens import ChatTokenizer
 from hybridflow.config.sft_trainer import SFTDataConfig
 from hybridflow.data.rl_dataset import pad_ids, position_ids_from_mask, read_parquet_rows, require_chat_template
 from hybridflow.data.sft_dataset import sft_data_config
+from hybridflow.utils.chat_tokens import ChatTokenizer
 
 
 def drop_none(value: Any) -> Any:

@@ -22,9 +22,9 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
-from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.convert import as_section
 from hybridflow.config.data import DataConfig
-from hybridflow.tools.tool_registry import initialize_tools_from_config
+from hybridflow.utils.tool_config import initialize_tools_from_config
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def collate_fn(data_list: list[dict]) -> dict:
 def data_config(config: Mapping | DataConfig | None) -> DataConfig:
     """The ``data`` section as its typed ``DataConfig`` (a DictConfig or dict is converted, keys and types
     checked; absent: the defaults), with the values the dataset cannot work with refused by key."""
-    cfg = omega_conf_to_dataclass(config or None, DataConfig, path="data")
+    cfg = as_section(config, DataConfig, "data")
     if cfg.truncation not in TRUNCATIONS:
         raise ValueError(f"data.truncation must be one of {TRUNCATIONS}, got {cfg.truncation!r}")
     if int(cfg.max_prompt_length) <= 0:

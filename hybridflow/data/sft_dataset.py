@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.convert import as_section
 from hybridflow.config.sft_trainer import SFTDataConfig
 from hybridflow.data.rl_dataset import pad_ids, position_ids_from_mask, read_parquet_rows, require_chat_template
 
@@ -26,7 +26,7 @@ SFT_TRUNCATIONS = ("error", "left", "right")
 def sft_data_config(config: Mapping | SFTDataConfig | None) -> SFTDataConfig:
     """The SFT ``data`` section as its typed ``SFTDataConfig`` (a DictConfig or dict is converted, keys and
     types checked; absent: the defaults), with the values this dataset cannot work with refused by key."""
-    cfg = omega_conf_to_dataclass(config or None, SFTDataConfig, path="data")
+    cfg = as_section(config, SFTDataConfig, "data")
     if cfg.truncation not in SFT_TRUNCATIONS:
         raise ValueError(f"data.truncation must be one of {SFT_TRUNCATIONS} for SFT, got {cfg.truncation!r}")
     if int(cfg.max_length) <= 0:

@@ -323,7 +323,7 @@ def _verl_configs():
 def run_in_process(seeds: int) -> str:
     from verl.trainer.ppo import core_algos as verl_algos
 
-    from hybridflow.trainer.ppo import core_algos as ours
+    from hybridflow import algorithms as ours
 
     loss_config, algo_config = _verl_configs()
     rows = compare(

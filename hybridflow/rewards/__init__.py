@@ -4,6 +4,8 @@ scorers to a batch.
     scorers/        pure scorers chosen by ``data_source`` (gsm8k, math, code); also importable
                     under veRL's path ``hybridflow.utils.reward_score``
     sandbox.py      runs untrusted Python in a separate, limited process (code scorer, code tool)
+    registry.py     the reward managers by name (the built-ins listed there), load_reward_manager
+    rule_manager.py the rule-based managers' shared part (RuleRewardManager)
     manager.py      reward managers: a batch in, token-level scores out
     dapo.py         DAPO's reward manager (overlong buffer penalty)
     genrm.py        the generative reward model: an LLM judge's verdict as the score
@@ -22,14 +24,14 @@ _EXPORTS = {
     "JudgeTemplate": "hybridflow.rewards.judge_template",
     "VERDICT_PARSERS": "hybridflow.rewards.verdict_parsers",
     "register_verdict_parser": "hybridflow.rewards.verdict_parsers",
-    "REWARD_MANAGER_REGISTRY": "hybridflow.rewards.manager",
-    "REWARD_MANAGERS": "hybridflow.rewards.manager",
+    "REWARD_MANAGER_REGISTRY": "hybridflow.rewards.registry",
+    "REWARD_MANAGERS": "hybridflow.rewards.registry",
     "BatchRewardManager": "hybridflow.rewards.manager",
     "NaiveRewardManager": "hybridflow.rewards.manager",
-    "RewardComputationError": "hybridflow.rewards.manager",
-    "get_reward_manager_cls": "hybridflow.rewards.manager",
-    "load_reward_manager": "hybridflow.rewards.manager",
-    "register_reward_manager": "hybridflow.rewards.manager",
+    "RewardComputationError": "hybridflow.rewards.rule_manager",
+    "get_reward_manager_cls": "hybridflow.rewards.registry",
+    "load_reward_manager": "hybridflow.rewards.registry",
+    "register_reward_manager": "hybridflow.rewards.registry",
     "reward_metrics": "hybridflow.rewards.manager",
     "default_compute_score": "hybridflow.rewards.scorers",
     "register_scorer": "hybridflow.rewards.scorers",

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
-from hybridflow.rewards.manager import NaiveRewardManager, register_reward_manager
+from hybridflow.rewards.manager import NaiveRewardManager
 
 
 def overlong_penalty(
@@ -23,7 +23,6 @@ def overlong_penalty(
     return torch.clamp(-exceed / buffer_len * penalty_factor, max=0.0)
 
 
-@register_reward_manager("dapo")
 class DAPORewardManager(NaiveRewardManager):
     """``NaiveRewardManager`` plus the overlong penalty on each response's score token."""
 

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from hybridflow.rewards.judge_template import load_template
-from hybridflow.rewards.manager import _RuleRewardManager, register_reward_manager
+from hybridflow.rewards.rule_manager import RuleRewardManager
 from hybridflow.rewards.verdict_parsers import get_verdict_parser
 
 logger = logging.getLogger(__name__)
@@ -41,8 +41,7 @@ class JudgeNotAttachedError(RuntimeError):
     """The genrm manager was asked to score before the trainer attached a judge."""
 
 
-@register_reward_manager("genrm")
-class GenRMRewardManager(_RuleRewardManager):
+class GenRMRewardManager(RuleRewardManager):
     """Scores = parser(judge(template(question, response, ground_truth))); see the module docstring."""
 
     needs_judge = True  # the trainer serves reward.reward_model on a rollout engine for this manager

@@ -7,6 +7,9 @@ every real response token (a multi-turn response includes its tool / user turns,
 in veRL). non_tensor_batch: ``reward_fn_key`` (data_source), reward_model ({"ground_truth": ...}),
 optionally extra_info.
 
+The registry of the managers by name (``load_reward_manager``) is ``hybridflow.rewards.registry``; the shared
+part of these rule-based managers is ``hybridflow.rewards.rule_manager``.
+
 Scores an agent loop produced (veRL's contract): a sample whose ``reward_score`` is set keeps that
 score as is (the reward function is not called for it); turn-level scores travel in
 ``tool_extra_fields`` (``turn_scores``, ``tool_rewards``, ...) and, with ``num_turns``, are merged
@@ -15,191 +18,17 @@ into a copy of the sample's ``extra_info`` that the reward function receives.
 
 from __future__ import annotations
 
-import logging
-import math
-import numbers
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from hybridflow.rewards.rule_manager import RewardComputationError, RuleRewardManager
 from hybridflow.rewards.scorers import default_compute_score
-from hybridflow.utils.registry import Registry
-
-logger = logging.getLogger(__name__)
-
-REWARD_MANAGERS: Registry[type] = Registry("Reward manager", unknown="Unknown reward manager: {name}")
-REWARD_MANAGER_REGISTRY = REWARD_MANAGERS  # veRL's name (verl.workers.reward_manager.registry)
 
 
-def register_reward_manager(name: str, *, override: bool = False):
-    """Class decorator: make a reward manager available to ``load_reward_manager(name, ...)``.
-    The same class again is fine; a different class under a taken name is an error."""
-    return REWARD_MANAGERS.register(name, override=override)
-
-
-register = register_reward_manager  # veRL's spelling: ``@register("name")``
-
-
-def get_reward_manager_cls(name: str) -> type:
-    """The class registered under ``name``; unknown names raise (a ValueError, as in veRL, and a
-    KeyError) listing the known ones."""
-    return REWARD_MANAGERS[name]
-
-
-class RewardComputationError(RuntimeError):
-    """A scorer raised; the message names the sample and its data_source."""
-
-
-def _as_score(index: int, data_source: Any, value: Any) -> float:
-    """A finite float, or ValueError naming the sample and the offending value."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, np.generic) and value.shape == ():
-        value = value.item()
-    if not isinstance(value, numbers.Real):
-        raise ValueError(
-            f"sample {index} (data_source={data_source!r}): score {value!r} of type "
-            f"{type(value).__name__} is not a number"
-        )
-    if not math.isfinite(float(value)):
-        raise ValueError(f"sample {index} (data_source={data_source!r}): score {value!r} is not finite")
-    return float(value)
-
-
-def _column(data, key: str, what: str) -> np.ndarray:
-    if key not in data.non_tensor_batch:
-        known = ", ".join(sorted(data.non_tensor_batch)) or "(none)"
-        raise KeyError(f"reward manager needs non_tensor_batch[{key!r}] ({what}); present: {known}")
-    return data.non_tensor_batch[key]
-
-
-class _RuleRewardManager:
-    """Shared decoding, score placement, validation and the examined samples; subclasses produce raw scores."""
-
-    def __init__(
-        self,
-        tokenizer,
-        num_examine: int,
-        compute_score: Callable | None = None,
-        reward_fn_key: str = "data_source",
-        **reward_kwargs,
-    ):
-        self.tokenizer = tokenizer
-        self.num_examine = num_examine
-        self.compute_score = compute_score or default_compute_score
-        self.reward_fn_key = reward_fn_key
-        self.reward_kwargs = reward_kwargs
-
-    def _score(self, data_sources, solution_strs, ground_truths, extra_infos) -> list:
-        raise NotImplementedError
-
-    def __call__(self, data, return_dict: bool = False):
-        if "rm_scores" in data.batch.keys():  # a reward model already scored this batch
-            scores = data.batch["rm_scores"]
-            return {"reward_tensor": scores, "reward_extra_info": {}} if return_dict else scores
-
-        prompts, responses = data.batch["prompts"], data.batch["responses"]  # (B, P), (B, R)
-        prompt_len = prompts.shape[-1]
-        mask = data.batch["attention_mask"]  # (B, P+R)
-        prompt_lens = mask[:, :prompt_len].sum(-1).tolist()
-        response_lens = mask[:, prompt_len:].sum(-1).tolist()
-        response_rows = responses.tolist()
-
-        data_sources = _column(data, self.reward_fn_key, "the scorer key")
-        reward_models = _column(data, "reward_model", "holds ground_truth")
-        extra_col = data.non_tensor_batch.get("extra_info")
-        batch_size = len(data)
-        solution_strs = [
-            self.tokenizer.decode(response_rows[i][: response_lens[i]], skip_special_tokens=True)
-            for i in range(batch_size)
-        ]
-        ground_truths = [reward_models[i]["ground_truth"] for i in range(batch_size)]
-        extra_infos = rollout_extra_infos(data, extra_col)
-
-        raw = self._score_missing(data, list(data_sources), solution_strs, ground_truths, extra_infos)
-
-        scores, extra_rows = [], []
-        for i, result in enumerate(raw):
-            if isinstance(result, dict):
-                if "score" not in result:
-                    raise ValueError(
-                        f"sample {i} (data_source={data_sources[i]!r}): dict result has no 'score': {result!r}"
-                    )
-                extra_rows.append(result)
-                result = result["score"]
-            else:
-                extra_rows.append({})
-            scores.append(_as_score(i, data_sources[i], result))
-
-        # The score sits on the last valid response token; an empty response keeps it at position 0
-        # so that sequence-level sums (GRPO) still see it.
-        reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)  # (B, R)
-        last = torch.tensor([max(n - 1, 0) for n in response_lens], dtype=torch.long)
-        reward_tensor[torch.arange(batch_size), last] = torch.tensor(scores, dtype=torch.float32)
-        reward_tensor = reward_tensor.to(responses.device)
-
-        self._examine(prompts, prompt_lens, solution_strs, ground_truths, data_sources, raw)
-        if not return_dict:
-            return reward_tensor
-        keys = list(dict.fromkeys(k for row in extra_rows for k in row))
-        extra = {k: [row.get(k) for row in extra_rows] for k in keys}
-        return {"reward_tensor": reward_tensor, "reward_extra_info": extra}
-
-    def _score_missing(self, data, data_sources, solution_strs, ground_truths, extra_infos) -> list:
-        """Scores for every row: the agent loop's ``reward_score`` where it gave one, the reward
-        function's for the rest (called once, on those rows only)."""
-        given = data.non_tensor_batch.get("reward_score")
-        todo = [i for i in range(len(data_sources)) if given is None or given[i] is None]
-        pick = lambda values: [values[i] for i in todo]  # noqa: E731
-        scored = (
-            self._score(pick(data_sources), pick(solution_strs), pick(ground_truths), pick(extra_infos)) if todo else []
-        )
-        if len(scored) != len(todo):
-            raise ValueError(f"compute_score returned {len(scored)} scores for a batch of {len(todo)}")
-        raw = [None if given is None else given[i] for i in range(len(data_sources))]
-        for i, result in zip(todo, scored):
-            raw[i] = result
-        return raw
-
-    def _examine(self, prompts, prompt_lens, solution_strs, ground_truths, data_sources, raw) -> None:
-        """Log up to ``num_examine`` samples per data_source at INFO (veRL's console check)."""
-        shown: dict = defaultdict(int)
-        prompt_len = prompts.shape[-1]
-        for i, source in enumerate(data_sources):
-            if shown[source] >= self.num_examine:
-                continue
-            shown[source] += 1
-            ids = prompts[i, prompt_len - prompt_lens[i] :].tolist()
-            logger.info("[prompt] %s", self.tokenizer.decode(ids, skip_special_tokens=True))
-            logger.info("[response] %s", solution_strs[i])
-            logger.info("[ground_truth] %s", ground_truths[i])
-            for key, value in raw[i].items() if isinstance(raw[i], dict) else [("score", raw[i])]:
-                logger.info("[%s] %s", key, value)
-
-
-def rollout_extra_infos(data, extra_col) -> list:
-    """Each row's ``extra_info`` for the reward function: the dataset's, plus (as a new dict, the
-    dataset's stays untouched) what the rollout recorded: ``tool_extra_fields`` and ``num_turns``."""
-    tool_fields = data.non_tensor_batch.get("tool_extra_fields")
-    turns = data.non_tensor_batch.get("num_turns")
-    out = []
-    for i in range(len(data)):
-        info = None if extra_col is None else extra_col[i]
-        if tool_fields is not None or turns is not None:
-            info = dict(info or {})
-            if tool_fields is not None and tool_fields[i]:
-                info.update(tool_fields[i])
-            if turns is not None:
-                info["num_turns"] = int(turns[i])
-        out.append(info)
-    return out
-
-
-@register_reward_manager("naive")
-class NaiveRewardManager(_RuleRewardManager):
+class NaiveRewardManager(RuleRewardManager):
     """One ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=)`` call per row."""
 
     def _score(self, data_sources, solution_strs, ground_truths, extra_infos) -> list:
@@ -229,8 +58,7 @@ def _default_batch_score(data_sources, solution_strs, ground_truths, extra_infos
     ]
 
 
-@register_reward_manager("batch")
-class BatchRewardManager(_RuleRewardManager):
+class BatchRewardManager(RuleRewardManager):
     """One ``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)`` call per
     batch, for scorers that batch (an LLM judge, a remote sandbox); returns one result per row."""
 
@@ -263,14 +91,6 @@ class BatchRewardManager(_RuleRewardManager):
             ) from err
 
 
-def load_reward_manager(
-    reward_manager_name: str, tokenizer, num_examine: int, compute_score: Callable | None = None, **kwargs
-):
-    """Build the registered manager ``reward_manager_name`` (config: reward_model.reward_manager)."""
-    cls = get_reward_manager_cls(reward_manager_name)
-    return cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=compute_score, **kwargs)
-
-
 def reward_metrics(rewards: torch.Tensor | Sequence[float], data_sources: Sequence[Any]) -> dict[str, float]:
     """Mean sequence score per data_source: {"reward/<data_source>/mean": float}.
 
@@ -285,6 +105,3 @@ def reward_metrics(rewards: torch.Tensor | Sequence[float], data_sources: Sequen
     if values.shape != sources.shape:
         raise ValueError(f"{values.shape[0]} rewards but {sources.shape[0]} data_sources")
     return {f"reward/{s}/mean": float(values[sources == s].mean()) for s in sorted(set(sources))}
-
-
-from hybridflow.rewards import dapo, genrm  # noqa: E402,F401  (register "dapo" and "genrm"; a cycle, issue 34.7)

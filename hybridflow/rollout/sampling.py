@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.convert import as_section
 from hybridflow.config.rollout import RolloutConfig
 
 # meta_info keys a caller may use to override the configured values for one call
@@ -67,7 +67,7 @@ def rollout_sampling(
     Validation takes ``val_kwargs``'s filters and temperature and keeps the training
     ``response_length`` and ``ignore_eos``.
     """
-    rollout = omega_conf_to_dataclass(rollout, RolloutConfig, path=path)
+    rollout = as_section(rollout, RolloutConfig, path)
     train = _coerce(
         SamplingParams(
             do_sample=rollout.do_sample,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from hybridflow.config.errors import ConfigError
 from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, WorkerGroup
 from hybridflow.utils.environ import restore_environ, snapshot_environ
 
@@ -50,6 +51,13 @@ def pool_size_problem(backend: str, processes: int) -> str | None:
     if check_backend(backend) == "inprocess" and processes != 1:
         return "trainer.backend=inprocess runs one worker per resource pool, in the driver; use trainer.backend=ray"
     return None
+
+
+def check_pool_size(backend: str, processes: int, key: str) -> None:
+    """Start-up check of a pool sized by ``key`` (the keys, as the user reads them): ConfigError unless
+    ``backend`` can run ``processes`` workers in one pool (ValueError naming trainer.backend: unknown)."""
+    if problem := pool_size_problem(backend, processes):
+        raise ConfigError(f"{key} = {processes}: {problem} (or set both to 1)")
 
 
 def check_pools_fit(backend: str, pools: dict[str, list[int]], use_gpu: bool = False) -> None:
@@ -115,4 +123,12 @@ def build_worker_group(
     return group
 
 
-__all__ = ["BACKENDS", "build_worker_group", "check_backend", "check_pools_fit", "pool_size_problem", "start_backend"]
+__all__ = [
+    "BACKENDS",
+    "build_worker_group",
+    "check_backend",
+    "check_pool_size",
+    "check_pools_fit",
+    "pool_size_problem",
+    "start_backend",
+]

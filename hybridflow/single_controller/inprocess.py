@@ -20,11 +20,7 @@ import traceback
 from concurrent.futures import Future
 from functools import partial
 
-from hybridflow.single_controller.base.colocated import (
-    build_colocated_class,
-    create_colocated_worker_raw_cls,  # noqa: F401
-    fused_class_with_init_args,
-)
+from hybridflow.single_controller.base.colocated import build_colocated_class
 from hybridflow.single_controller.base.direct import HandleKind
 from hybridflow.single_controller.base.errors import WorkerError
 from hybridflow.single_controller.base.helpers import HelperPool
@@ -128,7 +124,6 @@ class InProcessWorkerGroup(WorkerGroup):
         if not isinstance(cls_with_init, ClassWithInitArgs):
             cls_with_init = ClassWithInitArgs(cls_with_init)
         self._user_cls = cls_with_init.user_cls
-        self.fused_worker_used = bool(getattr(cls_with_init, "fused_worker_used", False))
         self._host = _Host(self.name)
         try:
             # built in the group's thread, like every call after it (thread-local state stays put)
@@ -317,8 +312,3 @@ def _answer_of(inner: Future) -> Future:
 
 def create_colocated_worker_cls(class_dict) -> ClassWithInitArgs:
     return build_colocated_class(class_dict)
-
-
-def create_colocated_worker_cls_fused(class_dict) -> ClassWithInitArgs:
-    """A fused worker class for the in-process backend (groups built from it: spawn / fuse)."""
-    return fused_class_with_init_args(class_dict)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import uuid4
 
-from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from hybridflow.utils.tool_schemas import OpenAIFunctionToolSchema, ToolResponse
 
 
 class BaseTool:

@@ -15,7 +15,7 @@ import operator
 from typing import Any
 
 from hybridflow.tools.base_tool import BaseTool
-from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from hybridflow.utils.tool_schemas import OpenAIFunctionToolSchema, ToolResponse
 
 _BINARY = {
     ast.Add: operator.add,

@@ -15,7 +15,7 @@ from typing import Any
 
 from hybridflow.rewards.sandbox import Limits, run_python
 from hybridflow.tools.base_tool import BaseTool
-from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from hybridflow.utils.tool_schemas import OpenAIFunctionToolSchema, ToolResponse
 
 
 class CodeInterpreterTool(BaseTool):

@@ -11,7 +11,7 @@ from uuid import uuid4
 
 from hybridflow.rewards.scorers import gsm8k
 from hybridflow.tools.base_tool import BaseTool
-from hybridflow.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from hybridflow.utils.tool_schemas import OpenAIFunctionToolSchema, ToolResponse
 
 NO_IMPROVEMENT_PENALTY = -0.05
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from hybridflow.tools.code_tool import CodeInterpreterTool
-from hybridflow.tools.schemas import OpenAIFunctionToolSchema
+from hybridflow.utils.tool_schemas import OpenAIFunctionToolSchema
 
 logger = logging.getLogger(__name__)
 REMOTE_ONLY_KEYS = ("sandbox_fusion_url", "rate_limit", "enable_global_rate_limit")

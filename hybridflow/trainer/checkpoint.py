@@ -12,22 +12,31 @@ Layout under ``trainer.default_local_dir``::
 A save goes ``tmp = begin_save(dir, N)`` -> workers and driver write into ``tmp`` ->
 ``commit_save(dir, N, tmp)``. A crash at any point leaves either the previous state or the new
 one: a ``*.tmp-*`` directory is never read as a checkpoint, and the latest file is trusted only
-when it names a complete directory. Filesystem code only (torch only to pickle the dataloader state).
+when it names a complete directory. Every file is read back without running code it may hold
+(``hybridflow.utils.safe_load``); ``verify_checkpoint`` refuses a directory that is not whole.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import re
 import shutil
 import uuid
 
+import numpy as np
 import torch
+
+from hybridflow.config.trainer import RESUME_MODES
+from hybridflow.protocol import DataProto
+from hybridflow.utils.safe_load import CheckpointFileError, DamagedCheckpointError, load_torch_file, read_dcp_metadata
+
+logger = logging.getLogger(__name__)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 COMPLETE_MARKER = "COMPLETE"
 DATA_FILE = "data.pt"
-RESUME_MODES = ("auto", "disable", "resume_path")
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 _TMP_DIR = re.compile(r"^global_step_(\d+)\.tmp-[0-9a-f]+$")
 
@@ -85,6 +94,18 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 # --- save ------------------------------------------------------------------------------------------
+class CheckpointSaveError(RuntimeError):
+    """A write of a checkpoint failed (e.g. ENOSPC); the step's tmp directory was removed and the previous
+    complete checkpoint is still the latest."""
+
+    def __init__(self, step: int, writer: str, cause: BaseException):
+        self.step, self.writer = step, writer
+        super().__init__(
+            f"saving the checkpoint of step {step} failed in {writer}: {type(cause).__name__}: {cause}; "
+            "the previous complete checkpoint stays the latest"
+        )
+
+
 def begin_save(default_local_dir: str, step: int) -> str:
     """Create and return a fresh temporary directory for step ``step``; workers save into it."""
     os.makedirs(default_local_dir, exist_ok=True)
@@ -224,11 +245,129 @@ def role_dir(step_path: str, role: str) -> str:
 
 
 def save_dataloader_state(step_path: str, state: dict) -> str:
+    """Written with plain types only (DataProto groups as dicts of tensors and lists), so that it loads
+    back with ``weights_only=True``."""
     path = os.path.join(step_path, DATA_FILE)
-    torch.save(state, path)
+    torch.save(_plain(state), path)
     return path
 
 
-def load_dataloader_state(step_path: str) -> dict | None:
+def load_dataloader_state(step_path: str, restorable: tuple[type, ...] = ()) -> dict | None:
+    """The driver state; ``restorable``: the dataclasses it may hold (the async sources' prompt groups),
+    rebuilt by name from that list only."""
     path = os.path.join(step_path, DATA_FILE)
-    return torch.load(path, weights_only=False) if os.path.exists(path) else None
+    if not os.path.exists(path):
+        return None
+    return _from_plain(load_torch_file(path), {f"{c.__module__}.{c.__qualname__}": c for c in restorable})
+
+
+_PROTO = "__dataproto__"
+_DATACLASS = "__dataclass__"
+
+
+def _plain(obj):
+    """``obj`` with each DataProto replaced by a tagged dict of tensors, lists and plain meta_info."""
+    if isinstance(obj, DataProto):
+        tensors = {k: v for k, v in obj.batch.items()} if obj.batch is not None else {}
+        columns = {k: list(v) for k, v in obj.non_tensor_batch.items()}
+        return {_PROTO: {"tensors": tensors, "columns": columns, "meta_info": _plain(obj.meta_info)}}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {_DATACLASS: f"{type(obj).__module__}.{type(obj).__qualname__}", "fields": fields}
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v) for v in obj)
+    return obj
+
+
+def _from_plain(obj, restorable: dict[str, type]):
+    if isinstance(obj, dict) and set(obj) == {_DATACLASS, "fields"}:
+        cls = restorable.get(obj[_DATACLASS])
+        if cls is None:
+            raise ValueError(f"the driver state holds a {obj[_DATACLASS]}, which this trainer does not restore")
+        return cls(**_from_plain(obj["fields"], restorable))
+    if isinstance(obj, dict) and set(obj) == {_PROTO}:
+        saved = obj[_PROTO]
+        columns = {}
+        for key, values in saved["columns"].items():
+            column = np.empty(len(values), dtype=object)  # one object per row, lists and dicts included
+            column[:] = values if not values or not isinstance(values[0], (list, tuple)) else _objects(values)
+            columns[key] = column
+        return DataProto.from_dict(tensors=saved["tensors"], non_tensors=columns, meta_info=saved["meta_info"])
+    if isinstance(obj, dict):
+        return {k: _from_plain(v, restorable) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_from_plain(v, restorable) for v in obj)
+    return obj
+
+
+def _objects(values: list) -> list:
+    """numpy would turn a list of equal-length lists into a 2-D array; a column keeps one object per row."""
+    out = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        out[i] = value
+    return list(out)
+
+
+# --- is a step directory whole? ---------------------------------------------------------------------
+_EXTRA_STATE = re.compile(r"^extra_state_world_size_(\d+)_rank_(\d+)\.pt$")
+
+
+def verify_checkpoint(step_path: str, roles: list[str]) -> None:
+    """Refuse a step directory that is not whole or not ours, naming the file: the driver state and, per
+    role, the DCP metadata (read with an allow-list), every shard it lists (present and long enough) and
+    one extra-state file per rank (read with ``weights_only``). Raises ``CheckpointFileError``."""
+    load_torch_file(os.path.join(step_path, DATA_FILE))
+    for role in roles:
+        directory = role_dir(step_path, role)
+        dcp_dir = os.path.join(directory, "dcp")
+        metadata = read_dcp_metadata(os.path.join(dcp_dir, ".metadata"))
+        for info in {(i.relative_path, i.offset + i.length) for i in (metadata.storage_data or {}).values()}:
+            shard, needed = os.path.join(dcp_dir, info[0]), info[1]
+            size = os.path.getsize(shard) if os.path.isfile(shard) else None
+            if size is None or size < needed:
+                state = "missing" if size is None else f"truncated ({size} of {needed} bytes)"
+                raise DamagedCheckpointError(shard, state)
+        ranks: dict[int, set[int]] = {}
+        for name in os.listdir(directory):
+            m = _EXTRA_STATE.match(name)
+            if m:
+                ranks.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+        for world, present in ranks.items():
+            for rank in range(world):
+                path = os.path.join(directory, f"extra_state_world_size_{world}_rank_{rank}.pt")
+                if rank not in present:
+                    raise DamagedCheckpointError(path, f"missing: the step was saved by {world} ranks")
+                load_torch_file(path)
+
+
+def resumable_checkpoint(trainer_cfg, roles: list[str]) -> str | None:
+    """The step directory to resume from (``resolve_resume``), verified whole. A damaged or foreign one
+    is refused naming its file, unless ``trainer.resume_skip_damaged`` asks to fall back to the newest
+    whole one (auto mode; a ``resume_from_path`` the user named is never replaced)."""
+    t = trainer_cfg
+    path = resolve_resume(t.resume_mode, t.default_local_dir, t.resume_from_path)
+    if path is None:
+        return None
+    try:
+        verify_checkpoint(path, roles)
+        return path
+    except CheckpointFileError as e:
+        if t.resume_mode != "auto" or not t.resume_skip_damaged:
+            hint = (
+                " (trainer.resume_skip_damaged=True resumes from the newest whole one)"
+                if t.resume_mode == "auto"
+                else ""
+            )
+            raise CheckpointFileError(e.path, f"{e.detail}; cannot resume from {path}{hint}") from e
+        logger.warning("skipping checkpoint %s: %s", path, e)
+    for step, older in reversed(list(complete_steps(t.default_local_dir).items())):
+        if step >= step_of(path):
+            continue
+        try:
+            verify_checkpoint(older, roles)
+            return older
+        except CheckpointFileError as e:
+            logger.warning("skipping checkpoint %s: %s", older, e)
+    raise CheckpointFileError(path, f"damaged, and no older whole checkpoint under {t.default_local_dir!r}")

@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 
-from hybridflow.config import ConfigError, omega_conf_to_dataclass
+from hybridflow.config import ConfigError
+from hybridflow.config.convert import as_section
 from hybridflow.config.sft_trainer import SFT_LR_SCHEDULERS, SFT_STRATEGIES, SFTTrainerConfig
 from hybridflow.data.multiturn_sft_dataset import MultiTurnSFTDataset
 from hybridflow.data.rl_dataset import collate_fn
@@ -187,7 +188,7 @@ class FSDPSFTTrainer:
     def __init__(
         self, config, device_mesh=None, ulysses_device_mesh=None, tokenizer=None, train_dataset=None, val_dataset=None
     ):
-        self.config = cfg = omega_conf_to_dataclass(config, SFTTrainerConfig)  # a composed tree, or typed already
+        self.config = cfg = as_section(config, SFTTrainerConfig)  # a composed tree, or typed already
         self.rank, self.world_size = _world()
         for note in cfg.validate(self.world_size, LOGGERS):
             self._say(logging.WARNING, f"note: {note}")

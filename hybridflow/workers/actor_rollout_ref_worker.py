@@ -9,15 +9,14 @@ timed step, ``timing_s/update_weights``) before the next generation.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 
 import torch
-from omegaconf import OmegaConf
 
-from hybridflow.config.actor import FSDPActorConfig, RefConfig
-from hybridflow.config.convert import omega_conf_to_dataclass
-from hybridflow.config.model import HFModelConfig
+from hybridflow.config.convert import as_section
+from hybridflow.config.ppo_trainer import ActorRolloutRefConfig
 from hybridflow.config.profiler import ProfilerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
@@ -39,46 +38,47 @@ from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
 ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 
 
-def _plain(section) -> dict:
-    return OmegaConf.to_container(section, resolve=True) if OmegaConf.is_config(section) else dict(section)
-
-
 def log_prob_micro_batch_size(section, dp_size: int) -> int | None:
     """Per-rank micro-batch of a log-prob pass (the rollout's or the ref's section)."""
-    per_gpu = section["log_prob_micro_batch_size_per_gpu"]
+    per_gpu = section.log_prob_micro_batch_size_per_gpu
     if per_gpu:
         return int(per_gpu)
-    total = section["log_prob_micro_batch_size"]
+    total = section.log_prob_micro_batch_size
     return max(1, int(total) // dp_size) if total else None
 
 
 class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
-    """``config`` is the ``actor_rollout_ref`` section; ``role`` one of ROLES. The rollout side (the
+    """``config`` is the typed ``actor_rollout_ref`` section (veRL's DictConfig or a dict is read into
+    ``ActorRolloutRefConfig`` here, the door); ``role`` one of ROLES. The rollout side (the
     engine as a server, weight pushes, generation endpoints) is ``RolloutHost``'s."""
 
     def __init__(self, config, role: str):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        self.config = _plain(config)
+        self.config = as_section(config, ActorRolloutRefConfig, "actor_rollout_ref")
         self.role = role
         self._is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
         # before the process group and any CUDA handle: NCCL and cuBLAS read their switches at creation
         apply_full_determinism(
-            [self.config[s]["fsdp_config"] for s, on in (("actor", self._is_actor), ("ref", self._is_ref)) if on]
+            [
+                section.fsdp_config
+                for section, on in ((self.config.actor, self._is_actor), (self.config.ref, self._is_ref))
+                if on
+            ]
         )
         self.init_process_group()
         self.device, _ = default_device_backend()
         trains = self._is_actor or self._is_ref  # a rollout-only worker (main_generation) gets model + rollout
-        self.model_config = omega_conf_to_dataclass(self.config["model"], HFModelConfig, path="actor_rollout_ref.model")
+        self.model_config = self.config.model
         self.lora = lora_spec(self.model_config) if trains else None
         self._build_typed_sections(trains)
         self._build_layouts()
         self.dp_size = self.actor_layout.dp_size  # the actor's data-parallel size (world / its SP size)
         if self._is_actor:  # veRL's normalisation: mini/micro-batch sizes in samples on one rank
-            self.actor_config = self.actor_config.per_rank(self.dp_size, rollout_n=int(self.config["rollout"]["n"]))
+            self.actor_config = self.actor_config.per_rank(self.dp_size, rollout_n=self.config.rollout.n)
         # LoRA: the reference policy is the actor's base model (adapters off), not a second copy
         self._ref_in_actor = self._is_ref and self._is_actor and self.lora is not None
         self._rollout_stale = False
@@ -90,10 +90,10 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         the actor's section). use_remove_padding is actor_rollout_ref.model's, as veRL copies it in."""
         self.actor_config = self.ref_config = None
         if trains:
-            actor = {**self.config["actor"], "use_remove_padding": bool(self.config["model"]["use_remove_padding"])}
-            self.actor_config = omega_conf_to_dataclass(actor, FSDPActorConfig, path="actor_rollout_ref.actor")
+            use_remove_padding = bool(self.config.model.use_remove_padding)
+            self.actor_config = dataclasses.replace(self.config.actor, use_remove_padding=use_remove_padding)
         if self._is_ref:
-            self.ref_config = omega_conf_to_dataclass(self.config["ref"], RefConfig, path="actor_rollout_ref.ref")
+            self.ref_config = self.config.ref
 
     def _build_layouts(self) -> None:
         """The dp x sp rank layout of the actor and of the reference policy (Ulysses sequence
@@ -122,7 +122,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         """The ``profiler`` sections of this worker's roles, typed (global_profiler.tool=torch; profiler.py)."""
         roles = (("actor", self._is_actor), ("ref", self._is_ref), ("rollout", self._is_rollout))
         return [
-            role_profiler(self.config[name].get("profiler"), f"actor_rollout_ref.{name}.profiler")
+            role_profiler(getattr(self.config, name).profiler, f"actor_rollout_ref.{name}.profiler")
             for name, on in roles
             if on
         ]
@@ -130,18 +130,15 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
     # ----------------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        model_cfg = self.config["model"]
-        import_external_lib(model_cfg["external_lib"])
-        path = local_model_path(model_cfg["path"], "actor_rollout_ref.model.path")
-        trust = bool(model_cfg["trust_remote_code"])
-        self.tokenizer = load_tokenizer(
-            path, trust, chat_template=model_cfg.get("custom_chat_template")
-        )  # main_generation has none
-        override = model_cfg["override_config"]
+        model_cfg = self.config.model
+        import_external_lib(model_cfg.external_lib)
+        path = local_model_path(model_cfg.path, "actor_rollout_ref.model.path")
+        trust = bool(model_cfg.trust_remote_code)
+        self.tokenizer = load_tokenizer(path, trust, chat_template=model_cfg.custom_chat_template)
+        override = model_cfg.override_config
         torch.manual_seed(0)
 
         if self._is_actor:
-            actor = self.config["actor"]
             module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
             self.hf_config = module.config
             self._use_sp_attention(module, "actor")
@@ -149,13 +146,13 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
                 self.actor_config.fsdp_config,
                 self.actor_config.strategy,
                 self.device,
-                bool(model_cfg["enable_gradient_checkpointing"]),
+                bool(model_cfg.enable_gradient_checkpointing),
                 lora=self.lora,
-                activation_offload=bool(model_cfg["enable_activation_offload"]),
+                activation_offload=bool(model_cfg.enable_activation_offload),
             )
             self.actor_engine = TrainEngine(module, spec)
-            optim = actor["optim"]
-            total = max(1, int(optim["total_training_steps"]))  # -1 until main_ppo fills it in
+            optim = self.actor_config.optim
+            total = max(1, int(optim.total_training_steps))  # -1 until main_ppo fills it in
             self.actor_engine.setup_optimizer(optim, total)
             self.actor = DataParallelPPOActor(
                 self.actor_config,
@@ -195,9 +192,9 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         """``dp_size``: the data-parallel size of the role that runs the pass (default: the actor's)."""
         return {
             "micro_batch_size": log_prob_micro_batch_size(section, dp_size or self.dp_size) or len(data),
-            "use_dynamic_bsz": bool(section["log_prob_use_dynamic_bsz"]),
-            "max_token_len": int(section["log_prob_max_token_len_per_gpu"]),
-            "temperature": float(self.config["rollout"]["temperature"]),
+            "use_dynamic_bsz": bool(section.log_prob_use_dynamic_bsz),
+            "max_token_len": int(section.log_prob_max_token_len_per_gpu),
+            "temperature": float(self.config.rollout.temperature),
         }
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))
@@ -205,7 +202,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         if not self._is_actor:
             raise RuntimeError(f"compute_log_prob needs the actor; this worker's role is {self.role!r}")
         start = time.perf_counter()
-        meta = self._log_prob_meta(data, self.config["rollout"], self.actor_layout.dp_size)
+        meta = self._log_prob_meta(data, self.config.rollout, self.actor_layout.dp_size)
         meta.update({k: v for k, v in data.meta_info.items() if k == "temperature"})
         data.meta_info.update(meta)
         # actor.calculate_sum_pi_squared: sum_v pi_v^2 per token, for the optimal-token-baseline estimators
@@ -238,7 +235,7 @@ class ActorRolloutRefWorker(ProfilerHost, RolloutHost, Worker):
         if not self._is_actor:
             raise RuntimeError(f"update_actor needs the actor; this worker's role is {self.role!r}")
         start = time.perf_counter()
-        data.meta_info.setdefault("temperature", float(self.config["rollout"].get("temperature", 1.0)))
+        data.meta_info.setdefault("temperature", float(self.config.rollout.temperature))
         metrics = self.actor.update_policy(on_device(data, self.device))
         lr = self.actor_engine.lr_scheduler.get_last_lr()[0]
         self.actor_engine.lr_scheduler.step()

@@ -37,6 +37,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from hybridflow.utils.safe_load import SafeMetadataReader, load_torch_file
+
 logger = logging.getLogger(__name__)
 
 DCP_DIR = "dcp"
@@ -222,7 +224,7 @@ def _find_extra_state(local_path: str, rank: int, world: int) -> str | None:
 
 
 def _has_optimizer_state(dcp_path: str) -> bool:
-    metadata = dcp.FileSystemReader(dcp_path).read_metadata()
+    metadata = SafeMetadataReader(dcp_path).read_metadata()
     return any(key.startswith("optimizer.") for key in metadata.state_dict_metadata)
 
 
@@ -249,14 +251,14 @@ def load_engine_checkpoint(engine, local_path: str, load_contents: Iterable[str]
             model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
             state = {"model": model_sd, "optimizer": optim_sd}
             with quiet_no_pg():
-                dcp.load(state, checkpoint_id=dcp_path)
+                dcp.load(state, storage_reader=SafeMetadataReader(dcp_path))
             set_state_dict(
                 engine.module, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
             )
         else:
             state = {"model": get_model_state_dict(engine.module)}
             with quiet_no_pg():
-                dcp.load(state, checkpoint_id=dcp_path)
+                dcp.load(state, storage_reader=SafeMetadataReader(dcp_path))
             set_model_state_dict(engine.module, state["model"])
 
     extra_state = None
@@ -264,7 +266,7 @@ def load_engine_checkpoint(engine, local_path: str, load_contents: Iterable[str]
         path = _find_extra_state(local_path, rank, world)
         if path is None:
             raise FileNotFoundError(f"{local_path!r} holds no extra_state_world_size_*_rank_*.pt")
-        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved = load_torch_file(path)  # weights_only: a replaced file cannot run code
         if engine.lr_scheduler is not None and saved.get("lr_scheduler") is not None:
             engine.lr_scheduler.load_state_dict(saved["lr_scheduler"])
         set_rng_state(saved["rng"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.convert import as_section
 from hybridflow.config.critic import FSDPCriticConfig
 from hybridflow.config.profiler import ProfilerConfig
 from hybridflow.protocol import DataProto
@@ -12,7 +12,6 @@ from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.dispatch_fns import make_nd_compute_dataproto_dispatch_fn
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.utils.determinism import apply_full_determinism
-from hybridflow.workers.actor_rollout_ref_worker import _plain
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.critic import DataParallelPPOCritic
 from hybridflow.workers.engine import TrainEngine, engine_spec
@@ -24,21 +23,21 @@ from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
 
 
 class CriticWorker(ProfilerHost, Worker):
-    """``config`` is the validated ``critic`` section (FSDP settings in ``critic.fsdp``, veRL 0.9.1's place)."""
+    """``config`` is the typed ``critic`` section (FSDP settings in ``critic.fsdp``, veRL 0.9.1's place); veRL's
+    DictConfig or a dict is read into ``FSDPCriticConfig`` here, the door."""
 
     role = "critic"
 
     def _profiler_sections(self) -> list[ProfilerConfig]:
-        return [role_profiler(self.config.get("profiler"), "critic.profiler")]
+        return [role_profiler(self.config.profiler, "critic.profiler")]
 
     def __init__(self, config):
         super().__init__()
-        self.config = _plain(config)
-        apply_full_determinism([self.config["fsdp"]])  # before the process group and any CUDA handle
+        self.config = critic_config = as_section(config, FSDPCriticConfig, "critic")
+        apply_full_determinism([critic_config.fsdp])  # before the process group and any CUDA handle
         self.init_process_group()
         self.device, _ = default_device_backend()
         # Ulysses sequence parallelism: dp x sp ranks; an SP group gets one data-parallel share
-        critic_config = omega_conf_to_dataclass(self.config, FSDPCriticConfig, path="critic")
         self.layout = build_layout(critic_config.sp_size, "critic.ulysses_sequence_parallel_size")
         self._register_dispatch_collect_info("critic", dp_rank=self.layout.dp_rank, is_collect=self.layout.is_collect)
         self.dp_size = self.layout.dp_size
@@ -46,17 +45,17 @@ class CriticWorker(ProfilerHost, Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        model_cfg = self.config["model"]
-        if int(model_cfg["lora_rank"]) > 0:  # refuse rather than silently train the full critic
+        model_cfg = self.config.model
+        if int(model_cfg.lora_rank) > 0:  # refuse rather than silently train the full critic
             raise NotImplementedError(
                 "critic.model.lora_rank > 0: LoRA is supported for the actor only; set critic.model.lora_rank=0"
             )
-        import_external_lib(model_cfg["external_lib"])
-        path = local_model_path(model_cfg["path"], "critic.model.path")
-        trust = bool(model_cfg["trust_remote_code"])
-        self.tokenizer = load_tokenizer(model_cfg["tokenizer_path"] or path, trust)
+        import_external_lib(model_cfg.external_lib)
+        path = local_model_path(model_cfg.path, "critic.model.path")
+        trust = bool(model_cfg.trust_remote_code)
+        self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or path, trust)
         # no dropout on the value head (HF defaults to 0.1): values and updates must be deterministic
-        override = {"classifier_dropout": 0.0, **model_cfg["override_config"]}
+        override = {"classifier_dropout": 0.0, **model_cfg.override_config}
         module = load_model(
             path, "token_classification", override_config=override, trust_remote_code=trust, num_labels=1
         )
@@ -67,12 +66,12 @@ class CriticWorker(ProfilerHost, Worker):
             self.critic_config.fsdp,
             self.critic_config.strategy,
             self.device,
-            bool(model_cfg["enable_gradient_checkpointing"]),
-            activation_offload=bool(model_cfg["enable_activation_offload"]),
+            bool(model_cfg.enable_gradient_checkpointing),
+            activation_offload=bool(model_cfg.enable_activation_offload),
         )
         self.engine = TrainEngine(module, spec)
-        optim = self.config["optim"]
-        self.engine.setup_optimizer(optim, max(1, int(optim["total_training_steps"])))  # -1 until main_ppo fills it
+        optim = self.config.optim
+        self.engine.setup_optimizer(optim, max(1, int(optim.total_training_steps)))  # -1 until main_ppo fills it
         self.critic = DataParallelPPOCritic(
             self.critic_config,
             self.engine.module,

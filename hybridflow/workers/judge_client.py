@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 
 from hybridflow.agent_loop.server_manager import SERVER_HANDLE, ServerHandle, ServerManager
-from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.convert import as_section
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.rollout.sampling import SamplingParams, rollout_sampling
 from hybridflow.rollout.server import EngineLoop
@@ -52,7 +52,7 @@ class RolloutJudge:
     def from_group(cls, group, role: str | None, tokenizer, rollout: RolloutConfig | Mapping) -> RolloutJudge:
         """A judge over every rank of ``group`` (JudgeWorkers; ``role`` inside a fused worker), sampling as
         ``rollout`` says (the typed ``reward.reward_model.rollout``; a DictConfig or dict is read into one)."""
-        rollout = omega_conf_to_dataclass(rollout, RolloutConfig, path=ROLLOUT_PATH)
+        rollout = as_section(rollout, RolloutConfig, ROLLOUT_PATH)
         sampling, _ = rollout_sampling(rollout)
         return cls(
             group.handles(SERVER_HANDLE, role),

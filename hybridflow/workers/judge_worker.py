@@ -7,33 +7,37 @@ replicas too). It never receives weights: the judge is fixed. The driver reaches
 with the group's ``handles(SERVER_HANDLE, role)``, exactly as the agent loop reaches the policy's
 (``server_generate`` for a remote worker, ``.server`` / ``.engine_loop`` in process).
 
-``config``: {"model_path", "trust_remote_code", "rollout": the reward.reward_model.rollout section}.
+``config``: {"model_path", "trust_remote_code", "rollout": the typed reward.reward_model.rollout section}.
 ``rollout.max_model_len`` null means prompt_length + response_length, as veRL sizes it.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 
 import torch
 
+from hybridflow.config.convert import as_section
+from hybridflow.config.rollout import RolloutConfig
 from hybridflow.rollout.sampling import model_eos_token_ids
 from hybridflow.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.utils.torch_dtypes import resolve_dtype
-from hybridflow.workers.actor_rollout_ref_worker import _plain
+from hybridflow.workers.judge_client import ROLLOUT_PATH
 from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
 
 MODEL_PATH_KEY = "reward.reward_model.model_path"
 
 
-def judge_engine_config(rollout: dict) -> dict:
-    """The reward.reward_model.rollout section as the engines read it (max_model_len filled in)."""
-    out = dict(rollout)
-    if out.get("max_model_len") is None:
-        out["max_model_len"] = int(out["prompt_length"]) + int(out["response_length"])
-    return out
+def judge_engine_config(rollout) -> RolloutConfig:
+    """The reward.reward_model.rollout section as the engines read it (max_model_len filled in); a dict
+    or DictConfig is read into its class here."""
+    rollout = as_section(rollout, RolloutConfig, ROLLOUT_PATH)
+    if rollout.max_model_len is None:
+        rollout = dataclasses.replace(rollout, max_model_len=rollout.prompt_length + rollout.response_length)
+    return rollout
 
 
 class JudgeWorker(Worker):
@@ -41,7 +45,7 @@ class JudgeWorker(Worker):
 
     def __init__(self, config):
         super().__init__()
-        self.config = _plain(config)
+        self.config = dict(config)
         self.device, _ = default_device_backend()
         self.server = None
 
@@ -50,12 +54,12 @@ class JudgeWorker(Worker):
         path = local_model_path(self.config["model_path"], MODEL_PATH_KEY)
         trust = bool(self.config.get("trust_remote_code"))
         rollout = judge_engine_config(self.config["rollout"])
-        name = rollout["name"]
+        name = rollout.name
         server_cls = ROLLOUT_SERVERS[name]  # an unknown engine fails here, naming the known ones
         self.tokenizer = load_tokenizer(path, trust)
         eos = tuple(model_eos_token_ids(path, self.tokenizer))
         pad = self.tokenizer.pad_token_id
-        dtype = resolve_dtype(rollout.get("dtype"), str(self.device))
+        dtype = resolve_dtype(rollout.dtype, str(self.device))
         module = None
         if name == "hf":
             module = (

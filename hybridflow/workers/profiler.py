@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.config import omega_conf_to_dataclass
+from hybridflow.config.convert import as_section
 from hybridflow.config.profiler import TORCH_CONTENTS, ProfilerConfig, ProfilerToolConfig, TorchProfilerToolConfig
 from hybridflow.single_controller.base import Dispatch, register
 
@@ -32,7 +32,7 @@ def role_profiler(section: Any, path: str) -> ProfilerConfig:
     """A role's ``profiler`` section (DictConfig, dict or ProfilerConfig; missing or empty: off) as the
     typed ProfilerConfig; a bad key or value (an unknown ``tool_config.torch.contents`` entry) is refused
     naming it (``path``: where the section sits)."""
-    return omega_conf_to_dataclass(section or {}, ProfilerConfig, path=path)
+    return as_section(section, ProfilerConfig, path)
 
 
 def _torch_contents(section: ProfilerConfig) -> list[str]:

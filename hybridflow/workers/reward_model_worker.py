@@ -11,10 +11,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from hybridflow.config.convert import as_section
+from hybridflow.config.legacy import LegacyRewardModelConfig
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
-from hybridflow.workers.actor_rollout_ref_worker import _plain
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
 from hybridflow.workers.utils.micro_batches import split_fixed
 
@@ -37,16 +38,16 @@ class RewardModelWorker(Worker):
 
     def __init__(self, config):
         super().__init__()
-        self.config = _plain(config)
+        self.config = as_section(config, LegacyRewardModelConfig, "reward_model")  # the door: a DictConfig or dict
         self.init_process_group()
         self.device, _ = default_device_backend()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        model_cfg = self.config["model"]
-        import_external_lib(model_cfg["external_lib"])
-        path = local_model_path(model_cfg["path"], "reward.reward_model.model_path")
-        trust = bool(model_cfg["trust_remote_code"])
+        model_cfg = self.config.model
+        import_external_lib(model_cfg.external_lib)
+        path = local_model_path(model_cfg.path, "reward.reward_model.model_path")
+        trust = bool(model_cfg.trust_remote_code)
         self.tokenizer = load_tokenizer(path, trust)
         self.module = (
             load_model(path, "sequence_classification", num_labels=1, trust_remote_code=trust).to(self.device).eval()
@@ -54,7 +55,7 @@ class RewardModelWorker(Worker):
         # micro_batch_size_per_gpu, or the deprecated global micro_batch_size split over the ranks
         # (config checks make sure one of them is set)
         world = dist.get_world_size() if dist.is_initialized() else 1
-        per_gpu, total = self.config["micro_batch_size_per_gpu"], self.config["micro_batch_size"]
+        per_gpu, total = self.config.micro_batch_size_per_gpu, self.config.micro_batch_size
         self.micro_batch_size = int(per_gpu) if per_gpu else max(1, int(total) // world)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

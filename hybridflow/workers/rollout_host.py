@@ -38,25 +38,22 @@ from hybridflow.workers.rollout.weights import buckets
 
 
 class RolloutHost:
-    """Needs from the host class: ``config`` (actor_rollout_ref section, plain), ``model_config`` (its typed model
+    """Needs from the host class: ``config`` (the typed actor_rollout_ref section), ``model_config`` (its typed model
     section), ``tokenizer``, ``device``,
     ``rank``, ``_is_actor`` / ``_is_rollout``, ``actor_engine`` and ``lora`` (actors), ``_rollout_stale``,
     ``_rollout_has_base`` (the engine has received the base weights once), ``weight_version``."""
 
     def _build_rollout(self, path: str, trust: bool) -> None:
         """The rollout engine as an asynchronous server, living on this process's engine loop."""
-        rollout_cfg = self.config["rollout"]
-        name = rollout_cfg["name"]
-        dtype = resolve_dtype(rollout_cfg["dtype"], str(self.device))
+        rollout_cfg = self.config.rollout
+        name = rollout_cfg.name
+        dtype = resolve_dtype(rollout_cfg.dtype, str(self.device))
         module = None
         if name == "hf":
             # a separate inference copy: generation never all-gathers sharded weights token by token
             module = (
                 load_model(
-                    path,
-                    "causal_lm",
-                    override_config=self.config["model"]["override_config"] or {},
-                    trust_remote_code=trust,
+                    path, "causal_lm", override_config=self.config.model.override_config or {}, trust_remote_code=trust
                 )
                 .to(device=self.device, dtype=getattr(torch, dtype))
                 .eval()
@@ -100,13 +97,13 @@ class RolloutHost:
 
     @property
     def _bucket_bytes(self) -> int:
-        engine = self.config["rollout"]["checkpoint_engine"]
-        return int(float(engine["update_weights_bucket_megabytes"]) * (1 << 20))
+        megabytes = self.config.rollout.checkpoint_engine.update_weights_bucket_megabytes
+        return int(float(megabytes) * (1 << 20))
 
     def _weights_for_rollout(self):
         """The actor's weights as the rollout engine takes them: merged, or (LoRA adapter mode) the base
         weights until one sync has succeeded, then the adapter alone."""
-        if self.lora is not None and rollout_gets_adapter(self.model_config, self.config["rollout"]["name"]):
+        if self.lora is not None and rollout_gets_adapter(self.model_config, self.config.rollout.name):
             return self.actor_engine.iter_adapter_params(with_base=not self._rollout_has_base)
         return self.actor_engine.iter_full_params()
 

@@ -28,8 +28,8 @@ import pytest
 
 from hybridflow.config.loader import ConfigError, default_config, load_config
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
-from hybridflow.tools.tool_registry import initialize_tools_from_config
 from hybridflow.trainer.config_checks import validate_ppo_config
+from hybridflow.utils.tool_config import initialize_tools_from_config
 
 LOCAL_EXAMPLES = Path(__file__).parent / "verl_format_examples"
 # the examples: veRL's sglang_multiturn scripts, plus the two trainers' scripts that set a multi-turn key

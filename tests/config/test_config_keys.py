@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from yaml_comments import key_comments
 
+from devtools import config_table
 from hybridflow.config import keys as config_keys
 from hybridflow.config.keys import TABLES
 from hybridflow.config.loader import ConfigError, config_dir, default_config, load_config, raw_default_config
 from hybridflow.config.support import HONOURED, NOT_SUPPORTED, KeyTable
-from hybridflow.devtools import config_table
 from hybridflow.utils.nested_dict import leaf_items
 
 NAMES = list(TABLES)
@@ -111,7 +111,7 @@ def test_defaults_are_veRLs_unless_the_yaml_says_why(name):
 
 def test_the_status_table_is_current():
     assert config_table.DOC_PATH.read_text() == config_table.render(), (
-        "docs/config_keys.md is stale: run python -m hybridflow.devtools.config_table"
+        "docs/config_keys.md is stale: run python -m devtools.config_table"
     )
 
 

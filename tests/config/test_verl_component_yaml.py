@@ -5,13 +5,16 @@ its place; keys of the whole tree it follows but does not hold take their defaul
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
 from hybridflow.config import ActorConfig, FSDPActorConfig, FSDPCriticConfig, omega_conf_to_dataclass
-from hybridflow.devtools.config_tree import TREE_DIR
+
+TREE_DIR = Path(__file__).resolve().parents[2] / "hybridflow" / "trainer" / "config"  # veRL's config tree
 
 
 def composed(group: str, name: str, overrides: list[str]):

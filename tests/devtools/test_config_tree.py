@@ -13,8 +13,8 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from devtools import config_tree
 from hybridflow.config.loader import load_config, raw_default_config
-from hybridflow.devtools import config_tree
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,7 @@ def test_the_committed_tree_is_what_the_generator_writes():
         for name, text in config_tree.render().items()
         if not (config_tree.TREE_DIR / name).is_file() or (config_tree.TREE_DIR / name).read_text() != text
     ]
-    assert stale == [], "run python -m hybridflow.devtools.config_tree"
+    assert stale == [], "run python -m devtools.config_tree"
     assert config_tree.main(["--check"]) == 0
 
 

@@ -1,4 +1,4 @@
-"""configs/ppo_trainer.yaml is what ``python -m hybridflow.devtools.config_yaml`` writes from the
+"""configs/ppo_trainer.yaml is what ``python -m devtools.config_yaml`` writes from the
 declarations in hybridflow/config/: editing one side only fails here."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 import yaml
 
+from devtools import config_yaml
 from hybridflow.config import ConfigError
 from hybridflow.config.base import BaseConfig, doc, section
-from hybridflow.devtools import config_yaml
 
 
 def test_the_committed_yaml_is_what_the_generator_writes():

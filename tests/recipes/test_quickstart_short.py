@@ -132,6 +132,8 @@ def test_quickstart_quick_on_cuda(tmp_path, algo):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     work = tmp_path / algo
+    # the caller's PYTHONPATH stays: on a GPU machine the carried wheels live there (benchmarks/gpu_check.sh)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
     out = subprocess.run(
         [
             sys.executable,
@@ -148,7 +150,7 @@ def test_quickstart_quick_on_cuda(tmp_path, algo):
         ],
         capture_output=True,
         text=True,
-        env=dict(os.environ, PYTHONPATH=REPO),
+        env=env,
         timeout=900,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

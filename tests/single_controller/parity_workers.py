@@ -92,36 +92,3 @@ class ParityWorker(AsyncWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def env(self, name):
         return os.environ.get(name)
-
-
-class ActorRole(Worker):
-    def __init__(self, lr=0.1):
-        super().__init__()
-        self.lr = lr
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def get_lr(self):
-        return self.lr
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def ask_critic(self):
-        # a fused worker's roles see each other through fused_worker_dict
-        return self.get_fused_worker_by_name("critic").value_of(self.lr)
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def scale(self, data: DataProto) -> DataProto:
-        return DataProto.from_dict(tensors={"x": data.batch["x"] * self.lr})
-
-
-class CriticRole(Worker):
-    def value_of(self, x):
-        return x * 100
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def get_lr(self):  # same name as the actor's: each role group must reach its own
-        return "critic"
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    async def async_value(self, x):
-        await asyncio.sleep(0)
-        return self.value_of(x)

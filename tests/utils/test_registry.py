@@ -4,7 +4,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from hybridflow.rewards import manager as reward_manager
+from hybridflow.rewards import registry as reward_manager
 from hybridflow.trainer.ppo import core_algos
 from hybridflow.utils.registry import Registry, UnknownNameError
 

@@ -26,7 +26,7 @@ hybridflow/config/trainer.py::
     val_only: bool = doc(False, "...", refused="a validation-only run is not implemented")
     ->  val_only: bool = doc(False, "...")
 
-then regenerate docs/config_keys.md (``python -m hybridflow.devtools.config_table``; the tests say
+then regenerate docs/config_keys.md (``python -m devtools.config_table``; the tests say
 when it is stale). A value restriction is flipped by editing ``values=``.
 """
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from omegaconf import OmegaConf
-
+from hybridflow.config.convert import read_yaml_file
 from hybridflow.utils.import_utils import load_class
 
 
@@ -34,8 +33,8 @@ def _entries(path: str) -> list:
         raise FileNotFoundError(
             f"interaction config file not found: {path} (actor_rollout_ref.rollout.multi_turn.interaction_config_path)"
         )
-    cfg = OmegaConf.load(path)
-    entries = cfg.get("interaction") if OmegaConf.is_dict(cfg) else None
+    cfg = read_yaml_file(path)
+    entries = cfg.get("interaction") if isinstance(cfg, dict) else None
     if entries is None:
         raise ValueError(f"interaction config {path}: expected a top-level 'interaction:' list")
     return list(entries)
@@ -47,13 +46,13 @@ def initialize_interactions_from_config(interaction_config_file: str, build: boo
     base_dir = os.path.dirname(os.path.abspath(path))
     out: dict[str, Any] = {}
     for i, entry in enumerate(_entries(path)):
-        if "class_name" not in entry:
+        if not isinstance(entry, dict) or "class_name" not in entry:
             raise ValueError(f"interaction config {path}, interaction[{i}]: no class_name")
-        cls = get_interaction_class(entry.class_name, base_dir)
-        name = entry.get("name") or default_interaction_name(entry.class_name)
+        cls = get_interaction_class(entry["class_name"], base_dir)
+        name = entry.get("name") or default_interaction_name(entry["class_name"])
         if name in out:
             raise ValueError(f"interaction config {path}: duplicate interaction name {name!r}")
-        config = OmegaConf.to_container(entry.get("config") or OmegaConf.create({}), resolve=True)
+        config = dict(entry.get("config") or {})
         config["name"] = name
         out[name] = cls(config=config) if build else cls
     return out

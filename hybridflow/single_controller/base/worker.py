@@ -33,8 +33,6 @@ def default_device_backend() -> tuple[str, str]:
 class Worker:
     """Base worker. Subclasses add ``@register`` methods; the driver calls them through a WorkerGroup."""
 
-    fused_worker_attr_name = "fused_worker_dict"
-
     def __init__(self, cuda_visible_devices=None):
         if in_ray_worker():
             install_stack_dump_handler()  # first: the watchdog can then see a hang inside __init__ too
@@ -47,8 +45,6 @@ class Worker:
             os.environ["MASTER_PORT"] = str(find_free_port(os.environ["MASTER_ADDR"]))
         self._dispatch_dp_rank: dict[str, int] = {}
         self._collect_dp_rank: dict[str, bool] = {}
-        # the sibling roles of a fused worker (create_colocated_worker_raw_cls), by role name
-        self.fused_worker_dict: dict = {}
 
     # --- identity -------------------------------------------------------------------------------
     @property
@@ -93,10 +89,6 @@ class Worker:
             world_size=self._world_size,
             timeout=timedelta(seconds=timeout_s),
         )
-
-    def get_fused_worker_by_name(self, worker_name: str):
-        """A sibling role of this fused worker (None outside a fused worker)."""
-        return self.fused_worker_dict.get(worker_name)
 
     # --- mesh-aware dispatch -----------------------------------------------------------------------
     def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:

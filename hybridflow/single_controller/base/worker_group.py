@@ -21,11 +21,6 @@ from hybridflow.single_controller.base.dispatch_fns import joins_batches
 from hybridflow.single_controller.base.heartbeat import read_progress
 from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, default_watchdog
 
-# the method a fused worker (create_colocated_worker_raw_cls) routes its roles' calls through, and
-# the separator of "<role>_fwmn_<method>" (veRL's names)
-FUSED_EXECUTE = "_fuw_execute"
-FUSED_SEPARATOR = "_fwmn_"
-
 
 class ClassWithInitArgs:
     """A worker class and the arguments to build it with, instantiated later in the worker process."""
@@ -34,9 +29,6 @@ class ClassWithInitArgs:
         self.cls = cls
         self.args = args
         self.kwargs = kwargs
-        # True for the class create_colocated_worker_cls_fused builds: its groups route role calls
-        # through the fused worker (spawn/fuse)
-        self.fused_worker_used = False
 
     @property
     def user_cls(self):
@@ -158,9 +150,7 @@ def _unpad(result, pad: int):
 
 
 class WorkerGroup:
-    """Backend-independent part: method binding, dispatch, collect, padding, fused-worker routing."""
-
-    fused_worker_execute_fn_name = FUSED_EXECUTE
+    """Backend-independent part: method binding, dispatch, collect, padding."""
 
     def __init__(self, name: str, world_size: int):
         self.name = name
@@ -169,10 +159,6 @@ class WorkerGroup:
         self._collect_info: dict[str, list[bool]] = {}  # mesh -> whether each rank's output is collected
         self._bound_names: list[str] = []
         self._user_cls = None
-        self.fused_worker_used = False  # built from create_colocated_worker_cls_fused
-        self.sub_cls_name = ""  # the role this (spawned) group calls inside a fused worker
-        self.method_names: list[str] = []  # the fused worker's own methods, called without routing
-        self.wg_dict = None
         self._watchdog: Watchdog | None = None
         self._progress_key = name  # the workers' WG_PREFIX: views of a fused group keep the fused name
 
@@ -229,14 +215,6 @@ class WorkerGroup:
         return future
 
     # --- generic execution -----------------------------------------------------------------------
-    def _call(self, method: str, ranks, per_args, per_kwargs) -> list:
-        """``_execute``, routing a role's method through the fused worker when this group is a role
-        view of one (``<role>_fwmn_<method>``, veRL's convention)."""
-        if self.fused_worker_used and self.sub_cls_name and method not in self.method_names:
-            routed = f"{self.sub_cls_name}{FUSED_SEPARATOR}{method}"
-            return self._execute(FUSED_EXECUTE, ranks, [(routed, *a) for a in per_args], per_kwargs)
-        return self._execute(method, ranks, per_args, per_kwargs)
-
     def _split_per_rank(self, ranks, args, kwargs):
         """Lists of length world_size are scattered; everything else is broadcast (veRL semantics)."""
         n = self.world_size
@@ -258,7 +236,7 @@ class WorkerGroup:
     def execute_all_async(self, method_name: str, *args, **kwargs) -> list:
         ranks = list(range(self.world_size))
         per_args, per_kwargs = self._split_per_rank(ranks, args, kwargs)
-        return self._call(method_name, ranks, per_args, per_kwargs)
+        return self._execute(method_name, ranks, per_args, per_kwargs)
 
     def execute_all_sync(self, method_name: str, *args, **kwargs) -> list:
         handles = self.execute_all_async(method_name, *args, **kwargs)
@@ -268,7 +246,7 @@ class WorkerGroup:
 
     def execute_rank_zero_async(self, method_name: str, *args, **kwargs):
         per_args, per_kwargs = self._split_per_rank([0], args, kwargs)
-        return self._call(method_name, [0], per_args, per_kwargs)[0]
+        return self._execute(method_name, [0], per_args, per_kwargs)[0]
 
     def execute_rank_zero_sync(self, method_name: str, *args, **kwargs):
         handle = self.execute_rank_zero_async(method_name, *args, **kwargs)
@@ -320,7 +298,7 @@ class WorkerGroup:
             else:  # rank zero: its own share of per-rank lists, other arguments unsplit (veRL)
                 ranks = [0]
                 per_args, per_kwargs = group._split_per_rank(ranks, args, kwargs)
-            handles = group._call(remote_name, ranks, per_args, per_kwargs)
+            handles = group._execute(remote_name, ranks, per_args, per_kwargs)
 
             def collect(outputs):
                 if execute_mode is Execute.RANK_ZERO:
@@ -348,7 +326,6 @@ class WorkerGroup:
         view.__dict__.update({k: v for k, v in self.__dict__.items() if k not in self._bound_names})
         view.name = name
         view._dispatch_info, view._collect_info = {}, {}
-        view.wg_dict, view.method_names = None, []
         return view
 
     def spawn(self, prefix_set) -> dict[str, WorkerGroup]:
@@ -356,37 +333,11 @@ class WorkerGroup:
 
         The views share this group's worker processes. For a ``create_colocated_worker_cls`` class the
         roles' methods are ``<role>_<method>`` on the worker (``view.execute_all_sync`` etc. take those
-        names); for a fused class (``create_colocated_worker_cls_fused``) calls are routed through the
-        fused worker (see ``spawn_fused``).
+        names).
         """
-        if self.fused_worker_used:
-            return self.spawn_fused(prefix_set)
         views = {}
         for role in prefix_set:
             view = self._view(f"{self.name}:{role}")
             view._bound_names = view._bind_worker_methods(self._user_cls, prefix=f"{role}_")
             views[role] = view
         return views
-
-    def spawn_fused(self, prefix_set) -> dict[str, WorkerGroup]:
-        """One group per role of a fused worker, each with the role class's methods bound."""
-        raw = getattr(self._user_cls, "raw_cls_dict", None)
-        if raw is None:
-            raise TypeError(f"{self._user_cls.__name__} is not a fused worker class (create_colocated_worker_raw_cls)")
-        views = {}
-        for role in prefix_set:
-            if role not in raw:
-                raise KeyError(f"fused worker has no role {role!r}; roles: {sorted(raw)}")
-            view = self._view(f"{self.name}:{role}")
-            view.sub_cls_name = role
-            view._bound_names = view._bind_worker_methods(raw[role])
-            views[role] = view
-        return views
-
-    def fuse(self, prefix_set) -> None:
-        """Attach one group per role as an attribute (``wg.actor.update_actor(...)``), veRL's fuse()."""
-        if self.wg_dict is None:
-            self.wg_dict = self.spawn(prefix_set)
-        for role, role_group in self.wg_dict.items():
-            setattr(self, role, role_group)
-        self.method_names = list(self._bound_names)

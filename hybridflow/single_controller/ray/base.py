@@ -13,11 +13,7 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.protocol import DataProto
-from hybridflow.single_controller.base.colocated import (
-    build_colocated_class,
-    create_colocated_worker_raw_cls,  # noqa: F401  (veRL's import path)
-    fused_class_with_init_args,
-)
+from hybridflow.single_controller.base.colocated import build_colocated_class
 from hybridflow.single_controller.base.direct import HandleKind
 from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
 from hybridflow.single_controller.base.heartbeat import clear_progress, read_progress
@@ -235,7 +231,6 @@ class RayWorkerGroup(WorkerGroup):
             )
         self.resource_pool = resource_pool
         self.ray_cls_with_init = ray_cls_with_init
-        self.fused_worker_used = bool(ray_cls_with_init.fused_worker_used)
         self._user_cls = ray_cls_with_init.user_cls
         self._bound_names = self._bind_worker_methods(self._user_cls)
 
@@ -425,7 +420,7 @@ class RayWorkerGroup(WorkerGroup):
             clear_progress(self._progress_key, self.world_size, use_ray=True)
         self._workers = []
         pool = getattr(self, "resource_pool", None)
-        if pool is not None and not self.sub_cls_name:
+        if pool is not None:
             pool.release_share(self)
         if pool is not None and self.owns_resource_pool:
             pool.release()
@@ -476,16 +471,6 @@ def create_colocated_worker_cls(
     """
     fused = build_colocated_class(class_dict)
     out = RayClassWithInitArgs(ray.remote(**remote_options)(fused.cls) if remote_options else ray.remote(fused.cls))
-    for spec in class_dict.values():
-        if isinstance(spec, RayClassWithInitArgs):
-            out.update_options(spec._options)
-    return out
-
-
-def create_colocated_worker_cls_fused(class_dict: dict[str, ClassWithInitArgs]) -> RayClassWithInitArgs:
-    """veRL's fused worker as a Ray actor class: groups built from it give role groups with
-    ``spawn(prefix_set)`` / ``fuse(prefix_set)`` (``wg.actor.method(...)``)."""
-    out = fused_class_with_init_args(class_dict, wrap=ray.remote, cls_with_init=RayClassWithInitArgs)
     for spec in class_dict.values():
         if isinstance(spec, RayClassWithInitArgs):
             out.update_options(spec._options)

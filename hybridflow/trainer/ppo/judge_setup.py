@@ -9,22 +9,12 @@ the reward model worker for sequence-classification models is not started.
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
-
-from hybridflow.config.convert import omega_conf_to_dataclass
-from hybridflow.config.rollout import RolloutConfig
-from hybridflow.rewards.manager import REWARD_MANAGERS
-from hybridflow.workers.judge_client import ROLLOUT_PATH, RolloutJudge
+from hybridflow.rewards.registry import manager_needs_judge
+from hybridflow.workers.judge_client import RolloutJudge
 from hybridflow.workers.judge_worker import MODEL_PATH_KEY
 from hybridflow.workers.model_loading import load_tokenizer, local_model_path
 
 JUDGE_ROLE = "judge"
-
-
-def manager_needs_judge(name) -> bool:
-    """Whether the registered reward manager ``name`` scores with a judge (unknown names: no)."""
-    cls = REWARD_MANAGERS.get(str(name), None) if name is not None else None
-    return bool(getattr(cls, "needs_judge", False))
 
 
 def uses_judge(config) -> bool:
@@ -33,14 +23,10 @@ def uses_judge(config) -> bool:
 
 
 def judge_worker_config(config) -> dict:
-    """What each JudgeWorker is built from."""
+    """What each JudgeWorker is built from (the typed ``reward.reward_model.rollout``)."""
     rm = config.reward.reward_model
-    trust = config.reward_model.model.get("trust_remote_code")  # the earlier section's key, honoured as before
-    return {
-        "model_path": rm.model_path,
-        "trust_remote_code": bool(trust),
-        "rollout": OmegaConf.to_container(rm.rollout, resolve=True),
-    }
+    trust = config.reward_model.model.trust_remote_code  # the earlier section's key, honoured as before
+    return {"model_path": rm.model_path, "trust_remote_code": bool(trust), "rollout": rm.rollout}
 
 
 def start_judge(judge_wg, config, reward_fns) -> RolloutJudge:
@@ -48,9 +34,8 @@ def start_judge(judge_wg, config, reward_fns) -> RolloutJudge:
     takes one; returns the client (the trainer closes it)."""
     judge_wg.init_model()
     path = local_model_path(config.reward.reward_model.model_path, MODEL_PATH_KEY)
-    tokenizer = load_tokenizer(path, bool(config.reward_model.model.get("trust_remote_code")))
-    rollout = omega_conf_to_dataclass(config.reward.reward_model.rollout, RolloutConfig, path=ROLLOUT_PATH)
-    judge = RolloutJudge.from_group(judge_wg, JUDGE_ROLE, tokenizer, rollout)
+    tokenizer = load_tokenizer(path, bool(config.reward_model.model.trust_remote_code))
+    judge = RolloutJudge.from_group(judge_wg, JUDGE_ROLE, tokenizer, config.reward.reward_model.rollout)
     for fn in reward_fns:
         if hasattr(fn, "attach_judge"):
             fn.attach_judge(judge)

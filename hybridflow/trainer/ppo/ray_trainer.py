@@ -15,20 +15,19 @@ import shutil
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
+from hybridflow import algorithms as core_algos  # veRL's name for the RL math
 from hybridflow.agent_loop.base import agent_loop_settings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.algorithms.pf_ppo import pf_ppo_resample_indices
 from hybridflow.algorithms.rollout_correction import compute_rollout_correction, rollout_correction_config
 from hybridflow.config.algorithm import FilterGroupsConfig
-from hybridflow.config.convert import omega_conf_to_dataclass
-from hybridflow.config.skip import RolloutSkipConfig
-from hybridflow.config.trainer import TrainerConfig
+from hybridflow.config.base import to_dict
+from hybridflow.config.convert import as_section
+from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.protocol import DataProto
-from hybridflow.single_controller.base import Watchdog
+from hybridflow.single_controller.base import Watchdog, WorkerDiedError, WorkerHangError
 from hybridflow.trainer import checkpoint as ckpt
-from hybridflow.trainer.ppo import core_algos
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
 from hybridflow.trainer.ppo.dynamic_sampling import DynamicSampling, EpochCycler
 from hybridflow.trainer.ppo.judge_setup import JUDGE_ROLE, start_judge, uses_judge
@@ -45,6 +44,7 @@ from hybridflow.trainer.ppo.metric_utils import (
 from hybridflow.trainer.ppo.profiling import profile_span, profiled_steps
 from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
 from hybridflow.trainer.ppo.rollout_source import make_rollout_source, weight_targets
+from hybridflow.trainer.ppo.rollouter import CHECKPOINT_TYPES
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups, rollout_role_name, separated_rollout
 from hybridflow.utils.progress import Progress
 from hybridflow.utils.tracking import Tracking
@@ -66,12 +66,13 @@ def watchdog_of(trainer_cfg) -> Watchdog:
 class RayPPOTrainer:
     """``RayPPOTrainer(config, tokenizer, train_dataloader, val_dataset, reward_fn, val_reward_fn)``.
 
-    ``config`` is the validated, read-only ppo_trainer tree. The dataloader is resumable
+    ``config`` is the validated ``PPOTrainerConfig`` (veRL's composed DictConfig is read into one here,
+    the door; below it everything reads typed sections). The dataloader is resumable
     (``state_dict``/``load_state_dict``) so a resumed run sees exactly the prompts it would have seen.
     """
 
     def __init__(self, config, tokenizer, train_dataloader, val_dataset, reward_fn, val_reward_fn, collate_fn=None):
-        self.config = config
+        self.config = config = as_section(config, PPOTrainerConfig)
         self.tokenizer = tokenizer
         self.train_dataloader = train_dataloader
         self.val_dataset = val_dataset
@@ -99,27 +100,21 @@ class RayPPOTrainer:
         self.total_training_steps = self._total_steps()
         self.global_steps = 0
         self.actor_version = 0  # actor updates so far: the weight version the rollout should be at
+        self.failed_saves = 0  # saves that failed and were let pass (trainer.continue_after_failed_save)
         self.hybrid_engine = not separated_rollout(config)  # colocated: the actor's process also generates
         # rollout dumps (trainer.rollout_data_dir / validation_data_dir) and replay (trainer.skip)
         self.rollout_recorder = RolloutRecorder(
-            tokenizer,
-            omega_conf_to_dataclass(config.trainer, TrainerConfig, path="trainer"),
-            omega_conf_to_dataclass(
-                (config.get("skip") or {}).get("rollout") or None, RolloutSkipConfig, path="skip.rollout"
-            ),
-            int(config.actor_rollout_ref.rollout.n),
+            tokenizer, config.trainer, config.skip.rollout, int(config.actor_rollout_ref.rollout.n)
         )
         # one stream of prompt batches, epoch after epoch: the loop and dynamic sampling's refills share it
         self.prompt_batches = EpochCycler(train_dataloader)
         # off-policy correction (algorithm.rollout_correction): bypass mode reuses the rollout's
         # log-probs as π_old and lets the actor weight/mask per micro-batch
-        self.rollout_correction = rollout_correction_config(algo.get("rollout_correction"))
+        self.rollout_correction = rollout_correction_config(algo.rollout_correction)
         self._actor_update_meta = (
             {"rollout_correction": self.rollout_correction} if self.rollout_correction.bypass_mode else {}
         )
-        self.filter_groups = omega_conf_to_dataclass(
-            algo.get("filter_groups") or None, FilterGroupsConfig, path="algorithm.filter_groups"
-        )
+        self.filter_groups = algo.filter_groups or FilterGroupsConfig()
         self._choose_phases()
         self.watchdog = watchdog_of(config.trainer)
 
@@ -146,7 +141,7 @@ class RayPPOTrainer:
         else:
             self._sample_phase = self.generate_and_score
         rollout_as_old = self.rollout_correction.bypass_mode or (
-            config.async_training.mode != "sync" and bool(config.async_training.get("use_rollout_log_probs", False))
+            config.async_training.mode != "sync" and config.async_training.use_rollout_log_probs
         )
         self._old_log_prob_phase = self._rollout_log_probs_as_old if rollout_as_old else self._compute_old_log_prob
 
@@ -181,8 +176,7 @@ class RayPPOTrainer:
         self.actor_rollout_wg.init_model()
         if self.rollout_wg is not self.actor_rollout_wg:
             self.rollout_wg.init_model()
-        template_kwargs = self.config.data.get("apply_chat_template_kwargs")
-        template_kwargs = OmegaConf.to_container(template_kwargs, resolve=True) if template_kwargs is not None else {}
+        template_kwargs = self.config.data.apply_chat_template_kwargs or {}
         async_cfg = self.config.async_training
         settings = agent_loop_settings(
             self.config.actor_rollout_ref.rollout, template_kwargs, run_dir=self.config.trainer.default_local_dir
@@ -548,15 +542,23 @@ class RayPPOTrainer:
             )
 
     def save_checkpoint(self) -> str:
-        """Workers write into a tmp dir; it becomes ``global_step_N`` (and ``latest``) only when whole."""
+        """Workers write into a tmp dir; it becomes ``global_step_N`` (and ``latest``) only when whole.
+
+        A failed write (a full disk, a lost mount: any writer, driver or worker) removes the tmp dir, so
+        the previous complete checkpoint stays the latest, and raises ``CheckpointSaveError`` naming the
+        writer and the path. A hang or a dead worker is raised as it is."""
         root = self.config.trainer.default_local_dir
         self._check_finite_weights()
         tmp = ckpt.begin_save(root, self.global_steps)
         self._saving_tmp = tmp
+        writer = f"the driver into {tmp}"
         try:
+            writer = f"the actor workers into {ckpt.role_dir(tmp, 'actor')}"
             self.actor_rollout_wg.save_checkpoint(ckpt.role_dir(tmp, "actor"), self.global_steps)
             if self.use_critic:
+                writer = f"the critic workers into {ckpt.role_dir(tmp, 'critic')}"
                 self.critic_wg.save_checkpoint(ckpt.role_dir(tmp, "critic"), self.global_steps)
+            writer = f"the driver into {os.path.join(tmp, ckpt.DATA_FILE)}"
             ckpt.save_dataloader_state(
                 tmp,
                 {
@@ -567,26 +569,43 @@ class RayPPOTrainer:
                     "driver_rng": get_rng_state(),
                 },
             )
+            writer = f"the driver committing {tmp}"
             final = ckpt.commit_save(root, self.global_steps, tmp)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, Exception) and not isinstance(e, (WorkerHangError, WorkerDiedError)):
+                raise ckpt.CheckpointSaveError(self.global_steps, writer, e) from e
             raise
         finally:
             self._saving_tmp = None
         ckpt.prune_checkpoints(root, self._ckpt_to_keep())
         return final
 
+    def _save_or_note_failure(self, metrics: dict) -> None:
+        """A save that fails ends the run, unless ``trainer.continue_after_failed_save`` lets the next
+        save try again (the failure is logged and counted in ``checkpoint/failed_saves``)."""
+        with timer("save_checkpoint", timings := {}):
+            try:
+                self.save_checkpoint()
+            except ckpt.CheckpointSaveError as e:
+                if not self.config.trainer.continue_after_failed_save:
+                    raise
+                self.failed_saves += 1
+                logger.error("%s; training goes on (trainer.continue_after_failed_save=True)", e)
+        metrics["timing_s/save_checkpoint"] = timings["save_checkpoint"]
+        metrics["checkpoint/failed_saves"] = self.failed_saves
+
     def load_checkpoint(self) -> int:
         """Restore weights, optimizer, LR schedule, RNG (workers and driver) and the data position;
         returns the step to continue from (0 when starting fresh)."""
         t = self.config.trainer
         ckpt.cleanup_partial_saves(t.default_local_dir)
-        path = ckpt.resolve_resume(t.resume_mode, t.default_local_dir, t.resume_from_path)
+        path = ckpt.resumable_checkpoint(t, ["actor"] + (["critic"] if self.use_critic else []))
         if path is None:
             if not self.hybrid_engine:  # a separate pool's engine may hold random (load_format=dummy) or base
                 self.push_weights_to_rollout(self.actor_version)  # (LoRA) weights: give it the trainer's
             return 0
-        state = ckpt.load_dataloader_state(path)
+        state = ckpt.load_dataloader_state(path, restorable=CHECKPOINT_TYPES)
         if state is None:
             raise FileNotFoundError(f"checkpoint {path!r} has no {ckpt.DATA_FILE} (driver state): cannot resume")
         if state.get("driver_rng") is not None:
@@ -611,11 +630,7 @@ class RayPPOTrainer:
         and the checkpoint a ``resume_mode=auto`` rerun would continue from."""
         t = self.config.trainer
         tracking = Tracking(
-            t.project_name,
-            t.experiment_name,
-            list(t.logger),
-            OmegaConf.to_container(self.config, resolve=True),
-            log_dir=t.default_local_dir,
+            t.project_name, t.experiment_name, list(t.logger), to_dict(self.config), log_dir=t.default_local_dir
         )
         try:
             return self._fit(tracking)
@@ -651,9 +666,7 @@ class RayPPOTrainer:
                     metrics.update(self.validate())
                 metrics["timing_s/testing"] = timings["testing"]
             if t.save_freq > 0 and (is_last or self.global_steps % t.save_freq == 0):
-                with timer("save_checkpoint", timings := {}):
-                    self.save_checkpoint()
-                metrics["timing_s/save_checkpoint"] = timings["save_checkpoint"]
+                self._save_or_note_failure(metrics)
             metrics["training/global_step"] = self.global_steps
             tracking.log(metrics, step=self.global_steps)
             progress.update(score=metrics.get("critic/score/mean", float("nan")))

@@ -49,6 +49,10 @@ class PromptGroup:
     prompts: DataProto  # n rows (the prompt repeated), uid set, every non-tensor column
 
 
+# the classes a checkpoint's driver state may hold (pending groups of the asynchronous sources)
+CHECKPOINT_TYPES = (PromptGroup,)
+
+
 @dataclass
 class FinishedGroup:
     group: PromptGroup

@@ -25,8 +25,10 @@ from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.single_controller.factory import build_worker_group, check_pools_fit
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.trainer.ppo.judge_setup import JUDGE_ROLE, judge_worker_config
-from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+from hybridflow.workers.critic_worker import CriticWorker
 from hybridflow.workers.judge_worker import JudgeWorker
+from hybridflow.workers.reward_model_worker import RewardModelWorker
 
 # requests one rollout worker serves at once (each waits on its own Ray thread while the engine batches)
 ROLLOUT_MAX_IN_FLIGHT = 1024

@@ -15,7 +15,7 @@ import torch
 from hybridflow.algorithms import ConfigWithBatchInfo, agg_loss, get_policy_loss_fn, kl_penalty
 from hybridflow.algorithms.rollout_correction import compute_policy_loss_bypass_mode
 from hybridflow.config.actor import ActorConfig, FSDPActorConfig
-from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.convert import as_section
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 from hybridflow.workers.actor import shared_prefix
 from hybridflow.workers.utils.logprob import forward_response_token_stats
@@ -31,7 +31,7 @@ _PATH = "actor_rollout_ref.actor"
 def actor_section(config: ActorConfig | Mapping) -> ActorConfig:
     """The typed actor section: an ``ActorConfig`` as it is; a DictConfig or dict (veRL users pass the
     ``actor_rollout_ref.actor`` node) read into its ``_target_`` class, ``FSDPActorConfig`` by default."""
-    section = omega_conf_to_dataclass(config, FSDPActorConfig, path=_PATH)
+    section = as_section(config, FSDPActorConfig, _PATH)
     if not isinstance(section, ActorConfig):
         raise TypeError(
             f"config must be an ActorConfig or the {_PATH} section as a mapping, got {type(config).__name__}"

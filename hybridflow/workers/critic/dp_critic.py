@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import torch
 
 from hybridflow.algorithms import compute_value_loss
-from hybridflow.config.convert import omega_conf_to_dataclass
+from hybridflow.config.convert import as_section
 from hybridflow.config.critic import CriticConfig, FSDPCriticConfig
 from hybridflow.utils.torch_functional import masked_mean
 from hybridflow.workers.utils.logprob import forward_response_logits
@@ -27,7 +27,7 @@ __all__ = ["DataParallelPPOCritic", "critic_section"]
 def critic_section(config: CriticConfig | Mapping) -> CriticConfig:
     """The typed critic section: a ``CriticConfig`` as it is; a DictConfig or dict read into its
     ``_target_`` class, ``FSDPCriticConfig`` by default."""
-    section = omega_conf_to_dataclass(config, FSDPCriticConfig, path="critic")
+    section = as_section(config, FSDPCriticConfig, "critic")
     if not isinstance(section, CriticConfig):
         raise TypeError(
             f"config must be a CriticConfig or the critic section as a mapping, got {type(config).__name__}"

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.config.loader import ConfigError
-from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.rollout import RolloutConfig, cpu_tensor_parallel_error
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 << 20
@@ -118,11 +118,8 @@ def vllm_settings(
     extra = {k: v for k, v in dict((rollout.engine_kwargs or {}).get("vllm") or {}).items() if v is not None}
 
     tp = rollout.tensor_model_parallel_size
-    if tp > 1 and device == "cpu":
-        raise ConfigError(
-            f"rollout.tensor_model_parallel_size={tp}: the vllm rollout on cpu runs one engine "
-            "process per worker; use tensor_model_parallel_size=1 on cpu"
-        )
+    if device == "cpu" and (error := cpu_tensor_parallel_error(tp)):
+        raise ConfigError(error)
     if tp > 1 and tp > cuda_devices:
         raise ConfigError(
             f"rollout.tensor_model_parallel_size={tp} needs {tp} GPUs visible to the rollout worker, "
