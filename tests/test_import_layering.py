@@ -75,7 +75,7 @@ def test_the_checker_sees_absolute_relative_and_nested_imports():
 LAYERS = (
     ("utils", "protocol_layout"),  # generic helpers, the DataProto wire layout
     ("config",),  # the typed config sections, keys and loader (only generic helpers below)
-    ("protocol",),  # DataProto
+    ("protocol", "protocol_keys"),  # DataProto; the meta_info keys it carries between driver and workers
     ("algorithms", "rewards", "models"),  # pure RL math, scorers and the code sandbox, the tiny model
     ("tools", "interactions"),  # tool/user APIs (the gsm8k tool and interaction score with rewards.scorers)
     ("single_controller",),  # Worker, WorkerGroup, dispatch, Ray and in-process backends

@@ -88,7 +88,7 @@ class ToolAgentLoop(AgentLoopBase):
         self.mt = mt
         self.tools = {tool.name: tool for tool in self.tool_list}
         self.tool_schemas = [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in self.tool_list]
-        self.parser = TOOL_PARSERS.get(mt.format)(tokenizer)
+        self.parser = TOOL_PARSERS[mt.format](tokenizer)
         self.chat = ChatTokenizer(tokenizer, settings.chat_template_kwargs)
         self.caller = ToolCaller(
             self.tools,

@@ -58,7 +58,7 @@ class ToolParser:
 
     @classmethod
     def get_tool_parser(cls, name: str, tokenizer) -> ToolParser:
-        return TOOL_PARSERS.get(name)(tokenizer)
+        return TOOL_PARSERS[name](tokenizer)
 
     @classmethod
     def register(cls, name: str):

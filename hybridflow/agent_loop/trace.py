@@ -38,6 +38,7 @@ def trace_store(trace: TraceConfig, run_dir: str) -> str | None:
     """The store of ``trace``'s backend (checked here, on the driver, before any worker starts), resolved
     once so that agent loop workers in other processes write to the same one; None for a backend without
     one. ``run_dir``: where the default store goes (``trainer.default_local_dir``)."""
+    trace.check_values()  # names veRL's backends hybridflow does not implement (a section built in code)
     check_backend(trace.backend)
     return default_tracking_uri(run_dir) if trace.backend == "mlflow" else None
 

@@ -87,7 +87,7 @@ class AgentLoopWorker:
             load_agent_loop_config(settings.agent_loop_config_path) if settings.agent_loop_config_path else {}
         )
         for name, kwargs in (loop_kwargs or {}).items():
-            cls = self.loop_specs[name][0] if name in self.loop_specs else AGENT_LOOPS.get(name)
+            cls = self.loop_specs[name][0] if name in self.loop_specs else AGENT_LOOPS[name]
             self.loop_specs[name] = (cls, {**self.loop_specs.get(name, (None, {}))[1], **kwargs})
         self.completed = 0  # trajectories finished so far (progress for watchdogs)
         # rollout.over_sample_rate: per over-sampled call (meta_info[OVER_SAMPLE_ID]) the trajectories kept
@@ -180,7 +180,7 @@ class AgentLoopWorker:
             loop_cls, kwargs = self.loop_specs[name]
         else:
             try:
-                loop_cls, kwargs = AGENT_LOOPS.get(name), {}
+                loop_cls, kwargs = AGENT_LOOPS[name], {}
             except KeyError as e:
                 extra = (
                     f" (or in {self.settings.agent_loop_config_path}: {sorted(self.loop_specs)})"

@@ -63,7 +63,9 @@ class AdvantageEstimator(str, Enum):
 
 
 AdvEstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-ADV_ESTIMATOR_REGISTRY: Registry[AdvEstimatorFn] = Registry("advantage estimator")
+ADV_ESTIMATOR_REGISTRY: Registry[AdvEstimatorFn] = Registry(
+    "Adv estimator", unknown="Unknown advantage estimator simply: {name}"
+)
 
 
 def _name(name_or_enum) -> str:
@@ -77,7 +79,7 @@ def register_adv_est(name_or_enum: str | AdvantageEstimator):
 
 def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvEstimatorFn:
     """The estimator registered under ``name_or_enum``; unknown names list the known ones."""
-    return ADV_ESTIMATOR_REGISTRY.get(_name(name_or_enum))
+    return ADV_ESTIMATOR_REGISTRY[_name(name_or_enum)]
 
 
 # ----------------------------------------------------------------------------- grouping helpers

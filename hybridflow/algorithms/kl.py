@@ -84,7 +84,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     """Per-token KL estimate (B, T) of the named type (see the module docstring)."""
     straight_through = kl_penalty.endswith("+")
     name = kl_penalty[:-1] if straight_through else kl_penalty
-    value = KL_PENALTY_REGISTRY.get(name)(logprob, ref_logprob)
+    value = KL_PENALTY_REGISTRY[name](logprob, ref_logprob)
     if not straight_through or name in ("mse", "k2"):
         return value
     grad_path = _kl_k2(logprob, ref_logprob)

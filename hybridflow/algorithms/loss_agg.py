@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import torch
 
+from hybridflow.config.actor import LOSS_AGG_MODES
 from hybridflow.utils.registry import Registry
 from hybridflow.utils.torch_functional import masked_sum
 
@@ -49,12 +50,13 @@ LOSS_AGG_REGISTRY: Registry[LossAggFn] = Registry("loss_agg_mode")
 
 
 def register_loss_agg_mode(name: str):
-    """Decorator adding a loss aggregation mode under ``name``."""
+    """Decorator adding a loss aggregation mode under ``name`` (an actor config may then name it)."""
+    LOSS_AGG_MODES.add(name)
     return LOSS_AGG_REGISTRY.register(name)
 
 
 def get_loss_agg_fn(name: str) -> LossAggFn:
-    return LOSS_AGG_REGISTRY.get(name)
+    return LOSS_AGG_REGISTRY[name]
 
 
 def _valid_seqs(loss_mask: torch.Tensor) -> torch.Tensor:

@@ -40,16 +40,17 @@ __all__ = [
 ]
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
-POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss")
+POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss", unknown="Unsupported loss mode: {name}")
 
 
 def register_policy_loss(name: str):
-    """Decorator registering a policy loss under ``name`` (``actor.policy_loss.loss_mode``)."""
-    return POLICY_LOSS_REGISTRY.register(name)
+    """Decorator registering a policy loss under ``name`` (``actor.policy_loss.loss_mode``); as in veRL, a
+    loss registered under a taken name replaces the earlier one."""
+    return POLICY_LOSS_REGISTRY.register(name, override=True)
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
-    return POLICY_LOSS_REGISTRY.get(name)
+    return POLICY_LOSS_REGISTRY[name]
 
 
 class ConfigWithBatchInfo(Mapping):

@@ -61,6 +61,8 @@ __all__ = [
 def rollout_correction_config(section: Any, path: str = "algorithm.rollout_correction") -> RolloutCorrectionConfig:
     """The section as a ``RolloutCorrectionConfig`` (which parses and checks it; an empty or missing
     section: metrics only). Raises ConfigError (a ValueError) naming the offending key."""
+    if not section:
+        return RolloutCorrectionConfig.disabled()
     return as_section(section, RolloutCorrectionConfig, path)
 
 

@@ -12,22 +12,32 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.config import rules
-from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.base import BaseConfig, built_alone, doc, placed, section
 from hybridflow.config.checkpoint import CheckpointConfig
-from hybridflow.config.engine import FSDPEngineConfig, QATConfig
+from hybridflow.config.engine import FSDPEngineConfig, QATConfig, engine_as_in_yaml
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
 from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import SP, VLM, speed_only
 from hybridflow.config.refused import MEGATRON
 
-__all__ = ["STRATEGIES", "PolicyLossConfig", "RouterReplayConfig", "ActorConfig", "FSDPActorConfig", "RefConfig"]
+__all__ = [
+    "STRATEGIES",
+    "LOSS_AGG_MODES",
+    "MicroBatchUnsetError",
+    "PolicyLossConfig",
+    "RouterReplayConfig",
+    "ActorConfig",
+    "FSDPActorConfig",
+    "RefConfig",
+]
 
 _ACTOR_SPEED = speed_only("fused kernels, torch.compile, chunked entropy, padding buckets")
 _CLIP_COV = "read by policy_loss.loss_mode=clip_cov"
 _REF_SPEED = speed_only("torch.compile, chunked entropy, padding buckets")
 
 STRATEGIES = ("fsdp", "fsdp2", "ddp")
+_NO_GRAD_CLIP = ("grad_clip",)  # optim.grad_clip: veRL's dataclass takes it, its yaml does not hold it
 ROUTER_REPLAY_MODES = ("disabled", "R2", "R3")
 
 
@@ -39,14 +49,37 @@ def check_strategy(value: str, key: str) -> None:
 
 
 def check_micro_batch(
-    mbs: int | None, mbs_per_gpu: int | None, dynamic: bool, path: str, key: str = "ppo_micro_batch_size"
+    mbs: int | None,
+    mbs_per_gpu: int | None,
+    dynamic: bool,
+    path: str,
+    key: str = "ppo_micro_batch_size",
+    verl_word: str | None = None,
 ) -> None:
-    """veRL's rule: the deprecated global micro-batch size and the per-GPU one are not both set."""
+    """veRL's rule: the deprecated global micro-batch size and the per-GPU one are not both set (veRL's
+    message, which its users match on, then the full keys). ``verl_word``: the key as veRL's message
+    spells it, where it differs (the critic's says micro_batch_size)."""
     if not dynamic and mbs is not None and mbs_per_gpu is not None:
+        role, word = path.rsplit(".", 1)[-1], verl_word or key
         raise ConfigError(
-            f"{path}.{key} ({mbs}) and {path}.{key}_per_gpu ({mbs_per_gpu}) are both set; "
-            f"set only {key}_per_gpu ({key} is deprecated)"
+            f"[{role}] You have set both '{role}.{word}' AND '{role}.{word}_per_gpu'. Please remove "
+            f"'{role}.{word}' because only '*_{word}_per_gpu' is supported (the former is deprecated). "
+            f"({path}.{key}={mbs}, {path}.{key}_per_gpu={mbs_per_gpu})"
         )
+
+
+class MicroBatchUnsetError(ConfigError, AssertionError):
+    """No micro-batch size and no token budget: veRL asserts this when the actor's config is built, so
+    callers catching AssertionError (veRL) or ValueError (hybridflow's ConfigError) both see it."""
+
+
+# veRL 0.9.1's loss aggregation modes; hybridflow.algorithms.loss_agg adds the names users register
+LOSS_AGG_MODES = {"token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
+
+
+def check_loss_agg_mode(mode: str) -> None:
+    if mode not in LOSS_AGG_MODES:
+        raise ConfigError(f"Invalid loss_agg_mode: {mode}")
 
 
 def model_flag(model_config: Any, key: str, default: Any) -> Any:
@@ -191,7 +224,9 @@ class ActorConfig(BaseConfig):
     shuffle: bool = doc(False, "shuffle the batch before splitting it into mini-batches")
     data_loader_seed: int = doc(42, "seed of that shuffle")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "what the actor's checkpoints hold")
-    optim: OptimizerConfig = section(OptimizerConfig, "the optimizer and lr schedule")
+    optim: OptimizerConfig = section(
+        placed(OptimizerConfig, lr=1e-6), "the optimizer and lr schedule", absent=_NO_GRAD_CLIP
+    )
     use_fused_kernels: bool = doc(
         False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}", note=_ACTOR_SPEED
     )
@@ -208,10 +243,20 @@ class ActorConfig(BaseConfig):
     _model_path = "actor_rollout_ref.model"
 
     def __post_init__(self):
+        """veRL's construction checks: strategy, the micro-batch rules, loss_agg_mode. A section built
+        alone needs a micro-batch size or dynamic batching, as veRL's; one built as part of a tree leaves
+        that to ``validate`` (see ``hybridflow.config.base.part_of_tree``)."""
         check_strategy(self.strategy, "actor.strategy")
         check_micro_batch(
             self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, self._path
         )
+        no_micro_batch = self.ppo_micro_batch_size is None and self.ppo_micro_batch_size_per_gpu is None
+        if built_alone() and not self.use_dynamic_bsz and no_micro_batch:
+            raise MicroBatchUnsetError(
+                "[actor] Please set at least one of 'actor.ppo_micro_batch_size' or "
+                "'actor.ppo_micro_batch_size_per_gpu' if use_dynamic_bsz is not enabled."
+            )
+        check_loss_agg_mode(self.loss_agg_mode)
         for key in ("ppo_mini_batch_size", "ppo_epochs", "ppo_max_token_len_per_gpu"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{self._path}.{key} must be >= 1, got {getattr(self, key)}")
@@ -282,8 +327,10 @@ class FSDPActorConfig(ActorConfig):
     """``actor_rollout_ref.actor`` on the FSDP2/DDP engine (veRL's dp_actor.yaml)."""
 
     _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class this section is read into")
-    optim: FSDPOptimizerConfig = section(FSDPOptimizerConfig, "the optimizer and lr schedule")
-    fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine", follows=_engine_follows("actor"))
+    optim: FSDPOptimizerConfig = section(
+        placed(FSDPOptimizerConfig, lr=1e-6, min_lr_ratio=0.0), "the optimizer and lr schedule", absent=_NO_GRAD_CLIP
+    )
+    fsdp_config: FSDPEngineConfig = section(engine_as_in_yaml, "the training engine", follows=_engine_follows("actor"))
     grad_clip: float | None = doc(1.0, "before veRL 0.9.1; mapped onto optim.clip_grad at load time")
     ulysses_sequence_parallel_size: int = doc(
         1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size", reason=SP
@@ -316,7 +363,7 @@ def _sp_size(top_level: int, engine: FSDPEngineConfig) -> int:
 
 
 def _ref_engine() -> FSDPEngineConfig:
-    return FSDPEngineConfig(forward_only=True)
+    return engine_as_in_yaml(forward_only=True)
 
 
 @dataclass

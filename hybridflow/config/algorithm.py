@@ -11,7 +11,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 from hybridflow.config.rules import Problems
 
-__all__ = ["KLControlConfig", "FilterGroupsConfig", "PFPPOConfig", "AlgoConfig"]
+__all__ = ["KLControlConfig", "FilterGroupsConfig", "PFPPOConfig", "AlgoConfig", "algorithm_as_in_yaml"]
 
 KL_CONTROLLERS = ("fixed", "adaptive")
 
@@ -26,7 +26,7 @@ class KLControlConfig(BaseConfig):
     horizon: int = doc(10000, "adaptive: steps over which the coefficient adapts")
     target_kl: float = doc(0.1, "adaptive: the KL the coefficient steers towards")
 
-    def __post_init__(self):
+    def check_values(self) -> None:  # veRL's KLControlConfig checks nothing when built
         if self.type not in KL_CONTROLLERS:
             raise ConfigError(f"algorithm.kl_ctrl.type={self.type!r} is not one of {', '.join(KL_CONTROLLERS)}")
 
@@ -42,11 +42,11 @@ class FilterGroupsConfig(BaseConfig):
 
     _target_: str = doc("verl.trainer.config.FilterGroupsConfig", "the class this section is read into")
     enable: bool = doc(False, "drop prompt groups whose samples all score the same, and generate more")
-    metric: str | None = doc("reward", "what must vary in a group: reward (pre-KL score) or a reward_extra_info key")
+    metric: str | None = doc(None, "what must vary in a group: reward (pre-KL score) or a reward_extra_info key")
     max_num_gen_batches: int = doc(0, "generation batches per step before giving up; <= 0: no limit")
     max_inflight_gen_batches: int = doc(1, "generation batches in flight at once, in train_batch_size units")
 
-    def __post_init__(self):
+    def check_values(self) -> None:  # veRL's FilterGroupsConfig checks nothing when built
         p = "algorithm.filter_groups"
         if self.enable and (not isinstance(self.metric, str) or not self.metric):
             raise ConfigError(
@@ -70,24 +70,29 @@ class PFPPOConfig(BaseConfig):
     weight_pow: float = doc(2.0, "pow: the exponent of the weights")
 
 
+def _unset() -> None:
+    """A nested section that stays unset unless configured (veRL's AlgoConfig defaults)."""
+    return None
+
+
 @dataclass
 class AlgoConfig(BaseConfig):
     """``algorithm``: how rewards become advantages."""
 
     _target_: str = doc("verl.trainer.config.AlgoConfig", "the class this section is read into")
     rollout_correction: RolloutCorrectionConfig | None = section(
-        RolloutCorrectionConfig, "off-policy correction between the rollout engine and the trained policy"
+        _unset, "off-policy correction between the rollout engine and the trained policy"
     )
     gamma: float = doc(1.0, "discount factor")
     lam: float = doc(1.0, "GAE lambda: bias/variance trade-off of the estimator")
     adv_estimator: str = doc("gae", "name in the advantage-estimator registry: gae, grpo, rloo, ...")
     norm_adv_by_std_in_grpo: bool = doc(True, "grpo: divide by the group's reward std")
-    filter_groups: FilterGroupsConfig | None = section(FilterGroupsConfig, "DAPO's dynamic sampling")
+    filter_groups: FilterGroupsConfig | None = section(_unset, "DAPO's dynamic sampling")
     use_kl_in_reward: bool = doc(False, "subtract a KL penalty to the reference policy from the token rewards")
     kl_penalty: str = doc("kl", "KL estimator of the in-reward penalty: kl, abs, mse, low_var_kl, full")
     kl_ctrl: KLControlConfig = section(KLControlConfig, "the in-reward KL coefficient")
     use_pf_ppo: bool = doc(False, "PF-PPO (policy filtration): redraw the batch with replacement, weighted by reward")
-    pf_ppo: PFPPOConfig = section(PFPPOConfig, "PF-PPO's sample weights")
+    pf_ppo: PFPPOConfig | None = section(_unset, "PF-PPO's sample weights")
     gdpo_reward_keys: list[str] | None = doc(
         None,
         "gdpo: reward components (keys of the reward dict) normalised one by one",
@@ -119,3 +124,13 @@ class AlgoConfig(BaseConfig):
             )
         p.run(self.kl_ctrl.validate)
         return p.raise_errors()
+
+
+def algorithm_as_in_yaml() -> AlgoConfig:
+    """``algorithm`` as veRL's ppo_trainer.yaml holds it: its nested sections configured, with the yaml's
+    values where they differ from the dataclass defaults."""
+    return AlgoConfig(
+        rollout_correction=RolloutCorrectionConfig(rollout_is=None),
+        filter_groups=FilterGroupsConfig(metric="reward"),
+        pf_ppo=PFPPOConfig(),
+    )

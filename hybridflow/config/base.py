@@ -30,8 +30,11 @@ declares; a pattern such as ``"megatron.**"`` for keys users add with ``+``).
 from __future__ import annotations
 
 import collections.abc
+import contextlib
+import contextvars
 import copy
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, dataclass, field, fields
 from typing import Any
@@ -51,6 +54,9 @@ __all__ = [
     "is_section",
     "is_undeclared",
     "to_dict",
+    "placed",
+    "part_of_tree",
+    "built_alone",
 ]
 
 Follows = None | str | dict
@@ -90,6 +96,44 @@ def doc(
     return field(default=default, metadata=meta)
 
 
+_PART_OF_TREE = contextvars.ContextVar("hybridflow_config_part_of_tree", default=False)
+
+
+@contextlib.contextmanager
+def part_of_tree():
+    """Build sections as parts of a bigger config (a parent's default section, a converted yaml).
+
+    veRL checks some keys when a section is built on its own (``ActorConfig(...)`` without a micro-batch
+    size fails); a config tree holds such a section before the user has filled it in (the critic of a GRPO
+    run is never set), so inside this block those checks wait for the tree's validation, which names the
+    full keys."""
+    token = _PART_OF_TREE.set(True)
+    try:
+        yield
+    finally:
+        _PART_OF_TREE.reset(token)
+
+
+def built_alone() -> bool:
+    """True when a section is built by a direct constructor call, outside ``part_of_tree``."""
+    return not _PART_OF_TREE.get()
+
+
+def _as_part_of_tree(factory: Callable[[], Any]) -> Callable[[], Any]:
+    def build() -> Any:
+        with part_of_tree():
+            return factory()
+
+    return build
+
+
+def placed(cls: type, **values: Any) -> Callable[[], Any]:
+    """A ``section`` factory: ``cls`` with this place's defaults. A config class keeps veRL's dataclass
+    defaults (what ``cls()`` gives a user); where veRL's yaml holds other values at a place, the place
+    says so here (``section(placed(FSDPOptimizerConfig, lr=1e-6), ...)``)."""
+    return functools.partial(cls, **values)
+
+
 def section(
     factory: Callable[[], Any],
     text: str,
@@ -104,7 +148,7 @@ def section(
     """A nested section built by ``factory`` (a config class, or a function returning an instance). A
     status here is that of every key below at this place, whatever the nested class declares."""
     return field(
-        default_factory=factory,
+        default_factory=_as_part_of_tree(factory),
         metadata=_meta(
             text, follows, status_from(refused, note, None, reason), keys, section=True, absent=tuple(absent)
         ),
@@ -170,6 +214,11 @@ class BaseConfig(collections.abc.Mapping):
         if name in self.__dict__ and name not in getattr(self, "_mutable_fields", set()):
             raise FrozenInstanceError(f"Field '{name}' of {type(self).__name__} is frozen and cannot be modified")
         super().__setattr__(name, value)
+
+    def check_values(self) -> None:
+        """Checks of this section's own keys that veRL makes when it uses the section, not when it builds
+        it: a constructor call accepts what veRL's accepts, and the conversion of a yaml
+        (``omega_conf_to_dataclass``) runs these right after building the section."""
 
     def get(self, key: str, default: Any = None) -> Any:
         """``cfg.get(key, default)``: the field's value, or ``default`` for a key the class does not have."""

@@ -34,7 +34,7 @@ class CheckpointConfig(BaseConfig):
         refused="asynchronous / non-strict checkpoints are not implemented",
     )
 
-    def __post_init__(self):
+    def check_values(self) -> None:  # veRL's CheckpointConfig checks nothing when built
         for key in ("save_contents", "load_contents"):
             unknown = sorted(set(getattr(self, key)) - set(CHECKPOINT_CONTENTS))
             if unknown:

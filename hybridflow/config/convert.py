@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationKeyError, MissingMandatoryValue
 
 from hybridflow.config import (
     actor,
@@ -51,7 +52,7 @@ from hybridflow.config import (
     trainer,
     transfer_queue,
 )
-from hybridflow.config.base import BaseConfig
+from hybridflow.config.base import BaseConfig, part_of_tree
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.refused import REFUSED_CLASSES, refusal
 
@@ -127,7 +128,10 @@ def omega_conf_to_dataclass(
     type); anything that is not a mapping (an already built config object) is returned as it is.
     ``path``: where the section sits, for messages (a DictConfig node knows it; a plain dict does not)."""
     if not config:
-        return None if dataclass_type is None else dataclass_type()
+        if dataclass_type is None:
+            return None
+        with part_of_tree():
+            return _checked(dataclass_type())
     if not isinstance(config, (DictConfig, ListConfig, dict, list)):
         return config
     data = _plain(config)
@@ -141,7 +145,15 @@ def omega_conf_to_dataclass(
         dataclass_type = resolve_target(data["_target_"], f"{where}._target_" if where else "_target_")
     if not dataclasses.is_dataclass(dataclass_type):
         raise ConfigError(f"{dataclass_type} must be a dataclass")
-    return _build(dataclass_type, data, where, None)
+    with part_of_tree():  # rules that need the whole run wait for its validation (see part_of_tree)
+        return _build(dataclass_type, data, where, None)
+
+
+def _checked(obj: Any) -> Any:
+    """``obj`` after the checks veRL makes when it uses the section (``BaseConfig.check_values``)."""
+    if isinstance(obj, BaseConfig):
+        obj.check_values()
+    return obj
 
 
 def as_section(value: Any, cls: type, path: str | None = None) -> Any:
@@ -158,14 +170,36 @@ def read_yaml_file(path: str) -> Any:
 
 def _plain(value: Any) -> Any:
     """``value`` with the OmegaConf nodes in it, at any depth, as plain dicts and lists (resolved): a dict
-    made by ``dict(cfg.section)`` still holds DictConfig / ListConfig values."""
+    made by ``dict(cfg.section)`` still holds DictConfig / ListConfig values. A component of veRL's config
+    tree composed on its own (``actor/dp_actor.yaml``) follows keys of the whole tree that it does not
+    hold; those keys take their defaults at this place (veRL writes them as ``${oc.select:key,default}``)."""
     if isinstance(value, (DictConfig, ListConfig)):
+        if value._get_root() is value:
+            return _resolved_alone(value)
         return OmegaConf.to_container(value, resolve=True)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
+
+
+def _resolved_alone(node: Any) -> Any:
+    """A config composed on its own as plain containers: an interpolation of a key it does not hold is
+    left out (the field's default applies)."""
+    if isinstance(node, DictConfig):
+        out = {}
+        for key in node.keys():
+            try:
+                out[key] = _resolved_alone(node[key])
+            except InterpolationKeyError:
+                continue
+            except MissingMandatoryValue:
+                out[key] = "???"
+        return out
+    if isinstance(node, ListConfig):
+        return [_resolved_alone(node[i]) for i in range(len(node))]
+    return node
 
 
 def _full_key(config: Any) -> str:
@@ -214,7 +248,7 @@ def _build(cls: type, data: Any, path: str, base: Any) -> Any:
         elif default is not _MISSING:
             kwargs[name] = default
     try:
-        return cls(**kwargs)
+        return _checked(cls(**kwargs))
     except ConfigError:
         raise
     except (TypeError, ValueError, AssertionError) as e:

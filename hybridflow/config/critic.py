@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from hybridflow.config import rules
 from hybridflow.config.actor import check_micro_batch, check_strategy
-from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.base import BaseConfig, built_alone, doc, section
 from hybridflow.config.checkpoint import CheckpointConfig
-from hybridflow.config.engine import FSDPEngineConfig
+from hybridflow.config.engine import FSDPEngineConfig, engine_as_in_yaml
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import CriticModelConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
@@ -23,7 +23,7 @@ _A = "actor_rollout_ref.actor"
 
 
 def _critic_optim() -> FSDPOptimizerConfig:
-    return FSDPOptimizerConfig(lr=1e-5)
+    return FSDPOptimizerConfig(lr=1e-5, min_lr_ratio=0.0)
 
 
 def _base_critic_optim() -> OptimizerConfig:
@@ -45,7 +45,9 @@ class CriticConfig(BaseConfig):
         reason="hybridflow's training engines",
     )
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
-    optim: OptimizerConfig = section(_base_critic_optim, "the critic's optimizer and lr schedule")
+    optim: OptimizerConfig = section(
+        _base_critic_optim, "the critic's optimizer and lr schedule", absent=("grad_clip",)
+    )
     ppo_mini_batch_size: int = doc(256, "prompts per optimizer step", follows=f"${{{_A}.ppo_mini_batch_size}}")
     ppo_micro_batch_size: int | None = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
     ppo_micro_batch_size_per_gpu: int | None = doc(
@@ -90,12 +92,23 @@ class CriticConfig(BaseConfig):
     def __post_init__(self):
         check_strategy(self.strategy, "critic.strategy")
         check_micro_batch(
-            self.ppo_micro_batch_size, self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, self._path
+            self.ppo_micro_batch_size,
+            self.ppo_micro_batch_size_per_gpu,
+            self.use_dynamic_bsz,
+            self._path,
+            verl_word="micro_batch_size",
         )
-        if self.ppo_micro_batch_size is not None and self.ppo_mini_batch_size % self.ppo_micro_batch_size:
+        no_micro_batch = self.ppo_micro_batch_size is None and self.ppo_micro_batch_size_per_gpu is None
+        if built_alone() and not self.use_dynamic_bsz and no_micro_batch:  # veRL's check and wording
             raise ConfigError(
-                f"critic.ppo_mini_batch_size ({self.ppo_mini_batch_size}) must be divisible by "
-                f"critic.ppo_micro_batch_size ({self.ppo_micro_batch_size})"
+                "[critic] Please set at least one of 'critic.micro_batch_size' or 'critic.micro_batch_size_per_gpu'. "
+                "(critic.ppo_micro_batch_size, critic.ppo_micro_batch_size_per_gpu)"
+            )
+        mbs = self.ppo_micro_batch_size
+        if not self.use_dynamic_bsz and mbs is not None and self.ppo_mini_batch_size % mbs:
+            raise ConfigError(
+                f"[critic] ppo_mini_batch_size ({self.ppo_mini_batch_size}) must be divisible by "
+                f"ppo_micro_batch_size ({self.ppo_micro_batch_size})"
             )
 
     @property
@@ -155,8 +168,8 @@ class FSDPCriticConfig(CriticConfig):
     _mutable_fields = CriticConfig._mutable_fields | {"forward_micro_batch_size", "forward_micro_batch_size_per_gpu"}
 
     _target_: str = doc("verl.workers.config.FSDPCriticConfig", "the class this section is read into")
-    optim: FSDPOptimizerConfig = section(_critic_optim, "the critic's optimizer and lr schedule")
-    fsdp: FSDPEngineConfig = section(FSDPEngineConfig, "the training engine")
+    optim: FSDPOptimizerConfig = section(_critic_optim, "the critic's optimizer and lr schedule", absent=("grad_clip",))
+    fsdp: FSDPEngineConfig = section(engine_as_in_yaml, "the training engine")
     forward_micro_batch_size: int | None = doc(
         None, "deprecated global micro-batch of the value pass", follows="${oc.select:.ppo_micro_batch_size,null}"
     )

@@ -3,13 +3,15 @@ engine/fsdp.yaml): sharding, offload, precision and determinism of the FSDP2/DDP
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+from typing import Any
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.reasons import SP, speed_only
 from hybridflow.config.status import noted
 
-__all__ = ["MixedPrecisionConfig", "QATConfig", "QATEngineConfig", "FSDPEngineConfig"]
+__all__ = ["MixedPrecisionConfig", "QATConfig", "QATEngineConfig", "FSDPEngineConfig", "engine_as_in_yaml"]
 
 _FSDP_SPEED = speed_only("FSDP wrapping/prefetch, torch.compile, chunked entropy, padding buckets")
 _OFFLOAD = "CUDA only; on cpu parameters and optimizer state already live in host memory"
@@ -77,9 +79,7 @@ class FSDPEngineConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.FSDPEngineConfig", "the class this section is read into")
     wrap_policy: dict = doc(
-        {"min_num_params": 0},
-        "FSDP auto-wrap policy (speed only in hybridflow)",
-        keys={"min_num_params": noted(_FSDP_SPEED)},
+        {}, "FSDP auto-wrap policy (speed only in hybridflow)", keys={"min_num_params": noted(_FSDP_SPEED)}
     )
     param_offload: bool = doc(False, "keep parameters in host memory between phases (CUDA)", reason=_OFFLOAD)
     optimizer_offload: bool = doc(False, "keep optimizer state in host memory between phases (CUDA)", reason=_OFFLOAD)
@@ -117,7 +117,7 @@ class FSDPEngineConfig(BaseConfig):
         False, "recompute the entropy in backward instead of storing it", note=_FSDP_SPEED
     )
     use_no_sync_for_gradient_accumulation: bool = doc(
-        False, "defer gradient sync to the last micro-batch", note=_FSDP_SPEED
+        True, "defer gradient sync to the last micro-batch", note=_FSDP_SPEED
     )
     pad_to_length: bool = doc(
         False, "pad packed micro-batches to a multiple of pad_to_length_bucket tokens", note=_FSDP_SPEED
@@ -139,7 +139,16 @@ class FSDPEngineConfig(BaseConfig):
         refused="quantization-aware training is not implemented",
     )
     turbo_config: dict = doc(
-        _TURBO,
-        "veRL's FSDP-turbo engine settings (not implemented)",
-        refused="veRL's FSDP-turbo engine is not implemented",
+        {}, "veRL's FSDP-turbo engine settings (not implemented)", refused="veRL's FSDP-turbo engine is not implemented"
     )
+
+
+def engine_as_in_yaml(**values: Any) -> FSDPEngineConfig:
+    """An engine section with veRL's yaml values (engine/fsdp.yaml) where they differ from its dataclass
+    defaults: wrap_policy ``{min_num_params: 0}``, no ``no_sync`` deferral, the FSDP-turbo block."""
+    base = {
+        "wrap_policy": {"min_num_params": 0},
+        "use_no_sync_for_gradient_accumulation": False,
+        "turbo_config": copy.deepcopy(_TURBO),
+    }
+    return FSDPEngineConfig(**{**base, **values})

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from hybridflow.config.actor import FSDPActorConfig
 from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.legacy import LegacyRayInitConfig
 from hybridflow.config.model import HFModelConfig
@@ -138,10 +139,7 @@ class GenerationConfig(BaseConfig):
                 "entropy_checkpointing",
                 "fsdp_config",
             ),
-            *(
-                f"fsdp_config.{k}"
-                for k in _all_but(FSDPActorConfig().fsdp_config.__class__, "fsdp_size", "forward_prefetch")
-            ),
+            *(f"fsdp_config.{k}" for k in _all_but(FSDPEngineConfig, "fsdp_size", "forward_prefetch")),
         ),
         note="main_generation does not train (veRL keeps this section for backward compatibility)",
     )

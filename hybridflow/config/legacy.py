@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, section
-from hybridflow.config.engine import FSDPEngineConfig
+from hybridflow.config.engine import FSDPEngineConfig, engine_as_in_yaml
 from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import NO_SP, PROFILER, speed_only
 
@@ -56,7 +56,7 @@ class LegacyRewardModelModelConfig(BaseConfig):
         False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}", note=_RM_SPEED
     )
     fsdp_config: FSDPEngineConfig = section(
-        FSDPEngineConfig,
+        engine_as_in_yaml,
         "the reward model's engine",
         absent=tuple(f.name for f in dataclasses.fields(FSDPEngineConfig) if f.name not in _RM_ENGINE_KEYS),
         note=_RM_SPEED,

@@ -22,15 +22,21 @@ class OptimizerConfig(BaseConfig):
     # the trainer fills in the step counts once it knows the dataset size
     _mutable_fields = {"clip_grad", "total_training_steps", "lr_warmup_steps"}
 
-    lr: float = doc(1e-6, "learning rate")
+    lr: float = doc(1e-3, "learning rate")
     lr_warmup_steps_ratio: float = doc(0.0, "warmup steps as a fraction of total_training_steps")
     total_training_steps: int = doc(-1, "steps of the schedule; filled in by the trainer at run time")
     weight_decay: float = doc(0.01, "AdamW weight decay")
     lr_warmup_steps: int | None = doc(-1, "warmup steps; >= 0 wins over lr_warmup_steps_ratio")
     betas: list[float] = doc([0.9, 0.999], "AdamW betas")
     clip_grad: float | None = doc(1.0, "gradient-norm clip (null or 0: none)")
+    grad_clip: float | None = doc(None, "deprecated spelling of clip_grad, which it replaces when set (veRL)")
 
     def __post_init__(self):
+        if self.grad_clip is not None:  # veRL: the deprecated key wins, with a warning
+            warnings.warn("`grad_clip` is deprecated, use `clip_grad` instead.", DeprecationWarning, stacklevel=3)
+            self.clip_grad = self.grad_clip
+
+    def check_values(self) -> None:  # veRL's OptimizerConfig only needs lr set when built
         if self.lr < 0:
             raise ConfigError(f"optim.lr must be >= 0, got {self.lr}")
         if len(self.betas) != 2:
@@ -58,7 +64,7 @@ class FSDPOptimizerConfig(OptimizerConfig):
         values=("torch.optim",),
         reason="hybridflow trains with torch.optim.AdamW",
     )
-    min_lr_ratio: float | None = doc(0.0, "cosine: the floor of the schedule, as a fraction of lr")
+    min_lr_ratio: float | None = doc(None, "cosine: the floor of the schedule, as a fraction of lr")
     num_cycles: float = doc(0.5, "cosine: number of cosine cycles over the decay (0.5: one half-wave down)")
     lr_scheduler_type: str = doc("constant", "constant | cosine (after the warmup)", values=("constant", "cosine"))
     zero_indexed_step: bool = doc(
@@ -70,25 +76,26 @@ class FSDPOptimizerConfig(OptimizerConfig):
     )
 
     def __post_init__(self):
+        """veRL's checks when built: the deprecated ``warmup_style``, when set, is a known schedule and
+        replaces ``lr_scheduler_type`` (with a DeprecationWarning); the schedule is one this engine has."""
         super().__post_init__()
-        if self.warmup_style is not None and self.warmup_style != self.lr_scheduler_type:
+        if self.warmup_style is not None:
             if self.warmup_style not in self.lr_schedulers:
                 raise ConfigError(
                     f"optim.warmup_style={self.warmup_style!r} (deprecated spelling of "
                     f"optim.lr_scheduler_type) is not one of {', '.join(self.lr_schedulers)}"
                 )
-            if self.lr_scheduler_type != "constant":
-                raise ConfigError(
-                    f"optim.warmup_style={self.warmup_style!r} and optim.lr_scheduler_type="
-                    f"{self.lr_scheduler_type!r} disagree; set only lr_scheduler_type"
+            if self.warmup_style != self.lr_scheduler_type:
+                warnings.warn(
+                    "optim.warmup_style is deprecated; use optim.lr_scheduler_type", DeprecationWarning, stacklevel=3
                 )
-            warnings.warn(
-                "optim.warmup_style is deprecated; use optim.lr_scheduler_type", DeprecationWarning, stacklevel=3
-            )
-            self.lr_scheduler_type = self.warmup_style
+                self.lr_scheduler_type = self.warmup_style
         if self.lr_scheduler_type not in self.lr_schedulers:
             raise ConfigError(
                 f"optim.lr_scheduler_type={self.lr_scheduler_type!r} is not one of {', '.join(self.lr_schedulers)}"
             )
+
+    def check_values(self) -> None:
+        super().check_values()
         if self.min_lr_ratio is not None and not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from hybridflow.config import rules
 from hybridflow.config.actor import FSDPActorConfig, RefConfig
-from hybridflow.config.algorithm import AlgoConfig
+from hybridflow.config.algorithm import AlgoConfig, algorithm_as_in_yaml
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.critic import FSDPCriticConfig
 from hybridflow.config.data import DataConfig
@@ -114,7 +114,7 @@ class PPOTrainerConfig(BaseConfig):
             )
         },
     )
-    algorithm: AlgoConfig = section(AlgoConfig, "how rewards become advantages")
+    algorithm: AlgoConfig = section(algorithm_as_in_yaml, "how rewards become advantages")
     trainer: TrainerConfig = section(TrainerConfig, "the run: steps, devices, logging, checkpoints, validation")
     async_training: AsyncTrainingConfig = section(
         AsyncTrainingConfig, "hybridflow: veRL's fully async keys, plus the mode of the one driver"

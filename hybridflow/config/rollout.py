@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.engine import QATEngineConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import MtpConfig
@@ -85,9 +85,9 @@ class SamplingConfig(BaseConfig):
     _target_: str = doc("verl.workers.config.SamplingConfig", "the class this section is read into")
     top_k: int = doc(-1, "top-k filter; -1 or 0: none")
     top_p: float = doc(1.0, "nucleus filter")
-    temperature: float = doc(0.0, "sampling temperature (0 with do_sample false: greedy)")
+    temperature: float = doc(1.0, "sampling temperature (0 with do_sample false: greedy)")
     n: int = doc(1, "samples per validation prompt")
-    do_sample: bool = doc(False, "sample (else greedy)")
+    do_sample: bool = doc(True, "sample (else greedy)")
 
 
 @dataclass
@@ -125,7 +125,7 @@ class MultiTurnConfig(BaseConfig):
     )
     tool_call_timeout: float = doc(60, "seconds one tool call may take before the model gets a timeout message")
 
-    def __post_init__(self):
+    def check_values(self) -> None:  # veRL's MultiTurnConfig checks nothing when built
         p = "actor_rollout_ref.rollout.multi_turn"
         for key, allowed in (
             ("tool_response_truncate_side", TRUNCATE_SIDES),
@@ -157,7 +157,7 @@ class AgentLoopConfig(BaseConfig):
     """``rollout.agent``: the agent-loop workers every rollout runs through."""
 
     _target_: str = doc("verl.workers.config.AgentLoopConfig", "the class this section is read into")
-    num_workers: int = doc(2, "hybridflow: 2 (veRL: 8); agent-loop workers (one process each) the batch is spread over")
+    num_workers: int = doc(8, "hybridflow: 2 (veRL: 8); agent-loop workers (one process each) the batch is spread over")
     default_agent_loop: str = doc("single_turn_agent", "loop of a sample without agent_name")
     agent_loop_config_path: str | None = doc(None, "your loops: a yaml list of {name, _target_, **kwargs}")
     custom_async_server: CustomAsyncServerConfig = section(
@@ -167,7 +167,7 @@ class AgentLoopConfig(BaseConfig):
         "the hf or vllm engine)",
     )
 
-    def __post_init__(self):
+    def check_values(self) -> None:  # veRL's AgentLoopConfig checks nothing when built
         if self.num_workers < 1:
             raise ConfigError(f"rollout.agent.num_workers must be >= 1, got {self.num_workers}")
 
@@ -194,10 +194,8 @@ class TraceConfig(BaseConfig):
     """``rollout.trace``: each agent-loop trajectory recorded in a tracing store (hybridflow/agent_loop/trace.py)."""
 
     _target_: str = doc("verl.workers.config.TraceConfig", "the class this section is read into")
-    project_name: str | None = doc(
-        "hybridflow_examples", "mlflow experiment of the traces", follows="${trainer.project_name}"
-    )
-    experiment_name: str | None = doc("gsm8k", "tag of every trace", follows="${trainer.experiment_name}")
+    project_name: str | None = doc(None, "mlflow experiment of the traces", follows="${trainer.project_name}")
+    experiment_name: str | None = doc(None, "tag of every trace", follows="${trainer.experiment_name}")
     backend: str | None = doc(
         None,
         "null (no tracing) | mlflow (extra [trace]; store $MLFLOW_TRACKING_URI or "
@@ -212,14 +210,17 @@ class TraceConfig(BaseConfig):
 
     def __post_init__(self):
         p = "actor_rollout_ref.rollout.trace"
+        if self.max_samples_per_step_per_worker is not None and self.max_samples_per_step_per_worker < 0:
+            raise ConfigError(  # veRL's check when built
+                f"{p}.max_samples_per_step_per_worker must be >= 0 or null, got {self.max_samples_per_step_per_worker}"
+            )
+
+    def check_values(self) -> None:
+        p = "actor_rollout_ref.rollout.trace"
         if self.backend in UNIMPLEMENTED_TRACE_BACKENDS:
             raise ConfigError(
                 f"{p}.backend={self.backend!r}: the {UNIMPLEMENTED_TRACE_BACKENDS[self.backend]} "
                 f"backend is not implemented; use mlflow (pip install 'hybridflow[trace]')"
-            )
-        if self.max_samples_per_step_per_worker is not None and self.max_samples_per_step_per_worker < 0:
-            raise ConfigError(
-                f"{p}.max_samples_per_step_per_worker must be >= 0 or null, got {self.max_samples_per_step_per_worker}"
             )
 
 
@@ -231,9 +232,7 @@ class PrometheusConfig(BaseConfig):
     enable: bool = doc(False, "export the engines' metrics")
     port: int = doc(9090, "exporter port")
     file: str = doc("/tmp/ray/session_latest/metrics/prometheus/prometheus.yml", "Prometheus configuration file")
-    served_model_name: str | None = doc(
-        "~/models/deepseek-llm-7b-chat", "model name in the metrics", follows="${actor_rollout_ref.model.path}"
-    )
+    served_model_name: str | None = doc(None, "model name in the metrics", follows="${actor_rollout_ref.model.path}")
 
 
 @dataclass
@@ -365,7 +364,9 @@ class RolloutConfig(BaseConfig):
         },
     )
     limit_images: int | None = doc(None, "images per prompt (vision models are not supported)", refused=VLM)
-    val_kwargs: SamplingConfig = section(SamplingConfig, "sampling for validation")
+    val_kwargs: SamplingConfig = section(
+        placed(SamplingConfig, temperature=0.0, do_sample=False), "sampling for validation"
+    )
     router_config_path: str | None = doc(None, "a router config (not implemented)", refused=_NOT_IMPLEMENTED)
     multi_turn: MultiTurnConfig = section(
         MultiTurnConfig,
@@ -377,7 +378,7 @@ class RolloutConfig(BaseConfig):
     )
     calculate_log_probs: bool = doc(True, "the engine returns its log-probs of the sampled tokens", reason=VLLM_ENGINE)
     agent: AgentLoopConfig = section(
-        AgentLoopConfig,
+        placed(AgentLoopConfig, num_workers=2),
         "the agent-loop workers",
         keys={
             "agent_loop_manager_class": refused(
@@ -402,7 +403,10 @@ class RolloutConfig(BaseConfig):
             "update_weights_bucket_megabytes": honoured(),
         },
     )
-    trace: TraceConfig = section(TraceConfig, "agent-loop trajectories logged to a tracing store")
+    trace: TraceConfig = section(
+        placed(TraceConfig, project_name="hybridflow_examples", experiment_name="gsm8k"),
+        "agent-loop trajectories logged to a tracing store",
+    )
     skip_tokenizer_init: bool = doc(True, "vllm: the engine works on token ids only", note=_ENGINE_SPEED)
     skip_rollout: bool = doc(False, "veRL main's spelling of skip.rollout.enable (mapped onto it)")
     skip_dump_dir: str = doc("/tmp/rollout_dump", "veRL main's spelling of skip.rollout.dump_dir (mapped onto it)")
@@ -419,7 +423,9 @@ class RolloutConfig(BaseConfig):
         absent=("tool_config.nsys", "tool_config.torch_memory", "tool_config.torch.schedule", *TOOL_NAME_KEYS),
     )
     prometheus: PrometheusConfig = section(
-        PrometheusConfig, "metrics exporter (not implemented)", refused="the Prometheus exporter is not implemented"
+        placed(PrometheusConfig, served_model_name="~/models/deepseek-llm-7b-chat"),
+        "metrics exporter (not implemented)",
+        refused="the Prometheus exporter is not implemented",
     )
     quantization: str | None = doc(None, "quantized rollout (not implemented)", refused=_QUANTIZED)
     quantization_config_file: str | None = doc(None, "its config file", refused=_QUANTIZED)

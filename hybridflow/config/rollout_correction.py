@@ -14,6 +14,7 @@ the algorithms (``hybridflow.algorithms.rollout_correction``) receive numbers:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -168,7 +169,7 @@ class RolloutCorrectionConfig(BaseConfig):
     """``algorithm.rollout_correction``: off-policy correction between π_rollout and π_train (decoupled
     PPO weights, rejection masks, or bypass mode), with veRL's preset factories."""
 
-    rollout_is: str | None = doc(None, "IS weight level: null (metrics only), token or sequence")
+    rollout_is: str | None = doc("sequence", "IS weight level: null (metrics only), token or sequence")
     rollout_is_threshold: float | str | None = doc(
         2.0, "IS bound: a number truncates the weights there; 'lower_upper' (IcePop) zeroes weights outside"
     )
@@ -181,6 +182,13 @@ class RolloutCorrectionConfig(BaseConfig):
     rollout_is_batch_normalize: bool = doc(False, "divide the IS weights by their batch mean")
 
     def __post_init__(self):
+        """veRL checks nothing when the section is built (``check_values`` does, when a yaml is read, and
+        the parsed values below when they are used); a valid ``rollout_rs`` is written canonically."""
+        if self.rollout_rs is not None:
+            with contextlib.suppress(ConfigError):
+                object.__setattr__(self, "rollout_rs", normalise_rs_options(self.rollout_rs))
+
+    def check_values(self) -> None:
         if self.rollout_is is not None and self.rollout_is not in IS_LEVELS:
             raise ConfigError(
                 f"algorithm.rollout_correction.rollout_is={self.rollout_is!r} is not one of null, "
@@ -263,7 +271,7 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def decoupled_geo_rs(cls, rs_threshold: str | float | None = "0.999_1.001") -> RolloutCorrectionConfig:
         """Rejection on the geometric-mean ratio (Geo-RS), no weights."""
-        return cls(rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold)
+        return cls(rollout_is=None, rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold)
 
     @classmethod
     def decoupled_geo_rs_seq_tis(
@@ -292,7 +300,7 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def decoupled_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
         """Rejection on the sequence-mean K3 divergence, no weights."""
-        return cls(rollout_rs="seq_mean_k3", rollout_rs_threshold=rs_threshold)
+        return cls(rollout_is=None, rollout_rs="seq_mean_k3", rollout_rs_threshold=rs_threshold)
 
     @classmethod
     def decoupled_k3_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
@@ -319,17 +327,29 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def bypass_ppo_clip(cls) -> RolloutCorrectionConfig:
         """Bypass mode, PPO clip on pi_theta/pi_rollout (the ratio is the correction)."""
-        return cls(bypass_mode=True, loss_type="ppo_clip")
+        return cls(rollout_is=None, bypass_mode=True, loss_type="ppo_clip")
 
     @classmethod
     def bypass_ppo_clip_geo_rs(cls, rs_threshold: str | float | None = "0.999_1.001") -> RolloutCorrectionConfig:
         """Bypass PPO clip plus Geo-RS."""
-        return cls(rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="ppo_clip")
+        return cls(
+            rollout_is=None,
+            rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold,
+            bypass_mode=True,
+            loss_type="ppo_clip",
+        )
 
     @classmethod
     def bypass_ppo_clip_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
         """Bypass PPO clip plus K3 rejection."""
-        return cls(rollout_rs="seq_mean_k3", rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="ppo_clip")
+        return cls(
+            rollout_is=None,
+            rollout_rs="seq_mean_k3",
+            rollout_rs_threshold=rs_threshold,
+            bypass_mode=True,
+            loss_type="ppo_clip",
+        )
 
     @classmethod
     def bypass_pg_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
@@ -349,7 +369,13 @@ class RolloutCorrectionConfig(BaseConfig):
     @classmethod
     def bypass_pg_geo_rs(cls, rs_threshold: str | float | None = "0.999_1.001") -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE plus Geo-RS."""
-        return cls(rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold, bypass_mode=True, loss_type="reinforce")
+        return cls(
+            rollout_is=None,
+            rollout_rs="seq_mean_k1",
+            rollout_rs_threshold=rs_threshold,
+            bypass_mode=True,
+            loss_type="reinforce",
+        )
 
     @classmethod
     def bypass_pg_geo_rs_seq_tis(

@@ -15,9 +15,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.checkpoint import CheckpointConfig
-from hybridflow.config.engine import FSDPEngineConfig
+from hybridflow.config.engine import FSDPEngineConfig, engine_as_in_yaml
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import HFModelConfig
 from hybridflow.config.module import ModuleConfig
@@ -323,7 +323,7 @@ class SFTTrainerConfig(BaseConfig):
         },
     )
     engine: FSDPEngineConfig = section(
-        FSDPEngineConfig,
+        engine_as_in_yaml,
         "the training engine (veRL's engine/fsdp.yaml)",
         absent=("mixed_precision",),
         keys={
@@ -365,8 +365,9 @@ class SFTTrainerConfig(BaseConfig):
         },
     )
     optim: SFTOptimizerConfig = section(
-        SFTOptimizerConfig,
+        placed(SFTOptimizerConfig, min_lr_ratio=0.0),
         "AdamW and the learning-rate schedule (veRL's optim/fsdp.yaml)",
+        absent=("grad_clip",),
         keys={
             "total_training_steps": refused(
                 "the schedule length is trainer.total_training_steps (or epochs x steps per epoch)"

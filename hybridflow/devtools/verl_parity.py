@@ -20,11 +20,12 @@ run them on hybridflow's functions alone.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -337,10 +338,66 @@ def run_in_process(seeds: int) -> str:
     return format_table(rows)
 
 
+def field_differences(ours: Any, theirs: Any) -> list[str]:
+    """The shared fields of two config instances whose values differ (nested sections compared by
+    whether they are set; ``_target_`` left out), then the fields only ``theirs`` has."""
+
+    def shown(value):
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return f"<{type(value).__name__}>"
+        return dict(value) if isinstance(value, Mapping) else value
+
+    ours_fields = {f.name for f in dataclasses.fields(ours)}
+    theirs_fields = [f.name for f in dataclasses.fields(theirs) if f.name != "_target_"]
+    out = []
+    for name in theirs_fields:
+        if name not in ours_fields:
+            out.append(f"{name}: only veRL has it")
+            continue
+        a, b = shown(getattr(ours, name)), shown(getattr(theirs, name))
+        if a != b and not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b)):
+            out.append(f"{name}: hybridflow {a!r}, veRL {b!r}")
+    return out
+
+
+def config_default_differences() -> str:
+    """Every config class veRL exports (verl.workers.config, verl.trainer.config) built with its defaults on
+    both sides: the fields whose defaults differ, what only veRL has, and the classes one side cannot
+    build without arguments (veRL's checks at construction). Needs ``verl`` importable."""
+    import verl.trainer.config as verl_trainer
+    import verl.workers.config as verl_workers
+
+    import hybridflow.config as ours_config
+
+    lines = []
+    for module in (verl_workers, verl_trainer):
+        for name in module.__all__:
+            theirs_cls = getattr(module, name)
+            if not (isinstance(theirs_cls, type) and dataclasses.is_dataclass(theirs_cls)):
+                continue
+            try:
+                ours_cls = getattr(ours_config, name)
+            except (AttributeError, ImportError) as e:  # refused by name (Megatron, other engines)
+                lines.append(f"{name}: not in hybridflow ({str(e).splitlines()[0][:80]})")
+                continue
+            built = {}
+            for side, cls in (("hybridflow", ours_cls), ("veRL", theirs_cls)):
+                try:
+                    built[side] = cls()
+                except Exception as e:  # noqa: BLE001 - report what the constructor says
+                    lines.append(f"{name}(): {side} raises {type(e).__name__}: {str(e)[:90]}")
+            if len(built) == 2:
+                lines.extend(f"{name}.{d}" for d in field_differences(built["hybridflow"], built["veRL"]))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verl-python", help="python of a venv where `import verl` (0.9.1) works")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--config-defaults", action="store_true", help="list how veRL's config classes' defaults differ instead"
+    )
     args = parser.parse_args(argv)
     try:
         import verl  # noqa: F401
@@ -351,9 +408,17 @@ def main(argv=None) -> int:
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         return subprocess.run(
-            [args.verl_python, "-m", "hybridflow.devtools.verl_parity", "--seeds", str(args.seeds)], env=env
+            [
+                args.verl_python,
+                "-m",
+                "hybridflow.devtools.verl_parity",
+                "--seeds",
+                str(args.seeds),
+                *(["--config-defaults"] if args.config_defaults else []),
+            ],
+            env=env,
         ).returncode
-    print(run_in_process(args.seeds))
+    print(config_default_differences() if args.config_defaults else run_in_process(args.seeds))
     return 0
 
 

@@ -10,7 +10,7 @@ from hybridflow.rewards.genrm import GenRMRewardManager
 from hybridflow.rewards.manager import BatchRewardManager, NaiveRewardManager
 from hybridflow.utils.registry import Registry
 
-REWARD_MANAGERS: Registry[type] = Registry("reward manager")
+REWARD_MANAGERS: Registry[type] = Registry("Reward manager", unknown="Unknown reward manager: {name}")
 REWARD_MANAGER_REGISTRY = REWARD_MANAGERS  # veRL's name (verl.workers.reward_manager.registry)
 
 

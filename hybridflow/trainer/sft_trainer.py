@@ -238,7 +238,7 @@ class FSDPSFTTrainer:
                 warmup,
                 self.total_steps,
                 optim.lr_scheduler_type,
-                float(optim.min_lr_ratio),
+                float(optim.min_lr_ratio or 0.0),
                 float(optim.num_cycles),
             ),
         )

@@ -5,14 +5,16 @@ A ``Registry`` is a mutable mapping from name to object, so code written against
 dicts (``ADV_ESTIMATOR_REGISTRY``, ``POLICY_LOSS_REGISTRY``, ``REWARD_MANAGER_REGISTRY``) keeps
 working: ``len``, ``keys``, ``items``, ``[]``, ``in``, ``clear``, ``pop``, ``del``. What it adds:
 
-- registering the same object again under its name is a no-op (a module imported twice, a
-  decorator run again); a *different* object under a taken name is an error, unless
-  ``override=True`` asks to replace it on purpose;
-- an unknown name raises ``UnknownNameError`` (a ``KeyError`` and a ``ValueError``, so both veRL's
-  ``ValueError`` and dict-style ``KeyError`` handlers catch it) listing the known names.
+- registering through ``register`` (the decorators) the same object again under its name is a no-op
+  (a module imported twice, a decorator run again); a *different* object under a taken name is an
+  error ("... has already been registered", veRL's words), unless ``override=True`` asks to replace it
+  on purpose. ``REGISTRY[name] = obj`` replaces, as a dict assignment does;
+- an unknown name (``REGISTRY[name]``) raises ``UnknownNameError`` (a ``KeyError`` and a ``ValueError``,
+  so both veRL's ``ValueError`` and dict-style ``KeyError`` handlers catch it) listing the known names;
+  ``unknown=`` gives the message's start where veRL's lookup function words it its own way.
 
-``registry.get(name)`` without a default raises that error too (our lookups fail loudly);
-``registry.get(name, default)`` behaves like ``dict.get``.
+``registry.get(name)`` returns None for an unknown name and ``registry.get(name, default)`` the default,
+as ``dict.get`` does; library lookups use ``registry[name]``.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ class UnknownNameError(KeyError, ValueError):
 
 
 class Registry(MutableMapping, Generic[T]):
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, unknown: str | None = None):
         self.kind = kind
+        self._unknown_text = unknown or f"unknown {kind} {{name!r}}"
         self._entries: dict[str, T] = {}
 
     # --- registration -----------------------------------------------------------------------------
@@ -45,8 +48,8 @@ class Registry(MutableMapping, Generic[T]):
             current = self._entries.get(name, _MISSING)
             if current is not _MISSING and not override and not _same(current, item):
                 raise ValueError(
-                    f"{self.kind} {name!r} is already registered ({_describe(current)}); a different object "
-                    f"({_describe(item)}) cannot take the name. Pick another name or pass override=True to replace it."
+                    f"{self.kind} {name} has already been registered: {_describe(current)} vs {_describe(item)}. "
+                    "Pick another name or pass override=True to replace it."
                 )
             self._entries[name] = item
             return item
@@ -54,8 +57,8 @@ class Registry(MutableMapping, Generic[T]):
         return add(obj) if obj is not None else add
 
     def __setitem__(self, name: str, obj: T) -> None:
-        """``REGISTRY[name] = fn``: the same rules as ``register`` (same object again is fine)."""
-        self.register(name, obj)
+        """``REGISTRY[name] = fn`` replaces, as assigning into veRL's dicts does."""
+        self.register(name, obj, override=True)
 
     def __delitem__(self, name: str) -> None:
         try:
@@ -70,16 +73,16 @@ class Registry(MutableMapping, Generic[T]):
         except (KeyError, TypeError):
             raise self._unknown(name) from None
 
-    def get(self, name: str, default=_MISSING):
-        """The object under ``name``; without ``default`` an unknown name raises (listing the known
-        ones), with one it is returned instead, as ``dict.get`` does."""
-        if default is _MISSING:
-            return self[name]
-        return self._entries.get(name, default)
+    def get(self, name: str, default=None):
+        """``dict.get``: the object under ``name``, or ``default``."""
+        try:
+            return self._entries.get(name, default)
+        except TypeError:  # unhashable
+            return default
 
     def _unknown(self, name) -> UnknownNameError:
         known = ", ".join(sorted(self._entries)) or "(none)"
-        return UnknownNameError(f"unknown {self.kind} {name!r}; known: {known}")
+        return UnknownNameError(f"{self._unknown_text.format(name=name)}; known: {known}")
 
     def __contains__(self, name: object) -> bool:
         try:

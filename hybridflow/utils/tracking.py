@@ -213,7 +213,7 @@ class Tracking:
         self.loggers = []
         try:
             for b in dict.fromkeys(backends):  # 'file' and 'jsonl' both asked for: still one file
-                factory = LOGGER_BACKENDS.get(b)
+                factory = LOGGER_BACKENDS[b]
                 if factory is _file and any(isinstance(x, _JsonlFile) for x in self.loggers):
                     continue
                 self.loggers.append(factory(project_name, experiment_name, config or {}, log_dir))

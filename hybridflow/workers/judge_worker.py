@@ -55,7 +55,7 @@ class JudgeWorker(Worker):
         trust = bool(self.config.get("trust_remote_code"))
         rollout = judge_engine_config(self.config["rollout"])
         name = rollout.name
-        server_cls = ROLLOUT_SERVERS.get(name)  # an unknown engine fails here, naming the known ones
+        server_cls = ROLLOUT_SERVERS[name]  # an unknown engine fails here, naming the known ones
         self.tokenizer = load_tokenizer(path, trust)
         eos = tuple(model_eos_token_ids(path, self.tokenizer))
         pad = self.tokenizer.pad_token_id

@@ -88,7 +88,7 @@ class RolloutHost:
             lora_alpha=adapter.alpha if adapter else 16.0,
         )
         self.engine_loop = EngineLoop(f"rollout-engine-rank{rank}")
-        server_cls = ROLLOUT_SERVERS.get(name)
+        server_cls = ROLLOUT_SERVERS[name]
 
         async def build():
             return server_cls(spec)

@@ -18,7 +18,9 @@ from hybridflow.config import (
     KLControlConfig,
     MultiTurnConfig,
     RolloutCorrectionConfig,
+    omega_conf_to_dataclass,
 )
+from hybridflow.config.base import part_of_tree
 
 
 def test_lr_scheduler_type_and_its_deprecated_alias():
@@ -29,23 +31,40 @@ def test_lr_scheduler_type_and_its_deprecated_alias():
     assert old.lr_scheduler_type == "cosine"
     # a loaded config holds both spellings with the same value: no warning, no conflict
     assert FSDPOptimizerConfig(warmup_style="cosine", lr_scheduler_type="cosine").lr_scheduler_type == "cosine"
-    with pytest.raises(ConfigError, match="warmup_style='cosine' and optim.lr_scheduler_type='constant'|disagree"):
-        FSDPOptimizerConfig(warmup_style="constant", lr_scheduler_type="cosine")
+    with pytest.warns(DeprecationWarning, match="warmup_style"):  # veRL: the deprecated spelling wins
+        assert FSDPOptimizerConfig(warmup_style="constant", lr_scheduler_type="cosine").lr_scheduler_type == "constant"
     with pytest.raises(ConfigError, match="optim.warmup_style='linear'"):
         FSDPOptimizerConfig(warmup_style="linear")
     with pytest.raises(ConfigError, match="optim.lr_scheduler_type='step' is not one of constant, cosine"):
         FSDPOptimizerConfig(lr_scheduler_type="step")
+    with pytest.warns(DeprecationWarning, match="grad_clip"):  # veRL's deprecated spelling replaces clip_grad
+        assert FSDPOptimizerConfig(grad_clip=0.5).clip_grad == 0.5
+    assert (FSDPOptimizerConfig().lr, FSDPOptimizerConfig().min_lr_ratio) == (1e-3, None)  # veRL's defaults
+    assert FSDPOptimizerConfig(min_lr_ratio=1.5).min_lr_ratio == 1.5  # veRL checks it when the schedule is built
     with pytest.raises(ConfigError, match=r"optim.min_lr_ratio must be in \[0, 1\]"):
-        FSDPOptimizerConfig(min_lr_ratio=1.5)
+        omega_conf_to_dataclass({"min_lr_ratio": 1.5}, FSDPOptimizerConfig)
 
 
 def test_actor_micro_batch_rules_and_validate():
     with pytest.raises(
         ConfigError,
-        match=r"actor_rollout_ref.actor.ppo_micro_batch_size \(8\) and "
-        r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu \(2\) are both set",
+        match=r"\[actor\] You have set both 'actor.ppo_micro_batch_size' AND 'actor.ppo_micro_batch_size_per_gpu'"
+        r".*\(actor_rollout_ref.actor.ppo_micro_batch_size=8, actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2\)",
     ):
         FSDPActorConfig(ppo_micro_batch_size=8, ppo_micro_batch_size_per_gpu=2)
+    # veRL asserts a micro-batch size (or dynamic batching) when the section is built alone
+    with pytest.raises(AssertionError, match=r"\[actor\] Please set at least one of 'actor.ppo_micro_batch_size'"):
+        FSDPActorConfig(ppo_mini_batch_size=16)
+    with pytest.raises(ConfigError, match=r"\[critic\] Please set at least one of 'critic.micro_batch_size' or"):
+        FSDPCriticConfig()
+    FSDPActorConfig(use_dynamic_bsz=True)
+    with part_of_tree():  # inside a config tree the rule waits for validate, which names the full keys
+        unset = FSDPActorConfig(ppo_mini_batch_size=16)
+        FSDPCriticConfig()
+    with pytest.raises(ConfigError, match="set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
+        unset.validate(1, 64)
+    with pytest.raises(ValueError, match="Invalid loss_agg_mode: seq-sum"):
+        FSDPActorConfig(ppo_micro_batch_size_per_gpu=2, loss_agg_mode="seq-sum")
     FSDPActorConfig(ppo_micro_batch_size=8, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=True)  # token budget rules
     actor = FSDPActorConfig(ppo_mini_batch_size=64, ppo_micro_batch_size=16)
     notes = actor.validate(n_gpus=8, train_batch_size=128)
@@ -93,8 +112,6 @@ def test_actor_validate_cross_key_rules_name_the_keys():
         r"samples per optimizer step do not split evenly over 5 data-parallel ranks",
     ):
         actor.validate(5, 64)
-    with pytest.raises(ConfigError, match="set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
-        FSDPActorConfig(ppo_mini_batch_size=16).validate(1, 64)
     # Ulysses: the SP size divides the world, needs remove-padding; the token budget holds a sequence x SP
     sp = FSDPActorConfig(
         ppo_mini_batch_size=16,
@@ -121,7 +138,9 @@ def test_actor_validate_cross_key_rules_name_the_keys():
     # the deprecated top-level spelling wins when > 1, as veRL 0.9.1 reads it
     assert (
         FSDPActorConfig(
-            ulysses_sequence_parallel_size=4, fsdp_config=FSDPEngineConfig(ulysses_sequence_parallel_size=2)
+            ulysses_sequence_parallel_size=4,
+            ppo_micro_batch_size_per_gpu=1,
+            fsdp_config=FSDPEngineConfig(ulysses_sequence_parallel_size=2),
         ).sp_size
         == 4
     )
@@ -188,17 +207,29 @@ def test_critic_validate():
         ).validate(1, 32, max_sequence_length=80)
 
 
-def test_small_checks_name_their_key():
-    with pytest.raises(ConfigError, match="algorithm.kl_ctrl.type='pid'"):
-        KLControlConfig(type="pid")
+@pytest.mark.parametrize(
+    "cls, kwargs, message",
+    [
+        (KLControlConfig, {"type": "pid"}, "algorithm.kl_ctrl.type='pid'"),
+        (FilterGroupsConfig, {"enable": True, "metric": ""}, "algorithm.filter_groups.metric must name"),
+        (
+            MultiTurnConfig,
+            {"tokenization_sanity_check_mode": "loose"},
+            "multi_turn.tokenization_sanity_check_mode='loose' is not one of strict",
+        ),
+        (MultiTurnConfig, {"max_parallel_calls": 0}, "multi_turn.max_parallel_calls must be >= 1"),
+    ],
+)
+def test_small_checks_name_their_key_when_a_yaml_is_read(cls, kwargs, message):
+    """veRL builds these sections without checking them; hybridflow checks them as it reads a yaml."""
+    assert cls(**kwargs) is not None
+    with pytest.raises(ConfigError, match=message):
+        omega_conf_to_dataclass(kwargs, cls)
+
+
+def test_model_keys_are_checked_when_built():
     with pytest.raises(ConfigError, match="model.target_modules must be a string or a list of strings"):
         HFModelConfig(target_modules=3)
-    with pytest.raises(ConfigError, match="algorithm.filter_groups.metric must name"):
-        FilterGroupsConfig(enable=True, metric="")
-    with pytest.raises(ConfigError, match="multi_turn.tokenization_sanity_check_mode='loose' is not one of strict"):
-        MultiTurnConfig(tokenization_sanity_check_mode="loose")
-    with pytest.raises(ConfigError, match="multi_turn.max_parallel_calls must be >= 1"):
-        MultiTurnConfig(max_parallel_calls=0)
 
 
 class TestRolloutCorrection:
@@ -244,8 +275,9 @@ class TestRolloutCorrection:
         ],
     )
     def test_bad_values_name_the_key(self, kwargs, message):
+        RolloutCorrectionConfig(**kwargs)  # veRL builds it as given and checks the values when it uses them
         with pytest.raises(ConfigError, match=message):
-            RolloutCorrectionConfig(**kwargs)
+            omega_conf_to_dataclass(kwargs, RolloutCorrectionConfig)
 
     def test_presets(self):
         geo = RolloutCorrectionConfig.decoupled_geo_rs()
@@ -256,7 +288,8 @@ class TestRolloutCorrection:
         assert (pg.rollout_is, pg.is_bounds, pg.bypass_mode, pg.loss_type) == ("token", (5.0, 0.5), True, "reinforce")
         assert RolloutCorrectionConfig.bypass_ppo_clip_k3_rs().rejection[0].upper == 0.01
         assert RolloutCorrectionConfig.decoupled_seq_is_rs().rollout_rs == "seq_sum_k1"
-        assert RolloutCorrectionConfig.disabled() == RolloutCorrectionConfig()
+        assert RolloutCorrectionConfig.disabled() == RolloutCorrectionConfig(rollout_is=None)
+        assert RolloutCorrectionConfig().rollout_is == "sequence"  # veRL's dataclass default (its yaml: null)
         presets = [
             n for n, v in vars(RolloutCorrectionConfig).items() if isinstance(v, classmethod) and n != "disabled"
         ]

@@ -155,3 +155,6 @@ def test_get_and_set_dispatch_collect(monkeypatch):
         outer.set_dispatch_collect("ref", {"x": 0}, {"x": True})
     with pytest.raises(ValueError, match="already registered"):
         inner._register_dispatch_collect_info("train", 0, True)
+    outer.set_dispatch_collect("both", {"a": 1, "b": 2}, {"a": True, "b": False})  # veRL: the last mesh's values
+    assert outer._query_dispatch_info("both") == 2 and outer.query_collect_info("both") is False
+    assert outer.get_dispatch_collect()["dispatch_dp_rank"] == {"ref": 3, "both": 2}

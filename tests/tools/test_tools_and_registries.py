@@ -180,7 +180,7 @@ def test_code_tool_runs_in_the_sandbox():
 
 
 def test_hermes_parser_and_parser_registry():
-    parser = TOOL_PARSERS.get("hermes")(TOK)
+    parser = TOOL_PARSERS["hermes"](TOK)
     text = (
         'I will compute.<tool_call>\n{"name": "calc", "arguments": {"expr": "1+2"}}\n</tool_call>'
         '<tool_call>\nnot json\n</tool_call><tool_call>{"name": "b", "arguments": {}}</tool_call>'
@@ -199,11 +199,11 @@ def test_hermes_parser_and_parser_registry():
             return ParsedResponse("", [FunctionCall(name, args)] if args else [])
 
     try:
-        assert TOOL_PARSERS.get("pipe_test")(TOK).parse('calc|{"expr": "2"}').calls[0].name == "calc"
+        assert TOOL_PARSERS["pipe_test"](TOK).parse('calc|{"expr": "2"}').calls[0].name == "calc"
     finally:
         TOOL_PARSERS._entries.pop("pipe_test")
     with pytest.raises(KeyError, match="unknown tool-call format.*hermes"):
-        TOOL_PARSERS.get("llama3_json")
+        TOOL_PARSERS["llama3_json"]
 
 
 def test_truncation_sides_by_hand():

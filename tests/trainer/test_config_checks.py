@@ -116,7 +116,9 @@ def test_train_batch_at_least_mini_batch():
 
 def test_micro_batch_sizes_are_mutually_exclusive():
     msg = error_of("actor_rollout_ref.actor.ppo_micro_batch_size=8")
-    assert "ppo_micro_batch_size (8)" in msg and "ppo_micro_batch_size_per_gpu (4)" in msg and "deprecated" in msg
+    assert "You have set both 'actor.ppo_micro_batch_size' AND" in msg and "deprecated" in msg  # veRL's words
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size=8" in msg
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4" in msg
 
 
 def test_deprecated_global_micro_batch_is_divided_by_dp():

@@ -25,7 +25,7 @@ def test_registry_is_a_dict_like_mapping():
     assert len(reg) == 2 and list(reg.keys()) == ["a", "b"] and list(reg) == ["a", "b"]
     assert reg["a"] is _f and "b" in reg and "c" not in reg
     assert dict(reg.items()) == {"a": _f, "b": _g} and list(reg.values()) == [_f, _g]
-    assert reg.get("c", None) is None  # dict.get with a default
+    assert reg.get("c", None) is None and reg.get("c") is None and reg.get("c", _f) is _f  # dict.get
     assert reg.pop("b") is _g and "b" not in reg
     del reg["a"]
     assert len(reg) == 0
@@ -39,24 +39,23 @@ def test_same_object_again_is_fine_a_different_one_raises():
     reg.register("a")(_f)
     reg.register("a")(_f)  # a module imported twice, a decorator run again
     reg["a"] = _f
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(ValueError, match="widget a has already been registered"):  # veRL's words
         reg.register("a")(_g)
-    with pytest.raises(ValueError, match="already registered"):
-        reg["a"] = _g
     assert reg["a"] is _f
     reg.register("a", _g, override=True)  # replacing on purpose
     assert reg["a"] is _g
+    reg["a"] = _f  # a dict assignment replaces, as in veRL's dicts
+    assert reg["a"] is _f
 
 
 def test_unknown_name_lists_the_known_ones_and_is_key_and_value_error():
     reg = Registry("widget")
     reg.register("alpha", _f)
     reg.register("beta", _g)
-    for lookup in (lambda: reg["gamma"], lambda: reg.get("gamma")):
-        with pytest.raises(UnknownNameError) as err:
-            lookup()
-        assert "gamma" in str(err.value) and "alpha" in str(err.value) and "beta" in str(err.value)
-        assert isinstance(err.value, KeyError) and isinstance(err.value, ValueError)
+    with pytest.raises(UnknownNameError) as err:
+        reg["gamma"]
+    assert "gamma" in str(err.value) and "alpha" in str(err.value) and "beta" in str(err.value)
+    assert isinstance(err.value, KeyError) and isinstance(err.value, ValueError)
     with pytest.raises(KeyError):
         del reg["gamma"]
 
@@ -71,11 +70,29 @@ def test_core_algos_registries_behave_like_verls_dicts():
     core_algos.register_adv_est("gae")(core_algos.compute_gae_advantage_return)
     core_algos.register_policy_loss("vanilla")(core_algos.compute_policy_loss_vanilla)
     assert len(reg) == n
-    # veRL's get_*_fn raise ValueError for unknown names; ours is also a KeyError
-    with pytest.raises(ValueError, match="gae"):
+    # veRL's get_*_fn raise ValueError for unknown names, in its words; ours is also a KeyError and lists them
+    with pytest.raises(ValueError, match="^Unknown advantage estimator simply: nope; known: .*gae"):
         core_algos.get_adv_estimator_fn("nope")
-    with pytest.raises(ValueError, match="vanilla"):
+    with pytest.raises(ValueError, match="^Unsupported loss mode: nope; known: .*vanilla"):
         core_algos.get_policy_loss_fn("nope")
+    with pytest.raises(ValueError, match="Adv estimator gae has already been registered"):
+        core_algos.register_adv_est("gae")(core_algos.compute_grpo_outcome_advantage)
+    assert reg.get("nope") is None and list(reg.keys())[:2] == ["gae", "grpo"]  # dict.get; registration order
+
+
+def test_a_policy_loss_registered_again_replaces_the_earlier_one_as_in_verl():
+    reg = core_algos.POLICY_LOSS_REGISTRY
+    original = reg["vanilla"]
+
+    def mine(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    try:
+        core_algos.register_policy_loss("vanilla")(mine)
+        assert core_algos.get_policy_loss_fn("vanilla") is mine
+    finally:
+        reg["vanilla"] = original
+    assert core_algos.get_policy_loss_fn("vanilla") is original
     assert set(core_algos.POLICY_LOSS_REGISTRY.keys()) >= {"vanilla", "gspo", "gpg"}
 
 
@@ -108,9 +125,9 @@ def test_reward_manager_registry_under_verls_names():
     try:
         assert reg["test_parity_manager"] is Custom
         reward_manager.register("test_parity_manager")(Custom)  # same class again: fine
-        with pytest.raises(ValueError, match="already registered"):
+        with pytest.raises(ValueError, match="Reward manager test_parity_manager has already been registered"):
             reward_manager.register("test_parity_manager")(reg["naive"])
-        with pytest.raises(ValueError, match="naive"):
+        with pytest.raises(ValueError, match="^Unknown reward manager: nope; known: .*naive"):
             reward_manager.get_reward_manager_cls("nope")
     finally:
         reg.pop("test_parity_manager", None)

@@ -16,6 +16,7 @@ from hybridflow.config import (
     FSDPOptimizerConfig,
     PolicyLossConfig,
 )
+from hybridflow.config.base import part_of_tree
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.critic import DataParallelPPOCritic
 from tests.workers.actor.ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm, tiny_value_model
@@ -95,7 +96,9 @@ def test_an_actor_without_optimizer_needs_no_update_schedule():
     """The reference policy: log-probs only, so no micro-batch size is needed; an update is refused."""
     model = tiny_causal_lm()
     data = ppo_batch(model)
-    ref = DataParallelPPOActor(FSDPActorConfig(use_remove_padding=False), model)  # ppo_micro_batch_size_per_gpu: null
+    with part_of_tree():  # a section of a config tree: ppo_micro_batch_size_per_gpu may stay null
+        unset, ref_section = FSDPActorConfig(), FSDPActorConfig(use_remove_padding=False)
+    ref = DataParallelPPOActor(ref_section, model)
     data.meta_info.update(temperature=1.0, micro_batch_size=3)
     log_probs, _ = ref.compute_log_prob(data)
     assert log_probs.shape == data.batch["responses"].shape
@@ -106,7 +109,7 @@ def test_an_actor_without_optimizer_needs_no_update_schedule():
         match="set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, or "
         "actor_rollout_ref.actor.use_dynamic_bsz=True",
     ):
-        DataParallelPPOActor(FSDPActorConfig(), model, torch.optim.SGD(model.parameters(), lr=LR))
+        DataParallelPPOActor(unset, model, torch.optim.SGD(model.parameters(), lr=LR))
 
 
 def test_verl_style_critic_with_a_typed_section():

@@ -70,11 +70,11 @@ _FAMILY_MARKERS = (
 def get_scorer(data_source: str) -> Scorer:
     """The scorer for ``data_source``; NotImplementedError naming the known ones otherwise."""
     if data_source in SCORERS:
-        return SCORERS.get(data_source)
+        return SCORERS[data_source]
     lowered = str(data_source).lower()
     for marker, name in _FAMILY_MARKERS:
         if marker in lowered:
-            return SCORERS.get(name)
+            return SCORERS[name]
     markers = ", ".join(marker for marker, _ in _FAMILY_MARKERS)
     raise NotImplementedError(
         f"no reward scorer for data_source {data_source!r}; known: {', '.join(SCORERS.names())} "

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from tensordict import TensorDict
 
 from hybridflow.protocol import DataProto, DataProtoFuture
+from hybridflow.utils.tensordicts import chunk_tensordict, concat_tensordict
 
 
 class DispatchError(ValueError, AssertionError):
@@ -72,7 +72,7 @@ def chunk_batch(value, n: int, name) -> list:
             raise DispatchError(
                 f"argument {name!r}: a TensorDict of length {len(value)} does not split into {n} chunks"
             )
-        return list(value.chunk(n, dim=0))
+        return chunk_tensordict(value, n)  # jagged nested tensors split row by row
     raise DispatchError(
         f"argument {name!r} must be a DataProto, DataProtoFuture or TensorDict to be split across ranks, "
         f"got {type(value).__name__}"
@@ -96,9 +96,9 @@ def dispatch_dp_compute_data_proto_with_func(worker_group, func, *args, **kwargs
 
 def concat_batches(outputs: list):
     """Join the ranks' answers: DataProtos (or futures of them) with DataProto.concat, TensorDicts
-    with torch.cat; anything else is an error naming the rank."""
+    row by row (jagged nested tensors too); anything else is an error naming the rank."""
     if outputs and all(isinstance(o, TensorDict) for o in outputs):
-        return torch.cat(list(outputs), dim=0)
+        return concat_tensordict(list(outputs))
     for rank, out in enumerate(outputs):
         if not isinstance(out, (DataProto, DataProtoFuture)):
             raise TypeError(

@@ -126,14 +126,10 @@ class Worker:
 
     def set_dispatch_collect(self, mesh_name: str, dispatch_dp_rank: dict, collect_dp_rank: dict) -> None:
         """Register ``mesh_name`` from another worker's ``get_dispatch_collect()`` (e.g. a role inside
-        this worker), as veRL does: the (single) mesh of those dicts gives this mesh's values."""
+        this worker), as veRL does: the mesh of those dicts (the last one, where they hold several) gives
+        this mesh's values."""
         if mesh_name in self._dispatch_dp_rank or mesh_name in self._collect_dp_rank:
             raise ValueError(f"mesh {mesh_name!r} is already registered; have {sorted(self._dispatch_dp_rank)}")
-        if len(set(dispatch_dp_rank.values())) > 1 or len(set(collect_dp_rank.values())) > 1:
-            raise ValueError(
-                f"set_dispatch_collect({mesh_name!r}): the given meshes disagree "
-                f"(dispatch {dispatch_dp_rank}, collect {collect_dp_rank}); pass the info of one mesh"
-            )
         for dp_rank in dispatch_dp_rank.values():
             self._dispatch_dp_rank[mesh_name] = int(dp_rank)
         for is_collect in collect_dp_rank.values():

@@ -44,7 +44,7 @@ def build_lr_scheduler(optimizer, optim_cfg, total_steps: int):
     lr_scheduler_type when the config is loaded)."""
     warmup = resolve_warmup_steps(optim_cfg["lr_warmup_steps"], optim_cfg["lr_warmup_steps_ratio"], total_steps)
     style = optim_cfg["lr_scheduler_type"]
-    min_ratio = float(optim_cfg["min_lr_ratio"])
+    min_ratio = float(optim_cfg["min_lr_ratio"] or 0.0)  # veRL: null is no floor
     cycles = float(optim_cfg["num_cycles"])
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_multiplier(step, warmup, total_steps, style, min_ratio, cycles)

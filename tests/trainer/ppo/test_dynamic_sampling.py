@@ -170,7 +170,7 @@ def test_dynamic_sampling_generates_until_full_and_trims():
     # prompts 0-3: 1 informative (0); 4-7: 2 informative (5, 6); 8-11: all informative
     informative = {0, 5, 6, 8, 9, 10, 11}
     scores = {p: (0.0, 1.0) if p in informative else 1.0 for p in range(100)}
-    out, metrics, calls = run_dynamic_sampling(scores, FilterGroupsConfig(enable=True))
+    out, metrics, calls = run_dynamic_sampling(scores, FilterGroupsConfig(enable=True, metric="reward"))
     # round 1: 1 kept, 3 missing -> ceil(6/4) = 2 batches wanted, max_inflight 1 -> one batch (4-7);
     # round 2: 3 kept, 1 missing -> one batch (8-11): full with 7, first 4 groups taken
     assert calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
@@ -183,7 +183,9 @@ def test_dynamic_sampling_generates_until_full_and_trims():
 
 def test_dynamic_sampling_in_flight_refills_several_batches_at_once():
     scores = {p: (0.0, 1.0) if p >= 8 else 2.0 for p in range(100)}
-    out, metrics, calls = run_dynamic_sampling(scores, FilterGroupsConfig(enable=True, max_inflight_gen_batches=3))
+    out, metrics, calls = run_dynamic_sampling(
+        scores, FilterGroupsConfig(enable=True, metric="reward", max_inflight_gen_batches=3)
+    )
     # round 1 keeps nothing: 2 × 4 missing = 8 prompts = 2 batches in one round (4-11); 8-11 fill it
     assert calls == [[0, 1, 2, 3], list(range(4, 12))]
     assert out.batch["p"].tolist() == [8, 8, 9, 9, 10, 10, 11, 11]
@@ -193,7 +195,7 @@ def test_dynamic_sampling_in_flight_refills_several_batches_at_once():
 def test_dynamic_sampling_fails_after_max_num_gen_batches():
     scores = {p: 1.0 for p in range(100)}  # every group uniform
     with pytest.raises(RuntimeError, match=r"3 prompt batches generated.*max_num_gen_batches=3.*0 of 4 groups"):
-        run_dynamic_sampling(scores, FilterGroupsConfig(enable=True, max_num_gen_batches=3))
+        run_dynamic_sampling(scores, FilterGroupsConfig(enable=True, metric="reward", max_num_gen_batches=3))
 
 
 def test_epoch_cycler_continues_into_the_next_epoch():

@@ -154,7 +154,7 @@ def test_chained_options_must_all_pass():
 def test_offpolicy_metrics_and_prefix():
     rollout = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, -3.0]], dtype=torch.float64)
     train = rollout + log_ratio()
-    settings = RolloutCorrectionConfig()  # metrics only
+    settings = RolloutCorrectionConfig.disabled()  # metrics only
     weights, mask, m = compute_rollout_correction(train, rollout, MASK, settings)
     assert weights is None and mask is MASK
     assert all(k.startswith("rollout_corr/") for k in m)

@@ -79,9 +79,9 @@ def test_shipped_rollout_config_section_parses():
 # ------------------------------------------------------------------------------------ registry / loop
 def test_registry_lists_engines_and_refuses_duplicates():
     assert "hf" in ROLLOUT_SERVERS.names()
-    assert ROLLOUT_SERVERS.get("hf") is HFServer
+    assert ROLLOUT_SERVERS["hf"] is HFServer
     with pytest.raises(KeyError, match="hf"):  # an unknown name lists the known ones
-        ROLLOUT_SERVERS.get("sglang")
+        ROLLOUT_SERVERS["sglang"]
     ROLLOUT_SERVERS.register("hf")(HFServer)  # the same class again is fine (veRL's registries)
 
     class OtherServer(HFServer):

@@ -145,7 +145,7 @@ def test_engine_kwargs_pass_through_and_win_none_dropped():
 
 
 def test_registered_as_vllm():
-    assert ROLLOUT_SERVERS.get("vllm") is VLLMServer
+    assert ROLLOUT_SERVERS["vllm"] is VLLMServer
 
 
 def test_importing_the_rollout_package_does_not_import_vllm(monkeypatch):
