@@ -195,7 +195,11 @@ def server(tiny):
     _, model = tiny
     loop = EngineLoop("hf-server-test")
     spec = ServerSpec(
-        model_path="", config={"max_num_seqs": 64}, pad_token_id=PAD_ID, eos_token_ids=(EOS_ID,), module=model
+        model_path="",
+        config=RolloutConfig(max_num_seqs=64, seed=0),
+        pad_token_id=PAD_ID,
+        eos_token_ids=(EOS_ID,),
+        module=model,
     )
     srv = loop.run(_async(HFServer, spec))
     yield loop, srv
