@@ -116,3 +116,91 @@ def test_generic_helpers_are_defined_once():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in defined:
                 defined[node.name].append(rel)
     assert defined == {name: [rel] for name, rel in DEFINED_ONCE.items()}
+
+
+# Below the entry points a config is a typed section read by attribute (docs/architecture.md, "Config").
+# Skipped: the config package itself, the veRL compatibility and developer tools, the user's own tool and
+# interaction config dicts (veRL's BaseTool / BaseInteraction API) and the main_* entry points.
+STRING_READ_SKIPPED = ("config/", "compat/", "devtools/", "tools/", "interactions/")
+# (module, name read) -> why that mapping is a plain dict and not a config section
+STRING_READ_ALLOWED = {
+    ("rewards/dapo.py", "cfg"): "veRL's DAPORewardManager(overlong_buffer_cfg=...): a user's reward_kwargs dict",
+    ("single_controller/ray/init.py", "cfg"): "init_ray accepts veRL 0.9's ray_kwargs/ray_init mapping as it is",
+    ("workers/rollout/vllm_settings.py", "cfg"): "the model's own config.json, read as a dict",
+    ("utils/tool_config.py", "cfg"): "the user's tool config file (veRL's tool_config_path format)",
+}
+
+
+def _read_name(node: ast.AST) -> str | None:
+    """The last name of ``node`` (``self.config`` -> ``config``; ``spec.config`` -> ``config``)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _is_config_name(name: str | None) -> bool:
+    return name is not None and ("config" in name.lower() or "cfg" in name.lower())
+
+
+def config_string_reads(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """(line, name, key) of each ``<config>.get("key", ...)`` and ``<config>["key"]`` in ``tree``, where
+    ``<config>``'s last name holds ``config`` or ``cfg``."""
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            target, key = node.func.value, node.args[0].value
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            target, key = node.value, node.slice.value
+            if not isinstance(key, str):
+                continue
+        else:
+            continue
+        name = _read_name(target)
+        if _is_config_name(name):
+            found.append((node.lineno, name, key))
+    return sorted(found)
+
+
+def config_string_read_violations(modules) -> list[str]:
+    out = []
+    for module, tree in modules:
+        if module.startswith(STRING_READ_SKIPPED) or (module.startswith("main_") and "/" not in module):
+            continue
+        for line, name, key in config_string_reads(tree):
+            if (module, name) not in STRING_READ_ALLOWED:
+                out.append(f"{module}:{line}: {name}[{key!r}]")
+    return out
+
+
+def test_the_checker_finds_config_reads_by_string():
+    planted = ast.parse(
+        "def f(self, spec, data_config, optim_cfg, row, kwargs):\n"
+        "    a = self.config.get('use_remove_padding', False)\n"
+        "    b = spec.config['max_num_seqs']\n"
+        "    c = data_config.get('custom_cls') or {}\n"
+        "    d = optim_cfg['lr']\n"
+        "    e = row.get('prompt'), kwargs['n'], self.config.use_remove_padding\n"
+        "    g = self.config_list[0], data_config.get(name)\n"
+    )
+    assert [(n, k) for _, n, k in config_string_reads(planted)] == [
+        ("config", "use_remove_padding"),
+        ("config", "max_num_seqs"),
+        ("data_config", "custom_cls"),
+        ("optim_cfg", "lr"),
+    ]
+    assert config_string_read_violations([("workers/x.py", planted)])
+    assert not config_string_read_violations([("config/x.py", planted), ("main_ppo.py", planted)])
+
+
+def test_no_config_read_by_string_below_the_entry_points():
+    violations = config_string_read_violations(_modules())
+    assert not violations, "read the typed section's attribute instead:\n" + "\n".join(violations)

@@ -72,6 +72,8 @@ class EngineHost:
     """The vLLM rollout server on its engine loop: what RolloutHost holds (``server``, ``engine_loop``)."""
 
     def __init__(self, model_dir, tok):
+        from hybridflow.config.convert import as_section
+        from hybridflow.config.rollout import RolloutConfig
         from hybridflow.rollout.server import EngineLoop, ServerSpec
         from hybridflow.workers.rollout.vllm_server import VLLMServer
 
@@ -85,7 +87,7 @@ class EngineHost:
         }
         spec = ServerSpec(
             model_path=model_dir,
-            config=config,
+            config=as_section(config, RolloutConfig, "rollout"),
             pad_token_id=int(tok.pad_token_id),
             eos_token_ids=tuple(model_eos_token_ids(model_dir, tok)),
             dtype="float32",

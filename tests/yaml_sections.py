@@ -9,6 +9,7 @@ import copy
 from hybridflow.config.convert import omega_conf_to_dataclass
 from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.config.loader import default_config
+from hybridflow.config.optimizer import FSDPOptimizerConfig
 
 
 def _merge(base: dict, changes: dict) -> dict:
@@ -27,8 +28,10 @@ def section(path: str, config: str = "ppo_trainer", **changes) -> dict:
     return _merge(copy.deepcopy(node), changes)
 
 
-def optim(**changes) -> dict:
-    return section("actor_rollout_ref.actor.optim", **changes)
+def optim(**changes) -> FSDPOptimizerConfig:
+    """``actor.optim`` with ``changes``, read into its typed section (what the engine takes)."""
+    path = "actor_rollout_ref.actor.optim"
+    return omega_conf_to_dataclass(section(path, **changes), FSDPOptimizerConfig, path=path)
 
 
 def fsdp_config(**changes) -> dict:

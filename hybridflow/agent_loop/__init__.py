@@ -13,7 +13,6 @@ from hybridflow.agent_loop.base import (
     AgentLoopOutput,
     AgentLoopSettings,
     agent_loop_settings,
-    multi_turn_config,
     register,
 )
 from hybridflow.agent_loop.server_manager import ServerManager
@@ -29,7 +28,6 @@ __all__ = [
     "AgentLoopSettings",
     "AgentLoopWorker",
     "agent_loop_settings",
-    "multi_turn_config",
     "ServerManager",
     "ToolAgentLoop",
     "ToolParser",

@@ -28,12 +28,6 @@ from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.utils.registry import Registry
 
 
-def multi_turn_config(section: Any) -> MultiTurnConfig:
-    """``actor_rollout_ref.rollout.multi_turn`` as its typed section (checked on construction; absent: the
-    defaults). ``max_assistant_turns`` / ``max_user_turns``: None or 0 = no limit."""
-    return as_section(section, MultiTurnConfig, "actor_rollout_ref.rollout.multi_turn")
-
-
 @dataclass(frozen=True)
 class AgentLoopSettings:
     """What agent loops read, taken from the typed rollout section by ``agent_loop_settings`` (the worker
@@ -124,7 +118,7 @@ class AgentLoopBase(ABC):
     def rollout_config(self):
         """The typed rollout section (veRL loops read ``self.rollout_config.response_length``)."""
         rollout = self.settings.rollout
-        return rollout if rollout is not None else as_section(self.settings.extra.get("rollout"), RolloutConfig)
+        return rollout if rollout is not None else RolloutConfig()  # settings built by hand: the defaults
 
     async def apply_chat_template(
         self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True

@@ -31,7 +31,6 @@ from hybridflow.algorithms.rollout_correction_metrics import (
     offpolicy_metrics,
     rejection_option_metrics,
 )
-from hybridflow.config.convert import as_section
 from hybridflow.config.rollout_correction import (
     IS_LEVELS,
     LOSS_TYPES,
@@ -48,7 +47,6 @@ __all__ = [
     "RS_OPTIONS",
     "LOSS_TYPES",
     "RejectionOption",
-    "rollout_correction_config",
     "parse_is_threshold",
     "parse_rejection_options",
     "compute_is_weights",
@@ -56,14 +54,6 @@ __all__ = [
     "compute_rollout_correction",
     "compute_policy_loss_bypass_mode",
 ]
-
-
-def rollout_correction_config(section: Any, path: str = "algorithm.rollout_correction") -> RolloutCorrectionConfig:
-    """The section as a ``RolloutCorrectionConfig`` (which parses and checks it; an empty or missing
-    section: metrics only). Raises ConfigError (a ValueError) naming the offending key."""
-    if not section:
-        return RolloutCorrectionConfig.disabled()
-    return as_section(section, RolloutCorrectionConfig, path)
 
 
 def compute_is_weights(

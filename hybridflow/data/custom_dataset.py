@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from torch.utils.data import Dataset
 
+from hybridflow.config.data import DataConfig
 from hybridflow.config.loader import ConfigError
 from hybridflow.data.rl_dataset import RLHFDataset
 from hybridflow.utils.import_utils import load_module_from_file
 
 
-def rl_dataset_class(data_config) -> type:
+def rl_dataset_class(data_config: DataConfig) -> type:
     """``RLHFDataset`` unless ``data.custom_cls.path`` names a file; errors name the key."""
-    custom = data_config.get("custom_cls") or {}
-    path, name = custom.get("path"), custom.get("name")
+    path, name = data_config.custom_cls.path, data_config.custom_cls.name
     if not path:
         return RLHFDataset
     if not name:
@@ -35,6 +35,6 @@ def rl_dataset_class(data_config) -> type:
     return cls
 
 
-def build_rl_dataset(data_files, tokenizer, data_config) -> Dataset:
+def build_rl_dataset(data_files, tokenizer, data_config: DataConfig) -> Dataset:
     """The RL dataset of ``data_files`` with the configured class (veRL's keyword arguments)."""
     return rl_dataset_class(data_config)(data_files=data_files, tokenizer=tokenizer, processor=None, config=data_config)

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from hybridflow.config.convert import as_section
 from hybridflow.config.rollout import RolloutConfig
 
 # meta_info keys a caller may use to override the configured values for one call
@@ -58,16 +57,12 @@ def _coerce(p: SamplingParams) -> SamplingParams:
     )
 
 
-def rollout_sampling(
-    rollout: RolloutConfig | Mapping[str, Any], path: str = "actor_rollout_ref.rollout"
-) -> tuple[SamplingParams, SamplingParams]:
-    """(train, validation) parameters of a rollout section (a ``RolloutConfig``; a DictConfig or dict,
-    veRL's callers, is read into one; ``path`` names it in errors).
+def rollout_sampling(rollout: RolloutConfig) -> tuple[SamplingParams, SamplingParams]:
+    """(train, validation) parameters of the typed rollout section.
 
     Validation takes ``val_kwargs``'s filters and temperature and keeps the training
     ``response_length`` and ``ignore_eos``.
     """
-    rollout = as_section(rollout, RolloutConfig, path)
     train = _coerce(
         SamplingParams(
             do_sample=rollout.do_sample,

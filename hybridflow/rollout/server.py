@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from hybridflow.config.rollout import RolloutConfig
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.utils.registry import Registry
 
@@ -55,7 +56,7 @@ class ServerSpec:
     """
 
     model_path: str
-    config: dict  # the rollout section of the config (veRL keys), plain dict
+    config: RolloutConfig  # the typed rollout section (the actor's or the judge's)
     pad_token_id: int
     eos_token_ids: tuple[int, ...]
     device: str = "cpu"

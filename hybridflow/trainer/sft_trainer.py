@@ -24,7 +24,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 import pyarrow.parquet as pq
 import torch
@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from hybridflow.config import ConfigError
 from hybridflow.config.convert import as_section
-from hybridflow.config.sft_trainer import SFT_LR_SCHEDULERS, SFT_STRATEGIES, SFTTrainerConfig
+from hybridflow.config.sft_trainer import SFT_LR_SCHEDULERS, SFT_STRATEGIES, SFTDataConfig, SFTTrainerConfig
 from hybridflow.data.multiturn_sft_dataset import MultiTurnSFTDataset
 from hybridflow.data.rl_dataset import collate_fn
 from hybridflow.data.sampler import epoch_order
@@ -124,31 +124,30 @@ def _load_class(path: str, name: str):
     return getattr(module, name)
 
 
-def create_sft_dataset(files, data_config: Mapping, tokenizer):
+def create_sft_dataset(files, data_config: SFTDataConfig, tokenizer):
     """``data.custom_cls`` if configured (called as ``cls(files, tokenizer, data_config)``), else
     MultiTurnSFTDataset for conversations (``data.multiturn.enable``, or data with a ``data.messages_key``
     column and no ``data.prompt_key`` column, as veRL 0.9.1 reads them), else SFTDataset.
 
     Items must follow SFTDataset's convention: ``loss_mask`` is 1 on the response tokens themselves
     (the targets), not shifted one to the left as veRL's SFTDataset stores it."""
-    custom = data_config.get("custom_cls") or {}
-    if custom.get("path"):
-        cls = _load_class(custom["path"], custom["name"])
-    elif (data_config.get("multiturn") or {}).get("enable") or _holds_conversations(files, data_config):
+    custom = data_config.custom_cls
+    if custom.path:
+        cls = _load_class(custom.path, custom.name)
+    elif data_config.multiturn.enable or _holds_conversations(files, data_config):
         cls = MultiTurnSFTDataset  # chat messages (+ tools): loss on the assistant turns only
     else:
         cls = SFTDataset
     return cls(files, tokenizer, data_config)
 
 
-def _holds_conversations(files, data_config: Mapping) -> bool:
+def _holds_conversations(files, data_config: SFTDataConfig) -> bool:
     """The first file has the messages column and not the single-turn prompt column."""
     first = files if isinstance(files, str) else (list(files) or [None])[0]
     if not first or not os.path.isfile(os.path.expanduser(str(first))):
         return False  # the dataset names the missing file
     columns = set(pq.read_schema(os.path.expanduser(str(first))).names)
-    messages = data_config.get("messages_key") or "messages"
-    return messages in columns and (data_config.get("prompt_key") or "prompt") not in columns
+    return data_config.messages_key in columns and data_config.prompt_key not in columns
 
 
 # --------------------------------------------------------------------------- the trainer

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -42,12 +42,12 @@ def enable_full_determinism(seed: int) -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def apply_full_determinism(fsdp_configs: Iterable[Mapping[str, Any] | None]) -> int | None:
-    """Enable full determinism if one of this worker's engine sections asks for it, with that
-    section's ``seed``; returns the seed used, or None when none asks."""
+def apply_full_determinism(fsdp_configs: Iterable[Any]) -> int | None:
+    """Enable full determinism if one of this worker's typed engine sections (``FSDPEngineConfig`` or
+    None) asks for it, with that section's ``seed``; returns the seed used, or None when none asks."""
     for section in fsdp_configs:
-        if section and section.get("full_determinism"):
-            seed = int(section.get("seed") or 0)
+        if section is not None and section.full_determinism:
+            seed = int(section.seed)
             enable_full_determinism(seed)
             return seed
     return None

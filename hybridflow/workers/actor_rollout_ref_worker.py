@@ -30,7 +30,7 @@ from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_ch
 from hybridflow.workers.engine import TrainEngine, engine_spec
 from hybridflow.workers.engine.lora import adapters_disabled, lora_spec, rollout_gets_adapter
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
-from hybridflow.workers.profiler import WorkerProfiler, merge_profilers, role_profiler
+from hybridflow.workers.profiler import WorkerProfiler, merge_profilers
 from hybridflow.workers.rollout.weight_transfer import WeightTarget, push_weights
 from hybridflow.workers.rollout_host import RolloutHost, bucket_bytes
 from hybridflow.workers.utils.device import on_device
@@ -88,7 +88,7 @@ class ActorRolloutRefWorker(Worker):
         # the rollout engine lags the actor's weights: pushed at the next prepare_rollout (colocated)
         self._rollout_stale = False
         self._rollout_has_base = False  # LoRA adapter sync: the first one carries the base weights too
-        sections = [role_profiler(getattr(self.config, p).profiler, f"actor_rollout_ref.{p}.profiler") for p in parts]
+        sections = [getattr(self.config, p).profiler for p in parts]
         self.profiler = WorkerProfiler(merge_profilers(sections), self.rank, role)
 
     def _require(self, part: str, method: str) -> None:

@@ -15,7 +15,7 @@ from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_ch
 from hybridflow.workers.critic import DataParallelPPOCritic
 from hybridflow.workers.engine import TrainEngine, engine_spec
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
-from hybridflow.workers.profiler import WorkerProfiler, merge_profilers, role_profiler
+from hybridflow.workers.profiler import WorkerProfiler, merge_profilers
 from hybridflow.workers.utils.device import on_device
 from hybridflow.workers.utils.ulysses import build_layout
 from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
@@ -38,7 +38,7 @@ class CriticWorker(Worker):
         self._register_dispatch_collect_info("critic", dp_rank=self.layout.dp_rank, is_collect=self.layout.is_collect)
         self.dp_size = self.layout.dp_size
         self.critic_config = critic_config.per_rank(self.dp_size)  # veRL's normalisation: sizes on one rank
-        plan = merge_profilers([role_profiler(self.config.profiler, "critic.profiler")])
+        plan = merge_profilers([self.config.profiler])
         self.profiler = WorkerProfiler(plan, self.rank, self.role)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

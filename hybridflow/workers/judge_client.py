@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from hybridflow.agent_loop.server_manager import SERVER_HANDLE, ServerHandle, ServerManager
-from hybridflow.config.convert import as_section
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.rollout.sampling import SamplingParams, rollout_sampling
 from hybridflow.rollout.server import EngineLoop
 from hybridflow.single_controller.base import wait_with_deadline
-
-ROLLOUT_PATH = "reward.reward_model.rollout"
 
 
 class RolloutJudge:
@@ -49,10 +46,9 @@ class RolloutJudge:
         self._loop = EngineLoop("hybridflow-genrm-judge")
 
     @classmethod
-    def from_group(cls, group, role: str | None, tokenizer, rollout: RolloutConfig | Mapping) -> RolloutJudge:
+    def from_group(cls, group, role: str | None, tokenizer, rollout: RolloutConfig) -> RolloutJudge:
         """A judge over every rank of ``group`` (JudgeWorkers; ``role`` inside a fused worker), sampling as
-        ``rollout`` says (the typed ``reward.reward_model.rollout``; a DictConfig or dict is read into one)."""
-        rollout = as_section(rollout, RolloutConfig, ROLLOUT_PATH)
+        ``rollout`` says (the typed ``reward.reward_model.rollout``)."""
         sampling, _ = rollout_sampling(rollout)
         return cls(
             group.handles(SERVER_HANDLE, role),

@@ -7,7 +7,7 @@ replicas too). It never receives weights: the judge is fixed. The driver reaches
 with the group's ``handles(SERVER_HANDLE, role)``, exactly as the agent loop reaches the policy's
 (``server_generate`` for a remote worker, ``.server`` / ``.engine_loop`` in process).
 
-``config``: {"model_path", "trust_remote_code", "rollout": the typed reward.reward_model.rollout section}.
+Built from ``model_path``, the typed ``reward.reward_model.rollout`` section and ``trust_remote_code``.
 ``rollout.max_model_len`` null means prompt_length + response_length, as veRL sizes it.
 """
 
@@ -18,23 +18,19 @@ import dataclasses
 
 import torch
 
-from hybridflow.config.convert import as_section
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.rollout.sampling import model_eos_token_ids
 from hybridflow.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.utils.torch_dtypes import resolve_dtype
-from hybridflow.workers.judge_client import ROLLOUT_PATH
 from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
 
 MODEL_PATH_KEY = "reward.reward_model.model_path"
 
 
-def judge_engine_config(rollout) -> RolloutConfig:
-    """The reward.reward_model.rollout section as the engines read it (max_model_len filled in); a dict
-    or DictConfig is read into its class here."""
-    rollout = as_section(rollout, RolloutConfig, ROLLOUT_PATH)
+def judge_engine_config(rollout: RolloutConfig) -> RolloutConfig:
+    """The reward.reward_model.rollout section as the engines read it (max_model_len filled in)."""
     if rollout.max_model_len is None:
         rollout = dataclasses.replace(rollout, max_model_len=rollout.prompt_length + rollout.response_length)
     return rollout
@@ -43,17 +39,17 @@ def judge_engine_config(rollout) -> RolloutConfig:
 class JudgeWorker(Worker):
     """One judge engine per rank (see the module docstring)."""
 
-    def __init__(self, config):
+    def __init__(self, model_path: str, rollout: RolloutConfig, trust_remote_code: bool = False):
         super().__init__()
-        self.config = dict(config)
+        self.model_path, self.rollout, self.trust_remote_code = model_path, rollout, bool(trust_remote_code)
         self.device, _ = default_device_backend()
         self.server = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        path = local_model_path(self.config["model_path"], MODEL_PATH_KEY)
-        trust = bool(self.config.get("trust_remote_code"))
-        rollout = judge_engine_config(self.config["rollout"])
+        path = local_model_path(self.model_path, MODEL_PATH_KEY)
+        trust = self.trust_remote_code
+        rollout = judge_engine_config(self.rollout)
         name = rollout.name
         server_cls = ROLLOUT_SERVERS[name]  # an unknown engine fails here, naming the known ones
         self.tokenizer = load_tokenizer(path, trust)
@@ -84,7 +80,7 @@ class JudgeWorker(Worker):
 
         self.server = self.engine_loop.run(build())
         atexit.register(self.shutdown_judge)  # before the engine loop stops: engines with processes stop them
-        if rollout.get("free_cache_engine"):
+        if rollout.free_cache_engine:
             self.engine_loop.run(self.server.sleep())
 
     def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = False):

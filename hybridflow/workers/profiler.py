@@ -14,24 +14,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Sequence
-from typing import Any
 
 import torch
 
-from hybridflow.config.convert import as_section
 from hybridflow.config.profiler import TORCH_CONTENTS, ProfilerConfig, ProfilerToolConfig, TorchProfilerToolConfig
 
-__all__ = ["CONTENTS", "role_profiler", "merge_profilers", "records", "profiler_kwargs", "trace_path", "WorkerProfiler"]
+__all__ = ["CONTENTS", "merge_profilers", "records", "profiler_kwargs", "trace_path", "WorkerProfiler"]
 
 CONTENTS = TORCH_CONTENTS
 DEFAULT_SAVE_PATH = ProfilerConfig().save_path
-
-
-def role_profiler(section: Any, path: str) -> ProfilerConfig:
-    """A role's ``profiler`` section (DictConfig, dict or ProfilerConfig; missing or empty: off) as the
-    typed ProfilerConfig; a bad key or value (an unknown ``tool_config.torch.contents`` entry) is refused
-    naming it (``path``: where the section sits)."""
-    return as_section(section, ProfilerConfig, path)
 
 
 def _torch_contents(section: ProfilerConfig) -> list[str]:

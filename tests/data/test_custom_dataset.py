@@ -6,7 +6,9 @@ import json
 
 import pytest
 
+from hybridflow.config.data import DataConfig
 from hybridflow.config.loader import ConfigError
+from hybridflow.config.module import ModuleConfig
 from hybridflow.data.custom_dataset import rl_dataset_class
 from hybridflow.data.rl_dataset import RLHFDataset
 
@@ -83,8 +85,8 @@ def test_bad_custom_class_names_the_key(tmp_path, custom, match):
     path, _ = write_custom(tmp_path)
     custom = {k: (path if v == "PATH" else v) for k, v in custom.items()}
     with pytest.raises(ConfigError, match=match):
-        rl_dataset_class({"custom_cls": custom})
+        rl_dataset_class(DataConfig(custom_cls=ModuleConfig(**custom)))
 
 
 def test_no_custom_class_is_rlhf_dataset():
-    assert rl_dataset_class({"custom_cls": {"path": None, "name": None}}) is RLHFDataset
+    assert rl_dataset_class(DataConfig()) is RLHFDataset

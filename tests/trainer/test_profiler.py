@@ -9,8 +9,15 @@ import os
 import pytest
 
 from hybridflow.config import ConfigError, ProfilerConfig
+from hybridflow.config.convert import as_section
 from hybridflow.trainer.ppo.profiling import profile_span, profiled_steps
-from hybridflow.workers.profiler import merge_profilers, profiler_kwargs, records, role_profiler, trace_path
+from hybridflow.workers.profiler import merge_profilers, profiler_kwargs, records, trace_path
+
+
+def role_profiler(section, path: str) -> ProfilerConfig:
+    """A role's profiler section as a user's mapping, read into its class at the door."""
+    return as_section(section, ProfilerConfig, path)
+
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

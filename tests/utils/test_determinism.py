@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.utils.determinism import DETERMINISM_ENV, apply_full_determinism, enable_full_determinism
 
 
@@ -44,14 +45,14 @@ def test_enable_sets_kernels_env_and_seeds_and_keeps_user_env(restore_torch_swit
 
 def test_apply_uses_the_first_section_that_asks(restore_torch_switches):
     torch.use_deterministic_algorithms(False)
-    assert apply_full_determinism([{"full_determinism": False, "seed": 1}, None]) is None
+    assert apply_full_determinism([FSDPEngineConfig(full_determinism=False, seed=1), None]) is None
     assert not torch.are_deterministic_algorithms_enabled()
     assert (
         apply_full_determinism(
             [
-                {"full_determinism": False, "seed": 1},
-                {"full_determinism": True, "seed": 7},
-                {"full_determinism": True, "seed": 9},
+                FSDPEngineConfig(full_determinism=False, seed=1),
+                FSDPEngineConfig(full_determinism=True, seed=7),
+                FSDPEngineConfig(full_determinism=True, seed=9),
             ]
         )
         == 7

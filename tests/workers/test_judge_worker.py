@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hybridflow.config.convert import as_section
+from hybridflow.config.rollout import RolloutConfig
 from hybridflow.rewards.genrm import GenRMRewardManager
 from hybridflow.rewards.verdict_parsers import get_verdict_parser
 from hybridflow.single_controller.base import ClassWithInitArgs
@@ -23,7 +25,7 @@ from tests.rewards.test_genrm import make_batch
 RESPONSE_LENGTH = 6
 
 
-def judge_rollout(**overrides) -> dict:
+def judge_rollout(**overrides) -> RolloutConfig:
     rollout = {
         "name": "hf",
         "dtype": "float32",
@@ -40,7 +42,7 @@ def judge_rollout(**overrides) -> dict:
         "max_model_len": None,
     }
     rollout.update(overrides)
-    return rollout
+    return as_section(rollout, RolloutConfig, "reward.reward_model.rollout")
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +58,7 @@ def judge(judge_dir, one_torch_thread):
 
     group = build_worker_group(
         "inprocess",
-        ClassWithInitArgs(
-            JudgeWorker, config={"model_path": judge_dir, "trust_remote_code": False, "rollout": judge_rollout()}
-        ),
+        ClassWithInitArgs(JudgeWorker, model_path=judge_dir, rollout=judge_rollout(), trust_remote_code=False),
         [1],
         name="judge",
     )
@@ -131,5 +131,5 @@ def test_genrm_scores_are_the_parsed_verdicts_of_the_hf_judge(judge, judge_dir):
 
 
 def test_max_model_len_defaults_to_prompt_plus_response_length():
-    assert judge_engine_config(judge_rollout())["max_model_len"] == 60 + RESPONSE_LENGTH
-    assert judge_engine_config(judge_rollout(max_model_len=64))["max_model_len"] == 64
+    assert judge_engine_config(judge_rollout()).max_model_len == 60 + RESPONSE_LENGTH
+    assert judge_engine_config(judge_rollout(max_model_len=64)).max_model_len == 64

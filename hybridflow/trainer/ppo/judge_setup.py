@@ -23,10 +23,10 @@ def uses_judge(config) -> bool:
 
 
 def judge_worker_config(config) -> dict:
-    """What each JudgeWorker is built from (the typed ``reward.reward_model.rollout``)."""
+    """JudgeWorker's keyword arguments: the judge's model, its typed ``reward.reward_model.rollout``."""
     rm = config.reward.reward_model
     trust = config.reward_model.model.trust_remote_code  # the earlier section's key, honoured as before
-    return {"model_path": rm.model_path, "trust_remote_code": bool(trust), "rollout": rm.rollout}
+    return {"model_path": rm.model_path, "rollout": rm.rollout, "trust_remote_code": bool(trust)}
 
 
 def start_judge(judge_wg, config, reward_fns) -> RolloutJudge:

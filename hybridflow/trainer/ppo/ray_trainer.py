@@ -23,7 +23,7 @@ from hybridflow import algorithms as core_algos  # veRL's name for the RL math
 from hybridflow.agent_loop.base import agent_loop_settings
 from hybridflow.agent_loop.manager import AgentLoopManager
 from hybridflow.algorithms.pf_ppo import pf_ppo_resample_indices
-from hybridflow.algorithms.rollout_correction import compute_rollout_correction, rollout_correction_config
+from hybridflow.algorithms.rollout_correction import compute_rollout_correction
 from hybridflow.config.algorithm import FilterGroupsConfig
 from hybridflow.config.base import to_dict
 from hybridflow.config.convert import as_section
@@ -114,7 +114,7 @@ class RayPPOTrainer:
         self.prompt_batches = EpochCycler(train_dataloader)
         # off-policy correction (algorithm.rollout_correction): bypass mode reuses the rollout's
         # log-probs as π_old and lets the actor weight/mask per micro-batch
-        self.rollout_correction = rollout_correction_config(algo.rollout_correction)
+        self.rollout_correction = algo.rollout_correction
         self._actor_update_meta = (
             {"rollout_correction": self.rollout_correction} if self.rollout_correction.bypass_mode else {}
         )

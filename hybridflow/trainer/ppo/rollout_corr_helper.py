@@ -15,9 +15,10 @@ from hybridflow.algorithms.rollout_correction import (
     compute_rollout_correction,
     parse_is_threshold,
     parse_rejection_options,
-    rollout_correction_config,
 )
 from hybridflow.algorithms.rollout_correction_metrics import SAFETY_BOUND, offpolicy_metrics
+from hybridflow.config.convert import as_section
+from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 from hybridflow.protocol import DataProto
 from hybridflow.utils.metric import reduce_metrics
 
@@ -45,7 +46,7 @@ def _settings(rollout_is, rollout_is_threshold, rollout_is_batch_normalize, roll
         "rollout_rs": rollout_rs,
         "rollout_rs_threshold": rollout_rs_threshold,
     }
-    return rollout_correction_config(section, path="rollout_correction")
+    return as_section(section, RolloutCorrectionConfig, "rollout_correction")  # veRL's door: plain options
 
 
 def compute_rollout_correction_and_rejection_mask(

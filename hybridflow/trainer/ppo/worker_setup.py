@@ -70,7 +70,7 @@ def role_classes(
     if use_rm:
         trainer["rm"] = (RewardModelWorker, (), {"config": config.reward_model})
     if use_judge:
-        trainer[JUDGE_ROLE] = (JudgeWorker, (), {"config": judge_worker_config(config)})
+        trainer[JUDGE_ROLE] = (JudgeWorker, (), judge_worker_config(config))
     return pools
 
 

@@ -121,7 +121,7 @@ class DataParallelPPOActor:
     ):
         self.config = actor_section(config)
         # use_remove_padding follows actor_rollout_ref.model (FSDPActorConfig); engines without it pad
-        self.use_remove_padding = bool(self.config.get("use_remove_padding", False))
+        self.use_remove_padding = bool(getattr(self.config, "use_remove_padding", False))
         self.sp = sp
         if sp is not None and not self.use_remove_padding:
             raise ValueError(

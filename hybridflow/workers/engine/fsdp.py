@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridflow.config.engine import FSDPEngineConfig
+from hybridflow.config.optimizer import FSDPOptimizerConfig
 from hybridflow.workers.engine.lora import (
     LoraSpec,
     apply_lora,
@@ -234,12 +235,12 @@ class TrainEngine:
     def unwrapped(self) -> nn.Module:
         return getattr(self.module, "module", self.module) if self.spec.strategy == "ddp" else self.module
 
-    def setup_optimizer(self, optim_cfg, total_steps: int):
+    def setup_optimizer(self, optim_cfg: FSDPOptimizerConfig, total_steps: int):
         self.optimizer = build_optimizer(
             self.module.parameters(),
-            lr=float(optim_cfg["lr"]),
-            betas=optim_cfg["betas"],
-            weight_decay=float(optim_cfg["weight_decay"]),
+            lr=float(optim_cfg.lr),
+            betas=optim_cfg.betas,
+            weight_decay=float(optim_cfg.weight_decay),
         )
         self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_cfg, total_steps)
         return self.optimizer, self.lr_scheduler

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from hybridflow.config.optimizer import FSDPOptimizerConfig
+
 
 def build_optimizer(params, lr: float, betas=(0.9, 0.999), weight_decay: float = 0.01, eps: float = 1e-8):
     params = [p for p in params if p.requires_grad]
@@ -39,13 +41,13 @@ def resolve_warmup_steps(lr_warmup_steps, lr_warmup_steps_ratio, total_steps: in
     return int(float(lr_warmup_steps_ratio or 0.0) * total_steps)
 
 
-def build_lr_scheduler(optimizer, optim_cfg, total_steps: int):
-    """From a validated ``optim`` section (veRL 0.9.1 keys; the deprecated warmup_style is mapped onto
-    lr_scheduler_type when the config is loaded)."""
-    warmup = resolve_warmup_steps(optim_cfg["lr_warmup_steps"], optim_cfg["lr_warmup_steps_ratio"], total_steps)
-    style = optim_cfg["lr_scheduler_type"]
-    min_ratio = float(optim_cfg["min_lr_ratio"] or 0.0)  # veRL: null is no floor
-    cycles = float(optim_cfg["num_cycles"])
+def build_lr_scheduler(optimizer, optim_cfg: FSDPOptimizerConfig, total_steps: int):
+    """From the typed ``optim`` section (the deprecated warmup_style is mapped onto lr_scheduler_type when
+    the config is loaded)."""
+    warmup = resolve_warmup_steps(optim_cfg.lr_warmup_steps, optim_cfg.lr_warmup_steps_ratio, total_steps)
+    style = optim_cfg.lr_scheduler_type
+    min_ratio = float(optim_cfg.min_lr_ratio or 0.0)  # veRL: null is no floor
+    cycles = float(optim_cfg.num_cycles)
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_multiplier(step, warmup, total_steps, style, min_ratio, cycles)
     )

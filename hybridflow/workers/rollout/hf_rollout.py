@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from hybridflow.config.convert import as_section
+from hybridflow.config.rollout import RolloutConfig
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.sampling import as_id_list
 from hybridflow.rollout.server import EngineLoop, ServerSpec
@@ -47,24 +49,24 @@ class HFRollout:
         from hybridflow.agent_loop.worker import AgentLoopWorker
 
         self.module = module
-        config = dict(config)
-        config.setdefault("prompt_length", 0)  # every call pads prompts to its batch's width
-        config.setdefault("response_length", 512)
+        # the door: veRL's HFRollout takes the rollout section as a mapping, read into its class here.
+        # It reads micro_batch_size (here the engine batches by max_num_seqs); every call sets
+        # prompt_length to its batch's width
+        section = {k: v for k, v in dict(config).items() if k != "micro_batch_size"}
+        section["prompt_length"] = section.get("prompt_length") or 1
+        section.setdefault("response_length", 512)
+        rollout = as_section(section, RolloutConfig, "actor_rollout_ref.rollout")
         self.engine_loop = EngineLoop("hf-rollout")
         spec = ServerSpec(
             model_path="",
-            config=config,
+            config=rollout,
             pad_token_id=int(pad_token_id),
             eos_token_ids=tuple(as_id_list(eos_token_id)),
             module=module,
         )
         self.server = self.engine_loop.run(_build(spec))
-        # veRL's HFRollout reads micro_batch_size (here the engine batches by max_num_seqs); every call
-        # sets prompt_length to its batch's width
-        section = {k: v for k, v in config.items() if k != "micro_batch_size"}
-        section["prompt_length"] = section["prompt_length"] or 1
         self._worker = AgentLoopWorker(
-            agent_loop_settings(section, chat_template_kwargs),
+            agent_loop_settings(rollout, chat_template_kwargs),
             [LocalServerHandle(self)],
             tokenizer=tokenizer,
             pad_token_id=pad_token_id,

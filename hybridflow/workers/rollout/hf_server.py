@@ -168,8 +168,8 @@ class _Batch:
 
 @register_rollout_server("hf")
 class HFServer(AsyncRolloutServer):
-    """``spec.module`` is the inference copy of the model (the worker loads it); config keys used:
-    ``max_num_seqs`` (largest batch), ``seed``.
+    """``spec.module`` is the inference copy of the model (the worker loads it); rollout fields used:
+    ``max_num_seqs`` (largest batch), ``seed``, ``free_cache_engine``.
 
     Continuous batching: one decode loop (on the executor thread) runs while there is work. Before each
     step it takes the requests that arrived (prefilled together, then joined to the running batch), and
@@ -187,9 +187,9 @@ class HFServer(AsyncRolloutServer):
         self._attention_before = use_grouped_sdpa(self.module)
         self.pad_token_id = int(spec.pad_token_id)
         self.eos_token_ids = list(spec.eos_token_ids)
-        self.max_batch = int(spec.config.get("max_num_seqs") or 1024)
-        self.seed = int(spec.config.get("seed") or 0)
-        self.free_cache = bool(spec.config.get("free_cache_engine", False)) and self.device.type == "cuda"
+        self.max_batch = int(spec.config.max_num_seqs)
+        self.seed = int(spec.config.seed)
+        self.free_cache = bool(spec.config.free_cache_engine) and self.device.type == "cuda"
         self._lock = threading.Lock()  # guards the fields below, shared by the event loop and the decode loop
         self._pending: list[_Request] = []
         self._aborts = 0  # abort_all calls so far: rows admitted before the latest one stop

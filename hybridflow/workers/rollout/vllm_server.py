@@ -37,7 +37,6 @@ from typing import Any
 
 import torch
 
-from hybridflow.config.convert import as_section
 from hybridflow.config.loader import ConfigError
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.rollout.sampling import SamplingParams, request_seed
@@ -95,7 +94,7 @@ class VLLMServer(AsyncRolloutServer):
         self.eos_token_ids = [int(t) for t in spec.eos_token_ids]
         facts = ModelFacts.from_model_dir(spec.model_path)
         cuda_devices = torch.cuda.device_count() if spec.device.startswith("cuda") else 0
-        rollout = as_section(spec.config, RolloutConfig, "rollout")  # the actor's or the judge's
+        rollout: RolloutConfig = spec.config  # the actor's or the judge's
         self.settings: VLLMSettings = vllm_settings(
             spec.model_path, rollout, spec.device, facts, spec.trust_remote_code, cuda_devices, spec.lora_rank
         )

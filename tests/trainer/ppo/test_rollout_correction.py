@@ -19,9 +19,11 @@ from hybridflow.algorithms.rollout_correction import (
     compute_rejection_mask,
     compute_rollout_correction,
     parse_rejection_options,
-    rollout_correction_config,
 )
+from hybridflow.config.convert import as_section
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
+
+PATH = "algorithm.rollout_correction"
 
 RATIOS = [[1.5, 4.0, 0.25], [0.8, 3.6, 10.0]]  # the padded position holds garbage: it must not count
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
@@ -242,18 +244,20 @@ def test_bypass_ppo_clip_rejected_tokens_leave_only_the_numerator():
 )
 def test_settings_refuse_bad_values_naming_the_key(section, message):
     with pytest.raises(ValueError, match="algorithm.rollout_correction") as err:
-        rollout_correction_config(section)
+        as_section(section, RolloutCorrectionConfig, PATH)
     assert message in str(err.value)
 
 
 def test_settings_parse_thresholds():
-    s = rollout_correction_config(
+    s = as_section(
         {
             "rollout_is": "sequence",
             "rollout_is_threshold": "0.5_5.0",
             "rollout_rs": "token_k1,seq_max_k3",
             "rollout_rs_threshold": "0.2_5,0.01",
-        }
+        },
+        RolloutCorrectionConfig,
+        PATH,
     )
     assert s.is_bounds == (5.0, 0.5)
     k1, k3_max = s.rejection
@@ -262,4 +266,4 @@ def test_settings_parse_thresholds():
     # one number for k1: the symmetric band [1/u, u]
     (sym,) = parse_rejection_options("seq_mean_k1", 2)
     assert (sym.lower, sym.upper) == pytest.approx((-math.log(2), math.log(2)))
-    assert rollout_correction_config({"rollout_is_threshold": "3"}).is_bounds[0] == 3.0
+    assert as_section({"rollout_is_threshold": "3"}, RolloutCorrectionConfig, PATH).is_bounds[0] == 3.0

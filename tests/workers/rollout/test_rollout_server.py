@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hybridflow.config.convert import as_section
 from hybridflow.config.rollout import RolloutConfig, SamplingConfig
 from hybridflow.rollout.sampling import SamplingParams, as_id_list, request_seed, resolve_sampling, rollout_sampling
 from hybridflow.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
@@ -48,18 +49,6 @@ def test_rollout_sampling_and_meta_overrides():
     assert train.stop_token_ids is None
 
 
-def test_rollout_sampling_reads_a_dictconfig_into_the_typed_section():
-    from omegaconf import OmegaConf
-
-    from hybridflow.config.errors import ConfigError
-
-    root = OmegaConf.create({"len": 12, "rollout": {"response_length": "${len}", "val_kwargs": {"do_sample": False}}})
-    train, val = rollout_sampling(root.rollout)
-    assert train.response_length == 12 and val.greedy
-    with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.temprature"):  # a typo names its key
-        rollout_sampling({"temprature": 0.5})
-
-
 def test_as_id_list():
     assert as_id_list(2) == [2]
     assert as_id_list([2, 3]) == [2, 3]
@@ -70,7 +59,9 @@ def test_shipped_rollout_config_section_parses():
     from omegaconf import OmegaConf
 
     root = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "..", "..", "configs", "ppo_trainer.yaml"))
-    train, val = rollout_sampling(root.actor_rollout_ref.rollout)
+    train, val = rollout_sampling(
+        as_section(root.actor_rollout_ref.rollout, RolloutConfig, "actor_rollout_ref.rollout")
+    )
     assert train.response_length == root.data.max_response_length
     assert train.do_sample and not train.ignore_eos
     assert val.greedy and val.response_length == train.response_length
@@ -195,7 +186,11 @@ def server(tiny):
     _, model = tiny
     loop = EngineLoop("hf-server-test")
     spec = ServerSpec(
-        model_path="", config={"max_num_seqs": 64}, pad_token_id=PAD_ID, eos_token_ids=(EOS_ID,), module=model
+        model_path="",
+        config=RolloutConfig(max_num_seqs=64, seed=0),
+        pad_token_id=PAD_ID,
+        eos_token_ids=(EOS_ID,),
+        module=model,
     )
     srv = loop.run(_async(HFServer, spec))
     yield loop, srv

@@ -20,6 +20,8 @@ import time
 import pytest
 import torch
 
+from hybridflow.config.convert import as_section
+from hybridflow.config.rollout import RolloutConfig
 from hybridflow.models.tiny import build_tiny_model, save_tiny_model
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
@@ -39,7 +41,7 @@ GREEDY = SamplingParams(do_sample=False, response_length=12)
 # ------------------------------------------------------------------------------------ helpers
 
 
-def engine_config(**overrides) -> dict:
+def engine_config(**overrides) -> RolloutConfig:
     config = {
         "load_format": "auto",
         "max_model_len": MAX_MODEL_LEN,
@@ -49,7 +51,7 @@ def engine_config(**overrides) -> dict:
         "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 32 << 20}},
     }
     config.update(overrides)
-    return config
+    return as_section(config, RolloutConfig, "rollout")
 
 
 class Served:

@@ -168,7 +168,9 @@ def test_importing_the_rollout_package_does_not_import_vllm(monkeypatch):
 )
 def test_missing_vllm_names_the_install_command(monkeypatch, tiny_model_dir, device, hint):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
-    spec = ServerSpec(model_path=tiny_model_dir, config={}, pad_token_id=0, eos_token_ids=(2,), device=device)
+    spec = ServerSpec(
+        model_path=tiny_model_dir, config=RolloutConfig(), pad_token_id=0, eos_token_ids=(2,), device=device
+    )
     with pytest.raises(VLLMNotInstalledError, match=f"rollout.name=vllm needs the vllm package.*{re.escape(hint)}"):
         VLLMServer(spec)
 
@@ -176,7 +178,7 @@ def test_missing_vllm_names_the_install_command(monkeypatch, tiny_model_dir, dev
 def test_config_errors_come_before_starting_vllm(tiny_model_dir):
     spec = ServerSpec(
         model_path=tiny_model_dir,
-        config={"tensor_model_parallel_size": 2},
+        config=RolloutConfig(tensor_model_parallel_size=2),
         pad_token_id=0,
         eos_token_ids=(2,),
         device="cpu",
