@@ -27,6 +27,8 @@ VERL_PATHS = [
     "hybridflow.tools.schemas",
     "hybridflow.tools.utils",
     "hybridflow.tools.utils.tool_registry",
+    "hybridflow.utils.tensordict_utils",
+    "hybridflow.utils.device",
     "hybridflow.trainer.config",
     "hybridflow.trainer.config.algorithm",
     "hybridflow.trainer.config.config",

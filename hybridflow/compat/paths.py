@@ -21,6 +21,8 @@ MODULES: dict[str, str] = {
     "hybridflow.experimental.agent_loop.single_turn_agent_loop": "hybridflow.agent_loop.single_turn_agent",
     "hybridflow.experimental.agent_loop.tool_agent_loop": "hybridflow.agent_loop.tool_agent",
     "hybridflow.experimental.agent_loop.tool_parser": "hybridflow.agent_loop.tool_parser",
+    "hybridflow.utils.tensordict_utils": "hybridflow.utils.tensordicts",
+    "hybridflow.utils.device": "hybridflow.utils.accelerator",
 }
 
 _ACTOR = "ActorConfig FSDPActorConfig RefConfig PolicyLossConfig RouterReplayConfig"
