@@ -15,6 +15,7 @@ import logging
 import signal
 import sys
 
+from hybridflow.config.base import part_of_tree
 from hybridflow.config.convert import as_section
 from hybridflow.config.loader import ConfigError, parse_cli
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
@@ -46,9 +47,10 @@ def with_runtime_values(config: PPOTrainerConfig, total_training_steps: int) -> 
         )
 
     aref = config.actor_rollout_ref
-    return dataclasses.replace(
-        config, actor_rollout_ref=dataclasses.replace(aref, actor=steps(aref.actor)), critic=steps(config.critic)
-    )
+    with part_of_tree():  # sections of a validated tree: construction checks veRL makes on lone sections stay off
+        return dataclasses.replace(
+            config, actor_rollout_ref=dataclasses.replace(aref, actor=steps(aref.actor)), critic=steps(config.critic)
+        )
 
 
 def build_reward_fns(config, tokenizer):

@@ -382,3 +382,25 @@ def test_registry_lookups_name_the_full_key():
     assert "actor_rollout_ref.rollout.agent.default_agent_loop='nope' is not a registered agent loop" in msg
     assert "single_turn_agent" in msg  # the known loops are listed
     assert "trainer.backend must be 'ray' or 'inprocess', got 'slurm'" in msg
+
+
+def test_the_schedule_length_reaches_a_critic_that_grpo_leaves_unconfigured():
+    """veRL's GRPO command lines set no critic micro-batch; the start-up copy of the tree must still build."""
+    from hybridflow.config.convert import as_section
+    from hybridflow.config.ppo_trainer import PPOTrainerConfig
+    from hybridflow.main_ppo import with_runtime_values
+
+    cfg = as_section(
+        load_config(
+            "ppo_trainer",
+            [
+                "algorithm.adv_estimator=grpo",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            ],
+        ),
+        PPOTrainerConfig,
+    )
+    assert cfg.critic.ppo_micro_batch_size_per_gpu is None and not cfg.critic.use_dynamic_bsz
+    out = with_runtime_values(cfg, 7)
+    assert out.critic.optim.total_training_steps == 7 and out.actor_rollout_ref.actor.optim.total_training_steps == 7

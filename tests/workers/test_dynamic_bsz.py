@@ -75,9 +75,11 @@ def test_trainer_balance_batch_reorders_rows_and_logs():
 
 def test_config_keys_reach_the_worker_settings():
     from hybridflow.config import FSDPCriticConfig
+    from hybridflow.config.convert import as_section
     from hybridflow.config.loader import load_config
+    from hybridflow.config.ppo_trainer import PPOTrainerConfig
     from hybridflow.workers.actor.dp_actor import actor_section
-    from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker, _plain
+    from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 
     cfg = load_config(
         "ppo_trainer",
@@ -89,11 +91,11 @@ def test_config_keys_reach_the_worker_settings():
             "critic.ppo_mini_batch_size=4",
         ],
     )
-    arr = _plain(cfg.actor_rollout_ref)
+    arr = as_section(cfg, PPOTrainerConfig).actor_rollout_ref  # the typed section the worker holds
     fake_worker = SimpleNamespace(dp_size=2, config=arr)
     data = DataProto.from_dict(tensors={"x": torch.zeros(8)})
     for section in ("rollout", "ref"):  # log_prob_* interpolate from the actor's keys, as in veRL
-        meta = ActorRolloutRefWorker._log_prob_meta(fake_worker, data, arr[section])
+        meta = ActorRolloutRefWorker._log_prob_meta(fake_worker, data, getattr(arr, section))
         assert meta["use_dynamic_bsz"] is True and meta["max_token_len"] == 777
     actor = DataParallelPPOActor(actor_section(cfg.actor_rollout_ref.actor).per_rank(2, rollout_n=2), tiny_causal_lm())
     assert actor.config.use_dynamic_bsz and actor.config.ppo_max_token_len_per_gpu == 777
