@@ -43,9 +43,9 @@ from hybridflow.config.rollout import (
     DisaggregationConfig,
     MultiTurnConfig,
     PrometheusConfig,
-    ServerConfig,
     RolloutConfig,
     SamplingConfig,
+    ServerConfig,
     TraceConfig,
 )
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
