@@ -286,7 +286,8 @@ def _convert(tp: Any, value: Any, path: str, default: Any = _MISSING) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path} must be a list, got {value!r}")
         item = args[0] if args else Any
-        return [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        items = [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if tuple in (origin, tp) else items
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path} must be a mapping, got {value!r}")

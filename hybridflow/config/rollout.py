@@ -8,7 +8,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.config.base import BaseConfig, doc, placed, section
+from hybridflow.config.base import BaseConfig, doc, placed, section, unset
 from hybridflow.config.engine import QATEngineConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import MtpConfig
@@ -269,11 +269,6 @@ class ServerConfig(BaseConfig):
     max_start_wait_time: float = doc(300.0, "seconds the server may take to start")
 
 
-def _unset() -> None:
-    """A nested section that stays unset unless configured (veRL's RolloutConfig defaults)."""
-    return None
-
-
 def cpu_tensor_parallel_error(tp: int, key: str = "rollout.tensor_model_parallel_size") -> str | None:
     """The rule's one home (start-up checks and the vllm engine's settings ask it): tensor parallelism
     needs GPUs; on cpu each rollout worker runs its own engine."""
@@ -436,7 +431,7 @@ class RolloutConfig(BaseConfig):
         0, "MoE load-balance metrics every this many steps (not implemented)", refused=_NOT_IMPLEMENTED
     )
     profiler: ProfilerConfig | None = section(
-        _unset,
+        unset,
         "the rollout's profiling (follows the actor's)",
         follows=_ROLLOUT_PROFILER,
         absent=("tool_config.nsys", "tool_config.torch_memory", "tool_config.torch.schedule", *TOOL_NAME_KEYS),
@@ -452,7 +447,7 @@ class RolloutConfig(BaseConfig):
         MtpConfig, "speculative decoding with MTP layers (follows model.mtp)", refused=_QUANTIZED
     )
     qat: QATEngineConfig | None = section(
-        _unset, "the trainer's QAT settings (follows actor.fsdp_config.qat)", refused=_QUANTIZED
+        unset, "the trainer's QAT settings (follows actor.fsdp_config.qat)", refused=_QUANTIZED
     )
     disaggregation: DisaggregationConfig = section(
         DisaggregationConfig,
