@@ -169,3 +169,28 @@ def test_a_fresh_process_gets_the_paths_from_import_hybridflow_alone():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE_ROOT.parent
     ).stdout
     assert out.strip() == "True"
+
+
+# veRL 0.9.1's config classes by the path veRL exports them from: hybridflow provides each or refuses it by name
+VERL_CONFIG_CLASSES = [
+    ("hybridflow.workers.config", "ServerConfig", None),
+    ("hybridflow.workers.config.rollout", "ServerConfig", None),
+    ("hybridflow.trainer.config", "ProfileConfig", "profiler"),
+    ("hybridflow.trainer.config.config", "ProfileConfig", "profiler"),
+    ("hybridflow.trainer.config", "BaseModelConfig", "HFModelConfig"),
+    ("hybridflow.workers.config", "FSDPCriticModelCfg", "CriticModelConfig"),
+    ("hybridflow.workers.config.critic", "FSDPCriticModelCfg", "CriticModelConfig"),
+    ("hybridflow.workers.config", "TrainingWorkerConfig", "TrainingWorker"),
+    ("hybridflow.workers.config.engine", "EngineConfig", "FSDPEngineConfig"),
+    ("hybridflow.workers.config.engine", "EngineRouterReplayConfig", "TrainingWorker"),
+]
+
+
+@pytest.mark.parametrize("path, name, reason", VERL_CONFIG_CLASSES)
+def test_veRLs_config_classes_are_provided_or_refused_by_name(path, name, reason):
+    if reason is None:
+        module = importlib.import_module(path)
+        assert getattr(module, name).__name__ == name
+        return
+    with pytest.raises(ImportError, match=rf"{name} \(veRL's config class\) is not supported.*{reason}"):
+        exec(f"from {path} import {name}", {})

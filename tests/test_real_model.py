@@ -73,7 +73,7 @@ class EngineHost:
 
     def __init__(self, model_dir, tok):
         from hybridflow.config.convert import as_section
-        from hybridflow.config.rollout import RolloutConfig
+        from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
         from hybridflow.rollout.server import EngineLoop, ServerSpec
         from hybridflow.workers.rollout.vllm_server import VLLMServer
 
@@ -87,7 +87,7 @@ class EngineHost:
         }
         spec = ServerSpec(
             model_path=model_dir,
-            config=as_section(config, RolloutConfig, "rollout"),
+            config=as_section(config, RolloutConfig, "rollout", rollout_as_in_yaml),
             pad_token_id=int(tok.pad_token_id),
             eos_token_ids=tuple(model_eos_token_ids(model_dir, tok)),
             dtype="float32",

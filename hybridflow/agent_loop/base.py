@@ -23,7 +23,7 @@ from hybridflow.agent_loop.trace import trace_store
 from hybridflow.config.base import to_dict
 from hybridflow.config.convert import as_section
 from hybridflow.config.errors import ConfigError
-from hybridflow.config.rollout import MultiTurnConfig, RolloutConfig, TraceConfig
+from hybridflow.config.rollout import MultiTurnConfig, RolloutConfig, TraceConfig, rollout_as_in_yaml
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.utils.registry import Registry
 
@@ -53,7 +53,7 @@ def agent_loop_settings(
     """The settings of ``rollout`` (a ``RolloutConfig``; a DictConfig or dict is read into one).
     ``run_dir``: given by the one caller that traces (main_ppo, ``trainer.default_local_dir``): with a
     ``rollout.trace.backend`` the trajectories are traced, to the store ``trace_store`` picks there."""
-    rollout = as_section(rollout, RolloutConfig, "actor_rollout_ref.rollout")
+    rollout = as_section(rollout, RolloutConfig, "actor_rollout_ref.rollout", rollout_as_in_yaml)
     traced = run_dir is not None and rollout.trace.backend is not None
     return AgentLoopSettings(
         prompt_length=rollout.prompt_length,
@@ -118,7 +118,7 @@ class AgentLoopBase(ABC):
     def rollout_config(self):
         """The typed rollout section (veRL loops read ``self.rollout_config.response_length``)."""
         rollout = self.settings.rollout
-        return rollout if rollout is not None else RolloutConfig()  # settings built by hand: the defaults
+        return rollout if rollout is not None else rollout_as_in_yaml()  # settings built by hand: the yaml's
 
     async def apply_chat_template(
         self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True

@@ -38,7 +38,7 @@ from hybridflow.agent_loop.over_sample import (
 from hybridflow.agent_loop.postprocess import mean_metrics, non_tensor_fields, pad_outputs
 from hybridflow.agent_loop.server_manager import ServerHandle, ServerManager
 from hybridflow.agent_loop.trace import TracedServer, make_tracer, rollout_numbers, traced_rows, with_text
-from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.rollout import rollout_as_in_yaml
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.sampling import SamplingParams, resolve_sampling, rollout_sampling
@@ -70,7 +70,7 @@ class AgentLoopWorker:
         resume_on_abort: bool = False,
     ):
         self.settings = settings
-        rollout = settings.rollout if settings.rollout is not None else RolloutConfig()
+        rollout = settings.rollout if settings.rollout is not None else rollout_as_in_yaml()
         self.server_manager = ServerManager(
             list(servers), logprobs=rollout.calculate_log_probs, resume_on_abort=resume_on_abort
         )

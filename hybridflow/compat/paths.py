@@ -28,7 +28,7 @@ MODULES: dict[str, str] = {
 _ACTOR = "ActorConfig FSDPActorConfig RefConfig PolicyLossConfig RouterReplayConfig"
 _ROLLOUT = (
     "SamplingConfig MultiTurnConfig CustomAsyncServerConfig AgentLoopConfig TraceConfig PrometheusConfig RolloutConfig "
-    "CheckpointEngineConfig"
+    "CheckpointEngineConfig ServerConfig"
 )
 _ALGORITHM = "AlgoConfig FilterGroupsConfig KLControlConfig"
 
@@ -52,12 +52,16 @@ NAMES: dict[str, dict[str, str]] = {
         "hybridflow.config.algorithm": _ALGORITHM,
         "hybridflow.config.rollout_correction": "RolloutCorrectionConfig",
         "hybridflow.config.checkpoint": "CheckpointConfig",
+        "hybridflow.config.refused": "__getattr__",
     },
     "hybridflow.trainer.config.algorithm": {
         "hybridflow.config.algorithm": _ALGORITHM,
         "hybridflow.config.rollout_correction": "RolloutCorrectionConfig",
     },
-    "hybridflow.trainer.config.config": {"hybridflow.config.checkpoint": "CheckpointConfig"},
+    "hybridflow.trainer.config.config": {
+        "hybridflow.config.checkpoint": "CheckpointConfig",
+        "hybridflow.config.refused": "__getattr__",
+    },
     "hybridflow.trainer.ppo.core_algos": {
         "hybridflow.algorithms": "*",
         "hybridflow.utils.torch_functional": "entropy_from_logits logprobs_from_logits masked_mean masked_sum "

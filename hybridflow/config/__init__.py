@@ -45,6 +45,7 @@ from hybridflow.config.rollout import (
     PrometheusConfig,
     RolloutConfig,
     SamplingConfig,
+    ServerConfig,
     TraceConfig,
 )
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
@@ -93,6 +94,7 @@ __all__ = [
     "TraceConfig",
     "PrometheusConfig",
     "DisaggregationConfig",
+    "ServerConfig",
     "PPOTrainerConfig",
     "ActorRolloutRefConfig",
     "DataConfig",

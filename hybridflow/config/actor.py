@@ -20,6 +20,7 @@ from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
 from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import SP, VLM, speed_only
 from hybridflow.config.refused import MEGATRON
+from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 
 __all__ = [
     "STRATEGIES",
@@ -122,6 +123,11 @@ class PolicyLossConfig(BaseConfig):
         "dro: weight of the quadratic log-ratio penalty (required, > 0)",
         reason="read by policy_loss.loss_mode=dro (required there)",
     )
+    rollout_correction: RolloutCorrectionConfig = section(
+        RolloutCorrectionConfig,
+        "veRL's trainer copies algorithm.rollout_correction here (not in its yaml)",
+        note="hybridflow's policy loss reads algorithm.rollout_correction; this copy is not read",
+    )
 
     def validate(self) -> list[str]:
         """The knobs the selected loss reads: missing or contradictory ones fail at start-up, not after the
@@ -190,7 +196,7 @@ class ActorConfig(BaseConfig):
         1.05, "sapo: gate temperature where the advantage is <= 0", reason="read by policy_loss.loss_mode=sapo"
     )
     freeze_vision_tower: bool = doc(False, "freeze a vision tower (vision models are not supported)", refused=VLM)
-    policy_loss: PolicyLossConfig = section(PolicyLossConfig, "the policy loss")
+    policy_loss: PolicyLossConfig = section(PolicyLossConfig, "the policy loss", absent=("rollout_correction",))
     clip_ratio_c: float = doc(3.0, "dual-clip PPO: lower bound for negative advantages")
     loss_agg_mode: str = doc("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | ...")
     loss_scale_factor: float | None = doc(None, "seq-mean-token-sum-norm: constant divisor (null: response length)")
@@ -223,7 +229,9 @@ class ActorConfig(BaseConfig):
     ppo_epochs: int = doc(1, "passes over the batch per step")
     shuffle: bool = doc(False, "shuffle the batch before splitting it into mini-batches")
     data_loader_seed: int = doc(42, "seed of that shuffle")
-    checkpoint: CheckpointConfig = section(CheckpointConfig, "what the actor's checkpoints hold")
+    checkpoint: CheckpointConfig = section(
+        CheckpointConfig, "what the actor's checkpoints hold", absent=("save_lora_only",)
+    )
     optim: OptimizerConfig = section(
         placed(OptimizerConfig, lr=1e-6), "the optimizer and lr schedule", absent=_NO_GRAD_CLIP
     )

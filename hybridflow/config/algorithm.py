@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.base import BaseConfig, doc, section, unset
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 from hybridflow.config.rules import Problems
@@ -70,29 +70,24 @@ class PFPPOConfig(BaseConfig):
     weight_pow: float = doc(2.0, "pow: the exponent of the weights")
 
 
-def _unset() -> None:
-    """A nested section that stays unset unless configured (veRL's AlgoConfig defaults)."""
-    return None
-
-
 @dataclass
 class AlgoConfig(BaseConfig):
     """``algorithm``: how rewards become advantages."""
 
     _target_: str = doc("verl.trainer.config.AlgoConfig", "the class this section is read into")
     rollout_correction: RolloutCorrectionConfig | None = section(
-        _unset, "off-policy correction between the rollout engine and the trained policy"
+        unset, "off-policy correction between the rollout engine and the trained policy"
     )
     gamma: float = doc(1.0, "discount factor")
     lam: float = doc(1.0, "GAE lambda: bias/variance trade-off of the estimator")
     adv_estimator: str = doc("gae", "name in the advantage-estimator registry: gae, grpo, rloo, ...")
     norm_adv_by_std_in_grpo: bool = doc(True, "grpo: divide by the group's reward std")
-    filter_groups: FilterGroupsConfig | None = section(_unset, "DAPO's dynamic sampling")
+    filter_groups: FilterGroupsConfig | None = section(unset, "DAPO's dynamic sampling")
     use_kl_in_reward: bool = doc(False, "subtract a KL penalty to the reference policy from the token rewards")
     kl_penalty: str = doc("kl", "KL estimator of the in-reward penalty: kl, abs, mse, low_var_kl, full")
     kl_ctrl: KLControlConfig = section(KLControlConfig, "the in-reward KL coefficient")
     use_pf_ppo: bool = doc(False, "PF-PPO (policy filtration): redraw the batch with replacement, weighted by reward")
-    pf_ppo: PFPPOConfig | None = section(_unset, "PF-PPO's sample weights")
+    pf_ppo: PFPPOConfig | None = section(unset, "PF-PPO's sample weights")
     gdpo_reward_keys: list[str] | None = doc(
         None,
         "gdpo: reward components (keys of the reward dict) normalised one by one",

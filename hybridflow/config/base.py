@@ -55,6 +55,7 @@ __all__ = [
     "is_undeclared",
     "to_dict",
     "placed",
+    "unset",
     "part_of_tree",
     "built_alone",
 ]
@@ -132,6 +133,12 @@ def placed(cls: type, **values: Any) -> Callable[[], Any]:
     defaults (what ``cls()`` gives a user); where veRL's yaml holds other values at a place, the place
     says so here (``section(placed(FSDPOptimizerConfig, lr=1e-6), ...)``)."""
     return functools.partial(cls, **values)
+
+
+def unset() -> None:
+    """A ``section`` factory: a nested section that stays unset (None) unless configured, as veRL's
+    dataclass leaves it; the places whose yaml holds it build it there."""
+    return None
 
 
 def section(

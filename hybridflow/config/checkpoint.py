@@ -33,6 +33,11 @@ class CheckpointConfig(BaseConfig):
         "refuse a checkpoint whose keys do not match the model",
         refused="asynchronous / non-strict checkpoints are not implemented",
     )
+    save_lora_only: bool = doc(
+        False,
+        "with LoRA adapters, save only the adapter weights (veRL; not in its yaml)",
+        refused="adapter-only checkpoints are not implemented (a checkpoint holds the whole model state)",
+    )
 
     def check_values(self) -> None:  # veRL's CheckpointConfig checks nothing when built
         for key in ("save_contents", "load_contents"):

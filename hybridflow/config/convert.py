@@ -21,7 +21,7 @@ import functools
 import importlib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -156,10 +156,15 @@ def _checked(obj: Any) -> Any:
     return obj
 
 
-def as_section(value: Any, cls: type, path: str | None = None) -> Any:
+def as_section(value: Any, cls: type, path: str | None = None, placed: Callable[[], Any] | None = None) -> Any:
     """A door of veRL's surface that takes a DictConfig: ``value`` (a ``cls``, a DictConfig, a dict or
-    nothing) as ``cls``, so the code behind the door reads attributes only (and imports no omegaconf)."""
-    return value if isinstance(value, cls) else omega_conf_to_dataclass(value or None, cls, path=path)
+    nothing) as ``cls``, so the code behind the door reads attributes only (and imports no omegaconf).
+    ``placed``: the section as the yaml holds it at this place (``rollout_as_in_yaml``); the keys
+    ``value`` leaves out come from it, as they would from the yaml, not from the dataclass defaults."""
+    if isinstance(value, cls) or placed is None:
+        return value if isinstance(value, cls) else omega_conf_to_dataclass(value or None, cls, path=path)
+    with part_of_tree():
+        return _build(cls, _plain(value or {}), path or "", placed())
 
 
 def read_yaml_file(path: str) -> Any:
@@ -281,7 +286,8 @@ def _convert(tp: Any, value: Any, path: str, default: Any = _MISSING) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path} must be a list, got {value!r}")
         item = args[0] if args else Any
-        return [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        items = [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if tuple in (origin, tp) else items
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path} must be a mapping, got {value!r}")

@@ -66,7 +66,9 @@ class CriticConfig(BaseConfig):
     loss_scale_factor: float | None = doc(
         None, "seq-mean-token-sum-norm divisor", follows=f"${{{_A}.loss_scale_factor}}"
     )
-    checkpoint: CheckpointConfig = section(CheckpointConfig, "what the critic's checkpoints hold", absent=("strict",))
+    checkpoint: CheckpointConfig = section(
+        CheckpointConfig, "what the critic's checkpoints hold", absent=("strict", "save_lora_only")
+    )
     profiler: ProfilerConfig = section(
         ProfilerConfig, "the critic's profiling", absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS)
     )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.reward import engine_only
-from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
 
 __all__ = ["DistillationLossConfig", "DistillationTeacherModelConfig", "DistillationConfig"]
 
@@ -59,7 +59,7 @@ _TEACHER_ENGINE_KEYS = (
 
 
 def _teacher_engine() -> RolloutConfig:
-    return RolloutConfig(
+    return rollout_as_in_yaml(
         dtype="auto",
         enforce_eager=True,
         tensor_model_parallel_size=2,

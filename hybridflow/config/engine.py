@@ -7,7 +7,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.base import BaseConfig, doc, section, unset
 from hybridflow.config.reasons import SP, speed_only
 from hybridflow.config.status import noted
 
@@ -132,7 +132,9 @@ class FSDPEngineConfig(BaseConfig):
         "veRL's compute dtype (hybridflow: mixed_precision.param_dtype)",
         refused="the compute dtype is fsdp_config.mixed_precision.param_dtype (auto: bf16 on CUDA, fp32 on cpu)",
     )
-    mixed_precision: MixedPrecisionConfig | None = section(MixedPrecisionConfig, "compute, reduce and buffer dtypes")
+    mixed_precision: MixedPrecisionConfig | None = section(
+        unset, "compute, reduce and buffer dtypes (null: the defaults, as in veRL)"
+    )
     qat: QATEngineConfig = section(
         QATEngineConfig,
         "quantization-aware training (not implemented)",
@@ -150,5 +152,6 @@ def engine_as_in_yaml(**values: Any) -> FSDPEngineConfig:
         "wrap_policy": {"min_num_params": 0},
         "use_no_sync_for_gradient_accumulation": False,
         "turbo_config": copy.deepcopy(_TURBO),
+        "mixed_precision": MixedPrecisionConfig(),
     }
     return FSDPEngineConfig(**{**base, **values})

@@ -14,7 +14,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.legacy import LegacyRayInitConfig
 from hybridflow.config.model import HFModelConfig
 from hybridflow.config.ray import RayKwargsConfig
-from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
 from hybridflow.config.status import noted, refused
 from hybridflow.config.trainer import TrainerConfig
 
@@ -46,7 +46,7 @@ def _model() -> HFModelConfig:
 
 
 def _rollout() -> RolloutConfig:
-    return RolloutConfig(
+    return rollout_as_in_yaml(
         mode="sync",
         top_k=50,
         top_p=0.7,

@@ -27,7 +27,7 @@ class OptimizerConfig(BaseConfig):
     total_training_steps: int = doc(-1, "steps of the schedule; filled in by the trainer at run time")
     weight_decay: float = doc(0.01, "AdamW weight decay")
     lr_warmup_steps: int | None = doc(-1, "warmup steps; >= 0 wins over lr_warmup_steps_ratio")
-    betas: list[float] = doc([0.9, 0.999], "AdamW betas")
+    betas: tuple[float, float] = doc((0.9, 0.999), "AdamW betas")
     clip_grad: float | None = doc(1.0, "gradient-norm clip (null or 0: none)")
     grad_clip: float | None = doc(None, "deprecated spelling of clip_grad, which it replaces when set (veRL)")
 

@@ -25,7 +25,8 @@ from hybridflow.config.profiler import GlobalProfilerConfig
 from hybridflow.config.ray import RayKwargsConfig
 from hybridflow.config.reasons import MEGATRON
 from hybridflow.config.reward import RewardConfig
-from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.rollout import NOT_IN_YAML as ROLLOUT_NOT_IN_YAML
+from hybridflow.config.rollout import SGLANG, RolloutConfig, rollout_as_in_yaml
 from hybridflow.config.skip import SkipManagerConfig
 from hybridflow.config.status import honoured, refused
 from hybridflow.config.trainer import AsyncTrainingConfig, TrainerConfig
@@ -75,19 +76,11 @@ class ActorRolloutRefConfig(BaseConfig):
     actor: FSDPActorConfig = section(FSDPActorConfig, "the policy's training", keys={"megatron.**": refused(MEGATRON)})
     ref: RefConfig = section(RefConfig, "the reference policy's log-prob pass", keys={"megatron.**": refused(MEGATRON)})
     rollout: RolloutConfig = section(
-        RolloutConfig,
+        rollout_as_in_yaml,
         "the inference engine and its sampling",
         follows=_ROLLOUT_FOLLOWS,
-        absent=("limit_images",),
-        keys={
-            **dict.fromkeys(
-                ("server.**", "sglang_rollout_mode"),
-                refused(
-                    "an SGLang-only option (SGLang's HTTP server mode); SGLang is not a hybridflow "
-                    "rollout engine (use rollout.name=vllm or hf)"
-                ),
-            )
-        },
+        absent=ROLLOUT_NOT_IN_YAML,
+        keys={"sglang_rollout_mode": refused(SGLANG)},
     )
 
 

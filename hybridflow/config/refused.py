@@ -1,4 +1,5 @@
-"""veRL config classes of training engines hybridflow does not have, refused by name.
+"""veRL config classes hybridflow does not have (other training engines, veRL's engine worker, earlier
+sections its trainers no longer read), refused by name.
 
 ``from hybridflow.workers.config import McoreActorConfig`` (or a ``_target_`` naming it) fails with the
 same reason as the Megatron config keys, instead of an anonymous ImportError: the user learns the
@@ -9,10 +10,22 @@ from __future__ import annotations
 
 from hybridflow.config.errors import ConfigError
 
-__all__ = ["MEGATRON", "OTHER_ENGINES", "REFUSED_CLASSES", "RefusedConfigClass", "refusal", "__getattr__"]
+__all__ = [
+    "MEGATRON",
+    "OTHER_ENGINES",
+    "ENGINE_WORKER",
+    "REFUSED_CLASSES",
+    "RefusedConfigClass",
+    "refusal",
+    "__getattr__",
+]
 
 MEGATRON = "Megatron is not a hybridflow training engine (FSDP2/DDP only)"
 OTHER_ENGINES = "TorchTitan, VeOmni and Automodel are not hybridflow training engines (FSDP2/DDP only)"
+ENGINE_WORKER = (
+    "veRL's model-engine worker (TrainingWorker) and its engine sections are not hybridflow's workers: a role is "
+    "configured by its own section (actor, ref, critic; the FSDP engine in fsdp_config: FSDPEngineConfig)"
+)
 
 # veRL 0.9.1's config classes of those engines -> why hybridflow has no such class
 REFUSED_CLASSES: dict[str, str] = {
@@ -41,6 +54,14 @@ REFUSED_CLASSES: dict[str, str] = {
             "AutomodelOptimizerConfig",
         ),
         OTHER_ENGINES,
+    ),
+    **dict.fromkeys(("TrainingWorkerConfig", "EngineConfig", "EngineRouterReplayConfig"), ENGINE_WORKER),
+    "ProfileConfig": "veRL's earlier profiling section, which its trainers no longer read; profiling is "
+    "global_profiler and each role's profiler section (ProfilerConfig)",
+    **dict.fromkeys(
+        ("BaseModelConfig", "FSDPCriticModelCfg"),
+        "veRL's earlier model section, which its trainers no longer read; the model sections are HFModelConfig "
+        "(actor_rollout_ref.model) and CriticModelConfig (critic.model)",
     ),
 }
 

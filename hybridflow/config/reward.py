@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.reasons import JUDGE, JUDGE_VLLM, speed_only
-from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
 from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, refused
 
@@ -115,7 +115,7 @@ _RM_ENGINE_KEYS = (
 
 
 def _reward_engine() -> RolloutConfig:
-    return RolloutConfig(
+    return rollout_as_in_yaml(
         name=None,
         dtype="bfloat16",
         enforce_eager=True,
@@ -145,7 +145,7 @@ class RewardModelConfig(BaseConfig):
         _reward_engine,
         "the engine serving a generative reward model (genrm: hf | vllm)",
         follows={"mtp": None},
-        absent=engine_only(_RM_ENGINE_KEYS),
+        absent=(*engine_only(_RM_ENGINE_KEYS), "disaggregation.mooncake_protocol"),
         keys={
             "name": honoured(
                 JUDGE + "; null: no engine (hybridflow's default, veRL's ??? requires a value)",

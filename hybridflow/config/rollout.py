@@ -4,9 +4,11 @@ reach the engine."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import copy
+from dataclasses import dataclass
+from typing import Any
 
-from hybridflow.config.base import BaseConfig, doc, placed, section
+from hybridflow.config.base import BaseConfig, doc, placed, section, unset
 from hybridflow.config.engine import QATEngineConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import MtpConfig
@@ -24,7 +26,9 @@ __all__ = [
     "TraceConfig",
     "PrometheusConfig",
     "DisaggregationConfig",
+    "ServerConfig",
     "RolloutConfig",
+    "rollout_as_in_yaml",
 ]
 
 _BOTH_ROLLOUTS = "read by both rollouts (hf: the per-request sampling seed's base / the largest decode batch)"
@@ -32,6 +36,11 @@ _ENGINE_SPEED = speed_only("CUDA graphs, prefix caching, staged weight loading")
 _NOT_IMPLEMENTED = "this rollout-engine feature is not implemented"
 _QUANTIZED = "quantized / speculative rollout is not implemented"
 _TP_ONLY = "only tensor parallelism is implemented inside a rollout engine"
+SGLANG = "an SGLang-only option; SGLang is not a hybridflow rollout engine (use rollout.name=vllm or hf)"
+_CUSTOM_MANAGER = (
+    "custom async rollout servers / agent loop managers / checkpoint engine managers are not implemented "
+    "(hybridflow's server is the hf or vllm engine)"
+)
 
 ROLLOUT_MODES = ("sync", "async")
 TRUNCATE_SIDES = ("left", "middle", "right")
@@ -161,10 +170,10 @@ class AgentLoopConfig(BaseConfig):
     default_agent_loop: str = doc("single_turn_agent", "loop of a sample without agent_name")
     agent_loop_config_path: str | None = doc(None, "your loops: a yaml list of {name, _target_, **kwargs}")
     custom_async_server: CustomAsyncServerConfig = section(
-        CustomAsyncServerConfig,
-        "a custom server (not implemented)",
-        refused="custom async rollout servers / agent loop managers are not implemented (hybridflow's server is "
-        "the hf or vllm engine)",
+        CustomAsyncServerConfig, "a custom server (not implemented)", refused=_CUSTOM_MANAGER
+    )
+    agent_loop_manager_class: str | None = doc(
+        None, "a class of yours replacing the agent loop manager (not implemented)", refused=_CUSTOM_MANAGER
     )
 
     def check_values(self) -> None:  # veRL's AgentLoopConfig checks nothing when built
@@ -246,6 +255,18 @@ class DisaggregationConfig(BaseConfig):
     transfer_backend: str = doc("nixl", "KV transfer backend")
     bootstrap_port: int | None = doc(None, "bootstrap port")
     ib_device: str | None = doc(None, "InfiniBand device")
+    mooncake_protocol: str = doc("nvlink", "Mooncake KV transfer protocol")
+
+
+@dataclass
+class ServerConfig(BaseConfig):
+    """``rollout.server``: SGLang's HTTP server mode (SGLang is not a hybridflow rollout engine)."""
+
+    timeout: float = doc(60.0, "seconds one request may take")
+    max_attempts: int = doc(3, "tries of a request")
+    retry_delay: float = doc(2.0, "seconds between tries")
+    max_connections: int = doc(1000, "connections at once")
+    max_start_wait_time: float = doc(300.0, "seconds the server may take to start")
 
 
 def cpu_tensor_parallel_error(tp: int, key: str = "rollout.tensor_model_parallel_size") -> str | None:
@@ -271,13 +292,14 @@ class RolloutConfig(BaseConfig):
         "prompt_length",
         "response_length",
         "expert_parallel_size",
+        "moe_tensor_parallel_size",
         "full_determinism",
         "max_num_seqs",
     }
 
     _target_: str = doc("verl.workers.config.RolloutConfig", "the class this section is read into")
     name: str | None = doc(
-        "hf",
+        "???",
         "hybridflow: hf (transformers generate, cpu and GPU; veRL requires a value) | vllm (the [vllm] extra)",
         values=("hf", "vllm"),
         reason="hybridflow's rollout engines are hf (transformers) and vllm; SGLang is not a hybridflow rollout "
@@ -291,7 +313,7 @@ class RolloutConfig(BaseConfig):
         reason="both run the asynchronous server + agent loop pipeline (veRL 0.9.1 removed sync)",
     )
     nnodes: int = doc(0, "> 0: the engines get a pool of their own; 0: colocated with the actor")
-    n_gpus_per_node: int = doc(1, "devices per node of that pool (follows trainer.n_gpus_per_node)")
+    n_gpus_per_node: int = doc(8, "devices per node of that pool (follows trainer.n_gpus_per_node)")
     temperature: float = doc(1.0, "sampling temperature")
     top_k: int = doc(-1, "top-k filter; -1 or 0: none")
     top_p: float = doc(1.0, "nucleus filter")
@@ -300,7 +322,7 @@ class RolloutConfig(BaseConfig):
     prompt_length: int = doc(512, "prompt tokens (follows data.max_prompt_length)")
     response_length: int = doc(512, "generated tokens at most (follows data.max_response_length)")
     dtype: str = doc(
-        "auto", "engine dtype; hybridflow: auto (bf16 on CUDA, fp32 on cpu; veRL: bfloat16), bfloat16, float16, float32"
+        "bfloat16", "engine dtype; hybridflow: auto (bf16 on CUDA, fp32 on cpu), bfloat16, float16, float32"
     )
     gpu_memory_utilization: float = doc(
         0.5, "vllm: share of device memory for weights and KV cache", reason=VLLM_ENGINE
@@ -312,7 +334,7 @@ class RolloutConfig(BaseConfig):
     )
     free_cache_engine: bool = doc(True, "release the KV cache between generation phases", reason=VLLM_ENGINE)
     tensor_model_parallel_size: int = doc(
-        1, "vllm: tensor parallel size of one engine (hybridflow: 1, veRL: 2, to fit one device)", reason=VLLM_ENGINE
+        2, "vllm: tensor parallel size of one engine (hybridflow: 1, to fit one device)", reason=VLLM_ENGINE
     )
     data_parallel_size: int = doc(1, "data parallel size inside an engine (hybridflow: 1)", refused=_TP_ONLY)
     expert_parallel_size: int = doc(1, "expert parallel size inside an engine (hybridflow: 1)", refused=_TP_ONLY)
@@ -321,7 +343,7 @@ class RolloutConfig(BaseConfig):
     )
     max_num_batched_tokens: int = doc(8192, "vllm: tokens per scheduler step", reason=VLLM_ENGINE)
     max_model_len: int | None = doc(None, "vllm: context length (null: prompt + response length)", reason=VLLM_ENGINE)
-    max_num_seqs: int = doc(256, "sequences decoded at once", reason=_BOTH_ROLLOUTS)
+    max_num_seqs: int = doc(1024, "sequences decoded at once", reason=_BOTH_ROLLOUTS)
     enable_chunked_prefill: bool = doc(True, "vllm: chunked prefill", reason=VLLM_ENGINE)
     enable_prefix_caching: bool = doc(True, "vllm: prefix caching", note=_ENGINE_SPEED)
     logprobs_mode: str | None = doc(
@@ -353,9 +375,8 @@ class RolloutConfig(BaseConfig):
     )
     multi_stage_wake_up: bool = doc(False, "wake weights and KV cache in stages (speed only)", note=_ENGINE_SPEED)
     engine_kwargs: dict = doc(
-        {"vllm": {"kv_cache_memory_bytes": None}, "sglang": {}, "trtllm": {}},
-        "engine arguments as they are (hybridflow: vllm.kv_cache_memory_bytes null on cpu: "
-        "enough for max_num_seqs, <= 512 MiB)",
+        {},
+        "engine arguments as they are (vllm.kv_cache_memory_bytes null on cpu: enough for max_num_seqs, <= 512 MiB)",
         keys={
             "vllm": honoured(VLLM_ENGINE),
             **dict.fromkeys(
@@ -376,18 +397,11 @@ class RolloutConfig(BaseConfig):
             "**": refused("this multi-turn option of veRL's (SGLang rollout) is not implemented"),
         },
     )
-    calculate_log_probs: bool = doc(True, "the engine returns its log-probs of the sampled tokens", reason=VLLM_ENGINE)
+    calculate_log_probs: bool = doc(False, "the engine returns its log-probs of the sampled tokens", reason=VLLM_ENGINE)
     agent: AgentLoopConfig = section(
         placed(AgentLoopConfig, num_workers=2),
         "the agent-loop workers",
-        keys={
-            "agent_loop_manager_class": refused(
-                "custom async rollout servers / agent loop managers are not "
-                "implemented (hybridflow's server is the hf or vllm engine)"
-            ),
-            "_target_": refused(TARGET),
-            "**": refused("this agent loop option is not implemented"),
-        },
+        keys={"_target_": refused(TARGET), "**": refused("this agent loop option is not implemented")},
     )
     checkpoint_engine: CheckpointEngineConfig = section(
         CheckpointEngineConfig,
@@ -416,8 +430,8 @@ class RolloutConfig(BaseConfig):
     moe_load_balance_metrics_interval: int = doc(
         0, "MoE load-balance metrics every this many steps (not implemented)", refused=_NOT_IMPLEMENTED
     )
-    profiler: ProfilerConfig = section(
-        ProfilerConfig,
+    profiler: ProfilerConfig | None = section(
+        unset,
         "the rollout's profiling (follows the actor's)",
         follows=_ROLLOUT_PROFILER,
         absent=("tool_config.nsys", "tool_config.torch_memory", "tool_config.torch.schedule", *TOOL_NAME_KEYS),
@@ -433,12 +447,31 @@ class RolloutConfig(BaseConfig):
         MtpConfig, "speculative decoding with MTP layers (follows model.mtp)", refused=_QUANTIZED
     )
     qat: QATEngineConfig | None = section(
-        QATEngineConfig, "the trainer's QAT settings (follows actor.fsdp_config.qat)", refused=_QUANTIZED
+        unset, "the trainer's QAT settings (follows actor.fsdp_config.qat)", refused=_QUANTIZED
     )
     disaggregation: DisaggregationConfig = section(
         DisaggregationConfig,
         "prefill/decode disaggregation",
         refused="prefill/decode disaggregation is not implemented",
+    )
+    repetition_penalty: float = doc(
+        1.0, "penalty of tokens already generated (not implemented)", refused=_NOT_IMPLEMENTED
+    )
+    standalone_gpu_memory_utilization: float | None = doc(
+        None, "gpu_memory_utilization of a separate rollout pool (not implemented)", refused=_NOT_IMPLEMENTED
+    )
+    moe_tensor_parallel_size: int | None = doc(
+        1, "TensorRT-LLM's MoE tensor parallel size", refused="a TensorRT-LLM option; not a hybridflow rollout engine"
+    )
+    server: ServerConfig = section(ServerConfig, "SGLang's server mode", refused=SGLANG)
+    custom: dict | None = doc(None, "your own settings, read by your code (veRL's extension point)")
+    checkpoint_manager_class: str | None = doc(
+        None, "a class of yours replacing the checkpoint engine manager (not implemented)", refused=_CUSTOM_MANAGER
+    )
+    layer_name_map: dict = doc({}, "weight-name map of the engine (not implemented)", refused=_NOT_IMPLEMENTED)
+    sglang_engine_mode: str = doc("local", "SGLang's engine mode", refused=SGLANG)
+    enable_sleep_mode: bool = doc(
+        True, "vllm: release weights and KV cache between phases (hybridflow: free_cache_engine)", note=_ENGINE_SPEED
     )
 
     def __post_init__(self):
@@ -459,11 +492,11 @@ class RolloutConfig(BaseConfig):
         if self.name == "hf":
             if tp > 1:
                 p.notes.append(f"{path}.tensor_model_parallel_size={tp} is ignored: the hf rollout does not shard")
-            defaults = {f.name: f.default for f in fields(RolloutConfig)}
+            yaml = rollout_as_in_yaml()
             p.notes += [
                 f"{path}.{key}={getattr(self, key)} only configures vLLM; the hf rollout ignores it"
                 for key in _VLLM_ONLY_KEYS
-                if getattr(self, key) != defaults[key]
+                if getattr(self, key) != getattr(yaml, key)
             ]
             if self.do_sample and self.temperature <= 0:
                 p.errors.append(f"{path}.do_sample=True needs {path}.temperature > 0; for greedy use do_sample=False")
@@ -504,3 +537,38 @@ class RolloutConfig(BaseConfig):
                 "samples whose agent_name is tool_agent (as in veRL 0.9.1, the sample's agent_name decides)"
             )
         return notes
+
+
+# veRL's yaml keys at actor_rollout_ref.rollout that hybridflow's yaml sets otherwise than the dataclass
+_YAML_VALUES = {
+    "name": "hf",
+    "n_gpus_per_node": 1,
+    "dtype": "auto",
+    "tensor_model_parallel_size": 1,
+    "max_num_seqs": 256,
+    "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": None}, "sglang": {}, "trtllm": {}},
+    "calculate_log_probs": True,
+}
+# keys veRL's dataclass has and its yaml does not hold at actor_rollout_ref.rollout
+NOT_IN_YAML = (
+    "limit_images",
+    "repetition_penalty",
+    "standalone_gpu_memory_utilization",
+    "moe_tensor_parallel_size",
+    "server",
+    "custom",
+    "checkpoint_manager_class",
+    "layer_name_map",
+    "sglang_engine_mode",
+    "enable_sleep_mode",
+    "agent.agent_loop_manager_class",
+    "disaggregation.mooncake_protocol",
+)
+
+
+def rollout_as_in_yaml(**values: Any) -> RolloutConfig:
+    """The rollout section as hybridflow's ppo_trainer.yaml holds it (the hf engine, sized for one device,
+    the profiler and qat sections configured); ``values`` override. A partial rollout section read at a door
+    (a plain dict in the engines' and agent loop's tests) starts from here, not from veRL's dataclass defaults."""
+    base = {**_YAML_VALUES, "engine_kwargs": copy.deepcopy(_YAML_VALUES["engine_kwargs"])}
+    return RolloutConfig(**{**base, "profiler": ProfilerConfig(), "qat": QATEngineConfig(), **values})

@@ -377,7 +377,7 @@ class SFTTrainerConfig(BaseConfig):
         },
     )
     checkpoint: SFTCheckpointConfig = section(
-        SFTCheckpointConfig, "what a checkpoint holds", absent=("async_save", "strict")
+        SFTCheckpointConfig, "what a checkpoint holds", absent=("async_save", "strict", "save_lora_only")
     )
     trainer: SFTRunConfig = section(SFTRunConfig, "the run: steps, devices, logging, checkpoints")
     profiler: ProfilerConfig = section(

@@ -30,10 +30,10 @@ def _torch_contents(section: ProfilerConfig) -> list[str]:
     return list(torch_cfg.contents) if torch_cfg is not None else []
 
 
-def merge_profilers(sections: Sequence[ProfilerConfig]) -> ProfilerConfig:
+def merge_profilers(sections: Sequence[ProfilerConfig | None]) -> ProfilerConfig:
     """The role profilers of one worker (a fused actor+rollout+ref worker has several) as one plan: on when
     any role is on; ranks and torch contents united; the first enabled role's save path."""
-    enabled = [s for s in sections if s.enable]
+    enabled = [s for s in sections if s is not None and s.enable]  # a section left unset (None) is off
     if not enabled:
         return ProfilerConfig()
     contents = sorted({c for s in enabled for c in _torch_contents(s)})

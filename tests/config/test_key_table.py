@@ -130,7 +130,6 @@ def test_literal_rules_for_keys_the_tree_lacks_are_the_known_veRL_keys():
         (name, r.pattern) for name, table in TABLES.items() for r in table.rules if r.shared and "*" not in r.pattern
     }
     assert found == {
-        ("ppo_trainer", "actor_rollout_ref.rollout.agent.agent_loop_manager_class"),
         ("ppo_trainer", "actor_rollout_ref.rollout.sglang_rollout_mode"),
         ("ppo_trainer", "reward.reward_model.rollout.engine_kwargs.vllm"),
         ("ppo_trainer", "reward.reward_model.rollout.engine_kwargs.sglang"),

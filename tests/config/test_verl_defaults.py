@@ -13,6 +13,7 @@ from hybridflow.config import (
     OptimizerConfig,
     PPOTrainerConfig,
     PrometheusConfig,
+    RolloutConfig,
     RolloutCorrectionConfig,
     SamplingConfig,
     TraceConfig,
@@ -33,6 +34,22 @@ def test_classes_have_verls_dataclass_defaults():
     algo = AlgoConfig()  # nested sections stay unset unless configured
     assert (algo.rollout_correction, algo.filter_groups, algo.pf_ppo) == (None, None, None)
     assert omega_conf_to_dataclass({"pf_ppo": {"weight_pow": 3.0}}, AlgoConfig).pf_ppo.weight_pow == 3.0
+    assert engine.mixed_precision is None and OptimizerConfig().betas == (0.9, 0.999)
+    r = RolloutConfig()
+    assert (r.name, r.n_gpus_per_node, r.dtype, r.tensor_model_parallel_size, r.max_num_seqs) == (
+        "???",
+        8,
+        "bfloat16",
+        2,
+        1024,
+    )
+    assert (r.engine_kwargs, r.calculate_log_probs, r.profiler, r.qat) == ({}, False, None, None)
+    assert (r.repetition_penalty, r.enable_sleep_mode, r.server.timeout, r.disaggregation.mooncake_protocol) == (
+        1.0,
+        True,
+        60.0,
+        "nvlink",
+    )
 
 
 def test_the_tree_keeps_the_yamls_values_at_their_places():
@@ -48,3 +65,18 @@ def test_the_tree_keeps_the_yamls_values_at_their_places():
     algo = tree.algorithm
     assert algo.rollout_correction.rollout_is is None and algo.filter_groups.metric == "reward"
     assert algo.pf_ppo.reweight_method == "pow"
+    assert (rollout.name, rollout.dtype, rollout.tensor_model_parallel_size, rollout.max_num_seqs) == (
+        "hf",
+        "auto",
+        1,
+        256,
+    )
+    assert rollout.calculate_log_probs is True and rollout.profiler is not None and rollout.qat is not None
+    assert actor.fsdp_config.mixed_precision.param_dtype == "auto"
+    # a door reading a partial rollout section (veRL's HFRollout, the agent loop) fills it from the yaml's values
+    from hybridflow.config.convert import as_section
+    from hybridflow.config.rollout import rollout_as_in_yaml
+
+    door = as_section({"prompt_length": 8}, RolloutConfig, "actor_rollout_ref.rollout", rollout_as_in_yaml)
+    assert (door.prompt_length, door.name, door.calculate_log_probs) == (8, "hf", True)
+    assert as_section({"prompt_length": 8}, RolloutConfig).name == "???"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hybridflow.config.convert import as_section
-from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
 from hybridflow.rewards.genrm import GenRMRewardManager
 from hybridflow.rewards.verdict_parsers import get_verdict_parser
 from hybridflow.single_controller.base import ClassWithInitArgs
@@ -42,7 +42,7 @@ def judge_rollout(**overrides) -> RolloutConfig:
         "max_model_len": None,
     }
     rollout.update(overrides)
-    return as_section(rollout, RolloutConfig, "reward.reward_model.rollout")
+    return as_section(rollout, RolloutConfig, "reward.reward_model.rollout", rollout_as_in_yaml)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybridflow.config.engine import FSDPEngineConfig
+from hybridflow.config.engine import FSDPEngineConfig, MixedPrecisionConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig
 from hybridflow.workers.engine.lora import (
     LoraSpec,
@@ -80,7 +80,7 @@ def engine_spec(
 ) -> EngineSpec:
     """The spec of a role's engine section (``fsdp_config``; the critic's ``fsdp``) on ``device``:
     mixed precision and offload only act on CUDA (config checks explain this on cpu)."""
-    mp = engine.mixed_precision
+    mp = engine.mixed_precision or MixedPrecisionConfig()  # unset: the default mixed precision (veRL's workers)
     param_dtype = _dtype(mp.param_dtype) if device == "cuda" and mp is not None else None
     reduce_dtype = _dtype(mp.reduce_dtype) if device == "cuda" and mp is not None else None
     if param_dtype is None and reduce_dtype == torch.float32:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hybridflow.config.convert import as_section
-from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.sampling import as_id_list
 from hybridflow.rollout.server import EngineLoop, ServerSpec
@@ -55,7 +55,7 @@ class HFRollout:
         section = {k: v for k, v in dict(config).items() if k != "micro_batch_size"}
         section["prompt_length"] = section.get("prompt_length") or 1
         section.setdefault("response_length", 512)
-        rollout = as_section(section, RolloutConfig, "actor_rollout_ref.rollout")
+        rollout = as_section(section, RolloutConfig, "actor_rollout_ref.rollout", rollout_as_in_yaml)
         self.engine_loop = EngineLoop("hf-rollout")
         spec = ServerSpec(
             model_path="",

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hybridflow.config.convert import as_section
-from hybridflow.config.rollout import RolloutConfig, SamplingConfig
+from hybridflow.config.rollout import RolloutConfig, SamplingConfig, rollout_as_in_yaml
 from hybridflow.rollout.sampling import SamplingParams, as_id_list, request_seed, resolve_sampling, rollout_sampling
 from hybridflow.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
 from hybridflow.workers.rollout import ROLLOUT_SERVERS, HFServer
@@ -187,7 +187,7 @@ def server(tiny):
     loop = EngineLoop("hf-server-test")
     spec = ServerSpec(
         model_path="",
-        config=RolloutConfig(max_num_seqs=64, seed=0),
+        config=rollout_as_in_yaml(max_num_seqs=64, seed=0),
         pad_token_id=PAD_ID,
         eos_token_ids=(EOS_ID,),
         module=model,

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from hybridflow.config.convert import as_section
-from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
 from hybridflow.models.tiny import build_tiny_model, save_tiny_model
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
@@ -51,7 +51,7 @@ def engine_config(**overrides) -> RolloutConfig:
         "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 32 << 20}},
     }
     config.update(overrides)
-    return as_section(config, RolloutConfig, "rollout")
+    return as_section(config, RolloutConfig, "rollout", rollout_as_in_yaml)
 
 
 class Served:

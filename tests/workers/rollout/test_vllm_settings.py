@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from hybridflow.config.loader import ConfigError
-from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.rollout import rollout_as_in_yaml
 from hybridflow.rollout.server import ROLLOUT_SERVERS, ServerSpec
 from hybridflow.workers.rollout.vllm_server import VLLMNotInstalledError, VLLMServer
 from hybridflow.workers.rollout.vllm_settings import (
@@ -37,8 +37,8 @@ TINY_FP32_BYTES_PER_TOKEN = 2 * 4 * 2 * 32 * 4
 
 
 def settings(device="cpu", cuda_devices=0, **config):
-    """The settings of a rollout section with ``config``'s keys (the others: RolloutConfig's defaults)."""
-    return vllm_settings("/m", RolloutConfig(**config), device, TINY, cuda_devices=cuda_devices)
+    """The settings of a rollout section with ``config``'s keys (the others: the yaml's)."""
+    return vllm_settings("/m", rollout_as_in_yaml(**config), device, TINY, cuda_devices=cuda_devices)
 
 
 def test_model_facts_read_from_the_saved_tiny_model(tiny_model_dir):
@@ -114,7 +114,9 @@ def test_cpu_kv_cache_is_a_byte_budget():
     # 4000 layers: 2 x 4000 x 2 x 32 x 4 = 2048000 B/token, x 512 tokens = 1000 MiB
     huge = ModelFacts(("Qwen2ForCausalLM",), 512, True, num_layers=4000, num_kv_heads=2, head_dim=32)
     assert (
-        vllm_settings("/m", RolloutConfig(), "cpu", huge).kv_cache_bytes == 2048000 * 512 > DEFAULT_CPU_KV_CACHE_BYTES
+        vllm_settings("/m", rollout_as_in_yaml(), "cpu", huge).kv_cache_bytes
+        == 2048000 * 512
+        > DEFAULT_CPU_KV_CACHE_BYTES
     )
 
 
@@ -169,7 +171,7 @@ def test_importing_the_rollout_package_does_not_import_vllm(monkeypatch):
 def test_missing_vllm_names_the_install_command(monkeypatch, tiny_model_dir, device, hint):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     spec = ServerSpec(
-        model_path=tiny_model_dir, config=RolloutConfig(), pad_token_id=0, eos_token_ids=(2,), device=device
+        model_path=tiny_model_dir, config=rollout_as_in_yaml(), pad_token_id=0, eos_token_ids=(2,), device=device
     )
     with pytest.raises(VLLMNotInstalledError, match=f"rollout.name=vllm needs the vllm package.*{re.escape(hint)}"):
         VLLMServer(spec)
@@ -178,7 +180,7 @@ def test_missing_vllm_names_the_install_command(monkeypatch, tiny_model_dir, dev
 def test_config_errors_come_before_starting_vllm(tiny_model_dir):
     spec = ServerSpec(
         model_path=tiny_model_dir,
-        config=RolloutConfig(tensor_model_parallel_size=2),
+        config=rollout_as_in_yaml(tensor_model_parallel_size=2),
         pad_token_id=0,
         eos_token_ids=(2,),
         device="cpu",
