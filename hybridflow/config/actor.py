@@ -7,7 +7,6 @@ Batch sizes count prompts before the rollout.n repeat (``ppo_mini_batch_size``) 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -275,15 +274,9 @@ class ActorConfig(BaseConfig):
         return 1
 
     def per_rank(self, dp_size: int, rollout_n: int | None = None) -> ActorConfig:
-        """A copy with veRL's per-rank batch sizes: ``ppo_mini_batch_size`` in samples on one rank
-        (prompts x ``rollout_n``, default the section's, / ``dp_size``), and ``ppo_micro_batch_size_per_gpu``
-        from the deprecated global ``ppo_micro_batch_size`` when only that is set."""
-        n = self.rollout_n if rollout_n is None else rollout_n
-        out = copy.deepcopy(self)
-        out.ppo_mini_batch_size = rules.per_rank_mini_batch(self._path, self.ppo_mini_batch_size, n, dp_size)
-        if self.ppo_micro_batch_size and not self.ppo_micro_batch_size_per_gpu:
-            out.ppo_micro_batch_size_per_gpu = max(1, self.ppo_micro_batch_size // dp_size)
-        return out
+        """A copy with veRL's per-rank batch sizes (``rules.per_rank_update``; ``rollout_n`` default the
+        section's)."""
+        return rules.per_rank_update(self, dp_size, self.rollout_n if rollout_n is None else rollout_n)
 
     def validate(
         self,
@@ -301,18 +294,7 @@ class ActorConfig(BaseConfig):
         p = rules.Problems()
         sp = self.sp_size
         rules.check_update_batches(
-            p,
-            self._path,
-            mini=self.ppo_mini_batch_size,
-            micro=self.ppo_micro_batch_size,
-            micro_per_gpu=self.ppo_micro_batch_size_per_gpu,
-            dynamic=self.use_dynamic_bsz,
-            max_token_len=self.ppo_max_token_len_per_gpu,
-            n=self.rollout_n,
-            world=n_gpus,
-            sp=sp,
-            train_batch_size=train_batch_size,
-            longest=max_sequence_length,
+            p, self, world=n_gpus, train_batch_size=train_batch_size, longest=max_sequence_length
         )
         remove_padding = model_flag(model_config, "use_remove_padding", getattr(self, "use_remove_padding", False))
         rules.check_sp_needs_remove_padding(p, self._path, sp, self._model_path, remove_padding)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 from hybridflow.config import rules
@@ -120,13 +119,7 @@ class CriticConfig(BaseConfig):
 
     def per_rank(self, dp_size: int) -> CriticConfig:
         """A copy with veRL's per-rank batch sizes (as ``ActorConfig.per_rank``, with the section's rollout_n)."""
-        out = copy.deepcopy(self)
-        out.ppo_mini_batch_size = rules.per_rank_mini_batch(
-            self._path, self.ppo_mini_batch_size, self.rollout_n, dp_size
-        )
-        if self.ppo_micro_batch_size and not self.ppo_micro_batch_size_per_gpu:
-            out.ppo_micro_batch_size_per_gpu = max(1, self.ppo_micro_batch_size // dp_size)
-        return out
+        return rules.per_rank_update(self, dp_size, self.rollout_n)
 
     def validate(
         self, n_gpus: int, train_batch_size: int | None, *, max_sequence_length: int | None = None
@@ -137,18 +130,7 @@ class CriticConfig(BaseConfig):
         p = rules.Problems()
         sp = self.sp_size
         rules.check_update_batches(
-            p,
-            self._path,
-            mini=self.ppo_mini_batch_size,
-            micro=self.ppo_micro_batch_size,
-            micro_per_gpu=self.ppo_micro_batch_size_per_gpu,
-            dynamic=self.use_dynamic_bsz,
-            max_token_len=self.ppo_max_token_len_per_gpu,
-            n=self.rollout_n,
-            world=n_gpus,
-            sp=sp,
-            train_batch_size=train_batch_size,
-            longest=max_sequence_length,
+            p, self, world=n_gpus, train_batch_size=train_batch_size, longest=max_sequence_length
         )
         if self.use_dynamic_bsz:
             rules.check_token_budget(
