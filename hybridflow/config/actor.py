@@ -352,10 +352,6 @@ def _sp_size(top_level: int, engine: FSDPEngineConfig) -> int:
     return top_level if top_level > 1 else engine.ulysses_sequence_parallel_size
 
 
-def _ref_engine() -> FSDPEngineConfig:
-    return engine_as_in_yaml(forward_only=True)
-
-
 @dataclass
 class RefConfig(BaseConfig):
     """``actor_rollout_ref.ref``: the reference policy's log-prob pass (veRL's ref.yaml + dp_ref.yaml; veRL
@@ -385,7 +381,7 @@ class RefConfig(BaseConfig):
         ProfilerConfig, "the reference policy's profiling", absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS)
     )
     fsdp_config: FSDPEngineConfig = section(
-        _ref_engine,
+        placed(engine_as_in_yaml, forward_only=True),
         "the forward-only engine",
         follows={
             **_engine_follows("ref"),

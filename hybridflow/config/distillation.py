@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.reward import engine_only
 from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
 
@@ -58,17 +58,6 @@ _TEACHER_ENGINE_KEYS = (
 )
 
 
-def _teacher_engine() -> RolloutConfig:
-    return rollout_as_in_yaml(
-        dtype="auto",
-        enforce_eager=True,
-        tensor_model_parallel_size=2,
-        max_num_seqs=1024,
-        load_format="auto",
-        engine_kwargs={},
-    )
-
-
 @dataclass
 class DistillationTeacherModelConfig(BaseConfig):
     """One teacher of ``distillation.teacher_models``."""
@@ -78,7 +67,15 @@ class DistillationTeacherModelConfig(BaseConfig):
     model_path: str | None = doc(None, "the teacher's model directory")
     num_replicas: int | None = doc(0, "inference replicas of the teacher")
     inference: RolloutConfig = section(
-        _teacher_engine,
+        placed(
+            rollout_as_in_yaml,
+            dtype="auto",
+            enforce_eager=True,
+            tensor_model_parallel_size=2,
+            max_num_seqs=1024,
+            load_format="auto",
+            engine_kwargs={},
+        ),
         "the teacher's inference engine",
         absent=engine_only(_TEACHER_ENGINE_KEYS),
         follows={k: f"${{{_R}.{k}}}" for k in ("name", "dtype", "prompt_length", "response_length", "temperature")},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.reasons import JUDGE, JUDGE_VLLM, speed_only
 from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
@@ -40,10 +40,6 @@ class CustomRewardFunctionConfig(BaseConfig):
     reward_kwargs: dict = doc({}, "hybridflow: extra keyword arguments bound to the function")
 
 
-def _manager_module() -> ModuleConfig:
-    return ModuleConfig(_target_="verl.trainer.config.config.ModuleConfig", name="custom_reward_manager")
-
-
 @dataclass
 class RewardManagerConfig(BaseConfig):
     """``reward.reward_manager``: how scores are computed from the samples."""
@@ -57,7 +53,7 @@ class RewardManagerConfig(BaseConfig):
     )
     name: str = doc("naive", "name in the reward-manager registry, or the class in module")
     module: ModuleConfig | None = section(
-        _manager_module,
+        placed(ModuleConfig, _target_="verl.trainer.config.config.ModuleConfig", name="custom_reward_manager"),
         "the file of an importlib reward manager",
         refused="loading a reward manager from a file is not implemented; register it by name instead",
     )
