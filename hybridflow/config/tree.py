@@ -119,7 +119,8 @@ def raw_tree(obj: Any, follows: dict | None = None, absent: tuple[str, ...] = ()
     return root
 
 
-_SCALAR_KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
+# the kind of a scalar value or type, as override checks and messages name it
+SCALAR_KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
 
 
 def _kinds(annotation: Any) -> tuple[str, ...] | None:
@@ -140,7 +141,7 @@ def _kinds(annotation: Any) -> tuple[str, ...] | None:
         return ("list",)
     if annotation is dict or origin is dict:
         return ("dict",)
-    kind = _SCALAR_KINDS.get(annotation)
+    kind = SCALAR_KINDS.get(annotation)
     return (kind,) if kind else None
 
 
