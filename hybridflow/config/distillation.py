@@ -32,32 +32,6 @@ class DistillationLossConfig(BaseConfig):
     clip_ratio_high: float = doc(0.2, "its upper clip range")
 
 
-_TEACHER_ENGINE_KEYS = (
-    "name",
-    "dtype",
-    "gpu_memory_utilization",
-    "enforce_eager",
-    "cudagraph_capture_sizes",
-    "free_cache_engine",
-    "data_parallel_size",
-    "expert_parallel_size",
-    "tensor_model_parallel_size",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "max_num_seqs",
-    "load_format",
-    "engine_kwargs",
-    "limit_images",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "disable_log_stats",
-    "skip_tokenizer_init",
-    "prompt_length",
-    "response_length",
-    "temperature",
-)
-
-
 @dataclass
 class DistillationTeacherModelConfig(BaseConfig):
     """One teacher of ``distillation.teacher_models``."""
@@ -77,7 +51,7 @@ class DistillationTeacherModelConfig(BaseConfig):
             engine_kwargs={},
         ),
         "the teacher's inference engine",
-        absent=engine_only(_TEACHER_ENGINE_KEYS),
+        absent=engine_only(),
         follows={k: f"${{{_R}.{k}}}" for k in ("name", "dtype", "prompt_length", "response_length", "temperature")},
     )
 

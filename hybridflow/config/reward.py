@@ -21,12 +21,40 @@ __all__ = [
     "RewardModelConfig",
     "RewardConfig",
     "engine_only",
+    "ENGINE_KEYS",
 ]
 
 _RM_POOL = "a separate reward-model pool is not implemented; the reward model runs on the trainer's devices"
 
 
-def engine_only(keep: tuple[str, ...]) -> tuple[str, ...]:
+# the inference-engine keys every standalone engine section keeps (the reward model's and the teachers')
+ENGINE_KEYS = (
+    "name",
+    "dtype",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "cudagraph_capture_sizes",
+    "free_cache_engine",
+    "data_parallel_size",
+    "expert_parallel_size",
+    "tensor_model_parallel_size",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "max_num_seqs",
+    "load_format",
+    "engine_kwargs",
+    "limit_images",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "disable_log_stats",
+    "skip_tokenizer_init",
+    "prompt_length",
+    "response_length",
+    "temperature",
+)
+
+
+def engine_only(keep: tuple[str, ...] = ENGINE_KEYS) -> tuple[str, ...]:
     """The RolloutConfig keys a standalone inference engine's section leaves out (it keeps ``keep``)."""
     return tuple(f.name for f in dataclasses.fields(RolloutConfig) if f.name not in keep and f.name != "_target_")
 
@@ -70,39 +98,18 @@ class SandboxFusionConfig(BaseConfig):
 
 
 _RM_ENGINE_KEYS = (
-    "name",
-    "dtype",
-    "gpu_memory_utilization",
-    "enforce_eager",
-    "cudagraph_capture_sizes",
-    "free_cache_engine",
-    "data_parallel_size",
-    "expert_parallel_size",
-    "tensor_model_parallel_size",
+    *ENGINE_KEYS,
     "pipeline_model_parallel_size",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "max_num_seqs",
-    "load_format",
     "layered_summon",
     "scheduling_policy",
     "full_determinism",
     "seed",
     "multi_stage_wake_up",
-    "engine_kwargs",
-    "limit_images",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "disable_log_stats",
-    "skip_tokenizer_init",
     "ignore_eos",
-    "temperature",
     "top_k",
     "top_p",
     "do_sample",
     "n",
-    "prompt_length",
-    "response_length",
     "quantization",
     "quantization_config_file",
     "mtp",
