@@ -14,7 +14,7 @@ from hybridflow.config import rules
 from hybridflow.config.base import BaseConfig, built_alone, doc, placed, section
 from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.engine import FSDPEngineConfig, QATConfig, engine_as_in_yaml
-from hybridflow.config.errors import ConfigError
+from hybridflow.config.errors import ConfigError, check_one_of
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
 from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import SP, VLM, speed_only
@@ -161,8 +161,7 @@ class RouterReplayConfig(BaseConfig):
     replay_file: str | None = doc(None, "routes to replay")
 
     def __post_init__(self):
-        if self.mode not in ROUTER_REPLAY_MODES:
-            raise ConfigError(f"router_replay.mode={self.mode!r} is not one of {', '.join(ROUTER_REPLAY_MODES)}")
+        check_one_of("router_replay.mode", self.mode, ROUTER_REPLAY_MODES)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.config.base import BaseConfig, doc
-from hybridflow.config.errors import ConfigError
+from hybridflow.config.errors import ConfigError, check_one_of
 
 __all__ = [
     "IS_LEVELS",
@@ -210,10 +210,7 @@ class RolloutCorrectionConfig(BaseConfig):
             parse_rejection_options(
                 self.rollout_rs, self.rollout_rs_threshold, "algorithm.rollout_correction.rollout_rs"
             )
-        if self.loss_type not in LOSS_TYPES:
-            raise ConfigError(
-                f"algorithm.rollout_correction.loss_type={self.loss_type!r} is not one of {', '.join(LOSS_TYPES)}"
-            )
+        check_one_of("algorithm.rollout_correction.loss_type", self.loss_type, LOSS_TYPES)
         for key in ("bypass_mode", "rollout_is_batch_normalize"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(
