@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, placed, section
-from hybridflow.config.reward import engine_only
-from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
+from hybridflow.config.reward import engine_only, standalone_engine
+from hybridflow.config.rollout import RolloutConfig
 
 __all__ = ["DistillationLossConfig", "DistillationTeacherModelConfig", "DistillationConfig"]
 
@@ -41,15 +41,7 @@ class DistillationTeacherModelConfig(BaseConfig):
     model_path: str | None = doc(None, "the teacher's model directory")
     num_replicas: int | None = doc(0, "inference replicas of the teacher")
     inference: RolloutConfig = section(
-        placed(
-            rollout_as_in_yaml,
-            dtype="auto",
-            enforce_eager=True,
-            tensor_model_parallel_size=2,
-            max_num_seqs=1024,
-            load_format="auto",
-            engine_kwargs={},
-        ),
+        placed(standalone_engine, dtype="auto"),
         "the teacher's inference engine",
         absent=engine_only(),
         follows={k: f"${{{_R}.{k}}}" for k in ("name", "dtype", "prompt_length", "response_length", "temperature")},

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.module import ModuleConfig
@@ -21,6 +22,7 @@ __all__ = [
     "RewardModelConfig",
     "RewardConfig",
     "engine_only",
+    "standalone_engine",
     "ENGINE_KEYS",
 ]
 
@@ -117,20 +119,27 @@ _RM_ENGINE_KEYS = (
 )
 
 
-def _reward_engine() -> RolloutConfig:
+def standalone_engine(**values: Any) -> RolloutConfig:
+    """An inference engine section of its own (the reward model's, a teacher's) as veRL's yaml holds it."""
     return rollout_as_in_yaml(
-        name=None,
-        dtype="bfloat16",
         enforce_eager=True,
         tensor_model_parallel_size=2,
         max_num_seqs=1024,
         load_format="auto",
         engine_kwargs={},
-        skip_tokenizer_init=False,
-        prompt_length=2048,
-        response_length=2048,
-        mtp=None,
+        **values,
     )
+
+
+_reward_engine = placed(
+    standalone_engine,
+    name=None,
+    dtype="bfloat16",
+    skip_tokenizer_init=False,
+    prompt_length=2048,
+    response_length=2048,
+    mtp=None,
+)
 
 
 @dataclass
