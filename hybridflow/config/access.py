@@ -11,14 +11,13 @@ from typing import Any
 _MISSING = object()
 
 
+def _lookup(config: Any, key: str) -> Any:
+    return config.get(key, _MISSING) if isinstance(config, Mapping) else getattr(config, key, _MISSING)
+
+
 def cfg_get(config: Any, key: str, default: Any = None, keep_none: bool = False) -> Any:
     """``config[key]`` / ``config.key`` if present (and not None, unless ``keep_none``), else ``default``."""
-    if config is None:
-        return default
-    if isinstance(config, Mapping):
-        value = config.get(key, _MISSING)
-    else:
-        value = getattr(config, key, _MISSING)
+    value = _MISSING if config is None else _lookup(config, key)
     if value is _MISSING or (value is None and not keep_none):
         return default
     return value
@@ -27,10 +26,7 @@ def cfg_get(config: Any, key: str, default: Any = None, keep_none: bool = False)
 def require(config: Any, key: str, section: str) -> Any:
     """``config[key]`` (or ``config.key``) of a validated section; a missing key is a KeyError naming
     ``section.key``. Library code reads values this way: the defaults live in the yaml only."""
-    if isinstance(config, Mapping):
-        value = config.get(key, _MISSING)
-    else:
-        value = getattr(config, key, _MISSING)
+    value = _lookup(config, key)
     if value is _MISSING:
         raise KeyError(
             f"{section}.{key} is missing: pass the whole validated {section} section "

@@ -7,7 +7,6 @@ Batch sizes count prompts before the rollout.n repeat (``ppo_mini_batch_size``) 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +14,7 @@ from hybridflow.config import rules
 from hybridflow.config.base import BaseConfig, built_alone, doc, placed, section
 from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.engine import FSDPEngineConfig, QATConfig, engine_as_in_yaml
-from hybridflow.config.errors import ConfigError
+from hybridflow.config.errors import ConfigError, check_one_of
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
 from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import SP, VLM, speed_only
@@ -162,8 +161,7 @@ class RouterReplayConfig(BaseConfig):
     replay_file: str | None = doc(None, "routes to replay")
 
     def __post_init__(self):
-        if self.mode not in ROUTER_REPLAY_MODES:
-            raise ConfigError(f"router_replay.mode={self.mode!r} is not one of {', '.join(ROUTER_REPLAY_MODES)}")
+        check_one_of("router_replay.mode", self.mode, ROUTER_REPLAY_MODES)
 
 
 @dataclass
@@ -275,15 +273,9 @@ class ActorConfig(BaseConfig):
         return 1
 
     def per_rank(self, dp_size: int, rollout_n: int | None = None) -> ActorConfig:
-        """A copy with veRL's per-rank batch sizes: ``ppo_mini_batch_size`` in samples on one rank
-        (prompts x ``rollout_n``, default the section's, / ``dp_size``), and ``ppo_micro_batch_size_per_gpu``
-        from the deprecated global ``ppo_micro_batch_size`` when only that is set."""
-        n = self.rollout_n if rollout_n is None else rollout_n
-        out = copy.deepcopy(self)
-        out.ppo_mini_batch_size = rules.per_rank_mini_batch(self._path, self.ppo_mini_batch_size, n, dp_size)
-        if self.ppo_micro_batch_size and not self.ppo_micro_batch_size_per_gpu:
-            out.ppo_micro_batch_size_per_gpu = max(1, self.ppo_micro_batch_size // dp_size)
-        return out
+        """A copy with veRL's per-rank batch sizes (``rules.per_rank_update``; ``rollout_n`` default the
+        section's)."""
+        return rules.per_rank_update(self, dp_size, self.rollout_n if rollout_n is None else rollout_n)
 
     def validate(
         self,
@@ -301,18 +293,7 @@ class ActorConfig(BaseConfig):
         p = rules.Problems()
         sp = self.sp_size
         rules.check_update_batches(
-            p,
-            self._path,
-            mini=self.ppo_mini_batch_size,
-            micro=self.ppo_micro_batch_size,
-            micro_per_gpu=self.ppo_micro_batch_size_per_gpu,
-            dynamic=self.use_dynamic_bsz,
-            max_token_len=self.ppo_max_token_len_per_gpu,
-            n=self.rollout_n,
-            world=n_gpus,
-            sp=sp,
-            train_batch_size=train_batch_size,
-            longest=max_sequence_length,
+            p, self, world=n_gpus, train_batch_size=train_batch_size, longest=max_sequence_length
         )
         remove_padding = model_flag(model_config, "use_remove_padding", getattr(self, "use_remove_padding", False))
         rules.check_sp_needs_remove_padding(p, self._path, sp, self._model_path, remove_padding)
@@ -370,10 +351,6 @@ def _sp_size(top_level: int, engine: FSDPEngineConfig) -> int:
     return top_level if top_level > 1 else engine.ulysses_sequence_parallel_size
 
 
-def _ref_engine() -> FSDPEngineConfig:
-    return engine_as_in_yaml(forward_only=True)
-
-
 @dataclass
 class RefConfig(BaseConfig):
     """``actor_rollout_ref.ref``: the reference policy's log-prob pass (veRL's ref.yaml + dp_ref.yaml; veRL
@@ -403,7 +380,7 @@ class RefConfig(BaseConfig):
         ProfilerConfig, "the reference policy's profiling", absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS)
     )
     fsdp_config: FSDPEngineConfig = section(
-        _ref_engine,
+        placed(engine_as_in_yaml, forward_only=True),
         "the forward-only engine",
         follows={
             **_engine_follows("ref"),

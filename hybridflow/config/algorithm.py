@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, section, unset
-from hybridflow.config.errors import ConfigError
+from hybridflow.config.errors import ConfigError, check_one_of
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 from hybridflow.config.rules import Problems
 
@@ -27,8 +27,7 @@ class KLControlConfig(BaseConfig):
     target_kl: float = doc(0.1, "adaptive: the KL the coefficient steers towards")
 
     def check_values(self) -> None:  # veRL's KLControlConfig checks nothing when built
-        if self.type not in KL_CONTROLLERS:
-            raise ConfigError(f"algorithm.kl_ctrl.type={self.type!r} is not one of {', '.join(KL_CONTROLLERS)}")
+        check_one_of("algorithm.kl_ctrl.type", self.type, KL_CONTROLLERS)
 
     def validate(self) -> list[str]:
         if self.type == "adaptive" and not self.horizon > 0:

@@ -34,7 +34,6 @@ import contextlib
 import contextvars
 import copy
 import dataclasses
-import functools
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, dataclass, field, fields
 from typing import Any
@@ -128,11 +127,12 @@ def _as_part_of_tree(factory: Callable[[], Any]) -> Callable[[], Any]:
     return build
 
 
-def placed(cls: type, **values: Any) -> Callable[[], Any]:
-    """A ``section`` factory: ``cls`` with this place's defaults. A config class keeps veRL's dataclass
-    defaults (what ``cls()`` gives a user); where veRL's yaml holds other values at a place, the place
-    says so here (``section(placed(FSDPOptimizerConfig, lr=1e-6), ...)``)."""
-    return functools.partial(cls, **values)
+def placed(cls: Callable[..., Any], **values: Any) -> Callable[[], Any]:
+    """A ``section`` factory: ``cls`` (a config class or a factory such as ``engine_as_in_yaml``) with this
+    place's defaults, copied for every instance. A config class keeps veRL's dataclass defaults (what
+    ``cls()`` gives a user); where veRL's yaml holds other values at a place, the place says so here
+    (``section(placed(FSDPOptimizerConfig, lr=1e-6), ...)``)."""
+    return lambda: cls(**copy.deepcopy(values))
 
 
 def unset() -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 from hybridflow.config import rules
 from hybridflow.config.actor import check_micro_batch, check_strategy
-from hybridflow.config.base import BaseConfig, built_alone, doc, section
+from hybridflow.config.base import BaseConfig, built_alone, doc, placed, section
 from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.engine import FSDPEngineConfig, engine_as_in_yaml
 from hybridflow.config.errors import ConfigError
@@ -20,14 +19,6 @@ from hybridflow.config.status import honoured, refused
 __all__ = ["CriticConfig", "FSDPCriticConfig"]
 
 _A = "actor_rollout_ref.actor"
-
-
-def _critic_optim() -> FSDPOptimizerConfig:
-    return FSDPOptimizerConfig(lr=1e-5, min_lr_ratio=0.0)
-
-
-def _base_critic_optim() -> OptimizerConfig:
-    return OptimizerConfig(lr=1e-5)
 
 
 @dataclass
@@ -46,7 +37,7 @@ class CriticConfig(BaseConfig):
     )
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
     optim: OptimizerConfig = section(
-        _base_critic_optim, "the critic's optimizer and lr schedule", absent=("grad_clip",)
+        placed(OptimizerConfig, lr=1e-5), "the critic's optimizer and lr schedule", absent=("grad_clip",)
     )
     ppo_mini_batch_size: int = doc(256, "prompts per optimizer step", follows=f"${{{_A}.ppo_mini_batch_size}}")
     ppo_micro_batch_size: int | None = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
@@ -120,13 +111,7 @@ class CriticConfig(BaseConfig):
 
     def per_rank(self, dp_size: int) -> CriticConfig:
         """A copy with veRL's per-rank batch sizes (as ``ActorConfig.per_rank``, with the section's rollout_n)."""
-        out = copy.deepcopy(self)
-        out.ppo_mini_batch_size = rules.per_rank_mini_batch(
-            self._path, self.ppo_mini_batch_size, self.rollout_n, dp_size
-        )
-        if self.ppo_micro_batch_size and not self.ppo_micro_batch_size_per_gpu:
-            out.ppo_micro_batch_size_per_gpu = max(1, self.ppo_micro_batch_size // dp_size)
-        return out
+        return rules.per_rank_update(self, dp_size, self.rollout_n)
 
     def validate(
         self, n_gpus: int, train_batch_size: int | None, *, max_sequence_length: int | None = None
@@ -137,18 +122,7 @@ class CriticConfig(BaseConfig):
         p = rules.Problems()
         sp = self.sp_size
         rules.check_update_batches(
-            p,
-            self._path,
-            mini=self.ppo_mini_batch_size,
-            micro=self.ppo_micro_batch_size,
-            micro_per_gpu=self.ppo_micro_batch_size_per_gpu,
-            dynamic=self.use_dynamic_bsz,
-            max_token_len=self.ppo_max_token_len_per_gpu,
-            n=self.rollout_n,
-            world=n_gpus,
-            sp=sp,
-            train_batch_size=train_batch_size,
-            longest=max_sequence_length,
+            p, self, world=n_gpus, train_batch_size=train_batch_size, longest=max_sequence_length
         )
         if self.use_dynamic_bsz:
             rules.check_token_budget(
@@ -170,7 +144,11 @@ class FSDPCriticConfig(CriticConfig):
     _mutable_fields = CriticConfig._mutable_fields | {"forward_micro_batch_size", "forward_micro_batch_size_per_gpu"}
 
     _target_: str = doc("verl.workers.config.FSDPCriticConfig", "the class this section is read into")
-    optim: FSDPOptimizerConfig = section(_critic_optim, "the critic's optimizer and lr schedule", absent=("grad_clip",))
+    optim: FSDPOptimizerConfig = section(
+        placed(FSDPOptimizerConfig, lr=1e-5, min_lr_ratio=0.0),
+        "the critic's optimizer and lr schedule",
+        absent=("grad_clip",),
+    )
     fsdp: FSDPEngineConfig = section(engine_as_in_yaml, "the training engine")
     forward_micro_batch_size: int | None = doc(
         None, "deprecated global micro-batch of the value pass", follows="${oc.select:.ppo_micro_batch_size,null}"

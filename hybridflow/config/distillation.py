@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridflow.config.base import BaseConfig, doc, section
-from hybridflow.config.reward import engine_only
-from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
+from hybridflow.config.base import BaseConfig, doc, placed, section
+from hybridflow.config.reward import engine_only, standalone_engine
+from hybridflow.config.rollout import RolloutConfig
 
 __all__ = ["DistillationLossConfig", "DistillationTeacherModelConfig", "DistillationConfig"]
 
@@ -32,43 +32,6 @@ class DistillationLossConfig(BaseConfig):
     clip_ratio_high: float = doc(0.2, "its upper clip range")
 
 
-_TEACHER_ENGINE_KEYS = (
-    "name",
-    "dtype",
-    "gpu_memory_utilization",
-    "enforce_eager",
-    "cudagraph_capture_sizes",
-    "free_cache_engine",
-    "data_parallel_size",
-    "expert_parallel_size",
-    "tensor_model_parallel_size",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "max_num_seqs",
-    "load_format",
-    "engine_kwargs",
-    "limit_images",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "disable_log_stats",
-    "skip_tokenizer_init",
-    "prompt_length",
-    "response_length",
-    "temperature",
-)
-
-
-def _teacher_engine() -> RolloutConfig:
-    return rollout_as_in_yaml(
-        dtype="auto",
-        enforce_eager=True,
-        tensor_model_parallel_size=2,
-        max_num_seqs=1024,
-        load_format="auto",
-        engine_kwargs={},
-    )
-
-
 @dataclass
 class DistillationTeacherModelConfig(BaseConfig):
     """One teacher of ``distillation.teacher_models``."""
@@ -78,9 +41,9 @@ class DistillationTeacherModelConfig(BaseConfig):
     model_path: str | None = doc(None, "the teacher's model directory")
     num_replicas: int | None = doc(0, "inference replicas of the teacher")
     inference: RolloutConfig = section(
-        _teacher_engine,
+        placed(standalone_engine, dtype="auto"),
         "the teacher's inference engine",
-        absent=engine_only(_TEACHER_ENGINE_KEYS),
+        absent=engine_only(),
         follows={k: f"${{{_R}.{k}}}" for k in ("name", "dtype", "prompt_length", "response_length", "temperature")},
     )
 

@@ -4,8 +4,14 @@ range or refused). It is a ValueError so that callers written against veRL's ass
 
 from __future__ import annotations
 
-__all__ = ["ConfigError"]
+__all__ = ["ConfigError", "check_one_of"]
 
 
 class ConfigError(ValueError):
     """A configuration that cannot be right: unknown key, wrong type, inconsistent values."""
+
+
+def check_one_of(key: str, value: object, choices: tuple) -> None:
+    """ConfigError naming ``key`` and the choices when ``value`` is not one of them."""
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(choices)}")

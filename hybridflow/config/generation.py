@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from hybridflow.config.actor import FSDPActorConfig
-from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.legacy import LegacyRayInitConfig
@@ -38,25 +38,6 @@ class GenerationDataConfig(BaseConfig):
     batch_size: int = doc(128, "prompts per generation call")
     apply_chat_template_kwargs: dict = doc(
         {}, "hybridflow: extra arguments of the tokenizer's chat template (as ppo_trainer's)"
-    )
-
-
-def _model() -> HFModelConfig:
-    return HFModelConfig(path="~/models/Qwen2-7B-Instruct")
-
-
-def _rollout() -> RolloutConfig:
-    return rollout_as_in_yaml(
-        mode="sync",
-        top_k=50,
-        top_p=0.7,
-        prompt_length=1536,
-        enforce_eager=True,
-        load_format="auto",
-        max_num_seqs=1024,
-        engine_kwargs={"vllm": {"kv_cache_memory_bytes": None}},
-        log_prob_micro_batch_size_per_gpu=8,
-        calculate_log_probs=False,
     )
 
 
@@ -101,12 +82,24 @@ class GenerationConfig(BaseConfig):
     )
     data: GenerationDataConfig = section(GenerationDataConfig, "the prompts and the output file")
     model: HFModelConfig = section(
-        _model,
+        placed(HFModelConfig, path="~/models/Qwen2-7B-Instruct"),
         "the policy model",
         absent=_all_but(HFModelConfig, "path", "external_lib", "trust_remote_code", "override_config"),
     )
     rollout: RolloutConfig = section(
-        _rollout,
+        placed(
+            rollout_as_in_yaml,
+            mode="sync",
+            top_k=50,
+            top_p=0.7,
+            prompt_length=1536,
+            enforce_eager=True,
+            load_format="auto",
+            max_num_seqs=1024,
+            engine_kwargs={"vllm": {"kv_cache_memory_bytes": None}},
+            log_prob_micro_batch_size_per_gpu=8,
+            calculate_log_probs=False,
+        ),
         "the inference engine and its sampling",
         absent=_all_but(RolloutConfig, *_ROLLOUT_KEYS),
         keys={

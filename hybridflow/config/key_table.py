@@ -20,27 +20,13 @@ from hybridflow.config.base import field_absent, field_keys, field_status
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.status import KeyStatus
 from hybridflow.config.support import KeyRule, KeyTable
+from hybridflow.config.tree import below, children
 
 __all__ = ["derive_rules", "derive_table"]
 
 
-def _children(obj: Any) -> list[tuple[str, Any, dataclasses.Field | None]]:
-    if dataclasses.is_dataclass(obj):
-        return [
-            (f.name, getattr(obj, f.name), f)
-            for f in dataclasses.fields(obj)
-            if not (f.name == "_target_" and getattr(obj, f.name) == "")
-        ]
-    return [(str(k), v, None) for k, v in obj.items()]
-
-
 def _is_container(value: Any) -> bool:
     return dataclasses.is_dataclass(value) or (isinstance(value, dict) and bool(value))
-
-
-def _below(table: dict, name: str) -> dict:
-    prefix = name + "."
-    return {k[len(prefix) :]: v for k, v in table.items() if k.startswith(prefix)}
 
 
 class _Rules:
@@ -59,14 +45,14 @@ def _walk(obj: Any, path: str, places: dict, absent: tuple, declared: bool, out:
     """``places``: {relative key or pattern: status} from the places above; ``declared``: whether the
     fields' own declarations apply (False below a key with a status of its own)."""
     names = set()
-    for name, value, f in _children(obj):
+    for name, value, f in children(obj):
         if name in absent:
             continue
         names.add(name)
         key = f"{path}.{name}" if path else name
         own_keys = field_keys(f) if (f is not None and declared) else {}
         # this place's statuses of the keys below (a place further out wins)
-        inner = {**own_keys, **_below(places, name)}
+        inner = {**own_keys, **below(places, name)}
         if name in places:
             status = places[name]
         elif f is not None and declared:
@@ -79,7 +65,7 @@ def _walk(obj: Any, path: str, places: dict, absent: tuple, declared: bool, out:
         elif declared and not container and name != "_target_":
             out.add(f"{key}.**" if isinstance(value, dict) else key, KeyStatus())
         if container:
-            sub_absent = (field_absent(f) if f is not None else ()) + tuple(_below({a: 0 for a in absent}, name))
+            sub_absent = (field_absent(f) if f is not None else ()) + tuple(below({a: 0 for a in absent}, name))
             _walk(value, key, inner, sub_absent, declared and status is None, out)
         else:
             _extra(key, inner, out)

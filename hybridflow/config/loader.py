@@ -34,6 +34,7 @@ from hybridflow.config.convert import omega_conf_to_dataclass  # veRL's verl.uti
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.keys import KINDS, TABLES
 from hybridflow.config.support import SupportError, apply_aliases, check_support, mirror_aliases
+from hybridflow.config.tree import SCALAR_KINDS
 
 __all__ = [
     "ConfigError",
@@ -222,19 +223,11 @@ def suggest_keys(key: str, tree: dict, limit: int = 3) -> list[str]:
 
 
 def _kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "str"
     if isinstance(value, (list, tuple)):
         return "list"
     if isinstance(value, dict):
         return "dict"
-    return type(value).__name__
+    return SCALAR_KINDS.get(type(value), type(value).__name__)
 
 
 def _value_text(override: Override) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hybridflow.config.base import BaseConfig, doc
-from hybridflow.config.errors import ConfigError
+from hybridflow.config.errors import ConfigError, check_one_of
 
 __all__ = ["LR_SCHEDULERS", "OptimizerConfig", "FSDPOptimizerConfig"]
 
@@ -90,10 +90,7 @@ class FSDPOptimizerConfig(OptimizerConfig):
                     "optim.warmup_style is deprecated; use optim.lr_scheduler_type", DeprecationWarning, stacklevel=3
                 )
                 self.lr_scheduler_type = self.warmup_style
-        if self.lr_scheduler_type not in self.lr_schedulers:
-            raise ConfigError(
-                f"optim.lr_scheduler_type={self.lr_scheduler_type!r} is not one of {', '.join(self.lr_schedulers)}"
-            )
+        check_one_of("optim.lr_scheduler_type", self.lr_scheduler_type, self.lr_schedulers)
 
     def check_values(self) -> None:
         super().check_values()

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
-from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.reasons import JUDGE, JUDGE_VLLM, speed_only
 from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
@@ -21,12 +22,41 @@ __all__ = [
     "RewardModelConfig",
     "RewardConfig",
     "engine_only",
+    "standalone_engine",
+    "ENGINE_KEYS",
 ]
 
 _RM_POOL = "a separate reward-model pool is not implemented; the reward model runs on the trainer's devices"
 
 
-def engine_only(keep: tuple[str, ...]) -> tuple[str, ...]:
+# the inference-engine keys every standalone engine section keeps (the reward model's and the teachers')
+ENGINE_KEYS = (
+    "name",
+    "dtype",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "cudagraph_capture_sizes",
+    "free_cache_engine",
+    "data_parallel_size",
+    "expert_parallel_size",
+    "tensor_model_parallel_size",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "max_num_seqs",
+    "load_format",
+    "engine_kwargs",
+    "limit_images",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "disable_log_stats",
+    "skip_tokenizer_init",
+    "prompt_length",
+    "response_length",
+    "temperature",
+)
+
+
+def engine_only(keep: tuple[str, ...] = ENGINE_KEYS) -> tuple[str, ...]:
     """The RolloutConfig keys a standalone inference engine's section leaves out (it keeps ``keep``)."""
     return tuple(f.name for f in dataclasses.fields(RolloutConfig) if f.name not in keep and f.name != "_target_")
 
@@ -38,10 +68,6 @@ class CustomRewardFunctionConfig(BaseConfig):
     path: str | None = doc(None, "a .py file; null uses the built-in scorers")
     name: str = doc("compute_score", "the function in it")
     reward_kwargs: dict = doc({}, "hybridflow: extra keyword arguments bound to the function")
-
-
-def _manager_module() -> ModuleConfig:
-    return ModuleConfig(_target_="verl.trainer.config.config.ModuleConfig", name="custom_reward_manager")
 
 
 @dataclass
@@ -57,7 +83,7 @@ class RewardManagerConfig(BaseConfig):
     )
     name: str = doc("naive", "name in the reward-manager registry, or the class in module")
     module: ModuleConfig | None = section(
-        _manager_module,
+        placed(ModuleConfig, _target_="verl.trainer.config.config.ModuleConfig", name="custom_reward_manager"),
         "the file of an importlib reward manager",
         refused="loading a reward manager from a file is not implemented; register it by name instead",
     )
@@ -74,39 +100,18 @@ class SandboxFusionConfig(BaseConfig):
 
 
 _RM_ENGINE_KEYS = (
-    "name",
-    "dtype",
-    "gpu_memory_utilization",
-    "enforce_eager",
-    "cudagraph_capture_sizes",
-    "free_cache_engine",
-    "data_parallel_size",
-    "expert_parallel_size",
-    "tensor_model_parallel_size",
+    *ENGINE_KEYS,
     "pipeline_model_parallel_size",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "max_num_seqs",
-    "load_format",
     "layered_summon",
     "scheduling_policy",
     "full_determinism",
     "seed",
     "multi_stage_wake_up",
-    "engine_kwargs",
-    "limit_images",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "disable_log_stats",
-    "skip_tokenizer_init",
     "ignore_eos",
-    "temperature",
     "top_k",
     "top_p",
     "do_sample",
     "n",
-    "prompt_length",
-    "response_length",
     "quantization",
     "quantization_config_file",
     "mtp",
@@ -114,20 +119,27 @@ _RM_ENGINE_KEYS = (
 )
 
 
-def _reward_engine() -> RolloutConfig:
+def standalone_engine(**values: Any) -> RolloutConfig:
+    """An inference engine section of its own (the reward model's, a teacher's) as veRL's yaml holds it."""
     return rollout_as_in_yaml(
-        name=None,
-        dtype="bfloat16",
         enforce_eager=True,
         tensor_model_parallel_size=2,
         max_num_seqs=1024,
         load_format="auto",
         engine_kwargs={},
-        skip_tokenizer_init=False,
-        prompt_length=2048,
-        response_length=2048,
-        mtp=None,
+        **values,
     )
+
+
+_reward_engine = placed(
+    standalone_engine,
+    name=None,
+    dtype="bfloat16",
+    skip_tokenizer_init=False,
+    prompt_length=2048,
+    response_length=2048,
+    mtp=None,
+)
 
 
 @dataclass

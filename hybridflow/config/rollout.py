@@ -10,7 +10,7 @@ from typing import Any
 
 from hybridflow.config.base import BaseConfig, doc, placed, section, unset
 from hybridflow.config.engine import QATEngineConfig
-from hybridflow.config.errors import ConfigError
+from hybridflow.config.errors import ConfigError, check_one_of
 from hybridflow.config.model import MtpConfig
 from hybridflow.config.profiler import TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import TARGET, VLLM_ENGINE, VLM, speed_only
@@ -140,8 +140,7 @@ class MultiTurnConfig(BaseConfig):
             ("tool_response_truncate_side", TRUNCATE_SIDES),
             ("tokenization_sanity_check_mode", SANITY_CHECK_MODES),
         ):
-            if getattr(self, key) not in allowed:
-                raise ConfigError(f"{p}.{key}={getattr(self, key)!r} is not one of {', '.join(allowed)}")
+            check_one_of(f"{p}.{key}", getattr(self, key), allowed)
         for key in ("max_parallel_calls", "max_tool_response_length"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{p}.{key} must be >= 1, got {getattr(self, key)}")
@@ -475,8 +474,7 @@ class RolloutConfig(BaseConfig):
     )
 
     def __post_init__(self):
-        if self.mode not in ROLLOUT_MODES:
-            raise ConfigError(f"rollout.mode={self.mode!r} is not one of {', '.join(ROLLOUT_MODES)}")
+        check_one_of("rollout.mode", self.mode, ROLLOUT_MODES)
         for key in ("n", "prompt_length", "response_length"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"rollout.{key} must be >= 1, got {getattr(self, key)}")

@@ -15,12 +15,13 @@ the algorithms (``hybridflow.algorithms.rollout_correction``) receive numbers:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.config.base import BaseConfig, doc
-from hybridflow.config.errors import ConfigError
+from hybridflow.config.errors import ConfigError, check_one_of
 
 __all__ = [
     "IS_LEVELS",
@@ -209,10 +210,7 @@ class RolloutCorrectionConfig(BaseConfig):
             parse_rejection_options(
                 self.rollout_rs, self.rollout_rs_threshold, "algorithm.rollout_correction.rollout_rs"
             )
-        if self.loss_type not in LOSS_TYPES:
-            raise ConfigError(
-                f"algorithm.rollout_correction.loss_type={self.loss_type!r} is not one of {', '.join(LOSS_TYPES)}"
-            )
+        check_one_of("algorithm.rollout_correction.loss_type", self.loss_type, LOSS_TYPES)
         for key in ("bypass_mode", "rollout_is_batch_normalize"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(
@@ -324,83 +322,50 @@ class RolloutCorrectionConfig(BaseConfig):
             rollout_rs_threshold=rs_threshold,
         )
 
+    def _bypass(self, loss_type: str) -> RolloutCorrectionConfig:
+        """This preset in bypass mode: the same weights and rejection, pi_old = the rollout's log-probs."""
+        return dataclasses.replace(self, bypass_mode=True, loss_type=loss_type)
+
     @classmethod
     def bypass_ppo_clip(cls) -> RolloutCorrectionConfig:
         """Bypass mode, PPO clip on pi_theta/pi_rollout (the ratio is the correction)."""
-        return cls(rollout_is=None, bypass_mode=True, loss_type="ppo_clip")
+        return cls(rollout_is=None)._bypass("ppo_clip")
 
     @classmethod
     def bypass_ppo_clip_geo_rs(cls, rs_threshold: str | float | None = "0.999_1.001") -> RolloutCorrectionConfig:
         """Bypass PPO clip plus Geo-RS."""
-        return cls(
-            rollout_is=None,
-            rollout_rs="seq_mean_k1",
-            rollout_rs_threshold=rs_threshold,
-            bypass_mode=True,
-            loss_type="ppo_clip",
-        )
+        return cls.decoupled_geo_rs(rs_threshold)._bypass("ppo_clip")
 
     @classmethod
     def bypass_ppo_clip_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
         """Bypass PPO clip plus K3 rejection."""
-        return cls(
-            rollout_is=None,
-            rollout_rs="seq_mean_k3",
-            rollout_rs_threshold=rs_threshold,
-            bypass_mode=True,
-            loss_type="ppo_clip",
-        )
+        return cls.decoupled_k3_rs(rs_threshold)._bypass("ppo_clip")
 
     @classmethod
     def bypass_pg_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE with Seq-TIS weights."""
-        return cls(rollout_is="sequence", rollout_is_threshold=threshold, bypass_mode=True, loss_type="reinforce")
+        return cls.decoupled_seq_is(threshold)._bypass("reinforce")
 
     @classmethod
     def bypass_pg_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE with token-level IcePop weights."""
-        return cls(
-            rollout_is="token",
-            rollout_is_threshold=f"{threshold_lower}_{threshold}",
-            bypass_mode=True,
-            loss_type="reinforce",
-        )
+        return cls.decoupled_token_icepop(threshold, threshold_lower)._bypass("reinforce")
 
     @classmethod
     def bypass_pg_geo_rs(cls, rs_threshold: str | float | None = "0.999_1.001") -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE plus Geo-RS."""
-        return cls(
-            rollout_is=None,
-            rollout_rs="seq_mean_k1",
-            rollout_rs_threshold=rs_threshold,
-            bypass_mode=True,
-            loss_type="reinforce",
-        )
+        return cls.decoupled_geo_rs(rs_threshold)._bypass("reinforce")
 
     @classmethod
     def bypass_pg_geo_rs_seq_tis(
         cls, is_threshold: float = 2.0, rs_threshold: str | float | None = "0.999_1.001"
     ) -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE plus Geo-RS and Seq-TIS."""
-        return cls(
-            rollout_is="sequence",
-            rollout_is_threshold=is_threshold,
-            rollout_rs="seq_mean_k1",
-            rollout_rs_threshold=rs_threshold,
-            bypass_mode=True,
-            loss_type="reinforce",
-        )
+        return cls.decoupled_geo_rs_seq_tis(is_threshold, rs_threshold)._bypass("reinforce")
 
     @classmethod
     def bypass_pg_geo_rs_token_tis(
         cls, is_threshold: float = 2.0, rs_threshold: str | float | None = "0.999_1.001"
     ) -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE plus Geo-RS and Token-TIS."""
-        return cls(
-            rollout_is="token",
-            rollout_is_threshold=is_threshold,
-            rollout_rs="seq_mean_k1",
-            rollout_rs_threshold=rs_threshold,
-            bypass_mode=True,
-            loss_type="reinforce",
-        )
+        return cls.decoupled_geo_rs_token_tis(is_threshold, rs_threshold)._bypass("reinforce")

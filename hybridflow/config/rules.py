@@ -13,7 +13,9 @@ rank; with dynamic batch size a token budget per rank replaces the micro-batch s
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
+from typing import Any
 
 from hybridflow.config.errors import ConfigError
 from hybridflow.utils.torch_dtypes import resolve_dtype
@@ -27,6 +29,7 @@ __all__ = [
     "check_update_batches",
     "check_sp_needs_remove_padding",
     "per_rank_mini_batch",
+    "per_rank_update",
     "GROUP_ESTIMATORS",
     "SUM_PI_SQUARED_ESTIMATORS",
 ]
@@ -90,6 +93,17 @@ def per_rank_mini_batch(path: str, mini: int, n: int, dp: int) -> int:
     return samples // dp
 
 
+def per_rank_update(section: Any, dp: int, n: int) -> Any:
+    """A copy of an actor or critic section with veRL's per-rank batch sizes: ``ppo_mini_batch_size`` in
+    samples on one rank (prompts x ``n`` / ``dp``), and ``ppo_micro_batch_size_per_gpu`` from the
+    deprecated global ``ppo_micro_batch_size`` when only that is set."""
+    out = copy.deepcopy(section)
+    out.ppo_mini_batch_size = per_rank_mini_batch(section._path, section.ppo_mini_batch_size, n, dp)
+    if section.ppo_micro_batch_size and not section.ppo_micro_batch_size_per_gpu:
+        out.ppo_micro_batch_size_per_gpu = max(1, section.ppo_micro_batch_size // dp)
+    return out
+
+
 def per_rank_micro_batch(
     p: Problems,
     path: str,
@@ -141,22 +155,11 @@ def check_token_budget(p: Problems, path: str, key: str, budget: int, sp: int, l
 
 
 def check_update_batches(
-    p: Problems,
-    path: str,
-    *,
-    mini: int,
-    micro: int | None,
-    micro_per_gpu: int | None,
-    dynamic: bool,
-    max_token_len: int,
-    n: int,
-    world: int,
-    sp: int,
-    train_batch_size: int | None,
-    longest: int | None,
+    p: Problems, section: Any, *, world: int, train_batch_size: int | None, longest: int | None
 ) -> None:
     """Mini-batches (one optimizer step each) and micro-batches (one forward/backward each) of an
-    actor or critic update."""
+    actor or critic ``section`` (its ppo_* keys, ``rollout_n`` and ``sp_size``)."""
+    path, mini, n, sp = section._path, section.ppo_mini_batch_size, section.rollout_n, section.sp_size
     dp = data_parallel_size(p, path, world, sp)
     if dp is None or p.positive(f"{path}.ppo_mini_batch_size", mini) is None:
         return
@@ -175,9 +178,10 @@ def check_update_batches(
     except ConfigError as e:
         p.errors.append(str(e))
         return
-    if dynamic:
-        check_token_budget(p, path, "ppo_max_token_len_per_gpu", max_token_len, sp, longest)
+    if section.use_dynamic_bsz:
+        check_token_budget(p, path, "ppo_max_token_len_per_gpu", section.ppo_max_token_len_per_gpu, sp, longest)
         return
+    micro, micro_per_gpu = section.ppo_micro_batch_size, section.ppo_micro_batch_size_per_gpu
     per_gpu = per_rank_micro_batch(p, path, "ppo_micro_batch_size", micro, micro_per_gpu, dp, world, sp)
     if per_gpu and per_rank % per_gpu:
         p.errors.append(

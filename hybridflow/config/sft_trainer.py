@@ -24,6 +24,7 @@ from hybridflow.config.module import ModuleConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig
 from hybridflow.config.profiler import NsightToolConfig, ProfilerConfig, ProfilerToolConfig
 from hybridflow.config.reasons import MEGATRON, NO_SP, NPU, PROFILER, THINKING, speed_only
+from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, noted, refused
 
 __all__ = [
@@ -396,17 +397,14 @@ class SFTTrainerConfig(BaseConfig):
         """Checks for a run of ``world_size`` processes whose tracking backends are ``loggers``: returns the
         notes to print; raises ConfigError naming every key that cannot work, all at once."""
         data, trainer = self.data, self.trainer
-        errors, notes = [], []
+        p = Problems()
+        errors, notes = p.errors, p.notes
         if data.micro_batch_size is not None:
             notes.append("data.micro_batch_size is deprecated; use data.micro_batch_size_per_gpu")
-        for key, value in (
-            ("data.train_batch_size", data.train_batch_size),
-            ("data.micro_batch_size_per_gpu", data.micro_batch_rows),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                errors.append(f"{key} must be a positive integer, got {value!r}")
-        if isinstance(data.train_batch_size, int) and data.train_batch_size > 0 and data.train_batch_size % world_size:
-            errors.append(f"data.train_batch_size={data.train_batch_size} does not split over {world_size} processes")
+        batch = p.positive("data.train_batch_size", data.train_batch_size)
+        p.positive("data.micro_batch_size_per_gpu", data.micro_batch_rows)
+        if batch and batch % world_size:
+            errors.append(f"data.train_batch_size={batch} does not split over {world_size} processes")
         if self.optim.lr_scheduler_type not in SFT_LR_SCHEDULERS:
             errors.append(
                 f"optim.lr_scheduler_type must be one of {SFT_LR_SCHEDULERS}, got {self.optim.lr_scheduler_type!r}"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hybridflow.config.base import BaseConfig, doc, section
-from hybridflow.config.errors import ConfigError
+from hybridflow.config.errors import ConfigError, check_one_of
 
 __all__ = ["SKIP_ACTIONS", "RolloutSkipConfig", "RolloutTqSkipConfig", "AsyncRolloutSkipConfig", "SkipManagerConfig"]
 
@@ -30,8 +30,7 @@ class RolloutSkipConfig(BaseConfig):
         if not self.enable:
             return
         at = self._place
-        if self.action not in SKIP_ACTIONS:
-            raise ConfigError(f"{at}.action={self.action!r} is not one of {', '.join(SKIP_ACTIONS)}")
+        check_one_of(f"{at}.action", self.action, SKIP_ACTIONS)
         if not self.dump_dir:
             raise ConfigError(f"{at}.enable=True needs {at}.dump_dir (a directory of <step>.jsonl dumps)")
         if not self.steps:

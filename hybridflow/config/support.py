@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridflow.config.status import HONOURED, NOT_SUPPORTED, NOTE
+from hybridflow.config.status import HONOURED, NOT_SUPPORTED, NOTE, KeyStatus
 from hybridflow.utils.nested_dict import leaf_items
 
 __all__ = [
@@ -69,12 +69,7 @@ class KeyRule:
     shared: bool = False  # for keys users add with + (the tree does not hold the key)
 
     def __post_init__(self):
-        if self.status not in (HONOURED, NOT_SUPPORTED, NOTE):
-            raise ValueError(f"rule {self.pattern!r}: status must be one of {HONOURED!r}, {NOT_SUPPORTED!r}, {NOTE!r}")
-        if self.status != HONOURED and self.values is not None:
-            raise ValueError(f"rule {self.pattern!r}: only an honoured key takes a list of supported values")
-        if self.status != HONOURED and not self.reason:
-            raise ValueError(f"rule {self.pattern!r}: a {self.status!r} rule must say why (reason)")
+        KeyStatus(self.status, self.reason, self.values)  # a declared status's checks
 
     @functools.cached_property
     def regex(self) -> re.Pattern:
@@ -112,26 +107,22 @@ class KeyTable:
 
     def alias_of(self, key: str) -> str | None:
         """The canonical key a legacy ``key`` maps onto, or None when ``key`` is not a legacy spelling."""
-        return _alias_target(self.aliases, key)
+        best = None
+        for legacy, canonical in self.aliases:
+            if (key == legacy or key.startswith(legacy + ".")) and (best is None or len(legacy) > len(best[0])):
+                best = (legacy, canonical)
+        return None if best is None else best[1] + key[len(best[0]) :]
 
     def rule_for(self, key: str) -> KeyRule | None:
         """The most specific rule whose pattern matches ``key`` (None: the key has no status)."""
         if key not in self._cache:
-            matches = [rule for rule in self.rules if rule.regex.match(key)]
+            matches = self.matching_rules(key)
             self._cache[key] = max(matches, key=lambda r: r.specificity) if matches else None
         return self._cache[key]
 
     def matching_rules(self, key: str) -> list[KeyRule]:
         """Every rule that matches ``key`` (the tests use it to find ambiguous rules)."""
         return [rule for rule in self.rules if rule.regex.match(key)]
-
-
-def _alias_target(aliases: tuple[tuple[str, str], ...], key: str) -> str | None:
-    best = None
-    for legacy, canonical in aliases:
-        if (key == legacy or key.startswith(legacy + ".")) and (best is None or len(legacy) > len(best[0])):
-            best = (legacy, canonical)
-    return None if best is None else best[1] + key[len(best[0]) :]
 
 
 # --------------------------------------------------------------------------- trees

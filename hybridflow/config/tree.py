@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.config.base import field_absent, field_follows
+from hybridflow.config.base import field_absent, field_follows, to_dict
 from hybridflow.config.errors import ConfigError
 
 __all__ = ["Entry", "entries", "raw_tree", "value_kinds"]
@@ -31,12 +31,14 @@ class Entry:
     nested: bool = False
 
 
-def _sub(table: dict, name: str) -> dict:
+def below(table: dict, name: str) -> dict:
+    """The entries of a {dotted key: value} table under ``name``, keyed relative to it."""
     prefix = name + "."
     return {k[len(prefix) :]: v for k, v in table.items() if k.startswith(prefix)}
 
 
-def _children(obj: Any) -> list[tuple[str, Any, dataclasses.Field | None]]:
+def children(obj: Any) -> list[tuple[str, Any, dataclasses.Field | None]]:
+    """(name, value, field or None) of each key of a config instance or a dict."""
     if dataclasses.is_dataclass(obj):
         out = []
         for f in dataclasses.fields(obj):
@@ -54,7 +56,7 @@ def _check(obj: Any, table: dict, what: str, path: str) -> None:
         node = obj
         for part in key.split("."):
             names = (
-                {n for n, _, _ in _children(node)}
+                {n for n, _, _ in children(node)}
                 if (dataclasses.is_dataclass(node) or isinstance(node, dict))
                 else set()
             )
@@ -79,36 +81,26 @@ def entries(
     follows, absent = dict(follows or {}), tuple(absent)
     _check(obj, follows, "follows", path)
     _check(obj, {k: None for k in absent}, "absent", path)
-    for name, value, f in _children(obj):
+    for name, value, f in children(obj):
         if name in absent:
             continue
         key = f"{path}.{name}" if path else name
         own = field_follows(f) if f is not None else None
         text = f.metadata.get("doc", "") if f is not None else ""
         inner = dict(own) if isinstance(own, dict) else {}
-        inner.update(_sub(follows, name))
+        inner.update(below(follows, name))
         here = follows[name] if name in follows else (own if isinstance(own, str) else None)
         if isinstance(here, str) and interpolate:
             yield Entry(key, depth, text, here)
             continue
         if dataclasses.is_dataclass(value) or (isinstance(value, dict) and value):
-            sub_absent = (field_absent(f) if f is not None else ()) + tuple(_sub({k: None for k in absent}, name))
+            sub_absent = (field_absent(f) if f is not None else ()) + tuple(below({k: None for k in absent}, name))
             yield Entry(key, depth, text, None, nested=True)
             yield from entries(value, inner, sub_absent, key, depth + 1, interpolate)
             continue
         if inner and interpolate:
             raise ConfigError(f"{key}: follows names keys inside {value!r}, which has none")
-        yield Entry(key, depth, text, _plain(value))
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
+        yield Entry(key, depth, text, to_dict(value))
 
 
 def raw_tree(obj: Any, follows: dict | None = None, absent: tuple[str, ...] = (), interpolate: bool = True) -> dict:
@@ -127,7 +119,8 @@ def raw_tree(obj: Any, follows: dict | None = None, absent: tuple[str, ...] = ()
     return root
 
 
-_SCALAR_KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
+# the kind of a scalar value or type, as override checks and messages name it
+SCALAR_KINDS = {bool: "bool", int: "int", float: "float", str: "str"}
 
 
 def _kinds(annotation: Any) -> tuple[str, ...] | None:
@@ -148,7 +141,7 @@ def _kinds(annotation: Any) -> tuple[str, ...] | None:
         return ("list",)
     if annotation is dict or origin is dict:
         return ("dict",)
-    kind = _SCALAR_KINDS.get(annotation)
+    kind = SCALAR_KINDS.get(annotation)
     return (kind,) if kind else None
 
 

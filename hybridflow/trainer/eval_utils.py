@@ -77,6 +77,31 @@ def summarize_scores(
     return out
 
 
+def _model_and_rows(model_dir: str, parquet_path: str, max_prompt_length: int, chat_template_kwargs: dict | None):
+    """(local model dir, tokenizer, dataset, model in eval mode on this process's device) as the trainer
+    reads them (left truncation, no overlong filter)."""
+    import torch
+
+    from hybridflow.data.rl_dataset import RLHFDataset
+    from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
+
+    model_dir = local_model_path(model_dir, "model_dir")  # a GGUF file gives its converted folder
+    tokenizer = load_tokenizer(model_dir, False)
+    dataset = RLHFDataset(
+        parquet_path,
+        tokenizer,
+        {
+            "max_prompt_length": max_prompt_length,
+            "filter_overlong_prompts": False,
+            "truncation": "left",
+            "apply_chat_template_kwargs": dict(chat_template_kwargs or {}),
+        },
+    )
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    module = load_model(model_dir, "causal_lm").to(device).eval()
+    return model_dir, tokenizer, dataset, module
+
+
 def greedy_accuracy(
     model_dir: str,
     parquet_path: str,
@@ -95,27 +120,12 @@ def greedy_accuracy(
     With ``return_samples`` > 0 also returns that many (response, score) pairs to show the user.
     ``chat_template_kwargs``: ``data.apply_chat_template_kwargs`` (e.g. ``enable_thinking=False``).
     """
-    import torch
-
-    from hybridflow.data.rl_dataset import RLHFDataset
     from hybridflow.rollout.sampling import model_eos_token_ids
-    from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
     from hybridflow.workers.rollout import HFRollout
 
-    model_dir = local_model_path(model_dir, "model_dir")  # a GGUF file gives its converted folder
-    tokenizer = load_tokenizer(model_dir, False)
-    dataset = RLHFDataset(
-        parquet_path,
-        tokenizer,
-        {
-            "max_prompt_length": max_prompt_length,
-            "filter_overlong_prompts": False,
-            "truncation": "left",
-            "apply_chat_template_kwargs": dict(chat_template_kwargs or {}),
-        },
+    model_dir, tokenizer, dataset, module = _model_and_rows(
+        model_dir, parquet_path, max_prompt_length, chat_template_kwargs
     )
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    module = load_model(model_dir, "causal_lm").to(device).eval()
     rollout = HFRollout(
         module,
         {"do_sample": False, "temperature": 0.0, "response_length": response_length},
@@ -169,28 +179,14 @@ def greedy_agent_eval(
     ``score``, ``num_turns``, ``ground_truth``, ``extra`` (the loop's extra fields)). Greedy (or, with
     ``sample``, one draw at temperature 1, reproducible from the row order), in this process, through
     the same dataset and agent loop code the trainer uses; ``chat_template_kwargs`` reach both."""
-    import torch
-
-    from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
+    from hybridflow.data.rl_dataset import collate_fn
     from hybridflow.protocol import DataProto
     from hybridflow.rollout.sampling import model_eos_token_ids
-    from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
     from hybridflow.workers.rollout import HFRollout
 
-    model_dir = local_model_path(model_dir, "model_dir")  # a GGUF file gives its converted folder
-    tokenizer = load_tokenizer(model_dir, False)
-    dataset = RLHFDataset(
-        parquet_path,
-        tokenizer,
-        {
-            "max_prompt_length": max_prompt_length,
-            "filter_overlong_prompts": False,
-            "truncation": "left",
-            "apply_chat_template_kwargs": dict(chat_template_kwargs or {}),
-        },
+    model_dir, tokenizer, dataset, module = _model_and_rows(
+        model_dir, parquet_path, max_prompt_length, chat_template_kwargs
     )
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    module = load_model(model_dir, "causal_lm").to(device).eval()
     config = {
         **rollout_config,
         "do_sample": sample,
