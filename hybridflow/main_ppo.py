@@ -19,10 +19,11 @@ from hybridflow.config.base import part_of_tree
 from hybridflow.config.convert import as_section
 from hybridflow.config.loader import ConfigError, parse_cli
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
+from hybridflow.config.reward import RewardConfig
 from hybridflow.data.custom_dataset import build_rl_dataset
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
 from hybridflow.data.sampler import create_rl_dataloader
-from hybridflow.rewards import get_custom_reward_fn, load_reward_manager
+from hybridflow.rewards import RuleRewardManager, get_custom_reward_fn, get_reward_manager_cls, load_reward_manager
 from hybridflow.single_controller.base import WorkerDiedError, WorkerHangError
 from hybridflow.single_controller.factory import start_backend
 from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
@@ -59,6 +60,7 @@ def build_reward_fns(config, tokenizer):
     compute_score = get_custom_reward_fn(crf.path, crf.name, dict(crf.reward_kwargs))
     name = config.reward.reward_manager.name
     manager_kwargs = dict(config.reward.reward_kwargs)  # e.g. DAPO's max_resp_len, overlong_buffer_cfg
+    manager_kwargs.update(bad_sample_kwargs(config.reward, get_reward_manager_cls(name)))
     reward_fn = load_reward_manager(
         name,
         tokenizer,
@@ -76,6 +78,22 @@ def build_reward_fns(config, tokenizer):
         **manager_kwargs,
     )
     return reward_fn, val_reward_fn
+
+
+def bad_sample_kwargs(reward: RewardConfig, manager_cls: type) -> dict:
+    """``reward.bad_sample_score`` / ``score_timeout_s`` for hybridflow's rule-based managers. A manager of
+    yours that is not one handles its own samples: it gets neither, and setting them is an error."""
+    settings = {"bad_sample_score": reward.bad_sample_score, "score_timeout_s": reward.score_timeout_s}
+    if issubclass(manager_cls, RuleRewardManager):
+        return settings
+    defaults = {f.name: f.default for f in dataclasses.fields(RewardConfig)}
+    changed = [k for k, v in settings.items() if v != defaults[k]]
+    if changed:
+        raise ValueError(
+            f"reward.{changed[0]} applies to hybridflow's rule-based reward managers (RuleRewardManager); "
+            f"reward.reward_manager.name={reward.reward_manager.name} ({manager_cls.__name__}) scores its own samples"
+        )
+    return {}
 
 
 def check_prompts_fit(dataset: RLHFDataset, key: str) -> None:

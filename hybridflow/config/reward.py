@@ -228,6 +228,16 @@ class RewardConfig(BaseConfig):
         SandboxFusionConfig, "a code sandbox", refused="sandboxed code execution (Sandbox Fusion) is not implemented"
     )
     reward_kwargs: dict = doc({}, "keyword arguments of the reward manager (added with +reward.reward_kwargs.<key>)")
+    bad_sample_score: float | None = doc(
+        None,
+        "hybridflow: the score of a sample whose reward function raised, returned NaN/None or ran past "
+        "score_timeout_s (each logged, counted in reward/bad_samples); null: the step fails naming the sample",
+    )
+    score_timeout_s: float | None = doc(
+        60.0,
+        "hybridflow: seconds the reward function may take on one sample (batch manager: its one call gets "
+        "this × the batch's samples); past it the sample is bad; null: no deadline, called in the driver's thread",
+    )
 
     def validate(self, judge_scored: bool) -> list[str]:
         """The reward model's settings for the manager chosen; ``judge_scored``: reward_manager.name grades

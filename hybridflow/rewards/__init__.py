@@ -6,6 +6,7 @@ scorers to a batch.
     sandbox.py      runs untrusted Python in a separate, limited process (code scorer, code tool)
     registry.py     the reward managers by name (the built-ins listed there), load_reward_manager
     rule_manager.py the rule-based managers' shared part (RuleRewardManager)
+    bad_samples.py  a sample its scorer cannot score (raised, NaN/None, past its deadline): fail or score it
     manager.py      reward managers: a batch in, token-level scores out
     dapo.py         DAPO's reward manager (overlong buffer penalty)
     genrm.py        the generative reward model: an LLM judge's verdict as the score
@@ -29,6 +30,7 @@ _EXPORTS = {
     "BatchRewardManager": "hybridflow.rewards.manager",
     "NaiveRewardManager": "hybridflow.rewards.manager",
     "RewardComputationError": "hybridflow.rewards.rule_manager",
+    "RuleRewardManager": "hybridflow.rewards.rule_manager",
     "get_reward_manager_cls": "hybridflow.rewards.registry",
     "load_reward_manager": "hybridflow.rewards.registry",
     "register_reward_manager": "hybridflow.rewards.registry",

@@ -58,6 +58,8 @@ class GenRMRewardManager(RuleRewardManager):
         unparsable_score: float = 0.0,
         chat_template: bool = True,
         judge: Judge | None = None,
+        bad_sample_score: float | None = None,
+        score_timeout_s: float | None = 60.0,
         **unknown,
     ):
         if compute_score is not None:
@@ -70,7 +72,14 @@ class GenRMRewardManager(RuleRewardManager):
                 f"reward.reward_kwargs.{sorted(unknown)[0]} is not a setting of the genrm reward manager "
                 "(its settings: template, template_path, parser, unparsable_score, chat_template)"
             )
-        super().__init__(tokenizer, num_examine, compute_score=None, reward_fn_key=reward_fn_key)
+        super().__init__(  # the judge's own deadlines are the workers'; score_timeout_s does not reach it
+            tokenizer,
+            num_examine,
+            compute_score=None,
+            reward_fn_key=reward_fn_key,
+            bad_sample_score=bad_sample_score,
+            score_timeout_s=score_timeout_s,
+        )
         self.template = load_template(template, template_path)
         self.parser_name = str(parser)
         self.parse = get_verdict_parser(self.parser_name)
@@ -87,7 +96,7 @@ class GenRMRewardManager(RuleRewardManager):
         out = super().__call__(data, return_dict=True)
         if not return_dict:
             return out["reward_tensor"]
-        out["reward_metrics"] = dict(self.last_metrics)
+        out["reward_metrics"] = {**out.get("reward_metrics", {}), **self.last_metrics}
         return out
 
     def _score_missing(self, data, data_sources, solution_strs, ground_truths, extra_infos) -> list:

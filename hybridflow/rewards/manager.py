@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow.rewards.bad_samples import DeadlineCaller, ScoreFailure
 from hybridflow.rewards.rule_manager import RewardComputationError, RuleRewardManager
 from hybridflow.rewards.scorers import default_compute_score
 
@@ -32,22 +33,26 @@ class NaiveRewardManager(RuleRewardManager):
     """One ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=)`` call per row."""
 
     def _score(self, data_sources, solution_strs, ground_truths, extra_infos) -> list:
-        out = []
-        for i, (source, text, truth, extra) in enumerate(zip(data_sources, solution_strs, ground_truths, extra_infos)):
-            try:
-                out.append(
-                    self.compute_score(
-                        data_source=source,
-                        solution_str=text,
-                        ground_truth=truth,
-                        extra_info=extra,
-                        **self.reward_kwargs,
+        call, out = DeadlineCaller(self.score_timeout_s), []
+        try:
+            for i, (source, text, truth, extra) in enumerate(
+                zip(data_sources, solution_strs, ground_truths, extra_infos)
+            ):
+                try:
+                    out.append(
+                        call(
+                            self.compute_score,
+                            data_source=source,
+                            solution_str=text,
+                            ground_truth=truth,
+                            extra_info=extra,
+                            **self.reward_kwargs,
+                        )
                     )
-                )
-            except Exception as err:
-                raise RewardComputationError(
-                    f"compute_score failed on sample {i} (data_source={source!r}): {type(err).__name__}: {err}"
-                ) from err
+                except Exception as err:
+                    out.append(self._scorer_failed(i, err))
+        finally:
+            call.close()
         return out
 
 
@@ -73,9 +78,14 @@ class BatchRewardManager(RuleRewardManager):
         super().__init__(tokenizer, num_examine, compute_score or _default_batch_score, reward_fn_key, **reward_kwargs)
 
     def _score(self, data_sources, solution_strs, ground_truths, extra_infos) -> list:
+        """One call for the batch, under a deadline of ``score_timeout_s`` per sample; when it raises or
+        runs past it, no sample has a score: each is a bad sample (or the call raises, by default)."""
+        timeout = None if self.score_timeout_s is None else self.score_timeout_s * max(len(data_sources), 1)
+        call = DeadlineCaller(timeout, what="batch compute_score")
         try:
             return list(
-                self.compute_score(
+                call(
+                    self.compute_score,
                     data_sources=data_sources,
                     solution_strs=solution_strs,
                     ground_truths=ground_truths,
@@ -84,11 +94,15 @@ class BatchRewardManager(RuleRewardManager):
                 )
             )
         except Exception as err:
+            if self.bad_sample_score is not None:
+                return [ScoreFailure(err)] * len(data_sources)
             sources = sorted(set(map(str, data_sources)))
             raise RewardComputationError(
                 f"batch compute_score failed on {len(data_sources)} samples (data_sources={sources}): "
                 f"{type(err).__name__}: {err}"
             ) from err
+        finally:
+            call.close()
 
 
 def reward_metrics(rewards: torch.Tensor | Sequence[float], data_sources: Sequence[Any]) -> dict[str, float]:

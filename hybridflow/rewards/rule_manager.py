@@ -15,6 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow.rewards.bad_samples import (
+    BAD_SAMPLES_METRIC,
+    SampleScoreError,
+    ScoreFailure,
+    check_bad_sample_settings,
+    scorer_failed_message,
+)
 from hybridflow.rewards.scorers import default_compute_score
 
 logger = logging.getLogger(__name__)
@@ -47,8 +54,15 @@ def _column(data, key: str, what: str) -> np.ndarray:
     return data.non_tensor_batch[key]
 
 
+_MAX_BAD_SAMPLE_WARNINGS = 10  # per call; the rest are counted in one line
+
+
 class RuleRewardManager:
-    """Shared decoding, score placement, validation and the examined samples; subclasses produce raw scores."""
+    """Shared decoding, score placement, validation and the examined samples; subclasses produce raw scores.
+
+    ``bad_sample_score`` / ``score_timeout_s`` (``reward.*``, see ``hybridflow.rewards.bad_samples``): what a
+    sample scores whose scorer raised, returned NaN/None or ran past the deadline (None: the call raises,
+    naming the sample), and the deadline of one sample's scoring (None: none)."""
 
     def __init__(
         self,
@@ -56,13 +70,25 @@ class RuleRewardManager:
         num_examine: int,
         compute_score: Callable | None = None,
         reward_fn_key: str = "data_source",
+        bad_sample_score: float | None = None,
+        score_timeout_s: float | None = 60.0,
         **reward_kwargs,
     ):
+        check_bad_sample_settings(bad_sample_score, score_timeout_s)
         self.tokenizer = tokenizer
         self.num_examine = num_examine
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
+        self.bad_sample_score = None if bad_sample_score is None else float(bad_sample_score)
+        self.score_timeout_s = None if score_timeout_s is None else float(score_timeout_s)
         self.reward_kwargs = reward_kwargs
+
+    def _scorer_failed(self, position: int, error: Exception) -> ScoreFailure:
+        """A subclass's scorer failed on its ``position``-th sample: raise (the manager names the row),
+        or, with ``bad_sample_score`` set, a marker that scores that."""
+        if self.bad_sample_score is None:
+            raise SampleScoreError(position, error) from error
+        return ScoreFailure(error)
 
     def _score(self, data_sources, solution_strs, ground_truths, extra_infos) -> list:
         raise NotImplementedError
@@ -92,7 +118,7 @@ class RuleRewardManager:
 
         raw = self._score_missing(data, list(data_sources), solution_strs, ground_truths, extra_infos)
 
-        scores, extra_rows = [], []
+        scores, extra_rows, bad = [], [], []
         for i, result in enumerate(raw):
             if isinstance(result, dict):
                 if "score" not in result:
@@ -103,7 +129,19 @@ class RuleRewardManager:
                 result = result["score"]
             else:
                 extra_rows.append({})
-            scores.append(_as_score(i, data_sources[i], result))
+            if isinstance(result, ScoreFailure):
+                problem = scorer_failed_message(i, data_sources[i], result.error)
+            else:
+                try:
+                    scores.append(_as_score(i, data_sources[i], result))
+                    continue
+                except ValueError as err:
+                    if self.bad_sample_score is None:
+                        raise
+                    problem = str(err)
+            scores.append(self.bad_sample_score)
+            bad.append((i, problem))
+        self._warn_bad(bad, solution_strs)
 
         # The score sits on the last valid response token; an empty response keeps it at position 0
         # so that sequence-level sums (GRPO) still see it.
@@ -117,7 +155,26 @@ class RuleRewardManager:
             return reward_tensor
         keys = list(dict.fromkeys(k for row in extra_rows for k in row))
         extra = {k: [row.get(k) for row in extra_rows] for k in keys}
-        return {"reward_tensor": reward_tensor, "reward_extra_info": extra}
+        out = {"reward_tensor": reward_tensor, "reward_extra_info": extra}
+        if self.bad_sample_score is not None:
+            out["reward_metrics"] = {BAD_SAMPLES_METRIC: float(len(bad))}
+        return out
+
+    def _warn_bad(self, bad: list, solution_strs: list) -> None:
+        for i, problem in bad[:_MAX_BAD_SAMPLE_WARNINGS]:
+            logger.warning(
+                "bad sample: %s; response %r scores reward.bad_sample_score=%s",
+                problem,
+                solution_strs[i][:200],
+                self.bad_sample_score,
+            )
+        if len(bad) > _MAX_BAD_SAMPLE_WARNINGS:
+            logger.warning(
+                "bad sample: %d more in this batch (samples %s) score reward.bad_sample_score=%s",
+                len(bad) - _MAX_BAD_SAMPLE_WARNINGS,
+                [i for i, _ in bad[_MAX_BAD_SAMPLE_WARNINGS:]],
+                self.bad_sample_score,
+            )
 
     def _score_missing(self, data, data_sources, solution_strs, ground_truths, extra_infos) -> list:
         """Scores for every row: the agent loop's ``reward_score`` where it gave one, the reward
@@ -125,9 +182,15 @@ class RuleRewardManager:
         given = data.non_tensor_batch.get("reward_score")
         todo = [i for i in range(len(data_sources)) if given is None or given[i] is None]
         pick = lambda values: [values[i] for i in todo]  # noqa: E731
-        scored = (
-            self._score(pick(data_sources), pick(solution_strs), pick(ground_truths), pick(extra_infos)) if todo else []
-        )
+        try:
+            scored = (
+                self._score(pick(data_sources), pick(solution_strs), pick(ground_truths), pick(extra_infos))
+                if todo
+                else []
+            )
+        except SampleScoreError as err:
+            row = todo[err.position]
+            raise RewardComputationError(scorer_failed_message(row, data_sources[row], err.cause)) from err.cause
         if len(scored) != len(todo):
             raise ValueError(f"compute_score returned {len(scored)} scores for a batch of {len(todo)}")
         raw = [None if given is None else given[i] for i in range(len(data_sources))]
