@@ -10,8 +10,9 @@ import pytest
 
 from hybridflow.config.loader import load_config
 from hybridflow.config.reward import RewardConfig
-from hybridflow.main_ppo import bad_sample_kwargs, run_ppo
+from hybridflow.main_ppo import run_ppo
 from hybridflow.rewards import RewardComputationError
+from hybridflow.rewards.streaming import bad_sample_kwargs
 from tests.trainer.e2e_helpers import base_overrides, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
