@@ -38,6 +38,9 @@ def _config(tiny_model_dir, tiny_data_dir, tmp_path, *extra):
         f.write(RAISES_ONCE)
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, steps=2, backend="inprocess")
     overrides += [f"custom_reward_function.path={path}", "trainer.test_freq=-1", *extra]
+    # the counter counts calls in one process: the driver scores after generation (the same failures
+    # scored in the reward loop's processes: tests/rewards/test_reward_streaming.py)
+    overrides += ["reward.num_workers=0"]
     return load_config("ppo_trainer", overrides)
 
 
