@@ -18,7 +18,7 @@ from hybridflow.agent_loop.worker import AgentLoopWorker
 from hybridflow.config.reward import CustomRewardFunctionConfig, RewardConfig, RewardManagerConfig
 from hybridflow.models.tiny import build_tiny_tokenizer
 from hybridflow.protocol import DataProto
-from hybridflow.rewards import RewardComputationError
+from hybridflow.rewards import NaiveRewardManager, RewardComputationError
 from hybridflow.rewards.rule_manager import STREAMED_SCORES
 from hybridflow.rewards.streaming import RewardRecipe, streamed_reward
 from hybridflow.rollout.server import STOP, TokenOutput
@@ -190,3 +190,18 @@ def test_scores_overlap_generation(tmp_path):
     results = [s[0] for s in out.non_tensor_batch[STREAMED_SCORES]]
     assert len({r["pid"] for r in results}) == 2 and os.getpid() not in {r["pid"] for r in results}
     assert min(r["at"] for r in results) < max(server.finished)  # scored before the batch was generated
+
+
+def test_which_runs_score_in_the_reward_loop():
+    """Row-by-row managers built from the config stream; the batch manager, the judge, a reward model,
+    ``reward.num_workers=0`` and a reward function handed over by hand score after generation."""
+    built = lambda **kw: RewardRecipe(RewardConfig(**kw), "data_source", TOK).build(num_examine=0)  # noqa: E731
+    assert streamed_reward(built(), use_rm=False) is not None
+    assert streamed_reward(built(reward_manager=RewardManagerConfig(name="dapo")), use_rm=False) is not None
+    assert streamed_reward(built(), use_rm=True) is None
+    assert streamed_reward(built(num_workers=0), use_rm=False) is None
+    assert streamed_reward(built(reward_manager=RewardManagerConfig(name="batch")), use_rm=False) is None
+    assert streamed_reward(built(reward_manager=RewardManagerConfig(name="genrm")), use_rm=False) is None
+    assert streamed_reward(NaiveRewardManager(TOK, num_examine=0), use_rm=False) is None
+    with pytest.raises(ValueError, match="reward.num_workers=-1 must be >= 0"):
+        built(num_workers=-1)
