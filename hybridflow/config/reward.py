@@ -10,7 +10,7 @@ from typing import Any
 
 from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.module import ModuleConfig
-from hybridflow.config.reasons import JUDGE, JUDGE_VLLM, speed_only
+from hybridflow.config.reasons import JUDGE, JUDGE_VLLM
 from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
 from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, refused
@@ -216,8 +216,9 @@ class RewardConfig(BaseConfig):
     _target_: str = doc("verl.workers.config.RewardConfig", "the class this section is read into")
     num_workers: int = doc(
         8,
-        "reward workers the scoring is spread over",
-        note=speed_only("reward workers (the driver scores every batch)"),
+        "processes that score each trajectory as it finishes, overlapping generation (hybridflow: "
+        "ceil(num_workers / rollout.agent.num_workers) per agent loop worker; 0: the driver scores the batch "
+        "after generation); managers batch and genrm, and a reward model, always score after generation",
     )
     custom_reward_function: CustomRewardFunctionConfig = section(
         CustomRewardFunctionConfig, "a scoring function of yours"

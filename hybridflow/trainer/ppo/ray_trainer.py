@@ -29,6 +29,7 @@ from hybridflow.config.base import to_dict
 from hybridflow.config.convert import as_section
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.protocol import DataProto
+from hybridflow.rewards.streaming import streamed_reward
 from hybridflow.single_controller.base import Watchdog, WorkerDiedError, WorkerHangError, cleanup_after_failure
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
@@ -169,6 +170,7 @@ class RayPPOTrainer:
             role=rollout_role_name(self.config),
             hybrid_engine=self.hybrid_engine,
             resume_on_abort=async_cfg.mode == "fully_async" and bool(async_cfg.partial_rollout),
+            reward=streamed_reward(self.reward_fn, self.use_rm),  # reward.num_workers: scored as each finishes
         )
         self.rollout_source = make_rollout_source(
             self.config,
