@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.engine import FSDPEngineConfig, engine_as_in_yaml
-from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
+from hybridflow.config.profiler import HOOK_KEYS, TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import NO_SP, PROFILER, speed_only
 
 __all__ = [
@@ -140,14 +140,7 @@ class LegacyRewardModelConfig(BaseConfig):
         ProfilerConfig,
         "the reward model's profiling",
         follows={"tool_config": "${actor_rollout_ref.actor.profiler.tool_config}"},
-        absent=(
-            "relocate_results",
-            "finish_hook_cmd",
-            "finish_hook_all_ranks",
-            "finish_hook_ranks",
-            *TOKEN_RANGE_KEYS,
-            *TOOL_NAME_KEYS,
-        ),
+        absent=(*HOOK_KEYS, *TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS),
         refused=PROFILER,
     )
 

@@ -16,7 +16,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import HFModelConfig
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig
-from hybridflow.config.profiler import NsightToolConfig, ProfilerConfig, ProfilerToolConfig
+from hybridflow.config.profiler import HOOK_KEYS, NsightToolConfig, ProfilerConfig, ProfilerToolConfig
 from hybridflow.config.reasons import MEGATRON, NO_SP, NPU, PROFILER, THINKING, speed_only
 from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, noted, refused
@@ -212,9 +212,7 @@ def _profiler() -> ProfilerConfig:
 _GT = "global_profiler.global_tool_config"
 # veRL's profiler.yaml interpolations, written as they are (this tree has no global_profiler)
 _PROFILER_FOLLOWS = {
-    **dict.fromkeys(
-        ("tool", "save_path", "relocate_results", "finish_hook_cmd", "finish_hook_all_ranks", "finish_hook_ranks")
-    ),
+    **dict.fromkeys(("tool", "save_path", *HOOK_KEYS)),
     "tool_config.nsys.discrete": f"${{oc.select:{_GT}.nsys.discrete}}",
     **{
         f"tool_config.torch_memory.{k}": f"${{oc.select:{_GT}.torch_memory.{k},{v}}}"
