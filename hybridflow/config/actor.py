@@ -23,6 +23,8 @@ from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 
 __all__ = [
     "STRATEGIES",
+    "STRATEGY_STATUS",
+    "TRAINING_PROFILER_ABSENT",
     "LOSS_AGG_MODES",
     "MicroBatchUnsetError",
     "PolicyLossConfig",
@@ -37,13 +39,13 @@ _CLIP_COV = "read by policy_loss.loss_mode=clip_cov"
 _KL_COV = "read by policy_loss.loss_mode=kl_cov"
 _DRO = "read by policy_loss.loss_mode=dro (required there)"
 _SAPO = "read by policy_loss.loss_mode=sapo"
-_STRATEGY = dict(values=("fsdp", "fsdp2", "ddp"), reason="hybridflow's training engines")
 _NO_ROUTER_REPLAY = "MoE router replay is not implemented"
 _REF_SPEED = speed_only("torch.compile, chunked entropy, padding buckets")
 
 STRATEGIES = ("fsdp", "fsdp2", "ddp")
+STRATEGY_STATUS = dict(values=STRATEGIES, reason="hybridflow's training engines")
 _NO_GRAD_CLIP = ("grad_clip",)  # optim.grad_clip: veRL's dataclass takes it, its yaml does not hold it
-_TRAINING_PROFILER_ABSENT = (*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS)
+TRAINING_PROFILER_ABSENT = (*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS)
 _MODEL = "actor_rollout_ref.model"
 
 
@@ -171,7 +173,7 @@ class ActorConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.ActorConfig", "the class this section is read into")
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
-    strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp", **_STRATEGY)
+    strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp", **STRATEGY_STATUS)
     ppo_mini_batch_size: int = doc(256, "prompts per optimizer step (x rollout.n samples, split over ranks)")
     ppo_micro_batch_size: int | None = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
     ppo_micro_batch_size_per_gpu: int | None = doc(None, "samples per forward/backward on one rank")
@@ -217,7 +219,7 @@ class ActorConfig(BaseConfig):
     checkpoint: CheckpointConfig = section(CheckpointConfig, "what a checkpoint holds", absent=("save_lora_only",))
     optim: OptimizerConfig = section(placed(OptimizerConfig, lr=1e-6), "the optimizer", absent=_NO_GRAD_CLIP)
     use_fused_kernels: bool = doc(False, "fused kernels", follows=f"${{{_MODEL}.use_fused_kernels}}", note=_ACTOR_SPEED)
-    profiler: ProfilerConfig = section(ProfilerConfig, "the actor's profiling", absent=_TRAINING_PROFILER_ABSENT)
+    profiler: ProfilerConfig = section(ProfilerConfig, "the actor's profiling", absent=TRAINING_PROFILER_ABSENT)
     qat: QATConfig = section(QATConfig, "quantization-aware training", refused="QAT is not implemented")
 
     _path = "actor_rollout_ref.actor"  # where the section sits: messages name full keys
@@ -320,14 +322,14 @@ class RefConfig(BaseConfig):
     renames its log_prob_* keys to the actor's before reading it as an FSDPActorConfig)."""
 
     _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class veRL reads this section into")
-    strategy: str = doc("fsdp", "training engine", follows=_actor("strategy"), **_STRATEGY)
+    strategy: str = doc("fsdp", "training engine", follows=_actor("strategy"), **STRATEGY_STATUS)
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
     use_torch_compile: bool = doc(True, "torch.compile", follows=_actor("use_torch_compile"), note=_REF_SPEED)
     log_prob_micro_batch_size: int | None = doc(None, "deprecated global micro-batch of the log-prob pass")
     log_prob_micro_batch_size_per_gpu: int | None = doc(None, "samples per forward on one rank")
     log_prob_use_dynamic_bsz: bool = doc(False, "pack by token count", follows=_actor("use_dynamic_bsz"))
     log_prob_max_token_len_per_gpu: int = doc(16384, "tokens per forward", follows=_actor("ppo_max_token_len_per_gpu"))
-    profiler: ProfilerConfig = section(ProfilerConfig, "the reference's profiling", absent=_TRAINING_PROFILER_ABSENT)
+    profiler: ProfilerConfig = section(ProfilerConfig, "the reference's profiling", absent=TRAINING_PROFILER_ABSENT)
     fsdp_config: FSDPEngineConfig = section(
         placed(engine_as_in_yaml, forward_only=True),
         "the forward-only engine",

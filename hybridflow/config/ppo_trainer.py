@@ -53,23 +53,18 @@ class ActorRolloutRefConfig(BaseConfig):
 
     hybrid_engine: bool = doc(
         True,
-        "actor, rollout and ref share the same worker processes",
+        "actor, rollout and ref share their workers",
         values=(True,),
-        reason="actor and rollout share their workers; separate pools are not implemented yet",
+        reason="separate pools are not implemented yet",
     )
-    nccl_timeout: int = doc(
-        600,
-        "seconds of the collective-communication timeout",
-        note="hybridflow's process groups use torch.distributed's default timeout",
-    )
+    nccl_timeout: int = doc(600, "collective timeout (s)", note="hybridflow uses torch.distributed's default timeout")
     model: HFModelConfig = section(
         HFModelConfig,
         "the policy model (veRL's hf_model.yaml)",
         keys={
             "lora.merge": honoured(
-                "how a LoRA policy reaches a vllm rollout: false (veRL's default) base weights "
-                "once + the adapter at every sync, true merged weights; the hf rollout always "
-                "gets merged weights"
+                "how a LoRA policy reaches a vllm rollout: false (veRL's default) base weights once + the adapter at "
+                "every sync, true merged weights; the hf rollout always gets merged weights"
             )
         },
     )
@@ -91,9 +86,7 @@ class PPOTrainerConfig(BaseConfig):
     data: DataConfig = section(DataConfig, "the training and validation prompts")
     actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, "the policy: actor, rollout, reference")
     critic: FSDPCriticConfig = section(
-        FSDPCriticConfig,
-        "the value model (used when algorithm.adv_estimator is gae)",
-        keys={"megatron.**": refused(MEGATRON)},
+        FSDPCriticConfig, "the value model (GAE)", keys={"megatron.**": refused(MEGATRON)}
     )
     reward: RewardConfig = section(
         RewardConfig,
@@ -101,9 +94,8 @@ class PPOTrainerConfig(BaseConfig):
         absent=("reward_kwargs",),
         keys={
             "reward_kwargs.**": honoured(
-                "keyword arguments of the reward manager, e.g. dapo's max_resp_len and "
-                "overlong_buffer_cfg, genrm's template, template_path, parser, "
-                "unparsable_score and chat_template"
+                "keyword arguments of the reward manager, e.g. dapo's max_resp_len and overlong_buffer_cfg, genrm's "
+                "template, template_path, parser, unparsable_score and chat_template"
             )
         },
     )
@@ -113,28 +105,24 @@ class PPOTrainerConfig(BaseConfig):
         AsyncTrainingConfig, "hybridflow: veRL's fully async keys, plus the mode of the one driver"
     )
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray start-up (ray_init at the end is the earlier spelling)")
-    global_profiler: GlobalProfilerConfig = section(
-        GlobalProfilerConfig, "profiling: the tool, the steps, defaults of every role's profiler"
-    )
+    global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig, "profiling: the tool, steps, role defaults")
     distillation: DistillationConfig = section(
         DistillationConfig,
         "on-policy distillation (not implemented)",
         refused="on-policy distillation is not implemented",
     )
     transfer_queue: TransferQueueConfig = section(
-        TransferQueueConfig,
-        "veRL's TransferQueue (not implemented)",
-        refused="the TransferQueue data plane is not implemented",
+        TransferQueueConfig, "veRL's TransferQueue", refused="the TransferQueue data plane is not implemented"
     )
     skip: SkipManagerConfig = section(
         SkipManagerConfig,
         "replay cached rollouts instead of generating",
         refused="replaying dumped rollouts is implemented for skip.rollout only",
-        keys={**dict.fromkeys(("rollout.enable", "rollout.dump_dir", "rollout.steps", "rollout.action"), honoured())},
+        keys=dict.fromkeys(("rollout.enable", "rollout.dump_dir", "rollout.steps", "rollout.action"), honoured()),
     )
     model_engine: str = doc(
         "dp",
-        "veRL's choice of training backend (dp = FSDP/DDP); hybridflow has dp only",
+        "training backend (dp = FSDP/DDP)",
         values=("dp",),
         reason="FSDP2/DDP is hybridflow's only training backend",
     )
@@ -146,12 +134,8 @@ class PPOTrainerConfig(BaseConfig):
     custom_reward_function: LegacyCustomRewardFunctionConfig = section(
         LegacyCustomRewardFunctionConfig, "legacy: earlier spelling of reward.custom_reward_function"
     )
-    sandbox_fusion: LegacySandboxFusionConfig = section(
-        LegacySandboxFusionConfig, "legacy: earlier spelling of reward.sandbox_fusion"
-    )
-    reward_manager: LegacyRewardManagerConfig = section(
-        LegacyRewardManagerConfig, "legacy: veRL main's spelling of reward.reward_manager"
-    )
+    sandbox_fusion: LegacySandboxFusionConfig = section(LegacySandboxFusionConfig, "legacy: reward.sandbox_fusion")
+    reward_manager: LegacyRewardManagerConfig = section(LegacyRewardManagerConfig, "legacy: reward.reward_manager")
     ray_init: LegacyRayInitConfig = section(LegacyRayInitConfig, "legacy: earlier spelling of ray_kwargs.ray_init")
 
     def validate(self, device: str, visible_devices: int | None = None, judge_scored: bool = False) -> list[str]:
