@@ -49,12 +49,8 @@ class LegacyRewardModelModelConfig(BaseConfig):
         reason="the reward model scores the policy's token ids as they are; re-templating for a reward model with "
         "another tokenizer is not implemented",
     )
-    override_config: dict = doc(
-        {},
-        "entries that replace the model's config.json values",
-        refused="the reward-model worker does not implement it",
-    )
-    use_shm: bool = doc(False, "copy the model to shared memory first (speed only)", note=_RM_SPEED)
+    override_config: dict = doc({}, "config.json overrides", refused="the reward-model worker does not implement it")
+    use_shm: bool = doc(False, "copy the model to shared memory first", note=_RM_SPEED)
     use_remove_padding: bool = doc(False, "padding-free forward", note=_RM_SPEED)
     use_fused_kernels: bool = doc(
         False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}", note=_RM_SPEED

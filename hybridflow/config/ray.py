@@ -10,17 +10,15 @@ from hybridflow.config.status import refused
 
 __all__ = ["RayInitConfig", "RayKwargsConfig"]
 
+_ONLY = "hybridflow passes only address, num_cpus and include_dashboard to ray.init"
+
 
 @dataclass
 class RayInitConfig(BaseConfig):
     """``ray_kwargs.ray_init``: the arguments of ray.init."""
 
     num_cpus: int | None = doc(None, "CPUs Ray may use; null: all (set it under SLURM or in containers)")
-    runtime_env: dict = doc(
-        {"py_executable": None},
-        "Ray runtime_env (py_executable: the workers' interpreter)",
-        keys={"py_executable": refused("hybridflow passes only address, num_cpus and include_dashboard to ray.init")},
-    )
+    runtime_env: dict = doc({"py_executable": None}, "Ray runtime_env", keys={"py_executable": refused(_ONLY)})
     address: str | None = doc(None, "hybridflow: null starts a local Ray unless RAY_ADDRESS is set")
     include_dashboard: bool = doc(False, "hybridflow: start the dashboard (it listens on 127.0.0.1 only)")
 
@@ -29,11 +27,7 @@ class RayInitConfig(BaseConfig):
 class RayKwargsConfig(BaseConfig):
     """``ray_kwargs``: Ray start-up."""
 
-    ray_init: RayInitConfig = section(
-        RayInitConfig,
-        "arguments of ray.init",
-        keys={"**": refused("hybridflow passes only address, num_cpus and include_dashboard to ray.init")},
-    )
+    ray_init: RayInitConfig = section(RayInitConfig, "arguments of ray.init", keys={"**": refused(_ONLY)})
     timeline_json_file: str | None = doc(
-        None, "write a Ray timeline (chrome://tracing) here", refused="writing a Ray timeline is not implemented"
+        None, "a Ray timeline file", refused="writing a Ray timeline is not implemented"
     )

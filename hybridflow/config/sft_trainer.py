@@ -17,9 +17,10 @@ from hybridflow.config.model import HFModelConfig
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig
 from hybridflow.config.profiler import HOOK_KEYS, NsightToolConfig, ProfilerConfig, ProfilerToolConfig
-from hybridflow.config.reasons import MEGATRON, NO_SP, NPU, PROFILER, THINKING, speed_only
+from hybridflow.config.reasons import MEGATRON, NO_SP, PROFILER, THINKING, speed_only
 from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, noted, refused
+from hybridflow.config.trainer import DEVICE_STATUS
 
 __all__ = [
     "SFT_LR_SCHEDULERS",
@@ -39,7 +40,6 @@ _SFT_DATA_SPEED = speed_only("packing, token balancing, loader processes, shared
 _BY_COUNT = "the SFT trainer batches by sample count"
 _NO_ROW_LIMIT = "limiting the number of rows is not implemented"
 _NO_RESUME = "resuming SFT is not implemented yet"
-_DEVICES = "auto, cpu or cuda; " + NPU
 _ADAMW = "the SFT trainer uses torch.optim.AdamW"
 _HF_DIR = dict(
     values=(["hf_model"],),
@@ -185,9 +185,7 @@ class SFTRunConfig(BaseConfig):
         None, "the checkpoint to resume from", refused=_NO_RESUME + "; to continue from saved weights set model.path"
     )
     resume_path: str | None = doc(None, "earlier spelling of resume_from_path (null: not set)")
-    device: str = doc(
-        "auto", "hybridflow: auto | cpu | cuda (veRL: cuda)", values=("auto", "cpu", "cuda", "gpu"), reason=_DEVICES
-    )
+    device: str = doc("auto", "hybridflow: auto | cpu | cuda (veRL: cuda)", **DEVICE_STATUS)
     nnodes: int = doc(1, "nodes of the run")
     n_gpus_per_node: int = doc(1, "processes per node (torchrun's --nproc_per_node decides)")
     profile_interval: list[int] = doc([-1, -1], "steps profiled, [start, end] (not implemented)", refused=PROFILER)
