@@ -14,7 +14,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.legacy import LegacyRayInitConfig
 from hybridflow.config.model import HFModelConfig
 from hybridflow.config.ray import RayKwargsConfig
-from hybridflow.config.rollout import SGLANG, RolloutConfig, rollout_as_in_yaml
+from hybridflow.config.rollout import NOT_ENGINES, SGLANG, RolloutConfig, rollout_as_in_yaml
 from hybridflow.config.status import noted, refused
 from hybridflow.config.trainer import TrainerConfig
 
@@ -75,10 +75,7 @@ class GenerationConfig(BaseConfig):
                 ("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu"),
                 noted("no log-probs are computed here"),
             ),
-            **dict.fromkeys(
-                ("engine_kwargs.sglang.**", "engine_kwargs.trtllm.**"),
-                refused("sglang and TensorRT-LLM are not hybridflow rollout engines"),
-            ),
+            **dict.fromkeys(("engine_kwargs.sglang.**", "engine_kwargs.trtllm.**"), refused(NOT_ENGINES)),
             **dict.fromkeys(("server.**", "sglang_rollout_mode"), refused(SGLANG)),
         },
     )

@@ -35,6 +35,9 @@ from hybridflow.config.transfer_queue import TransferQueueConfig
 __all__ = ["ActorRolloutRefConfig", "PPOTrainerConfig"]
 
 _A = "actor_rollout_ref.actor"
+_SGLANG = {"sglang_rollout_mode": refused(SGLANG)}
+_MEGATRON = {"megatron.**": refused(MEGATRON)}
+_NO_POOLS = "actor and rollout share their workers; separate pools are not implemented yet"
 # the policy's rollout follows the data and the actor (veRL's rollout.yaml)
 _ROLLOUT_FOLLOWS = {
     "n_gpus_per_node": "${trainer.n_gpus_per_node}",
@@ -51,12 +54,7 @@ _ROLLOUT_FOLLOWS = {
 class ActorRolloutRefConfig(BaseConfig):
     """``actor_rollout_ref``: the policy (trained, sampled and frozen as the reference), in one worker group."""
 
-    hybrid_engine: bool = doc(
-        True,
-        "actor, rollout and ref share their workers",
-        values=(True,),
-        reason="separate pools are not implemented yet",
-    )
+    hybrid_engine: bool = doc(True, "actor, rollout and ref share workers", values=(True,), reason=_NO_POOLS)
     nccl_timeout: int = doc(600, "collective timeout (s)", note="hybridflow uses torch.distributed's default timeout")
     model: HFModelConfig = section(
         HFModelConfig,
@@ -68,14 +66,10 @@ class ActorRolloutRefConfig(BaseConfig):
             )
         },
     )
-    actor: FSDPActorConfig = section(FSDPActorConfig, "the policy's training", keys={"megatron.**": refused(MEGATRON)})
-    ref: RefConfig = section(RefConfig, "the reference policy's log-prob pass", keys={"megatron.**": refused(MEGATRON)})
+    actor: FSDPActorConfig = section(FSDPActorConfig, "the policy's training", keys=_MEGATRON)
+    ref: RefConfig = section(RefConfig, "the reference policy's log-prob pass", keys=_MEGATRON)
     rollout: RolloutConfig = section(
-        rollout_as_in_yaml,
-        "the inference engine and its sampling",
-        follows=_ROLLOUT_FOLLOWS,
-        absent=ROLLOUT_NOT_IN_YAML,
-        keys={"sglang_rollout_mode": refused(SGLANG)},
+        rollout_as_in_yaml, "the inference engine", follows=_ROLLOUT_FOLLOWS, absent=ROLLOUT_NOT_IN_YAML, keys=_SGLANG
     )
 
 
@@ -85,9 +79,7 @@ class PPOTrainerConfig(BaseConfig):
 
     data: DataConfig = section(DataConfig, "the training and validation prompts")
     actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, "the policy: actor, rollout, reference")
-    critic: FSDPCriticConfig = section(
-        FSDPCriticConfig, "the value model (GAE)", keys={"megatron.**": refused(MEGATRON)}
-    )
+    critic: FSDPCriticConfig = section(FSDPCriticConfig, "the value model (GAE)", keys=_MEGATRON)
     reward: RewardConfig = section(
         RewardConfig,
         "rewards (veRL 0.9.1's section; the earlier spellings are at the end)",
@@ -120,12 +112,7 @@ class PPOTrainerConfig(BaseConfig):
         refused="replaying dumped rollouts is implemented for skip.rollout only",
         keys=dict.fromkeys(("rollout.enable", "rollout.dump_dir", "rollout.steps", "rollout.action"), honoured()),
     )
-    model_engine: str = doc(
-        "dp",
-        "training backend (dp = FSDP/DDP)",
-        values=("dp",),
-        reason="FSDP2/DDP is hybridflow's only training backend",
-    )
+    model_engine: str = doc("dp", "training backend", values=("dp",), reason="FSDP2/DDP is hybridflow's only backend")
     reward_model: LegacyRewardModelConfig = section(
         LegacyRewardModelConfig,
         "legacy: veRL's earlier reward-model section (moved keys map onto reward.*)",

@@ -11,7 +11,7 @@ from typing import Any
 from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.reasons import JUDGE, JUDGE_VLLM, speed_only
-from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
+from hybridflow.config.rollout import NOT_ENGINES, RolloutConfig, rollout_as_in_yaml
 from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, refused
 
@@ -144,10 +144,7 @@ class RewardModelConfig(BaseConfig):
             "skip_tokenizer_init": honoured(
                 "veRL requires the reward model's tokenizer; hybridflow's judge client tokenizes", values=(False,)
             ),
-            **dict.fromkeys(
-                ("engine_kwargs.sglang.**", "engine_kwargs.trtllm.**"),
-                refused("sglang and TensorRT-LLM are not hybridflow rollout engines"),
-            ),
+            **dict.fromkeys(("engine_kwargs.sglang.**", "engine_kwargs.trtllm.**"), refused(NOT_ENGINES)),
         },
     )
 

@@ -36,6 +36,8 @@ _ENGINE_SPEED = speed_only("CUDA graphs, prefix caching, staged weight loading")
 _NOT_IMPLEMENTED = "this rollout-engine feature is not implemented"
 _QUANTIZED = "quantized / speculative rollout is not implemented"
 _ONE_PIPELINE = "both run the asynchronous server + agent loop pipeline (veRL 0.9.1 removed sync)"
+NOT_ENGINES = "sglang and TensorRT-LLM are not hybridflow rollout engines"
+_PROFILER_ABSENT = ("tool_config.nsys", "tool_config.torch_memory", "tool_config.torch.schedule", *TOOL_NAME_KEYS)
 _TP_ONLY = "only tensor parallelism is implemented inside a rollout engine"
 SGLANG = "an SGLang-only option; SGLang is not a hybridflow rollout engine (use rollout.name=vllm or hf)"
 _CUSTOM = (
@@ -285,10 +287,7 @@ class RolloutConfig(BaseConfig):
     enable_chunked_prefill: bool = doc(True, "vllm: chunked prefill", reason=VLLM_ENGINE)
     enable_prefix_caching: bool = doc(True, "vllm: prefix caching", note=_ENGINE_SPEED)
     logprobs_mode: str | None = doc(
-        "processed_logprobs",
-        "log-probs after temperature",
-        values=("processed_logprobs",),
-        reason="the engines return log softmax(logits / temperature) of the sampled token",
+        "processed_logprobs", "after temperature", values=("processed_logprobs",), reason="log softmax(logits / T)"
     )
     scheduling_policy: str | None = doc("fcfs", "engine scheduling (hybridflow: fcfs)", refused=_NOT_IMPLEMENTED)
     load_format: str = doc("dummy", "vllm: initial weights (dummy: pushed from the trainer)", reason=VLLM_ENGINE)
@@ -311,26 +310,19 @@ class RolloutConfig(BaseConfig):
     engine_kwargs: dict = doc(
         {},
         "engine arguments as they are (vllm.kv_cache_memory_bytes null on cpu: enough for max_num_seqs, <= 512 MiB)",
-        keys={
-            "vllm": honoured(VLLM_ENGINE),
-            **dict.fromkeys(
-                ("sglang", "trtllm"), refused("sglang and TensorRT-LLM are not hybridflow rollout engines")
-            ),
-        },
+        keys={"vllm": honoured(VLLM_ENGINE), **dict.fromkeys(("sglang", "trtllm"), refused(NOT_ENGINES))},
     )
     limit_images: int | None = doc(None, "images per prompt (vision models are not supported)", refused=VLM)
     val_kwargs: SamplingConfig = section(placed(SamplingConfig, temperature=0.0, do_sample=False), "validation's")
     router_config_path: str | None = doc(None, "a router config (not implemented)", refused=_NOT_IMPLEMENTED)
     multi_turn: MultiTurnConfig = section(
-        MultiTurnConfig,
-        "multi-turn rollouts with tools and interactions",
-        keys={"_target_": refused(TARGET), "**": refused("this multi-turn option (SGLang's) is not implemented")},
+        MultiTurnConfig, "tools and interactions", keys={"_target_": refused(TARGET), "**": refused(_NOT_IMPLEMENTED)}
     )
     calculate_log_probs: bool = doc(False, "the engine returns its log-probs of the sampled tokens", reason=VLLM_ENGINE)
     agent: AgentLoopConfig = section(
         placed(AgentLoopConfig, num_workers=2),
-        "the agent-loop workers",
-        keys={"_target_": refused(TARGET), "**": refused("this agent loop option is not implemented")},
+        "agent loops",
+        keys={"_target_": refused(TARGET), "**": refused(_NOT_IMPLEMENTED)},
     )
     checkpoint_engine: CheckpointEngineConfig = section(
         CheckpointEngineConfig,
@@ -354,10 +346,7 @@ class RolloutConfig(BaseConfig):
     enable_rollout_routing_replay: bool = doc(False, "record MoE routes in the rollout", refused=_NOT_IMPLEMENTED)
     moe_load_balance_metrics_interval: int = doc(0, "steps between MoE load-balance metrics", refused=_NOT_IMPLEMENTED)
     profiler: ProfilerConfig | None = section(
-        unset,
-        "the rollout's profiling (follows the actor's)",
-        follows=_ROLLOUT_PROFILER,
-        absent=("tool_config.nsys", "tool_config.torch_memory", "tool_config.torch.schedule", *TOOL_NAME_KEYS),
+        unset, "follows the actor's", follows=_ROLLOUT_PROFILER, absent=_PROFILER_ABSENT
     )
     prometheus: PrometheusConfig = section(
         placed(PrometheusConfig, served_model_name="~/models/deepseek-llm-7b-chat"), "metrics", refused=_NOT_IMPLEMENTED

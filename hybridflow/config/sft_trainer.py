@@ -86,9 +86,7 @@ class SFTDataConfig(BaseConfig):
     truncation: str = doc("error", "error | left | right")
     balance_dp_token: bool = doc(False, "balance tokens over the data-parallel ranks", note=_SFT_DATA_SPEED)
     custom_cls: ModuleConfig = section(
-        ModuleConfig,
-        "a Dataset class of your own: file path + class name",
-        keys=dict.fromkeys(("path", "name"), honoured()),
+        ModuleConfig, "your Dataset class", keys=dict.fromkeys(("path", "name"), honoured())
     )
     use_shm: bool = doc(False, "copy the data to shared memory first (speed only)", note=_SFT_DATA_SPEED)
     apply_chat_template_kwargs: dict = doc({}, "extra arguments of the tokenizer's chat template")
@@ -207,7 +205,7 @@ def _profiler() -> ProfilerConfig:
     return ProfilerConfig(tool="torch", tool_config=ProfilerToolConfig(nsys=NsightToolConfig(discrete=None)))
 
 
-_GT = "global_profiler.global_tool_config"
+_GT, _PD = "global_profiler.global_tool_config", "tool_config.precision_debugger"
 # veRL's profiler.yaml interpolations, written as they are (this tree has no global_profiler)
 _PROFILER_FOLLOWS = {
     **dict.fromkeys(("tool", "save_path", *HOOK_KEYS)),
@@ -216,10 +214,7 @@ _PROFILER_FOLLOWS = {
         f"tool_config.torch_memory.{k}": f"${{oc.select:{_GT}.torch_memory.{k},{v}}}"
         for k, v in (("trace_alloc_max_entries", 100000), ("stack_depth", 32), ("memory_snapshot_num_steps", 1))
     },
-    **{
-        f"tool_config.precision_debugger.{k}": f"${{oc.select:{_GT}.precision_debugger.{k},null}}"
-        for k in ("config_path", "stages")
-    },
+    **{f"{_PD}.{k}": f"${{oc.select:{_GT}.precision_debugger.{k},null}}" for k in ("config_path", "stages")},
 }
 
 
@@ -272,7 +267,7 @@ class SFTTrainerConfig(BaseConfig):
     )
     optim: SFTOptimizerConfig = section(
         placed(SFTOptimizerConfig, min_lr_ratio=0.0),
-        "AdamW and the learning-rate schedule (veRL's optim/fsdp.yaml)",
+        "AdamW and the lr schedule",
         absent=("grad_clip",),
         keys={
             "total_training_steps": refused("the schedule length is trainer.total_training_steps"),
@@ -285,11 +280,7 @@ class SFTTrainerConfig(BaseConfig):
     )
     trainer: SFTRunConfig = section(SFTRunConfig, "the run: steps, devices, logging, checkpoints")
     profiler: ProfilerConfig = section(
-        _profiler,
-        "veRL's profiler.yaml (the SFT trainer does not profile)",
-        follows=_PROFILER_FOLLOWS,
-        absent=("tool_config.precision_debugger.strict",),
-        refused=PROFILER,
+        _profiler, "veRL's profiler.yaml", follows=_PROFILER_FOLLOWS, absent=(f"{_PD}.strict",), refused=PROFILER
     )
     ulysses_sequence_parallel_size: int | None = doc(None, "earlier spelling of engine.ulysses_sequence_parallel_size")
     use_remove_padding: bool | None = doc(None, "earlier spelling of model.use_remove_padding (null: not set)")
@@ -305,16 +296,13 @@ class SFTTrainerConfig(BaseConfig):
         p.positive("data.micro_batch_size_per_gpu", data.micro_batch_rows)
         if batch and batch % world_size:
             errors.append(f"data.train_batch_size={batch} does not split over {world_size} processes")
-        if self.optim.lr_scheduler_type not in SFT_LR_SCHEDULERS:
-            errors.append(
-                f"optim.lr_scheduler_type must be one of {SFT_LR_SCHEDULERS}, got {self.optim.lr_scheduler_type!r}"
-            )
+        if (schedule := self.optim.lr_scheduler_type) not in SFT_LR_SCHEDULERS:
+            errors.append(f"optim.lr_scheduler_type must be one of {SFT_LR_SCHEDULERS}, got {schedule!r}")
         if self.engine.strategy not in SFT_STRATEGIES:
             errors.append(f"engine.strategy must be one of {SFT_STRATEGIES}, got {self.engine.strategy!r}")
         if set(trainer.loggers) - set(loggers):
             errors.append(f"trainer.logger: the SFT trainer supports {tuple(loggers)}, got {list(trainer.loggers)}")
-        expected = trainer.nnodes * trainer.n_gpus_per_node
-        if expected != world_size:
+        if (expected := trainer.nnodes * trainer.n_gpus_per_node) != world_size:
             notes.append(
                 f"trainer.nnodes * trainer.n_gpus_per_node = {expected}, but {world_size} process(es) "
                 f"run: the process count comes from torchrun (--nproc_per_node)"
