@@ -43,11 +43,7 @@ class LegacyRewardModelModelConfig(BaseConfig):
     external_lib: str | None = doc(None, "a module imported first")
     trust_remote_code: bool | None = doc(None, "allow the model's own Python code")
     input_tokenizer: str | None = doc(
-        None,
-        "hybridflow: null (the reward model scores the policy's token ids as they are)",
-        values=(None,),
-        reason="the reward model scores the policy's token ids as they are; re-templating for a reward model with "
-        "another tokenizer is not implemented",
+        None, "hybridflow: null", values=(None,), reason="the reward model scores the policy's token ids as they are"
     )
     override_config: dict = doc({}, "config.json overrides", refused="the reward-model worker does not implement it")
     use_shm: bool = doc(False, "copy the model to shared memory first", note=_RM_SPEED)

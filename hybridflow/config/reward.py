@@ -122,10 +122,7 @@ class RewardModelConfig(BaseConfig):
         follows={"mtp": None},
         absent=(*engine_only(_RM_ENGINE_KEYS), "disaggregation.mooncake_protocol"),
         keys={
-            "name": honoured(
-                JUDGE + "; null: no engine (hybridflow's default, veRL's ??? requires a value)",
-                values=(None, "hf", "vllm"),
-            ),
+            "name": honoured(JUDGE + "; null: no engine (hybridflow's default)", values=(None, "hf", "vllm")),
             **dict.fromkeys(
                 "temperature top_k top_p seed prompt_length response_length dtype ignore_eos max_num_seqs "
                 "do_sample".split(),
@@ -141,9 +138,7 @@ class RewardModelConfig(BaseConfig):
                 honoured(JUDGE_VLLM),
             ),
             "n": honoured("one verdict per response", values=(1,)),
-            "skip_tokenizer_init": honoured(
-                "veRL requires the reward model's tokenizer; hybridflow's judge client tokenizes", values=(False,)
-            ),
+            "skip_tokenizer_init": honoured("hybridflow's judge client tokenizes", values=(False,)),
             **dict.fromkeys(("engine_kwargs.sglang.**", "engine_kwargs.trtllm.**"), refused(NOT_ENGINES)),
         },
     )
