@@ -264,6 +264,17 @@ def _under_free_form_dict(defaults: dict, key: str) -> bool:
     return False
 
 
+def _refuse_other_engine(parsed: list) -> None:
+    """veRL's ``model_engine=megatron`` (or veomni, torchtitan) brings that engine's sections
+    (``actor.megatron.*``, ...): name the engine, not each of its keys as unknown."""
+    for override in parsed:
+        engine = override.value() if override.key_or_group == "model_engine" else None
+        if isinstance(engine, str) and f"ppo_{engine}_trainer" in VERL_ONLY_CONFIGS:
+            raise ConfigError(
+                f"model_engine={engine!r} is not supported by hybridflow: {VERL_ONLY_CONFIGS[f'ppo_{engine}_trainer']}"
+            )
+
+
 def check_overrides(overrides: Sequence[str], defaults: dict, kinds: dict | None = None) -> list[str]:
     """Command-line overrides checked against the defaults tree, ready for Hydra (a scalar for a list key
     becomes a one-element list, ``None`` becomes ``null``); ConfigError names every unknown key (with the
@@ -272,6 +283,7 @@ def check_overrides(overrides: Sequence[str], defaults: dict, kinds: dict | None
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
         raise ConfigError(f"cannot parse overrides {list(overrides)}: {e}") from e
+    _refuse_other_engine(parsed)
     errors, out = [], []
     for override in parsed:
         key = override.key_or_group

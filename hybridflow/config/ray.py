@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, section
-from hybridflow.config.status import refused
+from hybridflow.config.status import honoured, refused
 
 __all__ = ["RayInitConfig", "RayKwargsConfig"]
 
-_ONLY = "hybridflow passes only address, num_cpus and include_dashboard to ray.init"
+_ONLY = "hybridflow passes only address, num_cpus, include_dashboard and runtime_env to ray.init"
 
 
 @dataclass
@@ -18,7 +18,11 @@ class RayInitConfig(BaseConfig):
     """``ray_kwargs.ray_init``: the arguments of ray.init."""
 
     num_cpus: int | None = doc(None, "CPUs Ray may use; null: all (set it under SLURM or in containers)")
-    runtime_env: dict = doc({"py_executable": None}, "Ray runtime_env", keys={"py_executable": refused(_ONLY)})
+    runtime_env: dict = doc(
+        {"py_executable": None},
+        "Ray runtime_env for every worker (py_executable: the workers' interpreter; env_vars, pip, ...)",
+        keys={"py_executable": honoured()},
+    )
     address: str | None = doc(None, "hybridflow: null starts a local Ray unless RAY_ADDRESS is set")
     include_dashboard: bool = doc(False, "hybridflow: start the dashboard (it listens on 127.0.0.1 only)")
 
