@@ -22,9 +22,7 @@ class CheckpointConfig(BaseConfig):
     load_contents: list[str] = doc(["model", "optimizer", "extra"], "what is read back", follows="${.save_contents}")
     async_save: bool = doc(False, "save in the background", refused=_ASYNC_STRICT)
     strict: bool = doc(True, "refuse a checkpoint whose keys do not match the model", refused=_ASYNC_STRICT)
-    save_lora_only: bool = doc(
-        False, "save only LoRA adapter weights", refused="adapter-only checkpoints are not implemented"
-    )
+    save_lora_only: bool = doc(False, "save LoRA adapters only", refused="adapter-only checkpoints: not implemented")
 
     def check_values(self) -> None:  # veRL's CheckpointConfig checks nothing when built
         for key in ("save_contents", "load_contents"):

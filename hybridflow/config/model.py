@@ -92,11 +92,7 @@ class HFModelConfig(BaseConfig):
     lora_alpha: int = doc(16, "LoRA scaling", reason=_PEFT)
     target_modules: str | list[str] = doc("all-linear", "LoRA targets: all-linear or a list of names", reason=_PEFT)
     exclude_modules: str | None = doc(None, "modules LoRA leaves out", reason=_PEFT)
-    lora_adapter_path: str | None = doc(
-        None,
-        "a saved LoRA adapter",
-        reason="a saved peft adapter to continue training (its own rank, alpha and targets)",
-    )
+    lora_adapter_path: str | None = doc(None, "a saved LoRA adapter", reason="a peft adapter to continue training")
     use_liger: bool = doc(False, "Liger kernels (CUDA)", note=_KERNELS_SPEED)
     use_fused_kernels: bool = doc(False, "fused log-prob/entropy kernels (CUDA)", note=_KERNELS_SPEED)
     fused_kernel_options: dict = doc({"impl_backend": "torch"}, "options of the fused kernels", note=_KERNELS_SPEED)

@@ -32,6 +32,4 @@ class RayKwargsConfig(BaseConfig):
     """``ray_kwargs``: Ray start-up."""
 
     ray_init: RayInitConfig = section(RayInitConfig, "arguments of ray.init", keys={"**": refused(_ONLY)})
-    timeline_json_file: str | None = doc(
-        None, "a Ray timeline file", refused="writing a Ray timeline is not implemented"
-    )
+    timeline_json_file: str | None = doc(None, "a Ray timeline file", refused="Ray timelines are not implemented")

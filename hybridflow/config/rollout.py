@@ -250,9 +250,8 @@ class RolloutConfig(BaseConfig):
         "???",
         "hybridflow: hf (transformers, cpu and GPU; veRL requires a value) | vllm (the [vllm] extra)",
         values=("hf", "vllm"),
-        reason="hybridflow's rollout engines are hf (transformers) and vllm; SGLang is not a hybridflow rollout "
-        "engine, nor TensorRT-LLM (veRL's sglang_multiturn examples run their multi-turn tool and "
-        "interaction rollouts on vllm or hf through the agent loop)",
+        reason="hybridflow's rollout engines are hf (transformers) and vllm, not SGLang or TensorRT-LLM (veRL's "
+        "sglang_multiturn examples run on vllm or hf through the agent loop)",
     )
     mode: str = doc("async", "async | sync (hybridflow: the same pipeline)", values=ROLLOUT_MODES, reason=_ONE_PIPELINE)
     nnodes: int = doc(0, "> 0: the engines get a pool of their own; 0: colocated with the actor")
@@ -297,9 +296,8 @@ class RolloutConfig(BaseConfig):
     over_sample_rate: float = doc(
         0.0,
         "training: keep the first int(N*(1-rate)) trajectories to finish, pad the rest; 0: keep all",
-        reason="training batches of the synchronous trainer: the first int(N*(1-rate)) trajectories to finish are "
-        "kept, the rest aborted and padded (empty response, response_mask 0), as veRL's SGLang rollout did "
-        "(veRL 0.9.1 declares the key but reads it nowhere)",
+        reason="synchronous training batches: the slowest trajectories are aborted and padded (response_mask 0), as "
+        "veRL's SGLang rollout did (veRL 0.9.1 declares the key but reads it nowhere)",
     )
     multi_stage_wake_up: bool = doc(False, "wake weights and KV cache in stages (speed only)", note=_ENGINE_SPEED)
     engine_kwargs: dict = doc(
