@@ -250,8 +250,8 @@ class RolloutConfig(BaseConfig):
         "???",
         "hybridflow: hf (transformers, cpu and GPU; veRL requires a value) | vllm (the [vllm] extra)",
         values=("hf", "vllm"),
-        reason="hybridflow's rollout engines are hf (transformers) and vllm, not SGLang or TensorRT-LLM (veRL's "
-        "sglang_multiturn examples run on vllm or hf through the agent loop)",
+        reason="hybridflow's rollout engines are hf (transformers) and vllm; SGLang is not a hybridflow rollout "
+        "engine, nor TensorRT-LLM (veRL's sglang_multiturn examples run on vllm or hf through the agent loop)",
     )
     mode: str = doc("async", "async | sync (hybridflow: the same pipeline)", values=ROLLOUT_MODES, reason=_ONE_PIPELINE)
     nnodes: int = doc(0, "> 0: the engines get a pool of their own; 0: colocated with the actor")
