@@ -10,6 +10,8 @@ from hybridflow.config.status import honoured, refused
 
 __all__ = ["RayInitConfig", "RayKwargsConfig"]
 
+_ONLY = "hybridflow passes only address, num_cpus, include_dashboard and runtime_env to ray.init"
+
 
 @dataclass
 class RayInitConfig(BaseConfig):
@@ -29,11 +31,5 @@ class RayInitConfig(BaseConfig):
 class RayKwargsConfig(BaseConfig):
     """``ray_kwargs``: Ray start-up."""
 
-    ray_init: RayInitConfig = section(
-        RayInitConfig,
-        "arguments of ray.init",
-        keys={"**": refused("hybridflow passes only address, num_cpus, include_dashboard and runtime_env to ray.init")},
-    )
-    timeline_json_file: str | None = doc(
-        None, "write a Ray timeline (chrome://tracing) here", refused="writing a Ray timeline is not implemented"
-    )
+    ray_init: RayInitConfig = section(RayInitConfig, "arguments of ray.init", keys={"**": refused(_ONLY)})
+    timeline_json_file: str | None = doc(None, "a Ray timeline file", refused="Ray timelines are not implemented")

@@ -28,6 +28,7 @@ __all__ = [
     "check_token_budget",
     "check_update_batches",
     "check_sp_needs_remove_padding",
+    "forward_pass",
     "per_rank_mini_batch",
     "per_rank_update",
     "GROUP_ESTIMATORS",
@@ -245,13 +246,9 @@ def _check_batches(p: Problems, cfg, world: int, train_bs: int, judge_scored: bo
     p.run(aref.actor.validate, world, train_bs, aref.model, max_sequence_length=longest)
     # the old policy's log-probs run on the actor's ranks (whose section reports an SP size that does not divide
     # the world) with the rollout section's micro-batching
-    r, sp = aref.rollout, aref.actor.sp_size
+    sp = aref.actor.sp_size
     if world % sp == 0:
-        _forward_pass(
-            p, _ROLLOUT, "log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size", r.log_prob_use_dynamic_bsz,
-            r.log_prob_max_token_len_per_gpu, r.log_prob_micro_batch_size, r.log_prob_micro_batch_size_per_gpu,
-            world // sp, sp, longest,
-        )  # fmt: skip
+        forward_pass(p, _ROLLOUT, aref.rollout, world // sp, sp, longest)
     if aref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         p.run(aref.ref.validate, world, train_bs, aref.model, max_sequence_length=longest)
     if cfg.algorithm.adv_estimator == "gae":  # the critic exists only for GAE
@@ -265,19 +262,18 @@ def _check_batches(p: Problems, cfg, world: int, train_bs: int, judge_scored: bo
         sp = rm.ulysses_sequence_parallel_size
         dp = data_parallel_size(p, "reward_model", world, sp)
         if dp:
-            _forward_pass(
-                p, "reward_model", "forward_max_token_len_per_gpu", "micro_batch_size", rm.use_dynamic_bsz,
-                rm.forward_max_token_len_per_gpu, rm.micro_batch_size, rm.micro_batch_size_per_gpu, dp, sp, longest,
-            )  # fmt: skip
+            forward_pass(p, "reward_model", rm, dp, sp, longest, "", "forward_max_token_len_per_gpu")
 
 
-def _forward_pass(p, path, budget_key, micro_key, dynamic, budget, micro, micro_per_gpu, dp, sp, longest) -> None:
-    """A forward-only pass configured in ``path`` (the rollout's old log-probs, the reward model's scores) on
-    ``dp`` ranks of SP size ``sp``: a token budget that holds one sequence, or a micro-batch size per rank."""
-    if dynamic:
-        check_token_budget(p, path, budget_key, budget, sp, longest)
+def forward_pass(p, path, section, dp, sp, longest, prefix="log_prob_", budget_key="log_prob_max_token_len_per_gpu"):
+    """A forward-only pass of ``section`` (the old log-probs of the rollout section, the reference's log-probs,
+    the reward model's scores) on ``dp`` ranks of SP size ``sp``: with ``<prefix>use_dynamic_bsz`` a token
+    budget that holds one sequence, else a ``<prefix>micro_batch_size`` per rank."""
+    if getattr(section, prefix + "use_dynamic_bsz"):
+        check_token_budget(p, path, budget_key, getattr(section, budget_key), sp, longest)
     else:
-        per_rank_micro_batch(p, path, micro_key, micro, micro_per_gpu, dp)
+        micro = prefix + "micro_batch_size"
+        per_rank_micro_batch(p, path, micro, getattr(section, micro), getattr(section, micro + "_per_gpu"), dp)
 
 
 def _check_algorithm(p: Problems, cfg) -> None:

@@ -23,6 +23,8 @@ __all__ = [
 ]
 
 RESUME_MODES = ("auto", "disable", "resume_path")
+DEVICE_STATUS = dict(values=("auto", "cpu", "cuda", "gpu"), reason="auto, cpu or cuda; " + NPU)
+_NO_HDFS = "copying checkpoints to HDFS is not implemented; they stay in trainer.default_local_dir"
 
 
 @dataclass
@@ -95,7 +97,7 @@ class TrainerConfig(BaseConfig):
     save_freq: int = doc(-1, "steps between checkpoints; -1: never")
     esi_redundant_time: int = doc(
         0,
-        "extra seconds of the save-before-shutdown margin of an elastic instance",
+        "save-before-shutdown margin (s)",
         note="applies to Volcengine's elastic instances, which hybridflow does not use",
     )
     resume_mode: str = doc("auto", "auto | disable | resume_path")
@@ -111,25 +113,15 @@ class TrainerConfig(BaseConfig):
         "foreign (default: refuse, naming the file)",
     )
     checkpoint_callback_class: str | None = doc(
-        None,
-        "dotted class whose on_save runs after each checkpoint",
-        refused="checkpoint callbacks are not implemented",
+        None, "a class run after saves", refused="checkpoint callbacks are not implemented"
     )
     val_before_train: bool = doc(True, "validate before the first step")
     val_only: bool = doc(False, "validate, then stop", refused="a validation-only run is not implemented")
     rollout_only: bool = doc(False, "hybridflow: generate and score every step, train nothing")
     test_freq: int = doc(-1, "steps between validations; -1: never")
     critic_warmup: int = doc(0, "the actor trains from step critic_warmup on (steps count from 1)")
-    default_hdfs_dir: str | None = doc(
-        None,
-        "a copy of the checkpoints on HDFS (not implemented)",
-        refused="copying checkpoints to HDFS is not implemented; they stay in trainer.default_local_dir",
-    )
-    del_local_ckpt_after_load: bool = doc(
-        False,
-        "delete the local checkpoint once loaded",
-        refused="copying checkpoints to HDFS is not implemented; they stay in trainer.default_local_dir",
-    )
+    default_hdfs_dir: str | None = doc(None, "a copy of the checkpoints on HDFS", refused=_NO_HDFS)
+    del_local_ckpt_after_load: bool = doc(False, "delete the local checkpoint once loaded", refused=_NO_HDFS)
     default_local_dir: str = doc(
         "checkpoints/hybridflow_examples/gsm8k",
         "checkpoint directory",
@@ -138,20 +130,13 @@ class TrainerConfig(BaseConfig):
     max_actor_ckpt_to_keep: int | None = doc(None, "actor checkpoints kept; null: all")
     max_critic_ckpt_to_keep: int | None = doc(None, "critic checkpoints kept; null: all")
     ray_wait_register_center_timeout: int = doc(
-        300,
-        "seconds the workers wait for the register center",
-        note="hybridflow's workers do not wait on a register center",
+        300, "seconds to wait for the register center", note="hybridflow's workers do not wait on a register center"
     )
     watchdog_timeout: float | None = doc(
-        1800.0,
-        "hybridflow: seconds without progress before a worker call is "
-        "declared stuck (stacks dumped, run stopped); null: off",
+        1800.0, "hybridflow: seconds without progress before a worker call is declared stuck (stacks dumped); null: off"
     )
     device: str = doc(
-        "auto",
-        "hybridflow: auto | cpu | cuda (veRL: cuda); auto picks cuda when torch sees a GPU",
-        values=("auto", "cpu", "cuda", "gpu"),
-        reason="auto, cpu or cuda; " + NPU,
+        "auto", "hybridflow: auto (cuda when torch sees a GPU) | cpu | cuda (veRL: cuda)", **DEVICE_STATUS
     )
     backend: str = doc("ray", "hybridflow: ray | inprocess (workers inside the driver, world size 1)")
     use_v1: bool = doc(

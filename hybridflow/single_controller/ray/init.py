@@ -42,15 +42,15 @@ def _section(cfg: Any) -> Mapping:
     return cfg
 
 
-def _runtime_env(configured: Mapping | None, runtime_env: Mapping | None) -> dict:
+def _runtime_env(user_env: Mapping | None, runtime_env: Mapping | None) -> dict:
     """``ray_init.runtime_env`` (its unset fields dropped) merged with the caller's, as veRL merges its
-    defaults with the user's: DEFAULT_WORKER_ENV < the caller's env_vars < the configured ones."""
-    configured = {k: v for k, v in dict(configured or {}).items() if v is not None}
-    env = {**dict(runtime_env or {}), **configured}
+    defaults with the user's: DEFAULT_WORKER_ENV < the caller's env_vars < the user's (ray_init.runtime_env)."""
+    user_env = {k: v for k, v in dict(user_env or {}).items() if v is not None}
+    env = {**dict(runtime_env or {}), **user_env}
     env["env_vars"] = {
         **DEFAULT_WORKER_ENV,
         **dict((runtime_env or {}).get("env_vars") or {}),
-        **dict(configured.get("env_vars") or {}),
+        **dict(user_env.get("env_vars") or {}),
     }
     return env
 
