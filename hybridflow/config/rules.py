@@ -14,6 +14,7 @@ rank; with dynamic batch size a token budget per rank replaces the micro-batch s
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -378,6 +379,14 @@ def _check_v1(p: Problems, cfg) -> None:
     if rollout.over_sample_rate > 0:
         p.errors.append(
             f"{_ROLLOUT}.over_sample_rate={rollout.over_sample_rate} cuts a synchronous batch; {key} streams groups"
+        )
+    sampler, warmup = cfg.trainer.v1.sampler, getattr(cfg.trainer.v1, mode).num_warmup_batches
+    threshold = sampler.max_off_policy_threshold
+    if sampler.max_off_policy_strategy == "wait" and threshold is not None and threshold < 1 + math.ceil(warmup):
+        p.notes.append(
+            f"trainer.v1.sampler: wait never evicts, and with {mode}.num_warmup_batches={warmup} batches generating "
+            f"ahead a finished group may wait its turn past max_off_policy_threshold={threshold} (use drop, or a "
+            f"threshold >= {1 + math.ceil(warmup)})"
         )
     if mode == "colocate_async" and rollout.nnodes > 0:
         p.errors.append(f"{key} generates on the trainer's workers: leave {_ROLLOUT}.nnodes=0 (or use separate_async)")

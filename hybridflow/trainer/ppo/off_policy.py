@@ -57,8 +57,9 @@ class OffPolicySampler:
         )
 
     def order(self, ready: list) -> list:
-        """The finished groups (``FinishedGroup``) in the order a step takes them: oldest weights first."""
-        return sorted(ready, key=lambda g: (g.started_at_version, g.finished_at))
+        """The finished groups (``FinishedGroup``) in the order a step takes them: oldest weights first, then
+        prompt order (so a group that made the trainer wait is trained at once)."""
+        return sorted(ready, key=lambda g: (g.started_at_version, g.group.gen_index, g.group.position))
 
 
 def build_sampler(settings, versions_per_cycle: int) -> OffPolicySampler:

@@ -217,6 +217,7 @@ class AsyncRolloutSource:
         self.prompts_per_step = prompts_per_step
         self.staleness, self.trigger, self.partial = staleness, trigger, partial
         self._pending_restart: list[PromptGroup] = []
+        self._finished_restart: list = []  # FinishedGroup
         self.stream: PromptStream | None = None
         self.rollouter: Rollouter | None = None
         self.epoch = 0
@@ -240,7 +241,7 @@ class AsyncRolloutSource:
                 refill_failed=self.refill_failed,
             )
             self.rollouter.version = version
-            self.rollouter.start(pending=self._pending_restart)
+            self.rollouter.start(pending=self._pending_restart, finished=self._finished_restart)
         while True:
             yield DataProto(meta_info={"async_rollout": True})
 
@@ -282,20 +283,23 @@ class AsyncRolloutSource:
 
     def data_state(self, step: int) -> dict:
         """The dataloader at the generation frontier plus every group pulled but not trained: a resumed
-        run generates those again first, so no group is lost or trained twice."""
+        run trains the finished ones as they are and generates the others again first, so no group is
+        lost or trained twice."""
         if self.rollouter is None:  # saved before generation started (or right after a resume)
-            pending = list(self._pending_restart)
+            pending, finished = list(self._pending_restart), list(self._finished_restart)
         else:
-            pending = self.rollouter.pending() + self.stream.buffered()
+            pending, finished = self.rollouter.pending() + self.stream.buffered(), self.rollouter.finished()
         return {
             "dataloader": self.dataloader.state_dict(),
             "pending_groups": pending,
+            "finished_groups": finished,
             "next_gen_index": self.stream.gen_index if self.stream else step + 1,
         }
 
     def load_data_state(self, state: dict, step: int) -> None:
         self.dataloader.load_state_dict(state["dataloader"])
         self._pending_restart = list(state.get("pending_groups") or [])
+        self._finished_restart = list(state.get("finished_groups") or [])
         next_index = state.get("next_gen_index")
         if next_index is not None:
             self._gen_offset = int(next_index) - (step + 1)

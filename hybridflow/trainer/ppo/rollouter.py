@@ -57,16 +57,16 @@ class PromptGroup:
     prompts: DataProto  # n rows (the prompt repeated), uid set, every non-tensor column
 
 
-# the classes a checkpoint's driver state may hold (pending groups of the asynchronous sources)
-CHECKPOINT_TYPES = (PromptGroup,)
-
-
 @dataclass
 class FinishedGroup:
     group: PromptGroup
     output: DataProto  # the prompts' columns + the rollout's tensors
     started_at_version: int
     finished_at: float = field(default_factory=time.perf_counter)
+
+
+# the classes a checkpoint's driver state may hold (the asynchronous sources' pending and finished groups)
+CHECKPOINT_TYPES = (PromptGroup, FinishedGroup)
 
 
 def staleness_bound(staleness_threshold: float, trigger_parameter_sync_step: int) -> int:
@@ -130,8 +130,12 @@ class Rollouter:
         self._window_start = time.perf_counter()
 
     # ------------------------------------------------------------------------------ lifecycle
-    def start(self, pending: list[PromptGroup] | None = None) -> None:
+    def start(self, pending: list[PromptGroup] | None = None, finished: list[FinishedGroup] | None = None) -> None:
+        """``pending``: groups to start before new prompts; ``finished``: groups ready to train as they are
+        (a resumed run's); both count against the first period's budget."""
         self._unconsumed_start = list(pending or [])
+        self._ready = list(finished or [])
+        self._started_in_period = len(self._ready)
         self._thread = threading.Thread(target=self._run, name="hybridflow-rollouter", daemon=True)
         self._thread.start()
 
@@ -371,10 +375,13 @@ class Rollouter:
             self._cond.notify_all()
 
     def pending(self) -> list[PromptGroup]:
-        """Groups pulled from the dataloader but not taken by the trainer (in flight, finished, or queued
-        for a restart): a checkpoint saves them so that a resumed run generates them again."""
+        """Groups pulled from the dataloader but neither finished nor taken (in flight, or queued for a
+        restart): a checkpoint saves them so that a resumed run generates them again."""
         with self._cond:
-            groups = (
-                [g.group for g in self._ready] + [g for g, _ in self._in_flight.values()] + list(self._unconsumed_start)
-            )
+            groups = [g for g, _ in self._in_flight.values()] + list(self._unconsumed_start)
         return sorted(groups, key=lambda g: (g.gen_index, g.position))
+
+    def finished(self) -> list[FinishedGroup]:
+        """Groups finished but not taken: a checkpoint saves them as they are (a resumed run trains them)."""
+        with self._cond:
+            return list(self._ready)
