@@ -106,6 +106,14 @@ class TrainerV1Config(BaseConfig):
             if getattr(self, mode).num_warmup_batches < 0:
                 p.errors.append(f"trainer.v1.{mode}.num_warmup_batches must be >= 0")
         p.positive("trainer.v1.separate_async.parameter_sync_step", self.separate_async.parameter_sync_step)
+        # never silently ignored: the settings of a mode not chosen (the sampler's: of both asynchronous modes)
+        for name, cls, modes in (
+            ("sampler", ReplaySamplerConfig, ("colocate_async", "separate_async")),
+            ("colocate_async", ColocateAsyncConfig, ("colocate_async",)),
+            ("separate_async", SeparateAsyncConfig, ("separate_async",)),
+        ):
+            if self.trainer_mode not in modes and getattr(self, name) != cls():
+                p.errors.append(f"trainer.v1.{name} acts in trainer_mode={' or '.join(modes)}, not {self.trainer_mode}")
         return p.raise_errors()
 
 

@@ -35,6 +35,13 @@ def test_each_mode_gets_its_pools_and_one_schedule_at_a_time():
     msg = error_of(*POOL, "trainer.v1.trainer_mode=separate_async", "async_training.mode=fully_async")
     assert "both choose the schedule" in msg
     assert "max_off_policy_strategy='keep'" in error_of("trainer.v1.sampler.max_off_policy_strategy=keep")
+    # a mode's settings are never ignored silently: set for another mode, they are an error
+    assert "acts in trainer_mode=colocate_async or separate_async, not sync" in error_of(
+        "trainer.v1.sampler.max_off_policy_strategy=wait"
+    )
+    assert "acts in trainer_mode=separate_async, not colocate_async" in error_of(
+        "trainer.v1.trainer_mode=colocate_async", "trainer.v1.separate_async.parameter_sync_step=2"
+    )
     assert "integer >= 1 or null" in error_of("trainer.v1.sampler.max_off_policy_threshold=0")
     notes = check("trainer.v1.trainer_mode=colocate_async", "trainer.v1.sampler.max_off_policy_strategy=wait",
                   "trainer.v1.sampler.max_off_policy_threshold=1")  # fmt: skip
