@@ -231,7 +231,8 @@ class Rollouter:
             return
         stale = [g for g in self._ready if self.sampler.stale(g.started_at_version, actor_version)]
         if stale:
-            self._ready = [g for g in self._ready if g not in stale]
+            gone = {id(g) for g in stale}
+            self._ready = [g for g in self._ready if id(g) not in gone]
             self._evict("off_policy", [self.sampler.span(g.started_at_version, actor_version) for g in stale])
 
     def replace(self, count: int) -> None:
