@@ -115,7 +115,9 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
 
     t = config.trainer
     total = int(t.total_training_steps) if t.total_training_steps else len(dataloader) * int(t.total_epochs)
-    config = with_runtime_values(config, total)
+    # V1 separate_async: parameter_sync_step actor updates a step, each one step of the LR schedule (as veRL)
+    updates = int(t.v1.separate_async.parameter_sync_step) if t.v1.trainer_mode == "separate_async" else 1
+    config = with_runtime_values(config, total * updates)
 
     # the backend stays up after the run (a later run in this process reuses a Ray session); run_ppo
     # puts the environment back

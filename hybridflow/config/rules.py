@@ -14,6 +14,7 @@ rank; with dynamic batch size a token budget per rank replaces the micro-batch s
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,6 +230,7 @@ def check_ppo_trainer(cfg, device: str, visible_devices: int | None = None, judg
             )
     _check_algorithm(p, cfg)
     _check_async(p, cfg)
+    _check_v1(p, cfg)
     if device == "cpu":
         _explain_gpu_only(p, cfg)
     return p.raise_errors()
@@ -359,6 +361,41 @@ def _check_async(p: Problems, cfg) -> None:
         p.errors.append(
             "async_training.use_rollout_log_probs=True takes pi_old from the rollout's log-probs: set "
             f"{_ROLLOUT}.calculate_log_probs=True"
+        )
+
+
+def _check_v1(p: Problems, cfg) -> None:
+    """veRL's V1 asynchronous modes against the rollout, the batch sizes and async_training's mode."""
+    mode, rollout = cfg.trainer.v1.trainer_mode, cfg.actor_rollout_ref.rollout
+    if mode == "sync":
+        return
+    key = f"trainer.v1.trainer_mode={mode}"
+    if cfg.async_training.mode != "sync":
+        p.errors.append(f"{key} and async_training.mode={cfg.async_training.mode} both choose the schedule: set one")
+    if rollout.over_sample_rate > 0:
+        p.errors.append(
+            f"{_ROLLOUT}.over_sample_rate={rollout.over_sample_rate} cuts a synchronous batch; {key} streams groups"
+        )
+    sampler, warmup = cfg.trainer.v1.sampler, getattr(cfg.trainer.v1, mode).num_warmup_batches
+    threshold = sampler.max_off_policy_threshold
+    if sampler.max_off_policy_strategy == "wait" and threshold is not None and threshold < 1 + math.ceil(warmup):
+        p.notes.append(
+            f"trainer.v1.sampler: wait never evicts, and with {mode}.num_warmup_batches={warmup} batches generating "
+            f"ahead a finished group may wait its turn past max_off_policy_threshold={threshold} (use drop, or a "
+            f"threshold >= {1 + math.ceil(warmup)})"
+        )
+    if mode == "colocate_async" and rollout.nnodes > 0:
+        p.errors.append(f"{key} generates on the trainer's workers: leave {_ROLLOUT}.nnodes=0 (or use separate_async)")
+    if mode != "separate_async":
+        return
+    if rollout.nnodes <= 0:
+        p.errors.append(f"{key} needs a rollout pool of its own: set {_ROLLOUT}.nnodes (and n_gpus_per_node) > 0")
+    sync_step = cfg.trainer.v1.separate_async.parameter_sync_step
+    mini, train_bs = cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.data.train_batch_size
+    if _is_positive(sync_step) and train_bs != sync_step * mini:
+        p.errors.append(
+            f"{key}: data.train_batch_size ({train_bs}) must equal trainer.v1.separate_async.parameter_sync_step "
+            f"({sync_step}) x actor_rollout_ref.actor.ppo_mini_batch_size ({mini})"
         )
 
 
