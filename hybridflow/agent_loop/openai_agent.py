@@ -47,6 +47,7 @@ import inspect
 import json
 import logging
 import math
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -345,7 +346,10 @@ class OpenAIAgentLoop(AgentLoopBase):
                 "openai_agent needs the agent function: 'agent: path/to/file.py:run' in its entry of "
                 "actor_rollout_ref.rollout.agent.agent_loop_config_path"
             )
-        self.agent = load_class(agent, "openai agent function") if isinstance(agent, str) else agent
+        if isinstance(agent, str):  # a file path is relative to the agent loop yaml that names it
+            base = os.path.dirname(os.path.abspath(settings.agent_loop_config_path or "."))
+            agent = load_class(agent, "openai agent function", base_dir=base)
+        self.agent = agent
         self.timeout_s, self.failed_reward = float(timeout_s), float(failed_reward)
         self.chat = ChatTokenizer(tokenizer, settings.chat_template_kwargs)
         self.parser = TOOL_PARSERS[settings.multi_turn.format](tokenizer)
