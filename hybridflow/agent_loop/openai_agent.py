@@ -33,7 +33,8 @@ Responses: tool calls are parsed with ``multi_turn.format``'s parser and returne
 (``tool_calls`` with JSON-text arguments, ``finish_reason="tool_calls"``). The run's sampling parameters
 (rollout temperature, top_p, top_k; ``val_kwargs`` in validation) are used whatever the request says, so
 that the recorded log-probs are the policy the trainer corrects for; ``max_tokens`` is honoured within the
-trajectory's budget (``rollout.response_length`` over all calls). Refused with 400: ``stream``, ``n > 1``,
+trajectory's budget (``rollout.response_length`` over all calls); ``logprobs`` are not returned (the
+trainer has them) and ``tool_choice`` is not enforced. Refused with 400: ``stream``, ``n > 1``,
 ``stop`` strings, a first prompt longer than the rollout prompt length, and a call whose added tokens do
 not fit the budget (``context_length_exceeded``: the sample is kept, truncated, even if the agent then
 raises). An agent that raises or passes ``timeout_s`` fails its own sample only (logged with its request
@@ -143,7 +144,9 @@ class AgentTrajectory:
     # ------------------------------------------------------------------------------------------ chains
     def _extends(self, messages: list[dict], tools) -> bool:
         c = self.chain
-        if c is None or c.kind != "chat/completions" or tools != c.tools or len(messages) <= len(c.messages):
+        if c is None or c.kind != "chat/completions" or not c.last_model_ids or tools != c.tools:
+            return False  # (a chain whose last call failed after its new messages ends without a model turn)
+        if len(messages) <= len(c.messages):
             return False
         strip = self.loop.mode == "ignore_strippable"
         head = [clean_message(m, strip) for m in messages[: len(c.messages)]]

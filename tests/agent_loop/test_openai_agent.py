@@ -241,3 +241,14 @@ def test_completions_reuse_the_chain_and_a_used_up_budget_is_a_400_that_keeps_th
     assert "reward_score" not in out.non_tensor_batch
     assert out.meta_info["metrics"]["agent/truncated"] == [1.0]
     assert out.meta_info["metrics"]["agent/agent_failures"] == [0.0]
+
+
+def test_a_plain_function_gets_a_synchronous_client_and_runs_in_a_thread():
+    def agent(client, sample):
+        assert isinstance(client, openai.OpenAI)
+        reply = client.chat.completions.create(model="m", messages=sample["raw_prompt"])
+        return float(reply.choices[0].message.content == "#### 1")
+
+    worker, server = worker_for(agent, ["#### 1", "#### 1"])
+    out = run(worker, samples(2))
+    assert out.non_tensor_batch["reward_score"].tolist() == [1.0, 1.0] and len(server.requests) == 2
