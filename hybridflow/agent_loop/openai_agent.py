@@ -171,8 +171,8 @@ class AgentTrajectory:
             logger.warning(
                 "openai_agent: sample %r is left out of the loss (response_mask 0): %s", self.request_id, why
             )
+            self.count("tokenization_mismatch")
         self.failed = True
-        self.count("tokenization_mismatch")
 
     def _append(self, ids: list[int]) -> None:
         c = self.chain
