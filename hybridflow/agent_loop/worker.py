@@ -138,8 +138,10 @@ class AgentLoopWorker:
             name = str(names[i]) if names is not None and names[i] is not None else self.settings.default_agent_loop
             sample = {k: v[i] for k, v in columns.items()}
             sample.update(prompt_ids=prompt_ids[i], request_id=f"{prefix}{step}:{offset + i}")
-            run = self._run_one(settings, i + offset, name, params, sample, call_id, trace_tags[i])
-            tasks.append(self._scored(run, settings, pad_id, {k: v[i : i + 1] for k, v in columns.items()}))
+            row = {k: v[i : i + 1] for k, v in columns.items()}
+            tasks.append(
+                self._run_one(settings, i + offset, name, params, sample, call_id, trace_tags[i], (pad_id, row))
+            )
         try:
             results: list[tuple[AgentLoopOutput, bool, tuple | None]] = await asyncio.gather(*tasks)
         finally:
@@ -189,8 +191,10 @@ class AgentLoopWorker:
         sample: dict,
         call_id: str | None = None,
         trace_tags: dict | None = None,
-    ) -> tuple[AgentLoopOutput, bool]:
-        """The trajectory's output and whether it was cut (then the output is padding: over_sample.py)."""
+        scoring: tuple[int, dict] | None = None,
+    ) -> tuple[AgentLoopOutput, bool, tuple | None]:
+        """The trajectory's output, whether it was cut (then the output is padding: over_sample.py) and,
+        with a reward pool, its score (``_score``; ``scoring``: the pad id and the sample's own columns)."""
         if name in self.loop_specs:
             loop_cls, kwargs = self.loop_specs[name]
         else:
@@ -243,15 +247,13 @@ class AgentLoopWorker:
         if versions is not None:  # which policy produced the sample: oldest and newest weights of its tokens
             output.extra_fields.setdefault("min_weight_version", versions[0])
             output.extra_fields.setdefault("max_weight_version", versions[1])
-        return output, cut
-
-    async def _scored(self, run, settings: AgentLoopSettings, pad_id: int, columns: dict) -> tuple:
-        """The trajectory of ``run`` (``_run_one``), then, with a reward pool, what the reward function
-        gives it (``(result,)``) as soon as it finished; None when the driver is to score it (no pool, a
-        cut trajectory, an agent loop's own ``reward_score``, a pool that failed: logged)."""
-        output, cut = await run
-        if self.reward_pool is None or cut or output.reward_score is not None:
+        if self.reward_pool is None or cut or output.reward_score is not None or scoring is None:
             return output, cut, None
+        return output, cut, await self._score(output, settings, *scoring)
+
+    async def _score(self, output: AgentLoopOutput, settings: AgentLoopSettings, pad_id: int, columns: dict):
+        """What the reward function gives a finished trajectory (``(result,)``), on the reward pool, as soon
+        as it finished; None when the driver is to score it (a pool that failed: logged)."""
         tensors = pad_outputs([output], settings.prompt_length, settings.response_length, pad_id)
         row = DataProto.from_dict(tensors=tensors, non_tensors={**columns, **non_tensor_fields([output])})
         try:
@@ -260,8 +262,8 @@ class AgentLoopWorker:
             logger.warning("reward.num_workers: scoring a trajectory failed (%r); the driver scores it", err)
             if isinstance(err, BrokenProcessPool):
                 self.reward_pool.close()  # the next trajectory starts a fresh pool
-            return output, cut, None
-        return output, cut, (result,)
+            return None
+        return (result,)
 
     async def close_rewards(self) -> None:
         if self.reward_pool is not None:
