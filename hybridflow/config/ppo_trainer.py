@@ -117,9 +117,7 @@ class PPOTrainerConfig(BaseConfig):
         GlobalProfilerConfig, "profiling: the tool, the steps, defaults of every role's profiler"
     )
     distillation: DistillationConfig = section(
-        DistillationConfig,
-        "on-policy distillation (not implemented)",
-        refused="on-policy distillation is not implemented",
+        DistillationConfig, "on-policy distillation from teacher models served on rollout engines"
     )
     transfer_queue: TransferQueueConfig = section(
         TransferQueueConfig,
