@@ -247,12 +247,7 @@ class DataParallelPPOActor:
     # ----------------------------------------------------------------------------------------
 
     def _micro_batch_loss(
-        self,
-        micro,
-        ctx: MiniBatchContext,
-        temperature: float,
-        correction: RolloutCorrectionConfig | None,
-        distill=None,
+        self, micro, ctx: MiniBatchContext, temperature: float, correction: RolloutCorrectionConfig | None, distill=None
     ) -> torch.Tensor:
         """This micro-batch's share of the mini-batch loss (times dp size): policy loss, minus the
         entropy bonus, plus the KL loss; its metrics go to ``ctx``. ``correction``: the driver's rollout
@@ -345,7 +340,9 @@ class DataParallelPPOActor:
             keys.append("ref_log_prob")
         distill = data.meta_info.get("distillation")  # the driver's distillation_loss section, when on
         if distill is not None:
-            keys += ["teacher_log_probs"] + (["teacher_ids"] if get_distillation_loss(distill.loss_mode).use_topk else [])
+            keys += ["teacher_log_probs"] + (
+                ["teacher_ids"] if get_distillation_loss(distill.loss_mode).use_topk else []
+            )
         data = data.select(batch_keys=keys)
 
         loss = functools.partial(
