@@ -181,12 +181,11 @@ class VLLMServer(AsyncRolloutServer):
         sampling = self._vllm.SamplingParams(n=1, max_tokens=1, temperature=1.0, prompt_logprobs=topk, detokenize=False)
 
         async def one(seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-            final = None
             prompt = {"prompt_token_ids": [int(t) for t in seq]}
-            async for final in self.engine.generate(
+            outputs = self.engine.generate(
                 prompt=prompt, sampling_params=sampling, request_id=f"score-{next(self._ids)}"
-            ):
-                pass
+            )
+            final = [out async for out in outputs][-1]  # cumulative outputs: the last holds the prompt log-probs
             ids, values = [], []
             for token, step in zip(seq[1:], final.prompt_logprobs[1:]):  # the first token has none
                 ranked = sorted(step.items(), key=lambda kv: -kv[1].logprob)[:topk] if topk > 0 else None
