@@ -24,11 +24,12 @@ import torch
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.sampling import model_eos_token_ids
-from hybridflow.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
+from hybridflow.rollout.server import EngineLoop, ServerSpec
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
+from hybridflow.workers.rollout import ROLLOUT_SERVERS  # the engines package: registers hf and vllm
 
 MODEL_PATH_KEY = "reward.reward_model.model_path"
 
