@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, placed, section
+from hybridflow.config.reasons import TARGET
 from hybridflow.config.reward import engine_only, standalone_engine
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.config.status import honoured, noted, refused
@@ -94,11 +95,14 @@ class DistillationConfig(BaseConfig):
     _target_: str = doc("verl.workers.config.DistillationConfig", "the class this section is read into")
     enabled: bool = doc(False, "distil from the teacher models")
     distillation_loss: DistillationLossConfig = section(DistillationLossConfig, "the distillation loss")
-    n_gpus_per_node: int = doc(8, "devices per node of the teachers' pool")
-    nnodes: int = doc(0, "nodes of the teachers' pool")
+    n_gpus_per_node: int = doc(8, "devices per node of the teachers' pool (a single teacher's replicas when 0)")
+    nnodes: int = doc(0, "nodes of the teachers' pool (a single teacher's replicas: n_gpus_per_node x nnodes)")
     teacher_models: dict[str, DistillationTeacherModelConfig] = doc(
         {"teacher_model": DistillationTeacherModelConfig()},
         "the teachers by name (one: it scores every sample; several: routed by teacher_key)",
-        keys={"*.**": honoured("a teacher added with +: the keys of teacher_model")},
+        keys={
+            "*.**": honoured("a teacher added with +: the keys of teacher_model"),
+            **dict.fromkeys(("*._target_", "*.inference._target_"), refused(TARGET)),
+        },
     )
     teacher_key: str = doc("data_source", "the sample column whose value names the teacher (its key)")
