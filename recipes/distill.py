@@ -13,8 +13,8 @@
 5. distill   ``python -m hybridflow.main_ppo`` with veRL's ``distillation.*`` keys: the teacher is
              served on an hf engine of its own and scores the student's sampled tokens (its top-k
              log-probs); the loss is ``forward_kl_topk`` alone (``use_task_rewards=False``).
-6. eval      the distilled student, then (unless ``--no_task_run``) a second run that adds the task's
-             GRPO loss (``use_task_rewards=True``) and its evaluation.
+6. eval      the distilled student, then a second run that adds the task's GRPO loss
+             (``use_task_rewards=True``) and its evaluation (``--runs`` picks them).
 
 Writes ``<workdir>/distill_result.json``: accuracy_before / accuracy_after (the student's),
 teacher_accuracy, the curves (``kl``: the student-teacher KL per step as the actor logs it,
@@ -50,7 +50,7 @@ from quickstart import (  # noqa: E402
 )
 
 # distillation: 16 prompts x 4 samples per step (the teacher's top-k carries the signal; no group needed)
-FULL = dict(QUICKSTART_FULL, response_length=FULL_RESPONSE_LENGTH["steps"], n=4, rl_steps=40, test_freq=10)
+FULL = dict(QUICKSTART_FULL, response_length=FULL_RESPONSE_LENGTH["steps"], n=4, rl_steps=40, test_freq=20)
 
 
 def log(msg: str) -> None:
@@ -67,7 +67,11 @@ def parse(argv=None):
     p.add_argument("--lr", type=float, default=1e-4, help="the student's learning rate")
     p.add_argument("--loss_mode", default="forward_kl_topk")
     p.add_argument("--topk", type=int, default=16)
-    p.add_argument("--no_task_run", action="store_true", help="skip the run with use_task_rewards=True")
+    p.add_argument(
+        "--runs",
+        default="distill,distill_task",
+        help="which runs: distill (distillation alone), distill_task (with use_task_rewards=True)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the plumbing only")
     p.add_argument("--backend", choices=("ray", "inprocess"), default="ray")
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
@@ -158,7 +162,7 @@ def main(argv=None) -> dict:
     args.warmup = min(5, distill_sizes["rl_steps"])
     runs = {}
     for name, task_rewards in (("distill", False), ("distill_task", True)):
-        if name == "distill_task" and args.no_task_run:
+        if name not in args.runs.split(","):
             continue
         t0 = time.perf_counter()
         final, rows = run_rl(
@@ -182,7 +186,7 @@ def main(argv=None) -> dict:
             if kl
             else f"{name}: student {before:.1%} -> {after:.1%}"
         )
-    main_run = runs["distill"]
+    main_run = runs.get("distill") or next(iter(runs.values()))
     result = {
         "seed": args.seed,
         "quick": args.quick,
