@@ -123,8 +123,10 @@ def make_config(work: str, args):
     reward = os.path.join(work, "reward.py")
     with open(reward, "w") as fh:
         fh.write(TOY_REWARD)
+    from hybridflow.main_ppo import checked_config
+
     per_rank = args.batch * args.n // args.workers
-    return load_config(
+    return checked_config(load_config(
         "ppo_trainer",
         [
             "algorithm.adv_estimator=grpo",
@@ -153,7 +155,7 @@ def make_config(work: str, args):
             "trainer.device=cpu",
             f"custom_reward_function.path={reward}",
         ],
-    )
+    ))
 
 
 def reference_order(trainer, steps: int) -> tuple[dict[int, list], list[dict]]:
