@@ -42,6 +42,7 @@ from hybridflow.config.rollout import rollout_as_in_yaml
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.sampling import SamplingParams, resolve_sampling, rollout_sampling
+from hybridflow.rollout.server import RolloutEngineDiedError
 from hybridflow.utils.tool_config import initialize_tools_from_config
 
 # non-tensor fields that are not per-sample keyword arguments of a loop
@@ -131,6 +132,9 @@ class AgentLoopWorker:
             tasks.append(self._run_one(settings, i + offset, name, params, sample, call_id, trace_tags[i]))
         try:
             results: list[tuple[AgentLoopOutput, bool]] = await asyncio.gather(*tasks)
+        except RolloutEngineDiedError as e:
+            e.step = f"{step} (validation)" if prefix == "val" else step
+            raise
         finally:
             self._kept.pop(call_id, None)
         outputs = [o for o, _ in results]
