@@ -3,6 +3,8 @@ resumed automatically (resume_mode=auto) by a small wrapper. Not part of CI.
 
     nice -n 10 python benchmarks/soak.py --steps 200 --save_freq 10 --kills 5      (~15-25 min on 2 cores)
     python benchmarks/soak.py --quick                                               (6 steps, 1 kill)
+    ... --kills 0 --engine_kills 1: a rollout engine (hf: the worker process; vllm: its EngineCore) killed
+    0.2 s into a generation instead
 
 The wrapper (``run_with_auto_resume``) builds the trainer the way ``main_ppo`` does and calls ``fit``;
 when a worker dies the trainer shuts its workers down and raises, and the wrapper builds a fresh
@@ -154,6 +156,7 @@ def make_config(work: str, args):
             f"trainer.n_gpus_per_node={args.workers}",
             "trainer.device=cpu",
             f"custom_reward_function.path={reward}",
+            f"actor_rollout_ref.rollout.name={args.rollout}",
         ],
     ))
 
@@ -188,7 +191,8 @@ def run_with_auto_resume(config, args, log: SoakLog) -> int:
     from hybridflow.trainer import checkpoint as ckpt
 
     rng = random.Random(args.seed)
-    kill_steps = set(rng.sample(range(2, args.steps), k=min(args.kills, args.steps - 2)))
+    chosen = rng.sample(range(2, args.steps), k=min(args.kills + args.engine_kills, args.steps - 2))
+    kill_steps, engine_kill_steps = set(chosen[: args.kills]), set(chosen[args.kills :])
     ref_states = None
     attempt, restarts, start = 0, 0, time.perf_counter()
     while True:
@@ -206,6 +210,19 @@ def run_with_auto_resume(config, args, log: SoakLog) -> int:
                 (attempt, int(state["global_steps"]), state["dataloader"], ref_states[int(state["global_steps"])])
             )
         original_step = trainer.train_step
+        manager = trainer.async_rollout_manager
+        original_generate = manager._run_workers
+
+        def run_workers(prompts, _attempt=attempt, _pids=worker_pids, _trainer=trainer):
+            step = _trainer.global_steps
+            if step in engine_kill_steps and not prompts.meta_info.get("validate", False):
+                engine_kill_steps.discard(step)  # mid-generation: the engine of a random rank
+                pid, delay = _engine_pid(rng.choice(_pids)), 0.2
+                log.kills.append((_attempt, step, pid, f"engine, {delay}"))
+                threading.Timer(delay, lambda: _kill(pid)).start()
+            return original_generate(prompts)
+
+        manager._run_workers = run_workers
 
         def train_step(batch, _attempt=attempt, _pids=worker_pids, _step_fn=original_step, _trainer=trainer):
             step = _trainer.global_steps
@@ -247,6 +264,12 @@ def run_with_auto_resume(config, args, log: SoakLog) -> int:
             trainer.shutdown_workers()
 
 
+def _engine_pid(worker_pid: int) -> int:
+    """The rollout engine's own process: vLLM's EngineCore under the worker, else the worker (hf runs in it)."""
+    cores = [p.pid for p in psutil.Process(worker_pid).children(recursive=True) if "EngineCore" in p.name()]
+    return cores[0] if cores else worker_pid
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -272,7 +295,7 @@ def report(args, log: SoakLog, restarts: int, reference: dict, steps_per_epoch: 
     worker_growth = {k: growth_per_100_steps(v) for k, v in long_lived.items()}
     print(
         f"\nsoak: {args.steps} GRPO steps ({args.batch} prompts x {args.n}), {args.workers} Ray workers, "
-        f"save_freq {args.save_freq}, {len(log.kills)} kills, wall {wall:.0f} s"
+        f"save_freq {args.save_freq}, {len(log.kills)} kills ({args.engine_kills} of an engine mid-generation), {args.rollout} rollout, wall {wall:.0f} s"
     )
     print(f"{'quantity':<44} {'value':>12}")
     rows = [
@@ -318,6 +341,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--save_freq", type=int, default=10)
     ap.add_argument("--kills", type=int, default=5, help="random worker kills over the run")
+    ap.add_argument("--engine_kills", type=int, default=0, help="rollout engines killed mid-generation")
+    ap.add_argument("--rollout", default="hf", choices=["hf", "vllm"], help="the rollout engine")
     ap.add_argument("--kill_window", type=float, default=2.0, help="a kill lands 0..this many seconds into its step")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)

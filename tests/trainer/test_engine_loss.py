@@ -81,6 +81,35 @@ def test_other_errors_of_a_request_pass_unchanged():
         asyncio.run(manager.generate("train1:0", [5], SamplingParams()))
 
 
+def test_the_vllm_server_turns_vllms_engine_death_into_engine_dead_error():
+    """vLLM's AsyncLLM raises its own EngineDeadError for every request once its EngineCore process is gone
+    (seen 0.1 s after a SIGKILL on CPU); the server raises the rollout interface's, which the handles know."""
+    import itertools
+    import types
+
+    from hybridflow.workers.rollout.vllm_server import VLLMServer
+
+    class VLLMEngineDeadError(Exception):  # vllm.v1.engine.exceptions.EngineDeadError, matched by name
+        pass
+
+    VLLMEngineDeadError.__name__ = "EngineDeadError"
+
+    async def generate(**_):
+        raise VLLMEngineDeadError("EngineCore encountered an issue")
+        yield
+
+    server = object.__new__(VLLMServer)
+    server.__dict__.update(_closed=False, _asleep=set(), _not_real_reason=None, _in_flight=set(), _lora=None)
+    server._update_done, server._ids = asyncio.Event(), itertools.count()
+    server._update_done.set()
+    server.settings = types.SimpleNamespace(max_model_len=64)
+    server._sampling_params = lambda *a, **k: None
+    server.engine = types.SimpleNamespace(generate=generate)
+    with pytest.raises(EngineDeadError, match="engine core process is gone"):
+        asyncio.run(server.generate([5, 6], SamplingParams(), "train1:0"))
+    assert not server._in_flight
+
+
 # ------------------------------------------------------------------------------------------ end to end
 KILL = re.compile(r"\[freeze hook\] killed pid (\d+) \((.*?)\) of rank (\d+) .* at ([\d.]+); processes \[(.*?)\]")
 RAISED = re.compile(r"\[freeze hook\] generate raised (\w+) at ([\d.]+)")
