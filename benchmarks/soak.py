@@ -128,37 +128,39 @@ def make_config(work: str, args):
     from hybridflow.main_ppo import checked_config
 
     per_rank = args.batch * args.n // args.workers
-    return checked_config(load_config(
-        "ppo_trainer",
-        [
-            "algorithm.adv_estimator=grpo",
-            f"data.train_files={data}/train.parquet",
-            f"data.val_files={data}/test.parquet",
-            f"data.train_batch_size={args.batch}",
-            "data.max_prompt_length=128",
-            "data.max_response_length=16",
-            "data.seed=7",
-            f"actor_rollout_ref.model.path={model_dir}",
-            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-            "actor_rollout_ref.actor.optim.lr=1e-5",
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
-            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={per_rank}",
-            f"actor_rollout_ref.rollout.n={args.n}",
-            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={per_rank}",
-            f"trainer.total_training_steps={args.steps}",
-            "trainer.test_freq=-1",
-            f"trainer.save_freq={args.save_freq}",
-            "trainer.val_before_train=False",
-            "trainer.logger=[]",
-            f"trainer.default_local_dir={work}/ckpt",
-            "trainer.resume_mode=auto",
-            "trainer.backend=ray",
-            f"trainer.n_gpus_per_node={args.workers}",
-            "trainer.device=cpu",
-            f"custom_reward_function.path={reward}",
-            f"actor_rollout_ref.rollout.name={args.rollout}",
-        ],
-    ))
+    return checked_config(
+        load_config(
+            "ppo_trainer",
+            [
+                "algorithm.adv_estimator=grpo",
+                f"data.train_files={data}/train.parquet",
+                f"data.val_files={data}/test.parquet",
+                f"data.train_batch_size={args.batch}",
+                "data.max_prompt_length=128",
+                "data.max_response_length=16",
+                "data.seed=7",
+                f"actor_rollout_ref.model.path={model_dir}",
+                "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+                "actor_rollout_ref.actor.optim.lr=1e-5",
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
+                f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={per_rank}",
+                f"actor_rollout_ref.rollout.n={args.n}",
+                f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={per_rank}",
+                f"trainer.total_training_steps={args.steps}",
+                "trainer.test_freq=-1",
+                f"trainer.save_freq={args.save_freq}",
+                "trainer.val_before_train=False",
+                "trainer.logger=[]",
+                f"trainer.default_local_dir={work}/ckpt",
+                "trainer.resume_mode=auto",
+                "trainer.backend=ray",
+                f"trainer.n_gpus_per_node={args.workers}",
+                "trainer.device=cpu",
+                f"custom_reward_function.path={reward}",
+                f"actor_rollout_ref.rollout.name={args.rollout}",
+            ],
+        )
+    )
 
 
 def reference_order(trainer, steps: int) -> tuple[dict[int, list], list[dict]]:
@@ -200,7 +202,15 @@ def run_with_auto_resume(config, args, log: SoakLog) -> int:
         if ref_states is None:
             log.reference, ref_states = reference_order(trainer, args.steps)
             log.steps_per_epoch = len(trainer.train_dataloader)
-        trainer.init_workers()
+        try:
+            trainer.init_workers()
+        except Exception as e:  # a worker lost while starting (Ray's memory monitor, on a crowded machine)
+            log.failures.append((attempt, trainer.global_steps, f"init_workers: {type(e).__name__}"))
+            trainer.shutdown_workers()
+            restarts, attempt = restarts + 1, attempt + 1
+            if restarts > args.max_restarts:
+                raise
+            continue
         group = trainer._all_groups.get("_fused", trainer.actor_rollout_wg)
         worker_pids = [p for p in group.execute_all_sync("get_pid") if p != os.getpid()]
         resumed_from = ckpt.find_latest_checkpoint(config.trainer.default_local_dir)
@@ -213,14 +223,14 @@ def run_with_auto_resume(config, args, log: SoakLog) -> int:
         manager = trainer.async_rollout_manager
         original_generate = manager._run_workers
 
-        def run_workers(prompts, _attempt=attempt, _pids=worker_pids, _trainer=trainer):
+        def run_workers(prompts, _attempt=attempt, _pids=worker_pids, _trainer=trainer, _gen=original_generate):
             step = _trainer.global_steps
             if step in engine_kill_steps and not prompts.meta_info.get("validate", False):
                 engine_kill_steps.discard(step)  # mid-generation: the engine of a random rank
                 pid, delay = _engine_pid(rng.choice(_pids)), 0.2
                 log.kills.append((_attempt, step, pid, f"engine, {delay}"))
                 threading.Timer(delay, lambda: _kill(pid)).start()
-            return original_generate(prompts)
+            return _gen(prompts)
 
         manager._run_workers = run_workers
 
@@ -295,7 +305,9 @@ def report(args, log: SoakLog, restarts: int, reference: dict, steps_per_epoch: 
     worker_growth = {k: growth_per_100_steps(v) for k, v in long_lived.items()}
     print(
         f"\nsoak: {args.steps} GRPO steps ({args.batch} prompts x {args.n}), {args.workers} Ray workers, "
-        f"save_freq {args.save_freq}, {len(log.kills)} kills ({args.engine_kills} of an engine mid-generation), {args.rollout} rollout, wall {wall:.0f} s"
+        f"save_freq {args.save_freq}, "
+        f"{len(log.kills)} kills ({args.engine_kills} of an engine mid-generation), {args.rollout} rollout, "
+        f"wall {wall:.0f} s"
     )
     print(f"{'quantity':<44} {'value':>12}")
     rows = [
@@ -363,11 +375,12 @@ def main(argv=None) -> dict:
     config = make_config(work, args)
     log, start = SoakLog(), time.perf_counter()
     try:
-        restarts = run_with_auto_resume(config, args, log)
-    finally:
+        run_with_auto_resume(config, args, log)
+    finally:  # a run that gave up still reports what it saw
         if ray.is_initialized():
             ray.shutdown()
-    return report(args, log, restarts, log.reference, log.steps_per_epoch, time.perf_counter() - start)
+        out = report(args, log, len(log.failures), log.reference, log.steps_per_epoch, time.perf_counter() - start)
+    return out
 
 
 if __name__ == "__main__":
