@@ -127,18 +127,28 @@ def _steps(stderr: str) -> dict[int, list[int]]:
 
 
 @pytest.mark.parametrize(
-    "engine, extra, rank, victim",
+    "engine, extra, rank, victim, action",
     [
-        pytest.param("hf", [], 1, "ray::", id="hf-colocated", marks=pytest.mark.slow),
-        pytest.param("hf", SEPARATE_POOL, 0, "ray::", id="hf-separate-pool", marks=pytest.mark.slow),
-        pytest.param("vllm", VLLM, 1, "EngineCore", id="vllm-colocated", marks=[pytest.mark.slow, NEEDS_VLLM]),
+        pytest.param("hf", [], 1, "ray::", "kill_engine", id="hf-colocated", marks=pytest.mark.slow),
+        pytest.param("hf", SEPARATE_POOL, 0, "ray::", "kill_engine", id="hf-separate-pool", marks=pytest.mark.slow),
         pytest.param(
-            "vllm", VLLM + SEPARATE_POOL, 0, "EngineCore", id="vllm-separate", marks=[pytest.mark.slow, NEEDS_VLLM]
+            "vllm", VLLM, 1, "EngineCore", "kill_engine", id="vllm-colocated", marks=[pytest.mark.slow, NEEDS_VLLM]
+        ),
+        # the worker that hosts vLLM's engine: its EngineCore and VLLM::Worker must not outlive it
+        pytest.param("vllm", VLLM, 1, "ray::", "kill", id="vllm-worker-killed", marks=[pytest.mark.slow, NEEDS_VLLM]),
+        pytest.param(
+            "vllm",
+            VLLM + SEPARATE_POOL,
+            0,
+            "EngineCore",
+            "kill_engine",
+            id="vllm-separate",
+            marks=[pytest.mark.slow, NEEDS_VLLM],
         ),
     ],
 )
 def test_an_engine_killed_mid_generation_stops_the_run_and_resume_loses_no_prompt(
-    engine, extra, rank, victim, tiny_model_dir, tiny_data_dir, tiny_tokenizer, tmp_path
+    engine, extra, rank, victim, action, tiny_model_dir, tiny_data_dir, tiny_tokenizer, tmp_path
 ):
     from hybridflow.config.loader import load_config
 
@@ -155,7 +165,7 @@ def test_an_engine_killed_mid_generation_stops_the_run_and_resume_loses_no_promp
         *extra,
     ]
     # the second generation (step 2), 0.2 s after it started: well before its 64-token trajectories end
-    proc = _run_main_ppo(overrides, f"generate#2@{rank}:kill_engine+0.2", timeout=900)
+    proc = _run_main_ppo(overrides, f"generate#2@{rank}:{action}+0.2", timeout=900)
     killed, raised = KILL.search(proc.stderr), RAISED.search(proc.stderr)
     assert killed and raised, proc.stderr[-6000:]
     assert victim in killed.group(2) and int(killed.group(3)) == rank, killed.group(0)

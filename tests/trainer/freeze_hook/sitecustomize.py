@@ -87,7 +87,7 @@ def _kill_later(group, rank: int, action: str, delay: float) -> None:
     worker = psutil.Process(os.getpid() if hasattr(group, "_host") else group._locations[rank].pid)
     processes = [worker, *worker.children(recursive=True)]
     cores = [p for p in processes if "EngineCore" in p.name()]
-    victim = cores[0] if cores else worker
+    victim = cores[0] if cores and action == "kill_engine" else worker
     if action == "kill_engine" and victim.pid == os.getpid():
         raise RuntimeError("freeze hook: no engine process to kill in the driver")  # would kill the test's run
     pids = [p.pid for p in processes if p.pid != os.getpid()]
