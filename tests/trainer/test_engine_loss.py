@@ -132,7 +132,7 @@ def _steps(stderr: str) -> dict[int, list[int]]:
         pytest.param("hf", [], 1, "ray::", "kill_engine", id="hf-colocated", marks=pytest.mark.slow),
         pytest.param("hf", SEPARATE_POOL, 0, "ray::", "kill_engine", id="hf-separate-pool", marks=pytest.mark.slow),
         pytest.param(
-            "vllm", VLLM, 1, "EngineCore", "kill_engine", id="vllm-colocated", marks=[pytest.mark.slow, NEEDS_VLLM]
+            "vllm", VLLM, 1, "VLLM::Engine", "kill_engine", id="vllm-colocated", marks=[pytest.mark.slow, NEEDS_VLLM]
         ),
         # the worker that hosts vLLM's engine: its EngineCore and VLLM::Worker must not outlive it
         pytest.param("vllm", VLLM, 1, "ray::", "kill", id="vllm-worker-killed", marks=[pytest.mark.slow, NEEDS_VLLM]),
@@ -140,7 +140,7 @@ def _steps(stderr: str) -> dict[int, list[int]]:
             "vllm",
             VLLM + SEPARATE_POOL,
             0,
-            "EngineCore",
+            "VLLM::Engine",
             "kill_engine",
             id="vllm-separate",
             marks=[pytest.mark.slow, NEEDS_VLLM],
