@@ -48,6 +48,8 @@ extras_require = {
     "plot": ["matplotlib>=3.7"],
     # GGUF files as model paths (hybridflow.workers.gguf_cache; transformers' GGUF loader needs accelerate)
     "gguf": ["gguf>=0.10,<1", "accelerate>=1.1"],
+    # agents written against the openai client (hybridflow.agent_loop.openai_agent): the client it hands them
+    "agent": ["openai==3.57.0"],
     "dev": [
         "pytest>=8",
         "pytest-timeout>=2.2",
@@ -58,6 +60,7 @@ extras_require = {
         "mlflow-skinny>=3.1",
         "sqlalchemy>=2",
         "alembic>=1.13",
+        "openai==3.57.0",
     ],
 }
 

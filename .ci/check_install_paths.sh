@@ -66,6 +66,7 @@ for cls, cfg_cls in ((Qwen2ForCausalLM, Qwen2Config), (LlamaForCausalLM, LlamaCo
     assert logits.shape == (1, ids.shape[1], len(tok)) and torch.isfinite(logits).all(), cls.__name__
 DataProto.from_dict(tensors={"input_ids": ids})
 import accelerate, gguf  # noqa: E401,F401  (GGUF model paths: requirements-cpu.txt, the [gguf] and [dev] extras)
+import openai  # noqa: F401  (openai_agent's client: requirements-cpu.txt, the [agent] and [dev] extras)
 msg = f"torch {torch.__version__}"
 if want_vllm:
     import vllm

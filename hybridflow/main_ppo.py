@@ -19,11 +19,10 @@ from hybridflow.config.base import part_of_tree
 from hybridflow.config.convert import as_section
 from hybridflow.config.loader import ConfigError, parse_cli
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
-from hybridflow.config.reward import RewardConfig
 from hybridflow.data.custom_dataset import build_rl_dataset
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
 from hybridflow.data.sampler import create_rl_dataloader
-from hybridflow.rewards import RuleRewardManager, get_custom_reward_fn, get_reward_manager_cls, load_reward_manager
+from hybridflow.rewards.streaming import RewardRecipe
 from hybridflow.single_controller.base import WorkerDiedError, WorkerHangError
 from hybridflow.single_controller.factory import start_backend
 from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
@@ -55,45 +54,10 @@ def with_runtime_values(config: PPOTrainerConfig, total_training_steps: int) -> 
 
 
 def build_reward_fns(config, tokenizer):
+    """The training and validation reward managers (the same, but the validation one logs a sample)."""
     config = as_section(config, PPOTrainerConfig)
-    crf = config.reward.custom_reward_function
-    compute_score = get_custom_reward_fn(crf.path, crf.name, dict(crf.reward_kwargs))
-    name = config.reward.reward_manager.name
-    manager_kwargs = dict(config.reward.reward_kwargs)  # e.g. DAPO's max_resp_len, overlong_buffer_cfg
-    manager_kwargs.update(bad_sample_kwargs(config.reward, get_reward_manager_cls(name)))
-    reward_fn = load_reward_manager(
-        name,
-        tokenizer,
-        num_examine=0,
-        compute_score=compute_score,
-        reward_fn_key=config.data.reward_fn_key,
-        **manager_kwargs,
-    )
-    val_reward_fn = load_reward_manager(
-        name,
-        tokenizer,
-        num_examine=1,
-        compute_score=compute_score,
-        reward_fn_key=config.data.reward_fn_key,
-        **manager_kwargs,
-    )
-    return reward_fn, val_reward_fn
-
-
-def bad_sample_kwargs(reward: RewardConfig, manager_cls: type) -> dict:
-    """``reward.bad_sample_score`` / ``score_timeout_s`` for hybridflow's rule-based managers. A manager of
-    yours that is not one handles its own samples: it gets neither, and setting them is an error."""
-    settings = {"bad_sample_score": reward.bad_sample_score, "score_timeout_s": reward.score_timeout_s}
-    if issubclass(manager_cls, RuleRewardManager):
-        return settings
-    defaults = {f.name: f.default for f in dataclasses.fields(RewardConfig)}
-    changed = [k for k, v in settings.items() if v != defaults[k]]
-    if changed:
-        raise ValueError(
-            f"reward.{changed[0]} applies to hybridflow's rule-based reward managers (RuleRewardManager); "
-            f"reward.reward_manager.name={reward.reward_manager.name} ({manager_cls.__name__}) scores its own samples"
-        )
-    return {}
+    recipe = RewardRecipe(config.reward, config.data.reward_fn_key, tokenizer)
+    return recipe.build(num_examine=0), recipe.build(num_examine=1)
 
 
 def check_prompts_fit(dataset: RLHFDataset, key: str) -> None:
@@ -151,7 +115,9 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
 
     t = config.trainer
     total = int(t.total_training_steps) if t.total_training_steps else len(dataloader) * int(t.total_epochs)
-    config = with_runtime_values(config, total)
+    # V1 separate_async: parameter_sync_step actor updates a step, each one step of the LR schedule (as veRL)
+    updates = int(t.v1.separate_async.parameter_sync_step) if t.v1.trainer_mode == "separate_async" else 1
+    config = with_runtime_values(config, total * updates)
 
     # the backend stays up after the run (a later run in this process reuses a Ray session); run_ppo
     # puts the environment back

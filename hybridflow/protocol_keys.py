@@ -69,6 +69,13 @@ META_KEYS: dict[str, MetaKey] = _keys(
     MetaKey("balance_order", list, (DRIVER,), (DRIVER,), "generation order of the rows after balancing"),
     MetaKey("global_token_num", list, (DRIVER,), (DRIVER, ACTOR), "tokens per row (throughput, MFU)"),
     MetaKey("rollout_correction", object, (DRIVER,), (ACTOR,), "the RolloutCorrectionConfig in bypass mode"),
+    MetaKey(
+        "pi_old_snapshot",
+        str,
+        (DRIVER,),
+        (ACTOR_WORKER,),
+        "V1 separate_async: 'save' keeps the weights pi_old came from; 'use' computes with them (one pi_old a cycle)",
+    ),
     MetaKey("micro_batch_size", int, (ACTOR_WORKER, CRITIC_WORKER), (ACTOR, CRITIC), "rows per forward"),
     MetaKey("use_dynamic_bsz", bool, (ACTOR_WORKER, CRITIC_WORKER), (ACTOR, CRITIC), "pack by token budget"),
     MetaKey("max_token_len", int, (ACTOR_WORKER, CRITIC_WORKER), (ACTOR, CRITIC), "token budget per forward"),

@@ -357,7 +357,7 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
         f"actor_rollout_ref.actor.optim.warmup_style={args.lr_schedule}",
         "actor_rollout_ref.actor.optim.min_lr_ratio=0.1",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={sizes['batch']}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={sizes['batch'] * sizes['n'] // sync_steps(args.mode)}",
         "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.actor.strategy=fsdp",
@@ -401,7 +401,7 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
         f"critic.model.path={model}",
         "critic.model.enable_gradient_checkpointing=False",
         f"critic.optim.lr={args.critic_lr}",
-        f"critic.ppo_micro_batch_size_per_gpu={sizes['batch'] * sizes['n']}",
+        f"critic.ppo_micro_batch_size_per_gpu={sizes['batch'] * sizes['n'] // sync_steps(args.mode)}",
         f"trainer.critic_warmup={args.critic_warmup}",
         *[
             a
@@ -409,7 +409,7 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
             if not a.startswith(("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"))
         ],
         f"data.train_batch_size={sizes['batch'] * sizes['n']}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={sizes['batch'] * sizes['n']}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={sizes['batch'] * sizes['n'] // sync_steps(args.mode)}",
         *args.rl_override,
     ]
 
@@ -417,7 +417,12 @@ def rl_args(algo: str, model: str, paths: dict, sizes: dict, run_dir: str, args)
 def rl_threads(args) -> int:
     """Torch threads per RL process: the asynchronous modes run the trainer and the rollout side by side,
     so they share the threads (2 processes x 2 threads on 2 cores made a one-step-off step 2.5x slower)."""
-    return args.threads if args.mode == "sync" else max(1, args.threads // 2)
+    return args.threads if args.mode in ("sync", "colocate_async") else max(1, args.threads // 2)
+
+
+def sync_steps(mode: str) -> int:
+    """Mini-batch updates between weight syncs: separate_async's parameter_sync_step, else one a step."""
+    return 2 if mode == "separate_async" else 1
 
 
 def async_args(mode: str, prompts_per_step: int) -> list[str]:
@@ -425,6 +430,16 @@ def async_args(mode: str, prompts_per_step: int) -> list[str]:
     modes put the rollout on a worker of its own (one more CPU) and train the same prompts per step."""
     if mode == "sync":
         return []
+    if mode == "colocate_async":  # generation runs ahead by one warm-up batch on the colocated engine
+        return ["trainer.v1.trainer_mode=colocate_async"]
+    if mode == "separate_async":  # two mini-batches a step, pi_old the weights of the step's start
+        return [
+            "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=1",
+            "trainer.v1.trainer_mode=separate_async",
+            f"trainer.v1.separate_async.parameter_sync_step={sync_steps(mode)}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts_per_step // sync_steps(mode)}",
+        ]
     separate = [
         "actor_rollout_ref.rollout.nnodes=1",
         "actor_rollout_ref.rollout.n_gpus_per_node=1",
@@ -499,9 +514,10 @@ def parse(argv=None):
     p.add_argument("--backend", choices=("ray", "inprocess"), default="ray")
     p.add_argument(
         "--mode",
-        choices=("sync", "one_step_off", "fully_async"),
+        choices=("sync", "one_step_off", "fully_async", "colocate_async", "separate_async"),
         default="sync",
-        help="async_training.mode: the asynchronous modes generate on a separate rollout worker",
+        help="async_training.mode, or veRL's V1 trainer.v1.trainer_mode (colocate_async, separate_async); "
+        "all but sync and colocate_async generate on a separate rollout worker",
     )
     p.add_argument(
         "--threads",

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The quickstart task trained in each async_training.mode: sync (colocated), one_step_off and fully_async
-# (rollout on a worker of its own), all from the same SFT checkpoint, then one table of accuracy
-# before/after and RL wall time per mode.
+# (rollout on a worker of its own), and in veRL's V1 modes colocate_async (colocated, one warm-up batch
+# ahead) and separate_async (rollout worker, two mini-batches a weight sync), all from the same SFT
+# checkpoint, then one table of accuracy before/after and RL wall time per mode.
 #
-#   bash recipes/quickstart_modes.sh [--seed 0] [--workdir quickstart_modes_out] [--quick] [--modes "sync one_step_off fully_async"]
+#   bash recipes/quickstart_modes.sh [--seed 0] [--workdir quickstart_modes_out] [--quick] [--modes "sync one_step_off fully_async colocate_async separate_async"]
 #
 # Sets up the environment like recipes/quickstart.sh. Full size on 2 cores: sync ~7 min with the SFT
 # warm-up; the asynchronous modes took ~10 min each before the quickstart's speed-ups (not re-measured).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SEED=0; WORK=quickstart_modes_out; QUICK=(); MODES="sync one_step_off fully_async"
+SEED=0; WORK=quickstart_modes_out; QUICK=(); MODES="sync one_step_off fully_async colocate_async separate_async"
 while [ $# -gt 0 ]; do
   case "$1" in
     --seed) SEED=$2; shift 2 ;;

@@ -151,6 +151,13 @@ def test_prefix_grouper_paths_agree():
     assert diff < 1e-4  # the shared-prompt forward gives the ordinary forward's log-probs
 
 
+def test_reward_overlap_quick():
+    out = _run("reward_overlap.py", "--cost-ms", "5")
+    for row in ("after generation (num_workers=0)", "overlapped (num_workers=8)"):
+        assert re.search(rf"^{re.escape(row)}\s+\d", out, re.M), out
+    assert re.search(r"^ratio overlapped / after generation = \d\.\d+", out, re.M) and len(_verdicts(out)) == 1
+
+
 def test_real_model_quick():
     """SmolLM2 through the trainer's vLLM path, raw vLLM and HF: two engine start-ups (~3 min on 2 cores)."""
     import importlib.util

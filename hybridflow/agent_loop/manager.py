@@ -30,6 +30,7 @@ from hybridflow.agent_loop.over_sample import ABORTED_METRIC, OVER_SAMPLE_ID, Ov
 from hybridflow.agent_loop.server_manager import SERVER_HANDLE, ServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker, split_indices
 from hybridflow.protocol import DataProto
+from hybridflow.rewards.streaming import RewardRecipe
 from hybridflow.rollout.server import RolloutEngineDiedError
 from hybridflow.single_controller.base.cleanup import cleanup_after_failure, is_shut_down
 from hybridflow.single_controller.base.watchdog import wait_with_deadline
@@ -67,17 +68,28 @@ class AgentLoopManager:
         hybrid_engine: bool = True,
         loop_kwargs: dict | None = None,
         resume_on_abort: bool = False,
+        reward: RewardRecipe | None = None,
     ):
         """``hybrid_engine``: the rollout shares its processes with the actor (wake/push/sleep around each
         generation); otherwise weights reach the engines from outside (a separate rollout pool).
-        ``resume_on_abort``: partial rollouts (aborted requests continue after a weight update)."""
+        ``resume_on_abort``: partial rollouts (aborted requests continue after a weight update).
+        ``reward``: each trajectory is scored as it finishes (``hybridflow.rewards.streaming``)."""
         self.settings = settings
+        self.streams_rewards = reward is not None
         self.rollout_wg = rollout_wg
         self.hybrid_engine = hybrid_engine
         servers = server_handles(rollout_wg, role, settings.rollout.name if settings.rollout is not None else "?")
         pad = tokenizer.pad_token_id
         self.workers = rollout_wg.spawn_helpers(
-            AgentLoopWorker, settings.num_workers, settings, servers, tokenizer, pad, loop_kwargs, resume_on_abort
+            AgentLoopWorker,
+            settings.num_workers,
+            settings,
+            servers,
+            tokenizer,
+            pad,
+            loop_kwargs,
+            resume_on_abort,
+            reward,
         )
         self._next_worker = 0
 
@@ -204,4 +216,6 @@ class AgentLoopManager:
         # the wait would run under the deadline of workers that are gone)
         if self.settings.trace is not None and not is_shut_down(self.rollout_wg):
             self._call_workers("close_tracer")
+        if self.streams_rewards and not is_shut_down(self.rollout_wg):  # else the pools die with their workers
+            self._call_workers("close_rewards")
         self.workers.close()

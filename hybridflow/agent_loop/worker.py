@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
@@ -41,9 +43,13 @@ from hybridflow.agent_loop.trace import TracedServer, make_tracer, rollout_numbe
 from hybridflow.config.rollout import rollout_as_in_yaml
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.protocol import DataProto
+from hybridflow.rewards.rule_manager import STREAMED_SCORES
+from hybridflow.rewards.streaming import RewardPool, RewardRecipe
 from hybridflow.rollout.sampling import SamplingParams, resolve_sampling, rollout_sampling
 from hybridflow.rollout.server import RolloutEngineDiedError
 from hybridflow.utils.tool_config import initialize_tools_from_config
+
+logger = logging.getLogger(__name__)
 
 # non-tensor fields that are not per-sample keyword arguments of a loop
 _NOT_FOR_LOOPS = ("raw_prompt_ids",)
@@ -69,8 +75,12 @@ class AgentLoopWorker:
         pad_token_id: int,
         loop_kwargs: dict | None = None,
         resume_on_abort: bool = False,
+        reward: RewardRecipe | None = None,
     ):
+        """``reward``: each finished trajectory is scored in this worker's share of ``reward.num_workers``
+        processes (``hybridflow.rewards.streaming``); None: the driver scores the batch."""
         self.settings = settings
+        self.reward_pool = RewardPool.share(reward, settings.num_workers) if reward is not None else None
         rollout = settings.rollout if settings.rollout is not None else rollout_as_in_yaml()
         self.server_manager = ServerManager(
             list(servers), logprobs=rollout.calculate_log_probs, resume_on_abort=resume_on_abort
@@ -129,20 +139,27 @@ class AgentLoopWorker:
             name = str(names[i]) if names is not None and names[i] is not None else self.settings.default_agent_loop
             sample = {k: v[i] for k, v in columns.items()}
             sample.update(prompt_ids=prompt_ids[i], request_id=f"{prefix}{step}:{offset + i}")
-            tasks.append(self._run_one(settings, i + offset, name, params, sample, call_id, trace_tags[i]))
+            row = {k: v[i : i + 1] for k, v in columns.items()}
+            tasks.append(
+                self._run_one(settings, i + offset, name, params, sample, call_id, trace_tags[i], (pad_id, row))
+            )
         try:
-            results: list[tuple[AgentLoopOutput, bool]] = await asyncio.gather(*tasks)
+            results: list[tuple[AgentLoopOutput, bool, tuple | None]] = await asyncio.gather(*tasks)
         except RolloutEngineDiedError as e:
             e.step = f"{step} (validation)" if prefix == "val" else step
             raise
         finally:
             self._kept.pop(call_id, None)
-        outputs = [o for o, _ in results]
+        outputs = [o for o, _, _ in results]
         tensors = pad_outputs(outputs, settings.prompt_length, settings.response_length, pad_id)
         out = DataProto.from_dict(tensors=tensors, non_tensors=non_tensor_fields(outputs))
-        metrics = mean_metrics([o for o, aborted in results if not aborted])  # cut trajectories did not run
+        if self.reward_pool is not None:
+            column = out.non_tensor_batch[STREAMED_SCORES] = np.empty(len(results), dtype=object)
+            for i, (_, _, scored) in enumerate(results):
+                column[i] = scored
+        metrics = mean_metrics([o for o, aborted, _ in results if not aborted])  # cut trajectories did not run
         if call_id is not None:
-            metrics[ABORTED_METRIC] = sum(aborted for _, aborted in results)
+            metrics[ABORTED_METRIC] = sum(aborted for _, aborted, _ in results)
         metrics["timing_s/agent_loop_worker"] = time.perf_counter() - start
         out.meta_info["metrics"] = {k: [v] for k, v in metrics.items()}
         return out
@@ -178,8 +195,10 @@ class AgentLoopWorker:
         sample: dict,
         call_id: str | None = None,
         trace_tags: dict | None = None,
-    ) -> tuple[AgentLoopOutput, bool]:
-        """The trajectory's output and whether it was cut (then the output is padding: over_sample.py)."""
+        scoring: tuple[int, dict] | None = None,
+    ) -> tuple[AgentLoopOutput, bool, tuple | None]:
+        """The trajectory's output, whether it was cut (then the output is padding: over_sample.py) and,
+        with a reward pool, its score (``_score``; ``scoring``: the pad id and the sample's own columns)."""
         if name in self.loop_specs:
             loop_cls, kwargs = self.loop_specs[name]
         else:
@@ -232,7 +251,27 @@ class AgentLoopWorker:
         if versions is not None:  # which policy produced the sample: oldest and newest weights of its tokens
             output.extra_fields.setdefault("min_weight_version", versions[0])
             output.extra_fields.setdefault("max_weight_version", versions[1])
-        return output, cut
+        if self.reward_pool is None or cut or output.reward_score is not None or scoring is None:
+            return output, cut, None
+        return output, cut, await self._score(output, settings, *scoring)
+
+    async def _score(self, output: AgentLoopOutput, settings: AgentLoopSettings, pad_id: int, columns: dict):
+        """What the reward function gives a finished trajectory (``(result,)``), on the reward pool, as soon
+        as it finished; None when the driver is to score it (a pool that failed: logged)."""
+        tensors = pad_outputs([output], settings.prompt_length, settings.response_length, pad_id)
+        row = DataProto.from_dict(tensors=tensors, non_tensors={**columns, **non_tensor_fields([output])})
+        try:
+            (result,) = await asyncio.wrap_future(self.reward_pool.submit(row))
+        except Exception as err:  # noqa: BLE001 - the driver scores the row instead, and raises if it must
+            logger.warning("reward.num_workers: scoring a trajectory failed (%r); the driver scores it", err)
+            if isinstance(err, BrokenProcessPool):
+                self.reward_pool.close()  # the next trajectory starts a fresh pool
+            return None
+        return (result,)
+
+    async def close_rewards(self) -> None:
+        if self.reward_pool is not None:
+            self.reward_pool.close()
 
     def _decoder(self):
         """The tokenizer when traces carry decoded text (rollout.trace.token2text), else None."""

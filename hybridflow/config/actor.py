@@ -23,6 +23,8 @@ from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 
 __all__ = [
     "STRATEGIES",
+    "STRATEGY_STATUS",
+    "TRAINING_PROFILER_ABSENT",
     "LOSS_AGG_MODES",
     "MicroBatchUnsetError",
     "PolicyLossConfig",
@@ -34,10 +36,23 @@ __all__ = [
 
 _ACTOR_SPEED = speed_only("fused kernels, torch.compile, chunked entropy, padding buckets")
 _CLIP_COV = "read by policy_loss.loss_mode=clip_cov"
+_KL_COV = "read by policy_loss.loss_mode=kl_cov"
+_DRO = "read by policy_loss.loss_mode=dro (required there)"
+_SAPO = "read by policy_loss.loss_mode=sapo"
+_NO_ROUTER_REPLAY = "MoE router replay is not implemented"
 _REF_SPEED = speed_only("torch.compile, chunked entropy, padding buckets")
 
 STRATEGIES = ("fsdp", "fsdp2", "ddp")
+STRATEGY_STATUS = dict(values=STRATEGIES, reason="hybridflow's training engines")
 _NO_GRAD_CLIP = ("grad_clip",)  # optim.grad_clip: veRL's dataclass takes it, its yaml does not hold it
+TRAINING_PROFILER_ABSENT = (*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS)
+_MODEL = "actor_rollout_ref.model"
+
+
+def _actor(key: str) -> str:
+    return f"${{actor_rollout_ref.actor.{key}}}"
+
+
 ROUTER_REPLAY_MODES = ("disabled", "R2", "R3")
 
 
@@ -91,13 +106,8 @@ def model_flag(model_config: Any, key: str, default: Any) -> Any:
 
 def _engine_follows(role: str) -> dict:
     """The engine keys that follow the role's own (veRL's dp_actor.yaml / dp_ref.yaml)."""
-    keys = (
-        "entropy_from_logits_with_chunking",
-        "entropy_from_logits_chunk_size",
-        "entropy_checkpointing",
-        "pad_to_length",
-    )
-    return {k: f"${{actor_rollout_ref.{role}.{k}}}" for k in keys}
+    keys = ("entropy_from_logits_with_chunking", "entropy_from_logits_chunk_size", "entropy_checkpointing")
+    return {k: f"${{actor_rollout_ref.{role}.{k}}}" for k in (*keys, "pad_to_length")}
 
 
 @dataclass
@@ -106,22 +116,12 @@ class PolicyLossConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.PolicyLossConfig", "the class this section is read into")
     loss_mode: str = doc("vanilla", "name in the policy-loss registry: vanilla, gspo, gpg, clip_cov, kl_cov, ...")
-    clip_cov_ratio: float = doc(
-        0.0002, "clip_cov: share of the valid tokens whose gradient is dropped", reason=_CLIP_COV
-    )
+    clip_cov_ratio: float = doc(0.0002, "clip_cov: share of the valid tokens dropped", reason=_CLIP_COV)
     clip_cov_lb: float = doc(1.0, "clip_cov: lower covariance bound of the droppable tokens", reason=_CLIP_COV)
     clip_cov_ub: float = doc(5.0, "clip_cov: upper covariance bound of the droppable tokens", reason=_CLIP_COV)
-    kl_cov_ratio: float = doc(
-        0.0002, "kl_cov: share of the valid tokens given the KL penalty", reason="read by policy_loss.loss_mode=kl_cov"
-    )
-    ppo_kl_coef: float = doc(
-        0.1, "kl_cov: coefficient of |log ratio| on those tokens", reason="read by policy_loss.loss_mode=kl_cov"
-    )
-    dro_beta: float | None = doc(
-        None,
-        "dro: weight of the quadratic log-ratio penalty (required, > 0)",
-        reason="read by policy_loss.loss_mode=dro (required there)",
-    )
+    kl_cov_ratio: float = doc(0.0002, "kl_cov: share of the valid tokens given the KL penalty", reason=_KL_COV)
+    ppo_kl_coef: float = doc(0.1, "kl_cov: coefficient of |log ratio| on those tokens", reason=_KL_COV)
+    dro_beta: float | None = doc(None, "dro: weight of the quadratic log-ratio penalty (> 0)", reason=_DRO)
     rollout_correction: RolloutCorrectionConfig = section(
         RolloutCorrectionConfig,
         "veRL's trainer copies algorithm.rollout_correction here (not in its yaml)",
@@ -173,12 +173,7 @@ class ActorConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.ActorConfig", "the class this section is read into")
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
-    strategy: str = doc(
-        "fsdp",
-        "training engine: fsdp | fsdp2 | ddp",
-        values=("fsdp", "fsdp2", "ddp"),
-        reason="hybridflow's training engines",
-    )
+    strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp", **STRATEGY_STATUS)
     ppo_mini_batch_size: int = doc(256, "prompts per optimizer step (x rollout.n samples, split over ranks)")
     ppo_micro_batch_size: int | None = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
     ppo_micro_batch_size_per_gpu: int | None = doc(None, "samples per forward/backward on one rank")
@@ -187,12 +182,8 @@ class ActorConfig(BaseConfig):
     clip_ratio: float = doc(0.2, "PPO clip range, used for both sides when clip_ratio_low/high are unset")
     clip_ratio_low: float = doc(0.2, "lower PPO clip range")
     clip_ratio_high: float = doc(0.2, "upper PPO clip range")
-    tau_pos: float = doc(
-        1.0, "sapo: gate temperature where the advantage is > 0", reason="read by policy_loss.loss_mode=sapo"
-    )
-    tau_neg: float = doc(
-        1.05, "sapo: gate temperature where the advantage is <= 0", reason="read by policy_loss.loss_mode=sapo"
-    )
+    tau_pos: float = doc(1.0, "sapo: gate temperature where the advantage is > 0", reason=_SAPO)
+    tau_neg: float = doc(1.05, "sapo: gate temperature where the advantage is <= 0", reason=_SAPO)
     freeze_vision_tower: bool = doc(False, "freeze a vision tower (vision models are not supported)", refused=VLM)
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, "the policy loss", absent=("rollout_correction",))
     clip_ratio_c: float = doc(3.0, "dual-clip PPO: lower bound for negative advantages")
@@ -201,17 +192,15 @@ class ActorConfig(BaseConfig):
     entropy_coeff: float = doc(0.0, "entropy bonus coefficient")
     calculate_entropy: bool = doc(
         False,
-        "compute the entropy even when its coefficient is 0 (a metric)",
+        "the entropy as a metric when its coefficient is 0",
         refused="entropy is computed when entropy_coeff != 0",
     )
     calculate_sum_pi_squared: bool = doc(
-        False,
-        "old log-prob pass also returns sum_v pi_v^2 per token",
-        reason="the old log-prob pass also returns sum_pi_squared (needed by the optimal_token_baseline estimators)",
+        False, "old log-prob pass also returns sum_v pi_v^2 per token", reason="optimal_token_baseline needs it"
     )
     sum_pi_squared_checkpointing: bool = doc(
         False,
-        "recompute sum_pi_squared in backward to save memory",
+        "recompute sum_pi_squared in backward",
         note=speed_only("recomputing sum_pi_squared in the backward pass"),
     )
     use_kl_loss: bool = doc(False, "KL to the reference policy as a loss term (GRPO style)")
@@ -227,23 +216,11 @@ class ActorConfig(BaseConfig):
     ppo_epochs: int = doc(1, "passes over the batch per step")
     shuffle: bool = doc(False, "shuffle the batch before splitting it into mini-batches")
     data_loader_seed: int = doc(42, "seed of that shuffle")
-    checkpoint: CheckpointConfig = section(
-        CheckpointConfig, "what the actor's checkpoints hold", absent=("save_lora_only",)
-    )
-    optim: OptimizerConfig = section(
-        placed(OptimizerConfig, lr=1e-6), "the optimizer and lr schedule", absent=_NO_GRAD_CLIP
-    )
-    use_fused_kernels: bool = doc(
-        False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}", note=_ACTOR_SPEED
-    )
-    profiler: ProfilerConfig = section(
-        ProfilerConfig, "the actor's profiling", absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS)
-    )
-    qat: QATConfig = section(
-        QATConfig,
-        "quantization-aware training (not implemented)",
-        refused="quantization-aware training is not implemented",
-    )
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "what a checkpoint holds", absent=("save_lora_only",))
+    optim: OptimizerConfig = section(placed(OptimizerConfig, lr=1e-6), "the optimizer", absent=_NO_GRAD_CLIP)
+    use_fused_kernels: bool = doc(False, "fused kernels", follows=f"${{{_MODEL}.use_fused_kernels}}", note=_ACTOR_SPEED)
+    profiler: ProfilerConfig = section(ProfilerConfig, "the actor's profiling", absent=TRAINING_PROFILER_ABSENT)
+    qat: QATConfig = section(QATConfig, "quantization-aware training", refused="QAT is not implemented")
 
     _path = "actor_rollout_ref.actor"  # where the section sits: messages name full keys
     _model_path = "actor_rollout_ref.model"
@@ -317,29 +294,17 @@ class FSDPActorConfig(ActorConfig):
 
     _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class this section is read into")
     optim: FSDPOptimizerConfig = section(
-        placed(FSDPOptimizerConfig, lr=1e-6, min_lr_ratio=0.0), "the optimizer and lr schedule", absent=_NO_GRAD_CLIP
+        placed(FSDPOptimizerConfig, lr=1e-6, min_lr_ratio=0.0), "the optimizer", absent=_NO_GRAD_CLIP
     )
     fsdp_config: FSDPEngineConfig = section(engine_as_in_yaml, "the training engine", follows=_engine_follows("actor"))
     grad_clip: float | None = doc(1.0, "before veRL 0.9.1; mapped onto optim.clip_grad at load time")
-    ulysses_sequence_parallel_size: int = doc(
-        1, "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size", reason=SP
-    )
-    entropy_from_logits_with_chunking: bool = doc(
-        False, "compute the entropy in chunks to save memory", note=_ACTOR_SPEED
-    )
+    ulysses_sequence_parallel_size: int = doc(1, "deprecated: fsdp_config.ulysses_sequence_parallel_size", reason=SP)
+    entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks", note=_ACTOR_SPEED)
     entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk", note=_ACTOR_SPEED)
-    entropy_checkpointing: bool = doc(
-        False, "recompute the entropy in backward instead of storing it", note=_ACTOR_SPEED
-    )
-    pad_to_length: bool = doc(
-        False, "pad packed micro-batches to fsdp_config.pad_to_length_bucket multiples", note=_ACTOR_SPEED
-    )
-    use_remove_padding: bool = doc(
-        True, "padding-free forward", follows="${actor_rollout_ref.model.use_remove_padding}"
-    )
-    router_replay: RouterReplayConfig = section(
-        RouterReplayConfig, "MoE routing replay (not implemented)", refused="MoE router replay is not implemented"
-    )
+    entropy_checkpointing: bool = doc(False, "recompute the entropy in backward", note=_ACTOR_SPEED)
+    pad_to_length: bool = doc(False, "pad packed micro-batches to bucket multiples", note=_ACTOR_SPEED)
+    use_remove_padding: bool = doc(True, "padding-free forward", follows=f"${{{_MODEL}.use_remove_padding}}")
+    router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay", refused=_NO_ROUTER_REPLAY)
 
     @property
     def sp_size(self) -> int:
@@ -357,51 +322,27 @@ class RefConfig(BaseConfig):
     renames its log_prob_* keys to the actor's before reading it as an FSDPActorConfig)."""
 
     _target_: str = doc("verl.workers.config.FSDPActorConfig", "the class veRL reads this section into")
-    strategy: str = doc(
-        "fsdp",
-        "training engine",
-        follows="${actor_rollout_ref.actor.strategy}",
-        values=("fsdp", "fsdp2", "ddp"),
-        reason="hybridflow's training engines",
-    )
+    strategy: str = doc("fsdp", "training engine", follows=_actor("strategy"), **STRATEGY_STATUS)
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
-    use_torch_compile: bool = doc(
-        True, "torch.compile the hot functions", follows="${actor_rollout_ref.actor.use_torch_compile}", note=_REF_SPEED
-    )
+    use_torch_compile: bool = doc(True, "torch.compile", follows=_actor("use_torch_compile"), note=_REF_SPEED)
     log_prob_micro_batch_size: int | None = doc(None, "deprecated global micro-batch of the log-prob pass")
     log_prob_micro_batch_size_per_gpu: int | None = doc(None, "samples per forward on one rank")
-    log_prob_use_dynamic_bsz: bool = doc(
-        False, "pack by token count", follows="${actor_rollout_ref.actor.use_dynamic_bsz}"
-    )
-    log_prob_max_token_len_per_gpu: int = doc(
-        16384, "token budget per forward", follows="${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"
-    )
-    profiler: ProfilerConfig = section(
-        ProfilerConfig, "the reference policy's profiling", absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS)
-    )
+    log_prob_use_dynamic_bsz: bool = doc(False, "pack by token count", follows=_actor("use_dynamic_bsz"))
+    log_prob_max_token_len_per_gpu: int = doc(16384, "tokens per forward", follows=_actor("ppo_max_token_len_per_gpu"))
+    profiler: ProfilerConfig = section(ProfilerConfig, "the reference's profiling", absent=TRAINING_PROFILER_ABSENT)
     fsdp_config: FSDPEngineConfig = section(
         placed(engine_as_in_yaml, forward_only=True),
         "the forward-only engine",
-        follows={
-            **_engine_follows("ref"),
-            "pad_to_length_bucket": "${actor_rollout_ref.actor.fsdp_config.pad_to_length_bucket}",
-        },
+        follows={**_engine_follows("ref"), "pad_to_length_bucket": _actor("fsdp_config.pad_to_length_bucket")},
     )
     ulysses_sequence_parallel_size: int = doc(
-        1,
-        "deprecated spelling of fsdp_config.ulysses_sequence_parallel_size",
-        follows="${actor_rollout_ref.actor.ulysses_sequence_parallel_size}",
-        reason=SP,
+        1, "deprecated: fsdp_config's", follows=_actor("ulysses_sequence_parallel_size"), reason=SP
     )
     entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks", note=_REF_SPEED)
     entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk", note=_REF_SPEED)
     entropy_checkpointing: bool = doc(False, "recompute the entropy in backward", note=_REF_SPEED)
-    pad_to_length: bool = doc(
-        False, "pad packed micro-batches", follows="${actor_rollout_ref.actor.pad_to_length}", note=_REF_SPEED
-    )
-    router_replay: RouterReplayConfig = section(
-        RouterReplayConfig, "MoE routing replay (not implemented)", refused="MoE router replay is not implemented"
-    )
+    pad_to_length: bool = doc(False, "pad packed micro-batches", follows=_actor("pad_to_length"), note=_REF_SPEED)
+    router_replay: RouterReplayConfig = section(RouterReplayConfig, "MoE routing replay", refused=_NO_ROUTER_REPLAY)
 
     _path = "actor_rollout_ref.ref"
     _model_path = "actor_rollout_ref.model"
@@ -434,24 +375,7 @@ class RefConfig(BaseConfig):
         sp = self.sp_size
         dp = rules.data_parallel_size(p, self._path, n_gpus, sp)
         if dp is not None:
-            if self.log_prob_use_dynamic_bsz:
-                rules.check_token_budget(
-                    p,
-                    self._path,
-                    "log_prob_max_token_len_per_gpu",
-                    self.log_prob_max_token_len_per_gpu,
-                    sp,
-                    max_sequence_length,
-                )
-            else:
-                rules.per_rank_micro_batch(
-                    p,
-                    self._path,
-                    "log_prob_micro_batch_size",
-                    self.log_prob_micro_batch_size,
-                    self.log_prob_micro_batch_size_per_gpu,
-                    dp,
-                )
+            rules.forward_pass(p, self._path, self, dp, sp, max_sequence_length)
         remove_padding = model_flag(model_config, "use_remove_padding", True)
         rules.check_sp_needs_remove_padding(p, self._path, sp, self._model_path, remove_padding)
         return p.raise_errors()

@@ -7,13 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, section, unset
-from hybridflow.config.errors import ConfigError, check_one_of
+from hybridflow.config.errors import ConfigError, check_at_least, check_one_of
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 from hybridflow.config.rules import Problems
 
 __all__ = ["KLControlConfig", "FilterGroupsConfig", "PFPPOConfig", "AlgoConfig", "algorithm_as_in_yaml"]
 
 KL_CONTROLLERS = ("fixed", "adaptive")
+_GDPO = "read by adv_estimator=gdpo"
 
 
 @dataclass
@@ -52,20 +53,14 @@ class FilterGroupsConfig(BaseConfig):
                 f"{p}.metric must name the value groups are compared on when {p}.enable=True "
                 f"('reward' or a field of the reward's extra info such as 'acc'), got {self.metric!r}"
             )
-        if self.max_inflight_gen_batches < 1:
-            raise ConfigError(f"{p}.max_inflight_gen_batches must be >= 1, got {self.max_inflight_gen_batches}")
+        check_at_least(p, self, ("max_inflight_gen_batches",), 1)
 
 
 @dataclass
 class PFPPOConfig(BaseConfig):
     """``algorithm.pf_ppo``: PF-PPO's sample weights (from each sequence's score)."""
 
-    reweight_method: str = doc(
-        "pow",
-        "pow | max_min | max_random",
-        values=("pow", "max_min", "max_random"),
-        reason="veRL's PF-PPO reweighting methods",
-    )
+    reweight_method: str = doc("pow", "pow | max_min | max_random", values=("pow", "max_min", "max_random"))
     weight_pow: float = doc(2.0, "pow: the exponent of the weights")
 
 
@@ -74,9 +69,7 @@ class AlgoConfig(BaseConfig):
     """``algorithm``: how rewards become advantages."""
 
     _target_: str = doc("verl.trainer.config.AlgoConfig", "the class this section is read into")
-    rollout_correction: RolloutCorrectionConfig | None = section(
-        unset, "off-policy correction between the rollout engine and the trained policy"
-    )
+    rollout_correction: RolloutCorrectionConfig | None = section(unset, "off-policy correction of the rollout")
     gamma: float = doc(1.0, "discount factor")
     lam: float = doc(1.0, "GAE lambda: bias/variance trade-off of the estimator")
     adv_estimator: str = doc("gae", "name in the advantage-estimator registry: gae, grpo, rloo, ...")
@@ -87,14 +80,8 @@ class AlgoConfig(BaseConfig):
     kl_ctrl: KLControlConfig = section(KLControlConfig, "the in-reward KL coefficient")
     use_pf_ppo: bool = doc(False, "PF-PPO (policy filtration): redraw the batch with replacement, weighted by reward")
     pf_ppo: PFPPOConfig | None = section(unset, "PF-PPO's sample weights")
-    gdpo_reward_keys: list[str] | None = doc(
-        None,
-        "gdpo: reward components (keys of the reward dict) normalised one by one",
-        reason="read by adv_estimator=gdpo",
-    )
-    gdpo_reward_weights: list[float] | None = doc(
-        None, "gdpo: one weight per component (null: all 1)", reason="read by adv_estimator=gdpo"
-    )
+    gdpo_reward_keys: list[str] | None = doc(None, "gdpo: reward dict keys normalised one by one", reason=_GDPO)
+    gdpo_reward_weights: list[float] | None = doc(None, "gdpo: a weight per key (null: all 1)", reason=_GDPO)
 
     def validate(self) -> list[str]:
         """The keys one estimator reads, and the estimators the driver loop cannot feed yet (the rules that

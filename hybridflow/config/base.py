@@ -1,30 +1,14 @@
 """veRL's ``BaseConfig`` and the three ways a config key is declared.
 
-A config section is a dataclass whose fields are its keys. ``BaseConfig`` makes it read like the
-DictConfig it replaces (``cfg["key"]``, ``cfg.get``, iteration, ``len``) and keeps it read-only once
-built: assigning a field raises ``FrozenInstanceError`` unless the class lists it in
-``_mutable_fields``, so library code cannot change config at run time by accident.
-
-Every field is declared with its default and a one-line doc (``field_doc`` reads it back):
-
-- ``doc(default, "...")``: a plain key;
-- ``section(factory, "...")``: a nested section, built by its class or by a function returning an
-  instance with per-place defaults (the critic's optimizer has another lr than the actor's);
-- ``undeclared("...")``: a sub-tree kept as a plain dict, not yet declared key by key.
-
-A key whose yaml value follows another key (an OmegaConf interpolation, ``${data.max_prompt_length}``)
-says so with ``follows``: the string, written into the yaml as it is (the default is its resolved
-value). A dict ``follows`` names interpolations inside a dict value or a nested section by relative
-dotted key; on ``section`` it overrides the nested class's own (None: the plain default at this place).
-``absent`` (``section`` only) lists the nested keys the yaml does not hold at this place.
-
-Each key also declares its status (``hybridflow.config.status``; how the status tables are derived
-from these declarations: ``hybridflow.config.keys``): nothing for an honoured key, ``values=`` and
-``reason=`` for an honoured key narrowed to some values, ``refused="why"`` for a key that is not
-supported, ``note="why"`` for one that is accepted with a note. On a section or a dict-valued key the
-status covers everything below it. ``keys={relative key: status}`` gives keys below this place a
-status of their own here (a nested class's key that has another status at this place than the class
-declares; a pattern such as ``"megatron.**"`` for keys users add with ``+``).
+A section is a dataclass whose fields are its keys; ``BaseConfig`` makes it read like the DictConfig it
+replaces (``cfg["key"]``, ``cfg.get``, iteration, ``len``) and read-only once built (only
+``_mutable_fields`` may be assigned), so library code cannot change config at run time by accident.
+Every field is declared with its default and a one-line doc: ``doc`` (a key), ``section`` (a nested
+section, built by its class or a per-place factory such as ``placed``) or ``undeclared`` (a sub-tree kept
+as a plain dict). ``follows`` records the OmegaConf interpolation the yaml writes for a key (a dict: for
+keys below it), ``absent`` the nested keys the yaml does not hold at a place. The status keywords
+(``refused=``, ``note=``, ``values=``/``reason=``, ``keys=`` for keys below a place) are explained in
+``hybridflow.config.status``; on a section or dict-valued key a status covers everything below it.
 """
 
 from __future__ import annotations

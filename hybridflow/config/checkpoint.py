@@ -10,6 +10,7 @@ from hybridflow.config.errors import ConfigError
 __all__ = ["CheckpointConfig", "CHECKPOINT_CONTENTS"]
 
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+_ASYNC_STRICT = "asynchronous / non-strict checkpoints are not implemented"
 
 
 @dataclass
@@ -17,27 +18,11 @@ class CheckpointConfig(BaseConfig):
     """``<role>.checkpoint``."""
 
     _target_: str = doc("verl.trainer.config.CheckpointConfig", "the class this section is read into")
-    save_contents: list[str] = doc(
-        ["model", "optimizer", "extra"], "what a checkpoint holds; add hf_model for a HF directory"
-    )
-    load_contents: list[str] = doc(
-        ["model", "optimizer", "extra"], "what is read back on resume", follows="${.save_contents}"
-    )
-    async_save: bool = doc(
-        False,
-        "save in the background (not implemented)",
-        refused="asynchronous / non-strict checkpoints are not implemented",
-    )
-    strict: bool = doc(
-        True,
-        "refuse a checkpoint whose keys do not match the model",
-        refused="asynchronous / non-strict checkpoints are not implemented",
-    )
-    save_lora_only: bool = doc(
-        False,
-        "with LoRA adapters, save only the adapter weights (veRL; not in its yaml)",
-        refused="adapter-only checkpoints are not implemented (a checkpoint holds the whole model state)",
-    )
+    save_contents: list[str] = doc(["model", "optimizer", "extra"], "what is saved; hf_model adds a HF directory")
+    load_contents: list[str] = doc(["model", "optimizer", "extra"], "what is read back", follows="${.save_contents}")
+    async_save: bool = doc(False, "save in the background", refused=_ASYNC_STRICT)
+    strict: bool = doc(True, "refuse a checkpoint whose keys do not match the model", refused=_ASYNC_STRICT)
+    save_lora_only: bool = doc(False, "save LoRA adapters only", refused="adapter-only checkpoints: not implemented")
 
     def check_values(self) -> None:  # veRL's CheckpointConfig checks nothing when built
         for key in ("save_contents", "load_contents"):

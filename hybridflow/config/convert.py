@@ -1,17 +1,10 @@
 """``omega_conf_to_dataclass``: a config section (DictConfig or dict) read into its dataclass, with
-veRL's signature and behaviour, plus a check of every key and value.
-
-The class comes from ``dataclass_type`` or the section's ``_target_``. A ``_target_`` under ``verl.`` or
-``hybridflow.`` names one of hybridflow's config classes by its class name (veRL's module paths moved:
-``verl.workers.config.FSDPActorConfig`` is ``hybridflow.config.FSDPActorConfig``); Megatron's and the
-other engines' classes are refused by name; any other dotted path is imported (a class of yours).
-Nested sections are built the same way, from the field's type (or a more specific ``_target_``), and
-start from the field's default instance, so a partial section keeps its per-place defaults.
-
-Values are checked against the field types (bool, int, float, str, lists, dicts, Optional, Union);
-an int is a valid float and a number a valid string, as in OmegaConf. An unknown key or a wrong type
-raises ConfigError naming the key path and, for a typo, the closest keys.
-"""
+veRL's signature and behaviour, checking every key and value (an unknown key or a wrong type names the key
+path and, for a typo, the closest keys; an int is a valid float and a number a valid string, as in
+OmegaConf). The class comes from ``dataclass_type`` or the section's ``_target_``: under ``verl.`` or
+``hybridflow.`` one of hybridflow's classes by its class name (Megatron's and other engines' are refused),
+else an imported dotted path. Nested sections start from the field's default instance, so a partial
+section keeps its per-place defaults."""
 
 from __future__ import annotations
 

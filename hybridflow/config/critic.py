@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridflow.config import rules
-from hybridflow.config.actor import check_micro_batch, check_strategy
+from hybridflow.config.actor import STRATEGY_STATUS, TRAINING_PROFILER_ABSENT, check_micro_batch, check_strategy
 from hybridflow.config.base import BaseConfig, built_alone, doc, placed, section
 from hybridflow.config.checkpoint import CheckpointConfig
 from hybridflow.config.engine import FSDPEngineConfig, engine_as_in_yaml
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import CriticModelConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig, OptimizerConfig
-from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
+from hybridflow.config.profiler import ProfilerConfig
 from hybridflow.config.reasons import SP
 from hybridflow.config.status import honoured, refused
 
@@ -29,16 +29,9 @@ class CriticConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.CriticConfig", "the class this section is read into")
     enable: bool | None = doc(None, "train a critic; null: exactly when algorithm.adv_estimator is gae")
-    strategy: str = doc(
-        "fsdp",
-        "training engine: fsdp | fsdp2 | ddp",
-        values=("fsdp", "fsdp2", "ddp"),
-        reason="hybridflow's training engines",
-    )
+    strategy: str = doc("fsdp", "training engine: fsdp | fsdp2 | ddp", **STRATEGY_STATUS)
     rollout_n: int = doc(1, "samples per prompt", follows="${actor_rollout_ref.rollout.n}")
-    optim: OptimizerConfig = section(
-        placed(OptimizerConfig, lr=1e-5), "the critic's optimizer and lr schedule", absent=("grad_clip",)
-    )
+    optim: OptimizerConfig = section(placed(OptimizerConfig, lr=1e-5), "the critic's optimizer", absent=("grad_clip",))
     ppo_mini_batch_size: int = doc(256, "prompts per optimizer step", follows=f"${{{_A}.ppo_mini_batch_size}}")
     ppo_micro_batch_size: int | None = doc(None, "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu")
     ppo_micro_batch_size_per_gpu: int | None = doc(
@@ -46,9 +39,7 @@ class CriticConfig(BaseConfig):
     )
     use_dynamic_bsz: bool = doc(False, "pack micro-batches by token count", follows=f"${{{_A}.use_dynamic_bsz}}")
     ppo_max_token_len_per_gpu: int = doc(32768, "token budget per rank and micro-batch when use_dynamic_bsz")
-    forward_max_token_len_per_gpu: int = doc(
-        32768, "token budget of the value pass", follows="${.ppo_max_token_len_per_gpu}"
-    )
+    forward_max_token_len_per_gpu: int = doc(32768, "tokens of the value pass", follows="${.ppo_max_token_len_per_gpu}")
     ppo_epochs: int = doc(1, "passes over the batch per step", follows=f"${{{_A}.ppo_epochs}}")
     shuffle: bool = doc(False, "shuffle before splitting into mini-batches", follows=f"${{{_A}.shuffle}}")
     data_loader_seed: int = doc(42, "seed of that shuffle")
@@ -58,19 +49,16 @@ class CriticConfig(BaseConfig):
         None, "seq-mean-token-sum-norm divisor", follows=f"${{{_A}.loss_scale_factor}}"
     )
     checkpoint: CheckpointConfig = section(
-        CheckpointConfig, "what the critic's checkpoints hold", absent=("strict", "save_lora_only")
+        CheckpointConfig, "what a checkpoint holds", absent=("strict", "save_lora_only")
     )
-    profiler: ProfilerConfig = section(
-        ProfilerConfig, "the critic's profiling", absent=(*TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS)
-    )
+    profiler: ProfilerConfig = section(ProfilerConfig, "the critic's profiling", absent=TRAINING_PROFILER_ABSENT)
     model: CriticModelConfig = section(
         CriticModelConfig,
         "the value model",
         keys={
             "tokenizer_path": honoured(),
             "custom_chat_template": refused(
-                "this model never formats a conversation; the policy's template is "
-                "actor_rollout_ref.model.custom_chat_template"
+                "this model never formats a conversation; the policy's template is actor_rollout_ref.model's"
             ),
             "lora_rank": honoured("LoRA is implemented for the policy only", values=(0,)),
             **dict.fromkeys(("lora_alpha", "target_modules"), honoured("used only when lora_rank > 0")),
@@ -84,21 +72,15 @@ class CriticConfig(BaseConfig):
 
     def __post_init__(self):
         check_strategy(self.strategy, "critic.strategy")
-        check_micro_batch(
-            self.ppo_micro_batch_size,
-            self.ppo_micro_batch_size_per_gpu,
-            self.use_dynamic_bsz,
-            self._path,
-            verl_word="micro_batch_size",
-        )
+        mbs, dynamic = self.ppo_micro_batch_size, self.use_dynamic_bsz
+        check_micro_batch(mbs, self.ppo_micro_batch_size_per_gpu, dynamic, self._path, verl_word="micro_batch_size")
         no_micro_batch = self.ppo_micro_batch_size is None and self.ppo_micro_batch_size_per_gpu is None
         if built_alone() and not self.use_dynamic_bsz and no_micro_batch:  # veRL's check and wording
             raise ConfigError(
                 "[critic] Please set at least one of 'critic.micro_batch_size' or 'critic.micro_batch_size_per_gpu'. "
                 "(critic.ppo_micro_batch_size, critic.ppo_micro_batch_size_per_gpu)"
             )
-        mbs = self.ppo_micro_batch_size
-        if not self.use_dynamic_bsz and mbs is not None and self.ppo_mini_batch_size % mbs:
+        if not dynamic and mbs is not None and self.ppo_mini_batch_size % mbs:
             raise ConfigError(
                 f"[critic] ppo_mini_batch_size ({self.ppo_mini_batch_size}) must be divisible by "
                 f"ppo_micro_batch_size ({self.ppo_micro_batch_size})"
@@ -119,20 +101,13 @@ class CriticConfig(BaseConfig):
         """The rules that need the run (veRL's signature; ``max_sequence_length``: max prompt + response
         length, for the token budgets): as ``ActorConfig.validate``, with critic.model's remove-padding.
         Raises ConfigError listing every problem; returns notes."""
-        p = rules.Problems()
-        sp = self.sp_size
+        p, sp = rules.Problems(), self.sp_size
         rules.check_update_batches(
             p, self, world=n_gpus, train_batch_size=train_batch_size, longest=max_sequence_length
         )
         if self.use_dynamic_bsz:
-            rules.check_token_budget(
-                p,
-                self._path,
-                "forward_max_token_len_per_gpu",
-                self.forward_max_token_len_per_gpu,
-                sp,
-                max_sequence_length,
-            )
+            budget = self.forward_max_token_len_per_gpu
+            rules.check_token_budget(p, self._path, "forward_max_token_len_per_gpu", budget, sp, max_sequence_length)
         rules.check_sp_needs_remove_padding(p, self._path, sp, "critic.model", self.model.use_remove_padding)
         return p.raise_errors()
 
@@ -145,9 +120,7 @@ class FSDPCriticConfig(CriticConfig):
 
     _target_: str = doc("verl.workers.config.FSDPCriticConfig", "the class this section is read into")
     optim: FSDPOptimizerConfig = section(
-        placed(FSDPOptimizerConfig, lr=1e-5, min_lr_ratio=0.0),
-        "the critic's optimizer and lr schedule",
-        absent=("grad_clip",),
+        placed(FSDPOptimizerConfig, lr=1e-5, min_lr_ratio=0.0), "the critic's optimizer", absent=("grad_clip",)
     )
     fsdp: FSDPEngineConfig = section(engine_as_in_yaml, "the training engine")
     forward_micro_batch_size: int | None = doc(
@@ -156,9 +129,7 @@ class FSDPCriticConfig(CriticConfig):
     forward_micro_batch_size_per_gpu: int | None = doc(
         None, "samples per value forward on one rank", follows="${oc.select:.ppo_micro_batch_size_per_gpu,null}"
     )
-    ulysses_sequence_parallel_size: int = doc(
-        1, "deprecated spelling of fsdp.ulysses_sequence_parallel_size", reason=SP
-    )
+    ulysses_sequence_parallel_size: int = doc(1, "deprecated: fsdp.ulysses_sequence_parallel_size", reason=SP)
     grad_clip: float | None = doc(1.0, "before veRL 0.9.1; mapped onto critic.optim.clip_grad at load time")
 
     @property

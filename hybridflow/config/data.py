@@ -7,12 +7,14 @@ from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.module import ModuleConfig
-from hybridflow.config.reasons import VLM, speed_only
+from hybridflow.config.reasons import FUNCTION_TOOLS, VLM, speed_only
 from hybridflow.config.rules import Problems
 
 __all__ = ["DataSamplerConfig", "DataConfig"]
 
 _LOADER_SPEED = speed_only("shared-memory copies, loader/filter processes")
+_NO_ROW_LIMIT = "limiting the number of rows is not implemented"
+_NO_CUSTOM = "custom sampler and data-generator classes are not implemented"
 
 _MT = "actor_rollout_ref.rollout.multi_turn"
 TRUNCATIONS = ("error", "left", "right", "middle")
@@ -34,12 +36,8 @@ class DataConfig(BaseConfig):
     use_shm: bool = doc(False, "copy the files to shared memory first (speed only)", note=_LOADER_SPEED)
     train_files: str | list[str] = doc("~/data/rlhf/gsm8k/train.parquet", "a parquet path or a list of paths")
     val_files: str | list[str] = doc("~/data/rlhf/gsm8k/test.parquet", "validation parquet path(s)")
-    train_max_samples: int = doc(
-        -1, "rows of the training files used; -1: every row", refused="limiting the number of rows is not implemented"
-    )
-    val_max_samples: int = doc(
-        -1, "rows of the validation files used; -1: every row", refused="limiting the number of rows is not implemented"
-    )
+    train_max_samples: int = doc(-1, "rows of the training files used; -1: every row", refused=_NO_ROW_LIMIT)
+    val_max_samples: int = doc(-1, "rows of the validation files used; -1: every row", refused=_NO_ROW_LIMIT)
     prompt_key: str = doc("prompt", "column holding the chat messages")
     reward_fn_key: str = doc("data_source", "column that selects the reward scorer")
     max_prompt_length: int = doc(512, "prompts are left-padded to this many tokens")
@@ -52,9 +50,7 @@ class DataConfig(BaseConfig):
         "data.train_batch_size batches",
     )
     val_batch_size: int | None = doc(
-        None,
-        "deprecated in veRL: validation uses the whole set as one batch",
-        note="deprecated in veRL; validation runs the whole validation set as one batch",
+        None, "deprecated", note="deprecated in veRL; validation runs the whole validation set as one batch"
     )
     tool_config_path: str | None = doc(
         None,
@@ -64,25 +60,18 @@ class DataConfig(BaseConfig):
         "the rollout's tools)",
     )
     function_tool_path: str | None = doc(
-        None,
-        "python-function tools (not implemented)",
-        follows=f"${{{_MT}.function_tool_path}}",
-        refused="veRL's @function_tool Python-function tools are not implemented; declare the tool as a BaseTool class",
+        None, "python-function tools", follows=f"${{{_MT}.function_tool_path}}", refused=FUNCTION_TOOLS
     )
     return_raw_input_ids: bool = doc(
-        False,
-        "also return the prompt's ids untemplated (a reward model's own tokenizer)",
-        refused="a reward model with its own tokenizer is not supported",
+        False, "also the untemplated prompt ids", refused="a reward model with its own tokenizer is not supported"
     )
     return_raw_chat: bool = doc(True, "also return the chat messages (the agent loop templates them)")
     return_full_prompt: bool = doc(False, "also return the templated prompt text")
     shuffle: bool = doc(True, "shuffle the training prompts every epoch")
     seed: int | None = doc(1, "hybridflow: 1 (veRL: null, an unseeded sampler), so runs are reproducible")
     dataloader_num_workers: int = doc(8, "processes reading the data", note=_LOADER_SPEED)
-    image_patch_size: int = doc(14, "vision models' patch size (vision models are not supported)", refused=VLM)
-    validation_shuffle: bool = doc(
-        False, "shuffle the validation prompts", refused="the validation set is read in file order"
-    )
+    image_patch_size: int = doc(14, "vision models' patch size", refused=VLM)
+    validation_shuffle: bool = doc(False, "shuffle the validation prompts", refused="read in file order")
     filter_overlong_prompts: bool = doc(False, "drop prompts longer than max_prompt_length")
     filter_overlong_prompts_workers: int = doc(1, "processes measuring the prompts", note=_LOADER_SPEED)
     truncation: str = doc("error", "error | left | right | middle, for prompts that are too long")
@@ -95,23 +84,13 @@ class DataConfig(BaseConfig):
         reason="the tokenizer trusts remote code when this key or actor_rollout_ref.model.trust_remote_code is true",
     )
     custom_cls: ModuleConfig = section(ModuleConfig, "a Dataset class of your own: file path + class name")
-    sampler: DataSamplerConfig = section(
-        DataSamplerConfig,
-        "a Sampler class of your own (veRL main's key)",
-        refused="custom sampler and data-generator classes are not implemented",
-    )
-    datagen: ModuleConfig = section(
-        ModuleConfig,
-        "a dynamic data generator (veRL main's key)",
-        refused="custom sampler and data-generator classes are not implemented",
-    )
+    sampler: DataSamplerConfig = section(DataSamplerConfig, "a Sampler class of your own", refused=_NO_CUSTOM)
+    datagen: ModuleConfig = section(ModuleConfig, "a dynamic data generator (veRL main's key)", refused=_NO_CUSTOM)
     return_multi_modal_inputs: bool = doc(
-        True,
-        "return the processor's multi-modal inputs (not supported)",
-        note="hybridflow reads text only and never returns multi-modal inputs",
+        True, "the processor's multi-modal inputs", note="hybridflow reads text only and never returns them"
     )
     apply_chat_template_kwargs: dict = doc({}, "extra arguments of the tokenizer's apply_chat_template")
-    mm_processor_kwargs: dict = doc({}, "extra arguments of the multi-modal processor (not supported)", refused=VLM)
+    mm_processor_kwargs: dict = doc({}, "extra arguments of the multi-modal processor", refused=VLM)
 
     def validate(self) -> list[str]:
         p = Problems()

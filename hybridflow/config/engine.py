@@ -78,15 +78,11 @@ class FSDPEngineConfig(BaseConfig):
     _mutable_fields = {"forward_only", "param_offload", "ulysses_sequence_parallel_size", "strategy"}
 
     _target_: str = doc("verl.workers.config.FSDPEngineConfig", "the class this section is read into")
-    wrap_policy: dict = doc(
-        {}, "FSDP auto-wrap policy (speed only in hybridflow)", keys={"min_num_params": noted(_FSDP_SPEED)}
-    )
+    wrap_policy: dict = doc({}, "FSDP auto-wrap policy", keys={"min_num_params": noted(_FSDP_SPEED)})
     param_offload: bool = doc(False, "keep parameters in host memory between phases (CUDA)", reason=_OFFLOAD)
     optimizer_offload: bool = doc(False, "keep optimizer state in host memory between phases (CUDA)", reason=_OFFLOAD)
     offload_policy: bool = doc(False, "fsdp2: CPU offload policy of fully_shard", reason=_OFFLOAD)
-    reshard_after_forward: bool | int = doc(
-        True, "fsdp2: reshard parameters after forward (True, False or a group size)"
-    )
+    reshard_after_forward: bool | int = doc(True, "fsdp2: reshard after forward (True, False or a group size)")
     fsdp_size: int = doc(
         -1,
         "hybrid-sharding group size; -1: the whole world",
@@ -102,47 +98,25 @@ class FSDPEngineConfig(BaseConfig):
     )
     use_orig_params: bool = doc(False, "FSDP1's use_orig_params", note=_FSDP_SPEED)
     seed: int = doc(42, "seed of the worker's generators when full_determinism is on", reason=_DETERMINISM)
-    full_determinism: bool = doc(
-        False, "deterministic kernels and seeded generators in the worker (slower)", reason=_DETERMINISM
-    )
-    ulysses_sequence_parallel_size: int = doc(
-        1, "Ulysses sequence-parallel size: ranks that share one sequence (1: off)", reason=SP
-    )
-    entropy_from_logits_with_chunking: bool = doc(
-        False, "compute the entropy in chunks to save memory", note=_FSDP_SPEED
-    )
+    full_determinism: bool = doc(False, "deterministic kernels, seeded generators (slower)", reason=_DETERMINISM)
+    ulysses_sequence_parallel_size: int = doc(1, "Ulysses sequence-parallel size (1: off)", reason=SP)
+    entropy_from_logits_with_chunking: bool = doc(False, "compute the entropy in chunks", note=_FSDP_SPEED)
     entropy_from_logits_chunk_size: int = doc(2048, "tokens per entropy chunk", note=_FSDP_SPEED)
     use_torch_compile: bool = doc(True, "torch.compile the hot functions", note=_FSDP_SPEED)
-    entropy_checkpointing: bool = doc(
-        False, "recompute the entropy in backward instead of storing it", note=_FSDP_SPEED
-    )
-    use_no_sync_for_gradient_accumulation: bool = doc(
-        True, "defer gradient sync to the last micro-batch", note=_FSDP_SPEED
-    )
-    pad_to_length: bool = doc(
-        False, "pad packed micro-batches to a multiple of pad_to_length_bucket tokens", note=_FSDP_SPEED
-    )
+    entropy_checkpointing: bool = doc(False, "recompute the entropy in backward", note=_FSDP_SPEED)
+    use_no_sync_for_gradient_accumulation: bool = doc(True, "sync gradients at the last micro-batch", note=_FSDP_SPEED)
+    pad_to_length: bool = doc(False, "pad packed micro-batches to bucket multiples", note=_FSDP_SPEED)
     pad_to_length_bucket: int = doc(1024, "padding granularity of pad_to_length, in tokens", note=_FSDP_SPEED)
-    forward_only: bool = doc(
-        False, "the engine only runs forward passes (the reference policy)", refused=_SET_BY_WORKER
-    )
+    forward_only: bool = doc(False, "forward passes only (the reference policy)", refused=_SET_BY_WORKER)
     strategy: str = doc("fsdp", "set by the worker from the role's strategy", refused=_SET_BY_WORKER)
     dtype: str = doc(
         "bfloat16",
         "veRL's compute dtype (hybridflow: mixed_precision.param_dtype)",
         refused="the compute dtype is fsdp_config.mixed_precision.param_dtype (auto: bf16 on CUDA, fp32 on cpu)",
     )
-    mixed_precision: MixedPrecisionConfig | None = section(
-        unset, "compute, reduce and buffer dtypes (null: the defaults, as in veRL)"
-    )
-    qat: QATEngineConfig = section(
-        QATEngineConfig,
-        "quantization-aware training (not implemented)",
-        refused="quantization-aware training is not implemented",
-    )
-    turbo_config: dict = doc(
-        {}, "veRL's FSDP-turbo engine settings (not implemented)", refused="veRL's FSDP-turbo engine is not implemented"
-    )
+    mixed_precision: MixedPrecisionConfig | None = section(unset, "compute, reduce and buffer dtypes (null: defaults)")
+    qat: QATEngineConfig = section(QATEngineConfig, "QAT", refused="quantization-aware training is not implemented")
+    turbo_config: dict = doc({}, "FSDP-turbo settings", refused="veRL's FSDP-turbo engine is not implemented")
 
 
 def engine_as_in_yaml(**values: Any) -> FSDPEngineConfig:

@@ -29,17 +29,13 @@ class EvaluationConfig(BaseConfig):
     """configs/evaluation.yaml."""
 
     data: EvaluationDataConfig = section(EvaluationDataConfig, "the responses to score")
-    custom_reward_function: CustomRewardFunctionConfig = section(
-        CustomRewardFunctionConfig, "a scoring function of yours"
-    )
+    custom_reward_function: CustomRewardFunctionConfig = section(CustomRewardFunctionConfig, "your scoring function")
     ray_kwargs: RayKwargsConfig = section(
         RayKwargsConfig,
-        "scoring runs in this process; the Ray settings are accepted (a note is printed when they are set)",
+        "accepted; scoring runs in this process",
         absent=("ray_init.runtime_env", "ray_init.address", "ray_init.include_dashboard"),
         note="main_eval scores in its own process and does not start Ray",
     )
     ray_init: LegacyRayInitConfig = section(
-        LegacyRayInitConfig,
-        "earlier spelling of ray_kwargs (mapped onto it at load time; null: not set)",
-        absent=("address", "include_dashboard"),
+        LegacyRayInitConfig, "earlier spelling of ray_kwargs (null: not set)", absent=("address", "include_dashboard")
     )

@@ -14,11 +14,14 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.legacy import LegacyRayInitConfig
 from hybridflow.config.model import HFModelConfig
 from hybridflow.config.ray import RayKwargsConfig
-from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
+from hybridflow.config.rollout import NOT_ENGINES, SGLANG, RolloutConfig, rollout_as_in_yaml
 from hybridflow.config.status import noted, refused
 from hybridflow.config.trainer import TrainerConfig
 
 __all__ = ["GenerationDataConfig", "GenerationConfig"]
+
+
+_ENTROPY = ("entropy_from_logits_with_chunking", "entropy_checkpointing")
 
 
 def _all_but(cls: type, *keep: str) -> tuple[str, ...]:
@@ -32,45 +35,22 @@ class GenerationDataConfig(BaseConfig):
     path: str = doc("~/data/rlhf/math/test.parquet", "parquet of the prompts")
     prompt_key: str = doc("prompt", "column holding the chat messages")
     n_samples: int = doc(5, "responses per prompt")
-    output_path: str = doc(
-        "/opt/tiger/math_Qwen2-7B-Instruct.parquet", "parquet written: the prompts plus a responses column"
-    )
+    output_path: str = doc("/opt/tiger/math_Qwen2-7B-Instruct.parquet", "the prompts plus a responses column")
     batch_size: int = doc(128, "prompts per generation call")
-    apply_chat_template_kwargs: dict = doc(
-        {}, "hybridflow: extra arguments of the tokenizer's chat template (as ppo_trainer's)"
-    )
+    apply_chat_template_kwargs: dict = doc({}, "hybridflow: extra arguments of the tokenizer's chat template")
 
 
 _ROLLOUT_KEYS = (
-    "_target_",
-    "name",
-    "mode",
-    "temperature",
-    "top_k",
-    "top_p",
-    "prompt_length",
-    "response_length",
-    "dtype",
-    "gpu_memory_utilization",
-    "ignore_eos",
-    "enforce_eager",
-    "free_cache_engine",
-    "load_format",
-    "tensor_model_parallel_size",
-    "data_parallel_size",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "max_num_seqs",
-    "seed",
-    "engine_kwargs",
-    "log_prob_micro_batch_size",
-    "log_prob_micro_batch_size_per_gpu",
-    "do_sample",
-    "disable_log_stats",
-    "enable_chunked_prefill",
-    "n",
-    "calculate_log_probs",
-)
+    "_target_ name mode temperature top_k top_p prompt_length response_length dtype gpu_memory_utilization ignore_eos "
+    "enforce_eager free_cache_engine load_format tensor_model_parallel_size data_parallel_size max_num_batched_tokens "
+    "max_model_len max_num_seqs seed engine_kwargs log_prob_micro_batch_size log_prob_micro_batch_size_per_gpu "
+    "do_sample disable_log_stats enable_chunked_prefill n calculate_log_probs"
+).split()
+
+# generation.yaml's rollout values where they differ from ppo_trainer.yaml's
+_ROLLOUT_VALUES = dict(mode="sync", top_k=50, top_p=0.7, prompt_length=1536, enforce_eager=True, load_format="auto")
+_ROLLOUT_VALUES.update(max_num_seqs=1024, engine_kwargs={"vllm": {"kv_cache_memory_bytes": None}})
+_ROLLOUT_VALUES.update(log_prob_micro_batch_size_per_gpu=8, calculate_log_probs=False)
 
 
 @dataclass
@@ -87,19 +67,7 @@ class GenerationConfig(BaseConfig):
         absent=_all_but(HFModelConfig, "path", "external_lib", "trust_remote_code", "override_config"),
     )
     rollout: RolloutConfig = section(
-        placed(
-            rollout_as_in_yaml,
-            mode="sync",
-            top_k=50,
-            top_p=0.7,
-            prompt_length=1536,
-            enforce_eager=True,
-            load_format="auto",
-            max_num_seqs=1024,
-            engine_kwargs={"vllm": {"kv_cache_memory_bytes": None}},
-            log_prob_micro_batch_size_per_gpu=8,
-            calculate_log_probs=False,
-        ),
+        placed(rollout_as_in_yaml, **_ROLLOUT_VALUES),
         "the inference engine and its sampling",
         absent=_all_but(RolloutConfig, *_ROLLOUT_KEYS),
         keys={
@@ -107,31 +75,15 @@ class GenerationConfig(BaseConfig):
                 ("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu"),
                 noted("no log-probs are computed here"),
             ),
-            **dict.fromkeys(
-                ("engine_kwargs.sglang.**", "engine_kwargs.trtllm.**"),
-                refused("sglang and TensorRT-LLM are not hybridflow rollout engines"),
-            ),
-            **dict.fromkeys(
-                ("server.**", "sglang_rollout_mode"),
-                refused(
-                    "an SGLang-only option (SGLang's HTTP server mode); SGLang is not a hybridflow "
-                    "rollout engine (use rollout.name=vllm or hf)"
-                ),
-            ),
+            **dict.fromkeys(("engine_kwargs.sglang.**", "engine_kwargs.trtllm.**"), refused(NOT_ENGINES)),
+            **dict.fromkeys(("server.**", "sglang_rollout_mode"), refused(SGLANG)),
         },
     )
     actor: FSDPActorConfig = section(
         FSDPActorConfig,
         "veRL keeps this section for backward compatibility; generation does not train",
         absent=(
-            *_all_but(
-                FSDPActorConfig,
-                "strategy",
-                "ulysses_sequence_parallel_size",
-                "entropy_from_logits_with_chunking",
-                "entropy_checkpointing",
-                "fsdp_config",
-            ),
+            *_all_but(FSDPActorConfig, *"strategy ulysses_sequence_parallel_size fsdp_config".split(), *_ENTROPY),
             *(f"fsdp_config.{k}" for k in _all_but(FSDPEngineConfig, "fsdp_size", "forward_prefetch")),
         ),
         note="main_generation does not train (veRL keeps this section for backward compatibility)",

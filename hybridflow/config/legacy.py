@@ -8,12 +8,15 @@ reward-model worker."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 
-from hybridflow.config.base import BaseConfig, doc, section
+from hybridflow.config.base import BaseConfig, doc, field_doc, section
 from hybridflow.config.engine import FSDPEngineConfig, engine_as_in_yaml
-from hybridflow.config.profiler import TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
+from hybridflow.config.profiler import HOOK_KEYS, TOKEN_RANGE_KEYS, TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import NO_SP, PROFILER, speed_only
+from hybridflow.config.reward import ENGINE_KEYS
+from hybridflow.config.rollout import RolloutConfig
 
 __all__ = [
     "LegacyRewardModelModelConfig",
@@ -28,6 +31,7 @@ __all__ = [
 
 _RM_SPEED = speed_only("the reward model runs unsharded, in fixed micro-batches")
 
+_ROLLOUT_HINTS = typing.get_type_hints(RolloutConfig)
 _RM_ENGINE_KEYS = ("_target_", "wrap_policy", "param_offload", "reshard_after_forward", "fsdp_size", "forward_prefetch")
 
 
@@ -39,18 +43,10 @@ class LegacyRewardModelModelConfig(BaseConfig):
     external_lib: str | None = doc(None, "a module imported first")
     trust_remote_code: bool | None = doc(None, "allow the model's own Python code")
     input_tokenizer: str | None = doc(
-        None,
-        "hybridflow: null (the reward model scores the policy's token ids as they are)",
-        values=(None,),
-        reason="the reward model scores the policy's token ids as they are; re-templating for a reward model with "
-        "another tokenizer is not implemented",
+        None, "hybridflow: null", values=(None,), reason="the reward model scores the policy's token ids as they are"
     )
-    override_config: dict = doc(
-        {},
-        "entries that replace the model's config.json values",
-        refused="the reward-model worker does not implement it",
-    )
-    use_shm: bool = doc(False, "copy the model to shared memory first (speed only)", note=_RM_SPEED)
+    override_config: dict = doc({}, "config.json overrides", refused="the reward-model worker does not implement it")
+    use_shm: bool = doc(False, "copy the model to shared memory first", note=_RM_SPEED)
     use_remove_padding: bool = doc(False, "padding-free forward", note=_RM_SPEED)
     use_fused_kernels: bool = doc(
         False, "fused kernels", follows="${actor_rollout_ref.model.use_fused_kernels}", note=_RM_SPEED
@@ -63,32 +59,16 @@ class LegacyRewardModelModelConfig(BaseConfig):
     )
 
 
-@dataclass
-class LegacyRewardEngineConfig(BaseConfig):
-    """``reward_model.rollout``: earlier spelling of reward.reward_model.rollout (null: not set)."""
-
-    _target_: str | None = doc(None, "the class this section is read into")
-    name: str | None = doc(None, "inference engine")
-    dtype: str | None = doc(None, "engine dtype")
-    gpu_memory_utilization: float | None = doc(None, "share of device memory")
-    enforce_eager: bool | None = doc(None, "no CUDA graphs")
-    cudagraph_capture_sizes: list[int] | None = doc(None, "batch sizes captured as CUDA graphs")
-    free_cache_engine: bool | None = doc(None, "release the KV cache between phases")
-    data_parallel_size: int | None = doc(None, "data parallel size")
-    expert_parallel_size: int | None = doc(None, "expert parallel size")
-    tensor_model_parallel_size: int | None = doc(None, "tensor parallel size")
-    max_num_batched_tokens: int | None = doc(None, "tokens per scheduler step")
-    max_model_len: int | None = doc(None, "context length")
-    max_num_seqs: int | None = doc(None, "sequences at once")
-    load_format: str | None = doc(None, "how initial weights are loaded")
-    engine_kwargs: dict | None = doc(None, "engine arguments")
-    limit_images: int | None = doc(None, "images per prompt")
-    enable_chunked_prefill: bool | None = doc(None, "chunked prefill")
-    enable_prefix_caching: bool | None = doc(None, "prefix caching")
-    disable_log_stats: bool | None = doc(None, "no stats logging")
-    skip_tokenizer_init: bool | None = doc(None, "token ids only")
-    prompt_length: int | None = doc(None, "prompt tokens")
-    response_length: int | None = doc(None, "generated tokens")
+# ``reward_model.rollout``: earlier spelling of reward.reward_model.rollout, its engine keys (null: not set)
+LegacyRewardEngineConfig = dataclasses.make_dataclass(
+    "LegacyRewardEngineConfig",
+    [("_target_", str | None, doc(None, "the class this section is read into"))]
+    + [
+        (k, _ROLLOUT_HINTS[k] | None, doc(None, field_doc(RolloutConfig, k))) for k in ENGINE_KEYS if k != "temperature"
+    ],
+    bases=(BaseConfig,),
+    namespace={"__module__": __name__, "__doc__": "``reward_model.rollout`` (null: not set)."},
+)
 
 
 @dataclass
@@ -140,14 +120,7 @@ class LegacyRewardModelConfig(BaseConfig):
         ProfilerConfig,
         "the reward model's profiling",
         follows={"tool_config": "${actor_rollout_ref.actor.profiler.tool_config}"},
-        absent=(
-            "relocate_results",
-            "finish_hook_cmd",
-            "finish_hook_all_ranks",
-            "finish_hook_ranks",
-            *TOKEN_RANGE_KEYS,
-            *TOOL_NAME_KEYS,
-        ),
+        absent=(*HOOK_KEYS, *TOKEN_RANGE_KEYS, *TOOL_NAME_KEYS),
         refused=PROFILER,
     )
 

@@ -1,13 +1,8 @@
-"""Load hybridflow's Hydra configs from veRL-style command lines, checked before composing.
-
-``load_config("ppo_trainer", ["data.train_batch_size=256", ...])`` composes ``configs/<name>.yaml``
-with Hydra's compose API (no ``hydra.main``: the working directory and logging stay untouched), so
-veRL command lines work as they are: ``key=val``, ``+key=val`` adds a key, ``~key`` deletes one,
-``++key=val`` sets or adds, lists as ``key=[a,b]``. Before composing, every override is checked
-against the yaml's defaults, so a typo fails at once, naming the closest valid keys, and a value of
-the wrong type fails naming the key, the expected type and the value. The result is resolved
-(interpolations are replaced by values), read-only and struct: library code reads it, never writes it.
-"""
+"""Load hybridflow's Hydra configs from veRL-style command lines (``key=val``, ``+key=val``, ``~key``,
+``++key=val``, ``key=[a,b]``), checked before composing: an unknown key fails at once naming the closest
+valid keys, a value of the wrong type names the key, the expected type and the value. Hydra's compose API
+is used (no ``hydra.main``: the working directory and logging stay untouched); the result is resolved,
+read-only and struct."""
 
 from __future__ import annotations
 
@@ -269,17 +264,26 @@ def _under_free_form_dict(defaults: dict, key: str) -> bool:
     return False
 
 
-def check_overrides(overrides: Sequence[str], defaults: dict, kinds: dict | None = None) -> list[str]:
-    """Check command-line overrides against the defaults tree; return them ready for Hydra
-    (a scalar for a list key becomes a one-element list, ``None`` becomes ``null``).
+def _refuse_other_engine(parsed: list) -> None:
+    """veRL's ``model_engine=megatron`` (or veomni, torchtitan) brings that engine's sections
+    (``actor.megatron.*``, ...): name the engine, not each of its keys as unknown."""
+    for override in parsed:
+        engine = override.value() if override.key_or_group == "model_engine" else None
+        if isinstance(engine, str) and f"ppo_{engine}_trainer" in VERL_ONLY_CONFIGS:
+            raise ConfigError(
+                f"model_engine={engine!r} is not supported by hybridflow: {VERL_ONLY_CONFIGS[f'ppo_{engine}_trainer']}"
+            )
 
-    Raises ConfigError naming every unknown key (with the closest valid keys) and every value whose
-    type contradicts its default.
-    """
+
+def check_overrides(overrides: Sequence[str], defaults: dict, kinds: dict | None = None) -> list[str]:
+    """Command-line overrides checked against the defaults tree, ready for Hydra (a scalar for a list key
+    becomes a one-element list, ``None`` becomes ``null``); ConfigError names every unknown key (with the
+    closest valid keys) and every value whose type contradicts its default."""
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
         raise ConfigError(f"cannot parse overrides {list(overrides)}: {e}") from e
+    _refuse_other_engine(parsed)
     errors, out = [], []
     for override in parsed:
         key = override.key_or_group
@@ -335,17 +339,10 @@ def load_config(
     kind: str | None = None,
     notes: list[str] | None = None,
 ) -> DictConfig:
-    """Compose ``<config_path or config_dir()>/<name>.yaml`` with veRL-style overrides.
-
-    Then, for the configs that have a key table (``kind``, by default ``name``: ppo_trainer,
-    generation, evaluation, sft_trainer), legacy spellings are mapped onto their canonical keys and
-    every key's status is checked (``hybridflow.config.support``): a key set to a value hybridflow
-    does not implement is refused by name. Notes about accepted-but-inactive settings are appended to
-    ``notes`` when given, else logged as warnings (``hybridflow.config.loader``).
-
-    Returns a resolved, read-only, struct DictConfig. Raises ConfigError for unknown keys, values of
-    the wrong type, unsupported values, conflicting spellings, or anything Hydra refuses.
-    """
+    """Compose ``<config_path or config_dir()>/<name>.yaml`` with veRL-style overrides; for a config with a
+    key table (``kind``, default ``name``) map legacy spellings onto their canonical keys and check every
+    key's status (``hybridflow.config.support``). Notes go to ``notes`` when given, else to the log.
+    Returns a resolved, read-only, struct DictConfig; raises ConfigError for anything that cannot be right."""
     folder, name = _yaml_path(name, config_path)
     defaults, raw_defaults = _trees(folder, name)
     checked = check_overrides(overrides, defaults, KINDS.get(kind or name))

@@ -12,6 +12,7 @@ from hybridflow.config.reasons import MEGATRON, speed_only
 __all__ = ["MtpConfig", "HFModelConfig", "CriticModelConfig"]
 
 _KERNELS_SPEED = speed_only("fused CUDA/Triton kernels, tiled MLP")
+_PEFT = "LoRA needs the [lora] extra (peft)"
 
 _MEGATRON_LORA = {
     "type": "lora",
@@ -37,25 +38,9 @@ _LEGACY_FSDP = {
     **dict.fromkeys(("_target_",)),
     "wrap_policy": {"min_num_params": None},
     **dict.fromkeys(
-        (
-            "param_offload",
-            "optimizer_offload",
-            "offload_policy",
-            "reshard_after_forward",
-            "fsdp_size",
-            "forward_prefetch",
-            "model_dtype",
-            "use_orig_params",
-            "seed",
-            "full_determinism",
-            "ulysses_sequence_parallel_size",
-            "entropy_from_logits_with_chunking",
-            "use_torch_compile",
-            "entropy_checkpointing",
-            "forward_only",
-            "strategy",
-            "dtype",
-        )
+        "param_offload optimizer_offload offload_policy reshard_after_forward fsdp_size forward_prefetch model_dtype "
+        "use_orig_params seed full_determinism ulysses_sequence_parallel_size entropy_from_logits_with_chunking "
+        "use_torch_compile entropy_checkpointing forward_only strategy dtype".split()
     ),
     "mixed_precision": dict.fromkeys(("param_dtype", "reduce_dtype", "buffer_dtype")),
 }
@@ -85,21 +70,11 @@ class HFModelConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.HFModelConfig", "the class this section is read into")
     path: str = doc("~/models/deepseek-llm-7b-chat", "model directory (or hub name) of the weights")
-    hf_config_path: str | None = doc(
-        None,
-        "config.json from another directory (hybridflow: the model's)",
-        refused="the model's config.json is read from model.path",
-    )
+    hf_config_path: str | None = doc(None, "config.json from elsewhere", refused="config.json is read from model.path")
     tokenizer_path: str | None = doc(
-        None,
-        "tokenizer directory; null: the model path",
-        refused="the tokenizer comes from data.tokenizer or the model path",
+        None, "tokenizer directory", refused="the tokenizer comes from data.tokenizer or the model path"
     )
-    use_shm: bool = doc(
-        False,
-        "copy the model to shared memory first (speed only)",
-        note="copying the model to shared memory only speeds up loading; hybridflow loads from the path",
-    )
+    use_shm: bool = doc(False, "copy the model to shared memory first", note="it only speeds up loading")
     trust_remote_code: bool = doc(False, "allow the model's own Python code")
     custom_chat_template: str | None = doc(
         None,
@@ -110,31 +85,19 @@ class HFModelConfig(BaseConfig):
     override_config: dict = doc({}, "entries that replace the model's config.json values")
     enable_gradient_checkpointing: bool = doc(True, "recompute activations in backward to save memory")
     enable_activation_offload: bool = doc(
-        False,
-        "offload activations to host memory (CUDA)",
-        reason="CUDA only; on cpu activations already live in host memory",
+        False, "offload activations to host memory", reason="CUDA only; on cpu activations already live in host memory"
     )
     use_remove_padding: bool = doc(True, "pack sequences without padding in forward passes")
-    lora_rank: int = doc(0, "LoRA rank; > 0 turns LoRA on (needs peft)", reason="LoRA needs the [lora] extra (peft)")
-    lora_alpha: int = doc(16, "LoRA scaling", reason="LoRA needs the [lora] extra (peft)")
-    target_modules: str | list[str] = doc(
-        "all-linear", "LoRA target modules: all-linear or a list of names", reason="LoRA needs the [lora] extra (peft)"
-    )
-    exclude_modules: str | None = doc(None, "modules LoRA leaves out", reason="LoRA needs the [lora] extra (peft)")
-    lora_adapter_path: str | None = doc(
-        None,
-        "start from a saved LoRA adapter",
-        reason="a saved peft adapter to continue training (its own rank, alpha and targets)",
-    )
+    lora_rank: int = doc(0, "LoRA rank; > 0 turns LoRA on", reason=_PEFT)
+    lora_alpha: int = doc(16, "LoRA scaling", reason=_PEFT)
+    target_modules: str | list[str] = doc("all-linear", "LoRA targets: all-linear or a list of names", reason=_PEFT)
+    exclude_modules: str | None = doc(None, "modules LoRA leaves out", reason=_PEFT)
+    lora_adapter_path: str | None = doc(None, "a saved LoRA adapter", reason="a peft adapter to continue training")
     use_liger: bool = doc(False, "Liger kernels (CUDA)", note=_KERNELS_SPEED)
     use_fused_kernels: bool = doc(False, "fused log-prob/entropy kernels (CUDA)", note=_KERNELS_SPEED)
     fused_kernel_options: dict = doc({"impl_backend": "torch"}, "options of the fused kernels", note=_KERNELS_SPEED)
-    tiled_mlp: dict = doc(
-        {"enabled": False, "num_shards": 4}, "tiled MLP to save activation memory", note=_KERNELS_SPEED
-    )
-    mtp: MtpConfig = section(
-        MtpConfig, "multi-token prediction", refused="multi-token prediction (MTP) is not implemented"
-    )
+    tiled_mlp: dict = doc({"enabled": False, "num_shards": 4}, "tiled MLP", note=_KERNELS_SPEED)
+    mtp: MtpConfig = section(MtpConfig, "multi-token prediction", refused="multi-token prediction is not implemented")
     lora: dict = doc(
         _MEGATRON_LORA,
         "Megatron's LoRA settings (merge: how LoRA weights reach a vllm rollout)",

@@ -13,6 +13,7 @@ from hybridflow.config.errors import ConfigError, check_one_of
 __all__ = ["LR_SCHEDULERS", "OptimizerConfig", "FSDPOptimizerConfig"]
 
 LR_SCHEDULERS = ("constant", "cosine")
+_ADAMW = "hybridflow trains with torch.optim.AdamW"
 
 
 @dataclass
@@ -52,28 +53,16 @@ class FSDPOptimizerConfig(OptimizerConfig):
     lr_schedulers: ClassVar[tuple[str, ...]] = LR_SCHEDULERS
 
     _target_: str = doc("verl.workers.config.FSDPOptimizerConfig", "the class this section is read into")
-    optimizer: str = doc(
-        "AdamW",
-        "optimizer class name in optimizer_impl (hybridflow: AdamW)",
-        values=("AdamW",),
-        reason="hybridflow trains with torch.optim.AdamW",
-    )
-    optimizer_impl: str = doc(
-        "torch.optim",
-        "module the optimizer class comes from (hybridflow: torch.optim)",
-        values=("torch.optim",),
-        reason="hybridflow trains with torch.optim.AdamW",
-    )
+    optimizer: str = doc("AdamW", "optimizer class name in optimizer_impl", values=("AdamW",), reason=_ADAMW)
+    optimizer_impl: str = doc("torch.optim", "module of the optimizer class", values=("torch.optim",), reason=_ADAMW)
     min_lr_ratio: float | None = doc(None, "cosine: the floor of the schedule, as a fraction of lr")
     num_cycles: float = doc(0.5, "cosine: number of cosine cycles over the decay (0.5: one half-wave down)")
     lr_scheduler_type: str = doc("constant", "constant | cosine (after the warmup)", values=("constant", "cosine"))
     zero_indexed_step: bool = doc(
-        True, "the schedule counts steps from 0", values=(True,), reason="the schedule counts steps from 0"
+        True, "count the schedule's steps from 0", values=(True,), reason="hybridflow's schedule does"
     )
     warmup_style: str | None = doc(None, "deprecated spelling of lr_scheduler_type (wins when set)")
-    override_optimizer_config: dict | None = doc(
-        None, "extra optimizer constructor arguments", refused="extra optimizer arguments are not implemented"
-    )
+    override_optimizer_config: dict | None = doc(None, "extra optimizer arguments", refused="not implemented")
 
     def __post_init__(self):
         """veRL's checks when built: the deprecated ``warmup_style``, when set, is a known schedule and

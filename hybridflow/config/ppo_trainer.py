@@ -35,6 +35,9 @@ from hybridflow.config.transfer_queue import TransferQueueConfig
 __all__ = ["ActorRolloutRefConfig", "PPOTrainerConfig"]
 
 _A = "actor_rollout_ref.actor"
+_SGLANG = {"sglang_rollout_mode": refused(SGLANG)}
+_MEGATRON = {"megatron.**": refused(MEGATRON)}
+_NO_POOLS = "actor and rollout share their workers; separate pools are not implemented yet"
 # the policy's rollout follows the data and the actor (veRL's rollout.yaml)
 _ROLLOUT_FOLLOWS = {
     "n_gpus_per_node": "${trainer.n_gpus_per_node}",
@@ -51,36 +54,22 @@ _ROLLOUT_FOLLOWS = {
 class ActorRolloutRefConfig(BaseConfig):
     """``actor_rollout_ref``: the policy (trained, sampled and frozen as the reference), in one worker group."""
 
-    hybrid_engine: bool = doc(
-        True,
-        "actor, rollout and ref share the same worker processes",
-        values=(True,),
-        reason="actor and rollout share their workers; separate pools are not implemented yet",
-    )
-    nccl_timeout: int = doc(
-        600,
-        "seconds of the collective-communication timeout",
-        note="hybridflow's process groups use torch.distributed's default timeout",
-    )
+    hybrid_engine: bool = doc(True, "actor, rollout and ref share workers", values=(True,), reason=_NO_POOLS)
+    nccl_timeout: int = doc(600, "collective timeout (s)", note="hybridflow uses torch.distributed's default timeout")
     model: HFModelConfig = section(
         HFModelConfig,
         "the policy model (veRL's hf_model.yaml)",
         keys={
             "lora.merge": honoured(
-                "how a LoRA policy reaches a vllm rollout: false (veRL's default) base weights "
-                "once + the adapter at every sync, true merged weights; the hf rollout always "
-                "gets merged weights"
+                "how a LoRA policy reaches a vllm rollout: false (veRL's default) base weights once + the adapter at "
+                "every sync, true merged weights; the hf rollout always gets merged weights"
             )
         },
     )
-    actor: FSDPActorConfig = section(FSDPActorConfig, "the policy's training", keys={"megatron.**": refused(MEGATRON)})
-    ref: RefConfig = section(RefConfig, "the reference policy's log-prob pass", keys={"megatron.**": refused(MEGATRON)})
+    actor: FSDPActorConfig = section(FSDPActorConfig, "the policy's training", keys=_MEGATRON)
+    ref: RefConfig = section(RefConfig, "the reference policy's log-prob pass", keys=_MEGATRON)
     rollout: RolloutConfig = section(
-        rollout_as_in_yaml,
-        "the inference engine and its sampling",
-        follows=_ROLLOUT_FOLLOWS,
-        absent=ROLLOUT_NOT_IN_YAML,
-        keys={"sglang_rollout_mode": refused(SGLANG)},
+        rollout_as_in_yaml, "the inference engine", follows=_ROLLOUT_FOLLOWS, absent=ROLLOUT_NOT_IN_YAML, keys=_SGLANG
     )
 
 
@@ -90,20 +79,15 @@ class PPOTrainerConfig(BaseConfig):
 
     data: DataConfig = section(DataConfig, "the training and validation prompts")
     actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, "the policy: actor, rollout, reference")
-    critic: FSDPCriticConfig = section(
-        FSDPCriticConfig,
-        "the value model (used when algorithm.adv_estimator is gae)",
-        keys={"megatron.**": refused(MEGATRON)},
-    )
+    critic: FSDPCriticConfig = section(FSDPCriticConfig, "the value model (GAE)", keys=_MEGATRON)
     reward: RewardConfig = section(
         RewardConfig,
         "rewards (veRL 0.9.1's section; the earlier spellings are at the end)",
         absent=("reward_kwargs",),
         keys={
             "reward_kwargs.**": honoured(
-                "keyword arguments of the reward manager, e.g. dapo's max_resp_len and "
-                "overlong_buffer_cfg, genrm's template, template_path, parser, "
-                "unparsable_score and chat_template"
+                "keyword arguments of the reward manager, e.g. dapo's max_resp_len and overlong_buffer_cfg, genrm's "
+                "template, template_path, parser, unparsable_score and chat_template"
             )
         },
     )
@@ -113,31 +97,20 @@ class PPOTrainerConfig(BaseConfig):
         AsyncTrainingConfig, "hybridflow: veRL's fully async keys, plus the mode of the one driver"
     )
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray start-up (ray_init at the end is the earlier spelling)")
-    global_profiler: GlobalProfilerConfig = section(
-        GlobalProfilerConfig, "profiling: the tool, the steps, defaults of every role's profiler"
-    )
+    global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig, "profiling: the tool, steps, role defaults")
     distillation: DistillationConfig = section(
-        DistillationConfig,
-        "on-policy distillation (not implemented)",
-        refused="on-policy distillation is not implemented",
+        DistillationConfig, "on-policy distillation from teacher models served on rollout engines"
     )
     transfer_queue: TransferQueueConfig = section(
-        TransferQueueConfig,
-        "veRL's TransferQueue (not implemented)",
-        refused="the TransferQueue data plane is not implemented",
+        TransferQueueConfig, "veRL's TransferQueue", refused="the TransferQueue data plane is not implemented"
     )
     skip: SkipManagerConfig = section(
         SkipManagerConfig,
         "replay cached rollouts instead of generating",
         refused="replaying dumped rollouts is implemented for skip.rollout only",
-        keys={**dict.fromkeys(("rollout.enable", "rollout.dump_dir", "rollout.steps", "rollout.action"), honoured())},
+        keys=dict.fromkeys(("rollout.enable", "rollout.dump_dir", "rollout.steps", "rollout.action"), honoured()),
     )
-    model_engine: str = doc(
-        "dp",
-        "veRL's choice of training backend (dp = FSDP/DDP); hybridflow has dp only",
-        values=("dp",),
-        reason="FSDP2/DDP is hybridflow's only training backend",
-    )
+    model_engine: str = doc("dp", "training backend", values=("dp",), reason="FSDP2/DDP is hybridflow's only backend")
     reward_model: LegacyRewardModelConfig = section(
         LegacyRewardModelConfig,
         "legacy: veRL's earlier reward-model section (moved keys map onto reward.*)",
@@ -146,12 +119,8 @@ class PPOTrainerConfig(BaseConfig):
     custom_reward_function: LegacyCustomRewardFunctionConfig = section(
         LegacyCustomRewardFunctionConfig, "legacy: earlier spelling of reward.custom_reward_function"
     )
-    sandbox_fusion: LegacySandboxFusionConfig = section(
-        LegacySandboxFusionConfig, "legacy: earlier spelling of reward.sandbox_fusion"
-    )
-    reward_manager: LegacyRewardManagerConfig = section(
-        LegacyRewardManagerConfig, "legacy: veRL main's spelling of reward.reward_manager"
-    )
+    sandbox_fusion: LegacySandboxFusionConfig = section(LegacySandboxFusionConfig, "legacy: reward.sandbox_fusion")
+    reward_manager: LegacyRewardManagerConfig = section(LegacyRewardManagerConfig, "legacy: reward.reward_manager")
     ray_init: LegacyRayInitConfig = section(LegacyRayInitConfig, "legacy: earlier spelling of ray_kwargs.ray_init")
 
     def validate(self, device: str, visible_devices: int | None = None, judge_scored: bool = False) -> list[str]:

@@ -27,13 +27,20 @@ __all__ = [
     "GlobalToolConfig",
     "GlobalProfilerConfig",
     "TOKEN_RANGE_KEYS",
+    "HOOK_KEYS",
 ]
 
 _NO_HOOKS = "traces are written in save_path directly; no finish hook runs"
-_TORCH_ONLY = "only the torch tool is implemented; traces are written in save_path, no hooks run"
+_TORCH = "only the torch tool is implemented; traces are written in save_path, no hooks run"
 
 _G = "global_profiler"
 _GT = "global_profiler.global_tool_config"
+# keys of a role's profiler that only the tools hybridflow does not drive read
+HOOK_KEYS = ("relocate_results", "finish_hook_cmd", "finish_hook_all_ranks", "finish_hook_ranks")
+
+
+def _g(key: str) -> str:
+    return f"${{{_G}.{key}}}"
 
 
 @dataclass
@@ -80,9 +87,7 @@ class TorchProfilerToolConfig(BaseConfig):
     discrete: bool = doc(False, "one trace per stage (hybridflow: false only)")
     profile_token_start: int | None = doc(None, "rollout: collect from this response-token index")
     profile_token_end: int | None = doc(None, "rollout: stop at this response-token index (exclusive)")
-    schedule: TorchProfilerScheduleConfig | None = section(
-        TorchProfilerScheduleConfig, "sub-sampling of the update loop"
-    )
+    schedule: TorchProfilerScheduleConfig | None = section(TorchProfilerScheduleConfig, "the update loop's sampling")
     name: str = doc("torch", "the tool's name (veRL's tag; fixed)")
 
     def __post_init__(self):
@@ -160,30 +165,10 @@ class ProfilerConfig(BaseConfig):
     all_ranks: bool = doc(False, "profile every rank of the role (else only those in ranks)")
     ranks: list[int] = doc([], "the ranks to profile when all_ranks is false")
     save_path: str | None = doc("outputs/profile", "directory of the traces", follows=f"${{{_G}.save_path}}")
-    relocate_results: bool = doc(
-        False,
-        "move the traces after the run (not implemented)",
-        follows=f"${{{_G}.relocate_results}}",
-        refused=_TORCH_ONLY,
-    )
-    finish_hook_cmd: str | None = doc(
-        None,
-        "a command run when profiling ends (not implemented)",
-        follows=f"${{{_G}.finish_hook_cmd}}",
-        refused=_TORCH_ONLY,
-    )
-    finish_hook_all_ranks: bool = doc(
-        False,
-        "run finish_hook_cmd on every rank (not implemented)",
-        follows=f"${{{_G}.finish_hook_all_ranks}}",
-        refused=_TORCH_ONLY,
-    )
-    finish_hook_ranks: list[int] = doc(
-        [],
-        "ranks that run finish_hook_cmd (not implemented)",
-        follows=f"${{{_G}.finish_hook_ranks}}",
-        refused=_TORCH_ONLY,
-    )
+    relocate_results: bool = doc(False, "move the traces after the run", follows=_g("relocate_results"), refused=_TORCH)
+    finish_hook_cmd: str | None = doc(None, "run when profiling ends", follows=_g("finish_hook_cmd"), refused=_TORCH)
+    finish_hook_all_ranks: bool = doc(False, "hook on every rank", follows=_g("finish_hook_all_ranks"), refused=_TORCH)
+    finish_hook_ranks: list[int] = doc([], "ranks running the hook", follows=_g("finish_hook_ranks"), refused=_TORCH)
     tool_config: ProfilerToolConfig = section(
         ProfilerToolConfig,
         "per-tool settings",
@@ -198,12 +183,12 @@ class ProfilerConfig(BaseConfig):
                 for k in ("config_path", "stages", "strict")
             },
         },
-        refused=_TORCH_ONLY,
+        refused=_TORCH,
         keys={
             "npu": refused("Ascend NPU profiler settings; " + NPU),
             "torch.contents": honoured(),
             "torch.discrete": honoured(
-                "one trace per profiled step (discrete per-phase traces are not implemented)", values=(False,)
+                "one trace per profiled step (per-phase traces: not implemented)", values=(False,)
             ),
         },
     )
@@ -259,14 +244,10 @@ class GlobalProfilerConfig(BaseConfig):
     steps: list[int] | None = doc(None, "the training steps profiled (null: none)")
     profile_continuous_steps: bool = doc(False, "consecutive profiled steps share one trace")
     save_path: str | None = doc("outputs/profile", "directory of the traces (every role follows it)")
-    relocate_results: bool = doc(
-        False, "move framework-placed traces into save_path (not implemented)", refused=_NO_HOOKS
-    )
-    finish_hook_cmd: str | None = doc(
-        None, "a command run once after the last profiled step (not implemented)", refused=_NO_HOOKS
-    )
-    finish_hook_all_ranks: bool = doc(False, "run finish_hook_cmd on every rank (not implemented)", refused=_NO_HOOKS)
-    finish_hook_ranks: list[int] = doc([], "ranks that run finish_hook_cmd (not implemented)", refused=_NO_HOOKS)
+    relocate_results: bool = doc(False, "move framework-placed traces into save_path", refused=_NO_HOOKS)
+    finish_hook_cmd: str | None = doc(None, "a command run once after the last profiled step", refused=_NO_HOOKS)
+    finish_hook_all_ranks: bool = doc(False, "run finish_hook_cmd on every rank", refused=_NO_HOOKS)
+    finish_hook_ranks: list[int] = doc([], "ranks that run finish_hook_cmd", refused=_NO_HOOKS)
     global_tool_config: GlobalToolConfig = section(
         GlobalToolConfig,
         "tool settings every role follows",

@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, section
-from hybridflow.config.status import refused
+from hybridflow.config.status import honoured, refused
 
 __all__ = ["RayInitConfig", "RayKwargsConfig"]
+
+_ONLY = "hybridflow passes only address, num_cpus, include_dashboard and runtime_env to ray.init"
 
 
 @dataclass
@@ -18,8 +20,8 @@ class RayInitConfig(BaseConfig):
     num_cpus: int | None = doc(None, "CPUs Ray may use; null: all (set it under SLURM or in containers)")
     runtime_env: dict = doc(
         {"py_executable": None},
-        "Ray runtime_env (py_executable: the workers' interpreter)",
-        keys={"py_executable": refused("hybridflow passes only address, num_cpus and include_dashboard to ray.init")},
+        "Ray runtime_env for every worker (py_executable: the workers' interpreter; env_vars, pip, ...)",
+        keys={"py_executable": honoured()},
     )
     address: str | None = doc(None, "hybridflow: null starts a local Ray unless RAY_ADDRESS is set")
     include_dashboard: bool = doc(False, "hybridflow: start the dashboard (it listens on 127.0.0.1 only)")
@@ -29,11 +31,5 @@ class RayInitConfig(BaseConfig):
 class RayKwargsConfig(BaseConfig):
     """``ray_kwargs``: Ray start-up."""
 
-    ray_init: RayInitConfig = section(
-        RayInitConfig,
-        "arguments of ray.init",
-        keys={"**": refused("hybridflow passes only address, num_cpus and include_dashboard to ray.init")},
-    )
-    timeline_json_file: str | None = doc(
-        None, "write a Ray timeline (chrome://tracing) here", refused="writing a Ray timeline is not implemented"
-    )
+    ray_init: RayInitConfig = section(RayInitConfig, "arguments of ray.init", keys={"**": refused(_ONLY)})
+    timeline_json_file: str | None = doc(None, "a Ray timeline file", refused="Ray timelines are not implemented")

@@ -18,6 +18,7 @@ __all__ = [
     "JUDGE",
     "JUDGE_VLLM",
     "THINKING",
+    "FUNCTION_TOOLS",
     "speed_only",
 ]
 
@@ -48,4 +49,8 @@ JUDGE = (
     "(config checks print a note)"
 )
 JUDGE_VLLM = "read by the vllm judge engine (reward.reward_manager.name=genrm); the hf engine ignores it"
+FUNCTION_TOOLS = (
+    "veRL's @function_tool Python-function tools are not implemented; declare the tool as a BaseTool class in "
+    "multi_turn.tool_config_path"
+)
 THINKING = "the multi-turn SFT dataset renders conversations without a per-row thinking switch"

@@ -1,10 +1,7 @@
 """veRL config classes hybridflow does not have (other training engines, veRL's engine worker, earlier
-sections its trainers no longer read), refused by name.
-
-``from hybridflow.workers.config import McoreActorConfig`` (or a ``_target_`` naming it) fails with the
-same reason as the Megatron config keys, instead of an anonymous ImportError: the user learns the
-feature is missing, not that a name was misspelt. The alias modules take ``__getattr__`` from here.
-"""
+sections its trainers no longer read), refused by name (an import or a ``_target_``) with the reason of
+the matching config keys, so the user learns a feature is missing, not that a name was misspelt. The
+alias modules take ``__getattr__`` from here."""
 
 from __future__ import annotations
 
@@ -30,29 +27,14 @@ ENGINE_WORKER = (
 # veRL 0.9.1's config classes of those engines -> why hybridflow has no such class
 REFUSED_CLASSES: dict[str, str] = {
     **dict.fromkeys(
-        (
-            "McoreActorConfig",
-            "McoreCriticConfig",
-            "McoreEngineConfig",
-            "McoreOptimizerConfig",
-            "McoreCheckpointConfig",
-            "MegatronPeftConfig",
-        ),
+        "McoreActorConfig McoreCriticConfig McoreEngineConfig McoreOptimizerConfig McoreCheckpointConfig "
+        "MegatronPeftConfig".split(),
         MEGATRON,
     ),
     **dict.fromkeys(
-        (
-            "TorchTitanActorConfig",
-            "TorchTitanCriticConfig",
-            "TorchtitanEngineConfig",
-            "TorchtitanOptimizerConfig",
-            "VeOmniActorConfig",
-            "VeOmniCriticConfig",
-            "VeOmniEngineConfig",
-            "VeOmniOptimizerConfig",
-            "AutomodelEngineConfig",
-            "AutomodelOptimizerConfig",
-        ),
+        "TorchTitanActorConfig TorchTitanCriticConfig TorchtitanEngineConfig TorchtitanOptimizerConfig "
+        "VeOmniActorConfig VeOmniCriticConfig VeOmniEngineConfig VeOmniOptimizerConfig AutomodelEngineConfig "
+        "AutomodelOptimizerConfig".split(),
         OTHER_ENGINES,
     ),
     **dict.fromkeys(("TrainingWorkerConfig", "EngineConfig", "EngineRouterReplayConfig"), ENGINE_WORKER),

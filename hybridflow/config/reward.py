@@ -10,8 +10,8 @@ from typing import Any
 
 from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.module import ModuleConfig
-from hybridflow.config.reasons import JUDGE, JUDGE_VLLM, speed_only
-from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
+from hybridflow.config.reasons import JUDGE, JUDGE_VLLM
+from hybridflow.config.rollout import NOT_ENGINES, RolloutConfig, rollout_as_in_yaml
 from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, refused
 
@@ -30,29 +30,11 @@ _RM_POOL = "a separate reward-model pool is not implemented; the reward model ru
 
 
 # the inference-engine keys every standalone engine section keeps (the reward model's and the teachers')
-ENGINE_KEYS = (
-    "name",
-    "dtype",
-    "gpu_memory_utilization",
-    "enforce_eager",
-    "cudagraph_capture_sizes",
-    "free_cache_engine",
-    "data_parallel_size",
-    "expert_parallel_size",
-    "tensor_model_parallel_size",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "max_num_seqs",
-    "load_format",
-    "engine_kwargs",
-    "limit_images",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "disable_log_stats",
-    "skip_tokenizer_init",
-    "prompt_length",
-    "response_length",
-    "temperature",
+ENGINE_KEYS = tuple(
+    "name dtype gpu_memory_utilization enforce_eager cudagraph_capture_sizes free_cache_engine data_parallel_size "
+    "expert_parallel_size tensor_model_parallel_size max_num_batched_tokens max_model_len max_num_seqs load_format "
+    "engine_kwargs limit_images enable_chunked_prefill enable_prefix_caching disable_log_stats skip_tokenizer_init "
+    "prompt_length response_length temperature".split()
 )
 
 
@@ -101,34 +83,15 @@ class SandboxFusionConfig(BaseConfig):
 
 _RM_ENGINE_KEYS = (
     *ENGINE_KEYS,
-    "pipeline_model_parallel_size",
-    "layered_summon",
-    "scheduling_policy",
-    "full_determinism",
-    "seed",
-    "multi_stage_wake_up",
-    "ignore_eos",
-    "top_k",
-    "top_p",
-    "do_sample",
-    "n",
-    "quantization",
-    "quantization_config_file",
-    "mtp",
-    "disaggregation",
+    *"pipeline_model_parallel_size layered_summon scheduling_policy full_determinism seed multi_stage_wake_up "
+    "ignore_eos top_k top_p do_sample n quantization quantization_config_file mtp disaggregation".split(),
 )
 
 
 def standalone_engine(**values: Any) -> RolloutConfig:
     """An inference engine section of its own (the reward model's, a teacher's) as veRL's yaml holds it."""
-    return rollout_as_in_yaml(
-        enforce_eager=True,
-        tensor_model_parallel_size=2,
-        max_num_seqs=1024,
-        load_format="auto",
-        engine_kwargs={},
-        **values,
-    )
+    own = {"enforce_eager": True, "tensor_model_parallel_size": 2, "max_num_seqs": 1024, "load_format": "auto"}
+    return rollout_as_in_yaml(**{**own, "engine_kwargs": {}, **values})
 
 
 _reward_engine = placed(
@@ -159,52 +122,24 @@ class RewardModelConfig(BaseConfig):
         follows={"mtp": None},
         absent=(*engine_only(_RM_ENGINE_KEYS), "disaggregation.mooncake_protocol"),
         keys={
-            "name": honoured(
-                JUDGE + "; null: no engine (hybridflow's default, veRL's ??? requires a value)",
-                values=(None, "hf", "vllm"),
-            ),
+            "name": honoured(JUDGE + "; null: no engine (hybridflow's default)", values=(None, "hf", "vllm")),
             **dict.fromkeys(
-                (
-                    "temperature",
-                    "top_k",
-                    "top_p",
-                    "seed",
-                    "prompt_length",
-                    "response_length",
-                    "dtype",
-                    "ignore_eos",
-                    "max_num_seqs",
-                    "do_sample",
-                ),
+                "temperature top_k top_p seed prompt_length response_length dtype ignore_eos max_num_seqs "
+                "do_sample".split(),
                 honoured(
                     JUDGE + "; a judge prompt longer than prompt_length is not sent (it scores "
                     "reward.reward_kwargs.unparsable_score and counts in genrm/prompt_too_long)"
                 ),
             ),
             **dict.fromkeys(
-                (
-                    "gpu_memory_utilization",
-                    "enforce_eager",
-                    "free_cache_engine",
-                    "tensor_model_parallel_size",
-                    "max_num_batched_tokens",
-                    "max_model_len",
-                    "enable_chunked_prefill",
-                    "load_format",
-                    "disable_log_stats",
-                    "engine_kwargs",
-                    "engine_kwargs.vllm.**",
-                ),
+                "gpu_memory_utilization enforce_eager free_cache_engine tensor_model_parallel_size "
+                "max_num_batched_tokens max_model_len enable_chunked_prefill load_format disable_log_stats "
+                "engine_kwargs engine_kwargs.vllm.**".split(),
                 honoured(JUDGE_VLLM),
             ),
             "n": honoured("one verdict per response", values=(1,)),
-            "skip_tokenizer_init": honoured(
-                "veRL requires the reward model's tokenizer; hybridflow's judge client tokenizes", values=(False,)
-            ),
-            **dict.fromkeys(
-                ("engine_kwargs.sglang.**", "engine_kwargs.trtllm.**"),
-                refused("sglang and TensorRT-LLM are not hybridflow rollout engines"),
-            ),
+            "skip_tokenizer_init": honoured("hybridflow's judge client tokenizes", values=(False,)),
+            **dict.fromkeys(("engine_kwargs.sglang.**", "engine_kwargs.trtllm.**"), refused(NOT_ENGINES)),
         },
     )
 
@@ -216,8 +151,9 @@ class RewardConfig(BaseConfig):
     _target_: str = doc("verl.workers.config.RewardConfig", "the class this section is read into")
     num_workers: int = doc(
         8,
-        "reward workers the scoring is spread over",
-        note=speed_only("reward workers (the driver scores every batch)"),
+        "processes that score each trajectory as it finishes, overlapping generation (hybridflow: "
+        "ceil(num_workers / rollout.agent.num_workers) per agent loop worker; 0: the driver scores the batch "
+        "after generation); managers batch and genrm, and a reward model, always score after generation",
     )
     custom_reward_function: CustomRewardFunctionConfig = section(
         CustomRewardFunctionConfig, "a scoring function of yours"

@@ -10,10 +10,10 @@ from typing import Any
 
 from hybridflow.config.base import BaseConfig, doc, placed, section, unset
 from hybridflow.config.engine import QATEngineConfig
-from hybridflow.config.errors import ConfigError, check_one_of
+from hybridflow.config.errors import ConfigError, check_at_least, check_one_of
 from hybridflow.config.model import MtpConfig
-from hybridflow.config.profiler import TOOL_NAME_KEYS, ProfilerConfig
-from hybridflow.config.reasons import TARGET, VLLM_ENGINE, VLM, speed_only
+from hybridflow.config.profiler import HOOK_KEYS, TOOL_NAME_KEYS, ProfilerConfig
+from hybridflow.config.reasons import FUNCTION_TOOLS, TARGET, VLLM_ENGINE, VLM, speed_only
 from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, refused
 
@@ -35,9 +35,12 @@ _BOTH_ROLLOUTS = "read by both rollouts (hf: the per-request sampling seed's bas
 _ENGINE_SPEED = speed_only("CUDA graphs, prefix caching, staged weight loading")
 _NOT_IMPLEMENTED = "this rollout-engine feature is not implemented"
 _QUANTIZED = "quantized / speculative rollout is not implemented"
+_ONE_PIPELINE = "both run the asynchronous server + agent loop pipeline (veRL 0.9.1 removed sync)"
+NOT_ENGINES = "sglang and TensorRT-LLM are not hybridflow rollout engines"
+_PROFILER_ABSENT = ("tool_config.nsys", "tool_config.torch_memory", "tool_config.torch.schedule", *TOOL_NAME_KEYS)
 _TP_ONLY = "only tensor parallelism is implemented inside a rollout engine"
 SGLANG = "an SGLang-only option; SGLang is not a hybridflow rollout engine (use rollout.name=vllm or hf)"
-_CUSTOM_MANAGER = (
+_CUSTOM = (
     "custom async rollout servers / agent loop managers / checkpoint engine managers are not implemented "
     "(hybridflow's server is the hf or vllm engine)"
 )
@@ -48,34 +51,16 @@ SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 # Settings the hf rollout does not read (they configure vLLM's engine); not seed (the hf rollout's sampling
 # seeds derive from it) nor max_num_seqs (its largest batch)
 _VLLM_ONLY_KEYS = (
-    "gpu_memory_utilization",
-    "enforce_eager",
-    "free_cache_engine",
-    "load_format",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "enable_chunked_prefill",
-    "disable_log_stats",
-    "calculate_log_probs",
-)
+    "gpu_memory_utilization enforce_eager free_cache_engine load_format max_num_batched_tokens max_model_len "
+    "enable_chunked_prefill disable_log_stats calculate_log_probs"
+).split()
 
 
 _AP = "actor_rollout_ref.actor.profiler"
 _GT = "global_profiler.global_tool_config"
 # the rollout profiles when the actor does: its switches follow the actor's
 _ROLLOUT_PROFILER = {
-    **{
-        k: f"${{{_AP}.{k}}}"
-        for k in (
-            "enable",
-            "all_ranks",
-            "ranks",
-            "relocate_results",
-            "finish_hook_cmd",
-            "finish_hook_all_ranks",
-            "finish_hook_ranks",
-        )
-    },
+    **{k: f"${{{_AP}.{k}}}" for k in ("enable", "all_ranks", "ranks", *HOOK_KEYS)},
     **{
         f"tool_config.npu.{k}": f"${{{_AP}.tool_config.npu.{k}}}" for k in ("contents", "level", "analysis", "discrete")
     },
@@ -109,29 +94,16 @@ class MultiTurnConfig(BaseConfig):
     enable: bool = doc(False, "this run is multi-turn (the start-up checks require something multi-turn configured)")
     max_assistant_turns: int | None = doc(None, "model turns per trajectory (null: no limit)")
     tool_config_path: str | None = doc(None, "veRL-format tool yaml (tools: [{class_name, config, tool_schema}])")
-    function_tool_path: str | None = doc(
-        None,
-        "veRL's python-function tools (not implemented)",
-        refused="veRL's @function_tool Python-function tools are not implemented; declare the tool as a BaseTool "
-        "class in multi_turn.tool_config_path",
-    )
+    function_tool_path: str | None = doc(None, "veRL's python-function tools", refused=FUNCTION_TOOLS)
     max_user_turns: int | None = doc(None, "tool-result and interaction turns per trajectory (null: no limit)")
     interaction_config_path: str | None = doc(None, "veRL-format interaction yaml")
     max_parallel_calls: int = doc(1, "tool calls of one model turn that run; the rest are dropped")
     max_tool_response_length: int = doc(256, "characters of a tool's answer kept")
     tool_response_truncate_side: str = doc("middle", "left (keep the end) | middle | right (keep the start)")
     use_inference_chat_template: bool = doc(False, "re-apply the chat template to each turn's engine prompt")
-    tokenization_sanity_check_mode: str = doc(
-        "strict", "strict | ignore_strippable | disable: compare with a full re-templating"
-    )
-    format: str = doc(
-        "hermes",
-        "tool-call format: a registered parser",
-        reason="a registered tool-call parser (built in: hermes); the start-up checks refuse other names",
-    )
-    num_repeat_rollouts: int | None = doc(
-        None, "declared by veRL 0.9.1, read by neither", note="veRL 0.9.1 declares it but does not read it either"
-    )
+    tokenization_sanity_check_mode: str = doc("strict", "strict | ignore_strippable | disable: check the re-template")
+    format: str = doc("hermes", "tool-call format", reason="a registered tool-call parser (built in: hermes)")
+    num_repeat_rollouts: int | None = doc(None, "unread", note="veRL 0.9.1 declares it but does not read it either")
     tool_call_timeout: float = doc(60, "seconds one tool call may take before the model gets a timeout message")
 
     def check_values(self) -> None:  # veRL's MultiTurnConfig checks nothing when built
@@ -141,12 +113,8 @@ class MultiTurnConfig(BaseConfig):
             ("tokenization_sanity_check_mode", SANITY_CHECK_MODES),
         ):
             check_one_of(f"{p}.{key}", getattr(self, key), allowed)
-        for key in ("max_parallel_calls", "max_tool_response_length"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{p}.{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("max_assistant_turns", "max_user_turns"):
-            if getattr(self, key) is not None and getattr(self, key) < 0:
-                raise ConfigError(f"{p}.{key} must be >= 0 or null, got {getattr(self, key)}")
+        check_at_least(p, self, ("max_parallel_calls", "max_tool_response_length"), 1)
+        check_at_least(p, self, ("max_assistant_turns", "max_user_turns"), 0, nullable=True)
         if self.tool_call_timeout <= 0:
             raise ConfigError(f"{p}.tool_call_timeout must be > 0, got {self.tool_call_timeout}")
 
@@ -168,16 +136,11 @@ class AgentLoopConfig(BaseConfig):
     num_workers: int = doc(8, "hybridflow: 2 (veRL: 8); agent-loop workers (one process each) the batch is spread over")
     default_agent_loop: str = doc("single_turn_agent", "loop of a sample without agent_name")
     agent_loop_config_path: str | None = doc(None, "your loops: a yaml list of {name, _target_, **kwargs}")
-    custom_async_server: CustomAsyncServerConfig = section(
-        CustomAsyncServerConfig, "a custom server (not implemented)", refused=_CUSTOM_MANAGER
-    )
-    agent_loop_manager_class: str | None = doc(
-        None, "a class of yours replacing the agent loop manager (not implemented)", refused=_CUSTOM_MANAGER
-    )
+    custom_async_server: CustomAsyncServerConfig = section(CustomAsyncServerConfig, "a custom server", refused=_CUSTOM)
+    agent_loop_manager_class: str | None = doc(None, "your agent loop manager class", refused=_CUSTOM)
 
     def check_values(self) -> None:  # veRL's AgentLoopConfig checks nothing when built
-        if self.num_workers < 1:
-            raise ConfigError(f"rollout.agent.num_workers must be >= 1, got {self.num_workers}")
+        check_at_least("rollout.agent", self, ("num_workers",), 1)
 
 
 @dataclass
@@ -206,29 +169,22 @@ class TraceConfig(BaseConfig):
     experiment_name: str | None = doc(None, "tag of every trace", follows="${trainer.experiment_name}")
     backend: str | None = doc(
         None,
-        "null (no tracing) | mlflow (extra [trace]; store $MLFLOW_TRACKING_URI or "
-        "sqlite:///<trainer.default_local_dir>/mlflow.db)",
+        "null (no tracing) | mlflow",
         reason="null or mlflow (extra [trace]): one trace per trajectory in $MLFLOW_TRACKING_URI or "
         "sqlite:///<trainer.default_local_dir>/mlflow.db; weave and trackio are not implemented",
     )
     token2text: bool = doc(False, "traces also hold the decoded prompt_text and response_text")
-    max_samples_per_step_per_worker: int | None = doc(
-        None, "prompts traced per call and agent-loop worker (all their samples); null: every sample"
-    )
+    max_samples_per_step_per_worker: int | None = doc(None, "prompts traced per call and agent-loop worker; null: all")
 
-    def __post_init__(self):
-        p = "actor_rollout_ref.rollout.trace"
-        if self.max_samples_per_step_per_worker is not None and self.max_samples_per_step_per_worker < 0:
-            raise ConfigError(  # veRL's check when built
-                f"{p}.max_samples_per_step_per_worker must be >= 0 or null, got {self.max_samples_per_step_per_worker}"
-            )
+    def __post_init__(self):  # veRL's check when built
+        check_at_least("actor_rollout_ref.rollout.trace", self, ("max_samples_per_step_per_worker",), 0, nullable=True)
 
     def check_values(self) -> None:
-        p = "actor_rollout_ref.rollout.trace"
         if self.backend in UNIMPLEMENTED_TRACE_BACKENDS:
             raise ConfigError(
-                f"{p}.backend={self.backend!r}: the {UNIMPLEMENTED_TRACE_BACKENDS[self.backend]} "
-                f"backend is not implemented; use mlflow (pip install 'hybridflow[trace]')"
+                f"actor_rollout_ref.rollout.trace.backend={self.backend!r}: the "
+                f"{UNIMPLEMENTED_TRACE_BACKENDS[self.backend]} backend is not implemented; use mlflow (pip install "
+                "'hybridflow[trace]')"
             )
 
 
@@ -284,33 +240,20 @@ class RolloutConfig(BaseConfig):
     """``actor_rollout_ref.rollout``: the inference engine and how it samples."""
 
     # the worker sizes the engine for the model it serves (veRL's mutable fields)
-    _mutable_fields = {
-        "max_model_len",
-        "load_format",
-        "engine_kwargs",
-        "prompt_length",
-        "response_length",
-        "expert_parallel_size",
-        "moe_tensor_parallel_size",
-        "full_determinism",
-        "max_num_seqs",
-    }
+    _mutable_fields = set(
+        "max_model_len load_format engine_kwargs prompt_length response_length expert_parallel_size "
+        "moe_tensor_parallel_size full_determinism max_num_seqs".split()
+    )
 
     _target_: str = doc("verl.workers.config.RolloutConfig", "the class this section is read into")
     name: str | None = doc(
         "???",
-        "hybridflow: hf (transformers generate, cpu and GPU; veRL requires a value) | vllm (the [vllm] extra)",
+        "hybridflow: hf (transformers, cpu and GPU; veRL requires a value) | vllm (the [vllm] extra)",
         values=("hf", "vllm"),
         reason="hybridflow's rollout engines are hf (transformers) and vllm; SGLang is not a hybridflow rollout "
-        "engine, nor TensorRT-LLM (veRL's sglang_multiturn examples run their multi-turn tool and "
-        "interaction rollouts on vllm or hf through the agent loop)",
+        "engine, nor TensorRT-LLM (veRL's sglang_multiturn examples run on vllm or hf through the agent loop)",
     )
-    mode: str = doc(
-        "async",
-        "async (veRL 0.9.1's only mode) | sync: hybridflow runs one pipeline for both",
-        values=("async", "sync"),
-        reason="both run the asynchronous server + agent loop pipeline (veRL 0.9.1 removed sync)",
-    )
+    mode: str = doc("async", "async | sync (hybridflow: the same pipeline)", values=ROLLOUT_MODES, reason=_ONE_PIPELINE)
     nnodes: int = doc(0, "> 0: the engines get a pool of their own; 0: colocated with the actor")
     n_gpus_per_node: int = doc(8, "devices per node of that pool (follows trainer.n_gpus_per_node)")
     temperature: float = doc(1.0, "sampling temperature")
@@ -320,87 +263,59 @@ class RolloutConfig(BaseConfig):
     seed: int = doc(42, "base of the per-request sampling seeds", reason=_BOTH_ROLLOUTS)
     prompt_length: int = doc(512, "prompt tokens (follows data.max_prompt_length)")
     response_length: int = doc(512, "generated tokens at most (follows data.max_response_length)")
-    dtype: str = doc(
-        "bfloat16", "engine dtype; hybridflow: auto (bf16 on CUDA, fp32 on cpu), bfloat16, float16, float32"
-    )
-    gpu_memory_utilization: float = doc(
-        0.5, "vllm: share of device memory for weights and KV cache", reason=VLLM_ENGINE
-    )
+    dtype: str = doc("bfloat16", "engine dtype; hybridflow: auto (bf16 on CUDA, fp32 on cpu) or a dtype")
+    gpu_memory_utilization: float = doc(0.5, "vllm: device memory share for weights + KV cache", reason=VLLM_ENGINE)
     ignore_eos: bool = doc(False, "keep generating after EOS")
     enforce_eager: bool = doc(False, "vllm: no CUDA graphs", reason=VLLM_ENGINE)
-    cudagraph_capture_sizes: list[int] | None = doc(
-        None, "vllm: batch sizes captured as CUDA graphs", note=_ENGINE_SPEED
-    )
+    cudagraph_capture_sizes: list[int] | None = doc(None, "vllm: batch sizes run as CUDA graphs", note=_ENGINE_SPEED)
     free_cache_engine: bool = doc(True, "release the KV cache between generation phases", reason=VLLM_ENGINE)
     tensor_model_parallel_size: int = doc(
-        2, "vllm: tensor parallel size of one engine (hybridflow: 1, to fit one device)", reason=VLLM_ENGINE
+        2, "vllm: tensor parallel size (hybridflow: 1, one device)", reason=VLLM_ENGINE
     )
     data_parallel_size: int = doc(1, "data parallel size inside an engine (hybridflow: 1)", refused=_TP_ONLY)
     expert_parallel_size: int = doc(1, "expert parallel size inside an engine (hybridflow: 1)", refused=_TP_ONLY)
-    pipeline_model_parallel_size: int = doc(
-        1, "pipeline parallel size inside an engine (hybridflow: 1)", refused=_TP_ONLY
-    )
+    pipeline_model_parallel_size: int = doc(1, "pipeline parallel size inside an engine", refused=_TP_ONLY)
     max_num_batched_tokens: int = doc(8192, "vllm: tokens per scheduler step", reason=VLLM_ENGINE)
     max_model_len: int | None = doc(None, "vllm: context length (null: prompt + response length)", reason=VLLM_ENGINE)
     max_num_seqs: int = doc(1024, "sequences decoded at once", reason=_BOTH_ROLLOUTS)
     enable_chunked_prefill: bool = doc(True, "vllm: chunked prefill", reason=VLLM_ENGINE)
     enable_prefix_caching: bool = doc(True, "vllm: prefix caching", note=_ENGINE_SPEED)
     logprobs_mode: str | None = doc(
-        "processed_logprobs",
-        "log-probs of the sampling distribution (after temperature)",
-        values=("processed_logprobs",),
-        reason="the engines return log softmax(logits / temperature) of the sampled token",
+        "processed_logprobs", "after temperature", values=("processed_logprobs",), reason="log softmax(logits / T)"
     )
     scheduling_policy: str | None = doc("fcfs", "engine scheduling (hybridflow: fcfs)", refused=_NOT_IMPLEMENTED)
-    load_format: str = doc(
-        "dummy", "vllm: how initial weights are loaded (dummy: pushed from the trainer)", reason=VLLM_ENGINE
-    )
+    load_format: str = doc("dummy", "vllm: initial weights (dummy: pushed from the trainer)", reason=VLLM_ENGINE)
     layered_summon: bool = doc(False, "gather FSDP weights layer by layer (speed only)", note=_ENGINE_SPEED)
     log_prob_micro_batch_size: int | None = doc(None, "deprecated global micro-batch of the old log-prob pass")
     log_prob_micro_batch_size_per_gpu: int | None = doc(None, "samples per forward of the old log-prob pass")
     log_prob_use_dynamic_bsz: bool = doc(False, "pack by token count (follows actor.use_dynamic_bsz)")
-    log_prob_max_token_len_per_gpu: int = doc(
-        16384, "token budget per forward (follows actor.ppo_max_token_len_per_gpu)"
-    )
+    log_prob_max_token_len_per_gpu: int = doc(16384, "tokens per forward (follows actor.ppo_max_token_len_per_gpu)")
     disable_log_stats: bool = doc(True, "vllm: no periodic stats logging", reason=VLLM_ENGINE)
     do_sample: bool = doc(True, "sample (else greedy)")
     n: int = doc(1, "responses sampled per prompt; > 1 for grpo and rloo")
     over_sample_rate: float = doc(
         0.0,
-        "training: keep the first int(N*(1-rate)) trajectories to finish, pad the rest (response_mask 0); 0: keep all",
-        reason="training batches of the synchronous trainer: the first int(N*(1-rate)) trajectories to finish are "
-        "kept, the rest aborted and padded (empty response, response_mask 0), as veRL's SGLang rollout did "
-        "(veRL 0.9.1 declares the key but reads it nowhere)",
+        "training: keep the first int(N*(1-rate)) trajectories to finish, pad the rest; 0: keep all",
+        reason="synchronous training batches: the slowest trajectories are aborted and padded (response_mask 0), as "
+        "veRL's SGLang rollout did (veRL 0.9.1 declares the key but reads it nowhere)",
     )
     multi_stage_wake_up: bool = doc(False, "wake weights and KV cache in stages (speed only)", note=_ENGINE_SPEED)
     engine_kwargs: dict = doc(
         {},
         "engine arguments as they are (vllm.kv_cache_memory_bytes null on cpu: enough for max_num_seqs, <= 512 MiB)",
-        keys={
-            "vllm": honoured(VLLM_ENGINE),
-            **dict.fromkeys(
-                ("sglang", "trtllm"), refused("sglang and TensorRT-LLM are not hybridflow rollout engines")
-            ),
-        },
+        keys={"vllm": honoured(VLLM_ENGINE), **dict.fromkeys(("sglang", "trtllm"), refused(NOT_ENGINES))},
     )
     limit_images: int | None = doc(None, "images per prompt (vision models are not supported)", refused=VLM)
-    val_kwargs: SamplingConfig = section(
-        placed(SamplingConfig, temperature=0.0, do_sample=False), "sampling for validation"
-    )
+    val_kwargs: SamplingConfig = section(placed(SamplingConfig, temperature=0.0, do_sample=False), "validation's")
     router_config_path: str | None = doc(None, "a router config (not implemented)", refused=_NOT_IMPLEMENTED)
     multi_turn: MultiTurnConfig = section(
-        MultiTurnConfig,
-        "multi-turn rollouts with tools and interactions",
-        keys={
-            "_target_": refused(TARGET),
-            "**": refused("this multi-turn option of veRL's (SGLang rollout) is not implemented"),
-        },
+        MultiTurnConfig, "tools and interactions", keys={"_target_": refused(TARGET), "**": refused(_NOT_IMPLEMENTED)}
     )
     calculate_log_probs: bool = doc(False, "the engine returns its log-probs of the sampled tokens", reason=VLLM_ENGINE)
     agent: AgentLoopConfig = section(
         placed(AgentLoopConfig, num_workers=2),
-        "the agent-loop workers",
-        keys={"_target_": refused(TARGET), "**": refused("this agent loop option is not implemented")},
+        "agent loops",
+        keys={"_target_": refused(TARGET), "**": refused(_NOT_IMPLEMENTED)},
     )
     checkpoint_engine: CheckpointEngineConfig = section(
         CheckpointEngineConfig,
@@ -408,76 +323,49 @@ class RolloutConfig(BaseConfig):
         refused="custom checkpoint engines are not implemented",
         keys={
             "backend": honoured(
-                "weights travel in buckets through the worker process (colocated) or Ray's object "
-                "store (a separate rollout pool); nccl/nixl/hccl checkpoint engines are not "
-                "implemented",
+                "weights travel in buckets through the worker process (colocated) or Ray's object store (a separate "
+                "rollout pool); nccl/nixl/hccl checkpoint engines are not implemented",
                 values=("naive",),
             ),
             "update_weights_bucket_megabytes": honoured(),
         },
     )
     trace: TraceConfig = section(
-        placed(TraceConfig, project_name="hybridflow_examples", experiment_name="gsm8k"),
-        "agent-loop trajectories logged to a tracing store",
+        placed(TraceConfig, project_name="hybridflow_examples", experiment_name="gsm8k"), "trajectory tracing"
     )
     skip_tokenizer_init: bool = doc(True, "vllm: the engine works on token ids only", note=_ENGINE_SPEED)
     skip_rollout: bool = doc(False, "veRL main's spelling of skip.rollout.enable (mapped onto it)")
     skip_dump_dir: str = doc("/tmp/rollout_dump", "veRL main's spelling of skip.rollout.dump_dir (mapped onto it)")
-    enable_rollout_routing_replay: bool = doc(
-        False, "record MoE routes in the rollout (not implemented)", refused=_NOT_IMPLEMENTED
-    )
-    moe_load_balance_metrics_interval: int = doc(
-        0, "MoE load-balance metrics every this many steps (not implemented)", refused=_NOT_IMPLEMENTED
-    )
+    enable_rollout_routing_replay: bool = doc(False, "record MoE routes in the rollout", refused=_NOT_IMPLEMENTED)
+    moe_load_balance_metrics_interval: int = doc(0, "steps between MoE load-balance metrics", refused=_NOT_IMPLEMENTED)
     profiler: ProfilerConfig | None = section(
-        unset,
-        "the rollout's profiling (follows the actor's)",
-        follows=_ROLLOUT_PROFILER,
-        absent=("tool_config.nsys", "tool_config.torch_memory", "tool_config.torch.schedule", *TOOL_NAME_KEYS),
+        unset, "follows the actor's", follows=_ROLLOUT_PROFILER, absent=_PROFILER_ABSENT
     )
     prometheus: PrometheusConfig = section(
-        placed(PrometheusConfig, served_model_name="~/models/deepseek-llm-7b-chat"),
-        "metrics exporter (not implemented)",
-        refused="the Prometheus exporter is not implemented",
+        placed(PrometheusConfig, served_model_name="~/models/deepseek-llm-7b-chat"), "metrics", refused=_NOT_IMPLEMENTED
     )
     quantization: str | None = doc(None, "quantized rollout (not implemented)", refused=_QUANTIZED)
     quantization_config_file: str | None = doc(None, "its config file", refused=_QUANTIZED)
-    mtp: MtpConfig | None = section(
-        MtpConfig, "speculative decoding with MTP layers (follows model.mtp)", refused=_QUANTIZED
-    )
-    qat: QATEngineConfig | None = section(
-        unset, "the trainer's QAT settings (follows actor.fsdp_config.qat)", refused=_QUANTIZED
-    )
+    mtp: MtpConfig | None = section(MtpConfig, "MTP speculative decoding (follows model.mtp)", refused=_QUANTIZED)
+    qat: QATEngineConfig | None = section(unset, "QAT settings (follows actor.fsdp_config.qat)", refused=_QUANTIZED)
     disaggregation: DisaggregationConfig = section(
-        DisaggregationConfig,
-        "prefill/decode disaggregation",
-        refused="prefill/decode disaggregation is not implemented",
+        DisaggregationConfig, "prefill/decode split", refused=_NOT_IMPLEMENTED
     )
-    repetition_penalty: float = doc(
-        1.0, "penalty of tokens already generated (not implemented)", refused=_NOT_IMPLEMENTED
-    )
-    standalone_gpu_memory_utilization: float | None = doc(
-        None, "gpu_memory_utilization of a separate rollout pool (not implemented)", refused=_NOT_IMPLEMENTED
-    )
-    moe_tensor_parallel_size: int | None = doc(
-        1, "TensorRT-LLM's MoE tensor parallel size", refused="a TensorRT-LLM option; not a hybridflow rollout engine"
-    )
+    repetition_penalty: float = doc(1.0, "penalty of tokens already generated", refused=_NOT_IMPLEMENTED)
+    standalone_gpu_memory_utilization: float | None = doc(None, "of a separate rollout pool", refused=_NOT_IMPLEMENTED)
+    moe_tensor_parallel_size: int | None = doc(1, "TensorRT-LLM's MoE TP size", refused="a TensorRT-LLM option")
     server: ServerConfig = section(ServerConfig, "SGLang's server mode", refused=SGLANG)
     custom: dict | None = doc(None, "your own settings, read by your code (veRL's extension point)")
-    checkpoint_manager_class: str | None = doc(
-        None, "a class of yours replacing the checkpoint engine manager (not implemented)", refused=_CUSTOM_MANAGER
-    )
+    checkpoint_manager_class: str | None = doc(None, "your checkpoint engine manager class", refused=_CUSTOM)
     layer_name_map: dict = doc({}, "weight-name map of the engine (not implemented)", refused=_NOT_IMPLEMENTED)
     sglang_engine_mode: str = doc("local", "SGLang's engine mode", refused=SGLANG)
     enable_sleep_mode: bool = doc(
-        True, "vllm: release weights and KV cache between phases (hybridflow: free_cache_engine)", note=_ENGINE_SPEED
+        True, "vllm: sleep between phases (hybridflow: free_cache_engine)", note=_ENGINE_SPEED
     )
 
     def __post_init__(self):
         check_one_of("rollout.mode", self.mode, ROLLOUT_MODES)
-        for key in ("n", "prompt_length", "response_length"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"rollout.{key} must be >= 1, got {getattr(self, key)}")
+        check_at_least("rollout", self, ("n", "prompt_length", "response_length"), 1)
         if not 0 <= self.over_sample_rate < 1:
             raise ConfigError(f"rollout.over_sample_rate must be in [0, 1), got {self.over_sample_rate}")
 
@@ -548,19 +436,10 @@ _YAML_VALUES = {
     "calculate_log_probs": True,
 }
 # keys veRL's dataclass has and its yaml does not hold at actor_rollout_ref.rollout
-NOT_IN_YAML = (
-    "limit_images",
-    "repetition_penalty",
-    "standalone_gpu_memory_utilization",
-    "moe_tensor_parallel_size",
-    "server",
-    "custom",
-    "checkpoint_manager_class",
-    "layer_name_map",
-    "sglang_engine_mode",
-    "enable_sleep_mode",
-    "agent.agent_loop_manager_class",
-    "disaggregation.mooncake_protocol",
+NOT_IN_YAML = tuple(
+    "limit_images repetition_penalty standalone_gpu_memory_utilization moe_tensor_parallel_size server custom "
+    "checkpoint_manager_class layer_name_map sglang_engine_mode enable_sleep_mode agent.agent_loop_manager_class "
+    "disaggregation.mooncake_protocol".split()
 )
 
 

@@ -1,16 +1,7 @@
 """``algorithm.rollout_correction`` (veRL's RolloutCorrectionConfig): importance weights and rejection
-between the rollout engine's policy and the trained one, parsed and checked when the section is built.
-
-The threshold grammar is parsed here, once, so that a bad value fails at start-up naming its key, and
-the algorithms (``hybridflow.algorithms.rollout_correction``) receive numbers:
-
-- ``rollout_is_threshold``: a number u (truncate the weights at u) or ``"lower_upper"`` (IcePop: zero
-  the weights outside the band);
-- ``rollout_rs``: comma-separated options ``<token|seq_sum|seq_mean|seq_max>_<k1|k2|k3>`` (duplicates
-  dropped; veRL <= 0.6's names token / sequence / geometric read as token_k1 / seq_sum_k1 / seq_mean_k1);
-  ``rollout_rs_threshold``: one value for all options or one per option; k1 takes ratio bounds
-  ``"lower_upper"`` (a single u means [1/u, u]), k2/k3 one positive upper bound.
-"""
+between the rollout engine's policy and the trained one. The threshold grammar (documented at the fields)
+is parsed here, once, so that a bad value fails at start-up naming its key and the algorithms
+(``hybridflow.algorithms.rollout_correction``) receive numbers."""
 
 from __future__ import annotations
 
@@ -54,6 +45,9 @@ RS_OPTIONS = (
 # veRL <= 0.6 named the ratio-bound rejections by level: the per-token ratio, the sequence's product of
 # ratios (exp of the summed log ratio) and its geometric mean (exp of the mean log ratio)
 RS_ALIASES = {"token": "token_k1", "sequence": "seq_sum_k1", "geometric": "seq_mean_k1"}
+Bound = str | float | None  # a rejection threshold as the presets take it
+_GEO = "0.999_1.001"  # the presets' geometric-mean band
+_P = "algorithm.rollout_correction"
 
 
 def _positive(value: float, what: str) -> float:
@@ -69,18 +63,22 @@ def _number(text: str, what: str) -> float:
         raise ConfigError(f"{what}: {text!r} is not a number") from None
 
 
+def _band(spec: str, what: str) -> tuple[float, float]:
+    """(lower, upper) of a ``"lower_upper"`` band: both positive, lower <= upper."""
+    low_text, high_text = spec.strip().split("_", 1)
+    lower, upper = _positive(_number(low_text, what), f"{what} lower bound"), _number(high_text, what)
+    if lower > upper:
+        raise ConfigError(f"{what}={spec!r}: the lower bound exceeds the upper bound")
+    return lower, _positive(upper, f"{what} upper bound")
+
+
 def parse_is_threshold(spec: Any, key: str = "rollout_is_threshold") -> tuple[float, float | None]:
-    """(upper, lower) of an IS threshold: a number (or numeric string) is the truncation bound of
-    TIS (lower None); ``"lower_upper"`` is IcePop's band, weights outside it become 0."""
+    """(upper, lower) of an IS threshold: a number is TIS's truncation bound (lower None), a band IcePop's."""
     if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
         raise ConfigError(f"{key} must be a number or a 'lower_upper' string, got {spec!r}")
     if isinstance(spec, str) and "_" in spec:
-        low_text, high_text = spec.strip().split("_", 1)
-        lower, upper = _number(low_text, key), _number(high_text, key)
-        _positive(lower, f"{key} lower bound")
-        if lower > upper:
-            raise ConfigError(f"{key}={spec!r}: the lower bound exceeds the upper bound")
-        return _positive(upper, f"{key} upper bound"), lower
+        lower, upper = _band(spec, key)
+        return upper, lower
     upper = _number(spec, key) if isinstance(spec, str) else float(spec)
     return _positive(upper, f"{key} upper bound"), None
 
@@ -148,15 +146,10 @@ def parse_rejection_options(
         what = f"{tkey} for {name}"
         if estimator == "k1":
             if "_" in spec:
-                low_text, high_text = spec.split("_", 1)
-                lower, upper = _number(low_text, what), _number(high_text, what)
-            else:
-                upper = _number(spec, what)
-                lower = 1.0 / upper if upper > 0 else upper
-            _positive(lower, f"{what} (lower)")
-            _positive(upper, f"{what} (upper)")
-            if lower > upper:
-                raise ConfigError(f"{what}={spec!r}: the lower bound exceeds the upper bound")
+                lower, upper = _band(spec, what)
+            else:  # a single u means [1/u, u]
+                upper = _positive(_number(spec, what), f"{what} upper bound")
+                lower = 1.0 / upper
             options.append(RejectionOption(name, aggregation, estimator, math.log(upper), math.log(lower)))
         else:
             if "_" in spec:
@@ -191,31 +184,21 @@ class RolloutCorrectionConfig(BaseConfig):
 
     def check_values(self) -> None:
         if self.rollout_is is not None and self.rollout_is not in IS_LEVELS:
-            raise ConfigError(
-                f"algorithm.rollout_correction.rollout_is={self.rollout_is!r} is not one of null, "
-                f"{', '.join(IS_LEVELS)}"
-            )
+            raise ConfigError(f"{_P}.rollout_is={self.rollout_is!r} is not one of null, {', '.join(IS_LEVELS)}")
         if self.rollout_is is not None and self.rollout_is_threshold is None:
             raise ConfigError(
-                f"algorithm.rollout_correction.rollout_is={self.rollout_is} needs "
-                "algorithm.rollout_correction.rollout_is_threshold "
+                f"{_P}.rollout_is={self.rollout_is} needs {_P}.rollout_is_threshold "
                 "(e.g. 2.0 for truncation, '0.5_5.0' for IcePop)"
             )
         if self.rollout_is_threshold is not None:
-            parse_is_threshold(self.rollout_is_threshold, "algorithm.rollout_correction.rollout_is_threshold")
+            parse_is_threshold(self.rollout_is_threshold, f"{_P}.rollout_is_threshold")
         if self.rollout_rs is not None:
-            object.__setattr__(
-                self, "rollout_rs", normalise_rs_options(self.rollout_rs, "algorithm.rollout_correction.rollout_rs")
-            )
-            parse_rejection_options(
-                self.rollout_rs, self.rollout_rs_threshold, "algorithm.rollout_correction.rollout_rs"
-            )
-        check_one_of("algorithm.rollout_correction.loss_type", self.loss_type, LOSS_TYPES)
+            object.__setattr__(self, "rollout_rs", normalise_rs_options(self.rollout_rs, f"{_P}.rollout_rs"))
+            parse_rejection_options(self.rollout_rs, self.rollout_rs_threshold, f"{_P}.rollout_rs")
+        check_one_of(f"{_P}.loss_type", self.loss_type, LOSS_TYPES)
         for key in ("bypass_mode", "rollout_is_batch_normalize"):
             if not isinstance(getattr(self, key), bool):
-                raise ConfigError(
-                    f"algorithm.rollout_correction.{key} must be true or false, got {getattr(self, key)!r}"
-                )
+                raise ConfigError(f"{_P}.{key} must be true or false, got {getattr(self, key)!r}")
 
     # ---- parsed values (the section was checked when built)
     @property
@@ -223,116 +206,85 @@ class RolloutCorrectionConfig(BaseConfig):
         """(upper, lower) of the IS weights; lower is set for IcePop."""
         if self.rollout_is_threshold is None:
             return 2.0, None
-        return parse_is_threshold(self.rollout_is_threshold, "algorithm.rollout_correction.rollout_is_threshold")
+        return parse_is_threshold(self.rollout_is_threshold, f"{_P}.rollout_is_threshold")
 
     @property
     def rejection(self) -> tuple[RejectionOption, ...]:
         if self.rollout_rs is None:
             return ()
-        return parse_rejection_options(
-            self.rollout_rs, self.rollout_rs_threshold, "algorithm.rollout_correction.rollout_rs"
-        )
+        return parse_rejection_options(self.rollout_rs, self.rollout_rs_threshold, f"{_P}.rollout_rs")
 
     # ---- veRL's presets: decoupled_* keep pi_old (three policies), bypass_* use the rollout's log-probs
+    def _bypass(self, loss_type: str) -> RolloutCorrectionConfig:
+        """This preset in bypass mode: the same weights and rejection, pi_old = the rollout's log-probs."""
+        return dataclasses.replace(self, bypass_mode=True, loss_type=loss_type)
+
     @classmethod
     def disabled(cls) -> RolloutCorrectionConfig:
         """Metrics only: no weights, no rejection."""
-        return cls(rollout_is=None, rollout_rs=None)
+        return _preset(cls, None)
 
     @classmethod
     def decoupled_token_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
         """Token-level truncated IS (Token-TIS)."""
-        return cls(rollout_is="token", rollout_is_threshold=threshold)
+        return _preset(cls, "token", threshold)
 
     @classmethod
     def decoupled_seq_is(cls, threshold: float = 2.0) -> RolloutCorrectionConfig:
         """Sequence-level truncated IS (Seq-TIS)."""
-        return cls(rollout_is="sequence", rollout_is_threshold=threshold)
+        return _preset(cls, "sequence", threshold)
 
     @classmethod
     def decoupled_token_icepop(cls, threshold: float = 5.0, threshold_lower: float = 0.5) -> RolloutCorrectionConfig:
         """Token-level IcePop: weights outside [threshold_lower, threshold] become 0."""
-        return cls(rollout_is="token", rollout_is_threshold=f"{threshold_lower}_{threshold}")
+        return _preset(cls, "token", f"{threshold_lower}_{threshold}")
 
     @classmethod
-    def decoupled_seq_is_rs(
-        cls, is_threshold: float = 2.0, rs_threshold: str | float | None = "0.5_2.0"
-    ) -> RolloutCorrectionConfig:
+    def decoupled_seq_is_rs(cls, is_threshold: float = 2.0, rs_threshold: Bound = "0.5_2.0") -> RolloutCorrectionConfig:
         """Seq-TIS plus rejection on the sequence's ratio product (Seq-MIS)."""
-        return cls(
-            rollout_is="sequence",
-            rollout_is_threshold=is_threshold,
-            rollout_rs="seq_sum_k1",
-            rollout_rs_threshold=rs_threshold,
-        )
+        return _preset(cls, "sequence", is_threshold, "seq_sum_k1", rs_threshold)
 
     @classmethod
-    def decoupled_geo_rs(cls, rs_threshold: str | float | None = "0.999_1.001") -> RolloutCorrectionConfig:
+    def decoupled_geo_rs(cls, rs_threshold: Bound = _GEO) -> RolloutCorrectionConfig:
         """Rejection on the geometric-mean ratio (Geo-RS), no weights."""
-        return cls(rollout_is=None, rollout_rs="seq_mean_k1", rollout_rs_threshold=rs_threshold)
+        return _preset(cls, None, 2.0, "seq_mean_k1", rs_threshold)
 
     @classmethod
-    def decoupled_geo_rs_seq_tis(
-        cls, is_threshold: float = 2.0, rs_threshold: str | float | None = "0.999_1.001"
-    ) -> RolloutCorrectionConfig:
+    def decoupled_geo_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: Bound = _GEO) -> RolloutCorrectionConfig:
         """Geo-RS plus Seq-TIS."""
-        return cls(
-            rollout_is="sequence",
-            rollout_is_threshold=is_threshold,
-            rollout_rs="seq_mean_k1",
-            rollout_rs_threshold=rs_threshold,
-        )
+        return _preset(cls, "sequence", is_threshold, "seq_mean_k1", rs_threshold)
 
     @classmethod
     def decoupled_geo_rs_token_tis(
-        cls, is_threshold: float = 2.0, rs_threshold: str | float | None = "0.999_1.001"
+        cls, is_threshold: float = 2.0, rs_threshold: Bound = _GEO
     ) -> RolloutCorrectionConfig:
         """Geo-RS plus Token-TIS."""
-        return cls(
-            rollout_is="token",
-            rollout_is_threshold=is_threshold,
-            rollout_rs="seq_mean_k1",
-            rollout_rs_threshold=rs_threshold,
-        )
+        return _preset(cls, "token", is_threshold, "seq_mean_k1", rs_threshold)
 
     @classmethod
     def decoupled_k3_rs(cls, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
         """Rejection on the sequence-mean K3 divergence, no weights."""
-        return cls(rollout_is=None, rollout_rs="seq_mean_k3", rollout_rs_threshold=rs_threshold)
+        return _preset(cls, None, 2.0, "seq_mean_k3", rs_threshold)
 
     @classmethod
     def decoupled_k3_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: float = 0.01) -> RolloutCorrectionConfig:
         """K3 rejection plus Seq-TIS."""
-        return cls(
-            rollout_is="sequence",
-            rollout_is_threshold=is_threshold,
-            rollout_rs="seq_mean_k3",
-            rollout_rs_threshold=rs_threshold,
-        )
+        return _preset(cls, "sequence", is_threshold, "seq_mean_k3", rs_threshold)
 
     @classmethod
     def decoupled_k3_rs_token_tis(
         cls, is_threshold: float = 2.0, rs_threshold: float = 0.01
     ) -> RolloutCorrectionConfig:
         """K3 rejection plus Token-TIS."""
-        return cls(
-            rollout_is="token",
-            rollout_is_threshold=is_threshold,
-            rollout_rs="seq_mean_k3",
-            rollout_rs_threshold=rs_threshold,
-        )
-
-    def _bypass(self, loss_type: str) -> RolloutCorrectionConfig:
-        """This preset in bypass mode: the same weights and rejection, pi_old = the rollout's log-probs."""
-        return dataclasses.replace(self, bypass_mode=True, loss_type=loss_type)
+        return _preset(cls, "token", is_threshold, "seq_mean_k3", rs_threshold)
 
     @classmethod
     def bypass_ppo_clip(cls) -> RolloutCorrectionConfig:
         """Bypass mode, PPO clip on pi_theta/pi_rollout (the ratio is the correction)."""
-        return cls(rollout_is=None)._bypass("ppo_clip")
+        return _preset(cls, None)._bypass("ppo_clip")
 
     @classmethod
-    def bypass_ppo_clip_geo_rs(cls, rs_threshold: str | float | None = "0.999_1.001") -> RolloutCorrectionConfig:
+    def bypass_ppo_clip_geo_rs(cls, rs_threshold: Bound = _GEO) -> RolloutCorrectionConfig:
         """Bypass PPO clip plus Geo-RS."""
         return cls.decoupled_geo_rs(rs_threshold)._bypass("ppo_clip")
 
@@ -352,20 +304,26 @@ class RolloutCorrectionConfig(BaseConfig):
         return cls.decoupled_token_icepop(threshold, threshold_lower)._bypass("reinforce")
 
     @classmethod
-    def bypass_pg_geo_rs(cls, rs_threshold: str | float | None = "0.999_1.001") -> RolloutCorrectionConfig:
+    def bypass_pg_geo_rs(cls, rs_threshold: Bound = _GEO) -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE plus Geo-RS."""
         return cls.decoupled_geo_rs(rs_threshold)._bypass("reinforce")
 
     @classmethod
-    def bypass_pg_geo_rs_seq_tis(
-        cls, is_threshold: float = 2.0, rs_threshold: str | float | None = "0.999_1.001"
-    ) -> RolloutCorrectionConfig:
+    def bypass_pg_geo_rs_seq_tis(cls, is_threshold: float = 2.0, rs_threshold: Bound = _GEO) -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE plus Geo-RS and Seq-TIS."""
         return cls.decoupled_geo_rs_seq_tis(is_threshold, rs_threshold)._bypass("reinforce")
 
     @classmethod
     def bypass_pg_geo_rs_token_tis(
-        cls, is_threshold: float = 2.0, rs_threshold: str | float | None = "0.999_1.001"
+        cls, is_threshold: float = 2.0, rs_threshold: Bound = _GEO
     ) -> RolloutCorrectionConfig:
         """Bypass mode, REINFORCE plus Geo-RS and Token-TIS."""
         return cls.decoupled_geo_rs_token_tis(is_threshold, rs_threshold)._bypass("reinforce")
+
+
+def _preset(
+    cls: type, rollout_is: str | None, is_threshold: Any = 2.0, rs: str | None = None, rs_threshold: Bound = None
+):
+    return cls(
+        rollout_is=rollout_is, rollout_is_threshold=is_threshold, rollout_rs=rs, rollout_rs_threshold=rs_threshold
+    )

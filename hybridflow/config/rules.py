@@ -14,6 +14,7 @@ rank; with dynamic batch size a token budget per rank replaces the micro-batch s
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "check_token_budget",
     "check_update_batches",
     "check_sp_needs_remove_padding",
+    "forward_pass",
     "per_rank_mini_batch",
     "per_rank_update",
     "GROUP_ESTIMATORS",
@@ -228,6 +230,7 @@ def check_ppo_trainer(cfg, device: str, visible_devices: int | None = None, judg
             )
     _check_algorithm(p, cfg)
     _check_async(p, cfg)
+    _check_v1(p, cfg)
     if device == "cpu":
         _explain_gpu_only(p, cfg)
     return p.raise_errors()
@@ -245,13 +248,9 @@ def _check_batches(p: Problems, cfg, world: int, train_bs: int, judge_scored: bo
     p.run(aref.actor.validate, world, train_bs, aref.model, max_sequence_length=longest)
     # the old policy's log-probs run on the actor's ranks (whose section reports an SP size that does not divide
     # the world) with the rollout section's micro-batching
-    r, sp = aref.rollout, aref.actor.sp_size
+    sp = aref.actor.sp_size
     if world % sp == 0:
-        _forward_pass(
-            p, _ROLLOUT, "log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size", r.log_prob_use_dynamic_bsz,
-            r.log_prob_max_token_len_per_gpu, r.log_prob_micro_batch_size, r.log_prob_micro_batch_size_per_gpu,
-            world // sp, sp, longest,
-        )  # fmt: skip
+        forward_pass(p, _ROLLOUT, aref.rollout, world // sp, sp, longest)
     if aref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         p.run(aref.ref.validate, world, train_bs, aref.model, max_sequence_length=longest)
     if cfg.algorithm.adv_estimator == "gae":  # the critic exists only for GAE
@@ -265,19 +264,18 @@ def _check_batches(p: Problems, cfg, world: int, train_bs: int, judge_scored: bo
         sp = rm.ulysses_sequence_parallel_size
         dp = data_parallel_size(p, "reward_model", world, sp)
         if dp:
-            _forward_pass(
-                p, "reward_model", "forward_max_token_len_per_gpu", "micro_batch_size", rm.use_dynamic_bsz,
-                rm.forward_max_token_len_per_gpu, rm.micro_batch_size, rm.micro_batch_size_per_gpu, dp, sp, longest,
-            )  # fmt: skip
+            forward_pass(p, "reward_model", rm, dp, sp, longest, "", "forward_max_token_len_per_gpu")
 
 
-def _forward_pass(p, path, budget_key, micro_key, dynamic, budget, micro, micro_per_gpu, dp, sp, longest) -> None:
-    """A forward-only pass configured in ``path`` (the rollout's old log-probs, the reward model's scores) on
-    ``dp`` ranks of SP size ``sp``: a token budget that holds one sequence, or a micro-batch size per rank."""
-    if dynamic:
-        check_token_budget(p, path, budget_key, budget, sp, longest)
+def forward_pass(p, path, section, dp, sp, longest, prefix="log_prob_", budget_key="log_prob_max_token_len_per_gpu"):
+    """A forward-only pass of ``section`` (the old log-probs of the rollout section, the reference's log-probs,
+    the reward model's scores) on ``dp`` ranks of SP size ``sp``: with ``<prefix>use_dynamic_bsz`` a token
+    budget that holds one sequence, else a ``<prefix>micro_batch_size`` per rank."""
+    if getattr(section, prefix + "use_dynamic_bsz"):
+        check_token_budget(p, path, budget_key, getattr(section, budget_key), sp, longest)
     else:
-        per_rank_micro_batch(p, path, micro_key, micro, micro_per_gpu, dp)
+        micro = prefix + "micro_batch_size"
+        per_rank_micro_batch(p, path, micro, getattr(section, micro), getattr(section, micro + "_per_gpu"), dp)
 
 
 def _check_algorithm(p: Problems, cfg) -> None:
@@ -363,6 +361,41 @@ def _check_async(p: Problems, cfg) -> None:
         p.errors.append(
             "async_training.use_rollout_log_probs=True takes pi_old from the rollout's log-probs: set "
             f"{_ROLLOUT}.calculate_log_probs=True"
+        )
+
+
+def _check_v1(p: Problems, cfg) -> None:
+    """veRL's V1 asynchronous modes against the rollout, the batch sizes and async_training's mode."""
+    mode, rollout = cfg.trainer.v1.trainer_mode, cfg.actor_rollout_ref.rollout
+    if mode == "sync":
+        return
+    key = f"trainer.v1.trainer_mode={mode}"
+    if cfg.async_training.mode != "sync":
+        p.errors.append(f"{key} and async_training.mode={cfg.async_training.mode} both choose the schedule: set one")
+    if rollout.over_sample_rate > 0:
+        p.errors.append(
+            f"{_ROLLOUT}.over_sample_rate={rollout.over_sample_rate} cuts a synchronous batch; {key} streams groups"
+        )
+    sampler, warmup = cfg.trainer.v1.sampler, getattr(cfg.trainer.v1, mode).num_warmup_batches
+    threshold = sampler.max_off_policy_threshold
+    if sampler.max_off_policy_strategy == "wait" and threshold is not None and threshold < 1 + math.ceil(warmup):
+        p.notes.append(
+            f"trainer.v1.sampler: wait never evicts, and with {mode}.num_warmup_batches={warmup} batches generating "
+            f"ahead a finished group may wait its turn past max_off_policy_threshold={threshold} (use drop, or a "
+            f"threshold >= {1 + math.ceil(warmup)})"
+        )
+    if mode == "colocate_async" and rollout.nnodes > 0:
+        p.errors.append(f"{key} generates on the trainer's workers: leave {_ROLLOUT}.nnodes=0 (or use separate_async)")
+    if mode != "separate_async":
+        return
+    if rollout.nnodes <= 0:
+        p.errors.append(f"{key} needs a rollout pool of its own: set {_ROLLOUT}.nnodes (and n_gpus_per_node) > 0")
+    sync_step = cfg.trainer.v1.separate_async.parameter_sync_step
+    mini, train_bs = cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.data.train_batch_size
+    if _is_positive(sync_step) and train_bs != sync_step * mini:
+        p.errors.append(
+            f"{key}: data.train_batch_size ({train_bs}) must equal trainer.v1.separate_async.parameter_sync_step "
+            f"({sync_step}) x actor_rollout_ref.actor.ppo_mini_batch_size ({mini})"
         )
 
 

@@ -1,12 +1,6 @@
-"""configs/sft_trainer.yaml as a declaration: supervised fine-tuning (``python -m hybridflow.main_sft``).
-
-veRL 0.9.1's sft_trainer_engine tree: its model, engine, optim, checkpoint and profiler sections are the
-classes veRL reads them into (HFModelConfig, FSDPEngineConfig, FSDPOptimizerConfig, CheckpointConfig,
-ProfilerConfig) with the SFT defaults; ``data`` and ``trainer`` have no class in veRL and are declared
-here. The earlier fsdp_sft_trainer spellings (model.partial_pretrain, optim.lr_scheduler, ...) are keys
-too, null unless set: the loader maps them onto the 0.9.1 keys (hybridflow/config/keys/aliases.py).
-The trainer reads the whole tree as one ``SFTTrainerConfig`` and calls ``validate`` once at start-up.
-"""
+"""configs/sft_trainer.yaml as a declaration (``python -m hybridflow.main_sft``): veRL 0.9.1's
+sft_trainer_engine tree with the SFT defaults (``data`` and ``trainer`` have no veRL class), plus the
+earlier fsdp_sft_trainer spellings, null unless set, that the loader maps onto the 0.9.1 keys."""
 
 from __future__ import annotations
 
@@ -22,10 +16,11 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import HFModelConfig
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig
-from hybridflow.config.profiler import NsightToolConfig, ProfilerConfig, ProfilerToolConfig
-from hybridflow.config.reasons import MEGATRON, NO_SP, NPU, PROFILER, THINKING, speed_only
+from hybridflow.config.profiler import HOOK_KEYS, NsightToolConfig, ProfilerConfig, ProfilerToolConfig
+from hybridflow.config.reasons import MEGATRON, NO_SP, PROFILER, THINKING, speed_only
 from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, noted, refused
+from hybridflow.config.trainer import DEVICE_STATUS
 
 __all__ = [
     "SFT_LR_SCHEDULERS",
@@ -42,6 +37,14 @@ __all__ = [
 ]
 
 _SFT_DATA_SPEED = speed_only("packing, token balancing, loader processes, shared memory")
+_BY_COUNT = "the SFT trainer batches by sample count"
+_NO_ROW_LIMIT = "limiting the number of rows is not implemented"
+_NO_RESUME = "resuming SFT is not implemented yet"
+_ADAMW = "the SFT trainer uses torch.optim.AdamW"
+_HF_DIR = dict(
+    values=(["hf_model"],),
+    reason="the SFT trainer writes a Hugging Face model directory per checkpoint (no optimizer state)",
+)
 
 SFT_LR_SCHEDULERS = ("constant", "cosine", "wsd")
 SFT_STRATEGIES = ("fsdp", "fsdp2", "ddp", "none")
@@ -62,57 +65,28 @@ class SFTDataConfig(BaseConfig):
     """``data``: the training and validation rows and how they are batched (no veRL class)."""
 
     train_batch_size: int = doc(256, "global batch (samples per optimizer step)")
-    micro_batch_size_per_gpu: int | None = doc(
-        4, "samples per forward/backward on one rank; also the validation batch size"
-    )
+    micro_batch_size_per_gpu: int | None = doc(4, "samples per forward/backward on one rank (and of validation)")
     micro_batch_size: int | None = doc(None, "deprecated; use micro_batch_size_per_gpu")
-    max_token_len_per_gpu: int = doc(
-        8192,
-        "tokens per micro-batch under use_dynamic_bsz",
-        note="used only with data.use_dynamic_bsz, which the SFT trainer does not do",
-    )
-    use_dynamic_bsz: bool = doc(
-        False,
-        "hybridflow: False (veRL 0.9.1: True); the SFT trainer batches by sample count",
-        values=(False,),
-        reason="the SFT trainer batches by sample count",
-    )
+    max_token_len_per_gpu: int = doc(8192, "tokens per micro-batch under use_dynamic_bsz", note=_BY_COUNT)
+    use_dynamic_bsz: bool = doc(False, "hybridflow: False (veRL 0.9.1: True)", values=(False,), reason=_BY_COUNT)
     train_files: str | list[str] = doc("~/data/gsm8k/train.parquet", "a path or a list of paths")
     val_files: str | list[str] | None = doc(None, "validation parquet(s); null: no validation")
-    train_max_samples: int = doc(
-        -1, "rows read from the training files; -1: all", refused="limiting the number of rows is not implemented"
-    )
-    val_max_samples: int = doc(
-        -1, "rows read from the validation files; -1: all", refused="limiting the number of rows is not implemented"
-    )
+    train_max_samples: int = doc(-1, "rows read from the training files; -1: all", refused=_NO_ROW_LIMIT)
+    val_max_samples: int = doc(-1, "rows read from the validation files; -1: all", refused=_NO_ROW_LIMIT)
     prompt_key: str = doc("question", "hybridflow (veRL's earlier single-turn key): the prompt column")
     response_key: str = doc("answer", "hybridflow (veRL's earlier single-turn key): the response column")
     prompt_dict_keys: list[str] | None = doc(None, "when the column holds a dict: the keys to read inside it")
     response_dict_keys: list[str] | None = doc(None, "the same for the response column")
     messages_key: str = doc("messages", "conversations: the column of chat messages")
-    tools_key: str = doc(
-        "tools", "conversations: OpenAI tool schemas the chat template shows (a list, or its JSON text)"
-    )
-    enable_thinking_key: str = doc(
-        "enable_thinking", "conversations: the column switching thinking on per row", refused=THINKING
-    )
-    enable_thinking_default: str = doc(
-        "none", "conversations: the thinking switch of a row without that column", refused=THINKING
-    )
-    pad_mode: str = doc(
-        "no_padding",
-        "veRL packs sequences (no_padding); hybridflow cuts each micro-batch after its longest row: same loss",
-        note=_SFT_DATA_SPEED,
-    )
+    tools_key: str = doc("tools", "conversations: the column of OpenAI tool schemas (a list, or its JSON text)")
+    enable_thinking_key: str = doc("enable_thinking", "conversations: the per-row thinking switch", refused=THINKING)
+    enable_thinking_default: str = doc("none", "conversations: a row's switch without it", refused=THINKING)
+    pad_mode: str = doc("no_padding", "veRL packs; hybridflow cuts after the longest row", note=_SFT_DATA_SPEED)
     max_length: int = doc(1024, "prompt + response tokens")
     truncation: str = doc("error", "error | left | right")
-    balance_dp_token: bool = doc(
-        False, "balance tokens over the data-parallel ranks (speed only)", note=_SFT_DATA_SPEED
-    )
+    balance_dp_token: bool = doc(False, "balance tokens over the data-parallel ranks", note=_SFT_DATA_SPEED)
     custom_cls: ModuleConfig = section(
-        ModuleConfig,
-        "a Dataset class of your own: file path + class name",
-        keys={**dict.fromkeys(("path", "name"), honoured())},
+        ModuleConfig, "your Dataset class", keys=dict.fromkeys(("path", "name"), honoured())
     )
     use_shm: bool = doc(False, "copy the data to shared memory first (speed only)", note=_SFT_DATA_SPEED)
     apply_chat_template_kwargs: dict = doc({}, "extra arguments of the tokenizer's chat template")
@@ -123,11 +97,7 @@ class SFTDataConfig(BaseConfig):
         refused="the multi-turn SFT dataset tokenizes each turn as a suffix of the rendered conversation and fails "
         "on a template that does not allow it; no mismatch to ignore",
     )
-    multiturn: SFTMultiturnConfig = section(
-        SFTMultiturnConfig,
-        "veRL's earlier multi-turn switch (True: the rows are "
-        "conversations); the *_key entries map onto data.messages_key & co",
-    )
+    multiturn: SFTMultiturnConfig = section(SFTMultiturnConfig, "veRL's earlier multi-turn switch and keys")
     chat_template: str | None = doc(None, "veRL's earlier spelling of model.custom_chat_template (null: not set)")
 
     @property
@@ -162,14 +132,8 @@ class SFTOptimizerConfig(FSDPOptimizerConfig):
 
     lr_schedulers: ClassVar[tuple[str, ...]] = SFT_LR_SCHEDULERS
 
-    lr: float = doc(
-        1e-5, "hybridflow: 1e-5 (veRL 0.9.1: 1e-3, its generic optimizer default; veRL's earlier SFT trainer: 1e-5)"
-    )
-    lr_scheduler_type: str = doc(
-        "constant",
-        "constant | cosine | wsd (hybridflow: wsd = warmup-stable-decay)",
-        values=("constant", "cosine", "wsd"),
-    )
+    lr: float = doc(1e-5, "hybridflow: 1e-5, as veRL's earlier SFT trainer (veRL 0.9.1: 1e-3)")
+    lr_scheduler_type: str = doc("constant", "constant | cosine | wsd (warmup-stable-decay)", values=SFT_LR_SCHEDULERS)
     warmup_steps_ratio: float | None = doc(None, "earlier spelling of lr_warmup_steps_ratio (null: not set)")
     lr_scheduler: str | None = doc(None, "earlier spelling of lr_scheduler_type (null: not set)")
 
@@ -178,20 +142,9 @@ class SFTOptimizerConfig(FSDPOptimizerConfig):
 class SFTCheckpointConfig(CheckpointConfig):
     """``checkpoint``: a Hugging Face model directory per checkpoint."""
 
-    save_contents: list[str] = doc(
-        ["hf_model"],
-        "hybridflow: [hf_model] (veRL: [model, optimizer, extra]): the SFT "
-        "trainer writes a Hugging Face model directory per checkpoint and "
-        "cannot resume from one yet",
-        values=(["hf_model"],),
-        reason="the SFT trainer writes a Hugging Face model directory per checkpoint (no optimizer state)",
-    )
+    save_contents: list[str] = doc(["hf_model"], "hybridflow: [hf_model] (veRL: [model, optimizer, extra])", **_HF_DIR)
     load_contents: list[str] = doc(
-        ["hf_model"],
-        "what is read back on resume",
-        follows="${checkpoint.save_contents}",
-        values=(["hf_model"],),
-        reason="the SFT trainer writes a Hugging Face model directory per checkpoint (no optimizer state)",
+        ["hf_model"], "read back on resume", follows="${checkpoint.save_contents}", **_HF_DIR
     )
 
 
@@ -212,11 +165,7 @@ class SFTRunConfig(BaseConfig):
         "where global_step_N (Hugging Face directories) go",
         follows="checkpoints/${trainer.project_name}/${trainer.experiment_name}",
     )
-    default_hdfs_dir: str | None = doc(
-        None,
-        "a copy of the checkpoints on HDFS (not implemented)",
-        refused="copying checkpoints to HDFS is not implemented",
-    )
+    default_hdfs_dir: str | None = doc(None, "a copy on HDFS", refused="copying checkpoints to HDFS is not implemented")
     project_name: str = doc("gsm8k-sft", "experiment tracking project")
     experiment_name: str = doc("test", "run name in the tracking tools")
     total_epochs: int = doc(4, "passes over the training data")
@@ -228,34 +177,17 @@ class SFTRunConfig(BaseConfig):
     save_freq: int = doc(-1, "steps between checkpoints; -1: at the end only")
     test_freq: int = doc(-1, "steps between validations; -1: at the end only")
     max_ckpt_to_keep: int | None = doc(None, "checkpoints kept; null: all")
-    balance_batch: bool = doc(
-        True, "balance tokens over ranks (speed only)", note=speed_only("token balancing across ranks")
-    )
-    resume_mode: str = doc(
-        "disable",
-        "hybridflow: disable (veRL: auto); resuming SFT is not implemented yet",
-        values=("disable",),
-        reason="resuming SFT is not implemented yet",
-    )
+    balance_batch: bool = doc(True, "balance tokens over ranks", note=speed_only("token balancing across ranks"))
+    resume_mode: str = doc("disable", "hybridflow: disable (veRL: auto)", values=("disable",), reason=_NO_RESUME)
     resume_from_path: str | None = doc(
-        None,
-        "the checkpoint to resume from (not implemented)",
-        refused="resuming SFT is not implemented yet; to continue from saved weights set "
-        "model.path=<.../global_step_N>",
+        None, "the checkpoint to resume from", refused=_NO_RESUME + "; to continue from saved weights set model.path"
     )
     resume_path: str | None = doc(None, "earlier spelling of resume_from_path (null: not set)")
-    device: str = doc(
-        "auto",
-        "hybridflow: auto | cpu | cuda (veRL: cuda)",
-        values=("auto", "cpu", "cuda", "gpu"),
-        reason="auto, cpu or cuda; " + NPU,
-    )
+    device: str = doc("auto", "hybridflow: auto | cpu | cuda (veRL: cuda)", **DEVICE_STATUS)
     nnodes: int = doc(1, "nodes of the run")
     n_gpus_per_node: int = doc(1, "processes per node (torchrun's --nproc_per_node decides)")
     profile_interval: list[int] = doc([-1, -1], "steps profiled, [start, end] (not implemented)", refused=PROFILER)
-    checkpoint: LegacySFTCheckpointConfig = section(
-        LegacySFTCheckpointConfig, "veRL main's spelling of the top-level checkpoint section (null: not set)"
-    )
+    checkpoint: LegacySFTCheckpointConfig = section(LegacySFTCheckpointConfig, "veRL main's spelling of checkpoint")
 
     @property
     def loggers(self) -> tuple[str, ...]:
@@ -273,21 +205,16 @@ def _profiler() -> ProfilerConfig:
     return ProfilerConfig(tool="torch", tool_config=ProfilerToolConfig(nsys=NsightToolConfig(discrete=None)))
 
 
-_GT = "global_profiler.global_tool_config"
+_GT, _PD = "global_profiler.global_tool_config", "tool_config.precision_debugger"
 # veRL's profiler.yaml interpolations, written as they are (this tree has no global_profiler)
 _PROFILER_FOLLOWS = {
-    **dict.fromkeys(
-        ("tool", "save_path", "relocate_results", "finish_hook_cmd", "finish_hook_all_ranks", "finish_hook_ranks")
-    ),
+    **dict.fromkeys(("tool", "save_path", *HOOK_KEYS)),
     "tool_config.nsys.discrete": f"${{oc.select:{_GT}.nsys.discrete}}",
     **{
         f"tool_config.torch_memory.{k}": f"${{oc.select:{_GT}.torch_memory.{k},{v}}}"
         for k, v in (("trace_alloc_max_entries", 100000), ("stack_depth", 32), ("memory_snapshot_num_steps", 1))
     },
-    **{
-        f"tool_config.precision_debugger.{k}": f"${{oc.select:{_GT}.precision_debugger.{k},null}}"
-        for k in ("config_path", "stages")
-    },
+    **{f"{_PD}.{k}": f"${{oc.select:{_GT}.precision_debugger.{k},null}}" for k in ("config_path", "stages")},
 }
 
 
@@ -295,12 +222,7 @@ _PROFILER_FOLLOWS = {
 class SFTTrainerConfig(BaseConfig):
     """configs/sft_trainer.yaml: veRL 0.9.1's sft_trainer_engine tree, key for key, plus the earlier spellings."""
 
-    data: SFTDataConfig = section(
-        SFTDataConfig,
-        "the training and validation rows: single-turn (prompt_key, "
-        "response_key) or conversations (messages_key, tools_key; loss on the assistant "
-        "turns)",
-    )
+    data: SFTDataConfig = section(SFTDataConfig, "the rows: single-turn, or conversations (loss on assistant turns)")
     model: SFTModelConfig = section(
         SFTModelConfig,
         "the model trained (veRL's hf_model.yaml)",
@@ -315,9 +237,7 @@ class SFTTrainerConfig(BaseConfig):
                 ("enable_activation_offload", "use_liger", "use_fused_kernels", "fused_kernel_options", "tiled_mlp"),
                 noted(speed_only("fused kernels, tiled MLP, activation offload")),
             ),
-            "use_remove_padding": noted(
-                "each micro-batch is cut after its longest row instead of packed; the loss is the same"
-            ),
+            "use_remove_padding": noted("each micro-batch is cut after its longest row instead of packed (same loss)"),
             "lora_rank": honoured("LoRA is not implemented in the SFT trainer yet", values=(0,)),
             **dict.fromkeys(("lora_alpha", "target_modules"), honoured("used only when lora_rank > 0")),
             "lora": refused(MEGATRON),
@@ -329,52 +249,30 @@ class SFTTrainerConfig(BaseConfig):
         absent=("mixed_precision",),
         keys={
             **dict.fromkeys(
-                (
-                    "wrap_policy.min_num_params",
-                    "forward_prefetch",
-                    "use_orig_params",
-                    "entropy_from_logits_with_chunking",
-                    "entropy_from_logits_chunk_size",
-                    "use_torch_compile",
-                    "entropy_checkpointing",
-                    "use_no_sync_for_gradient_accumulation",
-                    "pad_to_length",
-                    "pad_to_length_bucket",
-                ),
+                "wrap_policy.min_num_params forward_prefetch use_orig_params entropy_from_logits_with_chunking "
+                "entropy_from_logits_chunk_size use_torch_compile entropy_checkpointing "
+                "use_no_sync_for_gradient_accumulation pad_to_length pad_to_length_bucket".split(),
                 noted(speed_only("FSDP wrapping/prefetch, torch.compile, padding buckets")),
             ),
             **dict.fromkeys(
-                (
-                    "param_offload",
-                    "optimizer_offload",
-                    "offload_policy",
-                    "fsdp_size",
-                    "seed",
-                    "full_determinism",
-                    "forward_only",
-                    "dtype",
-                ),
-                refused(
-                    "the SFT trainer does not implement this FSDP engine option (no offload, mixed "
-                    "precision or hybrid sharding)"
-                ),
+                "param_offload optimizer_offload offload_policy fsdp_size seed full_determinism forward_only "
+                "dtype".split(),
+                refused("the SFT trainer does not implement this FSDP engine option (offload, mixed precision, HSDP)"),
             ),
             "reshard_after_forward": honoured("FSDP2 reshards after every forward", values=(True,)),
             "model_dtype": honoured(),
             "ulysses_sequence_parallel_size": honoured(NO_SP, values=(1,)),
-            "strategy": honoured("hybridflow's training engines", values=("fsdp", "fsdp2", "ddp", "none")),
+            "strategy": honoured("hybridflow's training engines", values=SFT_STRATEGIES),
         },
     )
     optim: SFTOptimizerConfig = section(
         placed(SFTOptimizerConfig, min_lr_ratio=0.0),
-        "AdamW and the learning-rate schedule (veRL's optim/fsdp.yaml)",
+        "AdamW and the lr schedule",
         absent=("grad_clip",),
         keys={
-            "total_training_steps": refused(
-                "the schedule length is trainer.total_training_steps (or epochs x steps per epoch)"
-            ),
-            "optimizer": honoured("the SFT trainer uses torch.optim.AdamW", values=("AdamW",)),
-            "optimizer_impl": honoured("the SFT trainer uses torch.optim.AdamW", values=("torch.optim",)),
+            "total_training_steps": refused("the schedule length is trainer.total_training_steps"),
+            "optimizer": honoured(_ADAMW, values=("AdamW",)),
+            "optimizer_impl": honoured(_ADAMW, values=("torch.optim",)),
         },
     )
     checkpoint: SFTCheckpointConfig = section(
@@ -382,22 +280,15 @@ class SFTTrainerConfig(BaseConfig):
     )
     trainer: SFTRunConfig = section(SFTRunConfig, "the run: steps, devices, logging, checkpoints")
     profiler: ProfilerConfig = section(
-        _profiler,
-        "veRL's profiler.yaml (the SFT trainer does not profile)",
-        follows=_PROFILER_FOLLOWS,
-        absent=("tool_config.precision_debugger.strict",),
-        refused=PROFILER,
+        _profiler, "veRL's profiler.yaml", follows=_PROFILER_FOLLOWS, absent=(f"{_PD}.strict",), refused=PROFILER
     )
-    ulysses_sequence_parallel_size: int | None = doc(
-        None, "earlier spelling of engine.ulysses_sequence_parallel_size (null: not set)"
-    )
+    ulysses_sequence_parallel_size: int | None = doc(None, "earlier spelling of engine.ulysses_sequence_parallel_size")
     use_remove_padding: bool | None = doc(None, "earlier spelling of model.use_remove_padding (null: not set)")
 
     def validate(self, world_size: int, loggers: Collection[str]) -> list[str]:
         """Checks for a run of ``world_size`` processes whose tracking backends are ``loggers``: returns the
         notes to print; raises ConfigError naming every key that cannot work, all at once."""
-        data, trainer = self.data, self.trainer
-        p = Problems()
+        data, trainer, p = self.data, self.trainer, Problems()
         errors, notes = p.errors, p.notes
         if data.micro_batch_size is not None:
             notes.append("data.micro_batch_size is deprecated; use data.micro_batch_size_per_gpu")
@@ -405,16 +296,13 @@ class SFTTrainerConfig(BaseConfig):
         p.positive("data.micro_batch_size_per_gpu", data.micro_batch_rows)
         if batch and batch % world_size:
             errors.append(f"data.train_batch_size={batch} does not split over {world_size} processes")
-        if self.optim.lr_scheduler_type not in SFT_LR_SCHEDULERS:
-            errors.append(
-                f"optim.lr_scheduler_type must be one of {SFT_LR_SCHEDULERS}, got {self.optim.lr_scheduler_type!r}"
-            )
+        if (schedule := self.optim.lr_scheduler_type) not in SFT_LR_SCHEDULERS:
+            errors.append(f"optim.lr_scheduler_type must be one of {SFT_LR_SCHEDULERS}, got {schedule!r}")
         if self.engine.strategy not in SFT_STRATEGIES:
             errors.append(f"engine.strategy must be one of {SFT_STRATEGIES}, got {self.engine.strategy!r}")
         if set(trainer.loggers) - set(loggers):
             errors.append(f"trainer.logger: the SFT trainer supports {tuple(loggers)}, got {list(trainer.loggers)}")
-        expected = trainer.nnodes * trainer.n_gpus_per_node
-        if expected != world_size:
+        if (expected := trainer.nnodes * trainer.n_gpus_per_node) != world_size:
             notes.append(
                 f"trainer.nnodes * trainer.n_gpus_per_node = {expected}, but {world_size} process(es) "
                 f"run: the process count comes from torchrun (--nproc_per_node)"

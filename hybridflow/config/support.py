@@ -1,25 +1,16 @@
-"""What hybridflow does with each config key, checked once when a config is loaded.
+"""What hybridflow does with each config key, checked once when a config is loaded. The statuses are
+declared with the keys (``hybridflow.config.keys`` derives one ``KeyTable`` per config); this module
+applies them:
 
-The data is declared with the keys (``doc(..., refused="why")``, see ``hybridflow.config.keys``, which
-derives one ``KeyTable`` per config from the declarations, plus the legacy spellings that map onto
-canonical keys). This module is the machinery that applies it:
+- ``apply_aliases``: a key veRL moved may be written under either spelling; a legacy key set to another
+  value than its default is copied onto the canonical key (two different values are an error naming
+  both); ``mirror_aliases`` copies the resolved canonical values back, so both spellings read the same.
+- ``check_support``: a "not supported" key set, or an honoured key outside its ``values``, is refused
+  naming why; an "accepted with note" key set gives a note; a ``+`` key no rule covers is refused. "Set"
+  means its unresolved value differs from the yaml's (a key that only follows an interpolation is not set).
 
-- ``apply_aliases``: a key that veRL moved (``reward_model.enable`` -> ``reward.reward_model.enable``,
-  ``ray_init`` -> ``ray_kwargs.ray_init``, ...) may be written under either spelling. A legacy key
-  whose value differs from its own default is copied onto the canonical key; if the canonical key was
-  also set, to a different value, that is an error naming both. ``mirror_aliases`` then copies the
-  (resolved) canonical values back, so both spellings read the same.
-- ``check_support``: every leaf of the composed tree is looked up in the rules. A "not supported" key
-  set to anything but its default, or a key whose value is outside the rule's ``values``, is refused
-  with a message that says it is not supported and why; an "accepted with note" key set to anything
-  but its default returns a note; a key added with ``+`` that no rule covers is refused (hybridflow
-  would not read it). "Set" means: its unresolved value differs from the yaml's, so a key that only
-  follows an interpolation (``${actor_rollout_ref.actor.use_dynamic_bsz}``) is not set by itself.
-
-Rule patterns are dotted keys where ``*`` matches one component, a trailing ``.**`` matches the key
-itself and everything below it, and a leading ``**.`` matches the key at any depth. When several rules match, the
-most specific wins (more literal
-components, then the longer pattern).
+Rule patterns are dotted keys: ``*`` matches one component, a trailing ``.**`` the key and everything
+below, a leading ``**.`` any depth; the most specific match wins (literal components, then length).
 """
 
 from __future__ import annotations

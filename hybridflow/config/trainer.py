@@ -10,7 +10,6 @@ from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.reasons import NPU
 from hybridflow.config.rules import Problems
-from hybridflow.config.status import honoured
 
 __all__ = [
     "HybridRolloutSwitchConfig",
@@ -23,6 +22,14 @@ __all__ = [
 ]
 
 RESUME_MODES = ("auto", "disable", "resume_path")
+DEVICE_STATUS = dict(values=("auto", "cpu", "cuda", "gpu"), reason="auto, cpu or cuda; " + NPU)
+_NO_HDFS = "copying checkpoints to HDFS is not implemented; they stay in trainer.default_local_dir"
+V1_MODES = ("sync", "colocate_async", "separate_async")
+NO_SWITCH = (
+    "lending idle trainer devices to generation needs rollout engines in the trainer's processes beside the "
+    "standalone pool; in hybridflow's separate_async the actor workers hold no engine and the pools are fixed "
+    "at start-up, so the trainer's devices cannot join the rollout"
+)
 
 
 @dataclass
@@ -52,7 +59,9 @@ class SeparateAsyncConfig(BaseConfig):
 
     num_warmup_batches: float = doc(1, "batches generated before the training loop starts")
     parameter_sync_step: int = doc(4, "trainer steps between weight syncs to the rollout")
-    hybrid_rollout: HybridRolloutSwitchConfig = section(HybridRolloutSwitchConfig, "lending idle trainer devices")
+    hybrid_rollout: HybridRolloutSwitchConfig = section(
+        HybridRolloutSwitchConfig, "lending idle trainer devices", refused=NO_SWITCH
+    )
 
 
 @dataclass
@@ -61,7 +70,12 @@ class ReplaySamplerConfig(BaseConfig):
 
     max_off_policy_threshold: int | None = doc(8, "model versions a trajectory may span; null: no limit")
     max_off_policy_strategy: str = doc("drop", "drop | wait: what happens to a trajectory beyond the threshold")
-    sync_refill_failed_groups: bool = doc(False, "sync trainers replace groups without trajectories")
+    sync_refill_failed_groups: bool = doc(
+        False,
+        "sync trainers replace groups without trajectories",
+        refused="in synchronous mode a trajectory whose generation fails stops the run, naming the sample (the "
+        "asynchronous V1 modes always replace a failed group with a new prompt)",
+    )
     custom_sampler: ModuleConfig = section(ModuleConfig, "a sampler class of your own")
     sampler_kwargs: dict = doc({}, "arguments of the custom sampler")
 
@@ -70,11 +84,39 @@ class ReplaySamplerConfig(BaseConfig):
 class TrainerV1Config(BaseConfig):
     """``trainer.v1``: veRL's V1 trainer modes (hybridflow has one trainer; async_training sets its mode)."""
 
-    trainer_mode: str = doc("sync", "sync | colocate_async | separate_async")
+    trainer_mode: str = doc("sync", "sync | colocate_async | separate_async", values=V1_MODES)
     sync: dict = doc({}, "the synchronous trainer's settings")
     colocate_async: ColocateAsyncConfig = section(ColocateAsyncConfig, "asynchronous, trainer and rollout colocated")
     separate_async: SeparateAsyncConfig = section(SeparateAsyncConfig, "asynchronous, trainer and rollout apart")
     sampler: ReplaySamplerConfig = section(ReplaySamplerConfig, "replay-buffer sampling")
+
+    def validate(self) -> list[str]:
+        """The V1 keys' own ranges (the rules against data, actor and rollout: ``config.rules``)."""
+        p, s = Problems(), self.sampler
+        threshold = s.max_off_policy_threshold
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1):
+            p.errors.append(
+                f"trainer.v1.sampler.max_off_policy_threshold must be an integer >= 1 or null, got {threshold!r}"
+            )
+        if s.max_off_policy_strategy not in ("drop", "wait"):
+            p.errors.append(
+                f"trainer.v1.sampler.max_off_policy_strategy={s.max_off_policy_strategy!r} is not one of drop, wait"
+            )
+        if bool(s.custom_sampler.path) != bool(s.custom_sampler.name):
+            p.errors.append("trainer.v1.sampler.custom_sampler needs both path and name")
+        for mode in ("colocate_async", "separate_async"):
+            if getattr(self, mode).num_warmup_batches < 0:
+                p.errors.append(f"trainer.v1.{mode}.num_warmup_batches must be >= 0")
+        p.positive("trainer.v1.separate_async.parameter_sync_step", self.separate_async.parameter_sync_step)
+        # never silently ignored: the settings of a mode not chosen (the sampler's: of both asynchronous modes)
+        for name, cls, modes in (
+            ("sampler", ReplaySamplerConfig, ("colocate_async", "separate_async")),
+            ("colocate_async", ColocateAsyncConfig, ("colocate_async",)),
+            ("separate_async", SeparateAsyncConfig, ("separate_async",)),
+        ):
+            if self.trainer_mode not in modes and getattr(self, name) != cls():
+                p.errors.append(f"trainer.v1.{name} acts in trainer_mode={' or '.join(modes)}, not {self.trainer_mode}")
+        return p.raise_errors()
 
 
 @dataclass
@@ -95,7 +137,7 @@ class TrainerConfig(BaseConfig):
     save_freq: int = doc(-1, "steps between checkpoints; -1: never")
     esi_redundant_time: int = doc(
         0,
-        "extra seconds of the save-before-shutdown margin of an elastic instance",
+        "save-before-shutdown margin (s)",
         note="applies to Volcengine's elastic instances, which hybridflow does not use",
     )
     resume_mode: str = doc("auto", "auto | disable | resume_path")
@@ -111,25 +153,15 @@ class TrainerConfig(BaseConfig):
         "foreign (default: refuse, naming the file)",
     )
     checkpoint_callback_class: str | None = doc(
-        None,
-        "dotted class whose on_save runs after each checkpoint",
-        refused="checkpoint callbacks are not implemented",
+        None, "a class run after saves", refused="checkpoint callbacks are not implemented"
     )
     val_before_train: bool = doc(True, "validate before the first step")
     val_only: bool = doc(False, "validate, then stop", refused="a validation-only run is not implemented")
     rollout_only: bool = doc(False, "hybridflow: generate and score every step, train nothing")
     test_freq: int = doc(-1, "steps between validations; -1: never")
     critic_warmup: int = doc(0, "the actor trains from step critic_warmup on (steps count from 1)")
-    default_hdfs_dir: str | None = doc(
-        None,
-        "a copy of the checkpoints on HDFS (not implemented)",
-        refused="copying checkpoints to HDFS is not implemented; they stay in trainer.default_local_dir",
-    )
-    del_local_ckpt_after_load: bool = doc(
-        False,
-        "delete the local checkpoint once loaded",
-        refused="copying checkpoints to HDFS is not implemented; they stay in trainer.default_local_dir",
-    )
+    default_hdfs_dir: str | None = doc(None, "a copy of the checkpoints on HDFS", refused=_NO_HDFS)
+    del_local_ckpt_after_load: bool = doc(False, "delete the local checkpoint once loaded", refused=_NO_HDFS)
     default_local_dir: str = doc(
         "checkpoints/hybridflow_examples/gsm8k",
         "checkpoint directory",
@@ -138,20 +170,13 @@ class TrainerConfig(BaseConfig):
     max_actor_ckpt_to_keep: int | None = doc(None, "actor checkpoints kept; null: all")
     max_critic_ckpt_to_keep: int | None = doc(None, "critic checkpoints kept; null: all")
     ray_wait_register_center_timeout: int = doc(
-        300,
-        "seconds the workers wait for the register center",
-        note="hybridflow's workers do not wait on a register center",
+        300, "seconds to wait for the register center", note="hybridflow's workers do not wait on a register center"
     )
     watchdog_timeout: float | None = doc(
-        1800.0,
-        "hybridflow: seconds without progress before a worker call is "
-        "declared stuck (stacks dumped, run stopped); null: off",
+        1800.0, "hybridflow: seconds without progress before a worker call is declared stuck (stacks dumped); null: off"
     )
     device: str = doc(
-        "auto",
-        "hybridflow: auto | cpu | cuda (veRL: cuda); auto picks cuda when torch sees a GPU",
-        values=("auto", "cpu", "cuda", "gpu"),
-        reason="auto, cpu or cuda; " + NPU,
+        "auto", "hybridflow: auto (cuda when torch sees a GPU) | cpu | cuda (veRL: cuda)", **DEVICE_STATUS
     )
     backend: str = doc("ray", "hybridflow: ray | inprocess (workers inside the driver, world size 1)")
     use_v1: bool = doc(
@@ -164,12 +189,7 @@ class TrainerConfig(BaseConfig):
         "veRL main's switch between worker implementations; hybridflow has one",
         note="chooses between veRL's trainer/worker implementations; hybridflow has one of each",
     )
-    v1: TrainerV1Config = section(
-        TrainerV1Config,
-        "veRL's V1 trainer modes",
-        refused="asynchronous training modes are not implemented yet",
-        keys={"trainer_mode": honoured("asynchronous training modes are not implemented yet", values=("sync",))},
-    )
+    v1: TrainerV1Config = section(TrainerV1Config, "veRL's V1 trainer modes (one machinery with async_training)")
 
     def validate(self, device: str, visible_devices: int | None = None) -> list[str]:
         """The run's length, resumption and watchdog, and the devices per node against ``visible_devices``
@@ -200,6 +220,7 @@ class TrainerConfig(BaseConfig):
                 f"trainer.watchdog_timeout must be a positive number of seconds (or null to turn the "
                 f"watchdog off), got {timeout!r}"
             )
+        p.run(self.v1.validate)
         if self.critic_warmup < 0:
             p.errors.append(f"trainer.critic_warmup must be >= 0, got {self.critic_warmup}")
         return p.raise_errors()

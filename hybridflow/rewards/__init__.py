@@ -12,6 +12,7 @@ scorers to a batch.
     genrm.py        the generative reward model: an LLM judge's verdict as the score
                     (judge_template.py: its prompt; verdict_parsers.py: reading its verdict)
     custom.py       ``custom_reward_function.path`` / ``.name``
+    streaming.py    the reward loop: ``reward.num_workers`` processes score each trajectory as it finishes
 
 The names below are resolved on first use, so that importing a scorer (text in, a number out) does
 not import torch through the reward managers.

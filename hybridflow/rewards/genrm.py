@@ -99,10 +99,10 @@ class GenRMRewardManager(RuleRewardManager):
         out["reward_metrics"] = {**out.get("reward_metrics", {}), **self.last_metrics}
         return out
 
-    def _score_missing(self, data, data_sources, solution_strs, ground_truths, extra_infos) -> list:
+    def _score_missing(self, data, data_sources, solution_strs, ground_truths, extra_infos, streamed=None) -> list:
         questions = judge_questions(data, extra_infos, self.tokenizer)
         with_question = [{**(info or {}), "question": q} for info, q in zip(extra_infos, questions)]
-        return super()._score_missing(data, data_sources, solution_strs, ground_truths, with_question)
+        return super()._score_missing(data, data_sources, solution_strs, ground_truths, with_question, streamed)
 
     def _score(self, data_sources, solution_strs, ground_truths, extra_infos) -> list:
         if self.judge is None:

@@ -32,6 +32,8 @@ from hybridflow.rewards.scorers import default_compute_score
 class NaiveRewardManager(RuleRewardManager):
     """One ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=)`` call per row."""
 
+    streams = True
+
     def _score(self, data_sources, solution_strs, ground_truths, extra_infos) -> list:
         call, out = DeadlineCaller(self.score_timeout_s), []
         try:

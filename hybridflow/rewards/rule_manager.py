@@ -31,6 +31,11 @@ class RewardComputationError(RuntimeError):
     """A scorer raised; the message names the sample and its data_source."""
 
 
+# non_tensor_batch column of what ``compute_score`` gave each trajectory scored as it finished
+# (``hybridflow.rewards.streaming``): ``(result,)``, or None for a row left to the manager's batch call
+STREAMED_SCORES = "streamed_reward_scores"
+
+
 def _as_score(index: int, data_source: Any, value: Any) -> float:
     """A finite float, or ValueError naming the sample and the offending value."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -62,7 +67,13 @@ class RuleRewardManager:
 
     ``bad_sample_score`` / ``score_timeout_s`` (``reward.*``, see ``hybridflow.rewards.bad_samples``): what a
     sample scores whose scorer raised, returned NaN/None or ran past the deadline (None: the call raises,
-    naming the sample), and the deadline of one sample's scoring (None: none)."""
+    naming the sample), and the deadline of one sample's scoring (None: none).
+
+    ``streams``: a manager whose rows score independently (one ``compute_score`` call each) may have
+    each trajectory scored as it finishes (``reward.num_workers``; ``score_rows`` there); ``__call__``
+    then takes those results from the ``STREAMED_SCORES`` column and does the rest as for a batch."""
+
+    streams = False
 
     def __init__(
         self,
@@ -94,29 +105,15 @@ class RuleRewardManager:
         raise NotImplementedError
 
     def __call__(self, data, return_dict: bool = False):
+        streamed = data.non_tensor_batch.pop(STREAMED_SCORES, None)
         if "rm_scores" in data.batch.keys():  # a reward model already scored this batch
             scores = data.batch["rm_scores"]
             return {"reward_tensor": scores, "reward_extra_info": {}} if return_dict else scores
 
         prompts, responses = data.batch["prompts"], data.batch["responses"]  # (B, P), (B, R)
-        prompt_len = prompts.shape[-1]
-        mask = data.batch["attention_mask"]  # (B, P+R)
-        prompt_lens = mask[:, :prompt_len].sum(-1).tolist()
-        response_lens = mask[:, prompt_len:].sum(-1).tolist()
-        response_rows = responses.tolist()
-
-        data_sources = _column(data, self.reward_fn_key, "the scorer key")
-        reward_models = _column(data, "reward_model", "holds ground_truth")
-        extra_col = data.non_tensor_batch.get("extra_info")
+        prompt_lens, response_lens, data_sources, solution_strs, ground_truths, extra_infos = self._inputs(data)
+        raw = self._score_missing(data, data_sources, solution_strs, ground_truths, extra_infos, streamed)
         batch_size = len(data)
-        solution_strs = [
-            self.tokenizer.decode(response_rows[i][: response_lens[i]], skip_special_tokens=True)
-            for i in range(batch_size)
-        ]
-        ground_truths = [reward_models[i]["ground_truth"] for i in range(batch_size)]
-        extra_infos = rollout_extra_infos(data, extra_col)
-
-        raw = self._score_missing(data, list(data_sources), solution_strs, ground_truths, extra_infos)
 
         scores, extra_rows, bad = [], [], []
         for i, result in enumerate(raw):
@@ -131,6 +128,8 @@ class RuleRewardManager:
                 extra_rows.append({})
             if isinstance(result, ScoreFailure):
                 problem = scorer_failed_message(i, data_sources[i], result.error)
+                if self.bad_sample_score is None:  # a streamed row's failure (a batch call raised already)
+                    raise RewardComputationError(problem) from result.error
             else:
                 try:
                     scores.append(_as_score(i, data_sources[i], result))
@@ -176,11 +175,43 @@ class RuleRewardManager:
                 self.bad_sample_score,
             )
 
-    def _score_missing(self, data, data_sources, solution_strs, ground_truths, extra_infos) -> list:
-        """Scores for every row: the agent loop's ``reward_score`` where it gave one, the reward
-        function's for the rest (called once, on those rows only)."""
+    def _inputs(self, data) -> tuple[list, list, list, list, list, list]:
+        """Per row: prompt length, response length, data_source, decoded response, ground truth and the
+        ``extra_info`` the reward function gets."""
+        prompt_len = data.batch["prompts"].shape[-1]
+        mask = data.batch["attention_mask"]  # (B, P+R)
+        prompt_lens = mask[:, :prompt_len].sum(-1).tolist()
+        response_lens = mask[:, prompt_len:].sum(-1).tolist()
+        response_rows = data.batch["responses"].tolist()
+        reward_models = _column(data, "reward_model", "holds ground_truth")
+        solution_strs = [
+            self.tokenizer.decode(row[:n], skip_special_tokens=True) for row, n in zip(response_rows, response_lens)
+        ]
+        ground_truths = [reward_models[i]["ground_truth"] for i in range(len(data))]
+        extra_infos = rollout_extra_infos(data, data.non_tensor_batch.get("extra_info"))
+        data_sources = list(_column(data, self.reward_fn_key, "the scorer key"))
+        return prompt_lens, response_lens, data_sources, solution_strs, ground_truths, extra_infos
+
+    def score_rows(self, data) -> list:
+        """What the reward function gives each row (a failure as a ``ScoreFailure``, whatever
+        ``bad_sample_score`` says: the manager that assembles the batch decides): the reward loop's call
+        on one finished trajectory."""
+        _, _, data_sources, solution_strs, ground_truths, extra_infos = self._inputs(data)
+        try:
+            return self._score_missing(data, data_sources, solution_strs, ground_truths, extra_infos)
+        except RewardComputationError as err:  # one row: the scorer raised on it
+            return [ScoreFailure(err.__cause__ or err)]
+
+    def _score_missing(self, data, data_sources, solution_strs, ground_truths, extra_infos, streamed=None) -> list:
+        """Scores for every row: the agent loop's ``reward_score`` where it gave one, the streamed result
+        where the row was scored as it finished, the reward function's for the rest (called once, on
+        those rows only)."""
         given = data.non_tensor_batch.get("reward_score")
-        todo = [i for i in range(len(data_sources)) if given is None or given[i] is None]
+        raw = [None if given is None else given[i] for i in range(len(data_sources))]
+        todo = [i for i in range(len(data_sources)) if raw[i] is None and (streamed is None or streamed[i] is None)]
+        for i, result in enumerate(streamed if streamed is not None else []):
+            if result is not None:
+                raw[i] = result[0]
         pick = lambda values: [values[i] for i in todo]  # noqa: E731
         try:
             scored = (
@@ -193,7 +224,6 @@ class RuleRewardManager:
             raise RewardComputationError(scorer_failed_message(row, data_sources[row], err.cause)) from err.cause
         if len(scored) != len(todo):
             raise ValueError(f"compute_score returned {len(scored)} scores for a batch of {len(todo)}")
-        raw = [None if given is None else given[i] for i in range(len(data_sources))]
         for i, result in zip(todo, scored):
             raw[i] = result
         return raw

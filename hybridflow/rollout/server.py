@@ -111,6 +111,12 @@ class AsyncRolloutServer(ABC):
         """Continue ``prompt_ids`` by at most ``params.response_length`` tokens; stop at an EOS id
         unless ``params.ignore_eos``. The EOS that ends a response is part of ``token_ids``."""
 
+    async def score(self, sequences: list[list[int]], topk: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """What a distillation teacher computes: per sequence of L tokens, (ids (L-1, K), log-probs
+        (L-1, K)) of the next-token distribution at temperature 1 before each token but the first:
+        its ``topk`` most likely tokens (descending) when ``topk > 0``, else the token itself (K = 1)."""
+        raise NotImplementedError(f"the {type(self).__name__} engine cannot score tokens")
+
     @abstractmethod
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy one bucket of full (unsharded) tensors, named as in the Hugging Face model, into the

@@ -36,6 +36,7 @@ from hybridflow.workers.rollout_host import RolloutHost, bucket_bytes
 from hybridflow.workers.utils.device import on_device
 from hybridflow.workers.utils.ulysses import build_layout
 from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
+from hybridflow.workers.utils.weight_swap import swapped_weights
 
 # a role names the parts it combines; actor_ref: the trainer pool's worker when the rollout has a pool
 # of its own (asynchronous modes)
@@ -88,6 +89,7 @@ class ActorRolloutRefWorker(Worker):
         # the rollout engine lags the actor's weights: pushed at the next prepare_rollout (colocated)
         self._rollout_stale = False
         self._rollout_has_base = False  # LoRA adapter sync: the first one carries the base weights too
+        self._pi_old: list[torch.Tensor] | None = None  # V1 separate_async: the weights of the cycle's π_old
         sections = [getattr(self.config, p).profiler for p in parts]
         self.profiler = WorkerProfiler(merge_profilers(sections), self.rank, role)
 
@@ -218,9 +220,15 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info.update(meta)
         # actor.calculate_sum_pi_squared: sum_v pi_v^2 per token, for the optimal-token-baseline estimators
         with_sum_pi_squared = self.actor_config.calculate_sum_pi_squared
-        log_probs, entropys, *sum_pi_squared = self.actor.compute_log_prob(
-            on_device(data, self.device), calculate_entropy=True, calculate_sum_pi_squared=with_sum_pi_squared
-        )
+        snapshot = data.meta_info.get("pi_old_snapshot")  # V1 separate_async: one π_old per sync cycle
+        if snapshot == "save":
+            self._pi_old = [p.detach().clone() for p in self.actor_engine.module.parameters()]
+        elif snapshot == "use" and self._pi_old is None:
+            raise RuntimeError("pi_old_snapshot='use' before any 'save': the cycle's first mini-batch saves pi_old")
+        with swapped_weights(self.actor_engine.module, self._pi_old if snapshot == "use" else None):
+            log_probs, entropys, *sum_pi_squared = self.actor.compute_log_prob(
+                on_device(data, self.device), calculate_entropy=True, calculate_sum_pi_squared=with_sum_pi_squared
+            )
         tensors = {"old_log_probs": log_probs.cpu(), "entropys": entropys.cpu()}
         if with_sum_pi_squared:
             tensors["sum_pi_squared"] = sum_pi_squared[0].float().cpu()

@@ -282,6 +282,14 @@ def test_user_config_extending_ppo_trainer_the_verl_way(tmp_path):
         load_config("mega", [], config_path=tmp_path, kind="ppo_trainer")
 
 
+@pytest.mark.parametrize("engine,name", [("megatron", "Megatron"), ("veomni", "VeOmni"), ("torchtitan", "TorchTitan")])
+def test_another_model_engine_is_refused_by_name_before_its_keys(engine, name):
+    """veRL's model_engine=megatron brings actor.megatron.* keys: the engine is named, not the keys as unknown."""
+    overrides = [f"actor_rollout_ref.actor.{engine}.param_offload=True", f"model_engine={engine}"]
+    with pytest.raises(ConfigError, match=f"model_engine='{engine}' is not supported by hybridflow: {name}"):
+        load_config("ppo_trainer", overrides)
+
+
 def test_raw_defaults_keep_interpolations():
     raw = raw_default_config("ppo_trainer")
     assert raw["critic"]["ppo_mini_batch_size"].startswith("${")

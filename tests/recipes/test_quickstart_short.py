@@ -61,6 +61,19 @@ def test_rl_args_follow_the_calibration_and_compose(tmp_path):
         assert (optim.lr_warmup_steps, optim.warmup_style, optim.min_lr_ratio) == (10, "cosine", 0.1)
 
 
+@pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
+def test_the_v1_modes_compose_and_pass_the_start_up_checks(tmp_path, mode):
+    from hybridflow.config.loader import load_config
+    from hybridflow.trainer.config_checks import validate_ppo_config
+
+    paths = {"train": "t.parquet", "heldout": "h.parquet"}
+    for algo in ("grpo", "ppo"):
+        args = quickstart.parse(["--algo", algo, "--mode", mode])
+        cfg = load_config("ppo_trainer", quickstart.rl_args(algo, "/m", paths, quickstart.FULL, str(tmp_path), args))
+        validate_ppo_config(cfg, n_devices=1)  # separate_async: train_batch_size = 2 x ppo_mini_batch_size
+        assert cfg.trainer.v1.trainer_mode == mode and cfg.async_training.mode == "sync"
+
+
 def test_rl_overrides_come_last_and_sizes_follow_batch_and_n(tmp_path):
     from hybridflow.config.loader import load_config
 

@@ -27,7 +27,9 @@ _PROBE = textwrap.dedent(
     import json, os, psutil, ray
     from hybridflow.single_controller.ray.init import init_ray
 
-    started = init_ray({"num_cpus": 1, "address": None})
+    # ray_kwargs.ray_init.runtime_env reaches the workers (unset fields such as py_executable=None dropped)
+    runtime_env = {"py_executable": None, "env_vars": {"NCCL_DEBUG": "WARN"}}
+    started = init_ray({"num_cpus": 1, "address": None, "runtime_env": runtime_env})
     again = init_ray({"num_cpus": 1})
 
     @ray.remote(num_cpus=1)
@@ -93,7 +95,7 @@ def test_second_call_is_a_no_op_and_options_apply(probe):
     assert probe["started"] is True and probe["again"] is False
     assert probe["cpus"] == 1.0
     # TOKENIZERS_PARALLELISM is set for workers; NCCL_* stays the user's business (unset here)
-    assert probe["worker_env"] == {"TOKENIZERS_PARALLELISM": "false", "NCCL_DEBUG": None}
+    assert probe["worker_env"] == {"TOKENIZERS_PARALLELISM": "false", "NCCL_DEBUG": "WARN"}
 
 
 # ----------------------------------------------------------------- argument routing, without starting Ray
@@ -173,3 +175,14 @@ def test_already_initialised_does_nothing(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "init", lambda **kw: pytest.fail("ray.init must not be called"))
     assert init_ray({"address": "10.0.0.5:6379"}) is False
+
+
+def test_configured_runtime_env_merges_over_the_callers():
+    """veRL merges ray_init.runtime_env over its defaults: the user's fields and env_vars win, unset ones drop."""
+    configured = {"py_executable": "uv run", "pip": None, "env_vars": {"A": "user"}}
+    caller = {"env_vars": {"A": "caller", "HYBRIDFLOW_DEVICE": "cpu"}, "working_dir": "/x"}
+    assert init_mod._runtime_env(configured, caller) == {
+        "py_executable": "uv run",
+        "working_dir": "/x",
+        "env_vars": {**init_mod.DEFAULT_WORKER_ENV, "A": "user", "HYBRIDFLOW_DEVICE": "cpu"},
+    }

@@ -10,8 +10,9 @@ import pytest
 
 from hybridflow.config.loader import load_config
 from hybridflow.config.reward import RewardConfig
-from hybridflow.main_ppo import bad_sample_kwargs, run_ppo
+from hybridflow.main_ppo import run_ppo
 from hybridflow.rewards import RewardComputationError
+from hybridflow.rewards.streaming import bad_sample_kwargs
 from tests.trainer.e2e_helpers import base_overrides, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -37,6 +38,9 @@ def _config(tiny_model_dir, tiny_data_dir, tmp_path, *extra):
         f.write(RAISES_ONCE)
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, steps=2, backend="inprocess")
     overrides += [f"custom_reward_function.path={path}", "trainer.test_freq=-1", *extra]
+    # the counter counts calls in one process: the driver scores after generation (the same failures
+    # scored in the reward loop's processes: tests/rewards/test_reward_streaming.py)
+    overrides += ["reward.num_workers=0"]
     return load_config("ppo_trainer", overrides)
 
 

@@ -42,10 +42,16 @@ def _section(cfg: Any) -> Mapping:
     return cfg
 
 
-def _runtime_env(runtime_env: Mapping | None) -> dict:
-    """The caller's runtime_env (not mutated) with DEFAULT_WORKER_ENV added under env_vars."""
-    env = dict(runtime_env or {})
-    env["env_vars"] = {**DEFAULT_WORKER_ENV, **dict(env.get("env_vars") or {})}
+def _runtime_env(user_env: Mapping | None, runtime_env: Mapping | None) -> dict:
+    """``ray_init.runtime_env`` (its unset fields dropped) merged with the caller's, as veRL merges its
+    defaults with the user's: DEFAULT_WORKER_ENV < the caller's env_vars < the user's (ray_init.runtime_env)."""
+    user_env = {k: v for k, v in dict(user_env or {}).items() if v is not None}
+    env = {**dict(runtime_env or {}), **user_env}
+    env["env_vars"] = {
+        **DEFAULT_WORKER_ENV,
+        **dict((runtime_env or {}).get("env_vars") or {}),
+        **dict(user_env.get("env_vars") or {}),
+    }
     return env
 
 
@@ -53,7 +59,7 @@ def init_ray(ray_init_cfg: Any = None, num_cpus: int | None = None, runtime_env:
     """Start or join Ray; return True if this call initialised it, False if Ray was already up.
 
     ``ray_init_cfg`` is the ``ray_init`` config section (``address``, ``num_cpus``,
-    ``include_dashboard``); the ``num_cpus`` argument wins over ``ray_init.num_cpus``.
+    ``include_dashboard``, ``runtime_env``); the ``num_cpus`` argument wins over ``ray_init.num_cpus``.
     """
     import ray
 
@@ -78,7 +84,7 @@ def _callers_sigterm_handler_kept():
 
 def _start_or_join(ray, ray_init_cfg, num_cpus, runtime_env) -> bool:
     cfg = _section(ray_init_cfg)
-    env = _runtime_env(runtime_env)
+    env = _runtime_env(cfg.get("runtime_env"), runtime_env)
     address = cfg.get("address") or os.environ.get("RAY_ADDRESS")
     if address:
         # Joining a cluster: its resources, bind addresses and dashboard are the cluster's business.

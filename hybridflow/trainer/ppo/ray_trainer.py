@@ -29,6 +29,7 @@ from hybridflow.config.base import to_dict
 from hybridflow.config.convert import as_section
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.protocol import DataProto
+from hybridflow.rewards.streaming import streamed_reward
 from hybridflow.single_controller.base import Watchdog, WorkerDiedError, WorkerHangError, cleanup_after_failure
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
@@ -48,6 +49,7 @@ from hybridflow.trainer.ppo.profiling import profile_span, profiled_steps
 from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
 from hybridflow.trainer.ppo.rollout_source import make_rollout_source, rollout_request, without_prompt_tensors
 from hybridflow.trainer.ppo.rollouter import CHECKPOINT_TYPES
+from hybridflow.trainer.ppo.teacher_setup import Teachers
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups, rollout_role_name, separated_rollout
 from hybridflow.utils.progress import Progress
 from hybridflow.utils.tracking import Tracking
@@ -97,6 +99,7 @@ class RayPPOTrainer:
         self.use_judge = uses_judge(config)
         self.use_rm = bool(config.reward.reward_model.enable) and not self.use_judge
         self.judge = None
+        self.teachers = None  # distillation teachers (teacher_setup.py), built with the workers
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         self.adv_fn = core_algos.get_adv_estimator_fn(algo.adv_estimator)
         self._adv_params = set(inspect.signature(self.adv_fn).parameters)
@@ -106,6 +109,13 @@ class RayPPOTrainer:
         self.actor_version = 0  # actor updates so far: the weight version the rollout should be at
         self.failed_saves = 0  # saves that failed and were let pass (trainer.continue_after_failed_save)
         self.hybrid_engine = not separated_rollout(config)  # colocated: the actor's process also generates
+        v1 = config.trainer.v1
+        # veRL's V1 asynchronous modes (rollout_source.py): colocate_async moves the weights itself, like a
+        # separate pool's push; separate_async trains parameter_sync_step mini-batches a step
+        self.colocate_async = v1.trainer_mode == "colocate_async"
+        self.source_pushes_weights = not self.hybrid_engine or self.colocate_async
+        self.cycle_length = int(v1.separate_async.parameter_sync_step) if v1.trainer_mode == "separate_async" else 1
+        self.cycle_position = 0  # the mini-batch of the cycle being trained (π_old: the cycle's first weights)
         # rollout dumps (trainer.rollout_data_dir / validation_data_dir) and replay (trainer.skip)
         self.rollout_recorder = RolloutRecorder(
             tokenizer, config.trainer, config.skip.rollout, int(config.actor_rollout_ref.rollout.n)
@@ -154,6 +164,10 @@ class RayPPOTrainer:
             self.rm_wg.init_model()
         if self.use_judge:
             self.judge = start_judge(groups[JUDGE_ROLE], self.config, [self.reward_fn, self.val_reward_fn])
+        # on-policy distillation: the teachers' engines, and the loss section the actor reads per update
+        self.teachers = Teachers(self.config, groups, self.tokenizer) if self.config.distillation.enabled else None
+        if self.teachers is not None:
+            self._actor_update_meta["distillation"] = self.config.distillation.distillation_loss
         self.actor_rollout_wg.init_model()
         if self.rollout_wg is not self.actor_rollout_wg:
             self.rollout_wg.init_model()
@@ -167,20 +181,26 @@ class RayPPOTrainer:
             self.rollout_wg,
             self.tokenizer,
             role=rollout_role_name(self.config),
-            hybrid_engine=self.hybrid_engine,
-            resume_on_abort=async_cfg.mode == "fully_async" and bool(async_cfg.partial_rollout),
+            hybrid_engine=not self.source_pushes_weights,
+            resume_on_abort=(async_cfg.mode == "fully_async" and bool(async_cfg.partial_rollout))
+            or self.config.trainer.v1.trainer_mode != "sync",
+            reward=streamed_reward(self.reward_fn, self.use_rm),  # reward.num_workers: scored as each finishes
         )
         self.rollout_source = make_rollout_source(
             self.config,
             self.async_rollout_manager,
             self.prompt_batches,
             self.rollout_wg,
-            push_weights=None if self.hybrid_engine else self.push_weights_to_rollout,
+            push_weights=self.push_weights_to_rollout if self.source_pushes_weights else None,
             max_inflight_batches=self.filter_groups.max_inflight_gen_batches,
         )
 
     def push_weights_to_rollout(self, version: int) -> dict:
-        """Send the actor's weights to the rollout pool (separate pools only), stamped ``version``."""
+        """Send the actor's weights to the rollout pool, stamped ``version`` (colocate_async: wake the
+        colocated engines and load them)."""
+        if self.hybrid_engine:
+            prepared = [p or {} for p in self.rollout_wg.prepare_rollout(version)]
+            return {k: max(p.get(k, 0.0) for p in prepared) for k in sorted({k for p in prepared for k in p})}
         targets = self.rollout_wg.handles(WEIGHT_RECEIVER, rollout_role_name(self.config))  # per backend
         per_rank = self.actor_rollout_wg.send_weights(targets, version)
         return per_rank[0]  # rank 0 sent; the others only took part in the gathers
@@ -255,7 +275,10 @@ class RayPPOTrainer:
             batch.non_tensor_batch[key] = column
 
     def _compute_old_log_prob(self, batch: DataProto, metrics: dict) -> None:
+        if self.cycle_length > 1:  # separate_async: π_old is the cycle's first weights for every mini-batch
+            batch.meta_info["pi_old_snapshot"] = "use" if self.cycle_position else "save"
         out = self.actor_rollout_wg.compute_log_prob(batch)
+        batch.meta_info.pop("pi_old_snapshot", None)
         out.meta_info.pop("metrics", None)
         entropy = out.batch["entropys"]
         metrics["actor/entropy"] = core_algos.agg_loss(
@@ -367,6 +390,17 @@ class RayPPOTrainer:
         self.rollout_source.after_update(self.actor_version, metrics)  # new weights to a separate rollout pool
 
     # --------------------------------------------------------------------------------- one step
+    def train_cycle(self, prompts: DataProto) -> dict[str, float]:
+        """One global step: ``train_step`` once, or (V1 separate_async) once per mini-batch of the weight
+        sync cycle, each on the groups finished by then; times add up, the other metrics are averaged."""
+        if self.cycle_length == 1:
+            return self.train_step(prompts)
+        rounds = []
+        for position in range(self.cycle_length):
+            self.cycle_position = position
+            rounds.append(self.train_step(prompts))
+        return reduce_metrics(merge_round_metrics(rounds))
+
     def train_step(self, prompts: DataProto) -> dict[str, float]:
         """One PPO/GRPO step, every phase timed as ``timing_s/<phase>``. ``prompts``: what the rollout
         source's ``inputs`` gave (a dataloader batch; a ticket in the asynchronous modes).
@@ -388,6 +422,9 @@ class RayPPOTrainer:
             if training and self.config.trainer.balance_batch:
                 self._balance_batch(batch, metrics)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+            if training and self.teachers is not None:
+                with timer("teacher", timing):
+                    self.teachers.score(batch)  # the teachers' log-probs at the student's response tokens
             if training:
                 with timer("old_log_prob", timing):
                     if self.rollout_is_old_policy:
@@ -563,7 +600,7 @@ class RayPPOTrainer:
         ckpt.cleanup_partial_saves(t.default_local_dir)
         path = ckpt.resumable_checkpoint(t, ["actor"] + (["critic"] if self.use_critic else []))
         if path is None:
-            if not self.hybrid_engine:  # a separate pool's engine may hold random (load_format=dummy) or base
+            if self.source_pushes_weights:  # a separate pool's engine may hold random (load_format=dummy) or base
                 self.push_weights_to_rollout(self.actor_version)  # (LoRA) weights: give it the trainer's
             return 0
         state = ckpt.load_dataloader_state(path, restorable=CHECKPOINT_TYPES)
@@ -577,7 +614,7 @@ class RayPPOTrainer:
         self.global_steps = int(state["global_steps"])
         self.actor_version = int(state.get("actor_version", self.global_steps))
         self.rollout_source.load_data_state(state, self.global_steps)
-        if not self.hybrid_engine:  # a separate rollout pool loaded the base model: give it the resumed weights
+        if self.source_pushes_weights:  # a separate rollout pool loaded the base model: give it the resumed weights
             self.push_weights_to_rollout(self.actor_version)
         if self.kl_ctrl_in_reward is not None and state.get("kl_ctrl") is not None:
             self.kl_ctrl_in_reward.value = state["kl_ctrl"]
@@ -617,7 +654,7 @@ class RayPPOTrainer:
             start_profile, stop_profile = profile_span(self.global_steps, profiled, continuous)
             if start_profile:
                 self._for_each_group("start_profile", self.global_steps)
-            metrics = self.train_step(prompts)
+            metrics = self.train_cycle(prompts)
             if stop_profile:
                 traces = [p for paths in self._for_each_group("stop_profile") for p in paths if p]
                 logging.getLogger(__name__).info("step %d: torch.profiler traces %s", self.global_steps, traces)

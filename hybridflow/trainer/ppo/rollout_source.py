@@ -15,6 +15,20 @@ agent loop manager, the stream of prompt batches (whose loader's state is the so
 - ``fully_async``: the ``Rollouter`` streams groups within veRL's staleness budget, weights sent every
   ``trigger_parameter_sync_step`` steps, partial rollouts as configured.
 
+veRL 0.9's V1 trainer modes (``trainer.v1.trainer_mode``) are the same ``Rollouter`` (``v1_schedule``):
+
+- ``colocate_async``: the colocated engines; a step takes ``train_batch_size`` groups, the start budget
+  lets ``num_warmup_batches`` batches run ahead (staleness = num_warmup_batches), the weights go to the
+  engines after every step. Generation runs while the trainer waits for its groups: once they are taken
+  the requests in flight are aborted (keeping their tokens) and the engines sleep; after the update they
+  wake with the new weights and the aborted requests continue (partial rollout).
+- ``separate_async``: the rollout pool streams groups; a step is ``parameter_sync_step`` mini-batch
+  updates, each on ``ppo_mini_batch_size`` groups taken as soon as they are finished, the weights sent
+  after the last (trigger = parameter_sync_step); π_old is the cycle's first weights for all of them.
+
+Both sample through ``trainer.v1.sampler`` (``off_policy.py``) and replace every evicted group (stale,
+failed, or filtered by dynamic sampling) with one new prompt.
+
 Trinity-RFT's explorer/trainer settings are the same knobs: ``sync_interval`` is
 ``trigger_parameter_sync_step`` and ``sync_offset`` (how far the explorer runs ahead) is the staleness.
 
@@ -32,6 +46,7 @@ import numpy as np
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo.dynamic_sampling import EpochCycler, prompt_batches_for_next_round
 from hybridflow.trainer.ppo.metric_utils import flat_metric_values
+from hybridflow.trainer.ppo.off_policy import OffPolicySampler, build_sampler, trajectory_version_metrics
 from hybridflow.trainer.ppo.rollouter import PromptGroup, Rollouter
 
 MODES = ("sync", "one_step_off", "fully_async")
@@ -101,6 +116,7 @@ class SyncRolloutSource:
         metrics.update({k: v for k, v in gen_metrics.items() if k.startswith(("agent/", "rollout/"))})
         metrics["training/epoch"] = self.epoch
         metrics.update(staleness_metrics(batch, version))
+        metrics.update(trajectory_version_metrics(batch, version))
         return batch  # response_mask is the rollout's (1 = the model's own tokens), never rebuilt here
 
     def refill(
@@ -189,12 +205,19 @@ class AsyncRolloutSource:
         staleness: float,
         trigger: int,
         partial: bool,
+        sampler: OffPolicySampler | None = None,
+        refill_failed: bool = False,
+        colocated: bool = False,
     ):
+        """``sampler``/``refill_failed``: see ``Rollouter``; ``colocated``: the engines share the trainer's
+        processes (V1 colocate_async): they generate only while the trainer waits for its groups."""
+        self.sampler, self.refill_failed, self.colocated = sampler, refill_failed, colocated
         self.manager, self.prompt_batches, self.dataloader = manager, prompt_batches, prompt_batches.loader
         self.n, self.do_sample, self.push_weights, self.group = n, do_sample, push_weights, group
         self.prompts_per_step = prompts_per_step
         self.staleness, self.trigger, self.partial = staleness, trigger, partial
         self._pending_restart: list[PromptGroup] = []
+        self._finished_restart: list = []  # FinishedGroup
         self.stream: PromptStream | None = None
         self.rollouter: Rollouter | None = None
         self.epoch = 0
@@ -214,9 +237,11 @@ class AsyncRolloutSource:
                 sampling_meta={"do_sample": self.do_sample},
                 watchdog=getattr(self.group, "watchdog", None),
                 group=self.group,
+                sampler=self.sampler,
+                refill_failed=self.refill_failed,
             )
             self.rollouter.version = version
-            self.rollouter.start(pending=self._pending_restart)
+            self.rollouter.start(pending=self._pending_restart, finished=self._finished_restart)
         while True:
             yield DataProto(meta_info={"async_rollout": True})
 
@@ -227,11 +252,18 @@ class AsyncRolloutSource:
         trainer's idle time, logged as timing_s/gen. The wait has the rollout group's watchdog
         deadline; every finished group is progress."""
         start = time.perf_counter()
+        if self.colocated and self.rollouter.held:  # a refill before the update: generate on the same weights
+            self.push_weights(version)  # wakes the engines (their weights are current)
+            self.rollouter.resume_generation()
         finished, wait_metrics = self.rollouter.take(count or self.prompts_per_step, actor_version=version)
+        if self.colocated:  # the trainer's turn: the requests in flight stop, keeping their tokens
+            self.rollouter.hold()
+            self.group.release_rollout()
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
         batch = DataProto.concat([f.output for f in finished])
         metrics.update(wait_metrics)
         metrics.update(staleness_metrics(batch, version))
+        metrics.update(trajectory_version_metrics(batch, version, self.rollouter.sampler.versions_per_cycle))
         self.epoch = finished[-1].group.epoch
         metrics["training/epoch"] = self.epoch
         return batch
@@ -239,7 +271,9 @@ class AsyncRolloutSource:
     def refill(
         self, missing_groups: int, batches_so_far: int, max_batches: int, timing: dict, metrics: dict, step, version
     ) -> tuple[DataProto, int]:
-        """Dynamic sampling: the next ``missing_groups`` finished groups (one round counts as one batch)."""
+        """Dynamic sampling: the next ``missing_groups`` finished groups (one round counts as one batch); the
+        discarded groups' places go to as many new prompts."""
+        self.rollouter.replace(missing_groups)
         return self.generate(None, timing, metrics, step, version, count=missing_groups), 1
 
     def after_update(self, version: int, metrics: dict) -> None:
@@ -249,20 +283,23 @@ class AsyncRolloutSource:
 
     def data_state(self, step: int) -> dict:
         """The dataloader at the generation frontier plus every group pulled but not trained: a resumed
-        run generates those again first, so no group is lost or trained twice."""
+        run trains the finished ones as they are and generates the others again first, so no group is
+        lost or trained twice."""
         if self.rollouter is None:  # saved before generation started (or right after a resume)
-            pending = list(self._pending_restart)
+            pending, finished = list(self._pending_restart), list(self._finished_restart)
         else:
-            pending = self.rollouter.pending() + self.stream.buffered()
+            pending, finished = self.rollouter.pending() + self.stream.buffered(), self.rollouter.finished()
         return {
             "dataloader": self.dataloader.state_dict(),
             "pending_groups": pending,
+            "finished_groups": finished,
             "next_gen_index": self.stream.gen_index if self.stream else step + 1,
         }
 
     def load_data_state(self, state: dict, step: int) -> None:
         self.dataloader.load_state_dict(state["dataloader"])
         self._pending_restart = list(state.get("pending_groups") or [])
+        self._finished_restart = list(state.get("finished_groups") or [])
         next_index = state.get("next_gen_index")
         if next_index is not None:
             self._gen_offset = int(next_index) - (step + 1)
@@ -290,6 +327,13 @@ def make_rollout_source(
     common = (manager, prompt_batches, int(rollout.n), bool(rollout.do_sample))
     a = config.async_training
     prompts_per_step = int(config.data.train_batch_size)
+    v1 = config.trainer.v1
+    if v1.trainer_mode != "sync":
+        steps, staleness, trigger = v1_schedule(config)
+        sampler = build_sampler(v1.sampler, trigger)
+        colocated = v1.trainer_mode == "colocate_async"
+        schedule = (steps, staleness, trigger, True, sampler, True, colocated)
+        return AsyncRolloutSource(*common, push_weights, rollout_wg, *schedule)
     if mode == "sync":
         return SyncRolloutSource(*common, push_weights, prompts_per_step, max_inflight_batches)
     if mode == "one_step_off":
@@ -298,6 +342,17 @@ def make_rollout_source(
     prompts_per_step = int(a.require_batches) * int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
     schedule = (float(a.staleness_threshold), int(a.trigger_parameter_sync_step), bool(a.partial_rollout))
     return AsyncRolloutSource(*common, push_weights, rollout_wg, prompts_per_step, *schedule)
+
+
+def v1_schedule(config) -> tuple[int, float, int]:
+    """A V1 asynchronous mode as the Rollouter's schedule: (groups a training round takes, staleness of
+    the start budget, actor updates between weight syncs). See the module docstring."""
+    v1 = config.trainer.v1
+    if v1.trainer_mode == "colocate_async":
+        return int(config.data.train_batch_size), float(v1.colocate_async.num_warmup_batches), 1
+    s = v1.separate_async
+    mini = int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
+    return mini, float(s.num_warmup_batches), int(s.parameter_sync_step)
 
 
 __all__ = [
@@ -309,5 +364,6 @@ __all__ = [
     "rollout_request",
     "without_prompt_tensors",
     "make_rollout_source",
+    "v1_schedule",
     "staleness_metrics",
 ]

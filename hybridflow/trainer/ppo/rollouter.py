@@ -13,10 +13,13 @@ schedule), ``staleness_threshold=1`` lets the next step's groups be generated wh
 tokens came from; the trainer logs the version lag.
 
 The budget alone bounds how far generation runs ahead, not how late a slow group is trained: newer
-groups could finish first and be taken while an old one is still running. So ``take`` hands out groups
-oldest weights first and waits for a group that would otherwise exceed the lag bound
-``max_lag = trigger - 1 + ceil(staleness × trigger)`` (``staleness_bound``): with the budget above there
-are never more such groups than one step takes, and every trained sample's lag stays within the bound.
+groups could finish first and be taken while an old one is still running. So ``take`` asks the off-policy
+sampler (``off_policy.py``) which groups to hand out (oldest weights first), which to evict (``drop``: one
+new prompt replaces each) and which still-running group to wait for (``wait``). By default it waits for a
+group that would otherwise exceed the lag bound ``max_lag = trigger - 1 + ceil(staleness × trigger)``
+(``staleness_bound``): with the budget above there are never more such groups than one step takes, and
+every trained sample's lag stays within the bound. A group whose generation failed is, with
+``refill_failed``, evicted and replaced the same way (veRL's V1 modes); otherwise the run stops with it.
 
 A weight sync (``sync_weights``): with partial rollouts the agent loop workers hold new requests, the
 engines abort the ones in flight (they return the tokens they have), the weights go over, and the held
@@ -26,6 +29,7 @@ starting groups and waits for the ones in flight to finish before the weights go
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -36,6 +40,9 @@ from dataclasses import dataclass, field
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base.cleanup import cleanup_after_failure
 from hybridflow.single_controller.base.watchdog import Deadline, Watchdog, build_hang_error, default_watchdog
+from hybridflow.trainer.ppo.off_policy import OffPolicySampler
+
+logger = logging.getLogger(__name__)
 
 POLL_S = 0.5  # the trainer's waits on the rollouter check their deadline this often
 
@@ -50,16 +57,16 @@ class PromptGroup:
     prompts: DataProto  # n rows (the prompt repeated), uid set, every non-tensor column
 
 
-# the classes a checkpoint's driver state may hold (pending groups of the asynchronous sources)
-CHECKPOINT_TYPES = (PromptGroup,)
-
-
 @dataclass
 class FinishedGroup:
     group: PromptGroup
     output: DataProto  # the prompts' columns + the rollout's tensors
     started_at_version: int
     finished_at: float = field(default_factory=time.perf_counter)
+
+
+# the classes a checkpoint's driver state may hold (the asynchronous sources' pending and finished groups)
+CHECKPOINT_TYPES = (PromptGroup, FinishedGroup)
 
 
 def staleness_bound(staleness_threshold: float, trigger_parameter_sync_step: int) -> int:
@@ -81,9 +88,12 @@ class Rollouter:
         sampling_meta: dict | None = None,
         watchdog: Watchdog | None = None,
         group=None,
+        sampler: OffPolicySampler | None = None,
+        refill_failed: bool = False,
     ):
         """``watchdog`` bounds the trainer's waits on the rollout workers (``group``, whose stacks a hang
-        report shows); None: the process default."""
+        report shows); None: the process default. ``sampler``: the off-policy bound (default: wait within
+        ``staleness_bound``); ``refill_failed``: a group whose generation failed is replaced, not fatal."""
         if staleness_threshold < 0:
             raise ValueError(f"async_training.staleness_threshold must be >= 0, got {staleness_threshold}")
         if trigger_parameter_sync_step < 1:
@@ -97,6 +107,10 @@ class Rollouter:
         self.prompts_per_step = prompts_per_step
         self.budget = int(math.floor((1 + staleness_threshold) * prompts_per_step * trigger_parameter_sync_step + 1e-9))
         self.max_lag = staleness_bound(staleness_threshold, trigger_parameter_sync_step)
+        self.sampler = sampler or OffPolicySampler(self.max_lag + 1, "wait")
+        self.refill_failed = refill_failed
+        self._evicted: dict[str, list[int]] = {"off_policy": [], "rollout_failure": []}  # spans since the last take
+        self._failures_in_a_row = 0
         self.partial_rollout = partial_rollout
         self.sampling_meta = dict(sampling_meta or {})
         self.version = 0
@@ -116,8 +130,12 @@ class Rollouter:
         self._window_start = time.perf_counter()
 
     # ------------------------------------------------------------------------------ lifecycle
-    def start(self, pending: list[PromptGroup] | None = None) -> None:
+    def start(self, pending: list[PromptGroup] | None = None, finished: list[FinishedGroup] | None = None) -> None:
+        """``pending``: groups to start before new prompts; ``finished``: groups ready to train as they are
+        (a resumed run's); both count against the first period's budget."""
         self._unconsumed_start = list(pending or [])
+        self._ready = list(finished or [])
+        self._started_in_period = len(self._ready)
         self._thread = threading.Thread(target=self._run, name="hybridflow-rollouter", daemon=True)
         self._thread.start()
 
@@ -175,9 +193,19 @@ class Rollouter:
             try:
                 out = future.result()
             except BaseException as e:
-                self._error = e
+                if self._stopped:  # cancelled at shutdown
+                    return
+                self._failures_in_a_row += 1
+                if not self.refill_failed or self._failures_in_a_row > self.prompts_per_step:
+                    self._error = e  # a failure of every group of a step in a row is a bug, not bad luck
+                else:
+                    logger.warning(
+                        "rollout group %s/%s failed (%r); a new prompt replaces it", group.gen_index, group.position, e
+                    )
+                    self._evict("rollout_failure", [0])
                 self._cond.notify_all()
                 return
+            self._failures_in_a_row = 0
             out.meta_info.pop("metrics", None)
             columns = group.prompts.select(batch_keys=[], non_tensor_batch_keys=list(group.prompts.non_tensor_batch))
             self._ready.append(FinishedGroup(group, columns.union(out), version))
@@ -186,10 +214,44 @@ class Rollouter:
 
     # ------------------------------------------------------------------------------ trainer side
     def _due_in_flight(self, actor_version: int | None) -> bool:
-        """A group still generating that must be trained at ``actor_version`` to stay within ``max_lag``."""
+        """A group still generating that the sampler waits for at ``actor_version`` (``wait``)."""
         if actor_version is None:
             return False
-        return any(version <= actor_version - self.max_lag for _, version in self._in_flight.values())
+        return any(self.sampler.blocks(version, actor_version) for _, version in self._in_flight.values())
+
+    def _evict(self, reason: str, spans: list[int]) -> None:
+        """Groups gone without training (lock held): one new prompt may start for each."""
+        self._evicted[reason] += spans
+        self._started_in_period -= len(spans)
+        self._cond.notify_all()
+
+    def _drop_stale(self, actor_version: int | None) -> None:
+        """``drop``: evict the finished groups beyond the off-policy threshold (lock held)."""
+        if actor_version is None:
+            return
+        stale = [g for g in self._ready if self.sampler.stale(g.started_at_version, actor_version)]
+        if stale:
+            gone = {id(g) for g in stale}
+            self._ready = [g for g in self._ready if id(g) not in gone]
+            self._evict("off_policy", [self.sampler.span(g.started_at_version, actor_version) for g in stale])
+
+    def replace(self, count: int) -> None:
+        """``count`` taken groups were discarded (dynamic sampling's uniform groups): as many new prompts may start."""
+        with self._cond:
+            self._started_in_period -= count
+            self._cond.notify_all()
+
+    def _eviction_metrics(self) -> dict[str, float]:
+        """veRL's names for the groups evicted since the last take (lock held)."""
+        stale, failed = self._evicted["off_policy"], self._evicted["rollout_failure"]
+        self._evicted = {"off_policy": [], "rollout_failure": []}
+        out = {
+            "training/off_policy/evicted_samples": float(len(stale)),
+            "training/rollout_failure/evicted_samples": float(len(failed)),
+        }
+        if stale:
+            out["training/off_policy/evicted_samples_staleness/max"] = float(max(stale))
+        return out
 
     def _wait(self, predicate: Callable[[], bool], deadline: Callable[[], Deadline | None], what: str) -> None:
         """Wait (lock held) until ``predicate``, in bounded steps; past the watchdog's deadline (every
@@ -217,7 +279,8 @@ class Rollouter:
         start = time.perf_counter()
         with self._cond:
 
-            def ready() -> bool:
+            def ready() -> bool:  # evicts the stale finished groups as it looks
+                self._drop_stale(actor_version)
                 return (
                     self._error is not None
                     or (len(self._ready) >= count and not self._due_in_flight(actor_version))
@@ -236,7 +299,7 @@ class Rollouter:
                     f"the rollouter produced {len(self._ready)} of {count} groups "
                     f"({len(self._in_flight)} in flight) within {timeout_s} s"
                 )
-            self._ready.sort(key=lambda g: (g.started_at_version, g.finished_at))  # oldest weights first
+            self._ready = self.sampler.order(self._ready)
             taken, self._ready = self._ready[:count], self._ready[count:]
             now = time.perf_counter()
             idle = self._idle_s + (now - self._idle_since if self._idle_since is not None else 0.0)
@@ -249,25 +312,46 @@ class Rollouter:
                 "async/queue_size": float(len(self._ready)),
                 "async/in_flight_groups": float(len(self._in_flight)),
                 "timing_s/wait_for_rollout": now - start,
+                **self._eviction_metrics(),
             }
         taken.sort(key=lambda g: (g.group.gen_index, g.group.position))
         return taken, metrics
 
-    def sync_weights(self, push: Callable[[], dict], version: int) -> dict:
-        """Hold generation, send the weights (``push``), resume; see the module docstring."""
-        start = time.perf_counter()
+    def hold(self) -> None:
+        """Stop generating: no group starts and, with partial rollouts, the requests in flight return the
+        tokens they have (they continue after the next ``sync_weights`` or ``resume_generation``); without,
+        wait for the groups in flight to finish with the weights they started with."""
         with self._cond:
+            if self._holding:
+                return
             self._holding = True
         if self.partial_rollout:
             self.manager.pause()  # nothing new reaches the engines...
             self.manager.abort()  # ...and what runs returns its tokens (it resumes after the sync)
         else:
-            with self._cond:  # let the groups in flight finish with the weights they started with
+            with self._cond:
                 self._wait(
                     lambda: not self._in_flight or self._error is not None,
                     self._deadline,
                     f"the {len(self._in_flight)} rollout groups in flight before a weight sync",
                 )
+
+    @property
+    def held(self) -> bool:
+        return self._holding
+
+    def resume_generation(self) -> None:
+        """End a ``hold`` without new weights (the same version goes on)."""
+        with self._cond:
+            self._holding = False
+            self._cond.notify_all()
+        if self.partial_rollout:
+            self.manager.resume()
+
+    def sync_weights(self, push: Callable[[], dict], version: int) -> dict:
+        """Hold generation (if not held already), send the weights (``push``), resume; see the module docstring."""
+        start = time.perf_counter()
+        self.hold()
         drained = time.perf_counter()
         try:
             metrics = dict(push() or {})
@@ -292,10 +376,13 @@ class Rollouter:
             self._cond.notify_all()
 
     def pending(self) -> list[PromptGroup]:
-        """Groups pulled from the dataloader but not taken by the trainer (in flight, finished, or queued
-        for a restart): a checkpoint saves them so that a resumed run generates them again."""
+        """Groups pulled from the dataloader but neither finished nor taken (in flight, or queued for a
+        restart): a checkpoint saves them so that a resumed run generates them again."""
         with self._cond:
-            groups = (
-                [g.group for g in self._ready] + [g for g, _ in self._in_flight.values()] + list(self._unconsumed_start)
-            )
+            groups = [g for g, _ in self._in_flight.values()] + list(self._unconsumed_start)
         return sorted(groups, key=lambda g: (g.gen_index, g.position))
+
+    def finished(self) -> list[FinishedGroup]:
+        """Groups finished but not taken: a checkpoint saves them as they are (a resumed run trains them)."""
+        with self._cond:
+            return list(self._ready)

@@ -1,0 +1,207 @@
+"""Rewards that overlap generation (``reward.num_workers``): the agent loop worker scores each trajectory
+in a pool process as it finishes, and the driver's manager, given those results, returns what it returns
+when it scores the whole batch itself: the same token-level scores, extra info and metrics, for the rule
+scorers, a custom reward function (bad samples and deadlines included), DAPO and the code sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from hybridflow.agent_loop import agent_loop_settings
+from hybridflow.agent_loop.worker import AgentLoopWorker
+from hybridflow.config.reward import CustomRewardFunctionConfig, RewardConfig, RewardManagerConfig
+from hybridflow.models.tiny import build_tiny_tokenizer
+from hybridflow.protocol import DataProto
+from hybridflow.rewards import NaiveRewardManager, RewardComputationError
+from hybridflow.rewards.rule_manager import STREAMED_SCORES
+from hybridflow.rewards.streaming import RewardRecipe, streamed_reward
+from hybridflow.rollout.server import STOP, TokenOutput
+
+TOK = build_tiny_tokenizer()
+EOS = TOK.eos_token_id
+CODE = "```python\nprint(int(input())+1)\n```"
+CUSTOM = """
+import time
+
+def score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    if "raise" in solution_str:
+        raise ValueError("cannot read " + solution_str)
+    if "slow" in solution_str:
+        time.sleep(3)
+    return {"score": float(ground_truth in solution_str), "acc": ground_truth in solution_str,
+            "turns": extra_info["num_turns"], "split": extra_info["split"]}
+"""
+
+
+def rows(kind: str) -> list[tuple[str, str, str]]:
+    """(response, data_source, ground_truth) per trajectory."""
+    if kind == "code":
+        spec = '{"inputs": ["1\\n"], "outputs": ["2\\n"]}'
+        return [(CODE, "codecontests", spec), ("print(3)", "apps", spec)] * 2
+    if kind == "custom":
+        return [("#### 4", "mine", "4"), ("raise", "mine", "4"), ("slow", "mine", "4"), ("nope", "mine", "7")]
+    return [("#### 4", "openai/gsm8k", "4"), ("#### 3", "openai/gsm8k", "4"), ("\\boxed{2}", "lighteval/MATH", "2")]
+
+
+class ScriptedServer:
+    """Answers row i's prompt ``[i + 1]`` with its scripted response, the later rows first."""
+
+    def __init__(self, responses: list[str]):
+        self.responses, self.finished = responses, []
+
+    async def generate(self, prompt_ids, params, request_id, logprobs=True):
+        i = prompt_ids[-1] - 1
+        await asyncio.sleep(0.05 * (len(self.responses) - i))
+        toks = TOK.encode(self.responses[i], add_special_tokens=False)[: params.response_length - 1] + [EOS]
+        self.finished.append(time.time())
+        return TokenOutput(toks, [-0.5] * len(toks), STOP)
+
+
+def generated(kind: str, recipe: RewardRecipe | None) -> DataProto:
+    """The batch as the trainer scores it: prompts' columns and the agent loop worker's output."""
+    table = rows(kind)
+    settings = agent_loop_settings({"prompt_length": 2, "response_length": 48, "calculate_log_probs": True})
+    worker = AgentLoopWorker(settings, [ScriptedServer([r for r, _, _ in table])], TOK, TOK.pad_token_id, reward=recipe)
+    n = len(table)
+    prompts = DataProto.from_dict(
+        tensors={
+            "input_ids": torch.tensor([[0, i + 1] for i in range(n)]),
+            "attention_mask": torch.tensor([[0, 1]] * n),
+            "position_ids": torch.tensor([[0, 0]] * n),
+        },
+        non_tensors={
+            "data_source": np.array([s for _, s, _ in table], dtype=object),
+            "reward_model": np.array([{"style": "rule", "ground_truth": g} for _, _, g in table], dtype=object),
+            "extra_info": np.array([{"split": "train", "index": i} for i in range(n)], dtype=object),
+        },
+    )
+    try:
+        out = asyncio.run(worker.generate_sequences(prompts))
+    finally:
+        asyncio.run(worker.close_rewards())
+    return DataProto(batch=out.batch, non_tensor_batch={**prompts.non_tensor_batch, **out.non_tensor_batch})
+
+
+def recipe_for(kind: str, tmp_path, bad_sample_score=-1.0) -> RewardRecipe:
+    custom = CustomRewardFunctionConfig(path=None)
+    if kind == "custom":
+        (tmp_path / "mine.py").write_text(CUSTOM)
+        custom = CustomRewardFunctionConfig(path=str(tmp_path / "mine.py"), name="score")
+    overlong = {"enable": True, "len": 4, "penalty_factor": 0.5, "log": True}
+    reward = RewardConfig(
+        num_workers=2,
+        reward_manager=RewardManagerConfig(name="dapo" if kind == "dapo" else "naive"),
+        reward_kwargs={"max_resp_len": 8, "overlong_buffer_cfg": overlong} if kind == "dapo" else {},
+        custom_reward_function=custom,
+        bad_sample_score=bad_sample_score,
+        score_timeout_s=1.0 if kind == "custom" else 60.0,
+    )
+    return RewardRecipe(reward, "data_source", TOK)
+
+
+def as_batch(data: DataProto) -> DataProto:
+    """The same rows without the streamed results: what the driver scores after generation."""
+    return DataProto(
+        batch=data.batch.clone(),
+        non_tensor_batch={k: v for k, v in data.non_tensor_batch.items() if k != STREAMED_SCORES},
+    )
+
+
+@pytest.mark.parametrize("kind", ["rule", "custom", "dapo", "code"])
+def test_streamed_scores_equal_batch_scores(kind, tmp_path):
+    recipe = recipe_for(kind, tmp_path)
+    manager = recipe.build(num_examine=0)
+    assert streamed_reward(manager, use_rm=False) is recipe
+    data = generated(kind, recipe)
+    streamed = data.non_tensor_batch[STREAMED_SCORES]
+    assert all(s is not None for s in streamed)  # every trajectory was scored as it finished ...
+    by_batch = manager(as_batch(data), return_dict=True)
+    manager.compute_score = None  # ... so the driver does not call the reward function again
+    by_stream = manager(data, return_dict=True)
+    assert STREAMED_SCORES not in data.non_tensor_batch  # consumed: nothing downstream sees it
+    assert torch.equal(by_stream["reward_tensor"], by_batch["reward_tensor"])
+    assert by_stream["reward_extra_info"] == by_batch["reward_extra_info"]
+    assert by_stream.get("reward_metrics") == by_batch.get("reward_metrics")
+    scores = by_batch["reward_tensor"].sum(-1).tolist()
+    expected = {
+        "rule": [1.0, 0.0, 1.0],
+        "custom": [1.0, -1.0, -1.0, 0.0],  # raised, past the 1 s deadline: bad samples
+        "code": [1.0, 0.0, 1.0, 0.0],
+    }.get(kind)
+    if kind == "dapo":  # "#### 4" + EOS is 7 tokens: 3 into the buffer that starts at 8 - 4
+        assert scores == pytest.approx([1.0 - 0.375, -0.375, 1.0 - 0.75])  # \\boxed{2} + EOS: 10 tokens
+        assert by_batch["reward_extra_info"]["overlong"] == [True] * 3
+    else:
+        assert scores == expected
+    if kind == "custom":
+        assert by_batch["reward_metrics"] == {"reward/bad_samples": 2.0}
+        assert by_batch["reward_extra_info"]["turns"] == [2, None, None, 2]
+
+
+def test_a_failing_streamed_row_fails_the_step_naming_it(tmp_path):
+    """Without reward.bad_sample_score the streamed failure raises as the batch's does: the same row, the same words."""
+    recipe = recipe_for("custom", tmp_path, bad_sample_score=None)
+    manager = recipe.build(num_examine=0)
+    data = generated("custom", recipe)
+    with pytest.raises(RewardComputationError) as from_batch:
+        manager(as_batch(data))
+    with pytest.raises(RewardComputationError) as from_stream:
+        manager(data)
+    assert str(from_stream.value) == str(from_batch.value)
+    assert "sample 1 (data_source='mine')" in str(from_batch.value)
+
+
+def test_scores_overlap_generation(tmp_path):
+    """Trajectories finish 50 ms apart over 1 s; each is scored in a pool process while the later ones
+    still generate."""
+    script = tmp_path / "timed.py"
+    script.write_text(
+        "import os, time\n"
+        "def score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+        "    time.sleep(0.05)\n"
+        "    return {'score': 1.0, 'pid': os.getpid(), 'at': time.time()}\n"
+    )
+    reward = RewardConfig(
+        num_workers=4, custom_reward_function=CustomRewardFunctionConfig(path=str(script), name="score")
+    )
+    recipe = RewardRecipe(reward, "data_source", TOK)
+    n = 20
+    server = ScriptedServer(["x"] * n)
+    settings = agent_loop_settings({"prompt_length": 2, "response_length": 4, "agent": {"num_workers": 2}})
+    worker = AgentLoopWorker(settings, [server], TOK, TOK.pad_token_id, reward=recipe)
+    assert worker.reward_pool.processes == 2  # its share of reward.num_workers=4 over 2 agent loop workers
+    prompts = DataProto.from_dict(
+        tensors={"input_ids": torch.tensor([[0, i + 1] for i in range(n)]), "attention_mask": torch.ones(n, 2)},
+        non_tensors={
+            "data_source": np.array(["mine"] * n, dtype=object),
+            "reward_model": np.array([{"ground_truth": "1"}] * n, dtype=object),
+        },
+    )
+    try:
+        out = asyncio.run(worker.generate_sequences(prompts))
+    finally:
+        asyncio.run(worker.close_rewards())
+    results = [s[0] for s in out.non_tensor_batch[STREAMED_SCORES]]
+    assert len({r["pid"] for r in results}) == 2 and os.getpid() not in {r["pid"] for r in results}
+    assert min(r["at"] for r in results) < max(server.finished)  # scored before the batch was generated
+
+
+def test_which_runs_score_in_the_reward_loop():
+    """Row-by-row managers built from the config stream; the batch manager, the judge, a reward model,
+    ``reward.num_workers=0`` and a reward function handed over by hand score after generation."""
+    built = lambda **kw: RewardRecipe(RewardConfig(**kw), "data_source", TOK).build(num_examine=0)  # noqa: E731
+    assert streamed_reward(built(), use_rm=False) is not None
+    assert streamed_reward(built(reward_manager=RewardManagerConfig(name="dapo")), use_rm=False) is not None
+    assert streamed_reward(built(), use_rm=True) is None
+    assert streamed_reward(built(num_workers=0), use_rm=False) is None
+    assert streamed_reward(built(reward_manager=RewardManagerConfig(name="batch")), use_rm=False) is None
+    assert streamed_reward(built(reward_manager=RewardManagerConfig(name="genrm")), use_rm=False) is None
+    assert streamed_reward(NaiveRewardManager(TOK, num_examine=0), use_rm=False) is None
+    with pytest.raises(ValueError, match="reward.num_workers=-1 must be >= 0"):
+        built(num_workers=-1)
