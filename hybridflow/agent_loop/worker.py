@@ -46,6 +46,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.rewards.rule_manager import STREAMED_SCORES
 from hybridflow.rewards.streaming import RewardPool, RewardRecipe
 from hybridflow.rollout.sampling import SamplingParams, resolve_sampling, rollout_sampling
+from hybridflow.rollout.server import RolloutEngineDiedError
 from hybridflow.utils.tool_config import initialize_tools_from_config
 
 logger = logging.getLogger(__name__)
@@ -144,6 +145,9 @@ class AgentLoopWorker:
             )
         try:
             results: list[tuple[AgentLoopOutput, bool, tuple | None]] = await asyncio.gather(*tasks)
+        except RolloutEngineDiedError as e:
+            e.step = f"{step} (validation)" if prefix == "val" else step
+            raise
         finally:
             self._kept.pop(call_id, None)
         outputs = [o for o, _, _ in results]

@@ -45,6 +45,7 @@ from hybridflow.rollout.server import (
     LENGTH,
     STOP,
     AsyncRolloutServer,
+    EngineDeadError,
     ServerSpec,
     TokenOutput,
     register_rollout_server,
@@ -165,6 +166,10 @@ class VLLMServer(AsyncRolloutServer):
                 if logprobs and piece.logprobs:
                     log_probs.extend(step[tok].logprob for step, tok in zip(piece.logprobs, piece.token_ids))
                 finish = piece.finish_reason or finish
+        except Exception as e:
+            if type(e).__name__ == "EngineDeadError":  # vLLM's: its engine core process is gone
+                raise EngineDeadError(f"vLLM's engine core process is gone ({e})") from e
+            raise
         finally:
             self._in_flight.discard(engine_id)
         stop_reason = ABORT if finish == "abort" else LENGTH if finish == "length" else STOP
