@@ -77,7 +77,7 @@ def find_gguf(path: str | None) -> str:
     return os.path.join(folder, next(f for f in sorted(os.listdir(folder)) if f.endswith(".gguf")))
 
 
-def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args) -> list[str]:
+def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args, prompt_length=MAX_PROMPT_LENGTH) -> list[str]:
     micro = math.gcd(16, args.batch * args.n)  # samples per forward pass; must divide the step's samples
     overrides = [
         "algorithm.adv_estimator=grpo",
@@ -85,7 +85,7 @@ def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args) -> list[s
         f"data.train_files={paths['train']}",
         f"data.val_files={paths['heldout']}",
         f"data.train_batch_size={args.batch}",
-        f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
+        f"data.max_prompt_length={prompt_length}",
         f"data.max_response_length={args.response_length}",
         f"data.seed={args.seed}",
         f"actor_rollout_ref.model.path={model}",
@@ -127,7 +127,7 @@ def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args) -> list[s
             "actor_rollout_ref.rollout.load_format=auto",
             "actor_rollout_ref.rollout.dtype=float32",
             "actor_rollout_ref.rollout.enforce_eager=True",
-            f"actor_rollout_ref.rollout.max_model_len={MAX_PROMPT_LENGTH + args.response_length}",
+            f"actor_rollout_ref.rollout.max_model_len={prompt_length + args.response_length}",
         ]
     return overrides + list(args.rl_override)
 
