@@ -54,8 +54,9 @@ def well_formed(call: str) -> bool:
         parsed = json.loads(call)
     except ValueError:
         return False
-    args = parsed.get("arguments") if isinstance(parsed, dict) else None
-    return parsed.get("name") == "calc" and isinstance(args, dict) and isinstance(args.get("expr"), str)
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("arguments"), dict):
+        return False
+    return parsed.get("name") == "calc" and isinstance(parsed["arguments"].get("expr"), str)
 
 
 def evaluate(model_dir: str, paths: dict, args, template: str) -> dict:
@@ -109,6 +110,16 @@ def sft(model: str, paths: dict, work: str, own, args, template: str) -> str:
     return os.path.join(sft_dir, f"global_step_{max(_saved_steps(sft_dir))}")
 
 
+def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args, template: str) -> list[str]:
+    """The real-model recipe's GRPO command line, multi-turn with the calculator and the tool template."""
+    return real_model.rl_args(model, paths, run_dir, rollout, args, prompt_length=PROMPT_LENGTH) + [
+        f"actor_rollout_ref.model.custom_chat_template='{template}'",
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={paths['tools']}",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+    ]
+
+
 def main(argv=None) -> dict:
     own, args = parse(argv)
     work = os.path.abspath(args.workdir)
@@ -155,12 +166,7 @@ def main(argv=None) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)
     if os.path.exists(metrics_path):
         os.remove(metrics_path)
-    overrides = real_model.rl_args(sft_model, paths, run_dir, rollout, args, prompt_length=PROMPT_LENGTH) + [
-        f"actor_rollout_ref.model.custom_chat_template='{template}'",
-        "actor_rollout_ref.rollout.multi_turn.enable=True",
-        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={paths['tools']}",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
-    ]
+    overrides = rl_args(sft_model, paths, run_dir, rollout, args, template)
     env = child_env(args.threads, HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path)
     run_module("hybridflow.main_ppo", overrides, env, os.path.join(work, "grpo.log"))
     phase("rl", t0)

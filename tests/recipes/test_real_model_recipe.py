@@ -13,6 +13,7 @@ import sys
 import pandas as pd
 import pytest
 import real_model  # recipes/real_model.py (recipes/ is on pytest.ini's pythonpath)
+import real_model_tools
 import word_problems
 
 from hybridflow.rewards.scorers import default_compute_score
@@ -87,6 +88,26 @@ def test_the_recipe_command_line_uses_only_known_keys(tmp_path):
         cfg = load_config("ppo_trainer", overrides)  # an unknown key would fail here
         assert cfg.actor_rollout_ref.rollout.name == rollout and cfg.trainer.total_training_steps == 7
         assert cfg.actor_rollout_ref.actor.clip_ratio == 0.3  # the user's override comes last
+
+
+def test_the_tools_recipe_passes_its_template_and_tools_to_main_ppo(tmp_path):
+    from hybridflow.config.loader import load_config
+
+    own, args = real_model_tools.parse(["--steps", "3", "--sft_steps", "5"])
+    assert own.sft_steps == 5 and args.steps == 3 and args.workdir == "real_model_tools_out"
+    with open(real_model_tools.TEMPLATE) as f:
+        template = f.read()
+    paths = {"train": "t.parquet", "heldout": "h.parquet", "tools": str(tmp_path / "calc.yaml")}
+    cfg = load_config("ppo_trainer", real_model_tools.rl_args("m", paths, "run", "vllm", args, template))
+    assert cfg.actor_rollout_ref.model.custom_chat_template == template  # the Jinja text arrives unchanged
+    assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == paths["tools"]
+    assert cfg.actor_rollout_ref.rollout.max_model_len == real_model_tools.PROMPT_LENGTH + args.response_length
+
+
+def test_well_formed_tool_calls():
+    assert real_model_tools.well_formed('{"name": "calc", "arguments": {"expr": "347*82"}}')
+    for bad in ('{"name": "calc", "arguments": "347*82"}', '{"name": "calc" "arguments": {}}', '["calc"]', "347*82"):
+        assert not real_model_tools.well_formed(bad), bad
 
 
 @pytest.mark.slow
