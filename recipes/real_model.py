@@ -23,8 +23,8 @@ from quickstart import CPUClock, child_env, curves, phase_table, read_metrics, r
 from word_problems import committed_correct, make_rows, write_word_problems
 
 MAX_PROMPT_LENGTH = 128  # tokens: the chat template's system line + the longest problem are ~80
-# two-step problems and operands up to 30: the base model commits to the right answer ~1 time in 4 (measured per
-# kind on 32 problems, docs/measurements.md 2026-11-27); it writes `#### N` about half the time
+# two-step problems and operands up to 30: on 32 problems per kind the base model committed to the right answer
+# 0-25% of the time with operands up to 20-50, 72% on the previous default's 1-9 sums (docs/measurements.md)
 KINDS = ("add", "sub", "mul", "two_step")
 HI = 30
 HELDOUT_KIND = "mul_add"  # a*b + c: both operations seen in training, their combination never
