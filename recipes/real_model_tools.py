@@ -158,7 +158,11 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     before = evaluate(sft_model, paths, args, template)
     phase("eval_before", t0)
-    real_model.log(f"held-out accuracy: base {base['accuracy']:.1%}, after SFT {before['accuracy']:.1%}")
+    for name, part in (("base", base), ("after SFT", before)):
+        real_model.log(
+            f"{name}: held-out accuracy {part['accuracy']:.1%}, answers calling the tool {part['tool_share']:.0%}, "
+            f"well-formed calls {part['well_formed_calls']}"
+        )
 
     t0 = time.perf_counter()
     rollout = real_model.rollout_name(args.rollout)
