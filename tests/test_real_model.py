@@ -331,6 +331,30 @@ def test_trajectories_hold_the_generated_ids_not_a_retokenization(tok, tmp_path,
             assert int(out.batch["response_mask"].sum()) == 0  # flagged by the sanity check, out of the loss
 
 
+def test_tool_template_keeps_the_engine_ids_and_passes_the_strict_check(tmp_path, smollm2_dir):
+    """recipes/smollm2_tools.jinja (the tool-aware template of recipes/real_model_tools.py) on SmolLM2's
+    tokenizer: the prompt describes the tool in the system turn, and a call, its result and the answer become
+    one trajectory whose trained tokens are exactly the engine's ids; re-templating the conversation gives
+    the same ids, so the strict sanity check keeps the sample in the loss."""
+    from hybridflow.workers.model_loading import load_tokenizer
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "recipes", "smollm2_tools.jinja")) as f:
+        tok = load_tokenizer(smollm2_dir, chat_template=f.read())
+    eos = model_eos_token_ids(smollm2_dir, tok)[0]
+    call = '<tool_call>\n{"name": "calc", "arguments": {"expr": "347*82"}}\n</tool_call>'
+    turn1 = tok(call, add_special_tokens=False)["input_ids"] + [eos]
+    turn2 = tok("#### 28454", add_special_tokens=False)["input_ids"] + [eos]
+    worker = tool_worker(tmp_path, ScriptedIds([list(turn1), list(turn2)]), tok, response_length=256, check="strict")
+    out = asyncio.run(worker.generate_sequences(tool_batch(["What is 347*82?"])))
+    p = out.batch["prompts"].size(1)
+    prompt = tok.decode(out.batch["prompts"][0][out.batch["attention_mask"][0, :p].bool()])
+    assert "<tools>\n" + json.dumps(CALC_SCHEMA) + "\n</tools>" in prompt.split("<|im_start|>user")[0]
+    assert model_segments(out) == [turn1, turn2]  # mask 1 on exactly the engine's ids: the check passed
+    n = int(out.batch["attention_mask"][0, p:].sum())
+    between = tok.decode(out.batch["responses"][0, len(turn1) : n - len(turn2)])
+    assert between == "\n<|im_start|>user\n<tool_response>\n28454\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
 # ------------------------------------------------------------------------------------------ GRPO step
 @needs_vllm
 def test_grpo_step_with_vllm_on_the_real_model(smollm2_dir, tmp_path):

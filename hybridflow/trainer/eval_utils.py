@@ -77,7 +77,9 @@ def summarize_scores(
     return out
 
 
-def _model_and_rows(model_dir: str, parquet_path: str, max_prompt_length: int, chat_template_kwargs: dict | None):
+def _model_and_rows(
+    model_dir: str, parquet_path: str, max_prompt_length: int, chat_template_kwargs: dict | None, chat_template=None
+):
     """(local model dir, tokenizer, dataset, model in eval mode on this process's device) as the trainer
     reads them (left truncation, no overlong filter)."""
     import torch
@@ -86,7 +88,7 @@ def _model_and_rows(model_dir: str, parquet_path: str, max_prompt_length: int, c
     from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
 
     model_dir = local_model_path(model_dir, "model_dir")  # a GGUF file gives its converted folder
-    tokenizer = load_tokenizer(model_dir, False)
+    tokenizer = load_tokenizer(model_dir, False, chat_template=chat_template)
     dataset = RLHFDataset(
         parquet_path,
         tokenizer,
@@ -174,18 +176,20 @@ def greedy_agent_eval(
     limit: int | None = None,
     sample: bool = False,
     chat_template_kwargs: dict | None = None,
+    chat_template: str | None = None,
 ) -> tuple[float, list[dict]]:
     """(share of rows scored > 0, one record per row: ``response`` (decoded, special tokens kept),
     ``score``, ``num_turns``, ``ground_truth``, ``extra`` (the loop's extra fields)). Greedy (or, with
     ``sample``, one draw at temperature 1, reproducible from the row order), in this process, through
-    the same dataset and agent loop code the trainer uses; ``chat_template_kwargs`` reach both."""
+    the same dataset and agent loop code the trainer uses; ``chat_template_kwargs`` reach both, ``chat_template``
+    (``model.custom_chat_template``) replaces the tokenizer's."""
     from hybridflow.data.rl_dataset import collate_fn
     from hybridflow.protocol import DataProto
     from hybridflow.rollout.sampling import model_eos_token_ids
     from hybridflow.workers.rollout import HFRollout
 
     model_dir, tokenizer, dataset, module = _model_and_rows(
-        model_dir, parquet_path, max_prompt_length, chat_template_kwargs
+        model_dir, parquet_path, max_prompt_length, chat_template_kwargs, chat_template
     )
     config = {
         **rollout_config,

@@ -13,6 +13,7 @@ import sys
 import pandas as pd
 import pytest
 import real_model  # recipes/real_model.py (recipes/ is on pytest.ini's pythonpath)
+import real_model_tools
 import word_problems
 
 from hybridflow.rewards.scorers import default_compute_score
@@ -23,6 +24,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _solve(question: str) -> int:
     """The answer computed again from the question's words (independent of the generator's arithmetic)."""
     numbers = [int(x) for x in re.findall(r"\d+", question)]
+    if " loose " in question:
+        return numbers[0] * numbers[1] + numbers[2]
+    if " finds " in question:
+        return sum(numbers)
+    if " packs of " in question:
+        return numbers[0] * numbers[1] - numbers[2]
     if " more and then loses " in question:
         return numbers[0] + numbers[1] - numbers[2]
     if " gets " in question:
@@ -63,6 +70,14 @@ def test_word_problems_are_gsm8k_rows_with_right_answers_and_a_disjoint_heldout(
     assert not pd.read_parquet(other["train"])["extra_info"].equals(train["extra_info"])
 
 
+def test_committed_answer_is_the_number_after_the_marker_else_the_last_number():
+    assert word_problems.committed_correct("3 + 5 = 8\n#### 8\nSo 2 apples are left.", "8")  # restated: still 8
+    assert not word_problems.committed_correct("3 + 5 = 9\n#### 9\nThe answer is 8.", "8")  # committed to 9
+    assert word_problems.committed_correct("3 + 5 = 8 apples", "8")  # no marker: the last number
+    assert not word_problems.committed_correct("8 apples and then 3", "8")
+    assert word_problems.committed_correct("####$1,200.", "1200") and not word_problems.committed_correct("none", "1")
+
+
 def test_the_recipe_command_line_uses_only_known_keys(tmp_path):
     from hybridflow.config.loader import load_config
 
@@ -73,6 +88,26 @@ def test_the_recipe_command_line_uses_only_known_keys(tmp_path):
         cfg = load_config("ppo_trainer", overrides)  # an unknown key would fail here
         assert cfg.actor_rollout_ref.rollout.name == rollout and cfg.trainer.total_training_steps == 7
         assert cfg.actor_rollout_ref.actor.clip_ratio == 0.3  # the user's override comes last
+
+
+def test_the_tools_recipe_passes_its_template_and_tools_to_main_ppo(tmp_path):
+    from hybridflow.config.loader import load_config
+
+    own, args = real_model_tools.parse(["--steps", "3", "--sft_steps", "5"])
+    assert own.sft_steps == 5 and args.steps == 3 and args.workdir == "real_model_tools_out"
+    with open(real_model_tools.TEMPLATE) as f:
+        template = f.read()
+    paths = {"train": "t.parquet", "heldout": "h.parquet", "tools": str(tmp_path / "calc.yaml")}
+    cfg = load_config("ppo_trainer", real_model_tools.rl_args("m", paths, "run", "vllm", args, template))
+    assert cfg.actor_rollout_ref.model.custom_chat_template == template  # the Jinja text arrives unchanged
+    assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == paths["tools"]
+    assert cfg.actor_rollout_ref.rollout.max_model_len == real_model_tools.PROMPT_LENGTH + args.response_length
+
+
+def test_well_formed_tool_calls():
+    assert real_model_tools.well_formed('{"name": "calc", "arguments": {"expr": "347*82"}}')
+    for bad in ('{"name": "calc", "arguments": "347*82"}', '{"name": "calc" "arguments": {}}', '["calc"]', "347*82"):
+        assert not real_model_tools.well_formed(bad), bad
 
 
 @pytest.mark.slow
@@ -111,6 +146,13 @@ def test_one_step_on_the_real_model(smollm2_gguf, tmp_path):
     assert len(os.listdir(tmp_path / "cache" / "gguf")) >= 1  # the recipe converted through the library's GGUF cache
     result = json.loads((work / "real_model_result.json").read_text())
     assert result["steps"] == 1 and result["heldout_problems"] == 4
-    for key in ("accuracy_before", "accuracy_after", "lenient_accuracy_before", "lenient_accuracy_after"):
-        assert 0.0 <= result[key] <= 1.0
+    for part in ("", "committed_", "lenient_", "heldout_kind_", "heldout_kind_committed_"):
+        assert 0.0 <= result[f"{part}accuracy_before"] <= 1.0 and 0.0 <= result[f"{part}accuracy_after"] <= 1.0
+    questions = {
+        n: pd.read_parquet(work / "data" / f"{n}.parquet")["extra_info"].map(lambda e: e["question"])
+        for n in ("train", "heldout_kind")
+    }
+    assert all(" loose " in q for q in questions["heldout_kind"]) and not any(
+        " loose " in q for q in questions["train"]
+    )
     assert all(math.isfinite(v) for v in result["phase_seconds"].values())
