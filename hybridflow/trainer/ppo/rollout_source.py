@@ -9,7 +9,9 @@ agent loop manager, the stream of prompt batches (whose loader's state is the so
 
 - ``sync`` (default): a step's prompts are generated when the step starts, with the newest weights.
   Colocated, the hybrid engine pushes the weights at the next generation; with a separate rollout
-  pool they are sent right after the update.
+  pool they are sent right after the update. With ``trainer.v1.sampler.sync_refill_failed_groups`` a group
+  whose agent loop raised is dropped and dynamic sampling's refill loop draws one new prompt for it
+  (hybridflow's one_step_off and fully_async: the Rollouter replaces it); off, the failure stops the run.
 - ``one_step_off``: the rollout pool generates step k+1 while the trainer trains on step k (a
   ``Rollouter`` with staleness 1, weights sent after every step, no partial rollouts).
 - ``fully_async``: the ``Rollouter`` streams groups within veRL's staleness budget, weights sent every
