@@ -3,6 +3,8 @@ resumed automatically (resume_mode=auto) by a small wrapper. Not part of CI.
 
     nice -n 10 python benchmarks/soak.py --steps 200 --save_freq 10 --kills 5      (~15-25 min on 2 cores)
     python benchmarks/soak.py --quick                                               (6 steps, 1 kill)
+    ... --kills 0 --engine_kills 1: a rollout engine (hf: the worker process; vllm: its EngineCore) killed
+    0.2 s into a generation instead
 
 The wrapper (``run_with_auto_resume``) builds the trainer the way ``main_ppo`` does and calls ``fit``;
 when a worker dies the trainer shuts its workers down and raises, and the wrapper builds a fresh
@@ -123,36 +125,41 @@ def make_config(work: str, args):
     reward = os.path.join(work, "reward.py")
     with open(reward, "w") as fh:
         fh.write(TOY_REWARD)
+    from hybridflow.main_ppo import checked_config
+
     per_rank = args.batch * args.n // args.workers
-    return load_config(
-        "ppo_trainer",
-        [
-            "algorithm.adv_estimator=grpo",
-            f"data.train_files={data}/train.parquet",
-            f"data.val_files={data}/test.parquet",
-            f"data.train_batch_size={args.batch}",
-            "data.max_prompt_length=128",
-            "data.max_response_length=16",
-            "data.seed=7",
-            f"actor_rollout_ref.model.path={model_dir}",
-            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-            "actor_rollout_ref.actor.optim.lr=1e-5",
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
-            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={per_rank}",
-            f"actor_rollout_ref.rollout.n={args.n}",
-            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={per_rank}",
-            f"trainer.total_training_steps={args.steps}",
-            "trainer.test_freq=-1",
-            f"trainer.save_freq={args.save_freq}",
-            "trainer.val_before_train=False",
-            "trainer.logger=[]",
-            f"trainer.default_local_dir={work}/ckpt",
-            "trainer.resume_mode=auto",
-            "trainer.backend=ray",
-            f"trainer.n_gpus_per_node={args.workers}",
-            "trainer.device=cpu",
-            f"custom_reward_function.path={reward}",
-        ],
+    return checked_config(
+        load_config(
+            "ppo_trainer",
+            [
+                "algorithm.adv_estimator=grpo",
+                f"data.train_files={data}/train.parquet",
+                f"data.val_files={data}/test.parquet",
+                f"data.train_batch_size={args.batch}",
+                "data.max_prompt_length=128",
+                "data.max_response_length=16",
+                "data.seed=7",
+                f"actor_rollout_ref.model.path={model_dir}",
+                "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+                "actor_rollout_ref.actor.optim.lr=1e-5",
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
+                f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={per_rank}",
+                f"actor_rollout_ref.rollout.n={args.n}",
+                f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={per_rank}",
+                f"trainer.total_training_steps={args.steps}",
+                "trainer.test_freq=-1",
+                f"trainer.save_freq={args.save_freq}",
+                "trainer.val_before_train=False",
+                "trainer.logger=[]",
+                f"trainer.default_local_dir={work}/ckpt",
+                "trainer.resume_mode=auto",
+                "trainer.backend=ray",
+                f"trainer.n_gpus_per_node={args.workers}",
+                "trainer.device=cpu",
+                f"custom_reward_function.path={reward}",
+                f"actor_rollout_ref.rollout.name={args.rollout}",
+            ],
+        )
     )
 
 
@@ -186,7 +193,8 @@ def run_with_auto_resume(config, args, log: SoakLog) -> int:
     from hybridflow.trainer import checkpoint as ckpt
 
     rng = random.Random(args.seed)
-    kill_steps = set(rng.sample(range(2, args.steps), k=min(args.kills, args.steps - 2)))
+    chosen = rng.sample(range(2, args.steps), k=min(args.kills + args.engine_kills, args.steps - 2))
+    kill_steps, engine_kill_steps = set(chosen[: args.kills]), set(chosen[args.kills :])
     ref_states = None
     attempt, restarts, start = 0, 0, time.perf_counter()
     while True:
@@ -194,7 +202,15 @@ def run_with_auto_resume(config, args, log: SoakLog) -> int:
         if ref_states is None:
             log.reference, ref_states = reference_order(trainer, args.steps)
             log.steps_per_epoch = len(trainer.train_dataloader)
-        trainer.init_workers()
+        try:
+            trainer.init_workers()
+        except Exception as e:  # a worker lost while starting (Ray's memory monitor, on a crowded machine)
+            log.failures.append((attempt, trainer.global_steps, f"init_workers: {type(e).__name__}"))
+            trainer.shutdown_workers()
+            restarts, attempt = restarts + 1, attempt + 1
+            if restarts > args.max_restarts:
+                raise
+            continue
         group = trainer._all_groups.get("_fused", trainer.actor_rollout_wg)
         worker_pids = [p for p in group.execute_all_sync("get_pid") if p != os.getpid()]
         resumed_from = ckpt.find_latest_checkpoint(config.trainer.default_local_dir)
@@ -204,6 +220,19 @@ def run_with_auto_resume(config, args, log: SoakLog) -> int:
                 (attempt, int(state["global_steps"]), state["dataloader"], ref_states[int(state["global_steps"])])
             )
         original_step = trainer.train_step
+        manager = trainer.async_rollout_manager
+        original_generate = manager._run_workers
+
+        def run_workers(prompts, _attempt=attempt, _pids=worker_pids, _trainer=trainer, _gen=original_generate):
+            step = _trainer.global_steps
+            if step in engine_kill_steps and not prompts.meta_info.get("validate", False):
+                engine_kill_steps.discard(step)  # mid-generation: the engine of a random rank
+                pid, delay = _engine_pid(rng.choice(_pids)), 0.2
+                log.kills.append((_attempt, step, pid, f"engine, {delay}"))
+                threading.Timer(delay, lambda: _kill(pid)).start()
+            return _gen(prompts)
+
+        manager._run_workers = run_workers
 
         def train_step(batch, _attempt=attempt, _pids=worker_pids, _step_fn=original_step, _trainer=trainer):
             step = _trainer.global_steps
@@ -245,6 +274,12 @@ def run_with_auto_resume(config, args, log: SoakLog) -> int:
             trainer.shutdown_workers()
 
 
+def _engine_pid(worker_pid: int) -> int:
+    """The rollout engine's own process: vLLM's EngineCore under the worker, else the worker (hf runs in it)."""
+    cores = [p.pid for p in psutil.Process(worker_pid).children(recursive=True) if "EngineCore" in p.name()]
+    return cores[0] if cores else worker_pid
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -270,7 +305,9 @@ def report(args, log: SoakLog, restarts: int, reference: dict, steps_per_epoch: 
     worker_growth = {k: growth_per_100_steps(v) for k, v in long_lived.items()}
     print(
         f"\nsoak: {args.steps} GRPO steps ({args.batch} prompts x {args.n}), {args.workers} Ray workers, "
-        f"save_freq {args.save_freq}, {len(log.kills)} kills, wall {wall:.0f} s"
+        f"save_freq {args.save_freq}, "
+        f"{len(log.kills)} kills ({args.engine_kills} of an engine mid-generation), {args.rollout} rollout, "
+        f"wall {wall:.0f} s"
     )
     print(f"{'quantity':<44} {'value':>12}")
     rows = [
@@ -316,6 +353,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--save_freq", type=int, default=10)
     ap.add_argument("--kills", type=int, default=5, help="random worker kills over the run")
+    ap.add_argument("--engine_kills", type=int, default=0, help="rollout engines killed mid-generation")
+    ap.add_argument("--rollout", default="hf", choices=["hf", "vllm"], help="the rollout engine")
     ap.add_argument("--kill_window", type=float, default=2.0, help="a kill lands 0..this many seconds into its step")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
@@ -336,11 +375,12 @@ def main(argv=None) -> dict:
     config = make_config(work, args)
     log, start = SoakLog(), time.perf_counter()
     try:
-        restarts = run_with_auto_resume(config, args, log)
-    finally:
+        run_with_auto_resume(config, args, log)
+    finally:  # a run that gave up still reports what it saw
         if ray.is_initialized():
             ray.shutdown()
-    return report(args, log, restarts, log.reference, log.steps_per_epoch, time.perf_counter() - start)
+        out = report(args, log, len(log.failures), log.reference, log.steps_per_epoch, time.perf_counter() - start)
+    return out
 
 
 if __name__ == "__main__":

@@ -76,6 +76,10 @@ META_KEYS: dict[str, MetaKey] = _keys(
         (ACTOR_WORKER,),
         "V1 separate_async: 'save' keeps the weights pi_old came from; 'use' computes with them (one pi_old a cycle)",
     ),
+    MetaKey(
+        "distillation", object, (DRIVER,), (ACTOR,), "the DistillationLossConfig when on-policy distillation is on"
+    ),
+    MetaKey("topk", int, (DRIVER,), ("teacher (workers/judge_worker.py score_tokens)",), "teacher log-probs per token"),
     MetaKey("micro_batch_size", int, (ACTOR_WORKER, CRITIC_WORKER), (ACTOR, CRITIC), "rows per forward"),
     MetaKey("use_dynamic_bsz", bool, (ACTOR_WORKER, CRITIC_WORKER), (ACTOR, CRITIC), "pack by token budget"),
     MetaKey("max_token_len", int, (ACTOR_WORKER, CRITIC_WORKER), (ACTOR, CRITIC), "token budget per forward"),

@@ -31,18 +31,23 @@ from hybridflow.agent_loop.server_manager import SERVER_HANDLE, ServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker, split_indices
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.streaming import RewardRecipe
+from hybridflow.rollout.server import RolloutEngineDiedError
 from hybridflow.single_controller.base.cleanup import cleanup_after_failure, is_shut_down
 from hybridflow.single_controller.base.watchdog import wait_with_deadline
 
 PROGRESS_ASK_S = 10.0  # how long a progress reading may take before it counts as no reading
 
 
-def server_handles(worker_group, role: str | None) -> list[ServerHandle]:
-    """One handle per rank of ``worker_group`` (the rollout workers), whatever the backend.
+def server_handles(worker_group, role: str | None, engine: str = "?") -> list[ServerHandle]:
+    """One handle per rank of ``worker_group`` (the rollout workers), whatever the backend, each knowing
+    its origin (``engine``: the rollout's name, the group, the rank) to name it if the engine dies.
 
     ``role`` names the rollout worker inside a fused (colocated) worker class; None for a plain one.
     """
-    return worker_group.handles(SERVER_HANDLE, role)
+    handles = worker_group.handles(SERVER_HANDLE, role)
+    for rank, handle in enumerate(handles):
+        handle.origin = (engine, worker_group.name, rank)
+    return handles
 
 
 def _fill_missing_columns(parts: list[DataProto]) -> None:
@@ -73,7 +78,7 @@ class AgentLoopManager:
         self.streams_rewards = reward is not None
         self.rollout_wg = rollout_wg
         self.hybrid_engine = hybrid_engine
-        servers = server_handles(rollout_wg, role)
+        servers = server_handles(rollout_wg, role, settings.rollout.name if settings.rollout is not None else "?")
         pad = tokenizer.pad_token_id
         self.workers = rollout_wg.spawn_helpers(
             AgentLoopWorker,
@@ -144,9 +149,11 @@ class AgentLoopManager:
                 group=self.rollout_wg,
                 what=f"generate_sequences ({len(prompts)} trajectories over {len(chunks)} agent loop workers)",
             )
-        except BaseException:
+        except BaseException as e:
             if monitor is not None:
                 monitor.stop(reraise=False)  # the generation's own error is the one to see
+            if isinstance(e, RolloutEngineDiedError):  # without the transport's wrapper (Ray's RayTaskError)
+                raise getattr(e, "cause", e) from None
             raise
         if monitor is not None:
             monitor.stop()

@@ -9,7 +9,8 @@ group so many requests are in flight while normal calls stay one at a time).
 of one trajectory (same ``request_id``) go to the same server (its prefix cache holds the
 conversation); a new trajectory goes to the server with the fewest requests in flight. Each call gets
 its own engine request id, ``<request_id>/<turn>``, so sampling differs from turn to turn and is
-reproducible from the ids alone.
+reproducible from the ids alone. A request whose engine died (its process killed, or the engine's own
+death signal) fails at once with ``RolloutEngineDiedError`` naming the engine and the rank hosting it.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ from collections import OrderedDict
 from typing import Any
 
 from hybridflow.rollout.sampling import SamplingParams
-from hybridflow.rollout.server import ABORT, TokenOutput
+from hybridflow.rollout.server import ABORT, EngineDeadError, RolloutEngineDiedError, TokenOutput
 from hybridflow.single_controller.base.direct import HandleKind
+from hybridflow.single_controller.base.errors import is_process_gone
 
 ROLLOUT_CONCURRENCY_GROUP = "rollout"
 
 
 class ServerHandle(ABC):
+    origin: tuple[str, str, int] = ("?", "?", -1)  # (engine, worker group, rank), named when the engine dies
+
     @abstractmethod
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str, logprobs: bool = True
@@ -147,6 +151,10 @@ class ServerManager:
             self.in_flight[server] += 1
             try:
                 out = await self.servers[server].generate(list(prompt_ids) + tokens, params, engine_id, self.logprobs)
+            except Exception as e:
+                if isinstance(e, EngineDeadError) or is_process_gone(e):
+                    raise RolloutEngineDiedError.of(e, *self.servers[server].origin, engine_id) from e
+                raise
             finally:
                 self.in_flight[server] -= 1
             tokens += out.token_ids

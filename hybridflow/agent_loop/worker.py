@@ -48,6 +48,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.rewards.rule_manager import STREAMED_SCORES
 from hybridflow.rewards.streaming import RewardPool, RewardRecipe
 from hybridflow.rollout.sampling import SamplingParams, resolve_sampling, rollout_sampling
+from hybridflow.rollout.server import RolloutEngineDiedError
 from hybridflow.utils.tool_config import initialize_tools_from_config
 
 logger = logging.getLogger(__name__)
@@ -149,14 +150,18 @@ class AgentLoopWorker:
         keep_failed = bool(meta.get(KEEP_FAILED, False))
         try:
             results: list = await asyncio.gather(*tasks, return_exceptions=keep_failed)
+            for err in (r for r in results if isinstance(r, BaseException)):
+                if not isinstance(err, Exception) or isinstance(err, RolloutEngineDiedError):
+                    raise err  # a dead engine, a cancellation: not the loop's failure
+        except RolloutEngineDiedError as e:
+            e.step = f"{step} (validation)" if prefix == "val" else step
+            raise
         finally:
             self._kept.pop(call_id, None)
         errors = [r if isinstance(r, BaseException) else None for r in results]
         for i, err in enumerate(errors):
             if err is None:
                 continue
-            if not isinstance(err, Exception):  # cancelled, interrupted: not the loop's failure
-                raise err
             logger.warning("trajectory %s%s:%d failed (%r); its group is replaced", prefix, step, offset + i, err)
             results[i] = (padding_output(prompt_ids[i], with_logprobs=self.server_manager.logprobs), True, None)
         outputs = [o for o, _, _ in results]

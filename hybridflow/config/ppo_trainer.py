@@ -99,9 +99,7 @@ class PPOTrainerConfig(BaseConfig):
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "Ray start-up (ray_init at the end is the earlier spelling)")
     global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig, "profiling: the tool, steps, role defaults")
     distillation: DistillationConfig = section(
-        DistillationConfig,
-        "on-policy distillation (not implemented)",
-        refused="on-policy distillation is not implemented",
+        DistillationConfig, "on-policy distillation from teacher models served on rollout engines"
     )
     transfer_queue: TransferQueueConfig = section(
         TransferQueueConfig, "veRL's TransferQueue", refused="the TransferQueue data plane is not implemented"

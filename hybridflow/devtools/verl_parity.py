@@ -1,9 +1,10 @@
-"""Compare every registered policy loss and advantage estimator of hybridflow with veRL 0.9.1's.
+"""Compare every registered policy loss, advantage estimator and distillation loss of hybridflow with veRL 0.9.1's.
 
     python -m hybridflow.devtools.verl_parity [--verl-python /work/verl_venv/bin/python] [--seeds 4]
 
 veRL is not a dependency: install it in a venv of its own (``pip install --no-deps verl==0.9.1`` plus
-``codetiming``, with torch and omegaconf visible; docs/verl_parity.md has the commands and the latest
+``codetiming``, with torch and omegaconf visible, and ``datasets``, which veRL's distillation losses
+module imports; docs/verl_parity.md has the commands and the latest
 table) and pass that venv's python; the script then re-runs itself there with this checkout on PYTHONPATH. Run under
 a python that imports ``verl`` it compares
 in process. Each name runs on the same random inputs on both sides (several seeds, every
@@ -320,6 +321,129 @@ def _verl_configs():
     return loss_config, algo_config
 
 
+def _distillation_case(seed: int, vocab: int = 16, topk: int = 4) -> dict[str, Any]:
+    """A random case's masks and log-probs plus student logits, teacher top-k log-probs and ids."""
+    case = random_case(seed)
+    g = torch.Generator().manual_seed(seed + 1000)
+    shape = case["response_mask"].shape
+    teacher = torch.log_softmax(torch.randn(*shape, vocab, generator=g, dtype=torch.float64) * 2, -1)
+    top, ids = teacher.topk(topk, dim=-1)
+    logits = torch.randn(*shape, vocab, generator=g, dtype=torch.float64) * 2
+    return {**case, "teacher": case["old_log_prob"] + 0.5, "logits": logits, "top": top, "ids": ids}
+
+
+def distillation_rows(seeds: Iterable[int]) -> list[tuple[str, str, float]]:
+    """hybridflow's distillation losses (algorithms/distillation.py) against veRL 0.9.1's: the
+    estimators against ``kl_penalty`` as veRL's estimator loss calls it, ``forward_kl_topk`` against
+    veRL's FSDP top-k loss (clamped at 0 as its loss function does), and ``distillation_objective`` +
+    ``combine_with_task_loss`` against ``distillation_ppo_loss`` fed fixed per-token losses (supervised
+    and policy-gradient, with and without loss_max_clamp and use_task_rewards; loss and gradient)."""
+    from tensordict import TensorDict
+    from verl.trainer.distillation import losses as verl_dl
+    from verl.trainer.distillation.fsdp.losses import compute_forward_kl_topk
+    from verl.trainer.ppo.core_algos import kl_penalty as verl_kl
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import ActorConfig
+    from verl.workers.config import DistillationConfig as VDistill
+    from verl.workers.config import DistillationLossConfig as VLoss
+
+    from hybridflow.algorithms import distillation as ours
+    from hybridflow.config import DistillationLossConfig
+
+    if "parity_fixed" not in verl_dl.DISTILLATION_LOSS_REGISTRY:  # per-token losses given by the case
+        verl_dl.register_distillation_loss(verl_dl.DistillationLossSettings(names="parity_fixed", use_estimator=True))(
+            lambda config, distillation_config, model_output, data: (data["parity_losses"], {})
+        )
+    rows, names = [], set(ours.DISTILLATION_LOSS_REGISTRY) | set(verl_dl.DISTILLATION_LOSS_REGISTRY) - {"parity_fixed"}
+    cases = [_distillation_case(seed) for seed in seeds]
+    for name in sorted(names):
+        if name not in ours.DISTILLATION_LOSS_REGISTRY or name not in verl_dl.DISTILLATION_LOSS_REGISTRY:
+            rows.append(("distillation loss", name, math.nan))
+            continue
+        worst = 0.0
+        for case, clamp in ((c, clamp) for c in cases for clamp in (None, -2.0)):
+            fn = ours.get_distillation_loss(name).fn
+            if name == "forward_kl_topk":
+                student = torch.log_softmax(case["logits"], -1).gather(-1, case["ids"])
+                flat = case["response_mask"].bool().flatten()
+                nested = {  # veRL reads the teacher tensors as one packed sequence
+                    k: torch.nested.nested_tensor_from_jagged(v.flatten(0, 1)[flat], torch.tensor([0, int(flat.sum())]))
+                    for k, v in (("top", case["top"]), ("ids", case["ids"]))
+                }
+                cfg = VDistill(
+                    distillation_loss=VLoss(loss_mode=name, log_prob_min_clamp=clamp, use_policy_gradient=False)
+                )
+                theirs = compute_forward_kl_topk(
+                    case["logits"].flatten(0, 1)[flat][None], nested["top"], nested["ids"], cfg, "thd"
+                )["distillation_losses"][0].clamp_min(0.0)
+                mine = fn(student, case["top"], clamp).flatten()[flat]
+            else:
+                mine, theirs = (
+                    fn(case["log_prob"], case["teacher"], clamp),
+                    verl_kl(case["log_prob"], case["teacher"], name),
+                )
+            worst = max(worst, max_abs_diff({"loss": mine}, {"loss": theirs}))
+        rows.append(("distillation loss", name, worst))
+    worst = 0.0
+    for case in cases:
+        mask, old = case["response_mask"], case["old_log_prob"]
+        tokens, seqs = int(mask.sum()), int((mask.sum(-1) > 0).sum())
+        losses = (case["log_prob"] - case["teacher"]) * 3  # beyond the clamp below for some tokens
+        for mode, pg, clamp, task in (
+            (m, pg, clamp, task)
+            for m in AGG_MODES
+            for pg in (False, True)
+            for clamp in (None, 1.0)
+            for task in (False, True)
+        ):
+            settings = {"loss_max_clamp": clamp, "use_policy_gradient": pg, "use_task_rewards": task}
+            info = {"dp_size": 2, "batch_num_tokens": 3 * tokens, "global_batch_size": 3 * seqs}
+            outs = []
+            for side in ("ours", "theirs"):
+                log_prob = case["log_prob"].clone().requires_grad_(True)
+                token_losses = losses.clone().requires_grad_(True)
+                if side == "ours":
+                    cfg = DistillationLossConfig(loss_mode="k3", distillation_loss_coef=0.7, **settings)
+                    d, _ = ours.distillation_objective(
+                        token_losses, log_prob, old, mask, cfg, mode, {**info, "loss_scale_factor": None}
+                    )
+                    loss = ours.combine_with_task_loss(torch.tensor(0.25, dtype=d.dtype), d, cfg)
+                else:
+                    actor = ActorConfig(
+                        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=mode
+                    )
+                    cfg = VDistill(
+                        distillation_loss=VLoss(loss_mode="parity_fixed", distillation_loss_coef=0.7, **settings)
+                    )
+                    lengths = mask.sum(-1).long()
+                    flat = torch.cat(
+                        [torch.cat([log_prob[i, :n], log_prob.new_zeros(1)]) for i, n in enumerate(lengths)]
+                    )
+                    data = TensorDict(
+                        {
+                            "response_mask": mask,
+                            "old_log_probs": old,
+                            "parity_losses": token_losses,
+                            "prompts": torch.ones(len(mask), 1, dtype=torch.long),
+                            "responses": torch.ones_like(mask, dtype=torch.long),
+                            "attention_mask": torch.cat([torch.ones(len(mask), 1), mask], -1).long(),
+                        },
+                        batch_size=[len(mask)],
+                    )
+                    tu.assign_non_tensor(data, **info)
+                    distill, _ = verl_dl.distillation_loss(actor, cfg, {"log_probs": flat}, data)
+                    # distillation_ppo_loss's mix with a task loss of 0.25 (its ppo_loss replaced by a constant)
+                    loss = (0.25 if task else 0.0) + distill * (
+                        cfg.distillation_loss.distillation_loss_coef if task else 1.0
+                    )
+                grads = torch.autograd.grad(loss, [log_prob, token_losses], allow_unused=True)
+                grads = [torch.zeros_like(log_prob) if g is None else g for g in grads]
+                outs.append({"loss": loss.detach(), "grad": grads[0], "grad_losses": grads[1]})
+            worst = max(worst, max_abs_diff(*outs))
+    rows.append(("distillation loss", "objective: clamp, policy gradient, task mix", worst))
+    return rows
+
+
 def run_in_process(seeds: int) -> str:
     from verl.trainer.ppo import core_algos as verl_algos
 
@@ -335,7 +459,7 @@ def run_in_process(seeds: int) -> str:
         algo_config,
         range(seeds),
     )
-    return format_table(rows)
+    return format_table(rows + distillation_rows(range(seeds)))
 
 
 def field_differences(ours: Any, theirs: Any) -> list[str]:

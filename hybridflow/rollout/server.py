@@ -27,12 +27,46 @@ import torch
 
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.rollout.sampling import SamplingParams
+from hybridflow.single_controller.base.errors import WorkerDiedError
 from hybridflow.utils.registry import Registry
 
 T = TypeVar("T")
 
 # why a request ended: an EOS / stop token, the max_tokens limit, or an abort (weight update, shutdown)
 STOP, LENGTH, ABORT = "stop", "length", "abort"
+
+
+class EngineDeadError(RuntimeError):
+    """A server's engine is gone (its process killed, crashed or out of memory): what it held will never be
+    answered. A server raises it for its engine's own death signal (vLLM's ``EngineDeadError``)."""
+
+
+class RolloutEngineDiedError(WorkerDiedError):
+    """A rollout engine died while the driver waited on it: names the engine, the worker group and rank
+    that host it, and the step. Raised where requests are sent (``ServerManager``); the step is filled in
+    by the agent loop worker that ran the batch. Pickles by its fields (it crosses process boundaries)."""
+
+    def __init__(self, engine: str, group: str, rank: int, detail: str, step=None):
+        RuntimeError.__init__(self, detail)
+        self.engine, self.group, self.rank, self.detail, self.step = engine, group, rank, detail, step
+        self.method = "generate"
+
+    @classmethod
+    def of(cls, error: BaseException, engine: str, group: str, rank: int, request_id: str):
+        """The error for a request whose engine died (``error``: how the engine's death surfaced)."""
+        cause = getattr(error, "cause", error)  # a transport's wrapper (Ray's RayTaskError) holds the original
+        lines = str(cause).strip().splitlines() or [""]
+        return cls(engine, group, rank, f"request {request_id!r}: {type(cause).__name__}: {lines[0][:300]}")
+
+    def __str__(self):
+        at = "" if self.step is None else f" at global step {self.step}"
+        return (
+            f"rollout engine {self.engine!r} of worker group {self.group!r}, rank {self.rank} died during "
+            f"generation{at} (process killed, crashed or out of memory): {self.detail}"
+        )
+
+    def __reduce__(self):  # the step and the notes travel in __dict__
+        return type(self), (self.engine, self.group, self.rank, self.detail), self.__dict__
 
 
 @dataclass
@@ -76,6 +110,12 @@ class AsyncRolloutServer(ABC):
     ) -> TokenOutput:
         """Continue ``prompt_ids`` by at most ``params.response_length`` tokens; stop at an EOS id
         unless ``params.ignore_eos``. The EOS that ends a response is part of ``token_ids``."""
+
+    async def score(self, sequences: list[list[int]], topk: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """What a distillation teacher computes: per sequence of L tokens, (ids (L-1, K), log-probs
+        (L-1, K)) of the next-token distribution at temperature 1 before each token but the first:
+        its ``topk`` most likely tokens (descending) when ``topk > 0``, else the token itself (K = 1)."""
+        raise NotImplementedError(f"the {type(self).__name__} engine cannot score tokens")
 
     @abstractmethod
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:

@@ -1,4 +1,4 @@
-"""JudgeWorker: serves a generative reward model (an LLM judge) on a rollout engine.
+"""JudgeWorker: serves a generative reward model (an LLM judge), or a distillation teacher, on a rollout engine.
 
 The judge is ``reward.reward_model.model_path`` on the engine ``reward.reward_model.rollout.name``
 (hf or vllm), built from the same ``ServerSpec`` and ``ROLLOUT_SERVERS`` registry as the policy's
@@ -9,6 +9,9 @@ with the group's ``handles(SERVER_HANDLE, role)``, exactly as the agent loop rea
 
 Built from ``model_path``, the typed ``reward.reward_model.rollout`` section and ``trust_remote_code``.
 ``rollout.max_model_len`` null means prompt_length + response_length, as veRL sizes it.
+
+A distillation teacher is the same worker (``path_key`` names its model key in errors); the driver
+calls ``score_tokens`` on a batch of the student's samples, split across the teacher's ranks.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ import dataclasses
 import torch
 
 from hybridflow.config.rollout import RolloutConfig
+from hybridflow.protocol import DataProto
 from hybridflow.rollout.sampling import model_eos_token_ids
-from hybridflow.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
+from hybridflow.rollout.server import EngineLoop, ServerSpec
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
+from hybridflow.workers.rollout import ROLLOUT_SERVERS  # the engines package: registers hf and vllm
 
 MODEL_PATH_KEY = "reward.reward_model.model_path"
 
@@ -39,15 +44,18 @@ def judge_engine_config(rollout: RolloutConfig) -> RolloutConfig:
 class JudgeWorker(Worker):
     """One judge engine per rank (see the module docstring)."""
 
-    def __init__(self, model_path: str, rollout: RolloutConfig, trust_remote_code: bool = False):
+    def __init__(
+        self, model_path: str, rollout: RolloutConfig, trust_remote_code: bool = False, path_key: str = MODEL_PATH_KEY
+    ):
         super().__init__()
         self.model_path, self.rollout, self.trust_remote_code = model_path, rollout, bool(trust_remote_code)
+        self.path_key = path_key
         self.device, _ = default_device_backend()
         self.server = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        path = local_model_path(self.model_path, MODEL_PATH_KEY)
+        path = local_model_path(self.model_path, self.path_key)
         trust = self.trust_remote_code
         rollout = judge_engine_config(self.rollout)
         name = rollout.name
@@ -86,6 +94,28 @@ class JudgeWorker(Worker):
     def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = False):
         """One judge request (a RayServerHandle's call, in the rollout concurrency group)."""
         return self.engine_loop.run(self.server.generate(prompt_ids, params, request_id, logprobs))
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def score_tokens(self, data: DataProto) -> DataProto:
+        """The model's log-probs at each response position of ``data`` (the student's samples):
+        ``teacher_ids`` / ``teacher_log_probs`` (B, R, K), K = ``meta_info["topk"]`` or 1 (the sampled
+        token); zero past each response's end."""
+        topk = int(data.meta_info["topk"])
+        b = data.batch
+        responses, width = b["responses"], b["responses"].size(1)
+        prompt_mask = b["attention_mask"][:, : b["input_ids"].size(1) - width].bool()
+        lengths = b["attention_mask"][:, -width:].sum(-1).tolist()
+        sequences = [
+            b["input_ids"][i, : prompt_mask.size(1)][prompt_mask[i]].tolist() + responses[i, :n].tolist()
+            for i, n in enumerate(lengths)
+        ]
+        scored = self.engine_loop.run(self.server.score(sequences, topk))
+        ids = torch.zeros(*responses.shape, max(topk, 1), dtype=torch.long)
+        log_probs = torch.zeros(ids.shape)
+        for i, ((top, values), n) in enumerate(zip(scored, lengths)):
+            start = int(prompt_mask[i].sum()) - 1  # the row that predicts the first response token
+            ids[i, :n], log_probs[i, :n] = top[start : start + n], values[start : start + n]
+        return DataProto.from_dict({"teacher_ids": ids, "teacher_log_probs": log_probs})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def wake_judge(self) -> None:

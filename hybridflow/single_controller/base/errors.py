@@ -21,6 +21,16 @@ class WorkerDiedError(WorkerError):
         self.group, self.method, self.rank = group, method, rank
 
 
+# how a backend says that the process behind a call is gone (Ray's RayActorError and its subclasses),
+# matched by name so that this layer imports no backend
+PROCESS_GONE_ERRORS = ("RayActorError",)
+
+
+def is_process_gone(error: BaseException) -> bool:
+    """True when ``error`` says that the process which was to answer a call is gone (killed, crashed)."""
+    return isinstance(error, WorkerDiedError) or any(c.__name__ in PROCESS_GONE_ERRORS for c in type(error).__mro__)
+
+
 class WorkerHangError(WorkerError):
     """A watchdog deadline passed: the call gave no answer and reported no progress in time.
 

@@ -54,6 +54,7 @@ from hybridflow.trainer.ppo.rollout_source import (
     without_prompt_tensors,
 )
 from hybridflow.trainer.ppo.rollouter import CHECKPOINT_TYPES
+from hybridflow.trainer.ppo.teacher_setup import Teachers
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups, rollout_role_name, separated_rollout
 from hybridflow.utils.progress import Progress
 from hybridflow.utils.tracking import Tracking
@@ -103,6 +104,7 @@ class RayPPOTrainer:
         self.use_judge = uses_judge(config)
         self.use_rm = bool(config.reward.reward_model.enable) and not self.use_judge
         self.judge = None
+        self.teachers = None  # distillation teachers (teacher_setup.py), built with the workers
         self.kl_ctrl_in_reward = core_algos.get_kl_controller(algo.kl_ctrl) if algo.use_kl_in_reward else None
         self.adv_fn = core_algos.get_adv_estimator_fn(algo.adv_estimator)
         self._adv_params = set(inspect.signature(self.adv_fn).parameters)
@@ -167,6 +169,10 @@ class RayPPOTrainer:
             self.rm_wg.init_model()
         if self.use_judge:
             self.judge = start_judge(groups[JUDGE_ROLE], self.config, [self.reward_fn, self.val_reward_fn])
+        # on-policy distillation: the teachers' engines, and the loss section the actor reads per update
+        self.teachers = Teachers(self.config, groups, self.tokenizer) if self.config.distillation.enabled else None
+        if self.teachers is not None:
+            self._actor_update_meta["distillation"] = self.config.distillation.distillation_loss
         self.actor_rollout_wg.init_model()
         if self.rollout_wg is not self.actor_rollout_wg:
             self.rollout_wg.init_model()
@@ -425,6 +431,9 @@ class RayPPOTrainer:
             if training and self.config.trainer.balance_batch:
                 self._balance_batch(batch, metrics)
             batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+            if training and self.teachers is not None:
+                with timer("teacher", timing):
+                    self.teachers.score(batch)  # the teachers' log-probs at the student's response tokens
             if training:
                 with timer("old_log_prob", timing):
                     if self.rollout_is_old_policy:

@@ -14,7 +14,8 @@ breakpoint() and Ray-less machines); nothing here depends on which.
 
 Returned groups: ``actor_rollout`` (the actor; also the rollout when colocated), ``rollout`` (the
 group hosting the engines), optionally ``critic``, ``rm`` (a sequence-classification reward model) and
-``judge`` (a generative reward model's engines, judge_setup.py), and ``_fused`` (the trainer pool's fused
+``judge`` (a generative reward model's engines, judge_setup.py), ``teacher_<name>`` (each distillation
+teacher's engines, on a pool of its own: teacher_setup.py), and ``_fused`` (the trainer pool's fused
 group) and ``_fused_rollout``; ``rollout_role_name`` names the rollout worker inside its fused class.
 """
 
@@ -25,6 +26,7 @@ from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.single_controller.factory import build_worker_group, check_pools_fit
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.trainer.ppo.judge_setup import JUDGE_ROLE, judge_worker_config
+from hybridflow.trainer.ppo.teacher_setup import teacher_pools
 from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
 from hybridflow.workers.critic_worker import CriticWorker
 from hybridflow.workers.judge_worker import JudgeWorker
@@ -45,6 +47,7 @@ def pool_sizes(config) -> dict[str, list[int]]:
     if separated_rollout(config):
         r = config.actor_rollout_ref.rollout
         pools["rollout"] = [int(r.n_gpus_per_node)] * int(r.nnodes)
+    pools.update({name: [replicas] for name, (replicas, _) in teacher_pools(config).items()})
     return pools
 
 
@@ -71,6 +74,7 @@ def role_classes(
         trainer["rm"] = (RewardModelWorker, (), {"config": config.reward_model})
     if use_judge:
         trainer[JUDGE_ROLE] = (JudgeWorker, (), judge_worker_config(config))
+    pools.update({name: {name: (JudgeWorker, (), kwargs)} for name, (_, kwargs) in teacher_pools(config).items()})
     return pools
 
 

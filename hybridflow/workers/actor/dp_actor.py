@@ -14,12 +14,14 @@ from collections.abc import Mapping
 import torch
 
 from hybridflow.algorithms import ConfigWithBatchInfo, agg_loss, get_policy_loss_fn, kl_penalty
+from hybridflow.algorithms.distillation import combine_with_task_loss, distillation_objective, get_distillation_loss
 from hybridflow.algorithms.rollout_correction import compute_policy_loss_bypass_mode
 from hybridflow.config.actor import ActorConfig, FSDPActorConfig
 from hybridflow.config.convert import as_section
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
+from hybridflow.utils.torch_functional import masked_mean
 from hybridflow.workers.actor import shared_prefix
-from hybridflow.workers.utils.logprob import forward_response_token_stats
+from hybridflow.workers.utils.logprob import forward_response_logits, forward_response_token_stats, token_stats
 from hybridflow.workers.utils.micro_batches import response_mask_of, restore_order, split_for_forward
 from hybridflow.workers.utils.ulysses import SequenceParallel
 from hybridflow.workers.utils.update_loop import MiniBatchContext, UpdateLoop
@@ -245,17 +247,22 @@ class DataParallelPPOActor:
     # ----------------------------------------------------------------------------------------
 
     def _micro_batch_loss(
-        self, micro, ctx: MiniBatchContext, temperature: float, correction: RolloutCorrectionConfig | None
+        self, micro, ctx: MiniBatchContext, temperature: float, correction: RolloutCorrectionConfig | None, distill=None
     ) -> torch.Tensor:
         """This micro-batch's share of the mini-batch loss (times dp size): policy loss, minus the
         entropy bonus, plus the KL loss; its metrics go to ``ctx``. ``correction``: the driver's rollout
-        correction settings in bypass mode (else None)."""
+        correction settings in bypass mode (else None). ``distill``: the ``distillation.distillation_loss``
+        section when the driver sent teacher log-probs (algorithms/distillation.py mixes the two losses)."""
         c = self.config
         batch = micro.batch
         response_mask = response_mask_of(batch)
         agg = ctx.agg_kwargs()  # veRL's global_batch_info
 
-        log_prob, entropy, _ = self._forward_micro_batch(micro, temperature, calculate_entropy=c.entropy_coeff != 0)
+        mode = None if distill is None else get_distillation_loss(distill.loss_mode)
+        if mode is not None and mode.use_topk:  # the student's log-probs of the teacher's top-k tokens too
+            log_prob, entropy, student = self._forward_teacher_topk(micro, temperature, c.entropy_coeff != 0)
+        else:
+            log_prob, entropy, _ = self._forward_micro_batch(micro, temperature, calculate_entropy=c.entropy_coeff != 0)
         loss_inputs = {
             "old_log_prob": batch["old_log_probs"],
             "log_prob": log_prob,
@@ -286,7 +293,33 @@ class DataParallelPPOActor:
             policy_loss = policy_loss + c.kl_loss_coef * kl_loss
             ctx.add("actor/kl_loss", kl_loss)
 
+        if mode is not None:
+            teacher = batch["teacher_log_probs"] if mode.use_topk else batch["teacher_log_probs"][..., 0]
+            student = student if mode.use_topk else log_prob
+            token_losses = mode.fn(student, teacher, distill.log_prob_min_clamp)
+            weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch.keys() else None
+            d_loss, d_metrics = distillation_objective(
+                token_losses, log_prob, batch["old_log_probs"], response_mask, distill, c.loss_agg_mode, agg, weights
+            )
+            policy_loss = combine_with_task_loss(policy_loss, d_loss, distill)
+            ctx.add("distillation/loss", d_loss)
+            # the student-teacher KL per token: forward top-k KL, or the k1 estimate of the reverse KL
+            kl = token_losses if mode.use_topk else log_prob - teacher
+            ctx.add_token_weighted("distillation/kl", masked_mean(kl.detach(), response_mask), response_mask)
+            for key, value in d_metrics.items():
+                ctx.add_token_weighted(key, value, response_mask)
         return policy_loss
+
+    def _forward_teacher_topk(self, micro, temperature: float, calculate_entropy: bool):
+        """(log_probs (B, R), entropy or None, the student's log-probs of ``teacher_ids`` (B, R, K))."""
+        b = micro.batch
+        width = b["responses"].shape[-1]
+        logits = forward_response_logits(
+            self.actor_module, b["input_ids"], b["attention_mask"], b["position_ids"], width,
+            use_remove_padding=self.use_remove_padding, sp=self.sp,
+        ) / temperature  # fmt: skip
+        log_prob, entropy, _ = token_stats(logits, b["input_ids"][:, -width:], calculate_entropy)
+        return log_prob, entropy, logits.float().log_softmax(-1).gather(-1, b["teacher_ids"])
 
     def update_policy(self, data) -> dict[str, list[float]]:
         """PPO epochs over mini-batches, one optimizer step per mini-batch (``UpdateLoop``); returns
@@ -305,9 +338,16 @@ class DataParallelPPOActor:
                 keys.append(optional)
         if c.use_kl_loss:
             keys.append("ref_log_prob")
+        distill = data.meta_info.get("distillation")  # the driver's distillation_loss section, when on
+        if distill is not None:
+            keys += ["teacher_log_probs"] + (
+                ["teacher_ids"] if get_distillation_loss(distill.loss_mode).use_topk else []
+            )
         data = data.select(batch_keys=keys)
 
-        loss = functools.partial(self._micro_batch_loss, temperature=temperature, correction=correction)
+        loss = functools.partial(
+            self._micro_batch_loss, temperature=temperature, correction=correction, distill=distill
+        )
         buffer = self.update_loop.run(
             data, loss, step_constants={"actor/kl_coef": c.kl_loss_coef} if c.use_kl_loss else None
         )

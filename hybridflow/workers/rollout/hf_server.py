@@ -379,6 +379,30 @@ class HFServer(AsyncRolloutServer):
         loop.call_soon_threadsafe(_resolve, req, stop)
 
     # ------------------------------------------------------------------------------ weights / memory
+    async def score(self, sequences: list[list[int]], topk: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._score, sequences, topk)
+
+    @torch.no_grad()
+    def _score(self, sequences: list[list[int]], topk: int, chunk: int = 16) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Right-padded forwards of ``chunk`` sequences at a time (executor thread)."""
+        out = []
+        for start in range(0, len(sequences), chunk):
+            rows = sequences[start : start + chunk]
+            ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long, device=self.device)
+            mask = torch.zeros_like(ids)
+            for i, row in enumerate(rows):
+                ids[i, : len(row)] = torch.tensor(row, device=self.device)
+                mask[i, : len(row)] = 1
+            logits = self.module(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]
+            log_probs = logits.float().log_softmax(-1)
+            if topk > 0:
+                values, top = log_probs.topk(topk, dim=-1)
+            else:
+                top = ids[:, 1:, None]
+                values = log_probs.gather(-1, top)
+            out += [(top[i, : len(r) - 1].cpu(), values[i, : len(r) - 1].cpu()) for i, r in enumerate(rows)]
+        return out
+
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         with self._lock:  # the decode loop admits nothing until finish_weight_update
             self._updating = True

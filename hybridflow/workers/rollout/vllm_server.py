@@ -45,6 +45,7 @@ from hybridflow.rollout.server import (
     LENGTH,
     STOP,
     AsyncRolloutServer,
+    EngineDeadError,
     ServerSpec,
     TokenOutput,
     register_rollout_server,
@@ -165,6 +166,10 @@ class VLLMServer(AsyncRolloutServer):
                 if logprobs and piece.logprobs:
                     log_probs.extend(step[tok].logprob for step, tok in zip(piece.logprobs, piece.token_ids))
                 finish = piece.finish_reason or finish
+        except Exception as e:
+            if type(e).__name__ == "EngineDeadError":  # vLLM's: its engine core process is gone
+                raise EngineDeadError(f"vLLM's engine core process is gone ({e})") from e
+            raise
         finally:
             self._in_flight.discard(engine_id)
         stop_reason = ABORT if finish == "abort" else LENGTH if finish == "length" else STOP
@@ -174,6 +179,26 @@ class VLLMServer(AsyncRolloutServer):
             stop_reason=stop_reason,
             extra={"finish_reason": finish},
         )
+
+    async def score(self, sequences: list[list[int]], topk: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """vLLM's prompt log-probs (one generated token, discarded), all sequences in flight at once."""
+        self._check_ready()
+        sampling = self._vllm.SamplingParams(n=1, max_tokens=1, temperature=1.0, prompt_logprobs=topk, detokenize=False)
+
+        async def one(seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+            prompt = {"prompt_token_ids": [int(t) for t in seq]}
+            outputs = self.engine.generate(
+                prompt=prompt, sampling_params=sampling, request_id=f"score-{next(self._ids)}"
+            )
+            final = [out async for out in outputs][-1]  # cumulative outputs: the last holds the prompt log-probs
+            ids, values = [], []
+            for token, step in zip(seq[1:], final.prompt_logprobs[1:]):  # the first token has none
+                ranked = sorted(step.items(), key=lambda kv: -kv[1].logprob)[:topk] if topk > 0 else None
+                ids.append([k for k, _ in ranked] if ranked else [token])
+                values.append([v.logprob for _, v in ranked] if ranked else [step[token].logprob])
+            return torch.tensor(ids, dtype=torch.long), torch.tensor(values, dtype=torch.float32)
+
+        return list(await asyncio.gather(*(one(s) for s in sequences)))
 
     def _sampling_params(self, params: SamplingParams, max_tokens: int, logprobs: bool, request_id: str = ""):
         from vllm.sampling_params import RequestOutputKind

@@ -10,6 +10,13 @@ engines were prepared for a generation, rank ``<rank>`` of that group is frozen 
 - in-process: the group's thread (``generate``: the rollout engine's event loop) is given a job that
   never ends.
 
+``:kill_engine`` SIGKILLs the rollout engine's own process instead: vLLM's ``VLLM::EngineCore`` under the
+worker (or under the driver, in process), else the worker process itself (the hf engine runs in it).
+``+<seconds>`` (after ``kill`` or ``kill_engine``) kills that long after the call started, from a
+thread: mid-generation. The hook prints the kill's and the generation error's ``time.monotonic()``
+(one clock for every process of the machine), the killed group's processes (workers and their
+children) and, per training step, the prompt ids the driver trained on.
+
 So the library's own waits meet a real hang; nothing in hybridflow knows about this file.
 """
 
@@ -18,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 SPEC = os.environ.get("HYBRIDFLOW_TEST_FREEZE")
 _seen = 0  # calls of the phase so far
@@ -46,6 +54,10 @@ def _freeze(group, what: str, engines: bool = False) -> None:
     rank_part = SPEC.split("@")[1]
     rank, _, action = rank_part.partition(":")
     rank = int(rank)
+    action, _, delay = action.partition("+")
+    if action == "kill_engine" or delay:
+        threading.Thread(target=_kill_later, args=(group, rank, action, float(delay or 0)), daemon=True).start()
+        return
     if hasattr(group, "_host"):  # in-process: the worker is this process; occupy its thread for good
         if engines:
             worker = group.workers[rank]
@@ -68,6 +80,26 @@ def _freeze(group, what: str, engines: bool = False) -> None:
     print(f"[freeze hook] {how} rank {rank} of worker group {group.name!r} before {what}", file=sys.stderr, flush=True)
 
 
+def _kill_later(group, rank: int, action: str, delay: float) -> None:
+    import psutil
+
+    time.sleep(delay)
+    worker = psutil.Process(os.getpid() if hasattr(group, "_host") else group._locations[rank].pid)
+    processes = [worker, *worker.children(recursive=True)]
+    cores = [p for p in processes if "EngineCore" in p.name()]
+    victim = cores[0] if cores and action == "kill_engine" else worker
+    if action == "kill_engine" and victim.pid == os.getpid():
+        raise RuntimeError("freeze hook: no engine process to kill in the driver")  # would kill the test's run
+    pids = [p.pid for p in processes if p.pid != os.getpid()]
+    victim.kill()
+    print(
+        f"[freeze hook] killed pid {victim.pid} ({victim.name()}) of rank {rank} of worker group {group.name!r} "
+        f"at {time.monotonic():.3f}; processes {pids}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def _patch_worker_group(module) -> None:
     original = module.WorkerGroup._call
 
@@ -85,14 +117,35 @@ def _patch_manager(module) -> None:
     def _run_workers(self, prompts):
         if _phase() == "generate":
             _freeze(self.rollout_wg, "generate", engines=True)
-        return original(self, prompts)
+        try:
+            return original(self, prompts)
+        except BaseException as e:
+            print(
+                f"[freeze hook] generate raised {type(e).__name__} at {time.monotonic():.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise
 
     module.AgentLoopManager._run_workers = _run_workers
+
+
+def _patch_trainer(module) -> None:
+    original = module.RayPPOTrainer.train_step
+
+    def train_step(self, batch):
+        if _is_driver():
+            ids = [int(i) for i in batch.non_tensor_batch["index"]]
+            print(f"[freeze hook] step {self.global_steps} prompts {ids}", file=sys.stderr, flush=True)
+        return original(self, batch)
+
+    module.RayPPOTrainer.train_step = train_step
 
 
 PATCHES = {
     "hybridflow.single_controller.base.worker_group": _patch_worker_group,
     "hybridflow.agent_loop.manager": _patch_manager,
+    "hybridflow.trainer.ppo.ray_trainer": _patch_trainer,
 }
 
 

@@ -1,0 +1,85 @@
+"""A distillation teacher through the real hf rollout server: a JudgeWorker in an in-process group
+scores a left-padded prompt + right-padded response batch; at each response position its top-k (or
+the sampled token's) log-probs must be transformers' own log-softmax of that prefix, computed one
+unpadded sequence at a time; a teacher with another tokenizer is refused by name and path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base import ClassWithInitArgs
+from hybridflow.single_controller.factory import build_worker_group
+from hybridflow.trainer.ppo.teacher_setup import check_same_tokenizer
+from hybridflow.workers.judge_worker import JudgeWorker
+from tests.workers.test_judge_worker import judge_rollout
+
+PROMPTS = [[5, 6, 7], [8, 9]]  # left-padded to 3
+RESPONSES = [[10, 11, 12, 13], [14, 15]]  # right-padded to 4
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory) -> str:
+    from hybridflow.models.tiny import save_tiny_model
+
+    return save_tiny_model(str(tmp_path_factory.mktemp("teacher")), seed=1)
+
+
+def student_batch() -> DataProto:
+    P, R = 3, 4
+    input_ids = torch.zeros(2, P + R, dtype=torch.long)
+    mask = torch.zeros(2, P + R, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES)):
+        input_ids[i, P - len(p) : P], mask[i, P - len(p) : P] = torch.tensor(p), 1
+        input_ids[i, P : P + len(r)], mask[i, P : P + len(r)] = torch.tensor(r), 1
+    return DataProto.from_dict({"input_ids": input_ids, "attention_mask": mask, "responses": input_ids[:, P:]})
+
+
+@pytest.mark.parametrize("topk", [0, 3])
+def test_teacher_log_probs_at_the_response_positions(teacher_dir, one_torch_thread, topk):
+    from transformers import AutoModelForCausalLM
+
+    group = build_worker_group(
+        "inprocess",
+        ClassWithInitArgs(JudgeWorker, model_path=teacher_dir, rollout=judge_rollout(), path_key="teacher"),
+        [1],
+        name="teacher",
+    )
+    try:
+        group.init_model()
+        batch = student_batch()
+        batch.meta_info = {"topk": topk}
+        out = group.score_tokens(batch).batch
+    finally:
+        group.shutdown_judge()
+        group.shutdown()
+    model = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).eval()
+    assert out["teacher_log_probs"].shape == (2, 4, max(topk, 1))
+    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES)):
+        with torch.no_grad():
+            ref = model(torch.tensor([p + r])).logits[0].log_softmax(-1)[len(p) - 1 : len(p) + len(r) - 1]
+        if topk:
+            values, ids = ref.topk(topk, -1)
+        else:
+            ids = torch.tensor(r)[:, None]
+            values = ref.gather(-1, ids)
+        torch.testing.assert_close(out["teacher_log_probs"][i, : len(r)], values, atol=1e-5, rtol=0)
+        assert torch.equal(out["teacher_ids"][i, : len(r)], ids)
+        assert not out["teacher_log_probs"][i, len(r) :].any()  # past the response's end: zeros
+
+
+def test_a_teacher_with_another_tokenizer_is_refused(teacher_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    student = AutoTokenizer.from_pretrained(teacher_dir)
+    check_same_tokenizer(student, "teacher_model", teacher_dir, False)  # the same: accepted
+    other = AutoTokenizer.from_pretrained(teacher_dir)
+    other.add_tokens(["<other>"])
+    other.save_pretrained(tmp_path)
+    shutil.copy(os.path.join(teacher_dir, "config.json"), tmp_path)
+    with pytest.raises(ValueError, match=f"'teacher_model' \\({tmp_path}\\)"):
+        check_same_tokenizer(student, "teacher_model", str(tmp_path), False)
