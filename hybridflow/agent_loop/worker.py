@@ -4,7 +4,9 @@ It turns a DataProto of prompts into a DataProto of finished trajectories (layou
 ``postprocess.py``). Each sample picks its loop by ``agent_name`` (else the default), gets a
 deterministic request id (``<step>:<index of the sample in the step>``, so sampling is reproducible),
 and its non-tensor fields as keyword arguments. A loop that raises fails the batch with the sample's
-index and agent named.
+index and agent named; with ``meta_info[KEEP_FAILED]`` (``trainer.v1.sampler.sync_refill_failed_groups``) the
+failed sample is logged and returned as padding, its error in the ``ROLLOUT_ERROR`` column, for the trainer
+to replace its group.
 
 Where it runs: inside a Ray actor (``rollout.agent.num_workers`` of them, each taking a slice of the
 batch) or in the driver's process on an event loop thread (in-process backend). The tools
@@ -53,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 # non-tensor fields that are not per-sample keyword arguments of a loop
 _NOT_FOR_LOOPS = ("raw_prompt_ids",)
+KEEP_FAILED = "keep_failed_trajectories"  # meta_info flag: a loop that raises fails its sample, not the call
+ROLLOUT_ERROR = "rollout_error"  # with KEEP_FAILED: per row, the loop's error (repr) or None
 
 
 def prompt_token_ids(batch: DataProto) -> list[list[int]]:
@@ -143,13 +147,23 @@ class AgentLoopWorker:
             tasks.append(
                 self._run_one(settings, i + offset, name, params, sample, call_id, trace_tags[i], (pad_id, row))
             )
+        keep_failed = bool(meta.get(KEEP_FAILED, False))
         try:
-            results: list[tuple[AgentLoopOutput, bool, tuple | None]] = await asyncio.gather(*tasks)
+            results: list = await asyncio.gather(*tasks, return_exceptions=keep_failed)
+            for err in (r for r in results if isinstance(r, BaseException)):
+                if not isinstance(err, Exception) or isinstance(err, RolloutEngineDiedError):
+                    raise err  # a dead engine, a cancellation: not the loop's failure
         except RolloutEngineDiedError as e:
             e.step = f"{step} (validation)" if prefix == "val" else step
             raise
         finally:
             self._kept.pop(call_id, None)
+        errors = [r if isinstance(r, BaseException) else None for r in results]
+        for i, err in enumerate(errors):
+            if err is None:
+                continue
+            logger.warning("trajectory %s%s:%d failed (%r); its group is replaced", prefix, step, offset + i, err)
+            results[i] = (padding_output(prompt_ids[i], with_logprobs=self.server_manager.logprobs), True, None)
         outputs = [o for o, _, _ in results]
         tensors = pad_outputs(outputs, settings.prompt_length, settings.response_length, pad_id)
         out = DataProto.from_dict(tensors=tensors, non_tensors=non_tensor_fields(outputs))
@@ -157,7 +171,9 @@ class AgentLoopWorker:
             column = out.non_tensor_batch[STREAMED_SCORES] = np.empty(len(results), dtype=object)
             for i, (_, _, scored) in enumerate(results):
                 column[i] = scored
-        metrics = mean_metrics([o for o, aborted, _ in results if not aborted])  # cut trajectories did not run
+        if keep_failed:
+            out.non_tensor_batch[ROLLOUT_ERROR] = np.array([None if e is None else repr(e) for e in errors], object)
+        metrics = mean_metrics([o for o, aborted, _ in results if not aborted])  # cut or failed: did not run
         if call_id is not None:
             metrics[ABORTED_METRIC] = sum(aborted for _, aborted, _ in results)
         metrics["timing_s/agent_loop_worker"] = time.perf_counter() - start

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.module import ModuleConfig
@@ -72,9 +72,8 @@ class ReplaySamplerConfig(BaseConfig):
     max_off_policy_strategy: str = doc("drop", "drop | wait: what happens to a trajectory beyond the threshold")
     sync_refill_failed_groups: bool = doc(
         False,
-        "sync trainers replace groups without trajectories",
-        refused="in synchronous mode a trajectory whose generation fails stops the run, naming the sample (the "
-        "asynchronous V1 modes always replace a failed group with a new prompt)",
+        "sync trainers drop a group with a failed trajectory and draw one new prompt for it (hybridflow: off, "
+        "the failure stops the run naming the sample; veRL pads it); the async modes always replace it",
     )
     custom_sampler: ModuleConfig = section(ModuleConfig, "a sampler class of your own")
     sampler_kwargs: dict = doc({}, "arguments of the custom sampler")
@@ -114,7 +113,10 @@ class TrainerV1Config(BaseConfig):
             ("colocate_async", ColocateAsyncConfig, ("colocate_async",)),
             ("separate_async", SeparateAsyncConfig, ("separate_async",)),
         ):
-            if self.trainer_mode not in modes and getattr(self, name) != cls():
+            settings = getattr(self, name)
+            if name == "sampler":  # its one key of the synchronous mode
+                settings = replace(settings, sync_refill_failed_groups=False)
+            if self.trainer_mode not in modes and settings != cls():
                 p.errors.append(f"trainer.v1.{name} acts in trainer_mode={' or '.join(modes)}, not {self.trainer_mode}")
         return p.raise_errors()
 

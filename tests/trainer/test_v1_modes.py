@@ -49,11 +49,7 @@ def test_each_mode_gets_its_pools_and_one_schedule_at_a_time():
 
 
 @pytest.mark.parametrize(
-    "key,reason",
-    [
-        ("trainer.v1.separate_async.hybrid_rollout.enable_switch=True", "the actor workers hold no engine"),
-        ("trainer.v1.sampler.sync_refill_failed_groups=True", "stops the run, naming the sample"),
-    ],
+    "key,reason", [("trainer.v1.separate_async.hybrid_rollout.enable_switch=True", "the actor workers hold no engine")]
 )
 def test_what_is_not_built_is_refused_by_name(key, reason):
     with pytest.raises(ConfigError) as e:

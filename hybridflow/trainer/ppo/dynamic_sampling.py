@@ -86,11 +86,11 @@ class GroupAccumulator:
     synchronous loop or from an asynchronous consumer of finished groups.
     """
 
-    def __init__(self, target_groups: int, metric: str = REWARD_METRIC):
+    def __init__(self, target_groups: int, metric: str = REWARD_METRIC, filter_uniform: bool = True):
         if target_groups < 1:
             raise ValueError(f"target_groups must be >= 1, got {target_groups}")
         self.target_groups = target_groups
-        self.metric = metric
+        self.metric, self.filter_uniform = metric, filter_uniform  # False: keep every group (failed-group refills)
         self._parts: list[DataProto] = []
         self._uids: list = []  # kept groups, in arrival order
         self.batches_added = 0
@@ -119,7 +119,11 @@ class GroupAccumulator:
                 f"GroupAccumulator.add: groups {sorted(already)[:3]} were added before; every "
                 "generated batch needs its own uids"
             )
-        keep = informative_rows(uids, group_metric_values(batch, self.metric))
+        keep = (
+            informative_rows(uids, group_metric_values(batch, self.metric))
+            if self.filter_uniform
+            else np.ones(len(uids), bool)
+        )
         seen = list(dict.fromkeys(uids))
         kept = list(dict.fromkeys(uids[keep]))
         self.batches_added += prompt_batches
@@ -200,8 +204,9 @@ def fill_with_informative_groups(
     """Dynamic sampling's one loop, for every rollout source: keep ``scored``'s informative groups and
     call ``refill(missing_groups, prompt_batches_so_far) -> (scored groups, prompt batches they took)``
     until ``target_groups`` are held (at most ``max_num_gen_batches`` prompt batches; <= 0: no limit).
-    Returns exactly ``target_groups`` groups and the step's filter metrics."""
-    acc = GroupAccumulator(target_groups, settings.metric)
+    Returns exactly ``target_groups`` groups and the step's filter metrics. With ``settings.enable`` off
+    it only refills the groups ``scored`` lacks (a rollout source drops the failed ones) and keeps all."""
+    acc = GroupAccumulator(target_groups, settings.metric, filter_uniform=settings.enable)
     acc.add(scored)
     while not acc.full:
         if 0 < settings.max_num_gen_batches <= acc.batches_added:
@@ -214,7 +219,7 @@ def fill_with_informative_groups(
             )
         batch, prompt_batches = refill(acc.missing, acc.batches_added)
         acc.add(batch, prompt_batches=prompt_batches)
-    return acc.take(), acc.metrics()
+    return acc.take(), acc.metrics() if settings.enable else {}
 
 
 def merge_round_metrics(rounds: list[dict]) -> dict:

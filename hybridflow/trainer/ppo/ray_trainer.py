@@ -47,7 +47,12 @@ from hybridflow.trainer.ppo.metric_utils import (
 )
 from hybridflow.trainer.ppo.profiling import profile_span, profiled_steps
 from hybridflow.trainer.ppo.rollout_replay import RolloutRecorder
-from hybridflow.trainer.ppo.rollout_source import make_rollout_source, rollout_request, without_prompt_tensors
+from hybridflow.trainer.ppo.rollout_source import (
+    FAILED_GROUPS,
+    make_rollout_source,
+    rollout_request,
+    without_prompt_tensors,
+)
 from hybridflow.trainer.ppo.rollouter import CHECKPOINT_TYPES
 from hybridflow.trainer.ppo.teacher_setup import Teachers
 from hybridflow.trainer.ppo.worker_setup import build_worker_groups, rollout_role_name, separated_rollout
@@ -192,7 +197,7 @@ class RayPPOTrainer:
             self.prompt_batches,
             self.rollout_wg,
             push_weights=self.push_weights_to_rollout if self.source_pushes_weights else None,
-            max_inflight_batches=self.filter_groups.max_inflight_gen_batches,
+            max_inflight_batches=self.filter_groups.max_inflight_gen_batches if self.filter_groups.enable else 0,
         )
 
     def push_weights_to_rollout(self, version: int) -> dict:
@@ -231,7 +236,8 @@ class RayPPOTrainer:
     # --------------------------------------------------------------------------------- phases
     def _fill_with_informative_groups(self, batch: DataProto, timing: dict, metrics: dict) -> DataProto:
         """algorithm.filter_groups (DAPO): drop the groups whose metric is uniform and generate and
-        score more from the same rollout source until the step is full."""
+        score more from the same rollout source until the step is full; also refills the groups the
+        source dropped for a failed trajectory (trainer.v1.sampler.sync_refill_failed_groups)."""
         first_round, rounds = dict(metrics), []
 
         def refill(missing_groups: int, batches_so_far: int) -> tuple[DataProto, int]:
@@ -246,8 +252,10 @@ class RayPPOTrainer:
 
         target = self.rollout_source.prompts_per_step
         batch, fill_metrics = fill_with_informative_groups(batch, target, self.filter_groups, refill)
-        if rounds:  # one step's metrics over its rounds: times and sizes add up, the rest is averaged
+        if rounds:  # one step's metrics over its rounds: times, sizes and failed groups add up, the rest is averaged
             metrics.update(merge_round_metrics([first_round, *rounds]))
+            if FAILED_GROUPS in first_round or any(FAILED_GROUPS in r for r in rounds):
+                metrics[FAILED_GROUPS] = sum(r.get(FAILED_GROUPS, 0) for r in [first_round, *rounds])
         metrics.update(fill_metrics)
         return batch
 
@@ -417,7 +425,8 @@ class RayPPOTrainer:
                 batch = self.rollout_source.generate(prompts, timing, metrics, self.global_steps, self.actor_version)
             with timer("reward", timing):
                 self.compute_reward(batch, metrics)  # rule / RM scores
-            if training and self.filter_groups.enable:
+            missing = len(set(batch.non_tensor_batch["uid"])) < self.rollout_source.prompts_per_step  # failed groups
+            if training and (self.filter_groups.enable or missing):
                 batch = self._fill_with_informative_groups(batch, timing, metrics)
             if training and self.config.trainer.balance_batch:
                 self._balance_batch(batch, metrics)

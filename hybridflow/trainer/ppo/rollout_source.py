@@ -9,7 +9,9 @@ agent loop manager, the stream of prompt batches (whose loader's state is the so
 
 - ``sync`` (default): a step's prompts are generated when the step starts, with the newest weights.
   Colocated, the hybrid engine pushes the weights at the next generation; with a separate rollout
-  pool they are sent right after the update.
+  pool they are sent right after the update. With ``trainer.v1.sampler.sync_refill_failed_groups`` a group
+  whose agent loop raised is dropped and dynamic sampling's refill loop draws one new prompt for it
+  (hybridflow's one_step_off and fully_async: the Rollouter replaces it); off, the failure stops the run.
 - ``one_step_off``: the rollout pool generates step k+1 while the trainer trains on step k (a
   ``Rollouter`` with staleness 1, weights sent after every step, no partial rollouts).
 - ``fully_async``: the ``Rollouter`` streams groups within veRL's staleness budget, weights sent every
@@ -43,6 +45,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from hybridflow.agent_loop.worker import KEEP_FAILED, ROLLOUT_ERROR
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.ppo.dynamic_sampling import EpochCycler, prompt_batches_for_next_round
 from hybridflow.trainer.ppo.metric_utils import flat_metric_values
@@ -50,6 +53,7 @@ from hybridflow.trainer.ppo.off_policy import OffPolicySampler, build_sampler, t
 from hybridflow.trainer.ppo.rollouter import PromptGroup, Rollouter
 
 MODES = ("sync", "one_step_off", "fully_async")
+FAILED_GROUPS = "training/rollout_failure/evicted_samples"  # veRL's name: groups dropped for a failed trajectory
 
 
 def add_uids(batch: DataProto, gen_index: int, first: int = 0) -> None:
@@ -84,31 +88,41 @@ class SyncRolloutSource:
         push_weights: Callable[[int], dict] | None,
         prompts_per_step: int,
         max_inflight_batches: int = 1,
+        refill_failed: bool = False,
     ):
+        """``max_inflight_batches``: dynamic sampling's prompt batches per refill (0: dynamic sampling is off, a
+        refill draws exactly the missing prompts); ``refill_failed``: a group with a failed trajectory is
+        dropped (its prompt never trained) and the step's refill replaces it, else the failure stops the run."""
         self.manager, self.prompt_batches, self.dataloader = manager, prompt_batches, prompt_batches.loader
         self.n, self.do_sample, self.push_weights = n, do_sample, push_weights
         self.prompts_per_step = prompts_per_step  # a dataloader batch
-        self.max_inflight_batches = max_inflight_batches  # dynamic sampling: prompt batches per refill
+        self.max_inflight_batches = max_inflight_batches
+        self.refill_failed = refill_failed
         self.epoch = 0
         self._step_prompts = 0  # prompts of this step generated so far: the next uid's number
+        self._step_failed = 0  # groups of this step dropped for a failed trajectory
+        self._spare: DataProto | None = None  # rows of a batch drawn for an exact refill, not generated yet
 
     def inputs(self, step: int, version: int) -> Iterator[DataProto]:
         for batch_dict in self.prompt_batches:  # endless; dynamic sampling draws its refills here too
             self.epoch = self.dataloader.state_dict().get("epoch", 0)
-            self._step_prompts = 0
+            self._step_prompts = self._step_failed = 0
             yield DataProto.from_single_dict(batch_dict)
 
     def generate(self, prompts: DataProto, timing: dict, metrics: dict, step: int, version: int) -> DataProto:
         """The prompts' ``n`` trajectories each, through the agent loop. uids and request ids continue
         the step's earlier prompts (dynamic sampling's refills), so they never repeat within a step."""
-        first_uid, self._step_prompts = self._step_prompts, self._step_prompts + len(prompts)
+        count, first_uid, self._step_prompts = len(prompts), self._step_prompts, self._step_prompts + len(prompts)
         add_uids(prompts, step, first_uid)
         prompts = prompts.repeat(repeat_times=self.n, interleave=True)
         start = time.perf_counter()
         meta = {"do_sample": self.do_sample, "global_steps": step, "sample_offset": first_uid * self.n}
+        meta.update({KEEP_FAILED: True} if self.refill_failed else {})
         out = self.manager.generate_sequences(rollout_request(prompts, {**meta, "weight_version": version}))
         gen_metrics = out.meta_info.pop("metrics", {})
-        batch = without_prompt_tensors(prompts).union(out)
+        batch = self._without_failed_groups(without_prompt_tensors(prompts).union(out), metrics)
+        if not len(batch):  # every group failed: as many new prompts at once
+            return self.generate(self._next_prompts(count), timing, metrics, step, version)
         timing["gen"] = timing.get("gen", 0.0) + time.perf_counter() - start
         timing["update_weights"] = timing.get("update_weights", 0.0) + float(
             np.max(flat_metric_values(gen_metrics.pop("timing_s/update_weights", [0.0])))
@@ -124,6 +138,8 @@ class SyncRolloutSource:
     ) -> tuple[DataProto, int]:
         """Dynamic sampling: the next prompt batches of the stream, generated at once (how many:
         ``prompt_batches_for_next_round``); returns the trajectories and the prompt batches they took."""
+        if not self.max_inflight_batches:  # failed groups only: exactly one new prompt each
+            return self.generate(self._next_prompts(missing_groups), timing, metrics, step, version), 1
         count = prompt_batches_for_next_round(
             missing_groups, self.prompts_per_step, self.max_inflight_batches, batches_so_far, max_batches
         )
@@ -131,15 +147,43 @@ class SyncRolloutSource:
         prompts = DataProto.concat(batches) if count > 1 else batches[0]
         return self.generate(prompts, timing, metrics, step, version), count
 
+    def _next_prompts(self, count: int) -> DataProto:
+        """The stream's next ``count`` prompts; the rest of a batch drawn for them waits for the next refill."""
+        rows = [self._spare] if self._spare is not None else []
+        while sum(map(len, rows)) < count:
+            rows.append(DataProto.from_single_dict(next(self.prompt_batches)))
+        pool = DataProto.concat(rows) if len(rows) > 1 else rows[0]
+        self._spare = pool[count:] if len(pool) > count else None
+        return pool[:count]
+
+    def _without_failed_groups(self, batch: DataProto, metrics: dict) -> DataProto:
+        """``refill_failed``: the groups of the failed trajectories dropped (the step's refill replaces them). More
+        failed groups in a step than it trains is a bug, not bad luck: the run stops."""
+        errors = batch.non_tensor_batch.pop(ROLLOUT_ERROR, None)
+        if errors is None:
+            return batch
+        uids = batch.non_tensor_batch["uid"]
+        failed = {u for u, e in zip(uids, errors) if e}
+        metrics[FAILED_GROUPS] = metrics.get(FAILED_GROUPS, 0) + len(failed)
+        self._step_failed += len(failed)
+        if self._step_failed > self.prompts_per_step:
+            raise RuntimeError(
+                f"{self._step_failed} prompt groups failed in a step of {self.prompts_per_step}: more than a step "
+                f"trains is a bug, not bad luck (trainer.v1.sampler.sync_refill_failed_groups); one error: "
+                f"{next(e for e in errors if e)}"
+            )
+        return batch.select_idxs(np.flatnonzero([u not in failed for u in uids])) if failed else batch
+
     def after_update(self, version: int, metrics: dict) -> None:
         if self.push_weights is not None:  # the hybrid engine pushes the new weights when the next generation starts
             metrics.update(self.push_weights(version))
 
     def data_state(self, step: int) -> dict:
-        return {"dataloader": self.dataloader.state_dict()}
+        return {"dataloader": self.dataloader.state_dict(), "spare_prompts": self._spare}
 
     def load_data_state(self, state: dict, step: int) -> None:
         self.dataloader.load_state_dict(state["dataloader"])
+        self._spare = state.get("spare_prompts")
 
     def close(self) -> None:
         pass
@@ -319,7 +363,7 @@ def make_rollout_source(
 ):
     """The source ``async_training.mode`` names. ``config``: the ppo_trainer tree (read here only);
     ``push_weights(version)``: the trainer's weights to a separate rollout pool (None: the hybrid engine);
-    ``max_inflight_batches``: dynamic sampling's prompt batches per refill (synchronous mode)."""
+    ``max_inflight_batches``: dynamic sampling's prompt batches per refill (synchronous mode; 0: it is off)."""
     mode = str(config.async_training.mode)
     if mode not in MODES:
         raise ValueError(f"async_training.mode={mode!r} is not one of {', '.join(MODES)}")
@@ -334,14 +378,16 @@ def make_rollout_source(
         colocated = v1.trainer_mode == "colocate_async"
         schedule = (steps, staleness, trigger, True, sampler, True, colocated)
         return AsyncRolloutSource(*common, push_weights, rollout_wg, *schedule)
+    refill_failed = bool(v1.sampler.sync_refill_failed_groups)  # V1's sync mode: hybridflow's three schedules
     if mode == "sync":
-        return SyncRolloutSource(*common, push_weights, prompts_per_step, max_inflight_batches)
+        return SyncRolloutSource(*common, push_weights, prompts_per_step, max_inflight_batches, refill_failed)
     if mode == "one_step_off":
-        return AsyncRolloutSource(*common, push_weights, rollout_wg, prompts_per_step, 1.0, 1, False)
+        schedule = (1.0, 1, False, None, refill_failed)
+        return AsyncRolloutSource(*common, push_weights, rollout_wg, prompts_per_step, *schedule)
     # veRL: a fully asynchronous step takes require_batches mini-batches of prompts
     prompts_per_step = int(a.require_batches) * int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
     schedule = (float(a.staleness_threshold), int(a.trigger_parameter_sync_step), bool(a.partial_rollout))
-    return AsyncRolloutSource(*common, push_weights, rollout_wg, prompts_per_step, *schedule)
+    return AsyncRolloutSource(*common, push_weights, rollout_wg, prompts_per_step, *schedule, None, refill_failed)
 
 
 def v1_schedule(config) -> tuple[int, float, int]:
