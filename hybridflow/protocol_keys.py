@@ -77,6 +77,13 @@ META_KEYS: dict[str, MetaKey] = _keys(
         "V1 separate_async: 'save' keeps the weights pi_old came from; 'use' computes with them (one pi_old a cycle)",
     ),
     MetaKey(
+        "keep_failed_trajectories",
+        bool,
+        (DRIVER,),
+        (AGENT_LOOP,),
+        "sync_refill_failed_groups: a loop that raises fails its own sample (rollout_error column), not the call",
+    ),
+    MetaKey(
         "distillation", object, (DRIVER,), (ACTOR,), "the DistillationLossConfig when on-policy distillation is on"
     ),
     MetaKey("topk", int, (DRIVER,), ("teacher (workers/judge_worker.py score_tokens)",), "teacher log-probs per token"),
