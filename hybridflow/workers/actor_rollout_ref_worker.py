@@ -34,7 +34,6 @@ from hybridflow.workers.profiler import WorkerProfiler, merge_profilers
 from hybridflow.workers.rollout.weight_transfer import WeightTarget, push_weights
 from hybridflow.workers.rollout_host import RolloutHost, bucket_bytes
 from hybridflow.workers.utils.device import on_device
-from hybridflow.workers.utils.heap_trim import trim_heap
 from hybridflow.workers.utils.ulysses import build_layout
 from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
 from hybridflow.workers.utils.weight_swap import swapped_weights
@@ -258,7 +257,6 @@ class ActorRolloutRefWorker(Worker):
         lr = self.actor_engine.lr_scheduler.get_last_lr()[0]
         self.actor_engine.lr_scheduler.step()
         self._rollout_stale = True
-        trim_heap()  # the step's freed tensors back to the OS: RSS stays flat over long runs
         metrics["actor/lr"] = [lr]
         metrics["timing_s/worker_update_actor"] = [time.perf_counter() - start]
         return DataProto(meta_info={"metrics": metrics})
