@@ -58,7 +58,7 @@ class DistillationTeacherModelConfig(BaseConfig):
         follows={k: f"${{{_R}.{k}}}" for k in ("name", "dtype", "prompt_length", "response_length", "temperature")},
         keys={
             "name": honoured("the teacher's engine", values=("hf", "vllm")),
-            "temperature": honoured("veRL scores at temperature 1.0 whatever it says (a forward pass)"),
+            "temperature": noted("the teacher scores at temperature 1.0 (a forward pass), as veRL does"),
             **dict.fromkeys(
                 ("data_parallel_size", "expert_parallel_size", "tensor_model_parallel_size"), noted(_ONE_PROCESS)
             ),
