@@ -9,7 +9,7 @@ import logging
 import math
 import numbers
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,25 @@ class RewardComputationError(RuntimeError):
 # non_tensor_batch column of what ``compute_score`` gave each trajectory scored as it finished
 # (``hybridflow.rewards.streaming``): ``(result,)``, or None for a row left to the manager's batch call
 STREAMED_SCORES = "streamed_reward_scores"
+
+
+class DecodedResponses(Sequence):
+    """Each row's response text, decoded when first read: rows the reward pool already scored
+    (``reward.num_workers``) are not decoded again on the driver."""
+
+    def __init__(self, tokenizer, rows: list, lengths: list):
+        self.tokenizer, self.rows, self.lengths = tokenizer, rows, lengths
+        self.texts: list[str | None] = [None] * len(rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if self.texts[i] is None:
+            self.texts[i] = self.tokenizer.decode(self.rows[i][: self.lengths[i]], skip_special_tokens=True)
+        return self.texts[i]
 
 
 def _as_score(index: int, data_source: Any, value: Any) -> float:
@@ -184,9 +203,7 @@ class RuleRewardManager:
         response_lens = mask[:, prompt_len:].sum(-1).tolist()
         response_rows = data.batch["responses"].tolist()
         reward_models = _column(data, "reward_model", "holds ground_truth")
-        solution_strs = [
-            self.tokenizer.decode(row[:n], skip_special_tokens=True) for row, n in zip(response_rows, response_lens)
-        ]
+        solution_strs = DecodedResponses(self.tokenizer, response_rows, response_lens)
         ground_truths = [reward_models[i]["ground_truth"] for i in range(len(data))]
         extra_infos = rollout_extra_infos(data, data.non_tensor_batch.get("extra_info"))
         data_sources = list(_column(data, self.reward_fn_key, "the scorer key"))

@@ -144,6 +144,21 @@ def test_streamed_scores_equal_batch_scores(kind, tmp_path):
         assert by_batch["reward_extra_info"]["turns"] == [2, None, None, 2]
 
 
+def test_the_driver_decodes_only_the_rows_it_scores(tmp_path):
+    """Rows the pool scored are not decoded again on the driver; rows left to it are, once each."""
+    recipe = recipe_for("rule", tmp_path)
+    manager = recipe.build(num_examine=0)
+    data = generated("rule", recipe)
+    decoded = []
+    decode = manager.tokenizer.decode
+    manager.tokenizer = type(
+        "Counting", (), {"decode": lambda self, ids, **kw: decoded.append(1) or decode(ids, **kw)}
+    )()
+    data.non_tensor_batch[STREAMED_SCORES][1] = None  # the pool failed on row 1: the driver scores it
+    scores = manager(data).sum(-1).tolist()
+    assert scores == [1.0, 0.0, 1.0] and len(decoded) == 1
+
+
 def test_a_failing_streamed_row_fails_the_step_naming_it(tmp_path):
     """Without reward.bad_sample_score the streamed failure raises as the batch's does: the same row, the same words."""
     recipe = recipe_for("custom", tmp_path, bad_sample_score=None)
