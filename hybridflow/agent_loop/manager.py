@@ -129,10 +129,10 @@ class AgentLoopManager:
         if not prompts.meta_info.get("validate", False) and self.settings.over_sample_rate > 0:
             target = over_sample_target(len(prompts), self.settings.over_sample_rate)
         call = {OVER_SAMPLE_ID: uuid.uuid4().hex} if target < len(prompts) else {}
-        chunks = []
+        chunks, first = [], int(prompts.meta_info.get("sample_offset", 0))  # the step's earlier rows come first
         for start, end in slices:
             part = prompts[start:end]
-            part.meta_info = {**prompts.meta_info, "sample_offset": start, **call}
+            part.meta_info = {**prompts.meta_info, "sample_offset": first + start, **call}
             chunks.append(part)
         monitor = None
         if call:

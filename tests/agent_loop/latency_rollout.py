@@ -22,10 +22,11 @@ class LatencyServer:
     token they have) or ``slow_s`` seconds (then the full answer)."""
 
     def __init__(self, slow_s: float):
-        self.slow_s, self.aborts = slow_s, 0
+        self.slow_s, self.aborts, self.request_ids = slow_s, 0, []
         self._abort: asyncio.Event | None = None
 
     async def generate(self, prompt_ids, params, request_id, logprobs=True):
+        self.request_ids.append(request_id)
         p = prompt_ids[-1]
         answer = [p + 1, p + 2, p + 3]
         if p >= 100:
@@ -67,6 +68,10 @@ class LatencyRolloutWorker(Worker):
     @register(dispatch_mode=Dispatch.RANK_ZERO)
     def aborts(self) -> int:
         return self.server.aborts
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def request_ids(self) -> list[str]:
+        return self.server.request_ids
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def close_engine(self) -> None:

@@ -96,6 +96,15 @@ def test_validation_and_rate_zero_keep_every_sample(manager_for):
     assert train.batch["response_mask"].sum().item() == 3 * 8 and group.aborts() == 0
 
 
+def test_request_ids_continue_the_steps_earlier_rows(manager_for):
+    # a refill round of a step (sample_offset 8: eight trajectories came before it) over two agent loop
+    # workers: its requests are train5:8..11, never the first round's train5:0..3 again
+    manager, group = manager_for(rate=0.0, slow_s=0.2)
+    manager.generate_sequences(prompts(FAST, {"global_steps": 5, "sample_offset": 8}))
+    requests = sorted(r.split("/")[0] for r in group.request_ids())  # without the "/turn" suffix
+    assert requests == sorted(f"train5:{i}" for i in range(8, 12))
+
+
 def test_target_is_verl_formula_with_at_least_one():
     assert over_sample_target(8, 0.5) == 4
     assert over_sample_target(10, 0.25) == 7  # int(7.5)
