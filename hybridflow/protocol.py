@@ -183,10 +183,7 @@ def _cat_batches(batches: list[TensorDict]) -> TensorDict:
         else:
             flat[key] = torch.cat(parts, dim=0)
     batch_size = [sum(b.batch_size[0] for b in batches), *first.batch_size[1:]]
-    out = TensorDict({}, batch_size=batch_size, device=first.device)
-    for key, value in flat.items():
-        out.set(key, value)
-    return out
+    return TensorDict(flat, batch_size=batch_size, device=first.device)
 
 
 def _numpy_allocates(nbytes: int) -> bool:
@@ -660,9 +657,10 @@ class DataProto:
         wire = state["batch"]
         self.batch = None
         if wire is not None:
-            self.batch = TensorDict({}, batch_size=wire["batch_size"])
-            for key, array, tag in zip(wire["keys"], wire["arrays"], wire["tags"]):
-                self.batch.set(key, _tensor_from_wire(array, tag))
+            columns = zip(wire["keys"], wire["arrays"], wire["tags"])
+            self.batch = TensorDict(
+                {k: _tensor_from_wire(a, tag) for k, a, tag in columns}, batch_size=wire["batch_size"]
+            )
         self.non_tensor_batch, self.meta_info = state["non_tensor_batch"], state["meta_info"]
 
     def __copy__(self):
