@@ -83,6 +83,11 @@ def _equal(a: Any, b: Any) -> bool:
         if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.shape != b.shape:
             return False
         if a.dtype == object or b.dtype == object:
+            try:  # numpy's element-wise `==` runs in C; only a mismatch (or NaN, arrays) walks in Python
+                if bool(np.all(a == b)):
+                    return True
+            except Exception:  # elements whose `==` has no truth value
+                pass
             return all(_equal(x, y) for x, y in zip(a.flat, b.flat))
         return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
     if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
@@ -166,23 +171,27 @@ def _metrics_dict_of_lists(parts: list) -> dict:
 
 
 def _cat_batches(batches: list[TensorDict]) -> TensorDict:
-    """torch.cat of TensorDicts, with CPU tensors joined by numpy: on a fresh 100 MB buffer
-    np.concatenate measured ~16 ms against ~57 ms for torch.cat (page faults), and collecting
-    the ranks' answers on the driver is exactly that case."""
+    """torch.cat of TensorDicts, with large CPU columns joined by numpy (see _numpy_allocates)."""
     first = batches[0]
     keys = list(first.keys(include_nested=True, leaves_only=True))
     flat = {}
     for key in keys:
         parts = [b.get(key) for b in batches]
-        if all(p.device.type == "cpu" and p.dtype in _NUMPY_NATIVE for p in parts):
+        nbytes = sum(p.numel() * p.element_size() for p in parts)
+        if _numpy_allocates(nbytes) and all(p.device.type == "cpu" and p.dtype in _NUMPY_NATIVE for p in parts):
             flat[key] = torch.from_numpy(np.concatenate([p.detach().numpy() for p in parts], axis=0))
         else:
             flat[key] = torch.cat(parts, dim=0)
     batch_size = [sum(b.batch_size[0] for b in batches), *first.batch_size[1:]]
-    out = TensorDict({}, batch_size=batch_size, device=first.device)
-    for key, value in flat.items():
-        out.set(key, value)
-    return out
+    return TensorDict(flat, batch_size=batch_size, device=first.device)
+
+
+def _numpy_allocates(nbytes: int) -> bool:
+    """Whether a fresh CPU buffer of nbytes is best allocated by numpy rather than torch. Above glibc's
+    largest mmap threshold (32 MiB) every buffer is a fresh mapping, and numpy's (huge pages) faults in
+    2-2.5x faster: joining 100 MB, 34 ms vs 81 ms. Below it malloc reuses freed heap, which torch's
+    allocator gets and numpy's did not: eight 4 MB read-only copies, 3.5 ms vs 22 ms."""
+    return nbytes >= 32 << 20
 
 
 # ----------------------------------------------------------------------------- wire format
@@ -193,6 +202,7 @@ _NUMPY_NATIVE = {
     torch.uint64, torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
 }  # fmt: skip
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_TORCH_OF_NUMPY = {torch.empty(0, dtype=d).numpy().dtype: d for d in _NUMPY_NATIVE}
 
 
 def _tensor_to_wire(t: torch.Tensor) -> tuple[Any, str | None]:
@@ -212,9 +222,13 @@ def _tensor_from_wire(array: np.ndarray, tag: str | None) -> torch.Tensor:
         return array
     # Ray hands back read-only views of its object store: copy those so tensors stay writable
     # (torch has no read-only tensors) and the store entry is not pinned for the tensor's lifetime.
-    if not array.flags.writeable:
-        array = array.copy()
-    t = torch.from_numpy(array)
+    if array.flags.writeable:
+        t = torch.from_numpy(array)
+    elif _numpy_allocates(array.nbytes):
+        t = torch.from_numpy(array.copy())
+    else:
+        t = torch.empty(array.shape, dtype=_TORCH_OF_NUMPY[array.dtype])
+        t.numpy()[...] = array
     return t if tag is None else t.view(getattr(torch, tag))
 
 
@@ -230,8 +244,9 @@ def _as_object_array(value: Any) -> Any:
     return value
 
 
-def _to_index(idxs) -> tuple[torch.Tensor, np.ndarray]:
-    """An index (list / numpy / torch; bool mask or integers) as a torch and a numpy index."""
+def _to_rows(idxs, n: int) -> tuple[torch.Tensor, np.ndarray]:
+    """An index (list / numpy / torch; bool mask or integers) as the row numbers it picks in [0, n),
+    as int64 torch and numpy arrays."""
     if isinstance(idxs, torch.Tensor):
         idx_np = idxs.detach().cpu().numpy()
     else:
@@ -242,7 +257,14 @@ def _to_index(idxs) -> tuple[torch.Tensor, np.ndarray]:
         raise TypeError(f"DataProto index must hold integers or booleans, got dtype {idx_np.dtype}")
     if idx_np.ndim != 1:
         raise IndexError(f"DataProto index must be 1-D, got shape {idx_np.shape}")
-    return torch.from_numpy(np.ascontiguousarray(idx_np)), idx_np
+    if idx_np.dtype == bool:
+        if idx_np.shape[0] != n:
+            raise IndexError(f"boolean mask has length {idx_np.shape[0]} but the DataProto has length {n}")
+        idx_np = np.flatnonzero(idx_np)
+    elif idx_np.size and not (-n <= idx_np.min() and idx_np.max() < n):
+        raise IndexError(f"DataProto index out of range for length {n}: {idx_np.min()} .. {idx_np.max()}")
+    idx_np = np.where(idx_np < 0, idx_np + n, idx_np).astype(np.int64, copy=False)
+    return torch.from_numpy(idx_np), idx_np
 
 
 # ----------------------------------------------------------------------------- DataProto
@@ -273,8 +295,13 @@ class DataProto:
         self.check_consistency()
 
     def _new(self, batch, non_tensor_batch, meta_info=None) -> DataProto:
-        meta_info = self.meta_info if meta_info is None else meta_info
-        return type(self)(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=meta_info)
+        """A DataProto of columns derived row-aligned from checked ones (rows picked, keys picked,
+        parts joined): built without __init__'s checks, which would only pass again."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.batch, new.non_tensor_batch = batch, non_tensor_batch
+        new.meta_info = self.meta_info if meta_info is None else meta_info
+        return new
 
     # --- construction and checks
 
@@ -388,7 +415,8 @@ class DataProto:
         """A DataProto with only the named keys (tensors are shared, as in veRL)."""
         batch = self.batch
         if batch_keys is not None:
-            missing = [k for k in batch_keys if k not in self._batch_keys()]
+            have = set(self._batch_keys())
+            missing = [k for k in batch_keys if k not in have]
             if missing:
                 raise KeyError(f"select: batch keys {missing} not found; batch has {self._batch_keys()}")
             batch = self.batch.select(*batch_keys) if self.batch is not None else None
@@ -415,10 +443,10 @@ class DataProto:
 
     def select_idxs(self, idxs) -> DataProto:
         """Rows picked by an integer index or a boolean mask (list, numpy or torch)."""
-        idx_t, idx_np = _to_index(idxs)
-        if idx_np.dtype == bool and idx_np.shape[0] != len(self):
-            raise IndexError(f"boolean mask has length {idx_np.shape[0]} but the DataProto has length {len(self)}")
-        batch = self.batch[idx_t] if self.batch is not None else None
+        idx_t, idx_np = _to_rows(idxs, len(self))
+        batch = None
+        if self.batch is not None:  # index_select: 2x faster than t[idx], 3x than TensorDict's own indexing
+            batch = self.batch.apply(lambda t: t.index_select(0, idx_t.to(t.device)), batch_size=[len(idx_np)])
         return self._new(batch, {k: v[idx_np] for k, v in self.non_tensor_batch.items()})
 
     def slice(self, start=None, end=None, step=None) -> DataProto:
@@ -485,14 +513,20 @@ class DataProto:
         n = len(self)
         if n % chunks and not self.is_padding_enabled():
             raise DataProtoError(f"chunk needs a length divisible by chunks: got length {n} and {chunks} chunks")
-        bounds = np.cumsum([0] + [n // chunks + (i < n % chunks) for i in range(chunks)])
-        return [self.slice(int(bounds[i]), int(bounds[i + 1])) for i in range(chunks)]
+        return self._split_rows([n // chunks + (i < n % chunks) for i in range(chunks)])
 
     def split(self, split_size: int) -> list[DataProto]:
         """Consecutive parts of `split_size` rows (the last may be shorter)."""
         if split_size < 1:
             raise DataProtoError(f"split needs split_size >= 1, got {split_size}")
-        return [self.slice(i, i + split_size) for i in range(0, len(self), split_size)]
+        n = len(self)
+        return self._split_rows([split_size] * (n // split_size) + ([n % split_size] if n % split_size else []))
+
+    def _split_rows(self, sizes: list[int]) -> list[DataProto]:
+        """Consecutive parts of these sizes (views); TensorDict.split is 2x faster than slicing each part."""
+        batches = self.batch.split(sizes, dim=0) if self.batch is not None else [None] * len(sizes)
+        columns = {k: np.split(v, np.cumsum(sizes)[:-1]) for k, v in self.non_tensor_batch.items()}
+        return [self._new(b, {k: parts[i] for k, parts in columns.items()}) for i, b in enumerate(batches)]
 
     @staticmethod
     def concat(data: list[DataProto]) -> DataProto:
@@ -515,7 +549,7 @@ class DataProto:
         batch = _cat_batches([d.batch for d in data]) if has_batch[0] else None
         non_tensor = {k: np.concatenate([d.non_tensor_batch[k] for d in data]) for k in data[0].non_tensor_batch}
         meta_info = _merge_meta_info([d.meta_info for d in data])
-        return type(data[0])(batch=batch, non_tensor_batch=non_tensor, meta_info=meta_info)
+        return data[0]._new(batch, non_tensor, meta_info)
 
     def repeat(self, repeat_times=2, interleave=True) -> DataProto:
         """Each row `repeat_times` times: interleaved (a a b b) or tiled (a b a b)."""
@@ -523,7 +557,13 @@ class DataProto:
             raise DataProtoError(f"repeat_times must be >= 0, got {repeat_times}")
         n = len(self)
         idx = np.repeat(np.arange(n), repeat_times) if interleave else np.tile(np.arange(n), repeat_times)
-        return self.select_idxs(idx)
+        batch = None
+        if self.batch is not None:  # whole-tensor repeats: 2.8x faster than gathering rows by idx here
+            if interleave:
+                batch = self.batch.apply(lambda t: t.repeat_interleave(repeat_times, dim=0), batch_size=[len(idx)])
+            else:
+                batch = self.batch.apply(lambda t: t.repeat(repeat_times, *[1] * (t.dim() - 1)), batch_size=[len(idx)])
+        return self._new(batch, {k: v[idx] for k, v in self.non_tensor_batch.items()})
 
     def unfold_column_chunks(self, n_split: int, split_keys=None) -> DataProto:
         """Columns in ``split_keys`` (batch or non_tensor_batch): [B, C, ...] -> [B * n_split,
@@ -617,9 +657,10 @@ class DataProto:
         wire = state["batch"]
         self.batch = None
         if wire is not None:
-            self.batch = TensorDict({}, batch_size=wire["batch_size"])
-            for key, array, tag in zip(wire["keys"], wire["arrays"], wire["tags"]):
-                self.batch.set(key, _tensor_from_wire(array, tag))
+            columns = zip(wire["keys"], wire["arrays"], wire["tags"])
+            self.batch = TensorDict(
+                {k: _tensor_from_wire(a, tag) for k, a, tag in columns}, batch_size=wire["batch_size"]
+            )
         self.non_tensor_batch, self.meta_info = state["non_tensor_batch"], state["meta_info"]
 
     def __copy__(self):
