@@ -21,7 +21,8 @@ Reported:
   a completed epoch exactly once); and, at every resume, the dataloader state restored from the
   checkpoint against the reference loader's state after as many batches. Both must show zero.
 - memory growth per 100 steps: a least-squares slope of RSS over steps (from step ``--warmup`` on) for
-  the driver (alive the whole run, restarts included) and for each worker process over its lifetime.
+  the driver (alive the whole run, restarts included) and for each worker process over its lifetime
+  (from its ``--warmup``-th step on: a restarted worker warms up too).
 """
 
 from __future__ import annotations
@@ -299,8 +300,10 @@ def report(args, log: SoakLog, restarts: int, reference: dict, steps_per_epoch: 
     workers: dict[str, list] = {}
     for a, s, m in log.rss:
         for name, mb in m.items():
-            if name != "driver" and s >= args.warmup:
+            if name != "driver":
                 workers.setdefault(f"a{a}:{name}", []).append((s, mb))
+    # each process's own first --warmup steps are left out (a restarted worker warms up too)
+    workers = {k: [(s, mb) for s, mb in v if s >= v[0][0] + args.warmup - 1] for k, v in workers.items()}
     long_lived = {k: v for k, v in workers.items() if len(v) >= args.min_points}
     worker_growth = {k: growth_per_100_steps(v) for k, v in long_lived.items()}
     print(
@@ -360,7 +363,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--train_size", type=int, default=512, help="prompts; batch 8 gives 64 steps per epoch")
-    ap.add_argument("--warmup", type=int, default=10, help="steps before memory growth is measured")
+    ap.add_argument(
+        "--warmup", type=int, default=10, help="steps of each process's life before its memory growth is measured"
+    )
     ap.add_argument("--min_points", type=int, default=30, help="worker lifetimes shorter than this are not fitted")
     ap.add_argument("--max_restarts", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0, help="seeds the kill schedule")

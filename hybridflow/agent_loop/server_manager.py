@@ -2,8 +2,9 @@
 
 A ``ServerHandle`` forwards one request to one engine and returns its ``TokenOutput``; the engine may
 live in this process (``LocalServerHandle``, reached through its ``EngineLoop``) or in a Ray actor
-(``RayServerHandle``: the worker process that hosts it, method calls in its "rollout" concurrency
-group so many requests are in flight while normal calls stay one at a time).
+(``RayServerHandle``: the worker process that hosts it; its ``async def server_generate`` runs as a
+coroutine on the event loop of its "rollout" concurrency group, so many requests are in flight without a
+thread each, while the driver's calls stay one at a time on the actor's default group).
 
 ``ServerManager.generate(request_id, prompt_ids, sampling_params)`` is what agent loops call. All turns
 of one trajectory (same ``request_id``) go to the same server (its prefix cache holds the
@@ -67,7 +68,7 @@ class RayServerHandle(ServerHandle):
         if self.role is None:
             method = self.actor.server_generate.options(concurrency_group=ROLLOUT_CONCURRENCY_GROUP)
             return await method.remote(prompt_ids, params, request_id, logprobs)
-        method = self.actor.call_role.options(concurrency_group=ROLLOUT_CONCURRENCY_GROUP)
+        method = self.actor.call_role_async.options(concurrency_group=ROLLOUT_CONCURRENCY_GROUP)
         return await method.remote(self.role, "server_generate", prompt_ids, params, request_id, logprobs)
 
 

@@ -328,8 +328,8 @@ class ActorRolloutRefWorker(Worker):
     def abort_rollout(self) -> int:
         return self.rollout_host.abort() if self.rollout_host is not None else 0
 
-    def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):  # remote handles' call
-        return self.rollout_host.generate(prompt_ids, params, request_id, logprobs)
+    async def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):  # remote handles'
+        return await self.rollout_host.generate(prompt_ids, params, request_id, logprobs)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -91,9 +91,9 @@ class JudgeWorker(Worker):
         if rollout.free_cache_engine:
             self.engine_loop.run(self.server.sleep())
 
-    def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = False):
-        """One judge request (a RayServerHandle's call, in the rollout concurrency group)."""
-        return self.engine_loop.run(self.server.generate(prompt_ids, params, request_id, logprobs))
+    async def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = False):
+        """One judge request (a RayServerHandle's call, on the rollout concurrency group's event loop)."""
+        return await self.engine_loop.wrap(self.server.generate(prompt_ids, params, request_id, logprobs))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def score_tokens(self, data: DataProto) -> DataProto:

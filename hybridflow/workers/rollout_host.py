@@ -153,10 +153,11 @@ class RolloutHost:
         return self.weight_version
 
     # ---------------------------------------------------------------------- requests
-    def generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):
-        """One request to the engine (called per trajectory turn by agent loop workers)."""
+    async def generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):
+        """One request to the engine (called per trajectory turn by agent loop workers), awaited on the
+        caller's event loop: many requests in flight cost no thread each."""
         version = self.weight_version
-        out = self.engine_loop.run(self.server.generate(prompt_ids, params, request_id, logprobs))
+        out = await self.engine_loop.wrap(self.server.generate(prompt_ids, params, request_id, logprobs))
         out.extra["weight_version"] = version
         return out
 

@@ -22,7 +22,7 @@ class LatencyServer:
     token they have) or ``slow_s`` seconds (then the full answer)."""
 
     def __init__(self, slow_s: float):
-        self.slow_s, self.aborts, self.request_ids = slow_s, 0, []
+        self.slow_s, self.aborts, self.waiting, self.request_ids = slow_s, 0, 0, []
         self._abort: asyncio.Event | None = None
 
     async def generate(self, prompt_ids, params, request_id, logprobs=True):
@@ -31,11 +31,14 @@ class LatencyServer:
         answer = [p + 1, p + 2, p + 3]
         if p >= 100:
             self._abort = self._abort or asyncio.Event()
+            self.waiting += 1
             try:
                 await asyncio.wait_for(self._abort.wait(), self.slow_s)
                 return TokenOutput(answer[:1], [-0.5], ABORT)
             except asyncio.TimeoutError:
                 pass
+            finally:
+                self.waiting -= 1
         return TokenOutput(answer, [-0.5] * 3, STOP)
 
     async def abort_all(self):
@@ -50,8 +53,8 @@ class LatencyRolloutWorker(Worker):
         super().__init__()
         self.server, self.engine_loop = LatencyServer(slow_s), EngineLoop("latency-engine")
 
-    def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):  # the Ray handle's way in
-        return self.engine_loop.run(self.server.generate(prompt_ids, params, request_id, logprobs))
+    async def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):  # the Ray handle's
+        return await self.engine_loop.wrap(self.server.generate(prompt_ids, params, request_id, logprobs))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def prepare_rollout(self, version=None):
@@ -72,6 +75,11 @@ class LatencyRolloutWorker(Worker):
     @register(dispatch_mode=Dispatch.RANK_ZERO)
     def request_ids(self) -> list[str]:
         return self.server.request_ids
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def waiting(self) -> int:
+        """Slow requests the server holds now."""
+        return self.server.waiting
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def close_engine(self) -> None:

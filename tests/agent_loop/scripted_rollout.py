@@ -24,8 +24,8 @@ class ScriptedRolloutWorker(Worker):
         self.weight_version = 0
         self.log: list = []  # the switches and weight messages the worker got, in order
 
-    def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):
-        out = self.engine_loop.run(self.server.generate(prompt_ids, params, request_id, logprobs))
+    async def server_generate(self, prompt_ids, params, request_id: str, logprobs: bool = True):
+        out = await self.engine_loop.wrap(self.server.generate(prompt_ids, params, request_id, logprobs))
         out.extra["weight_version"] = self.weight_version
         return out
 

@@ -55,6 +55,15 @@ def build_colocated_class(class_dict: dict[str, ClassWithInitArgs]) -> ClassWith
             per-request endpoint, called by agent loop workers."""
             return getattr(self._roles[role], method)(*args, **kwargs)
 
+    if any(inspect.getmembers(spec.user_cls, inspect.iscoroutinefunction) for spec in specs.values()):
+
+        async def call_role_async(self, role: str, method: str, *args, **kwargs):
+            """``call_role`` for a role's coroutine method (a rollout server's ``server_generate``): awaited
+            on the actor's event loop, so a thousand calls in flight do not take a thousand threads."""
+            return await getattr(self._roles[role], method)(*args, **kwargs)
+
+        ColocatedWorker.call_role_async = call_role_async  # a role with coroutines makes this an async actor
+
     for role, spec in specs.items():
         for method, info in registered_methods(spec.user_cls).items():
             is_async = inspect.iscoroutinefunction(getattr(spec.user_cls, method))

@@ -32,7 +32,7 @@ from hybridflow.workers.critic_worker import CriticWorker
 from hybridflow.workers.judge_worker import JudgeWorker
 from hybridflow.workers.reward_model_worker import RewardModelWorker
 
-# requests one rollout worker serves at once (each waits on its own Ray thread while the engine batches)
+# requests one rollout worker serves at once (coroutines on its "rollout" group's event loop: no thread each)
 ROLLOUT_MAX_IN_FLIGHT = 1024
 
 
