@@ -28,6 +28,7 @@ Reported:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -83,6 +84,17 @@ def sample_accounting(committed: dict[int, list], reference: dict[int, list], st
         lost += sum((expected - seen).values())  # due in this epoch, never trained
         repeated += sum((seen - expected).values())  # trained beyond what the epoch holds
     return {"lost": lost, "repeated": repeated, "mismatched_steps": mismatched, "missing_steps": missing_steps}
+
+
+def pooled_growth_per_100_steps(lifetimes: list[list[tuple[int, float]]]) -> float:
+    """One slope for all lifetimes, each with its own level (each centred on its own means): lifetimes cut
+    short by kills are too short to fit alone (RSS moves in allocator-sized jumps), together they are not."""
+    parts = [np.array(v, dtype=float) for v in lifetimes if len({s for s, _ in v}) >= 2]
+    if not parts:
+        return float("nan")
+    x = np.concatenate([p[:, 0] - p[:, 0].mean() for p in parts])
+    y = np.concatenate([p[:, 1] - p[:, 1].mean() for p in parts])
+    return float((x @ y) / (x @ x) * 100)
 
 
 def growth_per_100_steps(points: list[tuple[int, float]]) -> float:
@@ -323,6 +335,7 @@ def report(args, log: SoakLog, restarts: int, reference: dict, steps_per_epoch: 
         ("resumes whose loader state != reference", f"{len(resume_mismatch)}/{len(log.resumes)}"),
         ("driver RSS growth, MB / 100 steps", f"{growth_per_100_steps(driver):.1f}"),
         ("worker RSS growth, MB / 100 steps (max)", f"{max(worker_growth.values(), default=float('nan')):.1f}"),
+        ("worker RSS growth, all lifetimes pooled", f"{pooled_growth_per_100_steps(list(workers.values())):.1f}"),
         ("driver RSS first -> last, MB", f"{driver[0][1]:.0f} -> {driver[-1][1]:.0f}" if driver else "n/a"),
     ]
     for name, value in rows:
@@ -339,6 +352,14 @@ def report(args, log: SoakLog, restarts: int, reference: dict, steps_per_epoch: 
         f"worker RSS growth per lifetime (MB / 100 steps, >= {args.min_points} points):",
         {k: round(v, 1) for k, v in worker_growth.items()},
     )
+    # like for like across runs: a lifetime cut short by a kill is fitted over its early, warming steps only
+    print(
+        f"worker RSS growth over each lifetime's first {args.min_points} fitted steps (MB / 100 steps):",
+        {k: round(growth_per_100_steps(v[: args.min_points]), 1) for k, v in long_lived.items()},
+    )
+    if args.rss_json:
+        with open(args.rss_json, "w") as f:
+            json.dump({"rss": log.rss, "kills": log.kills, "warmup": args.warmup}, f)
     ok = (
         acct["lost"] == 0
         and acct["repeated"] == 0
@@ -368,6 +389,7 @@ def main(argv=None) -> dict:
     )
     ap.add_argument("--min_points", type=int, default=30, help="worker lifetimes shorter than this are not fitted")
     ap.add_argument("--max_restarts", type=int, default=20)
+    ap.add_argument("--rss_json", default=None, help="write every step's RSS per process (and the kills) here")
     ap.add_argument("--seed", type=int, default=0, help="seeds the kill schedule")
     ap.add_argument("--quick", action="store_true", help="6 steps, save every 2, one kill: checks the plumbing")
     args = ap.parse_args(argv)
