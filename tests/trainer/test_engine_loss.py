@@ -20,12 +20,14 @@ import re
 
 import psutil
 import pytest
+import torch
 
 from hybridflow.agent_loop.server_manager import ServerHandle, ServerManager
 from hybridflow.main_ppo import EXIT_CODE_WORKER_DIED
+from hybridflow.protocol import DataProto
 from hybridflow.rollout.sampling import SamplingParams
-from hybridflow.rollout.server import EngineDeadError, RolloutEngineDiedError, TokenOutput
-from hybridflow.single_controller.base.errors import WorkerDiedError
+from hybridflow.rollout.server import EngineDeadError, RolloutEngineDiedError, TokenOutput, engine_death_named
+from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
 from tests.trainer.e2e_helpers import base_overrides
 from tests.trainer.test_hang_exit_codes import SEPARATE_POOL, _last_error, _run_main_ppo
 from tests.trainer.test_worker_loss import _expected_order
@@ -108,6 +110,122 @@ def test_the_vllm_server_turns_vllms_engine_death_into_engine_dead_error():
     with pytest.raises(EngineDeadError, match="engine core process is gone"):
         asyncio.run(server.generate([5, 6], SamplingParams(), "train1:0"))
     assert not server._in_flight
+
+
+class EngineGoneGroup:
+    """A colocated rollout group whose rank 1 finds its engine dead at ``failing`` (the worker's error as the
+    backend hands it over: the traceback as text, the original exception as ``cause``)."""
+
+    name = "trainer:actor_rollout"
+
+    def __init__(self, failing: str, cause: BaseException):
+        self.failing, self.cause = failing, cause
+
+    def _call(self, method, result):
+        if method == self.failing:
+            raise WorkerError(self.name, f"actor_rollout_{method}", 1, f"Traceback ...\n{self.cause}", cause=self.cause)
+        return result
+
+    def prepare_rollout(self, version):
+        return self._call("prepare_rollout", [{"timing_s/update_weights": 0.5}, {}])
+
+    def release_rollout(self):
+        return self._call("release_rollout", [None, None])
+
+
+def _colocated_manager(group):
+    from hybridflow.agent_loop.manager import AgentLoopManager
+
+    manager = object.__new__(AgentLoopManager)
+    manager.__dict__.update(rollout_wg=group, engine="vllm", hybrid_engine=True)
+    manager._run_workers = lambda prompts: [DataProto.from_dict(tensors={"ids": torch.zeros(2, 3)})]
+    return manager
+
+
+@pytest.mark.parametrize(
+    "failing, during",
+    [
+        ("prepare_rollout", "prepare_rollout (waking it and loading the new weights)"),
+        ("release_rollout", "release_rollout (putting it to sleep)"),
+    ],
+)
+@pytest.mark.parametrize("validate", [False, True])
+def test_an_engine_found_dead_between_generations_names_it_the_step_and_what_ran(failing, during, validate):
+    """vLLM's EngineCore killed while the actor trained: the next call that touches the engine (the weight
+    push, the sleep) fails in the worker; the driver names the engine, rank and step as for a death
+    mid-generation (main_ppo's dead-worker exit code), and says what was running."""
+    cause = EngineDeadError("vLLM's engine core process is gone (EngineCore encountered an issue)")
+    manager = _colocated_manager(EngineGoneGroup(failing, cause))
+    prompts = DataProto.from_dict(
+        tensors={"ids": torch.zeros(2, 3)}, meta_info={"global_steps": 2, "validate": validate}
+    )
+    with pytest.raises(RolloutEngineDiedError) as info:
+        manager.generate_sequences(prompts)
+    err = info.value
+    assert isinstance(err, WorkerDiedError) and (err.engine, err.group, err.rank) == ("vllm", EngineGoneGroup.name, 1)
+    text = str(pickle.loads(pickle.dumps(err)))
+    step = "2 (validation)" if validate else "2"
+    assert f"rollout engine 'vllm' of worker group {EngineGoneGroup.name!r}, rank 1 died during {during}" in text, text
+    assert f"at global step {step} " in text and "EngineDeadError: vLLM's engine core process is gone" in text, text
+    assert "generation" not in text, text
+
+
+def test_other_failures_between_generations_pass_unchanged():
+    manager = _colocated_manager(EngineGoneGroup("prepare_rollout", ValueError("bad bucket")))
+    prompts = DataProto.from_dict(tensors={"ids": torch.zeros(2, 3)}, meta_info={"global_steps": 2})
+    with pytest.raises(WorkerError) as info:
+        manager.generate_sequences(prompts)
+    assert type(info.value) is WorkerError and isinstance(info.value.cause, ValueError)
+
+
+def test_a_separate_pools_weight_push_names_the_rollout_rank_whose_engine_died():
+    """The trainer's rank 0 pushes to the rollout workers: the error names the receiver, not the sender."""
+    from hybridflow.workers.rollout.weight_transfer import LocalWeightTarget, push_weights
+
+    class Receiver:
+        def receive_weights(self, bucket):
+            raise EngineDeadError("vLLM's engine core process is gone")
+
+    class Alive:
+        def receive_weights(self, bucket):
+            return len(bucket)
+
+    targets = [LocalWeightTarget(Alive(), rank=0), LocalWeightTarget(Receiver(), rank=1)]
+    for target in targets:
+        target.group = "trainer:rollout"
+    weights = [("w", torch.zeros(4))]
+    with pytest.raises(RolloutEngineDiedError) as info:
+        with engine_death_named("vllm", "the weight push (version 3) to the separate rollout pool", 3):
+            try:  # what the in-process backend does with the sending rank's error
+                push_weights(weights, targets, version=3, bucket_bytes=1 << 20)
+            except Exception as e:
+                raise WorkerError("trainer:actor_rollout", "actor_rollout_send_weights", 0, str(e), cause=e) from e
+    err = info.value
+    assert (err.group, err.rank, err.step) == ("trainer:rollout", 1, 3), str(err)
+    assert "died during the weight push (version 3) to the separate rollout pool at global step 3" in str(err)
+
+
+def test_the_vllm_server_names_an_engine_death_met_by_a_weight_update():
+    import types
+
+    from hybridflow.workers.rollout.vllm_server import VLLMServer
+
+    class VLLMEngineDeadError(Exception):  # vllm.v1.engine.exceptions.EngineDeadError, matched by name
+        pass
+
+    VLLMEngineDeadError.__name__ = "EngineDeadError"
+
+    async def collective_rpc(*_, **__):
+        raise VLLMEngineDeadError("EngineCore encountered an issue")
+
+    server = object.__new__(VLLMServer)
+    server.__dict__.update(_closed=False, _asleep=set(), _in_flight=set(), _updating=False, _update_started=False)
+    server.__dict__.update(_pending_adapter=[], _not_real_reason=None, _update_done=asyncio.Event())
+    server._tied = types.SimpleNamespace(start_update=lambda: None, expand=lambda name, t: [(name, t)])
+    server.engine = types.SimpleNamespace(collective_rpc=collective_rpc)
+    with pytest.raises(EngineDeadError, match="engine core process is gone"):
+        asyncio.run(server.load_weights([("model.w", torch.zeros(2))]))
+    assert not server._updating and server._not_real_reason  # the half-done update is refused afterwards
 
 
 # ------------------------------------------------------------------------------------------ end to end
