@@ -244,6 +244,27 @@ def _steps(stderr: str) -> dict[int, list[int]]:
     return {int(s): [int(i) for i in ids.split(", ")] for s, ids in STEP.findall(stderr)}
 
 
+def _two_step_overrides(tiny_model_dir, tiny_data_dir, tmp_path, extra):
+    overrides = base_overrides(
+        tiny_model_dir, tiny_data_dir, tmp_path, steps=2, world=2, response_length=64, backend="ray"
+    )
+    return [o for o in overrides if not o.startswith("trainer.save_freq=")] + [
+        "trainer.save_freq=1",
+        "trainer.test_freq=-1",
+        "trainer.logger=['console']",
+        "actor_rollout_ref.rollout.ignore_eos=True",  # every trajectory runs its 64 tokens
+        "ray_kwargs.ray_init.num_cpus=4",
+        *extra,
+    ]
+
+
+def _assert_none_left(killed: re.Match) -> None:
+    pids = [int(p) for p in killed.group(5).split(", ") if p]
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=15)
+    left = [(p.pid, p.name()) for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes of the killed group left behind: {left}"
+
+
 @pytest.mark.parametrize(
     "engine, extra, rank, victim, action",
     [
@@ -270,18 +291,7 @@ def test_an_engine_killed_mid_generation_stops_the_run_and_resume_loses_no_promp
 ):
     from hybridflow.config.loader import load_config
 
-    overrides = base_overrides(
-        tiny_model_dir, tiny_data_dir, tmp_path, steps=2, world=2, response_length=64, backend="ray"
-    )
-    overrides = [o for o in overrides if not o.startswith("trainer.save_freq=")]
-    overrides += [
-        "trainer.save_freq=1",
-        "trainer.test_freq=-1",
-        "trainer.logger=['console']",
-        "actor_rollout_ref.rollout.ignore_eos=True",  # every trajectory runs its 64 tokens
-        "ray_kwargs.ray_init.num_cpus=4",
-        *extra,
-    ]
+    overrides = _two_step_overrides(tiny_model_dir, tiny_data_dir, tmp_path, extra)
     # the second generation (step 2), 0.2 s after it started: well before its 64-token trajectories end
     proc = _run_main_ppo(overrides, f"generate#2@{rank}:{action}+0.2", timeout=900)
     killed, raised = KILL.search(proc.stderr), RAISED.search(proc.stderr)
@@ -294,10 +304,7 @@ def test_an_engine_killed_mid_generation_stops_the_run_and_resume_loses_no_promp
     first = _last_error(proc.stderr, "RolloutEngineDiedError").splitlines()[0]
     assert f"rollout engine {engine!r} of worker group" in first and f"rank {rank} died" in first, first
     assert "at global step 2" in first, first
-    pids = [int(p) for p in killed.group(5).split(", ") if p]
-    _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=15)
-    left = [(p.pid, p.name()) for p in alive if p.status() != psutil.STATUS_ZOMBIE]
-    assert not left, f"processes of the killed group left behind: {left}"
+    _assert_none_left(killed)
 
     first_run = _steps(proc.stderr)
     proc = _run_main_ppo(overrides, "none@0", timeout=900)  # resume_mode=auto (the default); no phase named none
@@ -306,3 +313,21 @@ def test_an_engine_killed_mid_generation_stops_the_run_and_resume_loses_no_promp
     expected = _expected_order(load_config("ppo_trainer", overrides), tiny_tokenizer, steps=2)
     assert sorted(second_run) == [2], second_run  # resumed from step 1's checkpoint
     assert [first_run[1], second_run[2]] == expected  # nothing lost, nothing repeated
+
+
+@pytest.mark.slow
+@NEEDS_VLLM
+def test_a_vllm_engine_killed_between_generations_stops_the_run_at_the_next_weight_push(
+    tiny_model_dir, tiny_data_dir, tmp_path
+):
+    """EngineCore SIGKILLed while step 1's actor trains (colocated): step 2's weight push meets the dead
+    engine; the run ends as for a death mid-generation, saying it was the weight push."""
+    overrides = _two_step_overrides(tiny_model_dir, tiny_data_dir, tmp_path, VLLM)
+    proc = _run_main_ppo(overrides, "update_actor#1@1:kill_engine", timeout=900)
+    killed = KILL.search(proc.stderr)
+    assert killed and "VLLM::Engine" in killed.group(2) and int(killed.group(3)) == 1, proc.stderr[-6000:]
+    assert proc.returncode == EXIT_CODE_WORKER_DIED, f"exit {proc.returncode}\n{proc.stderr[-6000:]}"
+    first = _last_error(proc.stderr, "RolloutEngineDiedError").splitlines()[0]
+    assert "rollout engine 'vllm' of worker group" in first and "rank 1 died during prepare_rollout" in first, first
+    assert "at global step 2" in first and "EngineDeadError" in first, first
+    _assert_none_left(killed)
