@@ -31,7 +31,7 @@ from hybridflow.agent_loop.server_manager import SERVER_HANDLE, ServerHandle
 from hybridflow.agent_loop.worker import AgentLoopWorker, split_indices
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.streaming import RewardRecipe
-from hybridflow.rollout.server import RolloutEngineDiedError
+from hybridflow.rollout.server import RolloutEngineDiedError, engine_death_named
 from hybridflow.single_controller.base.cleanup import cleanup_after_failure, is_shut_down
 from hybridflow.single_controller.base.watchdog import wait_with_deadline
 
@@ -78,7 +78,8 @@ class AgentLoopManager:
         self.streams_rewards = reward is not None
         self.rollout_wg = rollout_wg
         self.hybrid_engine = hybrid_engine
-        servers = server_handles(rollout_wg, role, settings.rollout.name if settings.rollout is not None else "?")
+        self.engine = settings.rollout.name if settings.rollout is not None else "?"
+        servers = server_handles(rollout_wg, role, self.engine)
         pad = tokenizer.pad_token_id
         self.workers = rollout_wg.spawn_helpers(
             AgentLoopWorker,
@@ -96,10 +97,10 @@ class AgentLoopManager:
     # ------------------------------------------------------------------------------------------
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         metrics: dict[str, Any] = {}
+        step = prompts.meta_info.get("global_steps")
+        step = f"{step} (validation)" if prompts.meta_info.get("validate", False) else step
         if self.hybrid_engine:
-            prepared = [p or {} for p in self.rollout_wg.prepare_rollout(prompts.meta_info.get("weight_version"))]
-            for key in sorted({k for p in prepared for k in p}):  # the slowest rank is the step's cost
-                metrics[key] = max(p.get(key, 0.0) for p in prepared)
+            metrics.update(self.prepare_rollout(prompts.meta_info.get("weight_version"), step))
         start = time.perf_counter()
         try:
             parts = self._run_workers(prompts)
@@ -108,7 +109,8 @@ class AgentLoopManager:
                 cleanup_after_failure(self.rollout_wg, "release_rollout")
             raise
         if self.hybrid_engine:
-            self.rollout_wg.release_rollout()
+            with engine_death_named(self.engine, "release_rollout (putting it to sleep)", step):
+                self.rollout_wg.release_rollout()
         metrics["timing_s/generate_sequences"] = time.perf_counter() - start
         aborted = [p.meta_info.get("metrics", {}).pop(ABORTED_METRIC, None) for p in parts]
         if any(a is not None for a in aborted):  # an over-sampled call: the share of the batch cut
@@ -120,6 +122,13 @@ class AgentLoopManager:
         # sample_offset, ...) describe the request, and would conflict when batches are concatenated
         out.meta_info = {"metrics": {**worker_metrics, **{k: [v] for k, v in metrics.items()}}}
         return out
+
+    def prepare_rollout(self, version: int | None, step=None) -> dict:
+        """Training -> generation on every rollout worker (wake the engines, push the new weights); the
+        slowest rank's timings, the step's cost."""
+        with engine_death_named(self.engine, "prepare_rollout (waking it and loading the new weights)", step):
+            prepared = [p or {} for p in self.rollout_wg.prepare_rollout(version)]
+        return {k: max(p.get(k, 0.0) for p in prepared) for k in sorted({k for p in prepared for k in p})}
 
     def _run_workers(self, prompts: DataProto) -> list[DataProto]:
         """The batch in slices over the agent loop workers, under the rollout group's watchdog deadline

@@ -20,6 +20,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Coroutine, Iterable
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -27,7 +28,7 @@ import torch
 
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.rollout.sampling import SamplingParams
-from hybridflow.single_controller.base.errors import WorkerDiedError
+from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
 from hybridflow.utils.registry import Registry
 
 T = TypeVar("T")
@@ -43,30 +44,66 @@ class EngineDeadError(RuntimeError):
 
 class RolloutEngineDiedError(WorkerDiedError):
     """A rollout engine died while the driver waited on it: names the engine, the worker group and rank
-    that host it, and the step. Raised where requests are sent (``ServerManager``); the step is filled in
-    by the agent loop worker that ran the batch. Pickles by its fields (it crosses process boundaries)."""
+    that host it, the step and what the engine was doing (``during``: generation, a weight update).
+    Raised where requests are sent (``ServerManager``; the step is filled in by the agent loop worker
+    that ran the batch) and where the driver calls the engines between generations (``from_worker``).
+    Pickles by its fields (it crosses process boundaries)."""
 
-    def __init__(self, engine: str, group: str, rank: int, detail: str, step=None):
+    def __init__(self, engine: str, group: str, rank: int, detail: str, step=None, method="generate"):
         RuntimeError.__init__(self, detail)
         self.engine, self.group, self.rank, self.detail, self.step = engine, group, rank, detail, step
-        self.method = "generate"
+        self.method, self.during = method, "generation"
 
     @classmethod
     def of(cls, error: BaseException, engine: str, group: str, rank: int, request_id: str):
         """The error for a request whose engine died (``error``: how the engine's death surfaced)."""
-        cause = getattr(error, "cause", error)  # a transport's wrapper (Ray's RayTaskError) holds the original
-        lines = str(cause).strip().splitlines() or [""]
-        return cls(engine, group, rank, f"request {request_id!r}: {type(cause).__name__}: {lines[0][:300]}")
+        cause = getattr(error, "cause", None) or error  # a transport's wrapper (Ray's RayTaskError) holds the original
+        return cls(engine, group, rank, f"request {request_id!r}: {_summary(cause)}")
+
+    @classmethod
+    def from_worker(cls, error: WorkerError, engine: str, during: str, step=None):
+        """``error`` (a rollout worker's method failed) as this error when its cause is the engine's death
+        (``EngineDeadError``), else None. ``during`` says what the engine was asked to do."""
+        cause = error.cause
+        for _ in range(8):  # through nested wrappers (a trainer rank that pushed to a rollout worker):
+            if cause is None or isinstance(cause, EngineDeadError):
+                break
+            if isinstance(cause, WorkerError):
+                error = cause  # the failed worker nearest the engine names it
+            cause = getattr(cause, "cause", None) or cause.__cause__
+        if not isinstance(cause, EngineDeadError):
+            return None
+        died = cls(engine, error.group, error.rank, _summary(cause), step, error.method)
+        died.during = during
+        return died
 
     def __str__(self):
         at = "" if self.step is None else f" at global step {self.step}"
         return (
             f"rollout engine {self.engine!r} of worker group {self.group!r}, rank {self.rank} died during "
-            f"generation{at} (process killed, crashed or out of memory): {self.detail}"
+            f"{self.during}{at} (process killed, crashed or out of memory): {self.detail}"
         )
 
     def __reduce__(self):  # the step and the notes travel in __dict__
         return type(self), (self.engine, self.group, self.rank, self.detail), self.__dict__
+
+
+@contextmanager
+def engine_death_named(engine: str, during: str, step=None):
+    """Around a call of rollout workers outside any request (wake, weight push, sleep): a failure caused
+    by an engine's death is raised as ``RolloutEngineDiedError`` (``RolloutEngineDiedError.from_worker``)."""
+    try:
+        yield
+    except WorkerError as e:
+        died = RolloutEngineDiedError.from_worker(e, engine, during, step)
+        if died is None:
+            raise
+        raise died from e
+
+
+def _summary(error: BaseException) -> str:
+    lines = str(error).strip().splitlines() or [""]
+    return f"{type(error).__name__}: {lines[0][:300]}"
 
 
 @dataclass

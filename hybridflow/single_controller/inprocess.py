@@ -184,7 +184,7 @@ class InProcessWorkerGroup(WorkerGroup):
         if isinstance(exc, WorkerError):
             return exc
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        err = WorkerError(self.name, method, rank, detail)
+        err = WorkerError(self.name, method, rank, detail, cause=exc)
         err.__cause__ = exc
         return err
 

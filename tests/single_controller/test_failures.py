@@ -1,6 +1,7 @@
 """Failure behaviour: errors name the group, method and rank; a dead worker fails the call fast."""
 
 import os
+import pickle
 import signal
 import time
 
@@ -32,6 +33,8 @@ def test_exception_names_group_method_rank_and_carries_traceback(group):
     assert group.name in msg and "'fail_on'" in msg and "rank 1" in msg
     assert "boom from rank 1" in msg and "workers_for_tests.py" in msg  # the worker's traceback
     assert info.value.rank == 1 and info.value.method == "fail_on"
+    assert isinstance(info.value.cause, ValueError) and "boom from rank 1" in str(info.value.cause)  # its type kept
+    assert isinstance(pickle.loads(pickle.dumps(info.value)).cause, ValueError)
     assert group.set_value(1) == [0, 1]  # the group is still usable afterwards
 
 

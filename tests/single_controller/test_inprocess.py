@@ -2,6 +2,7 @@
 its shutdown gives back what the group set in the process."""
 
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import workers_for_tests as W
 
 from hybridflow.protocol import DataProto, DataProtoFuture
 from hybridflow.single_controller.base import ClassWithInitArgs, WorkerError
+from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerGroupShutDownError, WorkerHangError
 from hybridflow.single_controller.inprocess import InProcessWorkerGroup, create_colocated_worker_cls
 
 
@@ -73,7 +75,26 @@ def test_gloo_all_reduce_world_one_and_shutdown_gives_everything_back(monkeypatc
 def test_error_names_method_and_rank(group):
     with pytest.raises(WorkerError, match=r"'fail_on', rank 0") as info:
         group.fail_on(0)
-    assert isinstance(info.value.__cause__, ValueError)
+    assert isinstance(info.value.__cause__, ValueError) and info.value.cause is info.value.__cause__
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        WorkerError("g", "m", 1, "trace", cause=ValueError("boom")),
+        WorkerDiedError("g", "m", 1, "gone"),
+        WorkerHangError("g", "m", 1, "stuck", stuck_ranks=[1], report_path="/tmp/r"),
+        WorkerGroupShutDownError("g", "m", "a test"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_worker_errors_pickle_with_their_fields_and_cause(error):
+    """They cross processes (an agent loop worker, a trainer rank pushing weights, reraise a group's error)."""
+    error.add_note("a note")
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is type(error) and str(back) == str(error) and back.__notes__ == ["a note"]
+    assert (back.group, back.method, back.rank) == (error.group, error.method, error.rank)
+    assert repr(back.cause) == repr(error.cause) and vars(back).keys() == vars(error).keys()
 
 
 def test_colocated_in_process(inprocess_group):

@@ -112,7 +112,7 @@ def test_generate_sequences_raises_the_hang_not_the_release_of_the_engines():
     from hybridflow.protocol import DataProto
 
     manager = object.__new__(AgentLoopManager)
-    manager.hybrid_engine, manager.rollout_wg = True, _Group(shut_down=True)
+    manager.hybrid_engine, manager.rollout_wg, manager.engine = True, _Group(shut_down=True), "hf"
     manager.rollout_wg.prepare_rollout = lambda version: [{}]
     hang = _hang()
 

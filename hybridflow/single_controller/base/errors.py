@@ -2,11 +2,25 @@
 
 
 class WorkerError(RuntimeError):
-    """A registered worker method raised; names the group, method and rank and carries the traceback."""
+    """A registered worker method raised; names the group, method and rank and carries the traceback.
 
-    def __init__(self, group: str, method: str, rank: int, detail: str):
-        self.group, self.method, self.rank = group, method, rank
+    ``cause`` is the worker's own exception where the backend has it (None else), for callers that
+    tell one failure from another by its type (a dead rollout engine). Pickles by its fields."""
+
+    cause: BaseException | None = None
+
+    def __init__(self, group: str, method: str, rank: int, detail: str, cause: BaseException | None = None):
+        self.group, self.method, self.rank, self.cause = group, method, rank, cause
         super().__init__(f"worker group {group!r}, method {method!r}, rank {rank} failed:\n{detail}")
+
+    def __reduce__(self):  # every subclass: the message as it is, the fields (and notes) in __dict__
+        return _rebuilt, (type(self), self.args), self.__dict__
+
+
+def _rebuilt(cls: type, args: tuple) -> BaseException:
+    error = cls.__new__(cls)
+    error.args = args
+    return error
 
 
 class WorkerDiedError(WorkerError):

@@ -375,7 +375,7 @@ class RayWorkerGroup(WorkerGroup):
         except RayActorError as e:
             raise WorkerDiedError(self.name, method, rank, str(e)) from None
         except RayTaskError as e:
-            raise WorkerError(self.name, method, rank, str(e)) from None
+            raise WorkerError(self.name, method, rank, str(e), cause=e.cause) from None
 
     def _with_lost_nodes(self, error: WorkerError) -> WorkerError:
         """A dead worker on a node that is gone: say which node (id, address) and which ranks it held."""

@@ -30,6 +30,7 @@ from hybridflow.config.convert import as_section
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.streaming import streamed_reward
+from hybridflow.rollout.server import engine_death_named
 from hybridflow.single_controller.base import Watchdog, WorkerDiedError, WorkerHangError, cleanup_after_failure
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
@@ -204,10 +205,13 @@ class RayPPOTrainer:
         """Send the actor's weights to the rollout pool, stamped ``version`` (colocate_async: wake the
         colocated engines and load them)."""
         if self.hybrid_engine:
-            prepared = [p or {} for p in self.rollout_wg.prepare_rollout(version)]
-            return {k: max(p.get(k, 0.0) for p in prepared) for k in sorted({k for p in prepared for k in p})}
+            return self.async_rollout_manager.prepare_rollout(version, self.global_steps)
         targets = self.rollout_wg.handles(WEIGHT_RECEIVER, rollout_role_name(self.config))  # per backend
-        per_rank = self.actor_rollout_wg.send_weights(targets, version)
+        for target in targets:
+            target.group = self.rollout_wg.name  # names a receiver that failed
+        during = f"the weight push (version {version}) to the separate rollout pool"
+        with engine_death_named(self.async_rollout_manager.engine, during, self.global_steps):
+            per_rank = self.actor_rollout_wg.send_weights(targets, version)
         return per_rank[0]  # rank 0 sent; the others only took part in the gathers
 
     def shutdown_workers(self) -> None:

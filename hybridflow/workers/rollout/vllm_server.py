@@ -167,8 +167,7 @@ class VLLMServer(AsyncRolloutServer):
                     log_probs.extend(step[tok].logprob for step, tok in zip(piece.logprobs, piece.token_ids))
                 finish = piece.finish_reason or finish
         except Exception as e:
-            if type(e).__name__ == "EngineDeadError":  # vLLM's: its engine core process is gone
-                raise EngineDeadError(f"vLLM's engine core process is gone ({e})") from e
+            _raise_if_engine_died(e)
             raise
         finally:
             self._in_flight.discard(engine_id)
@@ -279,6 +278,7 @@ class VLLMServer(AsyncRolloutServer):
                     await self.engine.collective_rpc("hybridflow_load_bucket", args=(packed.payload,))
         except BaseException as err:
             await self._abandon_update(err)
+            _raise_if_engine_died(err)
             raise
         return given
 
@@ -294,6 +294,7 @@ class VLLMServer(AsyncRolloutServer):
             await self.engine.reset_prefix_cache()  # cached prefixes were computed with the old weights
         except BaseException as err:
             await self._abandon_update(err, close_session=False)
+            _raise_if_engine_died(err)
             raise
         self._end_update()
         if not_updated is None:
@@ -398,7 +399,11 @@ class VLLMServer(AsyncRolloutServer):
         self._check_open()
         if not self.settings.sleep_mode:
             return
-        await self.engine.sleep(level=level)
+        try:
+            await self.engine.sleep(level=level)
+        except Exception as e:
+            _raise_if_engine_died(e)
+            raise
         self._asleep = {"weights", "kv_cache"}
         if level >= 2:
             self._not_real_reason = "sleep(level=2) discarded the weights"
@@ -408,10 +413,14 @@ class VLLMServer(AsyncRolloutServer):
         self._check_open()
         if not self.settings.sleep_mode:
             return
-        await self.engine.wake_up(tags=list(tags) if tags else None)
-        self._asleep -= set(tags) if tags else self._asleep
-        if "kv_cache" not in self._asleep:
-            await self.engine.reset_prefix_cache()
+        try:
+            await self.engine.wake_up(tags=list(tags) if tags else None)
+            self._asleep -= set(tags) if tags else self._asleep
+            if "kv_cache" not in self._asleep:
+                await self.engine.reset_prefix_cache()
+        except Exception as e:
+            _raise_if_engine_died(e)
+            raise
 
     async def shutdown(self) -> None:
         if self._closed:
@@ -428,6 +437,12 @@ class VLLMServer(AsyncRolloutServer):
     def _check_open(self) -> None:
         if self._closed:
             raise RolloutNotReadyError("the vllm rollout server was shut down")
+
+
+def _raise_if_engine_died(error: BaseException) -> None:
+    """vLLM's ``EngineDeadError`` (its engine core process is gone) raised again as the servers' own."""
+    if type(error).__name__ == "EngineDeadError" and not isinstance(error, EngineDeadError):
+        raise EngineDeadError(f"vLLM's engine core process is gone ({error})") from error
 
 
 def _start_engine(vllm, settings: VLLMSettings, facts: ModelFacts, ipc_dir: str):

@@ -22,6 +22,7 @@ from concurrent.futures import Future
 import torch
 
 from hybridflow.single_controller.base.direct import HandleKind
+from hybridflow.single_controller.base.errors import WorkerError
 from hybridflow.workers.rollout.weights import buckets
 
 # methods the rollout worker exposes to receive weights (called directly, not through a WorkerGroup)
@@ -33,10 +34,16 @@ class WeightSyncTimeout(TimeoutError):
 
 
 class WeightTarget(ABC):
-    """One rollout worker that receives weights. ``send`` returns a handle that ``wait`` resolves."""
+    """One rollout worker that receives weights. ``send`` returns a handle that ``wait`` resolves; a
+    receiver that failed is named by a ``WorkerError`` with its ``group`` (the caller sets it) and rank."""
+
+    group = "rollout"
 
     def __init__(self, rank: int):
         self.rank = rank
+
+    def failed(self, what: str, error: BaseException, cause: BaseException) -> WorkerError:
+        return WorkerError(self.group, f"receive {what}", self.rank, f"{type(error).__name__}: {error}", cause=cause)
 
     @abstractmethod
     def send(self, method: str, payload) -> object: ...
@@ -67,7 +74,15 @@ class LocalWeightTarget(WeightTarget):
 
     @staticmethod
     def wait(targets, handles, timeout_s, what):
-        return [h.result(timeout=timeout_s) for h in handles]
+        values = []
+        for target, handle in zip(targets, handles):
+            try:
+                values.append(handle.result(timeout=timeout_s))
+            except TimeoutError:
+                raise
+            except Exception as e:
+                raise target.failed(what, e, e) from e
+        return values
 
 
 class RayWeightTarget(WeightTarget):
@@ -98,7 +113,13 @@ class RayWeightTarget(WeightTarget):
                 f"weight sync: rollout rank(s) {late} did not acknowledge {what} within "
                 f"{timeout_s:.0f} s (the trainer side is done with it); see their logs"
             )
-        return ray.get(list(handles))
+        values = []
+        for target, handle in zip(targets, handles):  # all are ready
+            try:
+                values.append(ray.get(handle))
+            except ray.exceptions.RayTaskError as e:
+                raise target.failed(what, e, e.cause) from None
+        return values
 
 
 # how a rollout worker group hands out its weight receivers: ``rollout_wg.handles(WEIGHT_RECEIVER, role)``
