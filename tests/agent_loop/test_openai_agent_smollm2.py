@@ -91,6 +91,7 @@ def trajectory(out: DataProto) -> tuple[list[int], list[int], list[int]]:
     return prompt, out.batch["responses"][0, :n].tolist(), out.batch["response_mask"][0, :n].tolist()
 
 
+@pytest.mark.slow  # the real model's engine start: over a minute (the tiny model's tests stay in the default suite)
 def test_sampled_ids_reach_the_next_call_not_a_retokenization(tok, smollm2_dir):
     from tests.test_real_model import non_canonical_ids
 
