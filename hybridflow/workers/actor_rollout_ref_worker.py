@@ -34,6 +34,7 @@ from hybridflow.workers.profiler import WorkerProfiler, merge_profilers
 from hybridflow.workers.rollout.weight_transfer import WeightTarget, push_weights
 from hybridflow.workers.rollout_host import RolloutHost, bucket_bytes
 from hybridflow.workers.utils.device import on_device
+from hybridflow.workers.utils.heap import trim_heap
 from hybridflow.workers.utils.ulysses import build_layout
 from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
 from hybridflow.workers.utils.weight_swap import swapped_weights
@@ -259,6 +260,7 @@ class ActorRolloutRefWorker(Worker):
         self._rollout_stale = True
         metrics["actor/lr"] = [lr]
         metrics["timing_s/worker_update_actor"] = [time.perf_counter() - start]
+        trim_heap()  # the update's freed activations and gradients: back to the OS, not kept by malloc
         return DataProto(meta_info={"metrics": metrics})
 
     # ----------------------------------------------------------------------------------------------
@@ -318,6 +320,7 @@ class ActorRolloutRefWorker(Worker):
         """Generation -> training: let the engine free its memory (veRL's free_cache_engine)."""
         if self.rollout_host is not None:
             self.rollout_host.sleep()
+        trim_heap()  # the generation's freed buffers, likewise
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_rollout(self) -> None:
