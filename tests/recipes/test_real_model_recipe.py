@@ -90,6 +90,32 @@ def test_the_recipe_command_line_uses_only_known_keys(tmp_path):
         assert cfg.actor_rollout_ref.actor.clip_ratio == 0.3  # the user's override comes last
 
 
+def _equations_hold(working: str) -> bool:
+    """Each ``a op b = c`` of a worked answer, computed again here."""
+    ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b}
+    found = re.findall(r"(\d+) ([-+*/]) (\d+) = (\d+)", working)
+    return bool(found) and all(ops[op](int(a), int(b)) == int(c) for a, op, b, c in found)
+
+
+def test_the_warmup_rows_show_right_working_then_the_marked_answer_and_the_sft_keys_are_known(tmp_path):
+    from hybridflow.config.loader import load_config
+
+    args = real_model.parse(["--warmup_steps", "6", "--seed", "2"])
+    path = str(tmp_path / "warmup.parquet")
+    real_model.write_warmup(path, args)
+    rows = pd.read_parquet(path)
+    assert len(rows) == 6 * real_model.WARMUP_BATCH
+    for question, answer in zip(rows["question"], rows["answer"], strict=True):
+        working, marked = answer.split("\n#### ")
+        assert _equations_hold(working), answer
+        assert int(marked) == _solve(question.split(" Answer briefly")[0]) == int(working.rsplit("= ", 1)[1])
+    train = word_problems.make_rows(200, 2, "train", real_model.KINDS, real_model.HI)
+    assert not set(rows["question"]) & {r["prompt"][0]["content"] for r in train}  # its own split
+    overrides = real_model.warmup_args("m", path, str(tmp_path / "sft"), args)
+    cfg = load_config("sft_trainer", overrides)  # an unknown key would fail here
+    assert cfg.trainer.total_training_steps == 6 and cfg.data.train_files == path
+
+
 def test_the_tools_recipe_passes_its_template_and_tools_to_main_ppo(tmp_path):
     from hybridflow.config.loader import load_config
 
@@ -132,6 +158,8 @@ def test_one_step_on_the_real_model(smollm2_gguf, tmp_path):
             "1",
             "--rollout",
             "hf",
+            "--warmup_steps",
+            "1",
             "--gguf",
             smollm2_gguf,
             "--workdir",
@@ -147,7 +175,8 @@ def test_one_step_on_the_real_model(smollm2_gguf, tmp_path):
     result = json.loads((work / "real_model_result.json").read_text())
     assert result["steps"] == 1 and result["heldout_problems"] == 4
     for part in ("", "committed_", "lenient_", "heldout_kind_", "heldout_kind_committed_"):
-        assert 0.0 <= result[f"{part}accuracy_before"] <= 1.0 and 0.0 <= result[f"{part}accuracy_after"] <= 1.0
+        for when in ("base", "before", "after"):  # base: before the warm-up
+            assert 0.0 <= result[f"{part}accuracy_{when}"] <= 1.0
     questions = {
         n: pd.read_parquet(work / "data" / f"{n}.parquet")["extra_info"].map(lambda e: e["question"])
         for n in ("train", "heldout_kind")
