@@ -124,10 +124,10 @@ class PeakRSS:
 @contextlib.contextmanager
 def timed_push_parts(host):
     """Seconds a weight push spends drawing the actor's full params and packing buckets, in the dict yielded."""
-    import hybridflow.workers.rollout.vllm_server as vllm_server
+    import hybridflow.workers.rollout.vllm_weights as vllm_weights
 
     parts = {"gather": 0.0, "pack": 0.0}
-    packed_bucket, iter_full_params = vllm_server.PackedBucket, host.actor_engine.iter_full_params
+    packed_bucket, iter_full_params = vllm_weights.PackedBucket, host.actor_engine.iter_full_params
 
     class TimedPackedBucket(packed_bucket):
         def __init__(self, *args, **kwargs):
@@ -145,11 +145,11 @@ def timed_push_parts(host):
                 return
             yield item
 
-    vllm_server.PackedBucket, host.actor_engine.iter_full_params = TimedPackedBucket, timed_params
+    vllm_weights.PackedBucket, host.actor_engine.iter_full_params = TimedPackedBucket, timed_params
     try:
         yield parts
     finally:
-        vllm_server.PackedBucket = packed_bucket
+        vllm_weights.PackedBucket = packed_bucket
         del host.actor_engine.iter_full_params  # the class's method again
 
 
@@ -297,7 +297,7 @@ def main(argv=None) -> dict:
         trainer, loader = C.build_trainer(trainer_overrides(recipe, model, work, args))
         batches = iter(loader)
         manager = trainer.async_rollout_manager
-        host = manager.workers[0].server_manager.servers[0].host  # the in-process rollout worker's engine host
+        host = manager.workers.helpers[0].server_manager.servers[0].host  # the in-process rollout worker's engine host
         settings = host.server.settings
         start_s = {"trainer (actor + vLLM engine)": time.perf_counter() - t0}
         t0 = time.perf_counter()
@@ -318,9 +318,11 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
     import torch
     from vllm import SamplingParams as VLLMSampling
 
+    from hybridflow.trainer.ppo.rollout_source import rollout_request
+
     prompts = DataProto.from_single_dict(next(batches)).repeat(repeat_times=args.n, interleave=True)
     ids = prompt_token_ids(prompts)
-    params = manager.workers[0].train_params
+    params = manager.workers.helpers[0].train_params
     raw_params = VLLMSampling(
         n=1,
         temperature=params.temperature,
@@ -333,7 +335,8 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
     )
 
     def trainer_path() -> int:
-        out, _ = trainer._rollout(prompts, {"global_steps": next(calls)})
+        request = rollout_request(prompts, {"do_sample": True, "global_steps": next(calls)})
+        out = manager.generate_sequences(request)  # what the trainer's rollout source calls
         return int(out.batch["response_mask"].sum())
 
     def server_alone() -> int:
