@@ -22,6 +22,7 @@ import contextlib
 import os
 import uuid
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -97,7 +98,7 @@ class PackedBucket:
         written = _write_shared_file(shared_dir, parts, total, path) if (shared_dir or path) and total else None
         self.path = written and written[0]
         if written is not None:
-            self.payload = {"table": table, "path": self.path, "nbytes": written[1]}
+            self.payload = {"table": table, "path": self.path, "nbytes": written[1], "inode": written[2]}
         else:
             buffer = torch.empty(total, dtype=torch.uint8)
             for offset, flat in parts:
@@ -122,11 +123,13 @@ class BucketFiles:
     Bucket i of an update is written into file i of the previous one, whose pages already exist, and the
     worker keeps its mapping of it: SmolLM2's 513 MiB bucket packs in ~0.04 s instead of ~0.2 s for a new
     file (2 cores). The price is the files' memory between updates; a file the last update did not use is
-    removed when it ends (an update of adapter tensors only uses none).
+    removed when it ends (an update of adapter tensors only uses none), all of them at ``close`` or when
+    the process exits (a process killed outright leaves them behind, as it left a bucket in flight before).
     """
 
     def __init__(self, directory: str | None = SHARED_DIR):
         self.directory, self.paths, self.used = directory, [], 0
+        weakref.finalize(self, _unlink_all, self.paths)
 
     def pack(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PackedBucket:
         if self.directory is None:
@@ -138,9 +141,7 @@ class BucketFiles:
 
     def end_update(self) -> None:
         """Remove the files this update did not use; the next update starts again at file 0."""
-        for path in self.paths[self.used :]:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        _unlink_all(self.paths[self.used :])
         del self.paths[self.used :]
         self.used = 0
 
@@ -149,10 +150,16 @@ class BucketFiles:
         self.end_update()
 
 
+def _unlink_all(paths: list[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
 def _write_shared_file(
     directory: str | None, parts: list[tuple[int, torch.Tensor]], nbytes: int, path: str | None = None
-) -> tuple[str, int] | None:
-    """(path, file size) of a file in ``directory`` (or at ``path``, new or reused) holding each
+) -> tuple[str, int, int] | None:
+    """(path, file size, inode) of a file in ``directory`` (or at ``path``, new or reused) holding each
     (offset, uint8 tensor) of ``parts`` in its first ``nbytes``, or None when it cannot be written (no room:
     a plain write fails cleanly where writing through a mapping dies of SIGBUS). Written with ``pwrite``:
     one copy, where filling a mapping first zeroed the pages (fallocate) and then faulted each one in
@@ -170,9 +177,10 @@ def _write_shared_file(
             while view:
                 written = os.pwrite(fd, view, offset)
                 view, offset = view[written:], offset + written
-        size = max(nbytes, os.fstat(fd).st_size)
+        stat = os.fstat(fd)
+        size = max(nbytes, stat.st_size)
         os.ftruncate(fd, size)  # the last tensor's alignment padding
-        return path, size
+        return path, size, stat.st_ino
     except OSError:  # no room
         if fresh:
             os.unlink(path)
@@ -195,7 +203,8 @@ def unpack_bucket(
     into a shared-memory ring buffer that the next message overwrites, while the layerwise loader may
     keep a tensor of an incomplete layer until a later bucket completes it. A file in /dev/shm is
     mapped instead: no copy. Privately by default (the mapping outlives the sender's unlink); shared and
-    kept in ``maps`` (path -> mapping) for the files of ``BucketFiles``, which the sender rewrites in place.
+    kept in ``maps`` ((path, size, inode) -> mapping) for the files of ``BucketFiles``, which the sender
+    rewrites in place.
     """
     if not payload["table"]:
         return
@@ -204,9 +213,10 @@ def unpack_bucket(
         if maps is None:
             buffer = torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
         else:
-            if path not in maps or maps[path].numel() != size:
-                maps[path] = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
-            buffer = maps[path]
+            key = (path, size, payload["inode"])  # a file removed and made again is mapped again
+            if key not in maps:
+                maps[key] = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+            buffer = maps[key]
     else:
         with warnings.catch_warnings():  # the received bytes are read-only; the loader only reads them
             warnings.simplefilter("ignore", UserWarning)
@@ -245,8 +255,8 @@ class WeightSyncExtension:
         from vllm.config import set_current_vllm_config
 
         model = self.model_runner.get_model()
-        maps = self.__dict__.setdefault("_hybridflow_maps", {})  # the sender's kept files, mapped once
-        self._hybridflow_files.add(payload.get("path"))
+        maps = self.__dict__.setdefault("_hybridflow_maps", {})  # the sender's kept files, each mapped once
+        self._hybridflow_files.add((payload.get("path"), payload.get("nbytes"), payload.get("inode")))
         with set_current_vllm_config(self.vllm_config), torch.no_grad():
             loaded = model.load_weights(unpack_bucket(payload, copy=True, maps=maps))
         if self._hybridflow_in_place is not None:
@@ -269,8 +279,8 @@ class WeightSyncExtension:
                 else:
                     finalize_layerwise_reload(model, self.vllm_config.model_config)
         finally:
-            for path in set(maps) - self._hybridflow_files:  # files the sender removes now (BucketFiles)
-                del maps[path]
+            for key in set(maps) - self._hybridflow_files:  # files the sender removes now (BucketFiles)
+                del maps[key]
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
             if hasattr(self.model_runner, reset):
                 getattr(self.model_runner, reset)()

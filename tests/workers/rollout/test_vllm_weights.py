@@ -72,6 +72,9 @@ def test_bucket_files_are_rewritten_in_place_and_the_workers_mapping_sees_the_ne
         pass
     files.end_update()
     assert len(files.paths) == 1 and len(os.listdir(tmp_path)) == 1
+    os.unlink(files.paths[0])  # removed behind the sender's back: made again, and mapped again
+    with files.pack([(n, t + 3.0) for n, t in first]) as packed:  # the same size as before
+        assert torch.equal(dict(unpack_bucket(packed.payload, maps=maps))["a"], torch.full((8,), 3.0))
     files.close()
     assert os.listdir(tmp_path) == []
 
