@@ -9,7 +9,8 @@ vLLM spawns; this object lives on the worker's ``EngineLoop`` and talks to them:
   Stops only at ``eos_token_ids`` (from the spec, unless ``ignore_eos``) or after
   ``response_length`` tokens, like the hf engine. Log-probs are log softmax(logits / temperature) of
   the sampled token (see ``vllm_settings.LOGPROBS_MODE``).
-- weights: ``load_weights`` per bucket, ``finish_weight_update`` once (``vllm_weights``). A request
+- weights: ``load_weights`` per bucket, ``finish_weight_update`` once (``vllm_weights``; on CPU in place,
+  ``vllm_inplace``, and ``update_path`` says which way the last update went). A request
   never runs on half-updated weights: an update refuses to start while requests are in flight, and
   requests that arrive during one wait until it is finished.
 - ``load_format: dummy*``: generation is refused until the first weight update has finished.

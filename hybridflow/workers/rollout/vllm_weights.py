@@ -13,7 +13,12 @@ reload buffers the pieces of a layer until the layer is complete, then loads and
 a layer still incomplete at the end is processed with uninitialised memory for the missing pieces.
 One ``reload_weights`` call per bucket would end that buffering at every bucket boundary, so a bucket
 that splits q_proj from k_proj would corrupt the layer. Keeping the session open across buckets
-lets a layer's pieces arrive in different buckets; ``finish`` closes it.
+lets a layer's pieces arrive in different buckets; ``finish`` closes it. Where it is known to be right
+(CPU, one rank, no quantization, no LoRA) an update skips that reload: ``vllm_inplace`` packs each layer
+straight from the received bytes when the session finishes.
+
+The /dev/shm files stay from one update to the next (``BucketFiles``): rewriting pages that exist, into
+a mapping the worker keeps, costs a fraction of making a new file each time.
 """
 
 from __future__ import annotations
