@@ -67,34 +67,46 @@ def _rows_before(layer: torch.nn.Module, shard_id) -> int:
     )
 
 
+def _covered(layer: torch.nn.Module, shards: dict) -> bool:
+    """Whether the shards (shard id -> tensor) make the layer's whole (out, in) weight, each in its place."""
+    rows = 0
+    for shard_id, piece in sorted(shards.items(), key=lambda kv: _rows_before(layer, kv[0])):
+        if (
+            _rows_before(layer, shard_id) != rows
+            or piece.dim() != 2
+            or piece.shape[1] != layer.input_size_per_partition
+        ):
+            return False
+        rows += piece.shape[0]
+    return rows == layer.output_size_per_partition
+
+
 def fused_weight(layer: torch.nn.Module, shards: dict) -> torch.Tensor:
     """A layer's full (out, in) weight from its shards (shard id -> tensor): a view where the pieces lie
     side by side in memory, else their concatenation. Raises unless they cover the weight exactly."""
-    pieces = sorted(shards.items(), key=lambda kv: _rows_before(layer, kv[0]))
-    rows, cols = layer.output_size_per_partition, layer.input_size_per_partition
-    start = 0
-    for shard_id, piece in pieces:
-        if _rows_before(layer, shard_id) != start or piece.dim() != 2 or piece.shape[1] != cols:
-            break
-        start += piece.shape[0]
-    if start != rows:
+    if not _covered(layer, shards):
         given = {k: tuple(v.shape) for k, v in shards.items()}
+        shape = (layer.output_size_per_partition, layer.input_size_per_partition)
         raise ValueError(
             f"weight update for {getattr(layer, 'prefix', type(layer).__name__)}: shards {given} do not make its "
-            f"({rows}, {cols}) weight (an update of a fused layer must carry all its pieces)"
+            f"{shape} weight (an update of a fused layer must carry all its pieces)"
         )
-    side_by_side = all(p.is_contiguous() for _, p in pieces) and all(
+    pieces = [p for _, p in sorted(shards.items(), key=lambda kv: _rows_before(layer, kv[0]))]
+    side_by_side = all(p.is_contiguous() for p in pieces) and all(
         a.data_ptr() + a.nbytes == b.data_ptr() and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-        for (_, a), (_, b) in zip(pieces, pieces[1:])
+        for a, b in zip(pieces, pieces[1:])
     )
     if not side_by_side:
-        return torch.cat([p for _, p in pieces])
-    return pieces[0][1].as_strided((rows, cols), (cols, 1))
+        return torch.cat(pieces)
+    return pieces[0].as_strided(
+        (layer.output_size_per_partition, layer.input_size_per_partition), (pieces[0].shape[1], 1)
+    )
 
 
 class InPlaceUpdate:
     """One update: ``__init__`` puts recording loaders on the model, ``model.load_weights`` runs through
-    them, ``finish`` packs what arrived and puts vLLM's loaders back."""
+    them, ``next_bucket`` packs the layers a bucket completed, ``finish`` the rest and the LM head, and puts
+    vLLM's loaders back."""
 
     def __init__(self, model: torch.nn.Module):
         from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
@@ -141,17 +153,24 @@ class InPlaceUpdate:
         return write
 
     def next_bucket(self) -> None:
+        """After each bucket: pack the layers it completed, so a bucket's bytes are not held to the end (a
+        layer split across buckets waits for its last piece)."""
         self.bucket += 1
+        for layer in [m for m, shards in self.shards.items() if _covered(m, shards)]:
+            self._pack(layer, self.shards.pop(layer))
+
+    def _pack(self, layer: torch.nn.Module, shards: dict) -> None:
+        weight = fused_weight(layer, shards).to(layer.weight.dtype)  # vLLM's loaders convert too
+        layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+        layer.quant_method.process_weights_after_loading(layer)  # packs, drops the tensor
+        if layer.weight.numel():  # the kernel kept the tensor: it must not be the sender's buffer
+            layer.weight = torch.nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
 
     def finish(self) -> None:
         """Pack every layer that received a new weight; vLLM's loaders are back either way."""
         try:
             for layer, shards in self.shards.items():
-                weight = fused_weight(layer, shards).to(layer.weight.dtype)  # vLLM's loaders convert too
-                layer.weight = torch.nn.Parameter(weight, requires_grad=False)
-                layer.quant_method.process_weights_after_loading(layer)  # packs, drops the tensor
-                if layer.weight.numel():  # the kernel kept the tensor: it must not be the sender's buffer
-                    layer.weight = torch.nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
+                self._pack(layer, shards)
             for weight_id in self.written:
                 layers = self.owners[weight_id]
                 heads = [m for m in layers if isinstance(m, self.lm_head_class)] if len(layers) > 1 else layers

@@ -17,8 +17,8 @@ lets a layer's pieces arrive in different buckets; ``finish`` closes it. Where i
 (CPU, one rank, no quantization, no LoRA) an update skips that reload: ``vllm_inplace`` packs each layer
 straight from the received bytes when the session finishes.
 
-The /dev/shm files stay from one update to the next (``BucketFiles``): rewriting pages that exist, into
-a mapping the worker keeps, costs a fraction of making a new file each time.
+The first bucket's /dev/shm file stays from one update to the next (``BucketFiles``): rewriting pages
+that exist, into a mapping the worker keeps, costs less than making a new file each time.
 """
 
 from __future__ import annotations
@@ -104,6 +104,7 @@ class PackedBucket:
         self.path = written and written[0]
         if written is not None:
             self.payload = {"table": table, "path": self.path, "nbytes": written[1], "inode": written[2]}
+            self.payload["kept"] = self.kept
         else:
             buffer = torch.empty(total, dtype=torch.uint8)
             for offset, flat in parts:
@@ -123,25 +124,26 @@ class PackedBucket:
 
 
 class BucketFiles:
-    """The /dev/shm files one server's buckets go through, kept from one update to the next.
+    """The /dev/shm files one server's buckets go through, the first ``keep`` kept from one update to the next.
 
-    Bucket i of an update is written into file i of the previous one, whose pages already exist, and the
-    worker keeps its mapping of it: SmolLM2's 513 MiB bucket packs in ~0.04 s instead of ~0.2 s for a new
-    file (2 cores). The price is the files' memory between updates; a file the last update did not use is
-    removed when it ends (an update of adapter tensors only uses none), all of them at ``close`` or when
-    the process exits (a process killed outright leaves them behind, as it left a bucket in flight before).
+    Bucket i < ``keep`` of an update is written into file i of the previous one, whose pages already exist,
+    and the worker keeps its mapping of it (SmolLM2's one 513 MiB bucket: 129-234 ms against 179-240 ms for
+    a new file, 2 loaded cores); later buckets get a file of their own, removed once loaded. The price is
+    the kept files' memory between updates (one bucket, ``update_weights_bucket_megabytes``, by default); a
+    kept file the last update did not use is removed when it ends (an update of adapter tensors only uses
+    none), all of them at ``close`` or when the process exits (a process killed outright leaves them behind).
     """
 
-    def __init__(self, directory: str | None = SHARED_DIR):
-        self.directory, self.paths, self.used = directory, [], 0
+    def __init__(self, directory: str | None = SHARED_DIR, keep: int = 1):
+        self.directory, self.keep, self.paths, self.used = directory, keep, [], 0
         weakref.finalize(self, _unlink_all, self.paths)
 
     def pack(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PackedBucket:
-        if self.directory is None:
-            return PackedBucket(named_tensors, shared_dir=None)
-        if self.used == len(self.paths):
-            self.paths.append(os.path.join(self.directory, f"hybridflow_weights_{os.getpid()}_{uuid.uuid4().hex}"))
         self.used += 1
+        if self.directory is None or self.used > self.keep:
+            return PackedBucket(named_tensors, shared_dir=self.directory)
+        if self.used > len(self.paths):
+            self.paths.append(os.path.join(self.directory, f"hybridflow_weights_{os.getpid()}_{uuid.uuid4().hex}"))
         return PackedBucket(named_tensors, path=self.paths[self.used - 1])
 
     def end_update(self) -> None:
@@ -208,14 +210,14 @@ def unpack_bucket(
     into a shared-memory ring buffer that the next message overwrites, while the layerwise loader may
     keep a tensor of an incomplete layer until a later bucket completes it. A file in /dev/shm is
     mapped instead: no copy. Privately by default (the mapping outlives the sender's unlink); shared and
-    kept in ``maps`` ((path, size, inode) -> mapping) for the files of ``BucketFiles``, which the sender
+    kept in ``maps`` ((path, size, inode) -> mapping) for the files ``BucketFiles`` keeps, which the sender
     rewrites in place.
     """
     if not payload["table"]:
         return
     if "path" in payload:
         path, size = payload["path"], payload["nbytes"]
-        if maps is None:
+        if maps is None or not payload["kept"]:
             buffer = torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
         else:
             key = (path, size, payload["inode"])  # a file removed and made again is mapped again

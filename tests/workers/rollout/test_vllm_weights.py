@@ -56,7 +56,7 @@ def test_bucket_through_a_shared_memory_file_outlives_the_file():
 
 
 def test_bucket_files_are_rewritten_in_place_and_the_workers_mapping_sees_the_new_bytes(tmp_path):
-    files, maps = BucketFiles(str(tmp_path)), {}  # the sender's files; the worker's mappings
+    files, maps = BucketFiles(str(tmp_path), keep=2), {}  # the sender's files; the worker's mappings
     first = [("a", torch.zeros(8)), ("b", torch.zeros(4))]
     views, before = {}, None
     for value in (1.0, 2.0):
@@ -77,6 +77,19 @@ def test_bucket_files_are_rewritten_in_place_and_the_workers_mapping_sees_the_ne
         assert torch.equal(dict(unpack_bucket(packed.payload, maps=maps))["a"], torch.full((8,), 3.0))
     files.close()
     assert os.listdir(tmp_path) == []
+
+
+def test_buckets_beyond_the_kept_files_get_files_of_their_own(tmp_path):
+    files, seen, maps = BucketFiles(str(tmp_path)), [], {}  # keeps one
+    for _ in range(2):
+        for _ in range(2):
+            with files.pack([("a", torch.ones(4))]) as packed:
+                seen.append(packed.payload["path"])
+                list(unpack_bucket(packed.payload, maps=maps))
+        assert [key[0] for key in maps] == [seen[0]]  # the worker holds no mapping of a file of one bucket
+        files.end_update()
+        assert os.listdir(tmp_path) == [os.path.basename(seen[0])]  # the second bucket's file is gone
+    assert seen[2] == seen[0] and len({seen[1], seen[3], seen[0]}) == 3
 
 
 def test_without_room_for_a_file_the_bytes_travel_inline(tmp_path):
