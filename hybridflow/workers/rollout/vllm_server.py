@@ -9,7 +9,8 @@ vLLM spawns; this object lives on the worker's ``EngineLoop`` and talks to them:
   Stops only at ``eos_token_ids`` (from the spec, unless ``ignore_eos``) or after
   ``response_length`` tokens, like the hf engine. Log-probs are log softmax(logits / temperature) of
   the sampled token (see ``vllm_settings.LOGPROBS_MODE``).
-- weights: ``load_weights`` per bucket, ``finish_weight_update`` once (``vllm_weights``). A request
+- weights: ``load_weights`` per bucket, ``finish_weight_update`` once (``vllm_weights``; on CPU in place,
+  ``vllm_inplace``, and ``update_path`` says which way the last update went). A request
   never runs on half-updated weights: an update refuses to start while requests are in flight, and
   requests that arrive during one wait until it is finished.
 - ``load_format: dummy*``: generation is refused until the first weight update has finished.
@@ -54,7 +55,7 @@ from hybridflow.utils.environ import restored_environ
 from hybridflow.utils.param_names import strip_wrapper_prefixes
 from hybridflow.workers.engine.lora import is_adapter_tensor
 from hybridflow.workers.rollout.vllm_settings import ModelFacts, VLLMSettings, vllm_settings
-from hybridflow.workers.rollout.vllm_weights import PackedBucket, TiedEmbeddingNames, full_tensor
+from hybridflow.workers.rollout.vllm_weights import BucketFiles, TiedEmbeddingNames, full_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,8 @@ class VLLMServer(AsyncRolloutServer):
         self._lora_dir = None
         self._pending_adapter: list[tuple[str, torch.Tensor]] = []  # adapter tensors of the open update
         self._updating = self._update_started = False
+        self._bucket_files = BucketFiles()
+        self.update_path = None  # how the last weight update reached the model ("in_place", "layerwise")
         self._update_done = asyncio.Event()
         self._update_done.set()
 
@@ -272,9 +275,9 @@ class VLLMServer(AsyncRolloutServer):
                     bucket.extend(self._tied.expand(strip_wrapper_prefixes(name), full_tensor(tensor)))
             if bucket:
                 if not self._update_started:
-                    await self.engine.collective_rpc("hybridflow_begin_weight_update")
+                    self.update_path = (await self.engine.collective_rpc("hybridflow_begin_weight_update"))[0]
                     self._update_started = True
-                with PackedBucket(bucket) as packed:
+                with self._bucket_files.pack(bucket) as packed:
                     await self.engine.collective_rpc("hybridflow_load_bucket", args=(packed.payload,))
         except BaseException as err:
             await self._abandon_update(err)
@@ -311,6 +314,7 @@ class VLLMServer(AsyncRolloutServer):
             self._not_real_reason = None
 
     def _end_update(self) -> None:
+        self._bucket_files.end_update()
         self._updating = self._update_started = False
         self._pending_adapter = []
         self._update_done.set()
@@ -430,6 +434,7 @@ class VLLMServer(AsyncRolloutServer):
         engine, self.engine = self.engine, None
         engine.shutdown()  # stops the engine core and worker processes
         del engine  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
+        self._bucket_files.close()
         if self._lora_dir is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
         shutil.rmtree(self._ipc_dir, ignore_errors=True)

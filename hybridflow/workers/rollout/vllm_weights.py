@@ -13,14 +13,21 @@ reload buffers the pieces of a layer until the layer is complete, then loads and
 a layer still incomplete at the end is processed with uninitialised memory for the missing pieces.
 One ``reload_weights`` call per bucket would end that buffering at every bucket boundary, so a bucket
 that splits q_proj from k_proj would corrupt the layer. Keeping the session open across buckets
-lets a layer's pieces arrive in different buckets; ``finish`` closes it.
+lets a layer's pieces arrive in different buckets; ``finish`` closes it. Where it is known to be right
+(CPU, one rank, no quantization, no LoRA) an update skips that reload: ``vllm_inplace`` packs each layer
+straight from the received bytes when the session finishes.
+
+The first bucket's /dev/shm file stays from one update to the next (``BucketFiles``): rewriting pages
+that exist, into a mapping the worker keeps, costs less than making a new file each time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -74,7 +81,12 @@ class PackedBucket:
     ``close()`` removes the file once the worker has loaded the bucket.
     """
 
-    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], shared_dir: str | None = SHARED_DIR):
+    def __init__(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        shared_dir: str | None = SHARED_DIR,
+        path: str | None = None,
+    ):
         table, parts, offsets, total = [], [], {}, 0
         for name, tensor in named_tensors:
             tensor = full_tensor(tensor).detach()
@@ -87,9 +99,12 @@ class PackedBucket:
             table.append(
                 (name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offsets[key], flat.numel())
             )
-        self.path = _write_shared_file(shared_dir, parts, total) if shared_dir and total else None
-        if self.path is not None:
-            self.payload = {"table": table, "path": self.path, "nbytes": total}
+        self.kept = path is not None  # a file of ``BucketFiles``: it outlives this bucket
+        written = _write_shared_file(shared_dir, parts, total, path) if (shared_dir or path) and total else None
+        self.path = written and written[0]
+        if written is not None:
+            self.payload = {"table": table, "path": self.path, "nbytes": written[1], "inode": written[2]}
+            self.payload["kept"] = self.kept
         else:
             buffer = torch.empty(total, dtype=torch.uint8)
             for offset, flat in parts:
@@ -97,9 +112,9 @@ class PackedBucket:
             self.payload = {"table": table, "data": memoryview(buffer.numpy())}
 
     def close(self) -> None:
-        if self.path is not None:
+        if self.path is not None and not self.kept:
             os.unlink(self.path)  # a worker's mapping stays valid until it drops the tensors
-            self.path = None
+        self.path = None
 
     def __enter__(self) -> PackedBucket:
         return self
@@ -108,14 +123,59 @@ class PackedBucket:
         self.close()
 
 
-def _write_shared_file(directory: str, parts: list[tuple[int, torch.Tensor]], nbytes: int) -> str | None:
-    """A new file of ``nbytes`` in ``directory`` holding each (offset, uint8 tensor) of ``parts``, or None when
-    it cannot be written (no room: a plain write fails cleanly where writing through a mapping dies of
-    SIGBUS). Written with ``pwrite``: one copy, where filling a mapping first zeroed the pages (fallocate)
-    and then faulted each one in (0.77-1.05 s against 0.42-0.44 s for SmolLM2's 621 MiB, loaded 2 cores)."""
-    path = os.path.join(directory, f"hybridflow_weights_{os.getpid()}_{uuid.uuid4().hex}")
+class BucketFiles:
+    """The /dev/shm files one server's buckets go through, the first ``keep`` kept from one update to the next.
+
+    Bucket i < ``keep`` of an update is written into file i of the previous one, whose pages already exist,
+    and the worker keeps its mapping of it (SmolLM2's one 513 MiB bucket: 129-234 ms against 179-240 ms for
+    a new file, 2 loaded cores); later buckets get a file of their own, removed once loaded. The price is
+    the kept files' memory between updates (one bucket, ``update_weights_bucket_megabytes``, by default); a
+    kept file the last update did not use is removed when it ends (an update of adapter tensors only uses
+    none), all of them at ``close`` or when the process exits (a process killed outright leaves them behind).
+    """
+
+    def __init__(self, directory: str | None = SHARED_DIR, keep: int = 1):
+        self.directory, self.keep, self.paths, self.used = directory, keep, [], 0
+        weakref.finalize(self, _unlink_all, self.paths)
+
+    def pack(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PackedBucket:
+        self.used += 1
+        if self.directory is None or self.used > self.keep:
+            return PackedBucket(named_tensors, shared_dir=self.directory)
+        if self.used > len(self.paths):
+            self.paths.append(os.path.join(self.directory, f"hybridflow_weights_{os.getpid()}_{uuid.uuid4().hex}"))
+        return PackedBucket(named_tensors, path=self.paths[self.used - 1])
+
+    def end_update(self) -> None:
+        """Remove the files this update did not use; the next update starts again at file 0."""
+        _unlink_all(self.paths[self.used :])
+        del self.paths[self.used :]
+        self.used = 0
+
+    def close(self) -> None:
+        self.used = 0
+        self.end_update()
+
+
+def _unlink_all(paths: list[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _write_shared_file(
+    directory: str | None, parts: list[tuple[int, torch.Tensor]], nbytes: int, path: str | None = None
+) -> tuple[str, int, int] | None:
+    """(path, file size, inode) of a file in ``directory`` (or at ``path``, new or reused) holding each
+    (offset, uint8 tensor) of ``parts`` in its first ``nbytes``, or None when it cannot be written (no room:
+    a plain write fails cleanly where writing through a mapping dies of SIGBUS). Written with ``pwrite``:
+    one copy, where filling a mapping first zeroed the pages (fallocate) and then faulted each one in
+    (0.77-1.05 s against 0.42-0.44 s for SmolLM2's 621 MiB, loaded 2 cores). A reused file only grows, so
+    a worker's mapping of it never reaches past its end."""
+    fresh = path is None
+    path = path or os.path.join(directory, f"hybridflow_weights_{os.getpid()}_{uuid.uuid4().hex}")
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | (os.O_EXCL if fresh else 0), 0o600)
     except OSError:
         return None
     try:
@@ -124,10 +184,13 @@ def _write_shared_file(directory: str, parts: list[tuple[int, torch.Tensor]], nb
             while view:
                 written = os.pwrite(fd, view, offset)
                 view, offset = view[written:], offset + written
-        os.ftruncate(fd, nbytes)  # the last tensor's alignment padding
-        return path
+        stat = os.fstat(fd)
+        size = max(nbytes, stat.st_size)
+        os.ftruncate(fd, size)  # the last tensor's alignment padding
+        return path, size, stat.st_ino
     except OSError:  # no room
-        os.unlink(path)
+        if fresh:
+            os.unlink(path)
         return None
     finally:
         os.close(fd)
@@ -138,18 +201,29 @@ def pack_bucket(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, 
     return PackedBucket(named_tensors, shared_dir=None).payload
 
 
-def unpack_bucket(payload: dict[str, Any], copy: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+def unpack_bucket(
+    payload: dict[str, Any], copy: bool = False, maps: dict[str, torch.Tensor] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) views into the received bytes, or into one copy of them (``copy=True``).
 
     Bytes inline in the message need the copy in the worker: vLLM hands it the message as a view
     into a shared-memory ring buffer that the next message overwrites, while the layerwise loader may
     keep a tensor of an incomplete layer until a later bucket completes it. A file in /dev/shm is
-    mapped privately instead: no copy, and the mapping outlives the sender's unlink.
+    mapped instead: no copy. Privately by default (the mapping outlives the sender's unlink); shared and
+    kept in ``maps`` ((path, size, inode) -> mapping) for the files ``BucketFiles`` keeps, which the sender
+    rewrites in place.
     """
     if not payload["table"]:
         return
     if "path" in payload:
-        buffer = torch.from_file(payload["path"], shared=False, size=payload["nbytes"], dtype=torch.uint8)
+        path, size = payload["path"], payload["nbytes"]
+        if maps is None or not payload["kept"]:
+            buffer = torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
+        else:
+            key = (path, size, payload["inode"])  # a file removed and made again is mapped again
+            if key not in maps:
+                maps[key] = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+            buffer = maps[key]
     else:
         with warnings.catch_warnings():  # the received bytes are read-only; the loader only reads them
             warnings.simplefilter("ignore", UserWarning)
@@ -167,21 +241,33 @@ class WeightSyncExtension:
     ``self.vllm_config``). Names are prefixed ``hybridflow_`` so they never clash with the Worker's own.
     """
 
-    def hybridflow_begin_weight_update(self) -> None:
+    def hybridflow_begin_weight_update(self) -> str:
+        """Open an update; returns how it reaches the model: "in_place" (``vllm_inplace``) or "layerwise"."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        from hybridflow.workers.rollout import vllm_inplace
+
         model = self.model_runner.get_model()
+        self._hybridflow_loaded, self._hybridflow_files = set(), set()
+        self._hybridflow_in_place = None
+        if vllm_inplace.supported(model, self.vllm_config):
+            self._hybridflow_in_place = vllm_inplace.InPlaceUpdate(model)
+            return "in_place"
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(model)
-        self._hybridflow_loaded = set()
+        return "layerwise"
 
     def hybridflow_load_bucket(self, payload: dict[str, Any]) -> int:
         from vllm.config import set_current_vllm_config
 
         model = self.model_runner.get_model()
+        maps = self.__dict__.setdefault("_hybridflow_maps", {})  # the sender's kept files, each mapped once
+        self._hybridflow_files.add((payload.get("path"), payload.get("nbytes"), payload.get("inode")))
         with set_current_vllm_config(self.vllm_config), torch.no_grad():
-            loaded = model.load_weights(unpack_bucket(payload, copy=True))
+            loaded = model.load_weights(unpack_bucket(payload, copy=True, maps=maps))
+        if self._hybridflow_in_place is not None:
+            self._hybridflow_in_place.next_bucket()
         self._hybridflow_loaded |= set(loaded or ())
         return len(payload["table"])
 
@@ -191,8 +277,17 @@ class WeightSyncExtension:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         model = self.model_runner.get_model()
-        with set_current_vllm_config(self.vllm_config):
-            finalize_layerwise_reload(model, self.vllm_config.model_config)
+        maps = self.__dict__.setdefault("_hybridflow_maps", {})
+        in_place, self._hybridflow_in_place = self._hybridflow_in_place, None
+        try:
+            with set_current_vllm_config(self.vllm_config), torch.no_grad():
+                if in_place is not None:
+                    in_place.finish()
+                else:
+                    finalize_layerwise_reload(model, self.vllm_config.model_config)
+        finally:
+            for key in set(maps) - self._hybridflow_files:  # files the sender removes now (BucketFiles)
+                del maps[key]
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
             if hasattr(self.model_runner, reset):
                 getattr(self.model_runner, reset)()

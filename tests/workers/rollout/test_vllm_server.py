@@ -265,6 +265,7 @@ def test_weights_pushed_in_buckets_answer_like_another_seeds_model(served, hf_mo
     # tensors split q/k/v of a layer across buckets
     seconds = served.push(state_dict_items(other, drop=("lm_head.weight",)), bucket_size=3)
     print(f"\nweight push: {seconds * 1000:.0f} ms for {sum(t.numel() for t in other.parameters())} parameters")
+    assert served.server.update_path == "in_place"  # not vLLM's layerwise reload (vllm_inplace)
     try:
         greedy = served.generate_all(prompts, GREEDY)
         assert [o.token_ids for o in greedy] == [hf_greedy(other, p, eos, GREEDY.response_length) for p in prompts]
@@ -274,6 +275,20 @@ def test_weights_pushed_in_buckets_answer_like_another_seeds_model(served, hf_mo
     finally:
         # back to the checkpoint, this time as a full state dict (both tied names) in one bucket
         served.push(state_dict_items(hf_model), bucket_size=1000)
+    assert max_log_prob_diff(served.generate_all(prompts, SAMPLED), prompts, hf_model) < 1e-4
+
+
+def test_an_update_with_part_of_a_fused_layer_is_refused_until_a_full_push(served, hf_model, prompts):
+    """The in-place path rebuilds q/k/v as one weight: an update with q alone cannot be applied."""
+    from hybridflow.workers.rollout.vllm_server import RolloutNotReadyError
+
+    other = build_tiny_model(hf_model.config, seed=2).eval()
+    partial = [(k, v) for k, v in state_dict_items(other) if ".k_proj." not in k]
+    with pytest.raises(Exception, match=r"qkv_proj.*must carry all its pieces"):
+        served.push(partial, bucket_size=1000)
+    with pytest.raises(RolloutNotReadyError, match="last weight update failed"):
+        served.generate_all(prompts[:1], GREEDY)
+    served.push(state_dict_items(hf_model), bucket_size=1000)
     assert max_log_prob_diff(served.generate_all(prompts, SAMPLED), prompts, hf_model) < 1e-4
 
 
@@ -379,6 +394,7 @@ def untied(tmp_path_factory, prompts, served):
     except Exception as err:  # noqa: BLE001 - the test looks at it
         refused = err
     engine.push(state_dict_items(hf), bucket_size=5)
+    assert engine.server.update_path == "layerwise"  # LoRA wraps the layers: vLLM's own reload
     yield engine, hf, model_dir, eos, stop, refused
     engine.close()
 

@@ -11,6 +11,7 @@ from hybridflow.workers.rollout.vllm_weights import (
     SHARED_DIR,
     TIED_EMBEDDING,
     TIED_HEAD,
+    BucketFiles,
     PackedBucket,
     TiedEmbeddingNames,
     pack_bucket,
@@ -52,6 +53,43 @@ def test_bucket_through_a_shared_memory_file_outlives_the_file():
     assert not os.path.exists(wire["path"])  # removed once the worker has it mapped
     for (name, want), (got_name, got) in zip(tensors, back):
         assert got_name == name and got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_bucket_files_are_rewritten_in_place_and_the_workers_mapping_sees_the_new_bytes(tmp_path):
+    files, maps = BucketFiles(str(tmp_path), keep=2), {}  # the sender's files; the worker's mappings
+    first = [("a", torch.zeros(8)), ("b", torch.zeros(4))]
+    views, before = {}, None
+    for value in (1.0, 2.0):
+        for named in (first, [("c", torch.zeros(16))]):
+            with files.pack([(n, t + value) for n, t in named]) as packed:
+                views.update(unpack_bucket(packed.payload, maps=maps))
+        files.end_update()
+        assert len(files.paths) == 2 and all(os.path.isfile(p) for p in files.paths)  # kept for the next update
+        assert all(torch.equal(v, torch.full_like(v, value)) for v in views.values())
+        assert len(maps) == 2 and (before is None or all(m is before[k] for k, m in maps.items()))  # mapped once
+        before = dict(maps)
+    with files.pack([("a", torch.ones(2))]):  # an update of one bucket: the second file is not needed now
+        pass
+    files.end_update()
+    assert len(files.paths) == 1 and len(os.listdir(tmp_path)) == 1
+    os.unlink(files.paths[0])  # removed behind the sender's back: made again, and mapped again
+    with files.pack([(n, t + 3.0) for n, t in first]) as packed:  # the same size as before
+        assert torch.equal(dict(unpack_bucket(packed.payload, maps=maps))["a"], torch.full((8,), 3.0))
+    files.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_buckets_beyond_the_kept_files_get_files_of_their_own(tmp_path):
+    files, seen, maps = BucketFiles(str(tmp_path)), [], {}  # keeps one
+    for _ in range(2):
+        for _ in range(2):
+            with files.pack([("a", torch.ones(4))]) as packed:
+                seen.append(packed.payload["path"])
+                list(unpack_bucket(packed.payload, maps=maps))
+        assert [key[0] for key in maps] == [seen[0]]  # the worker holds no mapping of a file of one bucket
+        files.end_update()
+        assert os.listdir(tmp_path) == [os.path.basename(seen[0])]  # the second bucket's file is gone
+    assert seen[2] == seen[0] and len({seen[1], seen[3], seen[0]}) == 3
 
 
 def test_without_room_for_a_file_the_bytes_travel_inline(tmp_path):
