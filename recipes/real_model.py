@@ -33,8 +33,9 @@ from quickstart import (
 from word_problems import committed_correct, make_rows, write_word_problems
 
 MAX_PROMPT_LENGTH = 128  # tokens: the chat template's system line + the longest problem are ~80
-# operands of sums up to 300 (products stay 2-9 x 2-9): after the warm-up below (30 steps, operands up to 30) the
-# model committed to the right answer 67.5 % of the time on operands up to 30 and 35 % up to 300 (docs/measurements.md)
+# operands of sums up to 300 (products stay 2-9 x 2-9): the warm-up below teaches the format on operands up to
+# WARMUP_HI, where it is easy; with 30 warm-up steps on operands up to 30 the model committed to the right answer
+# 67.5 % of the time on operands up to 30 and 35 % up to 300; 20 steps on operands up to 300: 39.5 %
 KINDS = ("add", "sub", "mul", "two_step")
 HI = 300
 HELDOUT_KIND = "mul_add"  # a*b + c: both operations seen in training, their combination never
@@ -43,6 +44,7 @@ HELDOUT_KIND = "mul_add"  # a*b + c: both operations seen in training, their com
 # three-number kinds alone, the model then divided or summed three numbers in every answer (1 % right), so the
 # warm-up covers the training kinds too (its own rows, split "warmup")
 WARMUP_KINDS = ("add", "sub", "mul", "two_step", "div", "add3")
+WARMUP_HI = 30
 
 
 def log(msg: str) -> None:
@@ -57,7 +59,9 @@ def parse(argv=None):
     p.add_argument("--batch", type=int, default=8, help="prompts per step")
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
     p.add_argument("--response_length", type=int, default=48)
-    p.add_argument("--lr", type=float, default=3e-5, help="actor learning rate (full fine-tuning)")
+    # 3e-5 taught the answer format in 20 steps, but after the warm-up it cost arithmetic: held-out 39.5 % -> 25.5 %
+    # by step 10 (docs/measurements.md)
+    p.add_argument("--lr", type=float, default=1e-5, help="actor learning rate (full fine-tuning)")
     p.add_argument("--heldout", type=int, default=200, help="held-out problems for the before/after accuracy")
     p.add_argument("--test_freq", type=int, default=5, help="validation (strict, greedy) every this many steps")
     p.add_argument(
@@ -156,7 +160,7 @@ def write_warmup(path: str, args) -> None:
     """SFT rows (question, ``working`` then ``#### answer``) of the warm-up kinds, ``--warmup_steps`` batches."""
     import pandas as pd
 
-    rows = make_rows(args.warmup_steps * WARMUP_BATCH, args.seed, "warmup", WARMUP_KINDS, HI)
+    rows = make_rows(args.warmup_steps * WARMUP_BATCH, args.seed, "warmup", WARMUP_KINDS, WARMUP_HI)
     pd.DataFrame(
         {
             "question": [r["prompt"][0]["content"] for r in rows],

@@ -45,7 +45,7 @@ def parse(argv=None):
     p.add_argument("--sft_lr", type=float, default=2e-5)
     p.add_argument("--tool_share", type=float, default=0.5, help="share of demonstrations that call the tool")
     own, rest = p.parse_known_args(argv)
-    defaults = ["--workdir", "real_model_tools_out", "--response_length", "96", "--heldout", "100"]
+    defaults = ["--workdir", "real_model_tools_out", "--response_length", "96", "--heldout", "100", "--lr", "3e-5"]
     return own, real_model.parse(defaults + rest)
 
 

@@ -209,6 +209,7 @@ def test_the_vllm_server_names_an_engine_death_met_by_a_weight_update():
     import types
 
     from hybridflow.workers.rollout.vllm_server import VLLMServer
+    from hybridflow.workers.rollout.vllm_weights import BucketFiles
 
     class VLLMEngineDeadError(Exception):  # vllm.v1.engine.exceptions.EngineDeadError, matched by name
         pass
@@ -221,6 +222,7 @@ def test_the_vllm_server_names_an_engine_death_met_by_a_weight_update():
     server = object.__new__(VLLMServer)
     server.__dict__.update(_closed=False, _asleep=set(), _in_flight=set(), _updating=False, _update_started=False)
     server.__dict__.update(_pending_adapter=[], _not_real_reason=None, _update_done=asyncio.Event())
+    server._bucket_files = BucketFiles()
     server._tied = types.SimpleNamespace(start_update=lambda: None, expand=lambda name, t: [(name, t)])
     server.engine = types.SimpleNamespace(collective_rpc=collective_rpc)
     with pytest.raises(EngineDeadError, match="engine core process is gone"):
