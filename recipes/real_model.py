@@ -169,31 +169,37 @@ def write_warmup(path: str, args) -> None:
     ).to_parquet(path)
 
 
-def warmup_args(model: str, data: str, sft_dir: str, args) -> list[str]:
-    """The warm-up's ``python -m hybridflow.main_sft`` command line."""
+def sft_args(model: str, data: str, sft_dir: str, seed: int, steps: int, batch: int, lr: float, max_length: int):
+    """A ``python -m hybridflow.main_sft`` command line for a short warm-up on CPU (this recipe's and the tools
+    recipe's), saving once at the end; the callers add how their rows are read."""
     return [
         f"model.partial_pretrain={model}",
         "model.strategy=none",
         "model.enable_gradient_checkpointing=False",
         f"data.train_files={data}",
         f"data.val_files={data}",
-        "data.prompt_key=question",
-        "data.response_key=answer",
-        "data.prompt_dict_keys=[]",
-        "data.response_dict_keys=[]",
-        f"data.max_length={MAX_PROMPT_LENGTH}",  # the longest warm-up row is ~110 tokens
-        f"data.train_batch_size={WARMUP_BATCH}",
-        f"data.micro_batch_size_per_gpu={WARMUP_BATCH}",
-        f"optim.lr={args.warmup_lr}",
+        f"data.max_length={max_length}",
+        f"data.train_batch_size={batch}",
+        f"data.micro_batch_size_per_gpu={batch}",
+        f"optim.lr={lr}",
         "optim.lr_scheduler=constant",
-        f"trainer.total_training_steps={args.warmup_steps}",
-        f"trainer.save_freq={args.warmup_steps}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.save_freq={steps}",
         "trainer.test_freq=-1",
         "trainer.logger=[file]",
         f"trainer.default_local_dir={sft_dir}",
-        f"trainer.seed={args.seed}",
+        f"trainer.seed={seed}",
         "trainer.device=cpu",
     ]
+
+
+def warmup_args(model: str, data: str, sft_dir: str, args) -> list[str]:
+    """The warm-up's ``python -m hybridflow.main_sft`` command line (single-turn rows, question -> answer)."""
+    # the longest warm-up row is ~110 tokens
+    rows = ["data.prompt_key=question", "data.response_key=answer"]
+    rows += ["data.prompt_dict_keys=[]", "data.response_dict_keys=[]"]
+    lr, steps = args.warmup_lr, args.warmup_steps
+    return sft_args(model, data, sft_dir, args.seed, steps, WARMUP_BATCH, lr, MAX_PROMPT_LENGTH) + rows
 
 
 def warmup(model: str, data: str, work: str, args) -> str:

@@ -45,6 +45,9 @@ def parse(argv=None):
     p.add_argument("--sft_lr", type=float, default=2e-5)
     p.add_argument("--tool_share", type=float, default=0.5, help="share of demonstrations that call the tool")
     own, rest = p.parse_known_args(argv)
+    refused = [a for a in rest if a.split("=")[0] in ("--warmup_steps", "--warmup_lr")]
+    if refused:  # real_model.py's own warm-up: here the warm-up is the multi-turn SFT
+        p.error(f"{refused[0].split('=')[0]} is not used here; the warm-up is --sft_steps / --sft_lr")
     defaults = ["--workdir", "real_model_tools_out", "--response_length", "96", "--heldout", "100", "--lr", "3e-5"]
     return own, real_model.parse(defaults + rest)
 
@@ -85,27 +88,16 @@ def evaluate(model_dir: str, paths: dict, args, template: str) -> dict:
 def sft(model: str, paths: dict, work: str, own, args, template: str) -> str:
     sft_dir = os.path.join(work, "sft")
     shutil.rmtree(sft_dir, ignore_errors=True)
-    overrides = [
-        f"model.partial_pretrain={model}",
-        f"model.custom_chat_template='{template}'",
-        "model.strategy=none",
-        "model.enable_gradient_checkpointing=False",
-        f"data.train_files={paths['sft_train']}",
-        f"data.val_files={paths['sft_train']}",
-        "data.multiturn.enable=True",
-        f"data.max_length={PROMPT_LENGTH + args.response_length}",
-        f"data.train_batch_size={own.sft_batch}",
-        f"data.micro_batch_size_per_gpu={own.sft_batch}",
-        f"optim.lr={own.sft_lr}",
-        "optim.lr_scheduler=constant",
-        f"trainer.total_training_steps={own.sft_steps}",
-        f"trainer.save_freq={own.sft_steps}",
-        "trainer.test_freq=-1",
-        "trainer.logger=[file]",
-        f"trainer.default_local_dir={sft_dir}",
-        f"trainer.seed={args.seed}",
-        "trainer.device=cpu",
-    ]
+    overrides = real_model.sft_args(
+        model,
+        paths["sft_train"],
+        sft_dir,
+        args.seed,
+        own.sft_steps,
+        own.sft_batch,
+        own.sft_lr,
+        PROMPT_LENGTH + args.response_length,
+    ) + [f"model.custom_chat_template='{template}'", "data.multiturn.enable=True"]
     run_module("hybridflow.main_sft", overrides, child_env(args.threads), os.path.join(work, "sft.log"))
     return os.path.join(sft_dir, f"global_step_{max(_saved_steps(sft_dir))}")
 

@@ -130,6 +130,13 @@ def test_the_tools_recipe_passes_its_template_and_tools_to_main_ppo(tmp_path):
     assert cfg.actor_rollout_ref.rollout.max_model_len == real_model_tools.PROMPT_LENGTH + args.response_length
 
 
+def test_the_tools_recipe_refuses_the_single_turn_warmup_options_by_name(capsys):
+    for option in ("--warmup_steps", "--warmup_lr=1e-5"):
+        with pytest.raises(SystemExit):
+            real_model_tools.parse([option, "3"] if "=" not in option else [option])
+        assert option.split("=")[0] in capsys.readouterr().err
+
+
 def test_well_formed_tool_calls():
     assert real_model_tools.well_formed('{"name": "calc", "arguments": {"expr": "347*82"}}')
     for bad in ('{"name": "calc", "arguments": "347*82"}', '{"name": "calc" "arguments": {}}', '["calc"]', "347*82"):
