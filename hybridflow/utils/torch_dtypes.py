@@ -16,3 +16,14 @@ def resolve_dtype(value: str | None, device: str) -> str:
     if name == "auto":
         return "bfloat16" if str(device).startswith("cuda") else "float32"
     return DTYPE_ALIASES.get(name, name)
+
+
+def cpu_has_fast_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX or AVX512-BF16): there bf16 matmuls run several
+    times faster than fp32, elsewhere slower. False where the flags cannot be read (not Linux)."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags

@@ -54,6 +54,8 @@ def test_offload_and_mixed_precision_are_cuda_only_in_the_spec():
     )
     cpu = engine_spec(config, "fsdp", "cpu")
     assert (cpu.param_offload, cpu.param_dtype, cpu.reduce_dtype, cpu.needs_fsdp) == (False, None, None, False)
+    assert cpu.autocast_dtype == torch.bfloat16 and engine_spec(config, "fsdp", "cuda").autocast_dtype is None
+    assert engine_spec(fsdp_engine(), "fsdp", "cpu").autocast_dtype is None  # auto: fp32 on cpu
     cuda = engine_spec(config, "fsdp", "cuda")
     assert cuda.param_offload and cuda.param_dtype == torch.bfloat16 and cuda.reduce_dtype == torch.float32
     assert cuda.needs_fsdp  # one GPU still gets FSDP2 (one-rank mesh) for these
@@ -65,6 +67,21 @@ def test_offload_and_mixed_precision_are_cuda_only_in_the_spec():
     assert plain.param_dtype == torch.float32
     unmixed = engine_spec(fsdp_engine(mixed_precision=None), "fsdp", "cuda")  # the section is Optional
     assert (unmixed.param_dtype, unmixed.reduce_dtype, unmixed.needs_fsdp) == (None, None, False)
+
+
+def test_bf16_on_cpu_autocasts_the_forward_and_keeps_fp32_weights_and_grads():
+    model = tiny_causal_lm()
+    reference = copy.deepcopy(model)
+    engine = TrainEngine(model, EngineSpec(strategy="none", device="cpu", autocast_dtype=torch.bfloat16))
+    ids = torch.randint(0, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
+    logits = engine.module(input_ids=ids).logits
+    assert logits.dtype == torch.bfloat16  # the lm_head's matmul ran in bf16
+    logits.float().logsumexp(-1).sum().backward()
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in engine.module.parameters())
+    assert set(engine.module.state_dict()) == set(reference.state_dict())
+    exact = reference(input_ids=ids).logits
+    assert exact.dtype == torch.float32 and not torch.equal(exact, logits.float())
+    torch.testing.assert_close(logits.float(), exact, atol=0.1, rtol=0.05)  # bf16's ~3 significant digits
 
 
 def test_offload_on_cpu_is_accepted_and_explained():

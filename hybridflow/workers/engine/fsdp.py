@@ -19,7 +19,9 @@ Memory levers (veRL's keys):
   Data parallelism is unchanged: every rank still trains on its own share of the batch.
 - ``fsdp_config.mixed_precision`` (CUDA): FSDP2 ``MixedPrecisionPolicy``: sharded fp32 master
   weights, compute in ``param_dtype`` ("auto": bf16 where supported), gradients reduced in
-  ``reduce_dtype`` (fp32). On CPU training stays fp32.
+  ``reduce_dtype`` (fp32). On CPU an explicit bf16/fp16 ``param_dtype`` runs the forward under
+  ``torch.autocast`` (fp32 master weights and gradients; matmuls in bf16, which CPUs with AMX or
+  AVX512-BF16 run several times faster than fp32); ``auto`` keeps fp32 there.
 - LoRA (``model.lora_rank > 0``, see ``lora.py``): only adapters train; the rollout gets merged weights
   (``iter_full_params``) or base weights once + the adapter at every sync (``iter_adapter_params``).
 """
@@ -56,6 +58,7 @@ class EngineSpec:
     strategy: str = "fsdp"
     device: str = "cpu"
     param_dtype: torch.dtype | None = None  # mixed precision: compute dtype of sharded params
+    autocast_dtype: torch.dtype | None = None  # CPU mixed precision: the forward's autocast dtype
     reduce_dtype: torch.dtype | None = None
     reshard_after_forward: bool = True
     param_offload: bool = False  # FSDP2 CPUOffloadPolicy (params, grads and optimizer state on the host)
@@ -79,9 +82,11 @@ def engine_spec(
     activation_offload: bool = False,
 ) -> EngineSpec:
     """The spec of a role's engine section (``fsdp_config``; the critic's ``fsdp``) on ``device``:
-    mixed precision and offload only act on CUDA (config checks explain this on cpu)."""
+    offload acts only on CUDA (config checks explain this on cpu); mixed precision is FSDP2's policy on
+    CUDA and autocast on cpu, where only an explicit bf16/fp16 asks for it."""
     mp = engine.mixed_precision or MixedPrecisionConfig()  # unset: the default mixed precision (veRL's workers)
     param_dtype = _dtype(mp.param_dtype) if device == "cuda" and mp is not None else None
+    cpu_dtype = _dtype(mp.param_dtype) if device == "cpu" and mp.param_dtype != "auto" else None
     reduce_dtype = _dtype(mp.reduce_dtype) if device == "cuda" and mp is not None else None
     if param_dtype is None and reduce_dtype == torch.float32:
         reduce_dtype = None  # nothing to mix: plain fp32 training
@@ -90,6 +95,7 @@ def engine_spec(
         strategy=strategy,
         device=device,
         param_dtype=param_dtype,
+        autocast_dtype=cpu_dtype if cpu_dtype in (torch.bfloat16, torch.float16) else None,
         reduce_dtype=reduce_dtype,
         reshard_after_forward=bool(engine.reshard_after_forward),
         param_offload=bool(offload) and device == "cuda",
@@ -192,6 +198,8 @@ class TrainEngine:
             )
         if not (self.sharded and spec.param_offload):  # with CPUOffloadPolicy FSDP2 keeps params on the host
             module.to(spec.device)
+        if spec.autocast_dtype is not None:  # an instance attribute: state_dict and names stay the model's
+            module.forward = torch.autocast("cpu", dtype=spec.autocast_dtype)(module.forward)
         self.module = self._wrap(module)
         self.optimizer = None
         self.lr_scheduler = None

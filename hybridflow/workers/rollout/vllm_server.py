@@ -473,6 +473,8 @@ def _start_engine(vllm, settings: VLLMSettings, facts: ModelFacts, ipc_dir: str)
         with restored_environ():
             for key in settings.unset_env:
                 os.environ.pop(key, None)
+            for key, value in settings.default_env.items():
+                os.environ.setdefault(key, value)
             if not _vllm_envs_frozen(vllm):  # once vLLM caches its env in a process, a new value is ignored
                 os.environ["VLLM_RPC_BASE_PATH"] = ipc_dir
             return AsyncLLM.from_engine_args(AsyncEngineArgs(**settings.engine_args))

@@ -220,3 +220,23 @@ def test_cpu_engine_processes_start_without_the_trainers_thread_counts(monkeypat
     kept = {"MKL_NUM_THREADS", "OMP_NUM_THREADS"} - dropped
     assert {k for k in ("MKL_NUM_THREADS", "OMP_NUM_THREADS") if k in seen} == kept
     assert os.environ["MKL_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"] == "2"  # the caller's are back
+
+
+def test_a_colocated_cpu_engine_gets_every_core_unless_the_user_chose(monkeypatch, tmp_path):
+    """vLLM keeps a core for its scheduler by default; colocated, the trainer waits while the engine generates."""
+    import os
+
+    from hybridflow.workers.rollout.vllm_server import _start_engine
+
+    assert settings("cpu").default_env == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert settings("cpu", nnodes=1).default_env == {}  # a pool of its own: training keeps a core
+    assert settings("cuda", cuda_devices=1).default_env == {}
+    s = settings("cpu")
+    seen = {}
+    fake = _fake_vllm(monkeypatch, s.engine_args, lambda: seen.update(os.environ) or "engine")
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    _start_engine(fake, s, TINY, str(tmp_path))
+    assert seen["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0" and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    _start_engine(fake, s, TINY, str(tmp_path))
+    assert seen["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"  # the user's value wins
