@@ -70,11 +70,16 @@ def load_model(
     # overrides go onto the config object: passed as from_pretrained kwargs, a key the config class
     # does not define (e.g. classifier_dropout on Qwen2) would reach the model's __init__ and fail
     config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    for key, value in dict(override_config or {}).items():
+    overrides = dict(override_config or {})
+    # veRL's override_config.attn_implementation picks the attention kernel (eager, sdpa, flash_attention_2)
+    attention = (
+        {"attn_implementation": overrides.pop("attn_implementation")} if "attn_implementation" in overrides else {}
+    )
+    for key, value in overrides.items():
         setattr(config, key, value)
     if num_labels is not None:
         config.num_labels = num_labels
-    model = auto.from_pretrained(path, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
+    model = auto.from_pretrained(path, config=config, dtype=dtype, trust_remote_code=trust_remote_code, **attention)
     if getattr(model.config, "pad_token_id", None) is None and kind != "causal_lm":
         model.config.pad_token_id = getattr(model.config, "eos_token_id", 0)
     return model

@@ -135,3 +135,17 @@ def test_fsdp2_one_rank_mixed_precision_and_offload_on_cuda(tmp_path):
     finally:
         if created:  # only the group this test opened
             dist.destroy_process_group()
+
+
+def test_override_config_picks_the_attention_kernel_as_verl_does(tiny_model_dir):
+    from hybridflow.workers.model_loading import load_model
+
+    default = load_model(tiny_model_dir, "causal_lm")
+    eager = load_model(tiny_model_dir, "causal_lm", override_config={"attn_implementation": "eager", "probe_key": 7})
+    assert default.config._attn_implementation == "sdpa" and eager.config._attn_implementation == "eager"
+    assert eager.config.probe_key == 7  # the other entries still go onto the config
+    ids = torch.tensor([[3, 5, 7, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            eager(input_ids=ids).logits, load_model(tiny_model_dir, "causal_lm")(input_ids=ids).logits
+        )
