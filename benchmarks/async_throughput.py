@@ -1,30 +1,41 @@
 """Asynchronous training throughput: sync vs one-step-off vs fully async on the same pools, one run.
 
     python benchmarks/async_throughput.py [--quick] [--steps N] [--modes sync,one_step_off,fully_async]
+                                          [--workload skewed|long]
 
 Pools: the actor (with its reference) on one Ray worker, the rollout engine (hf server) on another
 (``actor_rollout_ref.rollout.nnodes=1``): the three modes differ only in the driver's schedule.
-Workload, length-skewed (``_skewed_workload.py``): 8 prompts × 4 samples per step; one prompt in eight
-asks for ``--long`` tokens (default 96), the rest for ``--short`` (default 8), EOS ignored, so every
-mode generates exactly the same tokens. A GRPO step on the dense toy reward (share of digit characters)
-trains the tiny Qwen2.
+Workloads (``_skewed_workload.py``), 8 prompts × 4 samples per step, EOS ignored, so every mode generates
+exactly the same tokens: ``skewed`` (default), one prompt in eight asks for ``--long`` tokens (default 96),
+the rest for ``--short`` (default 8); ``long``, every prompt asks for ``--long`` tokens. A GRPO step on the
+dense toy reward (share of digit characters) trains the tiny Qwen2.
 
 Per mode: seconds per step (median after ``--warmup`` steps), samples/s, the trainer's idle fraction
 (time waiting for rollouts / step time), the rollout pool's idle fraction (time with nothing in flight;
 sync: the time outside generation), the version lag, and the mean score of the last steps. The ratio is
 samples/s against sync, measured in the same run, and against the synchronous schedule doing the same
 work per step ("like sync": with rollout log-probs as pi_old, when the asynchronous row skips the
-recomputation as veRL's fully async recipe does by default). Goal: fully async >= 1.5x sync.
+recomputation as veRL's fully async recipe does by default). Beside each ratio: the overlap bound of its
+baseline, step / max(gen, step - gen) of the baseline's medians (gen = ``timing_s/gen``, the rest of the
+step = training: old log-probs, update, weight push, reward, bookkeeping), i.e. what a perfect overlap
+gains at the synchronous phase speeds, and the share of it reached (ratio / bound). Goals: fully async
+>= 90 % of its bound on ``skewed``, >= 2x sync on ``long`` (there the bound is <= 1.5x once generation
+is >= 2/3 of the sync step, so the asynchronous rollout must also generate faster: two steps' groups in
+flight decode in one batch). CPU s/step and cores busy count every process of the run: overlap needs
+two free cores.
 Timings on a shared machine are noisy; the table prints the load average.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
+import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -137,6 +148,43 @@ def summarize(rows: list[dict], mode: str, samples_per_step: int, warmup: int) -
     }
 
 
+class StepCPU:
+    """CPU seconds of this process and its descendants (the Ray workers, their children) at each step's end,
+    polled from another thread: overlap needs free cores, and on a shared machine a run may get fewer than two.
+    A process's last reading is kept after it exits."""
+
+    def __init__(self, metrics_path: str, poll_s: float = 0.25):
+        import psutil
+
+        self._root, self._path, self._poll_s = psutil.Process(), metrics_path, poll_s
+        self._cpu: dict[int, float] = {}
+        self.marks: list[tuple[float, float]] = []  # (time, CPU seconds) when the metrics file reached a step
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            for p in [self._root, *self._root.children(recursive=True)]:
+                with contextlib.suppress(Exception):  # gone meanwhile
+                    t = p.cpu_times()
+                    self._cpu[p.pid] = t.user + t.system
+            with contextlib.suppress(OSError):
+                with open(self._path) as f:
+                    steps = sum(1 for _ in f)
+                while len(self.marks) < steps:
+                    self.marks.append((time.perf_counter(), sum(self._cpu.values())))
+
+    def close(self, warmup: int) -> tuple[float, float]:
+        """(CPU seconds per step, cores busy) from the end of step ``warmup`` to the last step's."""
+        self._stop.set()
+        self._thread.join()
+        if len(self.marks) <= warmup + 1:
+            return float("nan"), float("nan")
+        (t0, c0), (t1, c1) = self.marks[warmup], self.marks[-1]
+        return (c1 - c0) / (len(self.marks) - 1 - warmup), (c1 - c0) / (t1 - t0)
+
+
 def overlap_bound(step_s: float, gen_s: float) -> float:
     """The most a perfect overlap of a synchronous step's generation (``gen_s``) and training (the rest of the
     step, ``step_s - gen_s``) can speed it up, at the same generation and training speeds: step / longer phase."""
@@ -216,10 +264,15 @@ def main(argv=None) -> int:
             out = os.path.join(root, mode)
             os.makedirs(out)
             print(f"[async_throughput] {mode}: {args.steps} steps", flush=True)
-            run_ppo(load_config("ppo_trainer", overrides(data_dir, model_dir, out, args, mode)))
+            cpu = StepCPU(os.path.join(out, "ckpt", "metrics.jsonl"))
+            try:
+                run_ppo(load_config("ppo_trainer", overrides(data_dir, model_dir, out, args, mode)))
+            finally:
+                cpu_per_step, cores = cpu.close(args.warmup)
             with open(os.path.join(out, "ckpt", "metrics.jsonl")) as f:
                 rows = [json.loads(line) for line in f]
             results[mode] = summarize(rows, mode, args.prompts * args.n, args.warmup)
+            results[mode].update(cpu_per_step=cpu_per_step, cores=cpu_per_step / results[mode]["step_s"])
 
     long_share = 1 / args.every
     C.print_table(
@@ -258,8 +311,10 @@ def main(argv=None) -> int:
         ],
     )
     C.print_table(
-        "where a step's time goes (median seconds; gen = waiting for rollouts; weights = push to the rollout)",
-        ["mode", "gen", "old_log_prob", "update_actor", "weights"],
+        "where a step's time goes (median seconds; gen = waiting for rollouts; weights = push to the rollout); CPU "
+        "s/step and cores busy: all the run's processes after the warm-up (an asynchronous row overlaps only as far "
+        "as it gets two cores: with ~1 core busy on a loaded machine, its ratio says nothing about the overlap)",
+        ["mode", "gen", "old_log_prob", "update_actor", "weights", "CPU s/step", "cores busy"],
         [
             [
                 m,
@@ -267,6 +322,8 @@ def main(argv=None) -> int:
                 r["phases"]["old_log_prob"],
                 r["phases"]["update_actor"],
                 max(r["phases"]["update_weights"], r["phases"]["sync_weights_total"]),
+                r["cpu_per_step"],
+                r["cores"],
             ]
             for m, r in results.items()
         ],
