@@ -153,7 +153,7 @@ class StepCPU:
     polled from another thread: overlap needs free cores, and on a shared machine a run may get fewer than two.
     A process's last reading is kept after it exits."""
 
-    def __init__(self, metrics_path: str, poll_s: float = 0.25):
+    def __init__(self, metrics_path: str, poll_s: float = 0.5):
         import psutil
 
         self._root, self._path, self._poll_s = psutil.Process(), metrics_path, poll_s
