@@ -12,8 +12,8 @@ shares (tied) is not packed again: its own kernel was never the one producing lo
 ``F.linear`` over the new weight keeps it right.
 
 Layers are packed on ``PACK_THREADS`` threads free of the core vLLM binds its worker to: oneDNN's packing
-releases the GIL and the trainer only waits for the update meanwhile (2 threads packed SmolLM2's layers
-in about half the time of one, outside vLLM, on 2 loaded cores).
+releases the GIL and the trainer only waits for the update meanwhile (outside vLLM, on SmolLM2's layer shapes
+and 2 loaded cores, 2 threads took 0.4-0.6x the time of one; not yet measured inside the engine).
 
 Used only where this is known to be right (``supported``): CPU, one rank, no quantization, no LoRA,
 and fused layers of the two classes whose layout this reads (q/k/v, merged gate/up).

@@ -18,7 +18,9 @@ lets a layer's pieces arrive in different buckets; ``finish`` closes it. Where i
 straight from the received bytes when the session finishes.
 
 The first bucket's /dev/shm file stays from one update to the next (``BucketFiles``): rewriting pages
-that exist, into a mapping the worker keeps, costs less than making a new file each time.
+that exist, into a mapping the worker keeps, costs less than making a new file each time. A one-rank CPU
+actor keeps its parameters in a file of their own (``SharedTensors``, through ``share_weights``); an in-place
+update then reads them there, and its buckets carry only their places: no copy on the trainer's side.
 """
 
 from __future__ import annotations
