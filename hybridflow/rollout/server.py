@@ -162,6 +162,12 @@ class AsyncRolloutServer(ABC):
     async def finish_weight_update(self) -> None:
         """All buckets are in: drop whatever was computed with the old weights (prefix caches)."""
 
+    async def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
+        """Memory the engine reads weights from where they lie: ``named_tensors`` copied into it, by name, for
+        the trainer to keep its own tensors in, so that a later push of them sends their places, not their
+        bytes; None where the engine has no such memory."""
+        return None
+
     async def abort_all(self) -> int:
         """Stop every request in flight (they return with ``stop_reason == "abort"``); returns how many."""
         return 0

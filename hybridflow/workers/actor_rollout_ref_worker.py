@@ -197,6 +197,8 @@ class ActorRolloutRefWorker(Worker):
             # the first generation uses the trainer's weights, whatever the engine loaded (dummy formats,
             # a checkpoint restored into the actor): pushed in prepare_rollout like after every update
             self._rollout_stale = self._is_actor
+            if self._is_actor:  # where the engine can read the actor's parameters in place, keep them there
+                self.actor_engine.place_params(self.rollout_host.share_weights)
 
     def _use_sp_attention(self, module, role: str) -> None:
         layout = getattr(self, f"{role}_layout")

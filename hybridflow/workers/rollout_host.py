@@ -143,6 +143,10 @@ class RolloutHost:
             "rollout/weight_sync_tensors": n_tensors,
         }
 
+    def share_weights(self, named_tensors: Iterable) -> dict[str, torch.Tensor] | None:
+        """Memory the engine reads these tensors from without a copy (``AsyncRolloutServer.share_weights``)."""
+        return self.engine_loop.run(self.server.share_weights(named_tensors))
+
     def receive_weights(self, bucket) -> int:
         """One bucket of a weight update sent by the trainer's group (``send_weights``)."""
         return self.engine_loop.run(self.server.load_weights(bucket))

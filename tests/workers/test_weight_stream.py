@@ -129,3 +129,34 @@ def test_fsdp2_ranks_stream_the_full_weights_into_their_engines(tmp_path):
         assert got["count"] == len(expected) - 1  # every tensor once, the tied head through the embedding
         for name, tensor in expected.items():
             assert torch.equal(got["sd"][name], tensor), (rank, name)
+
+
+def test_parameters_placed_in_given_memory_stay_there_through_training():
+    """``place_params`` (the actor's parameters in a rollout engine's shared file): same values, tied ones
+    still tied, and an optimizer step updates them where they were placed."""
+    engine = TrainEngine(tiny_causal_lm(), EngineSpec(strategy="none", device="cpu"))
+    before = {name: p.detach().clone() for name, p in engine.module.named_parameters()}
+    store = torch.zeros(sum(t.numel() for t in before.values()))
+
+    def place(named):
+        views, offset = {}, 0
+        for name, tensor in named:
+            views[name] = store[offset : offset + tensor.numel()].view_as(tensor).copy_(tensor)
+            offset += tensor.numel()
+        return views
+
+    def in_store(tensor):
+        return 0 <= tensor.data_ptr() - store.data_ptr() < store.nbytes
+
+    assert engine.place_params(place)
+    params = dict(engine.module.named_parameters())
+    assert all(in_store(p) and torch.equal(p, before[name]) for name, p in params.items())
+    assert _tied(engine.module)
+    optimizer = torch.optim.AdamW(engine.module.parameters(), lr=1e-2)
+    engine.module(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+    optimizer.step()
+    assert all(in_store(p) for p in params.values())
+    assert not torch.equal(store, torch.cat([t.reshape(-1) for t in before.values()]))  # trained in the store
+    pytest.importorskip("peft")
+    lora = TrainEngine(tiny_causal_lm(), EngineSpec(strategy="none", device="cpu", lora=LoraSpec(rank=4, alpha=8)))
+    assert not lora.place_params(lambda named: pytest.fail("a LoRA model's parameters are not placed"))

@@ -243,6 +243,23 @@ class TrainEngine:
     def unwrapped(self) -> nn.Module:
         return getattr(self.module, "module", self.module) if self.spec.strategy == "ddp" else self.module
 
+    def place_params(self, place: Callable[[list[tuple[str, torch.Tensor]]], dict[str, torch.Tensor] | None]) -> bool:
+        """Keep the parameters in memory that ``place`` gives (their values copied there, by name; None: none
+        given), e.g. memory a rollout engine reads them from without a copy. Only a plain module on the CPU
+        (no sharding, DDP or LoRA), whose parameters are whole tensors; returns whether they moved. The
+        optimizer updates them in place, so they stay there."""
+        params = list(self.module.named_parameters())
+        if self.sharded or self.lora is not None or self.module is not self.unwrapped:
+            return False
+        if any(p.device.type != "cpu" for _, p in params):
+            return False
+        views = place([(name, p.detach()) for name, p in params])
+        if views is None:
+            return False
+        for name, p in params:
+            p.data = views[name]
+        return True
+
     def setup_optimizer(self, optim_cfg: FSDPOptimizerConfig, total_steps: int):
         self.optimizer = build_optimizer(
             self.module.parameters(),

@@ -277,13 +277,18 @@ class VLLMServer(AsyncRolloutServer):
                 if not self._update_started:
                     self.update_path = (await self.engine.collective_rpc("hybridflow_begin_weight_update"))[0]
                     self._update_started = True
-                with self._bucket_files.pack(bucket) as packed:
+                with self._bucket_files.pack(bucket, placed=self.update_path == "in_place") as packed:
                     await self.engine.collective_rpc("hybridflow_load_bucket", args=(packed.payload,))
         except BaseException as err:
             await self._abandon_update(err)
             _raise_if_engine_died(err)
             raise
         return given
+
+    async def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
+        """On CPU: a /dev/shm file vLLM's worker maps (``BucketFiles.share``); an in-place update reads the
+        trainer's tensors from there, saving the copy into a bucket (~0.5x a clone of them)."""
+        return self._bucket_files.share(named_tensors) if self.settings.device == "cpu" else None
 
     async def finish_weight_update(self) -> None:
         if not self._updating:

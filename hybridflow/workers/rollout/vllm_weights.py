@@ -18,7 +18,9 @@ lets a layer's pieces arrive in different buckets; ``finish`` closes it. Where i
 straight from the received bytes when the session finishes.
 
 The first bucket's /dev/shm file stays from one update to the next (``BucketFiles``): rewriting pages
-that exist, into a mapping the worker keeps, costs less than making a new file each time.
+that exist, into a mapping the worker keeps, costs less than making a new file each time. A one-rank CPU
+actor keeps its parameters in a file of their own (``SharedTensors``, through ``share_weights``); an in-place
+update then reads them there, and its buckets carry only their places: no copy on the trainer's side.
 """
 
 from __future__ import annotations
@@ -86,7 +88,11 @@ class PackedBucket:
         named_tensors: Iterable[tuple[str, torch.Tensor]],
         shared_dir: str | None = SHARED_DIR,
         path: str | None = None,
+        placed: dict[str, Any] | None = None,
     ):
+        if placed is not None:  # the tensors lie in a ``SharedTensors`` file already: only their places travel
+            self.payload, self.path, self.kept = placed, placed["path"], True
+            return
         table, parts, offsets, total = [], [], {}, 0
         for name, tensor in named_tensors:
             tensor = full_tensor(tensor).detach()
@@ -123,6 +129,37 @@ class PackedBucket:
         self.close()
 
 
+class SharedTensors:
+    """Tensors copied into one /dev/shm file that both this process and vLLM's worker map (shared): the owner
+    keeps its own tensors there (``views``), and a bucket of them then travels as their places in the file,
+    with no bytes written (``payload``); the worker reads them where they lie. The file is removed at
+    ``close`` (the mappings stay valid)."""
+
+    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], directory: str):
+        packed = PackedBucket(named_tensors, shared_dir=directory)
+        if packed.path is None:
+            raise OSError(f"no room in {directory} for the shared tensors")
+        self.path, self.nbytes, self.inode = packed.path, packed.payload["nbytes"], packed.payload["inode"]
+        self.mapping = torch.from_file(self.path, shared=True, size=self.nbytes, dtype=torch.uint8)
+        maps = {(self.path, self.nbytes, self.inode): self.mapping}
+        self.views = dict(unpack_bucket({**packed.payload, "kept": True}, maps=maps))
+
+    def payload(self, named_tensors: list[tuple[str, torch.Tensor]]) -> dict[str, Any] | None:
+        """A bucket's payload pointing into this file, or None unless every tensor lies in it (contiguous)."""
+        table, base = [], self.mapping.data_ptr()
+        for name, tensor in named_tensors:
+            start = tensor.data_ptr() - base
+            if not (tensor.device.type == "cpu" and tensor.is_contiguous() and start % ALIGN == 0):
+                return None
+            if not 0 <= start <= self.nbytes - tensor.nbytes:
+                return None
+            table.append((name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), start, tensor.nbytes))
+        return {"table": table, "path": self.path, "nbytes": self.nbytes, "inode": self.inode, "kept": True}
+
+    def close(self) -> None:
+        _unlink_all([self.path])
+
+
 class BucketFiles:
     """The /dev/shm files one server's buckets go through, the first ``keep`` kept from one update to the next.
 
@@ -136,9 +173,31 @@ class BucketFiles:
 
     def __init__(self, directory: str | None = SHARED_DIR, keep: int = 1):
         self.directory, self.keep, self.paths, self.used = directory, keep, [], 0
+        self.shared: SharedTensors | None = None
         weakref.finalize(self, _unlink_all, self.paths)
 
-    def pack(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> PackedBucket:
+    def share(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
+        """The tensors copied into a ``SharedTensors`` file, by name (None without /dev/shm or room there):
+        a later bucket of these views (``pack(..., placed=True)``) is sent without copying its bytes."""
+        if self.directory is None:
+            return None
+        try:
+            shared = SharedTensors(named_tensors, self.directory)
+        except OSError:
+            return None
+        if self.shared is not None:
+            self.shared.close()
+        self.shared = shared
+        weakref.finalize(self, shared.close)
+        return shared.views
+
+    def pack(self, named_tensors: Iterable[tuple[str, torch.Tensor]], placed: bool = False) -> PackedBucket:
+        """``placed``: a bucket whose tensors all lie in the shared file travels as their places (the
+        receiver copies what it keeps, so the owner may change them after the update)."""
+        named_tensors = list(named_tensors)
+        payload = self.shared.payload(named_tensors) if placed and self.shared is not None else None
+        if payload is not None:
+            return PackedBucket((), placed=payload)
         self.used += 1
         if self.directory is None or self.used > self.keep:
             return PackedBucket(named_tensors, shared_dir=self.directory)
@@ -155,6 +214,8 @@ class BucketFiles:
     def close(self) -> None:
         self.used = 0
         self.end_update()
+        if self.shared is not None:
+            self.shared.close()
 
 
 def _unlink_all(paths: list[str]) -> None:

@@ -278,6 +278,36 @@ def test_weights_pushed_in_buckets_answer_like_another_seeds_model(served, hf_mo
     assert max_log_prob_diff(served.generate_all(prompts, SAMPLED), prompts, hf_model) < 1e-4
 
 
+def test_a_trainer_keeping_its_parameters_in_the_shared_file_sends_only_their_places(
+    served, hf_model, prompts, monkeypatch
+):
+    """One rank on CPU the actor keeps its parameters in the server's shared file (``share_weights``): a push
+    writes no bytes, the engine reads them where they lie (buckets of 5 split q/k/v), and answers like the
+    trainer's model, also after the trainer changed them in place (as an optimizer step does)."""
+    from hybridflow.workers.engine import EngineSpec, TrainEngine
+
+    eos = list(served.server.eos_token_ids)
+    trainer = TrainEngine(build_tiny_model(hf_model.config, seed=3), EngineSpec(strategy="none", device="cpu"))
+    assert trainer.place_params(lambda named: served.run(served.server.share_weights(named)))
+    trainer.module.eval()
+    try:
+        for seed in (3, 4):
+            with torch.no_grad():  # the second round: new values written into the same memory
+                for mine, new in zip(
+                    trainer.module.parameters(), build_tiny_model(hf_model.config, seed=seed).parameters()
+                ):
+                    mine.copy_(new)
+            with monkeypatch.context() as patched:
+                patched.setattr(os, "pwrite", lambda *args: pytest.fail("the push wrote the shared tensors' bytes"))
+                served.push(list(trainer.iter_full_params()), bucket_size=5)
+            expected = [hf_greedy(trainer.module, p, eos, GREEDY.response_length) for p in prompts]
+            assert [o.token_ids for o in served.generate_all(prompts, GREEDY)] == expected
+            assert max_log_prob_diff(served.generate_all(prompts, SAMPLED), prompts, trainer.module) < 1e-4
+    finally:
+        served.push(state_dict_items(hf_model), bucket_size=1000)
+    assert max_log_prob_diff(served.generate_all(prompts, SAMPLED), prompts, hf_model) < 1e-4
+
+
 def test_an_update_with_part_of_a_fused_layer_is_refused_until_a_full_push(served, hf_model, prompts):
     """The in-place path rebuilds q/k/v as one weight: an update with q alone cannot be applied."""
     from hybridflow.workers.rollout.vllm_server import RolloutNotReadyError

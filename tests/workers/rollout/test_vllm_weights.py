@@ -154,3 +154,26 @@ def test_tied_embedding_goes_out_under_both_names_once(first):
 def test_untied_names_pass_through():
     untied, w = TiedEmbeddingNames(tied=False), torch.ones(2)
     assert [n for n, _ in untied.expand(TIED_HEAD, w) + untied.expand(TIED_EMBEDDING, w)] == [TIED_HEAD, TIED_EMBEDDING]
+
+
+def test_tensors_kept_in_the_shared_file_travel_as_their_places(tmp_path, monkeypatch):
+    """``BucketFiles.share``: the owner keeps its tensors in the file; a bucket of them writes no bytes and the
+    worker's mapping sees the owner's later in-place changes; any other bucket is written as before."""
+    files, maps = BucketFiles(str(tmp_path)), {}
+    views = files.share(mixed_tensors())
+    assert all(torch.equal(views[name], want) for name, want in mixed_tensors())
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "pwrite", lambda *args: pytest.fail("a bucket of shared tensors wrote bytes"))
+        with files.pack(list(views.items()), placed=True) as packed:
+            assert packed.payload["path"] == files.shared.path
+            got = dict(unpack_bucket(packed.payload, maps=maps))
+    assert all(torch.equal(got[name], want) for name, want in mixed_tensors())
+    views["a.weight"].add_(1.0)  # an optimizer step, in place
+    assert torch.equal(got["a.weight"], mixed_tensors()[0][1] + 1.0)
+    for named, placed in (([("x", torch.ones(3)), ("a.weight", views["a.weight"])], True), (views.items(), False)):
+        with files.pack(named, placed=placed) as packed:
+            assert packed.payload["path"] != files.shared.path
+            assert torch.equal(dict(unpack_bucket(packed.payload))["a.weight"], views["a.weight"])
+        files.end_update()
+    files.close()
+    assert os.listdir(tmp_path) == []
