@@ -11,30 +11,13 @@ vLLM's own loaders; an LM head is re-packed from its new weight. An embedding wh
 shares (tied) is not packed again: its own kernel was never the one producing logits, and plain
 ``F.linear`` over the new weight keeps it right.
 
-Layers are packed on ``PACK_THREADS`` threads free of the core vLLM binds its worker to: oneDNN's packing
-releases the GIL and the trainer only waits for the update meanwhile (outside vLLM, on SmolLM2's layer shapes
-and 2 loaded cores, 2 threads took 0.4-0.6x the time of one; not yet measured inside the engine).
-
 Used only where this is known to be right (``supported``): CPU, one rank, no quantization, no LoRA,
 and fused layers of the two classes whose layout this reads (q/k/v, merged gate/up).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import torch
-
-# threads that pack layers at once: oneDNN's packing releases the GIL, and the trainer waits for the update
-PACK_THREADS = min(4, os.cpu_count() or 1)
-
-
-def _on_any_core() -> None:
-    """vLLM binds its CPU worker to cores of its own; a packing thread may run on any (the trainer is idle)."""
-    with contextlib.suppress(OSError):
-        os.sched_setaffinity(0, range(os.cpu_count() or 1))
 
 
 def _linear_classes():
@@ -131,7 +114,6 @@ class InPlaceUpdate:
         linear = _linear_classes()
         self.shards: dict[torch.nn.Module, dict] = {}  # packed linear layer -> shard id -> received tensor
         self.written: dict[int, tuple] = {}  # id(kept weight) -> what was last copied into it (bucket, bytes)
-        self.fresh: set[int] = set()  # ids of kept weights written since the last packing
         self.bucket = 0
         self.restore: list[tuple[torch.Tensor, object]] = []  # (tensor, its loader; None: it had none)
         for layer in _packed_linears(model):
@@ -167,7 +149,6 @@ class InPlaceUpdate:
             if self.written.get(id(param)) != seen:  # tied names: the same bytes once
                 original(param, loaded_weight, *args)
                 self.written[id(param)] = seen
-                self.fresh.add(id(param))
 
         return write
 
@@ -175,7 +156,8 @@ class InPlaceUpdate:
         """After each bucket: pack the layers it completed, so a bucket's bytes are not held to the end (a
         layer split across buckets waits for its last piece)."""
         self.bucket += 1
-        self._pack_all([(m, self.shards.pop(m)) for m in [m for m, s in self.shards.items() if _covered(m, s)]])
+        for layer in [m for m, shards in self.shards.items() if _covered(m, shards)]:
+            self._pack(layer, self.shards.pop(layer))
 
     def _pack(self, layer: torch.nn.Module, shards: dict) -> None:
         weight = fused_weight(layer, shards).to(layer.weight.dtype)  # vLLM's loaders convert too
@@ -184,28 +166,19 @@ class InPlaceUpdate:
         if layer.weight.numel():  # the kernel kept the tensor: it must not be the sender's buffer
             layer.weight = torch.nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
 
-    def _pack_all(self, layers: list[tuple[torch.nn.Module, dict]]) -> None:
-        """Pack these layers, and re-pack the LM head over a weight written since the last call, on
-        ``PACK_THREADS`` threads (the head first: the largest)."""
-        jobs = []
-        for weight_id in self.fresh:
-            owners = self.owners[weight_id]
-            heads = [m for m in owners if isinstance(m, self.lm_head_class)] if len(owners) > 1 else owners
-            for layer in owners:
-                if layer in heads:
-                    jobs.append((layer.quant_method.process_weights_after_loading, layer))
-                else:
-                    layer.cpu_linear = torch.nn.functional.linear
-        self.fresh.clear()
-        jobs += [(self._pack, layer, shards) for layer, shards in layers]
-        with ThreadPoolExecutor(PACK_THREADS, initializer=_on_any_core) as pool:
-            for _ in pool.map(lambda job: job[0](*job[1:]), jobs):
-                pass
-
     def finish(self) -> None:
         """Pack every layer that received a new weight; vLLM's loaders are back either way."""
         try:
-            self._pack_all(list(self.shards.items()))
+            for layer, shards in self.shards.items():
+                self._pack(layer, shards)
+            for weight_id in self.written:
+                layers = self.owners[weight_id]
+                heads = [m for m in layers if isinstance(m, self.lm_head_class)] if len(layers) > 1 else layers
+                for layer in layers:
+                    if layer in heads:
+                        layer.quant_method.process_weights_after_loading(layer)
+                    else:
+                        layer.cpu_linear = torch.nn.functional.linear
         finally:
             for tensor, loader in self.restore:
                 if loader is None:
