@@ -17,7 +17,8 @@ seconds of every process involved, printed as a table at the end):
           screened on 25 dev prompts (at most 4 right: below the band, the other 75 are not decoded),
           with the SFT process paused meanwhile so that the two never share the cores.
 3. eval   greedy accuracy of that checkpoint on the 200 held-out prompts (gsm8k scorer, "#### N").
-4. rl     ``python -m hybridflow.main_ppo``, 150 steps. GRPO: 16 prompts × 8 samples; PPO: 128
+4. rl     ``python -m hybridflow.main_ppo``, 150 steps, its one worker inside main_ppo's process (no Ray start-up:
+          ``trainer.backend=inprocess``, ``--backend ray`` for Ray). GRPO: 16 prompts × 8 samples; PPO: 128
           prompts × 1 sample, gae (γ = λ = 1) with a critic started from the SFT weights. Both: actor
           lr 1e-4 with 10 warm-up steps and cosine decay to 1e-5, no KL, temperature 1, one update per
           batch, so (in the default synchronous mode) the rollout's log-probs are π_old
