@@ -17,7 +17,8 @@ seconds of every process involved, printed as a table at the end):
           screened on 25 dev prompts (at most 4 right: below the band, the other 75 are not decoded),
           with the SFT process paused meanwhile so that the two never share the cores.
 3. eval   greedy accuracy of that checkpoint on the 200 held-out prompts (gsm8k scorer, "#### N").
-4. rl     ``python -m hybridflow.main_ppo``, 150 steps. GRPO: 16 prompts × 8 samples; PPO: 128
+4. rl     ``python -m hybridflow.main_ppo``, 150 steps, its one worker inside main_ppo's process (no Ray start-up:
+          ``trainer.backend=inprocess``, ``--backend ray`` for Ray). GRPO: 16 prompts × 8 samples; PPO: 128
           prompts × 1 sample, gae (γ = λ = 1) with a critic started from the SFT weights. Both: actor
           lr 1e-4 with 10 warm-up steps and cosine decay to 1e-5, no KL, temperature 1, one update per
           batch, so (in the default synchronous mode) the rollout's log-probs are π_old
@@ -511,7 +512,14 @@ def parse(argv=None):
     p.add_argument("--critic_lr", type=float, default=5e-4)
     p.add_argument("--critic_warmup", type=int, default=2)
     p.add_argument("--sft_lr", type=float, default=1e-3)
-    p.add_argument("--backend", choices=("ray", "inprocess"), default="ray")
+    p.add_argument(
+        "--backend",
+        choices=("ray", "inprocess"),
+        default=None,
+        help="trainer.backend of the RL run (default: inprocess for --mode sync, whose one colocated worker then "
+        "runs in main_ppo's process: the same numbers as ray without Ray's start-up and its processes, ~65 CPU s; "
+        "ray for the other modes)",
+    )
     p.add_argument(
         "--mode",
         choices=("sync", "one_step_off", "fully_async", "colocate_async", "separate_async"),
@@ -557,7 +565,9 @@ def parse(argv=None):
         help="where SFT and RL run (the evaluations use the GPU whenever torch sees one)",
     )
     p.add_argument("--sft_model", default=None, help="skip SFT: start RL from this Hugging Face directory")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.backend = args.backend or ("inprocess" if args.mode == "sync" else "ray")
+    return args
 
 
 def require_matplotlib() -> None:
