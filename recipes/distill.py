@@ -50,7 +50,10 @@ from quickstart import (  # noqa: E402
 )
 
 # distillation: 16 prompts x 4 samples per step (the teacher's top-k carries the signal; no group needed)
-FULL = dict(QUICKSTART_FULL, response_length=FULL_RESPONSE_LENGTH["steps"], n=4, rl_steps=40, test_freq=20)
+# sft_batch: the student the distillation figures were measured with (64-row SFT steps)
+FULL = dict(
+    QUICKSTART_FULL, sft_batch=64, response_length=FULL_RESPONSE_LENGTH["steps"], n=4, rl_steps=40, test_freq=20
+)
 
 
 def log(msg: str) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# hybridflow quickstart: does RL improve a model? One command on a CPU (target: <= 8 minutes on an idle
+# hybridflow quickstart: does RL improve a model? One command on a CPU (about 5 minutes on an idle
 # 2-core machine; the run ends with a table of wall and CPU seconds per phase).
 #
 #   bash recipes/quickstart.sh [--seed 0] [--workdir quickstart_out] [--quick] [--algo grpo|ppo]

@@ -113,6 +113,10 @@ def test_rl_overrides_come_last_and_sizes_follow_batch_and_n(tmp_path):
     assert (sizes["batch"], sizes["n"], sizes["response_length"]) == (32, 4, 40)
     assert quickstart.recipe_sizes(quickstart.parse(["--task_style", "direct"]))["response_length"] == 24
     assert quickstart.recipe_sizes(quickstart.parse(["--quick"])) == quickstart.QUICK
+    # GRPO's defaults (32-row SFT steps, 125 RL steps) are not PPO's, whose figures used 64 and 150
+    grpo, ppo = (quickstart.recipe_sizes(quickstart.parse(["--algo", a])) for a in ("grpo", "ppo"))
+    assert (grpo["sft_batch"], grpo["rl_steps"], ppo["sft_batch"], ppo["rl_steps"]) == (32, 125, 64, 150)
+    assert quickstart.recipe_sizes(quickstart.parse(["--algo", "ppo", "--sft_batch", "16"]))["sft_batch"] == 16
     overrides = quickstart.rl_args("grpo", "/m", paths, sizes, str(tmp_path), args)
     assert overrides[-2:] == ["algorithm.norm_adv_by_std_in_grpo=False", "trainer.test_freq=5"]
     cfg = load_config("ppo_trainer", overrides)
