@@ -112,11 +112,23 @@ def find_gguf(path: str | None) -> str:
     return os.path.join(folder, next(f for f in sorted(os.listdir(folder)) if f.endswith(".gguf")))
 
 
+# tokens per actor forward: 64 samples of this recipe's 128 + 48; its logits over SmolLM2's 49k-token vocabulary
+# take ~2 GB per fp32 copy. The tools recipe's 64 samples of 256 + 96 tokens reached 20 GB and were OOM-killed.
+FORWARD_TOKENS = 64 * (MAX_PROMPT_LENGTH + 48)
+
+
+def forward_samples(samples: int, sequence_length: int) -> int:
+    """``samples`` halved until a forward holds at most FORWARD_TOKENS tokens (at least 1)."""
+    while samples > 1 and samples * sequence_length > FORWARD_TOKENS:
+        samples //= 2
+    return samples
+
+
 def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args, prompt_length=MAX_PROMPT_LENGTH) -> list[str]:
     # bf16 (AMX): the actor's forward under autocast over fp32 master weights, the vLLM engine in bf16; there
     # eager attention and 64-sample forwards made an update 1.4x and 1.2x faster than sdpa and 16 (measurements.md)
     bf16 = precision(args.precision) == "bf16"
-    micro = math.gcd(64 if bf16 else 16, args.batch * args.n)  # samples per forward; must divide the step's
+    micro = math.gcd(forward_samples(64 if bf16 else 16, prompt_length + args.response_length), args.batch * args.n)
     overrides = [
         f"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={'bf16' if bf16 else 'fp32'}",
         *(["actor_rollout_ref.model.override_config.attn_implementation=eager"] if bf16 else []),
@@ -188,10 +200,14 @@ def write_warmup(path: str, args) -> None:
     ).to_parquet(path)
 
 
-def sft_args(model: str, data: str, sft_dir: str, seed: int, steps: int, batch: int, lr: float, max_length: int):
+def sft_args(
+    model: str, data: str, sft_dir: str, seed: int, steps: int, batch: int, lr: float, max_length: int, dtype="auto"
+):
     """A ``python -m hybridflow.main_sft`` command line for a short warm-up on CPU (this recipe's and the tools
-    recipe's), saving once at the end; the callers add how their rows are read."""
+    recipe's), saving once at the end; the callers add how their rows are read. ``dtype``: ``engine.dtype``
+    (bfloat16: autocast, as the actor in ``--precision bf16``)."""
     return [
+        f"engine.dtype={dtype}",
         f"model.partial_pretrain={model}",
         "model.strategy=none",
         "model.enable_gradient_checkpointing=False",
@@ -218,7 +234,8 @@ def warmup_args(model: str, data: str, sft_dir: str, args) -> list[str]:
     rows = ["data.prompt_key=question", "data.response_key=answer"]
     rows += ["data.prompt_dict_keys=[]", "data.response_dict_keys=[]"]
     lr, steps = args.warmup_lr, args.warmup_steps
-    return sft_args(model, data, sft_dir, args.seed, steps, WARMUP_BATCH, lr, MAX_PROMPT_LENGTH) + rows
+    dtype = "bfloat16" if precision(args.precision) == "bf16" else "float32"
+    return sft_args(model, data, sft_dir, args.seed, steps, WARMUP_BATCH, lr, MAX_PROMPT_LENGTH, dtype) + rows
 
 
 def warmup(model: str, data: str, work: str, args) -> str:

@@ -399,7 +399,7 @@ def _check_v1(p: Problems, cfg) -> None:
         )
 
 
-def _cpu_bf16_note() -> str:
+def cpu_bf16_note() -> str:
     if cpu_has_fast_bf16():
         return "this CPU has AMX/AVX512-BF16, so bf16 runs several times faster than fp32 here"
     return "this CPU lacks AMX/AVX512-BF16, so bf16 runs slower than fp32 here (auto picks fp32 on cpu)"
@@ -426,8 +426,8 @@ def _explain_gpu_only(p: Problems, cfg) -> None:
         if param_dtype is not None and resolve_dtype(param_dtype, "cpu") in ("bfloat16", "float16"):
             p.notes.append(
                 f"{path}.mixed_precision.param_dtype={param_dtype} on cpu: the forward runs under autocast "
-                f"(fp32 master weights); {_cpu_bf16_note()}"
+                f"(fp32 master weights); {cpu_bf16_note()}"
             )
     dtype = aref.rollout.dtype
     if dtype is not None and resolve_dtype(dtype, "cpu") in ("bfloat16", "float16"):
-        p.notes.append(f"{_ROLLOUT}.dtype={dtype} on cpu: {_cpu_bf16_note()}")
+        p.notes.append(f"{_ROLLOUT}.dtype={dtype} on cpu: {cpu_bf16_note()}")

@@ -18,9 +18,10 @@ from hybridflow.config.module import ModuleConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig
 from hybridflow.config.profiler import HOOK_KEYS, NsightToolConfig, ProfilerConfig, ProfilerToolConfig
 from hybridflow.config.reasons import MEGATRON, NO_SP, PROFILER, THINKING, speed_only
-from hybridflow.config.rules import Problems
+from hybridflow.config.rules import Problems, cpu_bf16_note
 from hybridflow.config.status import honoured, noted, refused
 from hybridflow.config.trainer import DEVICE_STATUS
+from hybridflow.utils.torch_dtypes import resolve_dtype
 
 __all__ = [
     "SFT_LR_SCHEDULERS",
@@ -48,6 +49,8 @@ _HF_DIR = dict(
 
 SFT_LR_SCHEDULERS = ("constant", "cosine", "wsd")
 SFT_STRATEGIES = ("fsdp", "fsdp2", "ddp", "none")
+# engine.dtype: veRL's yaml holds bfloat16; here auto (bf16 on CUDA, fp32 on cpu), as the actor's param_dtype
+SFT_COMPUTE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
 
 
 @dataclass
@@ -244,7 +247,7 @@ class SFTTrainerConfig(BaseConfig):
         },
     )
     engine: FSDPEngineConfig = section(
-        engine_as_in_yaml,
+        placed(engine_as_in_yaml, dtype="auto"),
         "the training engine (veRL's engine/fsdp.yaml)",
         absent=("mixed_precision",),
         keys={
@@ -254,9 +257,13 @@ class SFTTrainerConfig(BaseConfig):
                 "use_no_sync_for_gradient_accumulation pad_to_length pad_to_length_bucket".split(),
                 noted(speed_only("FSDP wrapping/prefetch, torch.compile, padding buckets")),
             ),
+            "dtype": honoured(
+                "the compute dtype (autocast; fp32 master weights): auto is bf16 on CUDA and fp32 on cpu, where "
+                "bfloat16 runs on the CPU's bf16 units where it has them",
+                values=SFT_COMPUTE_DTYPES,
+            ),
             **dict.fromkeys(
-                "param_offload optimizer_offload offload_policy fsdp_size seed full_determinism forward_only "
-                "dtype".split(),
+                "param_offload optimizer_offload offload_policy fsdp_size seed full_determinism forward_only".split(),
                 refused("the SFT trainer does not implement this FSDP engine option (offload, mixed precision, HSDP)"),
             ),
             "reshard_after_forward": honoured("FSDP2 reshards after every forward", values=(True,)),
@@ -307,6 +314,8 @@ class SFTTrainerConfig(BaseConfig):
                 f"trainer.nnodes * trainer.n_gpus_per_node = {expected}, but {world_size} process(es) "
                 f"run: the process count comes from torchrun (--nproc_per_node)"
             )
+        if str(trainer.device) == "cpu" and resolve_dtype(self.engine.dtype, "cpu") in ("bfloat16", "float16"):
+            notes.append(f"engine.dtype={self.engine.dtype} on cpu: the forward runs under autocast; {cpu_bf16_note()}")
         if errors:
             raise ConfigError("invalid SFT config:\n  " + "\n  ".join(errors))
         return notes

@@ -94,6 +94,13 @@ def sft_lr_multiplier(
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def sft_compute_dtype(dtype: str | None, device: str) -> torch.dtype | None:
+    """The autocast dtype of ``engine.dtype`` on ``device`` (None: plain fp32). ``auto`` is bf16 on CUDA and
+    fp32 on cpu, where bf16 pays off only on CPUs with bf16 units (the config check's note says which)."""
+    name = resolve_dtype(dtype, device)
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name)
+
+
 def rank_slice(n_rows: int, rank: int, world_size: int) -> slice:
     """Rows of a global batch of ``n_rows`` that ``rank`` trains on (contiguous, equal sizes)."""
     if n_rows % world_size:
@@ -242,6 +249,7 @@ class FSDPSFTTrainer:
             ),
         )
         self.device = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        self.compute_dtype = sft_compute_dtype(cfg.engine.dtype, device)
         self.global_step = 0
         self._log_file = None
         n_params = sum(p.numel() for p in module.parameters())
@@ -287,7 +295,8 @@ class FSDPSFTTrainer:
 
     # --- steps --------------------------------------------------------------------------------------
     def _nll_sum(self, mb: dict) -> torch.Tensor:
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+        dtype = self.compute_dtype
+        with torch.autocast(device_type=self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             logits = self.module(
                 input_ids=mb["input_ids"],
                 attention_mask=mb["attention_mask"],

@@ -239,6 +239,23 @@ def test_micro_batch_invariance_matches_hf_token_mean_gradient(tiny_model_dir, t
         torch.testing.assert_close(d4[name], d1[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_engine_dtype_bfloat16_runs_the_forward_under_autocast_on_cpu(tiny_model_dir, tiny_data_dir, tmp_path):
+    extra = {"optim.clip_grad": 0, "optim.weight_decay": 0}
+    fp32 = make_trainer(tiny_model_dir, tiny_data_dir, tmp_path, **extra)  # engine.dtype=auto: fp32 on cpu
+    bf16 = make_trainer(tiny_model_dir, tiny_data_dir, tmp_path, **{"engine.dtype": "bfloat16"}, **extra)
+    assert (fp32.compute_dtype, bf16.compute_dtype) == (None, torch.bfloat16)
+    seen = []
+    bf16.module.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+    batch = next(fp32.train_batches(0))
+    d32, d16 = _sgd_delta(fp32, batch), _sgd_delta(bf16, batch)
+    assert seen == [torch.bfloat16]  # the matmuls ran in bf16 ...
+    assert all(p.dtype == torch.float32 for p in bf16.module.parameters())  # ... over fp32 master weights
+    flat32, flat16 = (torch.cat([d[k].flatten() for k in sorted(d)]) for d in (d32, d16))
+    assert not torch.equal(flat32, flat16)
+    cosine = torch.nn.functional.cosine_similarity(flat32, flat16, dim=0)
+    assert cosine > 0.99, cosine  # the same gradient up to bf16 rounding
+
+
 def test_fit_writes_loadable_hf_dir_with_new_weights(tiny_model_dir, tiny_data_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
