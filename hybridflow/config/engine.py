@@ -111,7 +111,7 @@ class FSDPEngineConfig(BaseConfig):
     strategy: str = doc("fsdp", "set by the worker from the role's strategy", refused=_SET_BY_WORKER)
     dtype: str = doc(
         "bfloat16",
-        "veRL's compute dtype (hybridflow: mixed_precision.param_dtype)",
+        "veRL's compute dtype (hybridflow: the workers' is mixed_precision.param_dtype; SFT: auto, bf16 on CUDA)",
         refused="the compute dtype is fsdp_config.mixed_precision.param_dtype (auto: bf16 on CUDA, fp32 on cpu)",
     )
     mixed_precision: MixedPrecisionConfig | None = section(unset, "compute, reduce and buffer dtypes (null: defaults)")

@@ -258,8 +258,8 @@ class SFTTrainerConfig(BaseConfig):
                 noted(speed_only("FSDP wrapping/prefetch, torch.compile, padding buckets")),
             ),
             "dtype": honoured(
-                "the compute dtype (autocast; fp32 master weights): auto is bf16 on CUDA and fp32 on cpu, where "
-                "bfloat16 runs on the CPU's bf16 units where it has them",
+                "the compute dtype under autocast (fp32 master weights): auto is bf16 on CUDA and fp32 on cpu; "
+                "bfloat16 on cpu is fast only where the CPU has bf16 units (AMX, AVX512-BF16)",
                 values=SFT_COMPUTE_DTYPES,
             ),
             **dict.fromkeys(
