@@ -261,8 +261,8 @@ class ActorRolloutRefWorker(Worker):
         self.actor_engine.lr_scheduler.step()
         self._rollout_stale = True
         metrics["actor/lr"] = [lr]
-        metrics["timing_s/worker_update_actor"] = [time.perf_counter() - start]
         trim_heap()  # the update's freed activations and gradients: back to the OS, not kept by malloc
+        metrics["timing_s/worker_update_actor"] = [time.perf_counter() - start]  # the trim is the worker's work too
         return DataProto(meta_info={"metrics": metrics})
 
     # ----------------------------------------------------------------------------------------------
