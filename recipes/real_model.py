@@ -228,14 +228,18 @@ def sft_args(
     ]
 
 
+def sft_dtype(args) -> str:
+    """The warm-ups' ``engine.dtype``: bf16 autocast where ``--precision`` picks bf16 for the actor, else fp32."""
+    return "bfloat16" if precision(args.precision) == "bf16" else "float32"
+
+
 def warmup_args(model: str, data: str, sft_dir: str, args) -> list[str]:
     """The warm-up's ``python -m hybridflow.main_sft`` command line (single-turn rows, question -> answer)."""
     # the longest warm-up row is ~110 tokens
     rows = ["data.prompt_key=question", "data.response_key=answer"]
     rows += ["data.prompt_dict_keys=[]", "data.response_dict_keys=[]"]
     lr, steps = args.warmup_lr, args.warmup_steps
-    dtype = "bfloat16" if precision(args.precision) == "bf16" else "float32"
-    return sft_args(model, data, sft_dir, args.seed, steps, WARMUP_BATCH, lr, MAX_PROMPT_LENGTH, dtype) + rows
+    return sft_args(model, data, sft_dir, args.seed, steps, WARMUP_BATCH, lr, MAX_PROMPT_LENGTH, sft_dtype(args)) + rows
 
 
 def warmup(model: str, data: str, work: str, args) -> str:

@@ -97,7 +97,7 @@ def sft(model: str, paths: dict, work: str, own, args, template: str) -> str:
         own.sft_batch,
         own.sft_lr,
         PROMPT_LENGTH + args.response_length,
-        "bfloat16" if real_model.precision(args.precision) == "bf16" else "float32",
+        real_model.sft_dtype(args),
     ) + [f"model.custom_chat_template='{template}'", "data.multiturn.enable=True"]
     run_module("hybridflow.main_sft", overrides, child_env(args.threads), os.path.join(work, "sft.log"))
     return os.path.join(sft_dir, f"global_step_{max(_saved_steps(sft_dir))}")

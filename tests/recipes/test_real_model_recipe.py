@@ -128,6 +128,15 @@ def test_the_tools_recipe_passes_its_template_and_tools_to_main_ppo(tmp_path):
     assert cfg.actor_rollout_ref.model.custom_chat_template == template  # the Jinja text arrives unchanged
     assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == paths["tools"]
     assert cfg.actor_rollout_ref.rollout.max_model_len == real_model_tools.PROMPT_LENGTH + args.response_length
+    # forwards capped at 64 x (128 + 48) tokens, the single-turn recipe's: 32 x (256 + 96) here in bf16
+    micro = cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+    single = load_config("ppo_trainer", real_model.rl_args("m", paths, "run", "vllm", real_model.parse([])))
+    bf16 = real_model.precision(args.precision) == "bf16"
+    assert micro == (32 if bf16 else 16) and single.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == (
+        64 if bf16 else 16
+    )
+    assert cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu == micro
+    assert real_model.forward_samples(64, 10_000_000) == 1 and real_model.forward_samples(64, 10) == 64
 
 
 def test_the_tools_recipe_refuses_the_single_turn_warmup_options_by_name(capsys):
