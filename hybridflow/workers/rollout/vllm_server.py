@@ -127,6 +127,9 @@ class VLLMServer(AsyncRolloutServer):
         self._asleep: set[str] = set()
         self._closed = False
         self._in_flight: set[str] = set()  # engine request ids
+        # ids abort_all() named: vLLM ignores an abort of a request it has not registered yet, so
+        # generate() repeats the abort once its first output proves the engine holds the request
+        self._abort_requested: set[str] = set()
         self._ids = itertools.count()
         self._tied = TiedEmbeddingNames(facts.tie_word_embeddings)
         self._lora = None  # the LoRARequest of the loaded adapter; every request then uses it
@@ -162,6 +165,9 @@ class VLLMServer(AsyncRolloutServer):
             async for out in self.engine.generate(
                 prompt=prompt, sampling_params=sampling, request_id=engine_id, lora_request=self._lora
             ):
+                if engine_id in self._abort_requested:
+                    self._abort_requested.discard(engine_id)
+                    await self.engine.abort(engine_id)  # a no-op where the first abort reached it
                 if not out.outputs:
                     continue
                 piece = out.outputs[0]  # DELTA: only the tokens new since the last yield
@@ -174,6 +180,7 @@ class VLLMServer(AsyncRolloutServer):
             raise
         finally:
             self._in_flight.discard(engine_id)
+            self._abort_requested.discard(engine_id)
         stop_reason = ABORT if finish == "abort" else LENGTH if finish == "length" else STOP
         return TokenOutput(
             token_ids=tokens,
@@ -242,6 +249,7 @@ class VLLMServer(AsyncRolloutServer):
     async def abort_all(self) -> int:
         ids = list(self._in_flight)
         if ids:
+            self._abort_requested.update(ids)
             await self.engine.abort(ids)
         return len(ids)
 
