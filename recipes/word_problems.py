@@ -130,3 +130,51 @@ def committed_correct(text: str, truth: str) -> bool:
 
     answer = extract_solution(text, "strict", lenient=True) or extract_solution(text, "flexible", lenient=True)
     return answer is not None and answers_match(answer, truth, lenient=True)
+
+
+def _column_add(a: int, b: int) -> str:
+    """``296+95: 6+5=11:1, 9+9+1=19:91, 2+0+1=3:391``: each column's sum, then the digits of the result so far
+    (the last column writes its whole sum, so a final carry needs no step of its own)."""
+    top, bottom = str(a)[::-1], str(b)[::-1]
+    width = max(len(top), len(bottom))
+    carry, digits, steps = 0, "", []
+    for i in range(width):
+        da, db = int(top[i]) if i < len(top) else 0, int(bottom[i]) if i < len(bottom) else 0
+        total = da + db + carry
+        digits = (str(total) if i == width - 1 else str(total % 10)) + digits
+        steps.append(f"{da}+{db}{f'+{carry}' if carry else ''}={total}:{digits}")
+        carry = total // 10
+    return f"{a}+{b}: " + ", ".join(steps)
+
+
+def _column_sub(a: int, b: int) -> str:
+    """``503-178: 13-8=5:5, 9-7=2:25, 4-1=3:325``: each column's digits after borrowing, then the result's digits
+    so far (leading zeros stay until the answer)."""
+    top, bottom = str(a)[::-1], str(b)[::-1]
+    borrow, digits, steps = 0, "", []
+    for i in range(len(top)):
+        da, db = int(top[i]) - borrow, int(bottom[i]) if i < len(bottom) else 0
+        borrow = int(da < db)
+        da += 10 * borrow
+        digits = str(da - db) + digits
+        steps.append(f"{da}-{db}={da - db}:{digits}")
+    return f"{a}-{b}: " + ", ".join(steps)
+
+
+def by_columns(working: str) -> str:
+    """The working of a row done column by column: every sum and difference of ``working`` (``a + b = c`` or
+    ``a - b = c``, comma-separated) written digit by digit, products and quotients as they are. A second way
+    to the same answer, longer and surer for a small model; the warm-up can teach both (real_model.py)."""
+    parts = []
+    for equation in working.split(", "):
+        left, result = equation.split(" = ")
+        a, op, b = left.split(" ")
+        if op == "+":
+            parts.append(_column_add(int(a), int(b)))
+        elif op == "-" and int(a) >= int(b):
+            parts.append(_column_sub(int(a), int(b)))
+        else:
+            parts.append(equation)
+        if op in "+-" and str(int(result)) != result:
+            raise ValueError(f"not a whole-number equation: {equation!r}")
+    return "By columns: " + "; ".join(parts) + "."
