@@ -47,12 +47,32 @@ def parse(argv=None):
     """real_model.py's options (rollout, precision, lr, ...) with this recipe's defaults; it has no warm-up."""
     import real_model
 
-    refused = [a for a in argv or sys.argv[1:] if a.split("=")[0] in ("--warmup_steps", "--warmup_lr")]
+    given = sys.argv[1:] if argv is None else list(argv)
+    refused = [a for a in given if a.split("=")[0] in ("--warmup_steps", "--warmup_lr", "--column_share")]
     if refused:
         raise SystemExit(f"{refused[0].split('=')[0]} is not used here: the agent trains the base model")
     defaults = ["--workdir", "openai_agent_out", "--steps", "10", "--response_length", "192", "--heldout", "100"]
     defaults += ["--lr", "3e-5", "--warmup_steps", "0"]
-    return real_model.parse(defaults + list(sys.argv[1:] if argv is None else argv))
+    return real_model.parse(defaults + given)
+
+
+def grpo_args(model: str, paths: dict, loops: str, run_dir: str, rollout: str, args) -> list[str]:
+    """The real-model recipe's GRPO (its rollout, precision and forward sizes) with the agent as the rollout's
+    loop; the response holds both calls and the follow-up question."""
+    import real_model
+
+    return real_model.rl_args(model, paths, run_dir, rollout, args) + [
+        "actor_rollout_ref.rollout.agent.default_agent_loop=openai_agent",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+        # the trained ids are the engine's in any case; strict would drop every sample whose sampled ids a
+        # re-templating tokenizes otherwise: 28 % of them at temperature 1 on SmolLM2 (first step, seed 0)
+        "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=disable",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        f"trainer.test_freq={args.steps}",
+        "trainer.save_freq=-1",
+        "trainer.val_before_train=True",
+        "trainer.project_name=openai_agent",
+    ]
 
 
 def main(argv=None) -> dict:
@@ -80,20 +100,7 @@ def main(argv=None) -> dict:
     if os.path.exists(metrics_path):
         os.remove(metrics_path)
     rollout = real_model.rollout_name(args.rollout)
-    # the real-model recipe's GRPO (its rollout, precision and forward sizes); the response holds both calls and
-    # the follow-up question
-    overrides = real_model.rl_args(model, paths, os.path.join(work, "grpo_run"), rollout, args) + [
-        "actor_rollout_ref.rollout.agent.default_agent_loop=openai_agent",
-        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
-        # the trained ids are the engine's in any case; strict would drop every sample whose sampled ids a
-        # re-templating tokenizes otherwise: 28 % of them at temperature 1 on SmolLM2 (first step, seed 0)
-        "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=disable",
-        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
-        f"trainer.test_freq={args.steps}",
-        "trainer.save_freq=-1",
-        "trainer.val_before_train=True",
-        "trainer.project_name=openai_agent",
-    ]
+    overrides = grpo_args(model, paths, loops, os.path.join(work, "grpo_run"), rollout, args)
     env = child_env(args.threads, HYBRIDFLOW_FILE_LOGGER_PATH=metrics_path)
     run_module("hybridflow.main_ppo", overrides, env, os.path.join(work, "grpo.log"))
     rows = read_metrics(metrics_path)

@@ -90,6 +90,26 @@ def test_the_recipe_command_line_uses_only_known_keys(tmp_path):
         assert cfg.actor_rollout_ref.actor.clip_ratio == 0.3  # the user's override comes last
 
 
+def test_the_openai_agent_recipe_runs_the_agent_loop_on_the_real_model_recipe_s_grpo(tmp_path):
+    import openai_agent
+
+    from hybridflow.config.loader import load_config
+
+    args = openai_agent.parse(["--steps", "4", "--rollout", "vllm"])
+    paths = {"train": str(tmp_path / "t.parquet"), "heldout": str(tmp_path / "h.parquet")}
+    loops = str(tmp_path / "loops.yaml")
+    for rollout in ("vllm", "hf"):
+        overrides = openai_agent.grpo_args("m", paths, loops, str(tmp_path / "run"), rollout, args)
+        cfg = load_config("ppo_trainer", overrides)
+        rollout_cfg = cfg.actor_rollout_ref.rollout
+        assert rollout_cfg.name == rollout and rollout_cfg.agent.default_agent_loop == "openai_agent"
+        assert rollout_cfg.agent.agent_loop_config_path == loops and cfg.data.max_response_length == 192
+        # validation before and after (test_freq = steps), no checkpoint, whatever real_model.rl_args had set
+        assert cfg.trainer.val_before_train and cfg.trainer.test_freq == 4 and cfg.trainer.save_freq == -1
+    with pytest.raises(SystemExit, match="--warmup_steps is not used here"):
+        openai_agent.parse(["--warmup_steps", "3"])
+
+
 def _equations_hold(working: str) -> bool:
     """Each ``a op b = c`` of a worked answer, computed again here."""
     ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b}
