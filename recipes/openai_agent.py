@@ -48,7 +48,7 @@ def parse(argv=None):
     import real_model
 
     given = sys.argv[1:] if argv is None else list(argv)
-    refused = [a for a in given if a.split("=")[0] in ("--warmup_steps", "--warmup_lr", "--column_share")]
+    refused = [a for a in given if a.split("=")[0] in ("--warmup_steps", "--warmup_lr")]
     if refused:
         raise SystemExit(f"{refused[0].split('=')[0]} is not used here: the agent trains the base model")
     defaults = ["--workdir", "openai_agent_out", "--steps", "10", "--response_length", "192", "--heldout", "100"]

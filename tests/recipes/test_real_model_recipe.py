@@ -136,66 +136,6 @@ def test_the_warmup_rows_show_right_working_then_the_marked_answer_and_the_sft_k
     assert cfg.trainer.total_training_steps == 6 and cfg.data.train_files == path
 
 
-def _check_columns(block: str) -> int:
-    """A by-columns block (``296+95: 6+5=11:1, ...``) checked step by step against Python's digits; its result."""
-    head, steps = block.split(": ", 1)
-    a, op, b = re.fullmatch(r"(\d+)([+-])(\d+)", head).groups()
-    top, bottom = a[::-1], b[::-1]
-    digits = ""
-    for i, step in enumerate(steps.split(", ")):
-        expr, value, so_far = re.fullmatch(r"([\d+-]+)=(\d+):(\d+)", step).groups()
-        terms = [int(t) for t in re.split(r"[+-]", expr)]
-        assert (sum(terms) if op == "+" else terms[0] - terms[1]) == int(value), step  # the column's arithmetic
-        if op == "+":  # the column's digits (a missing digit is 0), then the carry of the column before
-            assert terms[:2] == [int(top[i]) if i < len(top) else 0, int(bottom[i]) if i < len(bottom) else 0]
-        else:  # the subtrahend's digit; the minuend's digit less a borrow, plus 10 where it borrows
-            assert terms[1] == (int(bottom[i]) if i < len(bottom) else 0) and terms[0] % 10 in (
-                int(top[i]),
-                (int(top[i]) - 1) % 10,
-            )
-        digits = (value if op == "+" and i == len(steps.split(", ")) - 1 else value[-1]) + digits
-        assert so_far == digits, step
-    assert int(digits) == (int(a) + int(b) if op == "+" else int(a) - int(b)), block
-    return int(digits)
-
-
-def test_by_columns_works_every_sum_and_difference_digit_by_digit():
-    assert word_problems.by_columns("296 + 95 = 391") == "By columns: 296+95: 6+5=11:1, 9+9+1=19:91, 2+0+1=3:391."
-    assert word_problems.by_columns("503 - 478 = 25") == "By columns: 503-478: 13-8=5:5, 9-7=2:25, 4-4=0:025."
-    rows = word_problems.make_rows(400, 5, "train", word_problems.KINDS, hi=300)
-    for row in rows:
-        working, answer = row["extra_info"]["working"], int(row["extra_info"]["answer"])
-        worked = word_problems.by_columns(working)
-        assert worked.startswith("By columns: ") and worked.endswith(".")
-        results = []
-        for part, equation in zip(worked[len("By columns: ") : -1].split("; "), working.split(", "), strict=True):
-            if " * " in part or " / " in part:
-                assert part == equation  # products and quotients as they are
-                results.append(int(equation.split(" = ")[1]))
-            else:
-                results.append(_check_columns(part))
-        assert results[-1] == answer, worked
-    assert word_problems.by_columns("96 + 25 = 121") == "By columns: 96+25: 6+5=11:1, 9+2+1=12:121."
-
-
-def test_a_column_share_of_the_warmup_is_worked_by_columns(tmp_path):
-    from hybridflow.config.loader import load_config
-
-    shares = {}
-    for share in (0.0, 0.5, 1.0):
-        args = real_model.parse(["--warmup_steps", "20", "--column_share", str(share)])
-        path = str(tmp_path / f"warmup{share}.parquet")
-        real_model.write_warmup(path, args)
-        answers = pd.read_parquet(path)["answer"]
-        shares[share] = sum(a.startswith("By columns: ") for a in answers) / len(answers)
-        for question, answer in zip(pd.read_parquet(path)["question"], answers, strict=True):
-            assert int(answer.split("\n#### ")[1]) == _solve(question.split(" Answer briefly")[0])
-        cfg = load_config("sft_trainer", real_model.warmup_args("m", path, str(tmp_path / "sft"), args))
-        # the longer answers fit the warm-up's row length (over it, main_sft refuses the row by name)
-        assert cfg.data.max_length == real_model.MAX_PROMPT_LENGTH + (real_model.COLUMN_TOKENS if share else 0)
-    assert shares[0.0] == 0.0 and shares[1.0] == 1.0 and 0.3 < shares[0.5] < 0.7
-
-
 def test_the_tools_recipe_passes_its_template_and_tools_to_main_ppo(tmp_path):
     from hybridflow.config.loader import load_config
 
