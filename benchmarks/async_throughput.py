@@ -1,7 +1,7 @@
 """Asynchronous training throughput: sync vs one-step-off vs fully async on the same pools, one run.
 
     python benchmarks/async_throughput.py [--quick] [--steps N] [--modes sync,one_step_off,fully_async]
-                                          [--workload skewed|long]
+                                          [--workload skewed|long] [--staleness S]
 
 Pools: the actor (with its reference) on one Ray worker, the rollout engine (hf server) on another
 (``actor_rollout_ref.rollout.nnodes=1``): the three modes differ only in the driver's schedule.
@@ -21,7 +21,7 @@ step = training: old log-probs, update, weight push, reward, bookkeeping), i.e. 
 gains at the synchronous phase speeds, and the share of it reached (ratio / bound). Goals: fully async
 >= 90 % of its bound on ``skewed``, >= 2x sync on ``long`` (there the bound is <= 1.5x once generation
 is >= 2/3 of the sync step, so the asynchronous rollout must also generate faster: two steps' groups in
-flight decode in one batch). CPU s/step and cores busy count every process of the run: overlap needs
+flight decode in one batch; ``--staleness S`` lets (1 + S) steps' groups be in flight). CPU s/step and cores busy count every process of the run: overlap needs
 two free cores.
 Timings on a shared machine are noisy; the table prints the load average.
 """
@@ -120,6 +120,8 @@ def overrides(data_dir, model_dir, out_dir, args, mode) -> list[str]:
         "trainer.backend=ray",
         "trainer.device=cpu",
         *MODES[mode],
+        # more groups in flight: larger decode batches on the rollout (fully async only; the others fix it)
+        *([f"async_training.staleness_threshold={args.staleness}"] if "fully_async" in mode else []),
     ]
 
 
@@ -229,6 +231,12 @@ def main(argv=None) -> int:
         help="skewed: one prompt in --every asks for --long tokens; long: every prompt does (generation-bound)",
     )
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument(
+        "--staleness",
+        type=float,
+        default=1.0,
+        help="fully async's async_training.staleness_threshold: (1 + this) x a step's groups in flight",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.warmup, args.prompts, args.long = 3, 1, 4, 16
@@ -277,7 +285,8 @@ def main(argv=None) -> int:
     long_share = 1 / args.every
     C.print_table(
         f"GRPO on a {args.workload} workload: {args.prompts} prompts x {args.n} samples per step, {long_share:.0%} of "
-        f"prompts ask for {args.long} tokens, the rest {args.short}; actor and rollout on separate Ray workers\n"
+        f"prompts ask for {args.long} tokens, the rest {args.short}; actor and rollout on separate Ray workers; "
+        f"fully async: staleness_threshold={args.staleness:g}, partial rollout\n"
         f"{C.machine_line()}\nbound = the baseline's step / max(its gen, its step - gen) (perfect overlap at sync's "
         "phase speeds); reached = ratio / bound",
         [
