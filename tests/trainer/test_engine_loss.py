@@ -102,6 +102,7 @@ def test_the_vllm_server_turns_vllms_engine_death_into_engine_dead_error():
 
     server = object.__new__(VLLMServer)
     server.__dict__.update(_closed=False, _asleep=set(), _not_real_reason=None, _in_flight=set(), _lora=None)
+    server._abort_requested = set()
     server._update_done, server._ids = asyncio.Event(), itertools.count()
     server._update_done.set()
     server.settings = types.SimpleNamespace(max_model_len=64)
