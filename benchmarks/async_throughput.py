@@ -21,8 +21,8 @@ step = training: old log-probs, update, weight push, reward, bookkeeping), i.e. 
 gains at the synchronous phase speeds, and the share of it reached (ratio / bound). Goals: fully async
 >= 90 % of its bound on ``skewed``, >= 2x sync on ``long`` (there the bound is <= 1.5x once generation
 is >= 2/3 of the sync step, so the asynchronous rollout must also generate faster: two steps' groups in
-flight decode in one batch; ``--staleness S`` lets (1 + S) steps' groups be in flight). CPU s/step and cores busy count every process of the run: overlap needs
-two free cores.
+flight decode in one batch; ``--staleness S`` lets (1 + S) steps' groups be in flight). CPU s/step and
+cores busy count every process of the run: overlap needs two free cores.
 Timings on a shared machine are noisy; the table prints the load average.
 """
 
