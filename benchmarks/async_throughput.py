@@ -49,8 +49,7 @@ MODES = {
     "one_step_off": [*SEPARATE, "async_training.mode=one_step_off"],
     "fully_async": [
         *SEPARATE,
-        "async_training.mode=fully_async",
-        "async_training.staleness_threshold=1",
+        "async_training.mode=fully_async",  # staleness_threshold: --staleness (overrides() adds it)
         "async_training.trigger_parameter_sync_step=1",
         "async_training.require_batches=2",
         "async_training.partial_rollout=True",

@@ -48,9 +48,14 @@ def parse(argv=None):
     import real_model
 
     given = sys.argv[1:] if argv is None else list(argv)
-    refused = [a for a in given if a.split("=")[0] in ("--warmup_steps", "--warmup_lr")]
+    reasons = {
+        "--warmup_steps": "the agent trains the base model",
+        "--warmup_lr": "the agent trains the base model",
+        "--test_freq": "validation runs before and after training",
+    }
+    refused = [a.split("=")[0] for a in given if a.split("=")[0] in reasons]
     if refused:
-        raise SystemExit(f"{refused[0].split('=')[0]} is not used here: the agent trains the base model")
+        raise SystemExit(f"{refused[0]} is not used here: {reasons[refused[0]]}")
     defaults = ["--workdir", "openai_agent_out", "--steps", "10", "--response_length", "192", "--heldout", "100"]
     defaults += ["--lr", "3e-5", "--warmup_steps", "0"]
     return real_model.parse(defaults + given)
@@ -61,7 +66,7 @@ def grpo_args(model: str, paths: dict, loops: str, run_dir: str, rollout: str, a
     loop; the response holds both calls and the follow-up question."""
     import real_model
 
-    return real_model.rl_args(model, paths, run_dir, rollout, args) + [
+    agent = [
         "actor_rollout_ref.rollout.agent.default_agent_loop=openai_agent",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
         # the trained ids are the engine's in any case; strict would drop every sample whose sampled ids a
@@ -73,6 +78,7 @@ def grpo_args(model: str, paths: dict, loops: str, run_dir: str, rollout: str, a
         "trainer.val_before_train=True",
         "trainer.project_name=openai_agent",
     ]
+    return real_model.rl_args(model, paths, run_dir, rollout, args, extra=agent)
 
 
 def main(argv=None) -> dict:

@@ -124,7 +124,10 @@ def forward_samples(samples: int, sequence_length: int) -> int:
     return samples
 
 
-def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args, prompt_length=MAX_PROMPT_LENGTH) -> list[str]:
+def rl_args(
+    model: str, paths: dict, run_dir: str, rollout: str, args, prompt_length=MAX_PROMPT_LENGTH, extra=()
+) -> list[str]:
+    """The GRPO command line; ``extra``: a calling recipe's own overrides, before the user's ``--rl_override``s."""
     # bf16 (AMX): the actor's forward under autocast over fp32 master weights, the vLLM engine in bf16; there
     # eager attention and 64-sample forwards made an update 1.4x and 1.2x faster than sdpa and 16 (measurements.md)
     bf16 = precision(args.precision) == "bf16"
@@ -181,7 +184,7 @@ def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args, prompt_le
             "actor_rollout_ref.rollout.enforce_eager=True",
             f"actor_rollout_ref.rollout.max_model_len={prompt_length + args.response_length}",
         ]
-    return overrides + list(args.rl_override)
+    return overrides + list(extra) + list(args.rl_override)
 
 
 WARMUP_BATCH = 8

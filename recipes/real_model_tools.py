@@ -105,12 +105,13 @@ def sft(model: str, paths: dict, work: str, own, args, template: str) -> str:
 
 def rl_args(model: str, paths: dict, run_dir: str, rollout: str, args, template: str) -> list[str]:
     """The real-model recipe's GRPO command line, multi-turn with the calculator and the tool template."""
-    return real_model.rl_args(model, paths, run_dir, rollout, args, prompt_length=PROMPT_LENGTH) + [
+    tools = [
         f"actor_rollout_ref.model.custom_chat_template='{template}'",
         "actor_rollout_ref.rollout.multi_turn.enable=True",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={paths['tools']}",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
     ]
+    return real_model.rl_args(model, paths, run_dir, rollout, args, prompt_length=PROMPT_LENGTH, extra=tools)
 
 
 def main(argv=None) -> dict:

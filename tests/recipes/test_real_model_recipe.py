@@ -95,7 +95,7 @@ def test_the_openai_agent_recipe_runs_the_agent_loop_on_the_real_model_recipe_s_
 
     from hybridflow.config.loader import load_config
 
-    args = openai_agent.parse(["--steps", "4", "--rollout", "vllm"])
+    args = openai_agent.parse(["--steps", "4", "--rollout", "vllm", "--rl_override", "trainer.save_freq=2"])
     paths = {"train": str(tmp_path / "t.parquet"), "heldout": str(tmp_path / "h.parquet")}
     loops = str(tmp_path / "loops.yaml")
     for rollout in ("vllm", "hf"):
@@ -105,9 +105,12 @@ def test_the_openai_agent_recipe_runs_the_agent_loop_on_the_real_model_recipe_s_
         assert rollout_cfg.name == rollout and rollout_cfg.agent.default_agent_loop == "openai_agent"
         assert rollout_cfg.agent.agent_loop_config_path == loops and cfg.data.max_response_length == 192
         # validation before and after (test_freq = steps), no checkpoint, whatever real_model.rl_args had set
-        assert cfg.trainer.val_before_train and cfg.trainer.test_freq == 4 and cfg.trainer.save_freq == -1
+        assert cfg.trainer.val_before_train and cfg.trainer.test_freq == 4
+        assert cfg.trainer.save_freq == 2  # the user's override comes after the recipe's own (-1)
     with pytest.raises(SystemExit, match="--warmup_steps is not used here"):
         openai_agent.parse(["--warmup_steps", "3"])
+    with pytest.raises(SystemExit, match="--test_freq is not used here"):
+        openai_agent.parse(["--test_freq=2"])
 
 
 def _equations_hold(working: str) -> bool:
@@ -139,7 +142,8 @@ def test_the_warmup_rows_show_right_working_then_the_marked_answer_and_the_sft_k
 def test_the_tools_recipe_passes_its_template_and_tools_to_main_ppo(tmp_path):
     from hybridflow.config.loader import load_config
 
-    own, args = real_model_tools.parse(["--steps", "3", "--sft_steps", "5"])
+    turns = "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5"
+    own, args = real_model_tools.parse(["--steps", "3", "--sft_steps", "5", "--rl_override", turns])
     assert own.sft_steps == 5 and args.steps == 3 and args.workdir == "real_model_tools_out"
     with open(real_model_tools.TEMPLATE) as f:
         template = f.read()
@@ -147,6 +151,7 @@ def test_the_tools_recipe_passes_its_template_and_tools_to_main_ppo(tmp_path):
     cfg = load_config("ppo_trainer", real_model_tools.rl_args("m", paths, "run", "vllm", args, template))
     assert cfg.actor_rollout_ref.model.custom_chat_template == template  # the Jinja text arrives unchanged
     assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == paths["tools"]
+    assert cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 5  # the user's, not the recipe's 3
     assert cfg.actor_rollout_ref.rollout.max_model_len == real_model_tools.PROMPT_LENGTH + args.response_length
     # forwards capped at 64 x (128 + 48) tokens, the single-turn recipe's: 32 x (256 + 96) here in bf16
     micro = cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
