@@ -1,7 +1,7 @@
 """Asynchronous training throughput: sync vs one-step-off vs fully async on the same pools, one run.
 
     python benchmarks/async_throughput.py [--quick] [--steps N] [--modes sync,one_step_off,fully_async]
-                                          [--workload skewed|long] [--staleness S]
+                                          [--workload skewed|long] [--staleness S] [--seed S]
 
 Pools: the actor (with its reference) on one Ray worker, the rollout engine (hf server) on another
 (``actor_rollout_ref.rollout.nnodes=1``): the three modes differ only in the driver's schedule.
@@ -12,7 +12,9 @@ dense toy reward (share of digit characters) trains the tiny Qwen2.
 
 Per mode: seconds per step (median after ``--warmup`` steps), samples/s, the trainer's idle fraction
 (time waiting for rollouts / step time), the rollout pool's idle fraction (time with nothing in flight;
-sync: the time outside generation), the version lag, and the mean score of the last steps. The ratio is
+sync: the time outside generation), the version lag, the mean score of the last steps' samples (in the
+asynchronous modes drawn from policies up to `max lag` versions old) and the final policy's greedy validation
+score on the 16 test prompts (the score to compare; ``--seed`` varies data order and sampling). The ratio is
 samples/s against sync, measured in the same run, and against the synchronous schedule doing the same
 work per step ("like sync": with rollout log-probs as pi_old, when the asynchronous row skips the
 recomputation as veRL's fully async recipe does by default). Beside each ratio: the overlap bound of its
@@ -110,7 +112,11 @@ def overrides(data_dir, model_dir, out_dir, args, mode) -> list[str]:
         "actor_rollout_ref.rollout.agent.num_workers=1",
         f"custom_reward_function.path={reward}",
         f"trainer.total_training_steps={args.steps}",
-        "trainer.test_freq=-1",
+        # one greedy validation of the final policy: the score the modes compare (the training batches' score
+        # lags in the asynchronous modes, whose samples come from policies up to `max lag` versions old)
+        f"trainer.test_freq={args.steps}",
+        f"data.seed={args.seed}",
+        f"actor_rollout_ref.rollout.seed={args.seed}",
         "trainer.save_freq=-1",
         "trainer.val_before_train=False",
         "trainer.logger=['file']",
@@ -145,8 +151,15 @@ def summarize(rows: list[dict], mode: str, samples_per_step: int, warmup: int) -
         "rollout_idle": rollout_idle,
         "lag_max": max(r.get("async/staleness/max", 0.0) for r in rows),
         "score": sum(r["critic/score/mean"] for r in tail) / len(tail),
+        "val_score": final_val_score(rows[-1]),
         "response_len": C.median([r["response_length/mean"] for r in timed]),
     }
+
+
+def final_val_score(row: dict) -> float:
+    """The mean greedy validation reward of the final policy (``val-core/<source>/reward/mean@1``)."""
+    keys = [k for k in row if k.startswith("val-core/") and "/reward/mean@" in k]
+    return sum(row[k] for k in keys) / len(keys) if keys else float("nan")
 
 
 class StepCPU:
@@ -230,6 +243,7 @@ def main(argv=None) -> int:
         help="skewed: one prompt in --every asks for --long tokens; long: every prompt does (generation-bound)",
     )
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--seed", type=int, default=1, help="data order and rollout sampling (the scores' noise)")
     p.add_argument(
         "--staleness",
         type=float,
@@ -302,6 +316,7 @@ def main(argv=None) -> int:
             "rollout idle",
             "max lag",
             "score (last 3)",
+            "val score",
         ],
         [
             [
@@ -314,6 +329,7 @@ def main(argv=None) -> int:
                 r["rollout_idle"],
                 r["lag_max"],
                 r["score"],
+                r["val_score"],
             ]
             for m, r in results.items()
         ],
