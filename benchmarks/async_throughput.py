@@ -13,8 +13,9 @@ dense toy reward (share of digit characters) trains the tiny Qwen2.
 Per mode: seconds per step (median after ``--warmup`` steps), samples/s, the trainer's idle fraction
 (time waiting for rollouts / step time), the rollout pool's idle fraction (time with nothing in flight;
 sync: the time outside generation), the version lag, the mean score of the last steps' samples (in the
-asynchronous modes drawn from policies up to `max lag` versions old) and the final policy's greedy validation
-score on the 16 test prompts (the score to compare; ``--seed`` varies data order and sampling). The ratio is
+asynchronous modes drawn from policies up to `max lag` versions old) and the final policy's validation score
+(16 test prompts x 4 samples at temperature 1: the score to compare; ``--seed`` varies data order and
+sampling). The ratio is
 samples/s against sync, measured in the same run, and against the synchronous schedule doing the same
 work per step ("like sync": with rollout log-probs as pi_old, when the asynchronous row skips the
 recomputation as veRL's fully async recipe does by default). Beside each ratio: the overlap bound of its
@@ -45,6 +46,7 @@ import _common as C  # noqa: E402
 
 GOAL_OF_BOUND = 0.9  # skewed workload: fully async reaches this share of its overlap bound
 GOAL_LONG = 2.0  # long workload: fully async samples/s over sync's
+VAL_N = 4  # samples per test prompt in the final validation (16 prompts)
 SEPARATE = ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1"]
 MODES = {
     "sync": SEPARATE,
@@ -112,9 +114,13 @@ def overrides(data_dir, model_dir, out_dir, args, mode) -> list[str]:
         "actor_rollout_ref.rollout.agent.num_workers=1",
         f"custom_reward_function.path={reward}",
         f"trainer.total_training_steps={args.steps}",
-        # one greedy validation of the final policy: the score the modes compare (the training batches' score
-        # lags in the asynchronous modes, whose samples come from policies up to `max lag` versions old)
+        # one validation of the final policy, sampled as in training (greedy decoding of the tiny model saturates
+        # at all digits, score 1.0): the score the modes compare; the training batches' score lags in the
+        # asynchronous modes, whose samples come from policies up to `max lag` versions old
         f"trainer.test_freq={args.steps}",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+        f"actor_rollout_ref.rollout.val_kwargs.n={VAL_N}",
         f"data.seed={args.seed}",
         f"actor_rollout_ref.rollout.seed={args.seed}",
         "trainer.save_freq=-1",
@@ -157,7 +163,7 @@ def summarize(rows: list[dict], mode: str, samples_per_step: int, warmup: int) -
 
 
 def final_val_score(row: dict) -> float:
-    """The mean greedy validation reward of the final policy (``val-core/<source>/reward/mean@1``)."""
+    """The mean sampled validation reward of the final policy (``val-core/<source>/reward/mean@1``)."""
     keys = [k for k in row if k.startswith("val-core/") and "/reward/mean@" in k]
     return sum(row[k] for k in keys) / len(keys) if keys else float("nan")
 

@@ -157,6 +157,15 @@ def smollm2_dir(smollm2_gguf, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(smollm2_gguf, tmp_path_factory) -> str:
+    """The real model's tokenizer, config and generation config as a Hugging Face folder without weights: for
+    tests that only tokenize (4 s, against ~20 s more for dequantizing and saving the weights)."""
+    from tests.smollm2 import write_tokenizer_folder
+
+    return write_tokenizer_folder(smollm2_gguf, str(tmp_path_factory.mktemp("smollm2_tokenizer")))
+
+
+@pytest.fixture(scope="session")
 def ray_session():
     """One local Ray for the whole test session (4 logical CPUs), shut down at the end.
 

@@ -20,3 +20,15 @@ def smollm2_gguf_path() -> str | None:
         if os.path.isfile(path):
             return path
     return None
+
+
+def write_tokenizer_folder(gguf_path: str, target_dir: str) -> str:
+    """The GGUF file's tokenizer, config and generation config (the EOS ids) saved in ``target_dir``, no weights."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    folder, name = os.path.split(os.path.abspath(gguf_path))
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(target_dir)
+    config.save_pretrained(target_dir)
+    GenerationConfig.from_model_config(config).save_pretrained(target_dir)
+    return target_dir

@@ -100,7 +100,7 @@ def test_async_throughput_all_modes():
     for mode in ("sync", "one_step_off", "fully_async"):
         assert re.search(rf"^{mode}\s+[\d.]+\s+[\d.]+", out, re.M), out
     assert re.search(r"^one_step_off(\s+[\d.]+){10}\s+1\.000\s", out, re.M), out
-    # the last column: the final policy's greedy validation score, a share of digit characters
+    # the last column: the final policy's sampled validation score, a share of digit characters
     for mode in ("sync", "one_step_off", "fully_async"):
         val_score = float(re.search(rf"^{mode}\s.*$", out, re.M).group(0).split()[-1])
         assert 0.0 <= val_score <= 1.0, out

