@@ -202,10 +202,14 @@ def ray_session():
         ray.shutdown()
 
 
-@pytest.fixture(params=["inprocess", "ray"])
+@pytest.fixture(params=["inprocess", pytest.param("ray", marks=pytest.mark.slow)])
 def backend(request) -> str:
     """Each ``trainer.backend`` in turn, for tests that must pass on both (issue 23: nothing above the
-    single controller asks which one it has). The Ray one runs in the shared session (``ray_session``)."""
+    single controller asks which one it has). The Ray one runs in the shared session (``ray_session``).
+
+    The Ray cases are slow (7-70 s each on 2 cores, 40 s together in the default suite, which has to stay under
+    10 minutes): the default suite keeps Ray through the single-controller tests and the Ray GRPO run
+    (tests/trainer/test_ppo_e2e.py); ``-m slow`` runs these on Ray too."""
     if request.param == "ray":
         request.getfixturevalue("ray_session")
     return request.param

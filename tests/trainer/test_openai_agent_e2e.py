@@ -29,8 +29,8 @@ async def run(client, sample):
 '''
 
 
-# the Ray run is slow (about 70 s on 2 cores): the in-process one keeps the path in the default suite
-@pytest.mark.parametrize("backend", ["inprocess", pytest.param("ray", marks=pytest.mark.slow)], indirect=True)
+# the Ray run is slow (about 70 s on 2 cores; conftest's backend fixture marks it): the in-process one keeps the
+# path in the default suite
 def test_grpo_trains_an_openai_client_agent(tiny_model_dir, tiny_data_dir, tmp_path, backend):
     (tmp_path / "agent.py").write_text(AGENT)
     loops = tmp_path / "loops.yaml"
