@@ -2,6 +2,7 @@
 
     python benchmarks/async_throughput.py [--quick] [--steps N] [--modes sync,one_step_off,fully_async]
                                           [--workload skewed|long] [--staleness S] [--seed S]
+                                          [--override KEY=VALUE ...]
 
 Pools: the actor (with its reference) on one Ray worker, the rollout engine (hf server) on another
 (``actor_rollout_ref.rollout.nnodes=1``): the three modes differ only in the driver's schedule.
@@ -57,6 +58,9 @@ MODES = {
         "async_training.trigger_parameter_sync_step=1",
         "async_training.require_batches=2",
         "async_training.partial_rollout=True",
+        # token-level truncated IS weights pi_old / pi_rollout against the staleness: on the long workload they
+        # halved the gap of the final policy's score to sync's (docs/measurements.md, 2026-11-28)
+        "algorithm.rollout_correction.rollout_is=token",
     ],
 }
 # veRL's fully async recipe also takes pi_old from the rollout's log-probs (no recomputation by the actor)
@@ -133,6 +137,7 @@ def overrides(data_dir, model_dir, out_dir, args, mode) -> list[str]:
         *MODES[mode],
         # more groups in flight: larger decode batches on the rollout (fully async only; the others fix it)
         *([f"async_training.staleness_threshold={args.staleness}"] if "fully_async" in mode else []),
+        *args.override,
     ]
 
 
@@ -250,6 +255,9 @@ def main(argv=None) -> int:
     )
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--seed", type=int, default=1, help="data order and rollout sampling (the scores' noise)")
+    p.add_argument(
+        "--override", action="append", default=[], metavar="KEY=VALUE", help="extra main_ppo override (all modes)"
+    )
     p.add_argument(
         "--staleness",
         type=float,
