@@ -16,8 +16,8 @@ Per mode: seconds per step (median after ``--warmup`` steps), samples/s, the tra
 sync: the time outside generation), the version lag, the mean score of the last steps' samples (in the
 asynchronous modes drawn from policies up to `max lag` versions old) and the final policy's validation score
 (16 test prompts x 4 samples at temperature 1: the score to compare; ``--seed`` varies data order and
-sampling). The ratio is
-samples/s against sync, measured in the same run, and against the synchronous schedule doing the same
+sampling). Fully async weights its stale samples with token-level truncated IS (``rollout_is=token``). The ratio
+is samples/s against sync, measured in the same run, and against the synchronous schedule doing the same
 work per step ("like sync": with rollout log-probs as pi_old, when the asynchronous row skips the
 recomputation as veRL's fully async recipe does by default). Beside each ratio: the overlap bound of its
 baseline, step / max(gen, step - gen) of the baseline's medians (gen = ``timing_s/gen``, the rest of the
@@ -168,7 +168,7 @@ def summarize(rows: list[dict], mode: str, samples_per_step: int, warmup: int) -
 
 
 def final_val_score(row: dict) -> float:
-    """The mean sampled validation reward of the final policy (``val-core/<source>/reward/mean@1``)."""
+    """The mean sampled validation reward of the final policy (``val-core/<source>/reward/mean@N``)."""
     keys = [k for k in row if k.startswith("val-core/") and "/reward/mean@" in k]
     return sum(row[k] for k in keys) / len(keys) if keys else float("nan")
 
