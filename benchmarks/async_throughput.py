@@ -201,13 +201,14 @@ class StepCPU:
                     self.marks.append((time.perf_counter(), sum(self._cpu.values())))
 
     def close(self, warmup: int) -> tuple[float, float]:
-        """(CPU seconds per step, cores busy) from the end of step ``warmup`` to the last step's."""
+        """(CPU seconds per step, cores busy) from the end of step ``warmup`` to the end of the step before the
+        last: the last step also runs the final validation, whose CPU time is no step's."""
         self._stop.set()
         self._thread.join()
-        if len(self.marks) <= warmup + 1:
+        if len(self.marks) <= warmup + 2:
             return float("nan"), float("nan")
-        (t0, c0), (t1, c1) = self.marks[warmup], self.marks[-1]
-        return (c1 - c0) / (len(self.marks) - 1 - warmup), (c1 - c0) / (t1 - t0)
+        (t0, c0), (t1, c1) = self.marks[warmup], self.marks[-2]
+        return (c1 - c0) / (len(self.marks) - 2 - warmup), (c1 - c0) / (t1 - t0)
 
 
 def overlap_bound(step_s: float, gen_s: float) -> float:

@@ -31,3 +31,12 @@ def test_versus_reports_ratio_bound_and_share_reached():
     }
     assert bench.versus(results, "fully_async", "sync") == pytest.approx((1.44, 1.6, 0.9))
     assert all(math.isnan(x) for x in bench.versus(results, "fully_async", "sync+rollout_logprobs"))
+
+
+def test_cpu_per_step_leaves_out_the_last_step_which_runs_the_final_validation(tmp_path):
+    cpu = bench.StepCPU(str(tmp_path / "metrics.jsonl"))
+    cpu.close(0)  # stops the polling thread; the marks below stand for a run's
+    # (time, CPU seconds) at the end of steps 1-4; step 4 also validated (8 CPU seconds more)
+    cpu.marks = [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0), (4.0, 12.0)]
+    per_step, cores = cpu.close(1)  # from the end of step 2 to the end of step 3 (step 4 left out)
+    assert per_step == pytest.approx(1.0) and cores == pytest.approx(1.0)
