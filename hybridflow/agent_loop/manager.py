@@ -162,7 +162,8 @@ class AgentLoopManager:
             if monitor is not None:
                 monitor.stop(reraise=False)  # the generation's own error is the one to see
             if isinstance(e, RolloutEngineDiedError):  # without the transport's wrapper (Ray's RayTaskError)
-                raise getattr(e, "cause", e) from None
+                cause = getattr(e, "cause", None)  # None in process: the error itself (raising None hid it)
+                raise (cause if isinstance(cause, BaseException) else e) from None
             raise
         if monitor is not None:
             monitor.stop()

@@ -209,3 +209,29 @@ def test_manager_on_each_backend(backend):
             manager.shutdown()
         group.close_engine()
         group.shutdown()
+
+
+def test_an_engine_death_in_process_reaches_the_driver_as_rollout_engine_died_error():
+    """In process the worker's RolloutEngineDiedError has no transport wrapper (its ``cause`` is None): the
+    manager raises it as it is (it once raised None, and a TypeError hid the engine's death)."""
+    from hybridflow.rollout.server import EngineDeadError, RolloutEngineDiedError
+
+    group = build_worker_group("inprocess", ClassWithInitArgs(ScriptedRolloutWorker), [1], name="scripted")
+    manager = None
+
+    class Tok:
+        pad_token_id = 0
+
+    async def dead(prompt_ids, params, request_id, logprobs=True):
+        raise EngineDeadError("vLLM's engine core process is gone")
+
+    try:
+        group.workers[0].server.generate = dead
+        manager = AgentLoopManager(settings(agent={"num_workers": 1}), group, Tok(), role=None)
+        with pytest.raises(RolloutEngineDiedError, match="gone"):
+            manager.generate_sequences(prompt_batch([[1], [2]], {"global_steps": 1}))
+    finally:
+        if manager is not None:
+            manager.shutdown()
+        group.close_engine()
+        group.shutdown()
