@@ -9,6 +9,10 @@ Pure: no vLLM import, so every rule here is tested without the engine. What it d
 - ``max_model_len: null`` is the model's ``max_position_embeddings`` (veRL's rule); a larger value is
   an error.
 - ``enable_chunked_prefill: False`` raises ``max_num_batched_tokens`` to ``max_model_len`` (veRL's rule).
+  On CPU chunked prefill is always off: sampled requests carry their own seeds, and when vLLM's CPU build
+  chunks a seeded prompt it rewinds the request's generator by an offset that CPU generators do not have
+  ("CPU Generator does not use offset"): the engine died as soon as a step's prompts passed
+  ``max_num_batched_tokens`` (SmolLM2, 8 prompts x 16 samples of ~100 tokens against 8192).
 - ``free_cache_engine`` turns on vLLM's sleep mode on CUDA; CPU has no sleep mode (sleep/wake_up are
   no-ops there).
 - KV cache: on CPU its size is an explicit byte budget, ``engine_kwargs.vllm.kv_cache_memory_bytes``
@@ -154,7 +158,7 @@ def vllm_settings(
 
     max_num_seqs = rollout.max_num_seqs
     max_batched = rollout.max_num_batched_tokens
-    chunked = rollout.enable_chunked_prefill
+    chunked = rollout.enable_chunked_prefill and device != "cpu"  # see the module docstring
     if not chunked and max_batched < max_model_len:
         max_batched = max_model_len  # vLLM needs a whole prompt in one batch without chunked prefill
 

@@ -251,6 +251,16 @@ def test_many_concurrent_requests_each_get_their_own_answer(served, hf_model, pr
     assert [o.token_ids for o in outs] == expected * 8
 
 
+def test_sampled_requests_whose_prompts_overflow_a_step_all_finish(served):
+    """64 sampled (hence seeded) requests of 200-token prompts: 12,800 prompt tokens, more than one step's 8192.
+    With chunked prefill vLLM's CPU build died at the first chunked seeded prompt ("CPU Generator does not use
+    offset"); on CPU the settings turn chunked prefill off, so prompts wait for a step instead of being cut."""
+    assert served.server.settings.engine_args["max_num_batched_tokens"] < 64 * 200
+    prompts = [[(7 * i + j) % 90 + 5 for j in range(200)] for i in range(64)]
+    outs = served.generate_all(prompts, SamplingParams(do_sample=True, response_length=4, ignore_eos=True), prefix="o")
+    assert [len(o.token_ids) for o in outs] == [4] * 64 and all(o.stop_reason == "length" for o in outs)
+
+
 def max_log_prob_diff(outs, prompts, model, temperature=1.0) -> float:
     return max(
         float((torch.tensor(o.log_probs) - hf_log_probs(model, p, o.token_ids, temperature)).abs().max())

@@ -84,6 +84,13 @@ def test_without_chunked_prefill_a_whole_sequence_fits_one_batch():
     assert args["max_num_batched_tokens"] == 256 and args["enable_chunked_prefill"] is False
 
 
+def test_chunked_prefill_is_off_on_cpu_where_seeded_requests_cannot_be_chunked():
+    cpu = settings(max_num_batched_tokens=100, max_model_len=256).engine_args  # the yaml's enable_chunked_prefill: True
+    assert cpu["enable_chunked_prefill"] is False and cpu["max_num_batched_tokens"] == 256
+    cuda = settings(device="cuda", max_num_batched_tokens=100, max_model_len=256).engine_args
+    assert cuda["enable_chunked_prefill"] is True and cuda["max_num_batched_tokens"] == 100
+
+
 def test_dummy_load_formats_start_from_random_weights():
     for fmt in ("dummy", "dummy_dtensor", "dummy_hf"):
         s = settings(load_format=fmt)
