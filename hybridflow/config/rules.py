@@ -428,6 +428,11 @@ def _explain_gpu_only(p: Problems, cfg) -> None:
                 f"{path}.mixed_precision.param_dtype={param_dtype} on cpu: the forward runs under autocast "
                 f"(fp32 master weights); {cpu_bf16_note()}"
             )
+    if aref.rollout.name == "vllm" and aref.rollout.enable_chunked_prefill:
+        p.notes.append(
+            f"{_ROLLOUT}.enable_chunked_prefill=True is not used on cpu: vLLM's CPU build cannot chunk a seeded "
+            "prompt (workers/rollout/vllm_settings.py), so whole prompts wait for the next step"
+        )
     dtype = aref.rollout.dtype
     if dtype is not None and resolve_dtype(dtype, "cpu") in ("bfloat16", "float16"):
         p.notes.append(f"{_ROLLOUT}.dtype={dtype} on cpu: {cpu_bf16_note()}")

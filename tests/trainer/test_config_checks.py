@@ -78,6 +78,14 @@ def test_default_gpu_settings_produce_no_notes():
     assert notes == []
 
 
+def test_chunked_prefill_on_cpu_is_explained_as_unused():
+    vllm = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"]
+    notes = check(*vllm)  # the yaml's enable_chunked_prefill: True
+    assert any("enable_chunked_prefill=True is not used on cpu" in n for n in notes), notes
+    notes = check(*vllm, "actor_rollout_ref.rollout.enable_chunked_prefill=False")
+    assert not any("enable_chunked_prefill" in n for n in notes), notes
+
+
 def test_train_batch_must_split_over_the_world():
     # 256 prompts * n=1 over 1 node * 3 processes: 256 % 3 = 1
     msg = error_of("trainer.n_gpus_per_node=3")
