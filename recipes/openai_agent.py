@@ -57,7 +57,8 @@ def parse(argv=None):
     if refused:
         raise SystemExit(f"{refused[0]} is not used here: {reasons[refused[0]]}")
     defaults = ["--workdir", "openai_agent_out", "--steps", "10", "--response_length", "192", "--heldout", "100"]
-    defaults += ["--lr", "3e-5", "--warmup_steps", "0"]
+    # the word problems it was measured on (real_model.py's earlier mix: one- and two-step, sums up to 300)
+    defaults += ["--lr", "3e-5", "--warmup_steps", "0", "--kinds", "add,sub,mul,two_step", "--hi", "300"]
     return real_model.parse(defaults + given)
 
 
@@ -93,9 +94,7 @@ def main(argv=None) -> dict:
     os.makedirs(work, exist_ok=True)
     start = time.perf_counter()
     model = local_model_path(real_model.find_gguf(args.gguf), "--gguf")
-    paths = write_word_problems(
-        os.path.join(work, "data"), args.seed, 2000, args.heldout, kinds=real_model.KINDS, hi=real_model.HI
-    )
+    paths = write_word_problems(os.path.join(work, "data"), args.seed, 2000, args.heldout, kinds=args.kinds, hi=args.hi)
     with open(os.path.join(work, "agent.py"), "w") as f:
         f.write(AGENT)
     loops = os.path.join(work, "agent_loops.yaml")

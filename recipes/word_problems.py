@@ -13,7 +13,7 @@ NAMES = ["Tom", "Anna", "Lee", "Maria", "Sam", "Priya", "Omar", "Julia", "Ken", 
 ITEMS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "stamps", "shells", "cards", "eggs"]
 
 
-KINDS = ("add", "sub", "mul", "div", "two_step", "mul_add", "add3", "mul_sub")
+KINDS = ("add", "sub", "mul", "div", "two_step", "mul_add", "add3", "mul_sub", "div_add")
 
 
 def _story(rng: random.Random, kind: str, hi: int) -> tuple[str, int, str]:
@@ -78,6 +78,13 @@ def _story(rng: random.Random, kind: str, hi: int) -> tuple[str, int, str]:
         c = rng.randint(1, a * b - 1)
         question = f"{name} buys {a} packs of {b} {item} and gives away {c} of them. How many {item} are left?"
         return question, a * b - c, f"{a} * {b} = {a * b}, {a * b} - {c} = {a * b - c}"
+    if kind == "div_add":
+        b, q, c = rng.randint(2, 9), rng.randint(2, 9), rng.randint(2, hi)
+        question = (
+            f"{name} shares {b * q} {item} equally among {b} friends, and each friend already has {c} {item}. "
+            f"How many {item} does each friend have now?"
+        )
+        return question, q + c, f"{b * q} / {b} = {q}, {q} + {c} = {q + c}"
     raise ValueError(f"unknown problem kind {kind!r}")
 
 

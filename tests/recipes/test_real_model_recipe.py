@@ -38,6 +38,8 @@ def _solve(question: str) -> int:
         return numbers[0] - numbers[1]
     if " bags with " in question:
         return numbers[0] * numbers[1]
+    if " already has " in question:
+        return numbers[0] // numbers[1] + numbers[2]
     if " equally among " in question:
         return numbers[0] // numbers[1]
     raise AssertionError(f"unknown story: {question}")
@@ -88,6 +90,21 @@ def test_the_recipe_command_line_uses_only_known_keys(tmp_path):
         cfg = load_config("ppo_trainer", overrides)  # an unknown key would fail here
         assert cfg.actor_rollout_ref.rollout.name == rollout and cfg.trainer.total_training_steps == 7
         assert cfg.actor_rollout_ref.actor.clip_ratio == 0.3  # the user's override comes last
+
+
+def test_the_problem_kinds_are_options_and_an_unknown_one_is_named(capsys):
+    args = real_model.parse([])
+    assert args.kinds == real_model.KINDS and args.hi == real_model.HI and args.heldout_kind == real_model.HELDOUT_KIND
+    assert args.heldout_kind not in args.kinds + args.warmup_kinds  # the held-out kind is never trained on
+    args = real_model.parse(["--kinds", "add, two_step", "--hi", "300", "--heldout_kind", "mul_add"])
+    assert args.kinds == ("add", "two_step") and args.hi == 300 and args.heldout_kind == "mul_add"
+    with pytest.raises(SystemExit):
+        real_model.parse(["--kinds", "add,mul_div"])
+    assert "unknown problem kind 'mul_div'" in capsys.readouterr().err
+    _, tools_args = real_model_tools.parse([])  # the tools recipe's problems are its own products
+    with pytest.raises(SystemExit):
+        real_model_tools.parse(["--kinds", "add"])
+    assert "--kinds is not used here" in capsys.readouterr().err
 
 
 def test_the_openai_agent_recipe_runs_the_agent_loop_on_the_real_model_recipe_s_grpo(tmp_path):
@@ -222,7 +239,8 @@ def test_one_step_on_the_real_model(smollm2_gguf, tmp_path):
         n: pd.read_parquet(work / "data" / f"{n}.parquet")["extra_info"].map(lambda e: e["question"])
         for n in ("train", "heldout_kind")
     }
-    assert all(" loose " in q for q in questions["heldout_kind"]) and not any(
-        " loose " in q for q in questions["train"]
+    # the held-out kind (div_add: a share, then an addition) never occurs in training
+    assert all(" already has " in q for q in questions["heldout_kind"]) and not any(
+        " already has " in q for q in questions["train"]
     )
     assert all(math.isfinite(v) for v in result["phase_seconds"].values())
