@@ -278,7 +278,12 @@ class RolloutConfig(BaseConfig):
     max_num_batched_tokens: int = doc(8192, "vllm: tokens per scheduler step", reason=VLLM_ENGINE)
     max_model_len: int | None = doc(None, "vllm: context length (null: prompt + response length)", reason=VLLM_ENGINE)
     max_num_seqs: int = doc(1024, "sequences decoded at once", reason=_BOTH_ROLLOUTS)
-    enable_chunked_prefill: bool = doc(True, "vllm: chunked prefill", reason=VLLM_ENGINE)
+    enable_chunked_prefill: bool = doc(
+        True,
+        "vllm: chunked prefill",
+        reason="read by the vllm rollout on a GPU; vLLM on cpu runs without it (its CPU generators cannot resume a "
+        "seeded prompt cut in chunks); the hf rollout ignores it (config checks print a note)",
+    )
     enable_prefix_caching: bool = doc(True, "vllm: prefix caching", note=_ENGINE_SPEED)
     logprobs_mode: str | None = doc(
         "processed_logprobs", "after temperature", values=("processed_logprobs",), reason="log softmax(logits / T)"
