@@ -295,10 +295,38 @@ def evaluate(model_dir: str, heldout: str, args) -> dict:
         gsm8k.compute_score(text, truth, method="flexible") > 0
         for (text, _), truth in zip(samples, truths, strict=True)
     ) / len(truths)
-    committed = sum(committed_correct(text, t) for (text, _), t in zip(samples, truths, strict=True)) / len(truths)
+    right = [committed_correct(text, t) for (text, _), t in zip(samples, truths, strict=True)]
     has_marker = sum("####" in text for text, _ in samples) / len(samples)
     shown = [{"response": text, "ground_truth": t} for (text, _), t in zip(samples[:4], truths)]
-    return {"strict": strict, "committed": committed, "lenient": lenient, "with_marker": has_marker, "samples": shown}
+    return {
+        "strict": strict,
+        "committed": sum(right) / len(truths),
+        "lenient": lenient,
+        "with_marker": has_marker,
+        "samples": shown,
+        "answers": [
+            {"response": text, "ground_truth": t, "committed_right": r}
+            for (text, _), t, r in zip(samples, truths, right, strict=True)
+        ],
+    }
+
+
+def changed_answers(before: dict, after: dict, shown: int = 4) -> dict:
+    """The held-out problems whose committed answer GRPO turned right or wrong (counts, and a few of each with
+    both answers): the first answers alone may be ones the model already got right."""
+    pairs = list(zip(before["answers"], after["answers"], strict=True))
+    fixed = [(b, a) for b, a in pairs if a["committed_right"] and not b["committed_right"]]
+    broken = [(b, a) for b, a in pairs if b["committed_right"] and not a["committed_right"]]
+
+    def show(group):
+        return [{"before": b["response"], "after": a["response"], "ground_truth": b["ground_truth"]} for b, a in group]
+
+    return {
+        "turned_right": len(fixed),
+        "turned_wrong": len(broken),
+        "answers_turned_right": show(fixed[:shown]),
+        "answers_turned_wrong": show(broken[:shown]),
+    }
 
 
 def evaluate_both(model_dir: str, paths: dict, args) -> dict:
@@ -427,6 +455,7 @@ def main(argv=None) -> dict:
         "warmup_kinds": list(args.warmup_kinds) if args.warmup_steps else [],
         "warmup_steps": args.warmup_steps,
         **report(evaluations),
+        **changed_answers(evaluations["before"]["kinds"], evaluations["after"]["kinds"]),
         "steps": max((r["step"] for r in rows), default=0),
         "heldout_problems": args.heldout,
         "wall_seconds": round(time.perf_counter() - start, 1),

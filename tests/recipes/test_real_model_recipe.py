@@ -244,3 +244,20 @@ def test_one_step_on_the_real_model(smollm2_gguf, tmp_path):
         " already has " in q for q in questions["train"]
     )
     assert all(math.isfinite(v) for v in result["phase_seconds"].values())
+    assert result["turned_right"] + result["turned_wrong"] <= 4 and len(result["answers_turned_right"]) <= 4
+
+
+def test_changed_answers_pairs_each_problem_before_and_after():
+    def evaluation(*right):
+        return {
+            "answers": [
+                {"response": f"r{i}{x}", "ground_truth": str(i), "committed_right": x} for i, x in enumerate(right)
+            ]
+        }
+
+    changed = real_model.changed_answers(evaluation(False, True, False, True), evaluation(True, True, False, False))
+    assert changed["turned_right"] == 1 and changed["turned_wrong"] == 1
+    assert changed["answers_turned_right"] == [{"before": "r0False", "after": "r0True", "ground_truth": "0"}]
+    assert changed["answers_turned_wrong"] == [{"before": "r3True", "after": "r3False", "ground_truth": "3"}]
+    with pytest.raises(ValueError):  # answers of different problem sets are not compared
+        real_model.changed_answers(evaluation(True), evaluation(True, False))
