@@ -6,9 +6,10 @@ problems (recipes/word_problems.py), measure greedy accuracy on the held-out pro
 rule (the number after ``#### ``: what GRPO is rewarded for), the committed answer (the number after ``####``
 where there is one, else the last number: the arithmetic) and the last number, also on a held-out problem kind
 that training never sees (does the gain carry over); warm up on the answer format with ``python -m
-hybridflow.main_sft`` on problem kinds GRPO never trains on and measure again (the model entering GRPO); train
-with ``python -m hybridflow.main_ppo`` (vLLM rollout where vllm is importable, hf otherwise), measure again.
-Writes <workdir>/real_model_result.json and <workdir>/real_model_curves.png.
+hybridflow.main_sft`` on its own rows (one- and two-step kinds, WARMUP_KINDS) and measure again (the model
+entering GRPO); train with ``python -m hybridflow.main_ppo`` (vLLM rollout where vllm is importable, hf otherwise),
+measure again, and count the held-out problems GRPO turned right and wrong. Writes <workdir>/real_model_result.json
+and <workdir>/real_model_curves.png.
 """
 
 from __future__ import annotations
