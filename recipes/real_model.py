@@ -42,7 +42,7 @@ MAX_PROMPT_LENGTH = 128  # tokens: the chat template's system line + the longest
 # 32.5-36.5 %; docs/measurements.md)
 KINDS = ("mul_add", "mul_sub")
 HI = 50
-HELDOUT_KIND = "div_add"  # q + c after a division: a second step after a first operation training never pairs it with
+HELDOUT_KIND = "div_add"  # (b*q) / b + c: a division, then an addition; neither the warm-up nor GRPO shows the pair
 # the answer format (`a + b = c` then `#### c`), taught before GRPO: sampled at temperature 1.0 the base model wrote
 # a right `#### N` in 0.8 % of its answers, too few for GRPO's groups to differ. Taught on the division and
 # three-number kinds alone, the model then divided or summed three numbers in every answer (1 % right), so the
@@ -79,7 +79,7 @@ def parse(argv=None):
     p.add_argument("--warmup_lr", type=float, default=2e-5)
     p.add_argument("--kinds", type=kinds_option, default=KINDS, help="problem kinds GRPO trains on (comma-separated)")
     p.add_argument("--hi", type=int, default=HI, help="largest operand of a sum (products stay 2-9 x 2-9)")
-    p.add_argument("--heldout_kind", type=kind_option, default=HELDOUT_KIND, help="a kind neither training sees")
+    p.add_argument("--heldout_kind", type=kind_option, default=HELDOUT_KIND, help="a kind no training shows")
     p.add_argument("--warmup_kinds", type=kinds_option, default=WARMUP_KINDS, help="kinds the warm-up shows")
     p.add_argument(
         "--precision",
@@ -88,7 +88,10 @@ def parse(argv=None):
         help="actor compute and vLLM dtype; auto (default): bf16 where the CPU has AMX/AVX512-BF16, else fp32",
     )
     p.add_argument("--rl_override", action="append", default=[], metavar="KEY=VALUE", help="extra main_ppo override")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.heldout_kind in args.kinds + (args.warmup_kinds if args.warmup_steps else ()):
+        p.error(f"--heldout_kind {args.heldout_kind} is also trained on (--kinds / --warmup_kinds): not held out")
+    return args
 
 
 def kind_option(value: str) -> str:

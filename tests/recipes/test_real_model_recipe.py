@@ -101,6 +101,10 @@ def test_the_problem_kinds_are_options_and_an_unknown_one_is_named(capsys):
     with pytest.raises(SystemExit):
         real_model.parse(["--kinds", "add,mul_div"])
     assert "unknown problem kind 'mul_div'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        real_model.parse(["--heldout_kind", "mul_sub"])  # the default training kinds hold it
+    assert "--heldout_kind mul_sub is also trained on" in capsys.readouterr().err
+    assert real_model.parse(["--heldout_kind", "add", "--warmup_steps", "0"]).heldout_kind == "add"  # no warm-up
     _, tools_args = real_model_tools.parse([])  # the tools recipe's problems are its own products
     with pytest.raises(SystemExit):
         real_model_tools.parse(["--kinds", "add"])
