@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, placed, section
-from hybridflow.config.reasons import TARGET
+from hybridflow.config.reasons import CPU_NO_CHUNKED_PREFILL, TARGET
 from hybridflow.config.reward import engine_only, standalone_engine
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.config.status import honoured, noted, refused
@@ -72,12 +72,12 @@ class DistillationTeacherModelConfig(BaseConfig):
                     "load_format",
                     "engine_kwargs",
                     "engine_kwargs.vllm.**",
-                    "enable_chunked_prefill",
                     "enable_prefix_caching",
                     "disable_log_stats",
                 ),
                 honoured(_VLLM),
             ),
+            "enable_chunked_prefill": honoured(f"{_VLLM}; {CPU_NO_CHUNKED_PREFILL}"),
             "limit_images": refused("multi-modal teachers are not implemented"),
             "skip_tokenizer_init": noted("the teacher scores token ids; its tokenizer is only compared"),
             **dict.fromkeys(

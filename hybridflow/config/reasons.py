@@ -48,6 +48,8 @@ JUDGE = (
     "reward model (any other reward manager) is scored by hybridflow's FSDP worker, which does not read it "
     "(config checks print a note)"
 )
+# every vLLM engine (policy, judge, teacher) goes through workers/rollout/vllm_settings.py
+CPU_NO_CHUNKED_PREFILL = "vLLM on cpu runs without it (its CPU generators cannot resume a seeded prompt cut in chunks)"
 JUDGE_VLLM = "read by the vllm judge engine (reward.reward_manager.name=genrm); the hf engine ignores it"
 FUNCTION_TOOLS = (
     "veRL's @function_tool Python-function tools are not implemented; declare the tool as a BaseTool class in "

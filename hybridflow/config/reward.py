@@ -10,7 +10,7 @@ from typing import Any
 
 from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.module import ModuleConfig
-from hybridflow.config.reasons import JUDGE, JUDGE_VLLM
+from hybridflow.config.reasons import CPU_NO_CHUNKED_PREFILL, JUDGE, JUDGE_VLLM
 from hybridflow.config.rollout import NOT_ENGINES, RolloutConfig, rollout_as_in_yaml
 from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, refused
@@ -133,10 +133,11 @@ class RewardModelConfig(BaseConfig):
             ),
             **dict.fromkeys(
                 "gpu_memory_utilization enforce_eager free_cache_engine tensor_model_parallel_size "
-                "max_num_batched_tokens max_model_len enable_chunked_prefill load_format disable_log_stats "
+                "max_num_batched_tokens max_model_len load_format disable_log_stats "
                 "engine_kwargs engine_kwargs.vllm.**".split(),
                 honoured(JUDGE_VLLM),
             ),
+            "enable_chunked_prefill": honoured(f"{JUDGE_VLLM}; {CPU_NO_CHUNKED_PREFILL}"),
             "n": honoured("one verdict per response", values=(1,)),
             "skip_tokenizer_init": honoured("hybridflow's judge client tokenizes", values=(False,)),
             **dict.fromkeys(("engine_kwargs.sglang.**", "engine_kwargs.trtllm.**"), refused(NOT_ENGINES)),

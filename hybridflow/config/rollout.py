@@ -13,7 +13,7 @@ from hybridflow.config.engine import QATEngineConfig
 from hybridflow.config.errors import ConfigError, check_at_least, check_one_of
 from hybridflow.config.model import MtpConfig
 from hybridflow.config.profiler import HOOK_KEYS, TOOL_NAME_KEYS, ProfilerConfig
-from hybridflow.config.reasons import FUNCTION_TOOLS, TARGET, VLLM_ENGINE, VLM, speed_only
+from hybridflow.config.reasons import CPU_NO_CHUNKED_PREFILL, FUNCTION_TOOLS, TARGET, VLLM_ENGINE, VLM, speed_only
 from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, refused
 
@@ -281,8 +281,8 @@ class RolloutConfig(BaseConfig):
     enable_chunked_prefill: bool = doc(
         True,
         "vllm: chunked prefill",
-        reason="read by the vllm rollout on a GPU; vLLM on cpu runs without it (its CPU generators cannot resume a "
-        "seeded prompt cut in chunks); the hf rollout ignores it (config checks print a note)",
+        reason=f"read by the vllm rollout on a GPU; {CPU_NO_CHUNKED_PREFILL}; the hf rollout ignores it (config checks "
+        "print a note)",
     )
     enable_prefix_caching: bool = doc(True, "vllm: prefix caching", note=_ENGINE_SPEED)
     logprobs_mode: str | None = doc(
