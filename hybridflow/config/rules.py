@@ -405,6 +405,17 @@ def cpu_bf16_note() -> str:
     return "this CPU lacks AMX/AVX512-BF16, so bf16 runs slower than fp32 here (auto picks fp32 on cpu)"
 
 
+def _vllm_engines(cfg) -> list[tuple[str, object]]:
+    """Every vLLM engine the run starts, by key: the policy rollout, the judge, each teacher."""
+    engines = [(_ROLLOUT, cfg.actor_rollout_ref.rollout)]
+    if cfg.reward.reward_model.enable:
+        engines.append(("reward.reward_model.rollout", cfg.reward.reward_model.rollout))
+    if cfg.distillation.enabled:
+        for name, teacher in cfg.distillation.teacher_models.items():
+            engines.append((f"distillation.teacher_models.{name}.inference", teacher.inference))
+    return [(path, engine) for path, engine in engines if engine.name == "vllm"]
+
+
 def _explain_gpu_only(p: Problems, cfg) -> None:
     """Settings that only act on a GPU: accepted on cpu, with a note saying what happens."""
     aref, critic = cfg.actor_rollout_ref, cfg.critic
@@ -428,11 +439,12 @@ def _explain_gpu_only(p: Problems, cfg) -> None:
                 f"{path}.mixed_precision.param_dtype={param_dtype} on cpu: the forward runs under autocast "
                 f"(fp32 master weights); {cpu_bf16_note()}"
             )
-    if aref.rollout.name == "vllm" and aref.rollout.enable_chunked_prefill:
-        p.notes.append(
-            f"{_ROLLOUT}.enable_chunked_prefill=True is not used on cpu: vLLM's CPU build cannot chunk a seeded "
-            "prompt (workers/rollout/vllm_settings.py), so whole prompts wait for the next step"
-        )
+    for path, engine in _vllm_engines(cfg):
+        if engine.enable_chunked_prefill:
+            p.notes.append(
+                f"{path}.enable_chunked_prefill=True is not used on cpu: vLLM's CPU build cannot chunk a seeded "
+                "prompt (workers/rollout/vllm_settings.py), so whole prompts wait for the next step"
+            )
     dtype = aref.rollout.dtype
     if dtype is not None and resolve_dtype(dtype, "cpu") in ("bfloat16", "float16"):
         p.notes.append(f"{_ROLLOUT}.dtype={dtype} on cpu: {cpu_bf16_note()}")

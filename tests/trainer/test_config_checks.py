@@ -86,6 +86,31 @@ def test_chunked_prefill_on_cpu_is_explained_as_unused():
     assert not any("enable_chunked_prefill" in n for n in notes), notes
 
 
+def test_chunked_prefill_on_cpu_is_explained_for_the_judge_and_each_teacher_too():
+    judge = [
+        "reward.reward_manager.name=genrm",
+        "reward.reward_model.enable=True",
+        "reward.reward_model.model_path=/j",
+        "reward.reward_model.rollout.name=vllm",
+        "reward.reward_model.rollout.tensor_model_parallel_size=1",
+    ]
+    teacher = "distillation.teacher_models.teacher_model"
+    distil = ["distillation.enabled=True", f"{teacher}.model_path=/t", f"{teacher}.inference.name=vllm"]
+
+    def chunked(*overrides):
+        return sorted(n.split("=")[0] for n in check(*overrides) if "enable_chunked_prefill" in n)
+
+    assert chunked(*judge, *distil) == [
+        f"{teacher}.inference.enable_chunked_prefill",
+        "reward.reward_model.rollout.enable_chunked_prefill",
+    ]
+    assert chunked(*judge, *distil, "reward.reward_model.rollout.enable_chunked_prefill=False") == [
+        f"{teacher}.inference.enable_chunked_prefill"
+    ]
+    # an hf judge and an hf teacher have no chunked prefill to explain
+    assert chunked(*judge[:3], "reward.reward_model.rollout.name=hf", *distil[:2], f"{teacher}.inference.name=hf") == []
+
+
 def test_train_batch_must_split_over_the_world():
     # 256 prompts * n=1 over 1 node * 3 processes: 256 % 3 = 1
     msg = error_of("trainer.n_gpus_per_node=3")
