@@ -59,6 +59,7 @@ def parse(argv=None):
     defaults = ["--workdir", "openai_agent_out", "--steps", "10", "--response_length", "192", "--heldout", "100"]
     # the word problems it was measured on (real_model.py's earlier mix: one- and two-step, sums up to 300)
     defaults += ["--lr", "3e-5", "--warmup_steps", "0", "--kinds", "add,sub,mul,two_step", "--hi", "300"]
+    defaults += ["--kl_coef", "0", "--lr_schedule", "constant"]
     return real_model.parse(defaults + given)
 
 

@@ -51,7 +51,8 @@ def parse(argv=None):
     if refused:  # real_model.py's own warm-up and word problems: here the SFT is multi-turn, the problems products
         p.error(f"{refused[0]} is not used here; {reasons[refused[0]]}")
     defaults = ["--workdir", "real_model_tools_out", "--response_length", "96", "--heldout", "100", "--lr", "3e-5"]
-    defaults += ["--steps", "20", "--test_freq", "5"]  # what it was measured with (real_model.py runs 40 steps)
+    # what it was measured with (real_model.py runs 40 steps, a KL term and a cosine decay)
+    defaults += ["--steps", "20", "--test_freq", "5", "--kl_coef", "0", "--lr_schedule", "constant"]
     return own, real_model.parse(defaults + rest)
 
 

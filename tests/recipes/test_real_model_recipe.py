@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+import openai_agent
 import pandas as pd
 import pytest
 import real_model  # recipes/real_model.py (recipes/ is on pytest.ini's pythonpath)
@@ -90,6 +91,25 @@ def test_the_recipe_command_line_uses_only_known_keys(tmp_path):
         cfg = load_config("ppo_trainer", overrides)  # an unknown key would fail here
         assert cfg.actor_rollout_ref.rollout.name == rollout and cfg.trainer.total_training_steps == 7
         assert cfg.actor_rollout_ref.actor.clip_ratio == 0.3  # the user's override comes last
+
+
+def test_the_kl_term_and_the_lr_decay_reach_the_config_and_the_other_recipes_keep_theirs(tmp_path):
+    from hybridflow.config.loader import load_config
+
+    paths = {"train": str(tmp_path / "t.parquet"), "heldout": str(tmp_path / "h.parquet")}
+
+    def actor_of(args):
+        return load_config("ppo_trainer", real_model.rl_args("m", paths, str(tmp_path), "vllm", args)).actor_rollout_ref
+
+    aref = actor_of(real_model.parse([]))
+    assert aref.actor.use_kl_loss and aref.actor.kl_loss_coef == 0.1 and aref.actor.kl_loss_type == "low_var_kl"
+    assert aref.ref.log_prob_micro_batch_size_per_gpu == aref.actor.ppo_micro_batch_size_per_gpu
+    assert aref.actor.optim.lr_scheduler_type == "cosine" and aref.actor.optim.min_lr_ratio == 0.1
+    off = actor_of(real_model.parse(["--kl_coef", "0", "--lr_schedule", "constant"]))
+    assert not off.actor.use_kl_loss and off.actor.optim.lr_scheduler_type == "constant"
+    # the tools and OpenAI-agent recipes keep what they were measured with: no KL term, a constant lr
+    for args in (real_model_tools.parse([])[1], openai_agent.parse([])):
+        assert args.kl_coef == 0 and args.lr_schedule == "constant"
 
 
 def test_the_problem_kinds_are_options_and_an_unknown_one_is_named(capsys):
