@@ -232,7 +232,7 @@ def check_ppo_trainer(cfg, device: str, visible_devices: int | None = None, judg
     _check_async(p, cfg)
     _check_v1(p, cfg)
     if device == "cpu":
-        _explain_gpu_only(p, cfg)
+        _explain_gpu_only(p, cfg, judge_scored)
     return p.raise_errors()
 
 
@@ -405,10 +405,11 @@ def cpu_bf16_note() -> str:
     return "this CPU lacks AMX/AVX512-BF16, so bf16 runs slower than fp32 here (auto picks fp32 on cpu)"
 
 
-def _vllm_engines(cfg) -> list[tuple[str, object]]:
-    """Every vLLM engine the run starts, by key: the policy rollout, the judge, each teacher."""
+def _vllm_engines(cfg, judge_scored: bool) -> list[tuple[str, object]]:
+    """Every vLLM engine the run starts, by key: the policy rollout, the judge (only a judge-graded reward manager
+    starts one; a discriminative reward model is an FSDP forward), each teacher."""
     engines = [(_ROLLOUT, cfg.actor_rollout_ref.rollout)]
-    if cfg.reward.reward_model.enable:
+    if cfg.reward.reward_model.enable and judge_scored:
         engines.append(("reward.reward_model.rollout", cfg.reward.reward_model.rollout))
     if cfg.distillation.enabled:
         for name, teacher in cfg.distillation.teacher_models.items():
@@ -416,7 +417,7 @@ def _vllm_engines(cfg) -> list[tuple[str, object]]:
     return [(path, engine) for path, engine in engines if engine.name == "vllm"]
 
 
-def _explain_gpu_only(p: Problems, cfg) -> None:
+def _explain_gpu_only(p: Problems, cfg, judge_scored: bool) -> None:
     """Settings that only act on a GPU: accepted on cpu, with a note saying what happens."""
     aref, critic = cfg.actor_rollout_ref, cfg.critic
     for path, model in ((f"{_AREF}.model", aref.model), ("critic.model", critic.model)):
@@ -439,7 +440,7 @@ def _explain_gpu_only(p: Problems, cfg) -> None:
                 f"{path}.mixed_precision.param_dtype={param_dtype} on cpu: the forward runs under autocast "
                 f"(fp32 master weights); {cpu_bf16_note()}"
             )
-    for path, engine in _vllm_engines(cfg):
+    for path, engine in _vllm_engines(cfg, judge_scored):
         if engine.enable_chunked_prefill:
             p.notes.append(
                 f"{path}.enable_chunked_prefill=True is not used on cpu: vLLM's CPU build cannot chunk a seeded "

@@ -107,6 +107,9 @@ def test_chunked_prefill_on_cpu_is_explained_for_the_judge_and_each_teacher_too(
     assert chunked(*judge, *distil, "reward.reward_model.rollout.enable_chunked_prefill=False") == [
         f"{teacher}.inference.enable_chunked_prefill"
     ]
+    # a discriminative reward model is an FSDP forward, whatever its rollout section names: no vLLM engine
+    discriminative = [*judge[1:], "reward_model.micro_batch_size_per_gpu=4"]
+    assert chunked(*discriminative, *distil) == [f"{teacher}.inference.enable_chunked_prefill"]
     # an hf judge and an hf teacher have no chunked prefill to explain
     assert chunked(*judge[:3], "reward.reward_model.rollout.name=hf", *distil[:2], f"{teacher}.inference.name=hf") == []
 
