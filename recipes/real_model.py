@@ -74,7 +74,9 @@ def parse(argv=None):
         "--kl_coef", type=float, default=0.1, help="low-variance KL to the model entering GRPO (0: no KL loss)"
     )
     p.add_argument("--lr_schedule", choices=("constant", "cosine"), default="cosine", help="after a 3-step warmup")
-    p.add_argument("--min_lr_ratio", type=float, default=0.1, help="cosine: the last step's lr, as a share of --lr")
+    p.add_argument(
+        "--min_lr_ratio", type=float, default=None, help="cosine: the last step's lr, as a share of --lr (0.1)"
+    )
     p.add_argument("--heldout", type=int, default=200, help="held-out problems for the before/after accuracy")
     p.add_argument("--test_freq", type=int, default=10, help="validation (strict, greedy) every this many steps")
     p.add_argument(
@@ -96,6 +98,12 @@ def parse(argv=None):
     )
     p.add_argument("--rl_override", action="append", default=[], metavar="KEY=VALUE", help="extra main_ppo override")
     args = p.parse_args(argv)
+    if args.kl_coef < 0:
+        p.error(f"--kl_coef {args.kl_coef}: a KL penalty is 0 or positive")
+    if args.lr_schedule == "constant" and args.min_lr_ratio is not None:
+        p.error("--min_lr_ratio is the floor of the cosine decay; --lr_schedule constant has none")
+    if args.lr_schedule == "cosine" and args.min_lr_ratio is None:
+        args.min_lr_ratio = 0.1
     if args.heldout_kind in args.kinds + (args.warmup_kinds if args.warmup_steps else ()):
         p.error(f"--heldout_kind {args.heldout_kind} is also trained on (--kinds / --warmup_kinds): not held out")
     return args

@@ -93,7 +93,7 @@ def test_the_recipe_command_line_uses_only_known_keys(tmp_path):
         assert cfg.actor_rollout_ref.actor.clip_ratio == 0.3  # the user's override comes last
 
 
-def test_the_kl_term_and_the_lr_decay_reach_the_config_and_the_other_recipes_keep_theirs(tmp_path):
+def test_the_kl_term_and_the_lr_decay_reach_the_config_and_the_other_recipes_keep_theirs(tmp_path, capsys):
     from hybridflow.config.loader import load_config
 
     paths = {"train": str(tmp_path / "t.parquet"), "heldout": str(tmp_path / "h.parquet")}
@@ -107,6 +107,14 @@ def test_the_kl_term_and_the_lr_decay_reach_the_config_and_the_other_recipes_kee
     assert aref.actor.optim.lr_scheduler_type == "cosine" and aref.actor.optim.min_lr_ratio == 0.1
     off = actor_of(real_model.parse(["--kl_coef", "0", "--lr_schedule", "constant"]))
     assert not off.actor.use_kl_loss and off.actor.optim.lr_scheduler_type == "constant"
+    for refused, message in (
+        (["--lr_schedule", "constant", "--min_lr_ratio", "0.2"], "--min_lr_ratio is the floor of the cosine decay"),
+        (["--kl_coef", "-0.1"], "--kl_coef -0.1: a KL penalty is 0 or positive"),
+    ):
+        with pytest.raises(SystemExit):
+            real_model.parse(refused)
+        assert message in capsys.readouterr().err
+    assert actor_of(real_model.parse(["--min_lr_ratio", "0.3"])).actor.optim.min_lr_ratio == 0.3
     # the tools and OpenAI-agent recipes keep what they were measured with: no KL term, a constant lr
     for args in (real_model_tools.parse([])[1], openai_agent.parse([])):
         assert args.kl_coef == 0 and args.lr_schedule == "constant"
