@@ -10,7 +10,10 @@ generative judge ``genrm``, a manager of yours that is not a ``NaiveRewardManage
 model and a reward function handed to the trainer by hand score after generation, on the driver.
 
 The pool's processes are forked from the agent loop worker's event loop thread, so the reward function
-(loaded there from ``custom_reward_function.path``) is never pickled, and they die with that thread.
+(loaded there from ``custom_reward_function.path``) is never pickled, and they die with that thread. ``close``
+kills them rather than trusting that: a process killed while it waited on the pool's call queue holds the queue's
+lock for good, so a sibling spared by the death signal (forked just before the thread ended) would wait on it
+forever, and so would the interpreter's exit, which joins every pool's processes (a CI run hung there).
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import ctypes
 import dataclasses
 import math
 import multiprocessing
+import os
 import signal
 import sys
+import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
@@ -106,23 +111,32 @@ class RewardPool:
         if self._pool is None:
             manager = self.recipe.build(num_examine=0)  # inherited by the forked processes, never pickled
             context = multiprocessing.get_context("fork")
-            self._pool = ProcessPoolExecutor(self.processes, context, initializer=_install, initargs=(manager,))
+            forker = threading.get_native_id()  # the pool forks its processes in this thread, on this submit
+            self._pool = ProcessPoolExecutor(self.processes, context, initializer=_install, initargs=(manager, forker))
         return self._pool.submit(_score_row, row)
 
     def close(self) -> None:
+        """Cancel what waits and kill the processes (an in-flight score is not needed once the pool closes)."""
         pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        if pool is None:
+            return
+        processes = list((pool._processes or {}).values())  # shutdown() forgets them (Python 3.14: kill_workers)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.kill()
 
 
 _MANAGER = None  # in a pool process: the reward manager
 
 
-def _install(manager) -> None:
+def _install(manager, forker: int) -> None:
     global _MANAGER
     _MANAGER = manager
     if _LIBC is not None:  # end with the thread that forked this process (the agent loop worker's)
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        # the signal is not sent for a thread that ended before prctl ran: then this process ends here
+        if not os.path.exists(f"/proc/{os.getppid()}/task/{forker}"):
+            raise RuntimeError(f"the thread that forked this reward process ({forker}) has ended")
 
 
 def _score_row(row) -> list:

@@ -220,3 +220,73 @@ def test_which_runs_score_in_the_reward_loop():
     assert streamed_reward(NaiveRewardManager(TOK, num_examine=0), use_rm=False) is None
     with pytest.raises(ValueError, match="reward.num_workers=-1 must be >= 0"):
         built(num_workers=-1)
+
+
+def test_close_kills_a_pool_process_that_cannot_take_its_stop_sentinel(tmp_path):
+    """A process that never reads its stop sentinel (here: stopped; in a CI run: waiting on the call queue's lock
+    that a killed sibling held) kept the interpreter's exit waiting on it; close() kills it."""
+    import signal
+
+    settings = agent_loop_settings({"prompt_length": 2, "response_length": 48, "calculate_log_probs": True})
+    worker = AgentLoopWorker(
+        settings, [ScriptedServer(["#### 4"])], TOK, TOK.pad_token_id, reward=recipe_for("rule", tmp_path)
+    )
+    prompts = DataProto.from_dict(
+        tensors={
+            "input_ids": torch.tensor([[0, 1]]),
+            "attention_mask": torch.tensor([[0, 1]]),
+            "position_ids": torch.tensor([[0, 0]]),
+        },
+        non_tensors={
+            "data_source": np.array(["openai/gsm8k"], dtype=object),
+            "reward_model": np.array([{"style": "rule", "ground_truth": "4"}], dtype=object),
+            "extra_info": np.array([{"split": "train", "index": 0}], dtype=object),
+        },
+    )
+    out = asyncio.run(worker.generate_sequences(prompts))
+    assert out.non_tensor_batch[STREAMED_SCORES][0] is not None  # scored in the pool
+    pids = [p.pid for p in worker.reward_pool._pool._processes.values()]  # started as needed: 1 or 2
+    try:
+        os.kill(pids[0], signal.SIGSTOP)
+        asyncio.run(worker.close_rewards())
+        deadline = time.monotonic() + 10
+        while any(map(running, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(map(running, pids)), [open(f"/proc/{pid}/stat").read() for pid in pids if running(pid)]
+    finally:
+        for pid in filter(running, pids):
+            os.kill(pid, signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (its parent may reap it any time)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_pool_process_whose_forking_thread_has_ended_ends_too():
+    """The death signal is not sent for a thread that ended before the child asked for it: the child checks."""
+    import multiprocessing
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    from hybridflow.rewards.streaming import _install
+
+    ended = threading.Thread(target=lambda: None)
+    ended.start()
+    ended.join()
+    fork = multiprocessing.get_context("fork")
+    for forker, expected in ((threading.get_native_id(), 3), (ended.native_id, BrokenProcessPool)):
+        pool = ProcessPoolExecutor(1, fork, initializer=_install, initargs=(None, forker))
+        try:
+            if expected is BrokenProcessPool:
+                with pytest.raises(BrokenProcessPool):
+                    pool.submit(abs, -3).result(timeout=30)
+            else:
+                assert pool.submit(abs, -3).result(timeout=30) == expected
+        finally:
+            pool.shutdown(wait=True)
