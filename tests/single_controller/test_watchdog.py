@@ -154,6 +154,28 @@ def test_where_names_the_innermost_frame_and_the_callers_own_code(dump):
     assert line.startswith("all_reduce (") and line.endswith("<- actor_step (/home/me/my_worker.py:147)"), line
 
 
+# py-spy 0.4: qualified names and thread states; the thread running the method is not the first one listed
+PY_SPY_04_DUMP = """Process 1332: ray::HangWorker.step
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 1400 (idle): "Thread-1 (poll)"
+    Event.wait (threading.py:629)
+    Poller.poll (/home/me/poller.py:20)
+    Thread.run (threading.py:982)
+Thread 1332 (idle): "MainThread"
+    all_reduce (torch/distributed/distributed_c10d.py:3252)
+    HangWorker.actor_step (/home/me/my_worker.py:147)
+    main_loop (ray/_private/worker.py:1069)
+"""
+
+
+@pytest.mark.parametrize("method", ["actor_step", "actor_rollout_actor_step"])
+def test_the_busy_thread_is_found_by_its_method_under_a_qualified_name(method):
+    line = where(PY_SPY_04_DUMP, method)
+    spot = "all_reduce (torch/distributed/distributed_c10d.py:3252)"
+    assert line == f"{spot} <- HangWorker.actor_step (/home/me/my_worker.py:147)"
+
+
 def test_inprocess_call_past_its_deadline(tmp_path):
     group = InProcessWorkerGroup(W.EchoWorker, name_prefix="inproc_hang")
     group.set_watchdog(Watchdog(timeout_s=0.5, report_dir=str(tmp_path), poll_s=0.1))

@@ -3,6 +3,7 @@ reported with every rank's stacks, the stuck rank and its function named, and th
 a call that reports progress outlives its deadline."""
 
 import os
+import re
 import shutil
 import signal
 import time
@@ -60,7 +61,8 @@ def test_deadlocked_collective(group, tmp_path):
     assert "waiting on ranks [0]; answered: [1]" in msg
     stuck_line = next(line for line in msg.splitlines() if line.startswith("rank 0"))
     assert "still running 'all_reduce_only_on', stuck in all_reduce (" in stuck_line
-    assert "<- all_reduce_only_on (" in stuck_line and "workers_for_tests.py" in stuck_line
+    # py-spy 0.4 names the method with its class (HangWorker.all_reduce_only_on), faulthandler without
+    assert re.search(r"<- (HangWorker\.)?all_reduce_only_on \(", stuck_line) and "workers_for_tests.py" in stuck_line
     # the file holds both ranks' full stacks and sits where the watchdog was told
     report = _report(err)
     assert os.path.dirname(err.report_path) == str(tmp_path / "watchdog")
@@ -121,7 +123,7 @@ def test_future_of_a_non_blocking_call_waits_under_the_deadline(group):
     start = time.monotonic()
     with pytest.raises(WorkerHangError) as info:
         future.get()
-    assert time.monotonic() - start < 20 and "stuck in sleep_later (" in str(info.value)
+    assert time.monotonic() - start < 20 and re.search(r"stuck in (HangWorker\.)?sleep_later \(", str(info.value))
 
 
 @pytest.mark.slow
@@ -141,4 +143,4 @@ def test_worker_stuck_in_init(ray_session, tmp_path, monkeypatch):
     err = info.value
     assert err.method == "__init__" and 1 in err.stuck_ranks
     line = next(line for line in str(err).splitlines() if line.startswith("rank 1"))
-    assert "stuck in __init__ (" in line and "workers_for_tests.py" in line, line
+    assert re.search(r"stuck in (SlowInitWorker\.)?__init__ \(", line) and "workers_for_tests.py" in line, line

@@ -202,11 +202,9 @@ def busy_thread(threads: list[Thread], method: str | None) -> Thread | None:
         return None
     if method:
         for t in threads:
-            if any(
-                f.func == method or method.endswith("_" + f.func)
-                for f in t.frames
-                if f.func not in ("inner", "forward")
-            ):
+            # py-spy 0.4 prints qualified names (``MyWorker.step``), faulthandler the bare one (``step``)
+            names = (f.func.rsplit(".", 1)[-1] for f in t.frames)
+            if any(name == method or method.endswith("_" + name) for name in names if name not in ("inner", "forward")):
                 return t
     for t in threads:
         if any(not _is_library(f.file) for f in t.frames):
