@@ -25,6 +25,7 @@ vLLM spawns; this object lives on the worker's ``EngineLoop`` and talks to them:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import difflib
 import itertools
@@ -52,10 +53,16 @@ from hybridflow.rollout.server import (
     register_rollout_server,
 )
 from hybridflow.utils.environ import restored_environ
+from hybridflow.utils.orphan_reaper import WatchNewChildren, orphan_reaper
 from hybridflow.utils.param_names import strip_wrapper_prefixes
 from hybridflow.workers.engine.lora import is_adapter_tensor
 from hybridflow.workers.rollout.vllm_settings import ModelFacts, VLLMSettings, vllm_settings
-from hybridflow.workers.rollout.vllm_weights import BucketFiles, TiedEmbeddingNames, full_tensor
+from hybridflow.workers.rollout.vllm_weights import (
+    BucketFiles,
+    TiedEmbeddingNames,
+    full_tensor,
+    weight_files_of_this_process,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,11 +111,22 @@ class VLLMServer(AsyncRolloutServer):
         # vLLM's ZeroMQ sockets go to a folder of this server's own, removed at shutdown (vLLM leaves them
         # in the temp dir otherwise: one file per engine start)
         self._ipc_dir = tempfile.mkdtemp(prefix="hybridflow_vllm_ipc_")
+        # if this process is killed outright, vLLM's processes would wait for it for good: the reaper ends them
+        # and removes the files (orphan_reaper.py); what shutdown() cleans up itself it takes back
+        self._reaper = orphan_reaper()
+        self._watched_paths = [p for p in (self._ipc_dir, weight_files_of_this_process()) if p]
+        self._watched_pids: list[int] = []
+        self._watch(paths=self._watched_paths)
+        watch = WatchNewChildren(self._reaper, _is_engine_process) if self._reaper else contextlib.nullcontext()
         try:
-            self.engine = _start_engine(self._vllm, self.settings, facts, self._ipc_dir)
+            with watch:
+                self.engine = _start_engine(self._vllm, self.settings, facts, self._ipc_dir)
         except BaseException:
+            self._watched_pids = list(getattr(watch, "found", []))  # vLLM stops its processes on a failed start
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            self._forget()
             raise
+        self._watched_pids = list(getattr(watch, "found", []))
         if self.settings.device == "cpu":
             log = logger.warning if rollout.free_cache_engine else logger.info
             log(
@@ -398,6 +416,8 @@ class VLLMServer(AsyncRolloutServer):
         if self._lora_dir is None:
             root = "/dev/shm" if os.path.isdir("/dev/shm") else None
             self._lora_dir = tempfile.mkdtemp(prefix="hybridflow_lora_", dir=root)
+            self._watched_paths.append(self._lora_dir)
+            self._watch(paths=[self._lora_dir])
         config = {k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in dict(peft_config).items()}
         save_file(
             {k: v.contiguous() for k, v in tensors.items()}, os.path.join(self._lora_dir, "adapter_model.safetensors")
@@ -451,10 +471,38 @@ class VLLMServer(AsyncRolloutServer):
         if self._lora_dir is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        self._forget()
+
+    def _watch(self, pids=(), paths=()) -> None:
+        if self._reaper is not None:
+            for pid in pids:
+                self._reaper.watch_process(pid)
+            for path in paths:
+                self._reaper.watch_path(path)
+
+    def _forget(self) -> None:
+        """What shutdown() ended and removed itself is no longer the reaper's business."""
+        if self._reaper is not None:
+            for pid in self._watched_pids:
+                self._reaper.forget_process(pid)
+            for path in self._watched_paths:
+                self._reaper.forget_path(path)
+        self._watched_pids, self._watched_paths = [], []
 
     def _check_open(self) -> None:
         if self._closed:
             raise RolloutNotReadyError("the vllm rollout server was shut down")
+
+
+def _is_engine_process(pid: int) -> bool:
+    """A child vLLM spawned (its engine core; the engine core's workers are its own children, which the reaper
+    finds when it needs them), not the resource tracker (multiprocessing's too, which ends by itself)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    return cmdline.startswith(b"VLLM::") or b"spawn_main" in cmdline  # vLLM retitles it once started
 
 
 def _raise_if_engine_died(error: BaseException) -> None:

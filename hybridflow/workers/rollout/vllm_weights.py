@@ -38,6 +38,12 @@ import torch
 TIED_HEAD, TIED_EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
 ALIGN = 16  # bytes; every tensor of a packed bucket starts at a multiple of it
 SHARED_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory-backed files (Linux)
+WEIGHT_FILE_PREFIX = "hybridflow_weights_"  # then the writing process's pid: hybridflow_weights_<pid>_<uuid>
+
+
+def weight_files_of_this_process() -> str | None:
+    """A glob of the bucket files this process writes (None without /dev/shm): what a crash would leave."""
+    return None if SHARED_DIR is None else os.path.join(SHARED_DIR, f"{WEIGHT_FILE_PREFIX}{os.getpid()}_*")
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -234,7 +240,7 @@ def _write_shared_file(
     (0.77-1.05 s against 0.42-0.44 s for SmolLM2's 621 MiB, loaded 2 cores). A reused file only grows, so
     a worker's mapping of it never reaches past its end."""
     fresh = path is None
-    path = path or os.path.join(directory, f"hybridflow_weights_{os.getpid()}_{uuid.uuid4().hex}")
+    path = path or os.path.join(directory, f"{WEIGHT_FILE_PREFIX}{os.getpid()}_{uuid.uuid4().hex}")
     try:
         fd = os.open(path, os.O_CREAT | os.O_WRONLY | (os.O_EXCL if fresh else 0), 0o600)
     except OSError:

@@ -25,6 +25,7 @@ from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
 from hybridflow.models.tiny import build_tiny_model, save_tiny_model
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
+from hybridflow.utils.orphan_reaper import REAPER_TAG
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -77,7 +78,7 @@ class Served:
         self.children = [
             p
             for p in self.me.children(recursive=True)
-            if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())
+            if p.pid not in before and not any(tag in " ".join(p.cmdline()) for tag in ("resource_tracker", REAPER_TAG))
         ]
 
     def run(self, coro, timeout: float = 120):
@@ -521,3 +522,88 @@ def test_a_weight_update_carries_base_weights_and_adapter_then_the_adapter_alone
         outs = engine.generate_all(prompts, GREEDY)
         assert [o.token_ids for o in outs] == [hf_greedy(merged, p, eos, GREEDY.response_length) for p in prompts]
         assert max_log_prob_diff(engine.generate_all(prompts, SAMPLED), prompts, merged) < 1e-4
+
+
+# ------------------------------------------------------------------------ a killed owner
+
+
+def test_the_reaper_watches_the_engine_processes_and_the_servers_files(served):
+    """What the orphan reaper would clean up if this process were killed: the engine core vLLM spawned (its
+    workers are found at that moment, as its children), the socket folder and this process's weight files."""
+    import psutil
+
+    server = served.server
+    assert server._reaper is not None and psutil.Process(server._reaper.pid).is_running()
+    engine_cores = [p.pid for p in served.children if p.ppid() == os.getpid() and "EngineCore" in " ".join(p.cmdline())]
+    assert engine_cores and server._watched_pids == engine_cores
+    assert server._ipc_dir in server._watched_paths
+    assert f"/dev/shm/hybridflow_weights_{os.getpid()}_*" in server._watched_paths
+
+
+OWNER = """
+import json, os, sys, time
+import torch
+from transformers import AutoModelForCausalLM
+from hybridflow.rollout.server import EngineLoop, ServerSpec
+from hybridflow.workers.rollout.vllm_server import VLLMServer
+from tests.workers.rollout.test_vllm_server import EOS, engine_config, state_dict_items
+
+if __name__ == "__main__":
+    model_dir = sys.argv[1]
+    loop = EngineLoop()
+
+    spec = ServerSpec(model_path=model_dir, config=engine_config(), pad_token_id=0, eos_token_ids=(EOS,))
+
+    async def build():
+        return VLLMServer(spec)
+
+    server = loop.run(build())
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+    async def push():
+        await server.load_weights(state_dict_items(model))
+        await server.finish_weight_update()
+
+    loop.run(push())  # the kept bucket file stays in /dev/shm between updates
+    print("FACTS " + json.dumps({"ipc_dir": server._ipc_dir}), flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_owner_leaves_no_vllm_process_and_no_file(tiny_model_dir, tmp_path):
+    """SIGKILL the process that started an engine (no shutdown, no atexit): vLLM's engine core would wait for it
+    for good; the reaper ends it and its worker and removes the socket folder and the weight files. (Slow: an
+    engine start.)"""
+    import glob
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
+    owner = subprocess.Popen([sys.executable, str(script), tiny_model_dir], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = ""
+        while not line.startswith("FACTS "):  # vLLM logs to stdout too
+            line = owner.stdout.readline()
+            assert line, f"the owner ended before its engine started (exit {owner.wait()})"
+        facts = json.loads(line[len("FACTS ") :])
+        tree = psutil.Process(owner.pid).children(recursive=True)
+        engine = [p for p in tree if REAPER_TAG not in " ".join(p.cmdline())]
+        weight_files = glob.glob(f"/dev/shm/hybridflow_weights_{owner.pid}_*")
+        assert len(engine) >= 2 and weight_files and os.path.isdir(facts["ipc_dir"])  # engine core + worker
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        _, alive = psutil.wait_procs(tree, timeout=40)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], f"left behind: {alive}"
+        assert not glob.glob(f"/dev/shm/hybridflow_weights_{owner.pid}_*") and not os.path.exists(facts["ipc_dir"])
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        owner.stdout.close()
