@@ -599,8 +599,10 @@ def test_a_killed_owner_leaves_no_vllm_process_and_no_file(tiny_model_dir, tmp_p
         assert len(engine) >= 2 and weight_files and os.path.isdir(facts["ipc_dir"])  # engine core + worker
         owner.send_signal(signal.SIGKILL)
         owner.wait()
+        killed = time.perf_counter()
         _, alive = psutil.wait_procs(tree, timeout=40)
         assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], f"left behind: {alive}"
+        print(f"\nthe owner's {len(tree)} processes ended {time.perf_counter() - killed:.1f} s after its SIGKILL")
         assert not glob.glob(f"/dev/shm/hybridflow_weights_{owner.pid}_*") and not os.path.exists(facts["ipc_dir"])
     finally:
         if owner.poll() is None:
