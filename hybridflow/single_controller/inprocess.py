@@ -14,6 +14,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import inspect
+import logging
 import os
 import threading
 import traceback
@@ -29,6 +30,9 @@ from hybridflow.single_controller.base.watchdog import CallThread, wait_with_dea
 from hybridflow.single_controller.base.worker import find_free_port
 from hybridflow.single_controller.base.worker_group import ClassWithInitArgs, WorkerGroup, rows_per_rank
 from hybridflow.utils.environ import restore_environ, snapshot_environ
+
+logger = logging.getLogger(__name__)
+RELEASE_ENGINES_TIMEOUT_S = 120.0  # a vLLM engine stops in ~5 s on 2 cores
 
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
@@ -209,10 +213,27 @@ class InProcessWorkerGroup(WorkerGroup):
         }
 
     def shutdown(self, reason: str = "shutdown() was called"):
-        """No process to kill: the group stops taking calls and gives back what it set in the process
-        (the last group to go restores the rendezvous variables and closes the process group)."""
+        """No process to kill: the workers release their engines (what a Ray group's end takes with its
+        processes), and the group stops taking calls and gives back what it set in the process (the last group
+        to go restores the rendezvous variables and closes the process group)."""
+        if self._host.closed is None:
+            self._release_engines()
         self._mark_shut_down(reason)
         self._host.close(reason)
+
+    def _release_engines(self) -> None:
+        """Each worker's ``release_engines``, on the group's thread, bounded; skipped when that thread is busy
+        (a call stuck in a hang: the engine stays, as the stuck call does, until the process ends)."""
+        if self._host.thread.busy or not hasattr(self, "workers"):
+            return
+        future = self._host.thread.submit(lambda: [getattr(w, "release_engines", lambda: None)() for w in self.workers])
+        try:
+            future.result(timeout=RELEASE_ENGINES_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            logger.warning("group %r: its engines did not stop within %ss", self.name, RELEASE_ENGINES_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - shutting down goes on; the engines end with the process
+            logger.warning("group %r: releasing its engines failed: %s: %s", self.name, type(e).__name__, e)
 
     # --- direct access (see base/direct.py, base/helpers.py) ------------------------------------------
     def handles(self, kind: HandleKind, role: str | None = None) -> list:

@@ -329,6 +329,9 @@ class ActorRolloutRefWorker(Worker):
         if self.rollout_host is not None:
             self.rollout_host.shutdown()
 
+    def release_engines(self) -> None:
+        self.shutdown_rollout()
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def abort_rollout(self) -> int:
         return self.rollout_host.abort() if self.rollout_host is not None else 0

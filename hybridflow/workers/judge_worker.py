@@ -127,6 +127,9 @@ class JudgeWorker(Worker):
         """Free the engine's memory while the policy trains (a no-op where the engine cannot)."""
         self.engine_loop.run(self.server.sleep())
 
+    def release_engines(self) -> None:
+        self.shutdown_judge()
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_judge(self) -> None:
         """Release the engine (its processes, its memory); idempotent."""

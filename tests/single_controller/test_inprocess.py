@@ -105,3 +105,49 @@ def test_colocated_in_process(inprocess_group):
     assert views["actor"].pid() == views["critic"].pid()
     out = views["critic"].values(make_batch(3))
     assert torch.equal(out.batch["v"], torch.arange(3, dtype=torch.float32) + 100)
+
+
+class EngineOwner(W.EchoWorker):
+    """Counts the calls of release_engines (a rollout worker stops its engine there)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.released = 0
+
+    def release_engines(self):
+        self.released += 1
+
+
+def test_shutdown_releases_the_workers_engines_once(inprocess_group):
+    group = inprocess_group(ClassWithInitArgs(EngineOwner))
+    worker = group.workers[0]
+    group.shutdown()
+    group.shutdown()
+    assert worker.released == 1
+
+
+def test_shutdown_of_a_colocated_group_releases_every_roles_engines(inprocess_group):
+    fused = inprocess_group(
+        create_colocated_worker_cls({"actor": ClassWithInitArgs(EngineOwner), "critic": ClassWithInitArgs(EngineOwner)})
+    )
+    views = fused.spawn(prefix_set=["actor", "critic"])
+    roles = fused.workers[0]._roles
+    views["critic"].shutdown()
+    fused.shutdown()
+    assert [roles["actor"].released, roles["critic"].released] == [1, 1]
+
+
+def test_shutdown_of_a_stuck_group_returns_at_once_and_releases_nothing(inprocess_group):
+    import threading
+    import time
+
+    group = inprocess_group(ClassWithInitArgs(EngineOwner))
+    worker = group.workers[0]
+    started, go_on = threading.Event(), threading.Event()
+    group._host.thread.submit(lambda: (started.set(), go_on.wait(30)))  # a call stuck in the group's thread
+    assert started.wait(10)
+    begin = time.monotonic()
+    group.shutdown()
+    took = time.monotonic() - begin
+    go_on.set()
+    assert took < 5 and worker.released == 0

@@ -133,3 +133,26 @@ def test_genrm_scores_are_the_parsed_verdicts_of_the_hf_judge(judge, judge_dir):
 def test_max_model_len_defaults_to_prompt_plus_response_length():
     assert judge_engine_config(judge_rollout()).max_model_len == 60 + RESPONSE_LENGTH
     assert judge_engine_config(judge_rollout(max_model_len=64)).max_model_len == 64
+
+
+def test_an_in_process_groups_shutdown_stops_its_judge_engine(judge_dir, one_torch_thread):
+    """The group's shutdown alone (no shutdown_judge first) stops the engine: its loop thread ends, as a Ray
+    group's engine ends with its process; in process it would otherwise live, model and all, until exit."""
+    import threading
+
+    group = build_worker_group(
+        "inprocess",
+        ClassWithInitArgs(JudgeWorker, model_path=judge_dir, rollout=judge_rollout(), trust_remote_code=False),
+        [1],
+        name="judge",
+    )
+    try:
+        group.init_model()
+        worker = group.workers[0]
+        loop_thread = worker.engine_loop._thread
+        assert loop_thread.is_alive() and worker.server is not None
+    finally:
+        group.shutdown()
+    loop_thread.join(10)
+    assert not loop_thread.is_alive() and worker.server is None
+    assert not [t for t in threading.enumerate() if t.name == loop_thread.name]

@@ -50,6 +50,10 @@ def build_colocated_class(class_dict: dict[str, ClassWithInitArgs]) -> ClassWith
             # Roles are built in the order given, inside this one process.
             self._roles = {role: spec() for role, spec in specs.items()}
 
+        def release_engines(self):
+            for role in self._roles.values():
+                getattr(role, "release_engines", lambda: None)()
+
         def call_role(self, role: str, method: str, *args, **kwargs):
             """Call any method of one role directly (not through a WorkerGroup): e.g. a rollout server's
             per-request endpoint, called by agent loop workers."""

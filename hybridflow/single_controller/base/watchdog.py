@@ -344,6 +344,7 @@ class CallThread:
 
     def __init__(self, name: str = "hybridflow-call"):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.busy = False  # a call is running (it may be stuck: a hang)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -367,10 +368,13 @@ class CallThread:
             future, fn, args, kwargs = job
             if not future.set_running_or_notify_cancel():
                 continue
+            self.busy = True
             try:
                 future.set_result(fn(*args, **kwargs))
             except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
                 future.set_exception(e)
+            finally:
+                self.busy = False
 
     def close(self) -> None:
         """No more calls; the thread ends after the one it runs (not waited for: it may be stuck)."""

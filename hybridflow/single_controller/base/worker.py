@@ -46,6 +46,10 @@ class Worker:
         self._dispatch_dp_rank: dict[str, int] = {}
         self._collect_dp_rank: dict[str, bool] = {}
 
+    def release_engines(self) -> None:
+        """Stop what this worker runs beside itself (a rollout engine's thread, model and processes). A Ray
+        group's shutdown ends them with the worker's process; an in-process group calls this instead."""
+
     # --- identity -------------------------------------------------------------------------------
     @property
     def rank(self) -> int:
