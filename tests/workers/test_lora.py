@@ -209,11 +209,14 @@ def test_lora_grpo_run_trains_adapters_only_ref_is_base(tiny_model_dir, tiny_dat
         torch.testing.assert_close(ref[mask], expected[mask], atol=1e-5, rtol=0)
 
     # the rollout engine gets the merged weights
-    worker._rollout_stale = True
-    worker.prepare_rollout()
-    rollout_sd = worker.rollout_host.server.module.state_dict()
-    for key, value in merged_now.items():
-        torch.testing.assert_close(rollout_sd[key], value, msg=key)
+    try:
+        worker._rollout_stale = True
+        worker.prepare_rollout()
+        rollout_sd = worker.rollout_host.server.module.state_dict()
+        for key, value in merged_now.items():
+            torch.testing.assert_close(rollout_sd[key], value, msg=key)
+    finally:
+        worker.rollout_host.shutdown()  # kept past the run for this check only
 
     # checkpoint -> merged Hugging Face model with the policy's (adapters on) outputs
     ckpt = str(tmp_path / "lora_ckpt" / "actor")

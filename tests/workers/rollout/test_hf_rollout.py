@@ -14,6 +14,21 @@ from hybridflow.workers.rollout import HFRollout
 R = 8
 
 
+@pytest.fixture(autouse=True)
+def closed_after_the_test(monkeypatch):
+    """Every HFRollout a test builds is closed after it (its loop and decode threads, its model copy)."""
+    built, init = [], HFRollout.__init__
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(HFRollout, "__init__", recording_init)
+    yield
+    for rollout in built:
+        rollout.close()
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir, padding_side="left")
