@@ -19,6 +19,8 @@ import sys
 import threading
 from collections import Counter
 
+from hybridflow.utils.orphan_reaper_process import start_time
+
 logger = logging.getLogger(__name__)
 
 REAPER_TAG = "hybridflow-orphan-reaper"  # in the reaper's command line: how tests and ps tell it apart
@@ -28,29 +30,14 @@ GRACE_S = 10.0  # from SIGTERM to SIGKILL: vLLM's engine core stops its workers 
 _REAPER_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "orphan_reaper_process.py")
 
 
-def process_start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with the pid, who it is."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def child_pids(pid: int) -> set[int]:
-    """The direct children of ``pid`` (read from /proc)."""
-    children = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == pid:
-            children.add(int(name))
-    return children
+    """The direct children of ``pid``."""
+    import psutil
+
+    try:
+        return {child.pid for child in psutil.Process(pid).children()}
+    except psutil.NoSuchProcess:
+        return set()
 
 
 class WatchNewChildren:
@@ -122,7 +109,7 @@ class OrphanReaper:
                 )
 
     def watch_process(self, pid: int) -> None:
-        start = process_start_time(pid)
+        start = start_time(pid)  # as the reaper reads it (/proc/<pid>/stat), to compare with it
         if start is not None:
             self._send(f"pid {pid} {start}")
 

@@ -24,6 +24,7 @@ def stat(pid):
 
 
 def start_time(pid):
+    """The process's start time (clock ticks since boot): with the pid, who it is; None once it is gone."""
     fields = stat(pid)
     return None if fields is None or fields[0] in ("Z", "X") else fields[19]
 
