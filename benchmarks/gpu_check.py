@@ -256,7 +256,7 @@ def run(args, r: dict) -> dict:
             r["state_bytes"] = 2 * tensor_bytes(params) + tensor_bytes(
                 t for s in engine.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
             )
-            r["rollout_copy_bytes"] = tensor_bytes(worker.server.module.parameters())
+            r["rollout_copy_bytes"] = tensor_bytes(worker.rollout_host.server.module.parameters())
             print(
                 f"memory: peak {r.get('peak_allocated_bytes', 0) / 2**30:.2f} GiB allocated during the updates; "
                 f"weights + grads + AdamW {r['state_bytes'] / 2**30:.2f} GiB, "

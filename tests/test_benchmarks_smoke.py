@@ -2,7 +2,9 @@
 prints its table and its verdict against the goal. Timings are never asserted.
 
 Each script runs in a subprocess (the in-process backend initialises torch.distributed in its process).
-Slow: ~30 s per script for the in-process rows, plus ~40 s per Ray start on a loaded 2-core machine.
+Slow: ~30 s per script for the in-process rows, plus ~40 s per Ray start on a loaded 2-core machine. The two
+gpu_check runs (~10 s each) are in the default suite: a session lent a GPU has minutes for that check, and a
+check that broke unseen (an attribute renamed in a redesign) would spend them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import sys
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.slow
 
 
 def _run(script: str, *args: str, timeout: float = 300) -> str:
@@ -42,6 +43,7 @@ def _verdicts(out: str) -> list[str]:
     return re.findall(r"-> (meets|MISSES) the goal", out)
 
 
+@pytest.mark.slow
 def test_step_breakdown_inprocess():
     out = _run("step_breakdown.py", "--backends", "inprocess")
     # every GRPO phase is in the table, and the overhead line has a percentage
@@ -51,6 +53,7 @@ def test_step_breakdown_inprocess():
     assert len(_verdicts(out)) == 1
 
 
+@pytest.mark.slow
 def test_rollout_throughput_inprocess():
     out = _run("rollout_throughput.py", "--backends", "inprocess")
     # 8 prompts x 8 tokens with ignore_eos: every row generated exactly 64 tokens
@@ -59,6 +62,7 @@ def test_rollout_throughput_inprocess():
     assert len(_verdicts(out)) == 1
 
 
+@pytest.mark.slow
 def test_rollout_throughput_engines_vllm_vs_hf():
     import importlib.util
 
@@ -74,6 +78,7 @@ def test_rollout_throughput_engines_vllm_vs_hf():
     assert re.search(r"vllm: \d+\.\d+x hf tokens/s", out)
 
 
+@pytest.mark.slow
 def test_bare_grpo_step_inprocess():
     out = _run("bare_grpo_step.py", "--backends", "inprocess")
     assert re.search(r"^bare loop \(1 process\).*\s1\.000$", out, re.M), out  # the baseline's ratio to itself
@@ -81,11 +86,13 @@ def test_bare_grpo_step_inprocess():
     assert len(_verdicts(out)) == 1
 
 
+@pytest.mark.slow
 def test_step_breakdown_ray_one_worker():
     out = _run("step_breakdown.py", "--backends", "ray1", timeout=600)
     assert re.search(r"ray \(1 worker\): overhead -?\d+\.\d+% of the step", out)
 
 
+@pytest.mark.slow
 def test_soak_quick_kills_a_worker_and_loses_no_sample():
     """6 steps, a checkpoint every 2, one SIGKILL of a Ray worker, resumed by the wrapper (~1.5 min)."""
     out = _run("soak.py", timeout=600)
@@ -94,6 +101,7 @@ def test_soak_quick_kills_a_worker_and_loses_no_sample():
     assert "verdict: zero samples lost or repeated" in out
 
 
+@pytest.mark.slow
 def test_async_throughput_all_modes():
     out = _run("async_throughput.py", timeout=600)
     # a row per mode with its samples/s; one-step-off's samples lag exactly one version
@@ -148,6 +156,7 @@ def test_gpu_check_profile_quick_on_cpu(tmp_path):
     assert (tmp_path / "gpu_profile.md").read_text().startswith("**cpu")
 
 
+@pytest.mark.slow
 def test_prefix_grouper_paths_agree():
     out = _run("prefix_grouper.py")
     assert re.search(r"speed-up \d+\.\d+x; max \|log-prob difference\| (\d\.\d+e[-+]\d+)", out)
@@ -155,6 +164,7 @@ def test_prefix_grouper_paths_agree():
     assert diff < 1e-4  # the shared-prompt forward gives the ordinary forward's log-probs
 
 
+@pytest.mark.slow
 def test_reward_overlap_quick():
     out = _run("reward_overlap.py", "--cost-ms", "5")
     for row in ("after generation (num_workers=0)", "overlapped (num_workers=8)"):
@@ -162,6 +172,7 @@ def test_reward_overlap_quick():
     assert re.search(r"^ratio overlapped / after generation = \d\.\d+", out, re.M) and len(_verdicts(out)) == 1
 
 
+@pytest.mark.slow
 def test_real_model_quick():
     """SmolLM2 through the trainer's vLLM path, raw vLLM and HF: two engine start-ups (~3 min on 2 cores)."""
     import importlib.util
