@@ -102,11 +102,14 @@ class VLLMRow:
     """One vLLM server on its own engine loop."""
 
     def __init__(self, model_dir: str, config: dict, device: str, eos: int):
+        from hybridflow.config.convert import as_section
+        from hybridflow.config.rollout import RolloutConfig, rollout_as_in_yaml
         from hybridflow.rollout.server import EngineLoop, ServerSpec
         from hybridflow.workers.rollout.vllm_server import VLLMServer
 
         self.loop = EngineLoop()
-        spec = ServerSpec(model_path=model_dir, config=config, pad_token_id=0, eos_token_ids=(eos,), device=device)
+        typed = as_section(config, RolloutConfig, "rollout", rollout_as_in_yaml)  # the server takes the typed section
+        spec = ServerSpec(model_path=model_dir, config=typed, pad_token_id=0, eos_token_ids=(eos,), device=device)
 
         async def build():
             return VLLMServer(spec)

@@ -8,7 +8,7 @@ import asyncio
 import threading
 import time
 
-import ray
+import pytest
 
 from hybridflow.agent_loop.server_manager import ROLLOUT_CONCURRENCY_GROUP, SERVER_HANDLE
 from hybridflow.rollout.sampling import SamplingParams
@@ -16,6 +16,8 @@ from hybridflow.rollout.server import ABORT, STOP
 from hybridflow.single_controller.base import ClassWithInitArgs
 from hybridflow.single_controller.factory import build_worker_group
 from tests.agent_loop.latency_rollout import LatencyRolloutWorker
+
+ray = pytest.importorskip("ray")  # absent where `pytest -m gpu` runs (benchmarks/gpu_check.sh)
 
 IN_FLIGHT = 64
 
