@@ -75,7 +75,7 @@ def test_curves_from_metric_rows():
 @pytest.mark.slow
 def test_quickstart_tools_quick_writes_json_and_png(tmp_path):
     work = tmp_path / "qt"
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
     out = subprocess.run(
         [
             sys.executable,

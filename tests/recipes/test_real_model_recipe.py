@@ -258,7 +258,11 @@ def test_one_step_on_the_real_model(smollm2_gguf, tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
-        env=dict(os.environ, PYTHONPATH=REPO, HYBRIDFLOW_CACHE=str(tmp_path / "cache")),
+        env=dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p),
+            HYBRIDFLOW_CACHE=str(tmp_path / "cache"),
+        ),
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert len(os.listdir(tmp_path / "cache" / "gguf")) >= 1  # the recipe converted through the library's GGUF cache

@@ -282,7 +282,10 @@ def test_a_hang_in_a_background_launch_raises_and_the_process_lives_on(tmp_path)
 
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(tests_dir))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests_dir, root])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (tests_dir, root, os.environ.get("PYTHONPATH", "")) if p),
+    }
     out = subprocess.run(
         [sys.executable, "-c", BACKGROUND_DRIVER, str(tmp_path)],
         capture_output=True,

@@ -94,7 +94,7 @@ def test_stuck_phase_in_a_background_launch_raises_and_the_process_trains_on(tin
         text=True,
         timeout=400,
         stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": root},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)},
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     hang = json.loads(next(line[5:] for line in out.stdout.splitlines() if line.startswith("HANG ")))
