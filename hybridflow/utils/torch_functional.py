@@ -82,9 +82,11 @@ def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.exp(torch.logsumexp(2 * logits, dim=-1) - 2 * torch.logsumexp(logits, dim=-1))
 
 
-# Rows of (rows, vocab) processed at once when the logits are half precision: each chunk is upcast
-# to float32, so memory stays bounded by the chunk instead of a float32 copy of all the logits.
-_LOW_PRECISION_CHUNK_ROWS = 256
+# Float32 bytes of (rows, vocab) processed at once when the logits are half precision: each chunk is
+# upcast to float32, so without autograd memory stays bounded by the chunk instead of a float32 copy of all
+# the logits. A byte budget, not a row count: fewer, larger kernels for small vocabularies (a GPU update
+# launches each chunk's ops), the same bound for large ones (441 rows of Qwen2's 151,936 tokens).
+_LOW_PRECISION_CHUNK_BYTES = 256 << 20
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -101,10 +103,9 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
     vocab = logits.shape[-1]
     flat_logits = logits.reshape(-1, vocab)  # (N, V)
     flat_labels = labels.reshape(-1)  # (N,)
+    chunk_rows = max(1, _LOW_PRECISION_CHUNK_BYTES // (4 * vocab))
     out = []
-    for rows, rows_labels in zip(
-        flat_logits.split(_LOW_PRECISION_CHUNK_ROWS), flat_labels.split(_LOW_PRECISION_CHUNK_ROWS)
-    ):
+    for rows, rows_labels in zip(flat_logits.split(chunk_rows), flat_labels.split(chunk_rows)):
         rows = rows.float()
         picked = rows.gather(-1, rows_labels.unsqueeze(-1)).squeeze(-1)
         out.append(picked - torch.logsumexp(rows, dim=-1))

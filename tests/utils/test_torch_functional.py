@@ -57,6 +57,21 @@ def test_logprobs_from_logits_matches_log_softmax():
     torch.testing.assert_close(out, ref_lo)
 
 
+def test_logprobs_of_half_precision_logits_in_several_chunks(monkeypatch):
+    # a budget of 4 rows of float32 logits: 15 rows in chunks of 4, 4, 4, 3, stitched back in order
+    g = torch.Generator().manual_seed(2)
+    logits = (torch.randn(3, 5, 11, generator=g) * 4).to(torch.bfloat16)
+    labels = torch.randint(0, 11, (3, 5), generator=g)
+    monkeypatch.setattr(F, "_LOW_PRECISION_CHUNK_BYTES", 4 * 4 * 11)
+    splits = []
+    real_split = torch.Tensor.split
+    monkeypatch.setattr(torch.Tensor, "split", lambda t, n, *a: splits.append(n) or real_split(t, n, *a))
+    out = F.logprobs_from_logits(logits, labels)
+    assert splits == [4, 4]  # the logits and the labels, 4 rows a chunk
+    ref = torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(out, ref)
+
+
 def test_entropy_from_logits():
     logits = torch.zeros(2, 8)  # uniform -> ln 8
     torch.testing.assert_close(F.entropy_from_logits(logits), torch.full((2,), math.log(8.0)))

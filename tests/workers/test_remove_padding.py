@@ -136,6 +136,27 @@ def test_sum_pi_squared_packed_equals_padded_and_the_softmax():
     assert float(expected[mask].min()) > 1 / probs.shape[-1] - 1e-6  # >= 1/V: not trivially zero
 
 
+def test_padded_forward_projects_only_the_positions_that_predict_the_response():
+    # the lm_head sees R + 1 positions per row (not the prompt's), and the logits are the full forward's
+    model = tiny_causal_lm()
+    rows = _rows()
+    seen = []
+    hook = model.lm_head.register_forward_hook(lambda _m, inputs, _out: seen.append(inputs[0].shape[1]))
+    try:
+        with torch.no_grad():
+            logits = forward_response_logits(
+                model, rows["input_ids"], rows["attention_mask"], rows["position_ids"], RESPONSE
+            )
+            full = model(
+                input_ids=rows["input_ids"], attention_mask=rows["attention_mask"], position_ids=rows["position_ids"]
+            ).logits
+    finally:
+        hook.remove()
+    assert rows["input_ids"].shape[1] == PROMPT + RESPONSE and PROMPT > 1
+    assert seen == [RESPONSE + 1, PROMPT + RESPONSE]  # ours, then the reference's full projection
+    torch.testing.assert_close(logits, full[:, -RESPONSE - 1 : -1, :], atol=1e-6, rtol=0)
+
+
 def test_critic_values_and_gradients_match_padded():
     base = tiny_value_model(pad_token_id=0)  # head dropout off, as CriticWorker: deterministic values
     rows = _rows()

@@ -87,7 +87,12 @@ def forward_response_logits(
         out = unpack(logits, packed)  # (B, S, V)
         response_mask = attention_mask[:, -response_length:].unsqueeze(-1).to(out.dtype)  # (B, R, 1)
         return out[:, -response_length - 1 : -1, :] * response_mask  # (B, R, V)
-    output = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    kwargs = {}
+    if accepts_logits_to_keep(module):  # project only the last R + 1 positions: the prompt's logits are never used
+        kwargs["logits_to_keep"] = response_length + 1
+    output = module(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
+    )
     return output.logits[:, -response_length - 1 : -1, :]  # (B, R, V)
 
 
