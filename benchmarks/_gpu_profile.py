@@ -19,14 +19,18 @@ Three measurements after one warm-up update, each on its own update of the same 
   device time of every op with a vocabulary-sized dimension in its inputs (lm_head forward and
   backward matmuls, log-softmax, gather, casts).
 
-Then the update again with other micro-batch sizes and with gradient checkpointing switched on
-(``ppo_micro_batch_size_per_gpu`` is a mutable config field; checkpointing through the model's own
-switch), each after its own warm-up, with tokens/s and peak memory, so one run says which lever moves.
+Then the update again with other micro-batch sizes, with gradient checkpointing switched on, with
+micro-batches packed up to a token budget (``use_dynamic_bsz``, as veRL's tuning guide advises), and with
+torch.compile of the vocabulary's log-prob or of the layers' parts (``ppo_micro_batch_size_per_gpu`` and
+``use_dynamic_bsz`` are mutable config fields, the budget the update loop's; checkpointing through the
+model's own switch; compile by monkeypatching), each after its own warm-up, with tokens/s and peak memory,
+so one run says which lever moves.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 import torch
@@ -276,28 +280,92 @@ def set_checkpointing(module, on: bool) -> bool:
     return is_activation_checkpointing(module)
 
 
-def run_variants(wg, worker, data, device: str, variants: list[dict], tokens: int) -> list[dict]:
-    """Each variant (micro-batch rows, checkpointing) after its own warm-up; the worker is put back
-    as it was afterwards. A variant that fails (out of memory, say) is reported as such."""
+def compile_token_stats():
+    """torch.compile of the log-prob/entropy over the vocabulary (what veRL's ``use_torch_compile`` compiles):
+    ``logprob.token_stats`` is the function both forward paths call. Returns the undo."""
+    from hybridflow.workers.utils import logprob
+
+    eager = logprob.token_stats
+    logprob.token_stats = torch.compile(eager, dynamic=True)
+
+    def undo():
+        logprob.token_stats = eager
+
+    return undo
+
+
+def compile_layer_parts(module):
+    """torch.compile of each decoder layer's parts (attention, MLP, norms: their element-wise chains fuse),
+    inside the FSDP2 units (the layers), whose parameters are plain tensors while they run. Returns the undo."""
+    parts = [
+        child
+        for layer in module.modules()
+        if type(layer).__name__.endswith("DecoderLayer")
+        for child in layer.children()
+        if not isinstance(child, torch.nn.ModuleList)
+    ]
+    if not parts:
+        raise RuntimeError("no *DecoderLayer module found to compile")
+    for part in parts:
+        part.compile(dynamic=True)
+
+    def undo():
+        for part in parts:
+            part._compiled_call_impl = None  # what nn.Module.compile set
+
+    return undo
+
+
+@contextlib.contextmanager
+def variant_applied(worker, v: dict):
+    """The worker set up as variant ``v`` says (micro-batch rows or a token budget, checkpointing, a compile
+    lever) for the duration; put back as it was afterwards, also after a failure."""
     from hybridflow.workers.engine.fsdp import is_activation_checkpointing
 
-    config, module = worker.actor.config, worker.actor_engine.module
-    micro0, ckpt0 = config.ppo_micro_batch_size_per_gpu, is_activation_checkpointing(module)
+    config, module, loop = worker.actor.config, worker.actor_engine.module, worker.actor.update_loop
+    saved = (config.ppo_micro_batch_size_per_gpu, loop.config, loop.max_token_len)
+    ckpt0 = is_activation_checkpointing(module)
+    undo = None
+    try:
+        if v.get("tokens"):  # dynamic batch: micro-batches packed up to a token budget. use_dynamic_bsz is a
+            # frozen field (veRL's), read by the update loop alone: the loop gets a copy with it set
+            loop.config = dataclasses.replace(loop.config, use_dynamic_bsz=True)
+            loop.max_token_len = int(v["tokens"])
+        else:
+            loop.config = dataclasses.replace(loop.config, use_dynamic_bsz=False)
+            config.ppo_micro_batch_size_per_gpu = v["micro"]
+        v["checkpointing_read_back"] = set_checkpointing(module, v.get("checkpointing", False))
+        if v.get("compile") == "token_stats":
+            undo = compile_token_stats()
+        elif v.get("compile") == "layers":
+            undo = compile_layer_parts(module)
+        elif v.get("compile"):
+            raise ValueError(f"unknown compile lever {v['compile']!r}")
+        yield
+    finally:
+        if undo is not None:
+            undo()
+        config.ppo_micro_batch_size_per_gpu, loop.config, loop.max_token_len = saved
+        set_checkpointing(module, ckpt0)
+
+
+def run_variants(wg, worker, data, device: str, variants: list[dict], tokens: int) -> list[dict]:
+    """Each variant after its own warm-up (a compile lever compiles there); the worker is put back as it was
+    afterwards. A variant that fails (out of memory, a compile error) is reported as such."""
     out = []
     for v in variants:
         row = dict(v)
         try:
-            config.ppo_micro_batch_size_per_gpu = v["micro"]
-            row["checkpointing_read_back"] = set_checkpointing(module, v["checkpointing"])
-            timed_update(wg, data, device)  # warm-up at the new shapes
-            seconds, peak = timed_update(wg, data, device)
+            with variant_applied(worker, row):
+                start = time.perf_counter()
+                timed_update(wg, data, device)  # warm-up at the new shapes
+                row["warmup_s"] = time.perf_counter() - start
+                seconds, peak = timed_update(wg, data, device)
             row.update(update_s=seconds, tokens_per_s=tokens / seconds, peak_allocated_bytes=peak)
         except Exception as exc:  # noqa: BLE001 - one failed lever must not lose the others
             oom = "out of memory" if isinstance(exc, torch.OutOfMemoryError) else type(exc).__name__
             row["error"] = f"{oom}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         finally:
-            config.ppo_micro_batch_size_per_gpu = micro0
-            set_checkpointing(module, ckpt0)
             if device == "cuda":
                 torch.cuda.empty_cache()
         print(f"variant {variant_name(v)}: " + (row.get("error") or f"{row['tokens_per_s']:.0f} tokens/s"), flush=True)
@@ -306,7 +374,21 @@ def run_variants(wg, worker, data, device: str, variants: list[dict], tokens: in
 
 
 def variant_name(v: dict) -> str:
-    return f"micro-batch {v['micro']}, checkpointing {'on' if v['checkpointing'] else 'off'}"
+    batch = f"token budget {v['tokens']} (dynamic batch)" if v.get("tokens") else f"micro-batch {v['micro']}"
+    name = f"{batch}, checkpointing {'on' if v.get('checkpointing') else 'off'}"
+    return name + (f", compiled {v['compile']}" if v.get("compile") else "")
+
+
+def lever_variants(w: dict, row_tokens: int, compile_levers: bool) -> list[dict]:
+    """The levers ``--profile`` tries: micro-batch sizes and checkpointing (the first H100 run's), token budgets
+    of 16, 24 and 32 rows, then torch.compile of the vocabulary's log-prob and of the layers at 16 rows
+    (last: the slowest to warm up, and the likeliest to fail)."""
+    micro = w["micro"]
+    out = [dict(micro=m, checkpointing=c) for m, c in ((2 * micro, False), (max(1, micro // 2), False), (micro, True))]
+    out += [dict(tokens=rows * row_tokens) for rows in (2 * micro, 3 * micro, 4 * micro)]
+    if compile_levers:
+        out += [dict(tokens=2 * micro * row_tokens, compile=c) for c in ("token_stats", "layers")]
+    return out
 
 
 def phased_update(wg, worker, data, device: str, r: dict, split_backward: bool) -> None:
@@ -368,9 +450,12 @@ def profiled_update(wg, worker, data, device: str, vocab: int, in_worker_thread:
     return tables
 
 
-def profile_update_actor(wg, worker, data, w: dict, device: str, r: dict, report=print) -> dict:
+def profile_update_actor(
+    wg, worker, data, w: dict, device: str, r: dict, report=print, compile_levers: bool = False
+) -> dict:
     """The whole ``--profile`` measurement on a built worker, filling ``r`` as it goes (what was measured
-    survives a later failure); ``report(r, section)`` is called when a section is complete."""
+    survives a later failure); ``report(r, section)`` is called when a section is complete. ``compile_levers``:
+    try the torch.compile levers too (minutes of compiling on a CPU)."""
     from hybridflow.workers.engine.fsdp import is_activation_checkpointing
 
     tokens = int(data.batch["attention_mask"].sum())
@@ -413,7 +498,6 @@ def profile_update_actor(wg, worker, data, w: dict, device: str, r: dict, report
         r["profile_error"] = f"{type(exc).__name__}: {exc}"[:300]
         print(f"torch.profiler failed: {r['profile_error']}", flush=True)
 
-    micro = w["micro"]
-    levers = [(2 * micro, False), (max(1, micro // 2), False), (micro, True), (2 * micro, True)]
-    r["variants"] = run_variants(wg, worker, data, device, [dict(micro=m, checkpointing=c) for m, c in levers], tokens)
+    row_tokens = w["prompt"] + w["response"]
+    r["variants"] = run_variants(wg, worker, data, device, lever_variants(w, row_tokens, compile_levers), tokens)
     return r

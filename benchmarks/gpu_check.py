@@ -7,7 +7,9 @@ the same run:
 
 - matmul peak: bf16 ``torch.mm`` of 8192 x 8192 matrices, the denominator of MFU;
 - actor update: ``update_actor`` through the WorkerGroup (one optimizer step per call), tokens/s and
-  MFU = 6 x params x tokens/s / matmul peak (attention's own FLOPs are not counted); goal >= 35 %;
+  MFU = 6 x params x tokens/s / matmul peak (attention's own FLOPs are not counted); goal >= 35 %; then
+  the same updates with micro-batches packed up to a token budget of 24 rows (``use_dynamic_bsz``), the
+  setting veRL's tuning guide advises;
 - hf rollout: ``generate_sequences`` through the WorkerGroup vs ``model.generate`` on a bf16 copy, same
   prompts and number of new tokens (ignore_eos), calls interleaved; goal >= 0.9x;
 - memory: peak allocated during the updates vs fp32 weights + grads + AdamW's state (read from the
@@ -55,6 +57,7 @@ WORKLOADS = {
         prompt=256,
         response=768,
         micro=8,
+        budget_rows=24,
         updates=3,
         gen_prompts=64,
         gen_prompt=128,
@@ -67,6 +70,7 @@ WORKLOADS = {
         prompt=8,
         response=8,
         micro=2,
+        budget_rows=3,
         updates=1,
         gen_prompts=4,
         gen_prompt=8,
@@ -250,9 +254,14 @@ def run(args, r: dict) -> dict:
                 from _gpu_profile import profile_update_actor
                 from _gpu_profile_report import print_section
 
-                profile_update_actor(wg, worker, data, w, device, r, report=print_section)
+                compile_levers = args.compile_levers == "on" or (args.compile_levers == "auto" and cuda)
+                profile_update_actor(
+                    wg, worker, data, w, device, r, report=print_section, compile_levers=compile_levers
+                )
                 return finish(r, device, w, dtype)
             r.update(time_updates(wg, data, w, device))
+            r["budget_tokens"] = w["budget_rows"] * (w["prompt"] + w["response"])
+            r["budget_update"] = time_budget_updates(wg, worker, data, w, device, r["budget_tokens"])
             r["state_bytes"] = 2 * tensor_bytes(params) + tensor_bytes(
                 t for s in engine.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
             )
@@ -281,6 +290,8 @@ def finish(r: dict, device: str, w: dict, dtype: torch.dtype) -> dict:
     r["matmul_flops_after"] = matmul_peak(device, w["matmul"], dtype)
     r["matmul_flops"] = max(r["matmul_flops_before"], r["matmul_flops_after"])
     r["mfu"] = 6 * r["params"] * r["update_tokens_per_s"] / r["matmul_flops"]
+    if "budget_update" in r:
+        r["budget_mfu"] = 6 * r["params"] * r["budget_update"]["update_tokens_per_s"] / r["matmul_flops"]
     return r
 
 
@@ -314,6 +325,17 @@ def time_updates(wg, data, w: dict, device: str) -> dict:
         f"{out['update_tokens_per_s']:.0f} tokens/s",
         flush=True,
     )
+    return out
+
+
+def time_budget_updates(wg, worker, data, w: dict, device: str, budget: int) -> dict:
+    """The same updates with micro-batches packed up to ``budget`` tokens (``use_dynamic_bsz`` with
+    ``ppo_max_token_len_per_gpu``, as veRL's tuning guide advises) instead of a fixed row count."""
+    from _gpu_profile import variant_applied
+
+    with variant_applied(worker, dict(tokens=budget)):
+        out = time_updates(wg, data, w, device)
+    print(f"  (the updates above: micro-batches of up to {budget} tokens, dynamic batch)", flush=True)
     return out
 
 
@@ -376,7 +398,7 @@ def time_rollout(wg, model, prompts, w: dict, device: str, pad_id: int) -> dict:
 
 def markdown(r: dict) -> str:
     gib = 2**30
-    w = r["workload"]
+    w, b = r["workload"], r["budget_update"]
     lines = [
         f"**{r['device']}**, torch {r['torch']}, transformers {r['transformers']}; Qwen2 {r['shape']} shapes, "
         f"{r['params'] / 1e6:.1f}M parameters (random weights); actor FSDP2 (one rank) {r['sharded']}, "
@@ -389,18 +411,25 @@ def markdown(r: dict) -> str:
         f"| actor update ({w['rows']} x {w['prompt'] + w['response']} tokens, micro-batch {w['micro']}) | "
         f"{r['update_tokens_per_s']:.0f} tokens/s, {6 * r['params'] * r['update_tokens_per_s'] / 1e12:.1f} TFLOP/s "
         f"({r['update_s']:.2f} s/update) | matmul peak | MFU {100 * r['mfu']:.1f} % | >= {100 * MFU_GOAL:.0f} % |",
+        f"| actor update, dynamic batch (token budget {r['budget_tokens']}) | "
+        f"{b['update_tokens_per_s']:.0f} tokens/s, {6 * r['params'] * b['update_tokens_per_s'] / 1e12:.1f} TFLOP/s "
+        f"({b['update_s']:.2f} s/update) | matmul peak | MFU {100 * r['budget_mfu']:.1f} % | "
+        f">= {100 * MFU_GOAL:.0f} % |",
         f"| hf rollout ({w['gen_prompts']} prompts x {w['gen_tokens']} new tokens) | "
         f"{r['rollout_tokens_per_s']:.0f} tokens/s | generate {r['generate_tokens_per_s']:.0f} tokens/s | "
         f"{r['rollout_ratio']:.2f}x | >= {ROLLOUT_GOAL}x |",
     ]
-    if "peak_allocated_bytes" in r:
-        lines.append(
+    if "peak_allocated_bytes" in r:  # CUDA only
+        lines += [
             f"| peak memory, update | {r['peak_allocated_bytes'] / gib:.2f} GiB allocated "
             f"({r['peak_reserved_bytes'] / gib:.2f} reserved) | "
             f"weights + grads + AdamW {r['state_bytes'] / gib:.2f} GiB "
             f"(+ rollout copy {r['rollout_copy_bytes'] / gib:.2f} GiB) | "
-            f"{r['peak_allocated_bytes'] / r['state_bytes']:.2f}x | reported |"
-        )
+            f"{r['peak_allocated_bytes'] / r['state_bytes']:.2f}x | reported |",
+            f"| peak memory, dynamic batch | {b['peak_allocated_bytes'] / gib:.2f} GiB allocated "
+            f"({b['peak_reserved_bytes'] / gib:.2f} reserved) | weights + grads + AdamW | "
+            f"{b['peak_allocated_bytes'] / r['state_bytes']:.2f}x | reported |",
+        ]
     lines += [
         "",
         f"weight push into the rollout after an update: {r['weight_sync_s']:.3f} s; set-up {r['setup_s']:.1f} s",
@@ -415,6 +444,12 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=os.environ.get("OUT"), help="folder for gpu_check.json and gpu_check.md")
     p.add_argument(
         "--profile", action="store_true", help="no rollout: where one update's time goes (gpu_profile.md/.json)"
+    )
+    p.add_argument(
+        "--compile-levers",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="--profile: try the torch.compile levers (auto: on a GPU only; compiling takes minutes on a CPU)",
     )
     args = p.parse_args(argv)
     name = "gpu_profile" if args.profile else "gpu_check"
@@ -439,6 +474,10 @@ def main(argv=None) -> dict:
     print(
         f"  actor update: MFU {100 * r['mfu']:.1f} % -> {'meets' if r['mfu'] >= MFU_GOAL else 'MISSES'} the goal "
         f"(>= {100 * MFU_GOAL:.0f} %)"
+    )
+    print(
+        f"  actor update, dynamic batch: MFU {100 * r['budget_mfu']:.1f} % -> "
+        f"{'meets' if r['budget_mfu'] >= MFU_GOAL else 'MISSES'} the goal (>= {100 * MFU_GOAL:.0f} %)"
     )
     print(
         f"  hf rollout: {r['rollout_ratio']:.2f}x generate -> "

@@ -123,10 +123,12 @@ def test_gpu_check_quick_on_cpu(tmp_path):
     assert re.search(
         r"^\| hf rollout \(4 prompts x 8 new tokens\) \| \d+ tokens/s \| generate \d+ tokens/s", out, re.M
     ), out
-    assert len(_verdicts(out)) == 2
+    assert re.search(r"^\| actor update, dynamic batch \(token budget 48\) \| \d+ tokens/s", out, re.M), out
+    assert len(_verdicts(out)) == 3  # the update, the update in token-budget micro-batches, the rollout
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     # ignore_eos: both generators made every token; an update trains 4 full rows of 8 + 8 tokens
     assert result["rollout_tokens"] == result["generate_tokens"] == 32 and result["update_tokens"] == 64
+    assert result["budget_update"]["update_tokens"] == 64 and result["budget_mfu"] > 0
     assert (tmp_path / "gpu_check.md").read_text().startswith("**cpu")
 
 
@@ -150,10 +152,29 @@ def test_gpu_check_profile_quick_on_cpu(tmp_path):
     assert profile["rows"] == 2  # one micro-batch
     assert profile["top_ops"] and any(op["name"] == "aten::mm" for op in profile["vocab_ops"])
     variants = result["variants"]
-    assert [(v["micro"], v["checkpointing"]) for v in variants] == [(4, False), (1, False), (2, True), (4, True)]
-    assert all("error" not in v and v["checkpointing_read_back"] == v["checkpointing"] for v in variants)
+    # micro-batch sizes and checkpointing, then token budgets of 4, 6 and 8 rows of 16 tokens; no compile lever
+    # on a CPU unless asked for
+    assert [(v.get("micro"), v.get("checkpointing", False)) for v in variants[:3]] == [
+        (4, False),
+        (1, False),
+        (2, True),
+    ]
+    assert [v.get("tokens") for v in variants[3:]] == [64, 96, 128]
+    assert all("error" not in v and v["checkpointing_read_back"] == v.get("checkpointing", False) for v in variants)
     assert re.search(r"^\| \*\*backward\*\* \| \d+\.\d+ \| \d+\.\d %", out, re.M), out
     assert (tmp_path / "gpu_profile.md").read_text().startswith("**cpu")
+
+
+@pytest.mark.slow
+def test_gpu_check_profile_compile_levers_on_cpu(tmp_path):
+    """``--compile-levers on``: torch.compile of the log-prob and of the layers' parts runs (~40 s of compiling)."""
+    import json
+
+    _run("gpu_check.py", "--device", "cpu", "--profile", "--compile-levers", "on", "--out", str(tmp_path))
+    variants = json.loads((tmp_path / "gpu_profile.json").read_text())["variants"]
+    compiled = [v for v in variants if v.get("compile")]
+    assert [v["compile"] for v in compiled] == ["token_stats", "layers"]
+    assert all("error" not in v and v["tokens_per_s"] > 0 for v in compiled), compiled
 
 
 @pytest.mark.slow
