@@ -21,10 +21,11 @@ Three measurements after one warm-up update, each on its own update of the same 
 
 Then the update again with other micro-batch sizes, with gradient checkpointing switched on, with
 micro-batches packed up to a token budget (``use_dynamic_bsz``, as veRL's tuning guide advises), and with
-torch.compile of the vocabulary's log-prob or of the layers' parts (``ppo_micro_batch_size_per_gpu`` and
-``use_dynamic_bsz`` are mutable config fields, the budget the update loop's; checkpointing through the
-model's own switch; compile by monkeypatching), each after its own warm-up, with tokens/s and peak memory,
-so one run says which lever moves.
+FSDP2's gathered parameters kept from forward to backward, with torch.compile of the vocabulary's log-prob
+or of the layers' parts, and with all of these at once (``ppo_micro_batch_size_per_gpu`` is a mutable config
+field; ``use_dynamic_bsz`` a frozen one, read by the update loop alone, which gets a copy with it set, and the
+budget; checkpointing through the model's own switch; FSDP2's own setter; compile by monkeypatching), each
+after its own warm-up, with tokens/s and peak memory, so one run says which lever moves.
 """
 
 from __future__ import annotations
@@ -316,6 +317,28 @@ def compile_layer_parts(module):
     return undo
 
 
+def keep_unsharded_after_forward(module):
+    """FSDP2 units keep their gathered (bf16) parameters from the forward to the backward instead of casting
+    them again there: on one rank the saving is a cast per parameter per micro-batch, the cost one bf16 copy
+    of the weights. Returns the undo."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        raise RuntimeError("the actor is not FSDP2-wrapped (one-rank FSDP2 runs with mixed precision on CUDA)")
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+
+    def undo():
+        for unit in units:
+            unit.set_reshard_after_forward(True, recurse=False)
+
+    return undo
+
+
+COMPILE_LEVERS = {"token_stats": lambda module: compile_token_stats(), "layers": compile_layer_parts}
+
+
 @contextlib.contextmanager
 def variant_applied(worker, v: dict):
     """The worker set up as variant ``v`` says (micro-batch rows or a token budget, checkpointing, a compile
@@ -325,7 +348,7 @@ def variant_applied(worker, v: dict):
     config, module, loop = worker.actor.config, worker.actor_engine.module, worker.actor.update_loop
     saved = (config.ppo_micro_batch_size_per_gpu, loop.config, loop.max_token_len)
     ckpt0 = is_activation_checkpointing(module)
-    undo = None
+    undos = []
     try:
         if v.get("tokens"):  # dynamic batch: micro-batches packed up to a token budget. use_dynamic_bsz is a
             # frozen field (veRL's), read by the update loop alone: the loop gets a copy with it set
@@ -335,15 +358,13 @@ def variant_applied(worker, v: dict):
             loop.config = dataclasses.replace(loop.config, use_dynamic_bsz=False)
             config.ppo_micro_batch_size_per_gpu = v["micro"]
         v["checkpointing_read_back"] = set_checkpointing(module, v.get("checkpointing", False))
-        if v.get("compile") == "token_stats":
-            undo = compile_token_stats()
-        elif v.get("compile") == "layers":
-            undo = compile_layer_parts(module)
-        elif v.get("compile"):
-            raise ValueError(f"unknown compile lever {v['compile']!r}")
+        if v.get("keep_unsharded"):
+            undos.append(keep_unsharded_after_forward(module))
+        for lever in filter(None, v.get("compile", "").split("+")):  # "token_stats+layers": both
+            undos.append(COMPILE_LEVERS[lever](module))
         yield
     finally:
-        if undo is not None:
+        for undo in reversed(undos):
             undo()
         config.ppo_micro_batch_size_per_gpu, loop.config, loop.max_token_len = saved
         set_checkpointing(module, ckpt0)
@@ -376,18 +397,23 @@ def run_variants(wg, worker, data, device: str, variants: list[dict], tokens: in
 def variant_name(v: dict) -> str:
     batch = f"token budget {v['tokens']} (dynamic batch)" if v.get("tokens") else f"micro-batch {v['micro']}"
     name = f"{batch}, checkpointing {'on' if v.get('checkpointing') else 'off'}"
+    name += ", unsharded forward to backward" if v.get("keep_unsharded") else ""
     return name + (f", compiled {v['compile']}" if v.get("compile") else "")
 
 
-def lever_variants(w: dict, row_tokens: int, compile_levers: bool) -> list[dict]:
+def lever_variants(w: dict, row_tokens: int, compile_levers: bool, sharded: bool) -> list[dict]:
     """The levers ``--profile`` tries: micro-batch sizes and checkpointing (the first H100 run's), token budgets
-    of 16, 24 and 32 rows, then torch.compile of the vocabulary's log-prob and of the layers at 16 rows
+    of 16, 24 and 32 rows; at 16 rows FSDP2's parameters kept from forward to backward (when sharded), then
+    torch.compile of the vocabulary's log-prob, of the layers' parts, and all levers at once at 24 rows
     (last: the slowest to warm up, and the likeliest to fail)."""
     micro = w["micro"]
     out = [dict(micro=m, checkpointing=c) for m, c in ((2 * micro, False), (max(1, micro // 2), False), (micro, True))]
     out += [dict(tokens=rows * row_tokens) for rows in (2 * micro, 3 * micro, 4 * micro)]
+    if sharded:
+        out.append(dict(tokens=2 * micro * row_tokens, keep_unsharded=True))
     if compile_levers:
         out += [dict(tokens=2 * micro * row_tokens, compile=c) for c in ("token_stats", "layers")]
+        out.append(dict(tokens=3 * micro * row_tokens, keep_unsharded=sharded, compile="token_stats+layers"))
     return out
 
 
@@ -499,5 +525,6 @@ def profile_update_actor(
         print(f"torch.profiler failed: {r['profile_error']}", flush=True)
 
     row_tokens = w["prompt"] + w["response"]
-    r["variants"] = run_variants(wg, worker, data, device, lever_variants(w, row_tokens, compile_levers), tokens)
+    variants = lever_variants(w, row_tokens, compile_levers, sharded=bool(worker.actor_engine.sharded))
+    r["variants"] = run_variants(wg, worker, data, device, variants, tokens)
     return r

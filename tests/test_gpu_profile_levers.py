@@ -1,0 +1,106 @@
+"""The levers of ``gpu_check.py --profile`` (benchmarks/_gpu_profile.py) change what they say and put it back:
+on a GPU lease there is one run to learn from, so a lever that silently did nothing, or stayed on for the
+next variant, would spoil the table."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import _gpu_profile as levers  # benchmarks/ is on pytest.ini's pythonpath
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _sharded_pair() -> torch.nn.Module:
+    """Two FSDP2 units under a root one, bf16 compute over fp32 master weights, as the GPU actor runs."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model:
+        fully_shard(layer, mp_policy=policy)
+    return fully_shard(model, mp_policy=policy)
+
+
+def _sharded_after_forward(model) -> list[bool]:
+    model(torch.randn(4, 8))
+    return [isinstance(layer.weight, DTensor) for layer in model]
+
+
+def test_keeping_fsdp2_parameters_unsharded_after_the_forward_and_back(one_rank_group):
+    model = _sharded_pair()
+    assert _sharded_after_forward(model) == [True, True]  # FSDP2's default: resharded after each forward
+    undo = levers.keep_unsharded_after_forward(model)
+    assert _sharded_after_forward(model) == [False, False]  # gathered parameters kept for the backward
+    undo()
+    model(torch.randn(4, 8)).float().sum().backward()  # the kept parameters are released by a backward
+    assert _sharded_after_forward(model) == [True, True]
+
+
+def test_keeping_unsharded_needs_an_fsdp2_model():
+    with pytest.raises(RuntimeError, match="not FSDP2-wrapped"):
+        levers.keep_unsharded_after_forward(torch.nn.Linear(2, 2))
+
+
+def _worker(model):
+    """What variant_applied reads of an ActorRolloutRefWorker: the actor's config and update loop, the engine."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        use_dynamic_bsz: bool = False
+
+    config = types.SimpleNamespace(ppo_micro_batch_size_per_gpu=8)
+    loop = types.SimpleNamespace(config=Config(), max_token_len=4096)
+    return types.SimpleNamespace(
+        actor=types.SimpleNamespace(config=config, update_loop=loop), actor_engine=types.SimpleNamespace(module=model)
+    )
+
+
+def test_a_token_budget_variant_is_on_inside_and_put_back_after_a_failure(monkeypatch):
+    monkeypatch.setattr(levers, "set_checkpointing", lambda module, on: on)
+    worker = _worker(torch.nn.Linear(2, 2))
+    loop = worker.actor.update_loop
+    before = loop.config
+    with levers.variant_applied(worker, dict(tokens=24576)):
+        assert loop.config.use_dynamic_bsz and loop.max_token_len == 24576
+    assert loop.config is before and loop.max_token_len == 4096
+    with pytest.raises(RuntimeError):  # a failing lever (no FSDP2 here) leaves nothing switched
+        with levers.variant_applied(worker, dict(micro=16, keep_unsharded=True)):
+            pass
+    assert worker.actor.config.ppo_micro_batch_size_per_gpu == 8 and loop.config is before
+
+
+def test_the_log_prob_compile_lever_swaps_the_function_both_forward_paths_call_and_back():
+    from hybridflow.workers.utils import logprob
+
+    eager = logprob.token_stats
+    undo = levers.compile_token_stats()
+    try:
+        assert logprob.token_stats is not eager
+    finally:
+        undo()
+    assert logprob.token_stats is eager
+
+
+def test_the_variants_on_a_gpu_and_on_a_cpu():
+    w = dict(micro=8)
+    on_gpu = levers.lever_variants(w, 1024, compile_levers=True, sharded=True)
+    assert [levers.variant_name(v) for v in on_gpu[-4:]] == [
+        "token budget 16384 (dynamic batch), checkpointing off, unsharded forward to backward",
+        "token budget 16384 (dynamic batch), checkpointing off, compiled token_stats",
+        "token budget 16384 (dynamic batch), checkpointing off, compiled layers",
+        "token budget 24576 (dynamic batch), checkpointing off, unsharded forward to backward, "
+        "compiled token_stats+layers",
+    ]
+    on_cpu = levers.lever_variants(w, 1024, compile_levers=False, sharded=False)
+    assert not any(v.get("compile") or v.get("keep_unsharded") for v in on_cpu)
+    assert [v.get("tokens") for v in on_cpu] == [None, None, None, 16384, 24576, 32768]
