@@ -370,6 +370,15 @@ def variant_applied(worker, v: dict):
         set_checkpointing(module, ckpt0)
 
 
+def short_error(exc: BaseException) -> str:
+    """One line for a table: the kind, the message's first line and its last (a worker's error carries the
+    rank's traceback between them)."""
+    kind = "out of memory" if isinstance(exc, torch.OutOfMemoryError) else type(exc).__name__
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = " ... ".join(dict.fromkeys(lines[:1] + lines[-1:]))  # once when they are the same line
+    return f"{kind}: {text[:240]}"
+
+
 def run_variants(wg, worker, data, device: str, variants: list[dict], tokens: int) -> list[dict]:
     """Each variant after its own warm-up (a compile lever compiles there); the worker is put back as it was
     afterwards. A variant that fails (out of memory, a compile error) is reported as such."""
@@ -384,8 +393,7 @@ def run_variants(wg, worker, data, device: str, variants: list[dict], tokens: in
                 seconds, peak = timed_update(wg, data, device)
             row.update(update_s=seconds, tokens_per_s=tokens / seconds, peak_allocated_bytes=peak)
         except Exception as exc:  # noqa: BLE001 - one failed lever must not lose the others
-            oom = "out of memory" if isinstance(exc, torch.OutOfMemoryError) else type(exc).__name__
-            row["error"] = f"{oom}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            row["error"] = short_error(exc)
         finally:
             if device == "cuda":
                 torch.cuda.empty_cache()

@@ -104,3 +104,9 @@ def test_the_variants_on_a_gpu_and_on_a_cpu():
     on_cpu = levers.lever_variants(w, 1024, compile_levers=False, sharded=False)
     assert not any(v.get("compile") or v.get("keep_unsharded") for v in on_cpu)
     assert [v.get("tokens") for v in on_cpu] == [None, None, None, 16384, 24576, 32768]
+
+
+def test_a_failed_lever_reads_as_one_line_with_the_cause():
+    exc = RuntimeError("rank 0 failed:\nTraceback (most recent call last):\n  File x\nValueError: a row has 16 tokens")
+    assert levers.short_error(exc) == "RuntimeError: rank 0 failed: ... ValueError: a row has 16 tokens"
+    assert levers.short_error(torch.OutOfMemoryError("CUDA out of memory.")) == "out of memory: CUDA out of memory."
