@@ -320,7 +320,8 @@ def compile_layer_parts(module):
 def keep_unsharded_after_forward(module):
     """FSDP2 units keep their gathered (bf16) parameters from the forward to the backward instead of casting
     them again there: on one rank the saving is a cast per parameter per micro-batch, the cost one bf16 copy
-    of the weights. Returns the undo."""
+    of the weights. Returns the undo, which reshards after the forward again (FSDP2's default and the engine's,
+    which gpu_check does not change: ``fsdp_config.reshard_after_forward``)."""
     from torch.distributed.fsdp import FSDPModule
 
     units = [m for m in module.modules() if isinstance(m, FSDPModule)]
