@@ -24,6 +24,7 @@ import pytest  # noqa: E402
 
 from tests import graceful_stop  # noqa: E402
 from tests.leak_check import LeakCheckPlugin, StateGuard, process_state  # noqa: E402
+from tests.subprocess_env import pythonpath_with  # noqa: E402
 
 TINY_TRAIN_SIZE = 64
 TINY_TEST_SIZE = 32
@@ -179,7 +180,7 @@ def ray_session():
     if ray.is_initialized():  # someone else started it; use theirs and leave it running
         yield ray
         return
-    pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    pythonpath = pythonpath_with(REPO_ROOT)
     ray.init(
         address="local",  # our own instance, even if a `ray start` cluster runs on this machine
         num_cpus=4,

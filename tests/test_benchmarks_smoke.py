@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from tests.subprocess_env import pythonpath_with
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -25,7 +27,7 @@ def _run(script: str, *args: str, timeout: float = 300) -> str:
         OMP_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false",
         HF_HUB_OFFLINE="1",
-        PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p),
+        PYTHONPATH=pythonpath_with(REPO_ROOT),
     )
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO_ROOT, "benchmarks", script), "--quick", *args],

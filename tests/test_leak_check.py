@@ -11,6 +11,7 @@ import textwrap
 import threading
 
 from tests.leak_check import StateGuard, process_state
+from tests.subprocess_env import pythonpath_with
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -210,7 +211,7 @@ def test_a_pytest_run_fails_exactly_the_leaking_tests_and_fixtures(tmp_path):
     (tmp_path / "test_a.py").write_text(INNER_A)
     (tmp_path / "test_b.py").write_text(INNER_B)
     (tmp_path / "test_c.py").write_text(INNER_C)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(os.environ, PYTHONPATH=pythonpath_with(REPO_ROOT))
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rE", "-p", "no:cacheprovider", str(tmp_path)],
         cwd=tmp_path,

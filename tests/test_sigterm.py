@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from tests.subprocess_env import pythonpath_with
+
 psutil = pytest.importorskip("psutil")
 pytest.importorskip("ray")
 
@@ -125,7 +127,7 @@ def test_sigterm_stops_a_training_run_and_its_ray(tiny_model_dir, tiny_data_dir,
         tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=500, world=1, backend="ray"
     ) + ["ray_kwargs.ray_init.num_cpus=2"]
     metrics = tmp_path / "ckpt" / "metrics.jsonl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)}
+    env = {**os.environ, "PYTHONPATH": pythonpath_with(REPO_ROOT)}
     env.pop("RAY_ADDRESS", None)  # its own Ray, not the test session's
     child = subprocess.Popen(
         [sys.executable, "-m", "hybridflow.main_ppo", *overrides],

@@ -14,6 +14,7 @@ import pytest
 from hybridflow.config.loader import load_config
 from hybridflow.trainer.config_checks import validate_ppo_config
 from hybridflow.trainer.ppo.judge_setup import uses_judge
+from tests.subprocess_env import pythonpath_with
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,7 +30,7 @@ def test_overrides_compose_and_validate(engine, tmp_path):
 
 @pytest.mark.slow
 def test_one_step_end_to_end(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(os.environ, PYTHONPATH=pythonpath_with(REPO))
     subprocess.run(
         [sys.executable, os.path.join(REPO, "recipes", "genrm_grpo.py"), "--workdir", str(tmp_path), "--steps", "1"],
         check=True,

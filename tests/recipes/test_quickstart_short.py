@@ -16,6 +16,8 @@ import sys
 import pytest
 import quickstart  # recipes/quickstart.py (recipes/ is on pytest.ini's pythonpath)
 
+from tests.subprocess_env import pythonpath_with
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -128,7 +130,7 @@ def test_rl_overrides_come_last_and_sizes_follow_batch_and_n(tmp_path):
 @pytest.mark.slow
 def test_quickstart_quick_writes_json_and_png(tmp_path):
     work = tmp_path / "qs"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(os.environ, PYTHONPATH=pythonpath_with(REPO))
     out = subprocess.run(
         [
             sys.executable,
@@ -167,7 +169,7 @@ def test_quickstart_quick_on_cuda(tmp_path, algo):
         pytest.skip("needs a CUDA device")
     work = tmp_path / algo
     # the caller's PYTHONPATH stays: on a GPU machine the carried wheels live there (benchmarks/gpu_check.sh)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(os.environ, PYTHONPATH=pythonpath_with(REPO))
     out = subprocess.run(
         [
             sys.executable,

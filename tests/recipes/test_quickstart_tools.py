@@ -15,6 +15,7 @@ import quickstart_tools  # recipes/quickstart_tools.py (recipes/ is on pytest.in
 
 from hybridflow.config.loader import load_config
 from hybridflow.trainer.config_checks import validate_ppo_config
+from tests.subprocess_env import pythonpath_with
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -75,7 +76,7 @@ def test_curves_from_metric_rows():
 @pytest.mark.slow
 def test_quickstart_tools_quick_writes_json_and_png(tmp_path):
     work = tmp_path / "qt"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(os.environ, PYTHONPATH=pythonpath_with(REPO))
     out = subprocess.run(
         [
             sys.executable,

@@ -18,6 +18,7 @@ import real_model_tools
 import word_problems
 
 from hybridflow.rewards.scorers import default_compute_score
+from tests.subprocess_env import pythonpath_with
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -258,11 +259,7 @@ def test_one_step_on_the_real_model(smollm2_gguf, tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
-        env=dict(
-            os.environ,
-            PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p),
-            HYBRIDFLOW_CACHE=str(tmp_path / "cache"),
-        ),
+        env=dict(os.environ, PYTHONPATH=pythonpath_with(REPO), HYBRIDFLOW_CACHE=str(tmp_path / "cache")),
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert len(os.listdir(tmp_path / "cache" / "gguf")) >= 1  # the recipe converted through the library's GGUF cache

@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from tests.subprocess_env import pythonpath_with
+
 pytest.importorskip("ray")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -24,7 +26,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 
 def _env(address: str) -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, HERE, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = pythonpath_with(REPO_ROOT, HERE)
     env.update(
         {
             "RAY_ADDRESS": address,

@@ -17,6 +17,7 @@ psutil = pytest.importorskip("psutil")
 
 from hybridflow.single_controller.ray import init as init_mod  # noqa: E402
 from hybridflow.single_controller.ray.init import init_ray  # noqa: E402
+from tests.subprocess_env import pythonpath_with  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -65,7 +66,7 @@ def _is_loopback(ip: str) -> bool:
 @pytest.fixture(scope="module")
 def probe():
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "NCCL_DEBUG")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = pythonpath_with(REPO_ROOT)
     proc = subprocess.run(
         [sys.executable, "-c", _PROBE], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180
     )

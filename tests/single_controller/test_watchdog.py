@@ -20,6 +20,7 @@ from hybridflow.single_controller.base import (
 )
 from hybridflow.single_controller.base.stacks import parse_stacks, where
 from hybridflow.single_controller.inprocess import InProcessWorkerGroup
+from tests.subprocess_env import pythonpath_with
 
 
 class FakeClock:
@@ -282,10 +283,7 @@ def test_a_hang_in_a_background_launch_raises_and_the_process_lives_on(tmp_path)
 
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(tests_dir))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (tests_dir, root, os.environ.get("PYTHONPATH", "")) if p),
-    }
+    env = {**os.environ, "PYTHONPATH": pythonpath_with(tests_dir, root)}
     out = subprocess.run(
         [sys.executable, "-c", BACKGROUND_DRIVER, str(tmp_path)],
         capture_output=True,

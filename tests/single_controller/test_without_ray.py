@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+from tests.subprocess_env import pythonpath_with
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = textwrap.dedent(
@@ -39,7 +41,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_inprocess_backend_runs_without_ray():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
+    env = dict(os.environ, PYTHONPATH=pythonpath_with(REPO))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("OK")

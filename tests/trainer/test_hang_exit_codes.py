@@ -19,6 +19,7 @@ import time
 import pytest
 
 from hybridflow.main_ppo import EXIT_CODE_HANG, EXIT_CODE_WORKER_DIED
+from tests.subprocess_env import pythonpath_with
 from tests.trainer.e2e_helpers import base_overrides
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,7 +58,7 @@ def _cases():
 
 def _run_main_ppo(overrides: list[str], freeze: str, timeout: float) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HOOK_DIR, REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = pythonpath_with(HOOK_DIR, REPO_ROOT)
     env.update(
         {
             "HYBRIDFLOW_TEST_FREEZE": freeze,

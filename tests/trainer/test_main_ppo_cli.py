@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.subprocess_env import pythonpath_with
 from tests.trainer.e2e_helpers import base_overrides
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -17,7 +18,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 def _run(args: list[str], timeout: float, cwd: str | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = pythonpath_with(REPO_ROOT)
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
     env.pop("RAY_ADDRESS", None)
     return subprocess.run(

@@ -15,6 +15,7 @@ from hybridflow.main_ppo import EXIT_CODE_HANG
 from hybridflow.single_controller.base import Watchdog, WorkerHangError
 from hybridflow.trainer.config_checks import validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import watchdog_of
+from tests.subprocess_env import pythonpath_with
 from tests.trainer.e2e_helpers import base_overrides
 
 
@@ -94,7 +95,7 @@ def test_stuck_phase_in_a_background_launch_raises_and_the_process_trains_on(tin
         text=True,
         timeout=400,
         stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)},
+        env={**os.environ, "PYTHONPATH": pythonpath_with(root)},
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     hang = json.loads(next(line[5:] for line in out.stdout.splitlines() if line.startswith("HANG ")))

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from tests.subprocess_env import pythonpath_with
+
 psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="the reaper reads /proc (Linux)")
 
@@ -85,7 +87,7 @@ def owner(tmp_path):
     started = []
 
     def start(mode: str):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+        env = dict(os.environ, PYTHONPATH=pythonpath_with(REPO))
         proc = subprocess.Popen(
             [sys.executable, "-c", OWNER, str(tmp_path), mode], stdout=subprocess.PIPE, text=True, env=env
         )

@@ -26,6 +26,7 @@ from hybridflow.models.tiny import build_tiny_model, save_tiny_model
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.rollout.server import ABORT, LENGTH, STOP, EngineLoop, ServerSpec
 from hybridflow.utils.orphan_reaper import REAPER_TAG
+from tests.subprocess_env import pythonpath_with
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -585,7 +586,7 @@ def test_a_killed_owner_leaves_no_vllm_process_and_no_file(tiny_model_dir, tmp_p
     script = tmp_path / "owner.py"
     script.write_text(OWNER)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
+    env = dict(os.environ, PYTHONPATH=pythonpath_with(repo))
     owner = subprocess.Popen([sys.executable, str(script), tiny_model_dir], stdout=subprocess.PIPE, text=True, env=env)
     try:
         line = ""
