@@ -25,6 +25,7 @@ attends across sequences. We never fall back to computing on pads without saying
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -188,7 +189,13 @@ def uses_varlen_attention(module: torch.nn.Module) -> bool:
 
 def accepts_logits_to_keep(module: torch.nn.Module) -> bool:
     """Causal LMs in transformers 5 can project only chosen positions onto the vocabulary."""
-    return "logits_to_keep" in inspect.signature(_base_model(module).forward).parameters
+    return _forward_takes_logits_to_keep(type(_base_model(module)))
+
+
+@functools.cache
+def _forward_takes_logits_to_keep(model_class: type) -> bool:
+    """Per class, once: every micro-batch forward asks, and reading a signature costs more than the question."""
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
 def packed_forward(module: torch.nn.Module, packed: PackedRows, **kwargs):
