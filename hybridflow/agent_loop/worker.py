@@ -119,6 +119,8 @@ class AgentLoopWorker:
         carries ``validate`` / sampling overrides, ``global_steps`` and ``sample_offset`` (this slice's
         first index in the step's batch)."""
         start = time.perf_counter()
+        if self.reward_pool is not None:
+            self.reward_pool.start()  # its start overlaps the generation of the first trajectories
         meta = batch.meta_info
         params = self.sampling_params(meta)
         # this call's sizes: prompts keep the batch's padded width, responses get the (possibly
@@ -273,7 +275,10 @@ class AgentLoopWorker:
 
     async def _score(self, output: AgentLoopOutput, settings: AgentLoopSettings, pad_id: int, columns: dict):
         """What the reward function gives a finished trajectory (``(result,)``), on the reward pool, as soon
-        as it finished; None when the driver is to score it (a pool that failed: logged)."""
+        as it finished; None when the driver is to score it (a pool that failed: logged; a pool still starting:
+        the step does not wait on its start, seconds on the first step)."""
+        if not self.reward_pool.ready:
+            return None
         tensors = pad_outputs([output], settings.prompt_length, settings.response_length, pad_id)
         row = DataProto.from_dict(tensors=tensors, non_tensors={**columns, **non_tensor_fields([output])})
         try:

@@ -9,33 +9,34 @@ metrics), so the scores are the batch's. Managers whose rows do not score one by
 generative judge ``genrm``, a manager of yours that is not a ``NaiveRewardManager``), runs with a reward
 model and a reward function handed to the trainer by hand score after generation, on the driver.
 
-The pool's processes are forked from the agent loop worker's event loop thread, so the reward function
-(loaded there from ``custom_reward_function.path``) is never pickled, and they die with that thread. ``close``
-kills them rather than trusting that: a process killed while it waited on the pool's call queue holds the queue's
-lock for good, so a sibling spared by the death signal (forked just before the thread ended) would wait on it
-forever, and so would the interpreter's exit, which joins every pool's processes (a CI run hung there).
+The pool's processes are forked from a host process of their own (``pool_host``: a fresh interpreter that
+builds the manager from the picklable ``RewardRecipe``), not from the process that trains: a fork of that
+one crashed where another thread's state could not be freed in the copy (``pool_host`` says how). The
+reward function (loaded in the host from ``custom_reward_function.path``) is never pickled. The host dies
+with the thread that started it and its processes with the host; ``close`` kills the host rather than
+waiting on it (a process killed while it waited on its pool's call queue holds the queue's lock for good).
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
+import itertools
 import math
-import multiprocessing
 import os
-import signal
+import pickle
+import queue
+import subprocess
 import sys
 import threading
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import Connection
 from typing import Any
 
 from hybridflow.config.reward import RewardConfig
 from hybridflow.rewards.custom import get_custom_reward_fn
 from hybridflow.rewards.registry import get_reward_manager_cls, load_reward_manager
 from hybridflow.rewards.rule_manager import RuleRewardManager
-
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # loaded before any fork
 
 
 def bad_sample_kwargs(reward: RewardConfig, manager_cls: type) -> dict:
@@ -96,48 +97,121 @@ def streamed_reward(reward_fn, use_rm: bool) -> RewardRecipe | None:
 
 class RewardPool:
     """``processes`` processes, each holding the run's reward manager; ``submit(row)`` scores a one-row
-    batch in one of them (a Future of ``score_rows``' list). Started on the first call."""
+    batch in one of them (a Future of ``score_rows``' list). Started on the first call: a host process
+    (``pool_host``) that builds the manager and forks the processes, fed through two pipes by two threads
+    of this one (rows are written off the event loop: the host reads none while it starts)."""
 
     def __init__(self, recipe: RewardRecipe, processes: int):
         self.recipe, self.processes = recipe, max(1, int(processes))
-        self._pool: ProcessPoolExecutor | None = None
+        self._host: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._waiting: dict[int, Future] = {}
+        self._tasks = itertools.count()
+        self._broken: str | None = None
+        self._rows: queue.SimpleQueue | None = None
+        self._threads: list[threading.Thread] = []
+        self._ready = threading.Event()
 
     @classmethod
     def share(cls, recipe: RewardRecipe, agent_workers: int) -> RewardPool:
         """One agent loop worker's share of ``reward.num_workers`` (at least one process)."""
         return cls(recipe, math.ceil(int(recipe.reward.num_workers) / max(1, agent_workers)))
 
+    @property
+    def host_pid(self) -> int | None:
+        return self._host.pid if self._host is not None else None
+
+    @property
+    def ready(self) -> bool:
+        """The host has built the manager: a row submitted now is scored without waiting for the start."""
+        return self._ready.is_set()
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self._ready.wait(timeout)
+
     def submit(self, row) -> Future:
-        if self._pool is None:
-            manager = self.recipe.build(num_examine=0)  # inherited by the forked processes, never pickled
-            context = multiprocessing.get_context("fork")
-            forker = threading.get_native_id()  # the pool forks its processes in this thread, on this submit
-            self._pool = ProcessPoolExecutor(self.processes, context, initializer=_install, initargs=(manager, forker))
-        return self._pool.submit(_score_row, row)
+        self.start()
+        future: Future = Future()
+        with self._lock:
+            if self._broken is not None:
+                future.set_exception(BrokenProcessPool(self._broken))
+                return future
+            task = next(self._tasks)
+            self._waiting[task] = future
+        self._rows.put(pickle.dumps((task, row)))
+        return future
+
+    def start(self) -> None:
+        """Start the host now (it takes seconds to import what scoring needs) unless it runs: call it from the
+        thread that submits, whose end the host's ends with."""
+        if self._host is not None:
+            return
+        to_host, from_trainer = os.pipe()
+        to_trainer, from_host = os.pipe()
+        command = [sys.executable, "-m", "hybridflow.rewards.pool_host"]
+        command += [str(to_host), str(from_host), str(self.processes), str(threading.get_native_id())]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # what this process imports
+        try:
+            self._host = subprocess.Popen(command, pass_fds=(to_host, from_host), env=env, stdin=subprocess.DEVNULL)
+        finally:
+            os.close(to_host)
+            os.close(from_host)
+        self._broken, self._rows, self._ready = None, queue.SimpleQueue(), threading.Event()
+        self._rows.put(pickle.dumps(self.recipe))
+        writer = Connection(from_trainer, readable=False)
+        reader = Connection(to_trainer, writable=False)
+        self._threads = [
+            threading.Thread(target=self._write, args=(writer, self._rows), name="reward-pool-writer", daemon=True),
+            threading.Thread(
+                target=self._read, args=(reader, self._host, self._ready), name="reward-pool-reader", daemon=True
+            ),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _write(self, writer: Connection, rows: queue.SimpleQueue) -> None:
+        with writer:
+            while (payload := rows.get()) is not None:
+                try:
+                    writer.send_bytes(payload)
+                except OSError:  # the host has ended: the reader fails what waits
+                    return
+
+    def _read(self, reader: Connection, host: subprocess.Popen, ready: threading.Event) -> None:
+        with reader:
+            while True:
+                try:
+                    task, ok, value = pickle.loads(reader.recv_bytes())
+                except (EOFError, OSError):
+                    self._fail(f"the reward host process {host.pid} ended (exit code {host.wait()})")
+                    return
+                if task is None:  # the host as a whole: started, or failed
+                    if ok:
+                        ready.set()
+                    else:
+                        self._fail(str(value))
+                    continue
+                with self._lock:
+                    future = self._waiting.pop(task, None)
+                if future is not None and future.set_running_or_notify_cancel():
+                    (future.set_result if ok else future.set_exception)(value)
+
+    def _fail(self, reason: str) -> None:
+        with self._lock:
+            self._broken = self._broken or reason
+            waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if future.set_running_or_notify_cancel():
+                future.set_exception(BrokenProcessPool(reason))
 
     def close(self) -> None:
-        """Cancel what waits and kill the processes (an in-flight score is not needed once the pool closes)."""
-        pool, self._pool = self._pool, None
-        if pool is None:
+        """Kill the host, and with it the scoring processes (an in-flight score is not needed once the
+        pool closes); what waits fails."""
+        host, self._host = self._host, None
+        if host is None:
             return
-        processes = list((pool._processes or {}).values())  # shutdown() forgets them (Python 3.14: kill_workers)
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.kill()
-
-
-_MANAGER = None  # in a pool process: the reward manager
-
-
-def _install(manager, forker: int) -> None:
-    global _MANAGER
-    _MANAGER = manager
-    if _LIBC is not None:  # end with the thread that forked this process (the agent loop worker's)
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        # the signal is not sent for a thread that ended before prctl ran: then this process ends here
-        if not os.path.exists(f"/proc/{os.getppid()}/task/{forker}"):
-            raise RuntimeError(f"the thread that forked this reward process ({forker}) has ended")
-
-
-def _score_row(row) -> list:
-    return _MANAGER.score_rows(row)
+        host.kill()  # its processes end with it (the death signal): a stopped one too
+        self._rows.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._fail("the reward pool was closed")

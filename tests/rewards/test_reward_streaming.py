@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import threading
 import time
 
 import numpy as np
@@ -20,7 +22,7 @@ from hybridflow.models.tiny import build_tiny_tokenizer
 from hybridflow.protocol import DataProto
 from hybridflow.rewards import NaiveRewardManager, RewardComputationError
 from hybridflow.rewards.rule_manager import STREAMED_SCORES
-from hybridflow.rewards.streaming import RewardRecipe, streamed_reward
+from hybridflow.rewards.streaming import RewardPool, RewardRecipe, streamed_reward
 from hybridflow.rollout.server import STOP, TokenOutput
 
 TOK = build_tiny_tokenizer()
@@ -81,7 +83,11 @@ def generated(kind: str, recipe: RewardRecipe | None) -> DataProto:
             "extra_info": np.array([{"split": "train", "index": i} for i in range(n)], dtype=object),
         },
     )
+
     try:
+        if worker.reward_pool is not None:  # rows that finish while the pool starts are the driver's to score
+            worker.reward_pool.start()
+            assert worker.reward_pool.wait_ready(120)
         out = asyncio.run(worker.generate_sequences(prompts))
     finally:
         asyncio.run(worker.close_rewards())
@@ -198,7 +204,10 @@ def test_scores_overlap_generation(tmp_path):
             "reward_model": np.array([{"ground_truth": "1"}] * n, dtype=object),
         },
     )
+
     try:
+        worker.reward_pool.start()  # as on a run's later steps: the pool has started
+        assert worker.reward_pool.wait_ready(120)
         out = asyncio.run(worker.generate_sequences(prompts))
     finally:
         asyncio.run(worker.close_rewards())
@@ -225,7 +234,6 @@ def test_which_runs_score_in_the_reward_loop():
 def test_close_kills_a_pool_process_that_cannot_take_its_stop_sentinel(tmp_path):
     """A process that never reads its stop sentinel (here: stopped; in a CI run: waiting on the call queue's lock
     that a killed sibling held) kept the interpreter's exit waiting on it; close() kills it."""
-    import signal
 
     settings = agent_loop_settings({"prompt_length": 2, "response_length": 48, "calculate_log_probs": True})
     worker = AgentLoopWorker(
@@ -243,9 +251,12 @@ def test_close_kills_a_pool_process_that_cannot_take_its_stop_sentinel(tmp_path)
             "extra_info": np.array([{"split": "train", "index": 0}], dtype=object),
         },
     )
+    worker.reward_pool.start()
+    assert worker.reward_pool.wait_ready(120)
     out = asyncio.run(worker.generate_sequences(prompts))
     assert out.non_tensor_batch[STREAMED_SCORES][0] is not None  # scored in the pool
-    pids = [p.pid for p in worker.reward_pool._pool._processes.values()]  # started as needed: 1 or 2
+    pids = scoring_processes(worker.reward_pool.host_pid) + [worker.reward_pool.host_pid]
+    assert len(pids) >= 2  # the host and its processes
     try:
         os.kill(pids[0], signal.SIGSTOP)
         asyncio.run(worker.close_rewards())
@@ -258,6 +269,12 @@ def test_close_kills_a_pool_process_that_cannot_take_its_stop_sentinel(tmp_path)
             os.kill(pid, signal.SIGKILL)
 
 
+def scoring_processes(host: int) -> list[int]:
+    """The processes the pool's host forked."""
+    with open(f"/proc/{host}/task/{host}/children") as children:
+        return [int(pid) for pid in children.read().split()]
+
+
 def running(pid: int) -> bool:
     """The process exists and is not a zombie (its parent may reap it any time)."""
     try:
@@ -267,14 +284,14 @@ def running(pid: int) -> bool:
         return False
 
 
-def test_a_pool_process_whose_forking_thread_has_ended_ends_too():
+def test_a_process_whose_starting_thread_has_ended_ends_too():
     """The death signal is not sent for a thread that ended before the child asked for it: the child checks."""
     import multiprocessing
     import threading
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    from hybridflow.rewards.streaming import _install
+    from hybridflow.rewards.pool_host import _install
 
     ended = threading.Thread(target=lambda: None)
     ended.start()
@@ -290,3 +307,87 @@ def test_a_pool_process_whose_forking_thread_has_ended_ends_too():
                 assert pool.submit(abs, -3).result(timeout=30) == expected
         finally:
             pool.shutdown(wait=True)
+
+
+class UnsafeAfterFork:
+    """Dies in a forked copy of this process when freed there, as torch's DTensor sharding cache did when it
+    held the last reference to a gloo process group (its destructor joins threads the copy does not have)."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+
+    def __del__(self):
+        if os.getpid() != self.pid:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_scoring_survives_thread_state_that_a_fork_cannot_free(tmp_path):
+    """Another thread holds, in its thread-local state, what a fork's copy cannot free (the copy frees every
+    other thread's state after the fork). The pool's processes are not forks of this process: every row is
+    scored in the pool (forked from here, each process died at birth and the driver scored the rows)."""
+    local, held, release = threading.local(), threading.Event(), threading.Event()
+
+    def hold():
+        local.value = UnsafeAfterFork()
+        held.set()
+        release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        held.wait()
+        data = generated("rule", recipe_for("rule", tmp_path))
+    finally:
+        release.set()
+        holder.join()
+    assert all(s is not None for s in data.non_tensor_batch[STREAMED_SCORES])
+
+
+def test_a_dead_host_fails_what_waits_and_the_next_row_starts_a_new_one(tmp_path):
+    """The host killed (an OOM kill): the rows waiting on it fail as a broken pool, its processes end with it,
+    and after ``close`` (what the agent loop worker does on a broken pool) the next row is scored by a new host."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    recipe = recipe_for("rule", tmp_path)
+    pool = RewardPool(recipe, processes=1)
+    row = generated("rule", None)[:1]
+    expected = recipe.build(num_examine=0).score_rows(row)
+    try:
+        assert pool.submit(row).result(timeout=60) == expected
+        host = pool.host_pid
+        children = scoring_processes(host)
+        os.kill(host, signal.SIGKILL)
+        with pytest.raises(BrokenProcessPool, match=f"reward host process {host} ended"):
+            pool.submit(row).result(timeout=60)
+        deadline = time.monotonic() + 10
+        while any(map(running, children)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert children and not any(map(running, children))
+        pool.close()
+        assert pool.submit(row).result(timeout=60) == expected and pool.host_pid not in (None, host)
+    finally:
+        pool.close()
+
+
+def test_rows_that_finish_while_the_pool_starts_are_left_to_the_driver(tmp_path):
+    """The first call starts the pool's host (an interpreter that imports torch: seconds); the trajectories that
+    finish before it is ready are not held back for it: they come back unscored, for the driver's manager."""
+    recipe = recipe_for("rule", tmp_path)
+    settings = agent_loop_settings({"prompt_length": 2, "response_length": 48, "calculate_log_probs": True})
+    worker = AgentLoopWorker(settings, [ScriptedServer(["#### 4"])], TOK, TOK.pad_token_id, reward=recipe)
+    prompts = DataProto.from_dict(
+        tensors={"input_ids": torch.tensor([[0, 1]]), "attention_mask": torch.tensor([[0, 1]])},
+        non_tensors={
+            "data_source": np.array(["openai/gsm8k"], dtype=object),
+            "reward_model": np.array([{"style": "rule", "ground_truth": "4"}], dtype=object),
+        },
+    )
+    try:
+        cold = asyncio.run(worker.generate_sequences(prompts))  # 50 ms of generation
+        started = worker.reward_pool.host_pid
+        assert worker.reward_pool.wait_ready(120)
+        warm = asyncio.run(worker.generate_sequences(prompts))
+    finally:
+        asyncio.run(worker.close_rewards())
+    assert cold.non_tensor_batch[STREAMED_SCORES][0] is None  # the host was still importing
+    assert warm.non_tensor_batch[STREAMED_SCORES][0] is not None and started is not None
