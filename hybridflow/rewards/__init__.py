@@ -13,6 +13,7 @@ scorers to a batch.
                     (judge_template.py: its prompt; verdict_parsers.py: reading its verdict)
     custom.py       ``custom_reward_function.path`` / ``.name``
     streaming.py    the reward loop: ``reward.num_workers`` processes score each trajectory as it finishes
+    pool_host.py    the fresh process those are forked from (never the trainer's own process)
 
 The names below are resolved on first use, so that importing a scorer (text in, a number out) does
 not import torch through the reward managers.

@@ -58,6 +58,8 @@ def _score_row(row) -> list:
 
 def _answer(outbox: Connection, lock: threading.Lock, task: int, future) -> None:
     """Send a finished score back; an exception the trainer cannot unpickle goes as its text."""
+    if future.cancelled():  # the host is ending: nobody waits
+        return
     err = future.exception()
     message = (task, True, future.result()) if err is None else (task, False, err)
     try:
