@@ -11,7 +11,8 @@ the trainer's ``__main__`` again, so a script of yours needs no ``if __name__ ==
 
 The wire (``multiprocessing.connection`` over two pipes): the trainer sends the pickled recipe, then
 ``(task, row)`` pairs; the host says ``(None, True, "ready")`` once it has built the manager (or
-``(None, False, error)`` if it could not), then answers each row with ``(task, ok, result or exception)``.
+``(None, False, error)`` if it could not), then answers each row with ``(task, ok, result or exception)``,
+the last item pickled on its own (an answer this side cannot unpickle fails that row only).
 The host ends at the end of its input, and with the thread that started it (the death signal); its
 scoring processes end with it.
 """
@@ -61,11 +62,11 @@ def _answer(outbox: Connection, lock: threading.Lock, task: int, future) -> None
     if future.cancelled():  # the host is ending: nobody waits
         return
     err = future.exception()
-    message = (task, True, future.result()) if err is None else (task, False, err)
     try:
-        payload = pickle.dumps(message)
-    except Exception:  # noqa: BLE001 - an unpicklable exception or result: its text is what helps
-        payload = pickle.dumps((task, False, RuntimeError(f"{type(err).__name__ if err else 'result'}: {err!r}")))
+        payload = pickle.dumps((task, err is None, pickle.dumps(future.result() if err is None else err)))
+    except Exception as unpicklable:  # noqa: BLE001 - its text is what helps
+        text = f"{type(err).__name__}: {err}" if err is not None else f"the result cannot be pickled: {unpicklable!r}"
+        payload = pickle.dumps((task, False, pickle.dumps(RuntimeError(text))))
     with lock:
         try:
             outbox.send_bytes(payload)
@@ -84,7 +85,7 @@ def serve(inbox: Connection, outbox: Connection, processes: int) -> None:
     )
     pool.submit(int).result()  # the processes fork on the first call: before the first row, not on it
     lock = threading.Lock()
-    outbox.send_bytes(pickle.dumps((None, True, "ready")))
+    outbox.send_bytes(pickle.dumps((None, True, pickle.dumps("ready"))))
     try:
         while True:
             try:
@@ -114,7 +115,9 @@ def main(argv: list[str] | None = None) -> None:
         serve(inbox, outbox, args.processes)
     except BaseException as err:  # told to the trainer, which fails what waits with it
         try:
-            outbox.send_bytes(pickle.dumps((None, False, RuntimeError(f"the reward host failed: {err!r}"))))
+            outbox.send_bytes(
+                pickle.dumps((None, False, pickle.dumps(RuntimeError(f"the reward host failed: {err!r}"))))
+            )
         except OSError:
             pass
         raise

@@ -123,7 +123,8 @@ class RewardPool:
 
     @property
     def ready(self) -> bool:
-        """The host has built the manager: a row submitted now is scored without waiting for the start."""
+        """A row submitted now does not wait on the host's start: the host has built the manager (or has
+        failed: then the row fails at once as a broken pool)."""
         return self._ready.is_set()
 
     def wait_ready(self, timeout: float) -> bool:
@@ -181,10 +182,14 @@ class RewardPool:
         with reader:
             while True:
                 try:
-                    task, ok, value = pickle.loads(reader.recv_bytes())
+                    task, ok, answer = pickle.loads(reader.recv_bytes())
                 except (EOFError, OSError):
                     self._fail(f"the reward host process {host.pid} ended (exit code {host.wait()})")
                     return
+                try:  # a result whose class this process cannot import fails its row, not the reader
+                    value = pickle.loads(answer)
+                except Exception as err:  # noqa: BLE001
+                    ok, value = False, RuntimeError(f"the reward host's answer cannot be read here: {err!r}")
                 if task is None:  # the host as a whole: started, or failed
                     if ok:
                         ready.set()
@@ -200,6 +205,7 @@ class RewardPool:
         with self._lock:
             self._broken = self._broken or reason
             waiting, self._waiting = self._waiting, {}
+        self._ready.set()  # nothing to wait for: a row submitted now fails at once, and the worker starts anew
         for future in waiting.values():
             if future.set_running_or_notify_cancel():
                 future.set_exception(BrokenProcessPool(reason))

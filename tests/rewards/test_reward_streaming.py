@@ -391,3 +391,26 @@ def test_rows_that_finish_while_the_pool_starts_are_left_to_the_driver(tmp_path)
         asyncio.run(worker.close_rewards())
     assert cold.non_tensor_batch[STREAMED_SCORES][0] is None  # the host was still importing
     assert warm.non_tensor_batch[STREAMED_SCORES][0] is not None and started is not None
+
+
+def test_an_answer_this_process_cannot_unpickle_fails_its_row_only(tmp_path):
+    """The reward function returns an object of a class from its own file, which only the host has loaded:
+    that row fails (naming why), and the pool goes on answering (its reader did not die with the row)."""
+    script = tmp_path / "tagged.py"
+    script.write_text(
+        "class Tag:\n"
+        "    pass\n\n"
+        "def score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+        "    return {'score': 1.0, 'tag': Tag()}\n"
+    )
+    reward = RewardConfig(
+        num_workers=1, custom_reward_function=CustomRewardFunctionConfig(path=str(script), name="score")
+    )
+    pool = RewardPool(RewardRecipe(reward, "data_source", TOK), processes=1)
+    row = generated("custom", None)[:1]
+    try:
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="answer cannot be read here"):
+                pool.submit(row).result(timeout=60)
+    finally:
+        pool.close()
