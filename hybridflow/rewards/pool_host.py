@@ -58,7 +58,7 @@ def _score_row(row) -> list:
 
 
 def _answer(outbox: Connection, lock: threading.Lock, task: int, future) -> None:
-    """Send a finished score back; an exception the trainer cannot unpickle goes as its text."""
+    """Send a finished score back; a result or exception that cannot be pickled here goes as its text."""
     if future.cancelled():  # the host is ending: nobody waits
         return
     err = future.exception()
