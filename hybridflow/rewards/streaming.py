@@ -139,7 +139,7 @@ class RewardPool:
                 return future
             task = next(self._tasks)
             self._waiting[task] = future
-        self._rows.put(pickle.dumps((task, row)))
+        self._rows.put((task, row))  # pickled by the writer thread, off the event loop
         return future
 
     def start(self) -> None:
@@ -158,7 +158,7 @@ class RewardPool:
             os.close(to_host)
             os.close(from_host)
         self._broken, self._rows, self._ready = None, queue.SimpleQueue(), threading.Event()
-        self._rows.put(pickle.dumps(self.recipe))
+        self._rows.put(self.recipe)
         writer = Connection(from_trainer, readable=False)
         reader = Connection(to_trainer, writable=False)
         self._threads = [
@@ -172,9 +172,9 @@ class RewardPool:
 
     def _write(self, writer: Connection, rows: queue.SimpleQueue) -> None:
         with writer:
-            while (payload := rows.get()) is not None:
+            while (item := rows.get()) is not None:
                 try:
-                    writer.send_bytes(payload)
+                    writer.send_bytes(pickle.dumps(item))
                 except OSError:  # the host has ended: the reader fails what waits
                     return
 

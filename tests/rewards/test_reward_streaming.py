@@ -111,6 +111,13 @@ def recipe_for(kind: str, tmp_path, bad_sample_score=-1.0) -> RewardRecipe:
     return RewardRecipe(reward, "data_source", TOK)
 
 
+def recipe_scoring_with(tmp_path, source: str, num_workers: int) -> RewardRecipe:
+    """A recipe whose reward function is ``score`` in a file holding ``source``."""
+    (tmp_path / "scoring.py").write_text(source)
+    custom = CustomRewardFunctionConfig(path=str(tmp_path / "scoring.py"), name="score")
+    return RewardRecipe(RewardConfig(num_workers=num_workers, custom_reward_function=custom), "data_source", TOK)
+
+
 def as_batch(data: DataProto) -> DataProto:
     """The same rows without the streamed results: what the driver scores after generation."""
     return DataProto(
@@ -181,17 +188,14 @@ def test_a_failing_streamed_row_fails_the_step_naming_it(tmp_path):
 def test_scores_overlap_generation(tmp_path):
     """Trajectories finish 50 ms apart over 1 s; each is scored in a pool process while the later ones
     still generate."""
-    script = tmp_path / "timed.py"
-    script.write_text(
+    recipe = recipe_scoring_with(
+        tmp_path,
         "import os, time\n"
         "def score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
         "    time.sleep(0.05)\n"
-        "    return {'score': 1.0, 'pid': os.getpid(), 'at': time.time()}\n"
+        "    return {'score': 1.0, 'pid': os.getpid(), 'at': time.time()}\n",
+        num_workers=4,
     )
-    reward = RewardConfig(
-        num_workers=4, custom_reward_function=CustomRewardFunctionConfig(path=str(script), name="score")
-    )
-    recipe = RewardRecipe(reward, "data_source", TOK)
     n = 20
     server = ScriptedServer(["x"] * n)
     settings = agent_loop_settings({"prompt_length": 2, "response_length": 4, "agent": {"num_workers": 2}})
@@ -396,17 +400,15 @@ def test_rows_that_finish_while_the_pool_starts_are_left_to_the_driver(tmp_path)
 def test_an_answer_this_process_cannot_unpickle_fails_its_row_only(tmp_path):
     """The reward function returns an object of a class from its own file, which only the host has loaded:
     that row fails (naming why), and the pool goes on answering (its reader did not die with the row)."""
-    script = tmp_path / "tagged.py"
-    script.write_text(
+    recipe = recipe_scoring_with(
+        tmp_path,
         "class Tag:\n"
         "    pass\n\n"
         "def score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
-        "    return {'score': 1.0, 'tag': Tag()}\n"
+        "    return {'score': 1.0, 'tag': Tag()}\n",
+        num_workers=1,
     )
-    reward = RewardConfig(
-        num_workers=1, custom_reward_function=CustomRewardFunctionConfig(path=str(script), name="score")
-    )
-    pool = RewardPool(RewardRecipe(reward, "data_source", TOK), processes=1)
+    pool = RewardPool(recipe, processes=1)
     row = generated("custom", None)[:1]
     try:
         for _ in range(2):
