@@ -1,15 +1,16 @@
 """The one-GPU check: a Qwen2 of Qwen2.5-0.5B's shapes through hybridflow's own code path on one device.
 
 A random-weight model (no download) is saved with the tiny character tokenizer, and one in-process
-``ActorRolloutRefWorker`` (role actor_rollout: FSDP2 actor with bf16 mixed precision on a one-rank NCCL
-group, hf rollout) runs it, as ``trainer.backend=inprocess`` would. Each row has a baseline measured in
-the same run:
+``ActorRolloutRefWorker`` (role actor_rollout on a one-rank NCCL group: the actor computes in bf16 over
+float32 master weights, ``ComputeWeights``; hf rollout) runs it, as ``trainer.backend=inprocess`` would.
+Each row has a baseline measured in the same run:
 
 - matmul peak: bf16 ``torch.mm`` of 8192 x 8192 matrices, the denominator of MFU;
 - actor update: ``update_actor`` through the WorkerGroup (one optimizer step per call), tokens/s and
   MFU = 6 x params x tokens/s / matmul peak (attention's own FLOPs are not counted); goal >= 35 %; then
   the same updates with micro-batches packed up to a token budget of 24 rows (``use_dynamic_bsz``), the
-  setting veRL's tuning guide advises;
+  setting veRL's tuning guide advises; and the first row's updates again with the model on a one-rank
+  FSDP2 mesh with FSDP2's mixed precision (the engine's arrangement on one GPU until 2026-11-29);
 - hf rollout: ``generate_sequences`` through the WorkerGroup vs ``model.generate`` on a bf16 copy, same
   prompts and number of new tokens (ignore_eos), calls interleaved; goal >= 0.9x;
 - memory: peak allocated during the updates vs fp32 weights + grads + AdamW's state (read from the
@@ -241,6 +242,7 @@ def run(args, r: dict) -> dict:
             params = list(engine.module.parameters())
             r["params"] = sum(p.numel() for p in params)
             r["sharded"] = bool(engine.sharded)
+            r["compute_weights"] = engine.precision.casts
             r["compute_dtype"] = str(engine.spec.param_dtype or params[0].dtype)
             r["setup_s"] = time.perf_counter() - start
             print(
@@ -262,6 +264,7 @@ def run(args, r: dict) -> dict:
             r.update(time_updates(wg, data, w, device))
             r["budget_tokens"] = w["budget_rows"] * (w["prompt"] + w["response"])
             r["budget_update"] = time_budget_updates(wg, worker, data, w, device, r["budget_tokens"])
+            r["fsdp2_update"] = time_fsdp2_updates(worker, model_dir, data, w, device)
             r["state_bytes"] = 2 * tensor_bytes(params) + tensor_bytes(
                 t for s in engine.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
             )
@@ -344,6 +347,50 @@ def time_budget_updates(wg, worker, data, w: dict, device: str, budget: int) -> 
     return out
 
 
+def time_fsdp2_updates(worker, model_dir: str, data, w: dict, device: str) -> dict:
+    """The baseline of the actor update's arrangement: the same updates (same actor code, config and data)
+    with the model on a one-rank FSDP2 mesh with FSDP2's mixed precision, as the engine ran it on one GPU
+    before ``ComputeWeights`` (bf16 compute over float32 masters without a mesh). Measured after the worker's
+    updates, in the same process, from a fresh copy of the same weights; freed after."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from hybridflow.workers.actor.dp_actor import DataParallelPPOActor
+    from hybridflow.workers.engine.fsdp import _layer_classes
+    from hybridflow.workers.engine.optim import build_optimizer
+    from hybridflow.workers.model_loading import load_model
+    from hybridflow.workers.utils.device import on_device
+
+    spec = worker.actor_engine.spec
+    module = load_model(model_dir, "causal_lm").to(device)
+    policy = MixedPrecisionPolicy(param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype)
+    layer_types = _layer_classes(module)
+    for sub in module.modules():
+        if type(sub) in layer_types:
+            fully_shard(sub, mp_policy=policy)
+    fully_shard(module, mp_policy=policy)
+    actor = DataParallelPPOActor(worker.actor.config, module, build_optimizer(module.parameters(), lr=1e-6))
+    batch = on_device(data, device)
+    tokens = int(data.batch["attention_mask"].sum())
+    actor.update_policy(batch)
+    sync(device)
+    seconds = []
+    for _ in range(w["updates"]):
+        start = time.perf_counter()
+        actor.update_policy(batch)
+        sync(device)
+        seconds.append(time.perf_counter() - start)
+    del actor, module, batch
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    out = {"update_s": median(seconds), "update_tokens_per_s": tokens / median(seconds), "update_calls_s": seconds}
+    print(
+        f"actor update on a one-rank FSDP2 mesh (the arrangement before): {out['update_s']:.3f} s, "
+        f"{out['update_tokens_per_s']:.0f} tokens/s",
+        flush=True,
+    )
+    return out
+
+
 def time_rollout(wg, model, prompts, w: dict, device: str, pad_id: int) -> dict:
     """``generate_sequences`` through the WorkerGroup vs ``model.generate``, interleaved (alternating which
     goes first) after one warm-up each; the first WorkerGroup call also pushes the trained weights."""
@@ -406,7 +453,7 @@ def markdown(r: dict) -> str:
     w, b = r["workload"], r["budget_update"]
     lines = [
         f"**{r['device']}**, torch {r['torch']}, transformers {r['transformers']}; Qwen2 {r['shape']} shapes, "
-        f"{r['params'] / 1e6:.1f}M parameters (random weights); actor FSDP2 (one rank) {r['sharded']}, "
+        f"{r['params'] / 1e6:.1f}M parameters (random weights); actor FSDP2 {r['sharded']}, "
         f"compute {r['compute_dtype']}",
         "",
         "| what | measured | baseline (same run) | ratio | goal |",
@@ -424,6 +471,10 @@ def markdown(r: dict) -> str:
             f"{6 * r['params'] * b['update_tokens_per_s'] / 1e12:.1f} TFLOP/s ({b['update_s']:.2f} s/update) | "
             f"matmul peak | MFU {100 * r['budget_mfu']:.1f} % | >= {100 * MFU_GOAL:.0f} % |"
         ),
+        f"| actor update, micro-batch {w['micro']}, on a one-rank FSDP2 mesh (before) | "
+        f"{r['fsdp2_update']['update_tokens_per_s']:.0f} tokens/s ({r['fsdp2_update']['update_s']:.2f} s/update) | "
+        f"the first row (one rank: {'bf16 ComputeWeights' if r['compute_weights'] else 'no cast'}) | "
+        f"first row {r['update_tokens_per_s'] / r['fsdp2_update']['update_tokens_per_s']:.2f}x | reported |",
         f"| hf rollout ({w['gen_prompts']} prompts x {w['gen_tokens']} new tokens) | "
         f"{r['rollout_tokens_per_s']:.0f} tokens/s | generate {r['generate_tokens_per_s']:.0f} tokens/s | "
         f"{r['rollout_ratio']:.2f}x | >= {ROLLOUT_GOAL}x |",

@@ -126,11 +126,13 @@ def test_gpu_check_quick_on_cpu(tmp_path):
         r"^\| hf rollout \(4 prompts x 8 new tokens\) \| \d+ tokens/s \| generate \d+ tokens/s", out, re.M
     ), out
     assert re.search(r"^\| actor update, dynamic batch \(token budget 48\) \| \d+ tokens/s", out, re.M), out
+    assert re.search(r"^\| actor update, micro-batch 2, on a one-rank FSDP2 mesh \(before\) \| \d+ tokens/s", out, re.M)
     assert len(_verdicts(out)) == 3  # the update, the update in token-budget micro-batches, the rollout
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     # ignore_eos: both generators made every token; an update trains 4 full rows of 8 + 8 tokens
     assert result["rollout_tokens"] == result["generate_tokens"] == 32 and result["update_tokens"] == 64
     assert result["budget_update"]["update_tokens"] == 64 and result["budget_mfu"] > 0
+    assert result["fsdp2_update"]["update_tokens_per_s"] > 0 and result["compute_weights"] is False  # cpu: fp32
     assert (tmp_path / "gpu_check.md").read_text().startswith("**cpu")
 
 
@@ -177,6 +179,18 @@ def test_gpu_check_profile_compile_levers_on_cpu(tmp_path):
     compiled = [v for v in variants if v.get("compile")]
     assert [v["compile"] for v in compiled] == ["token_stats", "layers", "token_stats+layers"]
     assert all("error" not in v and v["tokens_per_s"] > 0 for v in compiled), compiled
+
+
+def test_one_rank_precision_counts_fewer_kernels_than_fsdp2():
+    """The kernel counts are deterministic (the times are not asserted): ComputeWeights dispatches fewer
+    per micro-batch than FSDP2's one-rank mesh, and no fewer than the bf16 model alone."""
+    out = _run("one_rank_precision.py")
+    rows = {}
+    for name in ("FSDP2 one-rank mesh (before)", "ComputeWeights (now)", "bf16 model alone (floor)"):
+        match = re.search(rf"^\| {re.escape(name)} \| (\d+) \| ([\d.]+)x \| [\d.]+ \|", out, re.M)
+        assert match, out
+        rows[name] = int(match.group(1))
+    assert rows["bf16 model alone (floor)"] <= rows["ComputeWeights (now)"] < rows["FSDP2 one-rank mesh (before)"]
 
 
 @pytest.mark.slow

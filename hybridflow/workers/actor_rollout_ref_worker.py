@@ -166,6 +166,7 @@ class ActorRolloutRefWorker(Worker):
                 self.actor_engine.lr_scheduler,
                 dp_group=self.actor_layout.dp_group,
                 sp=self.actor_layout.sp,
+                precision=self.actor_engine.precision,
             )
         if self._ref_in_actor:
             self.ref_policy = DataParallelPPOActor(
@@ -173,6 +174,7 @@ class ActorRolloutRefWorker(Worker):
                 self.actor_engine.module,  # run with adapters off
                 dp_group=self.ref_layout.dp_group,
                 sp=self.ref_layout.sp,
+                precision=self.actor_engine.precision,
             )
         elif self._is_ref:
             ref_module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)

@@ -77,6 +77,7 @@ class CriticWorker(Worker):
             self.engine.lr_scheduler,
             dp_group=self.layout.dp_group,
             sp=self.layout.sp,
+            precision=self.engine.precision,
         )
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))

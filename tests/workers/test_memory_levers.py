@@ -58,7 +58,7 @@ def test_offload_and_mixed_precision_are_cuda_only_in_the_spec():
     assert engine_spec(fsdp_engine(), "fsdp", "cpu").autocast_dtype is None  # auto: fp32 on cpu
     cuda = engine_spec(config, "fsdp", "cuda")
     assert cuda.param_offload and cuda.param_dtype == torch.bfloat16 and cuda.reduce_dtype == torch.float32
-    assert cuda.needs_fsdp  # one GPU still gets FSDP2 (one-rank mesh) for these
+    assert cuda.needs_fsdp  # offload: one GPU still gets FSDP2 (one-rank mesh); mixed precision alone does not
     only_optim = engine_spec(fsdp_engine(optimizer_offload=True), "fsdp", "cuda")
     assert only_optim.param_offload  # FSDP2's CPUOffloadPolicy moves params, grads and optimizer state together
     assert not engine_spec(fsdp_engine(), "fsdp", "cpu", activation_offload=True).activation_offload  # host already

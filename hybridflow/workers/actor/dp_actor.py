@@ -21,7 +21,13 @@ from hybridflow.config.convert import as_section
 from hybridflow.config.rollout_correction import RolloutCorrectionConfig
 from hybridflow.utils.torch_functional import masked_mean
 from hybridflow.workers.actor import shared_prefix
-from hybridflow.workers.utils.logprob import forward_response_logits, forward_response_token_stats, token_stats
+from hybridflow.workers.engine.precision import ComputeWeights
+from hybridflow.workers.utils.logprob import (
+    at_temperature,
+    forward_response_logits,
+    forward_response_token_stats,
+    token_stats,
+)
 from hybridflow.workers.utils.micro_batches import response_mask_of, restore_order, split_for_forward
 from hybridflow.workers.utils.ulysses import SequenceParallel
 from hybridflow.workers.utils.update_loop import MiniBatchContext, UpdateLoop
@@ -109,7 +115,8 @@ class DataParallelPPOActor:
     Ulysses sequence-parallel group (``workers/utils/ulysses.py``; its ranks get the same data, each runs
     a slice of every packed micro-batch, token budgets grow by its size as in veRL). The lr scheduler
     is only read for the ``actor/lr`` metric; the worker steps it once per ``update_policy`` call, as in veRL.
-    An actor without an optimizer only computes log-probs (the reference policy).
+    An actor without an optimizer only computes log-probs (the reference policy). ``precision``: the
+    engine's ``ComputeWeights`` (one rank: every forward runs on half-precision copies of the weights).
     """
 
     def __init__(
@@ -120,8 +127,10 @@ class DataParallelPPOActor:
         lr_scheduler=None,
         dp_group=None,
         sp: SequenceParallel | None = None,
+        precision: ComputeWeights | None = None,
     ):
         self.config = actor_section(config)
+        self.precision = precision or ComputeWeights(actor_module, None)
         # use_remove_padding follows actor_rollout_ref.model (FSDPActorConfig); engines without it pad
         self.use_remove_padding = bool(getattr(self.config, "use_remove_padding", False))
         self.sp = sp
@@ -146,6 +155,7 @@ class DataParallelPPOActor:
                 prefix="actor",
                 path=_PATH,
                 max_token_len=self.config.ppo_max_token_len_per_gpu * (sp.size if sp else 1),
+                compute_weights=self.precision.active,
             )
         )
         self._shared_prefix = shared_prefix.usable(actor_module)  # on wherever it is exact and possible
@@ -232,7 +242,7 @@ class DataParallelPPOActor:
 
         self.actor_module.eval()
         outputs = []  # per micro-batch (log_probs, entropy, sum_pi_squared)
-        with torch.no_grad():
+        with torch.no_grad(), self.precision.active():
             for micro in micro_batches:
                 outputs.append(
                     self._forward_micro_batch(micro, temperature, calculate_entropy, calculate_sum_pi_squared)
@@ -314,10 +324,10 @@ class DataParallelPPOActor:
         """(log_probs (B, R), entropy or None, the student's log-probs of ``teacher_ids`` (B, R, K))."""
         b = micro.batch
         width = b["responses"].shape[-1]
-        logits = forward_response_logits(
+        logits = at_temperature(forward_response_logits(
             self.actor_module, b["input_ids"], b["attention_mask"], b["position_ids"], width,
             use_remove_padding=self.use_remove_padding, sp=self.sp,
-        ) / temperature  # fmt: skip
+        ), temperature)  # fmt: skip
         log_prob, entropy, _ = token_stats(logits, b["input_ids"][:, -width:], calculate_entropy)
         return log_prob, entropy, logits.float().log_softmax(-1).gather(-1, b["teacher_ids"])
 

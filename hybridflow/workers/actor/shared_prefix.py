@@ -17,7 +17,7 @@ import inspect
 
 import torch
 
-from hybridflow.workers.utils.logprob import TokenStats, token_stats
+from hybridflow.workers.utils.logprob import TokenStats, at_temperature, token_stats
 
 # worth the two forward passes only when prompts repeat at least this often on average
 MIN_ROWS_PER_PROMPT = 2
@@ -109,4 +109,4 @@ def response_log_probs(
     )
     # the last prompt position predicts the first response token, response position j the token j + 1
     logits = torch.cat([prefix.logits[:, -1:, :][inverse], out.logits[:, :-1, :]], dim=1)  # (B, R, V)
-    return token_stats(logits / temperature, responses, calculate_entropy, calculate_sum_pi_squared)
+    return token_stats(at_temperature(logits, temperature), responses, calculate_entropy, calculate_sum_pi_squared)

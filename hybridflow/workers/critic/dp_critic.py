@@ -16,6 +16,7 @@ from hybridflow.algorithms import compute_value_loss
 from hybridflow.config.convert import as_section
 from hybridflow.config.critic import CriticConfig, FSDPCriticConfig
 from hybridflow.utils.torch_functional import masked_mean
+from hybridflow.workers.engine.precision import ComputeWeights
 from hybridflow.workers.utils.logprob import forward_response_logits
 from hybridflow.workers.utils.micro_batches import response_mask_of, restore_order, split_for_forward
 from hybridflow.workers.utils.ulysses import SequenceParallel
@@ -43,7 +44,7 @@ class DataParallelPPOCritic:
     ``config``: the typed ``critic`` section (``FSDPCriticConfig``; a DictConfig or dict is read into
     one) with per-rank batch sizes (``CriticConfig.per_rank``). The lr scheduler is only read for
     ``critic/lr``; the worker steps it. ``sp``: the Ulysses sequence-parallel group, as for the actor
-    (token budgets grow by its size)."""
+    (token budgets grow by its size). ``precision``: the engine's ``ComputeWeights``, as for the actor."""
 
     def __init__(
         self,
@@ -53,8 +54,10 @@ class DataParallelPPOCritic:
         lr_scheduler=None,
         dp_group=None,
         sp: SequenceParallel | None = None,
+        precision: ComputeWeights | None = None,
     ):
         self.config = critic_section(config)
+        self.precision = precision or ComputeWeights(critic_module, None)
         c = self.config
         self.use_remove_padding = bool(c.model.use_remove_padding)
         self.sp = sp
@@ -79,6 +82,7 @@ class DataParallelPPOCritic:
                 prefix="critic",
                 path="critic",
                 max_token_len=c.ppo_max_token_len_per_gpu * sp_size,
+                compute_weights=self.precision.active,
             )
         )
 
@@ -117,7 +121,7 @@ class DataParallelPPOCritic:
         )
 
         self.critic_module.eval()
-        with torch.no_grad():
+        with torch.no_grad(), self.precision.active():
             values = [self._forward_micro_batch(micro) for micro in micro_batches]
         return restore_order(values, indices) * response_mask_of(data.batch)
 

@@ -2,9 +2,9 @@
 
 Strategies: ``fsdp``/``fsdp2`` shard parameters with FSDP2 (``fully_shard``) per decoder layer and at
 the root; ``ddp`` replicates with DistributedDataParallel; with one rank the module is used as is
-(sharding over one rank is the identity and only costs time) unless a CUDA-only FSDP2 feature is
-asked for (mixed precision, CPU offload), which then runs on a one-rank mesh. Works with gloo on CPU
-and nccl on CUDA.
+(sharding over one rank is the identity and only costs time) unless CPU offload is asked for, which
+then runs on a one-rank mesh. Mixed precision on one rank needs no mesh: ``precision.ComputeWeights``.
+Works with gloo on CPU and nccl on CUDA.
 
 Memory levers (veRL's keys):
 - ``enable_gradient_checkpointing``: recompute each decoder layer's activations in backward;
@@ -19,9 +19,11 @@ Memory levers (veRL's keys):
   Data parallelism is unchanged: every rank still trains on its own share of the batch.
 - ``fsdp_config.mixed_precision`` (CUDA): FSDP2 ``MixedPrecisionPolicy``: sharded fp32 master
   weights, compute in ``param_dtype`` ("auto": bf16 where supported), gradients reduced in
-  ``reduce_dtype`` (fp32). On CPU an explicit bf16/fp16 ``param_dtype`` runs the forward under
-  ``torch.autocast`` (fp32 master weights and gradients; matmuls in bf16, which CPUs with AMX or
-  AVX512-BF16 run several times faster than fp32); ``auto`` keeps fp32 there.
+  ``reduce_dtype`` (fp32). On one rank the same numbers come from ``ComputeWeights`` (the engine's
+  ``precision``: callers compute inside ``precision.active()``), a frozen model stores ``param_dtype``.
+  On CPU an explicit bf16/fp16 ``param_dtype`` runs the forward under ``torch.autocast`` (fp32 master
+  weights and gradients; matmuls in bf16, which CPUs with AMX or AVX512-BF16 run several times faster
+  than fp32); ``auto`` keeps fp32 there.
 - LoRA (``model.lora_rank > 0``, see ``lora.py``): only adapters train; the rollout gets merged weights
   (``iter_full_params``) or base weights once + the adapter at every sync (``iter_adapter_params``).
 """
@@ -49,6 +51,7 @@ from hybridflow.workers.engine.lora import (
     split_lora_stream,
 )
 from hybridflow.workers.engine.optim import build_lr_scheduler, build_optimizer
+from hybridflow.workers.engine.precision import ComputeWeights, cast_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +72,9 @@ class EngineSpec:
 
     @property
     def needs_fsdp(self) -> bool:
-        """CUDA features that only FSDP2 provides, so worth a one-rank mesh."""
-        return self.param_offload or self.param_dtype is not None
+        """A CUDA feature that only FSDP2 provides, so worth a one-rank mesh (CPU offload; mixed precision
+        alone is ``ComputeWeights`` there)."""
+        return self.param_offload
 
 
 def engine_spec(
@@ -193,9 +197,7 @@ class TrainEngine:
             self.world_size > 1 or (spec.needs_fsdp and dist.is_initialized())
         )
         if spec.needs_fsdp and not self.sharded:
-            logger.warning(
-                "mixed precision / CPU offload need FSDP2 over torch.distributed (strategy=fsdp); training without them"
-            )
+            logger.warning("CPU offload needs FSDP2 over torch.distributed (strategy=fsdp); training without it")
         if not (self.sharded and spec.param_offload):  # with CPUOffloadPolicy FSDP2 keeps params on the host
             module.to(spec.device)
         if spec.autocast_dtype is not None:  # an instance attribute: state_dict and names stay the model's
@@ -206,6 +208,11 @@ class TrainEngine:
         if not trainable:
             for p in self.module.parameters():
                 p.requires_grad_(False)
+        # mixed precision where FSDP2 does not run it: the module unwrapped on one rank
+        one_rank_dtype = spec.param_dtype if not self.sharded and self.world_size == 1 else None
+        if one_rank_dtype is not None and not trainable:
+            cast_parameters(self.module, one_rank_dtype)  # nothing to update: no float32 masters to keep
+        self.precision = ComputeWeights(self.module, one_rank_dtype if trainable else None)
 
     # ------------------------------------------------------------------------------------------
     def _wrap(self, module: nn.Module) -> nn.Module:

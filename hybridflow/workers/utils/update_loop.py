@@ -3,8 +3,9 @@ each) -> micro-batches (gradient accumulation). The actor and the critic only su
 
     for epoch in range(ppo_epochs):
         for mini_batch in (shuffled) data.split(ppo_mini_batch_size):   # one optimizer step
-            for micro in split_for_update(mini_batch):                # fixed size or token budget
-                loss(micro, ctx).backward()                           # ctx: the mini-batch's totals
+            with compute_weights():                                   # one rank: bf16 copies of fp32 masters
+                for micro in split_for_update(mini_batch):            # fixed size or token budget
+                    loss(micro, ctx).backward()                       # ctx: the mini-batch's totals
             clip, step (skipped when the gradient norm is not finite)
 
 Each micro-batch loss is normalised with the whole mini-batch's token / sequence counts over all
@@ -14,7 +15,9 @@ whatever the micro-batch size, token budget or data-parallel size (see ``micro_b
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,11 +76,20 @@ class UpdateLoop:
     budget per micro-batch (``ppo_max_token_len_per_gpu`` times the Ulysses size). ``path`` names the
     section in errors; ``prefix`` the step metrics (``{prefix}/grad_norm``, ``{prefix}/skipped_steps``).
     The shuffle generator lives as long as the loop, so successive updates see different but
-    reproducible permutations.
+    reproducible permutations. ``compute_weights``: the block the micro-batches of a mini-batch run in
+    (the engine's ``precision.active``: half-precision copies of the weights on one rank; by default none).
     """
 
     def __init__(
-        self, config, module: torch.nn.Module, optimizer, dp_group, prefix: str, path: str, max_token_len: int
+        self,
+        config,
+        module: torch.nn.Module,
+        optimizer,
+        dp_group,
+        prefix: str,
+        path: str,
+        max_token_len: int,
+        compute_weights: Callable[[], AbstractContextManager] = contextlib.nullcontext,
     ):
         if not config.use_dynamic_bsz and not config.ppo_micro_batch_size_per_gpu:
             raise ValueError(
@@ -90,6 +102,7 @@ class UpdateLoop:
         self.dp_group = dp_group
         self.prefix = prefix
         self.max_token_len = max_token_len
+        self.compute_weights = compute_weights
         self.shuffle_generator = torch.Generator().manual_seed(config.data_loader_seed)
 
     def run(self, data, loss: MicroBatchLoss, step_constants: dict | None = None) -> MetricBuffer:
@@ -112,10 +125,11 @@ class UpdateLoop:
                     mini_batch, c.use_dynamic_bsz, self.max_token_len, c.ppo_micro_batch_size_per_gpu, self.dp_group
                 )
                 self.optimizer.zero_grad(set_to_none=True)
-                for i, micro in enumerate(micro_batches):
-                    # DDP: all-reduce only after the last micro-batch's backward
-                    with grad_sync(self.module, sync=i == len(micro_batches) - 1):
-                        loss(micro, ctx).backward()
+                with self.compute_weights():
+                    for i, micro in enumerate(micro_batches):
+                        # DDP: all-reduce only after the last micro-batch's backward
+                        with grad_sync(self.module, sync=i == len(micro_batches) - 1):
+                            loss(micro, ctx).backward()
                 grad_norm, skipped = clip_grad_and_step(self.module, self.optimizer, c.optim.clip_grad)
                 buffer.add_all(ctx.metrics)
                 for key, value in (step_constants or {}).items():

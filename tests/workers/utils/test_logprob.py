@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hybridflow.workers.utils.logprob import forward_response_log_probs
+from hybridflow.workers.utils.logprob import at_temperature, forward_response_log_probs
 from tests.workers.actor.ppo_batch import tiny_causal_lm
 
 VOCAB, P, R = 16, 6, 5
@@ -57,3 +57,12 @@ def test_entropy_only_on_request_and_gradients_flow():
     assert entropy is None
     log_probs.sum().backward()
     assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+
+
+def test_temperature_one_is_no_pass_over_the_logits():
+    logits = torch.randn(2, 3, 7, requires_grad=True)
+    assert at_temperature(logits, 1.0) is logits and at_temperature(logits, 1) is logits  # no copy, no backward op
+    scaled = at_temperature(logits, 0.7)
+    assert torch.equal(scaled, logits / 0.7)
+    scaled.sum().backward()
+    torch.testing.assert_close(logits.grad, torch.full_like(logits, 1 / 0.7))
