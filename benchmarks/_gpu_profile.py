@@ -22,7 +22,8 @@ Three measurements after one warm-up update, each on its own update of the same 
 Then the update again with other micro-batch sizes, with gradient checkpointing switched on, with
 micro-batches packed up to a token budget (``use_dynamic_bsz``, as veRL's tuning guide advises), and with
 FSDP2's gathered parameters kept from forward to backward, with torch.compile of the vocabulary's log-prob
-or of the layers' parts, and with all of these at once (``ppo_micro_batch_size_per_gpu`` is a mutable config
+or of the layers' parts (FSDP2's levers only where the actor runs on a mesh: not on one GPU since
+2026-11-29, ``ComputeWeights``), and with all of these at once (``ppo_micro_batch_size_per_gpu`` is a mutable config
 field; ``use_dynamic_bsz`` a frozen one, read by the update loop alone, which gets a copy with it set, and the
 budget; checkpointing through the model's own switch; FSDP2's own setter; compile by monkeypatching), each
 after its own warm-up, with tokens/s and peak memory, so one run says which lever moves.
@@ -296,8 +297,9 @@ def compile_token_stats():
 
 
 def compile_layer_parts(module):
-    """torch.compile of each decoder layer's parts (attention, MLP, norms: their element-wise chains fuse),
-    inside the FSDP2 units (the layers), whose parameters are plain tensors while they run. Returns the undo."""
+    """torch.compile of each decoder layer's parts (attention, MLP, norms: their element-wise chains fuse);
+    on an FSDP2 mesh inside its units (the layers), whose parameters are plain tensors while they run.
+    Returns the undo."""
     parts = [
         child
         for layer in module.modules()
@@ -326,7 +328,7 @@ def keep_unsharded_after_forward(module):
 
     units = [m for m in module.modules() if isinstance(m, FSDPModule)]
     if not units:
-        raise RuntimeError("the actor is not FSDP2-wrapped (one-rank FSDP2 runs with mixed precision on CUDA)")
+        raise RuntimeError("the actor is not FSDP2-wrapped (on one rank only CPU offload runs on an FSDP2 mesh)")
     for unit in units:
         unit.set_reshard_after_forward(False, recurse=False)
 

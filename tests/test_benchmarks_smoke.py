@@ -193,6 +193,15 @@ def test_one_rank_precision_counts_fewer_kernels_than_fsdp2():
     assert rows["bf16 model alone (floor)"] <= rows["ComputeWeights (now)"] < rows["FSDP2 one-rank mesh (before)"]
 
 
+def test_vocab_log_prob_keeps_a_quarter_and_agrees():
+    """Kept bytes are deterministic (times are not asserted): the bf16 logits instead of float32 copies."""
+    out = _run("vocab_log_prob.py")
+    kept = re.search(r"^\| _LowPrecisionLogProbs \(now\) \| [\d.]+ \| [\d.]+x \| [\d.]+ MiB \| ([\d.]+)x \|", out, re.M)
+    assert kept and float(kept.group(1)) <= 0.3, out
+    diffs = re.search(r"log-prob difference\| (\S+), max \|gradient difference\| (\S+)", out)
+    assert float(diffs.group(1)) < 1e-5 and float(diffs.group(2)) < 1e-2, out
+
+
 @pytest.mark.slow
 def test_prefix_grouper_paths_agree():
     out = _run("prefix_grouper.py")

@@ -83,10 +83,46 @@ def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 # Float32 bytes of (rows, vocab) processed at once when the logits are half precision: each chunk is
-# upcast to float32, so without autograd memory stays bounded by the chunk instead of a float32 copy of all
-# the logits. A byte budget, not a row count: fewer, larger kernels for small vocabularies (a GPU update
-# launches each chunk's ops), the same bound for large ones (441 rows of Qwen2's 151,936 tokens).
+# upcast to float32, so memory stays bounded by the chunk instead of a float32 copy of all the logits. A
+# byte budget, not a row count: fewer, larger kernels for small vocabularies (a GPU update launches each
+# chunk's ops), the same bound for large ones (441 rows of Qwen2's 151,936 tokens).
 _LOW_PRECISION_CHUNK_BYTES = 256 << 20
+
+
+def _chunks(rows: int, chunk_rows: int):
+    return ((start, min(start + chunk_rows, rows)) for start in range(0, rows, chunk_rows))
+
+
+class _LowPrecisionLogProbs(torch.autograd.Function):
+    """log p(label) of half-precision ``logits (N, V)`` in float32 row chunks. Autograd through the chunks
+    would keep every chunk's float32 copy for the backward (twice the logits' own bytes: ~5 GB for 8,192
+    tokens of Qwen2's vocabulary) and sum two vocabulary-sized gradients per chunk; this keeps the
+    half-precision logits and each row's logsumexp, and writes d/dz = g * (onehot(label) - softmax(z)) chunk
+    by chunk into one tensor of the logits' dtype."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+        rows = logits.size(0)
+        out = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(out)
+        for start, end in _chunks(rows, chunk_rows):
+            chunk = logits[start:end].float()
+            lse[start:end] = torch.logsumexp(chunk, dim=-1)
+            out[start:end] = chunk.gather(-1, labels[start:end].unsqueeze(-1)).squeeze(-1) - lse[start:end]
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.chunk_rows = chunk_rows
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, labels, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for start, end in _chunks(logits.size(0), ctx.chunk_rows):
+            g = grad_out[start:end].float().unsqueeze(-1)  # (n, 1)
+            chunk = (logits[start:end].float() - lse[start:end].unsqueeze(-1)).exp_().mul_(-g)  # -g * softmax
+            chunk.scatter_add_(-1, labels[start:end].unsqueeze(-1), g)  # + g at the label
+            grad[start:end] = chunk
+        return grad, None, None
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -94,22 +130,17 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
 
     Computed as ``logit[label] - logsumexp(logits)``, which never materialises the full
     log-softmax (one (..., V) tensor fewer than ``log_softmax(...).gather``). Half-precision logits
-    are handled in float32 row chunks for accuracy; the result keeps float32 in that case.
+    are handled in float32 row chunks for accuracy (``_LowPrecisionLogProbs``: the backward keeps no
+    float32 copy of them); the result keeps float32 in that case.
     """
     if logits.dtype in (torch.float32, torch.float64):
         picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
         return picked - torch.logsumexp(logits, dim=-1)
 
     vocab = logits.shape[-1]
-    flat_logits = logits.reshape(-1, vocab)  # (N, V)
-    flat_labels = labels.reshape(-1)  # (N,)
     chunk_rows = max(1, _LOW_PRECISION_CHUNK_BYTES // (4 * vocab))
-    out = []
-    for rows, rows_labels in zip(flat_logits.split(chunk_rows), flat_labels.split(chunk_rows)):
-        rows = rows.float()
-        picked = rows.gather(-1, rows_labels.unsqueeze(-1)).squeeze(-1)
-        out.append(picked - torch.logsumexp(rows, dim=-1))
-    return torch.cat(out).reshape(labels.shape)
+    flat = _LowPrecisionLogProbs.apply(logits.reshape(-1, vocab), labels.reshape(-1), chunk_rows)
+    return flat.reshape(labels.shape)
 
 
 def expand_as_nested(tensor: torch.Tensor, nested_tensor: torch.Tensor) -> torch.Tensor:

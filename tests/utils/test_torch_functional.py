@@ -57,19 +57,37 @@ def test_logprobs_from_logits_matches_log_softmax():
     torch.testing.assert_close(out, ref_lo)
 
 
-def test_logprobs_of_half_precision_logits_in_several_chunks(monkeypatch):
-    # a budget of 4 rows of float32 logits: 15 rows in chunks of 4, 4, 4, 3, stitched back in order
+@pytest.mark.parametrize("chunk_rows", [4, 15, 100])  # 15 rows: chunks of 4, 4, 4, 3; one chunk; one chunk
+def test_logprobs_of_half_precision_logits_and_their_gradient_in_chunks(monkeypatch, chunk_rows):
     g = torch.Generator().manual_seed(2)
-    logits = (torch.randn(3, 5, 11, generator=g) * 4).to(torch.bfloat16)
+    logits = (torch.randn(3, 5, 11, generator=g) * 4).to(torch.bfloat16).requires_grad_()
     labels = torch.randint(0, 11, (3, 5), generator=g)
-    monkeypatch.setattr(F, "_LOW_PRECISION_CHUNK_BYTES", 4 * 4 * 11)
-    splits = []
-    real_split = torch.Tensor.split
-    monkeypatch.setattr(torch.Tensor, "split", lambda t, n, *a: splits.append(n) or real_split(t, n, *a))
+    weights = torch.randn(3, 5, generator=g)
+    monkeypatch.setattr(F, "_LOW_PRECISION_CHUNK_BYTES", 4 * 11 * chunk_rows)
     out = F.logprobs_from_logits(logits, labels)
-    assert splits == [4, 4]  # the logits and the labels, 4 rows a chunk
-    ref = torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    torch.testing.assert_close(out, ref)
+    (out * weights).sum().backward()
+    # independently: float64 log-softmax of the same (rounded) logits, its gradient by autograd
+    exact = logits.detach().double().requires_grad_()
+    ref = torch.log_softmax(exact, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    (ref * weights.double()).sum().backward()
+    assert out.dtype == torch.float32 and logits.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(logits.grad.double(), exact.grad, rtol=1e-2, atol=1e-2)  # written in bf16
+
+
+def test_half_precision_log_probs_keep_no_float32_copy_for_the_backward():
+    """What autograd keeps for the backward: the bf16 logits and a float per row, not float32 logits."""
+    logits = torch.randn(64, 1000).to(torch.bfloat16).requires_grad_()
+    labels = torch.randint(0, 1000, (64,))
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        F.logprobs_from_logits(logits, labels)
+    assert sum(saved) <= logits.numel() * 2 + 64 * (8 + 4)  # bf16 logits + int64 labels + float32 logsumexp
 
 
 def test_entropy_from_logits():

@@ -1,0 +1,114 @@
+"""The log-prob of the sampled token over a large vocabulary from half-precision logits, forward and backward.
+
+The actor's update computes log p(token) from bf16 logits (the lm_head's output under mixed precision) for
+every response token; on the H100 profile of 2026-11-27 the vocabulary's passes were a fifth of an update and
+the float32 copies of the logits most of its peak memory. ``logprobs_from_logits`` now runs half-precision
+logits through ``_LowPrecisionLogProbs`` (float32 row chunks; the backward recomputes the softmax from the
+kept bf16 logits and one logsumexp per row). The baseline, measured in the same run, is the previous code:
+autograd through ``logits.float()`` chunks, which keeps each float32 chunk for the backward and sums two
+vocabulary-sized gradients per chunk.
+
+Per implementation: seconds for forward + backward (median of rounds alternating the two), the bytes autograd
+keeps for the backward, and the largest difference from each other (log-probs and gradients).
+
+    python benchmarks/vocab_log_prob.py [--quick] [--tokens N] [--vocab V] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+from hybridflow.utils import torch_functional  # noqa: E402
+
+
+def autograd_through_chunks(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The previous implementation (until 2026-11-29): float32 chunks, autograd keeps each for the backward."""
+    vocab = logits.shape[-1]
+    chunk_rows = max(1, torch_functional._LOW_PRECISION_CHUNK_BYTES // (4 * vocab))
+    out = []
+    for rows, rows_labels in zip(logits.reshape(-1, vocab).split(chunk_rows), labels.reshape(-1).split(chunk_rows)):
+        rows = rows.float()
+        out.append(rows.gather(-1, rows_labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(rows, dim=-1))
+    return torch.cat(out).reshape(labels.shape)
+
+
+IMPLEMENTATIONS = {
+    "autograd through float32 chunks (before)": autograd_through_chunks,
+    "_LowPrecisionLogProbs (now)": torch_functional.logprobs_from_logits,
+}
+
+
+def run_once(fn, logits, labels, weights):
+    """(seconds, saved bytes, log-probs, gradient) of one forward + backward."""
+    leaf = logits.detach().requires_grad_()
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    start = time.perf_counter()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(leaf, labels)
+    (out * weights).sum().backward()
+    return time.perf_counter() - start, sum(saved), out.detach(), leaf.grad
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--tokens", type=int, default=None, help="rows of logits (default 2048; quick 64)")
+    p.add_argument("--vocab", type=int, default=151936, help="vocabulary (default Qwen2's)")
+    p.add_argument("--rounds", type=int, default=None)
+    args = p.parse_args(argv)
+    tokens = args.tokens or (64 if args.quick else 2048)
+    vocab = 4096 if args.quick and args.vocab == 151936 else args.vocab
+    rounds = args.rounds or (2 if args.quick else 5)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(tokens, vocab, generator=gen) * 3).to(torch.bfloat16)
+    labels = torch.randint(0, vocab, (tokens,), generator=gen)
+    weights = torch.randn(tokens, generator=gen)
+
+    seconds = {name: [] for name in IMPLEMENTATIONS}
+    results = {}
+    for i in range(rounds + 1):  # the first round warms up
+        names = list(IMPLEMENTATIONS) if i % 2 == 0 else list(IMPLEMENTATIONS)[::-1]
+        for name in names:
+            s, saved, out, grad = run_once(IMPLEMENTATIONS[name], logits, labels, weights)
+            if i:
+                seconds[name].append(s)
+            results[name] = (saved, out, grad)
+    before, now = list(IMPLEMENTATIONS)
+    out_diff = float((results[now][1] - results[before][1]).abs().max())
+    grad_diff = float((results[now][2].float() - results[before][2].float()).abs().max())
+    print(
+        f"\n{tokens} rows x {vocab} vocabulary, bf16 logits ({logits.numel() * 2 / 2**20:.0f} MiB), "
+        f"{rounds} rounds, {torch.get_num_threads()} thread(s), load {os.getloadavg()[0]:.1f}\n"
+    )
+    print("| implementation | s forward + backward | vs before | kept for backward | vs before |")
+    print("|---|---|---|---|---|")
+    rows = {}
+    for name in IMPLEMENTATIONS:
+        med = statistics.median(seconds[name])
+        rows[name] = dict(seconds=med, saved=results[name][0])
+        print(
+            f"| {name} | {med:.3f} | {med / statistics.median(seconds[before]):.2f}x | "
+            f"{results[name][0] / 2**20:.1f} MiB | {results[name][0] / results[before][0]:.2f}x |"
+        )
+    print(f"\nmax |log-prob difference| {out_diff:.2e}, max |gradient difference| {grad_diff:.2e}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
