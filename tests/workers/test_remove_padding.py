@@ -137,7 +137,9 @@ def test_sum_pi_squared_packed_equals_padded_and_the_softmax():
 
 
 def test_padded_forward_projects_only_the_positions_that_predict_the_response():
-    # the lm_head sees R + 1 positions per row (not the prompt's), and the logits are the full forward's
+    # the lm_head sees the R positions per row that predict a response token (not the prompt's, not the last),
+    # the logits come out contiguous (no copy to flatten them, no zero-filled gradient of a wider slice), and
+    # they are the full forward's
     model = tiny_causal_lm()
     rows = _rows()
     seen = []
@@ -153,7 +155,8 @@ def test_padded_forward_projects_only_the_positions_that_predict_the_response():
     finally:
         hook.remove()
     assert rows["input_ids"].shape[1] == PROMPT + RESPONSE and PROMPT > 1
-    assert seen == [RESPONSE + 1, PROMPT + RESPONSE]  # ours, then the reference's full projection
+    assert seen == [RESPONSE, PROMPT + RESPONSE]  # ours, then the reference's full projection
+    assert logits.is_contiguous()
     torch.testing.assert_close(logits, full[:, -RESPONSE - 1 : -1, :], atol=1e-6, rtol=0)
 
 

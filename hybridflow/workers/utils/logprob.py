@@ -101,12 +101,18 @@ def forward_response_logits(
         response_mask = attention_mask[:, -response_length:].unsqueeze(-1).to(out.dtype)  # (B, R, 1)
         return out[:, -response_length - 1 : -1, :] * response_mask  # (B, R, V)
     kwargs = {}
-    if accepts_logits_to_keep(module):  # project only the last R + 1 positions: the prompt's logits are never used
-        kwargs["logits_to_keep"] = response_length + 1
-    output = module(
+    if accepts_logits_to_keep(module):
+        # project only the R positions that predict a response token, as one contiguous (B, R, V) tensor: a
+        # slice of R + 1 kept positions would cost a copy of it (to flatten rows) and a zero-filled (B, R + 1, V)
+        # gradient in the backward
+        width = input_ids.size(1)
+        kwargs["logits_to_keep"] = torch.arange(width - response_length - 1, width - 1, device=input_ids.device)
+    logits = module(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
-    )
-    return output.logits[:, -response_length - 1 : -1, :]  # (B, R, V)
+    ).logits
+    if logits.size(1) != response_length:  # every position projected
+        logits = logits[:, -response_length - 1 : -1, :]
+    return logits  # (B, R, V)
 
 
 def _packed_response_log_probs(
