@@ -2,5 +2,6 @@
 
 from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine, engine_spec
 from hybridflow.workers.engine.optim import build_lr_scheduler, build_optimizer
+from hybridflow.workers.engine.precision import ComputeWeights
 
-__all__ = ["EngineSpec", "TrainEngine", "engine_spec", "build_lr_scheduler", "build_optimizer"]
+__all__ = ["ComputeWeights", "EngineSpec", "TrainEngine", "engine_spec", "build_lr_scheduler", "build_optimizer"]
