@@ -3,13 +3,15 @@
 FSDP2's ``MixedPrecisionPolicy`` gives a mesh of ranks bf16 compute with float32 master weights and float32
 gradient accumulation. On a one-rank mesh it also re-casts every parameter for every micro-batch's forward
 and again for its backward, gathers and "reduce-scatters" over one rank, and runs its hooks around every
-layer: about a third more kernels per micro-batch than the bare bf16 model (``benchmarks/one_rank_precision.py``),
-on a GPU whose actor update is bound by the host launching them. ``ComputeWeights`` gives the same numbers
-without the mesh: inside ``active()`` every parameter holds a cast copy of its master (cast once per block),
-each micro-batch's half-precision gradient is added into a float32 buffer as soon as autograd has it (so
-micro-batches never accumulate in bf16), and on leaving the block the parameters hold their masters again,
-with the float32 gradients in ``.grad`` for clipping and the optimizer. Outside the block the module is
-the plain float32 model: checkpoints, the rollout's weight sync and ``state_dict`` see the masters.
+layer: 1.34x the kernels per micro-batch of ``ComputeWeights`` (1.41x the bare bf16 model's;
+``benchmarks/one_rank_precision.py``), on a GPU whose actor update is bound by the host launching them.
+
+``ComputeWeights`` gives the same numbers without the mesh: inside ``active()`` every parameter holds a
+cast copy of its master (cast once per block), each micro-batch's half-precision gradient is added into a
+float32 buffer as soon as autograd has it (so micro-batches never accumulate in bf16), and on leaving the
+block the parameters hold their masters again, with the float32 gradients in ``.grad`` for clipping and
+the optimizer. Outside the block the module is the plain float32 model: checkpoints, the rollout's weight
+sync and ``state_dict`` see the masters.
 """
 
 from __future__ import annotations
