@@ -37,7 +37,7 @@ from hybridflow.workers.utils.device import on_device
 from hybridflow.workers.utils.heap import trim_heap
 from hybridflow.workers.utils.ulysses import build_layout
 from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
-from hybridflow.workers.utils.weight_swap import swapped_weights
+from hybridflow.workers.utils.weight_swap import parameters_at_rest, swapped_weights
 
 # a role names the parts it combines; actor_ref: the trainer pool's worker when the rollout has a pool
 # of its own (asynchronous modes)
@@ -227,7 +227,7 @@ class ActorRolloutRefWorker(Worker):
         with_sum_pi_squared = self.actor_config.calculate_sum_pi_squared
         snapshot = data.meta_info.get("pi_old_snapshot")  # V1 separate_async: one π_old per sync cycle
         if snapshot == "save":
-            self._pi_old = [p.detach().clone() for p in self.actor_engine.module.parameters()]
+            self._pi_old = [p.detach().clone() for p in parameters_at_rest(self.actor_engine.module)]
         elif snapshot == "use" and self._pi_old is None:
             raise RuntimeError("pi_old_snapshot='use' before any 'save': the cycle's first mini-batch saves pi_old")
         with swapped_weights(self.actor_engine.module, self._pi_old if snapshot == "use" else None):
