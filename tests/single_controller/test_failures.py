@@ -55,3 +55,21 @@ def test_dead_worker_fails_pending_call_within_seconds(group, how):
     # the bound only has to separate that from waiting for the 90 s survivor
     assert elapsed < 45, f"took {elapsed:.1f}s to notice the dead worker"
     assert info.value.rank == 1 and "died" in str(info.value)
+
+
+def test_a_cleanup_call_that_fails_on_a_dead_rank_finishes_on_the_live_ones_before_the_kill(ray_session, tmp_path):
+    """``_get`` fails as soon as rank 1 dies; ``cleanup_after_failure`` then lets rank 0 finish (stopping its vLLM
+    engine, in the trainer) before the group is killed, instead of killing it halfway."""
+    from hybridflow.single_controller.base.cleanup import cleanup_after_failure
+
+    pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)
+    wg = RayWorkerGroup(
+        pool, RayClassWithInitArgs(cls=ray.remote(W.EchoWorker)), name_prefix=f"settle_{time.time_ns()}"
+    )
+    try:
+        cleanup_after_failure(wg, "exit_on_and_finish", 1, 3.0, str(tmp_path))  # logged and dropped
+        finished_before_kill = sorted(os.listdir(tmp_path))
+    finally:
+        wg.shutdown()
+        pool.release()
+    assert finished_before_kill == ["finished.0"]

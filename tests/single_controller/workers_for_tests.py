@@ -93,6 +93,18 @@ class EchoWorker(Worker):
         return self.rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def exit_on_and_finish(self, rank, seconds, marker_dir):
+        """``rank`` exits; the others work ``seconds`` and then leave a ``finished.<rank>`` file (a cleanup
+        step, such as stopping an engine, that must not be killed halfway)."""
+        if self.rank == rank:
+            os._exit(1)
+        import time
+
+        time.sleep(seconds)
+        open(os.path.join(marker_dir, f"finished.{self.rank}"), "w").close()
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sleep(self, seconds, marker_dir=None):
         import os
         import time

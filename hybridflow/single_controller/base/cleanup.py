@@ -18,10 +18,17 @@ def is_shut_down(group) -> bool:
     return bool(getattr(group, "is_shut_down", False))
 
 
+# how long a cleanup call may still run on the live ranks after it failed on a dead one (stopping a vLLM
+# engine takes a few seconds)
+SETTLE_S = 20.0
+
+
 def cleanup_after_failure(target, method: str, *args, **kwargs) -> None:
     """``target.<method>(*args, **kwargs)``, a cleanup step (``target``: a worker group, or a driver-side
     object such as the agent loop manager) while another error propagates: skipped when ``target`` is
-    None or a shut-down group; an exception it raises is logged (WARNING) and dropped."""
+    None or a shut-down group; an exception it raises is logged (WARNING) and dropped. When it failed on
+    a dead rank, the live ranks still running it get up to ``SETTLE_S`` to finish (``settle_unfinished``)
+    before the caller goes on to kill them."""
     if target is None or is_shut_down(target):
         return
     try:
@@ -31,3 +38,8 @@ def cleanup_after_failure(target, method: str, *args, **kwargs) -> None:
         logger.warning(
             "cleanup %s() after an earlier failure failed too (ignored): %s: %s", method, type(e).__name__, first_line
         )
+        settle = getattr(target, "settle_unfinished", None)
+        if callable(settle) and not settle(SETTLE_S):
+            logger.warning(
+                "cleanup %s() still ran on live ranks after %.0f s; they are killed with it", method, SETTLE_S
+            )

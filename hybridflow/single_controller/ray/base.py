@@ -339,10 +339,22 @@ class RayWorkerGroup(WorkerGroup):
                         errors.append(err)
                 died = [e for e in errors if isinstance(e, WorkerDiedError)]
                 error = died[0] if died else self._dead_peer_or(errors[0], pending, index, method, ranks)
+                self._unfinished = list(pending)  # the ranks still running it (settle_unfinished)
                 raise self._with_lost_nodes(error) from None
             for ref, value in zip(ready, values):
                 results[index[ref]] = value
         return results
+
+    def settle_unfinished(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the ranks still running the last call that failed on another rank
+        (``_get`` fails as soon as one rank does). A cleanup call (stopping a vLLM engine) then finishes on
+        the live ranks before the group is killed; killed halfway, the engine's processes lost their
+        parent and its resource tracker mid-shutdown. Returns whether they all ended."""
+        unfinished, self._unfinished = getattr(self, "_unfinished", []), []
+        if not unfinished:
+            return True
+        _, pending = ray.wait(unfinished, num_returns=len(unfinished), timeout=timeout_s)
+        return not pending
 
     def _dead_peer_or(self, err, pending, index, method, ranks, wait_s: float = 8.0):
         """When a rank dies, its peers fail too (a broken collective) and may answer first: name
