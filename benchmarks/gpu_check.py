@@ -352,22 +352,19 @@ def time_fsdp2_updates(worker, model_dir: str, data, w: dict, device: str) -> di
     with the model on a one-rank FSDP2 mesh with FSDP2's mixed precision, as the engine ran it on one GPU
     before ``ComputeWeights`` (bf16 compute over float32 masters without a mesh). Measured after the worker's
     updates, in the same process, from a fresh copy of the same weights; freed after."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     from hybridflow.workers.actor.dp_actor import DataParallelPPOActor
-    from hybridflow.workers.engine.fsdp import _layer_classes
+    from hybridflow.workers.engine.fsdp import fully_shard_layers
     from hybridflow.workers.engine.optim import build_optimizer
     from hybridflow.workers.model_loading import load_model
     from hybridflow.workers.utils.device import on_device
 
     spec = worker.actor_engine.spec
     module = load_model(model_dir, "causal_lm").to(device)
-    policy = MixedPrecisionPolicy(param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype)
-    layer_types = _layer_classes(module)
-    for sub in module.modules():
-        if type(sub) in layer_types:
-            fully_shard(sub, mp_policy=policy)
-    fully_shard(module, mp_policy=policy)
+    fully_shard_layers(
+        module, mp_policy=MixedPrecisionPolicy(param_dtype=spec.param_dtype, reduce_dtype=spec.reduce_dtype)
+    )
     actor = DataParallelPPOActor(worker.actor.config, module, build_optimizer(module.parameters(), lr=1e-6))
     batch = on_device(data, device)
     tokens = int(data.batch["attention_mask"].sum())

@@ -68,16 +68,15 @@ def token_log_prob_loss(model, ids: torch.Tensor) -> torch.Tensor:
 
 def arrangements(base, micro: int):
     """name -> (model, block) where ``block()`` runs ``micro`` micro-batches' forward and backward."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from hybridflow.workers.engine.fsdp import fully_shard_layers
 
     def run_micro(model, ids):
         token_log_prob_loss(model, ids).backward()
 
-    sharded = copy.deepcopy(base)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in sharded.model.layers:
-        fully_shard(layer, mp_policy=policy)
-    fully_shard(sharded, mp_policy=policy)
+    sharded = fully_shard_layers(copy.deepcopy(base), mp_policy=policy)
 
     plain = copy.deepcopy(base)
     weights = ComputeWeights(plain, torch.bfloat16)

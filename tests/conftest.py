@@ -91,6 +91,16 @@ def one_torch_thread():
 
 
 @pytest.fixture
+def one_rank_group(tmp_path):
+    """A one-rank gloo process group for the test (FSDP2 on a one-rank mesh on the CPU), destroyed after."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
 def restore_env():
     """``restore_env(*names)``: after the test these environment variables are back at their values of the
     moment of the call (unset if they were unset), whatever the code under test wrote. For library code

@@ -10,16 +10,8 @@ import types
 import _gpu_profile as levers  # benchmarks/ is on pytest.ini's pythonpath
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _sharded_pair() -> torch.nn.Module:

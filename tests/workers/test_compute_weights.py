@@ -7,10 +7,11 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from hybridflow.workers.actor.dp_actor import DataParallelPPOActor
 from hybridflow.workers.engine import EngineSpec, TrainEngine
+from hybridflow.workers.engine.fsdp import fully_shard_layers
 from hybridflow.workers.engine.optim import build_optimizer
 from hybridflow.workers.engine.precision import ComputeWeights
 from tests.workers.actor.ppo_batch import actor_config, padded_rows, ppo_batch, tiny_causal_lm
@@ -18,20 +19,12 @@ from tests.workers.actor.ppo_batch import actor_config, padded_rows, ppo_batch, 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
-@pytest.fixture
-def one_rank_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _fsdp2_bf16(model):
     """The GPU actor's arrangement before ComputeWeights: FSDP2 units per layer and at the root, bf16
     compute, float32 gradient reduction, on a one-rank mesh."""
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in model.model.layers:
-        fully_shard(layer, mp_policy=policy)
-    return fully_shard(model, mp_policy=policy)
+    return fully_shard_layers(
+        model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    )
 
 
 def _loss(model, rows):

@@ -60,7 +60,7 @@ logger = logging.getLogger(__name__)
 class EngineSpec:
     strategy: str = "fsdp"
     device: str = "cpu"
-    param_dtype: torch.dtype | None = None  # mixed precision: compute dtype of sharded params
+    param_dtype: torch.dtype | None = None  # mixed precision (CUDA): the compute dtype over float32 masters
     autocast_dtype: torch.dtype | None = None  # CPU mixed precision: the forward's autocast dtype
     reduce_dtype: torch.dtype | None = None
     reshard_after_forward: bool = True
@@ -182,6 +182,18 @@ def _layer_classes(module: nn.Module) -> set[type]:
     return {type(m) for m in module.modules() if type(m).__name__ in names}
 
 
+def fully_shard_layers(module: nn.Module, **kwargs) -> nn.Module:
+    """FSDP2 units per decoder layer (the model's ``_no_split_modules``) and at the root, each
+    ``fully_shard(unit, **kwargs)``; returns ``module`` (sharded in place)."""
+    from torch.distributed.fsdp import fully_shard
+
+    layer_types = _layer_classes(module)
+    for sub in module.modules():
+        if type(sub) in layer_types:
+            fully_shard(sub, **kwargs)
+    return fully_shard(module, **kwargs)
+
+
 class TrainEngine:
     """A model prepared for training on this rank, plus its optimizer and LR schedule."""
 
@@ -221,7 +233,7 @@ class TrainEngine:
             return module
         if strategy in ("fsdp", "fsdp2"):
             from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+            from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
             shape, names = fsdp_mesh_shape(self.world_size, self.spec.fsdp_size)
             # a 2-D mesh makes fully_shard replicate over the first dimension and shard over the second
@@ -234,12 +246,7 @@ class TrainEngine:
                 ),
                 "offload_policy": CPUOffloadPolicy() if self.spec.param_offload else OffloadPolicy(),
             }
-            layer_types = _layer_classes(module)
-            for sub in module.modules():
-                if type(sub) in layer_types:
-                    fully_shard(sub, **kwargs)
-            fully_shard(module, **kwargs)
-            return module
+            return fully_shard_layers(module, **kwargs)
         if strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -16,13 +15,6 @@ from tests.workers.actor.ppo_batch import tiny_causal_lm
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 IDS = torch.randint(0, 16, (2, 5), generator=torch.Generator().manual_seed(0))
-
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _logits(model):
