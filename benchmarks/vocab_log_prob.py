@@ -9,7 +9,9 @@ autograd through ``logits.float()`` chunks, which keeps each float32 chunk for t
 vocabulary-sized gradients per chunk.
 
 Per implementation: seconds for forward + backward (median of rounds alternating the two), the bytes autograd
-keeps for the backward, and the largest difference from each other (log-probs and gradients).
+keeps for the backward, and the largest difference from each other (log-probs and gradients). Then the padded
+forward's projection onto the vocabulary (``projection``): the R predicting positions as ``logits_to_keep``
+indices against the R + 1 last positions kept and sliced.
 
     python benchmarks/vocab_log_prob.py [--quick] [--tokens N] [--vocab V] [--rounds R]
 """
@@ -107,7 +109,54 @@ def main(argv=None) -> dict:
             f"{results[name][0] / 2**20:.1f} MiB | {results[name][0] / results[before][0]:.2f}x |"
         )
     print(f"\nmax |log-prob difference| {out_diff:.2e}, max |gradient difference| {grad_diff:.2e}")
+    rows["projection"] = projection(vocab, rounds, quick=args.quick)
     return rows
+
+
+def projection(vocab: int, rounds: int, quick: bool) -> dict:
+    """The padded forward's projection onto the vocabulary, then the log-prob and the backward, through a
+    2-layer thin bf16 Qwen2: ``forward_response_logits`` (now: ``logits_to_keep`` as the R predicting
+    positions, contiguous logits) against the previous code (the last R + 1 positions kept, then sliced)."""
+    from hybridflow.models.tiny import build_tiny_config, build_tiny_model
+    from hybridflow.workers.utils.logprob import forward_response_logits
+
+    config = build_tiny_config(
+        vocab_size=vocab, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128
+    )
+    model = build_tiny_model(config, seed=0).to(torch.bfloat16)
+    rows, width = (2, 64) if quick else (4, 512)
+    response = width // 2
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (rows, width), generator=gen)
+    mask = torch.ones_like(ids)
+    pos = mask.cumsum(-1) - 1
+
+    def sliced():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=response + 1)
+        return out.logits[:, -response - 1 : -1]
+
+    def kept():
+        return forward_response_logits(model, ids, mask, pos, response)
+
+    calls = {"R + 1 positions kept, then sliced (before)": sliced, "the R positions as indices (now)": kept}
+    seconds = {name: [] for name in calls}
+    for i in range(rounds + 1):
+        for name in list(calls) if i % 2 == 0 else list(calls)[::-1]:
+            start = time.perf_counter()
+            torch_functional.logprobs_from_logits(calls[name](), ids[:, -response:]).sum().backward()
+            model.zero_grad(set_to_none=True)
+            if i:
+                seconds[name].append(time.perf_counter() - start)
+    before = statistics.median(seconds[list(calls)[0]])
+    print(f"\nprojection: {rows} rows x {width} tokens, {response} response positions, 2 thin layers, bf16\n")
+    print("| projection | s forward + log-prob + backward | vs before |")
+    print("|---|---|---|")
+    out = {}
+    for name in calls:
+        med = statistics.median(seconds[name])
+        out[name] = med
+        print(f"| {name} | {med:.3f} | {med / before:.2f}x |")
+    return out
 
 
 if __name__ == "__main__":

@@ -200,6 +200,7 @@ def test_vocab_log_prob_keeps_a_quarter_and_agrees():
     assert kept and float(kept.group(1)) <= 0.3, out
     diffs = re.search(r"log-prob difference\| (\S+), max \|gradient difference\| (\S+)", out)
     assert float(diffs.group(1)) < 1e-5 and float(diffs.group(2)) < 1e-2, out
+    assert re.search(r"^\| the R positions as indices \(now\) \| [\d.]+ \| [\d.]+x \|$", out, re.M), out
 
 
 @pytest.mark.slow
