@@ -72,6 +72,43 @@ def test_gloo_all_reduce_world_one_and_shutdown_gives_everything_back(monkeypatc
     assert {key: os.environ.get(key) for key in DIST_ENV} == dict.fromkeys(DIST_ENV) | {"MASTER_ADDR": "127.0.0.2"}
 
 
+def test_a_world_of_one_opens_its_group_even_when_its_port_is_taken(monkeypatch):
+    """CI failed once with EADDRINUSE: another process took the picked MASTER_PORT before the worker bound it."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        for key in DIST_ENV:
+            monkeypatch.delenv(key, raising=False)
+        monkeypatch.setenv("MASTER_PORT", str(taken.getsockname()[1]))
+        group = InProcessWorkerGroup(ClassWithInitArgs(W.EchoWorker))
+        try:
+            assert group.all_reduce(7) == [7.0]
+            assert dist.get_world_size() == 1
+        finally:
+            group.shutdown()
+    assert not dist.is_initialized()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/sys/net/ipv4/ip_local_port_range"), reason="Linux's ephemeral range")
+def test_rendezvous_ports_are_picked_where_outgoing_connections_do_not_land():
+    """A port in the kernel's ephemeral range can become some outgoing connection's source port before
+    the store binds it (a world > 1 still rendezvouses over TCP)."""
+    import socket
+
+    from hybridflow.single_controller.base.worker import find_free_port
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = (int(v) for v in f.read().split())
+    ports = [find_free_port() for _ in range(20)]
+    assert all(not low <= port <= high and port >= 20000 for port in ports), ports
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", ports[0]))  # and it is free
+
+
 def test_error_names_method_and_rank(group):
     with pytest.raises(WorkerError, match=r"'fail_on', rank 0") as info:
         group.fail_on(0)

@@ -5,7 +5,6 @@ with two gloo ranks under FSDP2, and across world sizes (2 ranks save, 1 process
 import copy
 import os
 import random
-import socket
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from hybridflow.model_merger import load_dcp_model_state
 from hybridflow.models.tiny import build_tiny_config, build_tiny_model
+from hybridflow.single_controller.base.worker import find_free_port
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
 from tests.yaml_sections import optim
@@ -154,14 +154,8 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_fsdp2_ranks_round_trip_and_reshard_to_one_process(tmp_path):
-    mp.spawn(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, find_free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     for rank, result in enumerate(ranks):
         before, after = result["before"], result["after"]

@@ -3,7 +3,6 @@ gloo ranks and fsdp_size=1 every rank keeps whole parameters (replicated, sharde
 while training still averages gradients over both ranks: the step equals the fully sharded one."""
 
 import os
-import socket
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hybridflow.models.tiny import build_tiny_config, build_tiny_model
+from hybridflow.single_controller.base.worker import find_free_port
 from hybridflow.workers.engine.fsdp import TrainEngine, engine_spec, fsdp_mesh_shape
 from tests.yaml_sections import fsdp_engine, optim
 
@@ -66,15 +66,9 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_fsdp_size_one_replicates_whole_parameters_and_trains_like_full_sharding(tmp_path):
-    mp.spawn(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, find_free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     for r in ranks:
         full, hybrid = r[-1], r[1]

@@ -5,7 +5,6 @@ gradients, packed (remove-padding), with fixed micro-batches and with token budg
 import copy
 import gc
 import os
-import socket
 
 import pytest
 import torch
@@ -14,6 +13,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from hybridflow.models.tiny import build_tiny_config, build_tiny_model
+from hybridflow.single_controller.base.worker import find_free_port
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.critic import DataParallelPPOCritic
 from hybridflow.workers.utils.ulysses import all_to_all, build_layout, gather_seq, layout_of
@@ -191,17 +191,11 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ulysses")
     torch.set_num_threads(1)
-    mp.spawn(_rank_main, args=(SP, _free_port(), str(out)), nprocs=SP, join=True)
+    mp.spawn(_rank_main, args=(SP, find_free_port(), str(out)), nprocs=SP, join=True)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(SP)]
 
 

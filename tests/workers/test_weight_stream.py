@@ -4,7 +4,6 @@ gathered per tensor on every rank), tied tensors once, LoRA folded in on the fly
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hybridflow.models.tiny import build_tiny_config, build_tiny_model  # noqa: E402
+from hybridflow.single_controller.base.worker import find_free_port  # noqa: E402
 from hybridflow.workers.engine import EngineSpec, TrainEngine  # noqa: E402
 from hybridflow.workers.engine.lora import LoraSpec, merge_lora_stream, merge_lora_weights  # noqa: E402
 from hybridflow.workers.rollout.weights import StrictWeightLoader, buckets  # noqa: E402
@@ -118,10 +118,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 def test_fsdp2_ranks_stream_the_full_weights_into_their_engines(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank_main, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, find_free_port(), str(tmp_path)), nprocs=2, join=True)
     expected = tiny_causal_lm(seed=0).state_dict()
     for rank in range(2):
         got = torch.load(os.path.join(tmp_path, f"rank{rank}.pt"))

@@ -7,6 +7,7 @@ sets: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and can set up tor
 from __future__ import annotations
 
 import os
+import random
 import socket
 from datetime import timedelta
 
@@ -16,9 +17,39 @@ from hybridflow.single_controller.base.stacks import install_stack_dump_handler
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free now, for a rendezvous store to bind a moment later.
+
+    Picked outside the kernel's ephemeral range where there is room: a port from ``bind(0)`` is one the
+    kernel also hands out as the source port of outgoing connections (Ray's, vLLM's, other test
+    processes'), which can take it before the store binds it (CI failed so once, EADDRINUSE)."""
+    rng = random.SystemRandom()
+    candidates = [range(lo, hi) for lo, hi in _ports_outside_ephemeral_range() if hi - lo >= 1000]
+    for _ in range(64 if candidates else 0):
+        port = rng.choice(rng.choice(candidates))
+        if _bindable(host, port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _ports_outside_ephemeral_range() -> list[tuple[int, int]]:
+    """[lo, hi) ranges of ports above 20000 the kernel does not pick from by itself."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+    except (OSError, ValueError):
+        return []  # not Linux: fall back to bind(0)
+    return [(20000, low), (high + 1, 65536)]  # below 20000: Ray's worker ports (10002-19999)
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def default_device_backend() -> tuple[str, str]:
@@ -76,7 +107,10 @@ class Worker:
 
     # --- torch.distributed -------------------------------------------------------------------------
     def init_process_group(self, backend: str | None = None, timeout_s: float = 600.0) -> None:
-        """Join the default process group (gloo on CPU, nccl on CUDA). Idempotent."""
+        """Join the default process group (gloo on CPU, nccl on CUDA). Idempotent.
+
+        A world of one rendezvouses with itself through an in-memory store: no port is bound, so
+        another process that took MASTER_PORT between its pick and this call cannot fail it."""
         import torch
         import torch.distributed as dist
 
@@ -86,12 +120,16 @@ class Worker:
         backend = backend or default_backend
         if device == "cuda":
             torch.cuda.set_device(self._local_rank % max(torch.cuda.device_count(), 1))
+        if self._world_size == 1:
+            rendezvous = {"store": dist.HashStore()}
+        else:
+            rendezvous = {"init_method": f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"}
         dist.init_process_group(
             backend=backend,
-            init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
             rank=self._rank,
             world_size=self._world_size,
             timeout=timedelta(seconds=timeout_s),
+            **rendezvous,
         )
 
     # --- mesh-aware dispatch -----------------------------------------------------------------------

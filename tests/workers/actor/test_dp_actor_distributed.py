@@ -3,7 +3,6 @@
 import copy
 import gc
 import os
-import socket
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base.worker import find_free_port
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.utils.micro_batches import split_by_token_budget
 from tests.workers.actor.ppo_batch import actor_config, flat_params, ppo_batch, tiny_causal_lm
@@ -75,17 +75,11 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def test_two_ddp_ranks_equal_single_process_full_batch(tmp_path):
-    mp.spawn(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, find_free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     # rank 0 alone: 40 tokens -> 2 micro-batches of 20; rank 1 alone: 4 tokens -> 1; agreed: 2
     assert ranks[0]["micro_batch_count"] == ranks[1]["micro_batch_count"] == 2
