@@ -105,13 +105,17 @@ def test_a_failed_lever_reads_as_one_line_with_the_cause():
 
 
 @pytest.mark.slow
-def test_compiled_layer_parts_inside_fsdp2_units_train_like_eager(one_rank_group, restore_env):
+def test_compiled_layer_parts_inside_fsdp2_units_train_like_eager(one_rank_group, restore_env, monkeypatch):
     """The GPU's arrangement on a CPU (~70 s of compiling): a Qwen2 whose layers are FSDP2 units with bf16
     compute, its layers' parts compiled and its parameters kept unsharded from forward to backward. Compiled,
     the loss and gradients agree with eager's to bf16 rounding; undone, the model is eager again, bit for bit."""
     from hybridflow.models.tiny import build_tiny_config, build_tiny_model
 
     restore_env("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR")  # inductor sets it while compiling
+    import torch._inductor.config as inductor_config
+
+    # compiling in this thread: with a cold cache inductor's pool of compile threads outlives the test
+    monkeypatch.setattr(inductor_config, "compile_threads", 1)
     config = build_tiny_config(
         vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64
     )
