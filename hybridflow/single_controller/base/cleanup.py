@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 
+from hybridflow.single_controller.base.worker_group import WorkerGroup
+
 logger = logging.getLogger(__name__)
 
 
@@ -38,8 +40,7 @@ def cleanup_after_failure(target, method: str, *args, **kwargs) -> None:
         logger.warning(
             "cleanup %s() after an earlier failure failed too (ignored): %s: %s", method, type(e).__name__, first_line
         )
-        settle = getattr(target, "settle_unfinished", None)
-        if callable(settle) and not settle(SETTLE_S):
+        if isinstance(target, WorkerGroup) and not target.settle_unfinished(SETTLE_S):
             logger.warning(
                 "cleanup %s() still ran on live ranks after %.0f s; they are killed with it", method, SETTLE_S
             )

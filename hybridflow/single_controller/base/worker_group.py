@@ -211,6 +211,11 @@ class WorkerGroup:
         """Wait for the handles; raise WorkerError/WorkerDiedError naming the failing rank."""
         raise NotImplementedError
 
+    def settle_unfinished(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for ranks still running the last call that failed on another rank;
+        whether they all ended. A backend whose failed calls leave nothing running has nothing to wait for."""
+        return True
+
     def shutdown(self, reason: str = "shutdown() was called") -> None:
         """Stop the workers and give back what the group holds; ``reason`` is what a later call is told.
         Backends call ``_mark_shut_down(reason)`` first; calling ``shutdown`` again is harmless."""

@@ -213,6 +213,7 @@ class RayWorkerGroup(WorkerGroup):
         if not isinstance(ray_cls_with_init, RayClassWithInitArgs):
             ray_cls_with_init = _as_ray_cls(ray_cls_with_init)
         self._worker_env = _check_worker_env(worker_env)
+        self._unfinished: list = []  # the live ranks' refs of the last call that failed (settle_unfinished)
         if worker_names is not None:  # attach to existing detached actors
             super().__init__(name_prefix, len(worker_names))
             self._workers = [ray.get_actor(n) for n in worker_names]
@@ -350,7 +351,7 @@ class RayWorkerGroup(WorkerGroup):
         (``_get`` fails as soon as one rank does). A cleanup call (stopping a vLLM engine) then finishes on
         the live ranks before the group is killed; killed halfway, the engine's processes lost their
         parent and its resource tracker mid-shutdown. Returns whether they all ended."""
-        unfinished, self._unfinished = getattr(self, "_unfinished", []), []
+        unfinished, self._unfinished = self._unfinished, []
         if not unfinished:
             return True
         _, pending = ray.wait(unfinished, num_returns=len(unfinished), timeout=timeout_s)
