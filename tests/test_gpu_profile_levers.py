@@ -13,6 +13,8 @@ import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from hybridflow.workers.engine.fsdp import fully_shard_layers
+
 
 def _sharded_pair() -> torch.nn.Module:
     """Two FSDP2 units under a root one, bf16 compute over fp32 master weights, as the GPU actor runs."""
@@ -121,9 +123,7 @@ def test_compiled_layer_parts_inside_fsdp2_units_train_like_eager(one_rank_group
     )
     model = build_tiny_model(config, seed=0)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in model.model.layers:
-        fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+    fully_shard_layers(model, mp_policy=policy)
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
 
     def step():

@@ -6,9 +6,9 @@ import copy
 
 import pytest
 import torch
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from hybridflow.workers.engine.fsdp import fully_shard_layers
 from hybridflow.workers.utils.weight_swap import parameters_at_rest, swapped_weights
 from tests.workers.actor.ppo_batch import tiny_causal_lm
 
@@ -45,9 +45,7 @@ def test_a_plain_module_computes_with_the_snapshot_and_gets_its_weights_back():
 def test_on_an_fsdp2_mesh_after_a_no_grad_forward(one_rank_group):
     model = tiny_causal_lm()
     old = copy.deepcopy(model)
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+    fully_shard_layers(model)
     _logits(model)  # the root's parameters stay gathered after this
     snapshot = [p.detach().clone() for p in parameters_at_rest(model)]
     assert all(isinstance(t, DTensor) and t.dtype == torch.float32 for t in snapshot)
