@@ -139,6 +139,8 @@ def projection(vocab: int, rounds: int, quick: bool) -> dict:
         return forward_response_logits(model, ids, mask, pos, response)
 
     calls = {"R + 1 positions kept, then sliced (before)": sliced, "the R positions as indices (now)": kept}
+    with torch.no_grad():
+        logit_diff = float((sliced().float() - kept().float()).abs().max())  # the same logits, or no comparison
     seconds = {name: [] for name in calls}
     for i in range(rounds + 1):
         for name in list(calls) if i % 2 == 0 else list(calls)[::-1]:
@@ -156,6 +158,8 @@ def projection(vocab: int, rounds: int, quick: bool) -> dict:
         med = statistics.median(seconds[name])
         out[name] = med
         print(f"| {name} | {med:.3f} | {med / before:.2f}x |")
+    print(f"\nmax |logit difference| between the two {logit_diff:.2e}")
+    out["max_logit_difference"] = logit_diff
     return out
 
 

@@ -201,6 +201,8 @@ def test_vocab_log_prob_keeps_a_quarter_and_agrees():
     diffs = re.search(r"log-prob difference\| (\S+), max \|gradient difference\| (\S+)", out)
     assert float(diffs.group(1)) < 1e-5 and float(diffs.group(2)) < 1e-2, out
     assert re.search(r"^\| the R positions as indices \(now\) \| [\d.]+ \| [\d.]+x \|$", out, re.M), out
+    logits = re.search(r"max \|logit difference\| between the two (\S+)", out)
+    assert logits and float(logits.group(1)) < 1e-2, out
 
 
 @pytest.mark.slow
