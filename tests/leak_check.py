@@ -2,15 +2,18 @@
 and after (used by tests/conftest.py; tested in tests/test_leak_check.py).
 
 The state is: the environment (os.environ), every catchable signal's handler (signal.getsignal), the live
-non-daemon threads, and whether a torch.distributed default process group is initialised. A test, with
-its function-scoped fixtures, must leave all four as it found them. A module-, class- or package-scoped
-fixture must undo at its teardown what it changed from its setup on. What a session-scoped fixture changes
-while it is set up (the shared Ray: ``ray.init`` sets RAY_AUTH_MODE, RAY_USAGE_STATS_ENABLED and
-PYTHONBREAKPOINT and installs a SIGTERM handler; a shared vLLM engine) is the session's own and stays.
+non-daemon threads, the running child processes, and whether a torch.distributed default process group is
+initialised. A test, with its function-scoped fixtures, must leave all five as it found them. A module-,
+class- or package-scoped fixture must undo at its teardown what it changed from its setup on. What a
+session-scoped fixture changes while it is set up (the shared Ray: ``ray.init`` sets RAY_AUTH_MODE,
+RAY_USAGE_STATS_ENABLED and PYTHONBREAKPOINT, installs a SIGTERM handler and starts Ray's processes; a
+shared vLLM engine and its processes) is the session's own and stays. Helpers a library keeps for the life
+of the process (``LIFETIME_HELPERS``) are no test's child.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -43,6 +46,16 @@ IMPORT_TIME_ENV = {
 }
 # how long the threads a test started may take, in all, to finish after it
 THREAD_GRACE_S = 2.0
+# how long the child processes a test started may take, in all, to exit after it (a vLLM engine core stops
+# its own worker first; on a loaded 2-core machine that takes seconds)
+CHILD_GRACE_S = 10.0
+# helpers a library starts once and keeps for the life of the process that started them, by a word of their
+# command line: not a test's leak, whichever test happened to start them
+LIFETIME_HELPERS = (
+    "multiprocessing.resource_tracker",  # shared memory and semaphores of multiprocessing
+    "multiprocessing.forkserver",
+    "hybridflow-orphan-reaper",  # hybridflow.utils.orphan_reaper: one per process, ends with it
+)
 
 
 @dataclass
@@ -50,13 +63,14 @@ class ProcessState:
     env: dict = field(default_factory=dict)
     signals: dict = field(default_factory=dict)  # signal number -> handler (signal.getsignal)
     threads: frozenset = frozenset()  # live non-daemon threads other than the main thread
+    children: frozenset = frozenset()  # pids of this process's direct children (zombies and helpers included)
     process_group: str | None = None  # the default torch.distributed group, described; None if none
     imported: frozenset = frozenset()  # the libraries of IMPORT_TIME_ENV already imported
 
 
 class Leak(NamedTuple):
-    kind: str  # "env", "signal", "thread" or "process_group"
-    key: object  # the variable's name, the signal number, the thread
+    kind: str  # "env", "signal", "thread", "process" or "process_group"
+    key: object  # the variable's name, the signal number, the thread, the child (psutil.Process)
     text: str  # what the failure says
 
 
@@ -75,6 +89,35 @@ def _non_daemon_threads() -> frozenset:
     return frozenset(t for t in threading.enumerate() if not t.daemon and t is not main and t.is_alive())
 
 
+def _child_pids() -> frozenset:
+    """The direct children of this process: /proc's per-thread lists (~0.1 ms; psutil walks every process,
+    ~6 ms, which every test would pay twice)."""
+    pids = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.update(int(pid) for pid in f.read().split())
+    except OSError:  # not Linux, or a kernel without the children files
+        import psutil
+
+        return frozenset(child.pid for child in psutil.Process().children())
+    return frozenset(pids)
+
+
+def _running_child(pid: int):
+    """The psutil.Process of child ``pid`` while it runs and is not a lifetime helper; else None."""
+    import psutil
+
+    try:
+        child = psutil.Process(pid)
+        if child.status() == psutil.STATUS_ZOMBIE or child.ppid() != os.getpid():
+            return None
+        command = " ".join(child.cmdline())
+    except psutil.Error:
+        return None
+    return None if any(word in command for word in LIFETIME_HELPERS) else child
+
+
 def _process_group() -> str | None:
     dist = sys.modules.get("torch.distributed")  # no group can exist before torch.distributed is imported
     if dist is None or not dist.is_available() or not dist.is_initialized():
@@ -90,6 +133,7 @@ def process_state() -> ProcessState:
         env=dict(os.environ),
         signals=_signal_handlers(),
         threads=_non_daemon_threads(),
+        children=_child_pids(),
         process_group=_process_group(),
         imported=frozenset(m for m in IMPORT_TIME_ENV if m in sys.modules),
     )
@@ -122,12 +166,31 @@ def _timeout_plugin(old, new) -> bool:
     return bool(ours) and all(h in ours or h == signal.SIG_DFL for h in (old, new))
 
 
+def _stop_process_tree(child, grace_s: float = 5.0) -> None:
+    """SIGTERM a leaked child and its descendants, SIGKILL what is left after ``grace_s``."""
+    import psutil
+
+    try:
+        tree = [child, *child.children(recursive=True)]
+    except psutil.Error:
+        return
+    for proc in tree:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _gone, alive = psutil.wait_procs(tree, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
 class StateGuard:
     """The bookkeeping of one test session: what session fixtures own, the threads already reported, the
     state before each wider-scoped fixture's setup, and the wider fixtures' leaks not yet reported."""
 
-    def __init__(self, grace_s: float = THREAD_GRACE_S):
+    def __init__(self, grace_s: float = THREAD_GRACE_S, child_grace_s: float = CHILD_GRACE_S):
         self.grace_s = grace_s
+        self.child_grace_s = child_grace_s
         self.owned = ProcessState()
         self.reported_threads: set = set()
         self._wider_before: dict = {}
@@ -137,7 +200,8 @@ class StateGuard:
 
     def leaks(self, before: ProcessState, after: ProcessState) -> list[Leak]:
         """What changed from ``before`` to ``after``, one Leak per item; [] when nothing did. New non-daemon
-        threads get up to ``grace_s`` seconds (in all) to finish first. What a session fixture set up in
+        threads get up to ``grace_s`` seconds (in all) to finish first, new child processes ``child_grace_s``.
+        What a session fixture set up in
         between (``own``) is no change, nor are the variables a library set when imported in between."""
         found = []
         import_time = set().union(*(IMPORT_TIME_ENV[m] for m in after.imported - before.imported))
@@ -166,6 +230,7 @@ class StateGuard:
                         f"non-daemon thread {_thread_name(thread)} still running {self.grace_s:g} s after the test",
                     )
                 )
+        found.extend(self._child_leaks(after.children - before.children - self.owned.children))
         if before.process_group != after.process_group and not (
             after.process_group is not None and after.process_group == self.owned.process_group
         ):
@@ -179,6 +244,30 @@ class StateGuard:
                 )
             )
         return found
+
+    def _child_leaks(self, new_pids) -> list[Leak]:
+        """The new children still running after ``child_grace_s`` in all. Polled, not waited for: waiting
+        would reap an exited child before the code that started it (a Popen, a multiprocessing.Process) does."""
+        deadline = time.monotonic() + self.child_grace_s
+        running = [child for child in map(_running_child, sorted(new_pids)) if child is not None]
+        while running and time.monotonic() < deadline:
+            time.sleep(0.05)
+            running = [child for child in running if _running_child(child.pid) is not None]
+        leaks = []
+        for child in running:
+            try:
+                command = " ".join(child.cmdline())
+            except Exception:  # noqa: BLE001 - gone meanwhile (psutil.Error): nothing to report
+                continue
+            command = command if len(command) <= 120 else command[:117] + "..."
+            leaks.append(
+                Leak(
+                    "process",
+                    child,
+                    f"child process {child.pid} ({command}) still running {self.child_grace_s:g} s after the test",
+                )
+            )
+        return leaks
 
     @staticmethod
     def restore(before: ProcessState, leaks: list[Leak]) -> None:
@@ -197,6 +286,8 @@ class StateGuard:
                         signal.signal(leak.key, handler)
                     except (ValueError, OSError, TypeError):
                         pass
+            elif leak.kind == "process":
+                _stop_process_tree(leak.key)
             elif leak.kind == "process_group" and before.process_group is None:
                 import torch.distributed as dist
 
@@ -222,6 +313,7 @@ class StateGuard:
             if before.signals.get(sig) != handler:
                 self.owned.signals[sig] = handler
         self.owned.threads = self.owned.threads | (after.threads - before.threads)
+        self.owned.children = self.owned.children | (after.children - before.children)
         if after.process_group is not None and before.process_group is None:
             self.owned.process_group = after.process_group
 

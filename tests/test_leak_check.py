@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 from tests.leak_check import StateGuard, process_state
 from tests.subprocess_env import pythonpath_with
@@ -78,6 +79,56 @@ def test_a_thread_that_outlives_the_grace_is_named_once_and_a_short_one_is_not()
     assert guard.leaks(before, process_state()) == []  # daemon threads do not hold the process
 
 
+def _sleeper(seconds: float, tag: str = "") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", f"import time  # {tag}\ntime.sleep({seconds})"])
+
+
+def test_a_child_that_outlives_the_grace_is_named_and_stopped_and_a_short_one_is_not():
+    guard, before = StateGuard(child_grace_s=1.0), process_state()
+    short, long = _sleeper(0.2), _sleeper(120)
+    try:
+        message = guard.check(before, "t")
+        assert not _is_running(long.pid)  # the check stopped it
+        short.wait(timeout=10)
+    finally:
+        for proc in (short, long):
+            proc.kill()
+            proc.wait()
+    assert message is not None and message.startswith("t left state behind:\n  child process ")
+    assert f"child process {long.pid} (" in message and "time.sleep(120)" in message
+    assert "still running 1 s after the test" in message
+    assert f"{short.pid}" not in message
+    assert short.returncode == 0  # polled, not reaped: its Popen still gets its exit status
+
+
+def test_exited_children_lifetime_helpers_and_a_session_fixtures_children_are_no_leak():
+    guard, before = StateGuard(child_grace_s=0.5), process_state()
+    exited = _sleeper(0)  # not waited for: a zombie until then
+    helper = _sleeper(120, tag="hybridflow-orphan-reaper")  # one per process, like multiprocessing's tracker
+    owner_before = process_state()
+    owned = _sleeper(120)
+    guard.own(owner_before, process_state())  # a session fixture's setup started it
+    try:
+        deadline = time.monotonic() + 10
+        while exited.pid in process_state().children and _is_running(exited.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert guard.check(before, "t") is None
+        assert helper.poll() is None and owned.poll() is None  # left alone
+    finally:
+        for proc in (exited, helper, owned):
+            proc.kill()
+            proc.wait()
+
+
+def _is_running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_an_initialised_process_group_is_named_and_destroyed(tmp_path):
     import torch.distributed as dist
 
@@ -118,11 +169,13 @@ def test_import_time_variables_and_what_a_session_fixture_owns_are_no_leak(monke
 
 
 INNER_CONFTEST = """
-from tests.conftest import _leaves_nothing_behind, pytest_configure  # noqa: F401 - the real check
+from tests.conftest import GUARD, _leaves_nothing_behind, pytest_configure  # noqa: F401 - the real check
+
+GUARD.child_grace_s = 1.0  # the leaking child below sleeps for minutes: no need to wait 10 s for it
 """
 
 INNER_A = """
-import os, signal, threading
+import os, signal, subprocess, sys, threading
 
 import pytest
 
@@ -151,6 +204,21 @@ def test_thread_leak():
 
 def test_stop_the_thread():
     STOP.set()
+
+
+CHILDREN = []
+
+
+def test_child_leak():
+    CHILDREN.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]))
+
+
+def test_the_leaked_child_was_stopped():
+    CHILDREN[0].wait(timeout=10)  # reaped by the check that stopped it: no exit status left to read
+
+
+def test_a_child_waited_for_is_no_leak():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
 """
 
 INNER_B = """
@@ -224,12 +292,15 @@ def test_a_pytest_run_fails_exactly_the_leaking_tests_and_fixtures(tmp_path):
     assert proc.returncode == 1, out
     errors = sorted(line for line in out.splitlines() if line.startswith("ERROR "))
     assert [e.split(" - ")[0] for e in errors] == [
+        "ERROR test_a.py::test_child_leak",
         "ERROR test_a.py::test_env_leak",
         "ERROR test_a.py::test_signal_leak",
         "ERROR test_a.py::test_thread_leak",
         "ERROR test_b.py::test_two",  # the module fixture is torn down after the module's last test
     ], out
-    assert "10 passed, 4 errors" in out, out
+    assert "13 passed, 5 errors" in out, out
+    assert "test_a.py::test_child_leak left state behind:\n  child process " in out
+    assert "time.sleep(300)) still running 1 s after the test" in out
     assert "test_a.py::test_env_leak left state behind:\n  environment variable HF_LEAK_PROBE: unset -> '1'" in out
     assert "signal handler SIGUSR2: <Handlers.SIG_DFL: 0> -> <function test_signal_leak.<locals>.<lambda> at " in out
     assert "non-daemon thread 'probe-waiter' (Thread, target threading.Event.wait) still running 2 s" in out
