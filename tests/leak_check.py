@@ -2,8 +2,9 @@
 and after (used by tests/conftest.py; tested in tests/test_leak_check.py).
 
 The state is: the environment (os.environ), every catchable signal's handler (signal.getsignal), the live
-non-daemon threads, the running child processes, and whether a torch.distributed default process group is
-initialised. A test, with its function-scoped fixtures, must leave all five as it found them. A module-,
+non-daemon threads, the running child processes, the live actors of the process's Ray session, and whether a
+torch.distributed default process group is initialised. A test, with its function-scoped fixtures, must
+leave all six as it found them. A module-,
 class- or package-scoped fixture must undo at its teardown what it changed from its setup on. What a
 session-scoped fixture changes while it is set up (the shared Ray: ``ray.init`` sets RAY_AUTH_MODE,
 RAY_USAGE_STATS_ENABLED and PYTHONBREAKPOINT, installs a SIGTERM handler and starts Ray's processes; a
@@ -64,13 +65,14 @@ class ProcessState:
     signals: dict = field(default_factory=dict)  # signal number -> handler (signal.getsignal)
     threads: frozenset = frozenset()  # live non-daemon threads other than the main thread
     children: frozenset = frozenset()  # pids of this process's direct children (zombies and helpers included)
+    actors: frozenset | None = None  # ids of the Ray session's live actors; None while no session is up
     process_group: str | None = None  # the default torch.distributed group, described; None if none
     imported: frozenset = frozenset()  # the libraries of IMPORT_TIME_ENV already imported
 
 
 class Leak(NamedTuple):
-    kind: str  # "env", "signal", "thread", "process" or "process_group"
-    key: object  # the variable's name, the signal number, the thread, the child (psutil.Process)
+    kind: str  # "env", "signal", "thread", "process", "actor" or "process_group"
+    key: object  # the variable's name, the signal number, the thread, the child (psutil.Process), the actor id
     text: str  # what the failure says
 
 
@@ -118,6 +120,28 @@ def _running_child(pid: int):
     return None if any(word in command for word in LIFETIME_HELPERS) else child
 
 
+def _live_actors() -> frozenset | None:
+    """The ids of the live actors of the Ray session this process is connected to, or None without one (a
+    WorkerGroup left without ``shutdown()`` keeps its workers and their CPUs for the rest of the session)."""
+    ray = sys.modules.get("ray")  # no session can exist before ray is imported
+    if ray is None or not ray.is_initialized():
+        return None
+    from ray._private import state
+
+    try:
+        return frozenset(state.actors(actor_state_name="ALIVE"))
+    except Exception:  # noqa: BLE001 - the session is going down, or its GCS does not answer: nothing to compare
+        return None
+
+
+def _actor_name(actor_id: str) -> str:
+    from ray._private import state
+
+    info = state.actors(actor_id=actor_id) or {}
+    name = f" {info['Name']!r}" if info.get("Name") else ""
+    return f"{info.get('ActorClassName', '?')}{name} ({actor_id})"
+
+
 def _process_group() -> str | None:
     dist = sys.modules.get("torch.distributed")  # no group can exist before torch.distributed is imported
     if dist is None or not dist.is_available() or not dist.is_initialized():
@@ -134,6 +158,7 @@ def process_state() -> ProcessState:
         signals=_signal_handlers(),
         threads=_non_daemon_threads(),
         children=_child_pids(),
+        actors=_live_actors(),
         process_group=_process_group(),
         imported=frozenset(m for m in IMPORT_TIME_ENV if m in sys.modules),
     )
@@ -193,6 +218,7 @@ class StateGuard:
         self.child_grace_s = child_grace_s
         self.owned = ProcessState()
         self.reported_threads: set = set()
+        self.reported_actors: set = set()
         self._wider_before: dict = {}
         self._wider_reports: list[str] = []
 
@@ -231,6 +257,8 @@ class StateGuard:
                     )
                 )
         found.extend(self._child_leaks(after.children - before.children - self.owned.children))
+        if before.actors is not None and after.actors is not None:  # one Ray session before and after
+            found.extend(self._actor_leaks(after.actors - before.actors - (self.owned.actors or frozenset())))
         if before.process_group != after.process_group and not (
             after.process_group is not None and after.process_group == self.owned.process_group
         ):
@@ -268,6 +296,24 @@ class StateGuard:
                 )
             )
         return leaks
+
+    def _actor_leaks(self, new_ids) -> list[Leak]:
+        """The new actors still alive after ``child_grace_s`` in all (``ray.kill`` returns before the actor
+        is dead)."""
+        deadline = time.monotonic() + self.child_grace_s
+        alive = set(new_ids) - self.reported_actors
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive &= _live_actors() or set()  # None: the session went down, and its actors with it
+        self.reported_actors |= alive  # reported once: an actor cannot be stopped from here without its handle
+        return [
+            Leak(
+                "actor",
+                actor_id,
+                f"Ray actor {_actor_name(actor_id)} still alive {self.child_grace_s:g} s after the test",
+            )
+            for actor_id in sorted(alive)
+        ]
 
     @staticmethod
     def restore(before: ProcessState, leaks: list[Leak]) -> None:
@@ -314,6 +360,8 @@ class StateGuard:
                 self.owned.signals[sig] = handler
         self.owned.threads = self.owned.threads | (after.threads - before.threads)
         self.owned.children = self.owned.children | (after.children - before.children)
+        if after.actors is not None:
+            self.owned.actors = (self.owned.actors or frozenset()) | (after.actors - (before.actors or frozenset()))
         if after.process_group is not None and before.process_group is None:
             self.owned.process_group = after.process_group
 

@@ -129,6 +129,32 @@ def _is_running(pid: int) -> bool:
         return False
 
 
+def test_an_actor_left_alive_is_named_once_and_a_killed_one_is_not(ray_session):
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def ping(self):
+            return "pong"
+
+    guard, before = StateGuard(child_grace_s=0.5), process_state()
+    kept, killed = Probe.options(name="hf-leak-probe").remote(), Probe.remote()
+    try:
+        assert ray.get([kept.ping.remote(), killed.ping.remote()]) == ["pong", "pong"]
+        ray.kill(killed)  # returns before the actor is dead: the grace covers that
+        leaks = guard.leaks(before, process_state())
+        again = guard.leaks(before, process_state())
+    finally:
+        ray.kill(kept)
+    assert [leak.kind for leak in leaks] == ["actor"], leaks
+    assert leaks[0].text.startswith(
+        "Ray actor test_an_actor_left_alive_is_named_once_and_a_killed_one_is_not.<locals>.Probe 'hf-leak-probe' ("
+    )
+    assert leaks[0].text.endswith(") still alive 0.5 s after the test")
+    assert again == []  # reported once, not by every later check
+    assert guard.leaks(before, process_state()) == []  # no actor left now
+
+
 def test_an_initialised_process_group_is_named_and_destroyed(tmp_path):
     import torch.distributed as dist
 
