@@ -65,13 +65,13 @@ class ProcessState:
     signals: dict = field(default_factory=dict)  # signal number -> handler (signal.getsignal)
     threads: frozenset = frozenset()  # live non-daemon threads other than the main thread
     children: frozenset = frozenset()  # pids of this process's direct children (zombies and helpers included)
-    actors: frozenset | None = None  # ids of the Ray session's live actors; None while no session is up
+    actors: frozenset | None = None  # ids of the Ray session's live actors; None while none is connected
     process_group: str | None = None  # the default torch.distributed group, described; None if none
     imported: frozenset = frozenset()  # the libraries of IMPORT_TIME_ENV already imported
 
 
 class Leak(NamedTuple):
-    kind: str  # "env", "signal", "thread", "process", "actor" or "process_group"
+    kind: str  # "env", "signal", "thread", "process", "actor", "ray" or "process_group"
     key: object  # the variable's name, the signal number, the thread, the child (psutil.Process), the actor id
     text: str  # what the failure says
 
@@ -259,6 +259,8 @@ class StateGuard:
         found.extend(self._child_leaks(after.children - before.children - self.owned.children))
         if before.actors is not None and after.actors is not None:  # one Ray session before and after
             found.extend(self._actor_leaks(after.actors - before.actors - (self.owned.actors or frozenset())))
+        elif before.actors is None and after.actors is not None and self.owned.actors is None:
+            found.append(Leak("ray", None, "a Ray session started by the test is still connected (ray.init)"))
         if before.process_group != after.process_group and not (
             after.process_group is not None and after.process_group == self.owned.process_group
         ):
@@ -334,6 +336,10 @@ class StateGuard:
                         pass
             elif leak.kind == "process":
                 _stop_process_tree(leak.key)
+            elif leak.kind == "ray":
+                import ray
+
+                ray.shutdown()
             elif leak.kind == "process_group" and before.process_group is None:
                 import torch.distributed as dist
 

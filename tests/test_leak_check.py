@@ -155,6 +155,17 @@ def test_an_actor_left_alive_is_named_once_and_a_killed_one_is_not(ray_session):
     assert guard.leaks(before, process_state()) == []  # no actor left now
 
 
+def test_a_ray_session_left_connected_is_named_unless_a_session_fixture_started_it():
+    guard = StateGuard()
+    before, after = process_state(), process_state()
+    before.actors, after.actors = None, frozenset()  # no session before, one after (nothing is started here)
+    assert [leak.text for leak in guard.leaks(before, after)] == [
+        "a Ray session started by the test is still connected (ray.init)"
+    ]
+    guard.own(before, after)  # the shared Ray fixture's setup connected it: the session's own
+    assert guard.leaks(before, after) == []
+
+
 def test_an_initialised_process_group_is_named_and_destroyed(tmp_path):
     import torch.distributed as dist
 
