@@ -2,14 +2,14 @@
 and after (used by tests/conftest.py; tested in tests/test_leak_check.py).
 
 The state is: the environment (os.environ), every catchable signal's handler (signal.getsignal), the live
-non-daemon threads, the running child processes, the live actors of the process's Ray session, and whether a
-torch.distributed default process group is initialised. A test, with its function-scoped fixtures, must
-leave all six as it found them. A module-,
-class- or package-scoped fixture must undo at its teardown what it changed from its setup on. What a
-session-scoped fixture changes while it is set up (the shared Ray: ``ray.init`` sets RAY_AUTH_MODE,
-RAY_USAGE_STATS_ENABLED and PYTHONBREAKPOINT, installs a SIGTERM handler and starts Ray's processes; a
-shared vLLM engine and its processes) is the session's own and stays. Helpers a library keeps for the life
-of the process (``LIFETIME_HELPERS``) are no test's child.
+non-daemon threads, the running child processes, the Ray session the process is connected to and its live
+actors, and whether a torch.distributed default process group is initialised. A test, with its
+function-scoped fixtures, must leave all six as it found them. A module-, class- or package-scoped fixture
+must undo at its teardown what it changed from its setup on. What a session-scoped fixture changes while
+it is set up (the shared Ray: ``ray.init`` sets RAY_AUTH_MODE, RAY_USAGE_STATS_ENABLED and
+PYTHONBREAKPOINT, installs a SIGTERM handler and starts Ray's processes; a shared vLLM engine and its
+processes) is the session's own and stays. Helpers a library keeps for the life of the process
+(``LIFETIME_HELPERS``) are no test's child.
 """
 
 from __future__ import annotations
@@ -226,9 +226,9 @@ class StateGuard:
 
     def leaks(self, before: ProcessState, after: ProcessState) -> list[Leak]:
         """What changed from ``before`` to ``after``, one Leak per item; [] when nothing did. New non-daemon
-        threads get up to ``grace_s`` seconds (in all) to finish first, new child processes ``child_grace_s``.
-        What a session fixture set up in
-        between (``own``) is no change, nor are the variables a library set when imported in between."""
+        threads get up to ``grace_s`` seconds (in all) to finish first, new child processes and actors
+        ``child_grace_s``. What a session fixture set up in between (``own``) is no change, nor are the
+        variables a library set when imported in between."""
         found = []
         import_time = set().union(*(IMPORT_TIME_ENV[m] for m in after.imported - before.imported))
         for key in sorted(set(before.env) | set(after.env)):
@@ -283,11 +283,13 @@ class StateGuard:
         while running and time.monotonic() < deadline:
             time.sleep(0.05)
             running = [child for child in running if _running_child(child.pid) is not None]
+        import psutil
+
         leaks = []
         for child in running:
             try:
                 command = " ".join(child.cmdline())
-            except Exception:  # noqa: BLE001 - gone meanwhile (psutil.Error): nothing to report
+            except psutil.Error:  # gone meanwhile: nothing to report
                 continue
             command = command if len(command) <= 120 else command[:117] + "..."
             leaks.append(
@@ -319,8 +321,9 @@ class StateGuard:
 
     @staticmethod
     def restore(before: ProcessState, leaks: list[Leak]) -> None:
-        """Put back what can be put back (variables, signal handlers; a new process group is destroyed), so
-        that the next test does not inherit it. A thread cannot be stopped from outside: only reported."""
+        """Put back what can be put back (variables, signal handlers; a new process group is destroyed, a
+        child process stopped, a Ray session shut down), so that the next test does not inherit it. A thread,
+        or an actor without its handle, cannot be stopped from outside: only reported."""
         for leak in leaks:
             if leak.kind == "env":
                 if leak.key in before.env:
