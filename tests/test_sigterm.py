@@ -75,7 +75,7 @@ import ray
 
 @pytest.fixture(scope="session")
 def ray_up():
-    ray.init(num_cpus=1, include_dashboard=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False)  # its own, not a cluster someone runs here
     yield
     print("TEARDOWN: ray.shutdown", flush=True)
     ray.shutdown()
