@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read when ray is imported: set first
@@ -20,7 +21,14 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read when ray is import
 from ray.cluster_utils import Cluster  # noqa: E402
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(0)  # through main's finally: a cluster shut down removes /tmp/ray/ray_current_cluster
+
+
 def main() -> None:
+    # SIGTERM shuts the cluster down too: killed without it, its address file stays behind and a later plain
+    # ray.init() on this machine tries to join the dead cluster
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--cpus", type=int, default=2)

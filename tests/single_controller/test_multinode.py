@@ -63,7 +63,11 @@ class LoopbackCluster:
             self.proc.stdin.flush()
             self.proc.wait(timeout=60)
         except Exception:
-            self.proc.kill()
+            self.proc.terminate()  # it shuts the cluster down on SIGTERM too
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
 
 
 @pytest.fixture(scope="module")
