@@ -66,7 +66,8 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def _leaves_nothing_behind(request):
     """Fails the test that leaves a changed environment variable or signal handler, a live non-daemon
-    thread or a running child process it started, or an initialised torch.distributed process group."""
+    thread, a running child process, a live Ray actor or a Ray session it started, or an initialised
+    torch.distributed process group."""
     before = process_state()
     yield
     message = GUARD.check(before, request.node.nodeid)

@@ -65,7 +65,8 @@ class ProcessState:
     signals: dict = field(default_factory=dict)  # signal number -> handler (signal.getsignal)
     threads: frozenset = frozenset()  # live non-daemon threads other than the main thread
     children: frozenset = frozenset()  # pids of this process's direct children (zombies and helpers included)
-    actors: frozenset | None = None  # ids of the Ray session's live actors; None while none is connected
+    ray_connected: bool = False  # ray.init() in effect (the session fixture's, or one a test left)
+    actors: frozenset | None = None  # ids of the Ray session's live actors; None: no session, or GCS unreadable
     process_group: str | None = None  # the default torch.distributed group, described; None if none
     imported: frozenset = frozenset()  # the libraries of IMPORT_TIME_ENV already imported
 
@@ -120,11 +121,15 @@ def _running_child(pid: int):
     return None if any(word in command for word in LIFETIME_HELPERS) else child
 
 
+def _ray_connected() -> bool:
+    ray = sys.modules.get("ray")  # no session can exist before ray is imported
+    return ray is not None and ray.is_initialized()
+
+
 def _live_actors() -> frozenset | None:
     """The ids of the live actors of the Ray session this process is connected to, or None without one (a
     WorkerGroup left without ``shutdown()`` keeps its workers and their CPUs for the rest of the session)."""
-    ray = sys.modules.get("ray")  # no session can exist before ray is imported
-    if ray is None or not ray.is_initialized():
+    if not _ray_connected():
         return None
     from ray._private import state
 
@@ -158,6 +163,7 @@ def process_state() -> ProcessState:
         signals=_signal_handlers(),
         threads=_non_daemon_threads(),
         children=_child_pids(),
+        ray_connected=_ray_connected(),
         actors=_live_actors(),
         process_group=_process_group(),
         imported=frozenset(m for m in IMPORT_TIME_ENV if m in sys.modules),
@@ -259,7 +265,7 @@ class StateGuard:
         found.extend(self._child_leaks(after.children - before.children - self.owned.children))
         if before.actors is not None and after.actors is not None:  # one Ray session before and after
             found.extend(self._actor_leaks(after.actors - before.actors - (self.owned.actors or frozenset())))
-        elif before.actors is None and after.actors is not None and self.owned.actors is None:
+        if not before.ray_connected and after.ray_connected and not self.owned.ray_connected:
             found.append(Leak("ray", None, "a Ray session started by the test is still connected (ray.init)"))
         if before.process_group != after.process_group and not (
             after.process_group is not None and after.process_group == self.owned.process_group
@@ -369,6 +375,7 @@ class StateGuard:
                 self.owned.signals[sig] = handler
         self.owned.threads = self.owned.threads | (after.threads - before.threads)
         self.owned.children = self.owned.children | (after.children - before.children)
+        self.owned.ray_connected = self.owned.ray_connected or (after.ray_connected and not before.ray_connected)
         if after.actors is not None:
             self.owned.actors = (self.owned.actors or frozenset()) | (after.actors - (before.actors or frozenset()))
         if after.process_group is not None and before.process_group is None:

@@ -158,10 +158,16 @@ def test_an_actor_left_alive_is_named_once_and_a_killed_one_is_not(ray_session):
 def test_a_ray_session_left_connected_is_named_unless_a_session_fixture_started_it():
     guard = StateGuard()
     before, after = process_state(), process_state()
-    before.actors, after.actors = None, frozenset()  # no session before, one after (nothing is started here)
+    before.ray_connected, after.ray_connected = False, True  # no session before, one after (none is started here)
+    before.actors, after.actors = None, frozenset()
     assert [leak.text for leak in guard.leaks(before, after)] == [
         "a Ray session started by the test is still connected (ray.init)"
     ]
+    after.actors = None  # its GCS did not answer this time: still no new session, and nothing compared
+    assert [leak.kind for leak in guard.leaks(before, after)] == ["ray"]
+    unreadable = process_state()
+    unreadable.ray_connected, unreadable.actors = True, None
+    assert guard.leaks(unreadable, unreadable) == []  # an unreadable table is no session started by the test
     guard.own(before, after)  # the shared Ray fixture's setup connected it: the session's own
     assert guard.leaks(before, after) == []
 
