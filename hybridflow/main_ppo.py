@@ -91,8 +91,9 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     )
 
     # data and rewards first: bad input fails before any worker starts
-    train_dataset = build_rl_dataset(config.data.train_files, tokenizer, config.data)  # data.custom_cls or RLHFDataset
-    val_dataset = build_rl_dataset(config.data.val_files, tokenizer, config.data)
+    d = config.data  # data.custom_cls or RLHFDataset; *_max_samples: part of the files
+    train_dataset = build_rl_dataset(d.train_files, tokenizer, d, d.train_max_samples, "data.train_max_samples")
+    val_dataset = build_rl_dataset(d.val_files, tokenizer, d, d.val_max_samples, "data.val_max_samples")
     if len(train_dataset) < int(config.data.train_batch_size):
         raise ValueError(
             f"data.train_batch_size={config.data.train_batch_size} is larger than the training set "

@@ -13,7 +13,6 @@ from hybridflow.config.rules import Problems
 __all__ = ["DataSamplerConfig", "DataConfig"]
 
 _LOADER_SPEED = speed_only("shared-memory copies, loader/filter processes")
-_NO_ROW_LIMIT = "limiting the number of rows is not implemented"
 _NO_CUSTOM = "custom sampler and data-generator classes are not implemented"
 
 _MT = "actor_rollout_ref.rollout.multi_turn"
@@ -36,8 +35,10 @@ class DataConfig(BaseConfig):
     use_shm: bool = doc(False, "copy the files to shared memory first (speed only)", note=_LOADER_SPEED)
     train_files: str | list[str] = doc("~/data/rlhf/gsm8k/train.parquet", "a parquet path or a list of paths")
     val_files: str | list[str] = doc("~/data/rlhf/gsm8k/test.parquet", "validation parquet path(s)")
-    train_max_samples: int = doc(-1, "rows of the training files used; -1: every row", refused=_NO_ROW_LIMIT)
-    val_max_samples: int = doc(-1, "rows of the validation files used; -1: every row", refused=_NO_ROW_LIMIT)
+    train_max_samples: int = doc(
+        -1, "rows of the training files used (the first ones; drawn with data.seed when data.shuffle); -1: every row"
+    )
+    val_max_samples: int = doc(-1, "rows of the validation files used (chosen as train_max_samples's); -1: every row")
     prompt_key: str = doc("prompt", "column holding the chat messages")
     reward_fn_key: str = doc("data_source", "column that selects the reward scorer")
     max_prompt_length: int = doc(512, "prompts are left-padded to this many tokens")

@@ -20,7 +20,7 @@ from hybridflow.config.profiler import HOOK_KEYS, NsightToolConfig, ProfilerConf
 from hybridflow.config.reasons import MEGATRON, NO_SP, PROFILER, THINKING, speed_only
 from hybridflow.config.rules import Problems, cpu_bf16_note
 from hybridflow.config.status import honoured, noted, refused
-from hybridflow.config.trainer import DEVICE_STATUS
+from hybridflow.config.trainer import DEVICE_STATUS, RESUME_MODES
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 __all__ = [
@@ -39,13 +39,7 @@ __all__ = [
 
 _SFT_DATA_SPEED = speed_only("packing, token balancing, loader processes, shared memory")
 _BY_COUNT = "the SFT trainer batches by sample count"
-_NO_ROW_LIMIT = "limiting the number of rows is not implemented"
-_NO_RESUME = "resuming SFT is not implemented yet"
 _ADAMW = "the SFT trainer uses torch.optim.AdamW"
-_HF_DIR = dict(
-    values=(["hf_model"],),
-    reason="the SFT trainer writes a Hugging Face model directory per checkpoint (no optimizer state)",
-)
 
 SFT_LR_SCHEDULERS = ("constant", "cosine", "wsd")
 SFT_STRATEGIES = ("fsdp", "fsdp2", "ddp", "none")
@@ -74,8 +68,8 @@ class SFTDataConfig(BaseConfig):
     use_dynamic_bsz: bool = doc(False, "hybridflow: False (veRL 0.9.1: True)", values=(False,), reason=_BY_COUNT)
     train_files: str | list[str] = doc("~/data/gsm8k/train.parquet", "a path or a list of paths")
     val_files: str | list[str] | None = doc(None, "validation parquet(s); null: no validation")
-    train_max_samples: int = doc(-1, "rows read from the training files; -1: all", refused=_NO_ROW_LIMIT)
-    val_max_samples: int = doc(-1, "rows read from the validation files; -1: all", refused=_NO_ROW_LIMIT)
+    train_max_samples: int = doc(-1, "rows read from the training files (the first ones); -1: all")
+    val_max_samples: int = doc(-1, "rows read from the validation files (the first ones); -1: all")
     prompt_key: str = doc("question", "hybridflow (veRL's earlier single-turn key): the prompt column")
     response_key: str = doc("answer", "hybridflow (veRL's earlier single-turn key): the response column")
     prompt_dict_keys: list[str] | None = doc(None, "when the column holds a dict: the keys to read inside it")
@@ -143,11 +137,17 @@ class SFTOptimizerConfig(FSDPOptimizerConfig):
 
 @dataclass
 class SFTCheckpointConfig(CheckpointConfig):
-    """``checkpoint``: a Hugging Face model directory per checkpoint."""
+    """``checkpoint``: what ``global_step_N`` holds besides its Hugging Face model directory (always written)."""
 
-    save_contents: list[str] = doc(["hf_model"], "hybridflow: [hf_model] (veRL: [model, optimizer, extra])", **_HF_DIR)
+    save_contents: list[str] = doc(
+        ["model", "optimizer", "extra"],
+        "model / optimizer / extra: the training state a resume reads (global_step_N/engine/); hf_model: the "
+        "Hugging Face directory, written in every case",
+    )
     load_contents: list[str] = doc(
-        ["hf_model"], "read back on resume", follows="${checkpoint.save_contents}", **_HF_DIR
+        ["model", "optimizer", "extra"],
+        "read back on resume (model and extra needed; without optimizer AdamW starts afresh)",
+        follows="${checkpoint.save_contents}",
     )
 
 
@@ -181,10 +181,10 @@ class SFTRunConfig(BaseConfig):
     test_freq: int = doc(-1, "steps between validations; -1: at the end only")
     max_ckpt_to_keep: int | None = doc(None, "checkpoints kept; null: all")
     balance_batch: bool = doc(True, "balance tokens over ranks", note=speed_only("token balancing across ranks"))
-    resume_mode: str = doc("disable", "hybridflow: disable (veRL: auto)", values=("disable",), reason=_NO_RESUME)
-    resume_from_path: str | None = doc(
-        None, "the checkpoint to resume from", refused=_NO_RESUME + "; to continue from saved weights set model.path"
+    resume_mode: str = doc(
+        "auto", "auto (the newest global_step_N of default_local_dir, if any) | disable | resume_path"
     )
+    resume_from_path: str | None = doc(None, "the global_step_N directory that resume_mode=resume_path continues")
     resume_path: str | None = doc(None, "earlier spelling of resume_from_path (null: not set)")
     device: str = doc("auto", "hybridflow: auto | cpu | cuda (veRL: cuda)", **DEVICE_STATUS)
     nnodes: int = doc(1, "nodes of the run")
@@ -314,6 +314,10 @@ class SFTTrainerConfig(BaseConfig):
                 f"trainer.nnodes * trainer.n_gpus_per_node = {expected}, but {world_size} process(es) "
                 f"run: the process count comes from torchrun (--nproc_per_node)"
             )
+        if trainer.resume_mode not in RESUME_MODES:
+            errors.append(f"trainer.resume_mode={trainer.resume_mode!r} is not one of {', '.join(RESUME_MODES)}")
+        if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
+            errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N directory)")
         if str(trainer.device) == "cpu" and resolve_dtype(self.engine.dtype, "cpu") in ("bfloat16", "float16"):
             notes.append(f"engine.dtype={self.engine.dtype} on cpu: the forward runs under autocast; {cpu_bf16_note()}")
         if errors:

@@ -158,7 +158,9 @@ class TrainerConfig(BaseConfig):
         None, "a class run after saves", refused="checkpoint callbacks are not implemented"
     )
     val_before_train: bool = doc(True, "validate before the first step")
-    val_only: bool = doc(False, "validate, then stop", refused="a validation-only run is not implemented")
+    val_only: bool = doc(
+        False, "validate (after resuming, the checkpoint's policy), log the metrics, stop: no training step"
+    )
     rollout_only: bool = doc(False, "hybridflow: generate and score every step, train nothing")
     test_freq: int = doc(-1, "steps between validations; -1: never")
     critic_warmup: int = doc(0, "the actor trains from step critic_warmup on (steps count from 1)")
@@ -223,6 +225,13 @@ class TrainerConfig(BaseConfig):
                 f"watchdog off), got {timeout!r}"
             )
         p.run(self.v1.validate)
+        if self.val_only and not self.val_before_train:  # veRL would ignore val_only here and train
+            p.errors.append(
+                "trainer.val_only=True validates in the place of trainer.val_before_train, which is False: "
+                "set trainer.val_before_train=True (or val_only=False to train)"
+            )
+        if self.val_only and self.rollout_only:
+            p.errors.append("trainer.val_only=True and trainer.rollout_only=True: a run does one of them; choose one")
         if self.critic_warmup < 0:
             p.errors.append(f"trainer.critic_warmup must be >= 0, got {self.critic_warmup}")
         return p.raise_errors()

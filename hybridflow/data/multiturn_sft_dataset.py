@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 from hybridflow.config.sft_trainer import SFTDataConfig
 from hybridflow.data.rl_dataset import pad_ids, position_ids_from_mask, read_parquet_rows, require_chat_template
+from hybridflow.data.row_limit import limit_rows
 from hybridflow.data.sft_dataset import sft_data_config
 from hybridflow.utils.chat_tokens import ChatTokenizer
 
@@ -85,9 +86,10 @@ class MultiTurnSFTDataset(Dataset):
     """``config``: the SFT ``data`` section, an ``SFTDataConfig`` (a DictConfig or dict is read into one):
     ``messages_key``, ``tools_key`` (veRL's earlier spellings ``multiturn.messages_key`` /
     ``multiturn.tools_key`` stand in for them where those are at their defaults), ``max_length``,
-    ``truncation``: error | left | right, ``apply_chat_template_kwargs``."""
+    ``truncation``: error | left | right, ``apply_chat_template_kwargs``. ``max_samples`` > 0: only the first
+    that many rows."""
 
-    def __init__(self, parquet_files, tokenizer, config: Mapping | SFTDataConfig | None = None):
+    def __init__(self, parquet_files, tokenizer, config: Mapping | SFTDataConfig | None = None, max_samples: int = -1):
         config = sft_data_config(config)
         self.messages_key = _earlier_or(config.multiturn.messages_key, config.messages_key, "messages")
         self.tools_key = _earlier_or(config.multiturn.tools_key, config.tools_key, "tools")
@@ -97,6 +99,7 @@ class MultiTurnSFTDataset(Dataset):
         self.tokenizer = tokenizer
         self.chat = ChatTokenizer(tokenizer, dict(config.apply_chat_template_kwargs))
         rows = read_parquet_rows(parquet_files, required_column=self.messages_key)
+        rows = limit_rows(rows, max_samples, what=str(parquet_files))  # the first rows (veRL's SFT data: no shuffle)
         self.conversations = [_column(r[self.messages_key]) for r in rows]
         self.tools = [_column(r.get(self.tools_key)) or None for r in rows]
         for i, conv in enumerate(self.conversations):

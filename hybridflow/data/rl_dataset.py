@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 
 from hybridflow.config.convert import as_section
 from hybridflow.config.data import DataConfig
+from hybridflow.data.row_limit import limit_rows
 from hybridflow.utils.tool_config import initialize_tools_from_config
 
 logger = logging.getLogger(__name__)
@@ -144,9 +145,11 @@ def tool_schemas(tool_config_path: str) -> list[dict]:
 
 class RLHFDataset(Dataset):
     """Prompts for RL. ``config`` is the ``data`` section: a ``DataConfig``, or a DictConfig / dict (veRL's
-    signature) read into one."""
+    signature) read into one. ``max_samples`` > 0: only that many rows of the files (``row_limit``)."""
 
-    def __init__(self, data_files, tokenizer, config: Mapping | DataConfig | None = None, processor=None):
+    def __init__(
+        self, data_files, tokenizer, config: Mapping | DataConfig | None = None, processor=None, max_samples: int = -1
+    ):
         self.config = data_config(config)
         self.tokenizer = tokenizer
         self.processor = processor  # accepted for veRL compatibility; multimodal inputs are not supported
@@ -157,6 +160,8 @@ class RLHFDataset(Dataset):
         require_chat_template(tokenizer)
         self.tool_schemas = tool_schemas(self.config.tool_config_path) if self.config.tool_config_path else None
         self.rows = read_parquet_rows(self.data_files, required_column=self.prompt_key)
+        # data.train_max_samples / data.val_max_samples, before the length filter (as veRL)
+        self.rows = limit_rows(self.rows, max_samples, self.config.shuffle, self.config.seed, str(self.data_files))
         if self.config.filter_overlong_prompts:
             self._filter_overlong()
 

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from hybridflow.config.convert import as_section
 from hybridflow.config.sft_trainer import SFTDataConfig
 from hybridflow.data.rl_dataset import pad_ids, position_ids_from_mask, read_parquet_rows, require_chat_template
+from hybridflow.data.row_limit import limit_rows
 
 SFT_TRUNCATIONS = ("error", "left", "right")
 
@@ -46,10 +47,16 @@ def lookup(row: dict, key: str, dict_keys: Sequence[str], what: str, idx: int) -
 
 class SFTDataset(Dataset):
     """(prompt, response) pairs for SFT. ``config`` is the ``data`` section: an ``SFTDataConfig``, or a
-    DictConfig / dict read into one. ``use_chat_template=False``: the prompt column's text as it is."""
+    DictConfig / dict read into one. ``use_chat_template=False``: the prompt column's text as it is.
+    ``max_samples`` > 0: only the first that many rows."""
 
     def __init__(
-        self, parquet_files, tokenizer, config: Mapping | SFTDataConfig | None = None, use_chat_template: bool = True
+        self,
+        parquet_files,
+        tokenizer,
+        config: Mapping | SFTDataConfig | None = None,
+        use_chat_template: bool = True,
+        max_samples: int = -1,
     ):
         self.config = sft_data_config(config)
         self.use_chat_template = use_chat_template
@@ -59,6 +66,7 @@ class SFTDataset(Dataset):
         if self.use_chat_template:
             require_chat_template(tokenizer)
         rows = read_parquet_rows(parquet_files, required_column=self.config.prompt_key)
+        rows = limit_rows(rows, max_samples, what=str(parquet_files))  # the first rows (veRL's SFT data: no shuffle)
         if self.config.response_key not in rows[0]:
             raise KeyError(
                 f"SFT data {parquet_files} has no column {self.config.response_key!r} (response_key); "

@@ -12,8 +12,12 @@ The global batch is the same set of rows whatever W (rank r takes the r-th conti
 so a torchrun run with 2 processes sees exactly the batches of a single-process run.
 
 Checkpoints: rank 0 writes ``<default_local_dir>/global_step_N/`` (config, safetensors, tokenizer,
-generation config) and then ``latest_checkpointed_iteration.txt`` holding N; the RL trainer starts from
-that directory with ``actor_rollout_ref.model.path=.../global_step_N``.
+generation config), all ranks then the training state a resume reads into ``global_step_N/engine/``
+(``checkpoint.save_contents``: model and optimizer through torch.distributed.checkpoint, the LR schedule,
+RNG and step in ``extra``), and rank 0 last ``latest_checkpointed_iteration.txt`` holding N. The RL
+trainer starts from that directory with ``actor_rollout_ref.model.path=.../global_step_N``; a rerun with
+``trainer.resume_mode=auto`` (the default) continues from it: the same weights, AdamW moments, learning
+rate and data position (the batches of an epoch follow from the seed and the epoch alone).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from hybridflow.config.convert import as_section
 from hybridflow.config.sft_trainer import SFT_LR_SCHEDULERS, SFT_STRATEGIES, SFTDataConfig, SFTTrainerConfig
 from hybridflow.data.multiturn_sft_dataset import MultiTurnSFTDataset
 from hybridflow.data.rl_dataset import collate_fn
+from hybridflow.data.row_limit import max_samples_kwargs
 from hybridflow.data.sampler import epoch_order
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.trainer.config_checks import resolve_device
@@ -42,6 +47,7 @@ from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.utils.torch_functional import logprobs_from_logits
 from hybridflow.utils.tracking import SUPPORTED as SUPPORTED_LOGGERS
 from hybridflow.utils.tracking import Tracking
+from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
 from hybridflow.workers.engine.optim import build_optimizer, lr_multiplier, resolve_warmup_steps
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
@@ -52,6 +58,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["FSDPSFTTrainer", "sft_nll_sum", "sft_lr_multiplier", "rank_slice", "create_sft_dataset", "latest_hf_dir"]
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
+ENGINE_STATE_DIR = "engine"  # global_step_N/engine: the training state (weights, AdamW, schedule, RNG, step)
+TRAINING_STATE = frozenset(("model", "optimizer", "extra"))
 METRICS_FILE = "metrics.jsonl"
 LR_SCHEDULERS = SFT_LR_SCHEDULERS
 STRATEGIES = SFT_STRATEGIES
@@ -131,8 +139,11 @@ def _load_class(path: str, name: str):
     return getattr(module, name)
 
 
-def create_sft_dataset(files, data_config: SFTDataConfig, tokenizer):
-    """``data.custom_cls`` if configured (called as ``cls(files, tokenizer, data_config)``), else
+def create_sft_dataset(
+    files, data_config: SFTDataConfig, tokenizer, max_samples: int = -1, max_samples_key: str = "data.train_max_samples"
+):
+    """``data.custom_cls`` if configured (called as ``cls(files, tokenizer, data_config)``, plus
+    ``max_samples=`` where the class takes it: the row limit ``max_samples_key`` set), else
     MultiTurnSFTDataset for conversations (``data.multiturn.enable``, or data with a ``data.messages_key``
     column and no ``data.prompt_key`` column, as veRL 0.9.1 reads them), else SFTDataset.
 
@@ -145,7 +156,7 @@ def create_sft_dataset(files, data_config: SFTDataConfig, tokenizer):
         cls = MultiTurnSFTDataset  # chat messages (+ tools): loss on the assistant turns only
     else:
         cls = SFTDataset
-    return cls(files, tokenizer, data_config)
+    return cls(files, tokenizer, data_config, **max_samples_kwargs(cls, max_samples, max_samples_key))
 
 
 def _holds_conversations(files, data_config: SFTDataConfig) -> bool:
@@ -207,9 +218,13 @@ class FSDPSFTTrainer:
         if model_cfg.custom_chat_template:
             self.tokenizer.chat_template = model_cfg.custom_chat_template
         if train_dataset is None:
-            train_dataset = create_sft_dataset(data.train_files, data, self.tokenizer)
+            train_dataset = create_sft_dataset(
+                data.train_files, data, self.tokenizer, data.train_max_samples, "data.train_max_samples"
+            )
         if val_dataset is None and data.val_files:
-            val_dataset = create_sft_dataset(data.val_files, data, self.tokenizer)
+            val_dataset = create_sft_dataset(
+                data.val_files, data, self.tokenizer, data.val_max_samples, "data.val_max_samples"
+            )
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         batch = data.train_batch_size
         if len(self.train_dataset) < batch:
@@ -248,10 +263,12 @@ class FSDPSFTTrainer:
                 float(optim.num_cycles),
             ),
         )
+        self.engine.optimizer, self.engine.lr_scheduler = self.optimizer, self.lr_scheduler  # what a checkpoint holds
         self.device = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         self.compute_dtype = sft_compute_dtype(cfg.engine.dtype, device)
-        self.global_step = 0
         self._log_file = None
+        self.resumed_from = self._resume_dir()
+        self.global_step = self._load_training_state(self.resumed_from) if self.resumed_from else 0
         n_params = sum(p.numel() for p in module.parameters())
         self._say(
             logging.INFO,
@@ -260,12 +277,13 @@ class FSDPSFTTrainer:
         )
 
     # --- data ---------------------------------------------------------------------------------------
-    def train_batches(self, epoch: int) -> Iterator[dict]:
-        """This rank's slice of every global batch of ``epoch`` (order from (seed, epoch) only)."""
+    def train_batches(self, epoch: int, start: int = 0) -> Iterator[dict]:
+        """This rank's slice of every global batch of ``epoch`` from batch ``start`` on (order from (seed,
+        epoch) only, so a resumed run takes up where the checkpoint was written)."""
         batch = self.config.data.train_batch_size
         order = epoch_order(len(self.train_dataset), self.config.trainer.seed, epoch)
         mine = rank_slice(batch, self.rank, self.world_size)
-        for b in range(self.steps_per_epoch):
+        for b in range(start, self.steps_per_epoch):
             rows = order[b * batch : (b + 1) * batch][mine]
             yield collate_fn([self.train_dataset[i] for i in rows])
 
@@ -349,7 +367,8 @@ class FSDPSFTTrainer:
 
     # --- checkpoints --------------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> str:
-        """Write ``global_step_<step>`` as a Hugging Face directory (all ranks call; rank 0 writes)."""
+        """Write ``global_step_<step>`` as a Hugging Face directory (rank 0), with the training state of
+        ``checkpoint.save_contents`` in its ``engine/`` (all ranks; collective). All ranks call."""
         out = os.path.join(self.config.trainer.local_dir, f"global_step_{step}")
         state = self.engine.full_state_dict()  # a collective under FSDP
         if self.rank == 0:
@@ -358,6 +377,16 @@ class FSDPSFTTrainer:
             state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items() if k not in tied}
             self.engine.unwrapped.save_pretrained(out, state_dict=state, safe_serialization=True)
             self.tokenizer.save_pretrained(out)
+        del state
+        training_state = TRAINING_STATE & set(self.config.checkpoint.save_contents)
+        if training_state:
+            save_engine_checkpoint(
+                self.engine,
+                os.path.join(out, ENGINE_STATE_DIR),
+                extra_state={"global_step": step},
+                save_contents=training_state,
+            )
+        if self.rank == 0:
             with open(os.path.join(self.config.trainer.local_dir, LATEST_FILE), "w") as f:
                 f.write(str(step))  # written last: the directory is complete
             self._drop_old_checkpoints()
@@ -365,6 +394,48 @@ class FSDPSFTTrainer:
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
         return out
+
+    def _resume_dir(self) -> str | None:
+        """The ``global_step_N`` directory this run continues (``trainer.resume_mode``), or None."""
+        run = self.config.trainer
+        if run.resume_mode == "disable":
+            return None
+        if run.resume_mode == "resume_path":
+            path = os.path.abspath(os.path.expanduser(str(run.resume_from_path)))
+            if not os.path.isdir(path):
+                raise FileNotFoundError(f"trainer.resume_from_path={run.resume_from_path!r} is not a directory")
+            return path
+        path = latest_hf_dir(run.local_dir)  # auto: the newest complete checkpoint, if any
+        if path is not None and not os.path.isdir(path):
+            raise FileNotFoundError(
+                f"trainer.resume_mode=auto: {os.path.join(run.local_dir, LATEST_FILE)} names {path}, which does "
+                "not exist; set trainer.resume_mode=disable to start over"
+            )
+        return path
+
+    def _load_training_state(self, path: str) -> int:
+        """Weights, AdamW, LR schedule and RNG from ``path``'s ``engine/`` (``checkpoint.load_contents``);
+        returns the step it was written at. All ranks call (collective)."""
+        mode, contents = self.config.trainer.resume_mode, TRAINING_STATE & set(self.config.checkpoint.load_contents)
+        state_dir = os.path.join(path, ENGINE_STATE_DIR)
+        if not os.path.isdir(state_dir):
+            raise ValueError(
+                f"trainer.resume_mode={mode}: checkpoint {path} holds no training state ({ENGINE_STATE_DIR}/ is "
+                "missing: it was saved without model/optimizer/extra in checkpoint.save_contents, or by an earlier "
+                f"hybridflow); set trainer.resume_mode=disable to start over (its checkpoints are replaced), or "
+                f"model.path={path} to start from its weights"
+            )
+        if not {"model", "extra"} <= contents:
+            raise ConfigError(
+                f"trainer.resume_mode={mode} reads the weights and the step: checkpoint.load_contents must hold "
+                f"model and extra, got {list(self.config.checkpoint.load_contents)}"
+            )
+        extra = load_engine_checkpoint(self.engine, state_dir, contents)
+        step = int((extra or {}).get("global_step", -1))
+        if step < 0:
+            raise ValueError(f"checkpoint {state_dir} records no global_step in its extra state")
+        self._say(logging.INFO, f"resumed from {path} at step {step} of {self.total_steps}")
+        return step
 
     def _drop_old_checkpoints(self) -> None:
         keep = self.config.trainer.max_ckpt_to_keep
@@ -397,10 +468,10 @@ class FSDPSFTTrainer:
     def fit(self) -> str:
         """Train for ``total_steps``; validate every test_freq and at the end; save every save_freq and
         at the end. Returns the final Hugging Face directory."""
-        run, last_saved, final_dir = self.config.trainer, None, None
-        epoch = 0
+        run, final_dir = self.config.trainer, self.resumed_from
+        epoch, start = divmod(self.global_step, self.steps_per_epoch)  # a resumed run's place in the data
         while self.global_step < self.total_steps:
-            for batch in self.train_batches(epoch):
+            for batch in self.train_batches(epoch, start):
                 self.global_step += 1
                 step = self.global_step
                 metrics = self.training_step(batch)
@@ -410,11 +481,11 @@ class FSDPSFTTrainer:
                     metrics["val/loss"] = self.validation_loss()
                 self.log(metrics, step)
                 if is_last or (run.save_freq > 0 and step % run.save_freq == 0):
-                    final_dir, last_saved = self.save_checkpoint(step), step
+                    final_dir = self.save_checkpoint(step)
                 if is_last:
                     break
-            epoch += 1
-        if last_saved != self.global_step:  # total_steps == 0
+            epoch, start = epoch + 1, 0
+        if final_dir is None:  # total_steps == 0 (a resumed run that had nothing left returns its checkpoint)
             final_dir = self.save_checkpoint(self.global_step)
         if self._log_file is not None:
             self._log_file.finish()

@@ -156,4 +156,4 @@ def test_the_sft_yaml_reads_into_the_defaults():
     assert type(loaded.optim).__name__ == "SFTOptimizerConfig"
     assert loaded.optim._target_.endswith(".FSDPOptimizerConfig")  # veRL's class named, the SFT one built
     assert loaded.optim.lr_scheduler_type == "wsd" and loaded.model.path == "/m"
-    assert loaded.checkpoint.save_contents == loaded.checkpoint.load_contents == ["hf_model"]
+    assert loaded.checkpoint.save_contents == loaded.checkpoint.load_contents == ["model", "optimizer", "extra"]

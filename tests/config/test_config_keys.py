@@ -135,10 +135,10 @@ def test_readme_links_the_table():
 def test_not_supported_is_accepted_at_its_default_and_refused_when_set():
     load_config("ppo_trainer", ["algorithm.use_pf_ppo=False"])  # veRL's default, written out
     with pytest.raises(ConfigError) as e:
-        load_config("ppo_trainer", ["actor_rollout_ref.rollout.scheduling_policy=priority", "trainer.val_only=True"])
+        load_config("ppo_trainer", ["actor_rollout_ref.rollout.scheduling_policy=priority", "trainer.checkpoint_callback_class=my.Hook"])
     msg = str(e.value)
     assert "actor_rollout_ref.rollout.scheduling_policy='priority' is not supported by hybridflow" in msg
-    assert "trainer.val_only=True is not supported by hybridflow" in msg  # every refusal at once
+    assert "trainer.checkpoint_callback_class='my.Hook' is not supported by hybridflow" in msg  # every refusal at once
 
 
 def test_honoured_keys_with_values_refuse_the_others():
@@ -249,7 +249,7 @@ def test_earlier_sft_spellings():
 
 def test_flipping_a_status_is_a_data_change(monkeypatch):
     table = TABLES["ppo_trainer"]
-    old = table.rule_for("trainer.val_only")
+    old = table.rule_for("trainer.checkpoint_callback_class")
     assert old.status == NOT_SUPPORTED
     flipped = KeyTable(
         table.name,
@@ -257,7 +257,8 @@ def test_flipping_a_status_is_a_data_change(monkeypatch):
         table.aliases,
     )
     monkeypatch.setitem(config_keys.TABLES, "ppo_trainer", flipped)
-    assert load_config("ppo_trainer", ["trainer.val_only=True"]).trainer.val_only is True
+    config = load_config("ppo_trainer", ["trainer.checkpoint_callback_class=my.Hook"])
+    assert config.trainer.checkpoint_callback_class == "my.Hook"
 
 
 def test_user_config_extending_ppo_trainer_the_verl_way(tmp_path):

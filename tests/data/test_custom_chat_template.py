@@ -21,7 +21,7 @@ def _first_prompt(monkeypatch, tiny_model_dir, tiny_data_dir, tmp_path, *extra) 
     """(the first training prompt as the model sees it, its user message) from main_ppo's own dataset."""
     seen = {}
 
-    def capture(files, tokenizer, data_config):
+    def capture(files, tokenizer, data_config, *limit):
         seen["dataset"] = BUILD(files, tokenizer, data_config)
         seen["tokenizer"] = tokenizer
         raise _Stop  # the data is all this test needs: no backend, no workers

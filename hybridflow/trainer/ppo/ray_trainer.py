@@ -636,9 +636,9 @@ class RayPPOTrainer:
 
     # --------------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, float]:
-        """Train to ``total_training_steps``. On any failure (a worker error or death, Ctrl-C) the
-        save in progress is removed, the workers are shut down and the error re-raised with the step
-        and the checkpoint a ``resume_mode=auto`` rerun would continue from."""
+        """Train to ``total_training_steps`` (``trainer.val_only``: validate once instead). On any failure
+        (a worker error or death, Ctrl-C) the save in progress is removed, the workers are shut down and the
+        error re-raised with the step and the checkpoint a ``resume_mode=auto`` rerun would continue from."""
         t = self.config.trainer
         tracking = Tracking(
             t.project_name, t.experiment_name, list(t.logger), to_dict(self.config), log_dir=t.default_local_dir
@@ -654,6 +654,8 @@ class RayPPOTrainer:
     def _fit(self, tracking) -> dict[str, float]:
         t = self.config.trainer
         self.global_steps = self.load_checkpoint()
+        if t.val_only:  # veRL's evaluation run: the (resumed) policy on the validation set, nothing trained
+            return self._validate_only(tracking)
         last: dict[str, float] = {}
         if self.val_reward_fn is not None and t.val_before_train and self.global_steps == 0:
             last = self.validate()
@@ -684,6 +686,17 @@ class RayPPOTrainer:
             last = metrics
         progress.close()
         return last
+
+    def _validate_only(self, tracking) -> dict[str, float]:
+        """``trainer.val_only=True``: validate at the loaded step (0 without a checkpoint), log, return."""
+        if self.val_reward_fn is None:
+            raise ValueError("trainer.val_only=True needs a validation reward function; this trainer has none")
+        with timer("testing", timings := {}):
+            metrics = self.validate()
+        metrics["timing_s/testing"] = timings["testing"]
+        metrics["training/global_step"] = self.global_steps
+        tracking.log(metrics, step=self.global_steps)
+        return metrics
 
     def _abort(self, error: BaseException) -> None:
         tmp = getattr(self, "_saving_tmp", None)
