@@ -72,7 +72,9 @@ class DataConfig(BaseConfig):
     seed: int | None = doc(1, "hybridflow: 1 (veRL: null, an unseeded sampler), so runs are reproducible")
     dataloader_num_workers: int = doc(8, "processes reading the data", note=_LOADER_SPEED)
     image_patch_size: int = doc(14, "vision models' patch size", refused=VLM)
-    validation_shuffle: bool = doc(False, "shuffle the validation prompts", refused="read in file order")
+    validation_shuffle: bool = doc(
+        False, "validate the prompts in an order drawn from data.seed and the step (default: file order)"
+    )
     filter_overlong_prompts: bool = doc(False, "drop prompts longer than max_prompt_length")
     filter_overlong_prompts_workers: int = doc(1, "processes measuring the prompts", note=_LOADER_SPEED)
     truncation: str = doc("error", "error | left | right | middle, for prompts that are too long")

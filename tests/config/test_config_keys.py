@@ -135,7 +135,10 @@ def test_readme_links_the_table():
 def test_not_supported_is_accepted_at_its_default_and_refused_when_set():
     load_config("ppo_trainer", ["algorithm.use_pf_ppo=False"])  # veRL's default, written out
     with pytest.raises(ConfigError) as e:
-        load_config("ppo_trainer", ["actor_rollout_ref.rollout.scheduling_policy=priority", "trainer.checkpoint_callback_class=my.Hook"])
+        load_config(
+            "ppo_trainer",
+            ["actor_rollout_ref.rollout.scheduling_policy=priority", "trainer.checkpoint_callback_class=my.Hook"],
+        )
     msg = str(e.value)
     assert "actor_rollout_ref.rollout.scheduling_policy='priority' is not supported by hybridflow" in msg
     assert "trainer.checkpoint_callback_class='my.Hook' is not supported by hybridflow" in msg  # every refusal at once

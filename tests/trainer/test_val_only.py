@@ -104,3 +104,35 @@ def test_val_only_refuses_settings_it_cannot_honour(tiny_model_dir, tiny_data_di
     config = _config(tiny_model_dir, tiny_data_dir, tmp_path, "trainer.val_only=True", *extra)
     with pytest.raises(ConfigError, match=message):
         checked_config(config)
+
+
+def _prompts(directory, step) -> list[str]:
+    with open(directory / f"{step}.jsonl") as f:
+        return [json.loads(line)["input"] for line in f]
+
+
+def test_validation_shuffle_validates_the_same_prompts_in_a_drawn_order(tiny_model_dir, tiny_data_dir, tmp_path):
+    runs = {}
+    for name, extra in (
+        ("file", []),
+        ("shuffled", ["data.validation_shuffle=True"]),
+        ("again", ["data.validation_shuffle=True"]),
+    ):
+        out = tmp_path / name
+        metrics = run_ppo(
+            _config(
+                tiny_model_dir,
+                tiny_data_dir,
+                tmp_path,
+                "trainer.val_only=True",
+                "trainer.resume_mode=disable",
+                f"trainer.validation_data_dir={out}",
+                *extra,
+            )
+        )
+        runs[name] = (_prompts(out, 0), metrics)
+    (in_file, file_metrics), (shuffled, shuffled_metrics), (again, _) = runs["file"], runs["shuffled"], runs["again"]
+    assert sorted(shuffled) == sorted(in_file) and shuffled != in_file  # the same rows, another order
+    assert again == shuffled  # drawn from data.seed and the step: reproducible
+    # the same metrics (their values may differ in the last bits: hf generation batches rows in another company)
+    assert {k for k in shuffled_metrics if k.startswith("val-")} == {k for k in file_metrics if k.startswith("val-")}

@@ -481,7 +481,7 @@ class RayPPOTrainer:
         best@N/mean, maj@N/mean, the rest under val-aux."""
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
         n = int(val_kwargs.n)
-        batch = DataProto.from_single_dict(self.collate_fn([self.val_dataset[i] for i in range(len(self.val_dataset))]))
+        batch = DataProto.from_single_dict(self.collate_fn([self.val_dataset[i] for i in self._validation_order()]))
         batch = batch.repeat(repeat_times=n, interleave=True)
         # one id per prompt, shared by its n responses (rows r // n): the groups of best@N / maj@N
         uids = (
@@ -513,6 +513,15 @@ class RayPPOTrainer:
                 }
             )
         return out
+
+    def _validation_order(self) -> list[int]:
+        """The validation rows in file order, or with ``data.validation_shuffle`` in an order drawn from
+        (data.seed, global step): which samples log_val_generations shows changes from one validation to the next."""
+        n = len(self.val_dataset)
+        if not self.config.data.validation_shuffle:
+            return list(range(n))
+        seed = int(self.config.data.seed) if self.config.data.seed is not None else 0
+        return np.random.default_rng([seed, int(self.global_steps)]).permutation(n).tolist()
 
     def _log_val_generations(self, batch: DataProto, scores) -> None:
         k = int(self.config.trainer.log_val_generations or 0)
