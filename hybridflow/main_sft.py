@@ -8,7 +8,8 @@ Several processes (one per GPU, or CPU processes over gloo), each taking 1/N of 
 
     torchrun --standalone --nproc_per_node=2 -m hybridflow.main_sft ...
 
-Writes Hugging Face directories to ``trainer.default_local_dir/global_step_N`` and prints the last one.
+Writes Hugging Face directories to ``trainer.default_local_dir/global_step_N`` (with the training state in
+their ``engine/``) and prints the last one; run again, it continues from the newest (``trainer.resume_mode=auto``).
 """
 
 from __future__ import annotations
