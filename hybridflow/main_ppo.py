@@ -94,21 +94,20 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     d = config.data  # data.custom_cls or RLHFDataset; *_max_samples: part of the files
     train_dataset = build_rl_dataset(d.train_files, tokenizer, d, d.train_max_samples, "data.train_max_samples")
     val_dataset = build_rl_dataset(d.val_files, tokenizer, d, d.val_max_samples, "data.val_max_samples")
-    if len(train_dataset) < int(config.data.train_batch_size):
-        raise ValueError(
-            f"data.train_batch_size={config.data.train_batch_size} is larger than the training set "
-            f"({len(train_dataset)} prompts in {config.data.train_files}): no full batch"
-        )
+    gen_batch = int(d.gen_batch_size or d.train_batch_size)  # the dataloader's batch (DAPO's generation batch)
+    for key, size in (("data.train_batch_size", int(d.train_batch_size)), ("data.gen_batch_size", gen_batch)):
+        if len(train_dataset) < size:
+            raise ValueError(
+                f"{key}={size} is larger than the training set ({len(train_dataset)} prompts in "
+                f"{d.train_files}): no full batch"
+            )
     if config.data.seed is None:
         raise ConfigError(
             "data.seed=null (veRL's unseeded sampler) is not supported: the sampler's seed is part of "
             "every checkpoint so that a run can resume; set data.seed to an integer"
         )
     dataloader = create_rl_dataloader(
-        train_dataset,
-        batch_size=int(config.data.train_batch_size),
-        seed=int(config.data.seed),
-        shuffle=bool(config.data.shuffle),
+        train_dataset, batch_size=gen_batch, seed=int(config.data.seed), shuffle=bool(config.data.shuffle)
     )
     reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
     check_prompts_fit(train_dataset, "data.train_files")  # last: the one check that tokenizes every prompt

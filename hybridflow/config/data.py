@@ -46,9 +46,8 @@ class DataConfig(BaseConfig):
     train_batch_size: int = doc(1024, "prompts per training step")
     gen_batch_size: int | None = doc(
         None,
-        "prompts per generation when groups are filtered (algorithm.filter_groups)",
-        refused="a generation batch of its own size is not implemented; algorithm.filter_groups refills in "
-        "data.train_batch_size batches",
+        "prompts per generation batch under algorithm.filter_groups (DAPO: a few times train_batch_size, so one "
+        "batch usually holds a step's informative groups; the surplus is trimmed); null: data.train_batch_size",
     )
     val_batch_size: int | None = doc(
         None, "deprecated", note="deprecated in veRL; validation runs the whole validation set as one batch"

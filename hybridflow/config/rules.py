@@ -329,6 +329,20 @@ def _check_algorithm(p: Problems, cfg) -> None:
                 "not applied (the PPO ratio already is π_θ/π_rollout); loss_type=reinforce applies them"
             )
     fg = algo.filter_groups
+    gen_bs, train_bs = cfg.data.gen_batch_size, cfg.data.train_batch_size
+    if gen_bs is not None and gen_bs != train_bs:
+        if not _is_positive(gen_bs):
+            p.errors.append(f"data.gen_batch_size must be a positive number of prompts (or null), got {gen_bs!r}")
+        elif fg is None or not fg.enable:
+            p.errors.append(
+                f"data.gen_batch_size={gen_bs} (data.train_batch_size={train_bs}) sizes dynamic sampling's "
+                "generation batches: set algorithm.filter_groups.enable=True, or leave it null"
+            )
+        elif cfg.async_training.mode != "sync" or cfg.trainer.v1.trainer_mode != "sync":
+            p.errors.append(
+                f"data.gen_batch_size={gen_bs}: the asynchronous modes stream prompt groups, not batches; "
+                "leave it null there"
+            )
     if fg is not None and fg.enable and n == 1:
         p.notes.append(
             f"algorithm.filter_groups.enable=True with {_ROLLOUT}.n=1: a group of one "

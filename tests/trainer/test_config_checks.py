@@ -212,6 +212,16 @@ def test_group_estimators_need_several_samples():
     check("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=5", "critic.ppo_micro_batch_size_per_gpu=null")
 
 
+def test_a_generation_batch_size_needs_dynamic_sampling_in_the_synchronous_mode():
+    dapo = ("algorithm.filter_groups.enable=True", "data.gen_batch_size=768")  # 3 x train_batch_size=256
+    check(*dapo)
+    check("data.gen_batch_size=256")  # equal to train_batch_size: nothing to size
+    assert "set algorithm.filter_groups.enable=True, or leave it null" in error_of("data.gen_batch_size=768")
+    assert "data.gen_batch_size must be a positive number" in error_of(dapo[0], "data.gen_batch_size=0")
+    msg = error_of(*dapo, "trainer.v1.trainer_mode=colocate_async")
+    assert "data.gen_batch_size=768: the asynchronous modes stream prompt groups" in msg
+
+
 def test_kl_twice_is_a_warning():
     notes = check("actor_rollout_ref.actor.use_kl_loss=True", "algorithm.use_kl_in_reward=True")
     assert any(n.startswith("warning:") and "use_kl_in_reward" in n for n in notes)

@@ -196,9 +196,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-def test_filter_groups_trains_only_informative_groups(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("gen_batch", [None, 12])
+def test_filter_groups_trains_only_informative_groups(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch, gen_batch):
     """filter_groups on the reward's extra field 'acc': even-answer groups are always uniform and never trained;
-    each step holds exactly train_batch_size groups; num_gen_batches counts the generations."""
+    each step holds exactly train_batch_size groups; num_gen_batches counts the generations, each of
+    data.gen_batch_size prompts (DAPO's generation batch; null: train_batch_size)."""
     rec = Recorder(monkeypatch, gap=False)
     reward = os.path.join(str(tmp_path), "informative_reward.py")
     with open(reward, "w") as f:
@@ -208,8 +210,10 @@ def test_filter_groups_trains_only_informative_groups(tiny_model_dir, tiny_data_
         "algorithm.filter_groups.enable=True",
         "algorithm.filter_groups.metric=acc",
         "algorithm.filter_groups.max_num_gen_batches=20",
+        f"data.gen_batch_size={'null' if gen_batch is None else gen_batch}",
     ]
     run_ppo(load_config("ppo_trainer", overrides))
+    per_generation = gen_batch or 4
 
     steps = read_metrics(tmp_path)
     assert len(steps) == 3 and len(rec.updates) == 3
@@ -220,6 +224,7 @@ def test_filter_groups_trains_only_informative_groups(tiny_model_dir, tiny_data_
         assert_finite(m)
         scored = rec.scored[first : first + count]
         first += count
+        assert [len(batch) for batch in scored] == [per_generation] * count  # prompts of each generation
         # even answers are uniform (the reward says 0.5 for all); a step keeps generating while fewer
         # than 4 groups with differing scores are held, and stops at the batch that completes them
         informative = [sum(len({s for _, s in g}) > 1 for g in batch.values()) for batch in scored]
@@ -234,8 +239,9 @@ def test_filter_groups_trains_only_informative_groups(tiny_model_dir, tiny_data_
         assert len(groups) == 4 and all(len(v) == 2 for v in groups.values())
         for members in groups.values():
             assert members[0][0] % 2 == 1 and members[0][1] != members[1][1], members
-        seen = 4 * count
+        seen = per_generation * count
         assert m["training/filter_groups/groups_seen"] == seen
         assert m["training/filter_groups/kept_groups"] == 4 + m["training/filter_groups/discarded_surplus_samples"]
         assert m["training/filter_groups/evicted_samples"] == seen - m["training/filter_groups/kept_groups"]
-    assert max(generations) >= 2  # half the answers are even: some step needed a refill
+    if gen_batch is None:
+        assert max(generations) >= 2  # half the answers are even: some step needed a refill

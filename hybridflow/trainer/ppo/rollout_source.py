@@ -89,13 +89,16 @@ class SyncRolloutSource:
         prompts_per_step: int,
         max_inflight_batches: int = 1,
         refill_failed: bool = False,
+        batch_size: int | None = None,
     ):
         """``max_inflight_batches``: dynamic sampling's prompt batches per refill (0: dynamic sampling is off, a
         refill draws exactly the missing prompts); ``refill_failed``: a group with a failed trajectory is
-        dropped (its prompt never trained) and the step's refill replaces it, else the failure stops the run."""
+        dropped (its prompt never trained) and the step's refill replaces it, else the failure stops the run;
+        ``batch_size``: prompts per dataloader batch (``data.gen_batch_size``; None: ``prompts_per_step``)."""
         self.manager, self.prompt_batches, self.dataloader = manager, prompt_batches, prompt_batches.loader
         self.n, self.do_sample, self.push_weights = n, do_sample, push_weights
-        self.prompts_per_step = prompts_per_step  # a dataloader batch
+        self.prompts_per_step = prompts_per_step  # groups a step trains
+        self.batch_size = batch_size or prompts_per_step  # prompts a dataloader batch holds
         self.max_inflight_batches = max_inflight_batches
         self.refill_failed = refill_failed
         self.epoch = 0
@@ -141,7 +144,7 @@ class SyncRolloutSource:
         if not self.max_inflight_batches:  # failed groups only: exactly one new prompt each
             return self.generate(self._next_prompts(missing_groups), timing, metrics, step, version), 1
         count = prompt_batches_for_next_round(
-            missing_groups, self.prompts_per_step, self.max_inflight_batches, batches_so_far, max_batches
+            missing_groups, self.batch_size, self.max_inflight_batches, batches_so_far, max_batches
         )
         batches = [DataProto.from_single_dict(next(self.prompt_batches)) for _ in range(count)]
         prompts = DataProto.concat(batches) if count > 1 else batches[0]
@@ -380,7 +383,10 @@ def make_rollout_source(
         return AsyncRolloutSource(*common, push_weights, rollout_wg, *schedule)
     refill_failed = bool(v1.sampler.sync_refill_failed_groups)  # V1's sync mode: hybridflow's three schedules
     if mode == "sync":
-        return SyncRolloutSource(*common, push_weights, prompts_per_step, max_inflight_batches, refill_failed)
+        batch_size = int(config.data.gen_batch_size or prompts_per_step)  # DAPO's generation batch
+        return SyncRolloutSource(
+            *common, push_weights, prompts_per_step, max_inflight_batches, refill_failed, batch_size
+        )
     if mode == "one_step_off":
         schedule = (1.0, 1, False, None, refill_failed)
         return AsyncRolloutSource(*common, push_weights, rollout_wg, prompts_per_step, *schedule)

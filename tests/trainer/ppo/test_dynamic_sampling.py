@@ -141,12 +141,22 @@ class Loader:
         return {"epoch": 0}
 
 
-def run_dynamic_sampling(scores: dict, settings: FilterGroupsConfig, batch_size: int = 4):
+def run_dynamic_sampling(scores: dict, settings: FilterGroupsConfig, batch_size: int = 4, gen_batch_size=None):
     """The synchronous source and the one dynamic-sampling loop, wired as ``train_step`` wires them; the
-    score of both responses of prompt p is ``scores[p]`` (a pair, or one number for a uniform group)."""
+    score of both responses of prompt p is ``scores[p]`` (a pair, or one number for a uniform group).
+    ``gen_batch_size``: the loader's batches (data.gen_batch_size), ``batch_size`` the groups a step trains."""
     manager = FakeManager()
+    loader = Loader(gen_batch_size or batch_size)
     source = SyncRolloutSource(
-        manager, EpochCycler(Loader(batch_size)), 2, True, None, batch_size, settings.max_inflight_gen_batches
+        manager,
+        EpochCycler(loader),
+        2,
+        True,
+        None,
+        batch_size,
+        settings.max_inflight_gen_batches,
+        False,
+        gen_batch_size,
     )
 
     def score(batch: DataProto) -> DataProto:
@@ -190,6 +200,24 @@ def test_dynamic_sampling_in_flight_refills_several_batches_at_once():
     assert calls == [[0, 1, 2, 3], list(range(4, 12))]
     assert out.batch["p"].tolist() == [8, 8, 9, 9, 10, 10, 11, 11]
     assert metrics["training/filter_groups/num_gen_batches"] == 3.0  # prompt batches, over 2 rounds
+
+
+def test_a_generation_batch_of_its_own_size():
+    # data.gen_batch_size=12 for 4 groups a step: one batch of 12 usually holds them, the surplus trimmed
+    informative = {0, 5, 6, 8, 9, 10, 11}
+    scores = {p: (0.0, 1.0) if p in informative else 1.0 for p in range(100)}
+    out, metrics, calls = run_dynamic_sampling(scores, FilterGroupsConfig(enable=True, metric="reward"), 4, 12)
+    assert calls == [list(range(12))]
+    assert out.batch["p"].tolist() == [0, 0, 5, 5, 6, 6, 8, 8]
+    assert metrics["training/filter_groups/num_gen_batches"] == 1.0
+    assert metrics["training/filter_groups/discarded_surplus_samples"] == 3.0  # 9, 10, 11
+    # refills are counted in generation batches: 3 groups missing after 0-5 -> ceil(2 * 3 / 6) = 1 batch of 6
+    # (counted in batches of the 4 groups a step trains it would be 2, which max_inflight 3 would allow)
+    scores = {p: (0.0, 1.0) if p in {0, 7, 8, 9} else 1.0 for p in range(100)}
+    settings = FilterGroupsConfig(enable=True, metric="reward", max_inflight_gen_batches=3)
+    out, metrics, calls = run_dynamic_sampling(scores, settings, 4, 6)
+    assert calls == [list(range(6)), list(range(6, 12))]
+    assert out.batch["p"].tolist() == [0, 0, 7, 7, 8, 8, 9, 9]
 
 
 def test_dynamic_sampling_fails_after_max_num_gen_batches():
