@@ -13,6 +13,7 @@ from hybridflow.config.status import noted
 
 __all__ = ["MixedPrecisionConfig", "QATConfig", "QATEngineConfig", "FSDPEngineConfig", "engine_as_in_yaml"]
 
+MODEL_DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 _FSDP_SPEED = speed_only("FSDP wrapping/prefetch, torch.compile, chunked entropy, padding buckets")
 _OFFLOAD = "CUDA only; on cpu parameters and optimizer state already live in host memory"
 _DETERMINISM = (
@@ -92,9 +93,10 @@ class FSDPEngineConfig(BaseConfig):
     forward_prefetch: bool = doc(False, "prefetch the next layer's parameters in forward", note=_FSDP_SPEED)
     model_dtype: str = doc(
         "fp32",
-        "dtype the weights are loaded in",
-        values=("fp32", "float32"),
-        reason="weights are loaded in fp32 (mixed precision comes from mixed_precision.param_dtype)",
+        "dtype the weights are loaded and kept in (the optimizer's master weights when they train)",
+        values=MODEL_DTYPES,
+        reason="fp32: float32 masters, computed in mixed_precision.param_dtype; bf16/fp16: the weights, their "
+        "gradients and AdamW's moments in that dtype, as veRL (less memory, coarser updates)",
     )
     use_orig_params: bool = doc(False, "FSDP1's use_orig_params", note=_FSDP_SPEED)
     seed: int = doc(42, "seed of the worker's generators when full_determinism is on", reason=_DETERMINISM)

@@ -454,6 +454,8 @@ def _explain_gpu_only(p: Problems, cfg, judge_scored: bool) -> None:
                 f"{path}.mixed_precision.param_dtype={param_dtype} on cpu: the forward runs under autocast "
                 f"(fp32 master weights); {cpu_bf16_note()}"
             )
+        if resolve_dtype(engine.model_dtype, "cpu") in ("bfloat16", "float16"):
+            p.notes.append(f"{path}.model_dtype={engine.model_dtype} on cpu: {cpu_bf16_note()}")
     for path, engine in _vllm_engines(cfg, judge_scored):
         if engine.enable_chunked_prefill:
             p.notes.append(

@@ -27,7 +27,7 @@ from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
-from hybridflow.workers.engine import TrainEngine, engine_spec
+from hybridflow.workers.engine import TrainEngine, engine_spec, weights_dtype
 from hybridflow.workers.engine.lora import adapters_disabled, lora_spec, rollout_gets_adapter
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
 from hybridflow.workers.profiler import WorkerProfiler, merge_profilers
@@ -144,7 +144,8 @@ class ActorRolloutRefWorker(Worker):
         torch.manual_seed(0)
 
         if self._is_actor:
-            module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
+            dtype = weights_dtype(self.actor_config.fsdp_config)  # fsdp_config.model_dtype
+            module = load_model(path, "causal_lm", dtype, override_config=override, trust_remote_code=trust)
             self.hf_config = module.config
             self._use_sp_attention(module, "actor")
             spec = engine_spec(
@@ -177,7 +178,8 @@ class ActorRolloutRefWorker(Worker):
                 precision=self.actor_engine.precision,
             )
         elif self._is_ref:
-            ref_module = load_model(path, "causal_lm", override_config=override, trust_remote_code=trust)
+            dtype = weights_dtype(self.ref_config.fsdp_config)
+            ref_module = load_model(path, "causal_lm", dtype, override_config=override, trust_remote_code=trust)
             self._use_sp_attention(ref_module, "ref")
             ref_spec = engine_spec(self.ref_config.fsdp_config, self.ref_config.strategy, self.device)
             self.ref_engine = TrainEngine(ref_module, ref_spec, trainable=False)

@@ -13,7 +13,7 @@ from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.critic import DataParallelPPOCritic
-from hybridflow.workers.engine import TrainEngine, engine_spec
+from hybridflow.workers.engine import TrainEngine, engine_spec, weights_dtype
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
 from hybridflow.workers.profiler import WorkerProfiler, merge_profilers
 from hybridflow.workers.utils.device import on_device
@@ -55,7 +55,12 @@ class CriticWorker(Worker):
         # no dropout on the value head (HF defaults to 0.1): values and updates must be deterministic
         override = {"classifier_dropout": 0.0, **model_cfg.override_config}
         module = load_model(
-            path, "token_classification", override_config=override, trust_remote_code=trust, num_labels=1
+            path,
+            "token_classification",
+            weights_dtype(self.critic_config.fsdp),  # fsdp.model_dtype
+            override_config=override,
+            trust_remote_code=trust,
+            num_labels=1,
         )
         self.hf_config = module.config
         if self.layout.sp is not None:

@@ -48,8 +48,7 @@ EXPECTED = {
     "search": "retrieval server",
     "recipe": "tool config file not found",  # a file of veRL's recipe/ submodule, not part of examples/
     "custom_cls": "custom RL dataset",  # dapo/retool: recipe/retool/retool.py's dataset class (data.custom_cls)
-    # outside the multi-turn scope, refused by the key tables: bf16 actor weights, a chat template on the command line
-    "model_dtype": "weights are loaded in fp32",
+    # outside the multi-turn scope, refused by the key tables: a chat template on the command line
     "chat_template": "the tokenizer's own chat template is used",
     # the *_server examples' yaml adds rollout.server (SGLang's HTTP server mode) and sglang_rollout_mode
     "server": "an SGLang-only option",

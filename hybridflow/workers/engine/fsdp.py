@@ -123,6 +123,11 @@ def fsdp_mesh_shape(world_size: int, fsdp_size: int) -> tuple[tuple[int, ...], t
     return (world_size // fsdp_size, fsdp_size), ("ddp", "fsdp")
 
 
+def weights_dtype(engine: FSDPEngineConfig) -> torch.dtype:
+    """The dtype a role's weights are loaded and kept in (``model_dtype``; fp32: float32 masters)."""
+    return _dtype(engine.model_dtype) or torch.float32
+
+
 def _dtype(name):
     if name in (None, "", "none"):
         return None
@@ -194,6 +199,10 @@ def fully_shard_layers(module: nn.Module, **kwargs) -> nn.Module:
     return fully_shard(module, **kwargs)
 
 
+def _has_float32_masters(module: nn.Module) -> bool:
+    return any(p.dtype == torch.float32 for p in module.parameters())
+
+
 class TrainEngine:
     """A model prepared for training on this rank, plus its optimizer and LR schedule."""
 
@@ -220,8 +229,11 @@ class TrainEngine:
         if not trainable:
             for p in self.module.parameters():
                 p.requires_grad_(False)
-        # mixed precision where FSDP2 does not run it: the module unwrapped on one rank
+        # mixed precision where FSDP2 does not run it: the module unwrapped on one rank, over float32 masters
+        # (weights loaded in half precision, model_dtype=bf16, are trained as they are, as veRL trains them)
         one_rank_dtype = spec.param_dtype if not self.sharded and self.world_size == 1 else None
+        if trainable and one_rank_dtype is not None and not _has_float32_masters(self.module):
+            one_rank_dtype = None
         if one_rank_dtype is not None and not trainable:
             cast_parameters(self.module, one_rank_dtype)  # nothing to update: no float32 masters to keep
         self.precision = ComputeWeights(self.module, one_rank_dtype if trainable else None)
