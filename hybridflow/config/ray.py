@@ -10,7 +10,7 @@ from hybridflow.config.status import honoured, refused
 
 __all__ = ["RayInitConfig", "RayKwargsConfig"]
 
-_ONLY = "hybridflow passes only address, num_cpus, include_dashboard and runtime_env to ray.init"
+_ONLY = "hybridflow passes only address, num_cpus, num_gpus, include_dashboard and runtime_env to ray.init"
 
 
 @dataclass
@@ -18,6 +18,11 @@ class RayInitConfig(BaseConfig):
     """``ray_kwargs.ray_init``: the arguments of ray.init."""
 
     num_cpus: int | None = doc(None, "CPUs Ray may use; null: all (set it under SLURM or in containers)")
+    num_gpus: int | None = doc(
+        None,
+        "GPUs Ray may use; null: the ones it detects (veRL's examples add it with +, e.g. where a privileged "
+        "container hides the devices from Ray's detection)",
+    )
     runtime_env: dict = doc(
         {"py_executable": None},
         "Ray runtime_env for every worker (py_executable: the workers' interpreter; env_vars, pip, ...)",

@@ -118,6 +118,15 @@ def test_address_from_config_joins_cluster(recorded):
     assert "num_cpus" not in kw and "_node_ip_address" not in kw  # a cluster's own settings are not overridden
 
 
+def test_a_local_start_takes_num_cpus_and_num_gpus(recorded):
+    init_ray({"num_cpus": 3, "num_gpus": 2})  # veRL's examples add +ray_kwargs.ray_init.num_gpus
+    (kw,) = recorded
+    assert kw["address"] == "local" and kw["num_cpus"] == 3 and kw["num_gpus"] == 2
+    recorded.clear()
+    init_ray({"num_cpus": 3})
+    assert recorded[0]["num_gpus"] is None  # unset: Ray's own detection
+
+
 def test_address_from_env_joins_cluster(recorded, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.6:6379")
     init_ray({"ray_init": {"address": None}})  # a whole config is accepted too

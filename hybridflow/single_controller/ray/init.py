@@ -58,7 +58,7 @@ def _runtime_env(user_env: Mapping | None, runtime_env: Mapping | None) -> dict:
 def init_ray(ray_init_cfg: Any = None, num_cpus: int | None = None, runtime_env: Mapping | None = None) -> bool:
     """Start or join Ray; return True if this call initialised it, False if Ray was already up.
 
-    ``ray_init_cfg`` is the ``ray_init`` config section (``address``, ``num_cpus``,
+    ``ray_init_cfg`` is the ``ray_init`` config section (``address``, ``num_cpus``, ``num_gpus``,
     ``include_dashboard``, ``runtime_env``); the ``num_cpus`` argument wins over ``ray_init.num_cpus``.
     """
     import ray
@@ -94,11 +94,13 @@ def _start_or_join(ray, ray_init_cfg, num_cpus, runtime_env) -> bool:
         return True
 
     num_cpus = num_cpus if num_cpus is not None else cfg.get("num_cpus")
+    num_gpus = cfg.get("num_gpus")
     include_dashboard = bool(cfg.get("include_dashboard") or False)
     with _loopback_node_ip():
         ray.init(
             address="local",
             num_cpus=num_cpus,
+            num_gpus=num_gpus,
             runtime_env=env,
             _node_ip_address=LOOPBACK,
             include_dashboard=include_dashboard,
