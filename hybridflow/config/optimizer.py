@@ -9,11 +9,16 @@ from typing import ClassVar
 
 from hybridflow.config.base import BaseConfig, doc
 from hybridflow.config.errors import ConfigError, check_one_of
+from hybridflow.config.status import honoured
 
-__all__ = ["LR_SCHEDULERS", "OptimizerConfig", "FSDPOptimizerConfig"]
+__all__ = ["ADAMW_ARGUMENTS", "LR_SCHEDULERS", "OptimizerConfig", "FSDPOptimizerConfig"]
 
 LR_SCHEDULERS = ("constant", "cosine")
 _ADAMW = "hybridflow trains with torch.optim.AdamW"
+# torch.optim.AdamW's keyword arguments (torch 2.x), the ones override_optimizer_config may set
+ADAMW_ARGUMENTS = frozenset(
+    "lr betas eps weight_decay amsgrad maximize foreach capturable differentiable fused decoupled_weight_decay".split()
+)
 
 
 @dataclass
@@ -62,12 +67,23 @@ class FSDPOptimizerConfig(OptimizerConfig):
         True, "count the schedule's steps from 0", values=(True,), reason="hybridflow's schedule does"
     )
     warmup_style: str | None = doc(None, "deprecated spelling of lr_scheduler_type (wins when set)")
-    override_optimizer_config: dict | None = doc(None, "extra optimizer arguments", refused="not implemented")
+    override_optimizer_config: dict | None = doc(
+        None,
+        "keyword arguments of torch.optim.AdamW that replace or add to the above (eps, amsgrad, fused, ...)",
+        keys={"**": honoured()},  # its entries are AdamW's arguments, checked when the section is built
+    )
 
     def __post_init__(self):
         """veRL's checks when built: the deprecated ``warmup_style``, when set, is a known schedule and
-        replaces ``lr_scheduler_type`` (with a DeprecationWarning); the schedule is one this engine has."""
+        replaces ``lr_scheduler_type`` (with a DeprecationWarning); the schedule is one this engine has;
+        ``override_optimizer_config`` names only AdamW's arguments."""
         super().__post_init__()
+        unknown = sorted(set(self.override_optimizer_config or {}) - ADAMW_ARGUMENTS)
+        if unknown:
+            raise ConfigError(
+                f"optim.override_optimizer_config has {unknown}, which torch.optim.AdamW does not take; "
+                f"it takes: {', '.join(sorted(ADAMW_ARGUMENTS))}"
+            )
         if self.warmup_style is not None:
             if self.warmup_style not in self.lr_schedulers:
                 raise ConfigError(

@@ -250,6 +250,7 @@ class FSDPSFTTrainer:
             lr=float(optim.lr),
             betas=tuple(optim.betas),
             weight_decay=float(optim.weight_decay),
+            overrides=optim.override_optimizer_config,
         )
         warmup = resolve_warmup_steps(int(optim.lr_warmup_steps), float(optim.lr_warmup_steps_ratio), self.total_steps)
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(

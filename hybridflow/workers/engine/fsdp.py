@@ -292,6 +292,7 @@ class TrainEngine:
             lr=float(optim_cfg.lr),
             betas=optim_cfg.betas,
             weight_decay=float(optim_cfg.weight_decay),
+            overrides=optim_cfg.override_optimizer_config,
         )
         self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_cfg, total_steps)
         return self.optimizer, self.lr_scheduler

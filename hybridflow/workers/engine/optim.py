@@ -9,9 +9,16 @@ import torch
 from hybridflow.config.optimizer import FSDPOptimizerConfig
 
 
-def build_optimizer(params, lr: float, betas=(0.9, 0.999), weight_decay: float = 0.01, eps: float = 1e-8):
+def build_optimizer(
+    params, lr: float, betas=(0.9, 0.999), weight_decay: float = 0.01, eps: float = 1e-8, overrides=None
+):
+    """AdamW over the trainable ``params``; ``overrides`` (``optim.override_optimizer_config``, veRL's) replace
+    or add keyword arguments, as veRL's builder applies them."""
     params = [p for p in params if p.requires_grad]
-    return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, eps=eps)
+    kwargs = {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay, "eps": eps, **dict(overrides or {})}
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    return torch.optim.AdamW(params, **kwargs)
 
 
 def lr_multiplier(
