@@ -29,7 +29,7 @@ from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridflow.utils.environ import restored_environ
 from hybridflow.utils.logging_utils import setup_cli_logging
-from hybridflow.workers.model_loading import load_tokenizer, local_model_path
+from hybridflow.workers.model_loading import load_tokenizer, local_model_path, tokenizer_dir
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +86,11 @@ def build_trainer(config: PPOTrainerConfig) -> RayPPOTrainer:
     device = resolve_device(config.trainer.device)
     model_path = local_model_path(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
     trust = bool(config.data.trust_remote_code or config.actor_rollout_ref.model.trust_remote_code)
-    tokenizer = load_tokenizer(
-        config.data.tokenizer or model_path, trust, chat_template=config.actor_rollout_ref.model.custom_chat_template
+    model = config.actor_rollout_ref.model
+    tokenizer_path = config.data.tokenizer or tokenizer_dir(
+        model.tokenizer_path, model_path, "actor_rollout_ref.model.tokenizer_path"
     )
+    tokenizer = load_tokenizer(tokenizer_path, trust, chat_template=model.custom_chat_template)
 
     # data and rewards first: bad input fails before any worker starts
     d = config.data  # data.custom_cls or RLHFDataset; *_max_samples: part of the files

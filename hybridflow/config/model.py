@@ -72,7 +72,9 @@ class HFModelConfig(BaseConfig):
     path: str = doc("~/models/deepseek-llm-7b-chat", "model directory (or hub name) of the weights")
     hf_config_path: str | None = doc(None, "config.json from elsewhere", refused="config.json is read from model.path")
     tokenizer_path: str | None = doc(
-        None, "tokenizer directory", refused="the tokenizer comes from data.tokenizer or the model path"
+        None,
+        "tokenizer directory; null: model.path's",
+        reason="the policy's tokenizer (workers, and the driver unless data.tokenizer names one); null: model.path's",
     )
     use_shm: bool = doc(False, "copy the model to shared memory first", note="it only speeds up loading")
     trust_remote_code: bool = doc(False, "allow the model's own Python code")

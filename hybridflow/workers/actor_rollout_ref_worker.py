@@ -29,7 +29,13 @@ from hybridflow.workers.actor import DataParallelPPOActor
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.engine import TrainEngine, engine_spec, weights_dtype
 from hybridflow.workers.engine.lora import adapters_disabled, lora_spec, rollout_gets_adapter
-from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
+from hybridflow.workers.model_loading import (
+    import_external_lib,
+    load_model,
+    load_tokenizer,
+    local_model_path,
+    tokenizer_dir,
+)
 from hybridflow.workers.profiler import WorkerProfiler, merge_profilers
 from hybridflow.workers.rollout.weight_transfer import WeightTarget, push_weights
 from hybridflow.workers.rollout_host import RolloutHost, bucket_bytes
@@ -139,7 +145,8 @@ class ActorRolloutRefWorker(Worker):
         import_external_lib(model_cfg.external_lib)
         path = local_model_path(model_cfg.path, "actor_rollout_ref.model.path")
         trust = bool(model_cfg.trust_remote_code)
-        self.tokenizer = load_tokenizer(path, trust, chat_template=model_cfg.custom_chat_template)
+        tokenizer_path = tokenizer_dir(model_cfg.tokenizer_path, path, "actor_rollout_ref.model.tokenizer_path")
+        self.tokenizer = load_tokenizer(tokenizer_path, trust, chat_template=model_cfg.custom_chat_template)
         override = model_cfg.override_config
         torch.manual_seed(0)
 

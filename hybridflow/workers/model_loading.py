@@ -8,6 +8,17 @@ import os
 import torch
 
 
+def tokenizer_dir(tokenizer_path: str | None, model_path: str, key: str) -> str:
+    """``tokenizer_path`` (``~`` expanded; it must be a folder, named by ``key`` otherwise), or ``model_path``
+    when it is not set: veRL's ``model.tokenizer_path``."""
+    if not tokenizer_path:
+        return model_path
+    expanded = os.path.expanduser(str(tokenizer_path))
+    if not os.path.isdir(expanded):
+        raise FileNotFoundError(f"{key}={tokenizer_path!r}: no such folder (it should hold the tokenizer's files)")
+    return expanded
+
+
 def local_model_path(path: str, key: str = "model.path") -> str:
     """Expand ``~`` and check the directory exists, naming the config key: no attempt to reach a hub.
     A GGUF file (or a folder holding exactly one, without config.json) gives its cached HF folder."""
@@ -34,12 +45,19 @@ def load_tokenizer(
     path: str, trust_remote_code: bool = False, padding_side: str = "left", chat_template: str | None = None
 ):
     """The tokenizer at ``path``; ``chat_template`` (``model.custom_chat_template``) replaces its own, as
-    veRL's model config does, so prompts, multi-turn messages and saved checkpoints all use it."""
+    veRL's model config does, so prompts, multi-turn messages and saved checkpoints all use it. A folder
+    without a tokenizer is refused (ValueError naming it), not read as an empty vocabulary."""
     from transformers import AutoTokenizer
 
     if os.path.isfile(os.path.expanduser(str(path))):  # a GGUF file: its converted folder holds the tokenizer
         path = local_model_path(path, "tokenizer path")
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, padding_side=padding_side)
+    if len(tokenizer) < 2:  # transformers 5 builds an empty tokenizer for a folder without tokenizer files
+        raise ValueError(
+            f"no tokenizer in {path}: its files (tokenizer.json, tokenizer_config.json, ...) are not there, and "
+            f"transformers built an empty one ({len(tokenizer)} token); point actor_rollout_ref.model.tokenizer_path "
+            "(or data.tokenizer) at a folder that holds them"
+        )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if chat_template:
