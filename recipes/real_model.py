@@ -281,6 +281,7 @@ def sft_args(
         f"trainer.default_local_dir={sft_dir}",
         f"trainer.seed={seed}",
         "trainer.device=cpu",
+        "checkpoint.save_contents=[hf_model]",  # a warm-up started afresh each time: no resume state (~12 B a weight)
     ]
 
 
