@@ -191,9 +191,7 @@ class ActorConfig(BaseConfig):
     loss_scale_factor: float | None = doc(None, "seq-mean-token-sum-norm: constant divisor (null: response length)")
     entropy_coeff: float = doc(0.0, "entropy bonus coefficient")
     calculate_entropy: bool = doc(
-        False,
-        "the entropy as a metric when its coefficient is 0",
-        refused="entropy is computed when entropy_coeff != 0",
+        False, "the update's entropy as a metric (actor/entropy) when entropy_coeff is 0 (no gradient through it then)"
     )
     calculate_sum_pi_squared: bool = doc(
         False, "old log-prob pass also returns sum_v pi_v^2 per token", reason="optimal_token_baseline needs it"

@@ -269,10 +269,11 @@ class DataParallelPPOActor:
         agg = ctx.agg_kwargs()  # veRL's global_batch_info
 
         mode = None if distill is None else get_distillation_loss(distill.loss_mode)
+        with_entropy = c.entropy_coeff != 0 or c.calculate_entropy  # calculate_entropy: a metric only (veRL)
         if mode is not None and mode.use_topk:  # the student's log-probs of the teacher's top-k tokens too
-            log_prob, entropy, student = self._forward_teacher_topk(micro, temperature, c.entropy_coeff != 0)
+            log_prob, entropy, student = self._forward_teacher_topk(micro, temperature, with_entropy)
         else:
-            log_prob, entropy, _ = self._forward_micro_batch(micro, temperature, calculate_entropy=c.entropy_coeff != 0)
+            log_prob, entropy, _ = self._forward_micro_batch(micro, temperature, calculate_entropy=with_entropy)
         loss_inputs = {
             "old_log_prob": batch["old_log_probs"],
             "log_prob": log_prob,
@@ -294,7 +295,8 @@ class DataParallelPPOActor:
 
         if entropy is not None:
             entropy_loss = agg_loss(entropy, response_mask, c.loss_agg_mode, **agg)
-            policy_loss = policy_loss - c.entropy_coeff * entropy_loss  # a bonus: higher entropy, lower loss
+            if c.entropy_coeff != 0:  # a bonus: higher entropy, lower loss
+                policy_loss = policy_loss - c.entropy_coeff * entropy_loss
             ctx.add("actor/entropy", entropy_loss)
 
         if c.use_kl_loss:

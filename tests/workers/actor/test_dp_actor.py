@@ -131,6 +131,31 @@ def test_metrics_per_step_and_lr_once():
     assert all(isinstance(v, float) for vs in metrics.values() for v in vs)
 
 
+def test_calculate_entropy_logs_the_updates_entropy_without_changing_the_update():
+    """veRL's actor.calculate_entropy: with entropy_coeff 0 the update's entropy is a metric only (the same
+    parameters after the step as without it), and it is the entropy of the policy the update starts from."""
+    data = ppo_batch(tiny_causal_lm())
+    results = {}
+    for flag in (False, True):
+        model = tiny_causal_lm()
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        config = actor_config(calculate_entropy=flag)
+        results[flag] = (DataParallelPPOActor(config, model, optimizer).update_policy(data), flat_params(model))
+    (plain, after_plain), (logged, after_logged) = results[False], results[True]
+    assert "actor/entropy" not in plain and len(logged["actor/entropy"]) == 1
+    assert torch.equal(after_plain, after_logged)  # no gradient through the metric
+    b = data.batch  # the entropy of the initial policy at the response positions, token-mean, written out here
+    model = tiny_causal_lm()
+    with torch.no_grad():
+        logits = model(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits
+    logp = torch.log_softmax(logits[:, PROMPT - 1 : -1], dim=-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    mask = b["response_mask"].float()
+    assert logged["actor/entropy"][0] == pytest.approx(((entropy * mask).sum() / mask.sum()).item(), rel=1e-5)
+
+
 def test_compute_log_prob_any_split_same_result_in_order():
     model = tiny_causal_lm()
     data = ppo_batch(model, temperature=0.8, noise=0.0)
