@@ -49,7 +49,7 @@ from hybridflow.rewards.rule_manager import STREAMED_SCORES
 from hybridflow.rewards.streaming import RewardPool, RewardRecipe
 from hybridflow.rollout.sampling import SamplingParams, resolve_sampling, rollout_sampling
 from hybridflow.rollout.server import RolloutEngineDiedError
-from hybridflow.utils.tool_config import initialize_tools_from_config
+from hybridflow.tools.function_tool import load_tools
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class AgentLoopWorker:
         self.pad_token_id = int(pad_token_id)
         self.train_params, self.val_params = rollout_sampling(rollout)
         mt = settings.multi_turn
-        self.tools = initialize_tools_from_config(mt.tool_config_path) if mt.tool_config_path else []
+        self.tools = load_tools(mt.tool_config_path, mt.function_tool_path)  # the yaml's, then @function_tool's
         self.interactions = (
             initialize_interactions_from_config(mt.interaction_config_path) if mt.interaction_config_path else {}
         )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.module import ModuleConfig
-from hybridflow.config.reasons import FUNCTION_TOOLS, VLM, speed_only
+from hybridflow.config.reasons import VLM, speed_only
 from hybridflow.config.rules import Problems
 
 __all__ = ["DataSamplerConfig", "DataConfig"]
@@ -60,7 +60,11 @@ class DataConfig(BaseConfig):
         "the rollout's tools)",
     )
     function_tool_path: str | None = doc(
-        None, "python-function tools", follows=f"${{{_MT}.function_tool_path}}", refused=FUNCTION_TOOLS
+        None,
+        "@function_tool functions counted in the prompt length",
+        follows=f"${{{_MT}.function_tool_path}}",
+        reason="their schemas are counted in the prompt length when data.filter_overlong_prompts is set (default: "
+        "the rollout's)",
     )
     return_raw_input_ids: bool = doc(
         False, "also the untemplated prompt ids", refused="a reward model with its own tokenizer is not supported"

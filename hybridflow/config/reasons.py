@@ -18,7 +18,6 @@ __all__ = [
     "JUDGE",
     "JUDGE_VLLM",
     "THINKING",
-    "FUNCTION_TOOLS",
     "speed_only",
 ]
 
@@ -51,8 +50,4 @@ JUDGE = (
 # every vLLM engine (policy, judge, teacher) goes through workers/rollout/vllm_settings.py
 CPU_NO_CHUNKED_PREFILL = "vLLM on cpu runs without it (its CPU generators cannot resume a seeded prompt cut in chunks)"
 JUDGE_VLLM = "read by the vllm judge engine (reward.reward_manager.name=genrm); the hf engine ignores it"
-FUNCTION_TOOLS = (
-    "veRL's @function_tool Python-function tools are not implemented; declare the tool as a BaseTool class in "
-    "multi_turn.tool_config_path"
-)
 THINKING = "the multi-turn SFT dataset renders conversations without a per-row thinking switch"

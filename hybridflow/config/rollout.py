@@ -13,7 +13,7 @@ from hybridflow.config.engine import QATEngineConfig
 from hybridflow.config.errors import ConfigError, check_at_least, check_one_of
 from hybridflow.config.model import MtpConfig
 from hybridflow.config.profiler import HOOK_KEYS, TOOL_NAME_KEYS, ProfilerConfig
-from hybridflow.config.reasons import CPU_NO_CHUNKED_PREFILL, FUNCTION_TOOLS, TARGET, VLLM_ENGINE, VLM, speed_only
+from hybridflow.config.reasons import CPU_NO_CHUNKED_PREFILL, TARGET, VLLM_ENGINE, VLM, speed_only
 from hybridflow.config.rules import Problems
 from hybridflow.config.status import honoured, refused
 
@@ -94,7 +94,9 @@ class MultiTurnConfig(BaseConfig):
     enable: bool = doc(False, "this run is multi-turn (the start-up checks require something multi-turn configured)")
     max_assistant_turns: int | None = doc(None, "model turns per trajectory (null: no limit)")
     tool_config_path: str | None = doc(None, "veRL-format tool yaml (tools: [{class_name, config, tool_schema}])")
-    function_tool_path: str | None = doc(None, "veRL's python-function tools", refused=FUNCTION_TOOLS)
+    function_tool_path: str | None = doc(
+        None, "a Python file of @function_tool functions (hybridflow.tools.function_tool), tools beside the yaml's"
+    )
     max_user_turns: int | None = doc(None, "tool-result and interaction turns per trajectory (null: no limit)")
     interaction_config_path: str | None = doc(None, "veRL-format interaction yaml")
     max_parallel_calls: int = doc(1, "tool calls of one model turn that run; the rest are dropped")

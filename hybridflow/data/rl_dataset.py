@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 from hybridflow.config.convert import as_section
 from hybridflow.config.data import DataConfig
 from hybridflow.data.row_limit import limit_rows
-from hybridflow.utils.tool_config import initialize_tools_from_config
+from hybridflow.utils.tool_config import tool_schemas
 
 logger = logging.getLogger(__name__)
 
@@ -132,14 +132,6 @@ def data_config(config: Mapping | DataConfig | None) -> DataConfig:
     return cfg
 
 
-def tool_schemas(tool_config_path: str) -> list[dict]:
-    """The OpenAI schemas of a tool yaml's tools, as the chat template receives them."""
-    return [
-        t.tool_schema.model_dump(exclude_unset=True, exclude_none=True)
-        for t in initialize_tools_from_config(tool_config_path)
-    ]
-
-
 # --- dataset
 
 
@@ -158,7 +150,8 @@ class RLHFDataset(Dataset):
         self.truncation = self.config.truncation
         self.data_files = [data_files] if isinstance(data_files, (str, os.PathLike)) else list(data_files)
         require_chat_template(tokenizer)
-        self.tool_schemas = tool_schemas(self.config.tool_config_path) if self.config.tool_config_path else None
+        tools = (self.config.tool_config_path, self.config.function_tool_path)
+        self.tool_schemas = tool_schemas(*tools) if any(tools) else None
         self.rows = read_parquet_rows(self.data_files, required_column=self.prompt_key)
         # data.train_max_samples / data.val_max_samples, before the length filter (as veRL)
         self.rows = limit_rows(self.rows, max_samples, self.config.shuffle, self.config.seed, str(self.data_files))

@@ -23,7 +23,7 @@ from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.rewards.registry import manager_needs_judge
 from hybridflow.single_controller.factory import check_pool_size
-from hybridflow.utils.tool_config import check_tool_config
+from hybridflow.utils.tool_config import check_function_tools, check_tool_config
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 __all__ = ["validate_ppo_config", "resolve_device", "resolve_dtype"]
@@ -68,6 +68,7 @@ def validate_ppo_config(cfg: PPOTrainerConfig | Mapping, n_devices: int | None =
     loaded = {}
     for key, path, load in (
         ("multi_turn.tool_config_path", mt.tool_config_path, check_tool_config),
+        ("multi_turn.function_tool_path", mt.function_tool_path, check_function_tools),
         ("multi_turn.interaction_config_path", mt.interaction_config_path, _read_interactions),
         ("agent.agent_loop_config_path", agent.agent_loop_config_path, load_agent_loop_config),
     ):

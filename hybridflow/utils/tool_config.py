@@ -103,3 +103,32 @@ def initialize_tools_from_config(tools_config_file: str) -> list[Any]:
         seen[tool.name] = i
         tools.append(tool)
     return tools
+
+
+def check_unique_tool_names(tools, functions, tool_config_path, function_tool_path) -> None:
+    """Refuse a tool name that both the yaml's tools and the ``@function_tool`` functions use (anything with
+    a ``name``)."""
+    taken = {t.name for t in tools}
+    clash = sorted(f.name for f in functions if f.name in taken)
+    if clash:
+        raise ValueError(
+            f"tool name(s) {clash} are both in multi_turn.tool_config_path={tool_config_path!r} and in "
+            f"multi_turn.function_tool_path={function_tool_path!r}; rename one"
+        )
+
+
+def tool_schemas(tool_config_path: str | None, function_tool_path: str | None = None) -> list[dict]:
+    """The OpenAI schemas of the rollout's tools (the yaml's, then the functions'), as the chat template gets them."""
+    from hybridflow.utils.function_tools import load_function_tools
+
+    tools = initialize_tools_from_config(tool_config_path) if tool_config_path else []
+    functions = load_function_tools(function_tool_path) if function_tool_path else []
+    check_unique_tool_names(tools, functions, tool_config_path, function_tool_path)
+    return [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in [*tools, *functions]]
+
+
+def check_function_tools(function_tool_path: str) -> list[str]:
+    """The function tools' names (config checks at start-up: the file runs, as the workers will run it)."""
+    from hybridflow.utils.function_tools import load_function_tools
+
+    return [t.name for t in load_function_tools(function_tool_path)]

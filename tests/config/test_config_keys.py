@@ -268,16 +268,13 @@ def test_user_config_extending_ppo_trainer_the_verl_way(tmp_path):
     (tmp_path / "mine.yaml").write_text(
         "hydra:\n  searchpath:\n    - pkg://verl.trainer.config\ndefaults:\n  - ppo_trainer\n  - _self_\n"
         "data:\n  train_batch_size: 7\nactor_rollout_ref:\n  rollout:\n    multi_turn:\n      enable: true\n"
-        "      function_tool_path: my_tools.py\n"
+        "    scheduling_policy: priority\n"
     )
     # the file's own keys are checked like command-line ones: an unimplemented one is refused by name
-    with pytest.raises(ConfigError, match="multi_turn.function_tool_path='my_tools.py' is not supported"):
+    with pytest.raises(ConfigError, match="rollout.scheduling_policy='priority' is not supported"):
         load_config("mine", [], config_path=tmp_path, kind="ppo_trainer")
     cfg = load_config(
-        "mine",
-        ["actor_rollout_ref.rollout.multi_turn.function_tool_path=null"],
-        config_path=tmp_path,
-        kind="ppo_trainer",
+        "mine", ["actor_rollout_ref.rollout.scheduling_policy=fcfs"], config_path=tmp_path, kind="ppo_trainer"
     )
     assert cfg.data.train_batch_size == 7 and cfg.trainer.backend == "ray"
     assert cfg.actor_rollout_ref.rollout.multi_turn.enable is True

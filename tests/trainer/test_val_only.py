@@ -28,6 +28,12 @@ def _config(tiny_model_dir, tiny_data_dir, tmp_path, *extra):
     return load_config("ppo_trainer", overrides)
 
 
+def _validate_initial_policy(tiny_model_dir, tiny_data_dir, tmp_path, dump_dir, *extra) -> dict:
+    """A val_only run without a checkpoint, its validation samples written to ``dump_dir``."""
+    overrides = ("trainer.val_only=True", "trainer.resume_mode=disable", f"trainer.validation_data_dir={dump_dir}")
+    return run_ppo(_config(tiny_model_dir, tiny_data_dir, tmp_path, *overrides, *extra))
+
+
 def _answers(directory, step) -> list[str]:
     with open(directory / f"{step}.jsonl") as f:
         return [json.loads(line)["output"] for line in f]
@@ -73,16 +79,7 @@ def test_val_only_validates_the_checkpoint_and_trains_nothing(tiny_model_dir, ti
 
     # 3) without a checkpoint it validates the initial policy at step 0
     initial = tmp_path / "initial_val"
-    metrics0 = run_ppo(
-        _config(
-            tiny_model_dir,
-            tiny_data_dir,
-            tmp_path,
-            "trainer.val_only=True",
-            "trainer.resume_mode=disable",
-            f"trainer.validation_data_dir={initial}",
-        )
-    )
+    metrics0 = _validate_initial_policy(tiny_model_dir, tiny_data_dir, tmp_path, initial)
     assert steps == [] and metrics0["training/global_step"] == 0
     assert _answers(initial, 0) == before_training
 
@@ -119,17 +116,7 @@ def test_validation_shuffle_validates_the_same_prompts_in_a_drawn_order(tiny_mod
         ("again", ["data.validation_shuffle=True"]),
     ):
         out = tmp_path / name
-        metrics = run_ppo(
-            _config(
-                tiny_model_dir,
-                tiny_data_dir,
-                tmp_path,
-                "trainer.val_only=True",
-                "trainer.resume_mode=disable",
-                f"trainer.validation_data_dir={out}",
-                *extra,
-            )
-        )
+        metrics = _validate_initial_policy(tiny_model_dir, tiny_data_dir, tmp_path, out, *extra)
         runs[name] = (_prompts(out, 0), metrics)
     (in_file, file_metrics), (shuffled, shuffled_metrics), (again, _) = runs["file"], runs["shuffled"], runs["again"]
     assert sorted(shuffled) == sorted(in_file) and shuffled != in_file  # the same rows, another order
