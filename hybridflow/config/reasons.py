@@ -17,7 +17,6 @@ __all__ = [
     "VLLM_ENGINE",
     "JUDGE",
     "JUDGE_VLLM",
-    "THINKING",
     "speed_only",
 ]
 
@@ -50,4 +49,3 @@ JUDGE = (
 # every vLLM engine (policy, judge, teacher) goes through workers/rollout/vllm_settings.py
 CPU_NO_CHUNKED_PREFILL = "vLLM on cpu runs without it (its CPU generators cannot resume a seeded prompt cut in chunks)"
 JUDGE_VLLM = "read by the vllm judge engine (reward.reward_manager.name=genrm); the hf engine ignores it"
-THINKING = "the multi-turn SFT dataset renders conversations without a per-row thinking switch"

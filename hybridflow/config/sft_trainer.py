@@ -17,7 +17,7 @@ from hybridflow.config.model import HFModelConfig
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig
 from hybridflow.config.profiler import HOOK_KEYS, NsightToolConfig, ProfilerConfig, ProfilerToolConfig
-from hybridflow.config.reasons import MEGATRON, NO_SP, PROFILER, THINKING, speed_only
+from hybridflow.config.reasons import MEGATRON, NO_SP, PROFILER, speed_only
 from hybridflow.config.rules import Problems, cpu_bf16_note
 from hybridflow.config.status import honoured, noted, refused
 from hybridflow.config.trainer import DEVICE_STATUS, RESUME_MODES
@@ -76,8 +76,12 @@ class SFTDataConfig(BaseConfig):
     response_dict_keys: list[str] | None = doc(None, "the same for the response column")
     messages_key: str = doc("messages", "conversations: the column of chat messages")
     tools_key: str = doc("tools", "conversations: the column of OpenAI tool schemas (a list, or its JSON text)")
-    enable_thinking_key: str = doc("enable_thinking", "conversations: the per-row thinking switch", refused=THINKING)
-    enable_thinking_default: str = doc("none", "conversations: a row's switch without it", refused=THINKING)
+    enable_thinking_key: str = doc(
+        "enable_thinking", "conversations: the column of the per-row switch passed to the chat template"
+    )
+    enable_thinking_default: str | bool | None = doc(
+        "none", "conversations: the switch where the data has no such column (none: not passed; true / false)"
+    )
     pad_mode: str = doc("no_padding", "veRL packs; hybridflow cuts after the longest row", note=_SFT_DATA_SPEED)
     max_length: int = doc(1024, "prompt + response tokens")
     truncation: str = doc("error", "error | left | right")

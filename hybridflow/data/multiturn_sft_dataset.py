@@ -77,6 +77,17 @@ def conversation_ids(
     return ids, mask
 
 
+def thinking_switch(value: Any, what: str) -> bool | None:
+    """A row's (or the default's) enable_thinking: a bool, 0/1, or true/false/none as text; None: not passed."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if isinstance(value, (bool, int)) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"{what}={value!r} is not an enable_thinking switch (true, false or none)")
+
+
 def _earlier_or(earlier: str | None, key: str, default: str) -> str:
     """``data.<key>``, or veRL's earlier ``data.multiturn.<key>`` where the new key is at its default."""
     return earlier if earlier and key == default else key
@@ -98,10 +109,19 @@ class MultiTurnSFTDataset(Dataset):
         require_chat_template(tokenizer)
         self.tokenizer = tokenizer
         self.chat = ChatTokenizer(tokenizer, dict(config.apply_chat_template_kwargs))
+        thinking_key = _earlier_or(config.multiturn.enable_thinking_key, config.enable_thinking_key, "enable_thinking")
         rows = read_parquet_rows(parquet_files, required_column=self.messages_key)
         rows = limit_rows(rows, max_samples, what=str(parquet_files))  # the first rows (veRL's SFT data: no shuffle)
         self.conversations = [_column(r[self.messages_key]) for r in rows]
         self.tools = [_column(r.get(self.tools_key)) or None for r in rows]
+        # veRL: the row's column when the data has it, else data.enable_thinking_default; None: not passed
+        default = thinking_switch(config.enable_thinking_default, "data.enable_thinking_default")
+        has_column = bool(rows) and thinking_key in rows[0]
+        self.thinking = [
+            thinking_switch(r.get(thinking_key), f"SFT row {i}: {thinking_key!r}") if has_column else default
+            for i, r in enumerate(rows)
+        ]
+        self._chats = {None: self.chat}  # one ChatTokenizer per switch value
         for i, conv in enumerate(self.conversations):
             if not isinstance(conv, list) or not any(m.get("role") == "assistant" for m in conv):
                 raise ValueError(
@@ -111,8 +131,14 @@ class MultiTurnSFTDataset(Dataset):
     def __len__(self) -> int:
         return len(self.conversations)
 
+    def _chat_for(self, thinking: bool | None) -> ChatTokenizer:
+        """The chat template with ``enable_thinking=thinking`` among its arguments (None: as configured)."""
+        if thinking not in self._chats:
+            self._chats[thinking] = ChatTokenizer(self.tokenizer, {**self.chat.kwargs, "enable_thinking": thinking})
+        return self._chats[thinking]
+
     def __getitem__(self, idx: int) -> dict:
-        ids, is_target = conversation_ids(self.chat, self.conversations[idx], self.tools[idx])
+        ids, is_target = conversation_ids(self._chat_for(self.thinking[idx]), self.conversations[idx], self.tools[idx])
         if len(ids) > self.max_length:
             if self.truncation == "error":
                 raise ValueError(

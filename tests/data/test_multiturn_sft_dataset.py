@@ -108,3 +108,36 @@ def test_the_section_is_read_into_sft_data_config(tmp_path):
         MultiTurnSFTDataset(conv, TOK, {"messages_key": "conv", "max_lenght": 8})
     with pytest.raises(ValueError, match="data.truncation must be one of"):
         MultiTurnSFTDataset(conv, TOK, {"messages_key": "conv", "truncation": "middle"})
+
+
+# a ChatML template that marks a non-thinking assistant turn the way Qwen3's does (an empty think block)
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' and enable_thinking is defined and enable_thinking is false %}<think></think>"
+    "{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_the_per_row_thinking_switch_reaches_the_chat_template(tmp_path):
+    import copy
+
+    tok = copy.deepcopy(TOK)
+    tok.chat_template = THINKING_TEMPLATE
+    conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+    rows = [{"messages": json.dumps(conv), "enable_thinking": flag} for flag in (False, True, None)]
+    path = write(tmp_path, rows, "thinking.parquet")
+    ds = MultiTurnSFTDataset(path, tok, {"max_length": 64})
+    texts = [tok.decode(unpadded(ds[i])[0]) for i in range(3)]
+    assert "<think></think>ok" in texts[0]  # enable_thinking=False reached the template
+    assert "<think>" not in texts[1] and "<think>" not in texts[2]  # True, and a row without a value
+    # without the column: data.enable_thinking_default (text, as the yaml holds it); none passes nothing
+    plain = write(tmp_path, [{"messages": json.dumps(conv)}], "plain.parquet")
+    off = MultiTurnSFTDataset(plain, tok, {"max_length": 64, "enable_thinking_default": "false"})
+    assert "<think></think>ok" in tok.decode(unpadded(off[0])[0])
+    assert "<think>" not in tok.decode(unpadded(MultiTurnSFTDataset(plain, tok, {"max_length": 64})[0])[0])
+    # the loss is still on the assistant's tokens, the empty think block included (the template put it there)
+    got, loss = unpadded(off[0])
+    assert tok.decode([t for t, m in zip(got, loss) if m]).startswith("<think></think>ok")
+    with pytest.raises(ValueError, match="enable_thinking_default='maybe' is not an enable_thinking switch"):
+        MultiTurnSFTDataset(plain, tok, {"max_length": 64, "enable_thinking_default": "maybe"})
