@@ -10,14 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from hybridflow.tools.base_tool import BaseTool
-from hybridflow.utils.function_tools import (
-    FunctionSpec,
-    function_schema,
-    function_tool,
-    load_function_tools,
-    tool_result,
-)
-from hybridflow.utils.tool_config import check_unique_tool_names, initialize_tools_from_config
+from hybridflow.utils.function_tools import FunctionSpec, function_schema, function_tool, tool_result
+from hybridflow.utils.tool_config import rollout_tools
 from hybridflow.utils.tool_schemas import ToolResponse
 
 __all__ = ["FunctionTool", "function_tool", "function_schema", "tool_result", "load_tools"]
@@ -29,7 +23,6 @@ class FunctionTool(BaseTool):
     def __init__(self, spec: FunctionSpec):
         super().__init__({}, spec.tool_schema)
         self.spec = spec
-        self.fn = spec.fn
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
         return await self.spec.call(parameters)
@@ -38,7 +31,5 @@ class FunctionTool(BaseTool):
 def load_tools(tool_config_path: str | None, function_tool_path: str | None = None) -> list[BaseTool]:
     """The multi-turn rollout's tools: the yaml's (``multi_turn.tool_config_path``), then the ``@function_tool``
     functions of a Python file (``multi_turn.function_tool_path``); a name in both is an error."""
-    tools = initialize_tools_from_config(tool_config_path) if tool_config_path else []
-    functions = [FunctionTool(spec) for spec in load_function_tools(function_tool_path)] if function_tool_path else []
-    check_unique_tool_names(tools, functions, tool_config_path, function_tool_path)
-    return [*tools, *functions]
+    tools, functions = rollout_tools(tool_config_path, function_tool_path)
+    return [*tools, *(FunctionTool(spec) for spec in functions)]

@@ -105,25 +105,26 @@ def initialize_tools_from_config(tools_config_file: str) -> list[Any]:
     return tools
 
 
-def check_unique_tool_names(tools, functions, tool_config_path, function_tool_path) -> None:
-    """Refuse a tool name that both the yaml's tools and the ``@function_tool`` functions use (anything with
-    a ``name``)."""
-    taken = {t.name for t in tools}
-    clash = sorted(f.name for f in functions if f.name in taken)
+def rollout_tools(tool_config_path: str | None, function_tool_path: str | None = None) -> tuple[list[Any], list[Any]]:
+    """The multi-turn rollout's tools: the yaml's tool objects (``multi_turn.tool_config_path``) and the
+    ``@function_tool`` functions of a Python file (``multi_turn.function_tool_path``, as ``FunctionSpec``s); a
+    name in both is an error. The agent loop wraps the functions as tools, the datasets read the schemas."""
+    from hybridflow.utils.function_tools import load_function_tools
+
+    tools = initialize_tools_from_config(tool_config_path) if tool_config_path else []
+    functions = load_function_tools(function_tool_path) if function_tool_path else []
+    clash = sorted(set(t.name for t in tools) & set(f.name for f in functions))
     if clash:
         raise ValueError(
             f"tool name(s) {clash} are both in multi_turn.tool_config_path={tool_config_path!r} and in "
             f"multi_turn.function_tool_path={function_tool_path!r}; rename one"
         )
+    return tools, functions
 
 
 def tool_schemas(tool_config_path: str | None, function_tool_path: str | None = None) -> list[dict]:
     """The OpenAI schemas of the rollout's tools (the yaml's, then the functions'), as the chat template gets them."""
-    from hybridflow.utils.function_tools import load_function_tools
-
-    tools = initialize_tools_from_config(tool_config_path) if tool_config_path else []
-    functions = load_function_tools(function_tool_path) if function_tool_path else []
-    check_unique_tool_names(tools, functions, tool_config_path, function_tool_path)
+    tools, functions = rollout_tools(tool_config_path, function_tool_path)
     return [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in [*tools, *functions]]
 
 

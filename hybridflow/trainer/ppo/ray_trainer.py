@@ -684,9 +684,7 @@ class RayPPOTrainer:
                 logging.getLogger(__name__).info("step %d: torch.profiler traces %s", self.global_steps, traces)
             is_last = self.global_steps >= self.total_training_steps
             if self.val_reward_fn is not None and t.test_freq > 0 and (is_last or self.global_steps % t.test_freq == 0):
-                with timer("testing", timings := {}):
-                    metrics.update(self.validate())
-                metrics["timing_s/testing"] = timings["testing"]
+                metrics.update(self._timed_validation())
             if t.save_freq > 0 and (is_last or self.global_steps % t.save_freq == 0):
                 self._save_or_note_failure(metrics)
             metrics["training/global_step"] = self.global_steps
@@ -696,13 +694,18 @@ class RayPPOTrainer:
         progress.close()
         return last
 
+    def _timed_validation(self) -> dict[str, float]:
+        """``validate``'s metrics with its wall time as ``timing_s/testing``."""
+        with timer("testing", timings := {}):
+            metrics = self.validate()
+        metrics["timing_s/testing"] = timings["testing"]
+        return metrics
+
     def _validate_only(self, tracking) -> dict[str, float]:
         """``trainer.val_only=True``: validate at the loaded step (0 without a checkpoint), log, return."""
         if self.val_reward_fn is None:
             raise ValueError("trainer.val_only=True needs a validation reward function; this trainer has none")
-        with timer("testing", timings := {}):
-            metrics = self.validate()
-        metrics["timing_s/testing"] = timings["testing"]
+        metrics = self._timed_validation()
         metrics["training/global_step"] = self.global_steps
         tracking.log(metrics, step=self.global_steps)
         return metrics
