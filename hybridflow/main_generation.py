@@ -30,7 +30,7 @@ from hybridflow.config.ppo_trainer import ActorRolloutRefConfig
 from hybridflow.data.rl_dataset import RLHFDataset, collate_fn, read_parquet_rows
 from hybridflow.protocol import DataProto
 from hybridflow.single_controller.base import ClassWithInitArgs
-from hybridflow.single_controller.factory import build_worker_group, start_backend
+from hybridflow.single_controller.factory import build_worker_group, start_backend, write_timeline
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.utils.logging_utils import setup_cli_logging
 from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
@@ -119,6 +119,8 @@ def run_generation(config) -> str:
     try:
         group.init_model()
         responses = generate_responses(group, dataset, tokenizer, n_samples, batch_size, template_kwargs)
+        if timeline := config.ray_kwargs.timeline_json_file:
+            logger.info("Ray timeline written to %s", write_timeline(config.trainer.backend, timeline))
     finally:
         shutdown()
 

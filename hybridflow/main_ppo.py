@@ -24,7 +24,7 @@ from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
 from hybridflow.data.sampler import create_rl_dataloader
 from hybridflow.rewards.streaming import RewardRecipe
 from hybridflow.single_controller.base import WorkerDiedError, WorkerHangError
-from hybridflow.single_controller.factory import start_backend
+from hybridflow.single_controller.factory import start_backend, write_timeline
 from hybridflow.trainer.config_checks import resolve_device, validate_ppo_config
 from hybridflow.trainer.ppo.ray_trainer import RayPPOTrainer
 from hybridflow.utils.environ import restored_environ
@@ -137,7 +137,10 @@ def run_ppo(config) -> dict:
         trainer = build_trainer(config)
         trainer.init_workers()
         try:
-            return trainer.fit()
+            metrics = trainer.fit()
+            if timeline := config.ray_kwargs.timeline_json_file:  # veRL writes it after a finished run
+                logger.info("Ray timeline written to %s", write_timeline(config.trainer.backend, timeline))
+            return metrics
         finally:
             trainer.shutdown_workers()  # a finished run gives its devices back to the Ray session
 

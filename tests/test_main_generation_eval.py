@@ -201,3 +201,14 @@ def test_greedy_accuracy_counts_scorer_hits(tiny_model_dir, tiny_data_dir):
     assert (
         greedy_accuracy(tiny_model_dir, os.path.join(tiny_data_dir, "test.parquet"), limit=4, response_length=4) == 0.0
     )
+
+
+def test_a_ray_timeline_is_refused_without_ray_workers(tiny_model_dir, tiny_data_dir, tmp_path):
+    from hybridflow.config.loader import ConfigError
+    from hybridflow.main_generation import main as gen_main
+
+    out = tmp_path / "never.parquet"
+    args = _gen_args(tiny_model_dir, os.path.join(tiny_data_dir, "test.parquet"), out)
+    with pytest.raises(ConfigError, match="ray_kwargs.timeline_json_file=.*trainer.backend=inprocess"):
+        gen_main([*args, f"ray_kwargs.timeline_json_file={tmp_path / 't.json'}"])
+    assert not out.exists()

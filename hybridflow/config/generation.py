@@ -13,7 +13,7 @@ from hybridflow.config.engine import FSDPEngineConfig
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.legacy import LegacyRayInitConfig
 from hybridflow.config.model import HFModelConfig
-from hybridflow.config.ray import RayKwargsConfig
+from hybridflow.config.ray import RayKwargsConfig, timeline_problem
 from hybridflow.config.rollout import NOT_ENGINES, SGLANG, RolloutConfig, rollout_as_in_yaml
 from hybridflow.config.status import noted, refused
 from hybridflow.config.trainer import TrainerConfig
@@ -94,6 +94,8 @@ class GenerationConfig(BaseConfig):
     def validate(self) -> list[str]:
         """Raises ConfigError for sizes below 1; returns notes."""
         d = self.data
+        if problem := timeline_problem(self.ray_kwargs, self.trainer.backend):
+            raise ConfigError(problem)
         if d.n_samples < 1 or d.batch_size < 1:
             raise ConfigError(f"data.n_samples and data.batch_size must be >= 1, got {d.n_samples}, {d.batch_size}")
         if not self.rollout.do_sample and d.n_samples > 1:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.status import honoured, refused
 
-__all__ = ["RayInitConfig", "RayKwargsConfig"]
+__all__ = ["RayInitConfig", "RayKwargsConfig", "timeline_problem"]
 
 _ONLY = "hybridflow passes only address, num_cpus, num_gpus, include_dashboard and runtime_env to ray.init"
 
@@ -37,4 +37,19 @@ class RayKwargsConfig(BaseConfig):
     """``ray_kwargs``: Ray start-up."""
 
     ray_init: RayInitConfig = section(RayInitConfig, "arguments of ray.init", keys={"**": refused(_ONLY)})
-    timeline_json_file: str | None = doc(None, "a Ray timeline file", refused="Ray timelines are not implemented")
+    timeline_json_file: str | None = doc(
+        None,
+        "after the run, Ray's timeline of every worker call (Chrome trace JSON: chrome://tracing or Perfetto) is "
+        "written to this file (Ray reports calls once a second: the last second's may be missing); null: none. "
+        "Needs trainer.backend=ray",
+    )
+
+
+def timeline_problem(ray_kwargs: RayKwargsConfig, backend: str) -> str | None:
+    """Why ``ray_kwargs.timeline_json_file`` cannot be written by this run (None: it can)."""
+    if ray_kwargs.timeline_json_file and backend != "ray":
+        return (
+            f"ray_kwargs.timeline_json_file={ray_kwargs.timeline_json_file} is Ray's record of its workers' calls; "
+            f"trainer.backend={backend} runs no Ray workers: set trainer.backend=ray or drop the key"
+        )
+    return None

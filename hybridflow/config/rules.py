@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.config.errors import ConfigError
+from hybridflow.config.ray import timeline_problem
 from hybridflow.utils.torch_dtypes import cpu_has_fast_bf16, resolve_dtype
 
 __all__ = [
@@ -231,6 +232,8 @@ def check_ppo_trainer(cfg, device: str, visible_devices: int | None = None, judg
     _check_algorithm(p, cfg)
     _check_async(p, cfg)
     _check_v1(p, cfg)
+    if problem := timeline_problem(cfg.ray_kwargs, t.backend):
+        p.errors.append(problem)
     if device == "cpu":
         _explain_gpu_only(p, cfg, judge_scored)
     return p.raise_errors()

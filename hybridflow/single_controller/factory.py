@@ -45,6 +45,19 @@ def start_backend(backend: str, ray_init=None, worker_env: dict | None = None) -
     return ray.shutdown if started else (lambda: None)
 
 
+def write_timeline(backend: str, path: str) -> str:
+    """Write Ray's timeline of this session (every task and actor call, per worker: a Chrome trace) to
+    ``path``; returns the absolute path. The config check refuses the key on the in-process backend."""
+    if check_backend(backend) != "ray":
+        raise ValueError(f"ray_kwargs.timeline_json_file={path}: trainer.backend={backend} runs no Ray workers")
+    import ray
+
+    path = os.path.abspath(os.path.expanduser(path))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ray.timeline(filename=path)
+    return path
+
+
 def pool_size_problem(backend: str, processes: int) -> str | None:
     """Why a pool of ``processes`` workers cannot run on ``backend``, known before anything starts
     (None: it can, as far as the numbers tell; a Ray cluster's size is checked when pools are built)."""
@@ -131,4 +144,5 @@ __all__ = [
     "check_pools_fit",
     "pool_size_problem",
     "start_backend",
+    "write_timeline",
 ]

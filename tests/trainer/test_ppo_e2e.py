@@ -7,6 +7,7 @@ One Ray session is shared by all the Ray tests (``ray_session``). The default-su
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 
@@ -85,6 +86,8 @@ def test_grpo_two_workers_three_steps(tiny_model_dir, tiny_data_dir, ray_session
     overrides = base_overrides(
         tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", n=2, batch=4, steps=3, world=2
     )
+    timeline = tmp_path / "timeline" / "ray.json"  # veRL's ray_kwargs.timeline_json_file (its folder made)
+    overrides.append(f"ray_kwargs.timeline_json_file={timeline}")
     free_before = _free_cpus(ray_session)
     last = run_ppo(load_config("ppo_trainer", overrides))
 
@@ -119,6 +122,10 @@ def test_grpo_two_workers_three_steps(tiny_model_dir, tiny_data_dir, ray_session
     # veRL's batch arithmetic: 4 prompts × n=2 = 8 samples, 4 per rank; ppo_mini_batch_size=2 prompts
     # = 4 samples = 2 per rank → 2 optimizer steps per rank per update, 2 ranks → 4 grad norms
     assert capture.optimizer_steps["actor"] == [4, 4, 4]
+    # Ray's timeline of the run: a Chrome trace with the workers' calls (both ranks' updates among them)
+    events = json.loads(timeline.read_text())
+    updates = [e for e in events if e.get("name") == "actor_rollout_update_actor" and e.get("ph") == "X"]
+    assert len({e["tid"] for e in updates}) == 2 and all(e["dur"] > 0 for e in updates), updates
 
 
 @pytest.mark.slow
