@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.config.base import BaseConfig, doc, placed, section
+from hybridflow.config.errors import ConfigError
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.reasons import CPU_NO_CHUNKED_PREFILL, JUDGE, JUDGE_VLLM
 from hybridflow.config.rollout import NOT_ENGINES, RolloutConfig, rollout_as_in_yaml
@@ -76,9 +77,21 @@ class SandboxFusionConfig(BaseConfig):
     """``reward.sandbox_fusion``: a code-execution sandbox for code rewards."""
 
     _target_: str = doc("verl.workers.config.SandboxFusionConfig", "the class this section is read into")
-    url: str | None = doc(None, "sandbox URL; null: none")
-    max_concurrent: int = doc(64, "requests in flight at once")
+    url: str | None = doc(
+        None,
+        "a SandboxFusion service's run_code endpoint (http://host:port/run_code): the built-in code scorer "
+        "(data sources codecontests, apps, taco, codeforces) runs its tests there; null: in hybridflow's local "
+        "sandbox. Not used with reward.custom_reward_function.path or a judge manager (as in veRL)",
+    )
+    max_concurrent: int = doc(64, "requests in flight at once (hybridflow: per scoring process)")
     memory_limit_mb: int = doc(1024, "memory per sandbox process, in MB")
+
+    def validate(self) -> None:
+        """ConfigError naming the key when the service cannot be addressed."""
+        if self.url is not None and not str(self.url).startswith(("http://", "https://")):
+            raise ConfigError(f"reward.sandbox_fusion.url={self.url!r} must be an http:// or https:// URL")
+        if self.url and int(self.max_concurrent) < 1:
+            raise ConfigError(f"reward.sandbox_fusion.max_concurrent={self.max_concurrent} must be >= 1")
 
 
 _RM_ENGINE_KEYS = (
@@ -161,9 +174,7 @@ class RewardConfig(BaseConfig):
     )
     reward_manager: RewardManagerConfig = section(RewardManagerConfig, "how scores are computed")
     reward_model: RewardModelConfig = section(RewardModelConfig, "a reward model")
-    sandbox_fusion: SandboxFusionConfig = section(
-        SandboxFusionConfig, "a code sandbox", refused="sandboxed code execution (Sandbox Fusion) is not implemented"
-    )
+    sandbox_fusion: SandboxFusionConfig = section(SandboxFusionConfig, "a code-execution service for code rewards")
     reward_kwargs: dict = doc({}, "keyword arguments of the reward manager (added with +reward.reward_kwargs.<key>)")
     bad_sample_score: float | None = doc(
         None,
@@ -183,6 +194,13 @@ class RewardConfig(BaseConfig):
         set by veRL's reward-loop examples) do not reach. Raises ConfigError listing every problem."""
         p, rm, ro = Problems(), "reward.reward_model", "reward.reward_model.rollout"
         model, engine, function = self.reward_model, self.reward_model.rollout, self.custom_reward_function.path
+        p.run(self.sandbox_fusion.validate)
+        if self.sandbox_fusion.url and (function or judge_scored):
+            instead = "reward.custom_reward_function.path" if function else f"the {self.reward_manager.name} judge"
+            p.notes.append(
+                f"reward.sandbox_fusion.url={self.sandbox_fusion.url} is not used: {instead} scores the samples and "
+                "only the built-in code scorer sends code to the service (veRL's rule)"
+            )
         if not judge_scored:
             if model.enable and engine.name is not None and function:
                 p.errors.append(

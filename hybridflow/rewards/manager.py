@@ -69,6 +69,8 @@ class BatchRewardManager(RuleRewardManager):
     """One ``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=)`` call per
     batch, for scorers that batch (an LLM judge, a remote sandbox); returns one result per row."""
 
+    default_score = staticmethod(_default_batch_score)
+
     def __init__(
         self,
         tokenizer,
@@ -77,7 +79,7 @@ class BatchRewardManager(RuleRewardManager):
         reward_fn_key: str = "data_source",
         **reward_kwargs,
     ):
-        super().__init__(tokenizer, num_examine, compute_score or _default_batch_score, reward_fn_key, **reward_kwargs)
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **reward_kwargs)
 
     def _score(self, data_sources, solution_strs, ground_truths, extra_infos) -> list:
         """One call for the batch, under a deadline of ``score_timeout_s`` per sample; when it raises or

@@ -93,6 +93,7 @@ class RuleRewardManager:
     then takes those results from the ``STREAMED_SCORES`` column and does the rest as for a batch."""
 
     streams = False
+    default_score = staticmethod(default_compute_score)  # the scorer without reward.custom_reward_function
 
     def __init__(
         self,
@@ -107,7 +108,7 @@ class RuleRewardManager:
         check_bad_sample_settings(bad_sample_score, score_timeout_s)
         self.tokenizer = tokenizer
         self.num_examine = num_examine
-        self.compute_score = compute_score or default_compute_score
+        self.compute_score = compute_score or self.default_score
         self.reward_fn_key = reward_fn_key
         self.bad_sample_score = None if bad_sample_score is None else float(bad_sample_score)
         self.score_timeout_s = None if score_timeout_s is None else float(score_timeout_s)

@@ -85,13 +85,7 @@ _globals = {"__name__": "__main__", "__builtins__": builtins, "__file__": "solut
 try:
     exec(compile(_source, "solution.py", "exec"), _globals)
     if _fn_name:
-        _fn = _globals.get(_fn_name)
-        if not callable(_fn) and isinstance(_globals.get("Solution"), type):
-            _fn = getattr(_globals["Solution"](), _fn_name, None)
-        if not callable(_fn):
-            raise NameError("function %r is not defined" % _fn_name)
-        _result = _fn(*_call_args)
-        sys.stdout.write("\n" + __MARKER__ + json.dumps(_result, default=repr) + "\n")
+__CALL_FN__
 except MemoryError:
     try:
         sys.stdout.flush()
@@ -99,4 +93,25 @@ except MemoryError:
         sys.stderr.flush()
     finally:
         os._exit(__EXIT_MEMORY__)
-""".replace("__MARKER__", repr(RESULT_MARKER)).replace("__EXIT_MEMORY__", str(EXIT_MEMORY))
+"""
+
+
+def call_fn_source(marker: str = RESULT_MARKER, indent: str = "") -> str:
+    """Python that calls ``_fn_name`` (a function, or a method of a ``Solution`` class, as LeetCode-style data
+    has it) from ``_globals`` on ``_call_args`` and prints its JSON return value after ``marker``: the part of
+    a call test that the local child and a SandboxFusion run share."""
+    lines = (
+        "_fn = _globals.get(_fn_name)",
+        'if not callable(_fn) and isinstance(_globals.get("Solution"), type):',
+        '    _fn = getattr(_globals["Solution"](), _fn_name, None)',
+        "if not callable(_fn):",
+        '    raise NameError("function %r is not defined" % _fn_name)',
+        "_result = _fn(*_call_args)",
+        f'sys.stdout.write("\\n" + {marker!r} + json.dumps(_result, default=repr) + "\\n")',
+    )
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
+BOOTSTRAP = BOOTSTRAP.replace("__CALL_FN__", call_fn_source(indent="        ").rstrip("\n")).replace(
+    "__EXIT_MEMORY__", str(EXIT_MEMORY)
+)

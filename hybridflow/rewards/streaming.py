@@ -20,6 +20,7 @@ waiting on it (a process killed while it waited on its pool's call queue holds t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -33,10 +34,11 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
 from typing import Any
 
-from hybridflow.config.reward import RewardConfig
+from hybridflow.config.reward import RewardConfig, SandboxFusionConfig
 from hybridflow.rewards.custom import get_custom_reward_fn
 from hybridflow.rewards.registry import get_reward_manager_cls, load_reward_manager
 from hybridflow.rewards.rule_manager import RuleRewardManager
+from hybridflow.rewards.sandbox_fusion import shared_semaphore
 
 
 def bad_sample_kwargs(reward: RewardConfig, manager_cls: type) -> dict:
@@ -53,6 +55,22 @@ def bad_sample_kwargs(reward: RewardConfig, manager_cls: type) -> dict:
             f"reward.reward_manager.name={reward.reward_manager.name} ({manager_cls.__name__}) scores its own samples"
         )
     return {}
+
+
+def sandbox_scorer(manager_cls: type, sandbox: SandboxFusionConfig):
+    """The manager's built-in scorer with ``reward.sandbox_fusion`` bound (code tests run in that service)."""
+    default = getattr(manager_cls, "default_score", None)
+    if default is None:
+        raise ValueError(
+            f"reward.sandbox_fusion.url={sandbox.url}: reward manager {manager_cls.__name__} has no built-in scorer "
+            "(a default_score) to run code tests with; score code in your reward function instead"
+        )
+    return functools.partial(
+        default,
+        sandbox_fusion_url=sandbox.url,
+        concurrent_semaphore=shared_semaphore(sandbox.url, sandbox.max_concurrent),
+        memory_limit_mb=sandbox.memory_limit_mb,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,11 +91,14 @@ class RewardRecipe:
         name = self.reward.reward_manager.name
         kwargs = dict(self.reward.reward_kwargs)  # e.g. DAPO's max_resp_len, overlong_buffer_cfg
         kwargs.update(bad_sample_kwargs(self.reward, get_reward_manager_cls(name)))
+        compute_score = get_custom_reward_fn(crf.path, crf.name, dict(crf.reward_kwargs))
+        if compute_score is None and self.reward.sandbox_fusion.url:  # veRL binds it to the built-in scorers only
+            compute_score = sandbox_scorer(get_reward_manager_cls(name), self.reward.sandbox_fusion)
         manager = load_reward_manager(
             name,
             self.tokenizer,
             num_examine=num_examine,
-            compute_score=get_custom_reward_fn(crf.path, crf.name, dict(crf.reward_kwargs)),
+            compute_score=compute_score,
             reward_fn_key=self.reward_fn_key,
             **kwargs,
         )

@@ -83,9 +83,27 @@ def get_scorer(data_source: str) -> Scorer:
     )
 
 
-def default_compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    """veRL's entry point: score one response. Numbers come back as float, dicts unchanged."""
-    result = get_scorer(data_source)(solution_str, ground_truth, extra_info=extra_info, **kwargs)
+def default_compute_score(
+    data_source,
+    solution_str,
+    ground_truth,
+    extra_info=None,
+    sandbox_fusion_url=None,
+    concurrent_semaphore=None,
+    memory_limit_mb=None,
+    **kwargs,
+):
+    """veRL's entry point: score one response. Numbers come back as float, dicts unchanged.
+
+    ``sandbox_fusion_url`` (with ``concurrent_semaphore`` and ``memory_limit_mb``: veRL's arguments, bound from
+    ``reward.sandbox_fusion``) sends the built-in code scorer's tests to that SandboxFusion service; the other
+    scorers do not run code and ignore them, as veRL's do."""
+    scorer = get_scorer(data_source)
+    if sandbox_fusion_url and scorer is _code:
+        kwargs.update(sandbox_fusion_url=sandbox_fusion_url, concurrent_semaphore=concurrent_semaphore)
+        if memory_limit_mb is not None:
+            kwargs["memory_mb"] = int(memory_limit_mb)
+    result = scorer(solution_str, ground_truth, extra_info=extra_info, **kwargs)
     if isinstance(result, (bool, int, float)):
         return float(result)
     return result

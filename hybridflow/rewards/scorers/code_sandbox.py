@@ -8,12 +8,15 @@ process (see ``hybridflow.rewards.sandbox``); the result says which isolation wa
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import json
 import math
 import re
 from typing import Any
 
 from hybridflow.rewards.sandbox import Limits, isolation, run_python
+from hybridflow.rewards.sandbox_fusion import run_remote
 
 __all__ = ["extract_code", "parse_tests", "outputs_match", "compute_score"]
 
@@ -92,33 +95,51 @@ def compute_score(
     memory_mb: int = 1024,
     max_processes: int = 4,
     stop_on_timeout: bool = False,
+    sandbox_fusion_url: str | None = None,
+    concurrent_semaphore: Any = None,
 ) -> dict:
     """{"score": passed / total, "passed", "total", "reason", "isolation"}.
 
     ``reason`` is "passed" when all pass, else the first failure's: wrong_answer, timeout, memory,
-    error. ``stop_on_timeout`` counts the tests after a timeout as failed without running them.
+    error. ``stop_on_timeout`` counts the tests after a timeout as failed. ``sandbox_fusion_url``: the tests
+    run in that SandboxFusion service (``reward.sandbox_fusion``; at most ``concurrent_semaphore``'s count of
+    them at once), graded as local runs are.
     """
     tests = parse_tests(ground_truth)
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, max_processes=max_processes)
     code = extract_code(solution_str)
-    total, passed, first_failure = len(tests["inputs"]), 0, None
-    for test_input, expected in zip(tests["inputs"], tests["outputs"]):
+    cases = list(zip(tests["inputs"], tests["outputs"]))
+    if sandbox_fusion_url:
+        run_one = functools.partial(run_remote, sandbox_fusion_url, limits=limits, semaphore=concurrent_semaphore)
+        where = f"SandboxFusion service {sandbox_fusion_url}"
+    else:
+        run_one, where = functools.partial(run_python, limits=limits), isolation(limits)
+
+    def run(case):
+        test_input, expected = case
         if tests["fn_name"]:
-            run = run_python(code, limits=limits, fn_name=tests["fn_name"], call_args=_call_args(test_input))
-            ok = run.reason == "ok" and _returned_match(run.result_json, expected)
-        else:
-            run = run_python(code, stdin=_as_text(test_input), limits=limits)
-            ok = run.reason == "ok" and outputs_match(run.stdout, expected)
+            result = run_one(code, fn_name=tests["fn_name"], call_args=_call_args(test_input))
+            return result, result.reason == "ok" and _returned_match(result.result_json, expected)
+        result = run_one(code, stdin=_as_text(test_input))
+        return result, result.reason == "ok" and outputs_match(result.stdout, expected)
+
+    if sandbox_fusion_url:  # remote runs wait on the network: send them together
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(cases), 16)) as pool:
+            outcomes = list(pool.map(run, cases))
+    else:
+        outcomes = (run(case) for case in cases)  # lazily: after a timeout with stop_on_timeout, none runs
+    total, passed, first_failure = len(cases), 0, None
+    for result, ok in outcomes:
         if ok:
             passed += 1
         elif first_failure is None:
-            first_failure = "wrong_answer" if run.reason == "ok" else run.reason
-        if run.reason == "timeout" and stop_on_timeout:
+            first_failure = "wrong_answer" if result.reason == "ok" else result.reason
+        if result.reason == "timeout" and stop_on_timeout:
             break
     return {
         "score": passed / total,
         "passed": passed,
         "total": total,
         "reason": first_failure or "passed",
-        "isolation": isolation(limits),
+        "isolation": where,
     }
