@@ -4,7 +4,8 @@
 (``hybridflow.utils.tool_config``; the schema types: ``hybridflow.utils.tool_schemas``; both sit below the
 datasets and the agent loop, which read them too). Built in: ``gsm8k_tool.Gsm8kTool`` (veRL's demo),
 ``calculator_tool.CalculatorTool``, ``code_tool.CodeInterpreterTool`` (local sandbox; also under veRL's
-``sandbox_fusion_tools.SandboxFusionTool``).
+``sandbox_fusion_tools.SandboxFusionTool``, which runs the code in a SandboxFusion service when its
+config names one).
 """
 
 from hybridflow.tools.base_tool import BaseTool

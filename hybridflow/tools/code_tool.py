@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from hybridflow.rewards.sandbox import Limits, run_python
+from hybridflow.rewards.sandbox import ExecResult, Limits, run_python
 from hybridflow.tools.base_tool import BaseTool
 from hybridflow.utils.tool_schemas import OpenAIFunctionToolSchema, ToolResponse
 
@@ -30,6 +30,10 @@ class CodeInterpreterTool(BaseTool):
             )
         self._slots = asyncio.Semaphore(max(1, int(self.config.get("num_workers", 4))))
 
+    def run_code(self, code: str, limits: Limits) -> ExecResult:
+        """One run of the model's code (a blocking call, made off the event loop)."""
+        return run_python(code, limits=limits)
+
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
         code = parameters.get("code")
         if not isinstance(code, str) or not code.strip():
@@ -40,7 +44,7 @@ class CodeInterpreterTool(BaseTool):
         timeout = min(float(parameters.get("timeout", self.default_timeout)), self.default_timeout)
         limits = Limits(timeout_s=timeout, memory_mb=self.memory_limit_mb)
         async with self._slots:
-            result = await asyncio.get_running_loop().run_in_executor(None, lambda: run_python(code, limits=limits))
+            result = await asyncio.get_running_loop().run_in_executor(None, lambda: self.run_code(code, limits))
         if result.reason == "ok" and result.returncode == 0:
             return ToolResponse(text=result.stdout), 0.0, {"reason": "ok", "wall_s": result.wall_s}
         text = (result.stdout + result.stderr).strip()

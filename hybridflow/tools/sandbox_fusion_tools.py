@@ -1,31 +1,41 @@
-"""veRL's ``verl.tools.sandbox_fusion_tools.SandboxFusionTool`` name, served by the local sandbox.
+"""veRL's ``verl.tools.sandbox_fusion_tools.SandboxFusionTool`` name: the code tool, run in a SandboxFusion
+service when its config names one.
 
-veRL sends the code to a SandboxFusion HTTP service; hybridflow runs it in its own local sandbox (see
-``code_tool``). The veRL config keys are accepted: ``default_timeout``, ``memory_limit_mb``,
-``default_language`` and ``num_workers`` mean the same; ``sandbox_fusion_url``, ``rate_limit`` and
-``enable_global_rate_limit`` configure the remote service and are reported as not used (one warning per
-tool), never silently dropped.
+With ``sandbox_fusion_url`` the model's code runs in that service (``hybridflow.rewards.sandbox_fusion``;
+``rate_limit``: requests in flight at once, per process); without it, in hybridflow's local sandbox (see
+``code_tool``). ``default_timeout``, ``memory_limit_mb``, ``default_language`` (python) and ``num_workers``
+mean what they mean there. ``enable_global_rate_limit`` (veRL's Ray-wide token bucket) is not implemented: the
+limit holds per process, and a warning says so once per tool.
 """
 
 from __future__ import annotations
 
 import logging
 
+from hybridflow.rewards.sandbox import ExecResult, Limits
+from hybridflow.rewards.sandbox_fusion import run_remote, shared_semaphore
 from hybridflow.tools.code_tool import CodeInterpreterTool
 from hybridflow.utils.tool_schemas import OpenAIFunctionToolSchema
 
 logger = logging.getLogger(__name__)
-REMOTE_ONLY_KEYS = ("sandbox_fusion_url", "rate_limit", "enable_global_rate_limit")
 
 
 class SandboxFusionTool(CodeInterpreterTool):
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None):
         super().__init__(config, tool_schema)
-        unused = [k for k in REMOTE_ONLY_KEYS if self.config.get(k) not in (None, "")]
-        if unused:
+        self.url = self.config.get("sandbox_fusion_url") or None
+        if self.url is not None and not str(self.url).startswith(("http://", "https://")):
+            raise ValueError(f"SandboxFusionTool {self.name!r}: sandbox_fusion_url={self.url!r} is not an http(s) URL")
+        self.rate_limit = int(self.config.get("rate_limit", 10))
+        if self.url and self.config.get("enable_global_rate_limit", True):
             logger.warning(
-                "SandboxFusionTool %r: %s configure veRL's remote SandboxFusion service and are not used; "
-                "hybridflow runs the code in its local sandbox",
+                "SandboxFusionTool %r: rate_limit=%d holds per process (veRL's Ray-wide limit, "
+                "enable_global_rate_limit, is not implemented)",
                 self.name,
-                ", ".join(unused),
+                self.rate_limit,
             )
+
+    def run_code(self, code: str, limits: Limits) -> ExecResult:
+        if self.url is None:
+            return super().run_code(code, limits)
+        return run_remote(self.url, code, limits=limits, semaphore=shared_semaphore(self.url, self.rate_limit))

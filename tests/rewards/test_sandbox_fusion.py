@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.config.loader import load_config
+from hybridflow.config.loader import ConfigError, load_config
 from hybridflow.config.reward import CustomRewardFunctionConfig, RewardConfig, RewardManagerConfig, SandboxFusionConfig
 from hybridflow.main_ppo import checked_config
 from hybridflow.models.tiny import build_tiny_tokenizer
@@ -142,8 +142,8 @@ def test_a_timeout_in_the_service_is_a_timeout(service):
 def test_gateway_errors_are_retried(service, monkeypatch):
     monkeypatch.setattr(sandbox_fusion.time, "sleep", lambda s: None)  # the retries' 1 s and 2 s pauses
     service.fail_next = [503, 504]
-    result = code_sandbox.compute_score(fenced("print(2)"), {"inputs": ["1\n"], "outputs": ["2"]}, **FAST,
-                                        sandbox_fusion_url=service.url)  # fmt: skip
+    one = {"inputs": ["1\n"], "outputs": ["2"]}
+    result = code_sandbox.compute_score(fenced("print(2)"), one, **FAST, sandbox_fusion_url=service.url)
     assert result["score"] == 1.0 and len(service.requests) == 3
 
 
@@ -178,8 +178,8 @@ def test_max_concurrent_bounds_the_requests_in_flight():
         truth = {"inputs": [f"{i}\n" for i in range(6)], "outputs": [f"{2 * i}" for i in range(6)]}
         semaphore = sandbox_fusion.shared_semaphore(service.url, 2)
         assert sandbox_fusion.shared_semaphore(service.url, 2) is semaphore  # one per service in a process
-        result = code_sandbox.compute_score(fenced("print(int(input()) * 2)"), truth, **FAST,
-                                            sandbox_fusion_url=service.url, concurrent_semaphore=semaphore)  # fmt: skip
+        remote = dict(sandbox_fusion_url=service.url, concurrent_semaphore=semaphore)
+        result = code_sandbox.compute_score(fenced("print(int(input()) * 2)"), truth, **FAST, **remote)
         assert result["score"] == 1.0 and service.most_in_flight == 2  # sent together, never more than 2
     finally:
         service.close()
@@ -244,16 +244,17 @@ def _ppo(tiny_model_dir, tiny_data_dir, tmp_path, *extra):
 
 
 def test_the_keys_are_checked_at_start_up(tiny_model_dir, tiny_data_dir, tmp_path):
-    with pytest.raises(Exception, match="reward.sandbox_fusion.url='localhost:8080' must be an http"):
+    with pytest.raises(ConfigError, match="reward.sandbox_fusion.url='localhost:8080' must be an http"):
         checked_config(_ppo(tiny_model_dir, tiny_data_dir, tmp_path, "reward.sandbox_fusion.url=localhost:8080"))
-    with pytest.raises(Exception, match="reward.sandbox_fusion.max_concurrent=0 must be >= 1"):
-        checked_config(_ppo(tiny_model_dir, tiny_data_dir, tmp_path, "reward.sandbox_fusion.url=http://h/run_code",
-                            "reward.sandbox_fusion.max_concurrent=0"))  # fmt: skip
+    with pytest.raises(ConfigError, match="reward.sandbox_fusion.max_concurrent=0 must be >= 1"):
+        keys = ("reward.sandbox_fusion.url=http://h/run_code", "reward.sandbox_fusion.max_concurrent=0")
+        checked_config(_ppo(tiny_model_dir, tiny_data_dir, tmp_path, *keys))
 
 
 def test_a_custom_reward_function_leaves_the_service_unused(service, tmp_path):
-    (tmp_path / "mine.py").write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                                      "    return 0.25\n")  # fmt: skip
+    (tmp_path / "mine.py").write_text(
+        "def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.25\n"
+    )
     reward = RewardConfig(
         num_workers=0,
         custom_reward_function=CustomRewardFunctionConfig(path=str(tmp_path / "mine.py"), name="score"),
@@ -263,3 +264,30 @@ def test_a_custom_reward_function_leaves_the_service_unused(service, tmp_path):
     rows = [("```python\nprint(2)\n```", "codecontests", json.dumps(DOUBLE))]
     scores = RewardRecipe(reward, "data_source", TOK).build(num_examine=0)(code_batch(rows)).sum(-1)
     assert scores.tolist() == [0.25] and service.requests == []
+
+
+def _code_tool(config: dict):
+    from hybridflow.tools.sandbox_fusion_tools import SandboxFusionTool
+    from hybridflow.utils.tool_schemas import OpenAIFunctionToolSchema
+
+    parameters = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}
+    function = {"name": "code_interpreter", "description": "run", "parameters": parameters}
+    return SandboxFusionTool(
+        config, OpenAIFunctionToolSchema.model_validate({"type": "function", "function": function})
+    )
+
+
+def test_the_sandbox_fusion_tool_runs_the_models_code_in_the_configured_service(service):
+    import asyncio
+
+    tool = _code_tool({"sandbox_fusion_url": service.url, "default_timeout": 3, "memory_limit_mb": 200})
+    response, _, info = asyncio.run(tool.execute("i", {"code": "print(6 * 7)"}))
+    assert response.text == "42\n" and info["reason"] == "ok"
+    assert service.requests[0]["code"] == "print(6 * 7)" and service.requests[0]["memory_limit_MB"] == 200
+    response, _, info = asyncio.run(tool.execute("i", {"code": "raise ValueError('nope')"}))
+    assert info["reason"] == "error" and "ValueError: nope" in response.text  # the model sees its error
+    # without a URL the same tool runs in the local sandbox: the service sees nothing more
+    local = _code_tool({"default_timeout": 3})
+    assert asyncio.run(local.execute("i", {"code": "print(1 + 1)"}))[0].text == "2\n" and len(service.requests) == 2
+    with pytest.raises(ValueError, match="sandbox_fusion_url='localhost:1' is not an http"):
+        _code_tool({"sandbox_fusion_url": "localhost:1"})
