@@ -55,7 +55,11 @@ class ActorRolloutRefConfig(BaseConfig):
     """``actor_rollout_ref``: the policy (trained, sampled and frozen as the reference), in one worker group."""
 
     hybrid_engine: bool = doc(True, "actor, rollout and ref share workers", values=(True,), reason=_NO_POOLS)
-    nccl_timeout: int = doc(600, "collective timeout (s)", note="hybridflow uses torch.distributed's default timeout")
+    nccl_timeout: int = doc(
+        600,
+        "seconds a collective of the workers' process group (nccl on CUDA, gloo on cpu) may wait before it fails "
+        "(the group of a process holding the policy with the critic or a reward model too)",
+    )
     model: HFModelConfig = section(
         HFModelConfig,
         "the policy model (veRL's hf_model.yaml)",

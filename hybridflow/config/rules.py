@@ -232,6 +232,8 @@ def check_ppo_trainer(cfg, device: str, visible_devices: int | None = None, judg
     _check_algorithm(p, cfg)
     _check_async(p, cfg)
     _check_v1(p, cfg)
+    if not aref.nccl_timeout > 0:
+        p.errors.append(f"{_AREF}.nccl_timeout={aref.nccl_timeout} must be > 0 (seconds a collective may wait)")
     if problem := timeline_problem(cfg.ray_kwargs, t.backend):
         p.errors.append(problem)
     if device == "cpu":

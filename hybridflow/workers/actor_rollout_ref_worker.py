@@ -80,7 +80,7 @@ class ActorRolloutRefWorker(Worker):
                 if on
             ]
         )
-        self.init_process_group()
+        self.init_process_group(timeout_s=float(self.config.nccl_timeout))  # the first role's group is the process's
         self.device, _ = default_device_backend()
         trains = self._is_actor or self._is_ref  # a rollout-only worker (main_generation) gets model + rollout
         self.model_config = self.config.model
