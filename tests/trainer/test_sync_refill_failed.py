@@ -42,11 +42,13 @@ class Loader(list):
         return {"epoch": 0}
 
 
-def source_of(failing):
-    batches = [{"input_ids": torch.zeros(4, 2), "attention_mask": torch.ones(4, 2), "position_ids": torch.zeros(4, 2),
-                "index": np.arange(4 * b, 4 * b + 4)} for b in range(3)]  # fmt: skip
+def source_of(failing, batch_size=4):
+    """A step trains 4 groups; its dataloader holds 3 batches of ``batch_size`` prompts (data.gen_batch_size)."""
+    b = batch_size
+    batches = [{"input_ids": torch.zeros(b, 2), "attention_mask": torch.ones(b, 2), "position_ids": torch.zeros(b, 2),
+                "index": np.arange(b * i, b * i + b)} for i in range(3)]  # fmt: skip
     return SyncRolloutSource(
-        FailingManager(failing), EpochCycler(Loader(batches)), 2, True, None, 4, 0, refill_failed=True
+        FailingManager(failing), EpochCycler(Loader(batches)), 2, True, None, 4, 0, refill_failed=True, batch_size=b
     )
 
 
@@ -68,8 +70,18 @@ def test_the_source_drops_failed_groups_and_draws_one_prompt_each():
 
 def test_more_failed_groups_than_a_step_trains_stop_the_run():
     source = source_of(range(12))
-    with pytest.raises(RuntimeError, match="8 prompt groups failed in a step of 4"):
+    with pytest.raises(RuntimeError, match=r"8 prompt groups failed in a step of 4 \(4 a batch\)"):
         source.generate(next(source.inputs(1, 0)), {}, {}, 1, 0)
+
+
+def test_a_generation_batch_larger_than_the_step_may_lose_more_groups_than_the_step_trains():
+    """DAPO's data.gen_batch_size=12 for a step of 4: 6 failed groups leave 6, more than the step needs."""
+    source = source_of({0, 1, 2, 3, 4, 5}, batch_size=12)
+    batch = source.generate(next(source.inputs(1, 0)), {}, metrics := {}, 1, 0)
+    assert sorted(set(batch.non_tensor_batch["index"])) == [6, 7, 8, 9, 10, 11] and metrics[FAILED_GROUPS] == 6
+    everything_fails = source_of(range(36), batch_size=12)  # a whole batch failed: as many new prompts, failed too
+    with pytest.raises(RuntimeError, match=r"24 prompt groups failed in a step of 4 \(12 a batch\)"):
+        everything_fails.generate(next(everything_fails.inputs(1, 0)), {}, {}, 1, 0)
 
 
 FAILING = "train1:4"  # step 1, row 4: the first trajectory of the third prompt (uid 1_2; 4 prompts x n=2)

@@ -161,7 +161,8 @@ class SyncRolloutSource:
 
     def _without_failed_groups(self, batch: DataProto, metrics: dict) -> DataProto:
         """``refill_failed``: the groups of the failed trajectories dropped (the step's refill replaces them). More
-        failed groups in a step than it trains is a bug, not bad luck: the run stops."""
+        failed groups in a step than it trains or draws in one batch (``data.gen_batch_size``) is a bug, not bad
+        luck: the run stops."""
         errors = batch.non_tensor_batch.pop(ROLLOUT_ERROR, None)
         if errors is None:
             return batch
@@ -169,10 +170,12 @@ class SyncRolloutSource:
         failed = {u for u, e in zip(uids, errors) if e}
         metrics[FAILED_GROUPS] = metrics.get(FAILED_GROUPS, 0) + len(failed)
         self._step_failed += len(failed)
-        if self._step_failed > self.prompts_per_step:
+        bound = max(self.prompts_per_step, self.batch_size)
+        if self._step_failed > bound:
             raise RuntimeError(
-                f"{self._step_failed} prompt groups failed in a step of {self.prompts_per_step}: more than a step "
-                f"trains is a bug, not bad luck (trainer.v1.sampler.sync_refill_failed_groups); one error: "
+                f"{self._step_failed} prompt groups failed in a step of {self.prompts_per_step} ({self.batch_size} a "
+                f"batch): more than a batch holds is a bug, not bad luck (trainer.v1.sampler."
+                f"sync_refill_failed_groups); one error: "
                 f"{next(e for e in errors if e)}"
             )
         return batch.select_idxs(np.flatnonzero([u not in failed for u in uids])) if failed else batch
