@@ -234,10 +234,7 @@ class SFTTrainerConfig(BaseConfig):
         SFTModelConfig,
         "the model trained (veRL's hf_model.yaml)",
         keys={
-            **dict.fromkeys(
-                ("hf_config_path", "tokenizer_path", "override_config", "exclude_modules", "lora_adapter_path"),
-                refused("the SFT trainer loads config, tokenizer and weights from model.path"),
-            ),
+            "hf_config_path": refused("the SFT trainer reads config.json from model.path"),
             "use_shm": noted("copying the model to shared memory only speeds up loading"),
             "custom_chat_template": honoured(),
             **dict.fromkeys(
@@ -245,8 +242,9 @@ class SFTTrainerConfig(BaseConfig):
                 noted(speed_only("fused kernels, tiled MLP, activation offload")),
             ),
             "use_remove_padding": noted("each micro-batch is cut after its longest row instead of packed (same loss)"),
-            "lora_rank": honoured("LoRA is not implemented in the SFT trainer yet", values=(0,)),
-            **dict.fromkeys(("lora_alpha", "target_modules"), honoured("used only when lora_rank > 0")),
+            **dict.fromkeys(
+                ("lora_alpha", "target_modules", "exclude_modules"), honoured("used only when lora_rank > 0")
+            ),
             "lora": refused(MEGATRON),
         },
     )

@@ -18,6 +18,10 @@ RNG and step in ``extra``), and rank 0 last ``latest_checkpointed_iteration.txt`
 trainer starts from that directory with ``actor_rollout_ref.model.path=.../global_step_N``; a rerun with
 ``trainer.resume_mode=auto`` (the default) continues from it: the same weights, AdamW moments, learning
 rate and data position (the batches of an epoch follow from the seed and the epoch alone).
+
+LoRA (``model.lora_rank > 0``, or ``model.lora_adapter_path`` to continue a saved adapter): only the
+adapters train; ``global_step_N/`` then holds the merged weights (a plain model, as before) and
+``global_step_N/lora_adapter/`` the adapter as peft saves it (for a later ``lora_adapter_path``).
 """
 
 from __future__ import annotations
@@ -49,8 +53,15 @@ from hybridflow.utils.tracking import SUPPORTED as SUPPORTED_LOGGERS
 from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
+from hybridflow.workers.engine.lora import lora_spec, write_adapter_weights
 from hybridflow.workers.engine.optim import build_optimizer, lr_multiplier, resolve_warmup_steps
-from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
+from hybridflow.workers.model_loading import (
+    import_external_lib,
+    load_model,
+    load_tokenizer,
+    local_model_path,
+    tokenizer_dir,
+)
 from hybridflow.workers.utils.micro_batches import clip_grad_and_step, grad_sync
 
 logger = logging.getLogger(__name__)
@@ -59,6 +70,7 @@ __all__ = ["FSDPSFTTrainer", "sft_nll_sum", "sft_lr_multiplier", "rank_slice", "
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 ENGINE_STATE_DIR = "engine"  # global_step_N/engine: the training state (weights, AdamW, schedule, RNG, step)
+LORA_ADAPTER_DIR = "lora_adapter"  # global_step_N/lora_adapter: the LoRA adapter alone, as peft saves it
 TRAINING_STATE = frozenset(("model", "optimizer", "extra"))
 METRICS_FILE = "metrics.jsonl"
 LR_SCHEDULERS = SFT_LR_SCHEDULERS
@@ -214,7 +226,9 @@ class FSDPSFTTrainer:
         import_external_lib(model_cfg.external_lib)
         path = local_model_path(model_cfg.path, "model.path")
         trust = bool(model_cfg.trust_remote_code)
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path, trust)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(tokenizer_dir(model_cfg.tokenizer_path, path, "model.tokenizer_path"), trust)
+        self.tokenizer = tokenizer
         if model_cfg.custom_chat_template:
             self.tokenizer.chat_template = model_cfg.custom_chat_template
         if train_dataset is None:
@@ -236,11 +250,14 @@ class FSDPSFTTrainer:
 
         torch.manual_seed(cfg.trainer.seed)
         dtype = getattr(torch, resolve_dtype(cfg.engine.model_dtype, device))
-        module = load_model(path, "causal_lm", dtype=dtype, trust_remote_code=trust)
+        module = load_model(
+            path, "causal_lm", dtype=dtype, override_config=model_cfg.override_config, trust_remote_code=trust
+        )
         spec = EngineSpec(
             strategy=cfg.engine.strategy,
             device=device,
             gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing),
+            lora=lora_spec(model_cfg, "model"),  # only the adapters train; the checkpoint folder is merged
         )
         self.engine = TrainEngine(module, spec)
         self.module = self.engine.module
@@ -371,14 +388,19 @@ class FSDPSFTTrainer:
         """Write ``global_step_<step>`` as a Hugging Face directory (rank 0), with the training state of
         ``checkpoint.save_contents`` in its ``engine/`` (all ranks; collective). All ranks call."""
         out = os.path.join(self.config.trainer.local_dir, f"global_step_{step}")
-        state = self.engine.full_state_dict()  # a collective under FSDP
+        state = self.engine.full_state_dict()  # a collective under FSDP; LoRA: merged, plain names
+        adapter = self.engine.adapter_state_dict() if self.engine.lora is not None else None  # a collective too
         if self.rank == 0:
             os.makedirs(out, exist_ok=True)
-            tied = _tied_duplicates(self.engine.unwrapped)
+            model = self.engine.hf_model
+            tied = _tied_duplicates(model)
             state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items() if k not in tied}
-            self.engine.unwrapped.save_pretrained(out, state_dict=state, safe_serialization=True)
+            model.save_pretrained(out, state_dict=state, safe_serialization=True)
             self.tokenizer.save_pretrained(out)
-        del state
+            if adapter is not None:  # what model.lora_adapter_path (SFT or RL) continues from
+                write_adapter_weights(os.path.join(out, LORA_ADAPTER_DIR), adapter)
+                self.engine.save_adapter_config(os.path.join(out, LORA_ADAPTER_DIR))
+        del state, adapter
         training_state = TRAINING_STATE & set(self.config.checkpoint.save_contents)
         if training_state:
             save_engine_checkpoint(

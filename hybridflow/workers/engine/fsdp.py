@@ -349,6 +349,18 @@ class TrainEngine:
         keep = None if with_base else is_adapter_tensor
         yield from split_lora_stream(self._full_tensors(keep), self.lora.adapter_name, with_base=with_base)
 
+    @property
+    def hf_model(self) -> nn.Module:
+        """The Hugging Face model under the wrappers (DDP, peft): its config and ``save_pretrained`` write a
+        plain model folder from a full state dict."""
+        peft_model = peft_model_of(self.module)
+        return peft_model.get_base_model() if peft_model is not None else self.unwrapped
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter's A/B matrices under peft's saved names, whole, on the host (a collective when
+        sharded: every rank calls)."""
+        return {name: t.detach().to("cpu", copy=True) for name, t in self.iter_adapter_params(with_base=False)}
+
     def save_adapter_config(self, directory: str) -> None:
         """Write peft's ``adapter_config.json`` (LoRA rank, alpha, targets) into ``directory``."""
         peft_model = peft_model_of(self.module)

@@ -39,6 +39,7 @@ __all__ = [
     "is_adapter_tensor",
     "split_lora_stream",
     "rollout_gets_adapter",
+    "write_adapter_weights",
 ]
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -55,13 +56,13 @@ class LoraSpec:
     adapter_path: str | None = None  # a saved peft adapter to continue training (its own r/alpha/targets)
 
 
-def lora_spec(model: HFModelConfig) -> LoraSpec | None:
-    """The LoRA of a typed model section: None unless ``lora_rank > 0`` or ``lora_adapter_path`` is set.
-    A saved adapter brings its own rank, alpha and targets, read from its ``adapter_config.json``, so
-    merging and serving scale it as it was trained."""
+def lora_spec(model: HFModelConfig, section: str = "actor_rollout_ref.model") -> LoraSpec | None:
+    """The LoRA of a typed model section (``section``: its place in the config, for messages): None unless
+    ``lora_rank > 0`` or ``lora_adapter_path`` is set. A saved adapter brings its own rank, alpha and targets,
+    read from its ``adapter_config.json``, so merging and serving scale it as it was trained."""
     path, exclude = model.lora_adapter_path, model.exclude_modules
     if path:
-        saved = read_adapter_config(str(path))
+        saved = read_adapter_config(str(path), f"{section}.lora_adapter_path")
         return LoraSpec(
             rank=int(saved["r"]),
             alpha=float(saved["lora_alpha"]),
@@ -77,22 +78,21 @@ def lora_spec(model: HFModelConfig) -> LoraSpec | None:
     )
 
 
-def read_adapter_config(path: str) -> dict:
-    """A saved peft adapter's ``adapter_config.json``; errors name ``model.lora_adapter_path``."""
+def read_adapter_config(path: str, key: str = "actor_rollout_ref.model.lora_adapter_path") -> dict:
+    """A saved peft adapter's ``adapter_config.json``; errors name ``key``."""
     import json
     import os
 
     config_file = os.path.join(os.path.expanduser(path), ADAPTER_CONFIG)
     if not os.path.isfile(config_file):
         raise FileNotFoundError(
-            f"actor_rollout_ref.model.lora_adapter_path={path!r}: no {ADAPTER_CONFIG} there "
-            "(a folder written by peft's save_pretrained)"
+            f"{key}={path!r}: no {ADAPTER_CONFIG} there (a folder written by peft's save_pretrained)"
         )
     with open(config_file) as f:
         saved = json.load(f)
     if saved.get("peft_type", "LORA") != "LORA" or saved.get("use_dora") or saved.get("use_rslora"):
         raise ValueError(
-            f"actor_rollout_ref.model.lora_adapter_path={path!r}: only plain LoRA adapters are supported "
+            f"{key}={path!r}: only plain LoRA adapters are supported "
             f"(peft_type={saved.get('peft_type')!r}, use_dora={saved.get('use_dora')}, "
             f"use_rslora={saved.get('use_rslora')})"
         )
@@ -217,6 +217,18 @@ def merge_lora_stream(
             yield _hf_name(prefix + "base_layer.weight"), (base.float() + delta).to(base.dtype)
     if parts:
         raise ValueError(f"incomplete LoRA layers in the weight stream: {sorted(parts)[:3]}")
+
+
+def write_adapter_weights(directory: str, tensors: dict[str, torch.Tensor]) -> None:
+    """``directory/adapter_model.safetensors`` as peft's ``save_pretrained`` writes it (peft's saved names, as
+    ``split_lora_stream`` gives them); with ``adapter_config.json`` beside it, ``PeftModel.from_pretrained``
+    and ``model.lora_adapter_path`` read the folder."""
+    import os
+
+    from safetensors.torch import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(directory, "adapter_model.safetensors"))
 
 
 def is_adapter_tensor(name: str) -> bool:
