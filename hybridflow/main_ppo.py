@@ -15,7 +15,7 @@ import logging
 import signal
 import sys
 
-from hybridflow.config.base import part_of_tree
+from hybridflow.config.base import part_of_tree, to_dict
 from hybridflow.config.convert import as_section
 from hybridflow.config.loader import ConfigError, parse_cli
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
@@ -56,7 +56,7 @@ def with_runtime_values(config: PPOTrainerConfig, total_training_steps: int) -> 
 def build_reward_fns(config, tokenizer):
     """The training and validation reward managers (the same, but the validation one logs a sample)."""
     config = as_section(config, PPOTrainerConfig)
-    recipe = RewardRecipe(config.reward, config.data.reward_fn_key, tokenizer)
+    recipe = RewardRecipe(config.reward, config.data.reward_fn_key, tokenizer, run_config=to_dict(config))
     return recipe.build(num_examine=0), recipe.build(num_examine=1)
 
 

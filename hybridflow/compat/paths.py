@@ -47,6 +47,12 @@ NAMES: dict[str, dict[str, str]] = {
         "hybridflow.workers.utils.micro_batches": "get_reverse_idx restore_dynamic_batch",
     },
     "hybridflow.base_config": {"hybridflow.config.base": "BaseConfig"},
+    # veRL 0.9's reward-loop managers: ``from verl.experimental.reward_loop.reward_manager.base import ...``
+    "hybridflow.experimental.reward_loop.reward_manager": {
+        "hybridflow.rewards.registry": "register get_reward_manager_cls",
+        "hybridflow.rewards.loop_manager": "RewardManagerBase",
+    },
+    "hybridflow.experimental.reward_loop.reward_manager.base": {"hybridflow.rewards.loop_manager": "RewardManagerBase"},
     # veRL's config tree (yaml, for hydra.searchpath) is a package on disk; its classes are these
     "hybridflow.trainer.config": {
         "hybridflow.config.algorithm": _ALGORITHM,
@@ -104,6 +110,7 @@ NAMES: dict[str, dict[str, str]] = {
     },
     "hybridflow.tools.utils": {},
     "hybridflow.experimental": {},
+    "hybridflow.experimental.reward_loop": {},
     "hybridflow.experimental.agent_loop": {
         "hybridflow.agent_loop.base": "AgentLoopBase AgentLoopOutput register",
         "hybridflow.agent_loop.manager": "AgentLoopManager",

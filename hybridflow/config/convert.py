@@ -49,7 +49,14 @@ from hybridflow.config.base import BaseConfig, part_of_tree
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.refused import REFUSED_CLASSES, refusal
 
-__all__ = ["CONFIG_CLASSES", "resolve_target", "omega_conf_to_dataclass", "as_section", "read_yaml_file"]
+__all__ = [
+    "CONFIG_CLASSES",
+    "resolve_target",
+    "omega_conf_to_dataclass",
+    "as_section",
+    "as_dictconfig",
+    "read_yaml_file",
+]
 
 _MODULES = (
     algorithm,
@@ -158,6 +165,12 @@ def as_section(value: Any, cls: type, path: str | None = None, placed: Callable[
         return value if isinstance(value, cls) else omega_conf_to_dataclass(value or None, cls, path=path)
     with part_of_tree():
         return _build(cls, _plain(value or {}), path or "", placed())
+
+
+def as_dictconfig(tree: dict) -> Any:
+    """A plain tree (``to_dict`` of a config) as the OmegaConf ``DictConfig`` that user code written for veRL
+    reads (a veRL reward-loop manager's ``config.reward.reward_kwargs``); omegaconf stays in config/."""
+    return OmegaConf.create(tree)
 
 
 def read_yaml_file(path: str) -> Any:

@@ -14,7 +14,7 @@ from hybridflow.config.module import ModuleConfig
 from hybridflow.config.reasons import CPU_NO_CHUNKED_PREFILL, JUDGE, JUDGE_VLLM
 from hybridflow.config.rollout import NOT_ENGINES, RolloutConfig, rollout_as_in_yaml
 from hybridflow.config.rules import Problems
-from hybridflow.config.status import honoured, refused
+from hybridflow.config.status import honoured, noted, refused
 
 __all__ = [
     "CustomRewardFunctionConfig",
@@ -60,16 +60,23 @@ class RewardManagerConfig(BaseConfig):
     _target_: str = doc("verl.workers.config.reward.RewardManagerConfig", "the class this section is read into")
     source: str = doc(
         "register",
-        "register (by name from the registry) | importlib (module.path)",
-        values=("register",),
-        reason="reward managers come from hybridflow's registry (hybridflow.rewards.register_reward_manager)",
+        "register (name: in the reward-manager registry) | importlib (name: the class in module.path); a class "
+        "of veRL 0.9's reward loop (a RewardManagerBase with run_single) runs as veRL runs it",
+        values=("register", "importlib"),
     )
     name: str = doc("naive", "name in the reward-manager registry, or the class in module")
     module: ModuleConfig | None = section(
         placed(ModuleConfig, _target_="verl.trainer.config.config.ModuleConfig", name="custom_reward_manager"),
         "the file of an importlib reward manager",
-        refused="loading a reward manager from a file is not implemented; register it by name instead",
+        keys={"name": noted("hybridflow names the loaded module after its file")},
     )
+
+    def validate(self) -> None:
+        if self.source == "importlib" and not (self.module is not None and self.module.path):
+            raise ConfigError(
+                "reward.reward_manager.source=importlib needs reward.reward_manager.module.path (the file that "
+                f"defines the class {self.name})"
+            )
 
 
 @dataclass
@@ -195,6 +202,7 @@ class RewardConfig(BaseConfig):
         p, rm, ro = Problems(), "reward.reward_model", "reward.reward_model.rollout"
         model, engine, function = self.reward_model, self.reward_model.rollout, self.custom_reward_function.path
         p.run(self.sandbox_fusion.validate)
+        p.run(self.reward_manager.validate)
         if self.sandbox_fusion.url and (function or judge_scored):
             instead = "reward.custom_reward_function.path" if function else f"the {self.reward_manager.name} judge"
             p.notes.append(

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from hybridflow.rewards.dapo import DAPORewardManager
 from hybridflow.rewards.genrm import GenRMRewardManager
+from hybridflow.rewards.loop_manager import LoopRewardManager, is_loop_manager
 from hybridflow.rewards.manager import BatchRewardManager, NaiveRewardManager
 from hybridflow.utils.registry import Registry
 
@@ -49,5 +50,15 @@ def load_reward_manager(
     reward_manager_name: str, tokenizer, num_examine: int, compute_score: Callable | None = None, **kwargs
 ):
     """Build the registered manager ``reward_manager_name`` (config: reward_model.reward_manager)."""
-    cls = get_reward_manager_cls(reward_manager_name)
+    return build_reward_manager(
+        get_reward_manager_cls(reward_manager_name), tokenizer, num_examine, compute_score, **kwargs
+    )
+
+
+def build_reward_manager(cls: type, tokenizer, num_examine: int, compute_score: Callable | None = None, **kwargs):
+    """A manager of class ``cls``; a veRL reward-loop class (``RewardManagerBase``) runs inside
+    ``LoopRewardManager`` (``config``: what it reads, veRL's whole config tree)."""
+    if is_loop_manager(cls):
+        return LoopRewardManager(cls, tokenizer, num_examine, compute_score, **kwargs)
+    kwargs.pop("config", None)
     return cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=compute_score, **kwargs)

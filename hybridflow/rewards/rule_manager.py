@@ -124,6 +124,12 @@ class RuleRewardManager:
     def _score(self, data_sources, solution_strs, ground_truths, extra_infos) -> list:
         raise NotImplementedError
 
+    def _score_rows(self, data, todo: list[int], data_sources, solution_strs, ground_truths, extra_infos) -> list:
+        """The results of rows ``todo`` of ``data`` (a failure at position p raises ``SampleScoreError(p)`` or
+        gives a ``ScoreFailure``); the rule managers score from the decoded fields."""
+        pick = lambda values: [values[i] for i in todo]  # noqa: E731
+        return self._score(pick(data_sources), pick(solution_strs), pick(ground_truths), pick(extra_infos))
+
     def __call__(self, data, return_dict: bool = False):
         streamed = data.non_tensor_batch.pop(STREAMED_SCORES, None)
         if "rm_scores" in data.batch.keys():  # a reward model already scored this batch
@@ -230,13 +236,9 @@ class RuleRewardManager:
         for i, result in enumerate(streamed if streamed is not None else []):
             if result is not None:
                 raw[i] = result[0]
-        pick = lambda values: [values[i] for i in todo]  # noqa: E731
         try:
-            scored = (
-                self._score(pick(data_sources), pick(solution_strs), pick(ground_truths), pick(extra_infos))
-                if todo
-                else []
-            )
+            fields = (data_sources, solution_strs, ground_truths, extra_infos)
+            scored = self._score_rows(data, todo, *fields) if todo else []
         except SampleScoreError as err:
             row = todo[err.position]
             raise RewardComputationError(scorer_failed_message(row, data_sources[row], err.cause)) from err.cause

@@ -34,11 +34,15 @@ from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
 from typing import Any
 
+from hybridflow.config.base import to_dict
+from hybridflow.config.convert import as_dictconfig
 from hybridflow.config.reward import RewardConfig, SandboxFusionConfig
 from hybridflow.rewards.custom import get_custom_reward_fn
-from hybridflow.rewards.registry import get_reward_manager_cls, load_reward_manager
+from hybridflow.rewards.loop_manager import LoopRewardManager, is_loop_manager
+from hybridflow.rewards.registry import build_reward_manager, get_reward_manager_cls
 from hybridflow.rewards.rule_manager import RuleRewardManager
 from hybridflow.rewards.sandbox_fusion import shared_semaphore
+from hybridflow.utils.import_utils import load_class
 
 
 def bad_sample_kwargs(reward: RewardConfig, manager_cls: type) -> dict:
@@ -76,32 +80,52 @@ def sandbox_scorer(manager_cls: type, sandbox: SandboxFusionConfig):
 @dataclasses.dataclass(frozen=True)
 class RewardRecipe:
     """What builds the run's reward manager in any process: the ``reward`` section, ``data.reward_fn_key``
-    and the tokenizer (picklable, unlike a reward function loaded from a file)."""
+    and the tokenizer (picklable, unlike a reward function loaded from a file); ``run_config``: the whole
+    run's config as plain dicts, the ``config`` a veRL reward-loop manager class reads (None: the reward
+    section and data.reward_fn_key only)."""
 
     reward: RewardConfig
     reward_fn_key: str
     tokenizer: Any
+    run_config: dict | None = None
+
+    def manager_class(self) -> type:
+        """``reward.reward_manager``'s class: by name from the registry, or (``source=importlib``) the class
+        ``name`` in the file ``module.path``."""
+        manager = self.reward.reward_manager
+        if manager.source != "importlib":
+            return get_reward_manager_cls(manager.name)
+        path = manager.module.path if manager.module is not None else None
+        if not path:
+            raise ValueError("reward.reward_manager.source=importlib needs reward.reward_manager.module.path")
+        reference = f"{path}:{manager.name}" if str(path).endswith(".py") else f"{path}.{manager.name}"
+        cls = load_class(reference, what="reward.reward_manager.module.path")
+        if not isinstance(cls, type):
+            raise TypeError(
+                f"reward.reward_manager.name={manager.name} in {path} is a {type(cls).__name__}, not a class"
+            )
+        return cls
 
     def build(self, num_examine: int):
-        """The manager ``reward.reward_manager.name`` with the custom reward function and the reward
+        """The manager ``reward.reward_manager`` names, with the custom reward function and the reward
         kwargs; it keeps this recipe as ``recipe`` so that the trainer can score in the reward loop."""
         if int(self.reward.num_workers) < 0:
             raise ValueError(f"reward.num_workers={self.reward.num_workers} must be >= 0 (0: score after generation)")
         crf = self.reward.custom_reward_function
-        name = self.reward.reward_manager.name
+        cls = self.manager_class()
+        runs_as = LoopRewardManager if is_loop_manager(cls) else cls  # a veRL reward-loop class runs wrapped
         kwargs = dict(self.reward.reward_kwargs)  # e.g. DAPO's max_resp_len, overlong_buffer_cfg
-        kwargs.update(bad_sample_kwargs(self.reward, get_reward_manager_cls(name)))
+        kwargs.update(bad_sample_kwargs(self.reward, runs_as))
         compute_score = get_custom_reward_fn(crf.path, crf.name, dict(crf.reward_kwargs))
         if compute_score is None and self.reward.sandbox_fusion.url:  # veRL binds it to the built-in scorers only
-            compute_score = sandbox_scorer(get_reward_manager_cls(name), self.reward.sandbox_fusion)
-        manager = load_reward_manager(
-            name,
-            self.tokenizer,
-            num_examine=num_examine,
-            compute_score=compute_score,
-            reward_fn_key=self.reward_fn_key,
+            compute_score = sandbox_scorer(runs_as, self.reward.sandbox_fusion)
+        if is_loop_manager(cls):
+            tree = self.run_config or {"reward": to_dict(self.reward), "data": {"reward_fn_key": self.reward_fn_key}}
+            kwargs["config"] = as_dictconfig(tree)
+        manager = build_reward_manager(
+            cls, self.tokenizer, num_examine=num_examine, compute_score=compute_score, reward_fn_key=self.reward_fn_key,
             **kwargs,
-        )
+        )  # fmt: skip
         manager.recipe = self
         return manager
 

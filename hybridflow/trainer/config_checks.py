@@ -22,6 +22,7 @@ from hybridflow.config.loader import ConfigError
 from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.rewards.registry import manager_needs_judge
+from hybridflow.rewards.streaming import RewardRecipe
 from hybridflow.single_controller.factory import check_pool_size
 from hybridflow.utils.tool_config import check_function_tools, check_tool_config
 from hybridflow.utils.torch_dtypes import resolve_dtype
@@ -76,6 +77,12 @@ def validate_ppo_config(cfg: PPOTrainerConfig | Mapping, n_devices: int | None =
             loaded[key] = load(path) if path else {}
         except (OSError, ValueError, ImportError, NotImplementedError, TypeError, AttributeError) as e:
             errors.append(f"{_ROLLOUT}.{key}={path}: {type(e).__name__}: {e}")
+    manager = cfg.reward.reward_manager
+    if manager.source == "importlib" and manager.module is not None and manager.module.path:
+        try:  # the manager's file, read and its class found before anything starts
+            RewardRecipe(cfg.reward, cfg.data.reward_fn_key, None).manager_class()
+        except (OSError, ValueError, ImportError, TypeError, AttributeError) as e:
+            errors.append(f"reward.reward_manager.module.path={manager.module.path}: {type(e).__name__}: {e}")
     checks = [
         (check_tool_parser, mt.format, f"{_ROLLOUT}.multi_turn.format"),
         (check_agent_loop, agent.default_agent_loop or "single_turn_agent", f"{_ROLLOUT}.agent.default_agent_loop",
