@@ -60,10 +60,9 @@ class CriticConfig(BaseConfig):
             "custom_chat_template": refused(
                 "this model never formats a conversation; the policy's template is actor_rollout_ref.model's"
             ),
-            "lora_rank": honoured("LoRA is implemented for the policy only", values=(0,)),
-            **dict.fromkeys(("lora_alpha", "target_modules"), honoured("used only when lora_rank > 0")),
+            "lora_rank": honoured("LoRA adapters on the value model's body; its value head trains in full"),
             **dict.fromkeys(
-                ("exclude_modules", "lora_adapter_path"), refused("LoRA is implemented for the policy only")
+                ("lora_alpha", "target_modules", "exclude_modules"), honoured("used only when lora_rank > 0")
             ),
         },
     )

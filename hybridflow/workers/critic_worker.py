@@ -14,6 +14,7 @@ from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.critic import DataParallelPPOCritic
 from hybridflow.workers.engine import TrainEngine, engine_spec, weights_dtype
+from hybridflow.workers.engine.lora import lora_spec
 from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
 from hybridflow.workers.profiler import WorkerProfiler, merge_profilers
 from hybridflow.workers.utils.device import on_device
@@ -44,10 +45,6 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         model_cfg = self.config.model
-        if int(model_cfg.lora_rank) > 0:  # refuse rather than silently train the full critic
-            raise NotImplementedError(
-                "critic.model.lora_rank > 0: LoRA is supported for the actor only; set critic.model.lora_rank=0"
-            )
         import_external_lib(model_cfg.external_lib)
         path = local_model_path(model_cfg.path, "critic.model.path")
         trust = bool(model_cfg.trust_remote_code)
@@ -71,6 +68,8 @@ class CriticWorker(Worker):
             self.device,
             bool(model_cfg.enable_gradient_checkpointing),
             activation_offload=bool(model_cfg.enable_activation_offload),
+            # LoRA: adapters on the body, the value head (a fresh layer) trained in full
+            lora=lora_spec(model_cfg, "critic.model", task_type="TOKEN_CLS"),
         )
         self.engine = TrainEngine(module, spec)
         optim = self.config.optim

@@ -54,9 +54,12 @@ class LoraSpec:
     adapter_name: str = "default"
     exclude_modules: Any = None  # module names or a regex that target_modules must skip (peft's)
     adapter_path: str | None = None  # a saved peft adapter to continue training (its own r/alpha/targets)
+    task_type: str = "CAUSAL_LM"  # peft's task; TOKEN_CLS (the critic) also trains the value head in full
 
 
-def lora_spec(model: HFModelConfig, section: str = "actor_rollout_ref.model") -> LoraSpec | None:
+def lora_spec(
+    model: HFModelConfig, section: str = "actor_rollout_ref.model", task_type: str = "CAUSAL_LM"
+) -> LoraSpec | None:
     """The LoRA of a typed model section (``section``: its place in the config, for messages): None unless
     ``lora_rank > 0`` or ``lora_adapter_path`` is set. A saved adapter brings its own rank, alpha and targets,
     read from its ``adapter_config.json``, so merging and serving scale it as it was trained."""
@@ -69,12 +72,17 @@ def lora_spec(model: HFModelConfig, section: str = "actor_rollout_ref.model") ->
             target_modules=saved.get("target_modules") or "all-linear",
             exclude_modules=exclude,
             adapter_path=str(path),
+            task_type=task_type,
         )
     if model.lora_rank <= 0:
         return None
     target = model.target_modules if isinstance(model.target_modules, str) else list(model.target_modules)
     return LoraSpec(
-        rank=int(model.lora_rank), alpha=float(model.lora_alpha), target_modules=target, exclude_modules=exclude
+        rank=int(model.lora_rank),
+        alpha=float(model.lora_alpha),
+        target_modules=target,
+        exclude_modules=exclude,
+        task_type=task_type,
     )
 
 
@@ -127,11 +135,26 @@ def apply_lora(module: nn.Module, spec: LoraSpec) -> nn.Module:
         r=spec.rank,
         lora_alpha=spec.alpha,
         target_modules=spec.target_modules,
-        exclude_modules=spec.exclude_modules,
+        exclude_modules=_without_the_head(spec.exclude_modules)
+        if spec.task_type == "TOKEN_CLS"
+        else spec.exclude_modules,
         bias="none",
-        task_type="CAUSAL_LM",
+        task_type=spec.task_type,  # TOKEN_CLS: peft keeps a trainable copy of the value head (score)
     )
     return get_peft_model(module, config, adapter_name=spec.adapter_name)
+
+
+_HEADS = ("score", "classifier")  # peft's names of a token-classification head (trained in full, not adapted)
+
+
+def _without_the_head(exclude: Any) -> Any:
+    """``exclude_modules`` that also keeps LoRA off the value head (all-linear would adapt it, and peft cannot
+    both adapt a layer and train it in full): a list gains the head's names, a regex an alternative."""
+    if exclude is None:
+        return list(_HEADS)
+    if isinstance(exclude, str):
+        return rf"(?:{exclude})|(?:.*\.)?(?:{'|'.join(_HEADS)})"
+    return [*exclude, *_HEADS]
 
 
 def peft_model_of(module: nn.Module):
@@ -182,7 +205,8 @@ def merge_lora_weights(
     for key, value in out.items():
         if key in deltas:
             value = (value.float() + deltas.pop(key)).to(value.dtype)
-        merged[_hf_name(key)] = value
+        if (name := _plain_name(key, adapter_name)) is not None:
+            merged[name] = value
     if deltas:
         raise ValueError(f"LoRA adapters without a base weight: {sorted(deltas)[:3]}")
     return merged
@@ -207,7 +231,8 @@ def merge_lora_stream(
         elif ".lora_" in key:
             continue
         else:
-            yield _hf_name(key), value
+            if (name := _plain_name(key, adapter_name)) is not None:
+                yield name, value
             continue
         layer = parts.setdefault(prefix, {})
         layer[part] = value
@@ -250,8 +275,16 @@ def split_lora_stream(
                 yield key[: -len(f".{adapter_name}.weight")] + ".weight", value
         elif ".lora_" in key:
             continue
-        elif with_base:
-            yield _hf_name(key), value
+        elif with_base and (name := _plain_name(key, adapter_name)) is not None:
+            yield name, value
+
+
+def _plain_name(key: str, adapter_name: str) -> str | None:
+    """A peft name of a weight that is not a LoRA matrix under its Hugging Face name; None for the frozen original
+    of a module peft trains in full (``modules_to_save``: the critic's value head), whose trained copy counts."""
+    if ".original_module." in key:
+        return None
+    return _hf_name(key.replace(f".modules_to_save.{adapter_name}.", "."))
 
 
 def _hf_name(key: str) -> str:
