@@ -44,6 +44,20 @@ def test_a_lora_critic_trains_its_adapters_and_value_head_only(tiny_model_dir, t
             head = after[next(n for n in after if "score.modules_to_save" in n)]
             assert torch.equal(full["score.weight"], head.detach()) and not any("original_module" in k for k in full)
             assert full.keys() == merge_lora_weights(dict(engine.module.state_dict()), 2.0).keys()
+            engine.module.save_pretrained(str(tmp_path / "critic_adapter"))  # peft's files: adapters and the head
+            trained = {n: p.detach().clone() for n, p in engine.module.named_parameters() if n in trainable}
+        finally:
+            trainer.shutdown_workers()
+
+    # critic.model.lora_adapter_path: a new run's critic starts from the saved adapter and head
+    again = [*overrides, f"critic.model.lora_adapter_path={tmp_path / 'critic_adapter'}", "critic.optim.lr=1e-2"]
+    with restored_environ(["HYBRIDFLOW_DEVICE"]):
+        trainer = build_trainer(checked_config(load_config("ppo_trainer", again)))
+        trainer.init_workers()
+        try:
+            loaded = dict(trainer.critic_wg.workers[0]._roles["critic"].engine.module.named_parameters())
+            for name, value in trained.items():
+                assert loaded[name].requires_grad and torch.equal(loaded[name].detach(), value), name
         finally:
             trainer.shutdown_workers()
 
