@@ -70,7 +70,11 @@ class HFModelConfig(BaseConfig):
 
     _target_: str = doc("verl.workers.config.HFModelConfig", "the class this section is read into")
     path: str = doc("~/models/deepseek-llm-7b-chat", "model directory (or hub name) of the weights")
-    hf_config_path: str | None = doc(None, "config.json from elsewhere", refused="config.json is read from model.path")
+    hf_config_path: str | None = doc(
+        None,
+        "a folder whose config.json the trained model (and the hf rollout's copy) is built from, the weights still "
+        "from path; null: path's. vLLM reads path's config, as veRL's rollout does",
+    )
     tokenizer_path: str | None = doc(
         None,
         "tokenizer directory; null: model.path's",

@@ -234,7 +234,6 @@ class SFTTrainerConfig(BaseConfig):
         SFTModelConfig,
         "the model trained (veRL's hf_model.yaml)",
         keys={
-            "hf_config_path": refused("the SFT trainer reads config.json from model.path"),
             "use_shm": noted("copying the model to shared memory only speeds up loading"),
             "custom_chat_template": honoured(),
             **dict.fromkeys(

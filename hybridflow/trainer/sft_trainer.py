@@ -56,6 +56,7 @@ from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
 from hybridflow.workers.engine.lora import lora_spec, write_adapter_weights
 from hybridflow.workers.engine.optim import build_optimizer, lr_multiplier, resolve_warmup_steps
 from hybridflow.workers.model_loading import (
+    config_dir,
     import_external_lib,
     load_model,
     load_tokenizer,
@@ -251,7 +252,12 @@ class FSDPSFTTrainer:
         torch.manual_seed(cfg.trainer.seed)
         dtype = getattr(torch, resolve_dtype(cfg.engine.model_dtype, device))
         module = load_model(
-            path, "causal_lm", dtype=dtype, override_config=model_cfg.override_config, trust_remote_code=trust
+            path,
+            "causal_lm",
+            dtype=dtype,
+            override_config=model_cfg.override_config,
+            trust_remote_code=trust,
+            config_path=config_dir(model_cfg.hf_config_path, "model.hf_config_path"),
         )
         spec = EngineSpec(
             strategy=cfg.engine.strategy,

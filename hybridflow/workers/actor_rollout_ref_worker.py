@@ -30,6 +30,7 @@ from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_ch
 from hybridflow.workers.engine import TrainEngine, engine_spec, weights_dtype
 from hybridflow.workers.engine.lora import adapters_disabled, lora_spec, rollout_gets_adapter
 from hybridflow.workers.model_loading import (
+    config_dir,
     import_external_lib,
     load_model,
     load_tokenizer,
@@ -148,11 +149,14 @@ class ActorRolloutRefWorker(Worker):
         tokenizer_path = tokenizer_dir(model_cfg.tokenizer_path, path, "actor_rollout_ref.model.tokenizer_path")
         self.tokenizer = load_tokenizer(tokenizer_path, trust, chat_template=model_cfg.custom_chat_template)
         override = model_cfg.override_config
+        config_path = config_dir(model_cfg.hf_config_path, "actor_rollout_ref.model.hf_config_path")
         torch.manual_seed(0)
 
         if self._is_actor:
             dtype = weights_dtype(self.actor_config.fsdp_config)  # fsdp_config.model_dtype
-            module = load_model(path, "causal_lm", dtype, override_config=override, trust_remote_code=trust)
+            module = load_model(
+                path, "causal_lm", dtype, override_config=override, trust_remote_code=trust, config_path=config_path
+            )
             self.hf_config = module.config
             self._use_sp_attention(module, "actor")
             spec = engine_spec(
@@ -186,7 +190,9 @@ class ActorRolloutRefWorker(Worker):
             )
         elif self._is_ref:
             dtype = weights_dtype(self.ref_config.fsdp_config)
-            ref_module = load_model(path, "causal_lm", dtype, override_config=override, trust_remote_code=trust)
+            ref_module = load_model(
+                path, "causal_lm", dtype, override_config=override, trust_remote_code=trust, config_path=config_path
+            )
             self._use_sp_attention(ref_module, "ref")
             ref_spec = engine_spec(self.ref_config.fsdp_config, self.ref_config.strategy, self.device)
             self.ref_engine = TrainEngine(ref_module, ref_spec, trainable=False)
@@ -203,6 +209,7 @@ class ActorRolloutRefWorker(Worker):
                 self.rank,
                 trust,
                 override_config=override,
+                config_path=config_path,  # the hf engine's copy; vLLM reads model.path's config (as veRL's)
                 adapter=lora_spec(self.model_config) if adapter else None,  # a saved adapter's own rank/alpha
             )
             # the first generation uses the trainer's weights, whatever the engine loaded (dummy formats,

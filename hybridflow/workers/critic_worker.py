@@ -15,7 +15,13 @@ from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_ch
 from hybridflow.workers.critic import DataParallelPPOCritic
 from hybridflow.workers.engine import TrainEngine, engine_spec, weights_dtype
 from hybridflow.workers.engine.lora import lora_spec
-from hybridflow.workers.model_loading import import_external_lib, load_model, load_tokenizer, local_model_path
+from hybridflow.workers.model_loading import (
+    config_dir,
+    import_external_lib,
+    load_model,
+    load_tokenizer,
+    local_model_path,
+)
 from hybridflow.workers.profiler import WorkerProfiler, merge_profilers
 from hybridflow.workers.utils.device import on_device
 from hybridflow.workers.utils.ulysses import build_layout
@@ -58,6 +64,7 @@ class CriticWorker(Worker):
             override_config=override,
             trust_remote_code=trust,
             num_labels=1,
+            config_path=config_dir(model_cfg.hf_config_path, "critic.model.hf_config_path"),
         )
         self.hf_config = module.config
         if self.layout.sp is not None:

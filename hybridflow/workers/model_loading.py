@@ -36,6 +36,11 @@ def local_model_path(path: str, key: str = "model.path") -> str:
     return expanded
 
 
+def config_dir(hf_config_path: str | None, key: str) -> str | None:
+    """``model.hf_config_path`` as a local folder holding config.json (named by ``key`` when it does not), or None."""
+    return local_model_path(hf_config_path, key) if hf_config_path else None
+
+
 def import_external_lib(name: str | None) -> None:
     if name:
         importlib.import_module(name)
@@ -79,15 +84,17 @@ def load_model(
     override_config=None,
     trust_remote_code: bool = False,
     num_labels: int | None = None,
+    config_path: str | None = None,
 ):
     """A model from a local directory. ``kind`` picks the head: causal_lm (actor, ref, rollout),
-    token_classification with one label (critic: a value per position), sequence_classification (RM)."""
+    token_classification with one label (critic: a value per position), sequence_classification (RM).
+    ``config_path``: a folder whose config.json replaces the model's (veRL's ``model.hf_config_path``)."""
     import transformers
 
     auto = getattr(transformers, _AUTO_CLASSES[kind])
     # overrides go onto the config object: passed as from_pretrained kwargs, a key the config class
     # does not define (e.g. classifier_dropout on Qwen2) would reach the model's __init__ and fail
-    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    config = transformers.AutoConfig.from_pretrained(config_path or path, trust_remote_code=trust_remote_code)
     overrides = dict(override_config or {})
     # veRL's override_config.attn_implementation picks the attention kernel (eager, sdpa, flash_attention_2)
     attention = (

@@ -61,6 +61,7 @@ class RolloutHost:
         trust_remote_code: bool,
         override_config: dict | None = None,
         adapter: LoraSpec | None = None,
+        config_path: str | None = None,
     ):
         self.config, self.tokenizer, self.rank = config, tokenizer, rank
         name = config.name
@@ -70,7 +71,11 @@ class RolloutHost:
             # a separate inference copy: generation never all-gathers sharded weights token by token
             module = (
                 load_model(
-                    model_path, "causal_lm", override_config=override_config or {}, trust_remote_code=trust_remote_code
+                    model_path,
+                    "causal_lm",
+                    override_config=override_config or {},
+                    trust_remote_code=trust_remote_code,
+                    config_path=config_path,
                 )
                 .to(device=device, dtype=getattr(torch, dtype))
                 .eval()
