@@ -86,3 +86,59 @@ def test_the_value_head_is_never_adapted(exclude, kept_off):
         n.split(".lora_A.")[0].removeprefix("base_model.model.") for n, _ in model.named_parameters() if ".lora_A." in n
     }
     assert adapted and not adapted & kept_off and "model.layers.0.mlp.up_proj" in adapted
+
+
+GRADIENTS = """
+import os, sys, torch, torch.distributed as dist
+from transformers import AutoConfig, AutoModelForTokenClassification
+from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
+from hybridflow.workers.engine.lora import LoraSpec
+
+out, world, rank = sys.argv[1], int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+if world > 1:
+    dist.init_process_group("gloo")
+torch.manual_seed(0)
+sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+config = AutoConfig.for_model("qwen2", num_key_value_heads=2, num_labels=1, classifier_dropout=0.0, **sizes)
+model = AutoModelForTokenClassification.from_config(config)  # the same seed: the same weights on every rank
+engine = TrainEngine(model, EngineSpec(strategy="fsdp", device="cpu", lora=LoraSpec(rank=4, task_type="TOKEN_CLS")))
+for name, p in engine.module.named_parameters():  # B = 0 would leave A without a gradient
+    if "lora_B" in name:
+        with torch.no_grad():
+            p.add_(0.05)
+ids = torch.randint(0, 64, (4, 10), generator=torch.Generator().manual_seed(2))
+mine = ids[rank * 4 // world : (rank + 1) * 4 // world]
+values = engine.module(input_ids=mine, attention_mask=torch.ones_like(mine)).logits[..., 0]
+(values.pow(2).sum() / 40.0 * world).backward()  # the global mean; FSDP2 averages over the ranks
+grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad) for n, p in
+         engine.module.named_parameters() if p.grad is not None}
+if rank == 0:
+    torch.save({n: g.detach().clone() for n, g in grads.items()}, out)
+if world > 1:
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_lora_critic_has_the_same_gradients_sharded_on_two_processes(tmp_path):
+    """FSDP2 over peft's token-classification model (its value head a modules_to_save copy): the gradients of the
+    adapters and the head on 2 gloo ranks equal one process's on the whole batch."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.trainer.test_sft_trainer import REPO_ROOT
+
+    script = tmp_path / "gradients.py"
+    script.write_text(GRADIENTS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")])}
+    env.update(OMP_NUM_THREADS="1")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    runs = [[sys.executable, str(script), str(tmp_path / "one.pt")], [*torchrun, str(script), str(tmp_path / "two.pt")]]
+    for command in runs:
+        proc = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert one.keys() == two.keys() and any("score.modules_to_save" in k for k in one)
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=1e-7, msg=name)
