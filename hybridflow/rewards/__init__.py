@@ -4,8 +4,10 @@ scorers to a batch.
     scorers/        pure scorers chosen by ``data_source`` (gsm8k, math, code); also importable
                     under veRL's path ``hybridflow.utils.reward_score``
     sandbox.py      runs untrusted Python in a separate, limited process (code scorer, code tool)
+    sandbox_fusion.py  the same runs in a SandboxFusion service (``reward.sandbox_fusion.url``)
     registry.py     the reward managers by name (the built-ins listed there), load_reward_manager
     rule_manager.py the rule-based managers' shared part (RuleRewardManager)
+    loop_manager.py veRL 0.9's reward-loop managers (RewardManagerBase, ``async run_single``), run as managers here
     bad_samples.py  a sample its scorer cannot score (raised, NaN/None, past its deadline): fail or score it
     manager.py      reward managers: a batch in, token-level scores out
     dapo.py         DAPO's reward manager (overlong buffer penalty)
@@ -33,6 +35,7 @@ _EXPORTS = {
     "NaiveRewardManager": "hybridflow.rewards.manager",
     "RewardComputationError": "hybridflow.rewards.rule_manager",
     "RuleRewardManager": "hybridflow.rewards.rule_manager",
+    "RewardManagerBase": "hybridflow.rewards.loop_manager",
     "get_reward_manager_cls": "hybridflow.rewards.registry",
     "load_reward_manager": "hybridflow.rewards.registry",
     "register_reward_manager": "hybridflow.rewards.registry",
