@@ -10,7 +10,7 @@ from hybridflow.config.errors import ConfigError
 __all__ = ["CheckpointConfig", "CHECKPOINT_CONTENTS"]
 
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
-_ASYNC_STRICT = "asynchronous / non-strict checkpoints are not implemented"
+_ASYNC_STRICT = "asynchronous / non-strict checkpoints are not implemented (veRL: async_save with Megatron only)"
 
 
 @dataclass
