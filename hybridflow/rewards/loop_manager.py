@@ -111,14 +111,12 @@ class LoopRewardManager(RuleRewardManager):
         tokenizer,
         num_examine: int,
         compute_score: Callable | None = None,
-        reward_fn_key: str = "data_source",
-        bad_sample_score: float | None = None,
-        score_timeout_s: float | None = 60.0,
         config=None,
-        **reward_kwargs,
+        **settings,
     ):
-        # reward_kwargs are the class's to read, in config.reward.reward_kwargs (veRL's managers read them there)
-        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, bad_sample_score, score_timeout_s)
+        # settings: RuleRewardManager's (reward_fn_key, bad_sample_score, score_timeout_s) and reward.reward_kwargs,
+        # which the class reads in config.reward.reward_kwargs as veRL's managers do
+        super().__init__(tokenizer, num_examine, compute_score, **settings)
         accepted = inspect.signature(manager_cls.__init__).parameters
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
         extra = {k: v for k, v in _LOOP_KWARGS.items() if takes_any or k in accepted}

@@ -60,5 +60,4 @@ def build_reward_manager(cls: type, tokenizer, num_examine: int, compute_score: 
     ``LoopRewardManager`` (``config``: what it reads, veRL's whole config tree)."""
     if is_loop_manager(cls):
         return LoopRewardManager(cls, tokenizer, num_examine, compute_score, **kwargs)
-    kwargs.pop("config", None)
     return cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=compute_score, **kwargs)

@@ -15,6 +15,7 @@ service is down. Gateway errors and refused connections are retried (3 attempts,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -118,12 +119,11 @@ def run_remote(
     limits: Limits | None = None,
     fn_name: str | None = None,
     call_args: list | None = None,
-    memory_mb: int | None = None,
     semaphore: Any = None,
 ) -> ExecResult:
     """Run Python ``code`` once in the service at ``url``; with ``fn_name`` also call it on ``call_args``. The
-    run's limits are ``limits.timeout_s`` and ``memory_mb`` (default ``limits.memory_mb``); ``semaphore`` (a
-    context manager) bounds the requests in flight."""
+    run's limits are ``limits.timeout_s`` and ``limits.memory_mb``; ``semaphore`` (a context manager) bounds the
+    requests in flight."""
     limits = limits or Limits()
     if fn_name:
         stdin = json.dumps(list(call_args or []))
@@ -133,16 +133,13 @@ def run_remote(
         "stdin": stdin,
         "run_timeout": limits.timeout_s,
         "compile_timeout": limits.timeout_s,
-        "memory_limit_MB": int(memory_mb or limits.memory_mb),
+        "memory_limit_MB": int(limits.memory_mb),
         "files": {},
         "fetch_files": [],
     }
     start = time.monotonic()
-    if semaphore is None:
+    with semaphore if semaphore is not None else contextlib.nullcontext():
         answer = _post(url, payload, 2 * limits.timeout_s + 10)
-    else:
-        with semaphore:
-            answer = _post(url, payload, 2 * limits.timeout_s + 10)
     reason = _reason(answer, url)
     run = answer.get("run_result") or {}
     stdout, stderr = str(run.get("stdout") or ""), str(run.get("stderr") or "")
