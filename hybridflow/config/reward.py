@@ -93,12 +93,22 @@ class SandboxFusionConfig(BaseConfig):
     max_concurrent: int = doc(64, "requests in flight at once (hybridflow: per scoring process)")
     memory_limit_mb: int = doc(1024, "memory per sandbox process, in MB")
 
-    def validate(self) -> None:
-        """ConfigError naming the key when the service cannot be addressed."""
+    def validate(self) -> list[str]:
+        """ConfigError naming the key when the service cannot be addressed; a note when the service's settings
+        are set without a service (veRL reads them only with url too)."""
         if self.url is not None and not str(self.url).startswith(("http://", "https://")):
             raise ConfigError(f"reward.sandbox_fusion.url={self.url!r} must be an http:// or https:// URL")
         if self.url and int(self.max_concurrent) < 1:
             raise ConfigError(f"reward.sandbox_fusion.max_concurrent={self.max_concurrent} must be >= 1")
+        unused = [
+            f"reward.sandbox_fusion.{f.name}={getattr(self, f.name)}"
+            for f in dataclasses.fields(self)
+            if f.name in ("max_concurrent", "memory_limit_mb") and getattr(self, f.name) != f.default
+        ]
+        if unused and not self.url:
+            why = "not used without reward.sandbox_fusion.url (the local sandbox's limits are the code scorer's own)"
+            return [f"{', '.join(unused)}: {why}"]
+        return []
 
 
 _RM_ENGINE_KEYS = (

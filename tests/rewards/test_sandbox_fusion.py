@@ -291,3 +291,11 @@ def test_the_sandbox_fusion_tool_runs_the_models_code_in_the_configured_service(
     assert asyncio.run(local.execute("i", {"code": "print(1 + 1)"}))[0].text == "2\n" and len(service.requests) == 2
     with pytest.raises(ValueError, match="sandbox_fusion_url='localhost:1' is not an http"):
         _code_tool({"sandbox_fusion_url": "localhost:1"})
+
+
+def test_the_service_settings_without_a_service_are_noted_by_name():
+    notes = RewardConfig(sandbox_fusion=SandboxFusionConfig(memory_limit_mb=512)).validate(False)
+    assert any(
+        "reward.sandbox_fusion.memory_limit_mb=512: not used without reward.sandbox_fusion.url" in n for n in notes
+    )
+    assert not RewardConfig(sandbox_fusion=SandboxFusionConfig()).validate(False)
