@@ -135,8 +135,8 @@ def run_ppo(config) -> dict:
     config = checked_config(config)
     with restored_environ(["HYBRIDFLOW_DEVICE"]):
         trainer = build_trainer(config)
-        trainer.init_workers()
         try:
+            trainer.init_workers()  # a role that fails to start: the others are shut down too
             metrics = trainer.fit()
             if timeline := config.ray_kwargs.timeline_json_file:  # veRL writes it after a finished run
                 logger.info("Ray timeline written to %s", write_timeline(config.trainer.backend, timeline))

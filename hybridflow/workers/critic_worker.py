@@ -21,6 +21,7 @@ from hybridflow.workers.model_loading import (
     load_model,
     load_tokenizer,
     local_model_path,
+    tokenizer_dir,
 )
 from hybridflow.workers.profiler import WorkerProfiler, merge_profilers
 from hybridflow.workers.utils.device import on_device
@@ -54,7 +55,9 @@ class CriticWorker(Worker):
         import_external_lib(model_cfg.external_lib)
         path = local_model_path(model_cfg.path, "critic.model.path")
         trust = bool(model_cfg.trust_remote_code)
-        self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or path, trust)
+        self.tokenizer = load_tokenizer(
+            tokenizer_dir(model_cfg.tokenizer_path, path, "critic.model.tokenizer_path"), trust
+        )
         # no dropout on the value head (HF defaults to 0.1): values and updates must be deterministic
         override = {"classifier_dropout": 0.0, **model_cfg.override_config}
         module = load_model(

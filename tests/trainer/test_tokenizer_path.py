@@ -52,3 +52,10 @@ def test_a_missing_tokenizer_folder_is_named(tiny_model_dir, tiny_data_dir, tmp_
     missing = str(tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match=r"actor_rollout_ref.model.tokenizer_path='.*nowhere'"):
         run_ppo(load_config("ppo_trainer", [*overrides, f"actor_rollout_ref.model.tokenizer_path={missing}"]))
+
+
+def test_a_missing_critic_tokenizer_folder_is_named(tiny_model_dir, tiny_data_dir, tmp_path):
+    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="gae", steps=1, backend="inprocess")
+    missing = str(tmp_path / "nowhere")
+    with pytest.raises(Exception, match=r"critic.model.tokenizer_path='.*nowhere': no such folder"):
+        run_ppo(load_config("ppo_trainer", [*overrides, f"critic.model.tokenizer_path={missing}"]))
