@@ -9,6 +9,7 @@ from hybridflow.rewards.dapo import DAPORewardManager
 from hybridflow.rewards.genrm import GenRMRewardManager
 from hybridflow.rewards.loop_manager import LoopRewardManager, is_loop_manager
 from hybridflow.rewards.manager import BatchRewardManager, NaiveRewardManager
+from hybridflow.utils.import_utils import load_class
 from hybridflow.utils.registry import Registry
 
 REWARD_MANAGERS: Registry[type] = Registry("Reward manager", unknown="Unknown reward manager: {name}")
@@ -40,9 +41,29 @@ for _name, _cls in BUILT_IN.items():
     REWARD_MANAGERS.register(_name, _cls)
 
 
-def manager_needs_judge(name) -> bool:
-    """Whether the registered reward manager ``name`` scores with a judge (unknown names: no)."""
-    cls = REWARD_MANAGERS.get(str(name), None) if name is not None else None
+def reward_manager_class(manager) -> type:
+    """The class ``reward.reward_manager`` (a ``RewardManagerConfig``) names: by name from the registry,
+    or (``source=importlib``) the class ``name`` in the file ``module.path``."""
+    if manager.source != "importlib":
+        return get_reward_manager_cls(manager.name)
+    path = manager.module.path if manager.module is not None else None
+    if not path:
+        raise ValueError("reward.reward_manager.source=importlib needs reward.reward_manager.module.path")
+    reference = f"{path}:{manager.name}" if str(path).endswith(".py") else f"{path}.{manager.name}"
+    cls = load_class(reference, what="reward.reward_manager.module.path")
+    if not isinstance(cls, type):
+        raise TypeError(f"reward.reward_manager.name={manager.name} in {path} is a {type(cls).__name__}, not a class")
+    return cls
+
+
+def manager_needs_judge(manager) -> bool:
+    """Whether the class ``reward.reward_manager`` names scores with a judge (declares ``needs_judge``).
+    A name nothing answers to, or a file that does not load, is no judge here: building the manager
+    says what is wrong."""
+    try:
+        cls = reward_manager_class(manager)
+    except (OSError, ValueError, KeyError, ImportError, TypeError, AttributeError):
+        return False
     return bool(getattr(cls, "needs_judge", False))
 
 

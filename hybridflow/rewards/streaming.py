@@ -39,10 +39,9 @@ from hybridflow.config.convert import as_dictconfig
 from hybridflow.config.reward import RewardConfig, SandboxFusionConfig
 from hybridflow.rewards.custom import get_custom_reward_fn
 from hybridflow.rewards.loop_manager import LoopRewardManager, is_loop_manager
-from hybridflow.rewards.registry import build_reward_manager, get_reward_manager_cls
+from hybridflow.rewards.registry import build_reward_manager, reward_manager_class
 from hybridflow.rewards.rule_manager import RuleRewardManager
 from hybridflow.rewards.sandbox_fusion import shared_semaphore
-from hybridflow.utils.import_utils import load_class
 
 
 def bad_sample_kwargs(reward: RewardConfig, manager_cls: type) -> dict:
@@ -92,19 +91,7 @@ class RewardRecipe:
     def manager_class(self) -> type:
         """``reward.reward_manager``'s class: by name from the registry, or (``source=importlib``) the class
         ``name`` in the file ``module.path``."""
-        manager = self.reward.reward_manager
-        if manager.source != "importlib":
-            return get_reward_manager_cls(manager.name)
-        path = manager.module.path if manager.module is not None else None
-        if not path:
-            raise ValueError("reward.reward_manager.source=importlib needs reward.reward_manager.module.path")
-        reference = f"{path}:{manager.name}" if str(path).endswith(".py") else f"{path}.{manager.name}"
-        cls = load_class(reference, what="reward.reward_manager.module.path")
-        if not isinstance(cls, type):
-            raise TypeError(
-                f"reward.reward_manager.name={manager.name} in {path} is a {type(cls).__name__}, not a class"
-            )
-        return cls
+        return reward_manager_class(self.reward.reward_manager)
 
     def build(self, num_examine: int):
         """The manager ``reward.reward_manager`` names, with the custom reward function and the reward

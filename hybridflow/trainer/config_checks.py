@@ -60,7 +60,7 @@ def validate_ppo_config(cfg: PPOTrainerConfig | Mapping, n_devices: int | None =
     visible = (torch.cuda.device_count() if n_devices is None else n_devices) if device == "cuda" else None
     errors, notes = [], []
     try:
-        notes = cfg.validate(device, visible, judge_scored=manager_needs_judge(cfg.reward.reward_manager.name))
+        notes = cfg.validate(device, visible, judge_scored=manager_needs_judge(cfg.reward.reward_manager))
     except ConfigError as e:
         errors += str(e).splitlines()
     t, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout

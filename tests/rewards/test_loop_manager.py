@@ -151,3 +151,35 @@ def test_the_reward_pool_scores_with_the_file_manager_in_its_own_processes(manag
         assert pool.submit(make_batch(ROWS[2:3])).result(timeout=120) == [{"score": 0.0, "acc": 0.0, "length": 7}]
     finally:
         pool.close()
+
+
+JUDGES = '''
+from hybridflow.rewards import NaiveRewardManager
+from hybridflow.rewards.genrm import GenRMRewardManager
+
+
+class genrm(NaiveRewardManager):
+    """Named like the built-in judge manager, but scores by rule."""
+
+
+class MyJudge(GenRMRewardManager):
+    """A judge-scored manager of the user's, under a name the registry does not know."""
+'''
+
+
+def test_a_file_manager_is_a_judge_by_its_class_not_its_name(tmp_path):
+    """With source=importlib the run has a judge when the file's class declares needs_judge (a
+    GenRMRewardManager subclass), whatever the class is called."""
+    from hybridflow.rewards.registry import manager_needs_judge
+
+    path = tmp_path / "judges.py"
+    path.write_text(JUDGES)
+
+    def manager(name, source="importlib"):
+        return RewardManagerConfig(source=source, name=name, module=ModuleConfig(path=str(path)))
+
+    assert manager_needs_judge(manager("genrm", source="register"))  # the registry's genrm
+    assert not manager_needs_judge(manager("genrm"))  # the file's genrm scores by rule
+    assert manager_needs_judge(manager("MyJudge"))
+    assert not manager_needs_judge(manager("Missing"))  # the start-up check names the file
+    assert not manager_needs_judge(manager("nobody", source="register"))

@@ -19,7 +19,7 @@ JUDGE_ROLE = "judge"
 
 def uses_judge(config) -> bool:
     reward = config.reward
-    return bool(reward.reward_model.enable) and manager_needs_judge(reward.reward_manager.name)
+    return bool(reward.reward_model.enable) and manager_needs_judge(reward.reward_manager)
 
 
 def judge_worker_config(config) -> dict:
