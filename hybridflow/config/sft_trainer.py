@@ -264,9 +264,24 @@ class SFTTrainerConfig(BaseConfig):
                 values=SFT_COMPUTE_DTYPES,
             ),
             **dict.fromkeys(
-                "param_offload optimizer_offload offload_policy fsdp_size seed full_determinism forward_only".split(),
-                refused("the SFT trainer does not implement this FSDP engine option (offload, mixed precision, HSDP)"),
+                "param_offload optimizer_offload offload_policy".split(),
+                honoured(
+                    "CUDA, strategy=fsdp: FSDP2's CPU offload (parameters, gradients and AdamW state in host memory; "
+                    "one process gets a group of one); on cpu they already live there"
+                ),
             ),
+            "fsdp_size": honoured(
+                "strategy=fsdp: hybrid sharding, groups of fsdp_size processes shard the weights and replicate one "
+                "another; -1: one group"
+            ),
+            **dict.fromkeys(
+                "seed full_determinism".split(),
+                honoured(
+                    "deterministic kernels, cuBLAS/flash-attn/NCCL switches and generators seeded with engine.seed "
+                    "before the model is built (seed: used only then); see README, Reproducibility"
+                ),
+            ),
+            "forward_only": refused("set by veRL's engine for models that never train; SFT trains its model"),
             "reshard_after_forward": honoured("FSDP2 reshards after every forward", values=(True,)),
             "model_dtype": honoured(),
             "ulysses_sequence_parallel_size": honoured(NO_SP, values=(1,)),
@@ -319,8 +334,29 @@ class SFTTrainerConfig(BaseConfig):
             errors.append(f"trainer.resume_mode={trainer.resume_mode!r} is not one of {', '.join(RESUME_MODES)}")
         if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
             errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N directory)")
+        self._check_engine(world_size, p)
         if str(trainer.device) == "cpu" and resolve_dtype(self.engine.dtype, "cpu") in ("bfloat16", "float16"):
             notes.append(f"engine.dtype={self.engine.dtype} on cpu: the forward runs under autocast; {cpu_bf16_note()}")
         if errors:
             raise ConfigError("invalid SFT config:\n  " + "\n  ".join(errors))
         return notes
+
+    def _check_engine(self, world_size: int, p: Problems) -> None:
+        """engine's offload and hybrid-sharding keys: what they do with this strategy, device and world."""
+        engine, sharded = self.engine, self.engine.strategy in ("fsdp", "fsdp2")
+        offload = [k for k in ("param_offload", "optimizer_offload", "offload_policy") if getattr(engine, k)]
+        if offload and str(self.trainer.device) == "cpu":
+            p.notes.append(
+                f"engine.{offload[0]}=True has no effect on cpu: the weights and AdamW state are in host memory"
+            )
+        elif offload and not sharded:
+            p.errors.append(
+                f"engine.{offload[0]}=True needs engine.strategy=fsdp (FSDP2's CPU offload), got {engine.strategy}"
+            )
+        size = int(engine.fsdp_size)
+        if size == 0 or size < -1:
+            p.errors.append(f"engine.fsdp_size={size} must be -1 (one group) or a positive group size")
+        elif size > 0 and not sharded:
+            p.notes.append(f"engine.fsdp_size={size} is unused with engine.strategy={engine.strategy} (no sharding)")
+        elif 0 < size < world_size and world_size % size:
+            p.errors.append(f"engine.fsdp_size={size} must divide the {world_size} processes")

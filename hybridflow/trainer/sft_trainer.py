@@ -47,12 +47,13 @@ from hybridflow.data.row_limit import max_samples_kwargs
 from hybridflow.data.sampler import epoch_order
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.trainer.config_checks import resolve_device
+from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.utils.torch_functional import logprobs_from_logits
 from hybridflow.utils.tracking import SUPPORTED as SUPPORTED_LOGGERS
 from hybridflow.utils.tracking import Tracking
 from hybridflow.workers.checkpoint import load_engine_checkpoint, save_engine_checkpoint
-from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine
+from hybridflow.workers.engine.fsdp import EngineSpec, TrainEngine, wants_offload
 from hybridflow.workers.engine.lora import lora_spec, write_adapter_weights
 from hybridflow.workers.engine.optim import build_optimizer, lr_multiplier, resolve_warmup_steps
 from hybridflow.workers.model_loading import (
@@ -250,6 +251,7 @@ class FSDPSFTTrainer:
         self.total_steps = int(cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.steps_per_epoch)
 
         torch.manual_seed(cfg.trainer.seed)
+        apply_full_determinism([cfg.engine])  # veRL's engine: reseeded with engine.seed before the model is built
         dtype = getattr(torch, resolve_dtype(cfg.engine.model_dtype, device))
         module = load_model(
             path,
@@ -264,6 +266,8 @@ class FSDPSFTTrainer:
             device=device,
             gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing),
             lora=lora_spec(model_cfg, "model"),  # only the adapters train; the checkpoint folder is merged
+            param_offload=wants_offload(cfg.engine) and device == "cuda",
+            fsdp_size=int(cfg.engine.fsdp_size),
         )
         self.engine = TrainEngine(module, spec)
         self.module = self.engine.module

@@ -77,6 +77,11 @@ class EngineSpec:
         return self.param_offload
 
 
+def wants_offload(engine: FSDPEngineConfig) -> bool:
+    """veRL's three offload keys; FSDP2 offloads parameters, gradients and optimizer state together."""
+    return bool(engine.param_offload or engine.optimizer_offload or engine.offload_policy)
+
+
 def engine_spec(
     engine: FSDPEngineConfig,
     strategy: str,
@@ -94,7 +99,6 @@ def engine_spec(
     reduce_dtype = _dtype(mp.reduce_dtype) if device == "cuda" and mp is not None else None
     if param_dtype is None and reduce_dtype == torch.float32:
         reduce_dtype = None  # nothing to mix: plain fp32 training
-    offload = engine.param_offload or engine.optimizer_offload or engine.offload_policy
     return EngineSpec(
         strategy=strategy,
         device=device,
@@ -102,7 +106,7 @@ def engine_spec(
         autocast_dtype=cpu_dtype if cpu_dtype in (torch.bfloat16, torch.float16) else None,
         reduce_dtype=reduce_dtype,
         reshard_after_forward=bool(engine.reshard_after_forward),
-        param_offload=bool(offload) and device == "cuda",
+        param_offload=wants_offload(engine) and device == "cuda",
         gradient_checkpointing=gradient_checkpointing,
         activation_offload=activation_offload and device == "cuda",
         lora=lora,
