@@ -21,6 +21,7 @@ from hybridflow.config.reasons import MEGATRON, NO_SP, PROFILER, speed_only
 from hybridflow.config.rules import Problems, cpu_bf16_note
 from hybridflow.config.status import honoured, noted, refused
 from hybridflow.config.trainer import DEVICE_STATUS, RESUME_MODES
+from hybridflow.utils.checkpoint_copy import check_copy_dir
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
 __all__ = [
@@ -172,7 +173,13 @@ class SFTRunConfig(BaseConfig):
         "where global_step_N (Hugging Face directories) go",
         follows="checkpoints/${trainer.project_name}/${trainer.experiment_name}",
     )
-    default_hdfs_dir: str | None = doc(None, "a copy on HDFS", refused="copying checkpoints to HDFS is not implemented")
+    default_hdfs_dir: str | None = doc(
+        None,
+        "a second copy of each checkpoint",
+        reason="after each save, global_step_N is copied to <dir>/global_step_N with its own tracker file (a "
+        "folder a run can resume from); hdfs:// through the hdfs command line, else a local or mounted folder; "
+        "max_ckpt_to_keep applies to default_local_dir only",
+    )
     project_name: str = doc("gsm8k-sft", "experiment tracking project")
     experiment_name: str = doc("test", "run name in the tracking tools")
     total_epochs: int = doc(4, "passes over the training data")
@@ -335,6 +342,8 @@ class SFTTrainerConfig(BaseConfig):
         if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
             errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N directory)")
         self._check_engine(world_size, p)
+        if problem := check_copy_dir(trainer.default_hdfs_dir, "trainer.default_hdfs_dir"):
+            errors.append(problem)
         if str(trainer.device) == "cpu" and resolve_dtype(self.engine.dtype, "cpu") in ("bfloat16", "float16"):
             notes.append(f"engine.dtype={self.engine.dtype} on cpu: the forward runs under autocast; {cpu_bf16_note()}")
         if errors:

@@ -23,7 +23,10 @@ __all__ = [
 
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICE_STATUS = dict(values=("auto", "cpu", "cuda", "gpu"), reason="auto, cpu or cuda; " + NPU)
-_NO_HDFS = "copying checkpoints to HDFS is not implemented; they stay in trainer.default_local_dir"
+_NO_HDFS = (
+    "the PPO trainer keeps its checkpoints in trainer.default_local_dir (veRL 0.9's PPO checkpoint managers ignore "
+    "this path and its resume refuses it); main_sft's trainer.default_hdfs_dir copies each checkpoint"
+)
 V1_MODES = ("sync", "colocate_async", "separate_async")
 NO_SWITCH = (
     "lending idle trainer devices to generation needs rollout engines in the trainer's processes beside the "
@@ -165,7 +168,12 @@ class TrainerConfig(BaseConfig):
     test_freq: int = doc(-1, "steps between validations; -1: never")
     critic_warmup: int = doc(0, "the actor trains from step critic_warmup on (steps count from 1)")
     default_hdfs_dir: str | None = doc(None, "a copy of the checkpoints on HDFS", refused=_NO_HDFS)
-    del_local_ckpt_after_load: bool = doc(False, "delete the local checkpoint once loaded", refused=_NO_HDFS)
+    del_local_ckpt_after_load: bool = doc(
+        False,
+        "delete the local checkpoint once loaded",
+        refused="a resumed run keeps the checkpoint it loaded: deleting it would leave none if the run then fails "
+        "before its next save",
+    )
     default_local_dir: str = doc(
         "checkpoints/hybridflow_examples/gsm8k",
         "checkpoint directory",

@@ -47,6 +47,7 @@ from hybridflow.data.row_limit import max_samples_kwargs
 from hybridflow.data.sampler import epoch_order
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.trainer.config_checks import resolve_device
+from hybridflow.utils.checkpoint_copy import copy_checkpoint
 from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.utils.torch_functional import logprobs_from_logits
@@ -424,6 +425,9 @@ class FSDPSFTTrainer:
                 f.write(str(step))  # written last: the directory is complete
             self._drop_old_checkpoints()
             self._say(logging.INFO, f"saved Hugging Face model to {out}")
+            if self.config.trainer.default_hdfs_dir:
+                copy = copy_checkpoint(out, self.config.trainer.default_hdfs_dir, step, LATEST_FILE)
+                self._say(logging.INFO, f"copied the checkpoint to {copy}")
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
         return out
