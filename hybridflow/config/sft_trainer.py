@@ -17,7 +17,7 @@ from hybridflow.config.model import HFModelConfig
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig
 from hybridflow.config.profiler import HOOK_KEYS, NsightToolConfig, ProfilerConfig, ProfilerToolConfig
-from hybridflow.config.reasons import MEGATRON, NO_SP, PROFILER, speed_only
+from hybridflow.config.reasons import MEGATRON, NO_SP, speed_only
 from hybridflow.config.rules import Problems, cpu_bf16_note
 from hybridflow.config.status import honoured, noted, refused
 from hybridflow.config.trainer import DEVICE_STATUS, RESUME_MODES
@@ -200,7 +200,12 @@ class SFTRunConfig(BaseConfig):
     device: str = doc("auto", "hybridflow: auto | cpu | cuda (veRL: cuda)", **DEVICE_STATUS)
     nnodes: int = doc(1, "nodes of the run")
     n_gpus_per_node: int = doc(1, "processes per node (torchrun's --nproc_per_node decides)")
-    profile_interval: list[int] = doc([-1, -1], "steps profiled, [start, end] (not implemented)", refused=PROFILER)
+    profile_interval: list[int] = doc(
+        [-1, -1],
+        "steps profiled, [start, end]; [-1, -1]: none",
+        reason="one torch.profiler trace from the start of step start to the end of step end, by the ranks "
+        "profiler selects (profiler.enable), in <profiler.save_path>/step_<start>/sft_rank<r>.pt.trace.json",
+    )
     checkpoint: LegacySFTCheckpointConfig = section(LegacySFTCheckpointConfig, "veRL main's spelling of checkpoint")
 
     @property
@@ -310,7 +315,10 @@ class SFTTrainerConfig(BaseConfig):
     )
     trainer: SFTRunConfig = section(SFTRunConfig, "the run: steps, devices, logging, checkpoints")
     profiler: ProfilerConfig = section(
-        _profiler, "veRL's profiler.yaml", follows=_PROFILER_FOLLOWS, absent=(f"{_PD}.strict",), refused=PROFILER
+        _profiler,
+        "veRL's profiler.yaml (the steps: trainer.profile_interval)",
+        follows=_PROFILER_FOLLOWS,
+        absent=(f"{_PD}.strict",),
     )
     ulysses_sequence_parallel_size: int | None = doc(None, "earlier spelling of engine.ulysses_sequence_parallel_size")
     use_remove_padding: bool | None = doc(None, "earlier spelling of model.use_remove_padding (null: not set)")
@@ -342,6 +350,7 @@ class SFTTrainerConfig(BaseConfig):
         if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
             errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N directory)")
         self._check_engine(world_size, p)
+        self._check_profiling(world_size, p)
         if problem := check_copy_dir(trainer.default_hdfs_dir, "trainer.default_hdfs_dir"):
             errors.append(problem)
         if str(trainer.device) == "cpu" and resolve_dtype(self.engine.dtype, "cpu") in ("bfloat16", "float16"):
@@ -349,6 +358,31 @@ class SFTTrainerConfig(BaseConfig):
         if errors:
             raise ConfigError("invalid SFT config:\n  " + "\n  ".join(errors))
         return notes
+
+    def _check_profiling(self, world_size: int, p: Problems) -> None:
+        """trainer.profile_interval (veRL's rules) and whether the profiler section records anything."""
+        interval, profiler = list(self.trainer.profile_interval or []), self.profiler
+        key = f"trainer.profile_interval={interval}"
+        if len(interval) != 2:
+            p.errors.append(f"{key} must be [start, end]")
+            return
+        start, end = (int(v) for v in interval)
+        if end < start:
+            p.errors.append(f"{key}: end must not come before start")
+        elif start < 0 and end >= 0:
+            p.errors.append(f"{key}: a negative start (no profiling) needs a negative end")
+        window = start >= 0
+        if profiler.enable and profiler.tool is None:
+            p.notes.append("profiler.enable=true records nothing while profiler.tool is null (torch records)")
+        elif window and not profiler.enable:
+            p.notes.append(f"{key} records nothing while profiler.enable=false")
+        elif profiler.enable and not window:
+            p.notes.append("profiler.enable=true records nothing while trainer.profile_interval is [-1, -1]")
+        elif profiler.enable and not profiler.all_ranks and not set(profiler.ranks) & set(range(world_size)):
+            p.notes.append(
+                f"profiler.enable=true, but no rank of {world_size} records (profiler.all_ranks=false, "
+                f"profiler.ranks={list(profiler.ranks)}): set profiler.all_ranks=true or profiler.ranks=[0]"
+            )
 
     def _check_engine(self, world_size: int, p: Problems) -> None:
         """engine's offload and hybrid-sharding keys: what they do with this strategy, device and world."""

@@ -65,6 +65,7 @@ from hybridflow.workers.model_loading import (
     local_model_path,
     tokenizer_dir,
 )
+from hybridflow.workers.profiler import WorkerProfiler, merge_profilers
 from hybridflow.workers.utils.micro_batches import clip_grad_and_step, grad_sync
 
 logger = logging.getLogger(__name__)
@@ -296,6 +297,8 @@ class FSDPSFTTrainer:
         self.device = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
         self.compute_dtype = sft_compute_dtype(cfg.engine.dtype, device)
         self._log_file = None
+        profiling = cfg.profiler.tool == "torch" and cfg.profiler.enable  # steps: trainer.profile_interval
+        self.profiler = WorkerProfiler(merge_profilers([cfg.profiler if profiling else None]), self.rank, "sft")
         self.resumed_from = self._resume_dir()
         self.global_step = self._load_training_state(self.resumed_from) if self.resumed_from else 0
         n_params = sum(p.numel() for p in module.parameters())
@@ -487,6 +490,12 @@ class FSDPSFTTrainer:
         for old in steps[:-keep]:
             shutil.rmtree(os.path.join(root, f"global_step_{old}"), ignore_errors=True)
 
+    def _stop_profiling(self) -> None:
+        if (path := self.profiler.stop()) is not None:
+            logger.info(
+                "rank %d: wrote the profile of steps %s to %s", self.rank, self.config.trainer.profile_interval, path
+            )
+
     # --- logging ------------------------------------------------------------------------------------
     def _say(self, level: int, text: str) -> None:
         """A message of the run, once (rank 0)."""
@@ -505,13 +514,24 @@ class FSDPSFTTrainer:
     def fit(self) -> str:
         """Train for ``total_steps``; validate every test_freq and at the end; save every save_freq and
         at the end. Returns the final Hugging Face directory."""
+        try:
+            return self._fit()
+        finally:
+            self._stop_profiling()  # a run that fails inside the window still writes its trace
+
+    def _fit(self) -> str:
         run, final_dir = self.config.trainer, self.resumed_from
         epoch, start = divmod(self.global_step, self.steps_per_epoch)  # a resumed run's place in the data
+        first, last = (int(v) for v in run.profile_interval)
         while self.global_step < self.total_steps:
             for batch in self.train_batches(epoch, start):
                 self.global_step += 1
                 step = self.global_step
+                if step == first:
+                    self.profiler.start(step)
                 metrics = self.training_step(batch)
+                if step == last:
+                    self._stop_profiling()
                 metrics["train/epoch"] = epoch
                 is_last = step == self.total_steps
                 if self.val_dataset is not None and (is_last or (run.test_freq > 0 and step % run.test_freq == 0)):
