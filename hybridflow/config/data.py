@@ -67,7 +67,10 @@ class DataConfig(BaseConfig):
         "the rollout's)",
     )
     return_raw_input_ids: bool = doc(
-        False, "also the untemplated prompt ids", refused="a reward model with its own tokenizer is not supported"
+        False,
+        "also the untemplated prompt ids",
+        note="veRL 0.9 reads it nowhere; a reward model gets the conversation in its own template and tokenizer "
+        "(reward_model.model.input_tokenizer decodes the response)",
     )
     return_raw_chat: bool = doc(True, "also return the chat messages (the agent loop templates them)")
     return_full_prompt: bool = doc(False, "also return the templated prompt text")

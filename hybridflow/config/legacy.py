@@ -43,9 +43,12 @@ class LegacyRewardModelModelConfig(BaseConfig):
     external_lib: str | None = doc(None, "a module imported first")
     trust_remote_code: bool | None = doc(None, "allow the model's own Python code")
     input_tokenizer: str | None = doc(
-        None, "hybridflow: null", values=(None,), reason="the reward model scores the policy's token ids as they are"
+        None,
+        "the tokenizer that decodes the policy's responses (null: the policy's)",
+        reason="each row reaches the reward model as its conversation in the reward model's own chat template and "
+        "tokenizer (veRL 0.9's reward loop); this tokenizer decodes the response first",
     )
-    override_config: dict = doc({}, "config.json overrides", refused="the reward-model worker does not implement it")
+    override_config: dict = doc({}, "config.json overrides of the reward model")
     use_shm: bool = doc(False, "copy the model to shared memory first", note=_RM_SPEED)
     use_remove_padding: bool = doc(False, "padding-free forward", note=_RM_SPEED)
     use_fused_kernels: bool = doc(

@@ -279,11 +279,29 @@ def _save_tiny_reward_model(model_dir: str, out_dir: str) -> str:
     return out_dir
 
 
-def test_inprocess_reward_model_scores_are_the_rewards(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
-    """reward_model.enable=True: the RM's score of each row, placed on its last response token, is the
-    token-level score (the rule reward is not added), and critic/score/mean is their mean."""
-    from transformers import AutoModelForSequenceClassification
+def expected_rm_scores(rm_dir: str, raw_prompts, responses, attention_mask) -> torch.Tensor:
+    """Independent reference (veRL 0.9's reward-loop input): per row, the prompt's messages plus the response
+    decoded with its special tokens and the EOS text removed, in the RM's chat template, one unpadded row
+    through the RM's body and head, the last token's score."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    rm = AutoModelForSequenceClassification.from_pretrained(rm_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(rm_dir)
+    valid = attention_mask[:, -responses.shape[-1] :].sum(-1)
+    out = []
+    for messages, ids, n in zip(raw_prompts, responses, valid, strict=True):
+        answer = tokenizer.decode(ids[: int(n)].tolist()).replace(tokenizer.eos_token, "")
+        chat = [*[dict(m) for m in messages], {"role": "assistant", "content": answer}]
+        text = tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
+        with torch.no_grad():
+            hidden = rm.model(input_ids=torch.tensor([tokenizer(text)["input_ids"]])).last_hidden_state
+            out.append(rm.score(hidden)[0, -1, -1])
+    return torch.stack(out)
+
+
+def test_inprocess_reward_model_scores_are_the_rewards(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    """reward_model.enable=True: the RM's score of each row's conversation, placed on its last response
+    token, is the token-level score (the rule reward is not added), and critic/score/mean is their mean."""
     from hybridflow.workers import reward_model_worker
 
     rm_dir = _save_tiny_reward_model(tiny_model_dir, os.path.join(str(tmp_path), "rm"))
@@ -295,9 +313,9 @@ def test_inprocess_reward_model_scores_are_the_rewards(tiny_model_dir, tiny_data
         out = original(self, data)
         seen.append(
             (
-                data.batch["input_ids"].clone(),
+                list(data.non_tensor_batch["raw_prompt"]),
+                data.batch["responses"].clone(),
                 data.batch["attention_mask"].clone(),
-                data.batch["position_ids"].clone(),
                 out.batch["rm_scores"].clone(),
             )
         )
@@ -316,10 +334,8 @@ def test_inprocess_reward_model_scores_are_the_rewards(tiny_model_dir, tiny_data
 
     steps = read_metrics(tmp_path)
     assert len(seen) == 2 and len(steps) == 2
-    rm = AutoModelForSequenceClassification.from_pretrained(rm_dir).eval()
-    for m, (ids, mask, pos, rm_scores) in zip(steps, seen, strict=True):
-        with torch.no_grad():  # independent reference: the HF model on the whole batch at once
-            expected = rm(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, 0]
+    for m, (raw_prompts, responses, mask, rm_scores) in zip(steps, seen, strict=True):
+        expected = expected_rm_scores(rm_dir, raw_prompts, responses, mask)
         torch.testing.assert_close(rm_scores.sum(-1), expected, rtol=1e-4, atol=1e-5)
         # exactly one non-zero per row, on the last valid response token
         response_mask = mask[:, -rm_scores.shape[-1] :]
@@ -375,9 +391,7 @@ def test_inprocess_gae_dynamic_bsz_and_sampled_validation(tiny_model_dir, tiny_d
 @pytest.mark.slow
 def test_reward_model_two_workers(tiny_model_dir, tiny_data_dir, ray_session, tmp_path, monkeypatch):
     """The RM path under Ray (2 ranks, the RM colocated with the actor): the driver's token-level
-    scores are the RM's outputs on the generated sequences."""
-    from transformers import AutoModelForSequenceClassification
-
+    scores are the RM's outputs on the generated conversations."""
     from hybridflow.trainer.ppo import ray_trainer
 
     rm_dir = _save_tiny_reward_model(tiny_model_dir, os.path.join(str(tmp_path), "rm"))
@@ -387,7 +401,8 @@ def test_reward_model_two_workers(tiny_model_dir, tiny_data_dir, ray_session, tm
     def wrapped(trainer, batch, metrics):
         original(trainer, batch, metrics)
         b = batch.batch
-        seen.append({k: b[k].clone() for k in ("input_ids", "attention_mask", "position_ids", "token_level_scores")})
+        seen.append({k: b[k].clone() for k in ("responses", "attention_mask", "token_level_scores")})
+        seen[-1]["raw_prompt"] = list(batch.non_tensor_batch["raw_prompt"])
 
     monkeypatch.setattr(ray_trainer.RayPPOTrainer, "compute_reward", wrapped)
     overrides = base_overrides(
@@ -403,10 +418,6 @@ def test_reward_model_two_workers(tiny_model_dir, tiny_data_dir, ray_session, tm
 
     (m,) = read_metrics(tmp_path)
     (b,) = seen
-    rm = AutoModelForSequenceClassification.from_pretrained(rm_dir).eval()
-    with torch.no_grad():
-        expected = rm(
-            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
-        ).logits[:, 0]
+    expected = expected_rm_scores(rm_dir, b["raw_prompt"], b["responses"], b["attention_mask"])
     torch.testing.assert_close(b["token_level_scores"].sum(-1), expected, rtol=1e-4, atol=1e-5)
     assert m["critic/score/mean"] == pytest.approx(expected.mean().item(), rel=1e-4, abs=1e-5)

@@ -182,11 +182,11 @@ def test_config_errors_are_reported_together(tiny_model_dir, tiny_data_dir, tmp_
             tiny_model_dir,
             tiny_data_dir,
             tmp_path,
-            **{"optim.lr_scheduler": "linear", "trainer.default_hdfs_dir": "/hdfs", "data.use_dynamic_bsz": True},
+            **{"optim.lr_scheduler": "linear", "optim.total_training_steps": 10, "data.use_dynamic_bsz": True},
         )
     text = str(err.value)
     assert "optim.lr_scheduler_type='linear'" in text and "(set as optim.lr_scheduler)" in text
-    assert "trainer.default_hdfs_dir='/hdfs'" in text and "data.use_dynamic_bsz=True" in text
+    assert "optim.total_training_steps=10" in text and "data.use_dynamic_bsz=True" in text
     assert text.count("not supported") == 3
     # values that contradict the run: refused together by the trainer's own checks
     with pytest.raises(ConfigError) as err:

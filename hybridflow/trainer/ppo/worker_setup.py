@@ -71,11 +71,25 @@ def role_classes(
     if use_critic:
         trainer["critic"] = (CriticWorker, (), {"config": config.critic})
     if use_rm:
-        trainer["rm"] = (RewardModelWorker, (), {"config": config.reward_model})
+        trainer["rm"] = (RewardModelWorker, (), {"config": config.reward_model, **rm_input_tokenizer(config)})
     if use_judge:
         trainer[JUDGE_ROLE] = (JudgeWorker, (), judge_worker_config(config))
     pools.update({name: {name: (JudgeWorker, (), kwargs)} for name, (_, kwargs) in teacher_pools(config).items()})
     return pools
+
+
+def rm_input_tokenizer(config) -> dict:
+    """The tokenizer that decodes responses for the reward model (its keyword arguments): the key
+    ``reward_model.model.input_tokenizer``, else the policy's (``model.tokenizer_path`` or ``model.path``)."""
+    model = config.actor_rollout_ref.model
+    for key, value in (
+        ("reward_model.model.input_tokenizer", config.reward_model.model.input_tokenizer),
+        ("actor_rollout_ref.model.tokenizer_path", model.tokenizer_path),
+        ("actor_rollout_ref.model.path", model.path),
+    ):
+        if value:
+            return {"input_tokenizer": str(value), "input_tokenizer_key": key}
+    return {}
 
 
 def build_worker_groups(config, use_critic: bool, use_ref: bool, use_rm: bool, use_judge: bool = False) -> dict:
