@@ -189,3 +189,24 @@ class SlowInitWorker(Worker):
             import time
 
             time.sleep(120)
+
+
+class RendezvousWorker(Worker):
+    """Reports where it met its peers: the store's port, whether its process listens there."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def meet(self):
+        import os
+
+        import psutil
+        import torch.distributed as dist
+
+        self.init_process_group()
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        port = int(os.environ["MASTER_PORT"])
+        listening = any(
+            c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+            for c in psutil.Process().net_connections(kind="tcp")
+        )
+        return {"sum": t.item(), "port": port, "listens": listening, "id": os.environ.get("HYBRIDFLOW_RENDEZVOUS_ID")}

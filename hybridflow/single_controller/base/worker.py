@@ -11,6 +11,7 @@ import random
 import socket
 from datetime import timedelta
 
+from hybridflow.single_controller.base import rendezvous
 from hybridflow.single_controller.base.decorator import Dispatch, Execute, register
 from hybridflow.single_controller.base.heartbeat import in_ray_worker, report_progress
 from hybridflow.single_controller.base.stacks import install_stack_dump_handler
@@ -70,7 +71,13 @@ class Worker:
         self._rank = int(os.environ.get("RANK", 0))
         self._world_size = int(os.environ.get("WORLD_SIZE", 1))
         self._local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        if self._rank == 0 and "MASTER_PORT" not in os.environ:
+        if self._world_size > 1 and rendezvous.publishing():
+            # a Ray group: rank 0 binds its store now and publishes the port (rendezvous.py); others read it
+            if self._rank == 0:
+                os.environ["MASTER_PORT"] = str(
+                    rendezvous.open_rank0_store(os.environ["MASTER_ADDR"], self._world_size)
+                )
+        elif self._rank == 0 and "MASTER_PORT" not in os.environ:
             # Rank 0 picks the rendezvous address; the WorkerGroup reads it and hands it to the others.
             os.environ["MASTER_ADDR"] = os.environ.get("MASTER_ADDR", "127.0.0.1")
             os.environ["MASTER_PORT"] = str(find_free_port(os.environ["MASTER_ADDR"]))
@@ -95,7 +102,7 @@ class Worker:
         return self._local_rank
 
     def get_master_addr_port(self) -> tuple[str, str]:
-        return os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+        return os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
 
     def get_pid(self) -> int:
         return os.getpid()
@@ -110,7 +117,8 @@ class Worker:
         """Join the default process group (gloo on CPU, nccl on CUDA). Idempotent.
 
         A world of one rendezvouses with itself through an in-memory store: no port is bound, so
-        another process that took MASTER_PORT between its pick and this call cannot fail it."""
+        another process that took MASTER_PORT between its pick and this call cannot fail it. The ranks of a
+        Ray group meet at the store rank 0 bound when it started (``rendezvous``), for the same reason."""
         import torch
         import torch.distributed as dist
 
@@ -120,17 +128,18 @@ class Worker:
         backend = backend or default_backend
         if device == "cuda":
             torch.cuda.set_device(self._local_rank % max(torch.cuda.device_count(), 1))
+        published = self._world_size > 1 and rendezvous.publishing()
         if self._world_size == 1:
-            rendezvous = {"store": dist.HashStore()}
+            meet = {"store": dist.HashStore()}
+        elif published:
+            meet = {"store": rendezvous.join_store(self._rank, self._world_size, os.environ["MASTER_ADDR"], timeout_s)}
         else:
-            rendezvous = {"init_method": f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"}
+            meet = {"init_method": f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"}
         dist.init_process_group(
-            backend=backend,
-            rank=self._rank,
-            world_size=self._world_size,
-            timeout=timedelta(seconds=timeout_s),
-            **rendezvous,
+            backend=backend, rank=self._rank, world_size=self._world_size, timeout=timedelta(seconds=timeout_s), **meet
         )
+        if published and self._rank == 0:
+            rendezvous.forget()  # every rank has connected: the group holds the store now
 
     # --- mesh-aware dispatch -----------------------------------------------------------------------
     def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:

@@ -13,6 +13,7 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybridflow.protocol import DataProto
+from hybridflow.single_controller.base import rendezvous
 from hybridflow.single_controller.base.colocated import build_colocated_class
 from hybridflow.single_controller.base.direct import HandleKind
 from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
@@ -171,6 +172,7 @@ PROTECTED_WORKER_ENV = frozenset(
         "RAY_LOCAL_WORLD_SIZE",
         "MASTER_ADDR",
         "MASTER_PORT",
+        rendezvous.ID_ENV,
     }
 )
 
@@ -247,9 +249,10 @@ class RayWorkerGroup(WorkerGroup):
         pgs = pool.get_placement_groups()
         frac = 1.0 / pool.max_colocate_count
         self._workers, self._worker_names = [], []
-        # The rendezvous address is picked on rank 0's node before any worker starts, so workers can
-        # join torch.distributed inside __init__ without waiting on each other.
-        master = _pick_rendezvous(pgs[0])
+        # Rank 0's node address is known before any worker starts; rank 0 binds its store when it starts and
+        # publishes the port (base/rendezvous.py), so workers can join torch.distributed inside __init__.
+        master_addr = _rank0_node_address(pgs[0])
+        self._rendezvous_id = f"{self.name}:{uuid.uuid4().hex}"  # rank 0 publishes its store's port under it
         rank = 0
         for _node, (pg, n_local) in enumerate(zip(pgs, pool.store)):
             for local_rank in range(n_local):
@@ -262,8 +265,8 @@ class RayWorkerGroup(WorkerGroup):
                     "WG_PREFIX": self.name,
                     "WG_BACKEND": "ray",
                     "RAY_LOCAL_WORLD_SIZE": str(n_local),
-                    "MASTER_ADDR": master[0],
-                    "MASTER_PORT": master[1],
+                    "MASTER_ADDR": master_addr,
+                    rendezvous.ID_ENV: self._rendezvous_id,
                 }
                 name = f"{self.name}_{rank}"
                 self._workers.append(
@@ -433,6 +436,7 @@ class RayWorkerGroup(WorkerGroup):
                 pass
         if getattr(self, "_workers", None):
             clear_progress(self._progress_key, self.world_size, use_ray=True)
+            _drop_rendezvous(getattr(self, "_rendezvous_id", None))
         self._workers = []
         pool = getattr(self, "resource_pool", None)
         if pool is not None:
@@ -460,17 +464,25 @@ def _process_alive(pid, node) -> bool:
 
 
 @ray.remote(num_cpus=0)
-def _node_address_and_free_port() -> tuple[str, str]:
-    from hybridflow.single_controller.base.worker import find_free_port
-
-    ip = ray.util.get_node_ip_address()
-    return ip, str(find_free_port(ip))
+def _node_address() -> str:
+    return ray.util.get_node_ip_address()
 
 
-def _pick_rendezvous(pg) -> tuple[str, str]:
+def _rank0_node_address(pg) -> str:
     strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
-    ref = _node_address_and_free_port.options(scheduling_strategy=strategy).remote()
-    return wait_with_deadline([ref], what="picking the rendezvous address on rank 0's node")[0]
+    ref = _node_address.options(scheduling_strategy=strategy).remote()
+    return wait_with_deadline([ref], what="finding rank 0's node address")[0]
+
+
+def _drop_rendezvous(rendezvous_id: str | None) -> None:
+    """The published port of a group whose rank 0 never opened its process group (rank 0 drops it otherwise)."""
+    if rendezvous_id:
+        from ray.experimental.internal_kv import _internal_kv_del
+
+        try:
+            _internal_kv_del(rendezvous_id.encode(), namespace=rendezvous.NAMESPACE)
+        except Exception:
+            pass
 
 
 def _as_ray_cls(c: ClassWithInitArgs) -> RayClassWithInitArgs:
