@@ -261,7 +261,12 @@ class RolloutConfig(BaseConfig):
     temperature: float = doc(1.0, "sampling temperature")
     top_k: int = doc(-1, "top-k filter; -1 or 0: none")
     top_p: float = doc(1.0, "nucleus filter")
-    full_determinism: bool = doc(False, "deterministic engine kernels (not implemented)", refused=_NOT_IMPLEMENTED)
+    full_determinism: bool = doc(
+        False,
+        "results independent of batch company and timing (slower)",
+        reason="hf: one sequence decoded at a time (each request's sampling is seeded from seed and its id) and "
+        "deterministic kernels in the worker; vllm: VLLM_BATCH_INVARIANT=1 in the engine's processes (CUDA only)",
+    )
     seed: int = doc(42, "base of the per-request sampling seeds", reason=_BOTH_ROLLOUTS)
     prompt_length: int = doc(512, "prompt tokens (follows data.max_prompt_length)")
     response_length: int = doc(512, "generated tokens at most (follows data.max_response_length)")

@@ -462,6 +462,11 @@ def _explain_gpu_only(p: Problems, cfg, judge_scored: bool) -> None:
         if resolve_dtype(engine.model_dtype, "cpu") in ("bfloat16", "float16"):
             p.notes.append(f"{path}.model_dtype={engine.model_dtype} on cpu: {cpu_bf16_note()}")
     for path, engine in _vllm_engines(cfg, judge_scored):
+        if engine.full_determinism:
+            p.errors.append(
+                f"{path}.full_determinism=True: vLLM's batch-invariant kernels need CUDA; on cpu the hf rollout "
+                f"({path}.name=hf) gives it, decoding one sequence at a time"
+            )
         if engine.enable_chunked_prefill:
             p.notes.append(
                 f"{path}.enable_chunked_prefill=True is not used on cpu: vLLM's CPU build cannot chunk a seeded "

@@ -80,6 +80,7 @@ class ActorRolloutRefWorker(Worker):
                 for section, on in ((self.config.actor, self._is_actor), (self.config.ref, self._is_ref))
                 if on
             ]
+            + ([self.config.rollout] if self._is_rollout else [])  # its seed when only the rollout asks
         )
         self.init_process_group(timeout_s=float(self.config.nccl_timeout))  # the first role's group is the process's
         self.device, _ = default_device_backend()

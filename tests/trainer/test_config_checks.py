@@ -86,6 +86,13 @@ def test_chunked_prefill_on_cpu_is_explained_as_unused():
     assert not any("enable_chunked_prefill" in n for n in notes), notes
 
 
+def test_full_determinism_of_a_vllm_engine_on_cpu_is_refused_by_key():
+    vllm = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"]
+    text = error_of(*vllm, "actor_rollout_ref.rollout.full_determinism=True")
+    assert "actor_rollout_ref.rollout.full_determinism=True: vLLM's batch-invariant kernels need CUDA" in text
+    check("actor_rollout_ref.rollout.full_determinism=True")  # the hf rollout gives it on cpu
+
+
 def test_chunked_prefill_on_cpu_is_explained_for_the_judge_and_each_teacher_too():
     judge = [
         "reward.reward_manager.name=genrm",

@@ -75,3 +75,13 @@ def test_a_run_with_full_determinism_turns_it_on_in_the_worker(
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     (step,) = read_metrics(tmp_path)
     assert_finite(step)
+
+
+def test_a_rollout_section_that_asks_turns_it_on_with_its_seed(restore_torch_switches):
+    """rollout.full_determinism: the worker that holds the rollout passes that section too (hf: the engine
+    runs in the worker's process)."""
+    from hybridflow.config.rollout import rollout_as_in_yaml
+
+    torch.use_deterministic_algorithms(False)
+    assert apply_full_determinism([FSDPEngineConfig(), rollout_as_in_yaml(full_determinism=True, seed=5)]) == 5
+    assert torch.are_deterministic_algorithms_enabled()

@@ -169,7 +169,7 @@ class _Batch:
 @register_rollout_server("hf")
 class HFServer(AsyncRolloutServer):
     """``spec.module`` is the inference copy of the model (the worker loads it); rollout fields used:
-    ``max_num_seqs`` (largest batch), ``seed``, ``free_cache_engine``.
+    ``max_num_seqs`` (largest batch; 1 under ``full_determinism``), ``seed``, ``free_cache_engine``.
 
     Continuous batching: one decode loop (on the executor thread) runs while there is work. Before each
     step it takes the requests that arrived (prefilled together, then joined to the running batch), and
@@ -187,7 +187,8 @@ class HFServer(AsyncRolloutServer):
         self._attention_before = use_grouped_sdpa(self.module)
         self.pad_token_id = int(spec.pad_token_id)
         self.eos_token_ids = list(spec.eos_token_ids)
-        self.max_batch = int(spec.config.max_num_seqs)
+        # full_determinism: one sequence at a time, so no row's numbers depend on the rows beside it
+        self.max_batch = 1 if spec.config.full_determinism else int(spec.config.max_num_seqs)
         self.seed = int(spec.config.seed)
         self.free_cache = bool(spec.config.free_cache_engine) and self.device.type == "cuda"
         self._lock = threading.Lock()  # guards the fields below, shared by the event loop and the decode loop

@@ -140,6 +140,11 @@ def vllm_settings(
             "(free_cache_engine is a no-op there)"
         )
 
+    if rollout.full_determinism and device == "cpu":
+        raise ConfigError(
+            "rollout.full_determinism=True: vLLM's batch-invariant kernels need CUDA; on cpu the hf rollout "
+            "(rollout.name=hf) gives it, decoding one sequence at a time"
+        )
     dtype = resolve_dtype(rollout.dtype, device)
     max_pos = facts.max_position_embeddings
     max_model_len = rollout.max_model_len
@@ -218,5 +223,14 @@ def vllm_settings(
         kv_cache_bytes=args.get("kv_cache_memory_bytes"),
         engine_args=args,
         unset_env=CPU_ENGINE_UNSET_ENV if device == "cpu" else (),
-        default_env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"} if device == "cpu" and rollout.nnodes == 0 else {},
+        default_env=_engine_env(rollout, device),
     )
+
+
+def _engine_env(rollout: RolloutConfig, device: str) -> dict[str, str]:
+    """Variables vLLM's processes start with (where not set): the CPU engine's reserved cores, and
+    full_determinism's batch-invariant kernels (vLLM then pins its own cuBLAS/NCCL switches)."""
+    env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"} if device == "cpu" and rollout.nnodes == 0 else {}
+    if rollout.full_determinism:
+        env["VLLM_BATCH_INVARIANT"] = "1"
+    return env

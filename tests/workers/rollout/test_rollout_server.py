@@ -445,3 +445,37 @@ def test_sampled_group_shares_a_prefill_and_matches_requests_sent_one_at_a_time(
     # the samples of a group differ (each request its own noise), so the copies did diverge
     for j in range(len(prompts)):
         assert len({tuple(o.token_ids) for o in together[j * N : (j + 1) * N]}) > 1
+
+
+def test_full_determinism_decodes_one_sequence_at_a_time_bit_for_bit(tiny, prefill_rows):
+    """rollout.full_determinism=True (veRL's key): a request's tokens and log-probs are the same bits whether
+    it runs alone or beside others; the hf engine gets there by never batching rows (decode steps included)."""
+    tok, model = tiny
+    loop = EngineLoop("hf-determinism-test")
+    spec = ServerSpec(
+        model_path="",
+        config=rollout_as_in_yaml(max_num_seqs=64, seed=0, full_determinism=True),
+        pad_token_id=PAD_ID,
+        eos_token_ids=(EOS_ID,),
+        module=model,
+    )
+    srv = loop.run(_async(HFServer, spec))
+    rows_per_step = []
+    handle = model.register_forward_pre_hook(
+        lambda m, args, kwargs: rows_per_step.append(kwargs.get("input_ids", args[0] if args else None).size(0)),
+        with_kwargs=True,
+    )
+    try:
+        params = SamplingParams(do_sample=True, temperature=1.1, response_length=10, ignore_eos=True)
+        prompts = [tok.encode(t) for t in ("hello there", "12+34=", "a")]
+        requests = [(p, params, f"r{i}") for i, p in enumerate(prompts)]
+        alone = [_gather(loop, srv, [r])[0] for r in requests]
+        rows_per_step.clear()
+        together = _gather(loop, srv, requests)
+        assert rows_per_step and set(rows_per_step) == {1}  # every forward, prefill or decode, holds one row
+        for a, b in zip(alone, together, strict=True):
+            assert a.token_ids == b.token_ids and torch.equal(torch.tensor(a.log_probs), torch.tensor(b.log_probs))
+    finally:
+        handle.remove()
+        loop.run(srv.shutdown())
+        loop.close()

@@ -100,6 +100,13 @@ def test_dummy_load_formats_start_from_random_weights():
         assert not s.dummy_weights and s.engine_args["load_format"] == vllm_fmt
 
 
+def test_full_determinism_turns_on_vllms_batch_invariant_kernels_on_cuda_only():
+    assert settings("cuda", cuda_devices=1, full_determinism=True).default_env["VLLM_BATCH_INVARIANT"] == "1"
+    assert "VLLM_BATCH_INVARIANT" not in settings("cuda", cuda_devices=1).default_env
+    with pytest.raises(ConfigError, match=r"rollout.full_determinism=True: vLLM's batch-invariant kernels need CUDA"):
+        settings("cpu", full_determinism=True)
+
+
 def test_sleep_mode_only_on_cuda():
     assert settings("cuda", free_cache_engine=True).sleep_mode is True
     assert settings("cuda", free_cache_engine=False).sleep_mode is False
