@@ -6,8 +6,6 @@ hybrid-sharded run sees what one process sees), not from this code's output."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,7 +16,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.loader import load_config
 from hybridflow.config.sft_trainer import SFTRunConfig, SFTTrainerConfig
 from hybridflow.main_sft import run_sft
-from tests.trainer.test_sft_trainer import REPO_ROOT, make_trainer, read_metrics, sft_overrides
+from tests.trainer.test_sft_trainer import make_trainer, read_metrics, sft_overrides, torchrun_sft
 from tests.utils.test_determinism import restore_torch_switches  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -100,24 +98,7 @@ def test_hybrid_sharding_over_two_processes_matches_one_process(tiny_model_dir, 
     averaged over the replicas) give one process's losses on the same global batches."""
     extra = {"data.train_batch_size": 8, "data.micro_batch_size_per_gpu": 2}
     out2, out1 = str(tmp_path / "hsdp"), str(tmp_path / "one")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
-    overrides = sft_overrides(tiny_model_dir, tiny_data_dir, out2, **extra, **{"engine.fsdp_size": 1})
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    proc = subprocess.run(
-        [*cmd, "-m", "hybridflow.main_sft", *overrides],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    torchrun_sft(sft_overrides(tiny_model_dir, tiny_data_dir, out2, **extra, **{"engine.fsdp_size": 1}))
     run_sft(load_config("sft_trainer", sft_overrides(tiny_model_dir, tiny_data_dir, out1, **extra)))
     two, one = read_metrics(out2), read_metrics(out1)
     assert len(two) == len(one) > 0

@@ -113,21 +113,11 @@ def test_lora_sft_on_two_processes_saves_what_one_process_saves(tiny_model_dir, 
     """torchrun, 2 gloo processes (FSDP2 shards the adapters too): the merged model and the adapter of a
     2-step run equal the one-process run's (the same global batches, the same update; AdamW at lr 5e-2 turns
     the summation order's last bits in near-zero gradients into differences up to ~5e-5 of weights ~0.1)."""
-    import subprocess
-    import sys
-
-    from tests.trainer.test_sft_trainer import REPO_ROOT
+    from tests.trainer.test_sft_trainer import torchrun_sft
 
     extra = {**LORA, "data.train_batch_size": 8, "data.micro_batch_size_per_gpu": 2, "trainer.logger": "[file]"}
     one = _run(tiny_model_dir, tiny_data_dir, str(tmp_path / "one"), **extra)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")])}
-    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    overrides = sft_overrides(tiny_model_dir, tiny_data_dir, str(tmp_path / "two"), **extra)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
-    proc = subprocess.run(
-        [*cmd, "hybridflow.main_sft", *overrides], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    torchrun_sft(sft_overrides(tiny_model_dir, tiny_data_dir, str(tmp_path / "two"), **extra))
     two = os.path.join(str(tmp_path / "two"), os.path.basename(one))
     for file in ("model.safetensors", os.path.join(LORA_ADAPTER_DIR, "adapter_model.safetensors")):
         a, b = load_file(os.path.join(one, file)), load_file(os.path.join(two, file))

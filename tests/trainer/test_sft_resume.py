@@ -151,34 +151,15 @@ def test_two_processes_resume_on_two_or_on_one(tiny_model_dir, tiny_data_dir, tm
     """torchrun, 2 gloo processes (FSDP2): a run saved at step 2 resumes on 2 processes and on 1 (the
     checkpoint resharded) and gives the uninterrupted run's step-3 loss either way."""
     import shutil
-    import subprocess
-    import sys
 
-    from tests.trainer.test_sft_trainer import REPO_ROOT
+    from tests.trainer.test_sft_trainer import torchrun_sft
 
     extra = {"data.train_batch_size": 8, "data.micro_batch_size_per_gpu": 2, "trainer.logger": "[file]"}
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
 
     def torchrun(out, steps):
-        overrides = sft_overrides(
-            tiny_model_dir, tiny_data_dir, out, **extra, **{"trainer.total_training_steps": steps}
+        torchrun_sft(
+            sft_overrides(tiny_model_dir, tiny_data_dir, out, **extra, **{"trainer.total_training_steps": steps})
         )
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-        proc = subprocess.run(
-            [*cmd, "-m", "hybridflow.main_sft", *overrides],
-            env=env,
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     reference = str(tmp_path / "reference")  # uninterrupted, one process
     run_sft(

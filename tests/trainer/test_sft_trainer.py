@@ -51,6 +51,29 @@ def sft_overrides(model_dir, data_dir, out_dir, **extra):
     return [f"{k}={v}" for k, v in base.items()]
 
 
+def torchrun_sft(overrides, nproc: int = 2) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --standalone --nproc_per_node=N -m hybridflow.main_sft ...`` over gloo,
+    one torch thread per process, offline; asserts it succeeded (its output in the message when not)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    proc = subprocess.run(
+        [*cmd, "-m", "hybridflow.main_sft", *overrides],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
 def make_trainer(tiny_model_dir, tiny_data_dir, tmp_path, **extra):
     cfg = load_config("sft_trainer", sft_overrides(tiny_model_dir, tiny_data_dir, str(tmp_path / "out"), **extra))
     return FSDPSFTTrainer(cfg)
@@ -291,25 +314,7 @@ def test_torchrun_two_processes_match_one_process(tiny_model_dir, tiny_data_dir,
 
     extra = {"data.train_batch_size": 8, "data.micro_batch_size_per_gpu": 2}
     out2, out1 = str(tmp_path / "w2"), str(tmp_path / "w1")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "hybridflow.main_sft",
-        *sft_overrides(tiny_model_dir, tiny_data_dir, out2, **extra),
-    ]
-    proc = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = torchrun_sft(sft_overrides(tiny_model_dir, tiny_data_dir, out2, **extra))
     assert "saved Hugging Face model to" in proc.stdout
     from safetensors import safe_open
 
