@@ -15,7 +15,7 @@ from hybridflow.config.model import MtpConfig
 from hybridflow.config.profiler import HOOK_KEYS, TOOL_NAME_KEYS, ProfilerConfig
 from hybridflow.config.reasons import CPU_NO_CHUNKED_PREFILL, TARGET, VLLM_ENGINE, VLM, speed_only
 from hybridflow.config.rules import Problems
-from hybridflow.config.status import honoured, refused
+from hybridflow.config.status import OrYours, honoured, refused
 
 __all__ = [
     "SamplingConfig",
@@ -40,6 +40,21 @@ NOT_ENGINES = "sglang and TensorRT-LLM are not hybridflow rollout engines"
 _PROFILER_ABSENT = ("tool_config.nsys", "tool_config.torch_memory", "tool_config.torch.schedule", *TOOL_NAME_KEYS)
 _TP_ONLY = "only tensor parallelism is implemented inside a rollout engine"
 SGLANG = "an SGLang-only option; SGLang is not a hybridflow rollout engine (use rollout.name=vllm or hf)"
+_UNREAD = "veRL 0.9.1 declares it but does not read it either"
+
+
+def _user_engine(name: Any) -> bool:
+    """A rollout engine of the user's: a class reference (checked when the run starts, imported where the engine
+    runs), or a name registered in this process."""
+    if not isinstance(name, str):
+        return False
+    if "." in name or ":" in name:
+        return True
+    from hybridflow.rollout.server import ROLLOUT_SERVERS  # registered engines, known at check time
+
+    return name in ROLLOUT_SERVERS
+
+
 _CUSTOM = (
     "custom async rollout servers / agent loop managers / checkpoint engine managers are not implemented "
     "(hybridflow's server is the hf or vllm engine)"
@@ -105,7 +120,7 @@ class MultiTurnConfig(BaseConfig):
     use_inference_chat_template: bool = doc(False, "re-apply the chat template to each turn's engine prompt")
     tokenization_sanity_check_mode: str = doc("strict", "strict | ignore_strippable | disable: check the re-template")
     format: str = doc("hermes", "tool-call format", reason="a registered tool-call parser (built in: hermes)")
-    num_repeat_rollouts: int | None = doc(None, "unread", note="veRL 0.9.1 declares it but does not read it either")
+    num_repeat_rollouts: int | None = doc(None, "unread", note=_UNREAD)
     tool_call_timeout: float = doc(60, "seconds one tool call may take before the model gets a timeout message")
 
     def check_values(self) -> None:  # veRL's MultiTurnConfig checks nothing when built
@@ -123,11 +138,12 @@ class MultiTurnConfig(BaseConfig):
 
 @dataclass
 class CustomAsyncServerConfig(BaseConfig):
-    """``rollout.agent.custom_async_server`` (not implemented)."""
+    """``rollout.agent.custom_async_server``: declared by veRL 0.9.1, read nowhere there (nor here). An engine of
+    your own: ``@register_rollout_server`` (hybridflow.rollout)."""
 
     _target_: str = doc("verl.workers.config.CustomAsyncServerConfig", "the class this section is read into")
-    path: str | None = doc(None, "file of a custom async rollout server")
-    name: str | None = doc(None, "its class name")
+    path: str | None = doc(None, "file of a custom async rollout server", note=_UNREAD)
+    name: str | None = doc(None, "its class name", note=_UNREAD)
 
 
 @dataclass
@@ -138,7 +154,7 @@ class AgentLoopConfig(BaseConfig):
     num_workers: int = doc(8, "hybridflow: 2 (veRL: 8); agent-loop workers (one process each) the batch is spread over")
     default_agent_loop: str = doc("single_turn_agent", "loop of a sample without agent_name")
     agent_loop_config_path: str | None = doc(None, "your loops: a yaml list of {name, _target_, **kwargs}")
-    custom_async_server: CustomAsyncServerConfig = section(CustomAsyncServerConfig, "a custom server", refused=_CUSTOM)
+    custom_async_server: CustomAsyncServerConfig = section(CustomAsyncServerConfig, "a custom server (unread)")
     agent_loop_manager_class: str | None = doc(None, "your agent loop manager class", refused=_CUSTOM)
 
     def check_values(self) -> None:  # veRL's AgentLoopConfig checks nothing when built
@@ -250,10 +266,12 @@ class RolloutConfig(BaseConfig):
     _target_: str = doc("verl.workers.config.RolloutConfig", "the class this section is read into")
     name: str | None = doc(
         "???",
-        "hybridflow: hf (transformers, cpu and GPU; veRL requires a value) | vllm (the [vllm] extra)",
-        values=("hf", "vllm"),
-        reason="hybridflow's rollout engines are hf (transformers) and vllm; SGLang is not a hybridflow rollout "
-        "engine, nor TensorRT-LLM (veRL's sglang_multiturn examples run on vllm or hf through the agent loop)",
+        "hybridflow: hf (transformers, cpu and GPU; veRL requires a value) | vllm (the [vllm] extra) | yours",
+        values=OrYours(("hf", "vllm"), also=_user_engine),
+        reason="hybridflow's rollout engines are hf (transformers) and vllm, or an engine of yours (an "
+        "AsyncRolloutServer: its class as package.module.Class or file.py:Class, or a name registered with "
+        "register_rollout_server in this process); SGLang is not a hybridflow rollout engine, nor TensorRT-LLM "
+        "(veRL's sglang_multiturn examples run on vllm or hf through the agent loop)",
     )
     mode: str = doc("async", "async | sync (hybridflow: the same pipeline)", values=ROLLOUT_MODES, reason=_ONE_PIPELINE)
     nnodes: int = doc(0, "> 0: the engines get a pool of their own; 0: colocated with the actor")
@@ -327,7 +345,11 @@ class RolloutConfig(BaseConfig):
     agent: AgentLoopConfig = section(
         placed(AgentLoopConfig, num_workers=2),
         "agent loops",
-        keys={"_target_": refused(TARGET), "**": refused(_NOT_IMPLEMENTED)},
+        keys={
+            "_target_": refused(TARGET),
+            "custom_async_server._target_": refused(TARGET),
+            "**": refused(_NOT_IMPLEMENTED),
+        },
     )
     checkpoint_engine: CheckpointEngineConfig = section(
         CheckpointEngineConfig,

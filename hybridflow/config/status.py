@@ -15,10 +15,11 @@ with ``+`` (see ``hybridflow.config.keys``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["HONOURED", "NOT_SUPPORTED", "NOTE", "KeyStatus", "honoured", "refused", "noted", "status_from"]
+__all__ = ["HONOURED", "NOT_SUPPORTED", "NOTE", "KeyStatus", "OrYours", "honoured", "refused", "noted", "status_from"]
 
 HONOURED = "honoured"
 NOT_SUPPORTED = "not supported"
@@ -43,8 +44,24 @@ class KeyStatus:
             raise ValueError(f"a {self.status!r} key must say why (reason)")
 
 
+class OrYours(tuple):
+    """Supported values that users extend: the listed ones (shown in docs and messages), or any value
+    ``also(value)`` accepts (a name a registry holds, a class path checked when the run starts)."""
+
+    def __new__(cls, values: Iterable, also: Callable[[Any], bool]):
+        made = super().__new__(cls, values)
+        made.also = also
+        return made
+
+    def __contains__(self, value) -> bool:
+        return tuple.__contains__(self, value) or bool(self.also(value))
+
+    def __reduce__(self):  # a tuple subclass with an attribute: pickled with it
+        return (OrYours, (tuple(self), self.also))
+
+
 def honoured(reason: str = "", values: Iterable | None = None) -> KeyStatus:
-    return KeyStatus(HONOURED, reason, tuple(values) if values is not None else None)
+    return KeyStatus(HONOURED, reason, values if isinstance(values, tuple) or values is None else tuple(values))
 
 
 def refused(reason: str) -> KeyStatus:

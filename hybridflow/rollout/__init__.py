@@ -15,6 +15,7 @@ from hybridflow.rollout.server import (
     ServerSpec,
     TokenOutput,
     register_rollout_server,
+    rollout_server_class,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "ServerSpec",
     "TokenOutput",
     "register_rollout_server",
+    "rollout_server_class",
 ]

@@ -139,7 +139,12 @@ class ServerSpec:
 
 
 class AsyncRolloutServer(ABC):
-    """Token-in-token-out generation with many requests in flight (see the module docstring)."""
+    """Token-in-token-out generation with many requests in flight (see the module docstring).
+
+    ``needs_module``: the worker builds a transformers copy of the model for the engine (``ServerSpec.module``),
+    as for the hf engine; an engine that loads the model itself (vllm) leaves it False."""
+
+    needs_module: bool = False
 
     @abstractmethod
     async def generate(
@@ -186,11 +191,27 @@ ROLLOUT_SERVERS: Registry[type[AsyncRolloutServer]] = Registry("rollout engine")
 
 
 def register_rollout_server(name: str):
-    """Class decorator: make an engine selectable as ``actor_rollout_ref.rollout.name=<name>``.
+    """Class decorator: make an engine selectable as ``actor_rollout_ref.rollout.name=<name>`` in this
+    process (Ray workers are other processes: there, name the class itself, below).
 
     The class is built as ``cls(spec: ServerSpec)`` inside the worker process, on the engine loop.
     """
     return ROLLOUT_SERVERS.register(name)
+
+
+def rollout_server_class(name: str, key: str = "actor_rollout_ref.rollout.name") -> type[AsyncRolloutServer]:
+    """The engine ``rollout.name`` selects: a registered name (hf, vllm, yours), or your class itself as
+    ``package.module.ClassName`` or ``path/to/file.py:ClassName`` (imported where the engine runs, so it
+    works in every worker process). Errors name ``key``."""
+    from hybridflow.utils.import_utils import load_class
+
+    name = str(name)
+    if name in ROLLOUT_SERVERS or not ("." in name or ":" in name):
+        return ROLLOUT_SERVERS[name]  # an unknown name: the error lists the known ones
+    cls = load_class(name, what=key)
+    if not (isinstance(cls, type) and issubclass(cls, AsyncRolloutServer)):
+        raise TypeError(f"{key}={name}: {cls!r} is not an AsyncRolloutServer subclass (hybridflow.rollout)")
+    return cls
 
 
 class EngineLoop:

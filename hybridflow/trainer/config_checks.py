@@ -23,6 +23,7 @@ from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.rewards.registry import manager_needs_judge
 from hybridflow.rewards.streaming import RewardRecipe
+from hybridflow.rollout.server import rollout_server_class
 from hybridflow.single_controller.factory import check_pool_size
 from hybridflow.utils.tool_config import check_function_tools, check_tool_config
 from hybridflow.utils.torch_dtypes import resolve_dtype
@@ -77,6 +78,11 @@ def validate_ppo_config(cfg: PPOTrainerConfig | Mapping, n_devices: int | None =
             loaded[key] = load(path) if path else {}
         except (OSError, ValueError, ImportError, NotImplementedError, TypeError, AttributeError) as e:
             errors.append(f"{_ROLLOUT}.{key}={path}: {type(e).__name__}: {e}")
+    if rollout.name not in ("hf", "vllm"):
+        try:  # an engine of the user's: its class found before anything starts
+            rollout_server_class(rollout.name, f"{_ROLLOUT}.name")
+        except (OSError, KeyError, ImportError, TypeError, AttributeError) as e:
+            errors.append(f"{_ROLLOUT}.name={rollout.name}: {type(e).__name__}: {e}")
     manager = cfg.reward.reward_manager
     if manager.source == "importlib" and manager.module is not None and manager.module.path:
         try:  # the manager's file, read and its class found before anything starts

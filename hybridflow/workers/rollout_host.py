@@ -31,7 +31,7 @@ from hybridflow.agent_loop.worker import AgentLoopWorker
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.sampling import model_eos_token_ids
-from hybridflow.rollout.server import ROLLOUT_SERVERS, EngineLoop, ServerSpec
+from hybridflow.rollout.server import EngineLoop, ServerSpec, rollout_server_class
 from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.workers.engine.lora import LoraSpec
 from hybridflow.workers.model_loading import load_model
@@ -66,8 +66,9 @@ class RolloutHost:
         self.config, self.tokenizer, self.rank = config, tokenizer, rank
         name = config.name
         dtype = resolve_dtype(config.dtype, str(device))
+        server_cls = rollout_server_class(name)
         module = None
-        if name == "hf":
+        if server_cls.needs_module:
             # a separate inference copy: generation never all-gathers sharded weights token by token
             module = (
                 load_model(
@@ -93,7 +94,6 @@ class RolloutHost:
             lora_alpha=adapter.alpha if adapter else 16.0,
         )
         self.engine_loop = EngineLoop(f"rollout-engine-rank{rank}")
-        server_cls = ROLLOUT_SERVERS[name]
 
         async def build():
             return server_cls(spec)

@@ -177,6 +177,8 @@ class HFServer(AsyncRolloutServer):
     turn of a multi-turn trajectory joins at once. A weight update lets the running rows finish and
     holds new requests until it is done (the callers drain or abort first anyway)."""
 
+    needs_module = True  # the worker's transformers copy of the model (ServerSpec.module)
+
     def __init__(self, spec: ServerSpec):
         if spec.module is None:
             raise ValueError("the hf rollout server needs the model module in ServerSpec.module")

@@ -1,0 +1,84 @@
+"""A rollout engine of the user's (an AsyncRolloutServer) selected by ``actor_rollout_ref.rollout.name``: by
+its class (``file.py:Class`` or ``package.module.Class``, imported where the engine runs) or by a name
+registered in the process (``register_rollout_server``). Before, ``rollout.name`` took hf or vllm only, so
+the registry the server interface offers could not be reached from a config."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.config.loader import ConfigError, load_config
+from hybridflow.rollout import ROLLOUT_SERVERS, register_rollout_server, rollout_server_class
+from hybridflow.workers.rollout.hf_server import HFServer
+
+ENGINE = """
+from hybridflow.workers.rollout.hf_server import HFServer
+
+
+class CountingServer(HFServer):
+    async def generate(self, prompt_ids, params, request_id, logprobs=True):
+        with open({log!r}, "a") as f:
+            f.write(request_id + "\\n")
+        return await super().generate(prompt_ids, params, request_id, logprobs)
+
+
+class NotAServer:
+    pass
+"""
+
+
+@pytest.fixture
+def engine_file(tmp_path):
+    log = tmp_path / "requests.log"
+    path = tmp_path / "my_engine.py"
+    path.write_text(ENGINE.format(log=str(log)))
+    return str(path), log
+
+
+def test_a_training_run_generates_with_the_users_engine(engine_file, tiny_model_dir, tiny_data_dir, tmp_path):
+    from hybridflow.main_ppo import run_ppo
+    from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
+
+    path, log = engine_file
+    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, n=2, batch=4, steps=1, backend="inprocess")
+    no_validation = ["trainer.val_before_train=False", "trainer.test_freq=-1"]
+    run_ppo(
+        load_config(
+            "ppo_trainer", [*overrides, *no_validation, f"actor_rollout_ref.rollout.name={path}:CountingServer"]
+        )
+    )
+    (step,) = read_metrics(tmp_path)
+    assert_finite(step)
+    assert len(log.read_text().split()) == 4 * 2  # every sample of the step came from it
+
+
+def test_the_class_is_checked_by_key_when_the_run_starts(engine_file, tiny_model_dir, tiny_data_dir, tmp_path):
+    from hybridflow.main_ppo import checked_config
+    from tests.trainer.e2e_helpers import base_overrides
+
+    path, _ = engine_file
+    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, backend="inprocess")
+    for name, why in (
+        (f"{path}:NotAServer", "is not an AsyncRolloutServer subclass"),
+        (f"{path}:Missing", "defines no 'Missing'"),
+    ):
+        with pytest.raises(ConfigError, match=f"actor_rollout_ref.rollout.name={name}: .*{why}"):
+            checked_config(load_config("ppo_trainer", [*overrides, f"actor_rollout_ref.rollout.name={name}"]))
+    with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.name='sglang' is not supported by hybridflow"):
+        load_config("ppo_trainer", ["actor_rollout_ref.rollout.name=sglang"])
+
+
+def test_a_name_registered_in_the_process_is_accepted():
+    @register_rollout_server("counting_test_engine")
+    class Registered(HFServer):
+        pass
+
+    try:
+        config = load_config("ppo_trainer", ["actor_rollout_ref.rollout.name=counting_test_engine"])
+        assert config.actor_rollout_ref.rollout.name == "counting_test_engine"
+        assert rollout_server_class("counting_test_engine") is Registered
+        assert rollout_server_class("hf") is HFServer
+    finally:
+        del ROLLOUT_SERVERS["counting_test_engine"]
+    with pytest.raises(KeyError, match="counting_test_engine"):
+        rollout_server_class("counting_test_engine")
