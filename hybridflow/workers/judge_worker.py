@@ -21,15 +21,15 @@ import dataclasses
 
 import torch
 
+import hybridflow.workers.rollout  # noqa: F401  (the engines package: registers hf and vllm)
 from hybridflow.config.rollout import RolloutConfig
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.sampling import model_eos_token_ids
-from hybridflow.rollout.server import EngineLoop, ServerSpec
+from hybridflow.rollout.server import EngineLoop, ServerSpec, rollout_server_class
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
 from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
-from hybridflow.workers.rollout import ROLLOUT_SERVERS  # the engines package: registers hf and vllm
 
 MODEL_PATH_KEY = "reward.reward_model.model_path"
 
@@ -59,13 +59,13 @@ class JudgeWorker(Worker):
         trust = self.trust_remote_code
         rollout = judge_engine_config(self.rollout)
         name = rollout.name
-        server_cls = ROLLOUT_SERVERS[name]  # an unknown engine fails here, naming the known ones
+        server_cls = rollout_server_class(name, "rollout.name")  # an unknown engine fails here, naming the known ones
         self.tokenizer = load_tokenizer(path, trust)
         eos = tuple(model_eos_token_ids(path, self.tokenizer))
         pad = self.tokenizer.pad_token_id
         dtype = resolve_dtype(rollout.dtype, str(self.device))
         module = None
-        if name == "hf":
+        if server_cls.needs_module:
             module = (
                 load_model(path, "causal_lm", trust_remote_code=trust)
                 .to(device=self.device, dtype=getattr(torch, dtype))
