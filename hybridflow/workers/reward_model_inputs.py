@@ -37,7 +37,10 @@ def reward_model_texts(
             )
         chat = [dict(m) for m in messages]
         chat.append({"role": "assistant", "content": _response_text(responses[i], int(valid), input_tokenizer)})
-        text = rm_tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
+        try:
+            text = rm_tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
+        except Exception as err:  # a template's own error (jinja, a role it refuses): say which row
+            raise ValueError(f"row {i}: the reward model's chat template failed on this conversation: {err}") from err
         bos = rm_tokenizer.bos_token
         if bos and text.startswith(bos):
             text = text[len(bos) :]

@@ -47,6 +47,12 @@ def test_the_conversation_is_rendered_in_the_reward_models_template(tiny_tokeniz
     assert attention[1].all() and ids.shape[1] == len(rm_tokenizer(texts[1])["input_ids"])
     with pytest.raises(ValueError, match="row 0: raw_prompt must be the prompt's chat messages"):
         reward_model_texts(["2+2?"], responses[:1], mask[:1], tiny_tokenizer, rm_tokenizer)
+    rm_tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system turns') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    with pytest.raises(ValueError, match="row 1: the reward model's chat template failed .*no system turns"):
+        reward_model_texts(prompts, responses, mask, tiny_tokenizer, rm_tokenizer)
 
 
 def test_a_leading_bos_of_the_template_is_not_doubled(tiny_tokenizer):
