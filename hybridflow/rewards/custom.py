@@ -9,6 +9,8 @@ import os
 import sys
 from collections.abc import Callable
 
+from hybridflow.utils.import_utils import user_file_spec
+
 
 def get_custom_reward_fn(
     path: str | None, name: str = "compute_score", reward_kwargs: dict | None = None
@@ -27,7 +29,7 @@ def get_custom_reward_fn(
     # A unique module name per file, so two files with the same basename do not collide.
     digest = hashlib.sha1(path.encode()).hexdigest()[:12]
     module_name = f"hybridflow_custom_reward_{digest}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
+    spec = user_file_spec(module_name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)

@@ -49,6 +49,7 @@ from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.utils.checkpoint_copy import copy_checkpoint
 from hybridflow.utils.determinism import apply_full_determinism
+from hybridflow.utils.import_utils import user_file_spec
 from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.utils.torch_functional import logprobs_from_logits
 from hybridflow.utils.tracking import SUPPORTED as SUPPORTED_LOGGERS
@@ -145,7 +146,7 @@ def latest_hf_dir(default_local_dir: str) -> str | None:
 def _load_class(path: str, name: str):
     """Class ``name`` from the Python file ``path`` (``data.custom_cls``)."""
     path = os.path.abspath(os.path.expanduser(path))
-    spec = importlib.util.spec_from_file_location(f"hybridflow_custom_sft_{abs(hash(path))}", path)
+    spec = user_file_spec(f"hybridflow_custom_sft_{abs(hash(path))}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"data.custom_cls.path={path!r} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)

@@ -11,16 +11,85 @@ veRL's yaml files name classes by their dotted import path (``class_name: "verl.
   veRL's example yaml files work unchanged.
 
 A name that cannot be loaded raises ImportError saying what was tried.
+
+A user's Python file (a reward function, a reward manager, a tool, an engine, a dataset class) loads through
+``user_file_spec``: where veRL is not installed, its ``import verl...`` / ``from verl... import`` statements
+(module level or inside functions) read ``hybridflow...`` instead, so a file written for veRL runs unchanged
+against the paths hybridflow serves (``hybridflow.compat``). Nothing outside the file changes: no ``verl``
+module appears in ``sys.modules``.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
+import importlib.abc
 import importlib.util
 import os
 import sys
 from typing import Any
+
+
+class _VerlImports(ast.NodeTransformer):
+    """``verl`` as the first part of an absolute import becomes ``hybridflow``; ``import verl.x`` (which binds
+    the name ``verl``) binds it to ``hybridflow`` as well."""
+
+    def visit_Import(self, node: ast.Import):
+        out, binds_verl = [], False
+        for alias in node.names:
+            if alias.name == "verl" or alias.name.startswith("verl."):
+                renamed = "hybridflow" + alias.name[len("verl") :]
+                if alias.asname is None:
+                    binds_verl = True
+                    out.append(ast.alias(name=renamed, asname=None))
+                else:
+                    out.append(ast.alias(name=renamed, asname=alias.asname))
+            else:
+                out.append(alias)
+        node.names = out
+        if not binds_verl:
+            return node
+        bind = ast.Assign(
+            targets=[ast.Name(id="verl", ctx=ast.Store())], value=ast.Name(id="hybridflow", ctx=ast.Load())
+        )
+        return [node, ast.copy_location(bind, node)]
+
+    def visit_ImportFrom(self, node: ast.ImportFrom):
+        module = node.module or ""
+        if node.level == 0 and (module == "verl" or module.startswith("verl.")):
+            node.module = "hybridflow" + module[len("verl") :]
+        return node
+
+
+def _verl_installed() -> bool:
+    try:
+        return importlib.util.find_spec("verl") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class _UserFileLoader(importlib.abc.Loader):
+    """Runs a user's file from its source (no bytecode cache), veRL's imports served by hybridflow."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def create_module(self, spec):
+        return None  # the default module
+
+    def exec_module(self, module) -> None:
+        with open(self.path, "rb") as f:
+            source = f.read()
+        tree = ast.parse(source, filename=self.path)
+        if not _verl_installed():
+            tree = ast.fix_missing_locations(_VerlImports().visit(tree))
+        exec(compile(tree, self.path, "exec"), module.__dict__)
+
+
+def user_file_spec(name: str, path: str):
+    """The module spec of the user's Python file ``path`` imported as ``name`` (see the module docstring)."""
+    return importlib.util.spec_from_file_location(name, path, loader=_UserFileLoader(path))
 
 
 def load_module_from_file(path: str) -> Any:
@@ -33,7 +102,7 @@ def load_module_from_file(path: str) -> Any:
     )
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = user_file_spec(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"{path} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
