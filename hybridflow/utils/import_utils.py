@@ -82,9 +82,18 @@ class _UserFileLoader(importlib.abc.Loader):
         with open(self.path, "rb") as f:
             source = f.read()
         tree = ast.parse(source, filename=self.path)
-        if not _verl_installed():
+        renamed = not _verl_installed()
+        if renamed:
             tree = ast.fix_missing_locations(_VerlImports().visit(tree))
-        exec(compile(tree, self.path, "exec"), module.__dict__)
+        try:
+            exec(compile(tree, self.path, "exec"), module.__dict__)
+        except ImportError as err:
+            if renamed and (err.name or "").startswith("hybridflow"):
+                err.add_note(
+                    f"{self.path} imports from veRL, which is not installed: its verl imports were read as "
+                    "hybridflow's, and hybridflow does not serve this one (hybridflow/compat/paths.py: what it serves)"
+                )
+            raise
 
 
 def user_file_spec(name: str, path: str):

@@ -64,3 +64,12 @@ def test_errors_in_the_file_keep_its_line_numbers(tmp_path):
         fn("s", "x", "y")
     frame = err.traceback[-1]
     assert frame.path == path and frame.lineno + 1 == 5  # pytest counts lines from 0
+
+
+def test_a_verl_path_hybridflow_does_not_serve_is_named(tmp_path):
+    path = tmp_path / "megatron_reward.py"
+    path.write_text("from verl.models.mcore import registry\n")
+    with pytest.raises(ImportError) as err:
+        get_custom_reward_fn(str(path), "compute_score")
+    assert "hybridflow.models" in str(err.value)
+    assert any("imports from veRL, which is not installed" in note for note in err.value.__notes__)
