@@ -43,16 +43,15 @@ SGLANG = "an SGLang-only option; SGLang is not a hybridflow rollout engine (use 
 _UNREAD = "veRL 0.9.1 declares it but does not read it either"
 
 
+# names registered with hybridflow.rollout.register_rollout_server in this process (it adds them here: the
+# config sits below the rollout package and does not import it)
+REGISTERED_ENGINES: set[str] = set()
+
+
 def _user_engine(name: Any) -> bool:
     """A rollout engine of the user's: a class reference (checked when the run starts, imported where the engine
     runs), or a name registered in this process."""
-    if not isinstance(name, str):
-        return False
-    if "." in name or ":" in name:
-        return True
-    from hybridflow.rollout.server import ROLLOUT_SERVERS  # registered engines, known at check time
-
-    return name in ROLLOUT_SERVERS
+    return isinstance(name, str) and ("." in name or ":" in name or name in REGISTERED_ENGINES)
 
 
 _CUSTOM = (

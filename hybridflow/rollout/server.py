@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from hybridflow.config.rollout import RolloutConfig
+from hybridflow.config.rollout import REGISTERED_ENGINES, RolloutConfig
 from hybridflow.rollout.sampling import SamplingParams
 from hybridflow.single_controller.base.errors import WorkerDiedError, WorkerError
 from hybridflow.utils.registry import Registry
@@ -196,6 +196,7 @@ def register_rollout_server(name: str):
 
     The class is built as ``cls(spec: ServerSpec)`` inside the worker process, on the engine loop.
     """
+    REGISTERED_ENGINES.add(name)  # what the config's rollout.name accepts besides hf and vllm
     return ROLLOUT_SERVERS.register(name)
 
 

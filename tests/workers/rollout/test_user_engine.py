@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hybridflow.config.loader import ConfigError, load_config
+from hybridflow.config.rollout import REGISTERED_ENGINES
 from hybridflow.rollout import ROLLOUT_SERVERS, register_rollout_server, rollout_server_class
 from hybridflow.workers.rollout.hf_server import HFServer
 
@@ -80,5 +81,6 @@ def test_a_name_registered_in_the_process_is_accepted():
         assert rollout_server_class("hf") is HFServer
     finally:
         del ROLLOUT_SERVERS["counting_test_engine"]
+        REGISTERED_ENGINES.discard("counting_test_engine")
     with pytest.raises(KeyError, match="counting_test_engine"):
         rollout_server_class("counting_test_engine")
