@@ -138,7 +138,7 @@ class MultiTurnConfig(BaseConfig):
 @dataclass
 class CustomAsyncServerConfig(BaseConfig):
     """``rollout.agent.custom_async_server``: declared by veRL 0.9.1, read nowhere there (nor here). An engine of
-    your own: ``@register_rollout_server`` (hybridflow.rollout)."""
+    your own: ``rollout.name=my_engine.py:MyServer`` (an ``AsyncRolloutServer``, hybridflow.rollout)."""
 
     _target_: str = doc("verl.workers.config.CustomAsyncServerConfig", "the class this section is read into")
     path: str | None = doc(None, "file of a custom async rollout server", note=_UNREAD)
