@@ -26,7 +26,6 @@ adapters train; ``global_step_N/`` then holds the merged weights (a plain model,
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 import os
@@ -49,7 +48,7 @@ from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.trainer.config_checks import resolve_device
 from hybridflow.utils.checkpoint_copy import copy_checkpoint
 from hybridflow.utils.determinism import apply_full_determinism
-from hybridflow.utils.import_utils import user_file_spec
+from hybridflow.utils.import_utils import load_module_from_file
 from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.utils.torch_functional import logprobs_from_logits
 from hybridflow.utils.tracking import SUPPORTED as SUPPORTED_LOGGERS
@@ -144,13 +143,11 @@ def latest_hf_dir(default_local_dir: str) -> str | None:
 
 
 def _load_class(path: str, name: str):
-    """Class ``name`` from the Python file ``path`` (``data.custom_cls``)."""
-    path = os.path.abspath(os.path.expanduser(path))
-    spec = user_file_spec(f"hybridflow_custom_sft_{abs(hash(path))}", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"data.custom_cls.path={path!r} cannot be loaded as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """Class ``name`` from the Python file ``path`` (``data.custom_cls``), loaded as every user file is."""
+    try:
+        module = load_module_from_file(str(path))
+    except ImportError as err:
+        raise ImportError(f"data.custom_cls.path={path!r}: {err}") from err
     if not hasattr(module, name):
         raise AttributeError(f"data.custom_cls.name={name!r} is not defined in {path}")
     return getattr(module, name)
