@@ -226,3 +226,25 @@ def backend(request) -> str:
     if request.param == "ray":
         request.getfixturevalue("ray_session")
     return request.param
+
+
+@pytest.fixture
+def restore_torch_switches(monkeypatch, restore_env):
+    """For code that turns on full_determinism: torch's process-wide determinism switches and the environment
+    variables it writes are put back after the test."""
+    import torch
+
+    from hybridflow.utils.determinism import DETERMINISM_ENV
+
+    restore_env(*DETERMINISM_ENV)
+    for key in DETERMINISM_ENV:
+        monkeypatch.delenv(key, raising=False)  # start from unset
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
+    yield
+    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]

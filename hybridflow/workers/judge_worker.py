@@ -28,6 +28,7 @@ from hybridflow.rollout.sampling import model_eos_token_ids
 from hybridflow.rollout.server import EngineLoop, ServerSpec, rollout_server_class
 from hybridflow.single_controller.base import Dispatch, Worker, register
 from hybridflow.single_controller.base.worker import default_device_backend
+from hybridflow.utils.determinism import apply_full_determinism
 from hybridflow.utils.torch_dtypes import resolve_dtype
 from hybridflow.workers.model_loading import load_model, load_tokenizer, local_model_path
 
@@ -58,6 +59,7 @@ class JudgeWorker(Worker):
         path = local_model_path(self.model_path, self.path_key)
         trust = self.trust_remote_code
         rollout = judge_engine_config(self.rollout)
+        apply_full_determinism([rollout])  # its full_determinism: kernels and seed, as the policy's rollout worker
         name = rollout.name
         server_cls = rollout_server_class(name, "rollout.name")  # an unknown engine fails here, naming the known ones
         self.tokenizer = load_tokenizer(path, trust)

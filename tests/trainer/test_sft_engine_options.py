@@ -17,7 +17,6 @@ from hybridflow.config.loader import load_config
 from hybridflow.config.sft_trainer import SFTRunConfig, SFTTrainerConfig
 from hybridflow.main_sft import run_sft
 from tests.trainer.test_sft_trainer import make_trainer, read_metrics, sft_overrides, torchrun_sft
-from tests.utils.test_determinism import restore_torch_switches  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 

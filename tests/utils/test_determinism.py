@@ -6,28 +6,10 @@ from __future__ import annotations
 import os
 import random
 
-import pytest
 import torch
 
 from hybridflow.config.engine import FSDPEngineConfig
-from hybridflow.utils.determinism import DETERMINISM_ENV, apply_full_determinism, enable_full_determinism
-
-
-@pytest.fixture
-def restore_torch_switches(monkeypatch, restore_env):
-    """These switches are process-wide: put them back, and the env the code sets (tests/conftest.py)."""
-    restore_env(*DETERMINISM_ENV)
-    for key in DETERMINISM_ENV:
-        monkeypatch.delenv(key, raising=False)  # start from unset
-    saved = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-        torch.backends.cudnn.deterministic,
-        torch.backends.cudnn.benchmark,
-    )
-    yield
-    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
+from hybridflow.utils.determinism import apply_full_determinism, enable_full_determinism
 
 
 def test_enable_sets_kernels_env_and_seeds_and_keeps_user_env(restore_torch_switches, monkeypatch):

@@ -156,3 +156,22 @@ def test_an_in_process_groups_shutdown_stops_its_judge_engine(judge_dir, one_tor
     loop_thread.join(10)
     assert not loop_thread.is_alive() and worker.server is None
     assert not [t for t in threading.enumerate() if t.name == loop_thread.name]
+
+
+def test_a_judge_with_full_determinism_turns_it_on(judge_dir, one_torch_thread, restore_torch_switches):
+    """reward.reward_model.rollout.full_determinism: the judge's worker turns on deterministic kernels with the
+    engine's seed (a teacher's pool is a process of its own: nothing else would), and its hf engine serves
+    one sequence at a time."""
+    torch.use_deterministic_algorithms(False)
+    group = build_worker_group(
+        "inprocess",
+        ClassWithInitArgs(JudgeWorker, model_path=judge_dir, rollout=judge_rollout(full_determinism=True)),
+        [1],
+        name="judge-determinism",
+    )
+    try:
+        group.init_model()
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        group.shutdown_judge()
+        group.shutdown()
