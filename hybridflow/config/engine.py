@@ -11,7 +11,14 @@ from hybridflow.config.base import BaseConfig, doc, section, unset
 from hybridflow.config.reasons import SP, speed_only
 from hybridflow.config.status import noted
 
-__all__ = ["MixedPrecisionConfig", "QATConfig", "QATEngineConfig", "FSDPEngineConfig", "engine_as_in_yaml"]
+__all__ = [
+    "MixedPrecisionConfig",
+    "QATConfig",
+    "QATEngineConfig",
+    "FSDPEngineConfig",
+    "engine_as_in_yaml",
+    "fsdp_size_problem",
+]
 
 MODEL_DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 _FSDP_SPEED = speed_only("FSDP wrapping/prefetch, torch.compile, chunked entropy, padding buckets")
@@ -119,6 +126,20 @@ class FSDPEngineConfig(BaseConfig):
     mixed_precision: MixedPrecisionConfig | None = section(unset, "compute, reduce and buffer dtypes (null: defaults)")
     qat: QATEngineConfig = section(QATEngineConfig, "QAT", refused="quantization-aware training is not implemented")
     turbo_config: dict = doc({}, "FSDP-turbo settings", refused="veRL's FSDP-turbo engine is not implemented")
+
+
+def fsdp_size_problem(fsdp_size: int, world_size: int, key: str) -> str | None:
+    """What is wrong with ``fsdp_size`` (veRL's rule) for ``world_size`` training ranks, named by ``key``; None
+    when nothing is: a negative size or one not below the world shards over all ranks, a smaller one must
+    divide it."""
+    if fsdp_size == 0:
+        return f"{key}=0 must be -1 (shard over all ranks) or a positive group size"
+    if 0 < fsdp_size < world_size and world_size % fsdp_size:
+        return (
+            f"{key}={fsdp_size} must divide the number of training ranks ({world_size}), or be -1 to shard over "
+            "all of them"
+        )
+    return None
 
 
 def engine_as_in_yaml(**values: Any) -> FSDPEngineConfig:

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.checkpoint import CheckpointConfig
-from hybridflow.config.engine import FSDPEngineConfig, engine_as_in_yaml
+from hybridflow.config.engine import FSDPEngineConfig, engine_as_in_yaml, fsdp_size_problem
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import HFModelConfig
 from hybridflow.config.module import ModuleConfig
@@ -397,9 +397,7 @@ class SFTTrainerConfig(BaseConfig):
                 f"engine.{offload[0]}=True needs engine.strategy=fsdp (FSDP2's CPU offload), got {engine.strategy}"
             )
         size = int(engine.fsdp_size)
-        if size == 0 or size < -1:
-            p.errors.append(f"engine.fsdp_size={size} must be -1 (one group) or a positive group size")
+        if problem := fsdp_size_problem(size, world_size, "engine.fsdp_size"):
+            p.errors.append(problem)
         elif size > 0 and not sharded:
             p.notes.append(f"engine.fsdp_size={size} is unused with engine.strategy={engine.strategy} (no sharding)")
-        elif 0 < size < world_size and world_size % size:
-            p.errors.append(f"engine.fsdp_size={size} must divide the {world_size} processes")

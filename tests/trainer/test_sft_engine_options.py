@@ -34,9 +34,9 @@ def test_offload_and_hybrid_sharding_keys_are_checked_by_name():
     assert any("engine.param_offload=True has no effect on cpu" in n for n in notes)
     with pytest.raises(ConfigError, match="engine.optimizer_offload=True needs engine.strategy=fsdp"):
         _config(strategy="ddp", device="cuda", optimizer_offload=True).validate(1, loggers)
-    with pytest.raises(ConfigError, match="engine.fsdp_size=3 must divide the 4 processes"):
+    with pytest.raises(ConfigError, match=r"engine.fsdp_size=3 must divide the number of training ranks \(4\)"):
         _config(fsdp_size=3).validate(4, loggers)
-    with pytest.raises(ConfigError, match=r"engine.fsdp_size=0 must be -1 \(one group\) or a positive group size"):
+    with pytest.raises(ConfigError, match=r"engine.fsdp_size=0 must be -1 \(shard over all ranks\)"):
         _config(fsdp_size=0).validate(1, loggers)
     assert any(
         "engine.fsdp_size=2 is unused with engine.strategy=ddp" in n

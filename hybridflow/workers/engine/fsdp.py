@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybridflow.config.engine import FSDPEngineConfig, MixedPrecisionConfig
+from hybridflow.config.engine import FSDPEngineConfig, MixedPrecisionConfig, fsdp_size_problem
 from hybridflow.config.optimizer import FSDPOptimizerConfig
 from hybridflow.workers.engine.lora import (
     LoraSpec,
@@ -117,13 +117,10 @@ def engine_spec(
 def fsdp_mesh_shape(world_size: int, fsdp_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """(mesh shape, dimension names) for ``fsdp_size``, veRL's rule: one sharding dimension over the
     world when ``fsdp_size`` is negative or not below the world size, else (replicas, shards)."""
+    if problem := fsdp_size_problem(fsdp_size, world_size, "fsdp_config.fsdp_size"):
+        raise ValueError(problem)
     if fsdp_size < 0 or fsdp_size >= world_size:
         return (world_size,), ("fsdp",)
-    if fsdp_size == 0 or world_size % fsdp_size:
-        raise ValueError(
-            f"fsdp_config.fsdp_size={fsdp_size} must divide the number of training ranks "
-            f"({world_size}), or be -1 to shard over all of them"
-        )
     return (world_size // fsdp_size, fsdp_size), ("ddp", "fsdp")
 
 
