@@ -158,7 +158,9 @@ class TrainerConfig(BaseConfig):
         "foreign (default: refuse, naming the file)",
     )
     checkpoint_callback_class: str | None = doc(
-        None, "a class run after saves", refused="checkpoint callbacks are not implemented"
+        None,
+        "a CheckpointCallback class (pkg.mod.Class or file.py:Class) whose on_save(trainer=, global_step=, "
+        "checkpoint_dir=) runs on the driver after each complete save; an exception from it ends the run",
     )
     val_before_train: bool = doc(True, "validate before the first step")
     val_only: bool = doc(

@@ -25,6 +25,7 @@ from hybridflow.rewards.registry import manager_needs_judge
 from hybridflow.rewards.streaming import RewardRecipe
 from hybridflow.rollout.server import rollout_server_class
 from hybridflow.single_controller.factory import check_pool_size
+from hybridflow.trainer.ppo.checkpoint_callback import checkpoint_callback_class
 from hybridflow.utils.tool_config import check_function_tools, check_tool_config
 from hybridflow.utils.torch_dtypes import resolve_dtype
 
@@ -83,6 +84,11 @@ def validate_ppo_config(cfg: PPOTrainerConfig | Mapping, n_devices: int | None =
             rollout_server_class(rollout.name, f"{_ROLLOUT}.name")
         except (OSError, KeyError, ImportError, TypeError, AttributeError) as e:
             errors.append(f"{_ROLLOUT}.name={rollout.name}: {type(e).__name__}: {e}")
+    if t.checkpoint_callback_class:
+        try:  # the save hook's class found before anything starts
+            checkpoint_callback_class(t.checkpoint_callback_class)
+        except (OSError, ImportError, TypeError, AttributeError) as e:
+            errors.append(f"trainer.checkpoint_callback_class={t.checkpoint_callback_class}: {type(e).__name__}: {e}")
     manager = cfg.reward.reward_manager
     if manager.source == "importlib" and manager.module is not None and manager.module.path:
         try:  # the manager's file, read and its class found before anything starts

@@ -137,11 +137,16 @@ def test_not_supported_is_accepted_at_its_default_and_refused_when_set():
     with pytest.raises(ConfigError) as e:
         load_config(
             "ppo_trainer",
-            ["actor_rollout_ref.rollout.scheduling_policy=priority", "trainer.checkpoint_callback_class=my.Hook"],
+            [
+                "actor_rollout_ref.rollout.scheduling_policy=priority",
+                "actor_rollout_ref.rollout.router_config_path=my.json",
+            ],
         )
     msg = str(e.value)
     assert "actor_rollout_ref.rollout.scheduling_policy='priority' is not supported by hybridflow" in msg
-    assert "trainer.checkpoint_callback_class='my.Hook' is not supported by hybridflow" in msg  # every refusal at once
+    assert (
+        "actor_rollout_ref.rollout.router_config_path='my.json' is not supported by hybridflow" in msg
+    )  # every refusal at once
 
 
 def test_honoured_keys_with_values_refuse_the_others():
@@ -250,7 +255,7 @@ def test_earlier_sft_spellings():
 
 def test_flipping_a_status_is_a_data_change(monkeypatch):
     table = TABLES["ppo_trainer"]
-    old = table.rule_for("trainer.checkpoint_callback_class")
+    old = table.rule_for("actor_rollout_ref.rollout.router_config_path")
     assert old.status == NOT_SUPPORTED
     flipped = KeyTable(
         table.name,
@@ -258,8 +263,8 @@ def test_flipping_a_status_is_a_data_change(monkeypatch):
         table.aliases,
     )
     monkeypatch.setitem(config_keys.TABLES, "ppo_trainer", flipped)
-    config = load_config("ppo_trainer", ["trainer.checkpoint_callback_class=my.Hook"])
-    assert config.trainer.checkpoint_callback_class == "my.Hook"
+    config = load_config("ppo_trainer", ["actor_rollout_ref.rollout.router_config_path=my.json"])
+    assert config.actor_rollout_ref.rollout.router_config_path == "my.json"
 
 
 def test_user_config_extending_ppo_trainer_the_verl_way(tmp_path):

@@ -251,10 +251,12 @@ def test_parse_cli_flags(capsys, tmp_path):
         == 3
     )
     # main_ppo's key statuses apply to the user's file too
-    (tmp_path / "other.yaml").write_text("trainer:\n  nnodes: 1\n  checkpoint_callback_class: my.Hook\n")
+    (tmp_path / "other.yaml").write_text(
+        "trainer:\n  nnodes: 1\nactor_rollout_ref:\n  rollout:\n    router_config_path: my.json\n"
+    )
     with pytest.raises(SystemExit):
         parse_cli("ppo_trainer", ["--config-path", str(tmp_path), "--config-name=other"])
-    assert "trainer.checkpoint_callback_class='my.Hook' is not supported" in capsys.readouterr().err
+    assert "actor_rollout_ref.rollout.router_config_path='my.json' is not supported" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         parse_cli("evaluation", ["--cfg", "job", "data.prompt_key=q"])
     assert e.value.code == 0 and "prompt_key: q" in capsys.readouterr().out

@@ -34,6 +34,7 @@ from hybridflow.rollout.server import engine_death_named
 from hybridflow.single_controller.base import Watchdog, WorkerDiedError, WorkerHangError, cleanup_after_failure
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
+from hybridflow.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 from hybridflow.trainer.ppo.dynamic_sampling import EpochCycler, fill_with_informative_groups, merge_round_metrics
 from hybridflow.trainer.ppo.judge_setup import JUDGE_ROLE, start_judge, uses_judge
 from hybridflow.trainer.ppo.metric_utils import (
@@ -114,6 +115,7 @@ class RayPPOTrainer:
         self.global_steps = 0
         self.actor_version = 0  # actor updates so far: the weight version the rollout should be at
         self.failed_saves = 0  # saves that failed and were let pass (trainer.continue_after_failed_save)
+        self.checkpoint_callback = build_checkpoint_callback(config)  # runs after each complete save
         self.hybrid_engine = not separated_rollout(config)  # colocated: the actor's process also generates
         v1 = config.trainer.v1
         # veRL's V1 asynchronous modes (rollout_source.py): colocate_async moves the weights itself, like a
@@ -599,6 +601,13 @@ class RayPPOTrainer:
         finally:
             self._saving_tmp = None
         ckpt.prune_checkpoints(root, self._ckpt_to_keep())
+        try:
+            self.checkpoint_callback.on_save(
+                trainer=self, global_step=self.global_steps, checkpoint_dir=final, async_save=False
+            )
+        except Exception as e:
+            e.add_note(f"raised by trainer.checkpoint_callback_class's on_save; the checkpoint {final} is complete")
+            raise
         return final
 
     def _save_or_note_failure(self, metrics: dict) -> None:
