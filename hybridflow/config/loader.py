@@ -7,7 +7,6 @@ read-only and struct."""
 from __future__ import annotations
 
 import copy
-import difflib
 import functools
 import importlib.resources
 import logging
@@ -27,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hybridflow.config.convert import omega_conf_to_dataclass  # veRL's verl.utils.config API
 from hybridflow.config.errors import ConfigError
+from hybridflow.config.key_suggestions import suggest_keys
 from hybridflow.config.keys import KINDS, TABLES
 from hybridflow.config.support import SupportError, apply_aliases, check_support, mirror_aliases
 from hybridflow.config.tree import SCALAR_KINDS
@@ -176,17 +176,6 @@ def raw_default_config(name: str = "ppo_trainer", directory: str | os.PathLike |
 # --------------------------------------------------------------------------- checking overrides
 
 
-def _all_paths(tree: Any, prefix: str = "") -> list[str]:
-    """Every dotted path of the tree: inner nodes and leaves."""
-    out = []
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            path = f"{prefix}.{key}" if prefix else str(key)
-            out.append(path)
-            out.extend(_all_paths(value, path))
-    return out
-
-
 def _lookup(tree: Any, key: str) -> tuple[bool, Any]:
     node = tree
     for part in key.split("."):
@@ -197,24 +186,6 @@ def _lookup(tree: Any, key: str) -> tuple[bool, Any]:
         else:
             return False, None
     return True, node
-
-
-def suggest_keys(key: str, tree: dict, limit: int = 3) -> list[str]:
-    """Valid paths close to ``key``: paths that end with it, near spellings, same last component."""
-    paths = _all_paths(tree)
-    parts = key.split(".")
-    suffix = [p for p in paths if p.endswith("." + key)]
-    spelled = difflib.get_close_matches(key, paths, n=limit, cutoff=0.75)
-    same_leaf = [p for p in paths if p.split(".")[-1] == parts[-1]]
-    # among same-leaf paths prefer those sharing more components with the key (actor.lr -> actor...lr)
-    same_leaf.sort(key=lambda p: (-len(set(parts) & set(p.split("."))), -difflib.SequenceMatcher(None, key, p).ratio()))
-    near_leaf = []
-    if not same_leaf:  # a typo in the last component: compare leaf names only
-        leaves = {p.split(".")[-1] for p in paths}
-        for leaf in difflib.get_close_matches(parts[-1], leaves, n=2, cutoff=0.8):
-            near_leaf += [p for p in paths if p.split(".")[-1] == leaf]
-    ranked = [p for p in dict.fromkeys(suffix + spelled + same_leaf + near_leaf) if not key.startswith(p + ".")]
-    return ranked[:limit]
 
 
 def _kind(value: Any) -> str:

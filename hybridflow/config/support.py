@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow.config.key_suggestions import suggest_keys
 from hybridflow.config.status import HONOURED, NOT_SUPPORTED, NOTE, KeyStatus
 from hybridflow.utils.nested_dict import leaf_items
 
@@ -217,7 +218,11 @@ def check_support(
         rule = table.rule_for(key)
         if rule is None:
             if default is _MISSING:
-                errors.append(f"{key} is not a {table.name} key (it was added with +): hybridflow would not read it")
+                close = suggest_keys(key, defaults)
+                hint = f". Did you mean: {', '.join(close)}?" if close else ""
+                errors.append(
+                    f"{key} is not a {table.name} key (it was added with +): hybridflow would not read it{hint}"
+                )
             else:  # every key of the yaml has a rule; the config-key tests keep it so
                 errors.append(f"{key} has no status (its declaration in hybridflow/config/ gives none)")
             continue

@@ -191,6 +191,17 @@ def test_an_added_key_that_nothing_reads_is_refused_and_megatron_keys_say_why():
     )
 
 
+def test_an_added_key_under_the_wrong_section_names_where_veRL_reads_it():
+    # veRL 0.9's SAPO example adds the smoothing temperatures under policy_loss; veRL reads them on the actor
+    with pytest.raises(ConfigError) as e:
+        load_config("ppo_trainer", ["+actor_rollout_ref.actor.policy_loss.tau_pos=1.0"])
+    assert (
+        "actor_rollout_ref.actor.policy_loss.tau_pos is not a ppo_trainer key (it was added with +): hybridflow "
+        "would not read it. Did you mean: actor_rollout_ref.actor.tau_pos," in str(e.value)
+    )
+    assert "_target_" not in str(e.value)
+
+
 @pytest.mark.parametrize(
     "legacy,canonical,value",
     [
