@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from hybridflow.config.base import BaseConfig, doc, section
 from hybridflow.config.errors import ConfigError
-from hybridflow.config.reasons import NPU, PROFILER_TOOLS
+from hybridflow.config.reasons import NPU, PROFILER_TOOLS, TARGET
 from hybridflow.config.status import honoured, refused
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "TOOL_NAME_KEYS",
     "NsightToolConfig",
     "NPUToolConfig",
+    "SCHEDULE_KEYS",
     "TorchProfilerScheduleConfig",
     "TorchProfilerToolConfig",
     "TorchMemoryToolConfig",
@@ -66,6 +67,9 @@ class NPUToolConfig(NsightToolConfig):
     name: str = doc("npu", "the tool's name (veRL's tag; fixed)")
 
 
+SCHEDULE_KEYS = ("skip_first", "wait", "warmup", "active", "repeat")
+
+
 @dataclass
 class TorchProfilerScheduleConfig(BaseConfig):
     """``tool_config.torch.schedule``: torch.profiler.schedule over the update's mini-batches."""
@@ -75,7 +79,15 @@ class TorchProfilerScheduleConfig(BaseConfig):
     wait: int = doc(0, "idle mini-batches per cycle")
     warmup: int = doc(0, "warm-up mini-batches per cycle")
     active: int = doc(0, "recorded mini-batches per cycle; 0: record the whole update")
-    repeat: int = doc(0, "cycles; 0: until profiling stops")
+    repeat: int = doc(0, "cycles; 0: until profiling stops (a continuous trace: 1)")
+
+    def __post_init__(self):
+        bad = [k for k in SCHEDULE_KEYS if not isinstance(getattr(self, k), int) or getattr(self, k) < 0]
+        if bad:
+            raise ConfigError(
+                f"profiler.tool_config.torch.schedule: {', '.join(f'{k}={getattr(self, k)!r}' for k in bad)} "
+                "must be whole numbers >= 0"
+            )
 
 
 @dataclass
@@ -84,7 +96,7 @@ class TorchProfilerToolConfig(BaseConfig):
 
     _target_: str = doc("verl.utils.profiler.config.TorchProfilerToolConfig", "the class this section is read into")
     contents: list[str] = doc([], "what is added to the trace: cuda, cpu, memory, shapes, stack ([]: everything)")
-    discrete: bool = doc(False, "one trace per stage (hybridflow: false only)")
+    discrete: bool = doc(False, "one trace per stage (else one per profiled span)")
     profile_token_start: int | None = doc(None, "rollout: collect from this response-token index")
     profile_token_end: int | None = doc(None, "rollout: stop at this response-token index (exclusive)")
     schedule: TorchProfilerScheduleConfig | None = section(TorchProfilerScheduleConfig, "the update loop's sampling")
@@ -187,9 +199,10 @@ class ProfilerConfig(BaseConfig):
         keys={
             "npu": refused("Ascend NPU profiler settings; " + NPU),
             "torch.contents": honoured(),
-            "torch.discrete": honoured(
-                "one trace per profiled step (per-phase traces: not implemented)", values=(False,)
-            ),
+            "torch.discrete": honoured("true: one trace per stage (generate, compute_log_prob, update_actor, ...)"),
+            # patterns, not literal keys: the rollout's section has no schedule
+            "torch.schedule.*": honoured(),
+            "torch.schedule._target_*": refused(TARGET),
         },
     )
 

@@ -16,7 +16,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.model import HFModelConfig
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig
-from hybridflow.config.profiler import HOOK_KEYS, NsightToolConfig, ProfilerConfig, ProfilerToolConfig
+from hybridflow.config.profiler import HOOK_KEYS, SCHEDULE_KEYS, NsightToolConfig, ProfilerConfig, ProfilerToolConfig
 from hybridflow.config.reasons import MEGATRON, NO_SP, speed_only
 from hybridflow.config.rules import Problems, cpu_bf16_note
 from hybridflow.config.status import honoured, noted, refused
@@ -219,6 +219,11 @@ class SFTRunConfig(BaseConfig):
         return os.path.expanduser(str(self.default_local_dir))
 
 
+_SFT_NO_SCHEDULE = (
+    "the SFT trace records whole steps (trainer.profile_interval); its steps have no mini-batches to sample"
+)
+
+
 def _profiler() -> ProfilerConfig:
     # veRL's profiler.yaml: the torch tool; no global_profiler here, so nsys.discrete follows nothing (null)
     return ProfilerConfig(tool="torch", tool_config=ProfilerToolConfig(nsys=NsightToolConfig(discrete=None)))
@@ -319,6 +324,12 @@ class SFTTrainerConfig(BaseConfig):
         "veRL's profiler.yaml (the steps: trainer.profile_interval)",
         follows=_PROFILER_FOLLOWS,
         absent=(f"{_PD}.strict",),
+        keys={
+            "tool_config.torch.discrete": honoured(
+                "one trace of the interval (the SFT step has no stages)", values=(False,)
+            ),
+            **{f"tool_config.torch.schedule.{k}": refused(_SFT_NO_SCHEDULE) for k in SCHEDULE_KEYS},
+        },
     )
     ulysses_sequence_parallel_size: int | None = doc(None, "earlier spelling of engine.ulysses_sequence_parallel_size")
     use_remove_padding: bool | None = doc(None, "earlier spelling of model.use_remove_padding (null: not set)")

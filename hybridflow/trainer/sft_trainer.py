@@ -489,9 +489,9 @@ class FSDPSFTTrainer:
             shutil.rmtree(os.path.join(root, f"global_step_{old}"), ignore_errors=True)
 
     def _stop_profiling(self) -> None:
-        if (path := self.profiler.stop()) is not None:
+        if paths := self.profiler.stop():
             logger.info(
-                "rank %d: wrote the profile of steps %s to %s", self.rank, self.config.trainer.profile_interval, path
+                "rank %d: wrote the profile of steps %s to %s", self.rank, self.config.trainer.profile_interval, paths
             )
 
     # --- logging ------------------------------------------------------------------------------------

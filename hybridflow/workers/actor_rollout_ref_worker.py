@@ -181,6 +181,7 @@ class ActorRolloutRefWorker(Worker):
                 sp=self.actor_layout.sp,
                 precision=self.actor_engine.precision,
             )
+            self.actor.update_loop.after_mini_batch = self.profiler.mini_batch_done  # a profiler schedule's steps
         if self._ref_in_actor:
             self.ref_policy = DataParallelPPOActor(
                 self.actor_config,
@@ -247,7 +248,10 @@ class ActorRolloutRefWorker(Worker):
             self._pi_old = [p.detach().clone() for p in parameters_at_rest(self.actor_engine.module)]
         elif snapshot == "use" and self._pi_old is None:
             raise RuntimeError("pi_old_snapshot='use' before any 'save': the cycle's first mini-batch saves pi_old")
-        with swapped_weights(self.actor_engine.module, self._pi_old if snapshot == "use" else None):
+        with (
+            self.profiler.stage("compute_log_prob"),
+            swapped_weights(self.actor_engine.module, self._pi_old if snapshot == "use" else None),
+        ):
             log_probs, entropys, *sum_pi_squared = self.actor.compute_log_prob(
                 on_device(data, self.device), calculate_entropy=True, calculate_sum_pi_squared=with_sum_pi_squared
             )
@@ -263,7 +267,10 @@ class ActorRolloutRefWorker(Worker):
         self._require("ref", "compute_ref_log_prob")
         start = time.perf_counter()
         data.meta_info.update(self._log_prob_meta(data, self.ref_config, self.ref_layout.dp_size))
-        with adapters_disabled(self.actor_engine.module) if self._ref_in_actor else contextlib.nullcontext():
+        with (
+            self.profiler.stage("compute_ref_log_prob"),
+            adapters_disabled(self.actor_engine.module) if self._ref_in_actor else contextlib.nullcontext(),
+        ):
             log_probs, _ = self.ref_policy.compute_log_prob(on_device(data, self.device), calculate_entropy=False)
         return DataProto.from_dict(
             tensors={"ref_log_prob": log_probs.cpu()},
@@ -275,7 +282,8 @@ class ActorRolloutRefWorker(Worker):
         self._require("actor", "update_actor")
         start = time.perf_counter()
         data.meta_info.setdefault("temperature", float(self.config.rollout.temperature))
-        metrics = self.actor.update_policy(on_device(data, self.device))
+        with self.profiler.stage("update_actor"):
+            metrics = self.actor.update_policy(on_device(data, self.device))
         lr = self.actor_engine.lr_scheduler.get_last_lr()[0]
         self.actor_engine.lr_scheduler.step()
         self._rollout_stale = True
@@ -310,7 +318,7 @@ class ActorRolloutRefWorker(Worker):
         return self.profiler.start(profile_step)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stop_profile(self) -> str | None:
+    def stop_profile(self) -> list[str]:
         return self.profiler.stop()
 
     # ---------------------------------------------------------------------- the rollout engine
@@ -328,6 +336,7 @@ class ActorRolloutRefWorker(Worker):
         is a collective."""
         if self.rollout_host is None:
             return {}
+        self.profiler.open_stage("generate")  # ends at release_rollout (or the profiled span's end)
         self.rollout_host.wake_up()
         if not (self._is_actor and self._rollout_stale):
             return {"timing_s/update_weights": 0.0}
@@ -342,6 +351,7 @@ class ActorRolloutRefWorker(Worker):
         if self.rollout_host is not None:
             self.rollout_host.sleep()
         trim_heap()  # the generation's freed buffers, likewise
+        self.profiler.close_stage()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_rollout(self) -> None:

@@ -93,11 +93,13 @@ class CriticWorker(Worker):
             sp=self.layout.sp,
             precision=self.engine.precision,
         )
+        self.critic.update_loop.after_mini_batch = self.profiler.mini_batch_done  # a profiler schedule's steps
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))
     def compute_values(self, data: DataProto) -> DataProto:
         start = time.perf_counter()
-        values = self.critic.compute_values(on_device(data, self.device))
+        with self.profiler.stage("compute_values"):
+            values = self.critic.compute_values(on_device(data, self.device))
         return DataProto.from_dict(
             tensors={"values": values.cpu()},
             meta_info={"metrics": {"timing_s/worker_values": [time.perf_counter() - start]}},
@@ -106,7 +108,8 @@ class CriticWorker(Worker):
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("critic"))
     def update_critic(self, data: DataProto) -> DataProto:
         start = time.perf_counter()
-        metrics = self.critic.update_critic(on_device(data, self.device))
+        with self.profiler.stage("update_critic"):
+            metrics = self.critic.update_critic(on_device(data, self.device))
         metrics["critic/lr"] = [self.engine.lr_scheduler.get_last_lr()[0]]
         self.engine.lr_scheduler.step()
         metrics["timing_s/worker_update_critic"] = [time.perf_counter() - start]
@@ -127,7 +130,7 @@ class CriticWorker(Worker):
         return self.profiler.start(profile_step)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stop_profile(self) -> str | None:
+    def stop_profile(self) -> list[str]:
         return self.profiler.stop()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

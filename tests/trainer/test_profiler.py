@@ -117,3 +117,128 @@ def test_tools_hybridflow_does_not_drive_are_refused_by_name(tool, tiny_model_di
     overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, backend="inprocess")
     with pytest.raises(ConfigError, match=f"global_profiler.tool.*{tool}"):
         load_config("ppo_trainer", [*overrides, f"global_profiler.tool={tool}"])
+
+
+# --------------------------------------------------------------------------- stages, threads, schedule, discrete
+
+
+def test_a_schedule_window_is_named_by_its_mini_batches():
+    from hybridflow.config.profiler import TorchProfilerScheduleConfig
+    from hybridflow.workers.profiler import schedule_kwargs, window_of
+
+    # skip 1, then cycles of wait 1 + warmup 1 + active 2: recorded windows are mini-batches 3-4, 7-8, ...
+    s = schedule_kwargs(TorchProfilerScheduleConfig(skip_first=1, wait=1, warmup=1, active=2), continuous=False)
+    assert s == {"skip_first": 1, "wait": 1, "warmup": 1, "active": 2, "repeat": 0}
+    assert window_of(s, 5) == (3, 4) and window_of(s, 9) == (7, 8)
+    assert window_of(s, 4) == (3, 3)  # recording stopped after mini-batch 3: a window of one
+    # a continuous trace keeps one window unless repeat says more; active 0 records everything
+    assert schedule_kwargs(TorchProfilerScheduleConfig(active=2), continuous=True)["repeat"] == 1
+    assert schedule_kwargs(TorchProfilerScheduleConfig(active=2, repeat=3), continuous=True)["repeat"] == 3
+    assert schedule_kwargs(TorchProfilerScheduleConfig(), continuous=True) is None
+
+
+def test_a_negative_schedule_value_is_refused_naming_the_key():
+    from hybridflow.config.profiler import TorchProfilerScheduleConfig
+
+    with pytest.raises(ConfigError, match=r"schedule: warmup=-1 must be whole numbers >= 0"):
+        TorchProfilerScheduleConfig(warmup=-1)
+
+
+def _profiled_run(tiny_model_dir, tiny_data_dir, tmp_path, *extra) -> str:
+    """Step 2 of a 2-step GRPO run profiled on the actor+rollout worker (4 mini-batches per update)."""
+    from hybridflow.config.loader import load_config
+    from hybridflow.main_ppo import run_ppo
+    from tests.trainer.e2e_helpers import base_overrides
+
+    save = tmp_path / "profile"
+    overrides = base_overrides(
+        tiny_model_dir, tiny_data_dir, tmp_path, steps=2, backend="inprocess", mini_batch=1
+    )  # 4 prompts x 2 samples, 1 prompt a mini-batch: 4 optimizer steps an update
+    overrides += [
+        "trainer.test_freq=-1",
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2]",
+        f"global_profiler.save_path={save}",
+        "actor_rollout_ref.actor.profiler.enable=True",
+        "actor_rollout_ref.actor.profiler.all_ranks=True",
+        "actor_rollout_ref.rollout.profiler.enable=True",
+        "actor_rollout_ref.rollout.profiler.all_ranks=True",
+        *extra,
+    ]
+    run_ppo(load_config("ppo_trainer", overrides))
+    return str(save / "step_2")
+
+
+def _events(path: str) -> list[dict]:
+    with open(path) as f:
+        return json.load(f)["traceEvents"]
+
+
+def _ranges(events) -> set[str]:
+    return {e["name"] for e in events if e.get("cat") == "user_annotation"}
+
+
+def _optimizer_steps(events) -> int:
+    return sum(1 for e in events if str(e.get("name", "")).startswith("Optimizer.step#"))
+
+
+def test_a_continuous_trace_holds_every_stage_and_the_rollouts_decode_thread(tiny_model_dir, tiny_data_dir, tmp_path):
+    folder = _profiled_run(tiny_model_dir, tiny_data_dir, tmp_path)
+    assert os.listdir(folder) == ["actor_rollout_rank0.pt.trace.json"]
+    events = _events(os.path.join(folder, "actor_rollout_rank0.pt.trace.json"))
+    assert {"generate", "compute_log_prob", "update_actor"} <= _ranges(events)
+    # the hf rollout decodes on its own thread: its ops are recorded beside the training thread's
+    threads = {e["tid"] for e in events if str(e.get("name", "")).startswith("aten::")}
+    assert len(threads) >= 2
+    assert _optimizer_steps(events) == 4  # the whole update
+
+
+def test_a_schedule_keeps_the_update_window_it_names(tiny_model_dir, tiny_data_dir, tmp_path):
+    # veRL 0.9's torch-profile example: warmup 1, active 2, repeat 1 over the update's mini-batches
+    sched = "actor_rollout_ref.actor.profiler.tool_config.torch.schedule"
+    folder = _profiled_run(
+        tiny_model_dir, tiny_data_dir, tmp_path, f"{sched}.warmup=1", f"{sched}.active=2", f"{sched}.repeat=1"
+    )
+    assert os.listdir(folder) == ["actor_rollout_rank0_mb1-2.pt.trace.json"]
+    events = _events(os.path.join(folder, "actor_rollout_rank0_mb1-2.pt.trace.json"))
+    assert _optimizer_steps(events) == 2  # mini-batches 1 and 2 of 0-3
+    assert "generate" not in _ranges(events)  # the window starts after the stages before the update
+    assert not any(str(e.get("name", "")).startswith("ProfilerStep#") for e in events)  # a step is a mini-batch
+
+
+def test_discrete_writes_a_trace_per_stage_and_schedules_the_update_only(tiny_model_dir, tiny_data_dir, tmp_path):
+    torch_cfg = "actor_rollout_ref.{}.profiler.tool_config.torch"
+    folder = _profiled_run(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        f"{torch_cfg.format('actor')}.discrete=True",
+        f"{torch_cfg.format('rollout')}.discrete=True",
+        f"{torch_cfg.format('actor')}.schedule.skip_first=3",
+        f"{torch_cfg.format('actor')}.schedule.active=1",
+    )
+    assert sorted(os.listdir(folder)) == [
+        "actor_rollout_compute_log_prob_rank0.pt.trace.json",
+        "actor_rollout_generate_rank0.pt.trace.json",
+        "actor_rollout_update_actor_rank0_mb3.pt.trace.json",
+    ]
+    generate = _events(os.path.join(folder, "actor_rollout_generate_rank0.pt.trace.json"))
+    assert "generate" in _ranges(generate) and _optimizer_steps(generate) == 0
+    update = _events(os.path.join(folder, "actor_rollout_update_actor_rank0_mb3.pt.trace.json"))
+    assert _optimizer_steps(update) == 1  # the last of the 4 mini-batches
+
+
+def test_profiling_a_run_with_a_reward_model_records_the_policy_worker(tiny_model_dir, tiny_data_dir, tmp_path):
+    # the reward model's worker has no profiler (veRL's reward model profiler keys are refused): it is skipped
+    from tests.trainer.test_ppo_e2e import _save_tiny_reward_model
+
+    rm_dir = _save_tiny_reward_model(tiny_model_dir, os.path.join(str(tmp_path), "rm"))
+    folder = _profiled_run(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        "reward_model.enable=True",
+        f"reward_model.model.path={rm_dir}",
+        "reward_model.micro_batch_size_per_gpu=4",
+    )
+    assert os.listdir(folder) == ["actor_rollout_rank0.pt.trace.json"]

@@ -57,3 +57,11 @@ def test_interval_rules_and_settings_that_record_nothing():
     assert any("records nothing while trainer.profile_interval is [-1, -1]" in n for n in check([-1, -1], enable=True))
     assert any("no rank of 2 records" in n for n in check([1, 2], world=2, enable=True, ranks=[5]))
     assert not [n for n in check([1, 2], world=2, enable=True, ranks=[1]) if "profil" in n]
+
+
+def test_the_sft_trace_refuses_the_update_schedule_and_per_stage_traces():
+    # PPO's roles honour them (their updates have mini-batches and stages); an SFT step has neither
+    with pytest.raises(ConfigError, match=r"profiler.tool_config.torch.schedule.active=2 is not supported"):
+        load_config("sft_trainer", ["profiler.tool_config.torch.schedule.active=2"])
+    with pytest.raises(ConfigError, match=r"profiler.tool_config.torch.discrete=True is not supported"):
+        load_config("sft_trainer", ["profiler.tool_config.torch.discrete=True"])

@@ -535,12 +535,13 @@ class RayPPOTrainer:
 
     # --------------------------------------------------------------------------------- checkpoints
     def _for_each_group(self, method: str, *args) -> list:
-        """Call a registered method once on every distinct role group (a shared group once; the fused
-        groups behind the role views are skipped)."""
+        """Call a registered method once on every distinct role group that has it (a shared group once; the
+        fused groups behind the role views are skipped; the reward model's and judge's workers have no
+        profiler, for one)."""
         groups = {
             id(g): g
             for name, g in (getattr(self, "_all_groups", {}) or {}).items()
-            if g is not None and not name.startswith("_")
+            if g is not None and not name.startswith("_") and hasattr(g, method)
         }
         return [getattr(g, method)(*args) for g in groups.values()]
 
@@ -689,7 +690,7 @@ class RayPPOTrainer:
                 self._for_each_group("start_profile", self.global_steps)
             metrics = self.train_cycle(prompts)
             if stop_profile:
-                traces = [p for paths in self._for_each_group("stop_profile") for p in paths if p]
+                traces = [p for ranks in self._for_each_group("stop_profile") for paths in ranks for p in paths]
                 logging.getLogger(__name__).info("step %d: torch.profiler traces %s", self.global_steps, traces)
             is_last = self.global_steps >= self.total_training_steps
             if self.val_reward_fn is not None and t.test_freq > 0 and (is_last or self.global_steps % t.test_freq == 0):

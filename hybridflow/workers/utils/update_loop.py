@@ -104,6 +104,7 @@ class UpdateLoop:
         self.max_token_len = max_token_len
         self.compute_weights = compute_weights
         self.shuffle_generator = torch.Generator().manual_seed(config.data_loader_seed)
+        self.after_mini_batch: Callable[[], None] = lambda: None  # the worker's profiler schedule steps here
 
     def run(self, data, loss: MicroBatchLoss, step_constants: dict | None = None) -> MetricBuffer:
         """All epochs and mini-batches of ``data``; ``step_constants`` are logged once per step."""
@@ -136,4 +137,5 @@ class UpdateLoop:
                     buffer.add(key, value)
                 buffer.add(f"{self.prefix}/grad_norm", grad_norm)
                 buffer.add(f"{self.prefix}/skipped_steps", skipped)
+                self.after_mini_batch()
         return buffer
