@@ -85,6 +85,44 @@ VERL_ONLY_CONFIGS = {
 }
 
 
+# veRL's config groups in a config's defaults list: {config: {group: the option hybridflow's yaml holds}}. A
+# command line that picks that option (every veRL 0.9 SFT example writes engine=fsdp) changes nothing; another
+# option is refused by name.
+CONFIG_GROUPS = {"sft_trainer": {"engine": "fsdp", "optim": "fsdp", "model": "hf_model", "profiler": "profiler"}}
+_OTHER_ENGINES = {"megatron": "Megatron", "veomni": "VeOmni", "automodel": "AutoModel", "torchtitan": "TorchTitan"}
+
+
+def _choose_config_groups(overrides: Sequence[str], name: str) -> list[str]:
+    """``overrides`` without the group choices of config ``name`` that its yaml already holds; ConfigError for
+    a choice of another option (``engine=megatron``)."""
+    groups = CONFIG_GROUPS.get(name)
+    if not groups:
+        return list(overrides)
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return list(overrides)  # check_overrides reports it
+    kept, errors = [], []
+    for override in parsed:
+        group = override.key_or_group
+        if group not in groups or override.type != OverrideType.CHANGE or not isinstance(override.value(), str):
+            kept.append(override.input_line)
+            continue
+        choice, held = override.value(), groups[group]
+        if choice == held:
+            continue
+        engine = _OTHER_ENGINES.get(choice)
+        why = (
+            f"{engine} is not a hybridflow training engine (FSDP2/DDP only: {held}, with engine.strategy)"
+            if engine
+            else f"veRL's only option of this group is {held!r}"
+        )
+        errors.append(f"{group}={choice!r} is not supported by hybridflow: {why}")
+    if errors:
+        raise ConfigError("invalid overrides:\n  " + "\n  ".join(errors))
+    return kept
+
+
 def _refuse_verl_only(name: str) -> None:
     if name in VERL_ONLY_CONFIGS:
         raise ConfigError(f"config {name!r} (veRL's) is not supported by hybridflow: {VERL_ONLY_CONFIGS[name]}")
@@ -316,7 +354,7 @@ def load_config(
     Returns a resolved, read-only, struct DictConfig; raises ConfigError for anything that cannot be right."""
     folder, name = _yaml_path(name, config_path)
     defaults, raw_defaults = _trees(folder, name)
-    checked = check_overrides(overrides, defaults, KINDS.get(kind or name))
+    checked = check_overrides(_choose_config_groups(overrides, kind or name), defaults, KINDS.get(kind or name))
     cfg = _apply_overrides(raw_defaults, checked, name)
     table = _key_table(kind or name)
     found: list[str] = []

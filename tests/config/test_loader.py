@@ -310,3 +310,15 @@ def test_value_kinds_read_the_field_annotations():
         "mapping": ("dict",),
         "inner.files": ("str", "list"),
     }
+
+
+def test_veRLs_sft_group_choices_that_hybridflow_holds_change_nothing_and_others_are_refused():
+    # every veRL 0.9 SFT example picks its engine and optimizer groups on the command line
+    chosen = load_config("sft_trainer", ["engine=fsdp", "optim=fsdp", "model=hf_model", "optim.lr=1e-4"])
+    assert chosen == load_config("sft_trainer", ["optim.lr=1e-4"])
+    with pytest.raises(ConfigError) as e:
+        load_config("sft_trainer", ["engine=megatron", "optim=automodel", "model=other"])
+    msg = str(e.value)
+    assert "engine='megatron' is not supported by hybridflow: Megatron is not a hybridflow training engine" in msg
+    assert "optim='automodel' is not supported by hybridflow: AutoModel is not" in msg
+    assert "model='other' is not supported by hybridflow: veRL's only option of this group is 'hf_model'" in msg
