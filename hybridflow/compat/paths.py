@@ -23,6 +23,7 @@ MODULES: dict[str, str] = {
     "hybridflow.experimental.agent_loop.tool_parser": "hybridflow.agent_loop.tool_parser",
     "hybridflow.utils.tensordict_utils": "hybridflow.utils.tensordicts",
     "hybridflow.utils.device": "hybridflow.utils.accelerator",
+    "hybridflow.trainer.ppo.checkpoint_callback": "hybridflow.trainer.checkpoint_callback",
 }
 
 _ACTOR = "ActorConfig FSDPActorConfig RefConfig PolicyLossConfig RouterReplayConfig"

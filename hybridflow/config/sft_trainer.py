@@ -95,9 +95,8 @@ class SFTDataConfig(BaseConfig):
     num_workers: int = doc(8, "data-loader processes (speed only)", note=_SFT_DATA_SPEED)
     ignore_input_ids_mismatch: bool = doc(
         False,
-        "conversations: accept turn-by-turn tokens that differ from the whole conversation's",
-        refused="the multi-turn SFT dataset tokenizes each turn as a suffix of the rendered conversation and fails "
-        "on a template that does not allow it; no mismatch to ignore",
+        "conversations: train on the turn-by-turn tokens where the template renders the conversation at once "
+        "differently (Qwen3 drops earlier turns' reasoning); false: such a row is an error",
     )
     multiturn: SFTMultiturnConfig = section(SFTMultiturnConfig, "veRL's earlier multi-turn switch and keys")
     chat_template: str | None = doc(None, "veRL's earlier spelling of model.custom_chat_template (null: not set)")

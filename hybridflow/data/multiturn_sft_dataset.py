@@ -45,35 +45,45 @@ def _column(value: Any) -> Any:
 
 
 def conversation_ids(
-    chat: ChatTokenizer, messages: list[dict], tools: list[dict] | None = None
+    chat: ChatTokenizer, messages: list[dict], tools: list[dict] | None = None, ignore_input_ids_mismatch: bool = False
 ) -> tuple[list[int], list[int]]:
-    """(token ids, loss mask) of a whole conversation; loss 1 on assistant content + end-of-turn token."""
+    """(token ids, loss mask) of a whole conversation as the model meets it turn by turn (the tokens the tool
+    agent builds at RL time); loss 1 on each assistant turn's content and end-of-turn token.
+
+    A template that rewrites earlier turns once another follows (Qwen3's drops their reasoning) renders the
+    conversation at once differently: an error naming the first difference, unless
+    ``ignore_input_ids_mismatch`` (veRL's key, set in its Qwen3 SFT example) takes the turn-by-turn text, every
+    assistant turn as written."""
     eos = chat.tokenizer.eos_token or ""
     closing = chat.assistant_closing
     rest = closing[len(eos) :] if eos and closing.startswith(eos) else ""
     ids: list[int] = []
     mask: list[int] = []
-    pos = 0
 
     def add(text: str, loss: int) -> None:
         piece = chat.encode(text) if text else []
         ids.extend(piece)
         mask.extend([loss] * len(piece))
 
-    for i, message in enumerate(messages):
-        if message.get("role") != "assistant":
+    pieces = chat.incremental_segments(messages, tools)
+    for is_turn, text in pieces:
+        if not is_turn:
+            add(text, 0)
             continue
-        start = chat.render(messages[:i], tools, add_generation_prompt=True)
-        upto = chat.render(messages[: i + 1], tools)
-        if not upto.startswith(start) or len(upto) < pos:
+        end = len(text) - len(rest) if rest and text.endswith(rest) else len(text)
+        add(text[:end], 1)  # the content and the end-of-turn token the model writes
+        add(text[end:], 0)  # what the template writes after it (ChatML's "\n")
+    if not ignore_input_ids_mismatch:
+        built, whole = "".join(text for _, text in pieces), chat.render(messages, tools)
+        if built != whole:
+            at = next((k for k, (x, y) in enumerate(zip(built, whole)) if x != y), min(len(built), len(whole)))
             raise ValueError(
-                f"the chat template does not render assistant turn {i} after the earlier turns as a suffix"
+                "the chat template renders the conversation at once differently from turn by turn (as Qwen3's "
+                f"drops the reasoning of earlier turns): first difference at character {at}, turn by turn "
+                f"{built[max(0, at - 30) : at + 30]!r} vs at once {whole[max(0, at - 30) : at + 30]!r}. Set "
+                "data.ignore_input_ids_mismatch=True to train on the turn-by-turn tokens (each assistant turn as "
+                "written, its reasoning kept), as veRL does"
             )
-        end = len(upto) - len(rest)
-        add(upto[pos : len(start)], 0)
-        add(upto[len(start) : end], 1)
-        pos = end
-    add(chat.render(messages, tools)[pos:], 0)
     return ids, mask
 
 
@@ -109,6 +119,7 @@ class MultiTurnSFTDataset(Dataset):
         require_chat_template(tokenizer)
         self.tokenizer = tokenizer
         self.chat = ChatTokenizer(tokenizer, dict(config.apply_chat_template_kwargs))
+        self.ignore_input_ids_mismatch = bool(config.ignore_input_ids_mismatch)
         thinking_key = _earlier_or(config.multiturn.enable_thinking_key, config.enable_thinking_key, "enable_thinking")
         rows = read_parquet_rows(parquet_files, required_column=self.messages_key)
         rows = limit_rows(rows, max_samples, what=str(parquet_files))  # the first rows (veRL's SFT data: no shuffle)
@@ -138,7 +149,14 @@ class MultiTurnSFTDataset(Dataset):
         return self._chats[thinking]
 
     def __getitem__(self, idx: int) -> dict:
-        ids, is_target = conversation_ids(self._chat_for(self.thinking[idx]), self.conversations[idx], self.tools[idx])
+        chat = self._chat_for(self.thinking[idx])
+        try:
+            ids, is_target = conversation_ids(
+                chat, self.conversations[idx], self.tools[idx], self.ignore_input_ids_mismatch
+            )
+        except ValueError as err:
+            err.add_note(f"in SFT row {idx} of {self.messages_key!r}")
+            raise
         if len(ids) > self.max_length:
             if self.truncation == "error":
                 raise ValueError(

@@ -25,7 +25,7 @@ from hybridflow.rewards.registry import manager_needs_judge
 from hybridflow.rewards.streaming import RewardRecipe
 from hybridflow.rollout.server import rollout_server_class
 from hybridflow.single_controller.factory import check_pool_size
-from hybridflow.trainer.ppo.checkpoint_callback import checkpoint_callback_class
+from hybridflow.trainer.checkpoint_callback import checkpoint_callback_class
 from hybridflow.utils.tool_config import check_function_tools, check_tool_config
 from hybridflow.utils.torch_dtypes import resolve_dtype
 

@@ -141,3 +141,35 @@ def test_the_per_row_thinking_switch_reaches_the_chat_template(tmp_path):
     assert tok.decode([t for t, m in zip(got, loss) if m]).startswith("<think></think>ok")
     with pytest.raises(ValueError, match="enable_thinking_default='maybe' is not an enable_thinking switch"):
         MultiTurnSFTDataset(plain, tok, {"max_length": 64, "enable_thinking_default": "maybe"})
+
+
+def test_a_template_that_drops_earlier_reasoning_is_an_error_unless_the_mismatch_is_ignored(tmp_path):
+    # a Qwen3-shaped template renders the whole conversation without the first turn's reasoning; built turn by
+    # turn, that turn keeps it. Before, the two renderings were spliced silently (the second user turn was lost)
+    from tests.utils.test_chat_tokens import qwen3_like_tokenizer
+
+    tok = qwen3_like_tokenizer()
+    conversation = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"},
+        {"role": "user", "content": "3+3?"},
+        {"role": "assistant", "content": "<think>\nagain\n</think>\n\n6"},
+    ]
+    path = write(tmp_path, [{"messages": json.dumps(conversation)}])
+    with pytest.raises(ValueError, match="data.ignore_input_ids_mismatch=True") as e:
+        MultiTurnSFTDataset(path, tok, {"max_length": 200})[0]
+    assert "in SFT row 0 of 'messages'" in e.value.__notes__
+
+    item = MultiTurnSFTDataset(path, tok, {"max_length": 200, "ignore_input_ids_mismatch": True})[0]
+    got, loss = unpadded(item)
+
+    def tok_ids(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    prompt1 = tok_ids("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    turn1 = tok_ids("add\n</think>\n\n4") + [EOS]
+    prompt2 = tok_ids("\n<|im_start|>user\n3+3?<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    turn2 = tok_ids("again\n</think>\n\n6") + [EOS]
+    tail = tok_ids("\n")
+    assert got == prompt1 + turn1 + prompt2 + turn2 + tail  # each turn as the model wrote it, reasoning kept
+    assert loss == [0] * len(prompt1) + [1] * len(turn1) + [0] * len(prompt2) + [1] * len(turn2) + [0] * len(tail)

@@ -12,8 +12,8 @@ import pytest
 from hybridflow.config.loader import ConfigError, load_config
 from hybridflow.main_ppo import run_ppo
 from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer.checkpoint_callback import CheckpointCallback, build_checkpoint_callback
 from hybridflow.trainer.config_checks import validate_ppo_config
-from hybridflow.trainer.ppo.checkpoint_callback import CheckpointCallback, build_checkpoint_callback
 from tests.trainer.e2e_helpers import base_overrides
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

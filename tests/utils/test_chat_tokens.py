@@ -119,3 +119,53 @@ def test_tool_agent_trains_the_sampled_tokens_and_fails_strict_samples(tmp_path,
             assert "first differ at position" in caplog.text and "left out of the loss" in caplog.text
         else:
             assert mask == [1] * len(sampled) and "agent/tokenization_mismatch" not in out.meta_info["metrics"]
+
+
+# A template shaped as Qwen3's: an assistant turn after the last user query shows its reasoning (the newest
+# one always, an empty think block when it has none); an earlier turn loses it. Rendering a conversation at
+# once therefore differs from rendering it turn by turn.
+QWEN3_LIKE = (
+    "{%- set ns = namespace(last_query=-1) -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_query = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{%- set content = m.content.split('</think>')[-1].lstrip('\\n') -%}"
+    "{%- set reasoning = m.content.split('</think>')[0].split('<think>')[-1].strip('\\n') "
+    "if '</think>' in m.content else '' -%}"
+    "{%- if loop.index0 > ns.last_query and (loop.last or reasoning) -%}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content + '<|im_end|>\\n' -}}"
+    "{%- else -%}{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- elif m.role == 'tool' -%}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' -}}"
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n<think>\\n' -}}{%- endif -%}"
+)
+
+
+def qwen3_like_tokenizer():
+    tok = copy.deepcopy(TOK)
+    tok.chat_template = QWEN3_LIKE
+    return tok
+
+
+def test_a_template_that_rewrites_earlier_turns_still_has_deltas_and_passes_strict():
+    chat = ChatTokenizer(qwen3_like_tokenizer())
+    # the base turn is rendered with an empty think block when newest and without it once a message follows
+    assert chat.delta_text([{"role": "tool", "content": "5"}]) == (
+        "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
+    # two model turns with reasoning around a user's follow-up: the trajectory keeps the first turn's reasoning
+    # (the model's tokens), the whole conversation rendered at once drops it; the check compares with the
+    # turn-by-turn text
+    first = ids("plan\n</think>\n\n#### 5") + [EOS]
+    second = ids("done\n</think>\n\n#### 6") + [EOS]
+    out, messages, last = incremental(
+        chat, [("model", first), ("append", [{"role": "user", "content": "and 3+3?"}]), ("model", second)]
+    )
+    assert chat.decode(out).count("plan") == 1 and "plan" not in chat.render(messages)
+    assert chat.check(out, messages, None, "strict", last) is True
+    drifted = out[:-3] + ids(" ") + out[-3:]
+    with pytest.raises(TokenizationMismatch):
+        chat.check(drifted, messages, None, "strict", last)

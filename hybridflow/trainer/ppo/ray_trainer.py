@@ -33,8 +33,8 @@ from hybridflow.rewards.streaming import streamed_reward
 from hybridflow.rollout.server import engine_death_named
 from hybridflow.single_controller.base import Watchdog, WorkerDiedError, WorkerHangError, cleanup_after_failure
 from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer.checkpoint_callback import build_checkpoint_callback
 from hybridflow.trainer.ppo.balance import balanced_order, seqlen_balance_metrics
-from hybridflow.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 from hybridflow.trainer.ppo.dynamic_sampling import EpochCycler, fill_with_informative_groups, merge_round_metrics
 from hybridflow.trainer.ppo.judge_setup import JUDGE_ROLE, start_judge, uses_judge
 from hybridflow.trainer.ppo.metric_utils import (

@@ -7,9 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from hybridflow.config.profiler import ProfilerConfig
 from hybridflow.protocol import DataProto
 from hybridflow.workers import actor_rollout_ref_worker as worker_module
 from hybridflow.workers.actor_rollout_ref_worker import ActorRolloutRefWorker
+from hybridflow.workers.profiler import WorkerProfiler
 from hybridflow.workers.utils import heap
 
 
@@ -38,6 +40,7 @@ def test_worker_trims_after_update_and_after_generation(monkeypatch):
         actor_engine=SimpleNamespace(lr_scheduler=scheduler),
         device="cpu",
         rollout_host=None,
+        profiler=WorkerProfiler(ProfilerConfig(), rank=0, role="actor"),  # records nothing
     )
     ActorRolloutRefWorker.update_actor(worker, DataProto.from_dict(tensors={"x": torch.zeros(2)}))
     assert calls == [1]

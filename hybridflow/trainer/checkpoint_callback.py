@@ -44,7 +44,7 @@ def checkpoint_callback_class(reference: str | None) -> type:
     if not isinstance(cls, type) or not callable(getattr(cls, "on_save", None)):
         raise TypeError(
             f"{KEY}={reference!r} is a {type(cls).__name__} without an on_save method; expected a class like "
-            "hybridflow.trainer.ppo.checkpoint_callback.CheckpointCallback"
+            "hybridflow.trainer.checkpoint_callback.CheckpointCallback"
         )
     return cls
 
