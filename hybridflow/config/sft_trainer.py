@@ -17,7 +17,7 @@ from hybridflow.config.model import HFModelConfig
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.optimizer import FSDPOptimizerConfig
 from hybridflow.config.profiler import HOOK_KEYS, SCHEDULE_KEYS, NsightToolConfig, ProfilerConfig, ProfilerToolConfig
-from hybridflow.config.reasons import MEGATRON, NO_SP, speed_only
+from hybridflow.config.reasons import MEGATRON, speed_only
 from hybridflow.config.rules import Problems, cpu_bf16_note
 from hybridflow.config.status import honoured, noted, refused
 from hybridflow.config.trainer import DEVICE_STATUS, RESUME_MODES
@@ -256,7 +256,10 @@ class SFTTrainerConfig(BaseConfig):
                 ("enable_activation_offload", "use_liger", "use_fused_kernels", "fused_kernel_options", "tiled_mlp"),
                 noted(speed_only("fused kernels, tiled MLP, activation offload")),
             ),
-            "use_remove_padding": noted("each micro-batch is cut after its longest row instead of packed (same loss)"),
+            "use_remove_padding": noted(
+                "each micro-batch is cut after its longest row instead of packed (same loss); with "
+                "engine.ulysses_sequence_parallel_size > 1 the rows are packed"
+            ),
             **dict.fromkeys(
                 ("lora_alpha", "target_modules", "exclude_modules"), honoured("used only when lora_rank > 0")
             ),
@@ -300,7 +303,9 @@ class SFTTrainerConfig(BaseConfig):
             "forward_only": refused("set by veRL's engine for models that never train; SFT trains its model"),
             "reshard_after_forward": honoured("FSDP2 reshards after every forward", values=(True,)),
             "model_dtype": honoured(),
-            "ulysses_sequence_parallel_size": honoured(NO_SP, values=(1,)),
+            "ulysses_sequence_parallel_size": honoured(
+                "sequence-parallel groups of that many consecutive ranks split each packed micro-batch"
+            ),
             "strategy": honoured("hybridflow's training engines", values=SFT_STRATEGIES),
         },
     )
@@ -342,8 +347,20 @@ class SFTTrainerConfig(BaseConfig):
             notes.append("data.micro_batch_size is deprecated; use data.micro_batch_size_per_gpu")
         batch = p.positive("data.train_batch_size", data.train_batch_size)
         p.positive("data.micro_batch_size_per_gpu", data.micro_batch_rows)
-        if batch and batch % world_size:
-            errors.append(f"data.train_batch_size={batch} does not split over {world_size} processes")
+        sp = int(self.engine.ulysses_sequence_parallel_size)
+        if sp < 1 or world_size % sp:
+            errors.append(
+                f"engine.ulysses_sequence_parallel_size={sp} must be >= 1 and divide the {world_size} process(es)"
+            )
+            sp = 1
+        if batch and batch % (world_size // sp):
+            over = (
+                f"{world_size} processes"
+                if sp == 1
+                else f"{world_size // sp} data-parallel ranks ({world_size} processes / "
+                f"engine.ulysses_sequence_parallel_size={sp})"
+            )
+            errors.append(f"data.train_batch_size={batch} does not split over {over}")
         if (schedule := self.optim.lr_scheduler_type) not in SFT_LR_SCHEDULERS:
             errors.append(f"optim.lr_scheduler_type must be one of {SFT_LR_SCHEDULERS}, got {schedule!r}")
         if self.engine.strategy not in SFT_STRATEGIES:

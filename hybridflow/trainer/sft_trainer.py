@@ -66,7 +66,10 @@ from hybridflow.workers.model_loading import (
     tokenizer_dir,
 )
 from hybridflow.workers.profiler import WorkerProfiler, merge_profilers
+from hybridflow.workers.utils.logprob import forward_response_token_stats
 from hybridflow.workers.utils.micro_batches import clip_grad_and_step, grad_sync
+from hybridflow.workers.utils.ulysses import build_layout
+from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
 
 logger = logging.getLogger(__name__)
 
@@ -212,8 +215,9 @@ class FSDPSFTTrainer:
     ``config``: the composed sft_trainer tree (a DictConfig or dict), read into ``SFTTrainerConfig``
     (``self.config``), or that typed config itself; it is checked once (``SFTTrainerConfig.validate``).
     ``tokenizer``/``train_dataset``/``val_dataset`` are built from the config when not given;
-    ``device_mesh``/``ulysses_device_mesh`` are accepted for veRL compatibility and unused (the world
-    group is the data-parallel group).
+    ``device_mesh``/``ulysses_device_mesh`` are accepted for veRL compatibility and unused: the ranks form
+    ``engine.ulysses_sequence_parallel_size``-sized sequence-parallel groups of consecutive ranks (veRL's
+    layout), each group one data-parallel replica that splits every packed micro-batch along the sequence.
     """
 
     def __init__(
@@ -221,6 +225,9 @@ class FSDPSFTTrainer:
     ):
         self.config = cfg = as_section(config, SFTTrainerConfig)  # a composed tree, or typed already
         self.rank, self.world_size = _world()
+        sp_key = "engine.ulysses_sequence_parallel_size"
+        self.layout = build_layout(int(cfg.engine.ulysses_sequence_parallel_size), sp_key)  # a collective
+        self.sp = self.layout.sp  # None without sequence parallelism
         for note in cfg.validate(self.world_size, LOGGERS):
             self._say(logging.WARNING, f"note: {note}")
         device = resolve_device(cfg.trainer.device)
@@ -261,6 +268,8 @@ class FSDPSFTTrainer:
             trust_remote_code=trust,
             config_path=config_dir(model_cfg.hf_config_path, "model.hf_config_path"),
         )
+        if self.sp is not None:
+            use_ulysses_attention(module, self.sp.size, sp_key)  # before any wrapping
         spec = EngineSpec(
             strategy=cfg.engine.strategy,
             device=device,
@@ -312,15 +321,16 @@ class FSDPSFTTrainer:
         epoch) only, so a resumed run takes up where the checkpoint was written)."""
         batch = self.config.data.train_batch_size
         order = epoch_order(len(self.train_dataset), self.config.trainer.seed, epoch)
-        mine = rank_slice(batch, self.rank, self.world_size)
+        mine = rank_slice(batch, self.layout.dp_rank, self.layout.dp_size)  # an SP group shares its rows
         for b in range(start, self.steps_per_epoch):
             rows = order[b * batch : (b + 1) * batch][mine]
             yield collate_fn([self.train_dataset[i] for i in rows])
 
     def _val_batches(self) -> Iterator[dict]:
-        # every rank gets len // W rows (the remainder is dropped) so all run the same forwards
-        per_rank = len(self.val_dataset) // self.world_size
-        rows = range(self.rank * per_rank, (self.rank + 1) * per_rank)
+        # every data-parallel rank gets len // dp rows (the remainder is dropped) so all run the same forwards
+        dp_rank, dp_size = self.layout.dp_rank, self.layout.dp_size
+        per_rank = len(self.val_dataset) // dp_size
+        rows = range(dp_rank * per_rank, (dp_rank + 1) * per_rank)
         mbs = self.config.data.micro_batch_rows
         for i in range(0, per_rank, mbs):
             yield collate_fn([self.val_dataset[j] for j in rows[i : i + mbs]])
@@ -344,6 +354,18 @@ class FSDPSFTTrainer:
     # --- steps --------------------------------------------------------------------------------------
     def _nll_sum(self, mb: dict) -> torch.Tensor:
         dtype = self.compute_dtype
+        if self.sp is not None:  # packed rows, this rank's slice of them; the scores are gathered over the group
+            with torch.autocast(device_type=self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                log_probs, _, _ = forward_response_token_stats(
+                    self.module,
+                    mb["input_ids"],
+                    mb["attention_mask"],
+                    mb["position_ids"],
+                    response_length=mb["input_ids"].size(1) - 1,  # every position predicts the next token
+                    use_remove_padding=True,
+                    sp=self.sp,
+                )
+            return -(log_probs.float() * mb["loss_mask"][:, 1:].float()).sum()
         with torch.autocast(device_type=self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             logits = self.module(
                 input_ids=mb["input_ids"],
@@ -360,20 +382,23 @@ class FSDPSFTTrainer:
         self.module.train()
         start = time.perf_counter()
         micro_batches = self._micro_batches(batch)
-        # response targets of the whole global batch (all ranks)
-        tokens = _all_reduce_sum(batch["loss_mask"][:, 1:].sum().to(self.device, torch.float32)).clamp(min=1.0)
+        # response targets of the whole global batch (all ranks; the ranks of an SP group hold the same rows)
+        sp_size, dp_size = self.layout.sp_size, self.layout.dp_size
+        local_tokens = batch["loss_mask"][:, 1:].sum().to(self.device, torch.float32)
+        tokens = (_all_reduce_sum(local_tokens) / sp_size).clamp(min=1.0)
         loss_sum = torch.zeros((), device=self.device)
         for i, mb in enumerate(micro_batches):
             with grad_sync(self.module, sync=i == len(micro_batches) - 1):
                 nll = self._nll_sum(mb)
-                (nll * (self.world_size / tokens)).backward()  # x W: DDP/FSDP average over ranks
+                # x dp: DDP/FSDP average over all dp x sp ranks, and the SP gather's backward already scales by sp
+                (nll * (dp_size / tokens)).backward()
             loss_sum += nll.detach()
         clip = self.config.optim.clip_grad
         grad_norm, skipped = clip_grad_and_step(self.module, self.optimizer, float(clip) if clip else None)
         lr = self.lr_scheduler.get_last_lr()[0]
         self.lr_scheduler.step()
         loss, grad_norm, skipped, n_tokens = torch.stack(
-            [_all_reduce_sum(loss_sum) / tokens, grad_norm.to(self.device), skipped.to(self.device), tokens]
+            [_all_reduce_sum(loss_sum) / sp_size / tokens, grad_norm.to(self.device), skipped.to(self.device), tokens]
         ).tolist()
         return {
             "train/loss": loss,

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from hybridflow.config.convert import as_section
 from hybridflow.config.loader import ConfigError, load_config
 from hybridflow.config.sft_trainer import SFTDataConfig, SFTOptimizerConfig, SFTRunConfig, SFTTrainerConfig
 from hybridflow.main_sft import run_sft
@@ -23,6 +24,7 @@ from hybridflow.trainer.sft_trainer import (
     sft_lr_multiplier,
     sft_nll_sum,
 )
+from hybridflow.workers.utils.ulysses import ParallelLayout, layout_of
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -184,16 +186,23 @@ def test_the_trainer_takes_a_typed_config(tiny_model_dir, tiny_data_dir, tmp_pat
 def test_rank_batches_concatenate_to_the_single_process_batch(tiny_model_dir, tiny_data_dir, tmp_path):
     trainer = make_trainer(tiny_model_dir, tiny_data_dir, tmp_path, **{"data.train_batch_size": 8})
     whole = [b["input_ids"] for b in trainer.train_batches(epoch=1)]
-    trainer.world_size = 2  # pretend to be each rank of two (only the data split is exercised)
-    per_rank = []
-    for rank in range(2):
-        trainer.rank = rank
-        per_rank.append([b["input_ids"] for b in trainer.train_batches(epoch=1)])
+    single = trainer.layout
+
+    def batches_of(rank: int, world: int, sp: int):  # pretend to be that rank (only the data split is exercised)
+        trainer.layout = ParallelLayout(*layout_of(rank, world, sp, "engine.ulysses_sequence_parallel_size"))
+        return [b["input_ids"] for b in trainer.train_batches(epoch=1)]
+
+    per_rank = [batches_of(rank, 2, 1) for rank in range(2)]
     assert len(whole) == 64 // 8
     for step, full in enumerate(whole):
         assert torch.equal(torch.cat([per_rank[0][step], per_rank[1][step]]), full)
+    # 4 ranks in sequence-parallel pairs: a pair shares its rows, the two pairs split the batch
+    pairs = [batches_of(rank, 4, 2) for rank in range(4)]
+    for step, full in enumerate(whole):
+        assert torch.equal(pairs[0][step], pairs[1][step]) and torch.equal(pairs[2][step], pairs[3][step])
+        assert torch.equal(torch.cat([pairs[0][step], pairs[2][step]]), full)
     # epochs are reshuffled
-    trainer.world_size, trainer.rank = 1, 0
+    trainer.layout = single
     assert not torch.equal(next(trainer.train_batches(epoch=0))["input_ids"], whole[0])
 
 
@@ -353,3 +362,42 @@ def test_data_custom_cls_is_loaded_from_its_file(tiny_model_dir, tiny_data_dir, 
             tmp_path,
             **{"data.custom_cls.path": str(path), "data.custom_cls.name": "Missing"},
         )
+
+
+@pytest.mark.slow
+def test_sequence_parallel_pair_matches_one_process(tiny_model_dir, tiny_data_dir, tmp_path):
+    """engine.ulysses_sequence_parallel_size=2 on 2 gloo processes (veRL's SFT examples set it): one
+    data-parallel replica whose packed micro-batches are split along the sequence trains as 1 process does."""
+    extra = {"data.train_batch_size": 4, "data.micro_batch_size_per_gpu": 2, "trainer.total_training_steps": 3}
+    out_sp, out1 = str(tmp_path / "sp2"), str(tmp_path / "w1")
+    torchrun_sft(
+        sft_overrides(tiny_model_dir, tiny_data_dir, out_sp, **extra, **{"engine.ulysses_sequence_parallel_size": 2})
+    )
+    run_sft(load_config("sft_trainer", sft_overrides(tiny_model_dir, tiny_data_dir, out1, **extra)))
+    sp, one = read_metrics(out_sp), read_metrics(out1)
+    assert len(sp) == len(one) == 3
+    for a, b in zip(sp, one, strict=True):  # step 2 and 3's losses follow the earlier updates
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-4)
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-3)
+        assert a["train/loss_tokens"] == b["train/loss_tokens"]
+    assert sp[-1]["val/loss"] == pytest.approx(one[-1]["val/loss"], rel=1e-4)
+
+
+def test_sequence_parallel_size_must_divide_the_processes_and_leave_the_batch_splittable():
+    def errors(world: int, sp: int, batch: int) -> str:
+        cfg = load_config(
+            "sft_trainer",
+            [f"engine.ulysses_sequence_parallel_size={sp}", f"data.train_batch_size={batch}", "trainer.logger=file"],
+        )
+        try:
+            as_section(cfg, SFTTrainerConfig).validate(world, ("file",))
+        except ConfigError as e:
+            return str(e)
+        return ""
+
+    assert errors(world=4, sp=2, batch=6) == ""  # 2 data-parallel pairs, 3 rows each
+    assert "engine.ulysses_sequence_parallel_size=2 must be >= 1 and divide the 3 process(es)" in errors(3, 2, 6)
+    assert (
+        "data.train_batch_size=6 does not split over 4 data-parallel ranks (8 processes / "
+        "engine.ulysses_sequence_parallel_size=2)" in errors(8, 2, 6)
+    )
