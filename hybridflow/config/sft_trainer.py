@@ -39,7 +39,6 @@ __all__ = [
 ]
 
 _SFT_DATA_SPEED = speed_only("packing, token balancing, loader processes, shared memory")
-_BY_COUNT = "the SFT trainer batches by sample count"
 _ADAMW = "the SFT trainer uses torch.optim.AdamW"
 
 SFT_LR_SCHEDULERS = ("constant", "cosine", "wsd")
@@ -65,8 +64,14 @@ class SFTDataConfig(BaseConfig):
     train_batch_size: int = doc(256, "global batch (samples per optimizer step)")
     micro_batch_size_per_gpu: int | None = doc(4, "samples per forward/backward on one rank (and of validation)")
     micro_batch_size: int | None = doc(None, "deprecated; use micro_batch_size_per_gpu")
-    max_token_len_per_gpu: int = doc(8192, "tokens per micro-batch under use_dynamic_bsz", note=_BY_COUNT)
-    use_dynamic_bsz: bool = doc(False, "hybridflow: False (veRL 0.9.1: True)", values=(False,), reason=_BY_COUNT)
+    max_token_len_per_gpu: int = doc(
+        8192, "tokens per micro-batch (per SP group: times its size) under use_dynamic_bsz"
+    )
+    use_dynamic_bsz: bool = doc(
+        False,
+        "micro-batches by token budget (max_token_len_per_gpu) instead of micro_batch_size_per_gpu rows; the loss "
+        "is the same. hybridflow: False (veRL 0.9.1: True)",
+    )
     train_files: str | list[str] = doc("~/data/gsm8k/train.parquet", "a path or a list of paths")
     val_files: str | list[str] | None = doc(None, "validation parquet(s); null: no validation")
     train_max_samples: int = doc(-1, "rows read from the training files (the first ones); -1: all")

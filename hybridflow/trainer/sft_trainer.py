@@ -67,7 +67,7 @@ from hybridflow.workers.model_loading import (
 )
 from hybridflow.workers.profiler import WorkerProfiler, merge_profilers
 from hybridflow.workers.utils.logprob import forward_response_token_stats
-from hybridflow.workers.utils.micro_batches import clip_grad_and_step, grad_sync
+from hybridflow.workers.utils.micro_batches import clip_grad_and_step, grad_sync, token_budget_partitions
 from hybridflow.workers.utils.ulysses import build_layout
 from hybridflow.workers.utils.ulysses_attention import use_ulysses_attention
 
@@ -335,17 +335,27 @@ class FSDPSFTTrainer:
         for i in range(0, per_rank, mbs):
             yield collate_fn([self.val_dataset[j] for j in rows[i : i + mbs]])
 
-    def _micro_batches(self, batch: dict) -> list[dict]:
-        """Micro-batches of ``micro_batch_size_per_gpu`` rows, each cut after its last attended column
-        (right padding: the longest row; left padding: nothing is cut)."""
-        mbs, n = self.config.data.micro_batch_rows, batch["input_ids"].shape[0]
+    def _micro_batches(self, batch: dict, by_tokens: bool = False) -> list[dict]:
+        """Micro-batches of ``micro_batch_size_per_gpu`` rows, or (``by_tokens``: data.use_dynamic_bsz) of at most
+        ``max_token_len_per_gpu`` tokens with nearly equal totals, the same count on every rank (FSDP's
+        collectives stay in step); each cut after its last attended column (right padding: the longest row;
+        left padding: nothing is cut)."""
+        data, n = self.config.data, batch["input_ids"].shape[0]
+        if by_tokens:
+            budget = int(data.max_token_len_per_gpu) * self.layout.sp_size
+            world = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+            parts = token_budget_partitions(batch["attention_mask"].sum(-1).tolist(), budget, world)
+        else:
+            mbs = data.micro_batch_rows
+            parts = [list(range(i, min(i + mbs, n))) for i in range(0, n, mbs)]
         out = []
-        for i in range(0, n, mbs):
-            attended = batch["attention_mask"][i : i + mbs].any(dim=0).nonzero()  # host tensor: no device sync
+        for part in parts:
+            rows = torch.tensor(part)
+            attended = batch["attention_mask"][rows].any(dim=0).nonzero()  # host tensor: no device sync
             length = int(attended[-1]) + 1 if len(attended) else 1
             out.append(
                 {
-                    k: batch[k][i : i + mbs, :length].to(self.device)
+                    k: batch[k][rows, :length].to(self.device)
                     for k in ("input_ids", "attention_mask", "position_ids", "loss_mask")
                 }
             )
@@ -381,7 +391,7 @@ class FSDPSFTTrainer:
         """One optimizer step on this rank's rows of a global batch; returns global metrics."""
         self.module.train()
         start = time.perf_counter()
-        micro_batches = self._micro_batches(batch)
+        micro_batches = self._micro_batches(batch, by_tokens=self.config.data.use_dynamic_bsz)
         # response targets of the whole global batch (all ranks; the ranks of an SP group hold the same rows)
         sp_size, dp_size = self.layout.sp_size, self.layout.dp_size
         local_tokens = batch["loss_mask"][:, 1:].sum().to(self.device, torch.float32)

@@ -214,11 +214,11 @@ def test_config_errors_are_reported_together(tiny_model_dir, tiny_data_dir, tmp_
             tiny_model_dir,
             tiny_data_dir,
             tmp_path,
-            **{"optim.lr_scheduler": "linear", "optim.total_training_steps": 10, "data.use_dynamic_bsz": True},
+            **{"optim.lr_scheduler": "linear", "optim.total_training_steps": 10, "profiler.relocate_results": True},
         )
     text = str(err.value)
     assert "optim.lr_scheduler_type='linear'" in text and "(set as optim.lr_scheduler)" in text
-    assert "optim.total_training_steps=10" in text and "data.use_dynamic_bsz=True" in text
+    assert "optim.total_training_steps=10" in text and "profiler.relocate_results=True" in text
     assert text.count("not supported") == 3
     # values that contradict the run: refused together by the trainer's own checks
     with pytest.raises(ConfigError) as err:
@@ -257,7 +257,15 @@ def test_micro_batch_invariance_matches_hf_token_mean_gradient(tiny_model_dir, t
     batch = next(one.train_batches(0))
     counts = batch["loss_mask"].sum(-1)
     assert len(set(counts.tolist())) > 1  # rows with different numbers of response tokens: a per-row mean would differ
-    d1, d4 = _sgd_delta(one, batch), _sgd_delta(four, batch)
+    # data.use_dynamic_bsz: micro-batches by a token budget that holds about two rows
+    lengths = batch["attention_mask"].sum(-1)
+    budget = int(lengths.max()) + int(lengths.min())
+    dynamic_extra = {"data.use_dynamic_bsz": True, "data.max_token_len_per_gpu": budget, **extra}
+    dynamic = make_trainer(tiny_model_dir, tiny_data_dir, tmp_path, **dynamic_extra)
+    parts = dynamic._micro_batches(batch, by_tokens=True)
+    assert 1 < len(parts) < len(lengths) and sum(len(mb["input_ids"]) for mb in parts) == len(lengths)
+    assert all(int(mb["attention_mask"].sum()) <= budget for mb in parts)
+    d1, d4, dd = _sgd_delta(one, batch), _sgd_delta(four, batch), _sgd_delta(dynamic, batch)
 
     # independent reference: HF's own causal-LM loss (mean over labels != -100, shifted inside HF)
     from transformers import AutoModelForCausalLM
@@ -270,6 +278,7 @@ def test_micro_batch_invariance_matches_hf_token_mean_gradient(tiny_model_dir, t
     for name, g in grads.items():
         torch.testing.assert_close(d1[name], -g, rtol=1e-4, atol=1e-6, msg=name)
         torch.testing.assert_close(d4[name], d1[name], rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(dd[name], d1[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_engine_dtype_bfloat16_runs_the_forward_under_autocast_on_cpu(tiny_model_dir, tiny_data_dir, tmp_path):
