@@ -84,7 +84,17 @@ LAYERS = (
     ("workers", "data"),  # role workers with their engines (training, rollout servers); datasets
     ("trainer",),  # the driver loop
     ("compat",),  # veRL's import paths: a table of what serves each, above everything it names
-    ("main_ppo", "main_generation", "main_eval", "main_sft", "model_merger", "plot", "devtools", "__init__"),
+    (
+        "main_ppo",
+        "main_generation",
+        "main_generation_server",
+        "main_eval",
+        "main_sft",
+        "model_merger",
+        "plot",
+        "devtools",
+        "__init__",
+    ),
 )
 
 

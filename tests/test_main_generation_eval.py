@@ -212,3 +212,36 @@ def test_a_ray_timeline_is_refused_without_ray_workers(tiny_model_dir, tiny_data
     with pytest.raises(ConfigError, match="ray_kwargs.timeline_json_file=.*trainer.backend=inprocess"):
         gen_main([*args, f"ray_kwargs.timeline_json_file={tmp_path / 't.json'}"])
     assert not out.exists()
+
+
+def test_veRLs_generation_server_command_line_writes_the_same_greedy_responses(tiny_model_dir, tiny_data_dir, tmp_path):
+    """veRL 0.9.1's ``main_generation_server`` keys (its examples/generation script): ppo_trainer's rollout and
+    data keys, the output added with +, several input files read in order."""
+    from hybridflow.config.errors import ConfigError
+    from hybridflow.main_generation_server import main as server_main
+
+    rows = pq.read_table(os.path.join(tiny_data_dir, "test.parquet")).to_pylist()[:3]
+    first, second = _write(rows[:2], tmp_path / "a.parquet"), _write(rows[2:], tmp_path / "b.parquet")
+    args = [
+        f"data.train_files=[{first},{second}]",
+        "data.prompt_key=prompt",
+        f"actor_rollout_ref.model.path={tiny_model_dir}",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.temperature=0",
+        "actor_rollout_ref.rollout.n=1",
+        "actor_rollout_ref.rollout.prompt_length=128",
+        "actor_rollout_ref.rollout.response_length=6",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        "trainer.backend=inprocess",
+        "trainer.device=cpu",
+    ]
+    out = server_main([*args, f"+data.output_path={tmp_path / 'gen.parquet'}"])
+    table = pq.read_table(out).to_pylist()
+    assert [r["prompt"] for r in table] == [r["prompt"] for r in rows]  # both files, in order
+    for src, row in zip(rows, table, strict=True):
+        assert row["responses"] == [_direct_greedy(tiny_model_dir, src["prompt"], 6)]
+    with pytest.raises(ConfigError, match=r"needs \+data.output_path=FILE"):
+        server_main(args)
+    with pytest.raises(ConfigError, match="temperature=0 samples one response"):
+        server_main([*args, "actor_rollout_ref.rollout.n=2", f"+data.output_path={tmp_path / 'x.parquet'}"])

@@ -32,7 +32,7 @@ def _all_but(cls: type, *keep: str) -> tuple[str, ...]:
 class GenerationDataConfig(BaseConfig):
     """``data`` of generation.yaml: the prompts and where the responses go."""
 
-    path: str = doc("~/data/rlhf/math/test.parquet", "parquet of the prompts")
+    path: str | list[str] = doc("~/data/rlhf/math/test.parquet", "parquet of the prompts (hybridflow: or a list)")
     prompt_key: str = doc("prompt", "column holding the chat messages")
     n_samples: int = doc(5, "responses per prompt")
     output_path: str = doc("/opt/tiger/math_Qwen2-7B-Instruct.parquet", "the prompts plus a responses column")

@@ -119,8 +119,8 @@ def test_rollout_worker_generate_sequences_honours_meta_kwargs(strict_model_dir,
     the raw chat itself, with the caller's apply_chat_template_kwargs."""
     from hybridflow.config.loader import load_config
     from hybridflow.data.rl_dataset import RLHFDataset, collate_fn
-    from hybridflow.main_generation import build_rollout_group
     from hybridflow.protocol import DataProto
+    from hybridflow.trainer.generation import build_rollout_group
 
     config = load_config(
         "generation",

@@ -61,8 +61,8 @@ def _with_generation_config(src, dst, eos_ids, drop_pad=False):
 def _worker_responses(model_dir, prompts):
     """(responses, response_mask, pad id) from RolloutHost.generate_sequences, hf rollout, greedy."""
     from hybridflow.config.loader import load_config
-    from hybridflow.main_generation import build_rollout_group
     from hybridflow.protocol import DataProto
+    from hybridflow.trainer.generation import build_rollout_group
     from hybridflow.workers.model_loading import load_tokenizer
 
     tok = load_tokenizer(model_dir)
