@@ -12,9 +12,9 @@ from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.reasons import CPU_NO_CHUNKED_PREFILL, JUDGE, JUDGE_VLLM
-from hybridflow.config.rollout import NOT_ENGINES, RolloutConfig, rollout_as_in_yaml
+from hybridflow.config.rollout import NOT_ENGINES, RolloutConfig, is_user_engine, rollout_as_in_yaml
 from hybridflow.config.rules import Problems
-from hybridflow.config.status import honoured, noted, refused
+from hybridflow.config.status import OrYours, honoured, noted, refused
 
 __all__ = [
     "CustomRewardFunctionConfig",
@@ -152,7 +152,10 @@ class RewardModelConfig(BaseConfig):
         follows={"mtp": None},
         absent=(*engine_only(_RM_ENGINE_KEYS), "disaggregation.mooncake_protocol"),
         keys={
-            "name": honoured(JUDGE + "; null: no engine (hybridflow's default)", values=(None, "hf", "vllm")),
+            "name": honoured(
+                JUDGE + "; null: no engine (hybridflow's default); or an AsyncRolloutServer of yours, as rollout.name",
+                values=OrYours((None, "hf", "vllm"), also=is_user_engine),
+            ),
             **dict.fromkeys(
                 "temperature top_k top_p seed prompt_length response_length dtype ignore_eos max_num_seqs "
                 "do_sample".split(),
@@ -241,9 +244,10 @@ class RewardConfig(BaseConfig):
             )
         if not model.model_path:
             p.errors.append(f"{where} needs {rm}.model_path: the judge's model (a causal LM directory)")
-        if engine.name not in ("hf", "vllm"):
+        if engine.name not in ("hf", "vllm") and not is_user_engine(engine.name):
             p.errors.append(
-                f"{where} needs {ro}.name set to an engine that serves the judge: hf or vllm (got {engine.name!r})"
+                f"{where} needs {ro}.name set to an engine that serves the judge: hf, vllm or yours "
+                f"(got {engine.name!r})"
             )
         if function:
             p.errors.append(f"{where} scores with the judge: reward.custom_reward_function.path must be null")

@@ -48,7 +48,7 @@ _UNREAD = "veRL 0.9.1 declares it but does not read it either"
 REGISTERED_ENGINES: set[str] = set()
 
 
-def _user_engine(name: Any) -> bool:
+def is_user_engine(name: Any) -> bool:
     """A rollout engine of the user's: a class reference (checked when the run starts, imported where the engine
     runs), or a name registered in this process."""
     return isinstance(name, str) and ("." in name or ":" in name or name in REGISTERED_ENGINES)
@@ -266,7 +266,7 @@ class RolloutConfig(BaseConfig):
     name: str | None = doc(
         "???",
         "hybridflow: hf (transformers, cpu and GPU; veRL requires a value) | vllm (the [vllm] extra) | yours",
-        values=OrYours(("hf", "vllm"), also=_user_engine),
+        values=OrYours(("hf", "vllm"), also=is_user_engine),
         reason="hybridflow's rollout engines are hf (transformers) and vllm, or an engine of yours (an "
         "AsyncRolloutServer: its class as package.module.Class or file.py:Class, or a name registered with "
         "register_rollout_server in this process); SGLang is not a hybridflow rollout engine, nor TensorRT-LLM "

@@ -79,11 +79,14 @@ def validate_ppo_config(cfg: PPOTrainerConfig | Mapping, n_devices: int | None =
             loaded[key] = load(path) if path else {}
         except (OSError, ValueError, ImportError, NotImplementedError, TypeError, AttributeError) as e:
             errors.append(f"{_ROLLOUT}.{key}={path}: {type(e).__name__}: {e}")
-    if rollout.name not in ("hf", "vllm"):
+    judge_engine = cfg.reward.reward_model.rollout.name
+    for key, name in ((f"{_ROLLOUT}.name", rollout.name), ("reward.reward_model.rollout.name", judge_engine)):
+        if name in (None, "hf", "vllm"):
+            continue
         try:  # an engine of the user's: its class found before anything starts
-            rollout_server_class(rollout.name, f"{_ROLLOUT}.name")
+            rollout_server_class(name, key)
         except (OSError, KeyError, ImportError, TypeError, AttributeError) as e:
-            errors.append(f"{_ROLLOUT}.name={rollout.name}: {type(e).__name__}: {e}")
+            errors.append(f"{key}={name}: {type(e).__name__}: {e}")
     if t.checkpoint_callback_class:
         try:  # the save hook's class found before anything starts
             checkpoint_callback_class(t.checkpoint_callback_class)

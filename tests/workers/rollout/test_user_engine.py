@@ -84,3 +84,24 @@ def test_a_name_registered_in_the_process_is_accepted():
         REGISTERED_ENGINES.discard("counting_test_engine")
     with pytest.raises(KeyError, match="counting_test_engine"):
         rollout_server_class("counting_test_engine")
+
+
+def test_a_generative_reward_model_is_served_by_the_users_engine(engine_file, tiny_model_dir, tiny_data_dir, tmp_path):
+    """reward.reward_model.rollout.name takes an engine of the user's as rollout.name does (before: hf or vllm)."""
+    from hybridflow.main_ppo import checked_config, run_ppo
+    from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
+    from tests.trainer.test_genrm_e2e import genrm_overrides
+
+    path, log = engine_file
+    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, n=2, batch=4, steps=1, backend="inprocess")
+    overrides += ["trainer.val_before_train=False", "trainer.test_freq=-1"]
+    overrides += genrm_overrides(tiny_model_dir, f"{path}:CountingServer")  # the judge; the policy keeps hf
+    run_ppo(load_config("ppo_trainer", overrides))
+    (step,) = read_metrics(tmp_path)
+    assert_finite(step)
+    assert len(log.read_text().split()) == 4 * 2  # one judge request per sample of the step
+    bad = genrm_overrides(tiny_model_dir, f"{path}:NotAServer")
+    with pytest.raises(ConfigError, match=f"reward.reward_model.rollout.name={path}:NotAServer: .*not an AsyncRollout"):
+        checked_config(load_config("ppo_trainer", [*overrides, *bad]))
+    with pytest.raises(ConfigError, match="reward.reward_model.rollout.name='sglang' is not supported by hybridflow"):
+        load_config("ppo_trainer", [*overrides, "reward.reward_model.rollout.name=sglang"])
