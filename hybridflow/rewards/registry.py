@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hybridflow.rewards.dapo import DAPORewardManager
+from hybridflow.rewards.gdpo import GDPORewardManager
 from hybridflow.rewards.genrm import GenRMRewardManager
 from hybridflow.rewards.loop_manager import LoopRewardManager, is_loop_manager
 from hybridflow.rewards.manager import BatchRewardManager, NaiveRewardManager
@@ -36,6 +37,7 @@ BUILT_IN = {
     "batch": BatchRewardManager,
     "dapo": DAPORewardManager,
     "genrm": GenRMRewardManager,
+    "gdpo": GDPORewardManager,
 }
 for _name, _cls in BUILT_IN.items():
     REWARD_MANAGERS.register(_name, _cls)

@@ -12,6 +12,7 @@ import asyncio
 import pytest
 import torch
 
+from hybridflow.config.convert import as_section
 from hybridflow.config.loader import ConfigError, load_config
 from hybridflow.config.module import ModuleConfig
 from hybridflow.config.reward import RewardConfig, RewardManagerConfig
@@ -19,7 +20,7 @@ from hybridflow.main_ppo import checked_config
 from hybridflow.rewards import NaiveRewardManager, RewardComputationError
 from hybridflow.rewards.registry import REWARD_MANAGERS
 from hybridflow.rewards.streaming import RewardRecipe
-from tests.rewards.test_reward_manager import ROWS, TOK, make_batch
+from tests.rewards.test_reward_manager import EOS, ROWS, TOK, make_batch
 
 MANAGER = '''
 from hybridflow.experimental.reward_loop.reward_manager.base import RewardManagerBase
@@ -183,3 +184,38 @@ def test_a_file_manager_is_a_judge_by_its_class_not_its_name(tmp_path):
     assert manager_needs_judge(manager("MyJudge"))
     assert not manager_needs_judge(manager("Missing"))  # the start-up check names the file
     assert not manager_needs_judge(manager("nobody", source="register"))
+
+
+def test_veRLs_gdpo_manager_passes_the_experiment_name_and_keeps_the_reward_components(tmp_path):
+    # veRL 0.9's GDPO example: reward.reward_manager.name=gdpo with a scorer (rlla) that reads the experiment
+    # name from extra_info and returns per-component rewards
+    scorer = tmp_path / "components.py"
+    scorer.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+        "    if 'qwen' not in extra_info.get('experiment_name', ''):\n"
+        "        raise NotImplementedError(f'Unknown model name: {extra_info.get(\"experiment_name\")!r}')\n"
+        "    accuracy = float(solution_str.strip().endswith(ground_truth))\n"
+        "    fmt = float('####' in solution_str)\n"
+        "    return {'score': accuracy + fmt, 'accuracy_reward': accuracy, 'format_reward': fmt}\n"
+    )
+    reward = as_section(
+        {
+            "num_workers": 0,
+            "reward_manager": {"name": "gdpo"},
+            "custom_reward_function": {"path": str(scorer), "name": "compute_score"},
+        },
+        RewardConfig,
+        "reward",
+    )
+    run = {"trainer": {"experiment_name": "qwen2.5_gdpo"}, "reward": {}}
+    out = RewardRecipe(reward, "data_source", TOK, run_config=run).build(num_examine=0)(
+        make_batch(ROWS), return_dict=True
+    )
+    texts = [TOK.decode(r[: r.index(EOS) + 1 if EOS in r else len(r)], skip_special_tokens=True) for _, r, _, _ in ROWS]
+    truths = [truth for _, _, _, truth in ROWS]
+    accuracy = [float(t.strip().endswith(g)) for t, g in zip(texts, truths)]
+    fmt = [float("####" in t) for t in texts]
+    assert out["reward_extra_info"]["accuracy_reward"] == accuracy and out["reward_extra_info"]["format_reward"] == fmt
+    assert out["reward_tensor"].sum(-1).tolist() == [a + f for a, f in zip(accuracy, fmt)]
+    with pytest.raises(RewardComputationError, match="Unknown model name: ''"):  # without the run's name
+        RewardRecipe(reward, "data_source", TOK).build(num_examine=0)(make_batch(ROWS))

@@ -62,7 +62,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-def test_inprocess_gdpo_reads_the_reward_components_with_geo_mean(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("manager", ["naive", "gdpo"])  # gdpo: veRL 0.9's GDPO example's reward manager
+def test_inprocess_gdpo_reads_the_reward_components_with_geo_mean(
+    tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch, manager
+):
     seen = []
     original = RayPPOTrainer._compute_advantage
 
@@ -81,6 +84,7 @@ def test_inprocess_gdpo_reads_the_reward_components_with_geo_mean(tiny_model_dir
         "+algorithm.gdpo_reward_keys=[digits,short]",
         "algorithm.gdpo_reward_weights=[1.0,0.5]",
         "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean",
+        f"reward.reward_manager.name={manager}",
     ]
     run_ppo(load_config("ppo_trainer", overrides))
 
