@@ -216,6 +216,11 @@ class RewardConfig(BaseConfig):
         model, engine, function = self.reward_model, self.reward_model.rollout, self.custom_reward_function.path
         p.run(self.sandbox_fusion.validate)
         p.run(self.reward_manager.validate)
+        if self.reward_manager.name == "remote" and self.reward_manager.source != "importlib" and self.num_workers < 1:
+            p.errors.append(
+                f"reward.reward_manager.name=remote scores in reward.num_workers processes: set it >= 1 "
+                f"(got {self.num_workers})"
+            )
         if self.sandbox_fusion.url and (function or judge_scored):
             instead = "reward.custom_reward_function.path" if function else f"the {self.reward_manager.name} judge"
             p.notes.append(

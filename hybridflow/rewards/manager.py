@@ -123,3 +123,10 @@ def reward_metrics(rewards: torch.Tensor | Sequence[float], data_sources: Sequen
     if values.shape != sources.shape:
         raise ValueError(f"{values.shape[0]} rewards but {sources.shape[0]} data_sources")
     return {f"reward/{s}/mean": float(values[sources == s].mean()) for s in sorted(set(sources))}
+
+
+class RemoteRewardManager(NaiveRewardManager):
+    """veRL 0.9's ``remote`` manager: the naive manager's calls, made in separate processes so that a scorer
+    that misbehaves in threads (math-verify) or loads the CPU does not stall the loop. hybridflow's reward pool
+    (``reward.num_workers`` processes, each trajectory scored as it finishes) is that; this name requires it
+    (the config check refuses reward.num_workers=0 with it)."""

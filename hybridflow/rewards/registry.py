@@ -9,7 +9,7 @@ from hybridflow.rewards.dapo import DAPORewardManager
 from hybridflow.rewards.gdpo import GDPORewardManager
 from hybridflow.rewards.genrm import GenRMRewardManager
 from hybridflow.rewards.loop_manager import LoopRewardManager, is_loop_manager
-from hybridflow.rewards.manager import BatchRewardManager, NaiveRewardManager
+from hybridflow.rewards.manager import BatchRewardManager, NaiveRewardManager, RemoteRewardManager
 from hybridflow.utils.import_utils import load_class
 from hybridflow.utils.registry import Registry
 
@@ -38,6 +38,7 @@ BUILT_IN = {
     "dapo": DAPORewardManager,
     "genrm": GenRMRewardManager,
     "gdpo": GDPORewardManager,
+    "remote": RemoteRewardManager,
 }
 for _name, _cls in BUILT_IN.items():
     REWARD_MANAGERS.register(_name, _cls)

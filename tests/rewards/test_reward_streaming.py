@@ -102,7 +102,7 @@ def recipe_for(kind: str, tmp_path, bad_sample_score=-1.0) -> RewardRecipe:
     overlong = {"enable": True, "len": 4, "penalty_factor": 0.5, "log": True}
     reward = RewardConfig(
         num_workers=2,
-        reward_manager=RewardManagerConfig(name="dapo" if kind == "dapo" else "naive"),
+        reward_manager=RewardManagerConfig(name=kind if kind in ("dapo", "remote") else "naive"),
         reward_kwargs={"max_resp_len": 8, "overlong_buffer_cfg": overlong} if kind == "dapo" else {},
         custom_reward_function=custom,
         bad_sample_score=bad_sample_score,
@@ -126,7 +126,7 @@ def as_batch(data: DataProto) -> DataProto:
     )
 
 
-@pytest.mark.parametrize("kind", ["rule", "custom", "dapo", "code"])
+@pytest.mark.parametrize("kind", ["rule", "custom", "dapo", "code", "remote"])  # remote: veRL 0.9's name
 def test_streamed_scores_equal_batch_scores(kind, tmp_path):
     recipe = recipe_for(kind, tmp_path)
     manager = recipe.build(num_examine=0)
@@ -144,6 +144,7 @@ def test_streamed_scores_equal_batch_scores(kind, tmp_path):
     scores = by_batch["reward_tensor"].sum(-1).tolist()
     expected = {
         "rule": [1.0, 0.0, 1.0],
+        "remote": [1.0, 0.0, 1.0],
         "custom": [1.0, -1.0, -1.0, 0.0],  # raised, past the 1 s deadline: bad samples
         "code": [1.0, 0.0, 1.0, 0.0],
     }.get(kind)
@@ -416,3 +417,12 @@ def test_an_answer_this_process_cannot_unpickle_fails_its_row_only(tmp_path):
                 pool.submit(row).result(timeout=60)
     finally:
         pool.close()
+
+
+def test_the_remote_manager_needs_scoring_processes():
+    from hybridflow.config.errors import ConfigError
+
+    reward = RewardConfig(num_workers=0, reward_manager=RewardManagerConfig(name="remote"))
+    with pytest.raises(ConfigError, match="reward.reward_manager.name=remote scores in reward.num_workers processes"):
+        reward.validate(judge_scored=False)
+    assert RewardConfig(num_workers=2, reward_manager=RewardManagerConfig(name="remote")).validate(False) == []
