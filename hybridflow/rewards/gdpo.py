@@ -19,8 +19,8 @@ class GDPORewardManager(RewardManagerBase):
     def __init__(self, config, tokenizer, compute_score=None, reward_router_address=None, reward_model_tokenizer=None):
         super().__init__(config, tokenizer, compute_score)
         self.compute_score = compute_score or default_compute_score
-        trainer = config.get("trainer") if config is not None else None
-        self.experiment_name = str(trainer.get("experiment_name", "")) if trainer is not None else ""
+        # the run's config as veRL hands it to reward-loop managers (a DictConfig); without a trainer section: ""
+        self.experiment_name = str(getattr(getattr(config, "trainer", None), "experiment_name", "") or "")
 
     async def run_single(self, data) -> dict:
         row = data[-1:]  # a multi-sequence sample is scored on its last sequence, as veRL does

@@ -206,7 +206,7 @@ def test_load_reward_manager():
     manager = load_reward_manager("naive", TOK, 2, reward_fn_key="data_source")
     assert isinstance(manager, NaiveRewardManager) and manager.num_examine == 2
     assert isinstance(load_reward_manager("batch", TOK, 0), BatchRewardManager)
-    with pytest.raises(KeyError, match="batch, dapo, genrm, naive"):
+    with pytest.raises(KeyError, match="batch, dapo, gdpo, genrm, naive, remote"):
         load_reward_manager("prime", TOK, 0)
 
 
