@@ -6,7 +6,7 @@ simulated users); single-turn and multi-turn rollouts share one pipeline: ``Agen
 -> ``ServerManager`` -> the rollout servers hosted by the rollout workers.
 """
 
-from hybridflow.agent_loop import openai_agent, single_turn_agent, tool_agent  # noqa: F401  (register the built-in loops)
+from hybridflow.agent_loop import openai_agent, single_turn_agent, tool_agent, tool_formats  # noqa: F401  (register the built-in loops and tool-call formats)
 from hybridflow.agent_loop.base import (
     AGENT_LOOPS,
     AgentLoopBase,

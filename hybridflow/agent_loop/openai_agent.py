@@ -238,7 +238,7 @@ class AgentTrajectory:
                 Chain("chat/completions", chat.prompt_ids(cleaned, tools), cleaned, list(cleaned), tools), "messages"
             )
         ids, finish = await self._generate(request)
-        parsed = self.loop.parser.parse(self.loop.tokenizer.decode(ids, skip_special_tokens=True))
+        parsed = self.loop.parser.parse_ids(ids, tools)
         self.count("malformed_tool_calls", parsed.malformed)
         calls = [
             {"id": f"call_{self.calls}_{i}", "type": "function", "function": {"name": f.name, "arguments": f.arguments}}

@@ -174,7 +174,7 @@ class ToolAgentLoop(AgentLoopBase):
             t.logprobs_missing = True
         t.response_logprobs += list(out.log_probs) if out.log_probs is not None else [0.0] * len(ids)
         t.last_model_ids = ids
-        parsed = self.parser.parse(self.tokenizer.decode(ids, skip_special_tokens=True))
+        parsed = self.parser.parse_ids(ids, self.tool_schemas)
         content, _ = self.chat.split_turn(ids)
         t.literal.append({"role": "assistant", "content": content})
         t.messages.append(self._assistant_message(parsed.content, parsed.calls))

@@ -1,7 +1,8 @@
 """Tool-call parsers: the model's response tokens -> (text without the calls, function calls).
 
 ``rollout.multi_turn.format`` picks one by name from ``TOOL_PARSERS``; ``hermes`` (Qwen2.5 / NousHermes:
-``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``) is built in. Another format plugs in
+``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``) is here, the other model families' formats
+of veRL 0.9 (qwen3_coder, gpt-oss, glm, seed, minimax, kimi) in ``tool_formats``. Another format plugs in
 with ``@register_tool_parser("name")`` on a ``ToolParser`` subclass (veRL's ``ToolParser.register``
 works too). A call that cannot be decoded is not a call: it stays out of the list and is counted in
 ``malformed`` so the loop can report it.
@@ -40,7 +41,13 @@ class ParsedResponse:
 
 
 class ToolParser:
-    """Base class. ``parse(text)`` does the work; ``extract_tool_calls(ids)`` is veRL's async entry."""
+    """Base class. ``parse(text)`` does the work (``parse(text, tools)`` where ``uses_tools``: the arguments are
+    typed by the tools' OpenAI schemas); ``parse_ids(ids, tools)`` is what the agent loops call;
+    ``extract_tool_calls(ids, tools)`` is veRL's async entry. ``keeps_special_tokens``: the format's markers
+    are special tokens, so the text is decoded with them."""
+
+    keeps_special_tokens = False
+    uses_tools = False
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
@@ -50,11 +57,18 @@ class ToolParser:
         """Extra token ids that end a generation so the parser can run (none: the model's EOS does)."""
         return []
 
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=not self.keeps_special_tokens)
+
     def parse(self, text: str) -> ParsedResponse:
         raise NotImplementedError
 
+    def parse_ids(self, ids: list[int], tools: list[dict] | None = None) -> ParsedResponse:
+        text = self.decode(ids)
+        return self.parse(text, list(tools or [])) if self.uses_tools else self.parse(text)
+
     async def extract_tool_calls(self, responses_ids: list[int], tools=None) -> ParsedResponse:
-        return self.parse(self.tokenizer.decode(responses_ids, skip_special_tokens=True))
+        return self.parse_ids(responses_ids, tools)
 
     @classmethod
     def get_tool_parser(cls, name: str, tokenizer) -> ToolParser:
@@ -73,8 +87,7 @@ def check_tool_parser(name: str, key: str) -> None:
     if name not in TOOL_PARSERS:
         raise ConfigError(
             f"{key}={name!r} is not a registered tool-call format; known: {', '.join(TOOL_PARSERS.names())} "
-            "(veRL's other parsers are not implemented; a parser registers with "
-            "hybridflow.agent_loop.tool_parser.register_tool_parser)"
+            "(a parser of yours registers with hybridflow.agent_loop.tool_parser.register_tool_parser)"
         )
 
 

@@ -118,7 +118,11 @@ class MultiTurnConfig(BaseConfig):
     tool_response_truncate_side: str = doc("middle", "left (keep the end) | middle | right (keep the start)")
     use_inference_chat_template: bool = doc(False, "re-apply the chat template to each turn's engine prompt")
     tokenization_sanity_check_mode: str = doc("strict", "strict | ignore_strippable | disable: check the re-template")
-    format: str = doc("hermes", "tool-call format", reason="a registered tool-call parser (built in: hermes)")
+    format: str = doc(
+        "hermes",
+        "tool-call format",
+        reason="a registered tool-call parser (built in: hermes, qwen3_coder, gpt-oss, glm, seed, minimax, kimi)",
+    )
     num_repeat_rollouts: int | None = doc(None, "unread", note=_UNREAD)
     tool_call_timeout: float = doc(60, "seconds one tool call may take before the model gets a timeout message")
 

@@ -1,0 +1,297 @@
+"""Tool-call formats of the model families veRL 0.9 parses besides hermes (``rollout.multi_turn.format``):
+
+- ``qwen3_coder`` (Qwen3-Coder, Qwen3.5): ``<tool_call><function=NAME><parameter=KEY>value</parameter>...
+  </function></tool_call>``; a value is text, read as its tool schema types it (integer, number, boolean,
+  object or array; ``null`` is None);
+- ``gpt-oss`` (OpenAI's harmony): ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}
+  <|call|>``, the recipient also in the role header; the analysis channel is reasoning, never a call;
+- ``glm`` (GLM-4.5/4.6): ``<tool_call>NAME<arg_key>KEY</arg_key><arg_value>value</arg_value>...</tool_call>``;
+- ``seed`` (Seed-OSS): ``<seed:tool_call><function=NAME><parameter=KEY>value</parameter></function>...``;
+- ``minimax`` (MiniMax-M2): ``<minimax:tool_call><invoke name="NAME"><parameter name="KEY">value</parameter>
+  </invoke>...``;
+- ``kimi`` (Kimi K2): ``<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0
+  <|tool_call_argument_begin|>{...}<|tool_call_end|>...``; the call id is kept.
+
+GLM, Seed, MiniMax values are JSON where they parse as JSON, else text. The content is the text before the
+first call (for gpt-oss: the final channel's message). A call block that yields no call is counted as malformed.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any
+
+from hybridflow.agent_loop.tool_parser import FunctionCall, ParsedResponse, ToolParser, register_tool_parser
+
+__all__ = [
+    "Qwen3CoderToolParser",
+    "GptOssToolParser",
+    "GLMToolParser",
+    "SeedToolParser",
+    "MiniMaxToolParser",
+    "KimiToolParser",
+]
+
+
+def json_or_text(raw: str) -> Any:
+    value = raw.strip()
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def _arguments(values: dict) -> str:
+    return json.dumps(values, ensure_ascii=False)
+
+
+def _functions(tools: list[dict] | None) -> dict[str, dict]:
+    """{tool name: its parameters' schemas} of OpenAI tool schemas."""
+    out = {}
+    for tool in tools or []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            out[function["name"]] = dict((function.get("parameters") or {}).get("properties") or {})
+    return out
+
+
+def _before(text: str, marker: str) -> str:
+    at = text.find(marker)
+    return text if at < 0 else text[:at]
+
+
+def _token_id(tokenizer, token: str) -> list[int]:
+    """``[id]`` of ``token`` where the tokenizer has it as one token, else []."""
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    return [token_id] if isinstance(token_id, int) and token_id >= 0 and token_id != tokenizer.unk_token_id else []
+
+
+class _SpecialTokenFormat(ToolParser):
+    """A format whose markers are special tokens: decoded with them (padding dropped; an end-of-turn token
+    can be one of the format's markers, gpt-oss's ``<|call|>``, so it stays)."""
+
+    keeps_special_tokens = True
+
+    def decode(self, ids: list[int]) -> str:
+        text = super().decode(ids)
+        pad = self.tokenizer.pad_token
+        return text.replace(pad, "") if pad else text
+
+
+# --------------------------------------------------------------------------- qwen3_coder
+
+
+def typed_value(raw: str, schema: dict | None) -> Any:
+    """A parameter's text as its JSON schema types it; text where it does not convert (or has no schema)."""
+    if raw.lower() == "null":
+        return None
+    kind = str((schema or {}).get("type", "string")).strip().lower()
+    if kind in ("string", "str", "text", "varchar", "char", "enum"):
+        return raw
+    try:
+        if kind.startswith(("int", "uint", "long", "short", "unsigned")):
+            return int(raw)
+        if kind.startswith(("num", "float")):
+            number = float(raw)
+            return int(number) if number.is_integer() else number
+    except ValueError:
+        return raw
+    if kind in ("boolean", "bool", "binary"):
+        return raw.lower() == "true"
+    try:
+        return json.loads(raw)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(raw)  # literals only: the text is the model's
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return raw
+
+
+@register_tool_parser("qwen3_coder")
+class Qwen3CoderToolParser(ToolParser):
+    uses_tools = True
+    block = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+    function = re.compile(r"<function=(.*?)(?:</function>|$)", re.DOTALL)
+    parameter = re.compile(r"<parameter=(.*?)(?:</parameter>|$)", re.DOTALL)
+
+    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedResponse:
+        if "<tool_call>" not in text:
+            return ParsedResponse(text)
+        schemas, calls, malformed = _functions(tools), [], 0
+        for block in self.block.findall(text):
+            found = self.function.findall(block)
+            malformed += not found
+            for function in found:
+                name, sep, body = function.partition(">")
+                if not sep or not name.strip():
+                    malformed += 1
+                    continue
+                name = name.strip()
+                values = {}
+                for parameter in self.parameter.findall(body):
+                    key, sep, value = parameter.partition(">")
+                    if not sep:
+                        continue
+                    value = value[1:] if value.startswith("\n") else value
+                    value = value[:-1] if value.endswith("\n") else value
+                    values[key.strip()] = typed_value(value, schemas.get(name, {}).get(key.strip()))
+                calls.append(FunctionCall(name=name, arguments=_arguments(values)))
+        return ParsedResponse(_before(text, "<tool_call>"), calls, malformed)
+
+
+# --------------------------------------------------------------------------- gpt-oss
+
+
+@register_tool_parser("gpt-oss")
+class GptOssToolParser(_SpecialTokenFormat):
+    # one harmony message: an optional role header, its channel header (a recipient may sit in either), the body
+    message = re.compile(
+        r"(?:<\|start\|>assistant([^<]*))?<\|channel\|>([^<]*)(?:<\|constrain\|>[^<]*)?<\|message\|>(.*?)"
+        r"(<\|call\|>|<\|end\|>|<\|return\|>|$)",
+        re.DOTALL,
+    )
+    recipient = re.compile(r"to=functions\.([^\s<]+)")
+
+    def parse(self, text: str) -> ParsedResponse:
+        calls, malformed, final, found = [], 0, None, False
+        for role_header, channel_header, body, _ in self.message.findall(text):
+            found = True
+            target = self.recipient.search(role_header + " " + channel_header)
+            channel = channel_header.split()[0] if channel_header.split() else ""
+            if target is None:
+                if channel == "final":
+                    final = body
+                continue
+            try:
+                arguments = json.loads(body)
+                if not isinstance(arguments, dict):
+                    raise TypeError("the arguments are not a JSON object")
+            except (ValueError, TypeError):
+                malformed += 1
+                continue
+            calls.append(FunctionCall(name=target.group(1), arguments=_arguments(arguments)))
+        if not found:
+            return ParsedResponse(text)
+        return ParsedResponse(final if final is not None else "", calls, malformed)
+
+
+# --------------------------------------------------------------------------- glm, seed, minimax
+
+
+@register_tool_parser("glm")
+class GLMToolParser(_SpecialTokenFormat):
+    block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+    pair = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return _token_id(self.tokenizer, "<|observation|>")  # GLM hands the turn to the tool there
+
+    def parse(self, text: str) -> ParsedResponse:
+        if "<tool_call>" not in text or "</tool_call>" not in text:
+            return ParsedResponse(text)
+        calls, malformed = [], 0
+        for block in self.block.findall(text):
+            name = _before(block, "<arg_key>").strip()
+            if not name:
+                malformed += 1
+                continue
+            values = {k.strip(): json_or_text(v) for k, v in self.pair.findall(block)}
+            calls.append(FunctionCall(name=name, arguments=_arguments(values)))
+        content = re.sub(r"^\s*(?:<think>.*?)?</think>", "", _before(text, "<tool_call>"), flags=re.DOTALL)
+        return ParsedResponse(content, calls, malformed)
+
+
+@register_tool_parser("seed")
+class SeedToolParser(_SpecialTokenFormat):
+    block = re.compile(r"<seed:tool_call>(.*?)</seed:tool_call>", re.DOTALL)
+    function = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
+    parameter = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+
+    def parse(self, text: str) -> ParsedResponse:
+        if "<seed:tool_call>" not in text or "</seed:tool_call>" not in text:
+            return ParsedResponse(text)
+        calls, malformed = [], 0
+        for block in self.block.findall(text):
+            found = self.function.search(block)
+            if found is None:
+                malformed += 1
+                continue
+            values = {k.strip(): json_or_text(v) for k, v in self.parameter.findall(found.group(2))}
+            calls.append(FunctionCall(name=found.group(1).strip(), arguments=_arguments(values)))
+        return ParsedResponse(_before(text, "<seed:tool_call>"), calls, malformed)
+
+
+@register_tool_parser("minimax")
+class MiniMaxToolParser(_SpecialTokenFormat):
+    block = re.compile(r"<minimax:tool_call>(.*?)</minimax:tool_call>", re.DOTALL)
+    invoke = re.compile(r'<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
+    parameter = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
+
+    def parse(self, text: str) -> ParsedResponse:
+        if "<minimax:tool_call>" not in text or "</minimax:tool_call>" not in text:
+            return ParsedResponse(text)
+        calls, malformed = [], 0
+        for block in self.block.findall(text):
+            found = self.invoke.findall(block)
+            malformed += not found
+            for name, body in found:
+                values = {k.strip(): json_or_text(v) for k, v in self.parameter.findall(body)}
+                calls.append(FunctionCall(name=name.strip(), arguments=_arguments(values)))
+        return ParsedResponse(_before(text, "<minimax:tool_call>"), calls, malformed)
+
+
+# --------------------------------------------------------------------------- kimi
+
+
+def kimi_tool_name(call_id: str, arguments: dict, tools: list[dict] | None) -> str:
+    """The tool a Kimi call id (``functions.NAME:INDEX``) names; with the tools known, a name that is none of
+    them resolves to the one tool whose name it contains, or else the one whose required arguments it has."""
+    name = call_id.strip()
+    name = name[len("functions.") :] if name.startswith("functions.") else name
+    name = name.rsplit(":", 1)[0] if ":" in name and name.rsplit(":", 1)[1].isdigit() else name
+    known = _functions(tools)
+    if not known or name in known:
+        return name
+    compact = name.lower().replace("-", "_")
+    contained = [n for n in known if n.lower() in compact]
+    if len(contained) == 1:
+        return contained[0]
+    required = [
+        t["function"]["name"]
+        for t in tools or []
+        if isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name") in known
+        and set((t["function"].get("parameters") or {}).get("required") or ()) <= set(arguments)
+        and (t["function"].get("parameters") or {}).get("required")
+    ]  # fmt: skip
+    return required[0] if len(required) == 1 else name
+
+
+@register_tool_parser("kimi")
+class KimiToolParser(_SpecialTokenFormat):
+    uses_tools = True
+    section = "<|tool_calls_section_begin|>"
+    call = re.compile(r"<\|tool_call_begin\|>(.*?)<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", re.DOTALL)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return _token_id(self.tokenizer, "<|im_end|>")
+
+    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedResponse:
+        if self.section not in text:
+            return ParsedResponse(text)
+        calls, malformed = [], 0
+        for call_id, raw in self.call.findall(text):
+            try:
+                arguments = json.loads(raw.strip())
+                if not isinstance(arguments, dict):
+                    raise TypeError("the arguments are not a JSON object")
+            except (ValueError, TypeError):
+                malformed += 1
+                continue
+            name = kimi_tool_name(call_id, arguments, tools)
+            calls.append(FunctionCall(name=name, arguments=_arguments(arguments), tool_call_id=call_id.strip()))
+        return ParsedResponse(_before(text, self.section), calls, malformed)
