@@ -39,7 +39,9 @@ extras_require = {
     "wandb": ["wandb"],
     "mlflow": ["mlflow"],
     "swanlab": ["swanlab"],
-    "loggers": ["tensorboard", "wandb", "mlflow", "swanlab"],
+    "trackio": ["trackio"],
+    "clearml": ["clearml"],
+    "loggers": ["tensorboard", "wandb", "mlflow", "swanlab", "trackio", "clearml"],
     # rollout.trace.backend=mlflow (hybridflow.agent_loop.trace): the tracing client without mlflow's server, and
     # what its default sqlite store needs (sqlalchemy, alembic): 15 packages beside the pinned CPU stack
     # (docs/measurements.md, 2026-11-26: 12 s from pip's cache, 49 s into an empty venv with a cold cache)

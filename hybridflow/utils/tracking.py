@@ -7,6 +7,9 @@
     wandb         offline unless ``WANDB_API_KEY`` is set (no account needed)       extra: [wandb]
     mlflow        ``$MLFLOW_TRACKING_URI`` or sqlite ``<log_dir>/mlflow.db``        extra: [mlflow]
     swanlab       offline unless ``SWANLAB_API_KEY`` is set (``$SWANLAB_MODE`` wins) extra: [swanlab]
+    trackio       Hugging Face's local-first tracker (``$TRACKIO_DIR``; ``trackio show``) extra: [trackio]
+    clearml       a ClearML task per run (its server from ``clearml.conf``); keys ``a/b`` are
+                  title ``a``, series ``b``                                          extra: [clearml]
     plot          reward/accuracy curves redrawn after every validation
                   (``$HYBRIDFLOW_PLOT_PATH`` or ``<log_dir>/curves.png``)           extra: [plot]
 
@@ -164,6 +167,36 @@ class _Swanlab:
         self.swanlab.finish()
 
 
+class _Trackio:
+    def __init__(self, project: str, name: str, config: dict, log_dir: str):
+        self.trackio = require("trackio", "trackio", "trackio")
+        self.trackio.init(project=project, name=name, config=config or {})
+
+    def log(self, data, step):
+        self.trackio.log(data, step=step)
+
+    def finish(self):
+        self.trackio.finish()
+
+
+class _ClearML:
+    """One ClearML task per (project, experiment), continued by a resumed run (veRL's settings)."""
+
+    def __init__(self, project: str, name: str, config: dict, log_dir: str):
+        clearml = require("clearml", "clearml", "clearml")
+        self.task = clearml.Task.init(project_name=project, task_name=name, continue_last_task=True, output_uri=False)
+        self.task.connect_configuration(config or {}, name="Hyperparameters")
+
+    def log(self, data, step):
+        logger = self.task.get_logger()
+        for key, value in data.items():
+            title, _, series = key.partition("/")
+            logger.report_scalar(title=title, series=series or title, value=float(value), iteration=step)
+
+    def finish(self):
+        self.task.close()
+
+
 def _plot(project, name, config, log_dir):
     try:
         path = os.environ.get("HYBRIDFLOW_PLOT_PATH") or os.path.join(log_dir, "curves.png")
@@ -190,6 +223,8 @@ LOGGER_BACKENDS.register(
 LOGGER_BACKENDS.register("wandb", lambda project, name, config, log_dir: _Wandb(project, name, config or {}))
 LOGGER_BACKENDS.register("mlflow", _Mlflow)
 LOGGER_BACKENDS.register("swanlab", _Swanlab)
+LOGGER_BACKENDS.register("trackio", _Trackio)
+LOGGER_BACKENDS.register("clearml", _ClearML)
 LOGGER_BACKENDS.register("plot", _plot)
 
 SUPPORTED = tuple(LOGGER_BACKENDS.names())

@@ -223,7 +223,7 @@ def test_config_errors_are_reported_together(tiny_model_dir, tiny_data_dir, tmp_
     # values that contradict the run: refused together by the trainer's own checks
     with pytest.raises(ConfigError) as err:
         make_trainer(
-            tiny_model_dir, tiny_data_dir, tmp_path, **{"trainer.logger": "[clearml]", "data.train_batch_size": 0}
+            tiny_model_dir, tiny_data_dir, tmp_path, **{"trainer.logger": "[neptune]", "data.train_batch_size": 0}
         )  # mlflow is supported now
     text = str(err.value)
     assert "trainer.logger" in text and "data.train_batch_size" in text

@@ -196,6 +196,8 @@ def test_jsonl_is_the_file_backend_and_both_write_one_file(tmp_path, monkeypatch
         ("wandb", "wandb", "wandb"),
         ("mlflow", "mlflow", "mlflow"),
         ("swanlab", "swanlab", "swanlab"),
+        ("trackio", "trackio", "trackio"),
+        ("clearml", "clearml", "clearml"),
         ("tensorboard", "torch.utils.tensorboard", "tensorboard"),
         ("plot", "matplotlib", "plot"),
     ],
@@ -211,7 +213,7 @@ def test_every_backend_has_an_extra_in_setup_py():
     import re
 
     setup_text = open(os.path.join(os.path.dirname(__file__), "..", "..", "setup.py")).read()
-    for extra in ("tensorboard", "wandb", "mlflow", "swanlab", "plot", "loggers"):
+    for extra in ("tensorboard", "wandb", "mlflow", "swanlab", "trackio", "clearml", "plot", "loggers"):
         assert re.search(rf'"{extra}": \[', setup_text), extra
 
 
@@ -285,3 +287,54 @@ def test_plot_backend_redraws_after_each_validation(monkeypatch, tmp_path):
     tracker.finish()  # the last training point since the last validation
     assert len(drawn) == 3 and drawn[-1]["training reward (mean)"][-1] == (3, 0.5)
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_trackio_and_clearml_get_veRLs_calls(monkeypatch, tmp_path):
+    """veRL 0.9's trackio and clearml backends: a run per experiment, scalars per step (fake packages record
+    the calls; the real ones are optional extras)."""
+    seen = {}
+    trackio = types.ModuleType("trackio")
+    trackio.init = lambda **kw: seen.update(trackio_init=kw)
+    trackio.log = lambda data, step: seen.setdefault("trackio_log", []).append((data, step))
+    trackio.finish = lambda: seen.update(trackio_finished=True)
+
+    class Logger:
+        def report_scalar(self, **kw):
+            seen.setdefault("scalars", []).append(kw)
+
+    class Task:
+        @classmethod
+        def init(cls, **kw):
+            seen.update(clearml_init=kw)
+            return cls()
+
+        def connect_configuration(self, config, name):
+            seen.update(clearml_config=(config, name))
+
+        def get_logger(self):
+            return Logger()
+
+        def close(self):
+            seen.update(clearml_closed=True)
+
+    clearml = types.ModuleType("clearml")
+    clearml.Task = Task
+    monkeypatch.setitem(sys.modules, "trackio", trackio)
+    monkeypatch.setitem(sys.modules, "clearml", clearml)
+    tracker = Tracking("proj", "exp", ["trackio", "clearml"], config={"x": 1}, log_dir=str(tmp_path))
+    tracker.log({"critic/score/mean": 0.5, "perf/throughput": 3}, step=2)
+    tracker.finish()
+    assert seen["trackio_init"] == {"project": "proj", "name": "exp", "config": {"x": 1}}
+    assert seen["trackio_log"] == [({"critic/score/mean": 0.5, "perf/throughput": 3}, 2)]
+    assert seen["clearml_init"] == {
+        "project_name": "proj",
+        "task_name": "exp",
+        "continue_last_task": True,
+        "output_uri": False,
+    }
+    assert seen["clearml_config"] == ({"x": 1}, "Hyperparameters")
+    assert seen["scalars"] == [
+        {"title": "critic", "series": "score/mean", "value": 0.5, "iteration": 2},
+        {"title": "perf", "series": "throughput", "value": 3.0, "iteration": 2},
+    ]
+    assert seen["trackio_finished"] and seen["clearml_closed"]
