@@ -10,7 +10,8 @@
 - ``minimax`` (MiniMax-M2): ``<minimax:tool_call><invoke name="NAME"><parameter name="KEY">value</parameter>
   </invoke>...``;
 - ``kimi`` (Kimi K2): ``<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0
-  <|tool_call_argument_begin|>{...}<|tool_call_end|>...``; the call id is kept.
+  <|tool_call_argument_begin|>{...}<|tool_call_end|>...``; the call id is kept;
+- ``deepseek_v4`` (DSML markup) and ``gemma4`` (``<|tool_call>call:NAME{...}<tool_call|>``).
 
 GLM, Seed, MiniMax values are JSON where they parse as JSON, else text. The content is the text before the
 first call (for gpt-oss: the final channel's message). A call block that yields no call is counted as malformed.
@@ -32,6 +33,8 @@ __all__ = [
     "SeedToolParser",
     "MiniMaxToolParser",
     "KimiToolParser",
+    "DeepSeekV4ToolParser",
+    "Gemma4ToolParser",
 ]
 
 
@@ -295,3 +298,81 @@ class KimiToolParser(_SpecialTokenFormat):
             name = kimi_tool_name(call_id, arguments, tools)
             calls.append(FunctionCall(name=name, arguments=_arguments(arguments), tool_call_id=call_id.strip()))
         return ParsedResponse(_before(text, self.section), calls, malformed)
+
+
+# --------------------------------------------------------------------------- deepseek_v4, gemma4
+
+_DSML = "｜DSML｜"  # DeepSeek-V4's markup token (full-width bars)
+
+
+@register_tool_parser("deepseek_v4")
+class DeepSeekV4ToolParser(_SpecialTokenFormat):
+    """``<｜DSML｜tool_calls><｜DSML｜invoke name="NAME"><｜DSML｜parameter name="KEY" string="true|false">value
+    </｜DSML｜parameter></｜DSML｜invoke></｜DSML｜tool_calls>``: ``string="true"`` is text, ``false`` JSON. The
+    content is what follows the reasoning (after ``</think>``), without the blank line before the calls."""
+
+    start = f"<{_DSML}tool_calls>"
+    block = re.compile(rf"<{_DSML}tool_calls>(.*?)</{_DSML}tool_calls>", re.DOTALL)
+    invoke = re.compile(rf'<{_DSML}invoke name="(.*?)">(.*?)</{_DSML}invoke>', re.DOTALL)
+    parameter = re.compile(rf'<{_DSML}parameter name="(.*?)" string="(true|false)">(.*?)</{_DSML}parameter>', re.DOTALL)
+
+    def decode(self, ids: list[int]) -> str:
+        return super().decode(ids).replace("<｜end▁of▁sentence｜>", "")
+
+    def parse(self, text: str) -> ParsedResponse:
+        content = _before(text, self.start).rpartition("</think>")[2]
+        if self.start not in text:
+            return ParsedResponse(content)
+        calls, malformed = [], 0
+        for block in self.block.findall(text):
+            found = self.invoke.findall(block)
+            malformed += not found
+            for name, body in found:
+                values = {
+                    key: value if is_text == "true" else json_or_text(value)
+                    for key, is_text, value in self.parameter.findall(body)
+                }
+                calls.append(FunctionCall(name=name, arguments=_arguments(values)))
+        return ParsedResponse(content.removesuffix("\n\n"), calls, malformed)
+
+
+def gemma_value(raw: str) -> Any:
+    """A bare Gemma 4 argument: true, false, null, an integer or a number, else the text."""
+    value = raw.strip()
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "null":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+@register_tool_parser("gemma4")
+class Gemma4ToolParser(_SpecialTokenFormat):
+    """``<|tool_call>call:NAME{key:<|"|>text<|"|>,count:3}<tool_call|>``; Gemma 4 goes on after a call, so
+    ``<tool_call|>`` also ends the generation."""
+
+    call = re.compile(r"<\|tool_call>call:(\w+)\{(.*?)\}<tool_call\|>", re.DOTALL)
+    argument = re.compile(r'(\w+):(?:<\|"\|>(.*?)<\|"\|>|([^,}]*))', re.DOTALL)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return _token_id(self.tokenizer, "<tool_call|>")
+
+    def parse(self, text: str) -> ParsedResponse:
+        if "<|tool_call>" not in text:
+            return ParsedResponse(text)
+        calls = []
+        for name, body in self.call.findall(text):
+            values = {
+                key: text_value if text_value or bare == "" else gemma_value(bare)
+                for key, text_value, bare in self.argument.findall(body)
+            }
+            calls.append(FunctionCall(name=name, arguments=_arguments(values)))
+        malformed = text.count("<|tool_call>") - len(calls)
+        return ParsedResponse(_before(text, "<|tool_call>"), calls, max(malformed, 0))

@@ -1,11 +1,11 @@
 """Tool-call parsers: the model's response tokens -> (text without the calls, function calls).
 
 ``rollout.multi_turn.format`` picks one by name from ``TOOL_PARSERS``; ``hermes`` (Qwen2.5 / NousHermes:
-``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``) is here, the other model families' formats
-of veRL 0.9 (qwen3_coder, gpt-oss, glm, seed, minimax, kimi) in ``tool_formats``. Another format plugs in
-with ``@register_tool_parser("name")`` on a ``ToolParser`` subclass (veRL's ``ToolParser.register``
-works too). A call that cannot be decoded is not a call: it stays out of the list and is counted in
-``malformed`` so the loop can report it.
+``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``) is here, the other model families'
+formats of veRL 0.9 (qwen3_coder, gpt-oss, glm, seed, minimax, kimi, deepseek_v4, gemma4) in ``tool_formats``.
+Another format plugs in with ``@register_tool_parser("name")`` on a ``ToolParser`` subclass (veRL's
+``ToolParser.register`` works too). A call that cannot be decoded is not a call: it stays out of the list and is
+counted in ``malformed`` so the loop can report it.
 """
 
 from __future__ import annotations

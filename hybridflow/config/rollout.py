@@ -121,7 +121,8 @@ class MultiTurnConfig(BaseConfig):
     format: str = doc(
         "hermes",
         "tool-call format",
-        reason="a registered tool-call parser (built in: hermes, qwen3_coder, gpt-oss, glm, seed, minimax, kimi)",
+        reason="a registered tool-call parser (built in: hermes, qwen3_coder, gpt-oss, glm, seed, minimax, kimi, "
+        "deepseek_v4, gemma4)",
     )
     num_repeat_rollouts: int | None = doc(None, "unread", note=_UNREAD)
     tool_call_timeout: float = doc(60, "seconds one tool call may take before the model gets a timeout message")

@@ -45,7 +45,7 @@ def calls_of(parsed) -> list[tuple[str, dict]]:
 
 
 def test_every_veRL_format_name_is_registered():
-    for name in ("hermes", "qwen3_coder", "gpt-oss", "glm", "seed", "minimax", "kimi"):
+    for name in ("hermes", "qwen3_coder", "gpt-oss", "glm", "seed", "minimax", "kimi", "deepseek_v4", "gemma4"):
         check_tool_parser(name, "actor_rollout_ref.rollout.multi_turn.format")
     with pytest.raises(ConfigError, match="multi_turn.format='llama3_json' is not a registered tool-call format"):
         check_tool_parser("llama3_json", "actor_rollout_ref.rollout.multi_turn.format")
@@ -164,3 +164,21 @@ def test_tool_agent_calls_the_tool_a_qwen3_coder_response_names(tmp_path):
     assert resp == turn1 + tool + ids("#### 28454") + [EOS]  # the calculator ran on the parsed argument
     assert mask == [1] * len(turn1) + [0] * len(tool) + [1] * (len(resp) - len(turn1) - len(tool))
     assert out.meta_info["metrics"]["agent/tool_calls"] == [1.0]
+
+
+def test_deepseek_v4_dsml_and_gemma4_calls():
+    d = "｜DSML｜"
+    text = (
+        f'plan</think>I will look it up.\n\n<{d}tool_calls>\n<{d}invoke name="get_weather">\n'
+        f'<{d}parameter name="city" string="true">2024</{d}parameter>\n'
+        f'<{d}parameter name="days" string="false">5</{d}parameter>\n</{d}invoke>\n</{d}tool_calls>'
+    )
+    parsed = parse("deepseek_v4", text)
+    assert parsed.content == "I will look it up."  # reasoning and the blank line before the calls dropped
+    assert calls_of(parsed) == [("get_weather", {"city": "2024", "days": 5})]  # string="true" keeps text
+    assert parse("deepseek_v4", "thinking</think>Hello").content == "Hello"
+    gemma = '<|tool_call>call:get_weather{city:<|"|>São Paulo, BR<|"|>,days:3,metric:true,ratio:0.5}<tool_call|>'
+    assert calls_of(parse("gemma4", "Checking. " + gemma)) == [
+        ("get_weather", {"city": "São Paulo, BR", "days": 3, "metric": True, "ratio": 0.5})
+    ]
+    assert parse("gemma4", "Checking. " + gemma).content == "Checking. "
