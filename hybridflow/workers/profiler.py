@@ -24,7 +24,6 @@ default where CUDA exists), ``memory``, ``shapes``, ``stack``; CPU activity is a
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Collection, Sequence
 
@@ -49,7 +48,6 @@ __all__ = [
     "WorkerProfiler",
 ]
 
-logger = logging.getLogger(__name__)
 
 CONTENTS = TORCH_CONTENTS
 DEFAULT_SAVE_PATH = ProfilerConfig().save_path
