@@ -9,7 +9,8 @@ float or a dict with ``"score"`` (and any extra fields worth logging). Users add
     def my_score(solution_str, ground_truth, extra_info=None):
         return float(solution_str.strip() == ground_truth)
 
-Lookup: an exact registered name first, then (for the built-in families) any name containing
+Lookup: an exact registered name first (veRL's: ``math``, ``math_dapo`` and every ``aime*`` are DAPO's +1/-1
+math scorer, ``searchR1_*`` Search-R1's exact match), then (for the built-in families) any name containing
 "gsm8k", "math", or a code data set marker, case-insensitively.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hybridflow.rewards.scorers import code_sandbox, gsm8k
+from hybridflow.rewards.scorers import code_sandbox, gsm8k, math_dapo, qa_em
 from hybridflow.rewards.scorers import math as math_score
 from hybridflow.utils.registry import Registry
 
@@ -44,9 +45,22 @@ def _code(solution_str, ground_truth, extra_info=None, **kwargs):
     return code_sandbox.compute_score(solution_str, ground_truth, extra_info=extra_info, **kwargs)
 
 
+def _math_dapo(solution_str, ground_truth, extra_info=None, **kwargs):
+    return math_dapo.compute_score(solution_str, ground_truth, **kwargs)
+
+
+def _qa_em(solution_str, ground_truth, extra_info=None, **kwargs):
+    return qa_em.compute_score(solution_str, ground_truth, **kwargs)
+
+
 GSM8K_SOURCES = ("openai/gsm8k",)
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 CODE_SOURCES = ("codecontests", "apps", "taco", "codeforces")
+# veRL's DAPO math (+1/-1, the "Answer:" line) for these names and every name starting with "aime"
+DAPO_MATH_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
+QA_SOURCES = tuple(
+    f"searchR1_{name}" for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+)
 
 for _name in GSM8K_SOURCES:
     SCORERS.register(_name, _gsm8k)
@@ -54,6 +68,10 @@ for _name in MATH_SOURCES:
     SCORERS.register(_name, _math)
 for _name in CODE_SOURCES:
     SCORERS.register(_name, _code)
+for _name in DAPO_MATH_SOURCES:
+    SCORERS.register(_name, _math_dapo)
+for _name in QA_SOURCES:
+    SCORERS.register(_name, _qa_em)
 
 # (substring, registered name) tried in order when no exact name matches.
 _FAMILY_MARKERS = (
@@ -71,6 +89,8 @@ def get_scorer(data_source: str) -> Scorer:
     """The scorer for ``data_source``; NotImplementedError naming the known ones otherwise."""
     if data_source in SCORERS:
         return SCORERS[data_source]
+    if str(data_source).startswith("aime"):  # aime24, aime_2025, ...: veRL scores them as DAPO math
+        return SCORERS["math_dapo"]
     lowered = str(data_source).lower()
     for marker, name in _FAMILY_MARKERS:
         if marker in lowered:
@@ -120,4 +140,6 @@ __all__ = [
     "GSM8K_SOURCES",
     "MATH_SOURCES",
     "CODE_SOURCES",
+    "DAPO_MATH_SOURCES",
+    "QA_SOURCES",
 ]
