@@ -50,7 +50,8 @@ def test_search_r1_exact_match():
     truth = {"target": ["Eiffel Tower", "la tour Eiffel"]}
     assert normalize_qa_answer("  The Eiffel-Tower! ") == "eiffeltower"
     assert normalize_qa_answer("the  Eiffel Tower.") == "eiffel tower"
-    assert default_compute_score("searchR1_nq", "<answer>wrong</answer><answer>The Eiffel Tower.</answer>", truth) == 1.0
+    last_wins = "<answer>wrong</answer><answer>The Eiffel Tower.</answer>"
+    assert default_compute_score("searchR1_nq", last_wins, truth) == 1.0
     assert default_compute_score("searchR1_hotpotqa", "<answer>Louvre</answer>", truth) == 0.0
     assert default_compute_score("searchR1_triviaqa", "The Eiffel Tower", truth) == 0.0  # no answer tags
     spam = "<answer>x</answer>" * 11 + "<answer>Eiffel Tower</answer>"
