@@ -17,8 +17,9 @@ from hybridflow.compat.paths import MODULES, NAMES
 
 
 def _module_target(fullname: str) -> str | None:
-    """The module that serves ``fullname``: a ``MODULES`` path, or a submodule of one."""
-    for alias, home in MODULES.items():
+    """The module that serves ``fullname``: a ``MODULES`` path, or a submodule of one (the longest path that
+    holds it: ``...reward_score.math_reward`` before ``...reward_score``)."""
+    for alias, home in sorted(MODULES.items(), key=lambda item: -len(item[0])):
         if fullname == alias or fullname.startswith(alias + "."):
             return home + fullname[len(alias) :]
     return None

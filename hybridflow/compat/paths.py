@@ -13,6 +13,8 @@ gains the names; any other path is a module without a file. Names resolve on fir
 
 MODULES: dict[str, str] = {
     "hybridflow.utils.reward_score": "hybridflow.rewards.scorers",
+    "hybridflow.utils.reward_score.math_reward": "hybridflow.rewards.scorers.math",
+    "hybridflow.utils.reward_score.search_r1_like_qa_em": "hybridflow.rewards.scorers.qa_em",
     "hybridflow.utils.dataset.rl_dataset": "hybridflow.data.rl_dataset",
     "hybridflow.trainer.ppo.algos": "hybridflow.algorithms",
     "hybridflow.tools.utils.tool_registry": "hybridflow.utils.tool_config",

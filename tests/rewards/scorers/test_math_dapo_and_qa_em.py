@@ -56,3 +56,21 @@ def test_search_r1_exact_match():
     assert default_compute_score("searchR1_triviaqa", "The Eiffel Tower", truth) == 0.0  # no answer tags
     spam = "<answer>x</answer>" * 11 + "<answer>Eiffel Tower</answer>"
     assert default_compute_score("searchR1_bamboogle", spam, truth) == 0.25
+
+
+def test_veRLs_module_paths_serve_these_scorers(tmp_path):
+    # a reward file written for veRL (its imports) loads with hybridflow's scorers behind veRL's module names
+    from hybridflow.rewards.custom import get_custom_reward_fn
+
+    path = tmp_path / "mine.py"
+    path.write_text(
+        "from verl.utils.reward_score import math_dapo\n"
+        "from verl.utils.reward_score.search_r1_like_qa_em import compute_score_subem\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if data_source == 'qa':\n"
+        "        return compute_score_subem(solution_str, {'target': ground_truth})\n"
+        "    return math_dapo.compute_score(solution_str, ground_truth)['score']\n"
+    )
+    score = get_custom_reward_fn(str(path))
+    assert score("qa", "<answer>it is Paris, France</answer>", "paris") == 1.0  # the target inside the answer
+    assert score("math", "Answer: 7", "7") == 1.0 and score("math", "Answer: 8", "7") == -1.0
