@@ -172,7 +172,11 @@ class ChatTokenizer:
         expected = list(ids)
         if last_model_ids is not None:
             expected += self.encode(self.split_turn(last_model_ids)[1])
-        full = self.encode(self.incremental_text(messages, tools, add_generation_prompt=last_model_ids is None))
+        try:
+            text = self.incremental_text(messages, tools, add_generation_prompt=last_model_ids is None)
+        except ValueError as err:  # the template cannot render a turn as written: this sample fails, not the run
+            raise TokenizationMismatch(f"tokenization sanity check ({mode}) failed: {err}") from err
+        full = self.encode(text)
         if expected == full:
             return True
         chunks = [

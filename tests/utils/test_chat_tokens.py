@@ -169,3 +169,16 @@ def test_a_template_that_rewrites_earlier_turns_still_has_deltas_and_passes_stri
     drifted = out[:-3] + ids(" ") + out[-3:]
     with pytest.raises(TokenizationMismatch):
         chat.check(drifted, messages, None, "strict", last)
+
+
+def test_a_turn_the_template_cannot_render_as_written_fails_the_sample_not_the_run():
+    # the generation prompt opens a think block; a template that drops it for this turn cannot re-render the
+    # turn after it: the check reports a mismatch (the sample is left out), it does not raise anything else
+    tok = copy.deepcopy(TOK)
+    tok.chat_template = QWEN3_LIKE.replace(
+        "'<|im_start|>assistant\\n<think>\\n' -}}{%- endif -%}", "'X' -}}{%- endif -%}"
+    )
+    chat = ChatTokenizer(tok)
+    messages = [*QUESTION, {"role": "assistant", "content": "#### 5"}]
+    with pytest.raises(TokenizationMismatch, match="does not render assistant message 1 after its generation prompt"):
+        chat.check(ids("X#### 5") + [EOS], messages, None, "strict", ids("#### 5") + [EOS])
