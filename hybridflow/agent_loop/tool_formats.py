@@ -82,6 +82,14 @@ class _SpecialTokenFormat(ToolParser):
         pad = self.tokenizer.pad_token
         return text.replace(pad, "") if pad else text
 
+    def parse_ids(self, ids: list[int], tools: list[dict] | None = None) -> ParsedResponse:
+        """The calls as parsed; the content without the end-of-turn token (the message a user or tool sees)."""
+        parsed = super().parse_ids(ids, tools)
+        eos = self.tokenizer.eos_token
+        if eos:
+            parsed.content = parsed.content.replace(eos, "")
+        return parsed
+
 
 # --------------------------------------------------------------------------- qwen3_coder
 

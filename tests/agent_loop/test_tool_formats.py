@@ -182,3 +182,9 @@ def test_deepseek_v4_dsml_and_gemma4_calls():
         ("get_weather", {"city": "São Paulo, BR", "days": 3, "metric": True, "ratio": 0.5})
     ]
     assert parse("gemma4", "Checking. " + gemma).content == "Checking. "
+
+
+def test_the_content_of_a_special_token_format_has_no_end_of_turn_token():
+    kimi = TOOL_PARSERS["kimi"](TOK)
+    parsed = kimi.parse_ids(ids("The answer is 4.") + [EOS])
+    assert parsed.content == "The answer is 4." and parsed.calls == []
