@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from hybridflow.config.base import BaseConfig, doc, placed, section
 from hybridflow.config.reasons import CPU_NO_CHUNKED_PREFILL, TARGET
 from hybridflow.config.reward import engine_only, standalone_engine
-from hybridflow.config.rollout import RolloutConfig
-from hybridflow.config.status import honoured, noted, refused
+from hybridflow.config.rollout import RolloutConfig, is_user_engine
+from hybridflow.config.status import OrYours, honoured, noted, refused
 
 __all__ = ["DistillationLossConfig", "DistillationTeacherModelConfig", "DistillationConfig"]
 
@@ -53,11 +53,14 @@ class DistillationTeacherModelConfig(BaseConfig):
     num_replicas: int | None = doc(0, "processes serving this teacher (0, single teacher: the teacher pool's size)")
     inference: RolloutConfig = section(
         placed(standalone_engine, dtype="auto"),
-        "the teacher's inference engine (hf | vllm)",
+        "the teacher's inference engine (hf | vllm | yours)",
         absent=engine_only(),
         follows={k: f"${{{_R}.{k}}}" for k in ("name", "dtype", "prompt_length", "response_length", "temperature")},
         keys={
-            "name": honoured("the teacher's engine", values=("hf", "vllm")),
+            "name": honoured(
+                "the teacher's engine: hf, vllm or an AsyncRolloutServer of yours that implements score()",
+                values=OrYours(("hf", "vllm"), also=is_user_engine),
+            ),
             "temperature": noted("the teacher scores at temperature 1.0 (a forward pass), as veRL does"),
             **dict.fromkeys(
                 ("data_parallel_size", "expert_parallel_size", "tensor_model_parallel_size"), noted(_ONE_PROCESS)

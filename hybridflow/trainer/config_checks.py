@@ -23,7 +23,7 @@ from hybridflow.config.ppo_trainer import PPOTrainerConfig
 from hybridflow.interactions.utils.interaction_registry import initialize_interactions_from_config
 from hybridflow.rewards.registry import manager_needs_judge
 from hybridflow.rewards.streaming import RewardRecipe
-from hybridflow.rollout.server import rollout_server_class
+from hybridflow.rollout.server import AsyncRolloutServer, rollout_server_class
 from hybridflow.single_controller.factory import check_pool_size
 from hybridflow.trainer.checkpoint_callback import checkpoint_callback_class
 from hybridflow.utils.tool_config import check_function_tools, check_tool_config
@@ -80,11 +80,19 @@ def validate_ppo_config(cfg: PPOTrainerConfig | Mapping, n_devices: int | None =
         except (OSError, ValueError, ImportError, NotImplementedError, TypeError, AttributeError) as e:
             errors.append(f"{_ROLLOUT}.{key}={path}: {type(e).__name__}: {e}")
     judge_engine = cfg.reward.reward_model.rollout.name
-    for key, name in ((f"{_ROLLOUT}.name", rollout.name), ("reward.reward_model.rollout.name", judge_engine)):
+    engines = [(f"{_ROLLOUT}.name", rollout.name, False), ("reward.reward_model.rollout.name", judge_engine, False)]
+    if cfg.distillation.enabled:  # a teacher scores tokens: its engine must implement score()
+        engines += [
+            (f"distillation.teacher_models.{name}.inference.name", teacher.inference.name, True)
+            for name, teacher in cfg.distillation.teacher_models.items()
+        ]
+    for key, name, scores in engines:
         if name in (None, "hf", "vllm"):
             continue
         try:  # an engine of the user's: its class found before anything starts
-            rollout_server_class(name, key)
+            cls = rollout_server_class(name, key)
+            if scores and cls.score is AsyncRolloutServer.score:
+                raise TypeError(f"{cls.__name__} does not implement score(), which a distillation teacher calls")
         except (OSError, KeyError, ImportError, TypeError, AttributeError) as e:
             errors.append(f"{key}={name}: {type(e).__name__}: {e}")
     if t.checkpoint_callback_class:

@@ -13,6 +13,7 @@ from hybridflow.rollout import ROLLOUT_SERVERS, register_rollout_server, rollout
 from hybridflow.workers.rollout.hf_server import HFServer
 
 ENGINE = """
+from hybridflow.rollout.server import AsyncRolloutServer
 from hybridflow.workers.rollout.hf_server import HFServer
 
 
@@ -25,6 +26,17 @@ class CountingServer(HFServer):
 
 class NotAServer:
     pass
+
+
+class GenerateOnly(HFServer):
+    score = AsyncRolloutServer.score  # as an engine that only generates: no score()
+
+
+class CountingScorer(HFServer):
+    async def score(self, sequences, topk):
+        with open({log!r}, "a") as f:
+            f.write("score %d\\n" % len(sequences))
+        return await super().score(sequences, topk)
 """
 
 
@@ -105,3 +117,31 @@ def test_a_generative_reward_model_is_served_by_the_users_engine(engine_file, ti
         checked_config(load_config("ppo_trainer", [*overrides, *bad]))
     with pytest.raises(ConfigError, match="reward.reward_model.rollout.name='sglang' is not supported by hybridflow"):
         load_config("ppo_trainer", [*overrides, "reward.reward_model.rollout.name=sglang"])
+
+
+def test_a_distillation_teacher_scores_on_the_users_engine(engine_file, tiny_model_dir, tiny_data_dir, tmp_path):
+    """distillation.teacher_models.*.inference.name takes an engine of the user's that implements score()."""
+    from hybridflow.main_ppo import checked_config, run_ppo
+    from tests.trainer.e2e_helpers import assert_finite, base_overrides, read_metrics
+
+    path, log = engine_file
+    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, n=2, batch=4, steps=1, backend="inprocess")
+    overrides += ["trainer.val_before_train=False", "trainer.test_freq=-1"]
+    teacher = "distillation.teacher_models.teacher_model"
+    distil = [
+        "distillation.enabled=True",
+        f"{teacher}.model_path={tiny_model_dir}",
+        f"{teacher}.inference.dtype=float32",
+        "distillation.distillation_loss.loss_mode=forward_kl_topk",
+        "distillation.distillation_loss.topk=4",
+    ]
+    run_ppo(load_config("ppo_trainer", [*overrides, *distil, f"{teacher}.inference.name={path}:CountingScorer"]))
+    (step,) = read_metrics(tmp_path)
+    assert_finite(step)
+    assert "distillation/kl" in step
+    scored = [line.split() for line in log.read_text().splitlines()]
+    assert scored and all(word == "score" for word, _ in scored)  # the teacher's scores came from it
+    assert sum(int(n) for _, n in scored) == 4 * 2  # every sample of the step
+    bad = f"{teacher}.inference.name={path}:GenerateOnly"
+    with pytest.raises(ConfigError, match=f"{teacher}.inference.name={path}:GenerateOnly: .*does not implement score"):
+        checked_config(load_config("ppo_trainer", [*overrides, *distil, bad]))
