@@ -113,7 +113,10 @@ class LegacyRewardModelConfig(BaseConfig):
         32768, "token budget per forward", follows="${critic.forward_max_token_len_per_gpu}", note=_RM_SPEED
     )
     launch_reward_fn_async: bool = doc(
-        False, "compute rule rewards in the background", refused="rewards are computed synchronously in the driver"
+        False,
+        "compute rule rewards in the background",
+        note="a speed setting: hybridflow scores each trajectory as it finishes, overlapping generation, in "
+        "reward.num_workers processes (the same scores)",
     )
     use_reward_loop: bool = doc(True, "veRL's reward loop (hybridflow scores in its reward workers)", note=_RM_SPEED)
     sandbox_fusion: LegacySandboxFusionConfig = section(
