@@ -144,7 +144,7 @@ def test_a_negative_schedule_value_is_refused_naming_the_key():
         TorchProfilerScheduleConfig(warmup=-1)
 
 
-def _profiled_run(tiny_model_dir, tiny_data_dir, tmp_path, *extra) -> str:
+def _profiled_run(tiny_model_dir, tiny_data_dir, tmp_path, *extra, backend: str = "inprocess") -> str:
     """Step 2 of a 2-step GRPO run profiled on the actor+rollout worker (4 mini-batches per update)."""
     from hybridflow.config.loader import load_config
     from hybridflow.main_ppo import run_ppo
@@ -152,7 +152,7 @@ def _profiled_run(tiny_model_dir, tiny_data_dir, tmp_path, *extra) -> str:
 
     save = tmp_path / "profile"
     overrides = base_overrides(
-        tiny_model_dir, tiny_data_dir, tmp_path, steps=2, backend="inprocess", mini_batch=1
+        tiny_model_dir, tiny_data_dir, tmp_path, steps=2, backend=backend, mini_batch=1
     )  # 4 prompts x 2 samples, 1 prompt a mini-batch: 4 optimizer steps an update
     overrides += [
         "trainer.test_freq=-1",
@@ -242,3 +242,30 @@ def test_profiling_a_run_with_a_reward_model_records_the_policy_worker(tiny_mode
         "reward_model.micro_batch_size_per_gpu=4",
     )
     assert os.listdir(folder) == ["actor_rollout_rank0.pt.trace.json"]
+
+
+@pytest.mark.slow
+def test_ray_workers_write_per_stage_traces_with_the_decode_thread(
+    tiny_model_dir, tiny_data_dir, ray_session, tmp_path
+):
+    """The same on a Ray worker process: the stage spans cross calls (generate: prepare_rollout to
+    release_rollout) and the hf rollout's decode thread is recorded there too."""
+    torch_cfg = "actor_rollout_ref.{}.profiler.tool_config.torch"
+    folder = _profiled_run(
+        tiny_model_dir,
+        tiny_data_dir,
+        tmp_path,
+        f"{torch_cfg.format('actor')}.discrete=True",
+        f"{torch_cfg.format('rollout')}.discrete=True",
+        backend="ray",
+    )
+    assert sorted(os.listdir(folder)) == [
+        "actor_rollout_compute_log_prob_rank0.pt.trace.json",
+        "actor_rollout_generate_rank0.pt.trace.json",
+        "actor_rollout_update_actor_rank0.pt.trace.json",
+    ]
+    generate = _events(os.path.join(folder, "actor_rollout_generate_rank0.pt.trace.json"))
+    # the decode's forwards (on the engine's executor thread) are in it, not only the weight push
+    assert any(e.get("name") in ("aten::linear", "aten::addmm", "aten::mm") for e in generate)
+    update = _events(os.path.join(folder, "actor_rollout_update_actor_rank0.pt.trace.json"))
+    assert _optimizer_steps(update) == 4
