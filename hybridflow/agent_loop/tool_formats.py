@@ -216,43 +216,40 @@ class GLMToolParser(_SpecialTokenFormat):
         return ParsedResponse(content, calls, malformed)
 
 
-@register_tool_parser("seed")
-class SeedToolParser(_SpecialTokenFormat):
-    block = re.compile(r"<seed:tool_call>(.*?)</seed:tool_call>", re.DOTALL)
-    function = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
-    parameter = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+class _TaggedCallsFormat(_SpecialTokenFormat):
+    """Calls inside ``opening ... closing`` blocks, each an ``element`` (its name, its body) holding ``parameter``
+    pairs (key, value); a value is JSON where it parses, else text. A block without an element is malformed."""
+
+    opening = closing = ""
+    block = element = parameter = re.compile("")
 
     def parse(self, text: str) -> ParsedResponse:
-        if "<seed:tool_call>" not in text or "</seed:tool_call>" not in text:
+        if self.opening not in text or self.closing not in text:
             return ParsedResponse(text)
         calls, malformed = [], 0
         for block in self.block.findall(text):
-            found = self.function.search(block)
-            if found is None:
-                malformed += 1
-                continue
-            values = {k.strip(): json_or_text(v) for k, v in self.parameter.findall(found.group(2))}
-            calls.append(FunctionCall(name=found.group(1).strip(), arguments=_arguments(values)))
-        return ParsedResponse(_before(text, "<seed:tool_call>"), calls, malformed)
-
-
-@register_tool_parser("minimax")
-class MiniMaxToolParser(_SpecialTokenFormat):
-    block = re.compile(r"<minimax:tool_call>(.*?)</minimax:tool_call>", re.DOTALL)
-    invoke = re.compile(r'<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
-    parameter = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
-
-    def parse(self, text: str) -> ParsedResponse:
-        if "<minimax:tool_call>" not in text or "</minimax:tool_call>" not in text:
-            return ParsedResponse(text)
-        calls, malformed = [], 0
-        for block in self.block.findall(text):
-            found = self.invoke.findall(block)
+            found = self.element.findall(block)
             malformed += not found
             for name, body in found:
                 values = {k.strip(): json_or_text(v) for k, v in self.parameter.findall(body)}
                 calls.append(FunctionCall(name=name.strip(), arguments=_arguments(values)))
-        return ParsedResponse(_before(text, "<minimax:tool_call>"), calls, malformed)
+        return ParsedResponse(_before(text, self.opening), calls, malformed)
+
+
+@register_tool_parser("seed")
+class SeedToolParser(_TaggedCallsFormat):
+    opening, closing = "<seed:tool_call>", "</seed:tool_call>"
+    block = re.compile(r"<seed:tool_call>(.*?)</seed:tool_call>", re.DOTALL)
+    element = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
+    parameter = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+
+
+@register_tool_parser("minimax")
+class MiniMaxToolParser(_TaggedCallsFormat):
+    opening, closing = "<minimax:tool_call>", "</minimax:tool_call>"
+    block = re.compile(r"<minimax:tool_call>(.*?)</minimax:tool_call>", re.DOTALL)
+    element = re.compile(r'<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
+    parameter = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
 
 
 # --------------------------------------------------------------------------- kimi

@@ -82,31 +82,19 @@ def test_unknown_torch_contents_are_refused_by_the_typed_section():
 
 
 def test_listed_steps_write_a_trace_per_rank(tiny_model_dir, tiny_data_dir, tmp_path):
-    from hybridflow.config.loader import load_config
-    from hybridflow.main_ppo import run_ppo
-    from tests.trainer.e2e_helpers import base_overrides
-
-    save = tmp_path / "profile"
-    overrides = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, estimator="grpo", steps=3, backend="inprocess")
-    overrides += [
-        "trainer.test_freq=-1",
-        "global_profiler.tool=torch",
-        "global_profiler.steps=[2]",
-        f"global_profiler.save_path={save}",
-        "actor_rollout_ref.actor.profiler.enable=True",
-        "actor_rollout_ref.actor.profiler.all_ranks=True",
-        "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[shapes]",
-    ]
-    run_ppo(load_config("ppo_trainer", overrides))
+    folder = _profiled_run(
+        tiny_model_dir, tiny_data_dir, tmp_path, "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[shapes]",
+        steps=3,
+    )  # fmt: skip
+    save = os.path.dirname(folder)
     assert sorted(os.listdir(save)) == ["step_2"]  # steps 1 and 3 were not recorded
-    (name,) = os.listdir(save / "step_2")
+    (name,) = os.listdir(folder)
     assert name.endswith("_rank0.pt.trace.json")
-    with open(save / "step_2" / name) as f:
-        events = json.load(f)["traceEvents"]
+    events = _events(os.path.join(folder, name))
     names = {e.get("name") for e in events}
     assert any(n and n.startswith("aten::") for n in names)  # the step's torch ops are in it
     assert any("Input Dims" in (e.get("args") or {}) for e in events)  # contents=[shapes] recorded shapes
-    assert trace_path(str(save), 2, name.split("_rank")[0], 0) == str(save / "step_2" / name)
+    assert trace_path(save, 2, name.split("_rank")[0], 0) == os.path.join(folder, name)
 
 
 @pytest.mark.parametrize("tool", ["nsys", "npu", "torch_memory"])
@@ -144,15 +132,15 @@ def test_a_negative_schedule_value_is_refused_naming_the_key():
         TorchProfilerScheduleConfig(warmup=-1)
 
 
-def _profiled_run(tiny_model_dir, tiny_data_dir, tmp_path, *extra, backend: str = "inprocess") -> str:
-    """Step 2 of a 2-step GRPO run profiled on the actor+rollout worker (4 mini-batches per update)."""
+def _profiled_run(tiny_model_dir, tiny_data_dir, tmp_path, *extra, backend: str = "inprocess", steps: int = 2) -> str:
+    """The folder of step 2 of a GRPO run profiled on the actor+rollout worker (4 mini-batches per update)."""
     from hybridflow.config.loader import load_config
     from hybridflow.main_ppo import run_ppo
     from tests.trainer.e2e_helpers import base_overrides
 
     save = tmp_path / "profile"
     overrides = base_overrides(
-        tiny_model_dir, tiny_data_dir, tmp_path, steps=2, backend=backend, mini_batch=1
+        tiny_model_dir, tiny_data_dir, tmp_path, steps=steps, backend=backend, mini_batch=1
     )  # 4 prompts x 2 samples, 1 prompt a mini-batch: 4 optimizer steps an update
     overrides += [
         "trainer.test_freq=-1",
