@@ -223,6 +223,9 @@ class _TaggedCallsFormat(_SpecialTokenFormat):
     opening = closing = ""
     block = element = parameter = re.compile("")
 
+    def values_of(self, body: str) -> dict:
+        return {key.strip(): json_or_text(value) for key, value in self.parameter.findall(body)}
+
     def parse(self, text: str) -> ParsedResponse:
         if self.opening not in text or self.closing not in text:
             return ParsedResponse(text)
@@ -231,8 +234,7 @@ class _TaggedCallsFormat(_SpecialTokenFormat):
             found = self.element.findall(block)
             malformed += not found
             for name, body in found:
-                values = {k.strip(): json_or_text(v) for k, v in self.parameter.findall(body)}
-                calls.append(FunctionCall(name=name.strip(), arguments=_arguments(values)))
+                calls.append(FunctionCall(name=name.strip(), arguments=_arguments(self.values_of(body))))
         return ParsedResponse(_before(text, self.opening), calls, malformed)
 
 
@@ -311,34 +313,30 @@ _DSML = "｜DSML｜"  # DeepSeek-V4's markup token (full-width bars)
 
 
 @register_tool_parser("deepseek_v4")
-class DeepSeekV4ToolParser(_SpecialTokenFormat):
+class DeepSeekV4ToolParser(_TaggedCallsFormat):
     """``<｜DSML｜tool_calls><｜DSML｜invoke name="NAME"><｜DSML｜parameter name="KEY" string="true|false">value
     </｜DSML｜parameter></｜DSML｜invoke></｜DSML｜tool_calls>``: ``string="true"`` is text, ``false`` JSON. The
     content is what follows the reasoning (after ``</think>``), without the blank line before the calls."""
 
-    start = f"<{_DSML}tool_calls>"
+    opening, closing = f"<{_DSML}tool_calls>", f"</{_DSML}tool_calls>"
     block = re.compile(rf"<{_DSML}tool_calls>(.*?)</{_DSML}tool_calls>", re.DOTALL)
-    invoke = re.compile(rf'<{_DSML}invoke name="(.*?)">(.*?)</{_DSML}invoke>', re.DOTALL)
+    element = re.compile(rf'<{_DSML}invoke name="(.*?)">(.*?)</{_DSML}invoke>', re.DOTALL)
     parameter = re.compile(rf'<{_DSML}parameter name="(.*?)" string="(true|false)">(.*?)</{_DSML}parameter>', re.DOTALL)
 
     def decode(self, ids: list[int]) -> str:
         return super().decode(ids).replace("<｜end▁of▁sentence｜>", "")
 
+    def values_of(self, body: str) -> dict:
+        return {
+            key: value if is_text == "true" else json_or_text(value)
+            for key, is_text, value in self.parameter.findall(body)
+        }
+
     def parse(self, text: str) -> ParsedResponse:
-        content = _before(text, self.start).rpartition("</think>")[2]
-        if self.start not in text:
-            return ParsedResponse(content)
-        calls, malformed = [], 0
-        for block in self.block.findall(text):
-            found = self.invoke.findall(block)
-            malformed += not found
-            for name, body in found:
-                values = {
-                    key: value if is_text == "true" else json_or_text(value)
-                    for key, is_text, value in self.parameter.findall(body)
-                }
-                calls.append(FunctionCall(name=name, arguments=_arguments(values)))
-        return ParsedResponse(content.removesuffix("\n\n"), calls, malformed)
+        parsed = super().parse(text)
+        content = _before(parsed.content, self.opening).rpartition("</think>")[2]
+        parsed.content = content.removesuffix("\n\n") if parsed.calls or parsed.malformed else content
+        return parsed
 
 
 def gemma_value(raw: str) -> Any:
