@@ -88,7 +88,11 @@ VERL_ONLY_CONFIGS = {
 # veRL's config groups in a config's defaults list: {config: {group: the option hybridflow's yaml holds}}. A
 # command line that picks that option (every veRL 0.9 SFT example writes engine=fsdp) changes nothing; another
 # option is refused by name.
-CONFIG_GROUPS = {"sft_trainer": {"engine": "fsdp", "optim": "fsdp", "model": "hf_model", "profiler": "profiler"}}
+CONFIG_GROUPS = {
+    "sft_trainer": {"engine": "fsdp", "optim": "fsdp", "model": "hf_model", "profiler": "profiler"},
+    # ppo_trainer's role configs (``actor@actor_rollout_ref.actor=dp_actor``; megatron_actor, ... are other engines')
+    "ppo_trainer": {"actor": "dp_actor", "ref": "dp_ref", "critic": "dp_critic"},
+}
 _OTHER_ENGINES = {"megatron": "Megatron", "veomni": "VeOmni", "automodel": "AutoModel", "torchtitan": "TorchTitan"}
 
 
@@ -111,13 +115,13 @@ def _choose_config_groups(overrides: Sequence[str], name: str) -> list[str]:
         choice, held = override.value(), groups[group]
         if choice == held:
             continue
-        engine = _OTHER_ENGINES.get(choice)
+        engine = _OTHER_ENGINES.get(choice.split("_")[0])  # megatron, megatron_actor, ...
         why = (
-            f"{engine} is not a hybridflow training engine (FSDP2/DDP only: {held}, with engine.strategy)"
+            f"{engine} is not a hybridflow training engine (FSDP2/DDP only: {held})"
             if engine
-            else f"veRL's only option of this group is {held!r}"
+            else f"hybridflow's option of this group is {held!r}"
         )
-        errors.append(f"{group}={choice!r} is not supported by hybridflow: {why}")
+        errors.append(f"{override.input_line!r} is not supported by hybridflow: {why}")
     if errors:
         raise ConfigError("invalid overrides:\n  " + "\n  ".join(errors))
     return kept

@@ -319,6 +319,15 @@ def test_veRLs_sft_group_choices_that_hybridflow_holds_change_nothing_and_others
     with pytest.raises(ConfigError) as e:
         load_config("sft_trainer", ["engine=megatron", "optim=automodel", "model=other"])
     msg = str(e.value)
-    assert "engine='megatron' is not supported by hybridflow: Megatron is not a hybridflow training engine" in msg
-    assert "optim='automodel' is not supported by hybridflow: AutoModel is not" in msg
-    assert "model='other' is not supported by hybridflow: veRL's only option of this group is 'hf_model'" in msg
+    assert "'engine=megatron' is not supported by hybridflow: Megatron is not a hybridflow training engine" in msg
+    assert "'optim=automodel' is not supported by hybridflow: AutoModel is not" in msg
+    assert "'model=other' is not supported by hybridflow: hybridflow's option of this group is 'hf_model'" in msg
+    # ppo_trainer's role configs: the FSDP one is hybridflow's, another engine's is refused by name
+    plain = load_config("ppo_trainer", ["actor@actor_rollout_ref.actor=dp_actor", "critic=dp_critic"])
+    assert plain == load_config("ppo_trainer", [])
+    with pytest.raises(
+        ConfigError,
+        match="'actor@actor_rollout_ref.actor=megatron_actor' is not supported by hybridflow: "
+        "Megatron is not a hybridflow training engine",
+    ):
+        load_config("ppo_trainer", ["actor@actor_rollout_ref.actor=megatron_actor"])
