@@ -93,7 +93,13 @@ CONFIG_GROUPS = {
     # ppo_trainer's role configs (``actor@actor_rollout_ref.actor=dp_actor``; megatron_actor, ... are other engines')
     "ppo_trainer": {"actor": "dp_actor", "ref": "dp_ref", "critic": "dp_critic"},
 }
-_OTHER_ENGINES = {"megatron": "Megatron", "veomni": "VeOmni", "automodel": "AutoModel", "torchtitan": "TorchTitan"}
+_OTHER_ENGINES = {
+    "megatron": "Megatron",
+    "mlite": "Megatron-Lite",
+    "veomni": "VeOmni",
+    "automodel": "AutoModel",
+    "torchtitan": "TorchTitan",
+}
 
 
 def _choose_config_groups(overrides: Sequence[str], name: str) -> list[str]:

@@ -1,5 +1,7 @@
 """Compose every ``verl.trainer.main_ppo`` command line of a veRL ``examples/`` directory under
-``hybridflow.main_ppo`` (the equivalent of ``--cfg job``: compose and check every key, no training).
+``hybridflow.main_ppo`` (the equivalent of ``--cfg job``: compose and check every key, no training), and
+likewise its SFT lines (``torchrun ... -m verl.trainer.sft_trainer``: ``hybridflow.main_sft``) and generation lines
+(``verl.trainer.main_generation_server``: ppo_trainer's keys, its ``+data.output_path`` left out).
 
     python -m hybridflow.devtools.check_verl_examples PATH/TO/verl/examples [--verbose] [--json OUT]
         [--reference-python /work/verl_venv/bin/python]
@@ -42,6 +44,13 @@ from hybridflow.devtools.shell_words import UNSET, read_script
 __all__ = ["find_commands", "prepare_args", "check_command", "judge_with_verl", "check_examples", "summary", "main"]
 
 MODULE = "verl.trainer.main_ppo"
+# veRL's entry points read here -> (the hybridflow config their keys compose into, the entry's short name)
+ENTRY_POINTS = {
+    MODULE: ("ppo_trainer", "main_ppo"),
+    "verl.trainer.sft_trainer": ("sft_trainer", "sft_trainer"),
+    "verl.trainer.main_generation_server": ("ppo_trainer", "main_generation_server"),
+}
+_NOT_PPO_KEYS = ("data.output_path",)  # main_generation_server's own key, added with +
 _REDIRECT = re.compile(r"^[0-9]*(>>?|<)(&[0-9])?")
 _SUFFIXES = (".sh", ".bash", ".slurm", ".sbatch", ".yaml", ".yml", ".md")
 
@@ -55,18 +64,19 @@ class Result:
     args: list[str]
     verl: str = ""  # ACCEPTS | REJECTS when veRL judged the line (--reference-python), else ""
     verl_message: str = ""
+    entry: str = "main_ppo"  # the veRL entry point of the line (ENTRY_POINTS)
 
 
-def find_commands(path: Path, cwd: Path | None = None) -> list[tuple[int, list[str]]]:
-    """(line, arguments after ``-m verl.trainer.main_ppo``) of every main_ppo command in a script
-    meant to run from ``cwd`` (veRL's scripts: the top of the checkout)."""
+def find_commands(path: Path, cwd: Path | None = None, module: str = MODULE) -> list[tuple[int, list[str]]]:
+    """(line, arguments after ``-m <module>``) of every command of that entry point in a script meant to run
+    from ``cwd`` (veRL's scripts: the top of the checkout)."""
     out = []
     reader = read_script(path, cwd)
     for command in reader.commands():
-        if MODULE not in command.words:
+        if module not in command.words:
             continue
         args = []
-        for word in command.words[command.words.index(MODULE) + 1 :]:
+        for word in command.words[command.words.index(module) + 1 :]:
             if _REDIRECT.match(word):
                 break
             args.append(word)
@@ -123,9 +133,12 @@ def prepare_args(args: list[str], script: Path, examples: Path, relative: bool =
     return fixed, unresolved
 
 
-def check_command(args: list[str], script: Path, examples: Path) -> tuple[str, str, list[str]]:
-    """(verdict, message, the arguments given to hybridflow) for one command line."""
+def check_command(
+    args: list[str], script: Path, examples: Path, config: str = "ppo_trainer"
+) -> tuple[str, str, list[str]]:
+    """(verdict, message, the arguments given to hybridflow) for one command line composed into ``config``."""
     fixed, unresolved = prepare_args(args, script, examples)
+    fixed = [a for a in fixed if a.lstrip("+").partition("=")[0] not in _NOT_PPO_KEYS]
     # veRL's own ppo_trainer: hybridflow's is the same tree, so the flags only name veRL's directory
     names = [a.partition("=")[2].strip("'\"") for a in fixed if a.startswith(("--config-name=", "-cn="))]
     if names and names[-1].removesuffix(".yaml") == "ppo_trainer":
@@ -133,7 +146,7 @@ def check_command(args: list[str], script: Path, examples: Path) -> tuple[str, s
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
-            parse_cli("ppo_trainer", fixed + ["--cfg", "job"])
+            parse_cli(config, fixed + ["--cfg", "job"])
             code = 0
         except SystemExit as e:
             code = e.code
@@ -170,23 +183,31 @@ def judge_with_verl(commands: list[list[str]], python: str, timeout: float = 180
 
 
 def check_examples(examples: Path, reference_python: str | None = None) -> list[Result]:
-    """Every main_ppo command line under ``examples``, composed by hybridflow and, with
-    ``reference_python``, judged by veRL too (``Result.verl``)."""
+    """Every command line of veRL's entry points (``ENTRY_POINTS``) under ``examples``, composed by hybridflow
+    and, with ``reference_python``, the main_ppo lines judged by veRL too (``Result.verl``)."""
     results, prepared = [], []
     for path in sorted(p for p in examples.rglob("*") if p.is_file() and p.suffix in _SUFFIXES):
+        script = str(path.relative_to(examples))
         try:
-            if MODULE not in path.read_text(errors="replace"):
-                continue
-            commands = find_commands(path, examples.parent)
+            text = path.read_text(errors="replace")
+            found = [
+                (line, args, module)
+                for module in ENTRY_POINTS
+                if module in text
+                for line, args in find_commands(path, examples.parent, module)
+            ]
         except (OSError, UnicodeError) as e:
-            results.append(Result(str(path.relative_to(examples)), 0, "ERROR", f"cannot read: {e}", []))
+            results.append(Result(script, 0, "ERROR", f"cannot read: {e}", []))
             prepared.append(None)
             continue
-        for line, args in commands:
-            verdict, message, used = check_command(args, path, examples)
-            results.append(Result(str(path.relative_to(examples)), line, verdict, message, used))
-            # veRL resolves a relative --config-path itself: against verl/trainer/ (Hydra, python -m)
-            prepared.append(prepare_args(args, path, examples, relative=False)[0])
+        for line, args, module in sorted(found, key=lambda item: item[0]):
+            config, entry = ENTRY_POINTS[module]
+            verdict, message, used = check_command(args, path, examples, config)
+            results.append(Result(script, line, verdict, message, used, entry=entry))
+            # veRL resolves a relative --config-path itself: against verl/trainer/ (Hydra, python -m); its
+            # judge (verl_reference) composes ppo_trainer only
+            ppo = module == MODULE
+            prepared.append(prepare_args(args, path, examples, relative=False)[0] if ppo else None)
     if reference_python:
         judged = [i for i, a in enumerate(prepared) if a is not None]
         for i, (accepted, message) in zip(judged, judge_with_verl([prepared[i] for i in judged], reference_python)):
@@ -209,11 +230,14 @@ def _first_line(message: str) -> str:
 def summary(results: list[Result]) -> list[str]:
     """The report's closing lines: counts, and the keys that refused most often (among the lines
     veRL accepts, when veRL judged them)."""
-    counts = Counter(r.verdict for r in results)
-    out = [
-        f"{len(results)} main_ppo command lines in {len({r.script for r in results})} files: "
-        + ", ".join(f"{counts.get(v, 0)} {v}" for v in ("OK", "REFUSED", "ERROR"))
-    ]
+    out = []
+    for entry in dict.fromkeys(r.entry for r in results):
+        lines = [r for r in results if r.entry == entry]
+        counts = Counter(r.verdict for r in lines)
+        out.append(
+            f"{len(lines)} {entry} command lines in {len({r.script for r in lines})} files: "
+            + ", ".join(f"{counts.get(v, 0)} {v}" for v in ("OK", "REFUSED", "ERROR"))
+        )
     pool = results
     if any(r.verl for r in results):
         pool = [r for r in results if r.verl == "ACCEPTS"]
@@ -253,7 +277,8 @@ def main(argv=None) -> int:
         first = r.message.splitlines()
         detail = ("\n    " + "\n    ".join(first)) if args.verbose else (f"  {_first_line(r.message)}" if first else "")
         verl = f"verl:{r.verl:7s} " if r.verl else ""
-        print(f"{r.verdict:8s} {verl}{r.script}:{r.line}{detail}")
+        entry = "" if r.entry == "main_ppo" else f"[{r.entry}] "
+        print(f"{r.verdict:8s} {verl}{entry}{r.script}:{r.line}{detail}")
         if args.verbose and r.verl == "REJECTS":
             print(f"    veRL: {r.verl_message}")
     print()

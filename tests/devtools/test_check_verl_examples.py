@@ -258,3 +258,29 @@ def test_verl_judges_with_its_own_config():
     )
     assert [accepted for accepted, _ in verdicts] == [True, False, False, True]
     assert "data.train_batch_sizee" in verdicts[1][1] and "real_train_batch_size (3)" in verdicts[2][1]
+
+
+def test_sft_and_generation_server_lines_compose_into_their_configs(tmp_path, capsys):
+    ex = tmp_path / "verl" / "examples"
+    (ex / "sft").mkdir(parents=True)
+    torchrun = "torchrun --standalone --nnodes=1 --nproc_per_node=2 -m verl.trainer.sft_trainer"
+    (ex / "sft" / "run_fsdp.sh").write_text(
+        f"{torchrun} data.train_files=$HOME/data/train.parquet data.messages_key=messages engine=fsdp optim.lr=1e-4 "
+        "engine.ulysses_sequence_parallel_size=2 trainer.logger='[\"console\"]'\n"
+    )
+    (ex / "sft" / "run_megatron.sh").write_text(f"{torchrun} engine=megatron optim=megatron\n")
+    (ex / "gen").mkdir()
+    (ex / "gen" / "run.sh").write_text(
+        "python3 -m verl.trainer.main_generation_server data.train_files=$HOME/t.parquet "
+        "+data.output_path=$HOME/o.parquet actor_rollout_ref.rollout.n=4\n"
+    )
+    results = {r.script: r for r in check_examples(ex)}
+    assert results["sft/run_fsdp.sh"].entry == "sft_trainer" and results["sft/run_fsdp.sh"].verdict == "OK", results
+    megatron = results["sft/run_megatron.sh"]
+    assert megatron.verdict == "REFUSED" and "'engine=megatron' is not supported" in megatron.message
+    generation = results["gen/run.sh"]
+    assert generation.entry == "main_generation_server" and generation.verdict == "OK", generation.message
+    assert main([str(ex)]) == 0
+    out = capsys.readouterr().out
+    assert "2 sft_trainer command lines in 2 files: 1 OK, 1 REFUSED, 0 ERROR" in out
+    assert "1 main_generation_server command lines in 1 files: 1 OK, 0 REFUSED, 0 ERROR" in out
