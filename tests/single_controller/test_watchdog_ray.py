@@ -78,7 +78,8 @@ def test_frozen_worker(group, tool, monkeypatch, tmp_path):
         pytest.skip("py-spy is not on PATH (optional: pip install py-spy)")
     monkeypatch.setenv("HYBRIDFLOW_STACK_TOOL", tool)
     pids = group.pid()
-    handles = group.execute_all_async("sleep", 2.0, marker_dir=str(tmp_path))
+    # rank 1 sleeps long: on a loaded machine the SIGSTOP below came once only after a 2 s sleep had ended
+    handles = group.execute_all_async("sleep", 2.0, marker_dir=str(tmp_path), rank_seconds={1: 60.0})
     deadline = time.monotonic() + 30
     while not os.path.exists(tmp_path / "sleeping.1") and time.monotonic() < deadline:
         time.sleep(0.02)

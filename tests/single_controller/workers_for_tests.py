@@ -105,13 +105,17 @@ class EchoWorker(Worker):
         return self.rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def sleep(self, seconds, marker_dir=None):
+    def sleep(self, seconds, marker_dir=None, rank_seconds=None):
         import os
         import time
 
+        seconds = (rank_seconds or {}).get(self.rank, seconds)  # a rank the test freezes sleeps long enough
         if marker_dir:  # tells the test the sleep has begun (a loaded machine may start it late)
             open(os.path.join(marker_dir, f"sleeping.{self.rank}"), "w").close()
-        time.sleep(seconds)
+        # in 10 ms steps: a process stopped (SIGSTOP) and continued later still has its remaining sleep ahead, so a
+        # stack dump taken after SIGCONT finds it here (one time.sleep would return at once, its deadline passed)
+        for _ in range(max(1, round(seconds / 0.01))):
+            time.sleep(0.01)
         return self.rank
 
     # mesh-aware: ranks form tensor-parallel pairs; only the first rank of each pair is collected
