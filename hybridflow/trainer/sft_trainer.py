@@ -344,13 +344,13 @@ class FSDPSFTTrainer:
         if by_tokens:
             budget = int(data.max_token_len_per_gpu) * self.layout.sp_size
             world = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
-            parts = token_budget_partitions(batch["attention_mask"].sum(-1).tolist(), budget, world)
-        else:
+            lengths = batch["attention_mask"].sum(-1).tolist()
+            parts = [torch.tensor(part) for part in token_budget_partitions(lengths, budget, world)]
+        else:  # consecutive rows: slices, so a micro-batch is a view of the batch
             mbs = data.micro_batch_rows
-            parts = [list(range(i, min(i + mbs, n))) for i in range(0, n, mbs)]
+            parts = [slice(i, i + mbs) for i in range(0, n, mbs)]
         out = []
-        for part in parts:
-            rows = torch.tensor(part)
+        for rows in parts:
             attended = batch["attention_mask"][rows].any(dim=0).nonzero()  # host tensor: no device sync
             length = int(attended[-1]) + 1 if len(attended) else 1
             out.append(
@@ -364,28 +364,21 @@ class FSDPSFTTrainer:
     # --- steps --------------------------------------------------------------------------------------
     def _nll_sum(self, mb: dict) -> torch.Tensor:
         dtype = self.compute_dtype
-        if self.sp is not None:  # packed rows, this rank's slice of them; the scores are gathered over the group
-            with torch.autocast(device_type=self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        ids, mask, positions = mb["input_ids"], mb["attention_mask"], mb["position_ids"]
+        with torch.autocast(device_type=self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            if self.sp is not None:  # packed rows, this rank's slice of them; the scores are gathered over the group
                 log_probs, _, _ = forward_response_token_stats(
                     self.module,
-                    mb["input_ids"],
-                    mb["attention_mask"],
-                    mb["position_ids"],
-                    response_length=mb["input_ids"].size(1) - 1,  # every position predicts the next token
+                    ids,
+                    mask,
+                    positions,
+                    response_length=ids.size(1) - 1,
                     use_remove_padding=True,
                     sp=self.sp,
-                )
-            return -(log_probs.float() * mb["loss_mask"][:, 1:].float()).sum()
-        with torch.autocast(device_type=self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            logits = self.module(
-                input_ids=mb["input_ids"],
-                attention_mask=mb["attention_mask"],
-                position_ids=mb["position_ids"],
-                use_cache=False,
-            ).logits  # (b, T, V)
-        return sft_nll_sum(
-            logits.float() if logits.dtype != torch.float32 else logits, mb["input_ids"], mb["loss_mask"]
-        )
+                )  # fmt: skip  (every position predicts the next token)
+                return -(log_probs.float() * mb["loss_mask"][:, 1:].float()).sum()
+            logits = self.module(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        return sft_nll_sum(logits.float() if logits.dtype != torch.float32 else logits, ids, mb["loss_mask"])
 
     def training_step(self, batch: dict) -> dict[str, float]:
         """One optimizer step on this rank's rows of a global batch; returns global metrics."""
