@@ -76,15 +76,6 @@ def available_configs(directory: str | os.PathLike | None = None) -> list[str]:
     return sorted(p.stem for p in Path(directory or config_dir()).glob("*.yaml"))
 
 
-# veRL configs hybridflow does not ship: the answer when a command line or a defaults list names one.
-VERL_ONLY_CONFIGS = {
-    "ppo_megatron_trainer": "Megatron is not a hybridflow training engine (FSDP2/DDP only); use ppo_trainer",
-    "ppo_torchtitan_trainer": "TorchTitan is not a hybridflow training engine (FSDP2/DDP only); use ppo_trainer",
-    "ppo_veomni_trainer": "VeOmni is not a hybridflow training engine (FSDP2/DDP only); use ppo_trainer",
-    "sft_trainer_engine": "hybridflow's SFT config is sft_trainer (it holds veRL 0.9.1's sft_trainer_engine keys)",
-}
-
-
 # veRL's config groups in a config's defaults list: {config: {group: the option hybridflow's yaml holds}}. A
 # command line that picks that option (every veRL 0.9 SFT example writes engine=fsdp) changes nothing; another
 # option is refused by name.
@@ -93,12 +84,23 @@ CONFIG_GROUPS = {
     # ppo_trainer's role configs (``actor@actor_rollout_ref.actor=dp_actor``; megatron_actor, ... are other engines')
     "ppo_trainer": {"actor": "dp_actor", "ref": "dp_ref", "critic": "dp_critic"},
 }
+# training engines of veRL that hybridflow does not have (its own: FSDP2/DDP), by the names veRL's configs use
 _OTHER_ENGINES = {
     "megatron": "Megatron",
     "mlite": "Megatron-Lite",
     "veomni": "VeOmni",
     "automodel": "AutoModel",
     "torchtitan": "TorchTitan",
+}
+
+# veRL configs hybridflow does not ship: the answer when a command line or a defaults list names one.
+VERL_ONLY_CONFIGS = {
+    **{
+        f"ppo_{name}_trainer": f"{engine} is not a hybridflow training engine (FSDP2/DDP only); use ppo_trainer"
+        for name, engine in _OTHER_ENGINES.items()
+        if name in ("megatron", "torchtitan", "veomni")  # veRL 0.9.1's ppo_<engine>_trainer configs
+    },
+    "sft_trainer_engine": "hybridflow's SFT config is sft_trainer (it holds veRL 0.9.1's sft_trainer_engine keys)",
 }
 
 
