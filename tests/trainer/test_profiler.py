@@ -157,6 +157,10 @@ def _profiled_run(tiny_model_dir, tiny_data_dir, tmp_path, *extra, backend: str 
     return str(save / "step_2")
 
 
+# both roles of the actor+rollout worker ask for a trace per stage
+DISCRETE = tuple(f"actor_rollout_ref.{role}.profiler.tool_config.torch.discrete=True" for role in ("actor", "rollout"))
+
+
 def _events(path: str) -> list[dict]:
     with open(path) as f:
         return json.load(f)["traceEvents"]
@@ -195,15 +199,13 @@ def test_a_schedule_keeps_the_update_window_it_names(tiny_model_dir, tiny_data_d
 
 
 def test_discrete_writes_a_trace_per_stage_and_schedules_the_update_only(tiny_model_dir, tiny_data_dir, tmp_path):
-    torch_cfg = "actor_rollout_ref.{}.profiler.tool_config.torch"
     folder = _profiled_run(
         tiny_model_dir,
         tiny_data_dir,
         tmp_path,
-        f"{torch_cfg.format('actor')}.discrete=True",
-        f"{torch_cfg.format('rollout')}.discrete=True",
-        f"{torch_cfg.format('actor')}.schedule.skip_first=3",
-        f"{torch_cfg.format('actor')}.schedule.active=1",
+        *DISCRETE,
+        "actor_rollout_ref.actor.profiler.tool_config.torch.schedule.skip_first=3",
+        "actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=1",
     )
     assert sorted(os.listdir(folder)) == [
         "actor_rollout_compute_log_prob_rank0.pt.trace.json",
@@ -238,15 +240,7 @@ def test_ray_workers_write_per_stage_traces_with_the_decode_thread(
 ):
     """The same on a Ray worker process: the stage spans cross calls (generate: prepare_rollout to
     release_rollout) and the hf rollout's decode thread is recorded there too."""
-    torch_cfg = "actor_rollout_ref.{}.profiler.tool_config.torch"
-    folder = _profiled_run(
-        tiny_model_dir,
-        tiny_data_dir,
-        tmp_path,
-        f"{torch_cfg.format('actor')}.discrete=True",
-        f"{torch_cfg.format('rollout')}.discrete=True",
-        backend="ray",
-    )
+    folder = _profiled_run(tiny_model_dir, tiny_data_dir, tmp_path, *DISCRETE, backend="ray")
     assert sorted(os.listdir(folder)) == [
         "actor_rollout_compute_log_prob_rank0.pt.trace.json",
         "actor_rollout_generate_rank0.pt.trace.json",
