@@ -232,6 +232,7 @@ def check_ppo_trainer(cfg, device: str, visible_devices: int | None = None, judg
     _check_algorithm(p, cfg)
     _check_async(p, cfg)
     _check_v1(p, cfg)
+    _check_fused_profilers(p, cfg)
     if not aref.nccl_timeout > 0:
         p.errors.append(f"{_AREF}.nccl_timeout={aref.nccl_timeout} must be > 0 (seconds a collective may wait)")
     if problem := timeline_problem(cfg.ray_kwargs, t.backend):
@@ -239,6 +240,25 @@ def check_ppo_trainer(cfg, device: str, visible_devices: int | None = None, judg
     if device == "cpu":
         _explain_gpu_only(p, cfg, judge_scored)
     return p.raise_errors()
+
+
+def _check_fused_profilers(p: Problems, cfg) -> None:
+    """The actor, its reference and (colocated: rollout.nnodes 0) its rollout run in one worker process, which
+    writes one continuous trace unless every enabled role of it asks for a trace per stage: say so where they
+    disagree (veRL's torch-profile example sets discrete on the rollout only)."""
+    aref = cfg.actor_rollout_ref
+    roles = ["actor", "ref"] + (["rollout"] if int(aref.rollout.nnodes or 0) <= 0 else [])
+    enabled = {role: getattr(aref, role).profiler for role in roles if getattr(aref, role).profiler.enable}
+    torch_of = {role: section.tool_config.torch for role, section in enabled.items() if section.tool_config.torch}
+    discrete = sorted(role for role, torch_cfg in torch_of.items() if torch_cfg.discrete)
+    continuous = sorted(set(enabled) - set(discrete))
+    if discrete and continuous:
+        keys = ", ".join(f"{_AREF}.{role}.profiler.tool_config.torch.discrete=True" for role in discrete)
+        p.notes.append(
+            f"{keys} gives no trace per stage here: the {'/'.join(continuous)} profiler of the same worker process "
+            "records one continuous trace (each stage a named range in it); set discrete on every enabled role of "
+            "the worker for a trace per stage"
+        )
 
 
 def _check_batches(p: Problems, cfg, world: int, train_bs: int, judge_scored: bool) -> None:

@@ -251,3 +251,22 @@ def test_ray_workers_write_per_stage_traces_with_the_decode_thread(
     assert any(e.get("name") in ("aten::linear", "aten::addmm", "aten::mm") for e in generate)
     update = _events(os.path.join(folder, "actor_rollout_update_actor_rank0.pt.trace.json"))
     assert _optimizer_steps(update) == 4
+
+
+def test_a_discrete_role_beside_a_continuous_one_in_the_same_worker_is_noted(tiny_model_dir, tiny_data_dir, tmp_path):
+    from hybridflow.config.loader import load_config
+    from hybridflow.trainer.config_checks import validate_ppo_config
+    from tests.trainer.e2e_helpers import base_overrides
+
+    enabled = [f"actor_rollout_ref.{role}.profiler.enable=True" for role in ("actor", "rollout")]
+    base = base_overrides(tiny_model_dir, tiny_data_dir, tmp_path, backend="inprocess") + enabled
+
+    def notes(*extra):
+        return [n for n in validate_ppo_config(load_config("ppo_trainer", [*base, *extra])) if "discrete" in n]
+
+    (note,) = notes(DISCRETE[1])  # veRL's torch-profile example: discrete on the rollout only
+    assert note.startswith(
+        "actor_rollout_ref.rollout.profiler.tool_config.torch.discrete=True gives no trace per stage"
+    )
+    assert "the actor profiler of the same worker process records one continuous trace" in note
+    assert notes(*DISCRETE) == [] and notes() == []
